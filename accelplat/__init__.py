@@ -1,0 +1,181 @@
+"""accelplat: one answer, on every accelerator, to the questions ML test suites ask.
+
+Which platform is this and which devices can this process see? How much device memory is free
+and used, asked without creating a device context? Does memory come back lazily, so the next
+engine must wait? Can graphs be captured? What memory utilization should an engine default to?
+Does a KV cache or a ``/dev/shm`` budget fit?
+
+Importing this package imports no vendor library and never torch; names are loaded on first use.
+
+Example:
+    >>> import accelplat
+    >>> p = accelplat.current_platform()
+    >>> p.name in accelplat.available_platforms()
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # value types
+    "GIB": "accelplat._types",
+    "MIB": "accelplat._types",
+    "Candidate": "accelplat._types",
+    "DeviceInfo": "accelplat._types",
+    "GraphSupport": "accelplat._types",
+    "HolderState": "accelplat._types",
+    "MemoryHolder": "accelplat._types",
+    "MemoryInfo": "accelplat._types",
+    "ProbeResult": "accelplat._types",
+    "ReleaseProfile": "accelplat._types",
+    "SettleResult": "accelplat._types",
+    "UsageSnapshot": "accelplat._types",
+    # errors
+    "AccelplatError": "accelplat.errors",
+    "BackendError": "accelplat.errors",
+    "ConfigurationError": "accelplat.errors",
+    "DeviceNotFoundError": "accelplat.errors",
+    "InsufficientMemoryError": "accelplat.errors",
+    "InsufficientSharedMemoryError": "accelplat.errors",
+    "MemoryNotSettledError": "accelplat.errors",
+    "PlatformNotAvailableError": "accelplat.errors",
+    # platforms and detection
+    "BasePlatform": "accelplat.platform",
+    "Platform": "accelplat.platform",
+    "DetectionReport": "accelplat.registry",
+    "available_platforms": "accelplat.registry",
+    "current_platform": "accelplat.registry",
+    "detect": "accelplat.registry",
+    "get_platform": "accelplat.registry",
+    "register_platform": "accelplat.registry",
+    "set_current_platform": "accelplat.registry",
+    "unregister_platform": "accelplat.registry",
+    "use_platform": "accelplat.registry",
+    # memory primitives
+    "PollPolicy": "accelplat.memory",
+    "record_usage_stats": "accelplat.memory",
+    "snapshot": "accelplat.memory",
+    "wait_for_memory_to_clear": "accelplat.memory",
+    "wait_for_memory_to_settle": "accelplat.memory",
+    # host and sizing
+    "ShmInfo": "accelplat.host",
+    "largest_shm_budget": "accelplat.host",
+    "require_shm": "accelplat.host",
+    "shm_info": "accelplat.host",
+    "check_kv_cache_fits": "accelplat.sizing",
+    "kv_cache_bytes": "accelplat.sizing",
+    "max_model_len_that_fits": "accelplat.sizing",
+}
+
+__all__ = [
+    "GIB",
+    "MIB",
+    "AccelplatError",
+    "BackendError",
+    "BasePlatform",
+    "Candidate",
+    "ConfigurationError",
+    "DetectionReport",
+    "DeviceInfo",
+    "DeviceNotFoundError",
+    "GraphSupport",
+    "HolderState",
+    "InsufficientMemoryError",
+    "InsufficientSharedMemoryError",
+    "MemoryHolder",
+    "MemoryInfo",
+    "MemoryNotSettledError",
+    "Platform",
+    "PlatformNotAvailableError",
+    "PollPolicy",
+    "ProbeResult",
+    "ReleaseProfile",
+    "SettleResult",
+    "ShmInfo",
+    "UsageSnapshot",
+    "__version__",
+    "available_platforms",
+    "check_kv_cache_fits",
+    "current_platform",
+    "detect",
+    "get_platform",
+    "kv_cache_bytes",
+    "largest_shm_budget",
+    "max_model_len_that_fits",
+    "record_usage_stats",
+    "register_platform",
+    "require_shm",
+    "set_current_platform",
+    "shm_info",
+    "snapshot",
+    "unregister_platform",
+    "use_platform",
+    "wait_for_memory_to_clear",
+    "wait_for_memory_to_settle",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accelplat' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:
+    from accelplat._types import (
+        GIB,
+        MIB,
+        Candidate,
+        DeviceInfo,
+        GraphSupport,
+        HolderState,
+        MemoryHolder,
+        MemoryInfo,
+        ProbeResult,
+        ReleaseProfile,
+        SettleResult,
+        UsageSnapshot,
+    )
+    from accelplat.errors import (
+        AccelplatError,
+        BackendError,
+        ConfigurationError,
+        DeviceNotFoundError,
+        InsufficientMemoryError,
+        InsufficientSharedMemoryError,
+        MemoryNotSettledError,
+        PlatformNotAvailableError,
+    )
+    from accelplat.host import ShmInfo, largest_shm_budget, require_shm, shm_info
+    from accelplat.memory import (
+        PollPolicy,
+        record_usage_stats,
+        snapshot,
+        wait_for_memory_to_clear,
+        wait_for_memory_to_settle,
+    )
+    from accelplat.platform import BasePlatform, Platform
+    from accelplat.registry import (
+        DetectionReport,
+        available_platforms,
+        current_platform,
+        detect,
+        get_platform,
+        register_platform,
+        set_current_platform,
+        unregister_platform,
+        use_platform,
+    )
+    from accelplat.sizing import check_kv_cache_fits, kv_cache_bytes, max_model_len_that_fits

@@ -1,0 +1,5 @@
+"""Run the ``accelplat`` command line as ``python -m accelplat``."""
+
+from accelplat.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,241 @@
+"""Value types shared by every layer of accelplat.
+
+All sizes are in bytes and all durations in seconds. Every type here is a frozen dataclass, so
+values can be shared between threads, cached and compared freely. This module imports nothing
+from the rest of the package.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = [
+    "GIB",
+    "MIB",
+    "Candidate",
+    "DeviceInfo",
+    "GraphSupport",
+    "HolderState",
+    "MemoryHolder",
+    "MemoryInfo",
+    "ProbeResult",
+    "ReleaseProfile",
+    "SettleResult",
+    "UsageSnapshot",
+]
+
+MIB = 1024**2
+"""Bytes in one mebibyte."""
+
+GIB = 1024**3
+"""Bytes in one gibibyte."""
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """Memory of one device at one moment, in bytes.
+
+    Attributes:
+        free: Bytes a new allocation could still obtain.
+        total: Bytes usable by applications (for NVIDIA: the NVML total less the driver's
+            reserved memory, which equals what ``torch.cuda.mem_get_info`` calls total).
+        used: Bytes held by applications and their contexts.
+        reserved: Bytes the driver or firmware keeps for itself and never hands out; ``0`` where
+            the vendor does not report it.
+        source: Where the figures came from, e.g. ``"nvml-v2"``, ``"sysfs"``, ``"cgroup-v2"``.
+    """
+
+    free: int
+    total: int
+    used: int
+    reserved: int = 0
+    source: str = ""
+
+    @property
+    def used_ratio(self) -> float:
+        """Fraction of ``total`` in use, in ``[0, 1]``; ``0.0`` for a device of zero size."""
+        if self.total <= 0:
+            return 0.0
+        return min(1.0, max(0.0, self.used / self.total))
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Identity of one visible device.
+
+    Attributes:
+        index: The visible (logical) index, as torch numbers devices in this process.
+        physical_index: The index the vendor's management library uses (NVML, sysfs card,
+            Level Zero), after the visible-devices variable has been applied.
+        name: Marketing name as the vendor reports it.
+        uuid: Stable identifier where the vendor has one (``GPU-…``, ``MIG-…``), else ``None``.
+        pci_bus_id: PCI bus address (``0000:3b:00.0``) where known, else ``None``.
+    """
+
+    index: int
+    physical_index: int
+    name: str
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ReleaseProfile:
+    """How a platform gives device memory back, used by the settle algorithm as data.
+
+    Attributes:
+        lazy: ``True`` when memory returns some time after the holder released it (ROCm's
+            deferred teardown, Level Zero's deferred frees), so the next user must wait.
+        stable_duration_s: How long usage must stay within tolerance before it counts as settled.
+        settle_timeout_s: Default time limit for a settle wait.
+        idle_floor_bytes: Usage an idle device never drops below (firmware, display, runtime); a
+            ratio threshold below this is raised to it.
+    """
+
+    lazy: bool
+    stable_duration_s: float
+    settle_timeout_s: float
+    idle_floor_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("stable_duration_s", "settle_timeout_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"ReleaseProfile.{name} must be finite and >= 0, got {value!r}")
+        if self.idle_floor_bytes < 0:
+            raise ValueError(
+                f"ReleaseProfile.idle_floor_bytes must be >= 0, got {self.idle_floor_bytes!r}"
+            )
+
+
+@dataclass(frozen=True)
+class GraphSupport:
+    """Whether the platform can capture and replay device graphs.
+
+    This is *capability*, decided from installed versions without importing torch. Whether an
+    engine has graphs *enabled* (vLLM's ``enforce_eager``) is a separate question.
+
+    Attributes:
+        available: ``True`` when graph capture can work here.
+        api: The torch API that captures graphs (``"torch.cuda.CUDAGraph"``), or ``None``.
+        reason: One sentence saying why, for skip messages and ``accelplat info``.
+    """
+
+    available: bool
+    api: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Outcome of a platform's cheap availability probe.
+
+    Attributes:
+        available: ``True`` when the platform has at least one usable device here.
+        reason: Why it is or is not available, in one sentence.
+    """
+
+    available: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One platform considered by detection, and what became of it.
+
+    Attributes:
+        name: Registered platform name.
+        available: Whether its probe found it usable.
+        chosen: Whether detection selected it.
+        reason: The probe's reason, or why loading it failed.
+        builtin: ``False`` for platforms that come from plugins or ``register_platform``.
+    """
+
+    name: str
+    available: bool
+    chosen: bool
+    reason: str
+    builtin: bool = True
+
+
+class HolderState(str, enum.Enum):
+    """What is known about a process that holds device memory."""
+
+    SELF = "self"
+    """The calling process itself."""
+    CHILD = "child"
+    """A live descendant of the calling process."""
+    ALIVE = "alive"
+    """Some other live process."""
+    ZOMBIE = "zombie"
+    """Exited but not yet reaped; its memory may still be held."""
+    GONE = "gone"
+    """No such process any more (the driver still lists it, or its pid is in another namespace)."""
+
+
+@dataclass(frozen=True)
+class MemoryHolder:
+    """A process that holds memory on a device, where the vendor can tell.
+
+    Attributes:
+        pid: Process id as the driver reports it (a host pid, even inside a container).
+        used_bytes: Bytes it holds, or ``None`` where the driver does not say.
+        state: Whether the pid is this process, a child, alive, a zombie or gone.
+        name: Process name where it could be read, else ``""``.
+    """
+
+    pid: int
+    used_bytes: int | None
+    state: HolderState
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class UsageSnapshot:
+    """Memory of several devices sampled together.
+
+    Attributes:
+        timestamp: ``time.monotonic()`` when the sample was taken.
+        wall_time: ``time.time()`` of the same moment, for logs.
+        memory: Per visible device index, its ``MemoryInfo``.
+        holders: Per visible device index, the processes holding memory there; a device missing
+            from this mapping means the vendor cannot tell.
+    """
+
+    timestamp: float
+    wall_time: float
+    memory: Mapping[int, MemoryInfo]
+    holders: Mapping[int, tuple[MemoryHolder, ...]] = field(default_factory=dict)
+
+    def used_gib(self) -> dict[int, tuple[float, float]]:
+        """Return per device ``(used GiB, total GiB)``, the shape vLLM's test helpers use."""
+        return {d: (m.used / GIB, m.total / GIB) for d, m in self.memory.items()}
+
+    def describe(self) -> str:
+        """Return one line such as ``"0=1.25/139.81 GiB; 1=0.00/139.81 GiB"``."""
+        return "; ".join(
+            f"{d}={m.used / GIB:.2f}/{m.total / GIB:.2f} GiB"
+            for d, m in sorted(self.memory.items())
+        )
+
+
+@dataclass(frozen=True)
+class SettleResult:
+    """What a memory wait did.
+
+    Attributes:
+        waited_s: Seconds from the call to its return.
+        polls: Number of samples taken, the first included.
+        snapshot: The last sample, which met the target.
+        already_settled: ``True`` when the first sample met the target and no waiting happened.
+        targets: Per device, the usage in bytes at or below which it counts as clear.
+    """
+
+    waited_s: float
+    polls: int
+    snapshot: UsageSnapshot
+    already_settled: bool
+    targets: Mapping[int, int] = field(default_factory=dict)

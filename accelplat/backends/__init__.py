@@ -1,0 +1,1 @@
+"""Built-in platform backends, one module per platform."""

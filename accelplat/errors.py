@@ -1,0 +1,134 @@
+"""The exception hierarchy of accelplat.
+
+Every error accelplat raises on purpose derives from :class:`AccelplatError`. Errors a caller
+may already catch under a builtin name keep that name too: configuration errors are
+``ValueError``, a missing device is an ``IndexError``, a wait that ran out of time is a
+``TimeoutError``. Vendor exceptions never escape bare: they are wrapped in
+:class:`BackendError`, which names the vendor error and keeps it as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from accelplat._types import UsageSnapshot
+
+__all__ = [
+    "AccelplatError",
+    "BackendError",
+    "ConfigurationError",
+    "DeviceNotFoundError",
+    "InsufficientMemoryError",
+    "InsufficientSharedMemoryError",
+    "MemoryNotSettledError",
+    "PlatformNotAvailableError",
+]
+
+
+class AccelplatError(Exception):
+    """Base class of every error accelplat raises on purpose."""
+
+
+class ConfigurationError(AccelplatError, ValueError):
+    """Bad configuration or argument: an unknown platform name, a malformed variable or spec."""
+
+
+class PlatformNotAvailableError(AccelplatError, RuntimeError):
+    """The requested platform is known but not usable on this machine.
+
+    Attributes:
+        platform: The platform's name.
+        reason: Why its probe found it unavailable.
+    """
+
+    def __init__(self, platform: str, reason: str) -> None:
+        super().__init__(f"platform {platform!r} is not available: {reason}")
+        self.platform = platform
+        self.reason = reason
+
+
+class DeviceNotFoundError(AccelplatError, IndexError):
+    """A visible device index outside ``range(device_count())``.
+
+    Attributes:
+        device: The index asked for.
+        count: How many devices are visible.
+        platform: The platform's name.
+    """
+
+    def __init__(self, device: object, count: int, platform: str) -> None:
+        valid = f"0..{count - 1}" if count > 0 else "none: no device is visible"
+        super().__init__(
+            f"device {device!r} is not a visible {platform} device (valid indices: {valid})"
+        )
+        self.device = device
+        self.count = count
+        self.platform = platform
+
+
+class BackendError(AccelplatError, RuntimeError):
+    """A vendor library or interface failed in a way accelplat cannot work around.
+
+    Attributes:
+        platform: The platform whose backend failed.
+        vendor_error: The vendor's error name, e.g. ``"NVMLError_GpuIsLost"``.
+    """
+
+    def __init__(self, platform: str, message: str, vendor_error: str = "") -> None:
+        text = f"{platform}: {message}"
+        if vendor_error:
+            text += f" ({vendor_error})"
+        super().__init__(text)
+        self.platform = platform
+        self.vendor_error = vendor_error
+
+
+class MemoryNotSettledError(AccelplatError, TimeoutError):
+    """Device memory did not reach its target before the timeout.
+
+    The message names each device that missed its target, how its usage moved during the wait
+    and, where the vendor can tell, which processes held the memory.
+
+    Attributes:
+        snapshot: The last sample taken.
+        targets: Per device, the usage in bytes it had to reach.
+        waited_s: Seconds waited.
+        history: Per device, ``(first, min, max, last)`` used bytes seen during the wait.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        snapshot: UsageSnapshot,
+        targets: Mapping[int, int],
+        waited_s: float,
+        history: Mapping[int, Sequence[int]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.snapshot = snapshot
+        self.targets = dict(targets)
+        self.waited_s = waited_s
+        self.history = {d: tuple(v) for d, v in (history or {}).items()}
+
+
+class InsufficientMemoryError(AccelplatError, ValueError):
+    """A sizing check found that a budget does not fit (e.g. a KV cache)."""
+
+
+class InsufficientSharedMemoryError(AccelplatError, RuntimeError):
+    """``/dev/shm`` (or another shared-memory mount) is too small for a requested budget.
+
+    Attributes:
+        required: Bytes asked for.
+        free: Bytes free on the mount.
+        path: The mount checked.
+    """
+
+    def __init__(self, message: str, *, required: int, free: int, path: str) -> None:
+        super().__init__(message)
+        self.required = required
+        self.free = free
+        self.path = path

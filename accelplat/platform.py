@@ -1,0 +1,237 @@
+"""The :class:`Platform` protocol every backend satisfies, and an optional base class.
+
+A platform answers, for one kind of accelerator, the questions ML test suites ask: which devices
+this process sees, how much memory each has free and used, whether memory returns lazily, whether
+graphs can be captured, what memory utilization to default to and which process start method is
+safe. Built-in backends live in :mod:`accelplat.backends`; third parties register their own
+through the ``accelplat.platforms`` entry-point group (see :mod:`accelplat.registry`).
+
+A platform *class* (or zero-argument factory) may also offer ``probe() -> ProbeResult``, a cheap
+availability check that imports no framework and creates no device context. Detection calls it
+before constructing the platform.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from typing import ClassVar, Literal, Protocol, runtime_checkable
+
+from accelplat._types import (
+    DeviceInfo,
+    GraphSupport,
+    MemoryHolder,
+    MemoryInfo,
+    ProbeResult,
+    ReleaseProfile,
+)
+from accelplat.errors import DeviceNotFoundError
+
+__all__ = ["BasePlatform", "Platform", "StartMethod"]
+
+StartMethod = Literal["fork", "spawn", "forkserver"]
+
+
+@runtime_checkable
+class Platform(Protocol):
+    """What every accelplat backend provides.
+
+    Device arguments are *visible* (logical) indices, numbered as torch numbers them in this
+    process; backends map them to physical devices themselves.
+
+    Attributes:
+        name: Registered name, e.g. ``"cuda"``, ``"rocm"``, ``"xpu"``, ``"cpu"``.
+        device_type: The torch device type (``"cuda"`` for both CUDA and ROCm).
+        visible_devices_env: The variable that selects visible devices, or ``None``.
+        release: How memory comes back (lazy or not, stability window, timeout, idle floor).
+        graph: Whether graph capture is possible, decided without importing torch.
+        default_memory_utilization: Fraction of device memory an engine should aim to use.
+        preferred_start_method: ``"fork"`` where forking after device use is safe, else ``"spawn"``.
+        context_free: ``False`` when the backend must create a device context or import a
+            framework to answer memory queries (the conformance kit then skips that check).
+    """
+
+    @property
+    def name(self) -> str:
+        """Registered platform name."""
+        ...
+
+    @property
+    def device_type(self) -> str:
+        """Torch device type string."""
+        ...
+
+    @property
+    def visible_devices_env(self) -> str | None:
+        """Name of the visible-devices environment variable, if any."""
+        ...
+
+    @property
+    def release(self) -> ReleaseProfile:
+        """Release behaviour of device memory."""
+        ...
+
+    @property
+    def graph(self) -> GraphSupport:
+        """Graph-capture capability."""
+        ...
+
+    @property
+    def default_memory_utilization(self) -> float:
+        """Default engine memory utilization, in ``(0, 1]``."""
+        ...
+
+    @property
+    def preferred_start_method(self) -> StartMethod:
+        """Process start method that is safe on this platform."""
+        ...
+
+    @property
+    def context_free(self) -> bool:
+        """Whether memory queries avoid device contexts and framework imports."""
+        ...
+
+    def device_count(self) -> int:
+        """Return the number of visible devices."""
+        ...
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        """Return the visible devices in visible-index order."""
+        ...
+
+    def memory_info(self, device: int) -> MemoryInfo:
+        """Return memory of visible device ``device`` in bytes."""
+        ...
+
+    def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
+        """Return processes holding memory on ``device``, or ``None`` when unknown."""
+        ...
+
+
+class BasePlatform:
+    """Convenience base class for backends; satisfying :class:`Platform` does not require it.
+
+    Subclasses set the class attributes (``RELEASE`` and ``GRAPH`` give the defaults of the
+    ``release`` and ``graph`` properties) and implement :meth:`devices` and :meth:`_memory_info`.
+    The base class validates device indices, so every backend raises the same
+    :class:`~accelplat.errors.DeviceNotFoundError` for a bad index.
+    """
+
+    name: ClassVar[str] = "base"
+    device_type: ClassVar[str] = "cpu"
+    visible_devices_env: ClassVar[str | None] = None
+    default_memory_utilization: ClassVar[float] = 0.92
+    preferred_start_method: ClassVar[StartMethod] = "fork"
+    context_free: ClassVar[bool] = True
+    RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(
+        lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0
+    )
+    GRAPH: ClassVar[GraphSupport] = GraphSupport(False, None, "this platform has no graph capture")
+
+    @property
+    def release(self) -> ReleaseProfile:
+        """Release behaviour of device memory (the class's ``RELEASE`` by default)."""
+        return self.RELEASE
+
+    @property
+    def graph(self) -> GraphSupport:
+        """Graph-capture capability (the class's ``GRAPH`` by default)."""
+        return self.GRAPH
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        """Return whether this platform is usable here; cheap, no framework, no context.
+
+        Returns:
+            A :class:`ProbeResult`. The default says available.
+        """
+        return ProbeResult(True, "always available")
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        """Return the visible devices in visible-index order.
+
+        Raises:
+            NotImplementedError: Subclasses must implement it.
+        """
+        raise NotImplementedError
+
+    def device_count(self) -> int:
+        """Return the number of visible devices (``len(self.devices())``)."""
+        return len(self.devices())
+
+    def check_device(self, device: object) -> int:
+        """Validate a visible device index.
+
+        Args:
+            device: The index a caller passed; ``bool`` and non-integers are rejected.
+
+        Returns:
+            The index as an ``int``.
+
+        Raises:
+            DeviceNotFoundError: If it is not an integer in ``range(device_count())``.
+        """
+        count = self.device_count()
+        if isinstance(device, bool):
+            raise DeviceNotFoundError(device, count, self.name)
+        try:
+            index = operator.index(device)  # type: ignore[arg-type]
+        except TypeError:
+            raise DeviceNotFoundError(device, count, self.name) from None
+        if not 0 <= index < count:
+            raise DeviceNotFoundError(device, count, self.name)
+        return int(index)
+
+    def memory_info(self, device: int) -> MemoryInfo:
+        """Return memory of visible device ``device`` in bytes.
+
+        Args:
+            device: Visible device index.
+
+        Returns:
+            The device's :class:`MemoryInfo`.
+
+        Raises:
+            DeviceNotFoundError: For an index that is not visible.
+        """
+        return self._memory_info(self.check_device(device))
+
+    def _memory_info(self, device: int) -> MemoryInfo:
+        raise NotImplementedError
+
+    def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
+        """Return processes holding memory on ``device``; the default says unknown (``None``).
+
+        Args:
+            device: Visible device index.
+
+        Raises:
+            DeviceNotFoundError: For an index that is not visible.
+        """
+        self.check_device(device)
+        return None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r}>"
+
+
+def validate_utilization(value: float, *, argument: str = "gpu_memory_utilization") -> float:
+    """Check that a memory utilization is a finite number in ``(0, 1]``.
+
+    Args:
+        value: The utilization to check.
+        argument: The argument name used in the error message.
+
+    Returns:
+        ``value`` as a float.
+
+    Raises:
+        ValueError: Naming ``argument`` and the accepted range.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{argument} must be a number in (0, 1], got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or not 0.0 < v <= 1.0:
+        raise ValueError(f"{argument} must be in (0, 1], got {value!r}")
+    return v
