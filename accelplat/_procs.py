@@ -1,0 +1,71 @@
+"""Classify the processes a driver says hold device memory.
+
+Drivers report holders by pid (NVML, amdsmi, ``/sys/class/kfd``). A pid alone does not say
+whether the memory is ours, a child's that we should reap, a stranger's, or a ghost the driver
+still lists after the process died — which is what a CI log needs to say on a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+from accelplat._types import HolderState, MemoryHolder
+
+__all__ = ["classify_pid", "make_holder"]
+
+
+def classify_pid(pid: int) -> tuple[HolderState, str]:
+    """Return what is known about ``pid`` relative to this process, and its name.
+
+    Args:
+        pid: A process id as a driver reported it (a host pid, possibly from another namespace).
+
+    Returns:
+        ``(state, name)``: ``SELF`` for this process, ``CHILD`` for a live descendant, ``ZOMBIE``
+        for an exited but unreaped process, ``ALIVE`` for any other live process, ``GONE`` when
+        no such process is visible (``name`` is then ``""``).
+
+    Side effects:
+        Reads ``/proc``; creates no device context.
+    """
+    if pid == os.getpid():
+        return HolderState.SELF, _name(psutil.Process(pid))
+    try:
+        proc = psutil.Process(pid)
+        status = proc.status()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError, OverflowError):
+        return HolderState.GONE, ""
+    name = _name(proc)
+    if status == psutil.STATUS_ZOMBIE:
+        return HolderState.ZOMBIE, name
+    try:
+        parents = proc.parents()
+    except (psutil.Error, OSError):
+        parents = []
+    me = os.getpid()
+    if any(p.pid == me for p in parents):
+        return HolderState.CHILD, name
+    return HolderState.ALIVE, name
+
+
+def _name(proc: psutil.Process) -> str:
+    try:
+        return str(proc.name())
+    except (psutil.Error, OSError):
+        return ""
+
+
+def make_holder(pid: int, used_bytes: int | None) -> MemoryHolder:
+    """Build a :class:`MemoryHolder` for ``pid``, classifying it with :func:`classify_pid`.
+
+    Args:
+        pid: Process id from the driver.
+        used_bytes: Bytes held, or ``None`` when the driver does not say.
+
+    Returns:
+        The holder record.
+    """
+    state, name = classify_pid(pid)
+    return MemoryHolder(pid=pid, used_bytes=used_bytes, state=state, name=name)
