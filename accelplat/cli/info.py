@@ -1,0 +1,164 @@
+"""``accelplat info``: which platform this is, why, and what its devices hold.
+
+The JSON form (``--json``) has stable keys, documented in ``docs/cli.md``; bump
+``INFO_SCHEMA_VERSION`` when a key changes meaning or disappears.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from accelplat._format import format_bytes
+from accelplat.errors import AccelplatError
+from accelplat.platform import Platform
+from accelplat.registry import current_platform, detect
+
+__all__ = ["INFO_SCHEMA_VERSION", "collect_info", "register"]
+
+INFO_SCHEMA_VERSION = 1
+"""Version of the ``accelplat info --json`` document."""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``info`` sub-command to ``sub``."""
+    parser = sub.add_parser(
+        "info",
+        help="show the detected platform, why, its devices and their memory",
+        description="Show the detected platform, why it was chosen, every visible device with "
+        "its memory, the release profile, graph support and defaults. Creates no device context.",
+    )
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.set_defaults(func=_run)
+
+
+def _device_entries(platform: Platform) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = []
+    for dev in platform.devices():
+        entry: dict[str, Any] = {
+            "index": dev.index,
+            "physical_index": dev.physical_index,
+            "name": dev.name,
+            "uuid": dev.uuid,
+            "pci_bus_id": dev.pci_bus_id,
+            "memory": None,
+            "error": None,
+        }
+        try:
+            mem = platform.memory_info(dev.index)
+        except AccelplatError as exc:
+            entry["error"] = str(exc)
+        else:
+            entry["memory"] = {
+                "free": mem.free,
+                "used": mem.used,
+                "total": mem.total,
+                "reserved": mem.reserved,
+                "source": mem.source,
+            }
+        entries.append(entry)
+    return entries
+
+
+def collect_info() -> dict[str, Any]:
+    """Gather everything ``accelplat info`` shows, as a JSON-ready dictionary.
+
+    Returns:
+        A dictionary with the keys documented in ``docs/cli.md``.
+
+    Raises:
+        AccelplatError: When detection itself fails (e.g. an unknown ``ACCELPLAT_PLATFORM``).
+
+    Side effects:
+        Probes every platform and queries memory; creates no device context, imports no torch.
+    """
+    report = detect()
+    info: dict[str, Any] = {
+        "schema": INFO_SCHEMA_VERSION,
+        "platform": report.chosen,
+        "forced": report.forced,
+        "error": report.error,
+        "candidates": [asdict(c) for c in report.candidates],
+    }
+    if report.chosen is None:
+        return info
+    platform = current_platform()
+    env = platform.visible_devices_env
+    info.update(
+        {
+            "device_type": platform.device_type,
+            "visible_devices_env": env,
+            "visible_devices": os.environ.get(env) if env else None,
+            "default_memory_utilization": platform.default_memory_utilization,
+            "preferred_start_method": platform.preferred_start_method,
+            "context_free": platform.context_free,
+            "release": asdict(platform.release),
+            "graph": asdict(platform.graph),
+            "devices": _device_entries(platform),
+        }
+    )
+    return info
+
+
+def _render_text(info: dict[str, Any]) -> str:
+    lines: list[str] = []
+    chosen = info["platform"]
+    lines.append(f"platform: {chosen if chosen else 'none'}")
+    if info.get("error"):
+        lines.append(f"  error: {info['error']}")
+    lines.append("detection:")
+    for cand in info["candidates"]:
+        mark = "*" if cand["chosen"] else ("+" if cand["available"] else "-")
+        origin = "" if cand["builtin"] else " (plugin)"
+        lines.append(f"  {mark} {cand['name']}{origin}: {cand['reason']}")
+    if chosen is None:
+        return "\n".join(lines)
+    env = info["visible_devices_env"]
+    if env:
+        value = info["visible_devices"]
+        lines.append(f"visible devices: {env}={value!r}" if value is not None else f"{env} unset")
+    lines.append(f"device type: {info['device_type']}")
+    lines.append(f"default memory utilization: {info['default_memory_utilization']:.2f}")
+    lines.append(f"preferred start method: {info['preferred_start_method']}")
+    lines.append(f"context-free queries: {'yes' if info['context_free'] else 'no'}")
+    rel = info["release"]
+    kind = "lazy" if rel["lazy"] else "eager"
+    lines.append(
+        f"release: {kind}, stable for {rel['stable_duration_s']:g} s, "
+        f"timeout {rel['settle_timeout_s']:g} s, idle floor {format_bytes(rel['idle_floor_bytes'])}"
+    )
+    graph = info["graph"]
+    api = f" ({graph['api']})" if graph["api"] else ""
+    state = "available" if graph["available"] else "unavailable"
+    lines.append(f"graphs: {state}{api}: {graph['reason']}")
+    devices = info["devices"]
+    lines.append(f"devices: {len(devices)}")
+    for dev in devices:
+        ident = f"  [{dev['index']}] {dev['name']} (physical {dev['physical_index']}"
+        if dev["uuid"]:
+            ident += f", {dev['uuid']}"
+        lines.append(ident + ")")
+        mem = dev["memory"]
+        if mem is None:
+            lines.append(f"      memory: unavailable: {dev['error']}")
+            continue
+        lines.append(
+            f"      used {format_bytes(mem['used'])} / total {format_bytes(mem['total'])}, "
+            f"free {format_bytes(mem['free'])}, reserved {format_bytes(mem['reserved'])} "
+            f"[{mem['source']}]"
+        )
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    info = collect_info()
+    if args.json:
+        json.dump(info, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(_render_text(info))
+    return 0 if info["platform"] else 1
