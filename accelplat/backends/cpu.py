@@ -1,0 +1,559 @@
+"""The ``cpu`` platform: host memory, aware of cgroup limits and NUMA nodes.
+
+This is the platform every machine without an accelerator detects (CI runners, laptops), so it
+never fails to load and imports nothing but the standard library and psutil.
+
+Devices:
+    On a machine with one NUMA node (or no NUMA information, e.g. macOS), there is one device,
+    index 0: the host. On a machine with several NUMA nodes that have memory, each node this
+    process may allocate from (``Mems_allowed_list`` in ``/proc/self/status``) is one device, in
+    node order, with the node id as ``physical_index``; vLLM's CPU engine binds each worker to
+    one node and checks that node's memory.
+
+Memory of the host device:
+    Inside a container ``MemTotal`` is the host's, not the container's. The smallest cgroup limit
+    on the path from this process's cgroup up to the root bounds it: cgroup v2 ``memory.max``
+    (``max`` means unlimited) or v1 ``memory.limit_in_bytes`` (values of ``2**62`` and above mean
+    unlimited). For each limited level the charge is ``memory.current`` less the page cache the
+    kernel drops first (``inactive_file`` of ``memory.stat``; v1: ``memory.usage_in_bytes`` less
+    ``total_inactive_file``). Then::
+
+        total = min(MemTotal, smallest limit)
+        free  = min(limit - charge for every limited level, MemAvailable)
+        used  = total - free
+
+    ``source`` says which rule applied: ``"cgroup-v2"``, ``"cgroup-v1"``, or ``"meminfo"`` when
+    no limit applies or a cgroup file is missing, unreadable or malformed. Without a readable
+    ``/proc/meminfo`` (macOS) psutil supplies ``MemTotal``/``MemAvailable`` (``"psutil"``).
+
+Memory of a NUMA node device:
+    From ``<sysfs>/devices/system/node/nodeN/meminfo``: ``total`` is the node's ``MemTotal``,
+    ``free`` is what vLLM's CPU worker counts as available (``MemFree + Active(file) +
+    Inactive(file) + SReclaimable``), both clamped by the cgroup limit and headroom as above;
+    ``source`` is ``"numa-node"`` or ``"numa-node+cgroup-v2"`` / ``"numa-node+cgroup-v1"``.
+
+Roots:
+    ``/proc``, ``/sys`` and ``/sys/fs/cgroup`` can be moved (for tests, or a chroot) with the
+    constructor arguments or the variables ``ACCELPLAT_PROC_ROOT``, ``ACCELPLAT_SYSFS_ROOT`` and
+    ``ACCELPLAT_CGROUP_ROOT`` (which defaults to ``<sysfs root>/fs/cgroup``). Variables are read
+    on every query, so they may change after construction.
+"""
+
+from __future__ import annotations
+
+import os
+import platform as _platform
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from accelplat._types import (
+    DeviceInfo,
+    GraphSupport,
+    MemoryHolder,
+    MemoryInfo,
+    ProbeResult,
+    ReleaseProfile,
+)
+from accelplat.errors import BackendError, DeviceNotFoundError
+from accelplat.platform import BasePlatform, StartMethod
+
+__all__ = ["CpuPlatform", "utilization_with_margin"]
+
+ENV_PROC_ROOT = "ACCELPLAT_PROC_ROOT"
+ENV_SYSFS_ROOT = "ACCELPLAT_SYSFS_ROOT"
+ENV_CGROUP_ROOT = "ACCELPLAT_CGROUP_ROOT"
+
+_KIB = 1024
+_V1_UNLIMITED = 1 << 62
+"""cgroup v1 reports "no limit" as a page-aligned value near ``2**63``; anything this big is it."""
+
+_UTILIZATION_CAP_PERCENT = 92
+_UTILIZATION_FLOOR_PERCENT = 5
+_UTILIZATION_MARGIN_PERCENT = 90
+
+_NODE_DIR_RE = re.compile(r"^node(\d+)$")
+_CPU_MODEL_KEYS = ("model name", "Model", "Hardware", "cpu model", "cpu", "uarch")
+
+
+class _CgroupUnusableError(Exception):
+    """A cgroup file was missing where it must exist, unreadable or malformed."""
+
+
+@dataclass(frozen=True)
+class _CgroupLimit:
+    """The binding cgroup figures for this process.
+
+    Attributes:
+        version: ``"cgroup-v2"`` or ``"cgroup-v1"``.
+        limit: The smallest limit on the path, in bytes.
+        headroom: The smallest ``limit - charge`` over every limited level, at least 0.
+    """
+
+    version: str
+    limit: int
+    headroom: int
+
+
+@dataclass(frozen=True)
+class _Roots:
+    proc: Path
+    sysfs: Path
+    cgroup: Path
+
+
+def utilization_with_margin(free: int, total: int) -> float:
+    """Return the memory utilization an engine can ask for now and still start.
+
+    vLLM's CPU worker refuses to start when ``ceil(total × utilization)`` exceeds the available
+    memory. The rule: 90 % of ``free / total`` (a margin for what the worker allocates before it
+    checks), rounded *down* to a hundredth, capped at 0.92 (the engine's general default) and
+    never below 0.05 (below that no engine is useful; it will refuse to start anyway).
+
+    Args:
+        free: Available bytes now (at least 0).
+        total: Total bytes (a non-positive total gives the floor, 0.05).
+
+    Returns:
+        A utilization in ``[0.05, 0.92]`` with two decimals.
+    """
+    if total <= 0:
+        return _UTILIZATION_FLOOR_PERCENT / 100
+    percent = (_UTILIZATION_MARGIN_PERCENT * max(0, free)) // total  # exact integer floor
+    percent = max(_UTILIZATION_FLOOR_PERCENT, min(_UTILIZATION_CAP_PERCENT, percent))
+    return percent / 100
+
+
+def _read_text(path: Path) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def _parse_kb_table(text: str, *, skip: int = 0) -> dict[str, int]:
+    """Parse ``Key: value [kB]`` lines (``/proc/meminfo``, node meminfo) into bytes.
+
+    Args:
+        text: File contents.
+        skip: Leading words to drop from each line (2 for ``Node 0 MemTotal: …``).
+
+    Returns:
+        Key to bytes; lines that do not parse are left out.
+    """
+    table: dict[str, int] = {}
+    for line in text.splitlines():
+        words = line.split()[skip:]
+        if len(words) < 2 or not words[0].endswith(":"):
+            continue
+        try:
+            value = int(words[1])
+        except ValueError:
+            continue
+        if value < 0:
+            continue
+        unit = words[2].lower() if len(words) > 2 else ""
+        table[words[0][:-1]] = value * _KIB if unit == "kb" else value
+    return table
+
+
+def _parse_flat_keyed(text: str) -> dict[str, int]:
+    """Parse ``key value`` lines (cgroup ``memory.stat``)."""
+    table: dict[str, int] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 2:
+            try:
+                table[words[0]] = int(words[1])
+            except ValueError:
+                continue
+    return table
+
+
+def _read_int(path: Path) -> int:
+    try:
+        text = _read_text(path).strip()
+    except OSError as exc:
+        raise _CgroupUnusableError(f"cannot read {path}: {exc}") from None
+    return _parse_nonnegative(path, text)
+
+
+def _parse_nonnegative(path: Path, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise _CgroupUnusableError(f"{path} holds {text[:40]!r}, not an integer") from None
+    if value < 0:
+        raise _CgroupUnusableError(f"{path} holds a negative value {value}")
+    return value
+
+
+def _parse_id_list(text: str) -> set[int]:
+    """Parse ``0-3,7`` into ``{0, 1, 2, 3, 7}``; raise ``ValueError`` when malformed."""
+    ids: set[int] = set()
+    for raw in text.strip().split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if sep:
+            start, end = int(lo), int(hi)
+            if end < start:
+                raise ValueError(f"bad range {part!r}")
+            ids.update(range(start, end + 1))
+        else:
+            ids.add(int(part))
+    return ids
+
+
+class CpuPlatform(BasePlatform):
+    """Host memory as a platform: cgroup-aware, one device per NUMA node where there are several.
+
+    Args:
+        proc_root: Where ``/proc`` is; default ``ACCELPLAT_PROC_ROOT`` or ``/proc``.
+        cgroup_root: Where the cgroup file systems are mounted; default
+            ``ACCELPLAT_CGROUP_ROOT`` or ``<sysfs root>/fs/cgroup``.
+        sysfs_root: Where ``/sys`` is; default ``ACCELPLAT_SYSFS_ROOT`` or ``/sys``.
+
+    Memory is released eagerly (freed pages return at once), nothing can be captured as a graph,
+    and forking is safe. Every query reads small text files; none imports a framework or creates
+    a device context.
+    """
+
+    name: ClassVar[str] = "cpu"
+    device_type: ClassVar[str] = "cpu"
+    visible_devices_env: ClassVar[str | None] = None
+    preferred_start_method: ClassVar[StartMethod] = "fork"
+    context_free: ClassVar[bool] = True
+    RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(
+        lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0, idle_floor_bytes=0
+    )
+    GRAPH: ClassVar[GraphSupport] = GraphSupport(False, None, "CPU has no graph capture")
+
+    def __init__(
+        self,
+        *,
+        proc_root: str | os.PathLike[str] | None = None,
+        cgroup_root: str | os.PathLike[str] | None = None,
+        sysfs_root: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._proc_root = proc_root
+        self._cgroup_root = cgroup_root
+        self._sysfs_root = sysfs_root
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        """Return available: every machine has host memory.
+
+        Returns:
+            ``ProbeResult(True, …)``.
+        """
+        return ProbeResult(True, "host memory is always available (cgroup- and NUMA-aware)")
+
+    # -- roots ---------------------------------------------------------------------------
+
+    def _roots(self) -> _Roots:
+        proc = self._proc_root or os.environ.get(ENV_PROC_ROOT) or "/proc"
+        sysfs = self._sysfs_root or os.environ.get(ENV_SYSFS_ROOT) or "/sys"
+        cgroup = self._cgroup_root or os.environ.get(ENV_CGROUP_ROOT) or Path(sysfs, "fs", "cgroup")
+        return _Roots(Path(proc), Path(sysfs), Path(cgroup))
+
+    # -- devices ---------------------------------------------------------------------------
+
+    def _numa_nodes(self, roots: _Roots) -> list[int]:
+        """Return the NUMA nodes to show as devices, or ``[]`` for "the host is one device"."""
+        base = roots.sysfs / "devices" / "system" / "node"
+        try:
+            names = os.listdir(base)
+        except OSError:
+            return []
+        nodes: list[int] = []
+        for entry in names:
+            m = _NODE_DIR_RE.match(entry)
+            if m is None:
+                continue
+            try:
+                table = _parse_kb_table(_read_text(base / entry / "meminfo"), skip=2)
+            except OSError:
+                continue
+            if table.get("MemTotal", 0) > 0:
+                nodes.append(int(m.group(1)))
+        if len(nodes) < 2:
+            return []
+        nodes.sort()
+        allowed = self._mems_allowed(roots)
+        if allowed:
+            kept = [n for n in nodes if n in allowed]
+            if kept:
+                return kept
+        return nodes
+
+    @staticmethod
+    def _mems_allowed(roots: _Roots) -> set[int]:
+        try:
+            text = _read_text(roots.proc / "self" / "status")
+        except OSError:
+            return set()
+        for line in text.splitlines():
+            if line.startswith("Mems_allowed_list:"):
+                try:
+                    return _parse_id_list(line.partition(":")[2])
+                except ValueError:
+                    return set()
+        return set()
+
+    @staticmethod
+    def _cpu_model(roots: _Roots) -> str:
+        try:
+            text = _read_text(roots.proc / "cpuinfo")
+        except OSError:
+            text = ""
+        found: dict[str, str] = {}
+        for line in text.splitlines():
+            key, sep, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if sep and value and key in _CPU_MODEL_KEYS and key not in found:
+                found[key] = value
+                if key == _CPU_MODEL_KEYS[0]:
+                    break  # the preferred key; the other processors repeat it
+        for key in _CPU_MODEL_KEYS:
+            if key in found:
+                return found[key]
+        machine = _platform.machine()
+        return f"cpu ({machine})" if machine else "cpu"
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        """Return the host as device 0, or one device per allowed NUMA node.
+
+        Returns:
+            Devices in visible-index order; ``physical_index`` is the NUMA node id.
+
+        Side effects:
+            Reads ``/proc/cpuinfo``, ``/proc/self/status`` and the sysfs node directory.
+        """
+        roots = self._roots()
+        model = self._cpu_model(roots)
+        nodes = self._numa_nodes(roots)
+        if not nodes:
+            return (DeviceInfo(index=0, physical_index=0, name=model),)
+        return tuple(
+            DeviceInfo(index=i, physical_index=node, name=f"{model} (node {node})")
+            for i, node in enumerate(nodes)
+        )
+
+    def device_count(self) -> int:
+        """Return 1, or the number of allowed NUMA nodes on a multi-node machine."""
+        return max(1, len(self._numa_nodes(self._roots())))
+
+    # -- memory ------------------------------------------------------------------------------
+
+    def _memory_info(self, device: int) -> MemoryInfo:
+        roots = self._roots()
+        nodes = self._numa_nodes(roots)
+        cgroup = self._cgroup_limit(roots)
+        if not nodes:
+            return self._host_memory(roots, cgroup)
+        if device >= len(nodes):  # a node went away since the index was checked
+            raise DeviceNotFoundError(device, len(nodes), self.name)
+        return self._node_memory(roots, nodes[device], cgroup)
+
+    def _host_memory(self, roots: _Roots, cgroup: _CgroupLimit | None) -> MemoryInfo:
+        mem_total, mem_available, source = self._meminfo(roots)
+        total, free = mem_total, min(mem_available, mem_total)
+        if cgroup is not None:
+            total = min(mem_total, cgroup.limit)
+            free = min(free, cgroup.headroom, total)
+            source = cgroup.version
+        free = max(0, free)
+        return MemoryInfo(free=free, total=total, used=total - free, source=source)
+
+    def _node_memory(self, roots: _Roots, node: int, cgroup: _CgroupLimit | None) -> MemoryInfo:
+        path = roots.sysfs / "devices" / "system" / "node" / f"node{node}" / "meminfo"
+        try:
+            table = _parse_kb_table(_read_text(path), skip=2)
+        except OSError as exc:
+            raise BackendError(
+                "cpu", f"cannot read NUMA node {node} memory from {path}: {exc}"
+            ) from exc
+        if "MemTotal" not in table or "MemFree" not in table:
+            raise BackendError("cpu", f"NUMA node {node}: {path} has no MemTotal/MemFree lines")
+        total = table["MemTotal"]
+        if "Active(file)" in table and "Inactive(file)" in table:
+            available = table["MemFree"] + table["Active(file)"] + table["Inactive(file)"]
+        else:
+            available = table["MemFree"] + max(0, table.get("FilePages", 0) - table.get("Shmem", 0))
+        available += table.get("SReclaimable", 0)
+        free = min(available, total)
+        source = "numa-node"
+        if cgroup is not None:
+            total = min(total, cgroup.limit)
+            free = min(free, cgroup.headroom, total)
+            source = f"numa-node+{cgroup.version}"
+        free = max(0, free)
+        return MemoryInfo(free=free, total=total, used=total - free, source=source)
+
+    @staticmethod
+    def _meminfo(roots: _Roots) -> tuple[int, int, str]:
+        """Return ``(MemTotal, MemAvailable, source)`` in bytes."""
+        try:
+            table = _parse_kb_table(_read_text(roots.proc / "meminfo"))
+        except OSError:
+            table = {}
+        total = table.get("MemTotal", 0)
+        if total > 0:
+            available = table.get("MemAvailable")
+            if available is None:  # kernels before 3.14
+                available = (
+                    table.get("MemFree", 0) + table.get("Buffers", 0) + table.get("Cached", 0)
+                )
+            return total, available, "meminfo"
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return int(vm.total), int(vm.available), "psutil"
+
+    # -- cgroups --------------------------------------------------------------------------
+
+    def _cgroup_limit(self, roots: _Roots) -> _CgroupLimit | None:
+        """Return the binding cgroup limit, or ``None`` when unlimited or unusable."""
+        try:
+            text = _read_text(roots.proc / "self" / "cgroup")
+        except OSError:
+            return None
+        v2_path: str | None = None
+        v1_path: str | None = None
+        for line in text.splitlines():
+            parts = line.strip().split(":", 2)
+            if len(parts) != 3:
+                continue
+            hierarchy, controllers, path = parts
+            if hierarchy == "0" and controllers == "":
+                v2_path = path
+            elif "memory" in controllers.split(","):
+                v1_path = path
+        try:
+            # A memory controller bound to a v1 hierarchy is not available on v2.
+            if v1_path is not None:
+                mount = self._v1_memory_mount(roots.cgroup)
+                if mount is not None:
+                    return self._walk(mount, v1_path, version="cgroup-v1")
+            if v2_path is not None:
+                for mount in (roots.cgroup, roots.cgroup / "unified"):
+                    if (mount / "cgroup.controllers").is_file():
+                        return self._walk(mount, v2_path, version="cgroup-v2")
+        except _CgroupUnusableError:
+            return None
+        return None
+
+    @staticmethod
+    def _v1_memory_mount(root: Path) -> Path | None:
+        direct = root / "memory"
+        if direct.is_dir():
+            return direct
+        try:
+            names = os.listdir(root)
+        except OSError:
+            return None
+        for name in sorted(names):  # co-mounted controllers, e.g. "cpu,memory"
+            if "memory" in name.split(",") and (root / name).is_dir():
+                return root / name
+        return None
+
+    @staticmethod
+    def _resolve(mount: Path, cgroup_path: str) -> Path:
+        """Find this process's cgroup directory under ``mount``.
+
+        Inside a cgroup namespace, or when a container sees only its own subtree mounted, the
+        path in ``/proc/self/cgroup`` names directories above the mount; drop leading parts
+        until a directory exists (at worst the mount itself).
+        """
+        parts = [p for p in cgroup_path.split("/") if p]
+        if ".." in parts:
+            return mount
+        for start in range(len(parts) + 1):
+            candidate = mount.joinpath(*parts[start:])
+            if candidate.is_dir():
+                return candidate
+        return mount
+
+    def _walk(self, mount: Path, cgroup_path: str, *, version: str) -> _CgroupLimit | None:
+        leaf = self._resolve(mount, cgroup_path)
+        levels = [leaf, *[p for p in leaf.parents if p == mount or mount in p.parents]]
+        v2 = version == "cgroup-v2"
+        limit_file = "memory.max" if v2 else "memory.limit_in_bytes"
+        smallest: int | None = None
+        headroom: int | None = None
+        for level in levels:
+            limit = self._level_limit(level / limit_file, v2=v2)
+            if limit is None:
+                continue
+            charge = self._level_charge(level, v2=v2)
+            room = max(0, limit - charge)
+            smallest = limit if smallest is None else min(smallest, limit)
+            headroom = room if headroom is None else min(headroom, room)
+        if smallest is None or headroom is None:
+            return None
+        return _CgroupLimit(version=version, limit=smallest, headroom=headroom)
+
+    @staticmethod
+    def _level_limit(path: Path, *, v2: bool) -> int | None:
+        if not path.exists():
+            return None  # the root cgroup, or a level without the memory controller
+        if v2:
+            try:
+                text = _read_text(path).strip()
+            except OSError as exc:
+                raise _CgroupUnusableError(f"cannot read {path}: {exc}") from None
+            return None if text == "max" else _parse_nonnegative(path, text)
+        value = _read_int(path)
+        return None if value >= _V1_UNLIMITED else value
+
+    @staticmethod
+    def _level_charge(level: Path, *, v2: bool) -> int:
+        usage = _read_int(level / ("memory.current" if v2 else "memory.usage_in_bytes"))
+        stat_path = level / "memory.stat"
+        try:
+            stat = _parse_flat_keyed(_read_text(stat_path))
+        except OSError as exc:
+            raise _CgroupUnusableError(f"cannot read {stat_path}: {exc}") from None
+        keys = ("inactive_file",) if v2 else ("total_inactive_file", "inactive_file")
+        for key in keys:
+            if key in stat:
+                return max(0, usage - max(0, stat[key]))
+        raise _CgroupUnusableError(f"{stat_path} has no {keys[0]} line")
+
+    # -- platform properties --------------------------------------------------------------
+
+    @property
+    def default_memory_utilization(self) -> float:  # type: ignore[override]
+        """Utilization an engine can ask for now, from the current memory reading.
+
+        The smallest :func:`utilization_with_margin` over the visible devices: 90 % of
+        ``free / total``, rounded down to 0.01, at most 0.92 and at least 0.05. vLLM's CPU
+        worker refuses to start when ``utilization × total`` exceeds what is available; this
+        value leaves a margin for the worker's own start-up allocations. It is read afresh on
+        every access, so it changes with the machine's load.
+
+        Side effects:
+            Reads ``/proc`` and cgroup files. If memory cannot be read at all, returns 0.92.
+        """
+        values: list[float] = []
+        for device in range(self.device_count()):
+            try:
+                info = self.memory_info(device)
+            except BackendError:
+                continue
+            values.append(utilization_with_margin(info.free, info.total))
+        return min(values) if values else _UTILIZATION_CAP_PERCENT / 100
+
+    def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
+        """Return ``None``: which process holds host memory is not a meaningful question here.
+
+        Args:
+            device: Visible device index; still validated.
+
+        Raises:
+            DeviceNotFoundError: For an index that is not visible.
+        """
+        self.check_device(device)
+        return None
