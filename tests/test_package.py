@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import accelplat
 
 
@@ -49,15 +51,12 @@ def test_every_public_name_resolves() -> None:
 
 
 def test_unknown_attribute_is_an_attribute_error() -> None:
-    try:
-        accelplat.no_such_name  # noqa: B018
-    except AttributeError as exc:
-        assert "no_such_name" in str(exc)
-    else:
-        raise AssertionError("expected AttributeError")
+    with pytest.raises(AttributeError, match="no_such_name"):
+        accelplat.no_such_name
 
 
 def test_package_is_typed() -> None:
     spec = importlib.util.find_spec("accelplat")
-    assert spec is not None and spec.origin is not None
+    assert spec is not None
+    assert spec.origin is not None
     assert (Path(spec.origin).parent / "py.typed").is_file()
