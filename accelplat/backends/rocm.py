@@ -1,0 +1,851 @@
+"""The ``rocm`` platform: AMD GPUs through sysfs, amdsmi, or (last) an already-imported torch.
+
+Memory sources, in order of preference:
+
+1. **sysfs** (``source="sysfs"``): ``<sysfs>/class/drm/cardN/device/mem_info_vram_total`` and
+   ``mem_info_vram_used``, in bytes, for every card whose ``device/vendor`` is ``0x1002``.
+   Reading them is a few microseconds, needs no library and creates no context. They count every
+   client of the card (display, firmware, the runtime), so an idle card never reads zero.
+2. **amdsmi** (``source="amdsmi"``), when sysfs shows no AMD card with VRAM files and ROCm's
+   ``libamd_smi.so`` is present: ``amdsmi_get_gpu_memory_total``/``…_usage`` with
+   ``AmdSmiMemoryType.VRAM`` (bytes). ``amdsmi_get_gpu_vram_usage`` is never used: it reports MB
+   and was seen stale on MI355X (ROCm 7.0). The module is imported lazily, with its stdout
+   swallowed, and any failure is caught: without ROCm ``import amdsmi`` prints and raises
+   ``KeyError``; against an older ROCm it raises ``AttributeError``.
+3. **torch** (``source="torch.cuda (creates a device context)"``), only when neither works and
+   the caller has already imported a ROCm build of torch; ``context_free`` is then ``False``.
+   This backend never imports torch itself.
+
+Device order and visibility:
+    HIP numbers GPUs as ROCr enumerates them: the GPU nodes of the KFD topology
+    (``<sysfs>/class/kfd/kfd/topology/nodes/N``, ``gpu_id`` non-zero and ``simd_count`` non-zero)
+    in node order, leaving out nodes whose render device ``<dev>/dri/renderD<minor>`` is absent
+    (how a container that was given some GPUs sees only those). That is the physical order used
+    here. Each node is tied to its card by ``drm_render_minor`` (the card's ``device/drm`` holds
+    that ``renderD`` node); failing that, by PCI address (``domain`` and ``location_id`` =
+    bus << 8 | device << 3 | function). A card's PCI address is the name of the directory its
+    ``device`` link points to, or ``PCI_SLOT_NAME`` of ``device/uevent``. Without a KFD topology,
+    cards are ordered by PCI address, which is the order the driver probes them in on ordinary
+    machines. Then ``ROCR_VISIBLE_DEVICES`` and ``HIP_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES``
+    apply (see :mod:`accelplat.visible.rocm`); with amdsmi, handles are ordered by their
+    ``hip_id`` (or PCI address) first.
+
+Partitioned GPUs (MI300/MI355 in CPX or other compute-partition modes) are several KFD nodes on
+one card; each is a HIP device, and each reports the whole card's memory
+(``source="sysfs (whole card, shared by N partitions)"``), as amdsmi does too.
+
+Holders come from ``<sysfs>/class/kfd/kfd/proc/<pid>/vram_<gpu_id>`` (bytes; processes with
+zero bytes on the device are left out). Without a matched ``gpu_id`` they are unknown (``None``).
+
+Roots: ``ACCELPLAT_SYSFS_ROOT`` (default ``/sys``) and ``ACCELPLAT_DEV_ROOT`` (default ``/dev``),
+or the constructor arguments. When only the sysfs root is moved (a copied or fake tree), the
+render-node and ``/dev/kfd`` checks are skipped: a foreign tree says nothing about this
+process's ``/dev``. Variables are read on every query.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from accelplat._graphs import graph_support
+from accelplat._procs import make_holder
+from accelplat._types import (
+    GIB,
+    DeviceInfo,
+    GraphSupport,
+    MemoryHolder,
+    MemoryInfo,
+    ProbeResult,
+    ReleaseProfile,
+)
+from accelplat.errors import AccelplatError, BackendError
+from accelplat.platform import BasePlatform, StartMethod
+from accelplat.visible.rocm import ENV_HIP_VISIBLE_DEVICES, hip_uuid, visible_physical_indices
+
+__all__ = ["AMD_VENDOR_ID", "RocmPlatform", "SysfsReader"]
+
+ENV_SYSFS_ROOT = "ACCELPLAT_SYSFS_ROOT"
+ENV_DEV_ROOT = "ACCELPLAT_DEV_ROOT"
+AMD_VENDOR_ID = 0x1002
+"""PCI vendor id of AMD (ATI) GPUs."""
+
+SOURCE_SYSFS = "sysfs"
+SOURCE_AMDSMI = "amdsmi"
+SOURCE_TORCH = "torch.cuda (creates a device context)"
+
+_CARD_RE = re.compile(r"^card(\d+)$")
+_RENDER_RE = re.compile(r"^renderD(\d+)$")
+_BDF_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+_VRAM_FILE_RE = re.compile(r"^vram_(\d+)$")
+
+ReadText = Callable[[str], str]
+
+
+def _default_read(path: str) -> str:
+    with open(path, encoding="ascii", errors="replace") as f:
+        return f.read()
+
+
+def _pci_key(bdf: str | None) -> tuple[int, ...]:
+    match = _BDF_RE.match(bdf or "")
+    if match is None:
+        return (1 << 32,)
+    return tuple(int(g, 16) for g in match.groups())
+
+
+class SysfsReader:
+    """Reads sysfs attribute files, turning every failure into a ``BackendError`` naming the file.
+
+    Args:
+        read_text: How to read a file's text (injectable for tests); defaults to ``open().read()``.
+    """
+
+    def __init__(self, read_text: ReadText | None = None) -> None:
+        self._read = read_text or _default_read
+
+    def text(self, path: Path) -> str:
+        """Return the stripped text of ``path``.
+
+        Raises:
+            BackendError: When the file is missing, unreadable, a directory, or fails to read.
+        """
+        name = str(path)
+        try:
+            return self._read(name).strip()
+        except FileNotFoundError:
+            raise BackendError("rocm", f"{name} is missing (was the GPU removed?)") from None
+        except PermissionError:
+            raise BackendError("rocm", f"{name}: permission denied") from None
+        except IsADirectoryError:
+            raise BackendError("rocm", f"{name} is a directory, not an attribute file") from None
+        except OSError as exc:
+            raise BackendError("rocm", f"cannot read {name}: {exc.strerror or exc}") from None
+
+    def integer(self, path: Path, *, base: int = 10) -> int:
+        """Return the non-negative integer held in ``path``.
+
+        Raises:
+            BackendError: When the file cannot be read, is empty (a truncated read), or does not
+                hold a non-negative integer.
+        """
+        text = self.text(path)
+        if not text:
+            raise BackendError("rocm", f"{path} is empty (truncated read?)")
+        try:
+            value = int(text, base)
+        except ValueError:
+            raise BackendError("rocm", f"{path} holds {text[:40]!r}, not a number") from None
+        if value < 0:
+            raise BackendError("rocm", f"{path} holds a negative value {value}")
+        return value
+
+
+@dataclass(frozen=True)
+class _Card:
+    name: str
+    path: Path
+    pci_bus_id: str | None
+    render_minors: frozenset[int]
+    label: str
+
+
+@dataclass(frozen=True)
+class _Node:
+    node: int
+    gpu_id: int
+    unique_id: int
+    render_minor: int | None
+    pci_bus_id: str | None
+    label: str
+
+
+@dataclass(frozen=True)
+class _Gpu:
+    """One GPU in ROCr's order, whatever the source."""
+
+    physical_index: int
+    name: str
+    uuid: str | None
+    pci_bus_id: str | None
+    card: _Card | None = None
+    node: _Node | None = None
+    partitions: int = 1
+    handle: Any = None
+
+
+@dataclass
+class _Topology:
+    gpus: list[_Gpu]
+    uuids_known: bool
+    cards: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class _Source:
+    """Where device lists and memory figures come from."""
+
+    name: str = ""
+    context_free: bool = True
+    visible_applied: bool = False
+
+    def gpus(self) -> list[_Gpu]:
+        raise NotImplementedError
+
+    def uuids(self) -> list[str | None] | None:
+        return [g.uuid for g in self.gpus()]
+
+    def memory(self, gpu: _Gpu) -> MemoryInfo:
+        raise NotImplementedError
+
+    def holders(self, gpu: _Gpu) -> list[MemoryHolder] | None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# sysfs
+
+
+def _parse_properties(text: str) -> dict[str, int]:
+    props: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        try:
+            props[key] = int(value.strip())
+        except ValueError:
+            continue
+    return props
+
+
+def _card_pci(reader: SysfsReader, device: Path) -> str | None:
+    try:
+        name = os.path.basename(os.path.realpath(device))
+    except OSError:
+        name = ""
+    if _BDF_RE.match(name):
+        return name.lower()
+    try:
+        uevent = reader.text(device / "uevent")
+    except BackendError:
+        return None
+    for line in uevent.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "PCI_SLOT_NAME" and _BDF_RE.match(value.strip()):
+            return value.strip().lower()
+    return None
+
+
+def _label(reader: SysfsReader, *paths: Path) -> str:
+    for path in paths:
+        try:
+            text = reader.text(path)
+        except BackendError:
+            continue
+        if text:
+            return text
+    return ""
+
+
+def _scan_cards(reader: SysfsReader, sysfs: Path, notes: list[str]) -> list[_Card]:
+    drm = sysfs / "class" / "drm"
+    try:
+        entries = sorted(os.listdir(drm))
+    except FileNotFoundError:
+        notes.append(f"{drm} does not exist")
+        return []
+    except OSError as exc:
+        notes.append(f"{drm} is not readable ({exc.strerror or exc})")
+        return []
+    cards: list[_Card] = []
+    for entry in entries:
+        if not _CARD_RE.match(entry):
+            continue  # connectors (card0-DP-1), render nodes, version
+        device = drm / entry / "device"
+        try:
+            vendor = reader.integer(device / "vendor", base=16)
+        except BackendError:
+            continue
+        if vendor != AMD_VENDOR_ID:
+            continue
+        if not (device / "mem_info_vram_total").exists():
+            notes.append(f"{entry} is an AMD GPU without mem_info_vram_total")
+            continue
+        try:
+            minors = frozenset(
+                int(m.group(1))
+                for m in (_RENDER_RE.match(n) for n in os.listdir(device / "drm"))
+                if m is not None
+            )
+        except OSError:
+            minors = frozenset()
+        device_id = _label(reader, device / "device")
+        label = _label(reader, device / "product_name") or f"AMD GPU {device_id}".strip()
+        cards.append(_Card(entry, drm / entry, _card_pci(reader, device), minors, label))
+    return cards
+
+
+def _node_pci(props: Mapping[str, int]) -> str | None:
+    location = props.get("location_id")
+    if location is None:
+        return None
+    domain = props.get("domain", 0)
+    bus, dev, fn = (location >> 8) & 0xFF, (location >> 3) & 0x1F, location & 0x7
+    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
+
+
+def _scan_nodes(
+    reader: SysfsReader, sysfs: Path, dev: Path | None, notes: list[str]
+) -> list[_Node] | None:
+    nodes_dir = sysfs / "class" / "kfd" / "kfd" / "topology" / "nodes"
+    try:
+        names = os.listdir(nodes_dir)
+    except OSError:
+        return None
+    nodes: list[_Node] = []
+    for name in sorted((n for n in names if n.isdigit()), key=int):
+        path = nodes_dir / name
+        try:
+            gpu_id = reader.integer(path / "gpu_id")
+            props = _parse_properties(reader.text(path / "properties"))
+        except BackendError as exc:
+            notes.append(f"KFD node {name} skipped: {exc}")
+            continue
+        if gpu_id == 0 or props.get("simd_count", 1) == 0:
+            continue  # a CPU node
+        minor = props.get("drm_render_minor")
+        if dev is not None and (minor is None or not (dev / "dri" / f"renderD{minor}").exists()):
+            notes.append(f"KFD node {name} skipped: its render node is not in {dev / 'dri'}")
+            continue
+        label = _label(reader, path / "name")
+        nodes.append(
+            _Node(int(name), gpu_id, props.get("unique_id", 0), minor, _node_pci(props), label)
+        )
+    return nodes
+
+
+def _scan_topology(sysfs: Path, dev: Path | None, reader: SysfsReader) -> _Topology:
+    """Return the AMD GPUs of ``sysfs`` in ROCr's order (see the module docstring).
+
+    Args:
+        sysfs: The sysfs root.
+        dev: The ``/dev`` root to check render nodes and ``kfd`` in, or ``None`` to skip that.
+        reader: Reads the attribute files.
+
+    Returns:
+        The topology; ``gpus`` is empty when no AMD card with VRAM files exists.
+    """
+    notes: list[str] = []
+    cards = _scan_cards(reader, sysfs, notes)
+    if not cards:
+        return _Topology([], uuids_known=False, notes=notes)
+    nodes = _scan_nodes(reader, sysfs, dev, notes)
+    if nodes is None:
+        ordered = sorted(cards, key=lambda c: (_pci_key(c.pci_bus_id), c.name))
+        notes.append("no KFD topology: cards ordered by PCI address")
+        gpus = [_Gpu(i, c.label, None, c.pci_bus_id, card=c) for i, c in enumerate(ordered)]
+        return _Topology(gpus, uuids_known=False, cards=len(cards), notes=notes)
+    if dev is not None and not (dev / "kfd").exists():
+        notes.append(f"{dev / 'kfd'} is missing: the ROCm runtime cannot open any GPU")
+        return _Topology([], uuids_known=True, cards=len(cards), notes=notes)
+    by_minor = {m: c for c in cards for m in c.render_minors}
+    by_pci = {c.pci_bus_id: c for c in cards if c.pci_bus_id}
+    matched: list[tuple[_Node, _Card | None]] = []
+    for node in nodes:
+        card = by_minor.get(node.render_minor) if node.render_minor is not None else None
+        if card is None and node.pci_bus_id is not None:
+            card = by_pci.get(node.pci_bus_id)
+        if card is None:
+            notes.append(f"KFD node {node.node} matches no AMD card; its memory is unknown")
+        matched.append((node, card))
+    shares: dict[str, int] = {}
+    for _, card in matched:
+        if card is not None:
+            shares[card.name] = shares.get(card.name, 0) + 1
+    gpus = [
+        _Gpu(
+            i,
+            (card.label if card is not None else "") or node.label or "AMD GPU",
+            hip_uuid(node.unique_id),
+            node.pci_bus_id or (card.pci_bus_id if card is not None else None),
+            card=card,
+            node=node,
+            partitions=shares.get(card.name, 1) if card is not None else 1,
+        )
+        for i, (node, card) in enumerate(matched)
+    ]
+    return _Topology(gpus, uuids_known=True, cards=len(cards), notes=notes)
+
+
+class _SysfsSource(_Source):
+    name = SOURCE_SYSFS
+
+    def __init__(self, sysfs: Path, topology: _Topology, reader: SysfsReader) -> None:
+        self._sysfs = sysfs
+        self._topology = topology
+        self._reader = reader
+
+    def gpus(self) -> list[_Gpu]:
+        return self._topology.gpus
+
+    def uuids(self) -> list[str | None] | None:
+        return [g.uuid for g in self.gpus()] if self._topology.uuids_known else None
+
+    def memory(self, gpu: _Gpu) -> MemoryInfo:
+        if gpu.card is None:
+            raise BackendError(
+                "rocm",
+                f"GPU {gpu.physical_index} (KFD node {gpu.node.node if gpu.node else '?'}) "
+                f"matches no card under {self._sysfs / 'class' / 'drm'}; its memory is unknown",
+            )
+        device = gpu.card.path / "device"
+        total = self._reader.integer(device / "mem_info_vram_total")
+        used = self._reader.integer(device / "mem_info_vram_used")
+        if used > total:
+            raise BackendError(
+                "rocm",
+                f"{device / 'mem_info_vram_used'} ({used}) exceeds "
+                f"{device / 'mem_info_vram_total'} ({total})",
+            )
+        source = SOURCE_SYSFS
+        if gpu.partitions > 1:
+            source = f"sysfs (whole card, shared by {gpu.partitions} partitions)"
+        return MemoryInfo(free=total - used, total=total, used=used, source=source)
+
+    def holders(self, gpu: _Gpu) -> list[MemoryHolder] | None:
+        if gpu.node is None:
+            return None
+        proc = self._sysfs / "class" / "kfd" / "kfd" / "proc"
+        try:
+            pids = [int(p) for p in os.listdir(proc) if p.isdigit()]
+        except OSError:
+            return None
+        holders: list[MemoryHolder] = []
+        for pid in sorted(pids):
+            try:
+                used = self._reader.integer(proc / str(pid) / f"vram_{gpu.node.gpu_id}")
+            except BackendError:
+                continue  # the process exited, or does not use this GPU
+            if used > 0:
+                holders.append(make_holder(pid, used))
+        return holders
+
+
+# ---------------------------------------------------------------------------------------------
+# amdsmi
+
+_amdsmi_lock = threading.Lock()
+_amdsmi_initialised: object | None = None
+
+
+def _after_fork() -> None:
+    global _amdsmi_lock, _amdsmi_initialised
+    _amdsmi_lock = threading.Lock()
+    _amdsmi_initialised = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:160]
+    return ""
+
+
+def _import_amdsmi() -> tuple[Any, str]:
+    """Import ``amdsmi`` defensively.
+
+    Returns:
+        ``(module, "")`` on success, ``(None, reason)`` otherwise.
+
+    Side effects:
+        Imports ``amdsmi`` (which loads ``libamd_smi.so``), with anything it prints to stdout
+        swallowed; never raises.
+    """
+    if "amdsmi" in sys.modules:
+        module = sys.modules["amdsmi"]
+        if module is None:
+            return None, "amdsmi is blocked (sys.modules['amdsmi'] is None)"
+        return module, ""
+    try:
+        if importlib.util.find_spec("amdsmi") is None:
+            return None, "amdsmi is not installed"
+    except (ImportError, ValueError) as exc:
+        return None, f"amdsmi cannot be located: {type(exc).__name__}: {exc}"
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            module = importlib.import_module("amdsmi")
+    except Exception as exc:
+        said = _first_line(captured.getvalue())
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        hint = ""
+        if isinstance(exc, KeyError):
+            hint = " (ROCm's libamd_smi.so is missing)"
+        elif isinstance(exc, AttributeError):
+            hint = " (the installed ROCm is older than this amdsmi)"
+        suffix = f"; it said {said!r}" if said else ""
+        return None, f"import amdsmi failed{hint}: {detail}{suffix}"
+    return module, ""
+
+
+def _amdsmi_init(module: Any) -> None:
+    global _amdsmi_initialised
+    with _amdsmi_lock:
+        if _amdsmi_initialised is module:
+            return
+        module.amdsmi_init()
+        _amdsmi_initialised = module
+
+
+def _vendor_name(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+class _AmdSmiSource(_Source):
+    name = SOURCE_AMDSMI
+
+    def __init__(self, module: Any) -> None:
+        self._m = module
+        self._gpus: list[_Gpu] | None = None
+
+    def gpus(self) -> list[_Gpu]:
+        if self._gpus is None:
+            self._gpus = self._enumerate()
+        return self._gpus
+
+    def _enumerate(self) -> list[_Gpu]:
+        m = self._m
+        try:
+            handles = list(m.amdsmi_get_processor_handles())
+        except Exception as exc:
+            raise BackendError(
+                "rocm", f"amdsmi_get_processor_handles failed: {exc}", _vendor_name(exc)
+            ) from exc
+        rows: list[tuple[tuple[int, ...], Any, str | None, str | None]] = []
+        for position, handle in enumerate(handles):
+            hip_id: int | None = None
+            uuid: str | None = None
+            try:
+                info = m.amdsmi_get_gpu_enumeration_info(handle)
+                raw = info.get("hip_id")
+                hip_id = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+                text = info.get("hip_uuid")
+                uuid = text if isinstance(text, str) and text.startswith("GPU-") else None
+            except Exception:
+                pass  # older amdsmi: no enumeration info
+            try:
+                bdf: str | None = str(m.amdsmi_get_gpu_device_bdf(handle)).lower()
+            except Exception:
+                bdf = None
+            rows.append(
+                ((0 if hip_id is not None else 1, hip_id or 0, position), handle, uuid, bdf)
+            )
+        if any(key[0] for key, *_ in rows):  # no hip_id somewhere: PCI order for all
+            rows.sort(key=lambda r: (_pci_key(r[3]), r[0][2]))
+        else:
+            rows.sort(key=lambda r: r[0])
+        gpus = []
+        for i, (_, handle, uuid, bdf) in enumerate(rows):
+            name = "AMD GPU"
+            with contextlib.suppress(Exception):
+                name = str(m.amdsmi_get_gpu_asic_info(handle).get("market_name") or name)
+            gpus.append(_Gpu(i, name, uuid, bdf, handle=handle))
+        return gpus
+
+    def memory(self, gpu: _Gpu) -> MemoryInfo:
+        m = self._m
+        try:
+            vram = m.AmdSmiMemoryType.VRAM
+            total = int(m.amdsmi_get_gpu_memory_total(gpu.handle, vram))
+            used = int(m.amdsmi_get_gpu_memory_usage(gpu.handle, vram))
+        except Exception as exc:
+            raise BackendError(
+                "rocm",
+                f"amdsmi memory query for GPU {gpu.physical_index} failed: {exc}",
+                _vendor_name(exc),
+            ) from exc
+        return MemoryInfo(free=max(0, total - used), total=total, used=used, source=SOURCE_AMDSMI)
+
+    def holders(self, gpu: _Gpu) -> list[MemoryHolder] | None:
+        try:
+            processes = list(self._m.amdsmi_get_gpu_process_list(gpu.handle))
+        except Exception:
+            return None
+        holders: list[MemoryHolder] = []
+        for entry in processes:
+            if not isinstance(entry, Mapping):
+                return None  # an older amdsmi returns opaque handles
+            pid = entry.get("pid")
+            usage = entry.get("memory_usage")
+            vram = usage.get("vram_mem") if isinstance(usage, Mapping) else None
+            if not isinstance(pid, int):
+                continue
+            if isinstance(vram, int) and vram > 0:
+                holders.append(make_holder(pid, vram))
+        return holders
+
+
+# ---------------------------------------------------------------------------------------------
+# torch (already imported by the caller)
+
+
+class _TorchSource(_Source):
+    name = SOURCE_TORCH
+    context_free = False
+    visible_applied = True
+
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+
+    def gpus(self) -> list[_Gpu]:
+        try:
+            count = int(self._torch.cuda.device_count())
+        except Exception as exc:
+            raise BackendError("rocm", f"torch.cuda.device_count() failed: {exc}") from exc
+        return [_Gpu(i, "AMD GPU", None, None) for i in range(count)]
+
+    def uuids(self) -> list[str | None] | None:
+        return None
+
+    def memory(self, gpu: _Gpu) -> MemoryInfo:
+        try:
+            free, total = self._torch.cuda.mem_get_info(gpu.physical_index)
+        except Exception as exc:
+            raise BackendError(
+                "rocm", f"torch.cuda.mem_get_info({gpu.physical_index}) failed: {exc}"
+            ) from exc
+        free, total = int(free), int(total)
+        return MemoryInfo(free=free, total=total, used=max(0, total - free), source=SOURCE_TORCH)
+
+
+def _torch_if_imported() -> tuple[Any, str]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None, "torch is not imported by the caller (accelplat never imports it on ROCm)"
+    hip = getattr(getattr(torch, "version", None), "hip", None)
+    if not hip:
+        return None, "the imported torch is not a ROCm build (torch.version.hip is unset)"
+    return torch, ""
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class RocmPlatform(BasePlatform):
+    """AMD GPUs under ROCm. See the module docstring for sources, order and visibility.
+
+    Args:
+        sysfs_root: The sysfs root; default ``ACCELPLAT_SYSFS_ROOT`` or ``/sys``.
+        dev_root: The ``/dev`` root for render-node checks; default ``ACCELPLAT_DEV_ROOT`` or
+            ``/dev`` (skipped when only the sysfs root is moved).
+        read_text: How sysfs files are read (for tests).
+        allow_amdsmi: Whether amdsmi may be used when sysfs has no AMD card.
+    """
+
+    name: ClassVar[str] = "rocm"
+    device_type: ClassVar[str] = "cuda"
+    visible_devices_env: ClassVar[str | None] = ENV_HIP_VISIBLE_DEVICES
+    default_memory_utilization: ClassVar[float] = 0.92
+    preferred_start_method: ClassVar[StartMethod] = "spawn"
+    RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(
+        lazy=True, stable_duration_s=2.0, settle_timeout_s=240.0, idle_floor_bytes=4 * GIB
+    )
+    """Lazy: VRAM returns from a kernel work queue after the holder exits (and TTM delays
+    destroying buffers with pending fences), so waits need a 2 s stability window (vLLM's ROCm
+    CI) and up to 240 s. Idle cards keep firmware, display and runtime buffers (~2.5 GiB seen on
+    MI300), so a ratio threshold is floored at 4 GiB, as vLLM does for ratios below 5 %."""
+
+    def __init__(
+        self,
+        *,
+        sysfs_root: str | os.PathLike[str] | None = None,
+        dev_root: str | os.PathLike[str] | None = None,
+        read_text: ReadText | None = None,
+        allow_amdsmi: bool = True,
+    ) -> None:
+        self._sysfs_arg = None if sysfs_root is None else Path(sysfs_root)
+        self._dev_arg = None if dev_root is None else Path(dev_root)
+        self._reader = SysfsReader(read_text)
+        self._allow_amdsmi = allow_amdsmi
+        self._lock = threading.RLock()
+        self._cache_key: tuple[Path, Path | None] | None = None
+        self._source: _Source | None = None
+        self._reasons: list[str] = []
+        self._notes: list[str] = []
+        self._amdsmi_failure: str | None = None
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def _roots(self) -> tuple[Path, Path | None]:
+        env_sysfs = os.environ.get(ENV_SYSFS_ROOT)
+        env_dev = os.environ.get(ENV_DEV_ROOT)
+        sysfs = self._sysfs_arg or Path(env_sysfs or "/sys")
+        if self._dev_arg is not None:
+            dev: Path | None = self._dev_arg
+        elif env_dev:
+            dev = Path(env_dev)
+        elif self._sysfs_arg is None and not env_sysfs:
+            dev = Path("/dev")
+        else:
+            dev = None  # a moved sysfs tree says nothing about this process's /dev
+        return sysfs, dev
+
+    def refresh(self) -> None:
+        """Forget the cached topology and source, so the next query scans again."""
+        with self._lock:
+            self._cache_key = None
+            self._source = None
+
+    def _select(self) -> _Source | None:
+        key = self._roots()
+        with self._lock:
+            if self._cache_key == key and self._source is not None:
+                return self._source
+            sysfs, dev = key
+            reasons: list[str] = []
+            source: _Source | None = None
+            topology = _scan_topology(sysfs, dev, self._reader)
+            self._notes = topology.notes
+            if topology.cards:
+                source = _SysfsSource(sysfs, topology, self._reader)
+            else:
+                reasons.append(f"no AMD GPU with VRAM files under {sysfs / 'class' / 'drm'}")
+                reasons.extend(topology.notes[:3])
+            if source is None and self._allow_amdsmi:
+                if self._amdsmi_failure is None:
+                    source = self._try_amdsmi()
+                if source is None:
+                    reasons.append(self._amdsmi_failure or "amdsmi failed")
+            if source is None:
+                torch, why = _torch_if_imported()
+                if torch is None:
+                    reasons.append(why)
+                else:
+                    source = _TorchSource(torch)
+            self._reasons = reasons
+            if source is not None:
+                self._cache_key, self._source = key, source
+            return source
+
+    def _try_amdsmi(self) -> _Source | None:
+        module, why = _import_amdsmi()
+        if module is None:
+            self._amdsmi_failure = why
+            return None
+        try:
+            _amdsmi_init(module)
+            candidate = _AmdSmiSource(module)
+            if candidate.gpus():
+                return candidate
+            self._amdsmi_failure = "amdsmi reports no GPU"
+        except Exception as exc:
+            self._amdsmi_failure = f"amdsmi failed: {type(exc).__name__}: {exc}"
+        return None
+
+    def _require(self) -> _Source:
+        source = self._select()
+        if source is None:
+            raise BackendError("rocm", "no memory source: " + "; ".join(self._reasons))
+        return source
+
+    def _visible(self) -> list[_Gpu]:
+        source = self._require()
+        gpus = source.gpus()
+        if source.visible_applied:
+            return list(gpus)
+        order = visible_physical_indices(len(gpus), os.environ, source.uuids())
+        return [gpus[i] for i in order]
+
+    # -- Platform -----------------------------------------------------------------------------
+
+    @property
+    def context_free(self) -> bool:  # type: ignore[override]
+        """``False`` only when memory comes from an already-imported torch."""
+        source = self._select()
+        return True if source is None else source.context_free
+
+    @property
+    def graph(self) -> GraphSupport:
+        """HIP graphs through ``torch.cuda.CUDAGraph`` when a (ROCm) torch is installed."""
+        return graph_support("torch.cuda.CUDAGraph", (1, 10), label="HIP graphs", flavour="rocm")
+
+    @property
+    def memory_source(self) -> str:
+        """The source queries use now (``"sysfs"``, ``"amdsmi"``, the torch one), or ``""``."""
+        source = self._select()
+        return "" if source is None else source.name
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        """Return the visible GPUs, in torch's order.
+
+        Raises:
+            BackendError: When no source can enumerate GPUs.
+            ConfigurationError: For malformed or conflicting visible-devices variables.
+
+        Side effects:
+            Reads sysfs (or amdsmi); imports no framework and creates no device context.
+        """
+        return [
+            DeviceInfo(i, g.physical_index, g.name, g.uuid, g.pci_bus_id)
+            for i, g in enumerate(self._visible())
+        ]
+
+    def _memory_info(self, device: int) -> MemoryInfo:
+        source = self._require()
+        gpu = self._visible()[device]
+        try:
+            return source.memory(gpu)
+        except BackendError:
+            self.refresh()  # a card may have gone; scan again next time
+            raise
+
+    def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
+        """Return the processes holding VRAM on ``device``, or ``None`` when unknown.
+
+        Raises:
+            DeviceNotFoundError: For an index that is not visible.
+        """
+        index = self.check_device(device)
+        source = self._require()
+        return source.holders(self._visible()[index])
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        """Return whether ROCm GPUs are visible here; never raises.
+
+        Side effects:
+            Reads sysfs; when sysfs shows no AMD GPU, may import amdsmi (stdout swallowed).
+            Never imports torch and creates no device context.
+        """
+        try:
+            platform = cls()
+            source = platform._select()
+            if source is None:
+                return ProbeResult(False, "; ".join(platform._reasons) or "no AMD GPU found")
+            count = len(platform._visible())
+            total = len(source.gpus())
+        except AccelplatError as exc:
+            return ProbeResult(False, str(exc))
+        except Exception as exc:  # a probe must never raise
+            return ProbeResult(False, f"probe failed: {type(exc).__name__}: {exc}")
+        if total == 0:
+            notes = "; ".join(platform._notes[:3])
+            return ProbeResult(False, f"no GPU usable by the ROCm runtime ({notes or 'none'})")
+        if count == 0:
+            return ProbeResult(
+                False, f"{total} AMD GPU(s) found, but the visible-devices variables hide all"
+            )
+        return ProbeResult(True, f"{count} of {total} AMD GPU(s) visible (source: {source.name})")

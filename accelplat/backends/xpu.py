@@ -1,0 +1,585 @@
+"""The ``xpu`` platform: Intel GPUs through Level Zero Sysman, or torch.xpu when allowed.
+
+Memory sources, in order of preference:
+
+1. **Level Zero Sysman** (``source="level-zero-sysman"``), context-free, through ctypes on
+   ``libze_loader.so.1`` (see :mod:`accelplat._levelzero`): per card, the memory modules' free and
+   total bytes, summed over the device's tiles (local memory only, when the card has any).
+   The kernel hides usage from processes without ``CAP_PERFMON``/``CAP_SYS_ADMIN`` (i915 then
+   reports everything unallocated, xe reports zero used). When this process lacks both
+   capabilities and Sysman reports exactly no usage, the figure is not trusted: torch is used if
+   allowed, otherwise the query fails with a :class:`~accelplat.errors.BackendError` that says so.
+2. **torch** (``source="torch.xpu (creates a device context)"``, or ``"torch.accelerator …"``):
+   ``torch.xpu.mem_get_info(i)`` (torch 2.6 and later), else ``torch.accelerator.get_memory_info``
+   (torch 2.11). Used only when torch is already imported by the caller, or when
+   ``ACCELPLAT_XPU_ALLOW_TORCH=1`` lets accelplat import it; ``context_free`` is then ``False``.
+   Both functions create a device context, and vLLM saw wrong values from them with a new Intel
+   user-mode driver, so implausible answers (free above total) are rejected.
+   sysfs cannot stand in: the xe driver exposes only total VRAM there, not usage.
+3. **intel-extension-for-pytorch**, only for old stacks whose torch has neither function: when
+   IPEX is already imported (or torch use is allowed) it is imported and ``torch.xpu.mem_get_info``
+   retried (``source="ipex torch.xpu (creates a device context)"``). IPEX reached end of life
+   after 2.8; upstream torch.xpu replaces it.
+
+Device order and visibility:
+    Cards are Intel GPUs (PCI vendor ``0x8086``) from Level Zero Sysman, or from
+    ``<sysfs>/class/drm/cardN`` driven by ``xe`` or ``i915`` when Level Zero is absent. Level Zero
+    orders them discrete first, then by PCI address (pure PCI order with
+    ``ZE_ENABLE_PCI_ID_DEVICE_ORDER=1``). Tiles per card come from Sysman's sub-device count, or
+    sysfs (``device/tile<N>`` for xe, ``gt/gt<N>`` of discrete i915 cards). Then
+    ``ZE_FLAT_DEVICE_HIERARCHY``, ``ZE_AFFINITY_MASK`` and ``ONEAPI_DEVICE_SELECTOR`` apply, in that
+    order (see :mod:`accelplat.visible.oneapi`). Sysman itself ignores the hierarchy and the mask
+    and lists cards in discovery order, which is why the order and the mask are applied here. With
+    torch as the source, torch's own numbering is used as is.
+
+Probe:
+    Cheap and framework-free: sysfs first (an Intel card bound to ``xe``/``i915``), Level Zero
+    Sysman only when sysfs shows none. Integrated GPUs (PCI ``0000:00:02.0`` in sysfs, or Level
+    Zero's integrated flag) do not make the platform available on their own — every Intel laptop
+    and desktop has one — unless ``ACCELPLAT_XPU_INTEGRATED=1``; they still count as devices once
+    the platform is chosen, because torch numbers them.
+
+Holders come from Sysman's process list (``zesDeviceProcessesGetState``), per card.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from accelplat import _levelzero as lz
+from accelplat._graphs import graph_support
+from accelplat._procs import make_holder
+from accelplat._types import (
+    GIB,
+    DeviceInfo,
+    GraphSupport,
+    MemoryHolder,
+    MemoryInfo,
+    ProbeResult,
+    ReleaseProfile,
+)
+from accelplat.errors import AccelplatError, BackendError
+from accelplat.platform import BasePlatform, StartMethod
+from accelplat.visible.oneapi import ENV_AFFINITY_MASK, XpuTarget, visible_targets
+
+__all__ = ["INTEL_VENDOR_ID", "XpuPlatform", "usage_visible_to_this_process"]
+
+ENV_SYSFS_ROOT = "ACCELPLAT_SYSFS_ROOT"
+ENV_ALLOW_TORCH = "ACCELPLAT_XPU_ALLOW_TORCH"
+ENV_INTEGRATED = "ACCELPLAT_XPU_INTEGRATED"
+ENV_LEVEL_ZERO_LIB = "ACCELPLAT_LEVEL_ZERO_LIB"
+ENV_PCI_ORDER = "ZE_ENABLE_PCI_ID_DEVICE_ORDER"
+
+INTEL_VENDOR_ID = 0x8086
+"""PCI vendor id of Intel."""
+
+SOURCE_SYSMAN = "level-zero-sysman"
+SOURCE_TORCH = "torch.xpu (creates a device context)"
+SOURCE_ACCELERATOR = "torch.accelerator (creates a device context)"
+SOURCE_IPEX = "ipex torch.xpu (creates a device context)"
+
+_DRIVERS = ("xe", "i915")
+_INTEGRATED_SLOT = "0000:00:02.0"
+_CARD_RE = re.compile(r"^card(\d+)$")
+_TILE_RE = re.compile(r"^tile(\d+)$")
+_GT_RE = re.compile(r"^gt(\d+)$")
+_BDF_RE = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+_CAP_SYS_ADMIN = 21
+_CAP_PERFMON = 38
+_TRUE = ("1", "true", "yes", "on")
+
+ReadText = Callable[[str], str]
+
+
+def _default_read(path: str) -> str:
+    with open(path, encoding="ascii", errors="replace") as f:
+        return f.read()
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def usage_visible_to_this_process(status_text: str | None = None) -> bool:
+    """Return whether the kernel shows this process real GPU memory usage (i915/xe).
+
+    Args:
+        status_text: The text of ``/proc/self/status`` (read when ``None``).
+
+    Returns:
+        ``True`` when the effective capabilities include ``CAP_PERFMON`` or ``CAP_SYS_ADMIN``
+        (root outside a container has both); ``False`` otherwise, and when the capabilities cannot
+        be read and the process is not root.
+    """
+    if status_text is None:
+        try:
+            status_text = _default_read("/proc/self/status")
+        except OSError:
+            return os.geteuid() == 0 if hasattr(os, "geteuid") else False
+    for line in status_text.splitlines():
+        if line.startswith("CapEff:"):
+            try:
+                caps = int(line.split(":", 1)[1].strip(), 16)
+            except ValueError:
+                break
+            return bool(caps & (1 << _CAP_PERFMON) or caps & (1 << _CAP_SYS_ADMIN))
+    return os.geteuid() == 0 if hasattr(os, "geteuid") else False
+
+
+@dataclass(frozen=True)
+class _Card:
+    """One Intel GPU in Level Zero's order."""
+
+    pci_bus_id: str | None
+    name: str
+    uuid: str | None
+    integrated: bool
+    tiles: int
+    driver: str
+    sysman: lz.SysmanDevice | None = None
+
+
+def _order(cards: list[_Card]) -> list[_Card]:
+    if _flag(ENV_PCI_ORDER):
+        return sorted(cards, key=lambda c: lz.pci_sort_key(c.pci_bus_id))
+    return sorted(cards, key=lambda c: (c.integrated, lz.pci_sort_key(c.pci_bus_id)))
+
+
+def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
+    """Return the Intel GPUs bound to xe/i915 under ``sysfs``, and a note when there are none."""
+    drm = sysfs / "class" / "drm"
+    try:
+        entries = sorted(os.listdir(drm))
+    except FileNotFoundError:
+        return [], f"{drm} does not exist"
+    except OSError as exc:
+        return [], f"{drm} is not readable ({exc.strerror or exc})"
+    cards: list[_Card] = []
+    others: list[str] = []
+    for entry in entries:
+        if not _CARD_RE.match(entry):
+            continue
+        device = drm / entry / "device"
+        try:
+            vendor = int(read(str(device / "vendor")).strip(), 16)
+        except (OSError, ValueError):
+            continue
+        if vendor != INTEL_VENDOR_ID:
+            continue
+        driver = _driver(device, read)
+        if driver not in _DRIVERS:
+            others.append(f"{entry} ({driver or 'no driver'})")
+            continue
+        bdf = os.path.basename(os.path.realpath(device))
+        pci = bdf.lower() if _BDF_RE.match(bdf) else None
+        integrated = pci == _INTEGRATED_SLOT
+        tiles = 1
+        with contextlib.suppress(OSError):
+            if driver == "xe":
+                tiles = max(1, sum(1 for n in os.listdir(device) if _TILE_RE.match(n)))
+            elif not integrated:  # an integrated i915 GPU lists its media GT as gt1
+                tiles = max(1, sum(1 for n in os.listdir(drm / entry / "gt") if _GT_RE.match(n)))
+        device_id = ""
+        with contextlib.suppress(OSError):
+            device_id = read(str(device / "device")).strip()
+        name = f"Intel GPU {device_id}".strip()
+        cards.append(_Card(pci, name, None, integrated, tiles, driver))
+    note = "" if cards else f"no Intel GPU bound to xe or i915 under {drm}"
+    if others and not cards:
+        note += f" (Intel devices with other drivers: {', '.join(others)})"
+    return _order(cards), note
+
+
+def _driver(device: Path, read: ReadText) -> str:
+    link = device / "driver"
+    with contextlib.suppress(OSError):
+        if link.is_symlink() or link.exists():
+            return os.path.basename(os.path.realpath(link))
+    with contextlib.suppress(OSError):
+        for line in read(str(device / "uevent")).splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "DRIVER":
+                return value.strip()
+    return ""
+
+
+class XpuPlatform(BasePlatform):
+    """Intel GPUs through Level Zero. See the module docstring for sources and visibility.
+
+    Args:
+        sysfs_root: The sysfs root; default ``ACCELPLAT_SYSFS_ROOT`` or ``/sys``.
+        level_zero: A Level Zero library object to use instead of loading
+            ``libze_loader.so.1`` (or the path in ``ACCELPLAT_LEVEL_ZERO_LIB``); ``False``
+            disables Level Zero.
+        read_text: How sysfs files are read (for tests).
+        allow_torch: Let accelplat import torch for memory queries; default
+            ``ACCELPLAT_XPU_ALLOW_TORCH``. A torch the caller already imported is always used when
+            Level Zero cannot answer.
+        usage_visible: Whether the kernel shows this process memory usage; detected from the
+            process's capabilities when ``None``.
+    """
+
+    name: ClassVar[str] = "xpu"
+    device_type: ClassVar[str] = "xpu"
+    visible_devices_env: ClassVar[str | None] = ENV_AFFINITY_MASK
+    default_memory_utilization: ClassVar[float] = 0.9
+    preferred_start_method: ClassVar[StartMethod] = "spawn"
+    RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(
+        lazy=True, stable_duration_s=2.0, settle_timeout_s=240.0, idle_floor_bytes=1 * GIB
+    )
+    """Lazy: the caching allocator keeps memory until ``empty_cache`` and Level Zero defers frees
+    still referenced by kernels, so waits need the same 2 s window and 240 s limit as ROCm. Each
+    process using the GPU keeps ~1 GiB of runtime context, so ratio thresholds are floored at
+    1 GiB."""
+
+    def __init__(
+        self,
+        *,
+        sysfs_root: str | os.PathLike[str] | None = None,
+        level_zero: Any = None,
+        read_text: ReadText | None = None,
+        allow_torch: bool | None = None,
+        usage_visible: bool | None = None,
+    ) -> None:
+        self._sysfs_arg = None if sysfs_root is None else Path(sysfs_root)
+        self._lz_arg = level_zero
+        self._read = read_text or _default_read
+        self._allow_torch = allow_torch
+        self._usage_visible = usage_visible
+        self._lock = threading.RLock()
+        self._sysman: lz.Sysman | None = None
+        self._sysman_failure: str | None = None
+        self._sysman_cards: list[_Card] | None = None
+        self._torch_import_failure: str | None = None
+
+    # -- sources ------------------------------------------------------------------------------
+
+    def _sysfs(self) -> Path:
+        return self._sysfs_arg or Path(os.environ.get(ENV_SYSFS_ROOT) or "/sys")
+
+    def _torch_allowed(self) -> bool:
+        return self._allow_torch if self._allow_torch is not None else _flag(ENV_ALLOW_TORCH)
+
+    def _level_zero(self) -> lz.Sysman | None:
+        """Return an initialised Sysman, or ``None`` (the reason is kept)."""
+        with self._lock:
+            if self._sysman is not None or self._sysman_failure is not None:
+                return self._sysman
+            if self._lz_arg is False:
+                self._sysman_failure = "Level Zero disabled"
+                return None
+            lib = self._lz_arg
+            if lib is None:
+                name = os.environ.get(ENV_LEVEL_ZERO_LIB) or lz.LOADER_NAME
+                try:
+                    lib = lz.load_loader(name)
+                except OSError as exc:
+                    self._sysman_failure = f"Level Zero loader {name} not found ({exc})"
+                    return None
+            sysman = lib if isinstance(lib, lz.Sysman) else lz.Sysman(lib)
+            try:
+                sysman.init()
+            except lz.LevelZeroError as exc:
+                self._sysman_failure = f"Level Zero Sysman unavailable: {exc}"
+                return None
+            self._sysman = sysman
+            return sysman
+
+    def _cards_from_level_zero(self) -> list[_Card] | None:
+        sysman = self._level_zero()
+        if sysman is None:
+            return None
+        with self._lock:
+            if self._sysman_cards is None:
+                try:
+                    found = sysman.devices()
+                except lz.LevelZeroError as exc:
+                    self._sysman_failure = f"Level Zero device enumeration failed: {exc}"
+                    self._sysman = None
+                    return None
+                self._sysman_cards = [
+                    _Card(
+                        d.pci_bus_id,
+                        d.name,
+                        d.uuid,
+                        d.integrated,
+                        max(1, d.num_subdevices),
+                        "level-zero",
+                        d,
+                    )
+                    for d in found
+                    if d.is_intel_gpu
+                ]
+            return _order(self._sysman_cards)  # the order variable is read on every query
+
+    def _cards(self) -> tuple[list[_Card], str]:
+        cards = self._cards_from_level_zero()
+        if cards:
+            return cards, ""
+        found, note = _scan_sysfs(self._sysfs(), self._read)
+        if not found and self._sysman_failure:
+            note = f"{note}; {self._sysman_failure}"
+        return found, note
+
+    def _torch(self) -> tuple[Any, str]:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            if not self._torch_allowed():
+                return None, (
+                    f"torch is not imported by the caller; set {ENV_ALLOW_TORCH}=1 to let "
+                    f"accelplat import it (torch.xpu creates a device context)"
+                )
+            if self._torch_import_failure is not None:
+                return None, self._torch_import_failure
+            try:
+                torch = importlib.import_module("torch")
+            except Exception as exc:
+                self._torch_import_failure = f"import torch failed: {type(exc).__name__}: {exc}"
+                return None, self._torch_import_failure
+        xpu = getattr(torch, "xpu", None)
+        if xpu is None:
+            version = getattr(torch, "__version__", "?")
+            return None, f"torch {version} has no torch.xpu"
+        try:
+            available = bool(xpu.is_available())
+        except Exception as exc:
+            return None, f"torch.xpu.is_available() failed: {type(exc).__name__}: {exc}"
+        if not available:
+            return None, "torch.xpu.is_available() is False (no XPU build, driver or device)"
+        return torch, ""
+
+    def _uses_torch(self) -> bool:
+        cards = self._cards_from_level_zero()
+        return not cards
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def _targets(self) -> tuple[list[_Card], list[XpuTarget]]:
+        cards, _ = self._cards()
+        if not cards:
+            return [], []
+        return cards, visible_targets([c.tiles for c in cards], os.environ)
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        """Return the visible devices, in torch's order.
+
+        With Level Zero (or sysfs) the devices come from the cards and the visible-devices
+        variables; with torch as the memory source, from ``torch.xpu``.
+
+        Raises:
+            ConfigurationError: For malformed or unsupported visible-devices variables.
+            BackendError: When torch is the only source and fails.
+
+        Side effects:
+            Reads sysfs and Level Zero Sysman; imports torch only when allowed and needed.
+        """
+        if self._uses_torch():
+            torch, _ = self._torch()
+            if torch is not None:
+                return self._torch_devices(torch)
+        cards, targets = self._targets()
+        out: list[DeviceInfo] = []
+        for index, target in enumerate(targets):
+            card = cards[target.card]
+            name = card.name
+            if target.tiles is not None:
+                name += f" (tile{'s' if len(target.tiles) > 1 else ''} "
+                name += ", ".join(str(t) for t in target.tiles) + ")"
+            out.append(DeviceInfo(index, target.card, name, card.uuid, card.pci_bus_id))
+        return out
+
+    def _torch_devices(self, torch: Any) -> list[DeviceInfo]:
+        try:
+            count = int(torch.xpu.device_count())
+        except Exception as exc:
+            raise BackendError("xpu", f"torch.xpu.device_count() failed: {exc}") from exc
+        out = []
+        for i in range(count):
+            name = "Intel GPU"
+            with contextlib.suppress(Exception):
+                name = str(torch.xpu.get_device_properties(i).name)
+            out.append(DeviceInfo(i, i, name))
+        return out
+
+    def _memory_info(self, device: int) -> MemoryInfo:
+        sysman = self._level_zero()
+        cards = self._cards_from_level_zero()
+        if sysman is not None and cards:
+            _, targets = self._targets()
+            target = targets[device]
+            card = cards[target.card]
+            assert card.sysman is not None
+            try:
+                modules = sysman.memory_modules(card.sysman)
+            except lz.LevelZeroError as exc:
+                raise BackendError(
+                    "xpu", f"Level Zero memory query for device {device} failed", exc.vendor_error
+                ) from exc
+            if not modules:
+                raise BackendError("xpu", f"Level Zero reports no memory module on device {device}")
+            free, total = lz.sum_modules(modules, target.tiles)
+            used = max(0, total - free)
+            if used == 0 and not self._kernel_shows_usage():
+                return self._torch_memory(
+                    device,
+                    why=(
+                        "Level Zero reports no memory in use, but the kernel hides usage from "
+                        "processes without CAP_PERFMON or CAP_SYS_ADMIN (run with "
+                        "--cap-add PERFMON, or allow torch)"
+                    ),
+                )
+            return MemoryInfo(free=free, total=total, used=used, source=SOURCE_SYSMAN)
+        return self._torch_memory(device, why=self._sysman_failure or "no Intel GPU in Level Zero")
+
+    def _kernel_shows_usage(self) -> bool:
+        if self._usage_visible is None:
+            self._usage_visible = usage_visible_to_this_process()
+        return self._usage_visible
+
+    def _torch_memory(self, device: int, *, why: str) -> MemoryInfo:
+        torch, reason = self._torch()
+        if torch is None:
+            raise BackendError("xpu", f"no memory source for device {device}: {why}; {reason}")
+        fn: Any = getattr(torch.xpu, "mem_get_info", None)
+        source = SOURCE_TORCH
+        if fn is None:
+            accelerator = getattr(torch, "accelerator", None)
+            fn = getattr(accelerator, "get_memory_info", None)
+            source = SOURCE_ACCELERATOR
+        if fn is None:
+            fn = self._ipex_mem_get_info(torch)
+            source = SOURCE_IPEX
+        if fn is None:
+            version = getattr(torch, "__version__", "?")
+            raise BackendError(
+                "xpu",
+                f"torch {version} has neither torch.xpu.mem_get_info nor "
+                f"torch.accelerator.get_memory_info (torch >= 2.6 has the first; "
+                f"intel-extension-for-pytorch adds it to older stacks)",
+            )
+        try:
+            free, total = fn(device)
+        except Exception as exc:
+            raise BackendError(
+                "xpu",
+                f"{source.split(' ')[0]} memory query for device {device} failed: {exc}",
+                type(exc).__name__,
+            ) from exc
+        free, total = int(free), int(total)
+        if total <= 0 or not 0 <= free <= total:
+            raise BackendError(
+                "xpu",
+                f"{source.split(' ')[0]} reported implausible memory for device {device} "
+                f"(free={free}, total={total}); some Intel user-mode drivers report wrong values",
+            )
+        return MemoryInfo(free=free, total=total, used=total - free, source=source)
+
+    def _ipex_mem_get_info(self, torch: Any) -> Any:
+        if "intel_extension_for_pytorch" not in sys.modules and not self._torch_allowed():
+            return None
+        try:
+            importlib.import_module("intel_extension_for_pytorch")
+        except Exception:
+            return None
+        return getattr(torch.xpu, "mem_get_info", None)
+
+    def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
+        """Return the processes using the card of ``device`` (per card, not per tile).
+
+        Returns:
+            Holders with their device memory, or ``None`` when Level Zero cannot tell.
+
+        Raises:
+            DeviceNotFoundError: For an index that is not visible.
+        """
+        index = self.check_device(device)
+        sysman = self._level_zero()
+        cards = self._cards_from_level_zero()
+        if sysman is None or not cards:
+            return None
+        _, targets = self._targets()
+        card = cards[targets[index].card]
+        assert card.sysman is not None
+        try:
+            processes = sysman.processes(card.sysman)
+        except lz.LevelZeroError:
+            return None
+        return [make_holder(p.pid, p.mem_bytes) for p in processes if p.mem_bytes > 0]
+
+    # -- Platform properties ------------------------------------------------------------------
+
+    @property
+    def context_free(self) -> bool:  # type: ignore[override]
+        """``True`` when Level Zero Sysman answers memory queries; ``False`` when torch must."""
+        return not self._uses_torch()
+
+    @property
+    def memory_source(self) -> str:
+        """The memory source queries use: Level Zero Sysman, torch, or ``""`` for none.
+
+        Side effects:
+            May load Level Zero; never imports torch.
+        """
+        if not self._uses_torch():
+            return SOURCE_SYSMAN
+        if "torch" in sys.modules or self._torch_allowed():
+            return SOURCE_TORCH
+        return ""
+
+    @property
+    def graph(self) -> GraphSupport:
+        """XPU graphs through ``torch.xpu.XPUGraph``, from torch 2.11."""
+        return graph_support("torch.xpu.XPUGraph", (2, 11), label="XPU graphs", flavour="xpu")
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        """Return whether an Intel GPU is usable here; never raises, never imports torch.
+
+        Side effects:
+            Reads sysfs; when sysfs shows no Intel GPU, loads Level Zero and initialises Sysman
+            (no device context).
+        """
+        try:
+            platform = cls(allow_torch=False)
+            found, note = _scan_sysfs(platform._sysfs(), platform._read)
+            origin = "sysfs"
+            if not found:
+                found = platform._cards_from_level_zero() or []
+                origin = "Level Zero"
+                if not found:
+                    why = note
+                    if platform._sysman_failure:
+                        why += f"; {platform._sysman_failure}"
+                    return ProbeResult(False, why)
+            if not _flag(ENV_INTEGRATED) and all(c.integrated for c in found):
+                return ProbeResult(
+                    False,
+                    f"only integrated Intel GPU(s) found ({origin}); set {ENV_INTEGRATED}=1 to "
+                    f"use them as the xpu platform",
+                )
+            targets = visible_targets([c.tiles for c in found], os.environ)
+        except AccelplatError as exc:
+            return ProbeResult(False, str(exc))
+        except Exception as exc:  # a probe must never raise
+            return ProbeResult(False, f"probe failed: {type(exc).__name__}: {exc}")
+        if not targets:
+            return ProbeResult(
+                False,
+                f"{len(found)} Intel GPU(s) found ({origin}), but ZE_AFFINITY_MASK / "
+                f"ONEAPI_DEVICE_SELECTOR hide all",
+            )
+        drivers = sorted({c.driver for c in found})
+        return ProbeResult(
+            True,
+            f"{len(targets)} XPU device(s) visible on {len(found)} Intel GPU(s) "
+            f"({origin}: {', '.join(drivers)})",
+        )

@@ -1,0 +1,364 @@
+"""``ZE_AFFINITY_MASK`` and ``ONEAPI_DEVICE_SELECTOR``, as Level Zero and SYCL apply them.
+
+torch's XPU devices are the SYCL GPU devices of the Level Zero backend. Three variables decide
+which physical GPUs (and which of their tiles) they are, applied in this order:
+
+1. ``ZE_FLAT_DEVICE_HIERARCHY`` picks the device model. ``FLAT`` (the default of current
+   drivers) and ``COMBINED`` expose every tile of a multi-tile GPU as its own device, numbered
+   card by card; ``COMPOSITE`` exposes each card as one device whose tiles are sub-devices.
+2. ``ZE_AFFINITY_MASK`` (Level Zero) masks devices of that model. Unset, empty or ``default``:
+   no mask. Otherwise a comma-separated list of entries; white space around entries is allowed.
+
+   * ``FLAT``/``COMBINED``: each entry is a device index of the flat list. ``X.Y`` is not valid in
+     this model (the specification says so; the driver silently drops it, which usually leaves
+     no device), so it is reported as a :class:`~accelplat.errors.ConfigurationError`.
+   * ``COMPOSITE``: ``X`` selects card ``X`` with all its tiles; ``X.Y`` selects tile ``Y`` of card
+     ``X``. A card with exactly one selected tile is exposed as that tile alone; with several, as
+     the card restricted to them. Deeper forms (``X.Y.Z``) are not supported.
+   * Indices out of range are ignored (as the driver does); a device named twice counts once.
+   * The mask never reorders devices: they keep the driver's order.
+
+3. ``ONEAPI_DEVICE_SELECTOR`` (the SYCL runtime) filters the devices Level Zero reports.
+   Supported grammar: terms separated by ``;``, each ``[!]backend:device[,device…]``, with
+   backend ``level_zero`` or ``*`` (``opencl``, ``cuda``, ``hip`` and ``native_cpu`` terms are
+   accepted and select no XPU device), and device ``*``, ``gpu``, ``cpu``, ``fpga``, ``acc``
+   (the last three select nothing here), an index ``N`` of the Level Zero list, ``N.M`` (tile
+   ``M`` of device ``N``, ``COMPOSITE`` only) or ``N.*`` (each tile of device ``N`` as its own
+   device). A device is visible when some positive term selects it — or when there is no
+   positive term at all — and no ``!`` term selects it. ``!`` terms may not name tiles. The
+   order stays the Level Zero order. Anything else is a ``ConfigurationError`` naming the
+   variable.
+
+Everything here is a pure function of strings and a list of tile counts; nothing reads the
+environment or imports a vendor library.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from accelplat.errors import ConfigurationError
+
+__all__ = [
+    "ENV_AFFINITY_MASK",
+    "ENV_DEVICE_SELECTOR",
+    "ENV_FLAT_DEVICE_HIERARCHY",
+    "Hierarchy",
+    "XpuTarget",
+    "apply_device_selector",
+    "default_devices",
+    "parse_affinity_mask",
+    "parse_hierarchy",
+    "visible_targets",
+]
+
+ENV_AFFINITY_MASK = "ZE_AFFINITY_MASK"
+"""Level Zero's device mask."""
+
+ENV_DEVICE_SELECTOR = "ONEAPI_DEVICE_SELECTOR"
+"""The SYCL runtime's device filter, applied to what Level Zero reports."""
+
+ENV_FLAT_DEVICE_HIERARCHY = "ZE_FLAT_DEVICE_HIERARCHY"
+"""Level Zero's device model: ``FLAT``, ``COMPOSITE`` or ``COMBINED``."""
+
+_INDEX_RE = re.compile(r"^[0-9]+$")
+_BACKENDS = frozenset({"level_zero", "*", "opencl", "cuda", "hip", "native_cpu"})
+_NO_XPU_TYPES = frozenset({"cpu", "fpga", "acc"})
+
+
+class Hierarchy(str, enum.Enum):
+    """Level Zero's device model (``ZE_FLAT_DEVICE_HIERARCHY``)."""
+
+    FLAT = "FLAT"
+    """Every tile is a device; no sub-devices (the default)."""
+    COMPOSITE = "COMPOSITE"
+    """Every card is a device; its tiles are sub-devices."""
+    COMBINED = "COMBINED"
+    """Every tile is a device; cards remain reachable as composite devices."""
+
+
+@dataclass(frozen=True)
+class XpuTarget:
+    """One device as torch sees it: a physical card, whole or restricted to some tiles.
+
+    Attributes:
+        card: Index of the physical card in the driver's order.
+        tiles: The card's tiles this device spans, or ``None`` for the whole card.
+    """
+
+    card: int
+    tiles: tuple[int, ...] | None = None
+
+
+def parse_hierarchy(value: str | None) -> Hierarchy:
+    """Read ``ZE_FLAT_DEVICE_HIERARCHY`` as the driver does.
+
+    Args:
+        value: The variable's text, or ``None``.
+
+    Returns:
+        The named model; anything else (unset included) means the default, ``FLAT``.
+    """
+    if value in ("FLAT", "COMPOSITE", "COMBINED"):
+        return Hierarchy(value)
+    return Hierarchy.FLAT
+
+
+def default_devices(tiles: Sequence[int], hierarchy: Hierarchy) -> list[XpuTarget]:
+    """Return the devices Level Zero reports without a mask.
+
+    Args:
+        tiles: Per physical card (in driver order), its number of tiles (1 for a single-tile
+            card).
+        hierarchy: The device model.
+
+    Returns:
+        One target per card (``COMPOSITE``) or per tile of multi-tile cards (``FLAT``,
+        ``COMBINED``).
+    """
+    out: list[XpuTarget] = []
+    for card, count in enumerate(tiles):
+        if hierarchy is Hierarchy.COMPOSITE or count <= 1:
+            out.append(XpuTarget(card))
+        else:
+            out.extend(XpuTarget(card, (t,)) for t in range(count))
+    return out
+
+
+def _index(entry: str, variable: str, value: str) -> int:
+    if not _INDEX_RE.match(entry):
+        raise ConfigurationError(
+            f"{variable}={value!r}: {entry!r} is not a device index (expected a non-negative "
+            f"decimal integer)"
+        )
+    return int(entry)
+
+
+def _normalise(target: XpuTarget, tiles: Sequence[int]) -> XpuTarget:
+    """Drop a tile list that covers the whole card."""
+    if target.tiles is not None and set(target.tiles) == set(range(max(1, tiles[target.card]))):
+        return XpuTarget(target.card)
+    return target
+
+
+def parse_affinity_mask(
+    value: str | None, tiles: Sequence[int], hierarchy: Hierarchy = Hierarchy.FLAT
+) -> list[XpuTarget]:
+    """Apply ``ZE_AFFINITY_MASK`` to the machine's cards.
+
+    Args:
+        value: The variable's text, or ``None`` when it is unset.
+        tiles: Per physical card (in driver order), its number of tiles.
+        hierarchy: The device model from ``ZE_FLAT_DEVICE_HIERARCHY``.
+
+    Returns:
+        The devices Level Zero reports, in its order.
+
+    Raises:
+        ConfigurationError: For an entry that is not an index (or ``X.Y`` in ``COMPOSITE``), for
+            ``X.Y`` in the ``FLAT``/``COMBINED`` models, and for deeper forms.
+    """
+    devices = default_devices(tiles, hierarchy)
+    if value is None or value.strip() in ("", "default"):
+        return devices
+    entries = [e.strip() for e in value.split(",")]
+    if hierarchy is not Hierarchy.COMPOSITE:
+        wanted: set[int] = set()
+        for entry in entries:
+            if "." in entry:
+                raise ConfigurationError(
+                    f"{ENV_AFFINITY_MASK}={value!r}: {entry!r} names a sub-device, which is not "
+                    f"valid with {ENV_FLAT_DEVICE_HIERARCHY}={hierarchy.value} (every tile is "
+                    f"already a device: use flat indices, or set "
+                    f"{ENV_FLAT_DEVICE_HIERARCHY}=COMPOSITE)"
+                )
+            wanted.add(_index(entry, ENV_AFFINITY_MASK, value))
+        return [d for i, d in enumerate(devices) if i in wanted]
+    whole: set[int] = set()
+    parts: dict[int, set[int]] = {}
+    for entry in entries:
+        pieces = entry.split(".")
+        if len(pieces) > 2:
+            raise ConfigurationError(
+                f"{ENV_AFFINITY_MASK}={value!r}: {entry!r} names a sub-sub-device; only 'X' and "
+                f"'X.Y' are supported"
+            )
+        card = _index(pieces[0], ENV_AFFINITY_MASK, value)
+        if card >= len(tiles):
+            continue
+        if len(pieces) == 1:
+            whole.add(card)
+            continue
+        tile = _index(pieces[1], ENV_AFFINITY_MASK, value)
+        if tile < max(1, tiles[card]):
+            parts.setdefault(card, set()).add(tile)
+    out: list[XpuTarget] = []
+    for card in range(len(tiles)):
+        if card in whole:
+            out.append(XpuTarget(card))
+        elif card in parts:
+            out.append(_normalise(XpuTarget(card, tuple(sorted(parts[card]))), tiles))
+    return out
+
+
+@dataclass(frozen=True)
+class _Term:
+    negative: bool
+    applies: bool  # backend is level_zero or *
+    items: tuple[str, ...]
+
+
+def _parse_selector(value: str) -> list[_Term]:
+    terms: list[_Term] = []
+    for raw in value.split(";"):
+        text = raw.strip()
+        if not text:
+            continue
+        negative = text.startswith("!")
+        if negative:
+            text = text[1:].strip()
+        backend, colon, devices = text.partition(":")
+        backend = backend.strip().lower()
+        if not colon or not devices.strip():
+            raise ConfigurationError(
+                f"{ENV_DEVICE_SELECTOR}={value!r}: term {raw.strip()!r} is not of the form "
+                f"'backend:devices' (e.g. 'level_zero:0,1' or 'level_zero:*')"
+            )
+        if backend not in _BACKENDS:
+            raise ConfigurationError(
+                f"{ENV_DEVICE_SELECTOR}={value!r}: unknown backend {backend!r} (expected one of "
+                f"{', '.join(sorted(_BACKENDS))})"
+            )
+        items = tuple(d.strip().lower() for d in devices.split(","))
+        for item in items:
+            _check_item(item, negative, value)
+        terms.append(_Term(negative, backend in ("level_zero", "*"), items))
+    return terms
+
+
+def _check_item(item: str, negative: bool, value: str) -> None:
+    if item in ("*", "gpu") or item in _NO_XPU_TYPES or _INDEX_RE.match(item):
+        return
+    pieces = item.split(".")
+    if (
+        len(pieces) == 2
+        and _INDEX_RE.match(pieces[0])
+        and (pieces[1] == "*" or _INDEX_RE.match(pieces[1]))
+    ):
+        if negative:
+            raise ConfigurationError(
+                f"{ENV_DEVICE_SELECTOR}={value!r}: a '!' term cannot name a sub-device ({item!r})"
+            )
+        return
+    raise ConfigurationError(
+        f"{ENV_DEVICE_SELECTOR}={value!r}: unsupported device {item!r} (supported: '*', 'gpu', "
+        f"an index 'N', 'N.M' or 'N.*')"
+    )
+
+
+def apply_device_selector(
+    value: str | None,
+    devices: Sequence[XpuTarget],
+    tiles: Sequence[int],
+    hierarchy: Hierarchy = Hierarchy.FLAT,
+) -> list[XpuTarget]:
+    """Filter the Level Zero devices with ``ONEAPI_DEVICE_SELECTOR``.
+
+    Args:
+        value: The variable's text, or ``None`` when it is unset.
+        devices: The devices Level Zero reports (after ``ZE_AFFINITY_MASK``), in its order.
+        tiles: Per physical card, its number of tiles (to expand ``N.*`` and check ``N.M``).
+        hierarchy: The device model; tile forms need ``COMPOSITE``.
+
+    Returns:
+        The devices SYCL (and so torch) exposes, in order.
+
+    Raises:
+        ConfigurationError: For malformed or unsupported terms, and for tile forms outside the
+            ``COMPOSITE`` model.
+    """
+    if value is None or not value.strip():
+        return list(devices)
+    terms = _parse_selector(value)
+    positives = [t for t in terms if not t.negative]
+    accept_all = not positives
+    whole: set[int] = set()
+    sub: dict[int, set[int]] = {}
+    for term in positives:
+        if not term.applies:
+            continue
+        for item in term.items:
+            if item in ("*", "gpu"):
+                whole.update(range(len(devices)))
+            elif item in _NO_XPU_TYPES:
+                continue
+            elif "." in item:
+                if hierarchy is not Hierarchy.COMPOSITE:
+                    raise ConfigurationError(
+                        f"{ENV_DEVICE_SELECTOR}={value!r}: {item!r} names a sub-device, but "
+                        f"with {ENV_FLAT_DEVICE_HIERARCHY}={hierarchy.value} devices have "
+                        f"none; use device indices"
+                    )
+                head, _, tail = item.partition(".")
+                n = int(head)
+                if n >= len(devices):
+                    continue
+                available = _device_tiles(devices[n], tiles)
+                if len(available) <= 1:
+                    continue
+                if tail == "*":
+                    chosen = available
+                else:  # sub-devices are numbered among the tiles the device exposes
+                    m = int(tail)
+                    chosen = available[m : m + 1]
+                sub.setdefault(n, set()).update(chosen)
+            else:
+                whole.add(int(item))
+    if accept_all:
+        whole = set(range(len(devices)))
+    drop: set[int] = set()
+    for term in terms:
+        if not term.negative or not term.applies:
+            continue
+        for item in term.items:
+            if item in ("*", "gpu"):
+                drop.update(range(len(devices)))
+            elif item not in _NO_XPU_TYPES:
+                drop.add(int(item))
+    out: list[XpuTarget] = []
+    for n, device in enumerate(devices):
+        if n in drop:
+            continue
+        if n in whole:
+            out.append(device)
+        for tile in sorted(sub.get(n, ())):
+            out.append(XpuTarget(device.card, (tile,)))
+    return out
+
+
+def _device_tiles(device: XpuTarget, tiles: Sequence[int]) -> list[int]:
+    if device.tiles is not None:
+        return list(device.tiles)
+    return list(range(max(1, tiles[device.card])))
+
+
+def visible_targets(tiles: Sequence[int], env: Mapping[str, str]) -> list[XpuTarget]:
+    """Apply all three variables to the machine's cards.
+
+    Args:
+        tiles: Per physical card (in driver order), its number of tiles.
+        env: The environment to read ``ZE_FLAT_DEVICE_HIERARCHY``, ``ZE_AFFINITY_MASK`` and
+            ``ONEAPI_DEVICE_SELECTOR`` from.
+
+    Returns:
+        The devices torch numbers ``0, 1, …``, in that order.
+
+    Raises:
+        ConfigurationError: For an unsupported or malformed value, naming the variable.
+    """
+    hierarchy = parse_hierarchy(env.get(ENV_FLAT_DEVICE_HIERARCHY))
+    masked = parse_affinity_mask(env.get(ENV_AFFINITY_MASK), tiles, hierarchy)
+    return apply_device_selector(env.get(ENV_DEVICE_SELECTOR), masked, tiles, hierarchy)
