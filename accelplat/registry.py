@@ -2,22 +2,32 @@
 
 Rules, in the order they apply:
 
-1. ``ACCELPLAT_PLATFORM=<name>`` (or :func:`set_current_platform`) forces a registered platform.
-   An unknown name is a :class:`~accelplat.errors.ConfigurationError` listing the valid names;
-   a known platform whose probe says it is absent raises
-   :class:`~accelplat.errors.PlatformNotAvailableError` with the probe's reason.
-2. Otherwise third-party platforms (entry points in the ``accelplat.platforms`` group and
-   :func:`register_platform` calls) are probed. A single available one wins over the built-ins;
-   two or more available is a ``ConfigurationError`` naming them. A plugin whose import or probe
-   fails, or whose probe takes longer than ``ACCELPLAT_PROBE_TIMEOUT_S`` seconds (default 10), is
-   skipped, and the reason appears in :func:`detect` and ``accelplat info``.
-   ``ACCELPLAT_PLUGINS`` (comma-separated entry-point names; empty means none) limits which
-   entry points load.
-3. Otherwise the built-ins are probed in the fixed order ``cuda``, ``rocm``, ``xpu``, ``cpu``; the
-   first available wins. ``cpu`` is always available. ``simulated`` is only used when forced.
+1. ``ACCELPLAT_PLATFORM=<name>`` (or :func:`set_current_platform`) forces any registered
+   platform, built-in or plugin. The name is matched after stripping blanks and lower-casing. An
+   unknown name is a :class:`~accelplat.errors.ConfigurationError` listing the valid names; a
+   plugin that ``ACCELPLAT_PLUGINS`` leaves out is a ``ConfigurationError`` saying so; a known
+   platform whose probe says it is absent, or that fails to load, raises
+   :class:`~accelplat.errors.PlatformNotAvailableError` with the reason.
+2. Otherwise every third-party platform (entry points of the ``accelplat.platforms`` group and
+   :func:`register_platform` calls under a new name) is loaded and probed. A single available
+   one wins over the built-ins; two or more available is a ``ConfigurationError`` naming them
+   and saying how to choose. A plugin whose import, probe or construction raises, whose probe
+   takes longer than ``ACCELPLAT_PROBE_TIMEOUT_S`` seconds (default 10), or whose object does
+   not satisfy the :class:`~accelplat.platform.Platform` protocol is skipped; the reason appears
+   in :func:`detect` and ``accelplat info``.
+3. Otherwise the built-ins are probed in the order ``cuda``, ``rocm``, ``xpu``, ``cpu``; the first
+   available wins. ``cpu`` is always available. ``simulated`` is used only when forced.
 
-Importing this module loads no backend and no plugin. Probes import no framework (never torch)
-and create no device context.
+``ACCELPLAT_PLUGINS`` is a comma-separated list of entry-point names that may load; empty means
+none, unset means all. It limits entry points only, not :func:`register_platform` calls.
+
+Plugins load lazily: importing accelplat (or this module) loads no backend and no plugin and
+does not even read entry-point metadata; detection loads only what the rules need (every
+plugin, then built-ins up to the first available one). Plugin probes run in a worker thread
+bounded by the timeout; a probe still running from an earlier detection is not started again.
+Built-in probes run inline: they are cheap by contract. No probe imports a framework (never
+torch) or creates a device context. The detected platform is cached; all state is guarded by one
+lock, and a forked child forgets cached instances (the forcing and registrations stay).
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -38,12 +48,17 @@ from accelplat.platform import Platform
 
 __all__ = [
     "BUILTIN_ORDER",
+    "DEFAULT_PROBE_TIMEOUT_S",
     "ENTRY_POINT_GROUP",
+    "ENV_PLATFORM",
+    "ENV_PLUGINS",
+    "ENV_PROBE_TIMEOUT",
     "DetectionReport",
     "available_platforms",
     "current_platform",
     "detect",
     "get_platform",
+    "protocol_problems",
     "register_platform",
     "reset",
     "set_current_platform",
@@ -55,8 +70,16 @@ ENTRY_POINT_GROUP = "accelplat.platforms"
 """Entry-point group third-party backends advertise themselves in."""
 
 ENV_PLATFORM = "ACCELPLAT_PLATFORM"
+"""Variable that forces a platform by name."""
+
 ENV_PLUGINS = "ACCELPLAT_PLUGINS"
+"""Variable listing the entry-point plugins allowed to load (comma-separated; empty: none)."""
+
 ENV_PROBE_TIMEOUT = "ACCELPLAT_PROBE_TIMEOUT_S"
+"""Variable bounding each plugin's load and probe, in seconds."""
+
+DEFAULT_PROBE_TIMEOUT_S = 10.0
+"""Time limit for one plugin's import, probe and construction when the variable is unset."""
 
 BUILTIN_ORDER: tuple[str, ...] = ("cuda", "rocm", "xpu", "cpu")
 """Order in which built-in platforms are probed when nothing is forced."""
@@ -72,7 +95,7 @@ _BUILTINS: dict[str, str] = {
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
 PlatformFactory = Callable[[], Any]
-_Source = str | PlatformFactory
+"""A platform class or a zero-argument callable returning a platform instance."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +104,9 @@ class DetectionReport:
 
     Attributes:
         chosen: Name of the platform detection selects, or ``None`` when detection fails.
-        candidates: One entry per platform considered, in probe order.
+        candidates: One entry per platform considered, in probe order; plugins that could not be
+            used (and discovery problems such as a malformed entry point) are listed with
+            ``available=False`` and the reason.
         forced: The forced name (``ACCELPLAT_PLATFORM`` or :func:`set_current_platform`), if any.
         error: Why detection failed, when ``chosen`` is ``None``.
     """
@@ -94,23 +119,42 @@ class DetectionReport:
 
 @dataclass
 class _Entry:
+    """One registered platform and what is known about loading it.
+
+    ``shipped`` is true only for accelplat's own backends: their probes run inline and they are
+    constructed only when chosen. Everything else is untrusted: loaded, probed and constructed in
+    a bounded worker thread and checked against the protocol before it can be chosen.
+    ``ordered`` entries take part in the built-in order (a built-in, or an override of one).
+    """
+
     name: str
-    source: _Source
-    builtin: bool
-    from_entry_point: bool = False
+    shipped: bool
+    ordered: bool
+    target: str | None = None
+    obj: PlatformFactory | None = None
+    entry_point: Any = None
+    origin: str = ""
     loaded: PlatformFactory | None = None
+    pending: threading.Thread | None = None
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    candidate: Candidate
+    factory: PlatformFactory | None = None
+    instance: Platform | None = None
 
 
 _lock = threading.RLock()
 _registered: dict[str, _Entry] = {}
+_problems: list[Candidate] = []
 _entry_points_loaded = False
 _current: Platform | None = None
 _forced_override: str | Platform | None = None
 _instances: dict[str, Platform] = {}
 
 
-def _builtin_entries() -> dict[str, _Entry]:
-    return {n: _Entry(n, s, builtin=True) for n, s in _BUILTINS.items()}
+# -- names, variables -----------------------------------------------------------------------
 
 
 def _validate_name(name: object) -> str:
@@ -122,15 +166,54 @@ def _validate_name(name: object) -> str:
     return name
 
 
-def _plugin_filter() -> set[str] | None:
+def _plugin_filter() -> frozenset[str] | None:
     raw = os.environ.get(ENV_PLUGINS)
     if raw is None:
         return None
-    return {p.strip() for p in raw.split(",") if p.strip()}
+    return frozenset(p.strip() for p in raw.split(",") if p.strip())
+
+
+def _probe_timeout() -> float:
+    raw = os.environ.get(ENV_PROBE_TIMEOUT)
+    if raw is None or not raw.strip():
+        return DEFAULT_PROBE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigurationError(
+            f"{ENV_PROBE_TIMEOUT} must be a positive, finite number of seconds, got {raw!r}"
+        )
+    return value
+
+
+def _forced_name() -> str | None:
+    if isinstance(_forced_override, str):
+        return _forced_override
+    raw = os.environ.get(ENV_PLATFORM, "").strip().lower()
+    return raw or None
+
+
+# -- the table of registered platforms ----------------------------------------------------------
+
+
+def _ensure_builtins() -> None:
+    if not _registered:
+        for name, target in _BUILTINS.items():
+            _registered[name] = _Entry(
+                name, shipped=True, ordered=True, target=target, origin="built-in"
+            )
+
+
+def _dist_name(ep: Any) -> str:
+    dist = getattr(ep, "dist", None)
+    name = getattr(dist, "name", None) if dist is not None else None
+    return str(name) if name else "an unknown distribution"
 
 
 def _discover_entry_points() -> None:
-    """Record (not load) the entry points of the ``accelplat.platforms`` group."""
+    """Record (not load) the entry points of the ``accelplat.platforms`` group, once."""
     global _entry_points_loaded
     if _entry_points_loaded:
         return
@@ -138,223 +221,392 @@ def _discover_entry_points() -> None:
     from importlib.metadata import entry_points
 
     try:
-        eps = entry_points(group=ENTRY_POINT_GROUP)
-    except Exception:  # a broken distribution's metadata must not break detection
+        eps = list(entry_points(group=ENTRY_POINT_GROUP))
+    except Exception as exc:  # a broken distribution's metadata must not break detection
+        _problems.append(
+            Candidate(
+                ENTRY_POINT_GROUP,
+                False,
+                False,
+                f"skipped: could not read entry points: {_describe_failure(exc)}",
+                builtin=False,
+            )
+        )
         return
     for ep in eps:
-        if ep.name in _registered or not _NAME_RE.match(ep.name):
+        origin = f"entry point {ep.value!r} from {_dist_name(ep)}"
+        existing = _registered.get(ep.name)
+        if existing is not None and existing.entry_point is not None and existing.entry_point == ep:
+            continue  # seen by an earlier discovery
+        problem: str | None = None
+        if not _NAME_RE.match(ep.name):
+            problem = (
+                f"skipped: {origin}: the name is not a valid platform name (lower-case letters, "
+                "digits, '_', '-', '.')"
+            )
+        elif existing is not None:
+            problem = f"skipped: {origin}: the name is already taken by {existing.origin}"
+        if problem is not None:
+            cand = Candidate(ep.name, False, False, problem, builtin=False)
+            if cand not in _problems:
+                _problems.append(cand)
             continue
-        _registered[ep.name] = _Entry(ep.name, ep.value, builtin=False, from_entry_point=True)
+        _registered[ep.name] = _Entry(
+            ep.name, shipped=False, ordered=False, entry_point=ep, target=ep.value, origin=origin
+        )
+
+
+def _all_entries(*, discover: bool = True) -> dict[str, _Entry]:
+    _ensure_builtins()
+    if discover:
+        _discover_entry_points()
+    return _registered
+
+
+def _excluded(entry: _Entry, allowed: frozenset[str] | None) -> bool:
+    return entry.entry_point is not None and allowed is not None and entry.name not in allowed
 
 
 def _entries() -> dict[str, _Entry]:
-    with _lock:
-        if not _registered:
-            _registered.update(_builtin_entries())
-        _discover_entry_points()
-        allowed = _plugin_filter()
-        return {
-            n: e
-            for n, e in _registered.items()
-            if not e.from_entry_point or allowed is None or n in allowed
-        }
+    """Return the usable entries: all registrations less the plugins ``ACCELPLAT_PLUGINS`` omits."""
+    allowed = _plugin_filter()
+    # With ACCELPLAT_PLUGINS empty no plugin may load, so there is no need to read metadata.
+    entries = _all_entries(discover=allowed != frozenset())
+    return {n: e for n, e in entries.items() if not _excluded(e, allowed)}
+
+
+def _filter_problems() -> list[Candidate]:
+    allowed = _plugin_filter()
+    if not allowed:
+        return []
+    names = {n for n, e in _registered.items() if e.entry_point is not None}
+    return [
+        Candidate(
+            name,
+            False,
+            False,
+            f"{ENV_PLUGINS} names {name!r}, but no installed plugin has that name",
+            builtin=False,
+        )
+        for name in sorted(allowed - names)
+    ]
+
+
+def _lookup_error(name: str) -> ConfigurationError:
+    """Explain why ``name`` is not usable: excluded by ``ACCELPLAT_PLUGINS``, or unknown."""
+    allowed = _plugin_filter()
+    entries = _all_entries()
+    entry = entries.get(name)
+    if entry is not None and _excluded(entry, allowed):
+        return ConfigurationError(
+            f"platform {name!r} is an installed plugin, but {ENV_PLUGINS}="
+            f"{os.environ.get(ENV_PLUGINS, '')!r} leaves it out; add it to {ENV_PLUGINS} or "
+            f"unset {ENV_PLUGINS}"
+        )
+    valid = sorted(n for n, e in entries.items() if not _excluded(e, allowed))
+    return ConfigurationError(
+        f"unknown platform {name!r} (set by {ENV_PLATFORM}, set_current_platform() or "
+        f"get_platform()); valid names: {', '.join(valid)}"
+    )
+
+
+# -- loading, probing, constructing ------------------------------------------------------------
+
+
+def _describe_failure(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _load(entry: _Entry) -> PlatformFactory:
     if entry.loaded is not None:
         return entry.loaded
-    if isinstance(entry.source, str):
-        module_name, _, attr = entry.source.partition(":")
-        obj: Any = importlib.import_module(module_name)
+    obj: Any
+    if entry.obj is not None:
+        obj = entry.obj
+    elif entry.entry_point is not None:
+        obj = entry.entry_point.load()
+    else:
+        assert entry.target is not None
+        module_name, _, attr = entry.target.partition(":")
+        obj = importlib.import_module(module_name)
         for part in attr.split(".") if attr else []:
             obj = getattr(obj, part)
-    else:
-        obj = entry.source
     if not callable(obj):
         raise ConfigurationError(
-            f"platform {entry.name!r} points at {obj!r}, which is neither a class nor a factory"
+            f"{entry.origin} points at {obj!r}, which is neither a class nor a factory"
         )
-    factory: PlatformFactory = obj
-    entry.loaded = factory
-    return factory
+    entry.loaded = obj
+    return obj  # type: ignore[no-any-return]
 
 
-def _probe_timeout() -> float:
-    raw = os.environ.get(ENV_PROBE_TIMEOUT, "10")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigurationError(
-            f"{ENV_PROBE_TIMEOUT} must be a positive number of seconds, got {raw!r}"
-        ) from None
-    if not (value > 0 and math.isfinite(value)):
-        raise ConfigurationError(
-            f"{ENV_PROBE_TIMEOUT} must be a positive finite number, got {raw!r}"
-        )
-    return value
-
-
-def _run_probe(factory: PlatformFactory, *, bounded: bool) -> ProbeResult:
+def _probe(factory: PlatformFactory) -> ProbeResult:
     probe = getattr(factory, "probe", None)
     if probe is None:
-        return ProbeResult(True, "no probe offered; assumed available")
-    if not bounded:
-        result = probe()
-    else:
-        box: list[Any] = []
+        return ProbeResult(True, "offers no probe(); assumed available")
+    if not callable(probe):
+        raise ConfigurationError(f"its probe attribute is {probe!r}, not a callable")
+    result = probe()
+    if isinstance(result, ProbeResult):
+        if not isinstance(result.available, bool) or not isinstance(result.reason, str):
+            raise ConfigurationError(f"probe() returned a malformed {result!r}")
+        return result
+    if isinstance(result, bool):
+        return ProbeResult(result, f"probe() returned {result}")
+    raise ConfigurationError(f"probe() returned {result!r}, not a ProbeResult")
 
-        def target() -> None:
-            try:
-                box.append(probe())
-            except BaseException as exc:  # reported below, never raised in the thread
-                box.append(exc)
 
-        timeout = _probe_timeout()
-        thread = threading.Thread(target=target, name="accelplat-probe", daemon=True)
-        thread.start()
-        thread.join(timeout)
-        if not box:
-            return ProbeResult(False, f"probe did not finish within {timeout:g} s; skipped")
-        result = box[0]
-        if isinstance(result, BaseException):
-            raise result
-    if not isinstance(result, ProbeResult):
-        if isinstance(result, bool):
-            return ProbeResult(result, "probe returned " + str(result))
-        raise ConfigurationError(f"probe() returned {result!r}, not a ProbeResult")
+def _protocol_members() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    props: list[str] = []
+    methods: list[str] = []
+    for name, value in vars(Platform).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, property):
+            props.append(name)
+        elif callable(value):
+            methods.append(name)
+    return tuple(props), tuple(methods)
+
+
+def protocol_problems(obj: object) -> tuple[str, ...]:
+    """Say how ``obj`` fails the :class:`~accelplat.platform.Platform` protocol.
+
+    Unlike ``isinstance(obj, Platform)``, this never raises (a property that raises is a
+    problem, reported) and says what is wrong. Only presence is checked: attribute types and
+    values are the conformance kit's job (:mod:`accelplat.testing`).
+
+    Args:
+        obj: A platform instance (not a class).
+
+    Returns:
+        One line per problem, e.g. ``"missing: memory_holders"``; empty when none.
+
+    Side effects:
+        Reads every protocol attribute of ``obj`` once (properties run).
+    """
+    props, methods = _protocol_members()
+    missing: list[str] = []
+    problems: list[str] = []
+    for name in (*props, *methods):
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            missing.append(name)
+            continue
+        except Exception as exc:
+            problems.append(f"{name} raised {_describe_failure(exc)}")
+            continue
+        if name in methods and not callable(value):
+            problems.append(f"{name} is not callable")
+    if missing:
+        problems.insert(0, f"missing: {', '.join(missing)}")
+    return tuple(problems)
+
+
+def _construct_checked(name: str, factory: PlatformFactory) -> Platform:
+    instance = factory()
+    if isinstance(instance, type):
+        raise ConfigurationError(
+            f"platform {name!r}: its factory returned a class, not an instance"
+        )
+    problems = protocol_problems(instance)
+    if problems:
+        raise ConfigurationError(f"does not satisfy the Platform protocol ({'; '.join(problems)})")
+    return instance  # type: ignore[no-any-return]
+
+
+def _run_bounded(entry: _Entry, work: Callable[[], _Outcome], timeout: float) -> _Outcome:
+    """Run ``work`` in a daemon thread, giving up after ``timeout`` seconds."""
+    if entry.pending is not None:
+        if entry.pending.is_alive():
+            reason = (
+                "skipped: its load or probe from an earlier detection is still running "
+                f"(did not finish within {timeout:g} s)"
+            )
+            return _Outcome(Candidate(entry.name, False, False, reason, builtin=False))
+        entry.pending = None
+    box: list[_Outcome | BaseException] = []
+
+    def target() -> None:
+        try:
+            box.append(work())
+        except BaseException as exc:  # reported by the caller, never raised in the thread
+            box.append(exc)
+
+    thread = threading.Thread(target=target, name=f"accelplat-probe-{entry.name}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive() or not box:
+        entry.pending = thread
+        reason = (
+            f"skipped: load or probe did not finish within {timeout:g} s "
+            f"(raise {ENV_PROBE_TIMEOUT} if it is merely slow)"
+        )
+        return _Outcome(Candidate(entry.name, False, False, reason, builtin=False))
+    result = box[0]
+    if isinstance(result, BaseException):
+        raise result
     return result
 
 
-def _construct(name: str, factory: PlatformFactory) -> Platform:
-    instance = factory()
-    if not isinstance(instance, Platform):
-        missing = [
-            m
-            for m in (
-                "name",
-                "device_type",
-                "visible_devices_env",
-                "release",
-                "graph",
-                "default_memory_utilization",
-                "preferred_start_method",
-                "context_free",
-                "device_count",
-                "devices",
-                "memory_info",
-                "memory_holders",
-            )
-            if not hasattr(instance, m)
-        ]
-        raise ConfigurationError(
-            f"platform {name!r} does not satisfy the Platform protocol (missing: "
-            f"{', '.join(missing) or 'unknown'})"
-        )
+def _consider(entry: _Entry, timeout: float) -> _Outcome:
+    """Load and probe one platform; every failure becomes an unavailable candidate.
+
+    Shipped backends are only loaded and probed. Anything else is also constructed (when its
+    probe says available) and checked against the protocol, all within ``timeout``.
+    """
+    name, builtin = entry.name, entry.ordered
+
+    def work() -> _Outcome:
+        step = "import"
+        try:
+            factory = _load(entry)
+            step = "probe"
+            result = _probe(factory)
+            instance: Platform | None = None
+            if result.available and not entry.shipped:
+                step = "construction"
+                instance = _instances.get(name)
+                if instance is None:
+                    instance = _construct_checked(name, factory)
+        except (Exception, SystemExit) as exc:
+            if isinstance(exc, ConfigurationError) and step != "import":
+                reason = f"skipped: {exc}"
+            else:
+                reason = f"skipped: {step} failed: {_describe_failure(exc)}"
+            return _Outcome(Candidate(name, False, False, reason, builtin))
+        cand = Candidate(name, result.available, False, result.reason, builtin)
+        return _Outcome(cand, factory, instance)
+
+    if entry.shipped:
+        return work()
+    try:
+        outcome = _run_bounded(entry, work, timeout)
+    except (Exception, SystemExit) as exc:  # pragma: no cover - work() reports its own errors
+        reason = f"skipped: {_describe_failure(exc)}"
+        return _Outcome(Candidate(name, False, False, reason, builtin))
+    if outcome.instance is not None:
+        _instances.setdefault(name, outcome.instance)
+    return outcome
+
+
+def _unavailable(name: str, reason: str) -> PlatformNotAvailableError:
+    return PlatformNotAvailableError(name, reason.removeprefix("skipped: "))
+
+
+def _instance_for(name: str, outcome: _Outcome) -> Platform:
+    """Return the cached or checked instance of a chosen platform, constructing it if needed."""
+    cached = _instances.get(name)
+    if cached is not None:
+        return cached
+    instance = outcome.instance
+    if instance is None:
+        assert outcome.factory is not None
+        try:
+            instance = _construct_checked(name, outcome.factory)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"platform {name!r} {exc}") from None
+    _instances[name] = instance
     return instance
 
 
-def _describe_failure(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+# -- detection ------------------------------------------------------------------------------
 
 
-def _consider(name: str, entry: _Entry) -> tuple[Candidate, PlatformFactory | None]:
-    """Load and probe one platform, turning every failure into an unavailable candidate."""
-    try:
-        factory = _load(entry)
-        result = _run_probe(factory, bounded=not entry.builtin)
-    except Exception as exc:
-        reason = f"failed to load or probe: {_describe_failure(exc)}"
-        return Candidate(name, False, False, reason, entry.builtin), None
-    return Candidate(name, result.available, False, result.reason, entry.builtin), factory
+def _detect(*, exhaustive: bool) -> tuple[DetectionReport, _Outcome | None]:
+    """Apply the detection rules.
 
+    Returns:
+        The report and the chosen outcome (``None`` when nothing is available).
 
-def _forced_name() -> str | None:
-    if isinstance(_forced_override, str):
-        return _forced_override
-    raw = os.environ.get(ENV_PLATFORM, "").strip()
-    return raw or None
-
-
-def _unknown(name: str, entries: Mapping[str, _Entry]) -> ConfigurationError:
-    return ConfigurationError(
-        f"unknown platform {name!r} in {ENV_PLATFORM}; valid names: {', '.join(sorted(entries))}"
-    )
-
-
-def _detect(*, exhaustive: bool) -> tuple[DetectionReport, Platform | None]:
+    Raises:
+        ConfigurationError: Unknown or excluded forced name, bad timeout, several plugins.
+        PlatformNotAvailableError: A forced platform that cannot be used here.
+    """
+    timeout = _probe_timeout()
     entries = _entries()
     forced = _forced_name()
     if forced is not None:
         if forced not in entries:
-            raise _unknown(forced, entries)
-        cand, factory = _consider(forced, entries[forced])
-        if factory is None or not cand.available:
-            raise PlatformNotAvailableError(forced, cand.reason)
-        platform = _instances.get(forced) or _construct(forced, factory)
-        chosen = Candidate(forced, True, True, f"forced by {ENV_PLATFORM}: {cand.reason}")
-        return DetectionReport(forced, (chosen,), forced=forced), platform
+            raise _lookup_error(forced)
+        outcome = _consider(entries[forced], timeout)
+        cand = outcome.candidate
+        if outcome.factory is None or not cand.available:
+            raise _unavailable(forced, cand.reason)
+        source = "set_current_platform()" if isinstance(_forced_override, str) else ENV_PLATFORM
+        picked = Candidate(forced, True, True, f"forced by {source}: {cand.reason}", cand.builtin)
+        return DetectionReport(forced, (picked,), forced=forced), outcome
 
     candidates: list[Candidate] = []
-    third = [n for n, e in entries.items() if not e.builtin]
-    available_third: list[tuple[str, PlatformFactory]] = []
-    for name in third:
-        cand, factory = _consider(name, entries[name])
-        candidates.append(cand)
-        if cand.available and factory is not None:
-            available_third.append((name, factory))
-    if len(available_third) > 1:
-        names = ", ".join(n for n, _ in available_third)
+    available: list[tuple[str, _Outcome]] = []
+    for name, entry in entries.items():
+        if entry.ordered:
+            continue
+        outcome = _consider(entry, timeout)
+        candidates.append(outcome.candidate)
+        if outcome.candidate.available and outcome.factory is not None:
+            available.append((name, outcome))
+    candidates.extend(_problems)
+    candidates.extend(_filter_problems())
+    if len(available) > 1:
+        names = ", ".join(repr(n) for n, _ in available)
         raise ConfigurationError(
             f"several third-party platforms are available ({names}); choose one with "
-            f"{ENV_PLATFORM}=<name> or limit plugins with {ENV_PLUGINS}=<name>"
+            f"{ENV_PLATFORM}=<name>, or load only one with {ENV_PLUGINS}=<name>"
         )
-    chosen_name: str | None = None
-    chosen_factory: PlatformFactory | None = None
-    if available_third:
-        chosen_name, chosen_factory = available_third[0]
+    chosen: tuple[str, _Outcome] | None = available[0] if available else None
     for name in BUILTIN_ORDER:
-        if chosen_name is not None and not exhaustive:
+        if chosen is not None and not exhaustive:
             break
-        cand, factory = _consider(name, entries[name])
-        candidates.append(cand)
-        if chosen_name is None and cand.available and factory is not None:
-            chosen_name, chosen_factory = name, factory
+        builtin_entry = entries.get(name)
+        if builtin_entry is None:
+            continue
+        outcome = _consider(builtin_entry, timeout)
+        candidates.append(outcome.candidate)
+        if chosen is None and outcome.candidate.available and outcome.factory is not None:
+            chosen = (name, outcome)
+    chosen_name = chosen[0] if chosen is not None else None
     final = tuple(
-        Candidate(c.name, c.available, c.name == chosen_name, c.reason, c.builtin)
+        Candidate(c.name, c.available, c.name == chosen_name and c.available, c.reason, c.builtin)
         for c in candidates
     )
-    if chosen_name is None or chosen_factory is None:
+    if chosen is None:
         return DetectionReport(None, final, error="no platform is available"), None
-    platform = _instances.get(chosen_name) or _construct(chosen_name, chosen_factory)
-    return DetectionReport(chosen_name, final), platform
+    return DetectionReport(chosen[0], final), chosen[1]
 
 
 def detect() -> DetectionReport:
     """Probe every platform and report which one detection chooses, and why.
 
     Unlike :func:`current_platform`, this probes all candidates (so ``accelplat info`` can show
-    why each was or was not chosen) and never raises for a broken plugin.
+    why each was or was not chosen) and never raises for a configuration problem: an unknown or
+    unavailable forced platform, several available plugins or a malformed variable yield a
+    report with ``chosen=None`` and the message in ``error``.
 
     Returns:
         A :class:`DetectionReport`.
 
-    Raises:
-        ConfigurationError: For an unknown forced name or several available third-party platforms.
-
     Side effects:
-        Loads backend modules and plugins and runs their probes; imports no framework and
-        creates no device context. Does not change the cached current platform.
+        Loads backend modules and plugins and runs their probes; constructs plugins whose probe
+        says available (to check them against the protocol); imports no framework and creates
+        no device context. Does not change the cached current platform.
     """
     with _lock:
-        if isinstance(_forced_override, Platform):
-            c = Candidate(_forced_override.name, True, True, "set by set_current_platform()")
-            return DetectionReport(_forced_override.name, (c,), forced=_forced_override.name)
+        if _forced_override is not None and not isinstance(_forced_override, str):
+            name = _forced_override.name
+            c = Candidate(name, True, True, "set by set_current_platform()", name in _BUILTINS)
+            return DetectionReport(name, (c,), forced=name)
         try:
             report, _ = _detect(exhaustive=True)
         except PlatformNotAvailableError as exc:
-            cand = Candidate(exc.platform, False, False, exc.reason)
+            entry = _registered.get(exc.platform)
+            builtin = entry.ordered if entry is not None else True
+            cand = Candidate(exc.platform, False, False, exc.reason, builtin)
             return DetectionReport(None, (cand,), forced=exc.platform, error=str(exc))
+        except ConfigurationError as exc:
+            return DetectionReport(None, (), forced=_forced_name(), error=str(exc))
         return report
 
 
@@ -365,12 +617,15 @@ def current_platform() -> Platform:
         The cached :class:`~accelplat.platform.Platform` instance.
 
     Raises:
-        ConfigurationError: For an unknown ``ACCELPLAT_PLATFORM`` or several available plugins.
-        PlatformNotAvailableError: When a forced platform is absent.
+        ConfigurationError: For an unknown or excluded ``ACCELPLAT_PLATFORM``, a malformed
+            ``ACCELPLAT_PROBE_TIMEOUT_S``, or several available plugins.
+        PlatformNotAvailableError: When a forced platform is absent or fails to load.
+        AccelplatError: When no platform at all is available.
 
     Side effects:
-        Thread-safe; the first call loads the backends it must probe (stopping at the first
-        available one) and caches the result. Never imports torch, never creates a device context.
+        Thread-safe; the first call loads what the rules need (every allowed plugin, then the
+        built-ins up to the first available one) and caches the result. Never imports torch,
+        never creates a device context.
     """
     global _current
     current = _current
@@ -379,14 +634,14 @@ def current_platform() -> Platform:
     with _lock:
         if _current is not None:
             return _current
-        if isinstance(_forced_override, Platform):
+        if _forced_override is not None and not isinstance(_forced_override, str):
             _current = _forced_override
             return _current
-        report, platform = _detect(exhaustive=False)
-        if platform is None:
-            raise AccelplatError(f"no platform detected: {report.error}")
-        assert report.chosen is not None
-        _instances.setdefault(report.chosen, platform)
+        report, outcome = _detect(exhaustive=False)
+        if outcome is None or report.chosen is None:
+            details = "; ".join(f"{c.name}: {c.reason}" for c in report.candidates)
+            raise AccelplatError(f"no platform detected ({details})")
+        platform = _instance_for(report.chosen, outcome)
         _current = platform
         return platform
 
@@ -401,30 +656,32 @@ def get_platform(name: str) -> Platform:
         The (cached) platform instance.
 
     Raises:
-        ConfigurationError: For an unknown name.
-        PlatformNotAvailableError: When its probe says it is absent here.
+        ConfigurationError: For an unknown name, or a plugin ``ACCELPLAT_PLUGINS`` leaves out.
+        PlatformNotAvailableError: When its probe says it is absent here, or it fails to load.
+
+    Side effects:
+        Loads and probes that one platform on the first call; imports no framework.
     """
     with _lock:
         entries = _entries()
         if name not in entries:
-            raise _unknown(name, entries)
+            raise _lookup_error(name)
         if name in _instances:
             return _instances[name]
-        cand, factory = _consider(name, entries[name])
-        if factory is None or not cand.available:
-            raise PlatformNotAvailableError(name, cand.reason)
-        platform = _construct(name, factory)
-        _instances[name] = platform
-        return platform
+        outcome = _consider(entries[name], _probe_timeout())
+        if outcome.factory is None or not outcome.candidate.available:
+            raise _unavailable(name, outcome.candidate.reason)
+        return _instance_for(name, outcome)
 
 
 def available_platforms() -> tuple[str, ...]:
-    """Return every registered platform name: built-ins, entry points and registrations.
+    """Return every usable platform name: built-ins, allowed entry points and registrations.
 
     Side effects:
         Reads entry-point metadata; loads no plugin.
     """
-    return tuple(_entries())
+    with _lock:
+        return tuple(_entries())
 
 
 def register_platform(
@@ -432,18 +689,24 @@ def register_platform(
 ) -> None:
     """Register a platform class or zero-argument factory under ``name``.
 
+    A new name makes a third-party platform (it competes with plugins, and wins over the
+    built-ins when it is the only one available); overriding a built-in's name replaces that
+    built-in in its place in the probe order.
+
     Args:
         name: Lower-case name (letters, digits, ``_``, ``-``, ``.``); ``ACCELPLAT_PLATFORM``
             selects it.
         cls_or_factory: A class satisfying :class:`~accelplat.platform.Platform`, or a callable
             returning one. A ``probe()`` attribute, when present, is used for detection.
-        override: Replace an existing registration (a built-in included) instead of failing.
+        override: Replace an existing registration (a built-in or plugin included) instead of
+            failing.
 
     Raises:
         ConfigurationError: For a bad name, a non-callable, or a duplicate without ``override``.
 
     Side effects:
         Clears the cached current platform so the next :func:`current_platform` re-detects.
+        Loads nothing.
     """
     _validate_name(name)
     if not callable(cls_or_factory):
@@ -452,32 +715,48 @@ def register_platform(
             f"got {cls_or_factory!r}"
         )
     with _lock:
-        entries = _entries()
-        if name in entries and not override:
+        entries = _all_entries()
+        existing = entries.get(name)
+        if existing is not None and not override:
             raise ConfigurationError(
-                f"platform {name!r} is already registered; pass override=True to replace it"
+                f"platform {name!r} is already registered ({existing.origin}); pass "
+                "override=True to replace it"
             )
-        builtin = name in _BUILTINS  # an override keeps a built-in's place in the order
-        _registered[name] = _Entry(name, cls_or_factory, builtin=builtin)
+        _registered[name] = _Entry(
+            name,
+            shipped=False,
+            ordered=name in _BUILTINS,
+            obj=cls_or_factory,
+            origin=f"register_platform({name!r}, {_qualname(cls_or_factory)})",
+        )
         _instances.pop(name, None)
         _clear_current()
 
 
+def _qualname(obj: object) -> str:
+    return str(getattr(obj, "__qualname__", None) or type(obj).__qualname__)
+
+
 def unregister_platform(name: str) -> None:
-    """Remove a platform added with :func:`register_platform`; built-ins are restored.
+    """Remove a platform; a built-in's name goes back to the built-in backend.
 
     Args:
         name: The registered name.
 
     Raises:
         ConfigurationError: If nothing is registered under ``name``.
+
+    Side effects:
+        Clears the cached current platform.
     """
     with _lock:
-        entries = _entries()
+        entries = _all_entries()
         if name not in entries:
-            raise _unknown(name, entries)
+            raise _lookup_error(name)
         if name in _BUILTINS:
-            _registered[name] = _Entry(name, _BUILTINS[name], builtin=True)
+            _registered[name] = _Entry(
+                name, shipped=True, ordered=True, target=_BUILTINS[name], origin="built-in"
+            )
         else:
             del _registered[name]
         _instances.pop(name, None)
@@ -492,15 +771,24 @@ def set_current_platform(platform: str | Platform | None) -> None:
 
     Raises:
         ConfigurationError: For an unknown name or an object that is not a Platform.
+
+    Side effects:
+        Clears the cached current platform; the platform itself is loaded on the next
+        :func:`current_platform` call.
     """
     global _forced_override
     with _lock:
         if isinstance(platform, str):
-            entries = _entries()
-            if platform not in entries:
-                raise _unknown(platform, entries)
-        elif platform is not None and not isinstance(platform, Platform):
-            raise ConfigurationError(f"{platform!r} does not satisfy the Platform protocol")
+            platform = platform.strip().lower()
+            if platform not in _entries():
+                raise _lookup_error(platform)
+        elif platform is not None:
+            problems = protocol_problems(platform)
+            if problems or isinstance(platform, type):
+                why = "; ".join(problems) or "it is a class, not an instance"
+                raise ConfigurationError(
+                    f"{platform!r} does not satisfy the Platform protocol ({why})"
+                )
         _forced_override = platform
         _clear_current()
 
@@ -514,12 +802,16 @@ def use_platform(platform: str | Platform) -> Iterator[Platform]:
 
     Yields:
         The platform now current.
+
+    Raises:
+        ConfigurationError: As :func:`set_current_platform`.
+        PlatformNotAvailableError: When a named platform is not usable here.
     """
     global _forced_override, _current
     with _lock:
         saved = (_forced_override, _current)
-    set_current_platform(platform)
     try:
+        set_current_platform(platform)
         yield current_platform()
     finally:
         with _lock:
@@ -534,7 +826,8 @@ def _clear_current() -> None:
 def reset() -> None:
     """Forget the detected platform, cached instances, registrations and discovered plugins.
 
-    Meant for tests and for forked children; the next call detects afresh.
+    Meant for tests; the next call detects afresh and re-reads entry-point metadata. A plugin
+    probe still running in its worker thread is abandoned, not stopped.
     """
     global _current, _forced_override, _entry_points_loaded
     with _lock:
@@ -542,16 +835,36 @@ def reset() -> None:
         _forced_override = None
         _instances.clear()
         _registered.clear()
+        _problems.clear()
         _entry_points_loaded = False
 
 
 def _after_fork_in_child() -> None:
     global _lock, _current
-    # The parent's lock may have been held by another thread at fork time.
+    # The parent's lock may have been held by another thread at fork time; worker threads do
+    # not exist in the child, and instances may hold handles (NVML) that must be made afresh.
     _lock = threading.RLock()
     _current = None
     _instances.clear()
+    for entry in _registered.values():
+        entry.pending = None
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _factory_for(name: str) -> PlatformFactory:
+    """Return the loaded class or factory registered as ``name``, without probing or building it.
+
+    Used by :mod:`accelplat.testing` to probe a platform on its own. Unbounded: the caller
+    accepts a plugin import that hangs.
+
+    Raises:
+        ConfigurationError: For an unknown or excluded name, or a target that is not callable.
+    """
+    with _lock:
+        entries = _entries()
+        if name not in entries:
+            raise _lookup_error(name)
+        return _load(entries[name])

@@ -1,0 +1,208 @@
+"""The fresh process in which the conformance kit watches a platform for side effects.
+
+The parent (:mod:`accelplat.testing.checks`) starts ``python -c BOOTSTRAP JOB`` with a JSON job
+(how to build the platform, whether to query memory, where to write the answer). The bootstrap
+records ``sys.modules`` before anything of accelplat is imported, so a framework imported by
+accelplat itself, by the backend module, by the probe, by construction or by any query shows up,
+and an already-imported torch in the parent cannot mask it. The answer is a JSON file:
+
+* ``ok``/``error``: whether building and querying worked;
+* ``available``/``reason``: the probe's verdict (a platform that is not available reports no
+  devices, which is what hiding every device looks like);
+* ``device_count`` and ``devices`` (index, physical index, name, uuid);
+* ``frameworks``: per stage (``"import"``, ``"probe"``, ``"construct"``, ``"queries"``) the
+  framework modules that stage newly imported;
+* ``libraries``: device runtime libraries (``libcuda.so``…) newly mapped into the process;
+* ``self_holders``: devices whose ``memory_holders`` list this process.
+
+Nothing here is public API.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["BOOTSTRAP", "FRAMEWORK_MODULES", "RUNTIME_LIBRARIES", "frameworks_in", "main"]
+
+BOOTSTRAP = (
+    "import sys; _before = set(sys.modules); "
+    "from accelplat.testing._child import main; main(_before, sys.argv[1])"
+)
+"""Code run with ``python -c``; its single argument is the JSON job."""
+
+FRAMEWORK_MODULES: tuple[str, ...] = (
+    "torch",
+    "jax",
+    "jaxlib",
+    "tensorflow",
+    "paddle",
+    "mxnet",
+    "cupy",
+    "pycuda",
+    "numba.cuda",
+    "intel_extension_for_pytorch",
+    "oneflow",
+    "mindspore",
+    "triton",
+    "dpctl",
+)
+"""Modules whose import a context-free backend must not cause (a prefix match on dotted names)."""
+
+RUNTIME_LIBRARIES: tuple[str, ...] = ("libcuda.so", "libcudart.so", "libamdhip64.so", "libsycl.so")
+"""Device runtime libraries a context-free backend has no reason to load.
+
+Loading the CUDA driver library and initialising it (``cuInit``) is what makes a later ``fork``
+unusable for CUDA; HIP and SYCL runtimes likewise exist to run kernels. Management libraries
+(``libnvidia-ml``, ``libamd_smi``, ``libze_loader`` for Level Zero Sysman) are allowed: they
+answer memory questions without a compute context.
+"""
+
+
+def frameworks_in(modules: Iterable[str]) -> list[str]:
+    """Return the framework module names among ``modules``, sorted, top-level entries only.
+
+    Args:
+        modules: Module names, as in ``sys.modules``.
+
+    Returns:
+        Each name of :data:`FRAMEWORK_MODULES` that one of ``modules`` equals or lies under.
+    """
+    names = set(modules)
+    found = []
+    for fw in FRAMEWORK_MODULES:
+        prefix = fw + "."
+        if fw in names or any(n.startswith(prefix) for n in names):
+            found.append(fw)
+    return found
+
+
+def mapped_runtime_libraries() -> set[str]:
+    """Return the device runtime libraries mapped into this process (Linux; else empty)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return set()
+    found: set[str] = set()
+    for line in text.splitlines():
+        path = line.rpartition(" ")[2]
+        base = os.path.basename(path)
+        for lib in RUNTIME_LIBRARIES:
+            if base.startswith(lib):
+                found.add(lib)
+    return found
+
+
+def _resolve_ref(ref: str) -> Callable[[], Any]:
+    module_name, _, attr = ref.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split(".") if attr else []:
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{ref} is not callable")
+    factory: Callable[[], Any] = obj
+    return factory
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], None]) -> None:
+    kind, value = job["kind"], job["value"]
+    from accelplat._types import HolderState, ProbeResult
+
+    if kind == "name":
+        from accelplat import registry
+
+        factory = registry._factory_for(value)
+    else:
+        factory = _resolve_ref(value)
+    stage("import")
+    probe = getattr(factory, "probe", None)
+    if probe is not None:
+        result = probe()
+        if isinstance(result, ProbeResult):
+            answer["available"], answer["reason"] = result.available, result.reason
+        else:
+            answer["available"], answer["reason"] = bool(result), repr(result)
+    stage("probe")
+    if not answer["available"]:
+        answer["device_count"] = 0
+        answer["devices"] = []
+        answer["ok"] = True
+        return
+    if kind == "name":
+        from accelplat import registry
+
+        platform = registry.get_platform(value)
+    else:
+        platform = factory()
+    stage("construct")
+    count = platform.device_count()
+    answer["device_count"] = count
+    answer["devices"] = [
+        {"index": d.index, "physical_index": d.physical_index, "name": d.name, "uuid": d.uuid}
+        for d in platform.devices()
+    ]
+    answer["context_free"] = platform.context_free
+    if job.get("queries", True):
+        me = os.getpid()
+        for device in range(count):
+            platform.memory_info(device)
+            holders = platform.memory_holders(device) or ()
+            for h in holders:
+                if h.pid == me or h.state == HolderState.SELF:
+                    answer["self_holders"].append(device)
+                    break
+        for attr in ("release", "graph", "default_memory_utilization", "preferred_start_method"):
+            getattr(platform, attr)
+    stage("queries")
+    answer["ok"] = True
+
+
+def main(before: set[str], job_text: str) -> None:
+    """Build the platform the job names, query it, and write what it did to ``job["out"]``.
+
+    Args:
+        before: ``sys.modules`` keys recorded before accelplat was imported.
+        job_text: The JSON job: ``kind`` (``"name"`` or ``"ref"``), ``value``, ``queries``,
+            ``out``.
+    """
+    job = json.loads(job_text)
+    libs_before = mapped_runtime_libraries()
+    seen = set(before)
+    answer: dict[str, Any] = {
+        "ok": False,
+        "error": None,
+        "available": True,
+        "reason": "",
+        "device_count": None,
+        "devices": [],
+        "context_free": None,
+        "frameworks": {},
+        "libraries": [],
+        "self_holders": [],
+    }
+
+    def stage(name: str) -> None:
+        now = set(sys.modules)
+        answer["frameworks"][name] = frameworks_in(now - seen)
+        seen.update(now)
+
+    try:
+        _run(job, answer, stage)
+    except BaseException as exc:
+        answer["error"] = _describe(exc)
+        answer["traceback"] = traceback.format_exc(limit=8)
+        stage("failed")
+    answer["libraries"] = sorted(mapped_runtime_libraries() - libs_before)
+    with open(job["out"], "w", encoding="utf-8") as f:
+        json.dump(answer, f)
