@@ -1,0 +1,307 @@
+"""``accelplat stats``: used, free, total and reserved memory of every visible device.
+
+Prints one table (``--json``: one JSON object), or with ``--watch SECONDS`` refreshes it, in
+place on a terminal, until interrupted or ``--count`` refreshes were shown. Output is plain text
+when standard output is not a terminal, when ``NO_COLOR`` is set, or when ``rich`` is not
+installed. Reads memory through the platform's context-free queries: creates no device context,
+imports no framework.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import IO, Any
+
+from accelplat._format import format_bytes
+from accelplat._types import UsageSnapshot
+from accelplat.errors import ConfigurationError, DeviceNotFoundError
+from accelplat.memory import default_clock, snapshot
+from accelplat.platform import Platform
+from accelplat.registry import current_platform
+
+__all__ = ["parse_devices", "register", "snapshot_to_json", "use_rich"]
+
+_COLUMNS = ("DEV", "NAME", "USED", "FREE", "TOTAL", "RESERVED", "USE%", "SOURCE")
+
+
+def parse_devices(text: str) -> list[int] | None:
+    """Parse ``--devices``: a comma-separated list of visible indices, or ``all``.
+
+    Args:
+        text: E.g. ``"0,1"``; ``"all"`` (or an empty string) means every visible device.
+
+    Returns:
+        The indices, or ``None`` for every device.
+
+    Raises:
+        argparse.ArgumentTypeError: For anything that is not a list of integers >= 0 without
+            duplicates.
+    """
+    stripped = text.strip()
+    if stripped.lower() in ("", "all"):
+        return None
+    devices: list[int] = []
+    for part in stripped.split(","):
+        item = part.strip()
+        if not item.isdigit() or len(item) > 6:
+            raise argparse.ArgumentTypeError(
+                f"--devices takes comma-separated device indices such as 0,1 (or 'all'); "
+                f"got {text!r}"
+            )
+        devices.append(int(item))
+    if len(set(devices)) != len(devices):
+        raise argparse.ArgumentTypeError(f"--devices lists a device twice: {text!r}")
+    return devices
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``stats`` sub-command to ``sub``."""
+    parser = sub.add_parser(
+        "stats",
+        help="show used/free/total device memory, once or refreshing",
+        description="Show used, free, total and reserved memory of each visible device, as the "
+        "platform's context-free query reports it. Creates no device context.",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON (one object per refresh)")
+    parser.add_argument(
+        "--watch",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="refresh every SECONDS until interrupted (or --count refreshes)",
+    )
+    parser.add_argument(
+        "--count", type=_positive_int, metavar="N", help="with --watch: stop after N refreshes"
+    )
+    parser.add_argument(
+        "--devices",
+        type=parse_devices,
+        metavar="LIST",
+        help="comma-separated visible device indices (default: all)",
+    )
+    parser.add_argument(
+        "--holders",
+        action="store_true",
+        help="also list the processes holding memory, where the platform can tell",
+    )
+    parser.set_defaults(func=_run)
+
+
+def use_rich(stream: IO[str]) -> bool:
+    """Return whether to draw with ``rich``: a terminal, no ``NO_COLOR``, ``rich`` installed."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(stream, "isatty", None)
+    if not (callable(isatty) and isatty()):
+        return False
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def snapshot_to_json(
+    platform: Platform, snap: UsageSnapshot, names: dict[int, str], *, holders: bool
+) -> dict[str, Any]:
+    """Return the JSON document ``accelplat stats --json`` prints for one sample.
+
+    Keys: ``platform``, ``timestamp``, ``wall_time`` and ``devices`` (a list of objects with
+    ``index``, ``name``, ``used``, ``free``, ``total``, ``reserved`` in bytes, ``used_ratio``,
+    ``source`` and, with ``holders``, ``holders``: a list of ``{pid, used_bytes, state, name}``
+    or ``null`` when the platform cannot tell).
+    """
+    devices: list[dict[str, Any]] = []
+    for index, info in sorted(snap.memory.items()):
+        entry: dict[str, Any] = {
+            "index": index,
+            "name": names.get(index, ""),
+            "used": info.used,
+            "free": info.free,
+            "total": info.total,
+            "reserved": info.reserved,
+            "used_ratio": info.used_ratio,
+            "source": info.source,
+        }
+        if holders:
+            held = snap.holders.get(index)
+            entry["holders"] = (
+                None
+                if held is None
+                else [
+                    {
+                        "pid": h.pid,
+                        "used_bytes": h.used_bytes,
+                        "state": h.state.value,
+                        "name": h.name,
+                    }
+                    for h in held
+                ]
+            )
+        devices.append(entry)
+    return {
+        "platform": platform.name,
+        "timestamp": snap.timestamp,
+        "wall_time": snap.wall_time,
+        "devices": devices,
+    }
+
+
+def _rows(snap: UsageSnapshot, names: dict[int, str]) -> list[tuple[str, ...]]:
+    return [
+        (
+            str(index),
+            names.get(index, ""),
+            format_bytes(info.used),
+            format_bytes(info.free),
+            format_bytes(info.total),
+            format_bytes(info.reserved),
+            f"{100 * info.used_ratio:.1f}%",
+            info.source,
+        )
+        for index, info in sorted(snap.memory.items())
+    ]
+
+
+def _holder_lines(snap: UsageSnapshot) -> list[str]:
+    lines: list[str] = []
+    for index in sorted(snap.memory):
+        held = snap.holders.get(index)
+        if held is None:
+            lines.append(f"device {index}: holders unknown (the platform cannot tell)")
+        elif not held:
+            lines.append(f"device {index}: no process holds memory")
+        for h in held or ():
+            label = f" {h.name}" if h.name else ""
+            lines.append(
+                f"device {index}: pid {h.pid}{label} ({h.state.value}) {format_bytes(h.used_bytes)}"
+            )
+    return lines
+
+
+def _plain(platform: Platform, snap: UsageSnapshot, names: dict[int, str], holders: bool) -> str:
+    rows = [_COLUMNS, *_rows(snap, names)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+    numeric = {2, 3, 4, 5, 6}
+    lines = [f"platform: {platform.name} ({len(snap.memory)} device(s))"]
+    for row in rows:
+        cells = [
+            cell.rjust(widths[i]) if i in numeric and row is not rows[0] else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    if holders:
+        lines.extend(_holder_lines(snap))
+    return "\n".join(lines)
+
+
+def _rich_renderable(
+    platform: Platform, snap: UsageSnapshot, names: dict[int, str], holders: bool
+) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+
+    table = Table(title=f"{platform.name}: {len(snap.memory)} device(s)", title_justify="left")
+    for i, column in enumerate(_COLUMNS):
+        table.add_column(column, justify="right" if i in (2, 3, 4, 5, 6) else "left", no_wrap=True)
+    for row in _rows(snap, names):
+        table.add_row(*row)
+    if not holders:
+        return table
+    return Group(table, *_holder_lines(snap))
+
+
+def _samples(
+    platform: Platform,
+    devices: Sequence[int] | None,
+    *,
+    holders: bool,
+    watch: float | None,
+    count: int | None,
+) -> Iterator[UsageSnapshot]:
+    clock = default_clock(platform)
+    shown = 0
+    while True:
+        yield snapshot(devices, platform=platform, holders=holders)
+        shown += 1
+        if watch is None or (count is not None and shown >= count):
+            return
+        clock.sleep(watch)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.count is not None and args.watch is None and args.count != 1:
+        raise ConfigurationError("--count needs --watch SECONDS")
+    platform = current_platform()
+    names = {d.index: d.name for d in platform.devices()}
+    try:  # check the device list before drawing anything
+        snapshot(args.devices, platform=platform, holders=False)
+    except DeviceNotFoundError as exc:
+        print(f"accelplat stats: error: {exc}", file=sys.stderr)
+        return 2
+    samples = _samples(
+        platform, args.devices, holders=args.holders, watch=args.watch, count=args.count
+    )
+    out = sys.stdout
+    try:
+        if args.json:
+            for snap in samples:
+                doc = snapshot_to_json(platform, snap, names, holders=args.holders)
+                out.write(json.dumps(doc) + "\n")
+                out.flush()
+        elif use_rich(out):
+            _show_rich(platform, samples, names, args.holders, live=args.watch is not None)
+        else:
+            for i, snap in enumerate(samples):
+                if i:
+                    out.write("\n")
+                out.write(_plain(platform, snap, names, args.holders) + "\n")
+                out.flush()
+    except KeyboardInterrupt:  # the normal way to end --watch
+        return 0
+    return 0
+
+
+def _show_rich(
+    platform: Platform,
+    samples: Iterator[UsageSnapshot],
+    names: dict[int, str],
+    holders: bool,
+    *,
+    live: bool,
+) -> None:
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+
+    def render(snap: UsageSnapshot) -> Any:
+        return _rich_renderable(platform, snap, names, holders)
+
+    if not live:
+        for snap in samples:
+            console.print(render(snap))
+        return
+    with Live(console=console, auto_refresh=False, transient=False) as view:
+        for snap in samples:
+            view.update(render(snap), refresh=True)
