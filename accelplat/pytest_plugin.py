@@ -1,1 +1,606 @@
-"""pytest plugin for accelplat (registered through the ``pytest11`` entry point)."""
+"""pytest plugin for accelplat: markers, fixtures and options (the ``pytest11`` entry point).
+
+Markers (each skips the test, with a reason saying what was needed and what was found):
+
+* ``accelplat_requires_graph`` — the platform can capture device graphs;
+* ``accelplat_requires_device_memory(gib, *, devices=1)`` — each of the first ``devices``
+  visible devices has at least ``gib`` GiB of memory in total (``bytes=`` instead of ``gib``
+  takes an exact byte count);
+* ``accelplat_requires_devices(n)`` — at least ``n`` visible devices;
+* ``accelplat_requires_shm(gib, *, path="/dev/shm")`` — at least ``gib`` GiB free on the
+  shared-memory mount;
+* ``accelplat_platforms("cuda", "rocm", …)`` — the current platform is one of those named.
+
+Fixtures: ``accel_platform`` (the current platform) and ``settled_device_memory`` (waits with
+:func:`accelplat.memory.wait_for_memory_to_settle` before the test and returns its result).
+
+Options: ``--accelplat-platform NAME`` forces the platform for the whole session;
+``--accelplat-leak-check`` reports, in the terminal summary, tests after which device memory
+stayed above what it was before the test by more than ``--accelplat-leak-tolerance`` (ini
+``accelplat_leak_tolerance``, default 256 MiB).
+
+Importing this module imports nothing from accelplat beyond this file and never imports torch.
+A session that uses no marker, fixture or option of the plugin never detects a platform.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from accelplat._types import SettleResult
+    from accelplat.platform import Platform
+
+__all__ = [
+    "DEFAULT_LEAK_TOLERANCE",
+    "MARKERS",
+    "LeakChecker",
+    "MarkerError",
+    "accel_platform",
+    "settled_device_memory",
+    "skip_reason",
+]
+
+MARKERS: dict[str, str] = {
+    "accelplat_requires_graph": (
+        "accelplat_requires_graph: skip unless the accelerator platform can capture device "
+        "graphs (CUDA/HIP/XPU graphs)"
+    ),
+    "accelplat_requires_device_memory": (
+        "accelplat_requires_device_memory(gib, *, devices=1, bytes=None): skip unless each of "
+        "the first `devices` visible devices has at least `gib` GiB of memory in total"
+    ),
+    "accelplat_requires_devices": (
+        "accelplat_requires_devices(n): skip unless at least n devices are visible"
+    ),
+    "accelplat_requires_shm": (
+        "accelplat_requires_shm(gib, *, path='/dev/shm'): skip unless at least `gib` GiB are "
+        "free on the shared-memory mount"
+    ),
+    "accelplat_platforms": (
+        "accelplat_platforms(*names): skip unless the current accelplat platform is one of names"
+    ),
+}
+"""Marker name to the line registered with pytest (shown by ``pytest --markers``)."""
+
+DEFAULT_LEAK_TOLERANCE = "256MiB"
+"""Growth of used device memory across one test that ``--accelplat-leak-check`` tolerates."""
+
+_GIB = 1024**3
+_FORCED_KEY = pytest.StashKey[str]()
+_PREVIOUS_ENV_KEY = pytest.StashKey["str | None"]()
+_BASELINE_KEY = pytest.StashKey[dict[int, int]]()
+_LEAK_PROPERTY = "accelplat_leak"
+_LEAK_PLUGIN_NAME = "accelplat-leak-check"
+_ENV_PLATFORM = "ACCELPLAT_PLATFORM"
+
+
+@dataclass
+class _Leak:
+    nodeid: str
+    device: int
+    before: int
+    after: int
+
+
+# --------------------------------------------------------------------------------------------
+# options and configuration
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add ``--accelplat-platform``, ``--accelplat-leak-check`` and the leak-check settings."""
+    group = parser.getgroup("accelplat", "accelplat accelerator platform")
+    group.addoption(
+        "--accelplat-platform",
+        metavar="NAME",
+        default=None,
+        help="force the accelplat platform for the whole session (e.g. cuda, rocm, xpu, cpu, "
+        "simulated, or a plugin's name); also exported as ACCELPLAT_PLATFORM to child processes",
+    )
+    group.addoption(
+        "--accelplat-leak-check",
+        action="store_true",
+        default=None,
+        help="after each test, report in the terminal summary the tests that left device "
+        "memory held beyond the tolerance",
+    )
+    group.addoption(
+        "--accelplat-leak-tolerance",
+        metavar="SIZE",
+        default=None,
+        help="growth of used device memory across one test that is not reported, e.g. 512MiB "
+        f"(default: ini accelplat_leak_tolerance, else {DEFAULT_LEAK_TOLERANCE})",
+    )
+    group.addoption(
+        "--accelplat-leak-wait",
+        metavar="SECONDS",
+        default=None,
+        help="how long to wait for memory to come back before a test counts as leaking "
+        "(default: ini accelplat_leak_wait, else 4 x the platform's stability window on "
+        "lazily releasing platforms and 0 elsewhere)",
+    )
+    parser.addini(
+        "accelplat_leak_check",
+        type="bool",
+        default=False,
+        help="enable the accelplat device-memory leak check (as --accelplat-leak-check)",
+    )
+    parser.addini(
+        "accelplat_leak_tolerance",
+        default=DEFAULT_LEAK_TOLERANCE,
+        help=f"leak-check tolerance, a size such as 256MiB (default {DEFAULT_LEAK_TOLERANCE})",
+    )
+    parser.addini(
+        "accelplat_leak_wait",
+        default="auto",
+        help="seconds to wait for memory to come back before reporting a leak, or 'auto'",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers; apply ``--accelplat-platform``; set up the leak check."""
+    for line in MARKERS.values():
+        config.addinivalue_line("markers", line)
+    name = config.getoption("--accelplat-platform", default=None)
+    if name:
+        _force_platform(config, str(name))
+    if _leak_check_enabled(config):
+        checker = LeakChecker(config, _leak_tolerance(config), _leak_wait(config))
+        config.pluginmanager.register(checker, _LEAK_PLUGIN_NAME)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Undo ``--accelplat-platform``: restore ``ACCELPLAT_PLATFORM`` and the registry."""
+    name = config.stash.get(_FORCED_KEY, None)
+    if name is None:
+        return
+    from accelplat import registry
+
+    previous = config.stash.get(_PREVIOUS_ENV_KEY, None)
+    if previous is None:
+        os.environ.pop(_ENV_PLATFORM, None)
+    else:
+        os.environ[_ENV_PLATFORM] = previous
+    if _forced_override() == name:
+        registry.set_current_platform(None)
+
+
+def _force_platform(config: pytest.Config, raw: str) -> None:
+    from accelplat import registry
+    from accelplat.errors import AccelplatError
+
+    name = raw.strip().lower()
+    try:
+        registry.set_current_platform(name)
+        registry.current_platform()
+    except AccelplatError as exc:
+        registry.set_current_platform(None)
+        raise pytest.UsageError(f"--accelplat-platform {raw}: {exc}") from None
+    config.stash[_FORCED_KEY] = name
+    config.stash[_PREVIOUS_ENV_KEY] = os.environ.get(_ENV_PLATFORM)
+    os.environ[_ENV_PLATFORM] = name
+
+
+def _forced_override() -> object:
+    from accelplat import registry
+
+    return getattr(registry, "_forced_override", None)
+
+
+def _reapply_forced(config: pytest.Config) -> None:
+    """Put ``--accelplat-platform`` back if something (e.g. ``registry.reset()``) cleared it.
+
+    A platform a test or fixture forced itself is left alone.
+    """
+    name = config.stash.get(_FORCED_KEY, None)
+    if name is None or _forced_override() is not None:
+        return
+    from accelplat import registry
+
+    registry.set_current_platform(name)
+
+
+def _current(config: pytest.Config) -> Platform:
+    _reapply_forced(config)
+    from accelplat.registry import current_platform
+
+    return current_platform()
+
+
+def _leak_check_enabled(config: pytest.Config) -> bool:
+    flag = config.getoption("--accelplat-leak-check", default=None)
+    if flag is not None:
+        return bool(flag)
+    return bool(config.getini("accelplat_leak_check"))
+
+
+def _leak_tolerance(config: pytest.Config) -> int:
+    from accelplat.errors import ConfigurationError
+    from accelplat.sizing import parse_size
+
+    raw = config.getoption("--accelplat-leak-tolerance", default=None)
+    argument = "--accelplat-leak-tolerance"
+    if raw is None:
+        raw = config.getini("accelplat_leak_tolerance") or DEFAULT_LEAK_TOLERANCE
+        argument = "accelplat_leak_tolerance"
+    try:
+        return parse_size(str(raw).strip(), argument=argument)
+    except ConfigurationError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _leak_wait(config: pytest.Config) -> float | None:
+    raw = config.getoption("--accelplat-leak-wait", default=None)
+    argument = "--accelplat-leak-wait"
+    if raw is None:
+        raw = config.getini("accelplat_leak_wait") or "auto"
+        argument = "accelplat_leak_wait"
+    text = str(raw).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise pytest.UsageError(f"{argument} must be 'auto' or seconds >= 0, got {raw!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# markers
+
+
+class MarkerError(ValueError):
+    """An accelplat marker with malformed arguments; the test errors with this message."""
+
+
+def _fmt_gib(n: float) -> str:
+    return f"{n / _GIB:.1f} GiB"
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise MarkerError(f"{what} must be a number, got {value!r}")
+    result = float(value)
+    if not math.isfinite(result) or result < 0:
+        raise MarkerError(f"{what} must be a finite number >= 0, got {value!r}")
+    return result
+
+
+def _count(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MarkerError(f"{what} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _one_arg(mark: pytest.Mark, keyword: str) -> object:
+    if mark.args:
+        if len(mark.args) > 1 or keyword in mark.kwargs:
+            raise MarkerError(f"{mark.name} takes one {keyword} argument, got {mark.args!r}")
+        return mark.args[0]
+    if keyword not in mark.kwargs:
+        raise MarkerError(f"{mark.name} needs its {keyword} argument")
+    return mark.kwargs[keyword]
+
+
+def _check_platforms(mark: pytest.Mark, platform: Platform) -> str | None:
+    names = [str(n).strip().lower() for n in mark.args]
+    if not names or mark.kwargs:
+        raise MarkerError(
+            'accelplat_platforms takes one or more platform names, e.g. ("cuda", "rocm")'
+        )
+    if platform.name in names:
+        return None
+    return f"runs only on {', '.join(names)}; the current platform is {platform.name}"
+
+
+def _check_devices(mark: pytest.Mark, platform: Platform) -> str | None:
+    needed = _count(_one_arg(mark, "n"), "accelplat_requires_devices(n)")
+    found = platform.device_count()
+    if found >= needed:
+        return None
+    return f"needs {needed} devices, {platform.name} has {found} visible"
+
+
+def _check_graph(mark: pytest.Mark, platform: Platform) -> str | None:
+    if mark.args or mark.kwargs:
+        raise MarkerError("accelplat_requires_graph takes no arguments")
+    graph = platform.graph
+    if graph.available:
+        return None
+    return f"needs device graph capture; {platform.name} has none: {graph.reason}"
+
+
+def _device_memory_need(mark: pytest.Mark) -> tuple[int, str, int]:
+    kwargs = dict(mark.kwargs)
+    devices = _count(kwargs.pop("devices", 1), "accelplat_requires_device_memory(devices=)")
+    label = kwargs.pop("label", None)
+    if "bytes" in kwargs:
+        if mark.args or "gib" in kwargs:
+            raise MarkerError("accelplat_requires_device_memory takes gib or bytes=, not both")
+        need = math.ceil(_number(kwargs.pop("bytes"), "accelplat_requires_device_memory(bytes=)"))
+    else:
+        gib = _number(_one_arg(mark, "gib"), "accelplat_requires_device_memory(gib)")
+        kwargs.pop("gib", None)
+        need = math.ceil(gib * _GIB)
+    if kwargs:
+        raise MarkerError(
+            f"accelplat_requires_device_memory got unknown arguments {sorted(kwargs)}"
+        )
+    text = _fmt_gib(need) + (f" ({label})" if label else "")
+    return need, text, devices
+
+
+def _check_device_memory(mark: pytest.Mark, platform: Platform) -> str | None:
+    need, text, devices = _device_memory_need(mark)
+    count = platform.device_count()
+    if count < devices:
+        what = "device" if devices == 1 else f"{devices} devices"
+        return f"needs {text} device memory on {what}, {platform.name} has {count} visible"
+    for device in range(devices):
+        total = platform.memory_info(device).total
+        if total < need:
+            return (
+                f"needs {text} device memory, {platform.name} device {device} has "
+                f"{_fmt_gib(total)} total"
+            )
+    return None
+
+
+def _check_shm(mark: pytest.Mark, platform: Platform) -> str | None:
+    from accelplat.errors import ConfigurationError
+    from accelplat.host import DEFAULT_SHM_PATH, shm_info
+
+    kwargs = dict(mark.kwargs)
+    path = kwargs.pop("path", DEFAULT_SHM_PATH)
+    gib = _number(_one_arg(mark, "gib"), "accelplat_requires_shm(gib)")
+    kwargs.pop("gib", None)
+    if kwargs:
+        raise MarkerError(f"accelplat_requires_shm got unknown arguments {sorted(kwargs)}")
+    need = math.ceil(gib * _GIB)
+    try:
+        info = shm_info(path)
+    except ConfigurationError as exc:
+        return f"needs {_fmt_gib(need)} free in {path}: {exc}"
+    if info.free >= need:
+        return None
+    return (
+        f"needs {_fmt_gib(need)} free in {info.path}, found {_fmt_gib(info.free)} free of "
+        f"{_fmt_gib(info.total)}"
+    )
+
+
+_CHECKS = (
+    ("accelplat_platforms", _check_platforms),
+    ("accelplat_requires_devices", _check_devices),
+    ("accelplat_requires_graph", _check_graph),
+    ("accelplat_requires_device_memory", _check_device_memory),
+    ("accelplat_requires_shm", _check_shm),
+)
+
+
+def _marks(item: pytest.Item) -> Iterator[tuple[pytest.Mark, Any]]:
+    for name, check in _CHECKS:
+        for mark in item.iter_markers(name):
+            yield mark, check
+
+
+def skip_reason(item: pytest.Item) -> str | None:
+    """Return why ``item`` must be skipped by its accelplat markers, or ``None``.
+
+    Every accelplat marker on the item (from the function, class, module or ``pytestmark``)
+    must be satisfied; the first that is not gives the reason.
+
+    Args:
+        item: A collected test.
+
+    Returns:
+        The reason, or ``None`` when the test may run (or has no accelplat marker).
+
+    Raises:
+        MarkerError: For a marker with malformed arguments.
+
+    Side effects:
+        Detects the platform on the first marker found; reads memory figures for the memory
+        markers (no device context on context-free platforms).
+    """
+    found = list(_marks(item))
+    if not found:
+        return None
+    platform = _current(item.config)
+    for mark, check in found:
+        reason: str | None = check(mark, platform)
+        if reason is not None:
+            return reason
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# per-test hooks
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip tests whose accelplat markers are not met."""
+    _reapply_forced(item.config)
+    error: str | None = None
+    reason: str | None = None
+    try:
+        reason = skip_reason(item)
+    except MarkerError as exc:  # failed outside the except block: no chained traceback
+        error = str(exc)
+    if error is not None:
+        pytest.fail(error, pytrace=False)
+    if reason is not None:
+        _skip_at_item(reason)
+
+
+def _skip_at_item(reason: str) -> None:
+    """Skip, reported at the test's location (as pytest's own skip markers are)."""
+    try:
+        exc = pytest.skip.Exception(reason, _use_item_location=True)
+    except TypeError:  # a pytest without the keyword: reported at this line instead
+        exc = pytest.skip.Exception(reason)
+    raise exc
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    """Put ``--accelplat-platform`` back before the test body if a fixture reset the registry."""
+    _reapply_forced(item.config)
+
+
+def _used_bytes(platform: Platform) -> dict[int, int]:
+    return {d: platform.memory_info(d).used for d in range(platform.device_count())}
+
+
+def _fmt_size(n: int) -> str:
+    if abs(n) >= _GIB:
+        return f"{n / _GIB:.2f} GiB"
+    return f"{n / 1024**2:.0f} MiB"
+
+
+class LeakChecker:
+    """The ``--accelplat-leak-check`` plugin object, registered only when the check is on.
+
+    Before each test that is not skipped it records used memory of every visible device; after
+    the test's teardown it samples again, and a device whose usage grew by more than the
+    tolerance is a finding. On lazily releasing platforms it first waits up to ``wait_s`` (by
+    default 4 x the platform's stability window) for the memory to come back. Findings travel
+    in the teardown report's ``user_properties`` (so pytest-xdist workers report them too) and
+    are listed in the terminal summary. Memory held by fixtures of a wider scope than the test
+    counts against the first test that sets them up.
+
+    Args:
+        config: The pytest config.
+        tolerance: Bytes of growth that are not reported.
+        wait_s: Seconds to wait for memory to come back, or ``None`` for the default.
+    """
+
+    def __init__(self, config: pytest.Config, tolerance: int, wait_s: float | None) -> None:
+        self.config = config
+        self.tolerance = tolerance
+        self.wait_s = wait_s
+        self.leaks: list[_Leak] = []
+        self.checked = 0
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """Record the baseline (after the marker checks, which run first)."""
+        item.stash[_BASELINE_KEY] = _used_bytes(_current(item.config))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """After teardown, compare device memory with the baseline and attach what leaked."""
+        if call.when == "teardown":
+            baseline = item.stash.get(_BASELINE_KEY, None)
+            if baseline is not None:
+                item.user_properties.append((_LEAK_PROPERTY, self._leaks_after(item, baseline)))
+        report: pytest.TestReport = yield
+        return report
+
+    def _leaks_after(self, item: pytest.Item, baseline: dict[int, int]) -> list[list[int]]:
+        """Return ``[device, before, after]`` for each device above baseline + tolerance."""
+        from accelplat.errors import MemoryNotSettledError
+        from accelplat.memory import wait_for_memory_to_clear
+
+        platform = _current(item.config)
+        after = _used_bytes(platform)
+        over = sorted(
+            d for d, used in after.items() if used > baseline.get(d, used) + self.tolerance
+        )
+        profile = platform.release
+        wait_s = self.wait_s
+        if wait_s is None:
+            wait_s = 4 * profile.stable_duration_s if profile.lazy else 0.0
+        if over and wait_s > 0:
+            targets = {d: baseline[d] + self.tolerance for d in over}
+            try:
+                result = wait_for_memory_to_clear(
+                    over,
+                    threshold_bytes=targets,
+                    timeout_s=wait_s,
+                    stable_duration_s=0,
+                    platform=platform,
+                )
+                snap = result.snapshot
+            except MemoryNotSettledError as exc:
+                snap = exc.snapshot
+            after.update({d: m.used for d, m in snap.memory.items()})
+        return [
+            [d, baseline[d], after[d]]
+            for d in sorted(after)
+            if d in baseline and after[d] > baseline[d] + self.tolerance
+        ]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Collect findings from teardown reports (also those sent back by xdist workers)."""
+        if report.when != "teardown":
+            return
+        for key, value in report.user_properties:
+            if key != _LEAK_PROPERTY:
+                continue
+            self.checked += 1
+            findings: list[list[int]] = list(value) if isinstance(value, list) else []
+            for device, before, after in findings:
+                self.leaks.append(_Leak(report.nodeid, int(device), int(before), int(after)))
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        """Write the findings."""
+        tolerance = _fmt_size(self.tolerance)
+        if not self.leaks:
+            terminalreporter.write_line(
+                f"accelplat leak check: no test left device memory held beyond {tolerance} "
+                f"({self.checked} checked)"
+            )
+            return
+        tests = sorted({leak.nodeid for leak in self.leaks})
+        terminalreporter.section("accelplat leak check", sep="=", yellow=True, bold=True)
+        terminalreporter.write_line(
+            f"{len(tests)} test(s) left device memory held beyond {tolerance} "
+            f"({self.checked} checked):"
+        )
+        for leak in self.leaks:
+            terminalreporter.write_line(
+                f"  {leak.nodeid}: device {leak.device} +{_fmt_size(leak.after - leak.before)} "
+                f"({_fmt_size(leak.before)} -> {_fmt_size(leak.after)} used)"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture
+def accel_platform(request: pytest.FixtureRequest) -> Platform:
+    """The current accelplat platform (``--accelplat-platform`` when given, else detected).
+
+    Returns:
+        The :class:`~accelplat.platform.Platform` instance.
+    """
+    return _current(request.config)
+
+
+@pytest.fixture
+def settled_device_memory(request: pytest.FixtureRequest) -> SettleResult:
+    """Wait before the test until device memory freed by earlier tests has come back.
+
+    Calls :func:`accelplat.memory.wait_for_memory_to_settle` with its defaults (at most 10 %
+    of each device used; the platform's stability window on lazy platforms, one sample on eager
+    ones when memory is already back).
+
+    Returns:
+        The :class:`~accelplat._types.SettleResult`.
+    """
+    from accelplat.memory import wait_for_memory_to_settle
+
+    return wait_for_memory_to_settle(platform=_current(request.config))

@@ -1,0 +1,404 @@
+"""accelplat's pytest plugin: markers, fixtures and options, driven through pytester sub-runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accelplat.pytest_plugin import MARKERS
+
+pytest_plugins = ["pytester"]
+
+BASE_ARGS = ("-p", "no:cacheprovider", "-p", "no:accelplat_timeline", "--strict-markers", "-rs")
+
+
+def write_spec(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, **spec: Any) -> Path:
+    """Write a simulated-platform spec and point ACCELPLAT_SIMULATED_SPEC at it."""
+    data = {"clock": "virtual", **spec}
+    path = pytester.path / "spec.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.setenv("ACCELPLAT_SIMULATED_SPEC", str(path))
+    return path
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(*BASE_ARGS, *args)
+
+
+def skip_lines(result: pytest.RunResult) -> list[str]:
+    return [line for line in result.outlines if line.startswith("SKIPPED")]
+
+
+def test_markers_are_registered(pytester: pytest.Pytester) -> None:
+    config = pytester.parseconfigure("-p", "no:cacheprovider")
+    registered = config.getini("markers")
+    for line in MARKERS.values():
+        assert line in registered
+
+
+SIMULATED_TESTS = """
+import os
+
+import pytest
+
+from accelplat.integrations.vllm import large_gpu_mark
+
+
+@pytest.mark.accelplat_requires_graph
+def test_graph():
+    pass
+
+
+@pytest.mark.accelplat_requires_device_memory(24)
+def test_memory_24():
+    pass
+
+
+@pytest.mark.accelplat_requires_device_memory(16)
+def test_memory_16():
+    pass
+
+
+@pytest.mark.accelplat_requires_device_memory(gib=20, devices=3)
+def test_memory_on_three():
+    pass
+
+
+@large_gpu_mark(17)
+def test_large_17_gb():
+    pass
+
+
+@large_gpu_mark(18)
+def test_large_18_gb():
+    pass
+
+
+@pytest.mark.accelplat_requires_devices(2)
+def test_two_devices():
+    pass
+
+
+@pytest.mark.accelplat_requires_devices(3)
+def test_three_devices():
+    pass
+
+
+@pytest.mark.accelplat_platforms("cuda", "rocm")
+def test_cuda_or_rocm():
+    pass
+
+
+@pytest.mark.accelplat_platforms("simulated")
+def test_on_simulated():
+    pass
+
+
+@pytest.mark.accelplat_requires_shm(0.0001, path=os.environ["SHM_PATH"])
+def test_small_shm():
+    pass
+
+
+@pytest.mark.accelplat_requires_shm(1000000, path=os.environ["SHM_PATH"])
+def test_huge_shm():
+    pass
+
+
+@pytest.mark.accelplat_requires_shm(1, path="/no/such/mount")
+def test_missing_mount():
+    pass
+
+
+@pytest.mark.accelplat_requires_devices(3)
+class TestNeedsThree:
+    def test_inherits_the_class_mark(self):
+        pass
+
+    @pytest.mark.accelplat_requires_devices(1)
+    def test_every_mark_must_hold(self):
+        pass
+
+
+def test_fixture(accel_platform):
+    assert accel_platform.name == "simulated"
+    assert accel_platform.device_count() == 2
+    assert os.environ["ACCELPLAT_PLATFORM"] == "simulated"
+
+
+def test_settled(settled_device_memory):
+    assert settled_device_memory.already_settled
+    assert sorted(settled_device_memory.snapshot.memory) == [0, 1]
+"""
+
+
+def test_markers_on_the_simulated_platform(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(
+        pytester,
+        monkeypatch,
+        graph={"available": False, "reason": "graphs are off in this spec"},
+        devices=[{"total": "16GiB", "used": "1GiB"}, {"total": "24GiB", "used": "1GiB"}],
+    )
+    monkeypatch.setenv("SHM_PATH", str(pytester.path))
+    pytester.makepyfile(test_sim=SIMULATED_TESTS)
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.assert_outcomes(passed=7, skipped=10)
+    skipped = "\n".join(skip_lines(result))
+    expected = [
+        "test_sim.py:8: needs device graph capture; simulated has none: graphs are off in this",
+        "test_sim.py:13: needs 24.0 GiB device memory, simulated device 0 has 16.0 GiB total",
+        "test_sim.py:23: needs 20.0 GiB device memory on 3 devices, simulated has 2 visible",
+        "test_sim.py:33: needs 16.8 GiB (18 GB) device memory, simulated device 0 has 16.0 GiB",
+        "test_sim.py:43: needs 3 devices, simulated has 2 visible",
+        "test_sim.py:48: runs only on cuda, rocm; the current platform is simulated",
+        "test_sim.py:63: needs 1000000.0 GiB free in",
+        "test_sim.py:68: needs 1.0 GiB free in /no/such/mount: path '/no/such/mount' does not",
+    ]
+    for text in expected:
+        assert text in skipped, text
+    assert skipped.count("needs 3 devices, simulated has 2 visible") == 3  # + both class tests
+
+
+CPU_TESTS = """
+import pytest
+
+
+@pytest.mark.accelplat_requires_graph
+def test_graph():
+    pass
+
+
+@pytest.mark.accelplat_requires_device_memory(1000000)
+def test_memory():
+    pass
+
+
+@pytest.mark.accelplat_requires_devices(1000)
+def test_devices():
+    pass
+
+
+@pytest.mark.accelplat_platforms("cpu")
+def test_cpu_only(accel_platform):
+    assert accel_platform.name == "cpu"
+"""
+
+
+def test_markers_on_the_cpu_platform(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_cpu=CPU_TESTS)
+    result = run(pytester, "--accelplat-platform", "cpu")
+    result.assert_outcomes(passed=1, skipped=3)
+    skipped = "\n".join(skip_lines(result))
+    assert "needs device graph capture; cpu has none: CPU has no graph capture" in skipped
+    assert "needs 1000000.0 GiB device memory, cpu device 0 has " in skipped
+    assert "needs 1000 devices, cpu has " in skipped
+
+
+def test_malformed_marker_arguments_are_errors_naming_the_marker(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_bad="""
+        import pytest
+
+        @pytest.mark.accelplat_requires_devices("two")
+        def test_count():
+            pass
+
+        @pytest.mark.accelplat_requires_device_memory(-1)
+        def test_memory():
+            pass
+
+        @pytest.mark.accelplat_platforms()
+        def test_platforms():
+            pass
+        """
+    )
+    result = run(pytester, "--accelplat-platform", "cpu")
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*accelplat_requires_devices(n) must be an int >= 1, got 'two'*",
+            "*accelplat_requires_device_memory(gib) must be a finite number >= 0, got -1*",
+            "*accelplat_platforms takes one or more platform names*",
+        ],
+        consecutive=False,
+    )
+
+
+def test_an_unknown_or_unavailable_platform_is_a_usage_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = run(pytester, "--accelplat-platform", "nope")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--accelplat-platform nope: unknown platform 'nope'*"])
+    monkeypatch.delenv("ACCELPLAT_SIMULATED_SPEC", raising=False)
+    result = run(pytester, "--accelplat-platform", "simulated")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ACCELPLAT_SIMULATED_SPEC is not set*"])
+
+
+def test_the_forced_platform_survives_a_registry_reset_in_a_fixture(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(pytester, monkeypatch, devices=[{"total": "8GiB"}])
+    pytester.makeconftest(
+        """
+        import pytest
+        from accelplat import registry
+
+        @pytest.fixture(autouse=True)
+        def _reset_registry():
+            registry.reset()
+            yield
+            registry.reset()
+        """
+    )
+    pytester.makepyfile(
+        test_reset="""
+        import pytest
+        from accelplat import registry
+
+        def test_body_sees_it():
+            assert registry.current_platform().name == "simulated"
+
+        @pytest.mark.accelplat_requires_devices(2)
+        def test_markers_see_it():
+            pass
+
+        def test_a_test_may_still_choose(accel_platform):
+            assert accel_platform.name == "simulated"
+            with registry.use_platform("cpu") as chosen:
+                assert chosen.name == "cpu"
+        """
+    )
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.assert_outcomes(passed=2, skipped=1)
+    assert "needs 2 devices, simulated has 1 visible" in "\n".join(skip_lines(result))
+
+
+def test_a_session_that_uses_nothing_detects_nothing_and_imports_no_framework(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_plain="""
+        import sys
+
+        def test_plain():
+            assert "torch" not in sys.modules
+            assert "accelplat.registry" not in sys.modules
+            assert not any(m.startswith("accelplat.backends") for m in sys.modules)
+            assert "accelplat.pytest_plugin" in sys.modules
+        """
+    )
+    run(pytester).assert_outcomes(passed=1)
+
+
+LEAK_TESTS = """
+def test_leaks(accel_platform):
+    accel_platform.clock.advance(1.0)  # the timeline steps up at t=1
+
+
+def test_clean():
+    pass
+"""
+
+
+def test_leak_check_reports_tests_that_left_memory_held(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(
+        pytester,
+        monkeypatch,
+        devices=[{"total": "16GiB", "used": "1GiB", "timeline": [{"at": 1.0, "used": "5GiB"}]}],
+    )
+    pytester.makepyfile(test_leak=LEAK_TESTS)
+    result = run(pytester, "--accelplat-platform", "simulated", "--accelplat-leak-check")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*= accelplat leak check =*",
+            "1 test(s) left device memory held beyond 256 MiB (2 checked):",
+            "  test_leak.py::test_leaks: device 0 +4.00 GiB (1.00 GiB -> 5.00 GiB used)",
+        ]
+    )
+    assert "test_clean:" not in result.stdout.str()
+
+    result = run(
+        pytester,
+        "--accelplat-platform",
+        "simulated",
+        "--accelplat-leak-check",
+        "--accelplat-leak-tolerance",
+        "8GiB",
+    )
+    result.stdout.fnmatch_lines(
+        ["accelplat leak check: no test left device memory held beyond 8.00 GiB (2 checked)"]
+    )
+
+
+def test_leak_check_from_ini_and_waiting_for_lazy_release(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(
+        pytester,
+        monkeypatch,
+        release={"lazy": True, "stable_duration_s": 1.0, "settle_timeout_s": 30},
+        devices=[
+            {
+                "total": "16GiB",
+                "used": "1GiB",
+                "timeline": [{"at": 1.0, "used": "5GiB"}, {"at": 2.5, "used": "1GiB"}],
+            }
+        ],
+    )
+    pytester.makeini("[pytest]\naccelplat_leak_check = true\naccelplat_leak_tolerance = 1GiB\n")
+    pytester.makepyfile(test_leak=LEAK_TESTS)
+    # memory comes back 1.5 s after the test, within the 4 x 1 s allowed on a lazy platform
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.stdout.fnmatch_lines(
+        ["accelplat leak check: no test left device memory held beyond 1.00 GiB (2 checked)"]
+    )
+    result = run(pytester, "--accelplat-platform", "simulated", "--accelplat-leak-wait", "0")
+    result.stdout.fnmatch_lines(["*test_leak.py::test_leaks: device 0 +4.00 GiB*"])
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--accelplat-leak-tolerance", "lots", "--accelplat-leak-tolerance must be"),
+        ("--accelplat-leak-wait", "-1", "--accelplat-leak-wait must be 'auto' or seconds >= 0"),
+    ],
+)
+def test_bad_leak_settings_are_usage_errors(
+    pytester: pytest.Pytester, option: str, value: str, message: str
+) -> None:
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = run(pytester, "--accelplat-leak-check", option, value)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
+
+
+def test_vllms_distributed_selector_is_kept_where_registered(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(pytester, monkeypatch, devices=[{"total": "8GiB"}])
+    pytester.makeini("[pytest]\nmarkers =\n    distributed(num_gpus): vLLM's selector\n")
+    pytester.makepyfile(
+        test_multi="""
+        from accelplat.integrations.vllm import multi_gpu_test
+
+        @multi_gpu_test(num_gpus=2)
+        def test_two():
+            pass
+
+        def test_other():
+            pass
+        """
+    )
+    result = run(pytester, "--accelplat-platform", "simulated", "-m", "distributed")
+    result.assert_outcomes(skipped=1, deselected=1)
+    assert "needs 2 devices, simulated has 1 visible" in "\n".join(skip_lines(result))
