@@ -393,6 +393,21 @@ def test_default_utilization_is_min_over_numa_nodes(fs: HostFS) -> None:
     assert fs.platform().default_memory_utilization == 0.45
 
 
+def test_default_utilization_passes_the_node_file_on_a_single_node_machine(fs: HostFS) -> None:
+    # One node, so the host is device 0 (from /proc/meminfo) — but vLLM's CPU worker reads
+    # node0/meminfo, which in some virtual machines reports far less than the host. The
+    # default must pass the engine's check on the node reading too.
+    fs.meminfo(total=24 * GIB, available=23 * GIB)
+    fs.numa_node(0, total=9 * GIB, free=6 * GIB, active_file=GIB, inactive_file=0)
+    p = fs.platform()
+    assert p.device_count() == 1
+    assert p.memory_info(0).total == 24 * GIB  # the device is still the host
+    u = p.default_memory_utilization
+    assert u == 0.7  # 90 % of 7/9 = 0.7 (node), smaller than 90 % of 23/24 (host)
+    node_available = 7 * GIB
+    assert math.ceil(9 * GIB * u) <= node_available
+
+
 def test_default_utilization_follows_the_current_reading(fs: HostFS) -> None:
     p = fs.platform()
     fs.meminfo(total=10 * GIB, available=10 * GIB)

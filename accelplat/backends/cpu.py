@@ -528,7 +528,8 @@ class CpuPlatform(BasePlatform):
     def default_memory_utilization(self) -> float:  # type: ignore[override]
         """Utilization an engine can ask for now, from the current memory reading.
 
-        The smallest :func:`utilization_with_margin` over the visible devices: 90 % of
+        The smallest :func:`utilization_with_margin` over the visible devices (and, on a
+        machine shown as one host device, over the NUMA node files vLLM's CPU worker reads): 90 % of
         ``free / total``, rounded down to 0.01, at most 0.92 and at least 0.05. vLLM's CPU
         worker refuses to start when ``utilization × total`` exceeds what is available; this
         value leaves a margin for the worker's own start-up allocations. It is read afresh on
@@ -544,7 +545,36 @@ class CpuPlatform(BasePlatform):
             except BackendError:
                 continue
             values.append(utilization_with_margin(info.free, info.total))
+        values.extend(utilization_with_margin(v.free, v.total) for v in self._engine_node_views())
         return min(values) if values else _UTILIZATION_CAP_PERCENT / 100
+
+    def _engine_node_views(self) -> list[MemoryInfo]:
+        """Node memory as vLLM's CPU worker reads it on a machine shown as one host device.
+
+        vLLM reads ``<sysfs>/devices/system/node/node<N>/meminfo`` whenever it exists, even on a
+        single-node machine, where it can disagree with ``/proc/meminfo`` (seen in virtual
+        machines whose node 0 reports less than the host). The default utilization must pass
+        the engine's check on that reading too, so it takes the smaller of both.
+        """
+        roots = self._roots()
+        if self._numa_nodes(roots):
+            return []  # already the devices themselves
+        base = roots.sysfs / "devices" / "system" / "node"
+        try:
+            entries = sorted(os.listdir(base))
+        except OSError:
+            return []
+        cgroup = self._cgroup_limit(roots)
+        views: list[MemoryInfo] = []
+        for entry in entries:
+            m = _NODE_DIR_RE.match(entry)
+            if m is None or not (base / entry / "meminfo").is_file():
+                continue
+            try:
+                views.append(self._node_memory(roots, int(m.group(1)), cgroup))
+            except BackendError:
+                continue
+        return views
 
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
         """Return ``None``: which process holds host memory is not a meaningful question here.
