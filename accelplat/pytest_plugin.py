@@ -191,7 +191,7 @@ def _force_platform(config: pytest.Config, raw: str) -> None:
 def _forced_override() -> object:
     from accelplat import registry
 
-    return getattr(registry, "_forced_override", None)
+    return registry.forced_platform()
 
 
 def _reapply_forced(config: pytest.Config) -> None:

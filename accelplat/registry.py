@@ -57,6 +57,7 @@ __all__ = [
     "available_platforms",
     "current_platform",
     "detect",
+    "forced_platform",
     "get_platform",
     "protocol_problems",
     "register_platform",
@@ -791,6 +792,14 @@ def set_current_platform(platform: str | Platform | None) -> None:
                 )
         _forced_override = platform
         _clear_current()
+
+
+def forced_platform() -> str | Platform | None:
+    """Return what :func:`set_current_platform` forced (a name or an instance), or ``None``.
+
+    ``ACCELPLAT_PLATFORM`` is not reflected here; read the environment for that.
+    """
+    return _forced_override
 
 
 @contextmanager
