@@ -593,12 +593,18 @@ def test_large_gpu_test_applies_the_mark() -> None:
     assert names == ["accelplat_requires_device_memory"]
 
 
-def test_multi_gpu_test_marks_and_isolates(pytestconfig: pytest.Config) -> None:
+@pytest.mark.parametrize("strict", [True, False])
+def test_multi_gpu_test_marks_and_isolates(
+    pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch, strict: bool
+) -> None:
     def test_x() -> None:
         pass
 
-    # `distributed` is vLLM's marker: under --strict-markers, unregistered, it is left out
-    strict = bool(pytestconfig.option.strict_markers)
+    # `distributed` is vLLM's marker: under --strict-markers, unregistered, it is left out.
+    # pytest.mark consults the config it was bound to; bind it explicitly (pytester runs in
+    # the same process may have re-bound it).
+    assert pytestconfig.option.strict_markers
+    monkeypatch.setattr(pytest.mark, "_config", pytestconfig if strict else None)
     expected = [] if strict else ["distributed"]
     marks = av.multi_gpu_marks(num_gpus=2)
     assert [m.name for m in marks] == [*expected, "accelplat_requires_devices"]
@@ -606,6 +612,6 @@ def test_multi_gpu_test_marks_and_isolates(pytestconfig: pytest.Config) -> None:
     wrapped = av.multi_gpu_test(num_gpus=4)(test_x)
     assert wrapped._accelplat_isolated is test_x  # type: ignore[attr-defined]
     names = [m.name for m in wrapped.pytestmark]  # type: ignore[attr-defined]
-    assert names == [*expected, "accelplat_requires_devices"]
+    assert sorted(names) == sorted([*expected, "accelplat_requires_devices"])
     with pytest.raises(ConfigurationError, match="num_gpus"):
         av.multi_gpu_marks(num_gpus=0)

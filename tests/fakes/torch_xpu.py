@@ -144,4 +144,7 @@ def install_fake_ipex(
     (pkg / "__init__.py").write_text(_IPEX_SOURCE)
     torch.ipex_devices = devices  # type: ignore[attr-defined]
     monkeypatch.syspath_prepend(str(root))
-    monkeypatch.delitem(sys.modules, "intel_extension_for_pytorch", raising=False)
+    # setitem (not delitem) so monkeypatch removes the module again after the test, even though
+    # it was absent before: a real import during the test would otherwise outlive it.
+    monkeypatch.setitem(sys.modules, "intel_extension_for_pytorch", None)
+    del sys.modules["intel_extension_for_pytorch"]
