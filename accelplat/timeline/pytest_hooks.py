@@ -1,0 +1,349 @@
+"""pytest plugin that records a device-memory timeline of a test session.
+
+Registered through its own ``pytest11`` entry point (``accelplat_timeline``), separate from the
+main accelplat plugin; disable it with ``-p no:accelplat_timeline``. It does nothing unless
+``--accelplat-timeline=PATH`` is given. Then:
+
+* a background thread samples used memory of every visible device of the current platform at
+  ``--accelplat-timeline-hz`` samples per second (default 20), with bounded storage (see
+  :class:`~accelplat.timeline.sampler.SampleBuffer`);
+* every test is a span from the start of its setup to the end of its teardown
+  (``pytest_runtest_logstart`` / ``pytest_runtest_logfinish``), with memory sampled at both ends
+  and the start of its body noted (when its set-up report arrives);
+* memory waits are recorded from two sources: the start and end events that every wait of
+  :mod:`accelplat.memory` logs at the ``accelplat.memory`` logger (see :class:`WaitEventTap`),
+  and the set-up time of the fixtures named in the ``accelplat_timeline_wait_fixtures`` ini
+  option (default ``settled_device_memory``) when their set-up logged no such event;
+* at the end of the session one self-contained HTML report is written to ``PATH``, and the raw
+  trace to ``--accelplat-timeline-json`` when given.
+
+Under pytest-xdist only the controller records: it sees every test's start and end, so spans of
+tests running in parallel overlap and a leak may be blamed on a neighbour; waits inside workers are
+not seen.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accelplat.errors import AccelplatError, ConfigurationError
+from accelplat.timeline.render import write_report
+from accelplat.timeline.sampler import DEFAULT_HZ, Recorder, validate_grace, validate_hz
+from accelplat.timeline.trace import (
+    DEFAULT_LEAK_GRACE_S,
+    DEFAULT_LEAK_TOLERANCE_BYTES,
+    Trace,
+    parse_size,
+    save_trace,
+)
+
+__all__ = ["WAIT_EVENT_ATTRIBUTE", "WAIT_LOGGER", "TimelinePlugin", "WaitEventTap"]
+
+WAIT_EVENT_ATTRIBUTE = "accelplat_wait"
+"""Log-record attribute carrying a wait event, set through ``logging``'s ``extra=``.
+
+Its value is a mapping: ``{"event": "start", "id": <int>, "kind": "settle", "devices": [0, 1]}``
+when a wait begins and ``{"event": "end", "id": <same int>, "ok": <bool>}`` when it returns or
+raises. Ids need only be unique among waits in flight.
+"""
+
+WAIT_LOGGER = "accelplat.memory"
+"""Logger whose records :class:`WaitEventTap` watches for wait events."""
+
+_PLUGIN_NAME = "accelplat-timeline-recorder"
+
+_TAP_LEVEL = 1
+"""Level the watched logger gets while tapped: below ``DEBUG``, so that any level set by someone
+else afterwards (``caplog.set_level(logging.DEBUG, …)`` included) can be told apart from ours."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add the ``--accelplat-timeline*`` options and the wait-fixture ini option."""
+    group = parser.getgroup("accelplat-timeline", "accelplat device-memory timeline")
+    group.addoption(
+        "--accelplat-timeline",
+        metavar="PATH",
+        default=None,
+        help="sample device memory during the session and write a self-contained HTML "
+        "timeline report to PATH",
+    )
+    group.addoption(
+        "--accelplat-timeline-hz",
+        metavar="N",
+        type=float,
+        default=DEFAULT_HZ,
+        help=f"samples per second (default {DEFAULT_HZ:g})",
+    )
+    group.addoption(
+        "--accelplat-timeline-json",
+        metavar="PATH",
+        default=None,
+        help="also save the raw trace as JSON (render it later with `accelplat report`)",
+    )
+    group.addoption(
+        "--accelplat-timeline-leak-tolerance",
+        metavar="SIZE",
+        default=None,
+        help="growth of used memory across one test that is not yet a leak, e.g. 64MiB "
+        f"(default {DEFAULT_LEAK_TOLERANCE_BYTES // 2**20} MiB)",
+    )
+    group.addoption(
+        "--accelplat-timeline-leak-grace",
+        metavar="SECONDS",
+        type=float,
+        default=DEFAULT_LEAK_GRACE_S,
+        help="seconds after the last test during which memory may still come back before it counts "
+        f"as leaked (default {DEFAULT_LEAK_GRACE_S:g})",
+    )
+    parser.addini(
+        "accelplat_timeline_wait_fixtures",
+        type="linelist",
+        default=["settled_device_memory"],
+        help="fixtures whose set-up time the timeline report shows as a memory wait",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start recording when ``--accelplat-timeline`` is given (on the xdist controller only)."""
+    path = config.getoption("--accelplat-timeline")
+    if not path or hasattr(config, "workerinput"):
+        return
+    raw_tol = config.getoption("--accelplat-timeline-leak-tolerance")
+    try:
+        hz = validate_hz(
+            config.getoption("--accelplat-timeline-hz"), argument="--accelplat-timeline-hz"
+        )
+        tolerance = (
+            DEFAULT_LEAK_TOLERANCE_BYTES
+            if raw_tol is None
+            else parse_size(raw_tol, argument="--accelplat-timeline-leak-tolerance")
+        )
+        grace = validate_grace(
+            config.getoption("--accelplat-timeline-leak-grace"),
+            argument="--accelplat-timeline-leak-grace",
+        )
+    except ConfigurationError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    base = config.invocation_params.dir
+    json_path = config.getoption("--accelplat-timeline-json")
+    plugin = TimelinePlugin(
+        html_path=base / path,
+        json_path=None if not json_path else base / json_path,
+        hz=hz,
+        leak_tolerance_bytes=tolerance,
+        leak_grace_s=grace,
+        wait_fixtures=tuple(config.getini("accelplat_timeline_wait_fixtures")),
+    )
+    config.pluginmanager.register(plugin, _PLUGIN_NAME)
+
+
+class WaitEventTap(logging.Filter):
+    """Turns wait events logged at ``accelplat.memory`` into wait spans of a recorder.
+
+    Installed as a *filter* of the logger, with the logger's level lowered below ``DEBUG`` so that
+    events logged at ``DEBUG`` reach it. It then lets through to the logger's handlers (and its
+    ancestors') only the records that would have passed before, so whatever users see from
+    logging stays as it was; once someone else sets the logger's level, that level decides.
+
+    Only records carrying :data:`WAIT_EVENT_ATTRIBUTE` are used; malformed events are ignored:
+    observing must never break the code observed.
+
+    Args:
+        recorder: Where the waits go.
+        logger_name: The logger to watch.
+    """
+
+    def __init__(self, recorder: Recorder, logger_name: str = WAIT_LOGGER) -> None:
+        super().__init__()
+        self._recorder = recorder
+        self._logger = logging.getLogger(logger_name)
+        self._own_level = self._logger.level
+        self._tokens: dict[object, int] = {}
+        self.started = 0
+        """Number of waits seen starting so far."""
+
+    def install(self) -> None:
+        """Start watching: add the filter and let ``DEBUG`` records reach it."""
+        self._own_level = self._logger.level
+        self._logger.addFilter(self)
+        self._logger.setLevel(_TAP_LEVEL)
+
+    def remove(self) -> None:
+        """Stop watching; restore the logger's level unless someone else has changed it since."""
+        self._logger.removeFilter(self)
+        if self._logger.level == _TAP_LEVEL:
+            self._logger.setLevel(self._own_level)
+
+    def _passes(self, record: logging.LogRecord) -> bool:
+        if self._logger.level != _TAP_LEVEL:  # changed since install (caplog.set_level, say)
+            return record.levelno >= self._logger.getEffectiveLevel()
+        if self._own_level != logging.NOTSET:
+            return record.levelno >= self._own_level
+        parent = self._logger.parent
+        return record.levelno >= (parent.getEffectiveLevel() if parent else logging.WARNING)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Record a wait event carried by ``record``; pass on what would have passed anyway."""
+        event = getattr(record, WAIT_EVENT_ATTRIBUTE, None)
+        if isinstance(event, dict):
+            self._observe(event)
+        return self._passes(record)
+
+    def _observe(self, event: dict[Any, Any]) -> None:
+        key = event.get("id")
+        if not isinstance(key, (int, str)) or isinstance(key, bool):
+            return
+        if event.get("event") == "start":
+            kind = event.get("kind")
+            raw = event.get("devices") or ()
+            if isinstance(raw, (list, tuple)):
+                devices = tuple(d for d in raw if isinstance(d, int) and not isinstance(d, bool))
+                self._tokens[key] = self._recorder.begin_wait(
+                    kind if isinstance(kind, str) else "wait", devices
+                )
+                self.started += 1
+        elif event.get("event") == "end":
+            token = self._tokens.pop(key, None)
+            if token is not None:
+                self._recorder.end_wait(token, ok=event.get("ok", True) is not False)
+
+
+class TimelinePlugin:
+    """The recording side of the timeline plugin: one instance per recorded session.
+
+    Args:
+        html_path: Where the report goes.
+        json_path: Where the raw trace goes, or ``None``.
+        hz: Samples per second.
+        leak_tolerance_bytes: Growth across a test that is not a leak.
+        leak_grace_s: Seconds after the last test during which memory may still come back.
+        wait_fixtures: Fixtures whose set-up counts as a memory wait.
+    """
+
+    def __init__(
+        self,
+        *,
+        html_path: Path,
+        json_path: Path | None,
+        hz: float = DEFAULT_HZ,
+        leak_tolerance_bytes: int = DEFAULT_LEAK_TOLERANCE_BYTES,
+        leak_grace_s: float = DEFAULT_LEAK_GRACE_S,
+        wait_fixtures: tuple[str, ...] = ("settled_device_memory",),
+    ) -> None:
+        self.html_path = html_path
+        self.json_path = json_path
+        self._hz = hz
+        self._tolerance = leak_tolerance_bytes
+        self._grace = leak_grace_s
+        self._wait_fixtures = frozenset(wait_fixtures)
+        self.recorder: Recorder | None = None
+        self.trace: Trace | None = None
+        self._tap: WaitEventTap | None = None
+        self._outcomes: dict[str, str] = {}
+        self._written: list[Path] = []
+        self._error: str | None = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Detect the platform and start sampling."""
+        from accelplat.registry import current_platform
+
+        notes: list[str] = []
+        try:
+            platform = current_platform()
+        except AccelplatError as exc:
+            platform = None
+            notes.append(f"No platform was sampled: {exc}")
+        self.recorder = Recorder(
+            platform,
+            hz=self._hz,
+            leak_tolerance_bytes=self._tolerance,
+            leak_grace_s=self._grace,
+            notes=notes,
+        )
+        self._tap = WaitEventTap(self.recorder)
+        self._tap.install()
+        self.recorder.start()
+
+    def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
+        """Open the span of a test as its setup begins."""
+        if self.recorder is not None:
+            self.recorder.begin_test(nodeid)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Note when a test's body begins; remember its outcome (failed > skipped > passed)."""
+        if report.when == "setup" and report.passed and self.recorder is not None:
+            self.recorder.begin_body(report.nodeid)
+        if report.when == "call" or report.outcome != "passed":
+            previous = self._outcomes.get(report.nodeid)
+            if previous != "failed":
+                self._outcomes[report.nodeid] = report.outcome
+        else:
+            self._outcomes.setdefault(report.nodeid, "passed")
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
+        """Close the span of a test as its teardown ends."""
+        if self.recorder is not None:
+            self.recorder.end_test(nodeid, self._outcomes.pop(nodeid, ""))
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(
+        self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+    ) -> Generator[None, Any, None]:
+        """Time the set-up of the configured wait fixtures.
+
+        A fixture whose set-up logged a wait event of its own (it waits through
+        :mod:`accelplat.memory`) is not recorded twice: the event's wait stays, the fixture's goes.
+        """
+        if self.recorder is None or fixturedef.argname not in self._wait_fixtures:
+            yield
+            return
+        token = self.recorder.begin_wait(f"fixture:{fixturedef.argname}")
+        seen = self._tap.started if self._tap is not None else 0
+        outcome = yield
+        # A fixture that waits through accelplat.memory is already on the timeline, precisely.
+        inner = self._tap is not None and self._tap.started > seen
+        self.recorder.end_wait(token, ok=outcome.exception is None, keep=not inner)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """Stop sampling and write the report (and the JSON trace when asked)."""
+        recorder = self.recorder
+        if recorder is None:
+            return
+        recorder.linger()
+        recorder.stop()
+        if self._tap is not None:
+            self._tap.remove()
+        trace = self.trace = recorder.trace(exit_code=int(exitstatus))
+        try:
+            self.html_path.parent.mkdir(parents=True, exist_ok=True)
+            self._written.append(write_report(trace, self.html_path))
+            if self.json_path is not None:
+                self.json_path.parent.mkdir(parents=True, exist_ok=True)
+                self._written.append(save_trace(trace, self.json_path))
+        except OSError as exc:
+            self._error = f"could not write the timeline report: {exc}"
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """Say where the report went, and how many tests leaked."""
+        if self.recorder is None:
+            return
+        if self._error:
+            terminalreporter.write_line(f"accelplat timeline: {self._error}", red=True)
+            return
+        trace = self.trace
+        if trace is None or not self._written:
+            return
+        leaking = len({leak.nodeid for leak in trace.leaks()})
+        slowest = trace.slowest_waits(1)
+        extra = f", slowest wait {slowest[0].duration:.2f} s" if slowest else ""
+        terminalreporter.write_line(
+            f"accelplat timeline: {', '.join(str(p) for p in self._written)} "
+            f"({len(trace.samples)} samples, {len(trace.tests)} tests, {leaking} leaking{extra})"
+        )
