@@ -1,0 +1,1 @@
+"""Tests that need a real accelerator; each module skips itself cleanly where there is none."""
