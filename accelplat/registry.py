@@ -36,6 +36,7 @@ import importlib
 import math
 import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -213,12 +214,57 @@ def _dist_name(ep: Any) -> str:
     return str(name) if name else "an unknown distribution"
 
 
+_STANDARD_FINDERS = frozenset({"BuiltinImporter", "FrozenImporter", "PathFinder"})
+
+
+def _may_declare_platforms() -> bool:
+    """Return ``False`` only when no installed distribution can declare a platform plugin.
+
+    Importing ``importlib.metadata`` and scanning every distribution costs tens of
+    milliseconds, more than the whole NVML detection. This pre-check reads only the
+    ``entry_points.txt`` files of ``*.dist-info`` / ``*.egg-info`` folders on ``sys.path`` and
+    looks for the group's header. Anything it cannot see through — an archive or a file on
+    ``sys.path``, a meta-path finder that can supply distributions — makes it answer ``True``,
+    so the full scan decides.
+    """
+    header = f"[{ENTRY_POINT_GROUP}]"
+    for finder in sys.meta_path:
+        cls = finder if isinstance(finder, type) else type(finder)
+        if cls.__name__ not in _STANDARD_FINDERS and hasattr(finder, "find_distributions"):
+            return True
+    for entry in sys.path:
+        folder = entry or "."
+        try:
+            scan = os.scandir(folder)
+        except (FileNotFoundError, NotADirectoryError):
+            if os.path.isfile(folder):
+                return True  # a zip archive on sys.path: let importlib.metadata look inside
+            continue
+        except OSError:
+            return True
+        with scan:
+            for item in scan:
+                if not item.name.endswith((".dist-info", ".egg-info")):
+                    continue
+                try:
+                    with open(os.path.join(item.path, "entry_points.txt"), "rb") as fh:
+                        if header.encode() in fh.read():
+                            return True
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                except OSError:
+                    return True
+    return False
+
+
 def _discover_entry_points() -> None:
     """Record (not load) the entry points of the ``accelplat.platforms`` group, once."""
     global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
+    if not _may_declare_platforms():
+        return
     from importlib.metadata import entry_points
 
     try:

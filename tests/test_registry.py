@@ -871,3 +871,56 @@ def test_real_detection_loads_only_what_it_must() -> None:
         env={"ACCELPLAT_PLATFORM": "cpu"},
     )
     assert out == "['accelplat.backends.cpu']"
+
+
+# -- the cheap pre-check that spares importlib.metadata on the detection path -------------------
+
+
+def _only_path(monkeypatch: pytest.MonkeyPatch, *entries: str) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(entries))
+
+
+def test_precheck_finds_a_declared_platform_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelplat.registry import _may_declare_platforms
+
+    dist = tmp_path / "vendor_npu-1.0.dist-info"
+    dist.mkdir()
+    (dist / "entry_points.txt").write_text("[console_scripts]\nx = y:z\n")
+    _only_path(monkeypatch, str(tmp_path))
+    assert _may_declare_platforms() is False
+    (dist / "entry_points.txt").write_text("[accelplat.platforms]\nnpu = vendor_npu:Platform\n")
+    assert _may_declare_platforms() is True
+
+
+def test_precheck_defers_to_importlib_for_archives_on_sys_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelplat.registry import _may_declare_platforms
+
+    archive = tmp_path / "bundle.zip"
+    archive.write_bytes(b"PK\x05\x06" + b"\x00" * 18)
+    _only_path(monkeypatch, str(tmp_path / "missing"), str(archive))
+    assert _may_declare_platforms() is True
+    _only_path(monkeypatch, str(tmp_path / "missing"))
+    assert _may_declare_platforms() is False
+
+
+def test_no_plugin_installed_means_importlib_metadata_is_not_imported() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, accelplat\n"
+        "accelplat.current_platform()\n"
+        "print('importlib.metadata' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
