@@ -501,7 +501,7 @@ class LoadsRuntime(GoodPlatform):
         return super()._memory_info(device)
 
 
-def test_loading_a_device_runtime_fails_no_device_context(
+def test_loading_a_device_runtime_is_reported_not_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     found = ctypes.util.find_library("m")
@@ -520,11 +520,11 @@ def test_loading_a_device_runtime_fails_no_device_context(
     fake = tmp_path / "libsycl.so.99"
     shutil.copy(source, fake)
     monkeypatch.setenv(ENV_RUNTIME, str(fake))
+    # Mapping a runtime is no context (nvmlInit maps libcuda.so itself on R580 drivers); the
+    # kit names the library in its detail and fails only when the process holds memory.
     report = run_conformance(LoadsRuntime(), checks=["no_device_context"])
-    assert failed(report) == {"no_device_context"}
-    assert "device runtime libraries were loaded: ['libsycl.so']" in detail(
-        report, "no_device_context"
-    )
+    assert failed(report) == set()
+    assert "mapped ['libsycl.so'] without holding memory" in detail(report, "no_device_context")
 
 
 class IgnoresVisible(GoodPlatform):

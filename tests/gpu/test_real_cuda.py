@@ -438,14 +438,6 @@ def test_the_real_backend_passes_the_conformance_kit() -> None:
     registry.reset()
     report = run_conformance("cuda", empty_visible_hides_all=True)
     failures = {r.name: r.detail for r in report.failures}
-    # nvmlInit itself maps libcuda.so into the process (measured on driver 580.159.04) without
-    # creating a context or taking memory; the kit's no_device_context check counts that mapping.
-    # What matters, no context and no memory, is checked directly by
-    # test_accelplat_creates_no_context_and_imports_no_torch; here only the holder part must hold.
-    context = failures.pop("no_device_context", None)
-    if context is not None:
-        assert "holds memory" not in context, report.summary()
-        assert "libcuda.so" in context, report.summary()
     assert not failures, report.summary()
 
 
