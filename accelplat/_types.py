@@ -62,6 +62,18 @@ class MemoryInfo:
         return min(1.0, max(0.0, self.used / self.total))
 
 
+def memory_info_fast(free: int, total: int, used: int, reserved: int, source: str) -> MemoryInfo:
+    """Build a :class:`MemoryInfo` without the frozen-dataclass ``__init__``, for polling paths.
+
+    The result is equal to, hashes like and behaves exactly as ``MemoryInfo(free, total, used,
+    reserved, source)``; it skips the five ``object.__setattr__`` calls a frozen ``__init__``
+    makes (about half a microsecond, a tenth of an NVML memory query). Arguments are trusted.
+    """
+    obj = object.__new__(MemoryInfo)
+    obj.__dict__.update(free=free, total=total, used=used, reserved=reserved, source=source)
+    return obj
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     """Identity of one visible device.
