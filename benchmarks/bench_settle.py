@@ -430,14 +430,31 @@ def summarize(rows: list[Row]) -> list[str]:
         f"(target <= {LATENCY_TARGET_S * 1000:.0f} ms)"
     )
     clear = [r for r in rows if r.mode == "clear"]
-    if clear:
-        low = min(r.speedup for r in clear)
-        low_beyond = min(r.speedup_beyond for r in clear)
-        verdict = "PASS" if low >= SPEEDUP_TARGET else "MISS"
+    # A release already visible at the first sample leaves nothing to wait for: both waiters
+    # return after one sample, and their ratio says nothing about polling.
+    waited = [r for r in clear if r.accelplat_polls > 1]
+    instant = [r.scenario for r in clear if r.accelplat_polls <= 1]
+    if waited:
+        low = min(waited, key=lambda r: r.speedup)
+        low_beyond = min(r.speedup_beyond for r in waited)
+        verdict = "PASS" if low.speedup >= SPEEDUP_TARGET else "MISS"
         lines.append(
-            f"{verdict}: lowest speed-up over the 5 s poller, measured from the release: "
-            f"{low:.1f}x (target >= {SPEEDUP_TARGET:g}x); measured beyond the moment memory "
-            f"was free: {low_beyond:.1f}x"
+            f"{verdict}: lowest speed-up over the 5 s poller among releases that had to be "
+            f"waited for ({', '.join(r.scenario for r in waited)}), measured from the release: "
+            f"{low.speedup:.1f}x in {low.scenario!r} (target >= {SPEEDUP_TARGET:g}x); measured "
+            f"beyond the moment memory was free: {low_beyond:.1f}x"
+        )
+        if verdict == "MISS" and low.t_free_s > 0:
+            bound = low.fixed_s / low.t_free_s
+            lines.append(
+                f"  note: in {low.scenario!r} the driver itself took {low.t_free_s * 1000:.0f} ms "
+                f"to free the memory, so no waiter can beat the 5 s poller by more than "
+                f"{bound:.1f}x there"
+            )
+    if instant:
+        lines.append(
+            f"n/a: {', '.join(instant)}: memory was already back at the first sample; both "
+            "waiters returned after one sample"
         )
     return lines
 
