@@ -73,10 +73,14 @@ def _check_path(path: object) -> str:
     text = os.fspath(path)
     if not isinstance(text, str) or not text:
         raise ConfigurationError(f"path must be a non-empty path, got {path!r}")
+    if "\0" in text:
+        raise ConfigurationError(f"path must not contain a NUL character, got {path!r}")
     return text
 
 
 def _mib(n: int) -> str:
+    if n >= 2**1000:  # beyond a float: whole MiB, exactly
+        return str(n // MIB)
     return f"{n / MIB:.0f}" if n >= 10 * MIB else f"{n / MIB:.2f}"
 
 
@@ -101,7 +105,7 @@ def shm_info(path: str | os.PathLike[str] = DEFAULT_SHM_PATH) -> ShmInfo:
         st = os.statvfs(text)
     except FileNotFoundError:
         raise ConfigurationError(f"path {text!r} does not exist") from None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise ConfigurationError(f"path {text!r} cannot be queried: {exc}") from None
     return ShmInfo(
         path=text,

@@ -23,7 +23,6 @@ through :func:`dtype_bytes`. Nothing here imports a framework or touches a devic
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
 
 from accelplat._types import GIB
 from accelplat.errors import ConfigurationError, InsufficientMemoryError
@@ -67,6 +66,9 @@ _UNITS: dict[str, int] = {
 }
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+
+_MAX_SIZE_DIGITS = 1000
+"""Most digits :func:`parse_size` reads (far beyond any real size; bounds the work it does)."""
 
 
 class KVCacheTooSmallError(InsufficientMemoryError):
@@ -113,6 +115,13 @@ def _dtype_arg(value: object) -> int:
     if isinstance(value, str):
         return dtype_bytes(value)
     return _int_arg(value, "dtype_bytes", minimum=1)
+
+
+def _gib(n: int) -> str:
+    """``n`` bytes in GiB with two decimals, exact for sizes too large for a float."""
+    if n < 2**1000:
+        return f"{n / GIB:.2f}"
+    return f"{n // GIB}.00"
 
 
 # -- public helpers --------------------------------------------------------------------------
@@ -174,7 +183,7 @@ def parse_size(value: str | int, *, argument: str = "size") -> int:
 
     Raises:
         ConfigurationError: For a negative, non-finite, malformed or unit-less-but-odd value,
-            naming ``argument``.
+            or a number of more than 1000 digits, naming ``argument``.
     """
     if isinstance(value, bool):
         raise ConfigurationError(f"{argument} must be a size such as '4GiB', got {value!r}")
@@ -194,11 +203,16 @@ def parse_size(value: str | int, *, argument: str = "size") -> int:
             f"{argument} must be a non-negative size such as '4GiB', '512MiB', '1.5G' or "
             f"'1024' (bytes); got {value!r}"
         )
-    try:
-        number = Decimal(m.group(1))
-    except InvalidOperation:  # pragma: no cover - the pattern admits only valid decimals
-        raise ConfigurationError(f"{argument}: cannot read the number in {value!r}") from None
-    return int(number * _UNITS[unit])
+    whole, _, fraction = str(m.group(1)).partition(".")
+    whole = whole.lstrip("0")
+    if len(whole) + len(fraction) > _MAX_SIZE_DIGITS:
+        raise ConfigurationError(
+            f"{argument} has more than {_MAX_SIZE_DIGITS} digits; got {value[:40]!r}…"
+        )
+    # Exact integer arithmetic: no rounding of long numbers, no overflow, floor of fractions.
+    scale: int = 10 ** len(fraction)
+    factor = _UNITS[unit]
+    return (int(whole or "0") * scale + int(fraction or "0")) * factor // scale
 
 
 def kv_cache_page_bytes(
@@ -379,8 +393,8 @@ def check_kv_cache_fits(
     )
     raise KVCacheTooSmallError(
         f"To serve one request at the model's max seq len ({max_model_len}), "
-        f"{needed / GIB:.2f} GiB KV cache is needed, which is larger than the available "
-        f"KV cache memory ({available / GIB:.2f} GiB). Based on the available memory, the "
+        f"{_gib(needed)} GiB KV cache is needed, which is larger than the available "
+        f"KV cache memory ({_gib(available)} GiB). Based on the available memory, the "
         f"estimated maximum model length is {estimate}. Try increasing "
         f"`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
         needed=needed,

@@ -65,6 +65,9 @@ ENV_FLAT_DEVICE_HIERARCHY = "ZE_FLAT_DEVICE_HIERARCHY"
 """Level Zero's device model: ``FLAT``, ``COMPOSITE`` or ``COMBINED``."""
 
 _INDEX_RE = re.compile(r"^[0-9]+$")
+_MAX_INDEX_DIGITS = 18
+_HUGE_INDEX = 10**_MAX_INDEX_DIGITS
+"""Stands for any index too long to read: beyond every device, so it selects nothing."""
 _BACKENDS = frozenset({"level_zero", "*", "opencl", "cuda", "hip", "native_cpu"})
 _NO_XPU_TYPES = frozenset({"cpu", "fpga", "acc"})
 
@@ -128,13 +131,19 @@ def default_devices(tiles: Sequence[int], hierarchy: Hierarchy) -> list[XpuTarge
     return out
 
 
+def _number(digits: str) -> int:
+    """Read a string of decimal digits; one too long for any device index reads as huge."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= _MAX_INDEX_DIGITS else _HUGE_INDEX
+
+
 def _index(entry: str, variable: str, value: str) -> int:
     if not _INDEX_RE.match(entry):
         raise ConfigurationError(
             f"{variable}={value!r}: {entry!r} is not a device index (expected a non-negative "
             f"decimal integer)"
         )
-    return int(entry)
+    return _number(entry)
 
 
 def _normalise(target: XpuTarget, tiles: Sequence[int]) -> XpuTarget:
@@ -303,7 +312,7 @@ def apply_device_selector(
                         f"none; use device indices"
                     )
                 head, _, tail = item.partition(".")
-                n = int(head)
+                n = _number(head)
                 if n >= len(devices):
                     continue
                 available = _device_tiles(devices[n], tiles)
@@ -312,11 +321,11 @@ def apply_device_selector(
                 if tail == "*":
                     chosen = available
                 else:  # sub-devices are numbered among the tiles the device exposes
-                    m = int(tail)
+                    m = _number(tail)
                     chosen = available[m : m + 1]
                 sub.setdefault(n, set()).update(chosen)
             else:
-                whole.add(int(item))
+                whole.add(_number(item))
     if accept_all:
         whole = set(range(len(devices)))
     drop: set[int] = set()
@@ -327,7 +336,7 @@ def apply_device_selector(
             if item in ("*", "gpu"):
                 drop.update(range(len(devices)))
             elif item not in _NO_XPU_TYPES:
-                drop.add(int(item))
+                drop.add(_number(item))
     out: list[XpuTarget] = []
     for n, device in enumerate(devices):
         if n in drop:

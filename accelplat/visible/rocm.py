@@ -66,6 +66,11 @@ ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 _NO_UUID = "GPU-XX"
 _STRTOL_RE = re.compile(r"^[+-]?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)$")
+_LONG_MAX = 2**63 - 1
+_MAX_LONG_DIGITS = 64
+"""Significant digits beyond which a number exceeds a 64-bit ``long`` in base 8, 10 or 16."""
+_MAX_INDEX_DIGITS = 18
+"""Decimal digits of the largest index read exactly; longer text is out of range anyway."""
 
 
 def hip_uuid(unique_id: int) -> str | None:
@@ -84,16 +89,25 @@ def hip_uuid(unique_id: int) -> str | None:
 
 
 def _strtol(token: str) -> int | None:
-    """Read ``token`` like ``strtol(token, &end, 0)`` that must consume it all; else ``None``."""
+    """Read ``token`` like ``strtol(token, &end, 0)`` that must consume it all; else ``None``.
+
+    Like ``strtol``, a value beyond the range of a C ``long`` saturates at ``LONG_MAX``
+    (``LONG_MIN``), so text of any length is read in bounded time.
+    """
     if not _STRTOL_RE.match(token):
         return None
     sign = -1 if token.startswith("-") else 1
     body = token.lstrip("+-")
     if body[:2] in ("0x", "0X"):
-        return sign * int(body[2:], 16)
-    if len(body) > 1 and body.startswith("0"):
-        return sign * int(body[1:], 8)
-    return sign * int(body, 10)
+        digits, base = body[2:], 16
+    elif len(body) > 1 and body.startswith("0"):
+        digits, base = body[1:], 8
+    else:
+        digits, base = body, 10
+    digits = digits.lstrip("0") or "0"
+    if len(digits) > _MAX_LONG_DIGITS:
+        return sign * _LONG_MAX
+    return sign * min(int(digits, base), _LONG_MAX)
 
 
 def _rocr_uuid_match(token: str, uuids: Sequence[str | None]) -> int:
@@ -199,8 +213,9 @@ def parse_hip_visible_devices(
                 (i for i, u in enumerate(uuids) if token in (u if u is not None else _NO_UUID)),
                 -1,
             )
-        elif token.isascii() and token.isdigit() and token == str(int(token)):
-            index = int(token)
+        elif token.isascii() and token.isdigit() and (token == "0" or token[0] != "0"):
+            # Digits without a leading zero; a longer number than a device index is out of range.
+            index = int(token) if len(token) <= _MAX_INDEX_DIGITS else count
         else:
             index = -1
         if not 0 <= index < count:
