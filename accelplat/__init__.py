@@ -67,9 +67,12 @@ _EXPORTS: dict[str, str] = {
     "largest_shm_budget": "accelplat.host",
     "require_shm": "accelplat.host",
     "shm_info": "accelplat.host",
+    "KVCacheTooSmallError": "accelplat.sizing",
     "check_kv_cache_fits": "accelplat.sizing",
+    "dtype_bytes": "accelplat.sizing",
     "kv_cache_bytes": "accelplat.sizing",
     "max_model_len_that_fits": "accelplat.sizing",
+    "parse_size": "accelplat.sizing",
 }
 
 __all__ = [
@@ -87,6 +90,7 @@ __all__ = [
     "HolderState",
     "InsufficientMemoryError",
     "InsufficientSharedMemoryError",
+    "KVCacheTooSmallError",
     "MemoryHolder",
     "MemoryInfo",
     "MemoryNotSettledError",
@@ -103,10 +107,12 @@ __all__ = [
     "check_kv_cache_fits",
     "current_platform",
     "detect",
+    "dtype_bytes",
     "get_platform",
     "kv_cache_bytes",
     "largest_shm_budget",
     "max_model_len_that_fits",
+    "parse_size",
     "record_usage_stats",
     "register_platform",
     "require_shm",
@@ -178,4 +184,11 @@ if TYPE_CHECKING:
         unregister_platform,
         use_platform,
     )
-    from accelplat.sizing import check_kv_cache_fits, kv_cache_bytes, max_model_len_that_fits
+    from accelplat.sizing import (
+        KVCacheTooSmallError,
+        check_kv_cache_fits,
+        dtype_bytes,
+        kv_cache_bytes,
+        max_model_len_that_fits,
+        parse_size,
+    )
