@@ -42,10 +42,11 @@ import logging
 import math
 import numbers
 import operator
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from accelplat._types import (
     GIB,
@@ -221,31 +222,46 @@ class PollPolicy:
 # validation helpers
 
 
-def _finite_number(value: object, argument: str) -> float:
+_FLOAT_MAX = f"{sys.float_info.max:.2g}"
+"""The largest float, as messages quote it: numeric arguments are compared as floats."""
+
+
+def _finite_number(value: object, argument: str, *, accepted: str = "finite") -> float:
+    """Return ``value`` as a finite float, or raise a ConfigurationError naming ``argument``.
+
+    An int (or fraction) too large for a float is refused like an infinity, the message saying
+    which values are ``accepted``; it is not echoed back, as an int of more than 4300 digits has
+    no ``repr``.
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConfigurationError(f"{argument} must be a number, got {value!r}")
-    result = float(value)
+    try:
+        result = float(value)
+    except OverflowError:
+        raise ConfigurationError(
+            f"{argument} must be {accepted}, got a number too large for a float"
+        ) from None
     if not math.isfinite(result):
         raise ConfigurationError(f"{argument} must be finite, got {value!r}")
     return result
 
 
 def _duration(value: object, argument: str) -> float:
-    result = _finite_number(value, argument)
+    result = _finite_number(value, argument, accepted=f"a number of seconds in [0, {_FLOAT_MAX}]")
     if result < 0:
         raise ConfigurationError(f"{argument} must be >= 0 seconds, got {value!r}")
     return result
 
 
 def _byte_count(value: object, argument: str) -> int:
-    result = _finite_number(value, argument)
+    result = _finite_number(value, argument, accepted=f"a number of bytes in [0, {_FLOAT_MAX}]")
     if result < 0:
         raise ConfigurationError(f"{argument} must be >= 0 bytes, got {value!r}")
     return math.floor(result)
 
 
 def _ratio(value: object, argument: str) -> float:
-    result = _finite_number(value, argument)
+    result = _finite_number(value, argument, accepted="in [0, 1]")
     if not 0.0 <= result <= 1.0:
         raise ConfigurationError(f"{argument} must be in [0, 1], got {value!r}")
     return result
@@ -667,21 +683,43 @@ def _check_clock(value: object, platform: Platform) -> Clock:
     return value
 
 
-def _validated_wait(
+class _WaitArguments(NamedTuple):
+    """The arguments of a wait, validated, with the platform and devices resolved."""
+
+    platform: Platform
+    clock: Clock
+    devices: list[int]
+    threshold_bytes: dict[int, float | int] | None
+    threshold_ratio: dict[int, float | int] | None
+    timeout_s: float | None
+    stable_duration_s: float | None
+    stable_tolerance_bytes: int
+    poll: PollPolicy
+
+
+def _check_wait_arguments(
     devices: Sequence[int] | None,
     *,
-    threshold_bytes: int | Mapping[int, int] | None,
-    threshold_ratio: float | Mapping[int, float] | None,
-    timeout_s: float | None,
-    stable_duration_s: float | None,
-    stable_tolerance_bytes: int,
-    poll: PollPolicy | None,
-    on_poll: OnPoll | None,
-    platform: Platform | None,
-    clock: Clock | None,
-    kind: str,
-) -> SettleResult:
-    """Validate the arguments of a wait, fill in the platform's defaults, and wait."""
+    threshold_bytes: object = None,
+    threshold_ratio: object = None,
+    timeout_s: object = None,
+    stable_duration_s: object = None,
+    stable_tolerance_bytes: object = DEFAULT_STABLE_TOLERANCE_BYTES,
+    poll: object = None,
+    on_poll: object = None,
+    platform: Platform | None = None,
+    clock: object = None,
+    kind: str = "clear",
+) -> _WaitArguments:
+    """Validate the arguments of a wait and resolve the platform and devices; sample nothing.
+
+    Shared by the waits here and by helpers that must reject what a wait would reject even when
+    they end up not waiting (``accelplat.integrations.vllm``).
+
+    Raises:
+        ConfigurationError: Naming the argument (see :func:`wait_for_memory_to_clear`).
+        DeviceNotFoundError: For a device index that is not visible.
+    """
     if threshold_bytes is None and threshold_ratio is None:
         raise ConfigurationError(
             f"wait_for_memory_to_{kind} needs threshold_bytes or threshold_ratio (or both)"
@@ -707,27 +745,71 @@ def _validated_wait(
     plat = _resolve_platform(platform)
     chosen_clock = _check_clock(clock, plat)
     resolved = _resolve_devices(devices, plat)
-    by_bytes = _per_device(threshold_bytes, resolved, "threshold_bytes", _byte_count)
-    by_ratio = _per_device(threshold_ratio, resolved, "threshold_ratio", _ratio)
+    return _WaitArguments(
+        platform=plat,
+        clock=chosen_clock,
+        devices=resolved,
+        threshold_bytes=_per_device(threshold_bytes, resolved, "threshold_bytes", _byte_count),
+        threshold_ratio=_per_device(threshold_ratio, resolved, "threshold_ratio", _ratio),
+        timeout_s=timeout,
+        stable_duration_s=window,
+        stable_tolerance_bytes=tolerance,
+        poll=policy,
+    )
+
+
+def _validated_wait(
+    devices: Sequence[int] | None,
+    *,
+    threshold_bytes: int | Mapping[int, int] | None,
+    threshold_ratio: float | Mapping[int, float] | None,
+    timeout_s: float | None,
+    stable_duration_s: float | None,
+    stable_tolerance_bytes: int,
+    poll: PollPolicy | None,
+    on_poll: OnPoll | None,
+    platform: Platform | None,
+    clock: Clock | None,
+    kind: str,
+) -> SettleResult:
+    """Validate the arguments of a wait, fill in the platform's defaults, and wait."""
+    args = _check_wait_arguments(
+        devices,
+        threshold_bytes=threshold_bytes,
+        threshold_ratio=threshold_ratio,
+        timeout_s=timeout_s,
+        stable_duration_s=stable_duration_s,
+        stable_tolerance_bytes=stable_tolerance_bytes,
+        poll=poll,
+        on_poll=on_poll,
+        platform=platform,
+        clock=clock,
+        kind=kind,
+    )
+    plat = args.platform
     profile = plat.release
     # Start and end events for timeline recorders: DEBUG records whose ``accelplat_wait``
     # attribute is {"event": "start", "id", "kind", "devices"} or {"event": "end", "id", "ok"}.
     wait_id = next(_wait_ids)
-    begin = {"event": "start", "id": wait_id, "kind": kind, "devices": list(resolved)}
+    begin = {"event": "start", "id": wait_id, "kind": kind, "devices": list(args.devices)}
     logger.debug("%s wait %d starts", kind, wait_id, extra={_EVENT: begin})
     ok = False
     try:
         result = _wait(
             platform=plat,
-            devices=resolved,
-            threshold_bytes=by_bytes,
-            threshold_ratio=by_ratio,
-            timeout_s=profile.settle_timeout_s if timeout is None else timeout,
-            stable_duration_s=profile.stable_duration_s if window is None else window,
-            stable_tolerance_bytes=tolerance,
-            poll=policy,
+            devices=args.devices,
+            threshold_bytes=args.threshold_bytes,
+            threshold_ratio=args.threshold_ratio,
+            timeout_s=profile.settle_timeout_s if args.timeout_s is None else args.timeout_s,
+            stable_duration_s=(
+                profile.stable_duration_s
+                if args.stable_duration_s is None
+                else args.stable_duration_s
+            ),
+            stable_tolerance_bytes=args.stable_tolerance_bytes,
+            poll=args.poll,
             on_poll=on_poll,
-            clock=chosen_clock,
+            clock=args.clock,
             kind=kind,
         )
         ok = True
@@ -761,7 +843,8 @@ def wait_for_memory_to_clear(
         devices: Visible device indices; ``None`` means every visible device (with none visible,
             the wait returns at once).
         threshold_bytes: Used bytes at or below which a device is clear; an int for every device
-            or a mapping naming exactly the devices waited on.
+            or a mapping naming exactly the devices waited on. Compared as a float, so a value
+            too large for one (``10**400``) is refused rather than read as "always clear".
         threshold_ratio: Fraction of each device's total, in ``[0, 1]``; a float or a mapping
             naming exactly the devices waited on.
         timeout_s: Give up after this many seconds; ``None`` means the platform's
@@ -783,8 +866,9 @@ def wait_for_memory_to_clear(
 
     Raises:
         ConfigurationError: Naming the argument, for a missing threshold, a ratio outside
-            ``[0, 1]``, negative bytes, a negative or non-finite duration, a ``bool`` where a
-            number belongs, an empty device list, or a mapping whose keys are not the devices.
+            ``[0, 1]``, negative bytes, a negative or non-finite duration, a number too large for
+            a float, a ``bool`` where a number belongs, an empty device list, or a mapping whose
+            keys are not the devices.
         DeviceNotFoundError: For a device index that is not visible.
         MemoryNotSettledError: When the timeout passes first; its message names each device that
             missed its target, how its usage moved, and the processes holding the memory.

@@ -231,7 +231,12 @@ def validate_utilization(value: float, *, argument: str = "gpu_memory_utilizatio
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{argument} must be a number in (0, 1], got {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond a float's range (not echoed: it may have no repr)
+        raise ValueError(
+            f"{argument} must be in (0, 1], got an int too large for a float"
+        ) from None
     if not math.isfinite(v) or not 0.0 < v <= 1.0:
         raise ValueError(f"{argument} must be in (0, 1], got {value!r}")
     return v

@@ -432,12 +432,6 @@ def test_fork_while_another_thread_is_inside_an_nvml_call(install: Install) -> N
 
 
 @needs_fork
-@pytest.mark.xfail(
-    strict=True,
-    reason="accelplat/backends/cuda.py: the module lock _table_lock (and each CudaPlatform's "
-    "_lock) is not reset after fork; a child forked while another thread enumerates GPUs "
-    "deadlocks on its first query",
-)
 def test_fork_while_another_thread_enumerates_gpus(install: Install) -> None:
     fake = install(two_gpus())
     platform = _use_everything_then_settle()

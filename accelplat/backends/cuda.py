@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -186,6 +187,9 @@ class _View(NamedTuple):
 _table_lock = threading.Lock()
 _table: tuple[int, tuple[_Gpu, ...]] | None = None
 """``(NVML session generation, GPUs in NVML order)``, shared by the probe and every instance."""
+
+_instances: weakref.WeakSet[CudaPlatform] = weakref.WeakSet()
+"""Every live :class:`CudaPlatform`, so that a forked child can give each a fresh lock."""
 
 
 _ENV_KEYS_BYTES = (ENV_CUDA_VISIBLE_DEVICES.encode(), ENV_CUDA_DEVICE_ORDER.encode())
@@ -355,8 +359,10 @@ class CudaPlatform(BasePlatform):
 
     ``preferred_start_method`` is ``"fork"``: every query goes through NVML, which creates no
     CUDA context, so a process that used accelplat (and not torch) can still fork safely; the NVML
-    session is reset in the child. (A process that itself created a CUDA context must use
-    ``"spawn"`` for its workers whatever accelplat says; that is the framework's concern.)
+    session, the GPU table and every instance's lock are reset in the child (even when another
+    thread of the parent was inside a query at fork time). (A process that itself created a
+    CUDA context must use ``"spawn"`` for its workers whatever accelplat says; that is the
+    framework's concern.)
 
     Memory is released eagerly: once a process frees memory or exits, NVML shows it free within
     a second (0.2–0.9 s measured on an H200), so waits use no stability window.
@@ -387,6 +393,7 @@ class CudaPlatform(BasePlatform):
         self._proc_root = None if proc_root is None else os.fspath(proc_root)
         self._order_resolver: OrderResolver = order_resolver or cuda_order_uuids
         self._lock = threading.Lock()
+        _instances.add(self)
         self._view_cache: _View | None = None
         self._view_raw: tuple[object, object] | None = None
         self._order_cache: dict[tuple[str | None, tuple[str, ...]], tuple[list[str], str]] = {}
@@ -750,3 +757,19 @@ def _describe(info: DeviceInfo) -> str:
 
 def _reading(info: DeviceInfo) -> str:
     return f"reading memory of {_describe(info)}"
+
+
+def _after_fork_in_child() -> None:
+    global _table_lock, _table
+    # Another thread of the parent may have held these locks at fork time (enumerating GPUs,
+    # building a view); in the child no thread will ever release them. The cached table holds
+    # the parent's NVML handles, which the child must not use either (accelplat._nvml starts a
+    # new session there).
+    _table_lock = threading.Lock()
+    _table = None
+    for platform in list(_instances):
+        platform._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

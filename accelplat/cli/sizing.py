@@ -24,6 +24,7 @@ from accelplat.sizing import (
     max_model_len_that_fits,
     parse_size,
 )
+from accelplat.sizing import _gib as _gib_digits  # exact for sizes too large for a float
 
 __all__ = ["register"]
 
@@ -36,6 +37,13 @@ _KV_FLAGS = {
     "block_size": "--block-size",
     "dtype_bytes": "--dtype",
 }
+
+
+_MAX_KV_INT = 2**63 - 1
+"""The largest number a KV flag takes (a signed 64-bit int, as engines hold these sizes).
+
+Every product of such numbers stays far below the 4300 digits Python will print.
+"""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -81,7 +89,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB"
+    return f"{_gib_digits(n)} GiB"
+
+
+def _gib_number(n: int) -> float | int:
+    """``n`` bytes in GiB for JSON: 4 decimals, or whole GiB (exact) beyond a float's range."""
+    return round(n / GIB, 4) if n < 2**1000 else n // GIB
 
 
 def _print_json(doc: dict[str, Any]) -> None:
@@ -135,7 +148,11 @@ def _flag_names(exc: ConfigurationError) -> ConfigurationError:
 
 
 def _run_kv(args: argparse.Namespace) -> int:
-    dtype: int | str = int(args.dtype) if args.dtype.strip().isdigit() else args.dtype
+    text = args.dtype.strip()
+    # Bytes per element: ASCII digits only (str.isdigit() also admits '²'), read exactly and
+    # with a bound on their number by parse_size; anything else is a dtype name.
+    numeric = text.isascii() and text.isdigit()
+    dtype: int | str = parse_size(text, argument="--dtype") if numeric else args.dtype
     dims: dict[str, Any] = {
         "num_layers": args.layers,
         "num_kv_heads": args.kv_heads,
@@ -144,6 +161,12 @@ def _run_kv(args: argparse.Namespace) -> int:
         "block_size": args.block_size,
         "dtype_bytes": dtype if isinstance(dtype, int) else dtype_bytes(dtype),
     }
+    for keyword, value in {**dims, "max_model_len": args.max_model_len}.items():
+        if value is not None and value > _MAX_KV_INT:
+            raise ConfigurationError(
+                f"{_KV_FLAGS[keyword]} must be at most {_MAX_KV_INT} (2**63 - 1), "
+                f"got a number of {len(str(value))} digits"
+            )
     available = (
         None if args.available is None else parse_size(args.available, argument="--available")
     )
@@ -162,7 +185,7 @@ def _run_kv(args: argparse.Namespace) -> int:
     doc: dict[str, Any] = {
         "max_model_len": args.max_model_len,
         "bytes": needed,
-        "gib": round(needed / GIB, 4),
+        "gib": _gib_number(needed),
         "page_bytes": page,
         "bytes_per_token": per_token,
         "block_size": args.block_size,

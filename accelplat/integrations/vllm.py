@@ -88,6 +88,8 @@ _UTILIZATION_KEY = "gpu_memory_utilization"
 _PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 _START_METHODS: tuple[str, ...] = get_args(StartMethod)
 _DECIMAL_GB = 10**9
+_MAX_GB = sys.float_info.max / _DECIMAL_GB
+"""The largest ``min_gb`` whose byte count is still a float."""
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -213,7 +215,12 @@ def _progress_logger(
 def _positive_seconds(value: object, argument: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConfigurationError(f"{argument} must be a number of seconds, got {value!r}")
-    result = float(value)
+    try:
+        result = float(value)
+    except OverflowError:  # an int beyond a float's range (not echoed: it may have no repr)
+        raise ConfigurationError(
+            f"{argument} must be a finite number > 0, got an int too large for a float"
+        ) from None
     if not math.isfinite(result) or result <= 0:
         raise ConfigurationError(f"{argument} must be a finite number > 0, got {value!r}")
     return result
@@ -285,10 +292,14 @@ def wait_for_gpu_memory_to_clear(
     """
     from accelplat.memory import PollPolicy, wait_for_memory_to_clear
 
+    if devices is None:
+        raise ConfigurationError(
+            "devices must be a sequence of visible device indices, got None "
+            "(vLLM's helper has no default: name the devices to wait on)"
+        )
     cap = _positive_seconds(poll_interval_s, "poll_interval_s")
     default = PollPolicy()
     poll = PollPolicy(initial_s=min(default.initial_s, cap), factor=default.factor, max_s=cap)
-    threshold = _describe_threshold(threshold_bytes, threshold_ratio)
     try:
         result = wait_for_memory_to_clear(
             devices,
@@ -300,12 +311,13 @@ def wait_for_gpu_memory_to_clear(
             poll=poll,
             on_poll=_progress_logger(cap),
         )
-    except MemoryNotSettledError as exc:
+    except MemoryNotSettledError as exc:  # raised only after every argument was validated
+        threshold = _describe_threshold(threshold_bytes, threshold_ratio)
         raise _not_free(exc, list(devices), threshold) from None
     logger.info(
         "Done waiting for free GPU memory on devices devices=%r (threshold=%r) dur_s=%.02f",
         list(devices),
-        threshold,
+        _describe_threshold(threshold_bytes, threshold_ratio),
         result.waited_s,
     )
 
@@ -329,20 +341,24 @@ def wait_for_memory_to_settle(
 
     Raises:
         VllmMemoryNotFreeError: On timeout (a ``ValueError`` and a ``MemoryNotSettledError``).
-        ConfigurationError: For ``threshold_ratio=None`` or a malformed argument.
+        ConfigurationError: For ``threshold_ratio=None`` or a malformed argument, on every
+            platform (checked as the wait checks them, before returning on an eager one).
 
     Side effects:
         On lazy platforms sleeps and logs progress; creates no device context on context-free
         platforms.
     """
+    from accelplat.memory import PollPolicy, _check_wait_arguments, wait_for_memory_to_clear
+
     platform = _platform(None)
     if threshold_ratio is None:
         raise ConfigurationError("wait_for_memory_to_settle needs threshold_ratio, got None")
+    # Checked as the wait would check them, even where nothing is waited for.
+    devices = _check_wait_arguments(
+        None, threshold_ratio=threshold_ratio, timeout_s=timeout_s, platform=platform
+    ).devices
     if not platform.release.lazy:
         return
-    from accelplat.memory import PollPolicy, wait_for_memory_to_clear
-
-    devices = list(range(platform.device_count()))
     threshold = _describe_threshold(None, threshold_ratio)
     try:
         wait_for_memory_to_clear(
@@ -363,6 +379,10 @@ def wait_for_memory_to_settle(
 
 
 def _utilization(kwargs: Mapping[str, Any], platform: Platform) -> float:
+    if not isinstance(kwargs, Mapping):
+        raise ConfigurationError(
+            f"kwargs must be a mapping of engine keyword arguments, got {type(kwargs).__name__}"
+        )
     value = kwargs.get(_UTILIZATION_KEY)
     if value is None:
         return validate_utilization(
@@ -405,14 +425,16 @@ def engine_kwargs(kwargs: Mapping[str, Any], *, platform: Platform | None = None
         A new dict: ``kwargs`` with ``gpu_memory_utilization`` set.
 
     Raises:
-        ValueError: When ``gpu_memory_utilization`` is not a number in ``(0, 1]``.
+        ValueError: When ``gpu_memory_utilization`` is not a number in ``(0, 1]``, or ``kwargs``
+            is not a mapping (a ``ConfigurationError``).
 
     Side effects:
         Reads the platform's default (on CPU that reads host memory figures). Imports nothing.
     """
     p = _platform(platform)
+    utilization = _utilization(kwargs, p)
     result = dict(kwargs)
-    result[_UTILIZATION_KEY] = _utilization(kwargs, p)
+    result[_UTILIZATION_KEY] = utilization
     return result
 
 
@@ -526,26 +548,27 @@ def memory_baseline(
 
     Raises:
         VllmMemoryNotFreeError: On exit, when usage does not come back in time.
-        ConfigurationError: For a tolerance outside ``[0, 1]``.
+        ConfigurationError: On entry, for a tolerance outside ``[0, 1]`` or a negative or
+            non-finite ``timeout_s`` (on every platform, lazy or not).
 
     Side effects:
         Samples memory on entry; may sleep on exit. Creates no device context on context-free
         platforms.
     """
-    from accelplat.memory import snapshot, wait_for_memory_to_clear
+    from accelplat.memory import _duration, _ratio, snapshot, wait_for_memory_to_clear
 
     if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real):
         raise ConfigurationError(f"tolerance must be a fraction in [0, 1], got {tolerance!r}")
-    if not 0.0 <= float(tolerance) <= 1.0:
-        raise ConfigurationError(f"tolerance must be in [0, 1], got {tolerance!r}")
+    fraction = _ratio(tolerance, "tolerance")
+    if timeout_s is not None:  # checked here, as the exit wait would, even if it never runs
+        _duration(timeout_s, "timeout_s")
     p = _platform(platform)
     baseline = snapshot(devices, platform=p, holders=False)
     yield baseline
     if not p.release.lazy:
         return
     targets = {
-        d: info.used + math.floor(float(tolerance) * info.total)
-        for d, info in baseline.memory.items()
+        d: info.used + math.floor(fraction * info.total) for d, info in baseline.memory.items()
     }
     try:
         wait_for_memory_to_clear(
@@ -880,16 +903,25 @@ def large_gpu_mark(min_gb: float) -> pytest.MarkDecorator:
         A ``pytest.MarkDecorator``.
 
     Raises:
-        ConfigurationError: For a non-positive or non-finite ``min_gb``.
+        ConfigurationError: For a non-positive or non-finite ``min_gb``, or one whose byte count
+            is too large for a float.
     """
     import pytest
 
     if isinstance(min_gb, bool) or not isinstance(min_gb, numbers.Real):
         raise ConfigurationError(f"min_gb must be a number of GB, got {min_gb!r}")
-    if not math.isfinite(float(min_gb)) or min_gb <= 0:
-        raise ConfigurationError(f"min_gb must be a finite number > 0, got {min_gb!r}")
+    try:
+        needed = float(min_gb) * _DECIMAL_GB
+    except OverflowError:  # an int beyond a float's range (not echoed: it may have no repr)
+        raise ConfigurationError(
+            f"min_gb must be a number of GB in (0, {_MAX_GB:.3g}], got an int too large for a float"
+        ) from None
+    if not math.isfinite(needed) or min_gb <= 0:
+        raise ConfigurationError(
+            f"min_gb must be a number of GB in (0, {_MAX_GB:.3g}], got {min_gb!r}"
+        )
     return pytest.mark.accelplat_requires_device_memory(
-        bytes=math.ceil(float(min_gb) * _DECIMAL_GB), label=f"{min_gb:g} GB"
+        bytes=math.ceil(needed), label=f"{min_gb:g} GB"
     )
 
 

@@ -22,8 +22,9 @@ checked form by form against ``cuInit`` on driver 580 by ``tests/gpu/test_real_c
   a list of ordinals, and a later ``GPU-``/``MIG-`` entry is invalid there.
 * An ordinal is read like C's ``strtoul``: leading white space, an optional sign, then the
   leading decimal digits; whatever follows is ignored (``"1abc"`` and ``" 1 "`` are ``1``).
-  ``-0`` is ``0``; any other negative value, an entry without leading digits, and an ordinal not
-  below the number of GPUs are invalid.
+  ``-0`` is ``0``; any other negative value, an entry without leading digits, an ordinal that
+  overflows an ``unsigned long`` (however many digits it has) and an ordinal not below the
+  number of GPUs are invalid.
 * A UUID entry must start with exactly ``GPU-`` or ``MIG-`` (no white space before it, upper
   case). After that CUDA reads hexadecimal digits in either case, skipping dashes wherever they
   are; once it has all 32 digits of a UUID it ignores the rest of the entry. Any other character
@@ -204,6 +205,24 @@ def is_pci_bus_order(order: str | None) -> bool:
     return order == "PCI_BUS_ID"
 
 
+_ULONG_MAX = 2**64 - 1
+"""The largest value ``strtoul`` reads (64-bit ``unsigned long``); beyond it, it overflows."""
+
+
+def _decimal(digits: str) -> int | None:
+    """Read ASCII decimal digits as ``strtoul`` would; ``None`` when the value overflows.
+
+    Leading zeros are dropped before ``int()`` sees the digits, and an overflowing value is
+    refused by its length first, so text of any length is read in bounded time and never meets
+    ``int()``'s limit on the number of digits.
+    """
+    significant = digits.lstrip("0")
+    if len(significant) > len(str(_ULONG_MAX)):
+        return None
+    value = int(significant or "0")
+    return value if value <= _ULONG_MAX else None
+
+
 def _parse_ordinal(text: str) -> int | None:
     """Read ``text`` as ``strtoul`` would; ``None`` when it names no valid ordinal."""
     sign = ""
@@ -215,7 +234,9 @@ def _parse_ordinal(text: str) -> int | None:
         end += 1
     if end == 0:
         return None
-    value = int(body[:end])
+    value = _decimal(body[:end])
+    if value is None:
+        return None  # strtoul overflows (ERANGE): no device has such an ordinal
     if sign == "-" and value != 0:
         return None  # strtoul wraps a negative value to a huge one: no such device
     return value
@@ -264,14 +285,15 @@ def _parse_uuid_entry(text: str) -> VisibleEntry | None:
         if len(parts) != 3 or not all(p.isdigit() and p.isascii() for p in parts[1:]):
             return None
         digits = _read_uuid_digits(parts[0][head:])
-        if digits is None:
-            return None
+        gpu_instance_id, compute_instance_id = _decimal(parts[1]), _decimal(parts[2])
+        if digits is None or gpu_instance_id is None or compute_instance_id is None:
+            return None  # an instance id that overflows names no MIG device
         return VisibleEntry(
             EntryKind.MIG_LEGACY,
             text,
             uuid_prefix=_GPU_PREFIX + digits,
-            gpu_instance_id=int(parts[1]),
-            compute_instance_id=int(parts[2]),
+            gpu_instance_id=gpu_instance_id,
+            compute_instance_id=compute_instance_id,
         )
     digits = _read_uuid_digits(rest)
     if digits is None:
