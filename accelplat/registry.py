@@ -417,7 +417,15 @@ def _protocol_members() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(props), tuple(methods)
 
 
-def protocol_problems(obj: object) -> tuple[str, ...]:
+def _has_static(obj: object, name: str) -> bool:
+    """Whether ``obj`` has ``name`` in its instance dict or its classes' (runs no descriptor)."""
+    inst = getattr(obj, "__dict__", None)
+    if isinstance(inst, dict) and name in inst:
+        return True
+    return any(name in vars(klass) for klass in type(obj).__mro__)
+
+
+def protocol_problems(obj: object, *, evaluate: bool = True) -> tuple[str, ...]:
     """Say how ``obj`` fails the :class:`~accelplat.platform.Platform` protocol.
 
     Unlike ``isinstance(obj, Platform)``, this never raises (a property that raises is a
@@ -426,17 +434,25 @@ def protocol_problems(obj: object) -> tuple[str, ...]:
 
     Args:
         obj: A platform instance (not a class).
+        evaluate: Read every attribute (properties run, so one that raises is reported). With
+            ``False`` only presence on the instance or its classes is checked and no property
+            runs — detection uses this for accelplat's own backends, whose properties may do
+            real work (``graph`` looks up installed versions).
 
     Returns:
         One line per problem, e.g. ``"missing: memory_holders"``; empty when none.
 
     Side effects:
-        Reads every protocol attribute of ``obj`` once (properties run).
+        With ``evaluate=True``, reads every protocol attribute of ``obj`` once.
     """
     props, methods = _protocol_members()
     missing: list[str] = []
     problems: list[str] = []
     for name in (*props, *methods):
+        if not evaluate:
+            if not _has_static(obj, name):
+                missing.append(name)
+            continue
         try:
             value = getattr(obj, name)
         except AttributeError:
@@ -458,7 +474,10 @@ def _construct_checked(name: str, factory: PlatformFactory) -> Platform:
         raise ConfigurationError(
             f"platform {name!r}: its factory returned a class, not an instance"
         )
-    problems = protocol_problems(instance)
+    # accelplat's own backends are held to the protocol by their tests and the conformance
+    # kit; running their properties here would put real work (version look-ups) on detection.
+    shipped = type(instance).__module__.startswith("accelplat.backends.")
+    problems = protocol_problems(instance, evaluate=not shipped)
     if problems:
         raise ConfigurationError(f"does not satisfy the Platform protocol ({'; '.join(problems)})")
     return instance  # type: ignore[no-any-return]

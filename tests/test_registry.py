@@ -924,3 +924,41 @@ def test_no_plugin_installed_means_importlib_metadata_is_not_imported() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_detecting_a_shipped_backend_runs_none_of_its_properties() -> None:
+    """Detection of CUDA (over the fake NVML) must not look up torch's version for ``graph``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from tests.fakes.nvml import FakeNvml, h200\n"
+        "sys.modules['pynvml'] = FakeNvml([h200(0)])\n"
+        "import accelplat\n"
+        "p = accelplat.current_platform()\n"
+        "assert p.name == 'cuda', p.name\n"
+        "print('importlib.metadata' in sys.modules)\n"
+        "p.graph\n"
+        "print('importlib.metadata' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "True"]
+
+
+def test_a_plugin_whose_property_raises_is_still_reported() -> None:
+    from accelplat.registry import protocol_problems
+
+    class Broken(make_platform("broken-prop")):  # type: ignore[misc]
+        @property
+        def graph(self) -> object:
+            raise RuntimeError("boom")
+
+    assert protocol_problems(Broken()) == ("graph raised RuntimeError: boom",)
+    assert protocol_problems(Broken(), evaluate=False) == ()
