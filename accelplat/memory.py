@@ -46,8 +46,9 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple
 
+from accelplat._clock import REAL_CLOCK, Clock
 from accelplat._types import (
     GIB,
     MIB,
@@ -90,46 +91,6 @@ _EPSILON_S = 1e-9
 
 OnPoll = Callable[[UsageSnapshot, Mapping[int, int]], None]
 """Signature of ``on_poll`` callbacks: the sample just taken and the per-device targets."""
-
-
-@runtime_checkable
-class Clock(Protocol):
-    """A source of monotonic time that can also sleep.
-
-    The real clock is :data:`REAL_CLOCK`. Tests and the simulated platform use a virtual clock
-    whose ``sleep`` advances time instantly, so waits run deterministically and take no real time.
-    A clock may also offer ``time() -> float`` (wall-clock seconds since the epoch), used for
-    :attr:`UsageSnapshot.wall_time`; without it :func:`time.time` is used.
-    """
-
-    def monotonic(self) -> float:
-        """Return the current monotonic time in seconds."""
-        ...
-
-    def sleep(self, seconds: float) -> None:
-        """Block for ``seconds`` (or advance virtual time by that much)."""
-        ...
-
-
-class _RealClock:
-    """The process's real monotonic clock."""
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            time.sleep(seconds)
-
-    def time(self) -> float:
-        return time.time()
-
-    def __repr__(self) -> str:
-        return "REAL_CLOCK"
-
-
-REAL_CLOCK: Clock = _RealClock()
-"""The real clock: :func:`time.monotonic` and :func:`time.sleep`."""
 
 
 def default_clock(platform: object) -> Clock:

@@ -36,13 +36,13 @@ import os
 import re
 import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal
 
+from accelplat._clock import Clock, RealClock
 from accelplat._types import (
     GIB,
     MIB,
@@ -101,32 +101,6 @@ _MAX_TEXT = 256
 
 # --------------------------------------------------------------------------------------------
 # clocks
-
-
-class _ClockLike(Protocol):
-    def monotonic(self) -> float: ...
-
-    def sleep(self, seconds: float) -> None: ...
-
-
-class RealClock:
-    """Real time: :func:`time.monotonic`, :func:`time.sleep` and :func:`time.time`."""
-
-    def monotonic(self) -> float:
-        """Return :func:`time.monotonic`."""
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        """Sleep for ``seconds`` of real time (nothing for ``seconds <= 0``)."""
-        if seconds > 0:
-            time.sleep(seconds)
-
-    def time(self) -> float:
-        """Return :func:`time.time`."""
-        return time.time()
-
-    def __repr__(self) -> str:
-        return "RealClock()"
 
 
 class SimulatedClock:
@@ -942,7 +916,7 @@ class SimulatedPlatform(BasePlatform):
         self,
         spec: SimulatedSpec | Mapping[str, Any] | str | os.PathLike[str] | None = None,
         *,
-        clock: _ClockLike | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if spec is None:
             path = os.environ.get(ENV_SPEC, "").strip()
@@ -969,7 +943,7 @@ class SimulatedPlatform(BasePlatform):
         ):
             raise ConfigurationError(f"clock must have monotonic() and sleep(), got {clock!r}")
         self._spec = resolved
-        self.clock: _ClockLike = clock
+        self.clock: Clock = clock
         """The clock of the timelines; memory waits sleep on it by default."""
         self._t0 = clock.monotonic()
 
@@ -978,7 +952,7 @@ class SimulatedPlatform(BasePlatform):
         cls,
         spec: SimulatedSpec | Mapping[str, Any] | str | os.PathLike[str],
         *,
-        clock: _ClockLike | None = None,
+        clock: Clock | None = None,
     ) -> SimulatedPlatform:
         """Build a simulated platform from a spec (see the class for the arguments)."""
         return cls(spec, clock=clock)
