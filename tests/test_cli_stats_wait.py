@@ -15,8 +15,9 @@ import pytest
 from accelplat._types import GIB, MemoryInfo, UsageSnapshot
 from accelplat.cli import main
 from accelplat.cli import stats as stats_cli
-from accelplat.cli.stats import parse_devices, use_rich
-from accelplat.cli.wait import Progress, parse_size_arg
+from accelplat.cli._args import parse_devices, parse_size_arg
+from accelplat.cli.stats import use_rich
+from accelplat.cli.wait import Progress
 from accelplat.memory import PollPolicy
 
 ROOT = Path(__file__).resolve().parent.parent

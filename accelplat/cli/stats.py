@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -19,54 +18,15 @@ from typing import IO, Any
 
 from accelplat._format import format_bytes
 from accelplat._types import UsageSnapshot
+from accelplat.cli._args import parse_devices, seconds_arg
 from accelplat.errors import ConfigurationError, DeviceNotFoundError
 from accelplat.memory import default_clock, snapshot
 from accelplat.platform import Platform
 from accelplat.registry import current_platform
 
-__all__ = ["parse_devices", "register", "snapshot_to_json", "use_rich"]
+__all__ = ["register", "snapshot_to_json", "use_rich"]
 
 _COLUMNS = ("DEV", "NAME", "USED", "FREE", "TOTAL", "RESERVED", "USE%", "SOURCE")
-
-
-def parse_devices(text: str) -> list[int] | None:
-    """Parse ``--devices``: a comma-separated list of visible indices, or ``all``.
-
-    Args:
-        text: E.g. ``"0,1"``; ``"all"`` (or an empty string) means every visible device.
-
-    Returns:
-        The indices, or ``None`` for every device.
-
-    Raises:
-        argparse.ArgumentTypeError: For anything that is not a list of integers >= 0 without
-            duplicates.
-    """
-    stripped = text.strip()
-    if stripped.lower() in ("", "all"):
-        return None
-    devices: list[int] = []
-    for part in stripped.split(","):
-        item = part.strip()
-        if not item.isdigit() or len(item) > 6:
-            raise argparse.ArgumentTypeError(
-                f"--devices takes comma-separated device indices such as 0,1 (or 'all'); "
-                f"got {text!r}"
-            )
-        devices.append(int(item))
-    if len(set(devices)) != len(devices):
-        raise argparse.ArgumentTypeError(f"--devices lists a device twice: {text!r}")
-    return devices
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text!r}")
-    return value
 
 
 def _positive_int(text: str) -> int:
@@ -86,7 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (one object per refresh)")
     parser.add_argument(
         "--watch",
-        type=_positive_seconds,
+        type=seconds_arg(allow_zero=False),
         metavar="SECONDS",
         help="refresh every SECONDS until interrupted (or --count refreshes)",
     )

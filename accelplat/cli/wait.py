@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from accelplat._format import format_bytes
 from accelplat._types import SettleResult, UsageSnapshot
-from accelplat.cli.stats import parse_devices
+from accelplat.cli._args import parse_devices, parse_size_arg, seconds_arg
 from accelplat.errors import AccelplatError, MemoryNotSettledError
 from accelplat.memory import (
     DEFAULT_STABLE_TOLERANCE_BYTES,
@@ -36,23 +36,8 @@ from accelplat.memory import (
     wait_for_memory_to_settle,
 )
 from accelplat.registry import current_platform
-from accelplat.sizing import parse_size
 
-__all__ = ["Progress", "parse_size_arg", "register"]
-
-
-def parse_size_arg(text: str) -> int:
-    """Parse a size argument such as ``4GiB``, ``512MiB``, ``8GB`` or a byte count.
-
-    Uses :func:`accelplat.sizing.parse_size` (binary for ``KiB``/``K`` …, decimal for ``KB`` …).
-
-    Raises:
-        argparse.ArgumentTypeError: With the parser's explanation.
-    """
-    try:
-        return parse_size(text.strip(), argument="size")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+__all__ = ["Progress", "register"]
 
 
 def _ratio_arg(text: str) -> float:
@@ -62,16 +47,6 @@ def _ratio_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}") from None
     if not math.isfinite(value) or not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
-    return value
-
-
-def _seconds_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
     return value
 
 
@@ -99,7 +74,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=_seconds_arg,
+        type=seconds_arg(allow_zero=True),
         metavar="S",
         help="give up after S seconds (default: the platform's settle timeout)",
     )
@@ -120,7 +95,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--stable",
-        type=_seconds_arg,
+        type=seconds_arg(allow_zero=True),
         metavar="S",
         help="usage must stay clear for S seconds (default: the platform's window)",
     )
