@@ -453,6 +453,29 @@ def test_fork_while_another_thread_enumerates_gpus(install: Install) -> None:
     assert report == {"used": 7 * GIB}
 
 
+@needs_fork
+def test_the_parents_platform_object_works_in_a_child_forked_mid_enumeration(
+    install: Install,
+) -> None:
+    """The instance's own lock, held by the enumerating thread at fork, is fresh in the child."""
+    fake = install(two_gpus())
+    platform = _use_everything_then_settle()
+    _nvml.shutdown()  # the next query enumerates the GPUs again, under the instance's lock
+    inside = threading.Event()
+    release = threading.Event()
+    fake.on_call("nvmlDeviceGetName", _pause_inside(inside, release))
+    enumerating = threading.Thread(target=platform.devices, daemon=True)
+    enumerating.start()
+    assert inside.wait(10)
+    fake.on_call("nvmlDeviceGetName", None)
+    try:
+        report = _in_child(lambda: {"used": platform.memory_info(1).used}, alarm_s=2)
+    finally:
+        release.set()
+        enumerating.join(10)
+    assert report == {"used": 7 * GIB}
+
+
 # -- who holds the memory: real process lifetimes ----------------------------------------------
 
 _ORPHAN_MAKER = textwrap.dedent(
