@@ -975,3 +975,31 @@ def test_fake_errors_behave_like_nvidia_ml_py() -> None:
     with pytest.raises(TypeError):
         hash(err)
     assert type(NVMLError(4242)) is NVMLError
+
+
+# -- reading the v2 result's fields straight from its buffer ------------------------------------
+
+
+def test_v2_fields_read_from_the_buffer_match_the_real_structure() -> None:
+    """The fast reader agrees with attribute reads on nvidia-ml-py's own structure class."""
+    import importlib
+
+    from accelplat.backends.cuda import _read_v2
+
+    real = importlib.import_module("pynvml")  # the installed nvidia-ml-py, not a fake
+    if not hasattr(real, "c_nvmlMemory_v2_t"):
+        pytest.skip("this nvidia-ml-py has no c_nvmlMemory_v2_t")
+    mem = real.c_nvmlMemory_v2_t()
+    mem.version = real.nvmlMemory_v2
+    mem.total, mem.reserved = 150_754_820_096, 644_939_776
+    mem.free, mem.used = 149_000_000_000, 2**40 + 12345
+    assert _read_v2(mem) == (mem.free, mem.total, mem.used, mem.reserved)
+
+
+def test_v2_fields_of_an_object_without_a_buffer_are_read_as_attributes() -> None:
+    from types import SimpleNamespace
+
+    from accelplat.backends.cuda import _read_v2
+
+    mem = SimpleNamespace(free=1, total=4, used=2, reserved=1)
+    assert _read_v2(mem) == (1, 4, 2, 1)

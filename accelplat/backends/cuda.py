@@ -39,6 +39,7 @@ Devices:
 from __future__ import annotations
 
 import os
+import struct
 import sys
 import threading
 import weakref
@@ -208,6 +209,50 @@ def _read_visibility_env() -> tuple[object, object]:
     if type(data) is dict and os.name == "posix":
         return data.get(_ENV_KEYS_BYTES[0]), data.get(_ENV_KEYS_BYTES[1])
     return os.environ.get(ENV_CUDA_VISIBLE_DEVICES), os.environ.get(ENV_CUDA_DEVICE_ORDER)
+
+
+_U64 = struct.Struct("=Q")
+_V2_FIELDS = ("free", "total", "used", "reserved")
+_v2_offsets: dict[type, tuple[int, int, int, int] | None] = {}
+
+
+def _v2_field_offsets(cls: type) -> tuple[int, int, int, int] | None:
+    """Return the byte offsets of ``free, total, used, reserved`` in a ctypes memory struct.
+
+    nvidia-ml-py's structures run a Python ``__getattribute__`` on every field read (to decode
+    strings), so reading four fields costs more than the NVML call itself. The fields are
+    64-bit unsigned integers, which can be unpacked straight from the structure's buffer at
+    the offsets its field descriptors give. ``None`` when the class does not look like that.
+    """
+    try:
+        described = [getattr(cls, name) for name in _V2_FIELDS]
+        offsets = tuple(int(d.offset) for d in described)
+        if any(int(d.size) != _U64.size for d in described):
+            return None
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return offsets[0], offsets[1], offsets[2], offsets[3]
+
+
+def _read_v2(mem: Any) -> tuple[int, int, int, int]:
+    """Return ``(free, total, used, reserved)`` of an ``nvmlMemory_v2`` result, fast."""
+    cls = type(mem)
+    try:
+        offsets = _v2_offsets[cls]
+    except KeyError:
+        offsets = _v2_offsets[cls] = _v2_field_offsets(cls)
+    if offsets is not None:
+        try:
+            unpack = _U64.unpack_from
+            return (
+                unpack(mem, offsets[0])[0],
+                unpack(mem, offsets[1])[0],
+                unpack(mem, offsets[2])[0],
+                unpack(mem, offsets[3])[0],
+            )
+        except (TypeError, struct.error):  # not a buffer after all
+            _v2_offsets[cls] = None
+    return int(mem.free), int(mem.total), int(mem.used), int(mem.reserved)
 
 
 def _text(value: object) -> str:
@@ -642,15 +687,9 @@ class CudaPlatform(BasePlatform):
                         self._memory_source[info.uuid or ""] = _SOURCE_V1
                     source = _SOURCE_V1
                 else:
-                    # The hot path of every wait: fields are ctypes c_ulonglong (Python ints).
-                    reserved = int(mem.reserved)
-                    return memory_info_fast(
-                        int(mem.free),
-                        int(mem.total) - reserved,
-                        int(mem.used),
-                        reserved,
-                        _SOURCE_V2,
-                    )
+                    # The hot path of every wait.
+                    free, total, used, reserved = _read_v2(mem)
+                    return memory_info_fast(free, total - reserved, used, reserved, _SOURCE_V2)
             if source == _SOURCE_V1:
                 try:
                     mem = nv.nvmlDeviceGetMemoryInfo(handle)
