@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from accelplat._types import GraphSupport, HolderState, MemoryInfo, ReleaseProfi
 from accelplat.backends.cuda import CudaPlatform, cuda_order_uuids
 from accelplat.errors import AccelplatError, BackendError, DeviceNotFoundError
 from accelplat.platform import Platform
+from tests.conftest import Install
 from tests.fakes.nvml import (
     GIB,
     H200_RESERVED,
@@ -36,23 +36,6 @@ from tests.fakes.nvml import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-
-Install = Callable[[Any], Any]
-
-
-@pytest.fixture
-def install(monkeypatch: pytest.MonkeyPatch) -> Iterator[Install]:
-    """Install a fake (or any object) as the ``pynvml`` module for this test."""
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-
-    def _install(fake: Any) -> Any:
-        monkeypatch.setitem(sys.modules, "pynvml", fake)
-        return fake
-
-    yield _install
-    if isinstance(sys.modules.get("pynvml"), FakeNvml):
-        _nvml.shutdown()
 
 
 def two_gpus() -> FakeNvml:
@@ -982,13 +965,18 @@ def test_fake_errors_behave_like_nvidia_ml_py() -> None:
 
 def test_v2_fields_read_from_the_buffer_match_the_real_structure() -> None:
     """The fast reader agrees with attribute reads on nvidia-ml-py's own structure class."""
-    import importlib
+    import importlib.machinery
+    import importlib.util
 
     from accelplat.backends.cuda import _read_v2
 
-    real = importlib.import_module("pynvml")  # the installed nvidia-ml-py, not a fake
-    if not hasattr(real, "c_nvmlMemory_v2_t"):
-        pytest.skip("this nvidia-ml-py has no c_nvmlMemory_v2_t")
+    # The installed nvidia-ml-py, loaded from its file: sys.modules may hold a fake.
+    spec = importlib.machinery.PathFinder.find_spec("pynvml")
+    if spec is None or spec.loader is None:
+        pytest.skip("nvidia-ml-py is not installed")
+    real = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real)
+    assert hasattr(real, "c_nvmlMemory_v2_t"), "nvidia-ml-py without the v2 memory structure"
     mem = real.c_nvmlMemory_v2_t()
     mem.version = real.nvmlMemory_v2
     mem.total, mem.reserved = 150_754_820_096, 644_939_776

@@ -31,6 +31,7 @@ from accelplat.backends.simulated import SimulatedClock
 from accelplat.errors import MemoryNotSettledError
 from accelplat.memory import PollPolicy
 from accelplat.platform import Platform
+from tests.conftest import Install
 from tests.fakes.nvml import FakeNvml, h200
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,25 +41,6 @@ POLL_SECONDS = 1.0
 JOIN_SECONDS = 30.0
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-
-Install = Callable[[FakeNvml], FakeNvml]
-
-
-@pytest.fixture
-def install(monkeypatch: pytest.MonkeyPatch) -> Iterator[Install]:
-    """Install a fake nvidia-ml-py as ``pynvml``, with NVML shut down before and after."""
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-
-    def _install(fake: FakeNvml) -> FakeNvml:
-        monkeypatch.setitem(sys.modules, "pynvml", fake)
-        _nvml.shutdown()  # a session left by an earlier test would hide this fake's first init
-        fake.calls.clear()
-        return fake
-
-    yield _install
-    if isinstance(sys.modules.get("pynvml"), FakeNvml):
-        _nvml.shutdown()
 
 
 def two_gpus() -> FakeNvml:

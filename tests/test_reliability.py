@@ -18,7 +18,7 @@ import sys
 import textwrap
 import types
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,27 +31,11 @@ from accelplat.backends import cpu as cpu_backend
 from accelplat.backends.cuda import CudaPlatform
 from accelplat.backends.simulated import SimulatedClock
 from accelplat.errors import AccelplatError, BackendError, MemoryNotSettledError
+from tests.conftest import Install
 from tests.fakes.hostfs import HostFS
 from tests.fakes.nvml import FakeNvml, NVMLLibraryMismatchError, h200
 
 REPO = Path(__file__).resolve().parents[1]
-
-Install = Callable[[FakeNvml], FakeNvml]
-
-
-@pytest.fixture
-def install(monkeypatch: pytest.MonkeyPatch) -> Iterator[Install]:
-    """Install a fake nvidia-ml-py as ``pynvml`` for one test; shut its session down after."""
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-
-    def _install(fake: FakeNvml) -> FakeNvml:
-        monkeypatch.setitem(sys.modules, "pynvml", fake)
-        return fake
-
-    yield _install
-    if isinstance(sys.modules.get("pynvml"), FakeNvml):
-        _nvml.shutdown()
 
 
 class Polls:
