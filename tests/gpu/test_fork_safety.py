@@ -24,23 +24,9 @@ from typing import Any
 
 import pytest
 
+from tests.gpu import require_nvidia_gpu
 
-def _nvml_gpu_count() -> tuple[int, str]:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetCount()), ""
-    except Exception as exc:
-        return 0, f"{type(exc).__name__}: {exc}"
-
-
-_COUNT, _WHY = _nvml_gpu_count()
-if _COUNT < 1:
-    pytest.skip(
-        f"needs an NVIDIA GPU visible to NVML (nvidia-ml-py); found none ({_WHY or '0 GPUs'})",
-        allow_module_level=True,
-    )
+_COUNT = require_nvidia_gpu()
 
 pytestmark = pytest.mark.gpu
 

@@ -12,19 +12,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
+from tests.gpu import require_nvidia_gpu
 
-try:
-    import pynvml
-
-    pynvml.nvmlInit()
-    _COUNT = pynvml.nvmlDeviceGetCount()
-except Exception as exc:  # no driver, no library, no GPU
-    pytest.skip(
-        f"needs an NVIDIA GPU visible to NVML; {type(exc).__name__}", allow_module_level=True
-    )
-if _COUNT < 1:
-    pytest.skip("needs an NVIDIA GPU visible to NVML; found none", allow_module_level=True)
+require_nvidia_gpu()
 
 SUITE = textwrap.dedent(
     """
