@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from accelplat import _nvml
+from accelplat._graphs import graph_support
 from accelplat._types import (
     DeviceInfo,
     GraphSupport,
@@ -381,24 +382,6 @@ def _driver_version(nv: Any) -> str:
         return "unknown"
 
 
-def _torch_graph_support() -> GraphSupport:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        torch_version = version("torch")
-    except PackageNotFoundError:
-        return GraphSupport(
-            False,
-            None,
-            "torch is not installed; CUDA graphs are captured through torch.cuda.CUDAGraph",
-        )
-    if "+cpu" in torch_version:
-        return GraphSupport(
-            False, None, f"torch {torch_version} is a CPU-only build: it cannot capture CUDA graphs"
-        )
-    return GraphSupport(True, "torch.cuda.CUDAGraph", f"torch {torch_version} captures CUDA graphs")
-
-
 class CudaPlatform(BasePlatform):
     """NVIDIA GPUs through NVML: memory, holders and visible devices without a CUDA context.
 
@@ -495,12 +478,15 @@ class CudaPlatform(BasePlatform):
     def graph(self) -> GraphSupport:
         """CUDA graph capability, decided from the installed torch version (torch not imported).
 
-        Available with ``api="torch.cuda.CUDAGraph"`` when a torch distribution other than a
-        ``+cpu`` build is installed; unavailable with the reason otherwise.
+        Available with ``api="torch.cuda.CUDAGraph"`` when torch ≥ 1.10 is installed and is not
+        a build for another platform (``+cpu``, ``+rocm…``, ``+xpu``); unavailable with the
+        reason otherwise. Shares :func:`accelplat._graphs.graph_support` with ROCm and XPU.
         """
         graph = self._graph
         if graph is None:
-            graph = self._graph = _torch_graph_support()
+            graph = self._graph = graph_support(
+                "torch.cuda.CUDAGraph", (1, 10), label="CUDA graphs", flavour="cu"
+            )
         return graph
 
     @property
