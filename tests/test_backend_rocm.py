@@ -17,6 +17,7 @@ from accelplat.backends.rocm import RocmPlatform
 from accelplat.errors import BackendError, ConfigurationError, DeviceNotFoundError
 from accelplat.platform import Platform
 from tests.fakes.amdsmi import FakeAmdGpu, install_broken_amdsmi, make_amdsmi
+from tests.fakes.imports import forbid_torch
 from tests.fakes.sysfs import FakeSysfs
 from tests.fakes.torch_xpu import FakeXpuDevice, install_fake_torch, make_fake_torch
 
@@ -47,18 +48,6 @@ def two_gpus(fs: FakeSysfs):
         0, pci="0000:03:00.0", vram_total=192 * GIB, vram_used=2 * GIB, product_name="MI300A"
     )
     return first, second
-
-
-class _NoTorch(importlib.abc.MetaPathFinder):
-    """Fails, and records, any attempt to import torch."""
-
-    def __init__(self) -> None:
-        self.attempts: list[str] = []
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            self.attempts.append(name)
-            raise ImportError(f"test forbids importing {name}")
 
 
 # -- identity -----------------------------------------------------------------------------------
@@ -472,10 +461,7 @@ def test_torch_fallback_only_when_the_caller_imported_a_rocm_torch(fs, monkeypat
 
 
 def test_rocm_queries_never_import_torch(two_gpus, fs, monkeypatch):
-    blocker = _NoTorch()
-    monkeypatch.setattr(sys, "meta_path", [blocker, *sys.meta_path])
-    for name in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
-        monkeypatch.delitem(sys.modules, name)
+    blocker = forbid_torch(monkeypatch)
     p = RocmPlatform()
     p.devices()
     p.memory_info(0)

@@ -6,7 +6,6 @@ import ctypes
 import importlib.abc
 import importlib.metadata
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from accelplat._types import GIB, HolderState
 from accelplat.backends.xpu import XpuPlatform, usage_visible_to_this_process
 from accelplat.errors import BackendError, ConfigurationError, DeviceNotFoundError
 from accelplat.platform import Platform
+from tests.fakes.imports import TorchBlocker, forbid_torch
 from tests.fakes.levelzero import (
     ZE_RESULT_ERROR_DEVICE_LOST,
     ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS,
@@ -46,28 +46,14 @@ XPU_VARS = (
 )
 
 
-class _NoTorch(importlib.abc.MetaPathFinder):
-    def __init__(self) -> None:
-        self.attempts: list[str] = []
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            self.attempts.append(name)
-            raise ImportError(f"test forbids importing {name}")
-
-
 @pytest.fixture(autouse=True)
-def no_torch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> _NoTorch:
+def no_torch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> TorchBlocker:
     for name in XPU_VARS:
         monkeypatch.delenv(name, raising=False)
     # hermetic: no real Level Zero loader, no real torch, an empty sysfs
     monkeypatch.setenv("ACCELPLAT_LEVEL_ZERO_LIB", str(tmp_path / "no-libze_loader.so.1"))
     monkeypatch.setenv("ACCELPLAT_SYSFS_ROOT", str(tmp_path / "empty-sys"))
-    for name in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
-        monkeypatch.delitem(sys.modules, name)
-    blocker = _NoTorch()
-    monkeypatch.setattr(sys, "meta_path", [blocker, *sys.meta_path])
-    return blocker
+    return forbid_torch(monkeypatch)
 
 
 def lz_platform(devices: list[FakeZesDevice], **kwargs) -> tuple[XpuPlatform, FakeLevelZero]:
