@@ -22,9 +22,7 @@ from pathlib import Path
 
 import pytest
 
-import accelplat
-
-REPO = Path(accelplat.__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "accelplat-example-npu"
 GIB = 1024**3
 

@@ -60,3 +60,94 @@ def test_package_is_typed() -> None:
     assert spec is not None
     assert spec.origin is not None
     assert (Path(spec.origin).parent / "py.typed").is_file()
+
+
+REPO = Path(__file__).resolve().parents[1]
+_SDIST_NEEDS = ("tests", "examples", "docs", "accelplat")
+_SDIST_FILES = ("conftest.py", "mkdocs.yml", "LICENSE", "README.md", "pyproject.toml")
+
+
+def _tree(root: Path, top: str) -> set[str]:
+    return {
+        path.relative_to(root).as_posix()
+        for path in (root / top).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+
+
+def _build(kind: str, out: Path) -> Path:
+    pytest.importorskip("hatchling")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", kind, "-d", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (built,) = out.iterdir()
+    return built
+
+
+def test_the_sdist_holds_everything_its_own_tests_read(tmp_path: Path) -> None:
+    import tarfile
+
+    sdist = _build("sdist", tmp_path)
+    with tarfile.open(sdist) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    wanted = set(_SDIST_FILES)
+    for top in _SDIST_NEEDS:
+        wanted |= _tree(REPO, top)
+    assert sorted(wanted - names) == []
+    assert not any("__pycache__" in name or name.endswith(".pyc") for name in names)
+
+
+def test_the_wheel_carries_the_license_and_no_tests(tmp_path: Path) -> None:
+    import zipfile
+
+    wheel = _build("wheel", tmp_path)
+    names = zipfile.ZipFile(wheel).namelist()
+    licenses = [n for n in names if ".dist-info/licenses/" in n]
+    assert [n.rsplit("/", 1)[1] for n in licenses] == ["LICENSE"]
+    license_text = zipfile.ZipFile(wheel).read(licenses[0]).decode()
+    assert "Apache License" in license_text
+    assert "Version 2.0, January 2004" in license_text
+    assert not [n for n in names if n.startswith(("tests/", "examples/", "benchmarks/"))]
+    assert "accelplat/py.typed" in names
+
+
+def test_every_extra_is_documented_with_what_the_machine_needs() -> None:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = set(meta["optional-dependencies"]) - {"test", "docs"}
+    page = (REPO / "docs" / "getting-started.md").read_text()
+    table = page.split("## Extras", 1)[1]
+    documented = {
+        line.split("|")[1].strip().strip("`")
+        for line in table.splitlines()
+        if line.startswith("| `")
+    }
+    assert documented == extras
+
+
+def test_python_dash_m_and_version_match_the_metadata() -> None:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "accelplat", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"accelplat {version}"
+    assert accelplat.__version__ == version
