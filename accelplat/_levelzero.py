@@ -337,7 +337,10 @@ class Sysman:
         fn = getattr(self._lib, name, None)
         if fn is None:
             raise LevelZeroError(
-                name, None, f"the Level Zero loader has no {name} (a loader older than 1.5?)"
+                name,
+                None,
+                f"the Level Zero loader has no {name} (zesInit arrived with spec 1.5 in "
+                f"loader v1.9.4; is the loader older?)",
             )
         return fn
 

@@ -294,6 +294,11 @@ def _per_device(
     return dict.fromkeys(devices, checked)
 
 
+IDLE_FLOOR_MAX_RATIO = 0.05
+"""Ratios below this are subject to the platform's idle floor; vLLM's test helper floors only
+ratios below 5 % (tests/utils.py, ``wait_for_gpu_memory_to_clear``)."""
+
+
 def _compute_targets(
     memory: Mapping[int, MemoryInfo],
     threshold_bytes: Mapping[int, float | int] | None,
@@ -302,8 +307,9 @@ def _compute_targets(
 ) -> dict[int, int]:
     """Per device, the usage at or below which it counts as clear.
 
-    With both thresholds the larger wins. A ratio target below the platform's idle floor is raised
-    to the floor (capped at the device's total), because an idle device never gets lower.
+    With both thresholds the larger wins. A ratio below :data:`IDLE_FLOOR_MAX_RATIO` whose target
+    falls below the platform's idle floor is raised to the floor (capped at the device's total),
+    because an idle device never gets lower; larger ratios are taken as given, as in vLLM.
     """
     targets: dict[int, int] = {}
     for device, info in memory.items():
@@ -311,8 +317,9 @@ def _compute_targets(
         if threshold_bytes is not None:
             candidates.append(int(threshold_bytes[device]))
         if threshold_ratio is not None:
-            by_ratio = math.floor(float(threshold_ratio[device]) * info.total)
-            if by_ratio < idle_floor:
+            ratio = float(threshold_ratio[device])
+            by_ratio = math.floor(ratio * info.total)
+            if ratio < IDLE_FLOOR_MAX_RATIO and by_ratio < idle_floor:
                 by_ratio = min(idle_floor, max(info.total, 0))
             candidates.append(by_ratio)
         targets[device] = max(candidates)
@@ -796,8 +803,9 @@ def wait_for_memory_to_clear(
     """Wait until used memory of every device is at or below its target, and stays there.
 
     A device's target is ``threshold_bytes``, or ``threshold_ratio × total``, or with both the
-    larger of the two. A ratio target below the platform's ``release.idle_floor_bytes`` is raised
-    to that floor (capped at the device's total): a lazily-releasing platform keeps some memory
+    larger of the two. A ratio below 5 % whose target is below the platform's
+    ``release.idle_floor_bytes`` is raised to that floor (capped at the device's total), as vLLM
+    does: a lazily-releasing platform keeps some memory
     resident at idle, and a target below it could never be met. Byte targets are taken as given.
 
     Args:

@@ -56,9 +56,11 @@ def two_gpus(fs: FakeSysfs):
 def test_identity_and_release_profile():
     p = RocmPlatform()
     assert isinstance(p, Platform)
-    assert (p.name, p.device_type, p.visible_devices_env) == ("rocm", "cuda", "HIP_VISIBLE_DEVICES")
+    assert (p.name, p.device_type) == ("rocm", "cuda")
+    assert p.visible_devices_env == "CUDA_VISIBLE_DEVICES"  # vLLM's device_control_env_var
+    assert p.visible_devices_shadowed_by == ("HIP_VISIBLE_DEVICES",)
     assert p.default_memory_utilization == 0.92
-    assert p.preferred_start_method == "spawn"
+    assert p.preferred_start_method == "spawn"  # vLLM's test helper spawns on ROCm
     r = p.release
     assert r.lazy is True
     assert (r.stable_duration_s, r.settle_timeout_s, r.idle_floor_bytes) == (2.0, 240.0, 4 * GIB)
@@ -168,6 +170,15 @@ def test_rocr_then_hip(two_gpus, monkeypatch):
 def test_cuda_visible_devices_is_honoured(two_gpus, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     assert [d.physical_index for d in RocmPlatform().devices()] == [1, 0]
+
+
+def test_empty_hip_visible_devices_falls_back_to_cuda_visible_devices(two_gpus, monkeypatch):
+    # Ray sets HIP_VISIBLE_DEVICES="" while it starts an actor; HIP and vLLM read "" as unset.
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    (only,) = RocmPlatform().devices()
+    assert (only.physical_index, only.pci_bus_id) == (1, "0000:03:00.0")
+    assert RocmPlatform.probe().available
 
 
 def test_conflicting_hip_and_cuda(two_gpus, monkeypatch):
@@ -485,7 +496,9 @@ def test_rocm_queries_never_import_torch(two_gpus, fs, monkeypatch):
         ("2.4.0", True, "2.4.0"),
         ("2.11.0+cu130", False, "CUDA build"),
         ("2.8.0+cpu", False, "CPU-only build"),
-        ("1.9.1", False, ">= 1.10"),
+        ("1.9.1", False, ">= 2.0"),
+        ("1.13.1+rocm5.2", False, ">= 2.0"),  # ROCm builds before hipGraph support (PR 88202)
+        ("2.0.0+rocm5.4.2", True, "torch.cuda.CUDAGraph"),
         ("garbage", False, "cannot read"),
     ],
 )

@@ -114,8 +114,22 @@ def test_rocm_conforms_over_fake_sysfs_in_a_fresh_process(
     monkeypatch.setenv("ACCELPLAT_DEV_ROOT", str(amd_tree / "dev"))
     report = run_conformance("rocm", settle_clock=VirtualClock())
     assert_conforms(report, isolated=True)
-    assert "HIP_VISIBLE_DEVICES='0,1' -> 2 (subprocess)" in report.result("visible_devices").detail
+    assert "CUDA_VISIBLE_DEVICES='0,1' -> 2 (subprocess)" in report.result("visible_devices").detail
     assert "0: 1 holder(s)" in report.result("memory_holders").detail
+
+
+def test_rocm_visible_devices_check_clears_a_parent_hip_visible_devices(
+    amd_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A parent with HIP_VISIBLE_DEVICES set (Slurm, Ray): setting only CUDA_VISIBLE_DEVICES would
+    # conflict (vLLM raises); the check sets HIP_VISIBLE_DEVICES="" beside it, which HIP ignores.
+    monkeypatch.setenv("ACCELPLAT_SYSFS_ROOT", str(amd_tree / "sys"))
+    monkeypatch.setenv("ACCELPLAT_DEV_ROOT", str(amd_tree / "dev"))
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "2,1,0")
+    report = run_conformance("rocm", checks=["visible_devices"])
+    result = report.result("visible_devices")
+    assert result.verdict == "pass", result.detail
+    assert "CUDA_VISIBLE_DEVICES='0' -> 1 (subprocess)" in result.detail
 
 
 def test_rocm_conforms_when_built_with_roots(amd_tree: Path) -> None:

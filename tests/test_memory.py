@@ -448,6 +448,16 @@ def test_idle_floor_raises_low_ratio_targets_only() -> None:
     assert targets_for(small, threshold_ratio=0.0) == {0: 2 * GIB}  # capped at total
 
 
+def test_idle_floor_applies_only_below_a_five_percent_ratio() -> None:
+    # vLLM floors only ratios below 5 %: on a 40 GiB device 5 % (2 GiB) is taken as given
+    release = {"lazy": True, "stable_duration_s": 0, "idle_floor": "4GiB"}
+    card = SimulatedPlatform.from_spec(
+        {"release": release, "devices": [{"total": "40GiB"}]}, clock=SimulatedClock()
+    )
+    assert targets_for(card, threshold_ratio=0.05) == {0: 2 * GIB}
+    assert targets_for(card, threshold_ratio=0.049) == {0: 4 * GIB}
+
+
 def test_idle_floor_lets_a_lazy_device_clear() -> None:
     # idle usage 2.5 GiB never goes lower; a 1 % target (0.8 GiB) is raised to the 4 GiB floor
     platform = make(

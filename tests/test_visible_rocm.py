@@ -155,6 +155,9 @@ def test_hip_uuid_without_topology_is_a_configuration_error():
         ({"HIP_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "1"}, ("HIP_VISIBLE_DEVICES", "1")),
         ({"HIP_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": ""}, ("HIP_VISIBLE_DEVICES", "1")),
         ({"HIP_VISIBLE_DEVICES": "", "CUDA_VISIBLE_DEVICES": ""}, None),
+        # empty counts as unset (HIP's rocdevice.cpp; vLLM's _sync_hip_cuda_env_vars)
+        ({"HIP_VISIBLE_DEVICES": "", "CUDA_VISIBLE_DEVICES": "1"}, ("CUDA_VISIBLE_DEVICES", "1")),
+        ({"HIP_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": ""}, ("HIP_VISIBLE_DEVICES", "0")),
     ],
 )
 def test_select_hip_variable(env, expected):
@@ -165,7 +168,7 @@ def test_select_hip_variable(env, expected):
     "env",
     [
         {"HIP_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "1"},
-        {"HIP_VISIBLE_DEVICES": "", "CUDA_VISIBLE_DEVICES": "1"},  # vLLM rejects this too
+        {"HIP_VISIBLE_DEVICES": "GPU-5a1b", "CUDA_VISIBLE_DEVICES": "0"},
     ],
 )
 def test_hip_and_cuda_disagreeing_is_a_configuration_error(env):

@@ -71,7 +71,12 @@ from accelplat._types import (
 )
 from accelplat.errors import AccelplatError, BackendError
 from accelplat.platform import BasePlatform, StartMethod
-from accelplat.visible.rocm import ENV_HIP_VISIBLE_DEVICES, hip_uuid, visible_physical_indices
+from accelplat.visible.rocm import (
+    ENV_CUDA_VISIBLE_DEVICES,
+    ENV_HIP_VISIBLE_DEVICES,
+    hip_uuid,
+    visible_physical_indices,
+)
 
 __all__ = ["AMD_VENDOR_ID", "RocmPlatform", "SysfsReader"]
 
@@ -657,9 +662,18 @@ class RocmPlatform(BasePlatform):
 
     name: ClassVar[str] = "rocm"
     device_type: ClassVar[str] = "cuda"
-    visible_devices_env: ClassVar[str | None] = ENV_HIP_VISIBLE_DEVICES
+    visible_devices_env: ClassVar[str | None] = ENV_CUDA_VISIBLE_DEVICES
+    """vLLM's device-control variable on ROCm; HIP honours it when ``HIP_VISIBLE_DEVICES`` is
+    empty or unset."""
+    visible_devices_shadowed_by: ClassVar[tuple[str, ...]] = (ENV_HIP_VISIBLE_DEVICES,)
+    """Takes precedence over :attr:`visible_devices_env` when non-empty; whoever sets
+    ``CUDA_VISIBLE_DEVICES`` should set it to ``""`` (read as unset by HIP and vLLM)."""
     default_memory_utilization: ClassVar[float] = 0.92
     preferred_start_method: ClassVar[StartMethod] = "spawn"
+    """Safe after device use: a forked child of a process that initialised HIP breaks, so vLLM's
+    test helper spawns on ROCm (``requires_spawn_multiprocessing``). vLLM's engine workers fork
+    by default and switch to spawn only once HIP is initialised, under Ray, or on WSL; accelplat's
+    queries create no HIP context, so they do not force that switch."""
     RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(
         lazy=True, stable_duration_s=2.0, settle_timeout_s=240.0, idle_floor_bytes=4 * GIB
     )
@@ -779,8 +793,12 @@ class RocmPlatform(BasePlatform):
 
     @property
     def graph(self) -> GraphSupport:
-        """HIP graphs through ``torch.cuda.CUDAGraph`` when a (ROCm) torch is installed."""
-        return graph_support("torch.cuda.CUDAGraph", (1, 10), label="HIP graphs", flavour="rocm")
+        """HIP graphs through ``torch.cuda.CUDAGraph`` with a (ROCm) torch 2.0 or later.
+
+        ROCm builds could not capture before hipGraph support was merged (pytorch PR 88202,
+        February 2023, first released in torch 2.0).
+        """
+        return graph_support("torch.cuda.CUDAGraph", (2, 0), label="HIP graphs", flavour="rocm")
 
     @property
     def memory_source(self) -> str:

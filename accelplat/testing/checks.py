@@ -59,8 +59,9 @@ The checks (:data:`CHECK_NAMES`, in order):
     With ``visible_devices_env`` set to ``"0"`` in a fresh process, one device is visible; with
     ``"0,1"``, two (when at least three are); with ``""``, none, when the caller says the vendor
     documents that (``empty_visible_hides_all=True``, or the platform's optional attribute
-    ``visible_devices_empty_hides_all = True``). Skipped when the platform has no such variable
-    or fewer than two devices.
+    ``visible_devices_empty_hides_all = True``). Variables the platform lists in its optional
+    ``visible_devices_shadowed_by`` (ones that would take precedence) are set to ``""`` meanwhile.
+    Skipped when the platform has no such variable or fewer than two devices.
 
 Subprocess or in-process: the subprocess checks rebuild the platform in a fresh interpreter from
 its registered name or from an importable ``module:attr`` reference (``child=``), and use it only
@@ -256,18 +257,19 @@ _env_lock = threading.Lock()
 
 
 @contextmanager
-def _patched_env(name: str, value: str) -> Iterator[None]:
-    """Set one environment variable for the block (process-wide; not for concurrent tests)."""
+def _patched_env(changes: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables for the block (process-wide; not for concurrent tests)."""
     with _env_lock:
-        saved = os.environ.get(name)
-        os.environ[name] = value
+        saved = {name: os.environ.get(name) for name in changes}
+        os.environ.update(changes)
         try:
             yield
         finally:
-            if saved is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = saved
+            for name, old in saved.items():
+                if old is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = old
 
 
 @dataclass
@@ -878,11 +880,25 @@ def _check_settle_idle(kit: _Kit) -> str:
     return f"settled in {result.waited_s:.3f} s after {result.polls} poll(s)"
 
 
+def _visible_env(kit: _Kit, env_name: str, value: str) -> dict[str, str]:
+    """The variables to set so that ``env_name=value`` decides visibility.
+
+    A platform may name variables that take precedence over its own when non-empty (ROCm:
+    ``HIP_VISIBLE_DEVICES`` over ``CUDA_VISIBLE_DEVICES``) in ``visible_devices_shadowed_by``;
+    they are set to ``""``, which the runtime reads as unset.
+    """
+    shadows = getattr(kit.platform, "visible_devices_shadowed_by", ())
+    changes = {name: "" for name in shadows if isinstance(name, str) and name != env_name}
+    changes[env_name] = value
+    return changes
+
+
 def _count_with_env(kit: _Kit, env_name: str, value: str) -> tuple[int | None, str]:
     """Return the device count a fresh platform sees with ``env_name=value``, and how."""
+    changes = _visible_env(kit, env_name, value)
     run = kit.baseline()
     if run is not None:
-        answer = kit.run_child(run.spec, env={env_name: value}, queries=False)
+        answer = kit.run_child(run.spec, env=changes, queries=False)
         if not answer.get("ok"):
             return None, f"the child failed: {answer.get('error')}"
         count = answer.get("device_count")
@@ -899,7 +915,7 @@ def _count_with_env(kit: _Kit, env_name: str, value: str) -> tuple[int | None, s
             f"{kit.inprocess_note()}; and no factory= to rebuild the platform with "
             f"{env_name} changed"
         )
-    with _patched_env(env_name, value):
+    with _patched_env(changes):
         try:
             probe = getattr(factory, "probe", None)
             if callable(probe):

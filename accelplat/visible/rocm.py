@@ -28,10 +28,11 @@ runtime libraries implement them:
    * any other token must be a canonical decimal integer (no sign, spaces or leading zeros);
    * an invalid or out-of-range token ends the list; a GPU named again is skipped.
 
-vLLM treats ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` that are both set and differ as a
-configuration error (HIP itself would silently prefer the first); so does
-:func:`select_hip_variable`. An empty token inside the ROCr list (``"0,,1"``) makes ROCr throw
-while parsing, so it is reported as a :class:`~accelplat.errors.ConfigurationError` too.
+vLLM treats ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` that are both non-empty and
+differ as a configuration error (HIP itself would silently prefer the first); so does
+:func:`select_hip_variable`. An empty value counts as unset, for HIP and vLLM alike. An empty
+token inside the ROCr list (``"0,,1"``) makes ROCr throw while parsing, so it is reported as a
+:class:`~accelplat.errors.ConfigurationError` too.
 
 Everything here is a pure function of strings and a UUID table: nothing reads the environment or
 imports a vendor library.
@@ -228,6 +229,10 @@ def parse_hip_visible_devices(
 def select_hip_variable(env: Mapping[str, str]) -> tuple[str, str] | None:
     """Return the variable HIP takes its device list from, and its value.
 
+    HIP reads ``HIP_VISIBLE_DEVICES`` when it is non-empty and otherwise ``CUDA_VISIBLE_DEVICES``
+    (ROCm clr ``rocdevice.cpp``); vLLM treats an empty value as unset too (Ray sets
+    ``HIP_VISIBLE_DEVICES`` to ``""`` while it starts an actor).
+
     Args:
         env: The environment (or any mapping of variable names to values).
 
@@ -236,19 +241,19 @@ def select_hip_variable(env: Mapping[str, str]) -> tuple[str, str] | None:
         ``CUDA_VISIBLE_DEVICES`` when that is non-empty, else ``None`` (no HIP filter).
 
     Raises:
-        ConfigurationError: When ``HIP_VISIBLE_DEVICES`` is set and ``CUDA_VISIBLE_DEVICES`` is
-            set, non-empty and different, which vLLM rejects as ambiguous.
+        ConfigurationError: When both are non-empty and different, which vLLM rejects as
+            ambiguous (HIP alone would silently prefer ``HIP_VISIBLE_DEVICES``).
     """
-    hip = env.get(ENV_HIP_VISIBLE_DEVICES)
-    cuda = env.get(ENV_CUDA_VISIBLE_DEVICES)
-    if hip is not None and cuda and hip != cuda:
+    hip = env.get(ENV_HIP_VISIBLE_DEVICES) or None
+    cuda = env.get(ENV_CUDA_VISIBLE_DEVICES) or None
+    if hip is not None and cuda is not None and hip != cuda:
         raise ConfigurationError(
             f"{ENV_HIP_VISIBLE_DEVICES}={hip!r} and {ENV_CUDA_VISIBLE_DEVICES}={cuda!r} "
             f"disagree; set only one of them, or set both to the same value"
         )
-    if hip:
+    if hip is not None:
         return ENV_HIP_VISIBLE_DEVICES, hip
-    if cuda:
+    if cuda is not None:
         return ENV_CUDA_VISIBLE_DEVICES, cuda
     return None
 
