@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.abc
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 from accelplat import registry
-from accelplat._types import GIB, HolderState
+from accelplat._types import GIB, MIB, HolderState
 from accelplat.backends.rocm import RocmPlatform
 from accelplat.errors import BackendError, ConfigurationError, DeviceNotFoundError
 from accelplat.platform import Platform
@@ -133,17 +135,104 @@ def test_node_without_domain_property_defaults_to_domain_zero(fs):
     assert RocmPlatform().memory_info(0).total == 8 * GIB
 
 
-def test_partitioned_gpu_is_one_device_per_partition_with_whole_card_memory(fs):
+def test_partitioned_gpu_every_partition_resolves_to_its_card_with_hips_share(fs):
+    # MI300X in CPX + NPS1: 8 KFD nodes, partition id ORed into location_id, partitions 1..7 on
+    # amdgpu_xcp platform devices; HIP sees 192 GiB / 8 per partition.
     gpu = fs.add_amd_gpu(
-        0, pci="0000:03:00.0", vram_total=192 * GIB, vram_used=10 * GIB, partitions=4
+        0, pci="0000:03:00.0", vram_total=192 * GIB, vram_used=10 * GIB, partitions=8
+    )
+    fs.add_kfd_process(4242, {gpu.gpu_ids[2]: 5 * GIB, gpu.gpu_ids[7]: GIB})
+    p = RocmPlatform()
+    devices = p.devices()
+    assert len(devices) == 8
+    assert [d.pci_bus_id for d in devices] == ["0000:03:00.0"] * 8
+    assert [d.uuid for d in devices] == [f"GPU-{u:016x}" for u in gpu.unique_ids]
+    assert {d.name for d in devices} == {"AMD Instinct MI300X"}
+    infos = [p.memory_info(i) for i in range(8)]
+    assert [i.total for i in infos] == [24 * GIB] * 8
+    assert [i.used for i in infos] == [0, 0, 5 * GIB, 0, 0, 0, 0, GIB]
+    assert infos[2].free == 19 * GIB
+    assert "partition 2 of 8" in infos[2].source
+    assert "KFD allocations" in infos[2].source
+    assert [h.pid for h in p.memory_holders(2) or []] == [4242]
+    assert p.memory_holders(3) == []
+
+
+@pytest.mark.parametrize(
+    ("partitions", "nps", "share"),
+    [(2, 1, 96 * GIB), (4, 4, 48 * GIB), (8, 4, 24 * GIB), (8, 2, 24 * GIB)],
+)
+def test_partition_share_follows_the_memory_partition_mode(fs, partitions, nps, share):
+    fs.add_amd_gpu(
+        0, pci="0000:03:00.0", vram_total=192 * GIB, partitions=partitions, memory_partitions=nps
     )
     p = RocmPlatform()
-    assert p.device_count() == 4
-    assert [d.uuid for d in p.devices()] == [f"GPU-{u:016x}" for u in gpu.unique_ids]
-    for i in range(4):
-        info = p.memory_info(i)
-        assert info.total == 192 * GIB
-        assert "shared by 4 partitions" in info.source
+    assert [p.memory_info(i).total for i in range(partitions)] == [share] * partitions
+
+
+def test_partitions_of_two_cards_resolve_to_their_own_card(fs):
+    a = fs.add_amd_gpu(0, pci="0000:03:00.0", vram_total=192 * GIB, partitions=4)
+    b = fs.add_amd_gpu(1, pci="0000:23:00.0", vram_total=192 * GIB, partitions=4)
+    fs.add_kfd_process(7, {b.gpu_ids[1]: 2 * GIB})
+    p = RocmPlatform()
+    assert [d.pci_bus_id for d in p.devices()] == ["0000:03:00.0"] * 4 + ["0000:23:00.0"] * 4
+    assert p.memory_info(5).used == 2 * GIB
+    assert p.memory_info(1).used == 0
+    assert len(set(a.render_minors) | set(b.render_minors)) == 8
+
+
+def test_partition_usage_unknown_reports_the_whole_card_and_says_so(fs):
+    fs.add_amd_gpu(0, pci="0000:03:00.0", vram_total=192 * GIB, vram_used=10 * GIB, partitions=4)
+    shutil.rmtree(fs.sys / "class" / "kfd" / "kfd" / "proc")
+    info = RocmPlatform().memory_info(3)
+    assert (info.total, info.used) == (192 * GIB, 10 * GIB)
+    assert "whole card, shared by 4 partitions" in info.source
+    assert "unreadable" in info.source
+
+
+def test_partition_without_kfd_memory_bank_reports_the_whole_card_and_says_so(fs):
+    gpu = fs.add_amd_gpu(0, pci="0000:03:00.0", vram_total=192 * GIB, partitions=2)
+    for node in gpu.nodes:
+        shutil.rmtree(
+            fs.sys / "class" / "kfd" / "kfd" / "topology" / "nodes" / str(node) / "mem_banks"
+        )
+    info = RocmPlatform().memory_info(1)
+    assert info.total == 192 * GIB
+    assert "no KFD memory bank" in info.source
+
+
+def test_partitions_in_a_container_use_their_own_render_nodes(fs, monkeypatch):
+    gpu = fs.add_amd_gpu(0, pci="0000:03:00.0", vram_total=192 * GIB, partitions=8)
+    fs.add_dev_nodes(gpu.render_minors[:2])  # given only partitions 0 and 1
+    monkeypatch.setenv("ACCELPLAT_DEV_ROOT", str(fs.dev))
+    p = RocmPlatform()
+    assert p.device_count() == 2
+    assert [p.memory_info(i).total for i in range(2)] == [24 * GIB] * 2
+
+
+# -- APUs ---------------------------------------------------------------------------------------
+
+
+def test_apu_preferring_gtt_reports_kfds_memory_not_the_carve_out(fs):
+    apu = fs.add_amd_apu(0, carveout=512 * MIB, gtt_limit=62 * GIB, vram_used=300 * MIB)
+    fs.add_kfd_process(99, {apu.gpu_id: 7 * GIB})
+    info = RocmPlatform().memory_info(0)
+    assert (info.total, info.used, info.free) == (62 * GIB, 7 * GIB, 55 * GIB)
+    assert "APU" in info.source
+    assert "host memory pressure not counted" in info.source
+
+
+def test_apu_whose_kfd_usage_is_unreadable_fails_clearly(fs):
+    fs.add_amd_apu(0)
+    shutil.rmtree(fs.sys / "class" / "kfd" / "kfd" / "proc")
+    with pytest.raises(BackendError, match=r"APU.*carve-out"):
+        RocmPlatform().memory_info(0)
+
+
+def test_discrete_card_keeps_the_card_wide_vram_files(fs):
+    fs.add_amd_gpu(0, pci="0000:03:00.0", vram_total=192 * GIB, vram_used=3 * GIB)
+    info = RocmPlatform().memory_info(0)
+    assert (info.total, info.used, info.source) == (192 * GIB, 3 * GIB, "sysfs")
 
 
 # -- visibility ---------------------------------------------------------------------------------
@@ -210,6 +299,60 @@ def test_missing_dev_kfd_means_no_gpu(fs, monkeypatch):
     result = RocmPlatform.probe()
     assert not result.available
     assert "kfd is missing" in result.reason
+
+
+def _in_container(fs: FakeSysfs, monkeypatch: pytest.MonkeyPatch) -> RocmPlatform:
+    monkeypatch.setenv("ACCELPLAT_DEV_ROOT", str(fs.dev))
+    return RocmPlatform(open_device=fs.open_device)
+
+
+def test_render_node_denied_by_the_device_cgroup_is_dropped_like_the_thunk(fs, monkeypatch):
+    fs.add_amd_gpu(0, pci="0000:03:00.0", vram_total=8 * GIB)
+    fs.add_amd_gpu(1, pci="0000:23:00.0", vram_total=16 * GIB)
+    fs.add_amd_gpu(2, pci="0000:43:00.0", vram_total=32 * GIB)
+    fs.add_dev_nodes([128, 129, 130])  # /dev bind-mounted whole...
+    fs.deny_device("dri/renderD129", errno.EPERM)  # ...but the cgroup denies the second GPU
+    p = _in_container(fs, monkeypatch)
+    assert [d.pci_bus_id for d in p.devices()] == ["0000:03:00.0", "0000:43:00.0"]
+    assert p.memory_info(1).total == 32 * GIB  # HIP's device 1 is the third card
+
+
+def test_render_node_without_permission_fails_the_whole_topology(fs, monkeypatch):
+    fs.add_amd_gpu(0, pci="0000:03:00.0", vram_total=8 * GIB)
+    fs.add_amd_gpu(1, pci="0000:23:00.0", vram_total=16 * GIB)
+    fs.add_dev_nodes([128, 129])
+    fs.deny_device("dri/renderD129", errno.EACCES)  # not in the render group
+    p = _in_container(fs, monkeypatch)
+    assert p.device_count() == 0  # ROCm sees no GPU at all, so neither does accelplat
+    monkeypatch.setattr(
+        RocmPlatform, "__init__", _with_opener(RocmPlatform.__init__, fs.open_device)
+    )
+    result = RocmPlatform.probe()
+    assert not result.available
+    assert "EACCES" in result.reason
+    assert "render" in result.reason
+
+
+def test_gpu_node_without_render_minor_fails_the_topology_when_dev_is_checked(fs, monkeypatch):
+    fs.add_amd_gpu(0, pci="0000:03:00.0", vram_total=8 * GIB, kfd=False)
+    fs.add_kfd_gpu_node(gpu_id=5, pci="0000:03:00.0", render_minor=None, unique_id=3)
+    fs.add_dev_nodes([128])
+    assert _in_container(fs, monkeypatch).device_count() == 0
+
+
+def test_dev_kfd_without_permission_means_no_gpu(fs, monkeypatch):
+    fs.add_amd_gpu(0, pci="0000:03:00.0", vram_total=8 * GIB)
+    fs.add_dev_nodes([128])
+    fs.deny_device("kfd", errno.EACCES)
+    assert _in_container(fs, monkeypatch).device_count() == 0
+
+
+def _with_opener(init, opener):
+    def patched(self, **kwargs):
+        kwargs.setdefault("open_device", opener)
+        init(self, **kwargs)
+
+    return patched
 
 
 def test_dev_checks_are_skipped_when_only_sysfs_is_moved(fs):

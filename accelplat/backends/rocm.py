@@ -19,20 +19,35 @@ Memory sources, in order of preference:
 Device order and visibility:
     HIP numbers GPUs as ROCr enumerates them: the GPU nodes of the KFD topology
     (``<sysfs>/class/kfd/kfd/topology/nodes/N``, ``gpu_id`` non-zero and ``simd_count`` non-zero)
-    in node order, leaving out nodes whose render device ``<dev>/dri/renderD<minor>`` is absent
-    (how a container that was given some GPUs sees only those). That is the physical order used
-    here. Each node is tied to its card by ``drm_render_minor`` (the card's ``device/drm`` holds
-    that ``renderD`` node); failing that, by PCI address (``domain`` and ``location_id`` =
-    bus << 8 | device << 3 | function). A card's PCI address is the name of the directory its
+    in node order. The ROCm thunk opens each GPU node's render device
+    ``<dev>/dri/renderD<minor>`` read-write: ``ENOENT`` or ``EPERM`` (absent, or denied by the
+    device cgroup: how a container given some GPUs sees only those) drops the node; any other
+    error (``EACCES``: the user is not in the render/video group), or a GPU node without
+    ``drm_render_minor``, fails the whole topology, so ROCm sees no GPU. The same rule applies
+    here, so indices never shift against HIP's. That is the physical order used here. Each node
+    is tied to its card by ``drm_render_minor`` (the card's ``device/drm`` holds that ``renderD``
+    node); failing that, by PCI address (``domain`` and ``location_id`` = bus << 8 | device << 3
+    | function), where a compute partition's ``location_id`` also carries its partition id
+    (ORed in by the kernel). A card's PCI address is the name of the directory its
     ``device`` link points to, or ``PCI_SLOT_NAME`` of ``device/uevent``. Without a KFD topology,
     cards are ordered by PCI address, which is the order the driver probes them in on ordinary
     machines. Then ``ROCR_VISIBLE_DEVICES`` and ``HIP_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES``
     apply (see :mod:`accelplat.visible.rocm`); with amdsmi, handles are ordered by their
     ``hip_id`` (or PCI address) first.
 
-Partitioned GPUs (MI300/MI355 in CPX or other compute-partition modes) are several KFD nodes on
-one card; each is a HIP device, and each reports the whole card's memory
-(``source="sysfs (whole card, shared by N partitions)"``), as amdsmi does too.
+Partitioned GPUs (MI300/MI355 in DPX/QPX/CPX) are several KFD nodes on one card; each is a HIP
+device. Partition 0 shares the card's render node; partitions 1..N-1 have render nodes of their own
+``amdgpu_xcp`` platform devices, tied to the card through ``location_id``. HIP sees each
+partition's share of memory — the memory partition's size divided by the compute partitions
+sharing it — which is the KFD node's memory bank (``mem_banks/N/properties`` ``size_in_bytes``);
+sysfs and amdsmi report the whole card. So a partition's ``total`` is its KFD bank and ``used`` is
+the sum of KFD's per-process ``vram_<gpu_id>`` on it (``source`` says so); when those files cannot
+be read, the whole card's figures are returned with a ``source`` that says they are card-wide.
+
+APUs whose kernel prefers GTT for KFD (``apu_prefer_gtt``: a VRAM carve-out smaller than GTT)
+report only the BIOS carve-out in ``mem_info_vram_*``; their KFD bank (the TTM page limit) is what
+HIP reports. They are recognised by a KFD bank larger than ``mem_info_vram_total`` and reported
+like a partition; free host memory, which also limits them, is not counted.
 
 Holders come from ``<sysfs>/class/kfd/kfd/proc/<pid>/vram_<gpu_id>`` (bytes; processes with
 zero bytes on the device are left out). Without a matched ``gpu_id`` they are unknown (``None``).
@@ -46,6 +61,7 @@ process's ``/dev``. Variables are read on every query.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import importlib.util
 import io
@@ -86,6 +102,14 @@ AMD_VENDOR_ID = 0x1002
 """PCI vendor id of AMD (ATI) GPUs."""
 
 SOURCE_SYSFS = "sysfs"
+SOURCE_PARTITION = (
+    "sysfs kfd (partition {k} of {n}: total = its share of the card, as HIP reports it; "
+    "used = KFD allocations on it)"
+)
+SOURCE_APU = (
+    "sysfs kfd (APU, memory from system RAM: total = KFD's limit, as HIP reports it; "
+    "used = KFD allocations; host memory pressure not counted)"
+)
 SOURCE_AMDSMI = "amdsmi"
 SOURCE_TORCH = "torch.cuda (creates a device context)"
 
@@ -95,6 +119,28 @@ _BDF_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([
 _VRAM_FILE_RE = re.compile(r"^vram_(\d+)$")
 
 ReadText = Callable[[str], str]
+OpenDevice = Callable[[Path], None]
+
+_HEAP_FB_PUBLIC = 1
+_HEAP_FB_PRIVATE = 2
+"""KFD memory-bank heap types of GPU-local memory (``HSA_MEM_HEAP_TYPE_FB_*``)."""
+
+
+def _open_device(path: Path) -> None:
+    """Check ``path`` as the ROCm thunk opens it; raise the ``OSError`` it would get.
+
+    A render node is opened read-write and closed at once, as the thunk opens it (this briefly
+    creates a DRM client: no HIP context, nothing held afterwards). ``/dev/kfd`` is only checked
+    with ``access()``: opening it would register this process with KFD.
+    """
+    if path.name == "kfd":
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    os.close(fd)
 
 
 def _default_read(path: str) -> str:
@@ -173,6 +219,11 @@ class _Node:
     render_minor: int | None
     pci_bus_id: str | None
     label: str
+    domain: int = 0
+    location_id: int | None = None
+    bank_bytes: int | None = None
+    """Size of the node's GPU memory banks in the KFD topology: what ROCr and HIP report as the
+    device's memory (``None`` when the topology lists no bank)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +237,7 @@ class _Gpu:
     card: _Card | None = None
     node: _Node | None = None
     partitions: int = 1
+    partition: int | None = None
     handle: Any = None
 
 
@@ -308,9 +360,73 @@ def _node_pci(props: Mapping[str, int]) -> str | None:
     return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
 
 
+def _bank_bytes(reader: SysfsReader, node: Path) -> int | None:
+    """Sum ``size_in_bytes`` of the node's GPU-local memory banks; ``None`` when it lists none."""
+    banks = node / "mem_banks"
+    try:
+        names = sorted(n for n in os.listdir(banks) if n.isdigit())
+    except OSError:
+        return None
+    total: int | None = None
+    for name in names:
+        try:
+            props = _parse_properties(reader.text(banks / name / "properties"))
+        except BackendError:
+            continue
+        size = props.get("size_in_bytes")
+        if props.get("heap_type") in (_HEAP_FB_PUBLIC, _HEAP_FB_PRIVATE) and size is not None:
+            total = (total or 0) + max(0, size)
+    return total
+
+
+class _TopologyFailedError(Exception):
+    """The ROCm thunk would fail the whole topology (so ROCm sees no GPU)."""
+
+
+def _render_node_usable(dev: Path, name: str, minor: int | None, open_device: OpenDevice) -> bool:
+    """Apply the thunk's rule for one GPU node's render device.
+
+    Returns:
+        ``True`` when it opens; ``False`` for ``ENOENT`` or ``EPERM`` (the thunk drops the node).
+
+    Raises:
+        _TopologyFailedError: For a GPU node without ``drm_render_minor`` and for any other error,
+            such as ``EACCES`` (the user is not in the render/video group).
+    """
+    if minor is None:
+        raise _TopologyFailedError(
+            f"KFD node {name} is a GPU without drm_render_minor; the ROCm runtime fails its "
+            f"whole topology on that"
+        )
+    path = dev / "dri" / f"renderD{minor}"
+    try:
+        open_device(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.EPERM):
+            return False
+        code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        hint = ""
+        if exc.errno == errno.EACCES:
+            hint = " (add the user to the 'render' and 'video' groups)"
+        raise _TopologyFailedError(
+            f"cannot open {path}: {exc.strerror or exc} ({code}){hint}; the ROCm runtime then "
+            f"fails its whole topology, so it sees no GPU"
+        ) from None
+    return True
+
+
 def _scan_nodes(
-    reader: SysfsReader, sysfs: Path, dev: Path | None, notes: list[str]
+    reader: SysfsReader,
+    sysfs: Path,
+    dev: Path | None,
+    notes: list[str],
+    open_device: OpenDevice,
 ) -> list[_Node] | None:
+    """Return the KFD GPU nodes ROCr enumerates, or ``None`` without a KFD topology.
+
+    Raises:
+        _TopologyFailedError: When the ROCm thunk would fail the whole topology.
+    """
     nodes_dir = sysfs / "class" / "kfd" / "kfd" / "topology" / "nodes"
     try:
         names = os.listdir(nodes_dir)
@@ -328,67 +444,143 @@ def _scan_nodes(
         if gpu_id == 0 or props.get("simd_count", 1) == 0:
             continue  # a CPU node
         minor = props.get("drm_render_minor")
-        if dev is not None and (minor is None or not (dev / "dri" / f"renderD{minor}").exists()):
-            notes.append(f"KFD node {name} skipped: its render node is not in {dev / 'dri'}")
+        if dev is not None and not _render_node_usable(dev, name, minor, open_device):
+            notes.append(
+                f"KFD node {name} skipped: its render node {dev / 'dri'}/renderD{minor} is absent "
+                f"or denied (ENOENT/EPERM), as the ROCm runtime skips it"
+            )
             continue
         label = _label(reader, path / "name")
         nodes.append(
-            _Node(int(name), gpu_id, props.get("unique_id", 0), minor, _node_pci(props), label)
+            _Node(
+                int(name),
+                gpu_id,
+                props.get("unique_id", 0),
+                minor,
+                _node_pci(props),
+                label,
+                domain=props.get("domain", 0),
+                location_id=props.get("location_id"),
+                bank_bytes=_bank_bytes(reader, path),
+            )
         )
     return nodes
 
 
-def _scan_topology(sysfs: Path, dev: Path | None, reader: SysfsReader) -> _Topology:
+def _card_location(card: _Card) -> tuple[int, int] | None:
+    """``(domain, bus << 8 | device << 3 | function)`` of a card's PCI address."""
+    match = _BDF_RE.match(card.pci_bus_id or "")
+    if match is None:
+        return None
+    domain, bus, dev, fn = (int(g, 16) for g in match.groups())
+    return domain, (bus << 8) | (dev << 3) | fn
+
+
+def _card_of_partition(node: _Node, cards: Sequence[_Card]) -> tuple[_Card, int] | None:
+    """The card a compute partition belongs to, and the partition id, from ``location_id``.
+
+    The kernel ORs the partition id into ``location_id`` when a card has several partitions
+    (``kfd_topology_add_device``), so the card's own location is a bit-subset of the node's on the
+    same bus; the closest such card wins.
+    """
+    if node.location_id is None:
+        return None
+    best: tuple[_Card, int] | None = None
+    for card in cards:
+        where = _card_location(card)
+        if where is None:
+            continue
+        domain, location = where
+        if domain != node.domain or location >> 8 != node.location_id >> 8:
+            continue
+        if location & node.location_id != location:
+            continue
+        if best is None or location > (_card_location(best[0]) or (0, -1))[1]:
+            best = (card, node.location_id ^ location)
+    return best
+
+
+def _scan_topology(
+    sysfs: Path, dev: Path | None, reader: SysfsReader, open_device: OpenDevice = _open_device
+) -> _Topology:
     """Return the AMD GPUs of ``sysfs`` in ROCr's order (see the module docstring).
 
     Args:
         sysfs: The sysfs root.
         dev: The ``/dev`` root to check render nodes and ``kfd`` in, or ``None`` to skip that.
         reader: Reads the attribute files.
+        open_device: How a device node is checked (raises the ``OSError`` opening it gives).
 
     Returns:
-        The topology; ``gpus`` is empty when no AMD card with VRAM files exists.
+        The topology; ``gpus`` is empty when no AMD card with VRAM files exists, or when the ROCm
+        runtime could use none (the notes say why).
     """
     notes: list[str] = []
     cards = _scan_cards(reader, sysfs, notes)
     if not cards:
         return _Topology([], uuids_known=False, notes=notes)
-    nodes = _scan_nodes(reader, sysfs, dev, notes)
+    try:
+        nodes = _scan_nodes(reader, sysfs, dev, notes, open_device)
+    except _TopologyFailedError as exc:
+        notes.insert(0, str(exc))
+        return _Topology([], uuids_known=True, cards=len(cards), notes=notes)
     if nodes is None:
         ordered = sorted(cards, key=lambda c: (_pci_key(c.pci_bus_id), c.name))
         notes.append("no KFD topology: cards ordered by PCI address")
         gpus = [_Gpu(i, c.label, None, c.pci_bus_id, card=c) for i, c in enumerate(ordered)]
         return _Topology(gpus, uuids_known=False, cards=len(cards), notes=notes)
-    if dev is not None and not (dev / "kfd").exists():
-        notes.append(f"{dev / 'kfd'} is missing: the ROCm runtime cannot open any GPU")
-        return _Topology([], uuids_known=True, cards=len(cards), notes=notes)
+    if dev is not None:
+        try:
+            open_device(dev / "kfd")
+        except OSError as exc:
+            what = (
+                "is missing"
+                if isinstance(exc, FileNotFoundError)
+                else f"cannot be opened ({exc.strerror or exc})"
+            )
+            notes.insert(0, f"{dev / 'kfd'} {what}: the ROCm runtime cannot open any GPU")
+            return _Topology([], uuids_known=True, cards=len(cards), notes=notes)
     by_minor = {m: c for c in cards for m in c.render_minors}
     by_pci = {c.pci_bus_id: c for c in cards if c.pci_bus_id}
-    matched: list[tuple[_Node, _Card | None]] = []
+    matched: list[tuple[_Node, _Card | None, int | None]] = []
     for node in nodes:
         card = by_minor.get(node.render_minor) if node.render_minor is not None else None
+        partition: int | None = None
         if card is None and node.pci_bus_id is not None:
             card = by_pci.get(node.pci_bus_id)
         if card is None:
+            found = _card_of_partition(node, cards)
+            if found is not None:
+                card, partition = found
+        if card is None:
             notes.append(f"KFD node {node.node} matches no AMD card; its memory is unknown")
-        matched.append((node, card))
+        matched.append((node, card, partition))
     shares: dict[str, int] = {}
-    for _, card in matched:
+    for _, card, _ in matched:
         if card is not None:
             shares[card.name] = shares.get(card.name, 0) + 1
-    gpus = [
-        _Gpu(
-            i,
-            (card.label if card is not None else "") or node.label or "AMD GPU",
-            hip_uuid(node.unique_id),
-            node.pci_bus_id or (card.pci_bus_id if card is not None else None),
-            card=card,
-            node=node,
-            partitions=shares.get(card.name, 1) if card is not None else 1,
+    found_gpus: list[_Gpu] = []
+    seen: dict[str, int] = {}
+    for i, (node, card, from_location) in enumerate(matched):
+        count = shares.get(card.name, 1) if card is not None else 1
+        partition = from_location
+        if card is not None and count > 1 and partition is None:
+            partition = seen.get(card.name, 0)
+        if card is not None:
+            seen[card.name] = seen.get(card.name, 0) + 1
+        found_gpus.append(
+            _Gpu(
+                i,
+                (card.label if card is not None else "") or node.label or "AMD GPU",
+                hip_uuid(node.unique_id),
+                (card.pci_bus_id if card is not None else None) or node.pci_bus_id,
+                card=card,
+                node=node,
+                partitions=count,
+                partition=partition if count > 1 else None,
+            )
         )
-        for i, (node, card) in enumerate(matched)
-    ]
-    return _Topology(gpus, uuids_known=True, cards=len(cards), notes=notes)
+    return _Topology(found_gpus, uuids_known=True, cards=len(cards), notes=notes)
 
 
 class _SysfsSource(_Source):
@@ -421,28 +613,66 @@ class _SysfsSource(_Source):
                 f"{device / 'mem_info_vram_used'} ({used}) exceeds "
                 f"{device / 'mem_info_vram_total'} ({total})",
             )
-        source = SOURCE_SYSFS
-        if gpu.partitions > 1:
-            source = f"sysfs (whole card, shared by {gpu.partitions} partitions)"
-        return MemoryInfo(free=total - used, total=total, used=used, source=source)
+        node = gpu.node
+        bank = node.bank_bytes if node is not None else None
+        apu = gpu.partitions == 1 and bank is not None and bank > total
+        if gpu.partitions == 1 and not apu:
+            return MemoryInfo(free=total - used, total=total, used=used, source=SOURCE_SYSFS)
+        # A compute partition, or an APU whose KFD memory is system RAM (GTT): HIP's total is the
+        # KFD bank, and the card-wide VRAM files do not describe it.
+        kfd_used = self._kfd_used(node.gpu_id) if node is not None else None
+        if bank is None or kfd_used is None:
+            if apu:
+                raise BackendError(
+                    "rocm",
+                    f"GPU {gpu.physical_index} is an APU whose KFD memory comes from system RAM "
+                    f"(GTT): sysfs VRAM is only the carve-out, and the KFD process files under "
+                    f"{self._sysfs / 'class' / 'kfd' / 'kfd' / 'proc'} are unreadable",
+                )
+            why = "no KFD memory bank" if bank is None else "KFD process files unreadable"
+            source = (
+                f"sysfs (whole card, shared by {gpu.partitions} partitions; this partition's "
+                f"share unknown: {why})"
+            )
+            return MemoryInfo(free=total - used, total=total, used=used, source=source)
+        if kfd_used > bank:
+            raise BackendError(
+                "rocm",
+                f"KFD allocations on GPU {gpu.physical_index} ({kfd_used} bytes) exceed its KFD "
+                f"memory bank ({bank} bytes)",
+            )
+        if apu:
+            source = SOURCE_APU
+        else:
+            source = SOURCE_PARTITION.format(k=gpu.partition or 0, n=gpu.partitions)
+        return MemoryInfo(free=bank - kfd_used, total=bank, used=kfd_used, source=source)
 
-    def holders(self, gpu: _Gpu) -> list[MemoryHolder] | None:
-        if gpu.node is None:
-            return None
+    def _kfd_vram(self, gpu_id: int) -> dict[int, int] | None:
+        """Bytes of VRAM per process on ``gpu_id`` from KFD's process files; ``None`` if absent."""
         proc = self._sysfs / "class" / "kfd" / "kfd" / "proc"
         try:
             pids = [int(p) for p in os.listdir(proc) if p.isdigit()]
         except OSError:
             return None
-        holders: list[MemoryHolder] = []
+        out: dict[int, int] = {}
         for pid in sorted(pids):
             try:
-                used = self._reader.integer(proc / str(pid) / f"vram_{gpu.node.gpu_id}")
+                out[pid] = self._reader.integer(proc / str(pid) / f"vram_{gpu_id}")
             except BackendError:
                 continue  # the process exited, or does not use this GPU
-            if used > 0:
-                holders.append(make_holder(pid, used))
-        return holders
+        return out
+
+    def _kfd_used(self, gpu_id: int) -> int | None:
+        by_pid = self._kfd_vram(gpu_id)
+        return None if by_pid is None else sum(by_pid.values())
+
+    def holders(self, gpu: _Gpu) -> list[MemoryHolder] | None:
+        if gpu.node is None:
+            return None
+        by_pid = self._kfd_vram(gpu.node.gpu_id)
+        if by_pid is None:
+            return None
+        return [make_holder(pid, used) for pid, used in by_pid.items() if used > 0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -658,6 +888,9 @@ class RocmPlatform(BasePlatform):
             ``/dev`` (skipped when only the sysfs root is moved).
         read_text: How sysfs files are read (for tests).
         allow_amdsmi: Whether amdsmi may be used when sysfs has no AMD card.
+        open_device: How a ``/dev`` node is checked, raising the ``OSError`` opening it gives
+            (for tests; by default render nodes are opened read-write and closed at once, as the
+            ROCm thunk opens them, and ``/dev/kfd`` is checked with ``access()``).
     """
 
     name: ClassVar[str] = "rocm"
@@ -689,7 +922,9 @@ class RocmPlatform(BasePlatform):
         dev_root: str | os.PathLike[str] | None = None,
         read_text: ReadText | None = None,
         allow_amdsmi: bool = True,
+        open_device: OpenDevice | None = None,
     ) -> None:
+        self._open_device = open_device or _open_device
         self._sysfs_arg = None if sysfs_root is None else Path(sysfs_root)
         self._dev_arg = None if dev_root is None else Path(dev_root)
         self._reader = SysfsReader(read_text)
@@ -731,7 +966,7 @@ class RocmPlatform(BasePlatform):
             sysfs, dev = key
             reasons: list[str] = []
             source: _Source | None = None
-            topology = _scan_topology(sysfs, dev, self._reader)
+            topology = _scan_topology(sysfs, dev, self._reader, self._open_device)
             self._notes = topology.notes
             if topology.cards:
                 source = _SysfsSource(sysfs, topology, self._reader)

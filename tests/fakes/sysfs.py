@@ -8,21 +8,38 @@ Layout written under ``root``::
     sys/bus/pci/drivers/<driver>/            what each device's ``driver`` link points at
     sys/class/drm/cardN/device -> <bdf dir>  one directory per card (gt/gt<N> for i915)
     sys/class/drm/cardN-DP-1, renderD128     connectors and render nodes (to be ignored)
-    sys/class/kfd/kfd/topology/nodes/N/      gpu_id, properties, name
+    sys/devices/platform/amdgpu_xcp.K/drm/   compute partitions 1..N-1 of a partitioned AMD GPU:
+                                             cardM and renderD<minor> of their own DRM device
+    sys/class/kfd/kfd/topology/nodes/N/      gpu_id, properties, name, mem_banks/0/properties
     sys/class/kfd/kfd/proc/<pid>/vram_<id>   per-process VRAM
-    dev/kfd, dev/dri/renderD<minor>          device nodes (plain files)
+    dev/kfd, dev/dri/renderD<minor>          device nodes (plain files); ``open_device`` answers
+                                             as ``open(O_RDWR)`` would (an errno per node)
 
 Facts followed: attribute files end with a newline; ``vendor`` is ``0x1002``/``0x8086``/``0x10de``;
 the KFD ``properties`` file is ``key value`` lines with ``location_id`` = bus << 8 | dev << 3 |
 fn, ``domain``, ``drm_render_minor``, ``unique_id`` and ``simd_count`` (0 for CPU nodes, whose
 ``gpu_id`` is 0).
+
+Partitioned AMD GPUs (MI300/MI355 in DPX/QPX/CPX; amdgpu ``kfd_topology_add_device``,
+``amdgpu_xcp.c``, ``amdxcp/amdgpu_xcp_drv.c``): one KFD node per compute partition; when a card
+has more than one, the partition id is ORed into ``location_id``; partition 0 shares the card's
+DRM device (its render node is under the card's ``device/drm``), partitions 1..N-1 get DRM devices
+of their own on ``amdgpu_xcp`` platform devices, which have no PCI parent and no ``vendor`` file.
+The KFD memory bank of each partition (``mem_banks/0/properties`` ``size_in_bytes``) is what
+``amdgpu_amdkfd_xcp_memory_size`` gives it: the memory partition's size divided by the compute
+partitions sharing it (the default CAPPING_EVEN mode); sysfs ``mem_info_vram_*`` stay card-wide.
+
+APUs whose kernel prefers GTT for KFD (``apu_prefer_gtt``: VRAM carve-out smaller than GTT,
+amdgpu_ttm.c): ``mem_info_vram_total`` is the BIOS carve-out while the KFD bank reports the TTM
+page limit (``amdgpu_amdkfd_get_local_mem_info``), which is what HIP calls the device's memory.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 AMD = 0x1002
@@ -51,6 +68,8 @@ class AmdGpu:
     nodes: list[int]
     gpu_ids: list[int]
     unique_ids: list[int]
+    render_minors: list[int] = field(default_factory=list)
+    bank_bytes: list[int] = field(default_factory=list)
 
     @property
     def gpu_id(self) -> int:
@@ -72,6 +91,9 @@ class FakeSysfs:
         (self.sys / "class" / "drm").mkdir(parents=True, exist_ok=True)
         self._next_node = 0
         self._kfd = False
+        self._next_xcp = 0
+        self._next_xcp_card = 64
+        self.open_errors: dict[str, int] = {}
 
     # -- generic pieces -----------------------------------------------------------------------
 
@@ -125,6 +147,21 @@ class FakeSysfs:
         if kfd:
             (self.dev / "kfd").write_text("")
 
+    def deny_device(self, name: str, code: int) -> None:
+        """Make opening ``/dev/<name>`` fail with ``code`` (``EPERM``: a device-cgroup deny;
+        ``EACCES``: the user is not in the render/video group)."""
+        self.open_errors[name] = code
+
+    def open_device(self, path: str | os.PathLike[str]) -> None:
+        """Answer as ``open(path, O_RDWR)`` on this tree's ``/dev`` would: the errno set by
+        :meth:`deny_device`, ``ENOENT`` for a missing node, else success."""
+        rel = os.path.relpath(os.fspath(path), self.dev)
+        if rel in self.open_errors:
+            code = self.open_errors[rel]
+            raise OSError(code, os.strerror(code), os.fspath(path))
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fspath(path))
+
     # -- AMD ----------------------------------------------------------------------------------
 
     def _topology(self) -> Path:
@@ -154,15 +191,30 @@ class FakeSysfs:
         name: str = "gfx942",
         simd_count: int = 1216,
         with_domain: bool = True,
+        partition: int | None = None,
+        bank_bytes: int | None = None,
+        private_heap: bool = True,
     ) -> int:
-        """A GPU node of the KFD topology."""
+        """A GPU node of the KFD topology.
+
+        Args:
+            partition: The compute partition's id, ORed into ``location_id`` (the kernel does so
+                when a card has more than one partition); ``None`` for an unpartitioned card.
+            bank_bytes: ``size_in_bytes`` of its memory bank (``None``: no ``mem_banks``).
+            private_heap: Heap type 2 (FB_PRIVATE: part of the memory is not CPU-visible) rather
+                than 1 (FB_PUBLIC, e.g. an APU's GTT-backed memory).
+        """
         node = self._next_node
         self._next_node += 1
         domain, bus, dev, fn = _bdf_parts(pci)
+        location = (bus << 8) | (dev << 3) | fn
+        if partition is not None:
+            location |= partition
         lines = [
             "cpu_cores_count 0",
             f"simd_count {simd_count}",
-            f"location_id {(bus << 8) | (dev << 3) | fn}",
+            f"mem_banks_count {0 if bank_bytes is None else 1}",
+            f"location_id {location}",
         ]
         if with_domain:
             lines.append(f"domain {domain}")
@@ -173,7 +225,32 @@ class FakeSysfs:
         _write(d / "gpu_id", f"{gpu_id}\n")
         _write(d / "properties", "\n".join(lines) + "\n")
         _write(d / "name", f"{name}\n")
+        if bank_bytes is not None:
+            heap = 2 if private_heap else 1
+            _write(
+                d / "mem_banks" / "0" / "properties",
+                f"heap_type {heap}\nsize_in_bytes {bank_bytes}\nflags 0\nwidth 8192\n"
+                f"mem_clk_max 1300\n",
+            )
         return node
+
+    def _add_xcp_device(self) -> tuple[int, int]:
+        """A DRM device on an ``amdgpu_xcp`` platform device; returns (card, render minor)."""
+        index = self._next_xcp
+        self._next_xcp += 1
+        card = self._next_xcp_card
+        self._next_xcp_card += 1
+        minor = 128 + card
+        platform = self.sys / "devices" / "platform" / f"amdgpu_xcp.{index}"
+        (platform / "drm" / f"card{card}").mkdir(parents=True, exist_ok=True)
+        (platform / "drm" / f"renderD{minor}").mkdir(parents=True, exist_ok=True)
+        _write(platform / "uevent", "DRIVER=amdgpu_xcp_drv\nMODALIAS=platform:amdgpu_xcp\n")
+        card_dir = self.card_dir(card)
+        card_dir.mkdir(parents=True, exist_ok=True)
+        os.symlink(platform, card_dir / "device")
+        _write(card_dir / "dev", f"226:{card}\n")
+        self.add_render_entry(minor)
+        return card, minor
 
     def add_amd_gpu(
         self,
@@ -188,12 +265,21 @@ class FakeSysfs:
         product_name: str | None = "AMD Instinct MI300X",
         kfd: bool = True,
         partitions: int = 1,
+        memory_partitions: int = 1,
         device_id: int = 0x74A1,
+        bank_bytes: int | None = None,
+        gtt_total: int | None = None,
     ) -> AmdGpu:
         """An amdgpu card with VRAM files and (unless ``kfd=False``) its KFD node(s).
 
-        ``partitions`` > 1 adds that many KFD nodes for the card (compute partitions); the first
-        uses the card's render node, the others render nodes of their own partition devices.
+        Args:
+            partitions: Compute partitions (1 SPX, 2 DPX, 4 QPX, 8 CPX): one KFD node each, laid
+                out as the kernel does (see the module docstring).
+            memory_partitions: Memory partitions (NPS mode); each compute partition's KFD bank is
+                ``vram_total / memory_partitions / (partitions / memory_partitions)``.
+            bank_bytes: The KFD bank size of an unpartitioned card (default ``vram_total``); an
+                APU that prefers GTT reports its TTM limit here.
+            gtt_total: Writes ``mem_info_gtt_total``/``_used`` when given.
         """
         minor = 128 + card if render_minor is None else render_minor
         pci_dir = self._pci_device(pci, vendor=AMD, device_id=device_id, driver="amdgpu", card=card)
@@ -201,24 +287,70 @@ class FakeSysfs:
         _write(pci_dir / "mem_info_vram_total", f"{vram_total}\n")
         _write(pci_dir / "mem_info_vram_used", f"{vram_used}\n")
         _write(pci_dir / "mem_info_vis_vram_total", f"{vram_total}\n")
+        if gtt_total is not None:
+            _write(pci_dir / "mem_info_gtt_total", f"{gtt_total}\n")
+            _write(pci_dir / "mem_info_gtt_used", "0\n")
+        if partitions > 1 or memory_partitions > 1:
+            mode = {1: "SPX", 2: "DPX", 4: "QPX", 8: "CPX"}.get(partitions, "CPX")
+            _write(pci_dir / "current_compute_partition", f"{mode}\n")
+            _write(pci_dir / "current_memory_partition", f"NPS{memory_partitions}\n")
         if product_name is not None:
             _write(pci_dir / "product_name", f"{product_name}\n")
-        nodes: list[int] = []
-        gpu_ids: list[int] = []
-        unique_ids: list[int] = []
-        if kfd:
-            for p in range(partitions):
-                gid = (gpu_id if gpu_id is not None else 40000 + 977 * card) + p
-                uid = (unique_id if unique_id is not None else 0x5A1B2C3D4E5F6000 + card) + (p << 8)
-                part_minor = minor if p == 0 else 200 + 8 * card + p
-                nodes.append(
-                    self.add_kfd_gpu_node(
-                        gpu_id=gid, pci=pci, render_minor=part_minor, unique_id=uid
-                    )
+        result = AmdGpu(card, pci, minor, [], [], [])
+        if not kfd:
+            return result
+        if partitions > 1:
+            share = vram_total // memory_partitions // max(1, partitions // memory_partitions)
+            share -= share % 4096  # ALIGN_DOWN(…, PAGE_SIZE)
+        else:
+            share = vram_total if bank_bytes is None else bank_bytes
+        for p in range(partitions):
+            gid = (gpu_id if gpu_id is not None else 40000 + 977 * card) + p
+            uid = (unique_id if unique_id is not None else 0x5A1B2C3D4E5F6000 + card) + (p << 8)
+            part_minor = minor if p == 0 else self._add_xcp_device()[1]
+            result.nodes.append(
+                self.add_kfd_gpu_node(
+                    gpu_id=gid,
+                    pci=pci,
+                    render_minor=part_minor,
+                    unique_id=uid,
+                    partition=p if partitions > 1 else None,
+                    bank_bytes=share,
+                    private_heap=partitions > 1,
                 )
-                gpu_ids.append(gid)
-                unique_ids.append(uid)
-        return AmdGpu(card, pci, minor, nodes, gpu_ids, unique_ids)
+            )
+            result.gpu_ids.append(gid)
+            result.unique_ids.append(uid)
+            result.render_minors.append(part_minor)
+            result.bank_bytes.append(share)
+        return result
+
+    def add_amd_apu(
+        self,
+        card: int,
+        *,
+        pci: str = "0000:c4:00.0",
+        carveout: int = 512 * 1024**2,
+        gtt_limit: int = 62 * 1024**3,
+        vram_used: int = 300 * 1024**2,
+        product_name: str | None = None,
+        device_id: int = 0x1586,
+    ) -> AmdGpu:
+        """An APU whose kernel prefers GTT for KFD (Strix Halo, Ryzen iGPUs, MI300A).
+
+        ``mem_info_vram_total`` is the BIOS carve-out; the KFD bank (heap type FB_PUBLIC) is the
+        TTM page limit, the memory HIP reports.
+        """
+        return self.add_amd_gpu(
+            card,
+            pci=pci,
+            vram_total=carveout,
+            vram_used=vram_used,
+            product_name=product_name,
+            device_id=device_id,
+            bank_bytes=gtt_limit,
+            gtt_total=gtt_limit,
+        )
 
     def set_vram(self, card: int, *, used: int | None = None, total: int | None = None) -> None:
         if used is not None:
