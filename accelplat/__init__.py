@@ -62,6 +62,11 @@ _EXPORTS: dict[str, str] = {
     "snapshot": "accelplat.memory",
     "wait_for_memory_to_clear": "accelplat.memory",
     "wait_for_memory_to_settle": "accelplat.memory",
+    # device leases
+    "Lease": "accelplat.leasing",
+    "LeaseTimeoutError": "accelplat.leasing",
+    "lease": "accelplat.leasing",
+    "lease_status": "accelplat.leasing",
     # host and sizing
     "ShmInfo": "accelplat.host",
     "largest_shm_budget": "accelplat.host",
@@ -91,6 +96,8 @@ __all__ = [
     "InsufficientMemoryError",
     "InsufficientSharedMemoryError",
     "KVCacheTooSmallError",
+    "Lease",
+    "LeaseTimeoutError",
     "MemoryHolder",
     "MemoryInfo",
     "MemoryNotSettledError",
@@ -111,6 +118,8 @@ __all__ = [
     "get_platform",
     "kv_cache_bytes",
     "largest_shm_budget",
+    "lease",
+    "lease_status",
     "max_model_len_that_fits",
     "parse_size",
     "record_usage_stats",
@@ -165,6 +174,7 @@ if TYPE_CHECKING:
         PlatformNotAvailableError,
     )
     from accelplat.host import ShmInfo, largest_shm_budget, require_shm, shm_info
+    from accelplat.leasing import Lease, LeaseTimeoutError, lease, lease_status
     from accelplat.memory import (
         PollPolicy,
         record_usage_stats,

@@ -93,6 +93,16 @@ class DeviceInfo:
     uuid: str | None = None
     pci_bus_id: str | None = None
 
+    @property
+    def stable_id(self) -> str | None:
+        """An identity that no visible-devices variable or enumeration order can change.
+
+        Returns:
+            The UUID where the vendor has one, else the PCI bus address, else ``None`` (then
+            only ``physical_index`` identifies the device, which is stable for one machine).
+        """
+        return self.uuid or self.pci_bus_id or None
+
 
 @dataclass(frozen=True)
 class ReleaseProfile:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 from accelplat._types import (
@@ -26,9 +26,15 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
-from accelplat.errors import DeviceNotFoundError
+from accelplat.errors import ConfigurationError, DeviceNotFoundError
 
-__all__ = ["BasePlatform", "Platform", "StartMethod"]
+__all__ = [
+    "BasePlatform",
+    "Platform",
+    "StartMethod",
+    "default_subset_environment",
+    "subset_environment",
+]
 
 StartMethod = Literal["fork", "spawn", "forkserver"]
 
@@ -212,8 +218,73 @@ class BasePlatform:
         self.check_device(device)
         return None
 
+    def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
+        """Return the environment that makes exactly ``devices`` visible to a child process.
+
+        Device leases (:func:`accelplat.lease`) apply it. The default names each device by its
+        UUID, else its physical index, in :attr:`visible_devices_env`; a backend whose vendor
+        stacks several variables overrides this (see :func:`subset_environment`).
+
+        Args:
+            devices: Devices of this platform, as :meth:`devices` returned them.
+
+        Returns:
+            Variable name to value; ``None`` means "remove the variable".
+        """
+        return default_subset_environment(self.visible_devices_env, devices)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r}>"
+
+
+def default_subset_environment(
+    variable: str | None, devices: Sequence[DeviceInfo]
+) -> dict[str, str | None]:
+    """Name ``devices`` in one visible-devices variable: by UUID, else by physical index.
+
+    Args:
+        variable: The platform's visible-devices variable; ``None`` gives an empty mapping (a
+            platform without one, such as the CPU, cannot hide devices from a child).
+        devices: The devices to make visible, in the order wanted.
+
+    Returns:
+        ``{variable: "id,id,…"}``, or ``{}``.
+    """
+    if variable is None:
+        return {}
+    return {variable: ",".join(d.uuid or str(d.physical_index) for d in devices)}
+
+
+def subset_environment(platform: Platform, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
+    """Return the environment that shows a child process exactly ``devices`` of ``platform``.
+
+    Calls the platform's ``visible_devices_environment`` where it has one (every
+    :class:`BasePlatform` does; it is an optional member of :class:`Platform`), else
+    :func:`default_subset_environment` of its ``visible_devices_env``.
+
+    Args:
+        platform: The platform the devices belong to.
+        devices: The devices, as ``platform.devices()`` returned them.
+
+    Returns:
+        Variable name to value; ``None`` means "remove the variable".
+
+    Raises:
+        ConfigurationError: When the platform's answer is not a mapping of names to text or
+            ``None``.
+    """
+    method = getattr(platform, "visible_devices_environment", None)
+    if method is None:
+        return default_subset_environment(platform.visible_devices_env, devices)
+    answer = method(devices)
+    if not isinstance(answer, Mapping) or not all(
+        isinstance(k, str) and k and (v is None or isinstance(v, str)) for k, v in answer.items()
+    ):
+        raise ConfigurationError(
+            f"{platform.name}: visible_devices_environment must return a mapping of variable "
+            f"names to text or None, got {answer!r}"
+        )
+    return dict(answer)
 
 
 def validate_utilization(value: float, *, argument: str = "gpu_memory_utilization") -> float:

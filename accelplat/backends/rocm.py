@@ -936,6 +936,22 @@ class RocmPlatform(BasePlatform):
         self._notes: list[str] = []
         self._amdsmi_failure: str | None = None
 
+    def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
+        """Return ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` naming exactly ``devices``.
+
+        Both name the GPUs by UUID (``GPU-…``, which HIP matches whatever ``ROCR_VISIBLE_DEVICES``
+        left visible), else by HIP index, and carry the same text, because vLLM rejects the
+        two when they differ. ``ROCR_VISIBLE_DEVICES`` is kept: the subset lies inside it.
+
+        Args:
+            devices: Devices as :meth:`devices` returned them.
+
+        Returns:
+            The two variables and their common value.
+        """
+        text = ",".join(d.uuid or str(d.index) for d in devices)
+        return {ENV_HIP_VISIBLE_DEVICES: text, ENV_CUDA_VISIBLE_DEVICES: text}
+
     # -- configuration ------------------------------------------------------------------------
 
     def _roots(self) -> tuple[Path, Path | None]:

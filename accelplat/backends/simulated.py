@@ -59,6 +59,7 @@ from accelplat.platform import BasePlatform, StartMethod
 
 __all__ = [
     "ENV_SPEC",
+    "ENV_VISIBLE",
     "MAX_DEVICES",
     "MAX_SPEC_BYTES",
     "LazyRelease",
@@ -76,6 +77,10 @@ __all__ = [
 
 ENV_SPEC = "ACCELPLAT_SIMULATED_SPEC"
 """Variable naming the spec file that ``SimulatedPlatform()`` and its probe load."""
+
+ENV_VISIBLE = "ACCELPLAT_SIMULATED_VISIBLE_DEVICES"
+"""Comma-separated UUIDs (``SIM-0`` …) or spec indices of the devices this process sees; unset
+means all of them. Parsed like ``CUDA_VISIBLE_DEVICES``: an unknown entry ends the list."""
 
 MAX_SPEC_BYTES = 1 * MIB
 """Largest spec file accepted."""
@@ -1017,24 +1022,60 @@ class SimulatedPlatform(BasePlatform):
         """Return timeline time: seconds on :attr:`clock` since construction."""
         return self.clock.monotonic() - self._t0
 
+    @property
+    def visible_devices_env(self) -> str | None:  # type: ignore[override]
+        """``ACCELPLAT_SIMULATED_VISIBLE_DEVICES``: the simulated devices this process sees."""
+        return ENV_VISIBLE
+
+    def _visible(self) -> list[int]:
+        """Spec indices of the visible devices, in visible-index order (see :data:`ENV_VISIBLE`)."""
+        everything = list(range(len(self._spec.devices)))
+        raw = os.environ.get(ENV_VISIBLE)
+        if raw is None:
+            return everything
+        uuids = [self._uuid(i) for i in everything]
+        chosen: list[int] = []
+        for token in (t.strip() for t in raw.split(",")):
+            if token in uuids:
+                index = uuids.index(token)
+            elif token.isdecimal() and len(token) <= 6 and int(token) < len(uuids):
+                index = int(token)
+            else:  # as CUDA does: an unknown entry ends the list
+                break
+            if index in chosen:
+                raise ConfigurationError(f"{ENV_VISIBLE}={raw!r} names device {token} twice")
+            chosen.append(index)
+        return chosen
+
+    def _uuid(self, index: int) -> str:
+        uuid = self._spec.devices[index].uuid
+        return uuid if uuid is not None else f"SIM-{index}"
+
     def devices(self) -> Sequence[DeviceInfo]:
-        """Return the simulated devices in index order."""
+        """Return the visible simulated devices in visible-index order.
+
+        Every device of the spec is visible unless ``ACCELPLAT_SIMULATED_VISIBLE_DEVICES`` lists
+        some, by UUID or spec index; ``physical_index`` is the index in the spec.
+
+        Raises:
+            ConfigurationError: When the variable names a device twice.
+        """
         return [
             DeviceInfo(
                 index=i,
-                physical_index=i,
-                name=dev.name,
-                uuid=dev.uuid if dev.uuid is not None else f"SIM-{i}",
+                physical_index=spec_index,
+                name=self._spec.devices[spec_index].name,
+                uuid=self._uuid(spec_index),
             )
-            for i, dev in enumerate(self._spec.devices)
+            for i, spec_index in enumerate(self._visible())
         ]
 
     def device_count(self) -> int:
-        """Return the number of simulated devices."""
-        return len(self._spec.devices)
+        """Return the number of visible simulated devices."""
+        return len(self._visible())
 
     def _memory_info(self, device: int) -> MemoryInfo:
-        dev = self._spec.devices[device]
+        dev = self._spec.devices[self._visible()[device]]
         used = dev.used_at(self.elapsed())
         return MemoryInfo(
             free=dev.total - used,
@@ -1054,7 +1095,7 @@ class SimulatedPlatform(BasePlatform):
             DeviceNotFoundError: For an index that is not visible.
         """
         index = self.check_device(device)
-        return self._spec.devices[index].holders_at(self.elapsed())
+        return self._spec.devices[self._visible()[index]].holders_at(self.elapsed())
 
     def __repr__(self) -> str:
         return (

@@ -68,7 +68,15 @@ from accelplat._types import (
 )
 from accelplat.errors import AccelplatError, BackendError
 from accelplat.platform import BasePlatform, StartMethod
-from accelplat.visible.oneapi import ENV_AFFINITY_MASK, XpuTarget, visible_targets
+from accelplat.visible.oneapi import (
+    ENV_AFFINITY_MASK,
+    ENV_DEVICE_SELECTOR,
+    ENV_FLAT_DEVICE_HIERARCHY,
+    XpuTarget,
+    affinity_mask_for,
+    parse_hierarchy,
+    visible_targets,
+)
 
 __all__ = ["INTEL_VENDOR_ID", "XpuPlatform", "usage_visible_to_this_process"]
 
@@ -395,6 +403,32 @@ class XpuPlatform(BasePlatform):
                 name += ", ".join(str(t) for t in target.tiles) + ")"
             out.append(DeviceInfo(index, target.card, name, card.uuid, card.pci_bus_id))
         return out
+
+    def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
+        """Return ``ZE_AFFINITY_MASK`` for exactly ``devices``, and no ``ONEAPI_DEVICE_SELECTOR``.
+
+        The mask is written in the device model in force (``ZE_FLAT_DEVICE_HIERARCHY``): card or
+        tile entries under ``COMPOSITE``, flat indices otherwise; the SYCL selector is removed
+        because it would index the masked list. With torch as the only source (no card table)
+        the devices' card indices are used.
+
+        Args:
+            devices: Devices as :meth:`devices` returned them.
+
+        Returns:
+            ``{"ZE_AFFINITY_MASK": …, "ONEAPI_DEVICE_SELECTOR": None}``.
+
+        Side effects:
+            Reads sysfs and Level Zero Sysman, as :meth:`devices` does.
+        """
+        cards, targets = self._targets()
+        if not cards or len(targets) < len(devices):
+            mask = ",".join(str(d.physical_index) for d in devices)
+        else:
+            hierarchy = parse_hierarchy(os.environ.get(ENV_FLAT_DEVICE_HIERARCHY))
+            chosen = [targets[d.index] for d in devices]
+            mask = affinity_mask_for(chosen, [c.tiles for c in cards], hierarchy)
+        return {ENV_AFFINITY_MASK: mask, ENV_DEVICE_SELECTOR: None}
 
     def _torch_devices(self, torch: Any) -> list[DeviceInfo]:
         try:

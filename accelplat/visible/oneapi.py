@@ -48,6 +48,7 @@ __all__ = [
     "ENV_FLAT_DEVICE_HIERARCHY",
     "Hierarchy",
     "XpuTarget",
+    "affinity_mask_for",
     "apply_device_selector",
     "default_devices",
     "parse_affinity_mask",
@@ -371,3 +372,34 @@ def visible_targets(tiles: Sequence[int], env: Mapping[str, str]) -> list[XpuTar
     hierarchy = parse_hierarchy(env.get(ENV_FLAT_DEVICE_HIERARCHY))
     masked = parse_affinity_mask(env.get(ENV_AFFINITY_MASK), tiles, hierarchy)
     return apply_device_selector(env.get(ENV_DEVICE_SELECTOR), masked, tiles, hierarchy)
+
+
+def affinity_mask_for(
+    targets: Sequence[XpuTarget], tiles: Sequence[int], hierarchy: Hierarchy
+) -> str:
+    """Write the ``ZE_AFFINITY_MASK`` that shows exactly ``targets`` (with no device selector).
+
+    The inverse of :func:`visible_targets` for one device subset: with the result as the mask
+    and ``ONEAPI_DEVICE_SELECTOR`` unset, the same hierarchy shows ``targets`` and nothing else.
+
+    Args:
+        targets: The devices to show, as :func:`visible_targets` returned them.
+        tiles: Per physical card (in driver order), its number of tiles.
+        hierarchy: The device model in force.
+
+    Returns:
+        Comma-separated entries: card (``X``) or card and tile (``X.Y``) entries under
+        ``COMPOSITE``, flat device indices under ``FLAT`` and ``COMBINED``.
+    """
+    entries: list[str] = []
+    for target in targets:
+        chosen = range(tiles[target.card]) if target.tiles is None else target.tiles
+        if hierarchy is Hierarchy.COMPOSITE:
+            if target.tiles is None:
+                entries.append(str(target.card))
+            else:
+                entries.extend(f"{target.card}.{t}" for t in chosen)
+        else:
+            first = sum(tiles[: target.card])
+            entries.extend(str(first + t) for t in chosen)
+    return ",".join(entries)
