@@ -22,6 +22,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "accelplat.cli.wait",
     "accelplat.cli.sizing",
     "accelplat.cli.timeline",
+    "accelplat.cli.lease",
 )
 
 
