@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import uuid as _uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -388,6 +387,8 @@ class Sysman:
             return out
 
     def _describe(self, handle: int) -> SysmanDevice:
+        import uuid  # only once a device is found: not on the probe of a machine without one
+
         props = ZesDeviceProperties()
         props.stype = ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES
         props.core.stype = 0x3  # ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES
@@ -407,7 +408,7 @@ class Sysman:
             handle=handle,
             pci_bus_id=pci_bus_id,
             name=core.name.decode("utf-8", "replace").strip() or "Intel GPU",
-            uuid=str(_uuid.UUID(bytes=bytes(core.uuid))),
+            uuid=str(uuid.UUID(bytes=bytes(core.uuid))),
             vendor_id=int(core.vendorId),
             device_type=int(core.type),
             integrated=bool(core.flags & ZE_DEVICE_PROPERTY_FLAG_INTEGRATED),

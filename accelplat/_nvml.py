@@ -42,6 +42,7 @@ __all__ = [
     "import_pynvml",
     "initialized",
     "is_error",
+    "library_missing",
     "release",
     "session",
     "shutdown",
@@ -219,9 +220,48 @@ def unavailable_reason(exc: BaseException) -> str:
     return f"NVML unavailable: {exc or name} ({name})"
 
 
+LIBRARY = "libnvidia-ml.so.1"
+"""The library nvidia-ml-py loads on Linux (``CDLL("libnvidia-ml.so.1")``, no other path)."""
+
+
+def library_missing() -> str | None:
+    """Say why NVML's library cannot be loaded, without importing ``pynvml``.
+
+    On a machine without the NVIDIA driver, importing nvidia-ml-py (tens of milliseconds) only
+    to learn that its library is absent dominates detection. This asks the dynamic loader the
+    same question ``nvmlInit`` would, the way nvidia-ml-py asks it on Linux.
+
+    Returns:
+        ``None`` when the library loads (or on an operating system other than Linux, where
+        nvidia-ml-py looks elsewhere and the question is left to it); otherwise the reason,
+        worded as for ``NVMLError_LibraryNotFound``.
+
+    Side effects:
+        Loads ``libnvidia-ml.so.1`` into the process when present (``pynvml`` would next);
+        imports ``ctypes``.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        ctypes.CDLL(LIBRARY)
+    except OSError:
+        name = "NVMLError_LibraryNotFound"
+        return f"NVML unavailable: {_HINTS[name]} ({name})"
+    return None
+
+
 def _initialize_locked(st: _State) -> None:
-    """Import pynvml and run ``nvmlInit``; ``st.cond`` is held."""
+    """Import pynvml and run ``nvmlInit``; ``st.cond`` is held.
+
+    When ``pynvml`` is not imported yet and its library cannot load, fails without importing it.
+    """
     global _generation
+    if MODULE_NAME not in sys.modules:
+        missing = library_missing()
+        if missing is not None:
+            raise NvmlUnavailableError(missing, "NVMLError_LibraryNotFound")
     module = import_pynvml()
     try:
         init = module.nvmlInit

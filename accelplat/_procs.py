@@ -8,10 +8,12 @@ still lists after the process died — which is what a CI log needs to say on a 
 from __future__ import annotations
 
 import os
-
-import psutil
+from typing import TYPE_CHECKING
 
 from accelplat._types import HolderState, MemoryHolder
+
+if TYPE_CHECKING:
+    import psutil
 
 __all__ = ["classify_pid", "make_holder"]
 
@@ -28,8 +30,10 @@ def classify_pid(pid: int) -> tuple[HolderState, str]:
         no such process is visible (``name`` is then ``""``).
 
     Side effects:
-        Reads ``/proc``; creates no device context.
+        Reads ``/proc`` (importing psutil on first use); creates no device context.
     """
+    import psutil
+
     if pid == os.getpid():
         return HolderState.SELF, _name(psutil.Process(pid))
     try:
@@ -51,6 +55,8 @@ def classify_pid(pid: int) -> tuple[HolderState, str]:
 
 
 def _name(proc: psutil.Process) -> str:
+    import psutil
+
     try:
         return str(proc.name())
     except (psutil.Error, OSError):

@@ -991,3 +991,53 @@ def test_v2_fields_of_an_object_without_a_buffer_are_read_as_attributes() -> Non
 
     mem = SimpleNamespace(free=1, total=4, used=2, reserved=1)
     assert _read_v2(mem) == (1, 4, 2, 1)
+
+
+# -- without the driver's library, nvidia-ml-py is not even imported ---------------------------
+
+
+class _PynvmlImportRecorder(importlib.abc.MetaPathFinder):
+    """Records every attempt to import ``pynvml`` and lets it fail as if not installed."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "pynvml":
+            self.attempts += 1
+            raise ModuleNotFoundError("No module named 'pynvml'", name="pynvml")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the loader check is Linux's")
+def test_a_missing_nvml_library_is_found_without_importing_pynvml(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _nvml.shutdown()
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # undone: removed again afterwards
+    monkeypatch.delitem(sys.modules, "pynvml")
+    recorder = _PynvmlImportRecorder()
+    monkeypatch.setattr(sys, "meta_path", [recorder, *sys.meta_path])
+    monkeypatch.setattr(_nvml, "LIBRARY", "libaccelplat-no-such-library.so.1")
+    result = CudaPlatform.probe()
+    assert not result.available
+    assert "NVMLError_LibraryNotFound" in result.reason
+    assert "libnvidia-ml.so.1 was not found" in result.reason
+    assert recorder.attempts == 0
+    assert "pynvml" not in sys.modules
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the loader check is Linux's")
+def test_a_loadable_nvml_library_goes_on_to_import_pynvml(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _nvml.shutdown()
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # undone: removed again afterwards
+    monkeypatch.delitem(sys.modules, "pynvml")
+    recorder = _PynvmlImportRecorder()
+    monkeypatch.setattr(sys, "meta_path", [recorder, *sys.meta_path])
+    monkeypatch.setattr(_nvml, "LIBRARY", "libc.so.6")  # any library the loader finds
+    assert _nvml.library_missing() is None
+    result = CudaPlatform.probe()
+    assert not result.available
+    assert recorder.attempts == 1  # then nvidia-ml-py decides (here: not installed)
+    assert "nvidia-ml-py" in result.reason

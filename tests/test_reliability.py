@@ -313,6 +313,7 @@ def test_the_deprecated_package_hook_warning_never_reaches_the_caller(
     hook_module = importlib.import_module("deprecated_pynvml_hook")
     hook = hook_module.DeprecatedPynvmlHook()
     monkeypatch.setattr(sys, "meta_path", [hook, *sys.meta_path])
+    monkeypatch.setattr(_nvml, "library_missing", lambda: None)  # NVML's library loads here
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("error")  # as under -W error: a leaked warning would raise
         result = CudaPlatform.probe()
@@ -332,6 +333,8 @@ def test_deprecated_package_under_w_error_in_a_fresh_interpreter(tmp_path: Path)
         hook = DeprecatedPynvmlHook()
         sys.meta_path.insert(0, hook)
         import accelplat
+        import accelplat._nvml
+        accelplat._nvml.library_missing = lambda: None  # as where NVML's library loads
         platform = accelplat.current_platform()
         report = accelplat.detect()
         reasons = {c.name: c.reason for c in report.candidates}
@@ -375,6 +378,8 @@ def test_import_and_detection_survive_a_hostile_environment(tmp_path: Path) -> N
         """
         import json, os
         import accelplat
+        import accelplat._nvml
+        accelplat._nvml.library_missing = lambda: None  # as where NVML's library loads
         out = {"import": "ok"}
         report = accelplat.detect()
         out["detect_error"] = report.error

@@ -42,7 +42,6 @@ Roots:
 from __future__ import annotations
 
 import os
-import platform as _platform
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -319,6 +318,8 @@ class CpuPlatform(BasePlatform):
         for key in _CPU_MODEL_KEYS:
             if key in found:
                 return found[key]
+        import platform as _platform  # only when /proc/cpuinfo names no model
+
         machine = _platform.machine()
         return f"cpu ({machine})" if machine else "cpu"
 

@@ -1,0 +1,135 @@
+"""Detection cost on a host without an accelerator driver, next to the interpreter alone.
+
+Runs each snippet in fresh interpreters, round-robin (``--runs`` of each, after one warm-up),
+and prints the median and the minimum wall time of each, then the ratio the target is about:
+``import accelplat; current_platform().memory_info(0)`` over ``python -c pass``, measured in the
+same run. The minimum is the figure least disturbed by other load on a shared machine; both are
+printed. Pieces of the cost (importing the package, the value types, the backends) are listed
+to show where the time goes. Also prints, from one fresh interpreter, which optional modules the
+detection imported (none of pynvml, psutil, torch should be).
+
+Usage (from the repository root)::
+
+    python -m compileall -q accelplat
+    PYTHONPATH=. python benchmarks/bench_cpu_detect.py [--runs 41] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+TARGET = "import accelplat; current_platform().memory_info(0)"
+BASELINE = "python -c pass"
+
+SNIPPETS: dict[str, str] = {
+    BASELINE: "pass",
+    TARGET: "import accelplat; accelplat.current_platform().memory_info(0)",
+    "  forced: ACCELPLAT_PLATFORM=cpu": (
+        "import os; os.environ['ACCELPLAT_PLATFORM'] = 'cpu'; "
+        "import accelplat; accelplat.current_platform().memory_info(0)"
+    ),
+    "  import accelplat.registry": "import accelplat.registry",
+    "  import typing, dataclasses (stdlib floor)": "import typing, dataclasses",
+    "  import psutil (no longer on this path)": "import psutil",
+    "  import pynvml (no longer on this path)": "import pynvml",
+}
+
+IMPORTED = (
+    "import sys, json, accelplat\n"
+    "p = accelplat.current_platform(); p.memory_info(0)\n"
+    "print(json.dumps({'platform': p.name, 'modules': sorted(m for m in "
+    "('pynvml', 'psutil', 'torch', 'amdsmi', 'uuid', 'ctypes.util') if m in sys.modules)}))\n"
+)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _available(code: str, env: dict[str, str]) -> bool:
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, check=False
+    )
+    return done.returncode == 0
+
+
+def fresh_process_times(runs: int) -> dict[str, list[float]]:
+    """Run every snippet ``runs`` times in fresh interpreters, round-robin; return seconds."""
+    env = _env()
+    names = [n for n, code in SNIPPETS.items() if _available(code, env)]  # also the warm-up
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(runs):
+        for name in names:
+            start = time.perf_counter()
+            subprocess.run(
+                [sys.executable, "-c", SNIPPETS[name]],
+                env=env,
+                check=True,
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+            )
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=41, help="fresh processes per snippet")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.runs < 5:
+        parser.error("--runs must be at least 5")
+
+    env = _env()
+    seen = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", IMPORTED],
+            env=env,
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    print(f"python {sys.version.split()[0]} at {sys.executable}")
+    print(f"detected platform: {seen['platform']}; optional modules imported: {seen['modules']}")
+    if seen["platform"] != "cpu":
+        print("note: this host is not CPU-only; the CPU-host target does not apply here")
+
+    times = fresh_process_times(args.runs)
+    med = {name: statistics.median(values) for name, values in times.items()}
+    low = {name: min(values) for name, values in times.items()}
+    print(f"\nFresh process, {args.runs} runs of each, round-robin:")
+    print(f"  {'snippet':48s} {'median':>10s} {'min':>10s}")
+    for name in times:
+        print(f"  {name:48s} {med[name] * 1e3:7.1f} ms {low[name] * 1e3:7.1f} ms")
+    ratios = {
+        "detect+query / python -c pass (median)": med[TARGET] / med[BASELINE],
+        "detect+query / python -c pass (min)": low[TARGET] / low[BASELINE],
+    }
+    print("\nRatios (target: <= 4x on a CPU-only host):")
+    for name, value in ratios.items():
+        print(f"  {name:48s} {value:6.2f}x")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"seen": seen, "times_s": times, "median_s": med, "min_s": low, "ratios": ratios},
+                indent=2,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
