@@ -143,9 +143,9 @@ class ChildResult:
         """Raise the pytest outcome the child reported (skip, xfail, fail or exit) here.
 
         Raises:
-            pytest.skip.Exception, pytest.xfail.Exception, pytest.fail.Exception,
-            pytest.exit.Exception: The outcome. Does nothing when :attr:`status` is not
-                ``"outcome"``.
+            BaseException: The outcome (``pytest.skip.Exception``, ``pytest.xfail.Exception``,
+                ``pytest.fail.Exception`` or ``pytest.exit.Exception``). Does nothing when
+                :attr:`status` is not ``"outcome"``.
         """
         if self.outcome is None:
             return

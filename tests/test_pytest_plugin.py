@@ -278,7 +278,7 @@ def test_the_forced_platform_survives_a_registry_reset_in_a_fixture(
     )
     result = run(pytester, "--accelplat-platform", "simulated")
     result.assert_outcomes(passed=2, skipped=1)
-    assert "Need at least 2 GPUs to run the test." in "\n".join(skip_lines(result))
+    assert "needs 2 devices, simulated has 1 visible" in "\n".join(skip_lines(result))
 
 
 def test_a_session_that_uses_nothing_detects_nothing_and_imports_no_framework(
