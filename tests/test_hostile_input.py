@@ -123,10 +123,11 @@ def _model_lookup(entry: str, uuid_list: bool, gpus: list[ModelGpu]) -> str | No
         m = _STRTOUL.match(entry)  # strtoul: white space, a sign, digits; the rest is ignored
         if m is None:
             return None
-        value = int(m.group(2))
-        if m.group(1) == "-" and value != 0:
-            return None
-        return gpus[value].uuid if value < len(gpus) else None
+        value = min(int(m.group(2)), 2**64 - 1)  # an overflow is ULONG_MAX
+        if m.group(1) == "-":
+            value = -value % 2**64  # unsigned negation
+        value &= 2**32 - 1  # the driver keeps the low 32 bits, as an int
+        return gpus[value].uuid if value < min(len(gpus), 2**31) else None
     gpu_uuids = [g.uuid for g in gpus]
     if entry.startswith("GPU-"):
         digits = _hex_digits(entry[4:])
@@ -145,15 +146,16 @@ def _model_lookup(entry: str, uuid_list: bool, gpus: list[ModelGpu]) -> str | No
         wanted = (int(parts[1]), int(parts[2]))
         gpu = next(g for g in gpus if g.uuid == parent)
         return next((u for u, gi, ci in gpu.migs if (gi, ci) == wanted), None)
-    digits = _hex_digits(rest)
-    return None if digits is None else _unique(digits, [u for g in gpus for u, _, _ in g.migs])
+    digits = _hex_digits(rest)  # MIG- digits name a MIG device or a GPU (driver 580)
+    named = [u for g in gpus for u, _, _ in g.migs] + gpu_uuids
+    return None if digits is None else _unique(digits, named)
 
 
 def cuda_reference(text: str | None, gpus: list[ModelGpu]) -> list[str]:
     """UUIDs CUDA makes visible, in order, from the documented rules alone.
 
     Unset: every GPU. Otherwise the text is split at commas; the first entry decides whether the
-    list holds ordinals (read as ``strtoul`` reads them) or UUIDs (``GPU-``/``MIG-`` then hex
+    list holds ordinals (read as ``strtoul`` reads them, then cut to a 32-bit int) or UUIDs (``GPU-``/``MIG-`` then hex
     digits of any case, dashes skipped, an unambiguous abbreviation allowed); the first invalid
     entry ends the list; naming one device twice hides everything. A process sees at most one
     MIG device: the first one named, else the first MIG device of the first named GPU in MIG

@@ -68,6 +68,14 @@ def test_unset_is_distinct_from_empty() -> None:
         ("4,3,two,one", [4, 3]),
         ("one,two,3,4", []),
         ("0,GPU-8932f937", [0]),
+        # strtoul's unsigned arithmetic, then the low 32 bits as an int (driver 580).
+        ("4294967297", [1]),
+        ("4294967296,4294967299", [0, 3]),
+        ("-4294967295", [1]),
+        ("-18446744073709551615", [1]),
+        ("2147483648", []),
+        ("-2147483648", []),
+        ("18446744073709551616", []),
         ("NoDevFiles", []),
         ("0,NoDevFiles,1", [0]),
         ("-", []),
@@ -317,6 +325,14 @@ def test_abbreviated_mig_uuid_must_be_unique() -> None:
     assert uuids("MIG-d184", MIXED) == [M0]
     assert uuids("MIG-37b5", MIXED) == []  # M1 and M2
     assert uuids("MIG-37b51", MIXED) == [M1]
+
+
+def test_a_mig_prefix_also_names_a_gpu_by_its_uuid_digits() -> None:
+    # The driver matched "MIG-<digits of a GPU UUID>" to that GPU (driver 580, MIG off).
+    assert uuids("MIG-" + U3[4:], MIXED) == [U3]
+    assert uuids("MIG-af7b", MIXED) == [U3]
+    assert uuids(f"{U3},MIG-af7b", MIXED) == []  # the same GPU twice
+    assert uuids("MIG-8932f9", MIXED) == []  # prefix of two GPUs
 
 
 def test_legacy_mig_form_by_instance_ids() -> None:

@@ -12,7 +12,9 @@ because this module is on the detection path, where each frozen dataclass costs 
 millisecond to create at import.
 
 The rules (CUDA programming guide, MIG user guide, and the behaviour of the CUDA driver itself,
-checked form by form against ``cuInit`` on driver 580 by ``tests/gpu/test_real_cuda.py``):
+checked form by form against ``cuInit`` on driver 580: ``tools/record_cuda_visible.py`` records
+the driver's answer for a few hundred forms into ``tests/data/cuda_visible_ground_truth.json``,
+which ``tests/test_visible_cuda_ground_truth.py`` replays through these functions):
 
 * Unset: every GPU is visible. Set to the empty string (or to anything whose first entry is
   invalid, ``NoDevFiles`` included): no GPU is visible.
@@ -22,15 +24,20 @@ checked form by form against ``cuInit`` on driver 580 by ``tests/gpu/test_real_c
   a list of ordinals, and a later ``GPU-``/``MIG-`` entry is invalid there.
 * An ordinal is read like C's ``strtoul``: leading white space, an optional sign, then the
   leading decimal digits; whatever follows is ignored (``"1abc"`` and ``" 1 "`` are ``1``).
-  ``-0`` is ``0``; any other negative value, an entry without leading digits, an ordinal that
-  overflows an ``unsigned long`` (however many digits it has) and an ordinal not below the
-  number of GPUs are invalid.
+  As ``strtoul`` does, a minus sign negates the value modulo 2**64, and a value that overflows
+  an ``unsigned long`` (however many digits it has) becomes ``ULONG_MAX``. The driver then keeps
+  the low 32 bits as an ``int``: ``"4294967297"`` and ``"-4294967295"`` are ordinal ``1``,
+  ``"-0"`` is ``0``, and ``"-1"``, ``"2147483648"`` or an overflowing value are negative there.
+  A negative ordinal, an entry without leading digits and an ordinal not below the number of
+  GPUs are invalid.
 * A UUID entry must start with exactly ``GPU-`` or ``MIG-`` (no white space before it, upper
   case). After that CUDA reads hexadecimal digits in either case, skipping dashes wherever they
   are; once it has all 32 digits of a UUID it ignores the rest of the entry. Any other character
   before that, or no digit at all (``"GPU-"``), makes the entry invalid. The digits read may be
   an abbreviation: they must begin the UUID of exactly one GPU; digits that begin none, or
-  several, are invalid. ``MIG-<uuid>`` likewise names MIG devices, and the legacy
+  several, are invalid. ``MIG-<uuid>`` likewise names MIG devices, but the driver matches its
+  digits against the GPUs' UUIDs too (``MIG-<digits of a GPU's UUID>`` names that GPU); a
+  ``GPU-`` entry matches GPUs only. The legacy
   ``MIG-GPU-<uuid>/<gpu instance id>/<compute instance id>`` names a MIG device by its parent
   GPU and instance ids.
 * The first invalid entry ends the list: the devices named before it stay visible.
@@ -208,6 +215,12 @@ def is_pci_bus_order(order: str | None) -> bool:
 _ULONG_MAX = 2**64 - 1
 """The largest value ``strtoul`` reads (64-bit ``unsigned long``); beyond it, it overflows."""
 
+_ORDINAL_MASK = 2**32 - 1
+"""The driver stores the ordinal ``strtoul`` read in a 32-bit ``int``…"""
+
+_INT_MAX = 2**31 - 1
+"""…so a value whose low 32 bits are 2**31 or more is negative there: no device has it."""
+
 
 def _decimal(digits: str) -> int | None:
     """Read ASCII decimal digits as ``strtoul`` would; ``None`` when the value overflows.
@@ -224,7 +237,7 @@ def _decimal(digits: str) -> int | None:
 
 
 def _parse_ordinal(text: str) -> int | None:
-    """Read ``text`` as ``strtoul`` would; ``None`` when it names no valid ordinal."""
+    """Read ``text`` as the driver does (``strtoul``, low 32 bits); ``None`` without digits."""
     sign = ""
     body = text
     if body[:1] in ("+", "-"):
@@ -236,10 +249,11 @@ def _parse_ordinal(text: str) -> int | None:
         return None
     value = _decimal(body[:end])
     if value is None:
-        return None  # strtoul overflows (ERANGE): no device has such an ordinal
-    if sign == "-" and value != 0:
-        return None  # strtoul wraps a negative value to a huge one: no such device
-    return value
+        value = _ULONG_MAX  # strtoul overflows (ERANGE) and returns ULONG_MAX
+    elif sign == "-":
+        value = -value % (_ULONG_MAX + 1)  # strtoul negates in unsigned arithmetic
+    value &= _ORDINAL_MASK  # the driver keeps the low 32 bits, as a signed int
+    return None if value > _INT_MAX else value
 
 
 def _read_uuid_digits(body: str) -> str | None:
@@ -369,12 +383,14 @@ def _resolve_entry(
             return None, _no_unique("GPU", entry.text, count)
         return VisibleTarget(gpus[pos].nvml_index, gpus[pos].uuid), ""
     if entry.kind is EntryKind.MIG_UUID:
-        migs = [(g, m) for g in gpus for m in g.mig_devices]
-        pos, count = _match_prefix(entry.uuid_prefix, [m.uuid for _, m in migs])
+        # The driver matches a MIG- entry's digits against MIG devices and GPUs alike.
+        named = [(g, m.uuid) for g in gpus for m in g.mig_devices] + [(g, g.uuid) for g in gpus]
+        digits = entry.uuid_prefix[len(_MIG_PREFIX) :]
+        pos, count = _match_prefix(digits, [uuid_digits(u)[len(_MIG_PREFIX) :] for _, u in named])
         if pos is None:
-            return None, _no_unique("MIG device", entry.text, count)
-        gpu, mig = migs[pos]
-        return VisibleTarget(gpu.nvml_index, mig.uuid, mig=True), ""
+            return None, _no_unique("MIG device or GPU", entry.text, count)
+        gpu, uuid = named[pos]
+        return VisibleTarget(gpu.nvml_index, uuid, mig=uuid.startswith(_MIG_PREFIX)), ""
     pos, count = _match_prefix(entry.uuid_prefix, [g.uuid for g in gpus])
     if pos is None:
         return None, _no_unique("GPU", entry.uuid_prefix, count)
