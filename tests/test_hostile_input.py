@@ -152,14 +152,14 @@ def _model_lookup(entry: str, uuid_list: bool, gpus: list[ModelGpu]) -> str | No
 
 
 def cuda_reference(text: str | None, gpus: list[ModelGpu]) -> list[str]:
-    """UUIDs CUDA makes visible, in order, from the documented rules alone.
+    """UUIDs CUDA makes visible, in order, from the documented (and recorded) rules alone.
 
-    Unset: every GPU. Otherwise the text is split at commas; the first entry decides whether the
-    list holds ordinals (read as ``strtoul`` reads them, then cut to a 32-bit int) or UUIDs (``GPU-``/``MIG-`` then hex
-    digits of any case, dashes skipped, an unambiguous abbreviation allowed); the first invalid
-    entry ends the list; naming one device twice hides everything. A process sees at most one
-    MIG device: the first one named, else the first MIG device of the first named GPU in MIG
-    mode; a GPU in MIG mode without MIG devices shows nothing.
+    Unset: every GPU. Otherwise the text is split at commas; the first entry decides whether
+    the list holds ordinals (read as ``strtoul`` reads them, then cut to a 32-bit int) or UUIDs
+    (``GPU-``/``MIG-`` then hex digits of any case, dashes skipped, an unambiguous abbreviation
+    allowed); the first invalid entry ends the list; naming one device twice hides everything.
+    A process sees at most one MIG device: the first one named, else the first MIG device of
+    the first named GPU in MIG mode; a GPU in MIG mode without MIG devices shows nothing.
     """
     if text is None:
         named = [g.uuid for g in gpus]
