@@ -20,6 +20,7 @@ __all__ = [
     "BackendError",
     "ConfigurationError",
     "DeviceNotFoundError",
+    "ImplausibleReadingError",
     "InsufficientMemoryError",
     "InsufficientSharedMemoryError",
     "MemoryNotSettledError",
@@ -83,6 +84,34 @@ class BackendError(AccelplatError, RuntimeError):
         super().__init__(text)
         self.platform = platform
         self.vendor_error = vendor_error
+
+
+class ImplausibleReadingError(BackendError):
+    """A driver reported memory figures that cannot be true (a wrapped counter, free > total …).
+
+    Attributes:
+        platform: The platform whose backend read them.
+        where: What was read (the device).
+        reason: What is impossible, e.g. ``"free is above 8 EiB (a wrapped-around unsigned
+            counter)"``.
+        figures: Every figure read, by name (``free``, ``total``, ``used``, ``reserved``).
+        source: The memory source that gave them (``MemoryInfo.source``).
+        vendor_error: ``"implausible reading"``.
+    """
+
+    def __init__(
+        self, platform: str, where: str, reason: str, figures: dict[str, int], source: str
+    ) -> None:
+        shown = ", ".join(f"{name}={value}" for name, value in figures.items())
+        super().__init__(
+            platform,
+            f"{source} reported impossible memory for {where}: {reason} ({shown}); not using it",
+            vendor_error="implausible reading",
+        )
+        self.where = where
+        self.reason = reason
+        self.figures = dict(figures)
+        self.source = source
 
 
 class MemoryNotSettledError(AccelplatError, TimeoutError):

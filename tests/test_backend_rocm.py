@@ -16,7 +16,12 @@ import pytest
 from accelplat import registry
 from accelplat._types import GIB, MIB, HolderState
 from accelplat.backends.rocm import RocmPlatform
-from accelplat.errors import BackendError, ConfigurationError, DeviceNotFoundError
+from accelplat.errors import (
+    BackendError,
+    ConfigurationError,
+    DeviceNotFoundError,
+    ImplausibleReadingError,
+)
 from accelplat.platform import Platform
 from tests.fakes.amdsmi import FakeAmdGpu, install_broken_amdsmi, make_amdsmi
 from tests.fakes.imports import forbid_torch
@@ -391,6 +396,7 @@ def test_memory_info_reads_bytes_every_time(two_gpus, fs):
         (lambda fs: fs.write_attr(0, "mem_info_vram_total", "-5\n"), "negative"),
         (lambda fs: fs.replace_with_directory(0, "mem_info_vram_used"), "is a directory"),
         (lambda fs: fs.set_vram(0, used=9 * GIB), "exceeds"),
+        (lambda fs: fs.set_vram(0, total=2**64 - 1, used=2**64 - 2), "above 8 EiB"),
     ],
 )
 def test_damaged_sysfs_gives_a_backend_error_naming_the_file(fs, damage, message):
@@ -543,6 +549,22 @@ def test_amdsmi_memory_failure_is_a_backend_error(fs, monkeypatch):
     with pytest.raises(BackendError) as info:
         RocmPlatform().memory_info(0)
     assert info.value.vendor_error == "AmdSmiLibraryException"
+
+
+@pytest.mark.parametrize(
+    ("total", "used", "reason"),
+    [
+        (8 * GIB, 2**64 - 4096, "used is above 8 EiB"),  # a counter wrapped below zero
+        (8 * GIB, 9 * GIB, "used exceeds total"),
+        (0, 0, "total is zero"),
+    ],
+)
+def test_amdsmi_impossible_memory_is_refused(fs, monkeypatch, total, used, reason):
+    _install_amdsmi(monkeypatch, [FakeAmdGpu("0000:03:00.0", total, vram_used=used)])
+    with pytest.raises(ImplausibleReadingError) as info:
+        RocmPlatform().memory_info(0)
+    assert info.value.reason.startswith(reason)
+    assert info.value.source == "amdsmi"
 
 
 def test_amdsmi_init_failure_makes_the_platform_unavailable(fs, monkeypatch):

@@ -19,7 +19,13 @@ Memory (``MemoryInfo.source``):
     ``"host-unified"``: GPUs that share host memory (GB10/DGX Spark, Jetson-class) answer
         ``NVMLError_NotSupported``; the host's ``MemTotal``/``MemAvailable`` from
         ``/proc/meminfo`` stand in, as monitoring tools do. ``/proc`` may be moved with the
-        ``proc_root`` argument or ``ACCELPLAT_PROC_ROOT``.
+        ``proc_root`` argument or ``ACCELPLAT_PROC_ROOT``. This is only for a GPU that has
+        never reported memory of its own: once a GPU has answered through v2 or v1, a
+        ``NotSupported`` from it is a :class:`~accelplat.errors.BackendError`, never a switch
+        to host memory (which would say nothing about that GPU).
+    Impossible figures (a wrapped-around counter, ``reserved`` above ``total``, ``free`` or
+    ``used`` above ``total``) raise :class:`~accelplat.errors.ImplausibleReadingError`, by the
+    rule all backends share (:mod:`accelplat.backends._readings`).
     Any other NVML error (``NVMLError_GpuIsLost`` in the middle of a wait, say) raises
     :class:`~accelplat.errors.BackendError` whose ``vendor_error`` names it.
 
@@ -55,8 +61,8 @@ from accelplat._types import (
     MemoryInfo,
     ProbeResult,
     ReleaseProfile,
-    memory_info_fast,
 )
+from accelplat.backends._readings import checked_memory
 from accelplat.errors import BackendError, DeviceNotFoundError
 from accelplat.platform import BasePlatform, StartMethod
 from accelplat.visible.cuda import (
@@ -426,6 +432,7 @@ class CudaPlatform(BasePlatform):
         self._view_raw: tuple[object, object] | None = None
         self._order_cache: dict[tuple[str | None, tuple[str, ...]], tuple[list[str], str]] = {}
         self._memory_source: dict[str, str] = {}
+        self._own_memory: set[str] = set()  # GPUs that have reported memory of their own
         self._graph: GraphSupport | None = None
 
     # -- detection -------------------------------------------------------------------------
@@ -654,13 +661,16 @@ class CudaPlatform(BasePlatform):
         Raises:
             DeviceNotFoundError: For an index that is not visible.
             BackendError: For an NVML failure, naming the vendor error (e.g.
-                ``NVMLError_GpuIsLost``).
+                ``NVMLError_GpuIsLost``), including ``NotSupported`` from a GPU that reported
+                memory of its own before.
+            ImplausibleReadingError: For figures that cannot be true (a ``BackendError``).
 
         Side effects:
             One or two NVML calls; no CUDA context, no torch. Thread-safe.
         """
         info, handle = self._target(device)
-        source = self._memory_source.get(info.uuid or "", _SOURCE_V2)
+        key = info.uuid or ""
+        source = self._memory_source.get(key, _SOURCE_V2)
         nv = _nvml.acquire()
         try:
             if source == _SOURCE_V2:
@@ -669,27 +679,45 @@ class CudaPlatform(BasePlatform):
                 except Exception as exc:
                     if not _nvml.is_error(exc, *_V1_FALLBACK_ERRORS):
                         raise _nvml.translate(exc, _reading(info)) from exc
+                    if key in self._own_memory and _nvml.is_error(exc, "NotSupported"):
+                        raise _no_longer_reported(exc, info) from exc
                     if not _nvml.is_error(exc, "Unknown"):  # WSL: keep trying v2 first
-                        self._memory_source[info.uuid or ""] = _SOURCE_V1
+                        self._memory_source[key] = _SOURCE_V1
                     source = _SOURCE_V1
                 else:
                     # The hot path of every wait.
                     free, total, used, reserved = _read_v2(mem)
-                    return memory_info_fast(free, total - reserved, used, reserved, _SOURCE_V2)
+                    reading = checked_memory(
+                        "cuda",
+                        _describe(info),
+                        free=free,
+                        total=total - reserved,
+                        used=used,
+                        reserved=reserved,
+                        source=_SOURCE_V2,
+                    )
+                    self._own_memory.add(key)
+                    return reading
             if source == _SOURCE_V1:
                 try:
                     mem = nv.nvmlDeviceGetMemoryInfo(handle)
                 except Exception as exc:
                     if not _nvml.is_error(exc, "NotSupported"):
                         raise _nvml.translate(exc, _reading(info)) from exc
-                    self._memory_source[info.uuid or ""] = _SOURCE_HOST
+                    if key in self._own_memory:
+                        raise _no_longer_reported(exc, info) from exc
+                    self._memory_source[key] = _SOURCE_HOST
                 else:
-                    return MemoryInfo(
+                    reading = checked_memory(
+                        "cuda",
+                        _describe(info),
                         free=int(mem.free),
                         total=int(mem.total),
                         used=int(mem.used),
                         source=_SOURCE_V1,
                     )
+                    self._own_memory.add(key)
+                    return reading
         finally:
             _nvml.release()
         return self._host_memory()
@@ -782,6 +810,16 @@ def _describe(info: DeviceInfo) -> str:
 
 def _reading(info: DeviceInfo) -> str:
     return f"reading memory of {_describe(info)}"
+
+
+def _no_longer_reported(exc: BaseException, info: DeviceInfo) -> BackendError:
+    """The error for a GPU whose own memory query stopped working after it had worked."""
+    return BackendError(
+        "cuda",
+        f"{_describe(info)} reported memory of its own before, and NVML now says its memory "
+        f"query is not supported; not switching to host memory, which would not be this GPU's",
+        vendor_error=_nvml.error_name(exc),
+    )
 
 
 def _after_fork_in_child() -> None:

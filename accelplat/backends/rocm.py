@@ -85,6 +85,7 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
+from accelplat.backends._readings import checked_memory
 from accelplat.errors import AccelplatError, BackendError
 from accelplat.platform import BasePlatform, StartMethod
 from accelplat.visible.rocm import (
@@ -617,7 +618,14 @@ class _SysfsSource(_Source):
         bank = node.bank_bytes if node is not None else None
         apu = gpu.partitions == 1 and bank is not None and bank > total
         if gpu.partitions == 1 and not apu:
-            return MemoryInfo(free=total - used, total=total, used=used, source=SOURCE_SYSFS)
+            return checked_memory(
+                "rocm",
+                f"GPU {gpu.physical_index} ({device}/mem_info_vram_{{total,used}})",
+                free=max(0, total - used),  # derived: the rule judges what was read
+                total=total,
+                used=used,
+                source=SOURCE_SYSFS,
+            )
         # A compute partition, or an APU whose KFD memory is system RAM (GTT): HIP's total is the
         # KFD bank, and the card-wide VRAM files do not describe it.
         kfd_used = self._kfd_used(node.gpu_id) if node is not None else None
@@ -634,7 +642,14 @@ class _SysfsSource(_Source):
                 f"sysfs (whole card, shared by {gpu.partitions} partitions; this partition's "
                 f"share unknown: {why})"
             )
-            return MemoryInfo(free=total - used, total=total, used=used, source=source)
+            return checked_memory(
+                "rocm",
+                f"GPU {gpu.physical_index} ({device}/mem_info_vram_{{total,used}})",
+                free=max(0, total - used),
+                total=total,
+                used=used,
+                source=source,
+            )
         if kfd_used > bank:
             raise BackendError(
                 "rocm",
@@ -645,7 +660,14 @@ class _SysfsSource(_Source):
             source = SOURCE_APU
         else:
             source = SOURCE_PARTITION.format(k=gpu.partition or 0, n=gpu.partitions)
-        return MemoryInfo(free=bank - kfd_used, total=bank, used=kfd_used, source=source)
+        return checked_memory(
+            "rocm",
+            f"GPU {gpu.physical_index} (KFD memory bank)",
+            free=max(0, bank - kfd_used),
+            total=bank,
+            used=kfd_used,
+            source=source,
+        )
 
     def _kfd_vram(self, gpu_id: int) -> dict[int, int] | None:
         """Bytes of VRAM per process on ``gpu_id`` from KFD's process files; ``None`` if absent."""
@@ -812,7 +834,14 @@ class _AmdSmiSource(_Source):
                 f"amdsmi memory query for GPU {gpu.physical_index} failed: {exc}",
                 _vendor_name(exc),
             ) from exc
-        return MemoryInfo(free=max(0, total - used), total=total, used=used, source=SOURCE_AMDSMI)
+        return checked_memory(
+            "rocm",
+            f"GPU {gpu.physical_index}",
+            free=max(0, total - used),  # derived: the rule judges what was read
+            total=total,
+            used=used,
+            source=SOURCE_AMDSMI,
+        )
 
     def holders(self, gpu: _Gpu) -> list[MemoryHolder] | None:
         try:
@@ -863,7 +892,14 @@ class _TorchSource(_Source):
                 "rocm", f"torch.cuda.mem_get_info({gpu.physical_index}) failed: {exc}"
             ) from exc
         free, total = int(free), int(total)
-        return MemoryInfo(free=free, total=total, used=max(0, total - free), source=SOURCE_TORCH)
+        return checked_memory(
+            "rocm",
+            f"GPU {gpu.physical_index}",
+            free=free,
+            total=total,
+            used=max(0, total - free),  # derived: the rule judges what was read
+            source=SOURCE_TORCH,
+        )
 
 
 def _torch_if_imported() -> tuple[Any, str]:

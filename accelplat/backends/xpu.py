@@ -66,6 +66,7 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
+from accelplat.backends._readings import checked_memory
 from accelplat.errors import AccelplatError, BackendError
 from accelplat.platform import BasePlatform, StartMethod
 from accelplat.visible.oneapi import (
@@ -508,13 +509,15 @@ class XpuPlatform(BasePlatform):
                 type(exc).__name__,
             ) from exc
         free, total = int(free), int(total)
-        if total <= 0 or not 0 <= free <= total:
-            raise BackendError(
-                "xpu",
-                f"{source.split(' ')[0]} reported implausible memory for device {device} "
-                f"(free={free}, total={total}); some Intel user-mode drivers report wrong values",
-            )
-        return MemoryInfo(free=free, total=total, used=total - free, source=source)
+        # Some Intel user-mode drivers report free above total: the shared rule refuses it.
+        return checked_memory(
+            "xpu",
+            f"xpu device {device}",
+            free=free,
+            total=total,
+            used=max(0, total - free),
+            source=source,
+        )
 
     def _ipex_mem_get_info(self, torch: Any) -> Any:
         if "intel_extension_for_pytorch" not in sys.modules and not self._torch_allowed():
