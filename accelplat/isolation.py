@@ -187,7 +187,7 @@ def start_method(platform: Platform | None = None) -> StartMethod:
 def _pickler() -> ModuleType:
     """Return ``cloudpickle`` when it is installed, else :mod:`pickle`."""
     try:
-        import cloudpickle  # type: ignore[import-untyped,unused-ignore]
+        import cloudpickle  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError:
         return pickle
     return cast(ModuleType, cloudpickle)
