@@ -56,6 +56,11 @@ _EXPORTS: dict[str, str] = {
     "set_current_platform": "accelplat.registry",
     "unregister_platform": "accelplat.registry",
     "use_platform": "accelplat.registry",
+    # capabilities
+    "Capability": "accelplat.capabilities",
+    "capabilities": "accelplat.capabilities",
+    "define_capability": "accelplat.capabilities",
+    "has": "accelplat.capabilities",
     # memory primitives
     "PollPolicy": "accelplat.memory",
     "record_usage_stats": "accelplat.memory",
@@ -87,6 +92,7 @@ __all__ = [
     "BackendError",
     "BasePlatform",
     "Candidate",
+    "Capability",
     "ConfigurationError",
     "DetectionReport",
     "DeviceInfo",
@@ -111,11 +117,14 @@ __all__ = [
     "UsageSnapshot",
     "__version__",
     "available_platforms",
+    "capabilities",
     "check_kv_cache_fits",
     "current_platform",
+    "define_capability",
     "detect",
     "dtype_bytes",
     "get_platform",
+    "has",
     "kv_cache_bytes",
     "largest_shm_budget",
     "lease",
@@ -163,6 +172,7 @@ if TYPE_CHECKING:
         SettleResult,
         UsageSnapshot,
     )
+    from accelplat.capabilities import Capability, capabilities, define_capability, has
     from accelplat.errors import (
         AccelplatError,
         BackendError,

@@ -242,6 +242,8 @@ class SysmanDevice:
         device_type: ``ze_device_type_t`` (``1`` is a GPU).
         integrated: ``True`` for a GPU integrated with the host.
         num_subdevices: Number of tiles; ``0`` means none.
+        device_id: The PCI device id (``ze_device_properties_t.deviceId``), which names the
+            GPU's architecture; ``0`` where unknown.
     """
 
     handle: int
@@ -252,6 +254,7 @@ class SysmanDevice:
     device_type: int
     integrated: bool
     num_subdevices: int
+    device_id: int = 0
 
     @property
     def is_intel_gpu(self) -> bool:
@@ -413,6 +416,7 @@ class Sysman:
             device_type=int(core.type),
             integrated=bool(core.flags & ZE_DEVICE_PROPERTY_FLAG_INTEGRATED),
             num_subdevices=int(props.numSubdevices),
+            device_id=int(core.deviceId),
         )
 
     def memory_modules(self, device: SysmanDevice) -> list[MemoryModule]:

@@ -17,6 +17,7 @@ __all__ = [
     "MIB",
     "Candidate",
     "DeviceInfo",
+    "FeatureRule",
     "GraphSupport",
     "HolderState",
     "MemoryHolder",
@@ -85,6 +86,12 @@ class DeviceInfo:
         name: Marketing name as the vendor reports it.
         uuid: Stable identifier where the vendor has one (``GPU-…``, ``MIG-…``), else ``None``.
         pci_bus_id: PCI bus address (``0000:3b:00.0``) where known, else ``None``.
+        arch: Hardware architecture as its vendor's compilers name it: ``"sm_90"`` (NVIDIA),
+            ``"gfx942"`` (AMD), an Intel Xe architecture (``"xe-hpc"``, ``"xe2-hpg"``), or the
+            CPU's instruction set (``"x86_64"``, ``"aarch64"``); ``None`` where it could not be
+            read. Read without a device context.
+        compute_capability: ``(major, minor)`` of an NVIDIA GPU (``(9, 0)`` on an H100/H200),
+            ``None`` on every other platform or where unknown.
     """
 
     index: int
@@ -92,6 +99,29 @@ class DeviceInfo:
     name: str
     uuid: str | None = None
     pci_bus_id: str | None = None
+    arch: str | None = None
+    compute_capability: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class FeatureRule:
+    """One condition under which a platform's device has a built-in capability, as data.
+
+    A backend lists, per capability name, the rules under which its devices have it (its
+    ``FEATURES`` table); the first rule a device meets decides, and a device that meets none
+    lacks it. All set conditions must hold; a rule with none holds for every device.
+
+    Attributes:
+        min_compute_capability: Lowest NVIDIA compute capability, e.g. ``(8, 9)``.
+        archs: Architectures (``"gfx942"``) or families (``"gfx12*"``) the device must be.
+        value: The variant the rule gives, e.g. the fp8 format ``"e4m3fnuz"``.
+        note: How it is provided, when worth saying (``"computed by torch on any CPU"``).
+    """
+
+    min_compute_capability: tuple[int, int] | None = None
+    archs: tuple[str, ...] = ()
+    value: str | None = None
+    note: str = ""
 
     @property
     def stable_id(self) -> str | None:

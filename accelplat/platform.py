@@ -20,6 +20,7 @@ from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 from accelplat._types import (
     DeviceInfo,
+    FeatureRule,
     GraphSupport,
     MemoryHolder,
     MemoryInfo,
@@ -134,6 +135,10 @@ class BasePlatform:
         lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0
     )
     GRAPH: ClassVar[GraphSupport] = GraphSupport(False, None, "this platform has no graph capture")
+    FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {}
+    """Optional extension point: per built-in capability (``"bf16"``, ``"fp8"``, ``"fp4"``,
+    ``"mxfp4"``), the rules under which this platform's devices have it
+    (see :mod:`accelplat.capabilities`). A capability missing here is unavailable."""
 
     @property
     def release(self) -> ReleaseProfile:

@@ -2,6 +2,16 @@
 
 Markers (each skips the test, with a reason saying what was needed and what was found):
 
+* ``accelplat_requires(*capabilities, devices=, device_memory=, platforms=, shm=)`` — the one
+  general marker: every named capability (built-in or project-defined, see
+  :mod:`accelplat.capabilities`) is available on each of the first ``devices`` devices, at least
+  ``devices`` devices are visible, each has ``device_memory`` (a size such as ``"40GiB"``) in
+  total, the platform is one of ``platforms``, and ``shm`` is free on ``/dev/shm``. The skip
+  reason lists every unmet requirement. An unknown capability name stops the session at
+  collection with an error naming the test and the name.
+
+The markers below are special cases of it, kept for their spelling:
+
 * ``accelplat_requires_graph`` — the platform can capture device graphs;
 * ``accelplat_requires_device_memory(gib, *, devices=1)`` — each of the first ``devices``
   visible devices has at least ``gib`` GiB of memory in total (``bytes=`` instead of ``gib``
@@ -14,7 +24,12 @@ Markers (each skips the test, with a reason saying what was needed and what was 
 Fixtures: ``accel_platform`` (the current platform) and ``settled_device_memory`` (waits with
 :func:`accelplat.memory.wait_for_memory_to_settle` before the test and returns its result).
 
-Options: ``--accelplat-platform NAME`` forces the platform for the whole session;
+Project capabilities come from ``[tool.accelplat.capabilities]`` in the rootdir's
+``pyproject.toml`` (loaded at start-up; a malformed entry is a usage error naming it) and from
+:func:`accelplat.capabilities.define_capability` calls in ``conftest.py`` files.
+
+Options: ``--accelplat-capabilities`` prints the capability table of device 0 in the header;
+``--accelplat-platform NAME`` forces the platform for the whole session;
 ``--accelplat-leak-check`` reports, in the terminal summary, tests after which device memory
 stayed above what it was before the test by more than ``--accelplat-leak-tolerance`` (ini
 ``accelplat_leak_tolerance``, default 256 MiB).
@@ -28,6 +43,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import sys
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,6 +65,11 @@ __all__ = [
 ]
 
 MARKERS: dict[str, str] = {
+    "accelplat_requires": (
+        "accelplat_requires(*capabilities, devices=None, device_memory=None, platforms=None, "
+        "shm=None): skip unless every named accelplat capability is available and every "
+        "resource requirement is met; the reason lists each unmet one"
+    ),
     "accelplat_requires_graph": (
         "accelplat_requires_graph: skip unless the accelerator platform can capture device "
         "graphs (CUDA/HIP/XPU graphs)"
@@ -105,6 +126,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "simulated, or a plugin's name); also exported as ACCELPLAT_PLATFORM to child processes",
     )
     group.addoption(
+        "--accelplat-capabilities",
+        action="store_true",
+        default=False,
+        help="print the accelplat capability table of device 0 (built-in and project "
+        "capabilities, with reasons) in the session header",
+    )
+    group.addoption(
         "--accelplat-leak-check",
         action="store_true",
         default=None,
@@ -151,13 +179,73 @@ def pytest_configure(config: pytest.Config) -> None:
     name = config.getoption("--accelplat-platform", default=None)
     if name:
         _force_platform(config, str(name))
+    _load_project_capabilities(config)
     if _leak_check_enabled(config):
         checker = LeakChecker(config, _leak_tolerance(config), _leak_wait(config))
         config.pluginmanager.register(checker, _LEAK_PLUGIN_NAME)
 
 
+def _load_project_capabilities(config: pytest.Config) -> None:
+    """Register ``[tool.accelplat.capabilities]`` of the rootdir's ``pyproject.toml``."""
+    path = config.rootpath / "pyproject.toml"
+    if not path.is_file():
+        return
+    from accelplat.capabilities import load_pyproject
+    from accelplat.errors import ConfigurationError
+
+    try:
+        load_pyproject(path)
+    except ConfigurationError as exc:
+        raise pytest.UsageError(f"accelplat capabilities: {exc}") from None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    """With ``--accelplat-capabilities``, the capability table of device 0."""
+    if not config.getoption("--accelplat-capabilities", default=False):
+        return None
+    from accelplat.capabilities import capabilities, table_lines
+    from accelplat.errors import AccelplatError
+
+    try:
+        platform = _current(config)
+        table = capabilities(0, platform=platform)
+    except AccelplatError as exc:
+        return [f"accelplat capabilities: unavailable ({exc})"]
+    devices = platform.devices()
+    head = f"accelplat capabilities of {platform.name} device 0"
+    if devices:
+        d = devices[0]
+        head += f" ({d.name}, {d.arch or 'architecture unknown'})"
+    return [head + ":", *("  " + line for line in table_lines(table))]
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Check every ``accelplat_requires`` marker's names and arguments at collection time.
+
+    Raises:
+        pytest.UsageError: Listing each test with an unknown capability name or malformed
+            arguments, so a typo never turns into a silent skip.
+    """
+    errors: list[str] = []
+    for item in items:
+        for mark in item.iter_markers("accelplat_requires"):
+            try:
+                _parse_requires(mark)
+            except MarkerError as exc:
+                errors.append(f"{item.nodeid}: {exc}")
+    if errors:
+        shown = errors[:20] + ([f"... and {len(errors) - 20} more"] if len(errors) > 20 else [])
+        raise pytest.UsageError("accelplat_requires: " + "\n  ".join(["", *shown]).lstrip("\n"))
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Undo ``--accelplat-platform``: restore ``ACCELPLAT_PLATFORM`` and the registry."""
+    """Undo ``--accelplat-platform`` and forget the project capabilities of this session."""
+    if "accelplat.capabilities" in sys.modules:
+        from accelplat.capabilities import clear_project_capabilities
+
+        clear_project_capabilities()
     name = config.stash.get(_FORCED_KEY, None)
     if name is None:
         return
@@ -291,32 +379,191 @@ def _one_arg(mark: pytest.Mark, keyword: str) -> object:
     return mark.kwargs[keyword]
 
 
-def _check_platforms(mark: pytest.Mark, platform: Platform) -> str | None:
-    names = [str(n).strip().lower() for n in mark.args]
-    if not names or mark.kwargs:
-        raise MarkerError(
-            'accelplat_platforms takes one or more platform names, e.g. ("cuda", "rocm")'
-        )
+# Requirements: each answers "met" (None) or why not. The markers only parse their arguments
+# into these; ``accelplat_requires`` combines any of them.
+
+
+def _need_platforms(platform: Platform, names: list[str]) -> str | None:
     if platform.name in names:
         return None
     return f"runs only on {', '.join(names)}; the current platform is {platform.name}"
 
 
-def _check_devices(mark: pytest.Mark, platform: Platform) -> str | None:
-    needed = _count(_one_arg(mark, "n"), "accelplat_requires_devices(n)")
+def _need_devices(platform: Platform, needed: int) -> str | None:
     found = platform.device_count()
     if found >= needed:
         return None
     return f"needs {needed} devices, {platform.name} has {found} visible"
 
 
+def _need_capability(platform: Platform, name: str, devices: int) -> str | None:
+    from accelplat.capabilities import capabilities
+
+    for device in range(min(devices, platform.device_count()) or 1):
+        cap = capabilities(device, platform=platform)[name]
+        if not cap.available:
+            where = f" on device {device}" if device else ""
+            return f"needs {name}{where}: {cap.reason}"
+    return None
+
+
+def _need_device_memory(platform: Platform, need: int, text: str, devices: int) -> str | None:
+    count = platform.device_count()
+    if count < devices:
+        what = "device" if devices == 1 else f"{devices} devices"
+        return f"needs {text} device memory on {what}, {platform.name} has {count} visible"
+    for device in range(devices):
+        total = platform.memory_info(device).total
+        if total < need:
+            return (
+                f"needs {text} device memory, {platform.name} device {device} has "
+                f"{_fmt_gib(total)} total"
+            )
+    return None
+
+
+def _need_shm(need: int, path: str) -> str | None:
+    from accelplat.errors import ConfigurationError
+    from accelplat.host import shm_info
+
+    try:
+        info = shm_info(path)
+    except ConfigurationError as exc:
+        return f"needs {_fmt_gib(need)} free in {path}: {exc}"
+    if info.free >= need:
+        return None
+    return (
+        f"needs {_fmt_gib(need)} free in {info.path}, found {_fmt_gib(info.free)} free of "
+        f"{_fmt_gib(info.total)}"
+    )
+
+
+def _platform_names(value: object, what: str) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise MarkerError(f'{what} takes one or more platform names, e.g. ("cuda", "rocm")')
+    names = []
+    for n in items:
+        if not isinstance(n, str) or not n.strip():
+            raise MarkerError(f'{what} takes one or more platform names, e.g. ("cuda", "rocm")')
+        names.append(n.strip().lower())
+    return names
+
+
+def _size(value: object, what: str) -> int:
+    from accelplat.errors import ConfigurationError
+    from accelplat.sizing import parse_size
+
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise MarkerError(f"{what} must be a size such as '40GiB', got {value!r}")
+    try:
+        return parse_size(value, argument=what)
+    except ConfigurationError as exc:
+        raise MarkerError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class _Requires:
+    names: tuple[str, ...]
+    devices: int | None
+    device_memory: int | None
+    platforms: tuple[str, ...]
+    shm: int | None
+
+
+_REQUIRES_KEYWORDS = ("devices", "device_memory", "platforms", "shm")
+
+
+def _parse_requires(mark: pytest.Mark) -> _Requires:
+    """Check an ``accelplat_requires`` marker and return what it asks for.
+
+    Raises:
+        MarkerError: For an unknown capability name, an unknown keyword or a bad value.
+    """
+    from accelplat.capabilities import BUILTIN, known_names, project_capabilities
+
+    names = []
+    project = project_capabilities()
+    for raw in mark.args:
+        if not isinstance(raw, str) or not raw.strip():
+            raise MarkerError(f"capability names must be strings, got {raw!r}")
+        name = raw.strip().lower()
+        if name not in BUILTIN and name not in project:
+            raise MarkerError(
+                f"unknown capability {raw!r} (known: {', '.join(known_names())}); define "
+                "project capabilities in [tool.accelplat.capabilities] or with "
+                "accelplat.capabilities.define_capability"
+            )
+        names.append(name)
+    unknown = sorted(set(mark.kwargs) - set(_REQUIRES_KEYWORDS))
+    if unknown:
+        raise MarkerError(
+            f"unknown keyword(s) {', '.join(unknown)}; known: {', '.join(_REQUIRES_KEYWORDS)}"
+        )
+    kw = mark.kwargs
+    devices = _count(kw["devices"], "accelplat_requires(devices=)") if "devices" in kw else None
+    memory = (
+        _size(kw["device_memory"], "accelplat_requires(device_memory=)")
+        if kw.get("device_memory") is not None
+        else None
+    )
+    platforms = (
+        tuple(_platform_names(kw["platforms"], "accelplat_requires(platforms=)"))
+        if "platforms" in kw
+        else ()
+    )
+    shm = _size(kw["shm"], "accelplat_requires(shm=)") if kw.get("shm") is not None else None
+    if not (names or devices or memory is not None or platforms or shm is not None):
+        raise MarkerError("accelplat_requires needs at least one capability or requirement")
+    return _Requires(tuple(names), devices, memory, platforms, shm)
+
+
+def _check_requires(mark: pytest.Mark, platform: Platform) -> str | None:
+    from accelplat.host import DEFAULT_SHM_PATH
+
+    need = _parse_requires(mark)
+    unmet: list[str | None] = []
+    if need.platforms:
+        unmet.append(_need_platforms(platform, list(need.platforms)))
+    if need.devices is not None:
+        unmet.append(_need_devices(platform, need.devices))
+    for name in need.names:
+        unmet.append(_need_capability(platform, name, need.devices or 1))
+    if need.device_memory is not None:
+        text = _fmt_gib(need.device_memory)
+        unmet.append(_need_device_memory(platform, need.device_memory, text, need.devices or 1))
+    if need.shm is not None:
+        unmet.append(_need_shm(need.shm, DEFAULT_SHM_PATH))
+    reasons = [r for r in unmet if r is not None]
+    return "; ".join(reasons) if reasons else None
+
+
+def _check_platforms(mark: pytest.Mark, platform: Platform) -> str | None:
+    if mark.kwargs:
+        raise MarkerError(
+            'accelplat_platforms takes one or more platform names, e.g. ("cuda", "rocm")'
+        )
+    names = [str(n).strip().lower() for n in mark.args]
+    if not names:
+        raise MarkerError(
+            'accelplat_platforms takes one or more platform names, e.g. ("cuda", "rocm")'
+        )
+    return _need_platforms(platform, names)
+
+
+def _check_devices(mark: pytest.Mark, platform: Platform) -> str | None:
+    return _need_devices(platform, _count(_one_arg(mark, "n"), "accelplat_requires_devices(n)"))
+
+
 def _check_graph(mark: pytest.Mark, platform: Platform) -> str | None:
     if mark.args or mark.kwargs:
         raise MarkerError("accelplat_requires_graph takes no arguments")
-    graph = platform.graph
-    if graph.available:
+    from accelplat.capabilities import capabilities
+
+    graphs = capabilities(platform=platform)["graphs"]
+    if graphs.available:
         return None
-    return f"needs device graph capture; {platform.name} has none: {graph.reason}"
+    return f"needs device graph capture; {platform.name} has none: {graphs.reason}"
 
 
 def _device_memory_need(mark: pytest.Mark) -> tuple[int, str, int]:
@@ -341,23 +588,11 @@ def _device_memory_need(mark: pytest.Mark) -> tuple[int, str, int]:
 
 def _check_device_memory(mark: pytest.Mark, platform: Platform) -> str | None:
     need, text, devices = _device_memory_need(mark)
-    count = platform.device_count()
-    if count < devices:
-        what = "device" if devices == 1 else f"{devices} devices"
-        return f"needs {text} device memory on {what}, {platform.name} has {count} visible"
-    for device in range(devices):
-        total = platform.memory_info(device).total
-        if total < need:
-            return (
-                f"needs {text} device memory, {platform.name} device {device} has "
-                f"{_fmt_gib(total)} total"
-            )
-    return None
+    return _need_device_memory(platform, need, text, devices)
 
 
 def _check_shm(mark: pytest.Mark, platform: Platform) -> str | None:
-    from accelplat.errors import ConfigurationError
-    from accelplat.host import DEFAULT_SHM_PATH, shm_info
+    from accelplat.host import DEFAULT_SHM_PATH
 
     kwargs = dict(mark.kwargs)
     path = kwargs.pop("path", DEFAULT_SHM_PATH)
@@ -365,20 +600,11 @@ def _check_shm(mark: pytest.Mark, platform: Platform) -> str | None:
     kwargs.pop("gib", None)
     if kwargs:
         raise MarkerError(f"accelplat_requires_shm got unknown arguments {sorted(kwargs)}")
-    need = math.ceil(gib * _GIB)
-    try:
-        info = shm_info(path)
-    except ConfigurationError as exc:
-        return f"needs {_fmt_gib(need)} free in {path}: {exc}"
-    if info.free >= need:
-        return None
-    return (
-        f"needs {_fmt_gib(need)} free in {info.path}, found {_fmt_gib(info.free)} free of "
-        f"{_fmt_gib(info.total)}"
-    )
+    return _need_shm(math.ceil(gib * _GIB), str(path))
 
 
 _CHECKS = (
+    ("accelplat_requires", _check_requires),
     ("accelplat_platforms", _check_platforms),
     ("accelplat_requires_devices", _check_devices),
     ("accelplat_requires_graph", _check_graph),
@@ -397,7 +623,7 @@ def skip_reason(item: pytest.Item) -> str | None:
     """Return why ``item`` must be skipped by its accelplat markers, or ``None``.
 
     Every accelplat marker on the item (from the function, class, module or ``pytestmark``)
-    must be satisfied; the first that is not gives the reason.
+    must be satisfied; every one that is not adds its reason (joined with ``"; "``).
 
     Args:
         item: A collected test.
@@ -416,11 +642,12 @@ def skip_reason(item: pytest.Item) -> str | None:
     if not found:
         return None
     platform = _current(item.config)
+    reasons: list[str] = []
     for mark, check in found:
         reason: str | None = check(mark, platform)
-        if reason is not None:
-            return reason
-    return None
+        if reason is not None and reason not in reasons:
+            reasons.append(reason)
+    return "; ".join(reasons) if reasons else None
 
 
 # --------------------------------------------------------------------------------------------

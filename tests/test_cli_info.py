@@ -27,6 +27,7 @@ JSON_KEYS = {
     "release",
     "graph",
     "devices",
+    "capabilities",
 }
 
 
@@ -53,6 +54,13 @@ def test_info_json_has_stable_keys_on_cpu(
     }
     assert set(doc["graph"]) == {"available", "api", "reason"}
     assert 0 < doc["default_memory_utilization"] <= 1
+    assert doc["devices"][0]["compute_capability"] is None
+    assert doc["capabilities"]["bf16"]["available"] is True
+    assert doc["capabilities"]["fp8"] == {
+        "available": False,
+        "reason": "the cpu platform has no fp8 support",
+        "value": None,
+    }
 
 
 def test_info_text_explains_every_candidate(capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,13 +43,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from accelplat._types import (
     DeviceInfo,
+    FeatureRule,
     GraphSupport,
     MemoryHolder,
     MemoryInfo,
@@ -75,6 +76,46 @@ _UTILIZATION_MARGIN_PERCENT = 90
 
 _NODE_DIR_RE = re.compile(r"^node(\d+)$")
 _CPU_MODEL_KEYS = ("model name", "Model", "Hardware", "cpu model", "cpu", "uarch")
+_CPU_FLAG_KEYS = ("flags", "Features")  # x86 and Arm spellings in /proc/cpuinfo
+
+X86_64_LEVELS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("x86-64-v4", frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})),
+    ("x86-64-v3", frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe"})),
+    ("x86-64-v2", frozenset({"cx16", "popcnt", "sse4_1", "sse4_2", "ssse3"})),
+)
+"""The x86-64 psABI micro-architecture levels, highest first, and the ``/proc/cpuinfo`` flags
+each adds (a level also needs every lower level's flags)."""
+
+
+def _machine() -> str:
+    """Return the kernel's machine name (``uname -m``) without importing :mod:`platform`."""
+    try:
+        return os.uname().machine
+    except (AttributeError, OSError):  # not POSIX
+        return ""
+
+
+def cpu_isa(machine: str, flags: frozenset[str] | None) -> str | None:
+    """Return the CPU's instruction-set name: an x86-64 level, or the machine name.
+
+    Args:
+        machine: ``platform.machine()`` (``"x86_64"``, ``"aarch64"`` …).
+        flags: The ``flags``/``Features`` line of ``/proc/cpuinfo``, or ``None`` if unread.
+
+    Returns:
+        ``"x86-64-v4"`` … ``"x86-64-v2"`` on x86 when the flags show that level, else the
+        machine name (``"x86_64"``, ``"aarch64"``); ``None`` when even that is unknown.
+    """
+    name = machine.strip().lower()
+    if name in ("x86_64", "amd64") and flags is not None:
+        have = True
+        best: str | None = None
+        for level, needed in reversed(X86_64_LEVELS):
+            have = have and needed <= flags
+            if have:
+                best = level
+        return best or "x86_64"
+    return name or None
 
 
 class _CgroupUnusableError(Exception):
@@ -228,6 +269,9 @@ class CpuPlatform(BasePlatform):
         lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0, idle_floor_bytes=0
     )
     GRAPH: ClassVar[GraphSupport] = GraphSupport(False, None, "CPU has no graph capture")
+    FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
+        "bf16": (FeatureRule(note="computed by torch on any CPU"),),
+    }
 
     def __init__(
         self,
@@ -302,26 +346,29 @@ class CpuPlatform(BasePlatform):
         return set()
 
     @staticmethod
-    def _cpu_model(roots: _Roots) -> str:
+    def _cpu_identity(roots: _Roots) -> tuple[str, str | None]:
+        """Return the CPU's model name and instruction-set name from ``/proc/cpuinfo``."""
         try:
             text = _read_text(roots.proc / "cpuinfo")
         except OSError:
             text = ""
         found: dict[str, str] = {}
+        flags: frozenset[str] | None = None
         for line in text.splitlines():
             key, sep, value = line.partition(":")
             key, value = key.strip(), value.strip()
             if sep and value and key in _CPU_MODEL_KEYS and key not in found:
                 found[key] = value
-                if key == _CPU_MODEL_KEYS[0]:
-                    break  # the preferred key; the other processors repeat it
+            elif sep and key in _CPU_FLAG_KEYS and flags is None:
+                flags = frozenset(value.split())
+            if _CPU_MODEL_KEYS[0] in found and flags is not None:
+                break  # the other processors repeat both
+        machine = _machine()
+        arch = cpu_isa(machine, flags)
         for key in _CPU_MODEL_KEYS:
             if key in found:
-                return found[key]
-        import platform as _platform  # only when /proc/cpuinfo names no model
-
-        machine = _platform.machine()
-        return f"cpu ({machine})" if machine else "cpu"
+                return found[key], arch
+        return (f"cpu ({machine})" if machine else "cpu"), arch
 
     def devices(self) -> Sequence[DeviceInfo]:
         """Return the host as device 0, or one device per allowed NUMA node.
@@ -333,12 +380,12 @@ class CpuPlatform(BasePlatform):
             Reads ``/proc/cpuinfo``, ``/proc/self/status`` and the sysfs node directory.
         """
         roots = self._roots()
-        model = self._cpu_model(roots)
+        model, arch = self._cpu_identity(roots)
         nodes = self._numa_nodes(roots)
         if not nodes:
-            return (DeviceInfo(index=0, physical_index=0, name=model),)
+            return (DeviceInfo(index=0, physical_index=0, name=model, arch=arch),)
         return tuple(
-            DeviceInfo(index=i, physical_index=node, name=f"{model} (node {node})")
+            DeviceInfo(index=i, physical_index=node, name=f"{model} (node {node})", arch=arch)
             for i, node in enumerate(nodes)
         )
 

@@ -56,6 +56,7 @@ from accelplat import _nvml
 from accelplat._graphs import graph_support
 from accelplat._types import (
     DeviceInfo,
+    FeatureRule,
     GraphSupport,
     MemoryHolder,
     MemoryInfo,
@@ -183,6 +184,7 @@ class _Gpu(NamedTuple):
     pci_bus_id: str | None
     mig_enabled: bool
     migs: tuple[_Mig, ...]
+    compute_capability: tuple[int, int] | None = None
 
 
 class _View(NamedTuple):
@@ -349,8 +351,33 @@ def _enumerate(nv: Any) -> tuple[_Gpu, ...]:
         except Exception:  # the bus id only orders GPUs; NVML's order is the fallback
             bus_id = None
         mig_enabled, migs = _mig_devices(nv, handle, index)
-        gpus.append(_Gpu(index, handle, name, uuid, bus_id, mig_enabled, migs))
+        capability = _compute_capability(nv, handle)
+        gpus.append(_Gpu(index, handle, name, uuid, bus_id, mig_enabled, migs, capability))
     return tuple(gpus)
+
+
+def _compute_capability(nv: Any, handle: Any) -> tuple[int, int] | None:
+    """Return ``nvmlDeviceGetCudaComputeCapability`` as ``(major, minor)``, or ``None``.
+
+    Context-free (NVML only). ``None`` when the driver or binding lacks the call or answers
+    with something that is not two small non-negative integers.
+    """
+    try:
+        major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
+    except Exception:  # an identity fact is optional: no capability rather than no GPU
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (major, minor)):
+        return None
+    if not (0 <= major < 100 and 0 <= minor < 10):
+        return None
+    return int(major), int(minor)
+
+
+def sm_arch(capability: tuple[int, int] | None) -> str | None:
+    """Return the ``sm_XY`` name of a compute capability (``(9, 0)`` -> ``"sm_90"``)."""
+    if capability is None:
+        return None
+    return f"sm_{capability[0]}{capability[1]}"
 
 
 def _physical_gpus(nv: Any) -> tuple[_Gpu, ...]:
@@ -417,6 +444,13 @@ class CudaPlatform(BasePlatform):
     RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(
         lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0, idle_floor_bytes=0
     )
+    FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
+        "bf16": (FeatureRule(min_compute_capability=(8, 0)),),  # Ampere
+        "fp8": (FeatureRule(min_compute_capability=(8, 9), value="e4m3fn"),),  # Ada, Hopper
+        "fp4": (FeatureRule(min_compute_capability=(10, 0), value="nvfp4,mxfp4"),),  # Blackwell
+        "mxfp4": (FeatureRule(min_compute_capability=(10, 0)),),
+    }
+    """Tensor-core formats by compute capability, from NVIDIA's architecture documentation."""
 
     def __init__(
         self,
@@ -573,6 +607,8 @@ class CudaPlatform(BasePlatform):
                     name=instance.name if instance is not None else owner.name,
                     uuid=target.uuid,
                     pci_bus_id=owner.pci_bus_id,
+                    arch=sm_arch(owner.compute_capability),
+                    compute_capability=owner.compute_capability,
                 )
             )
             handles.append(instance.handle if instance is not None else owner.handle)

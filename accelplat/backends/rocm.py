@@ -79,6 +79,7 @@ from accelplat._procs import make_holder
 from accelplat._types import (
     GIB,
     DeviceInfo,
+    FeatureRule,
     GraphSupport,
     MemoryHolder,
     MemoryInfo,
@@ -116,6 +117,7 @@ SOURCE_TORCH = "torch.cuda (creates a device context)"
 
 _CARD_RE = re.compile(r"^card(\d+)$")
 _RENDER_RE = re.compile(r"^renderD(\d+)$")
+_GFX_RE = re.compile(r"^gfx[0-9a-f]{3,4}$")
 _BDF_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 _VRAM_FILE_RE = re.compile(r"^vram_(\d+)$")
 
@@ -225,6 +227,7 @@ class _Node:
     bank_bytes: int | None = None
     """Size of the node's GPU memory banks in the KFD topology: what ROCr and HIP report as the
     device's memory (``None`` when the topology lists no bank)."""
+    arch: str | None = None
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,7 @@ class _Gpu:
     partitions: int = 1
     partition: int | None = None
     handle: Any = None
+    arch: str | None = None
 
 
 @dataclass
@@ -283,6 +287,28 @@ def _parse_properties(text: str) -> dict[str, int]:
         except ValueError:
             continue
     return props
+
+
+def gfx_arch(target_version: int | None) -> str | None:
+    """Return the LLVM target name of a KFD ``gfx_target_version`` (``90402`` -> ``"gfx942"``).
+
+    The KFD topology encodes the target as ``major * 10000 + minor * 100 + stepping``; LLVM
+    writes minor and stepping as one hex digit each (``90010`` -> ``"gfx90a"``,
+    ``110001`` -> ``"gfx1101"``).
+
+    Args:
+        target_version: The property's value, or ``None`` when the node has none.
+
+    Returns:
+        The ``gfx…`` name, or ``None`` for a missing, zero or out-of-range value.
+    """
+    if target_version is None or target_version <= 0:
+        return None
+    major, rest = divmod(target_version, 10000)
+    minor, stepping = divmod(rest, 100)
+    if not (1 <= major <= 99 and minor < 16 and stepping < 16):
+        return None
+    return f"gfx{major}{minor:x}{stepping:x}"
 
 
 def _card_pci(reader: SysfsReader, device: Path) -> str | None:
@@ -463,6 +489,7 @@ def _scan_nodes(
                 domain=props.get("domain", 0),
                 location_id=props.get("location_id"),
                 bank_bytes=_bank_bytes(reader, path),
+                arch=gfx_arch(props.get("gfx_target_version")),
             )
         )
     return nodes
@@ -579,6 +606,7 @@ def _scan_topology(
                 node=node,
                 partitions=count,
                 partition=partition if count > 1 else None,
+                arch=node.arch,
             )
         )
     return _Topology(found_gpus, uuids_known=True, cards=len(cards), notes=notes)
@@ -817,9 +845,13 @@ class _AmdSmiSource(_Source):
         gpus = []
         for i, (_, handle, uuid, bdf) in enumerate(rows):
             name = "AMD GPU"
+            arch: str | None = None
             with contextlib.suppress(Exception):
-                name = str(m.amdsmi_get_gpu_asic_info(handle).get("market_name") or name)
-            gpus.append(_Gpu(i, name, uuid, bdf, handle=handle))
+                asic = m.amdsmi_get_gpu_asic_info(handle)
+                name = str(asic.get("market_name") or name)
+                target = str(asic.get("target_graphics_version") or "").strip().lower()
+                arch = target if _GFX_RE.match(target) else None
+            gpus.append(_Gpu(i, name, uuid, bdf, handle=handle, arch=arch))
         return gpus
 
     def memory(self, gpu: _Gpu) -> MemoryInfo:
@@ -931,6 +963,16 @@ class RocmPlatform(BasePlatform):
 
     name: ClassVar[str] = "rocm"
     device_type: ClassVar[str] = "cuda"
+    FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
+        "bf16": (FeatureRule(archs=("gfx908", "gfx90a", "gfx94*", "gfx95*", "gfx11*", "gfx12*")),),
+        "fp8": (
+            FeatureRule(archs=("gfx950", "gfx12*"), value="e4m3fn"),  # OCP formats
+            FeatureRule(archs=("gfx94*",), value="e4m3fnuz"),  # MI300's own formats
+        ),
+        "fp4": (FeatureRule(archs=("gfx950",), value="mxfp4"),),  # MI350/MI355
+        "mxfp4": (FeatureRule(archs=("gfx950",)),),
+    }
+    """Matrix-core formats by LLVM target, from AMD's CDNA/RDNA instruction-set documentation."""
     visible_devices_env: ClassVar[str | None] = ENV_CUDA_VISIBLE_DEVICES
     """vLLM's device-control variable on ROCm; HIP honours it when ``HIP_VISIBLE_DEVICES`` is
     empty or unset."""
@@ -1104,7 +1146,7 @@ class RocmPlatform(BasePlatform):
             Reads sysfs (or amdsmi); imports no framework and creates no device context.
         """
         return [
-            DeviceInfo(i, g.physical_index, g.name, g.uuid, g.pci_bus_id)
+            DeviceInfo(i, g.physical_index, g.name, g.uuid, g.pci_bus_id, arch=g.arch)
             for i, g in enumerate(self._visible())
         ]
 

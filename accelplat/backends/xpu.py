@@ -50,7 +50,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -60,6 +60,7 @@ from accelplat._graphs import graph_support
 from accelplat._procs import make_holder
 from accelplat._types import (
     DeviceInfo,
+    FeatureRule,
     GraphSupport,
     MemoryHolder,
     MemoryInfo,
@@ -143,6 +144,32 @@ def usage_visible_to_this_process(status_text: str | None = None) -> bool:
     return os.geteuid() == 0 if hasattr(os, "geteuid") else False
 
 
+XE_ARCH_BY_DEVICE_ID: tuple[tuple[int, int, str], ...] = (
+    (0x0BD0, 0x0BDB, "pvc"),  # Xe-HPC: Data Center GPU Max (Ponte Vecchio)
+    (0x5690, 0x56CF, "dg2"),  # Xe-HPG: Arc A-series, Data Center GPU Flex (Alchemist)
+    (0xE202, 0xE21F, "bmg"),  # Xe2-HPG: Arc B-series (Battlemage)
+    (0x6420, 0x64BF, "lnl"),  # Xe2-LPG: Core Ultra 200V (Lunar Lake)
+    (0x7D40, 0x7D4F, "mtl"),  # Xe-LPG: Core Ultra 100 (Meteor Lake)
+    (0x7D50, 0x7D6F, "mtl"),
+    (0x7DD0, 0x7DDF, "mtl"),
+)
+"""Inclusive PCI device-id ranges of Intel GPUs and the architecture each is, by the device
+names Intel's offline compiler (``ocloc -device``) and torch's XPU builds use. From the Linux
+kernel's Intel PCI id tables; an id outside every range has no known architecture."""
+
+
+def xe_arch(device_id: int) -> str | None:
+    """Return the Intel GPU architecture of a PCI device id (``0x0BD5`` -> ``"pvc"``), or ``None``.
+
+    Args:
+        device_id: The PCI device id from Level Zero (``deviceId``) or sysfs (``device``).
+    """
+    for low, high, arch in XE_ARCH_BY_DEVICE_ID:
+        if low <= device_id <= high:
+            return arch
+    return None
+
+
 @dataclass(frozen=True)
 class _Card:
     """One Intel GPU in Level Zero's order."""
@@ -154,6 +181,7 @@ class _Card:
     tiles: int
     driver: str
     sysman: lz.SysmanDevice | None = None
+    arch: str | None = None
 
 
 def _order(cards: list[_Card]) -> list[_Card]:
@@ -200,7 +228,10 @@ def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
         with contextlib.suppress(OSError):
             device_id = read(str(device / "device")).strip()
         name = f"Intel GPU {device_id}".strip()
-        cards.append(_Card(pci, name, None, integrated, tiles, driver))
+        arch = None
+        with contextlib.suppress(ValueError):
+            arch = xe_arch(int(device_id, 16))
+        cards.append(_Card(pci, name, None, integrated, tiles, driver, arch=arch))
     note = "" if cards else f"no Intel GPU bound to xe or i915 under {drm}"
     if others and not cards:
         note += f" (Intel devices with other drivers: {', '.join(others)})"
@@ -238,6 +269,10 @@ class XpuPlatform(BasePlatform):
 
     name: ClassVar[str] = "xpu"
     device_type: ClassVar[str] = "xpu"
+    FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
+        "bf16": (FeatureRule(archs=("pvc", "dg2", "bmg", "lnl", "mtl", "arl")),),
+    }
+    """bfloat16 on every Xe architecture torch's XPU builds target; no fp8/fp4 hardware rule."""
     visible_devices_env: ClassVar[str | None] = ENV_AFFINITY_MASK
     default_memory_utilization: ClassVar[float] = 0.9
     preferred_start_method: ClassVar[StartMethod] = "spawn"
@@ -323,6 +358,7 @@ class XpuPlatform(BasePlatform):
                         max(1, d.num_subdevices),
                         "level-zero",
                         d,
+                        xe_arch(d.device_id),
                     )
                     for d in found
                     if d.is_intel_gpu
@@ -402,7 +438,9 @@ class XpuPlatform(BasePlatform):
             if target.tiles is not None:
                 name += f" (tile{'s' if len(target.tiles) > 1 else ''} "
                 name += ", ".join(str(t) for t in target.tiles) + ")"
-            out.append(DeviceInfo(index, target.card, name, card.uuid, card.pci_bus_id))
+            out.append(
+                DeviceInfo(index, target.card, name, card.uuid, card.pci_bus_id, arch=card.arch)
+            )
         return out
 
     def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:

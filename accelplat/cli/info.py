@@ -45,6 +45,8 @@ def _device_entries(platform: Platform) -> list[dict[str, Any]]:
             "name": dev.name,
             "uuid": dev.uuid,
             "pci_bus_id": dev.pci_bus_id,
+            "arch": dev.arch,
+            "compute_capability": list(dev.compute_capability) if dev.compute_capability else None,
             "memory": None,
             "error": None,
         }
@@ -99,9 +101,23 @@ def collect_info() -> dict[str, Any]:
             "release": asdict(platform.release),
             "graph": asdict(platform.graph),
             "devices": _device_entries(platform),
+            "capabilities": _capability_entries(platform),
         }
     )
     return info
+
+
+def _capability_entries(platform: Platform) -> dict[str, dict[str, Any]]:
+    """Device 0's capability table, with the project's from ``./pyproject.toml`` if any."""
+    from pathlib import Path
+
+    from accelplat.capabilities import capabilities, load_pyproject
+
+    if Path("pyproject.toml").is_file():
+        load_pyproject("pyproject.toml")
+    if platform.device_count() == 0:
+        return {}
+    return {name: asdict(cap) for name, cap in capabilities(0, platform=platform).items()}
 
 
 def _render_text(info: dict[str, Any]) -> str:
@@ -139,6 +155,8 @@ def _render_text(info: dict[str, Any]) -> str:
     lines.append(f"devices: {len(devices)}")
     for dev in devices:
         ident = f"  [{dev['index']}] {dev['name']} (physical {dev['physical_index']}"
+        if dev["arch"]:
+            ident += f", {dev['arch']}"
         if dev["uuid"]:
             ident += f", {dev['uuid']}"
         lines.append(ident + ")")
@@ -151,6 +169,13 @@ def _render_text(info: dict[str, Any]) -> str:
             f"free {format_bytes(mem['free'])}, reserved {format_bytes(mem['reserved'])} "
             f"[{mem['source']}]"
         )
+    table = info.get("capabilities") or {}
+    if table:
+        from accelplat.capabilities import Capability, table_lines
+
+        lines.append("capabilities (device 0):")
+        rows = table_lines({n: Capability(**c) for n, c in table.items()})
+        lines.extend(f"  {row}" for row in rows)
     return "\n".join(lines)
 
 

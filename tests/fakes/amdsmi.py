@@ -39,6 +39,7 @@ class FakeAmdGpu:
     hip_id: int | str = "N/A"
     hip_uuid: str = ""
     market_name: str = "AMD Instinct MI300X"
+    target_graphics_version: str = "gfx942"
     processes: list[tuple[int, int]] = field(default_factory=list)
     gtt_used: int = 123 * 1024**2
     fail_memory: bool = False
@@ -129,7 +130,12 @@ def make_amdsmi(
         return check(handle).bdf
 
     def amdsmi_get_gpu_asic_info(handle: object) -> dict[str, Any]:
-        return {"market_name": check(handle).market_name, "vendor_id": "0x1002"}
+        gpu = check(handle)
+        return {
+            "market_name": gpu.market_name,
+            "vendor_id": "0x1002",
+            "target_graphics_version": gpu.target_graphics_version,
+        }
 
     def amdsmi_get_gpu_memory_total(handle: object, mem_type: object) -> int:
         gpu = check(handle)

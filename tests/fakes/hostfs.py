@@ -70,10 +70,12 @@ class HostFS:
         ]
         self.write(self.proc / "meminfo", "\n".join(lines) + "\n")
 
-    def cpuinfo(self, model: str, *, key: str = "model name", cpus: int = 2) -> None:
-        """Write ``/proc/cpuinfo`` with ``cpus`` processor blocks naming ``model``."""
+    def cpuinfo(
+        self, model: str, *, key: str = "model name", cpus: int = 2, flags: str = "fpu sse"
+    ) -> None:
+        """Write ``/proc/cpuinfo`` with ``cpus`` processor blocks naming ``model`` and ``flags``."""
         blocks = [
-            f"processor\t: {i}\nvendor_id\t: Fake\n{key}\t: {model}\nflags\t\t: fpu sse\n"
+            f"processor\t: {i}\nvendor_id\t: Fake\n{key}\t: {model}\nflags\t\t: {flags}\n"
             for i in range(cpus)
         ]
         self.write(self.proc / "cpuinfo", "\n".join(blocks))

@@ -55,6 +55,7 @@ class FakeZesDevice:
     device_type: int = 1
     integrated: bool = False
     uuid: bytes = b""
+    device_id: int = 0x0BD5  # Data Center GPU Max 1550 (Xe-HPC, "pvc")
     processes: list[tuple[int, int]] = field(default_factory=list)
     fail: dict[str, int] = field(default_factory=dict)
 
@@ -85,7 +86,10 @@ def pvc(bus: int, *, used: tuple[int, int] = (0, 0)) -> FakeZesDevice:
 def arc(bus: int, *, used: int = 0, name: str = "Intel(R) Arc(TM) B580 Graphics") -> FakeZesDevice:
     """A single-tile discrete card with 12 GiB."""
     return FakeZesDevice(
-        name=name, pci=(0, bus, 0, 0), modules=[FakeModule(12 * GIB, 12 * GIB - used)]
+        name=name,
+        pci=(0, bus, 0, 0),
+        modules=[FakeModule(12 * GIB, 12 * GIB - used)],
+        device_id=0xE20B,  # Arc B580 (Xe2-HPG, "bmg")
     )
 
 
@@ -156,7 +160,7 @@ class FakeLevelZero:
         p.numSubdevices = d.num_subdevices
         p.core.type = d.device_type
         p.core.vendorId = d.vendor_id
-        p.core.deviceId = 0x0BD5
+        p.core.deviceId = d.device_id
         p.core.flags = 1 if d.integrated else 0
         p.core.name = d.name.encode()
         for i, byte in enumerate(d.uuid_bytes()):

@@ -231,6 +231,9 @@ class FakeGpu:
     mig_devices: list[FakeMigDevice] = field(default_factory=list)
     unified_memory: bool = False
     """GB10/Jetson-like: memory queries raise ``NVMLError_NotSupported``."""
+    compute_capability: tuple[int, int] | None = (8, 0)
+    """What ``nvmlDeviceGetCudaComputeCapability`` answers (A100: 8.0, H100/H200: 9.0, L4: 8.9,
+    B200: 10.0); ``None`` makes the call raise ``NVMLError_NotSupported``."""
 
 
 def h200(index: int = 0, *, uuid: str | None = None, used: int = 0) -> FakeGpu:
@@ -242,6 +245,7 @@ def h200(index: int = 0, *, uuid: str | None = None, used: int = 0) -> FakeGpu:
         total=H200_TOTAL,
         reserved=H200_RESERVED,
         used=used,
+        compute_capability=(9, 0),
     )
 
 
@@ -486,6 +490,16 @@ class FakeNvml(types.ModuleType):
         try:
             mig = self._mig(handle)
             return mig.name if mig is not None else self._gpu(handle).name
+        finally:
+            self._leave()
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: _Handle) -> tuple[int, int]:
+        self._device_call("nvmlDeviceGetCudaComputeCapability", (handle,), {})
+        try:
+            capability = self._gpu(handle).compute_capability
+            if capability is None:
+                raise NVMLError(_ERROR_CODES["NOT_SUPPORTED"][0])
+            return capability
         finally:
             self._leave()
 

@@ -194,6 +194,7 @@ class FakeSysfs:
         partition: int | None = None,
         bank_bytes: int | None = None,
         private_heap: bool = True,
+        gfx_target_version: int | None = 90402,
     ) -> int:
         """A GPU node of the KFD topology.
 
@@ -203,6 +204,8 @@ class FakeSysfs:
             bank_bytes: ``size_in_bytes`` of its memory bank (``None``: no ``mem_banks``).
             private_heap: Heap type 2 (FB_PRIVATE: part of the memory is not CPU-visible) rather
                 than 1 (FB_PUBLIC, e.g. an APU's GTT-backed memory).
+            gfx_target_version: The LLVM target as KFD encodes it (90402 is an MI300X's gfx942);
+                ``None`` leaves the property out.
         """
         node = self._next_node
         self._next_node += 1
@@ -221,6 +224,8 @@ class FakeSysfs:
         if render_minor is not None:
             lines.append(f"drm_render_minor {render_minor}")
         lines += [f"unique_id {unique_id}", "num_xcc 8"]
+        if gfx_target_version is not None:
+            lines.append(f"gfx_target_version {gfx_target_version}")
         d = self._topology() / str(node)
         _write(d / "gpu_id", f"{gpu_id}\n")
         _write(d / "properties", "\n".join(lines) + "\n")
@@ -269,6 +274,7 @@ class FakeSysfs:
         device_id: int = 0x74A1,
         bank_bytes: int | None = None,
         gtt_total: int | None = None,
+        gfx_target_version: int | None = 90402,
     ) -> AmdGpu:
         """An amdgpu card with VRAM files and (unless ``kfd=False``) its KFD node(s).
 
@@ -317,6 +323,7 @@ class FakeSysfs:
                     partition=p if partitions > 1 else None,
                     bank_bytes=share,
                     private_heap=partitions > 1,
+                    gfx_target_version=gfx_target_version,
                 )
             )
             result.gpu_ids.append(gid)
