@@ -87,7 +87,7 @@ class DeviceInfo:
         uuid: Stable identifier where the vendor has one (``GPU-…``, ``MIG-…``), else ``None``.
         pci_bus_id: PCI bus address (``0000:3b:00.0``) where known, else ``None``.
         arch: Hardware architecture as its vendor's compilers name it: ``"sm_90"`` (NVIDIA),
-            ``"gfx942"`` (AMD), an Intel Xe architecture (``"xe-hpc"``, ``"xe2-hpg"``), or the
+            ``"gfx942"`` (AMD), an Intel GPU architecture (``"pvc"``, ``"bmg"``), or the
             CPU's instruction set (``"x86_64"``, ``"aarch64"``); ``None`` where it could not be
             read. Read without a device context.
         compute_capability: ``(major, minor)`` of an NVIDIA GPU (``(9, 0)`` on an H100/H200),
@@ -101,6 +101,16 @@ class DeviceInfo:
     pci_bus_id: str | None = None
     arch: str | None = None
     compute_capability: tuple[int, int] | None = None
+
+    @property
+    def stable_id(self) -> str | None:
+        """An identity that no visible-devices variable or enumeration order can change.
+
+        Returns:
+            The UUID where the vendor has one, else the PCI bus address, else ``None`` (then
+            only ``physical_index`` identifies the device, which is stable for one machine).
+        """
+        return self.uuid or self.pci_bus_id or None
 
 
 @dataclass(frozen=True)
@@ -122,16 +132,6 @@ class FeatureRule:
     archs: tuple[str, ...] = ()
     value: str | None = None
     note: str = ""
-
-    @property
-    def stable_id(self) -> str | None:
-        """An identity that no visible-devices variable or enumeration order can change.
-
-        Returns:
-            The UUID where the vendor has one, else the PCI bus address, else ``None`` (then
-            only ``physical_index`` identifies the device, which is stable for one machine).
-        """
-        return self.uuid or self.pci_bus_id or None
 
 
 @dataclass(frozen=True)
