@@ -23,6 +23,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "accelplat.cli.sizing",
     "accelplat.cli.timeline",
     "accelplat.cli.lease",
+    "accelplat.cli.scan",
 )
 
 
