@@ -34,6 +34,9 @@ Options: ``--accelplat-capabilities`` prints the capability table of device 0 in
 stayed above what it was before the test by more than ``--accelplat-leak-tolerance`` (ini
 ``accelplat_leak_tolerance``, default 256 MiB).
 
+``--accelplat-lease`` gives each test process (each pytest-xdist worker) its own devices
+through :func:`accelplat.lease`; see :mod:`accelplat.leasing_pytest`.
+
 Importing this module imports nothing from accelplat beyond this file and never imports torch.
 A session that uses no marker, fixture or option of the plugin never detects a platform.
 """
@@ -116,7 +119,7 @@ class _Leak:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Add ``--accelplat-platform``, ``--accelplat-leak-check`` and the leak-check settings."""
+    """Add ``--accelplat-platform``, the leak check, and ``--accelplat-lease`` options."""
     group = parser.getgroup("accelplat", "accelplat accelerator platform")
     group.addoption(
         "--accelplat-platform",
@@ -154,6 +157,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(default: ini accelplat_leak_wait, else 4 x the platform's stability window on "
         "lazily releasing platforms and 0 elsewhere)",
     )
+    group.addoption(
+        "--accelplat-lease",
+        action="store_true",
+        default=False,
+        help="give each test process (each pytest-xdist worker) its own device(s) through "
+        "accelplat device leases, before any test can start a device runtime; a test that "
+        "declares more devices gets that many for its duration",
+    )
+    group.addoption(
+        "--accelplat-lease-count",
+        type=_lease_count,
+        default=1,
+        metavar="N",
+        help="devices each test process holds with --accelplat-lease (default 1)",
+    )
+    group.addoption(
+        "--accelplat-lease-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long --accelplat-lease waits for devices (default 600)",
+    )
+    group.addoption(
+        "--accelplat-lease-min-free",
+        default=None,
+        metavar="SIZE",
+        help="free memory each leased device must have, e.g. 40GiB",
+    )
     parser.addini(
         "accelplat_leak_check",
         type="bool",
@@ -170,6 +201,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="auto",
         help="seconds to wait for memory to come back before reporting a leak, or 'auto'",
     )
+
+
+def _lease_count(text: str) -> int:
+    if not text.strip().isdecimal() or len(text.strip()) > 6 or int(text) < 1:
+        raise ValueError(f"expected a number of devices >= 1, got {text!r}")
+    return int(text)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> None:
+    """With ``--accelplat-lease``, lease this process's devices before conftests are imported."""
+    namespace = early_config.known_args_namespace
+    if getattr(namespace, "accelplat_lease", False):
+        from accelplat.leasing_pytest import start
+
+        start(early_config, namespace)
 
 
 def pytest_configure(config: pytest.Config) -> None:
