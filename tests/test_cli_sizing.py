@@ -8,6 +8,7 @@ import pytest
 
 from accelplat import GIB, MIB
 from accelplat.cli import main
+from accelplat.cli._json import SCHEMA_VERSION
 from tests.fakes.hostfs import fake_statvfs
 
 KV = ["kv", "--layers", "42", "--kv-heads", "8", "--head-size", "256", "--dtype", "bf16"]
@@ -58,6 +59,7 @@ def test_shm_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert doc == {
+        "schema": SCHEMA_VERSION,
         "path": "/fake/shm",
         "free": 64 * MIB,
         "total": 64 * MIB,
@@ -136,6 +138,7 @@ def test_kv_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc == {
+        "schema": SCHEMA_VERSION,
         "max_model_len": 2048,
         "bytes": 2048 * PER_TOKEN,
         "gib": round(2048 * PER_TOKEN / GIB, 4),

@@ -24,6 +24,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "accelplat.cli.timeline",
     "accelplat.cli.lease",
     "accelplat.cli.scan",
+    "accelplat.cli.completion",
 )
 
 

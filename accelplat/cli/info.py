@@ -14,14 +14,15 @@ from dataclasses import asdict
 from typing import Any
 
 from accelplat._format import format_bytes
+from accelplat.cli._json import SCHEMA_VERSION
 from accelplat.errors import AccelplatError
 from accelplat.platform import Platform
 from accelplat.registry import current_platform, detect
 
 __all__ = ["INFO_SCHEMA_VERSION", "collect_info", "register"]
 
-INFO_SCHEMA_VERSION = 1
-"""Version of the ``accelplat info --json`` document."""
+INFO_SCHEMA_VERSION = SCHEMA_VERSION
+"""Version of the ``accelplat info --json`` document (every ``--json`` output shares it)."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

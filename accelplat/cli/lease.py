@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -30,6 +29,7 @@ from types import FrameType
 
 from accelplat._format import format_bytes
 from accelplat.cli._args import parse_size_arg, seconds_arg
+from accelplat.cli._json import dumps
 from accelplat.errors import ConfigurationError
 from accelplat.leasing import DEFAULT_TIMEOUT_S, LeaseRecord, default_lease_dir, lease, lease_status
 
@@ -198,7 +198,7 @@ def _status(args: argparse.Namespace) -> int:
                 for r in records
             ],
         }
-        print(json.dumps(doc))
+        print(dumps(doc))
         return 0
     if not records:
         print(f"no leases recorded in {directory}")

@@ -8,11 +8,11 @@ Exit status: 0 when it fits (or nothing was asked), 1 when it does not (the reas
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from accelplat._types import GIB
+from accelplat.cli._json import dumps
 from accelplat.errors import ConfigurationError
 from accelplat.host import DEFAULT_SHM_PATH, shm_info, shortage_error
 from accelplat.sizing import (
@@ -98,7 +98,7 @@ def _gib_number(n: int) -> float | int:
 
 
 def _print_json(doc: dict[str, Any]) -> None:
-    print(json.dumps(doc, indent=2))
+    print(dumps(doc, indent=2))
 
 
 # -- shm ---------------------------------------------------------------------------------------

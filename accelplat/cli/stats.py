@@ -10,7 +10,6 @@ imports no framework.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -19,6 +18,7 @@ from typing import IO, Any
 from accelplat._format import format_bytes
 from accelplat._types import UsageSnapshot
 from accelplat.cli._args import parse_devices, seconds_arg
+from accelplat.cli._json import dumps
 from accelplat.errors import ConfigurationError, DeviceNotFoundError
 from accelplat.memory import default_clock, snapshot
 from accelplat.platform import Platform
@@ -227,7 +227,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.json:
             for snap in samples:
                 doc = snapshot_to_json(platform, snap, names, holders=args.holders)
-                out.write(json.dumps(doc) + "\n")
+                out.write(dumps(doc) + "\n")
                 out.flush()
         elif use_rich(out):
             _show_rich(platform, samples, names, args.holders, live=args.watch is not None)

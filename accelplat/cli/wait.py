@@ -19,7 +19,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -29,6 +28,7 @@ from typing import IO, Any
 from accelplat._format import format_bytes
 from accelplat._types import SettleResult, UsageSnapshot
 from accelplat.cli._args import parse_devices, parse_size_arg, seconds_arg
+from accelplat.cli._json import dumps
 from accelplat.errors import AccelplatError, MemoryNotSettledError
 from accelplat.memory import (
     DEFAULT_STABLE_TOLERANCE_BYTES,
@@ -244,7 +244,7 @@ def _run(args: argparse.Namespace) -> int:
                 targets=exc.targets,
                 error=str(exc),
             )
-            print(json.dumps(doc))
+            print(dumps(doc))
         return 1
     except (AccelplatError, ValueError, IndexError) as exc:
         progress.finish()
@@ -258,7 +258,7 @@ def _run(args: argparse.Namespace) -> int:
             targets=result.targets,
             result=result,
         )
-        print(json.dumps(doc))
+        print(dumps(doc))
     elif not args.quiet:
         how = "already clear" if result.already_settled else f"clear after {result.waited_s:.2f} s"
         print(
