@@ -47,6 +47,7 @@ COMMANDS = [
         id="kv",
     ),
     pytest.param(["lease", "--status", "--json"], id="lease-status"),
+    pytest.param(["scan", "tests/fakes", "--json"], id="scan"),
 ]
 
 
@@ -62,7 +63,7 @@ def test_every_json_document_starts_with_the_schema(argv: list[str], env: dict[s
         check=False,
     )
     assert done.returncode in (0, 1), done.stderr
-    if argv[0] in ("info", "shm", "kv"):  # indented: one document over several lines
+    if argv[0] in ("info", "shm", "kv", "scan"):  # indented: one document over several lines
         docs = [json.loads(done.stdout)]
     else:  # one document per line
         docs = [json.loads(line) for line in done.stdout.splitlines()]
