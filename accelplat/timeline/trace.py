@@ -16,11 +16,13 @@ This module imports no framework and touches no device.
 from __future__ import annotations
 
 import bisect
+import gc
 import json
 import math
 import os
 import re
 import secrets
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -68,6 +70,14 @@ DEFAULT_LEAK_GRACE_S = 2.0
 _MAX_DEVICES = 4096
 _MAX_ITEMS = 10_000_000
 _MAX_TEXT = 65_536
+_MAX_INT = 2**63 - 1
+"""Largest byte count or index a trace may hold (what a signed 64-bit integer holds)."""
+_MAX_SECONDS = 1e9
+"""Largest time, duration or rate in a trace (about 31 years of seconds)."""
+_MAX_EPOCH = 253_402_300_799.0
+"""Largest ``started_at``: the last second of the year 9999, the last a date can show."""
+_EXIT_RANGE = (-(2**31), 2**31 - 1)
+"""Exit statuses a trace may hold (a C ``int``)."""
 
 Reading = tuple[int | None, ...]
 """Used bytes per sampled device, in :attr:`Trace.devices` order; ``None`` where a query failed."""
@@ -268,6 +278,20 @@ class Trace:
         Returns:
             Used bytes per device; ``None`` where nothing was read.
         """
+        grace = self.leak_grace_s if grace_s is None else grace_s
+        table = self._held_cache.get(grace)
+        if table is None:
+            table = self._held_cache[grace] = self._held_after_all(grace)
+        held = table.get(id(span))
+        if held is not None and self.tests[held[0]] is span:
+            return held[1]
+        return self._held_after_one(span, grace)  # a span that is not one of `tests`
+
+    @cached_property
+    def _held_cache(self) -> dict[float, dict[int, tuple[int, Reading]]]:
+        return {}
+
+    def _held_after_one(self, span: TestSpan, grace_s: float) -> Reading:
         lo = bisect.bisect_right(self._times, span.end)  # used_after stands for time `end`
         hi = bisect.bisect_right(self._times, self.judged_at(span, grace_s))
         out: list[int | None] = []
@@ -277,6 +301,54 @@ class Trace:
                 values.append(at_end)
             out.append(min(values, default=None))
         return tuple(out)
+
+    def _held_after_all(self, grace_s: float) -> dict[int, tuple[int, Reading]]:
+        """:meth:`held_after` of every test at once, in O(samples + tests) per device.
+
+        Taken in order of their ends, the tests' windows ``(end, judged_at]`` have
+        non-decreasing left and right edges (:meth:`judged_at` never decreases as ``end``
+        grows), so one sliding-window minimum per device (a deque of sample positions whose
+        values increase) answers them all in a single pass over the samples.
+        """
+        times = self._times
+        samples = self.samples
+        order = sorted(range(len(self.tests)), key=lambda i: self.tests[i].end)
+        width = len(self.devices)
+        windows: list[deque[int]] = [deque() for _ in range(width)]
+        added = 0
+        out: dict[int, tuple[int, Reading]] = {}
+        for i in order:
+            span = self.tests[i]
+            lo = bisect.bisect_right(times, span.end)
+            hi = bisect.bisect_right(times, self.judged_at(span, grace_s))
+            if hi < added:  # never, as judged_at grows with end; kept exact if it did
+                out[id(span)] = (i, self._held_after_one(span, grace_s))
+                continue
+            for k in range(added, hi):
+                used = samples[k].used
+                for pos in range(min(width, len(used))):
+                    value = used[pos]
+                    if value is None:
+                        continue
+                    window = windows[pos]
+                    while window and samples[window[-1]].used[pos] >= value:  # type: ignore[operator]
+                        window.pop()
+                    window.append(k)
+            added = hi
+            held: list[int | None] = []
+            for pos, at_end in enumerate(span.used_after):
+                best: int | None = None
+                if pos < width:
+                    window = windows[pos]
+                    while window and window[0] < lo:
+                        window.popleft()
+                    if window and window[0] < hi:
+                        best = samples[window[0]].used[pos]
+                if at_end is not None and (best is None or at_end < best):
+                    best = at_end
+                held.append(best)
+            out[id(span)] = (i, tuple(held))
+        return out
 
     def growth(self, span: TestSpan, grace_s: float | None = None) -> tuple[int | None, ...]:
         """Return per device what ``span`` left held: :meth:`held_after` less ``used_before``.
@@ -490,16 +562,24 @@ def loads_trace(text: str | bytes, *, max_bytes: int = MAX_TRACE_BYTES) -> Trace
     size = len(text.encode("utf-8")) if isinstance(text, str) else len(text)
     if size > max_bytes:
         raise ConfigurationError(f"trace is {size} bytes, more than the limit of {max_bytes}")
+    # Parsing builds millions of small containers that hold no cycles: the cyclic garbage
+    # collector, run again and again as they are allocated, would only slow it down.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        raw = text.decode("utf-8") if isinstance(text, bytes) else text
-        doc = json.loads(raw, parse_constant=_reject_constant)
-    except UnicodeDecodeError as exc:
-        raise ConfigurationError(f"trace is not UTF-8 text: {exc.reason}") from None
-    except RecursionError:
-        raise ConfigurationError("trace JSON is nested too deeply") from None
-    except ValueError as exc:  # json.JSONDecodeError and _reject_constant
-        raise ConfigurationError(f"trace is not valid JSON: {exc}") from None
-    return _parse(doc)
+        try:
+            raw = text.decode("utf-8") if isinstance(text, bytes) else text
+            doc = json.loads(raw, parse_constant=_reject_constant)
+        except UnicodeDecodeError as exc:
+            raise ConfigurationError(f"trace is not UTF-8 text: {exc.reason}") from None
+        except RecursionError:
+            raise ConfigurationError("trace JSON is nested too deeply") from None
+        except ValueError as exc:  # json.JSONDecodeError and _reject_constant
+            raise ConfigurationError(f"trace is not valid JSON: {exc}") from None
+        return _parse(doc)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def load_trace(path: str | os.PathLike[str], *, max_bytes: int = MAX_TRACE_BYTES) -> Trace:
@@ -557,9 +637,9 @@ def _list(value: object, where: str, limit: int = _MAX_ITEMS) -> Sequence[Any]:
     return value
 
 
-def _int(value: object, where: str, *, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _fail(where, f"an integer >= {minimum}", value)
+def _int(value: object, where: str, *, minimum: int = 0, maximum: int = _MAX_INT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise _fail(where, f"an integer in {minimum}..{maximum}", value)
     return value
 
 
@@ -567,12 +647,15 @@ def _opt_int(value: object, where: str) -> int | None:
     return None if value is None else _int(value, where)
 
 
-def _float(value: object, where: str) -> float:
+def _float(value: object, where: str, *, maximum: float = _MAX_SECONDS) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _fail(where, "a number", value)
-    f = float(value)
-    if not math.isfinite(f) or f < 0:
-        raise _fail(where, "a finite number >= 0", value)
+    try:
+        f = float(value)
+    except OverflowError:  # an integer beyond any float, 10**400 say
+        f = math.inf
+    if not (math.isfinite(f) and 0 <= f <= maximum):
+        raise _fail(where, f"a number in 0..{maximum:g}", value)
     return f
 
 
@@ -613,6 +696,41 @@ def _decimation(value: object) -> int:
     return d
 
 
+def _samples(rows: Sequence[Any], n: int) -> tuple[list[Sample], float]:
+    """Validate the samples; return them and the last time.
+
+    The common case (a list of ``n + 1`` plain numbers in range, time not going backwards) is
+    checked inline, since a long recording has hundreds of thousands of rows; anything else
+    goes through the field-by-field checks, which name what is wrong.
+    """
+    samples: list[Sample] = []
+    last_t = 0.0
+    width = n + 1
+    for i, row in enumerate(rows):
+        if type(row) is list and len(row) == width:
+            t = row[0]
+            used = tuple(row[1:])
+            if (
+                (type(t) is float or type(t) is int)
+                and last_t <= t <= _MAX_SECONDS
+                and all(v is None or (type(v) is int and 0 <= v <= _MAX_INT) for v in used)
+            ):
+                last_t = float(t)
+                samples.append(Sample(last_t, used))
+                continue
+        checked = _list(row, f"samples[{i}]", width)
+        if len(checked) != width:
+            raise ConfigurationError(
+                f"trace field samples[{i}]: expected [t, used…] with {width} values"
+            )
+        t = _float(checked[0], f"samples[{i}][0]")
+        if t < last_t:
+            raise ConfigurationError(f"trace field samples[{i}][0]: time goes backwards")
+        last_t = t
+        samples.append(Sample(t, _reading(checked[1:], f"samples[{i}]", n, offset=1)))
+    return samples, last_t
+
+
 def _parse(doc: object) -> Trace:
     top = _obj(doc, "(top level)")
     if top.get("format") != TRACE_FORMAT:
@@ -635,19 +753,7 @@ def _parse(doc: object) -> Trace:
         devices.append(DeviceTrack(index, name, _int(d.get("total"), f"devices[{i}].total")))
     n = len(devices)
 
-    samples: list[Sample] = []
-    last_t = 0.0
-    for i, raw in enumerate(_list(top.get("samples"), "samples")):
-        row = _list(raw, f"samples[{i}]", n + 1)
-        if len(row) != n + 1:
-            raise ConfigurationError(
-                f"trace field samples[{i}]: expected [t, used…] with {n + 1} values"
-            )
-        t = _float(row[0], f"samples[{i}][0]")
-        if t < last_t:
-            raise ConfigurationError(f"trace field samples[{i}][0]: time goes backwards")
-        last_t = t
-        samples.append(Sample(t, _reading(row[1:], f"samples[{i}]", n, offset=1)))
+    samples, last_t = _samples(_list(top.get("samples"), "samples"), n)
 
     tests: list[TestSpan] = []
     for i, raw in enumerate(_list(top.get("tests", []), "tests")):
@@ -692,8 +798,14 @@ def _parse(doc: object) -> Trace:
 
     command = top.get("command")
     exit_code = top.get("exit_code")
-    if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)):
-        raise _fail("exit_code", "an integer or null", exit_code)
+    if exit_code is not None and (
+        isinstance(exit_code, bool)
+        or not isinstance(exit_code, int)
+        or not _EXIT_RANGE[0] <= exit_code <= _EXIT_RANGE[1]
+    ):
+        raise _fail(
+            "exit_code", f"an integer in {_EXIT_RANGE[0]}..{_EXIT_RANGE[1]} or null", exit_code
+        )
     hz = _float(top.get("sample_hz", 0.0), "sample_hz")
     return Trace(
         devices=tuple(devices),
@@ -701,7 +813,7 @@ def _parse(doc: object) -> Trace:
         tests=tuple(tests),
         waits=tuple(waits),
         platform=_text(top.get("platform", ""), "platform"),
-        started_at=_float(top.get("started_at", 0.0), "started_at"),
+        started_at=_float(top.get("started_at", 0.0), "started_at", maximum=_MAX_EPOCH),
         duration=_float(top.get("duration", last_t), "duration"),
         sample_hz=hz,
         decimation=_decimation(top.get("decimation", 0)),
