@@ -18,7 +18,9 @@ This module imports no framework and never loads the library at import time.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -323,12 +325,18 @@ class Sysman:
 
     Thread safety:
         Calls are serialised by a lock; Level Zero handles stay valid for the process lifetime.
+
+    Fork safety:
+        The specification says each forked process must call ``zesInit``: in a forked child
+        every instance forgets that it was initialised (and gets a fresh lock), so the next query
+        initialises Sysman again; device handles from the parent must not be used there.
     """
 
     def __init__(self, lib: Any) -> None:
         self._lib = lib
         self._lock = threading.Lock()
         self._initialised = False
+        _INSTANCES.add(self)
         for name, argtypes in _SIGNATURES.items():
             fn = getattr(lib, name, None)
             if fn is not None and hasattr(fn, "argtypes"):
@@ -478,6 +486,19 @@ class Sysman:
             raise LevelZeroError("zesDeviceProcessesGetState", ZE_RESULT_ERROR_INVALID_SIZE)
 
 
+_INSTANCES: weakref.WeakSet[Sysman] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for sysman in list(_INSTANCES):
+        sysman._lock = threading.Lock()
+        sysman._initialised = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def pci_sort_key(bus_id: str | None) -> tuple[int, ...]:
     """Return a sort key for a PCI address ``dddd:bb:dd.f`` (unknown addresses sort last)."""
     if not bus_id:
@@ -493,8 +514,10 @@ def pci_sort_key(bus_id: str | None) -> tuple[int, ...]:
 def sum_modules(modules: Sequence[MemoryModule], tiles: Sequence[int] | None) -> tuple[int, int]:
     """Return ``(free, size)`` summed over the modules that belong to ``tiles``.
 
-    Local (``device``) memory counts when a card has any; otherwise (integrated GPUs) the system
-    modules do. With ``tiles`` given, only modules on those tiles count — unless no module is
+    Local (``device``) memory counts when a card has any; otherwise the system modules do (an
+    integrated GPU, for which compute-runtime reports the host's ``MemFree`` as free and
+    ``MemAvailable`` as size: not GPU memory, so callers should not present it as such). With
+    ``tiles`` given, only modules on those tiles count — unless no module is
     tile-specific, in which case the card's memory is all there is to report.
 
     Args:

@@ -27,6 +27,7 @@ from tests.fakes.levelzero import (
     arc,
     build_c_library,
     c_compiler,
+    igpu,
     pvc,
     uuid_text,
 )
@@ -116,23 +117,31 @@ def test_composite_hierarchy_sums_the_tiles(monkeypatch):
 
 
 def test_level_zero_order_is_discrete_first_then_pci(monkeypatch):
-    igpu = FakeZesDevice(
-        name="Intel(R) Graphics",
-        pci=(0, 0, 2, 0),
-        integrated=True,
-        modules=[FakeModule(16 * GIB, 15 * GIB, location=0)],
-    )
     # Sysman enumerates in its own order; Level Zero core sorts.
-    p, _ = lz_platform([arc(0x8C), igpu, arc(0x03, name="Intel(R) Arc(TM) A770 Graphics")])
+    p, _ = lz_platform([arc(0x8C), igpu(), arc(0x03, name="Intel(R) Arc(TM) A770 Graphics")])
     assert [d.pci_bus_id for d in p.devices()] == ["0000:03:00.0", "0000:8c:00.0", "0000:00:02.0"]
-    # an integrated GPU's memory is system memory: it counts when there is no local memory
-    assert p.memory_info(2).total == 16 * GIB
     monkeypatch.setenv("ZE_ENABLE_PCI_ID_DEVICE_ORDER", "1")
     assert [d.pci_bus_id for d in p.devices()] == [
         "0000:00:02.0",
         "0000:03:00.0",
         "0000:8c:00.0",
     ]
+
+
+@pytest.mark.parametrize("value", ["true", "yes", "on", "2", " 1"])
+def test_pci_order_variable_counts_only_as_one(monkeypatch, value):
+    # the loader's getenv_tobool accepts exactly "1" (the specification: {0, 1})
+    p, _ = lz_platform([arc(0x8C), igpu()])
+    monkeypatch.setenv("ZE_ENABLE_PCI_ID_DEVICE_ORDER", value)
+    assert [d.pci_bus_id for d in p.devices()] == ["0000:8c:00.0", "0000:00:02.0"]
+
+
+def test_integrated_gpu_memory_is_host_memory_and_is_refused():
+    # compute-runtime answers for an iGPU from /proc/meminfo: free = MemFree, size = MemAvailable
+    p, _ = lz_platform([arc(0x8C, used=GIB), igpu(mem_free=20 * GIB, mem_available=28 * GIB)])
+    assert p.memory_info(0).used == GIB
+    with pytest.raises(BackendError, match=r"integrated GPU.*MemFree/MemAvailable"):
+        p.memory_info(1)
 
 
 def test_non_intel_sysman_devices_are_ignored():
@@ -155,7 +164,7 @@ def test_affinity_mask_and_selector_pick_devices(monkeypatch):
 
 
 def test_unsupported_visible_forms_are_configuration_errors(monkeypatch):
-    p, _ = lz_platform([arc(0x8C)])
+    p, _ = lz_platform([pvc(0x3A)])  # a Max defaults to FLAT: "0.0" is not valid there
     monkeypatch.setenv("ZE_AFFINITY_MASK", "0.0")
     with pytest.raises(ConfigurationError, match="ZE_AFFINITY_MASK"):
         p.devices()
@@ -163,6 +172,28 @@ def test_unsupported_visible_forms_are_configuration_errors(monkeypatch):
     monkeypatch.setenv("ONEAPI_DEVICE_SELECTOR", "level_zero;0")
     with pytest.raises(ConfigurationError, match="ONEAPI_DEVICE_SELECTOR"):
         p.devices()
+
+
+def test_arc_defaults_to_composite_where_a_tile_mask_is_valid(monkeypatch):
+    p, _ = lz_platform([arc(0x8C, used=GIB), arc(0x03)])
+    monkeypatch.setenv("ZE_AFFINITY_MASK", "1.0")  # valid on Arc/Flex/BMG (COMPOSITE)
+    (only,) = p.devices()
+    assert only.pci_bus_id == "0000:8c:00.0"
+    assert p.memory_info(0).used == GIB
+
+
+def test_max_defaults_to_flat_and_the_probe_says_it_is_assumed(monkeypatch):
+    p, fake = lz_platform([pvc(0x3A), pvc(0x9A)])
+    assert p.device_count() == 4  # FLAT: one device per tile
+    monkeypatch.setenv("ZE_FLAT_DEVICE_HIERARCHY", "COMPOSITE")  # an older driver's default
+    assert p.device_count() == 2
+    monkeypatch.delenv("ZE_FLAT_DEVICE_HIERARCHY")
+    monkeypatch.setattr(lz, "load_loader", lambda name: fake)
+    result = XpuPlatform.probe()
+    assert result.available
+    assert "FLAT assumed" in result.reason
+    monkeypatch.setenv("ZE_FLAT_DEVICE_HIERARCHY", "FLAT")
+    assert "assumed" not in XpuPlatform.probe().reason
 
 
 def test_sysman_failures_are_typed():
@@ -226,35 +257,92 @@ def test_holders_retry_when_processes_attach_between_calls():
 # -- privileges -----------------------------------------------------------------------------------
 
 
+INIT_NS = "         0          0 4294967295\n"
+
+
 @pytest.mark.parametrize(
-    ("capeff", "visible"),
+    ("capeff", "uid_map", "visible"),
     [
-        ("000001ffffffffff", True),  # root
-        (f"{1 << 38:016x}", True),  # CAP_PERFMON
-        (f"{1 << 21:016x}", True),  # CAP_SYS_ADMIN
-        ("00000000a80425fb", False),  # Docker's default set
-        ("0000000000000000", False),
+        ("000001ffffffffff", INIT_NS, True),  # root
+        (f"{1 << 38:016x}", INIT_NS, True),  # CAP_PERFMON
+        (f"{1 << 21:016x}", INIT_NS, True),  # CAP_SYS_ADMIN
+        ("00000000a80425fb", INIT_NS, False),  # Docker's default set
+        ("0000000000000000", INIT_NS, False),
+        # a user-namespaced (rootless) container: full caps there, none in the initial namespace
+        ("000001ffffffffff", "         0       1000          1\n", False),
     ],
 )
-def test_usage_visibility_from_capabilities(capeff, visible):
+def test_usage_visibility_from_capabilities_and_user_namespace(capeff, uid_map, visible):
     status = f"Name:\tpython\nCapInh:\t0000000000000000\nCapEff:\t{capeff}\n"
-    assert usage_visible_to_this_process(status) is visible
+    assert usage_visible_to_this_process(status, uid_map) is visible
 
 
-def test_unprivileged_zero_usage_is_not_trusted(monkeypatch):
-    p, _ = lz_platform([arc(0x8C, used=0)], usage_visible=False)
-    with pytest.raises(BackendError, match="CAP_PERFMON"):
+def _proc(tmp_path: Path, capeff: str, uid_map: str = INIT_NS) -> Path:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "status").write_text(f"Name:\tpython\nCapEff:\t{capeff}\n")
+    (proc / "self" / "uid_map").write_text(uid_map)
+    return proc
+
+
+def _hidden(tmp_path, fs, driver: str, *, used: int, uid_map: str = INIT_NS):
+    """An unprivileged process; the kernel hides usage as ``driver`` does."""
+    fs.add_intel_gpu(0, pci="0000:8c:00.0", driver=driver, device_id=0xE20B)
+    fake = FakeLevelZero([arc(0x8C, used=used)], hides_usage=True)
+    proc = _proc(tmp_path, "00000000a80425fb", uid_map)
+    return XpuPlatform(level_zero=fake, proc_root=proc)
+
+
+def test_i915_hidden_usage_is_refused_and_called_hidden(tmp_path, fs):
+    p = _hidden(tmp_path, fs, "i915", used=3 * GIB)
+    with pytest.raises(BackendError, match=r"i915 hides memory usage.*hidden usage, not a reading"):
         p.memory_info(0)
-    # with torch imported by the caller, torch answers instead
+
+
+def test_xe_zero_may_be_hidden_and_is_refused(tmp_path, fs):
+    p = _hidden(tmp_path, fs, "xe", used=3 * GIB)
+    with pytest.raises(BackendError, match=r"xe may hide usage.*4d0b035fd6da"):
+        p.memory_info(0)
+
+
+def test_capabilities_inside_a_user_namespace_do_not_count(tmp_path, fs):
+    fs.add_intel_gpu(0, pci="0000:8c:00.0", driver="i915", device_id=0xE20B)
+    fake = FakeLevelZero([arc(0x8C, used=3 * GIB)], hides_usage=True)
+    proc = _proc(tmp_path, "000001ffffffffff", "         0       1000          1\n")
+    with pytest.raises(BackendError, match="i915 hides"):
+        XpuPlatform(level_zero=fake, proc_root=proc).memory_info(0)
+
+
+def test_privileged_process_sees_and_trusts_usage(tmp_path, fs):
+    fs.add_intel_gpu(0, pci="0000:8c:00.0", driver="i915", device_id=0xE20B)
+    fake = FakeLevelZero([arc(0x8C, used=0)])
+    proc = _proc(tmp_path, f"{1 << 38:016x}")
+    assert XpuPlatform(level_zero=fake, proc_root=proc).memory_info(0).used == 0
+
+
+def test_torch_reading_the_same_hidden_zero_is_refused_too(tmp_path, fs, monkeypatch):
+    p = _hidden(tmp_path, fs, "i915", used=3 * GIB)
+    # torch's figure comes from the same kernel query, so it shows no usage either
+    torch = make_fake_torch([FakeXpuDevice(total=12 * GIB, free=12 * GIB)])
+    install_fake_torch(monkeypatch, torch)
+    with pytest.raises(BackendError, match="reads the same kernel figure"):
+        p.memory_info(0)
+
+
+def test_torch_showing_usage_answers_when_sysman_shows_none(tmp_path, fs, monkeypatch):
+    p = _hidden(tmp_path, fs, "xe", used=3 * GIB)
     torch = make_fake_torch([FakeXpuDevice(total=12 * GIB, free=9 * GIB)])
     install_fake_torch(monkeypatch, torch)
     info = p.memory_info(0)
-    assert (info.used, info.source) == (3 * GIB, "torch.xpu (creates a device context)")
+    assert (info.used, info.source) == (3 * GIB, "torch.accelerator (creates a device context)")
 
 
-def test_unprivileged_nonzero_usage_is_trusted():
-    p, _ = lz_platform([arc(0x8C, used=GIB)], usage_visible=False)
-    assert p.memory_info(0).used == GIB
+def test_unprivileged_nonzero_usage_is_trusted(tmp_path, fs):
+    # a patched xe kernel shows every process the real usage
+    fs.add_intel_gpu(0, pci="0000:8c:00.0", driver="xe", device_id=0xE20B)
+    fake = FakeLevelZero([arc(0x8C, used=GIB)])
+    proc = _proc(tmp_path, "00000000a80425fb")
+    assert XpuPlatform(level_zero=fake, proc_root=proc).memory_info(0).used == GIB
 
 
 # -- without Level Zero -------------------------------------------------------------------------
@@ -262,13 +350,13 @@ def test_unprivileged_nonzero_usage_is_trusted():
 
 def test_zes_init_failure_falls_back_to_sysfs_devices(tmp_path, monkeypatch):
     fs = FakeSysfs(tmp_path / "t")
-    fs.add_intel_gpu(0, pci="0000:03:00.0", driver="xe", tiles=2)
+    fs.add_intel_gpu(0, pci="0000:03:00.0", driver="xe", tiles=2, device_id=0x0BD5)
     monkeypatch.setenv("ACCELPLAT_SYSFS_ROOT", str(fs.sys))
     fake = FakeLevelZero([arc(0x8C)], init_result=ZE_RESULT_ERROR_UNINITIALIZED)
     p = XpuPlatform(level_zero=fake)
-    assert [d.name for d in p.devices()] == [
-        "Intel GPU 0xe20b (tile 0)",
-        "Intel GPU 0xe20b (tile 1)",
+    assert [d.name for d in p.devices()] == [  # a Max: FLAT by default, one device per tile
+        "Intel GPU 0x0bd5 (tile 0)",
+        "Intel GPU 0x0bd5 (tile 1)",
     ]
     assert p.context_free is False
     assert p.memory_source == ""
@@ -296,23 +384,56 @@ def test_torch_source_when_the_caller_imported_torch(monkeypatch):
     install_fake_torch(monkeypatch, torch)
     p = XpuPlatform(level_zero=False)
     assert p.context_free is False
-    assert p.memory_source == "torch.xpu (creates a device context)"
+    assert p.memory_source == "torch.accelerator (creates a device context)"
     assert [d.name for d in p.devices()] == [
         "Intel(R) Arc(TM) B580 Graphics",
         "Intel(R) Data Center GPU Max 1550",
     ]
     info = p.memory_info(1)
     assert (info.free, info.total, info.used) == (32 * GIB, 64 * GIB, 32 * GIB)
-    assert ("xpu.mem_get_info", 1) in torch.calls
+    # what vLLM 0.33 trusts (it routes torch.accelerator.get_memory_info to its own op)
+    assert ("accelerator.get_memory_info", 1) in torch.calls
+    assert ("xpu.mem_get_info", 1) not in torch.calls
     assert p.memory_holders(1) is None
 
 
-def test_torch_accelerator_when_xpu_has_no_mem_get_info(monkeypatch):
-    torch = make_fake_torch([FakeXpuDevice(total=8 * GIB, free=6 * GIB)], mem_get_info=False)
+def test_torch_xpu_mem_get_info_when_there_is_no_torch_accelerator(monkeypatch):
+    torch = make_fake_torch([FakeXpuDevice(total=8 * GIB, free=6 * GIB)], accelerator=False)
     install_fake_torch(monkeypatch, torch)
-    info = XpuPlatform(level_zero=False).memory_info(0)
-    assert info.source == "torch.accelerator (creates a device context)"
+    p = XpuPlatform(level_zero=False)
+    assert p.memory_source == "torch.xpu (creates a device context)"
+    info = p.memory_info(0)
+    assert info.source == "torch.xpu (creates a device context)"
     assert info.used == 2 * GIB
+
+
+def test_a_shifted_torch_total_is_rejected(monkeypatch):
+    # the BMG report: total jumped from 24385683456 to 25669140480 while free stayed below it
+    card = FakeXpuDevice(name="Intel(R) Arc(TM) B580 Graphics", total=24385683456, free=20 * GIB)
+    card.umd_total_shift = 25669140480 - 24385683456
+    torch = make_fake_torch([card], accelerator=False)
+    install_fake_torch(monkeypatch, torch)
+    with pytest.raises(BackendError, match=r"total=25669140480.*total_memory is 24385683456"):
+        XpuPlatform(level_zero=False).memory_info(0)
+
+
+def test_a_torch_total_that_moves_between_readings_is_rejected(monkeypatch):
+    card = FakeXpuDevice(total=24 * GIB, free=20 * GIB)
+    torch = make_fake_torch([card])
+    del torch.xpu.get_device_properties  # nothing else to compare with
+    install_fake_torch(monkeypatch, torch)
+    p = XpuPlatform(level_zero=False)
+    assert p.memory_info(0).total == 24 * GIB
+    card.total = 25 * GIB
+    with pytest.raises(BackendError, match="first reported in this process"):
+        p.memory_info(0)
+
+
+def test_torch_on_an_integrated_gpu_fails_clearly(monkeypatch):
+    torch = make_fake_torch([FakeXpuDevice(name="Intel(R) Graphics", integrated=True)])
+    install_fake_torch(monkeypatch, torch)
+    with pytest.raises(BackendError, match="free memory"):
+        XpuPlatform(level_zero=False).memory_info(0)
 
 
 def test_ipex_fallback_for_old_torch(monkeypatch, tmp_path):
@@ -320,13 +441,13 @@ def test_ipex_fallback_for_old_torch(monkeypatch, tmp_path):
     torch = make_fake_torch(devices, version="2.3.1", mem_get_info=False, accelerator=False)
     install_fake_torch(monkeypatch, torch)
     p = XpuPlatform(level_zero=False)
-    with pytest.raises(BackendError, match=r"neither torch\.xpu\.mem_get_info"):
+    with pytest.raises(BackendError, match=r"neither torch\.accelerator\.get_memory_info nor"):
         p.memory_info(0)  # IPEX is neither imported nor allowed
     install_fake_ipex(monkeypatch, tmp_path, torch, devices)
     info = XpuPlatform(level_zero=False, allow_torch=True).memory_info(0)
-    assert info.source == "ipex torch.xpu (creates a device context)"
+    assert info.source == "ipex xpu.mem_get_info (creates a device context)"
     assert info.used == 6 * GIB
-    assert ("ipex.mem_get_info", 0) in torch.calls
+    assert ("ipex.xpu.mem_get_info", 0) in torch.calls
 
 
 @pytest.mark.parametrize(
@@ -532,3 +653,25 @@ def test_probe_through_level_zero_when_sysfs_shows_nothing(c_library, monkeypatc
     result = XpuPlatform.probe()
     assert result.available
     assert "Level Zero" in result.reason
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_initialises_sysman_again_and_drops_parent_handles():
+    # zesInit: "Each forked process must call this function"
+    p, fake = lz_platform([arc(0x8C, used=GIB)])
+    assert p.memory_info(0).used == GIB
+    inits, enumerations = fake.calls.count("zesInit"), fake.calls.count("zesDeviceGet")
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ok = p.memory_info(0).used == GIB
+            ok = ok and fake.calls.count("zesInit") == inits + 1
+            ok = ok and fake.calls.count("zesDeviceGet") > enumerations
+            code = 0 if ok else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    p.memory_info(0)
+    assert fake.calls.count("zesInit") == inits  # the parent keeps its initialisation

@@ -26,16 +26,22 @@ FLAT, COMPOSITE, COMBINED = Hierarchy.FLAT, Hierarchy.COMPOSITE, Hierarchy.COMBI
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        (None, FLAT),
-        ("", FLAT),
+        (None, COMPOSITE),  # the specification's default, and the driver's for most GPUs
+        ("", COMPOSITE),
         ("FLAT", FLAT),
         ("COMPOSITE", COMPOSITE),
         ("COMBINED", COMBINED),
-        ("composite", FLAT),  # the driver compares exactly
+        ("composite", COMPOSITE),  # the driver compares exactly; anything else is the default
     ],
 )
 def test_hierarchy(value, expected):
     assert parse_hierarchy(value) is expected
+
+
+@pytest.mark.parametrize("value", [None, "", "flat", "bogus"])
+def test_hierarchy_default_is_the_callers(value):
+    # a Data Center GPU Max on a 23.43+ driver defaults to FLAT
+    assert parse_hierarchy(value, FLAT) is FLAT
 
 
 def test_default_devices_by_model():
@@ -77,7 +83,26 @@ def test_affinity_mask_sub_device_form_is_invalid_in_flat(hierarchy):
         parse_affinity_mask("0.1", TWO_BY_FOUR, hierarchy)
 
 
-@pytest.mark.parametrize("value", ["a", "0,x", "-1", "1.5e0", "0,,1"])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0x1", [T(0, (1,))]),  # std::stoul(s, nullptr, 0): hex
+        ("02", [T(1)]),  # octal 2
+        ("010", []),  # octal 8: out of range, ignored
+        ("1abc", [T(0, (1,))]),  # reading stops at the first non-digit
+        (" 2", [T(1)]),
+        ("-1", []),  # stoul wraps a negative around: out of range
+    ],
+)
+def test_affinity_mask_numbers_are_read_as_the_driver_reads_them(value, expected):
+    assert parse_affinity_mask(value, MIXED, FLAT) == expected
+
+
+def test_affinity_mask_composite_numbers_are_read_as_the_driver_reads_them():
+    assert parse_affinity_mask("0x0.0x1", MIXED, COMPOSITE) == [T(0, (1,))]
+
+
+@pytest.mark.parametrize("value", ["a", "0,x", "1.5e0", "0,,1"])
 def test_affinity_mask_garbage(value):
     with pytest.raises(ConfigurationError, match="ZE_AFFINITY_MASK"):
         parse_affinity_mask(value, TWO_BY_FOUR, FLAT)
@@ -195,7 +220,7 @@ def test_device_selector_sub_devices_invalid_in_flat():
 def test_selector_indices_count_devices_left_by_the_mask():
     env = {"ZE_AFFINITY_MASK": "1,2", "ONEAPI_DEVICE_SELECTOR": "level_zero:1"}
     # the mask leaves tile 1 of card 0 and card 1; the selector's 1 is card 1
-    assert visible_targets(MIXED, env) == [T(1)]
+    assert visible_targets(MIXED, env, FLAT) == [T(1)]
 
 
 def test_composite_via_environment():
@@ -203,8 +228,32 @@ def test_composite_via_environment():
     assert visible_targets(MIXED, env) == [T(0, (1,))]
 
 
-def test_no_variables():
-    assert visible_targets(MIXED, {}) == [T(0, (0,)), T(0, (1,)), T(1)]
+def test_no_variables_on_a_max_with_a_current_driver():
+    assert visible_targets(MIXED, {}, FLAT) == [T(0, (0,)), T(0, (1,)), T(1)]
+
+
+def test_no_variables_elsewhere_is_composite():
+    assert visible_targets(MIXED, {}) == [T(0), T(1)]
+
+
+def test_sub_device_mask_is_valid_on_single_tile_cards_by_default():
+    # Arc/Flex/BMG default to COMPOSITE, where "0.0" is tile 0 of card 0 (the whole card)
+    assert visible_targets([1, 1], {"ZE_AFFINITY_MASK": "0.0"}) == [T(0)]
+    env = {"ONEAPI_DEVICE_SELECTOR": "level_zero:0.0"}
+    visible_targets([1, 1], env)  # accepted (COMPOSITE); what SYCL exposes then is unverified
+
+
+@pytest.mark.parametrize("value", ["level_zero:acc", "*:acc"])
+def test_selector_has_no_acc_device_type(value):
+    with pytest.raises(ConfigurationError, match="ONEAPI_DEVICE_SELECTOR"):
+        apply_device_selector(value, [T(0), T(1)], [1, 1])
+
+
+def test_selector_discard_terms_must_come_last():
+    devices, tiles = [T(0), T(1), T(2)], [1, 1, 1]
+    assert apply_device_selector("level_zero:*;!level_zero:1", devices, tiles) == [T(0), T(2)]
+    with pytest.raises(ConfigurationError, match="after the accepting terms"):
+        apply_device_selector("!level_zero:1;level_zero:*", devices, tiles)
 
 
 @given(st.lists(st.integers(min_value=0, max_value=9), max_size=8), st.booleans())

@@ -4,33 +4,49 @@ Memory sources, in order of preference:
 
 1. **Level Zero Sysman** (``source="level-zero-sysman"``), context-free, through ctypes on
    ``libze_loader.so.1`` (see :mod:`accelplat._levelzero`): per card, the memory modules' free and
-   total bytes, summed over the device's tiles (local memory only, when the card has any).
-   The kernel hides usage from processes without ``CAP_PERFMON``/``CAP_SYS_ADMIN`` (i915 then
-   reports everything unallocated, xe reports zero used). When this process lacks both
-   capabilities and Sysman reports exactly no usage, the figure is not trusted: torch is used if
-   allowed, otherwise the query fails with a :class:`~accelplat.errors.BackendError` that says so.
-2. **torch** (``source="torch.xpu (creates a device context)"``, or ``"torch.accelerator …"``):
-   ``torch.xpu.mem_get_info(i)`` (torch 2.6 and later), else ``torch.accelerator.get_memory_info``
-   (torch 2.11). Used only when torch is already imported by the caller, or when
-   ``ACCELPLAT_XPU_ALLOW_TORCH=1`` lets accelplat import it; ``context_free`` is then ``False``.
-   Both functions create a device context, and vLLM saw wrong values from them with a new Intel
-   user-mode driver, so implausible answers (free above total) are rejected.
-   sysfs cannot stand in: the xe driver exposes only total VRAM there, not usage.
+   total bytes, summed over the device's tiles (local memory only).
+
+   Hidden usage: i915 hides usage from processes that are not ``perfmon_capable()``
+   (``CAP_PERFMON`` or ``CAP_SYS_ADMIN`` in the *initial* user namespace) by reporting everything
+   unallocated; xe did the same (zero used) until upstream commit 4d0b035fd6da, backported to
+   stable kernels from 6.8 on. A zero reading in a process without those capabilities is
+   therefore never trusted: for i915 it is hidden usage for certain, for xe (or an unknown driver)
+   it may be; the error says which. Capabilities held inside a user namespace (rootless
+   containers) do not count, since the kernel checks the initial namespace.
+
+   Integrated GPUs: compute-runtime answers for them from the host's ``/proc/meminfo``
+   (``free = MemFree``, ``size = MemAvailable``), so "used" would be roughly the page cache;
+   their memory queries raise a :class:`~accelplat.errors.BackendError` saying so.
+2. **torch** (``source="torch.accelerator (creates a device context)"``, or
+   ``"torch.xpu …"``): ``torch.accelerator.get_memory_info(i)`` first — what vLLM 0.33 trusts
+   (it routes that function to its own op because ``torch.xpu.mem_get_info`` "returns wrong memory
+   info with latest UMD") — else ``torch.xpu.mem_get_info(i)`` (torch 2.6 and later). Used only
+   when torch is already imported by the caller, or when ``ACCELPLAT_XPU_ALLOW_TORCH=1`` lets
+   accelplat import it; ``context_free`` is then ``False``. Impossible readings are rejected:
+   free above total, a total that differs from ``get_device_properties(i).total_memory`` (the
+   documented failure was a shifted total with free still below it) or from the first total seen.
+   torch reads the same kernel figure as Sysman (SYCL's free-memory query comes from Level Zero),
+   so it cannot reveal usage the kernel hides. sysfs cannot stand in: the xe driver exposes only
+   total VRAM there, not usage.
 3. **intel-extension-for-pytorch**, only for old stacks whose torch has neither function: when
-   IPEX is already imported (or torch use is allowed) it is imported and ``torch.xpu.mem_get_info``
-   retried (``source="ipex torch.xpu (creates a device context)"``). IPEX reached end of life
-   after 2.8; upstream torch.xpu replaces it.
+   IPEX is already imported (or torch use is allowed), ``intel_extension_for_pytorch.xpu.
+   mem_get_info`` (``source="ipex xpu.mem_get_info (creates a device context)"``). IPEX releases
+   stopped after 2.8 and its end of life is planned (IPEX issue 867); upstream torch.xpu
+   replaces it.
 
 Device order and visibility:
     Cards are Intel GPUs (PCI vendor ``0x8086``) from Level Zero Sysman, or from
     ``<sysfs>/class/drm/cardN`` driven by ``xe`` or ``i915`` when Level Zero is absent. Level Zero
     orders them discrete first, then by PCI address (pure PCI order with
-    ``ZE_ENABLE_PCI_ID_DEVICE_ORDER=1``). Tiles per card come from Sysman's sub-device count, or
-    sysfs (``device/tile<N>`` for xe, ``gt/gt<N>`` of discrete i915 cards). Then
-    ``ZE_FLAT_DEVICE_HIERARCHY``, ``ZE_AFFINITY_MASK`` and ``ONEAPI_DEVICE_SELECTOR`` apply, in that
-    order (see :mod:`accelplat.visible.oneapi`). Sysman itself ignores the hierarchy and the mask
-    and lists cards in discovery order, which is why the order and the mask are applied here. With
-    torch as the source, torch's own numbering is used as is.
+    ``ZE_ENABLE_PCI_ID_DEVICE_ORDER=1``, exactly ``"1"`` as the loader reads it). Tiles per card
+    come from Sysman's sub-device count, or sysfs (``device/tile<N>`` for xe, ``gt/gt<N>`` of
+    discrete i915 cards). Then ``ZE_FLAT_DEVICE_HIERARCHY``, ``ZE_AFFINITY_MASK`` and
+    ``ONEAPI_DEVICE_SELECTOR`` apply, in that order (see :mod:`accelplat.visible.oneapi`). Unset,
+    the hierarchy is the driver's default: ``COMPOSITE``, except ``FLAT`` on a Data Center GPU Max
+    from driver 23.43 — the driver version cannot be read without Level Zero's core API, so
+    ``FLAT`` is assumed there and the probe says so. Sysman itself ignores the hierarchy and the
+    mask and lists cards in discovery order, which is why the order and the mask are applied here.
+    With torch as the source, torch's own numbering is used as is.
 
 Probe:
     Cheap and framework-free: sysfs first (an Intel card bound to ``xe``/``i915``), Level Zero
@@ -50,6 +66,7 @@ import os
 import re
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +91,7 @@ from accelplat.visible.oneapi import (
     ENV_AFFINITY_MASK,
     ENV_DEVICE_SELECTOR,
     ENV_FLAT_DEVICE_HIERARCHY,
+    Hierarchy,
     XpuTarget,
     affinity_mask_for,
     parse_hierarchy,
@@ -94,7 +112,15 @@ INTEL_VENDOR_ID = 0x8086
 SOURCE_SYSMAN = "level-zero-sysman"
 SOURCE_TORCH = "torch.xpu (creates a device context)"
 SOURCE_ACCELERATOR = "torch.accelerator (creates a device context)"
-SOURCE_IPEX = "ipex torch.xpu (creates a device context)"
+SOURCE_IPEX = "ipex xpu.mem_get_info (creates a device context)"
+
+XE_HPC_DEVICE_IDS = frozenset(
+    {0x0BD0, 0x0BD4, 0x0BD5, 0x0BD6, 0x0BD7, 0x0BD8, 0x0BD9, 0x0BDA, 0x0BDB, 0x0B69, 0x0B6E}
+)
+"""PCI device ids of Xe HPC (Data Center GPU Max, "Ponte Vecchio") cards."""
+
+_TOTAL_TOLERANCE_DIVISOR = 256
+"""A torch total further than 1/256 (0.4 %) from the device's ``total_memory`` is implausible."""
 
 _DRIVERS = ("xe", "i915")
 _INTEGRATED_SLOT = "0000:00:02.0"
@@ -105,6 +131,7 @@ _BDF_RE = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _CAP_SYS_ADMIN = 21
 _CAP_PERFMON = 38
 _TRUE = ("1", "true", "yes", "on")
+_INIT_USER_NS = ["0", "0", "4294967295"]
 
 ReadText = Callable[[str], str]
 
@@ -118,17 +145,34 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in _TRUE
 
 
-def usage_visible_to_this_process(status_text: str | None = None) -> bool:
-    """Return whether the kernel shows this process real GPU memory usage (i915/xe).
+def usage_visible_to_this_process(
+    status_text: str | None = None, uid_map_text: str | None = None
+) -> bool:
+    """Return whether the kernel's ``perfmon_capable()`` check passes for this process.
+
+    i915 (and xe kernels before upstream commit 4d0b035fd6da) show a process real GPU memory
+    usage only when ``capable(CAP_PERFMON) || capable(CAP_SYS_ADMIN)``; ``capable()`` checks the
+    *initial* user namespace, so capabilities held inside a user namespace (rootless or
+    user-namespaced containers) do not count.
 
     Args:
         status_text: The text of ``/proc/self/status`` (read when ``None``).
+        uid_map_text: The text of ``/proc/self/uid_map`` (read when ``None``; an unreadable map
+            counts as the initial namespace).
 
     Returns:
-        ``True`` when the effective capabilities include ``CAP_PERFMON`` or ``CAP_SYS_ADMIN``
-        (root outside a container has both); ``False`` otherwise, and when the capabilities cannot
-        be read and the process is not root.
+        ``True`` when the effective capabilities include ``CAP_PERFMON`` or ``CAP_SYS_ADMIN`` and
+        the process is in the initial user namespace; ``False`` otherwise, and when the
+        capabilities cannot be read and the process is not root.
     """
+    if uid_map_text is None:
+        try:
+            uid_map_text = _default_read("/proc/self/uid_map")
+        except OSError:
+            uid_map_text = ""
+    lines = [line.split() for line in uid_map_text.splitlines() if line.strip()]
+    if lines and lines != [_INIT_USER_NS]:
+        return False  # a user namespace: its capabilities do not reach the kernel's check
     if status_text is None:
         try:
             status_text = _default_read("/proc/self/status")
@@ -170,6 +214,31 @@ def xe_arch(device_id: int) -> str | None:
     return None
 
 
+def _hidden_usage(driver: str) -> tuple[str, str]:
+    """Whether a zero usage reading on a card bound to ``driver`` may be hidden usage.
+
+    Returns:
+        ``("hidden", why)`` for i915 (certain), ``("maybe", why)`` for xe or an unknown driver.
+    """
+    hint = (
+        "grant CAP_PERFMON (docker run --cap-add PERFMON; it does not count inside a user "
+        "namespace)"
+    )
+    if driver == "i915":
+        return "hidden", (
+            "i915 hides memory usage from processes without CAP_PERFMON or CAP_SYS_ADMIN in the "
+            "initial user namespace (it reports everything unallocated), so this zero is hidden "
+            f"usage, not a reading; {hint}"
+        )
+    what = "xe" if driver == "xe" else "the card's driver (unknown here)"
+    return "maybe", (
+        f"Level Zero reports no memory in use, but {what} may hide usage from this process: "
+        "i915, and xe kernels without upstream commit 4d0b035fd6da (backported to stable 6.8+ in "
+        "late 2025), hide it from processes without CAP_PERFMON or CAP_SYS_ADMIN, and this "
+        f"process has neither in the initial user namespace; {hint}"
+    )
+
+
 @dataclass(frozen=True)
 class _Card:
     """One Intel GPU in Level Zero's order."""
@@ -182,10 +251,42 @@ class _Card:
     driver: str
     sysman: lz.SysmanDevice | None = None
     arch: str | None = None
+    device_id: int | None = None
+    kernel_driver: str = ""
+    """``xe`` or ``i915`` when sysfs shows the card, else ``""``."""
+
+    @property
+    def xe_hpc(self) -> bool:
+        """Whether this is a Data Center GPU Max (Xe HPC)."""
+        return (
+            self.device_id in XE_HPC_DEVICE_IDS
+            or self.arch == "pvc"
+            or "Data Center GPU Max" in self.name
+        )
+
+
+def _pci_order() -> bool:
+    """``ZE_ENABLE_PCI_ID_DEVICE_ORDER`` as the loader reads it (``getenv_tobool``: only "1")."""
+    return os.environ.get(ENV_PCI_ORDER) == "1"
+
+
+def _default_hierarchy(cards: Sequence[_Card]) -> tuple[Hierarchy, str]:
+    """The device model the driver defaults to for ``cards``, and a note when it is assumed.
+
+    compute-runtime defaults to ``COMPOSITE`` except on Xe HPC, which defaults to ``FLAT`` from
+    driver 23.43.27642 (October 2023); the driver version cannot be read without initialising
+    Level Zero's core API, so on a Data Center GPU Max ``FLAT`` is assumed and said so.
+    """
+    if cards and cards[0].xe_hpc:
+        return Hierarchy.FLAT, (
+            f"{ENV_FLAT_DEVICE_HIERARCHY} unset: FLAT assumed (the default on Data Center GPU "
+            f"Max from driver 23.43; older drivers default to COMPOSITE), set it to be sure"
+        )
+    return Hierarchy.COMPOSITE, ""
 
 
 def _order(cards: list[_Card]) -> list[_Card]:
-    if _flag(ENV_PCI_ORDER):
+    if _pci_order():
         return sorted(cards, key=lambda c: lz.pci_sort_key(c.pci_bus_id))
     return sorted(cards, key=lambda c: (c.integrated, lz.pci_sort_key(c.pci_bus_id)))
 
@@ -228,10 +329,22 @@ def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
         with contextlib.suppress(OSError):
             device_id = read(str(device / "device")).strip()
         name = f"Intel GPU {device_id}".strip()
-        arch = None
+        number: int | None = None
         with contextlib.suppress(ValueError):
-            arch = xe_arch(int(device_id, 16))
-        cards.append(_Card(pci, name, None, integrated, tiles, driver, arch=arch))
+            number = int(device_id, 16)
+        cards.append(
+            _Card(
+                pci,
+                name,
+                None,
+                integrated,
+                tiles,
+                driver,
+                device_id=number,
+                kernel_driver=driver,
+                arch=xe_arch(number) if number is not None else None,
+            )
+        )
     note = "" if cards else f"no Intel GPU bound to xe or i915 under {drm}"
     if others and not cards:
         note += f" (Intel devices with other drivers: {', '.join(others)})"
@@ -251,6 +364,18 @@ def _driver(device: Path, read: ReadText) -> str:
     return ""
 
 
+_PLATFORMS: weakref.WeakSet[XpuPlatform] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for platform in list(_PLATFORMS):
+        platform._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class XpuPlatform(BasePlatform):
     """Intel GPUs through Level Zero. See the module docstring for sources and visibility.
 
@@ -264,7 +389,8 @@ class XpuPlatform(BasePlatform):
             ``ACCELPLAT_XPU_ALLOW_TORCH``. A torch the caller already imported is always used when
             Level Zero cannot answer.
         usage_visible: Whether the kernel shows this process memory usage; detected from the
-            process's capabilities when ``None``.
+            process's capabilities and user namespace (under ``proc_root``) when ``None``.
+        proc_root: Where ``self/status`` and ``self/uid_map`` are read (default ``/proc``).
     """
 
     name: ClassVar[str] = "xpu"
@@ -292,17 +418,31 @@ class XpuPlatform(BasePlatform):
         read_text: ReadText | None = None,
         allow_torch: bool | None = None,
         usage_visible: bool | None = None,
+        proc_root: str | os.PathLike[str] | None = None,
     ) -> None:
         self._sysfs_arg = None if sysfs_root is None else Path(sysfs_root)
         self._lz_arg = level_zero
         self._read = read_text or _default_read
         self._allow_torch = allow_torch
         self._usage_visible = usage_visible
+        self._proc = Path(proc_root) if proc_root is not None else Path("/proc")
         self._lock = threading.RLock()
         self._sysman: lz.Sysman | None = None
         self._sysman_failure: str | None = None
         self._sysman_cards: list[_Card] | None = None
         self._torch_import_failure: str | None = None
+        self._torch_totals: dict[int, int] = {}
+        _PLATFORMS.add(self)
+
+    def _after_fork(self) -> None:
+        """Forget the parent's Level Zero handles in a forked child, so it enumerates again.
+
+        The specification says each forked process must call ``zesInit``; handles from the
+        parent are not valid in the child.
+        """
+        self._lock = threading.RLock()
+        self._sysman_cards = None
+        self._torch_totals = {}
 
     # -- sources ------------------------------------------------------------------------------
 
@@ -349,6 +489,9 @@ class XpuPlatform(BasePlatform):
                     self._sysman_failure = f"Level Zero device enumeration failed: {exc}"
                     self._sysman = None
                     return None
+                drivers = {
+                    c.pci_bus_id: c.driver for c in _scan_sysfs(self._sysfs(), self._read)[0]
+                }
                 self._sysman_cards = [
                     _Card(
                         d.pci_bus_id,
@@ -359,6 +502,8 @@ class XpuPlatform(BasePlatform):
                         "level-zero",
                         d,
                         xe_arch(d.device_id),
+                        device_id=d.device_id,
+                        kernel_driver=drivers.get(d.pci_bus_id, ""),
                     )
                     for d in found
                     if d.is_intel_gpu
@@ -411,7 +556,8 @@ class XpuPlatform(BasePlatform):
         cards, _ = self._cards()
         if not cards:
             return [], []
-        return cards, visible_targets([c.tiles for c in cards], os.environ)
+        default, _ = _default_hierarchy(cards)
+        return cards, visible_targets([c.tiles for c in cards], os.environ, default)
 
     def devices(self) -> Sequence[DeviceInfo]:
         """Return the visible devices, in torch's order.
@@ -464,7 +610,8 @@ class XpuPlatform(BasePlatform):
         if not cards or len(targets) < len(devices):
             mask = ",".join(str(d.physical_index) for d in devices)
         else:
-            hierarchy = parse_hierarchy(os.environ.get(ENV_FLAT_DEVICE_HIERARCHY))
+            default, _ = _default_hierarchy(cards)
+            hierarchy = parse_hierarchy(os.environ.get(ENV_FLAT_DEVICE_HIERARCHY), default)
             chosen = [targets[d.index] for d in devices]
             mask = affinity_mask_for(chosen, [c.tiles for c in cards], hierarchy)
         return {ENV_AFFINITY_MASK: mask, ENV_DEVICE_SELECTOR: None}
@@ -490,6 +637,14 @@ class XpuPlatform(BasePlatform):
             target = targets[device]
             card = cards[target.card]
             assert card.sysman is not None
+            if card.integrated:
+                raise BackendError(
+                    "xpu",
+                    f"device {device} is an integrated GPU: Level Zero reports the host's "
+                    f"MemFree/MemAvailable for it, not GPU memory (its 'used' would be roughly "
+                    f"the page cache), and torch cannot query it either; hide it with "
+                    f"{ENV_AFFINITY_MASK} or ONEAPI_DEVICE_SELECTOR",
+                )
             try:
                 modules = sysman.memory_modules(card.sysman)
             except lz.LevelZeroError as exc:
@@ -501,32 +656,42 @@ class XpuPlatform(BasePlatform):
             free, total = lz.sum_modules(modules, target.tiles)
             used = max(0, total - free)
             if used == 0 and not self._kernel_shows_usage():
-                return self._torch_memory(
-                    device,
-                    why=(
-                        "Level Zero reports no memory in use, but the kernel hides usage from "
-                        "processes without CAP_PERFMON or CAP_SYS_ADMIN (run with "
-                        "--cap-add PERFMON, or allow torch)"
-                    ),
-                )
-            return MemoryInfo(free=free, total=total, used=used, source=SOURCE_SYSMAN)
+                _, why = _hidden_usage(card.kernel_driver)
+                return self._torch_memory(device, why=why, zero_is_suspect=True)
+            return checked_memory(
+                "xpu",
+                f"xpu device {device} (Level Zero Sysman)",
+                free=free,
+                total=total,
+                used=used,
+                source=SOURCE_SYSMAN,
+            )
         return self._torch_memory(device, why=self._sysman_failure or "no Intel GPU in Level Zero")
 
     def _kernel_shows_usage(self) -> bool:
         if self._usage_visible is None:
-            self._usage_visible = usage_visible_to_this_process()
+            status = uid_map = None
+            with contextlib.suppress(OSError):
+                status = self._read(str(self._proc / "self" / "status"))
+            with contextlib.suppress(OSError):
+                uid_map = self._read(str(self._proc / "self" / "uid_map"))
+            if status is None:
+                status = ""  # unreadable: no capability known
+            self._usage_visible = usage_visible_to_this_process(status, uid_map or "")
         return self._usage_visible
 
-    def _torch_memory(self, device: int, *, why: str) -> MemoryInfo:
+    def _torch_memory(self, device: int, *, why: str, zero_is_suspect: bool = False) -> MemoryInfo:
         torch, reason = self._torch()
         if torch is None:
             raise BackendError("xpu", f"no memory source for device {device}: {why}; {reason}")
-        fn: Any = getattr(torch.xpu, "mem_get_info", None)
-        source = SOURCE_TORCH
+        # What vLLM 0.33 trusts: torch.accelerator.get_memory_info, which it routes to its own
+        # op because torch.xpu.mem_get_info "returns wrong memory info with latest UMD".
+        accelerator = getattr(torch, "accelerator", None)
+        fn: Any = getattr(accelerator, "get_memory_info", None)
+        source = SOURCE_ACCELERATOR
         if fn is None:
-            accelerator = getattr(torch, "accelerator", None)
-            fn = getattr(accelerator, "get_memory_info", None)
-            source = SOURCE_ACCELERATOR
+            fn = getattr(torch.xpu, "mem_get_info", None)
+            source = SOURCE_TORCH
         if fn is None:
             fn = self._ipex_mem_get_info(torch)
             source = SOURCE_IPEX
@@ -534,21 +699,21 @@ class XpuPlatform(BasePlatform):
             version = getattr(torch, "__version__", "?")
             raise BackendError(
                 "xpu",
-                f"torch {version} has neither torch.xpu.mem_get_info nor "
-                f"torch.accelerator.get_memory_info (torch >= 2.6 has the first; "
-                f"intel-extension-for-pytorch adds it to older stacks)",
+                f"torch {version} has neither torch.accelerator.get_memory_info nor "
+                f"torch.xpu.mem_get_info (torch >= 2.6 has the second; "
+                f"intel-extension-for-pytorch offers one to older stacks)",
             )
+        name = source.split(" (")[0]
         try:
             free, total = fn(device)
         except Exception as exc:
             raise BackendError(
                 "xpu",
-                f"{source.split(' ')[0]} memory query for device {device} failed: {exc}",
+                f"{name} memory query for device {device} failed: {exc}",
                 type(exc).__name__,
             ) from exc
         free, total = int(free), int(total)
-        # Some Intel user-mode drivers report free above total: the shared rule refuses it.
-        return checked_memory(
+        info = checked_memory(
             "xpu",
             f"xpu device {device}",
             free=free,
@@ -556,15 +721,52 @@ class XpuPlatform(BasePlatform):
             used=max(0, total - free),
             source=source,
         )
+        self._check_torch_reading(torch, device, free, total, name)
+        if zero_is_suspect and free == total:
+            raise BackendError(
+                "xpu",
+                f"{why}. {name} reports no usage either, and it reads the same kernel figure "
+                f"(SYCL's free-memory query comes from Level Zero), so it cannot tell",
+            )
+        return info
+
+    def _check_torch_reading(
+        self, torch: Any, device: int, free: int, total: int, name: str
+    ) -> None:
+        """Reject torch readings the shared rule cannot see through: a total that moved.
+
+        The shared rule (:func:`~accelplat.backends._readings.checked_memory`) refuses free above
+        total and the like. With some Intel user-mode drivers the reported total jumped
+        (24385683456 to 25669140480 bytes on a BMG card) while free stayed below it; such a total
+        differs from the device's ``total_memory`` and from the total first seen in this process.
+
+        Raises:
+            BackendError: Naming the figures, when the total is shifted.
+        """
+        references: list[tuple[str, int]] = []
+        with contextlib.suppress(Exception):
+            props = torch.xpu.get_device_properties(device)
+            references.append(("get_device_properties().total_memory", int(props.total_memory)))
+        first = self._torch_totals.setdefault(device, total)
+        references.append(("the total first reported in this process", first))
+        for label, reference in references:
+            if abs(total - reference) > max(1, reference // _TOTAL_TOLERANCE_DIVISOR):
+                raise BackendError(
+                    "xpu",
+                    f"{name} reported total={total} for device {device}, but {label} is "
+                    f"{reference}: a shifted total, as some Intel user-mode drivers report; "
+                    f"the reading is not used",
+                )
 
     def _ipex_mem_get_info(self, torch: Any) -> Any:
         if "intel_extension_for_pytorch" not in sys.modules and not self._torch_allowed():
             return None
         try:
-            importlib.import_module("intel_extension_for_pytorch")
+            ipex = importlib.import_module("intel_extension_for_pytorch")
         except Exception:
             return None
-        return getattr(torch.xpu, "mem_get_info", None)
+        fn = getattr(getattr(ipex, "xpu", None), "mem_get_info", None)
+        return fn if fn is not None else getattr(torch.xpu, "mem_get_info", None)
 
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
         """Return the processes using the card of ``device`` (per card, not per tile).
@@ -605,7 +807,10 @@ class XpuPlatform(BasePlatform):
         """
         if not self._uses_torch():
             return SOURCE_SYSMAN
-        if "torch" in sys.modules or self._torch_allowed():
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(getattr(torch, "accelerator", None), "get_memory_info"):
+            return SOURCE_ACCELERATOR
+        if torch is not None or self._torch_allowed():
             return SOURCE_TORCH
         return ""
 
@@ -640,7 +845,10 @@ class XpuPlatform(BasePlatform):
                     f"only integrated Intel GPU(s) found ({origin}); set {ENV_INTEGRATED}=1 to "
                     f"use them as the xpu platform",
                 )
-            targets = visible_targets([c.tiles for c in found], os.environ)
+            default, assumed = _default_hierarchy(found)
+            if os.environ.get(ENV_FLAT_DEVICE_HIERARCHY) in {h.value for h in Hierarchy}:
+                assumed = ""  # the variable names the model
+            targets = visible_targets([c.tiles for c in found], os.environ, default)
         except AccelplatError as exc:
             return ProbeResult(False, str(exc))
         except Exception as exc:  # a probe must never raise
@@ -652,8 +860,9 @@ class XpuPlatform(BasePlatform):
                 f"ONEAPI_DEVICE_SELECTOR hide all",
             )
         drivers = sorted({c.driver for c in found})
+        note = f"; {assumed}" if assumed else ""
         return ProbeResult(
             True,
             f"{len(targets)} XPU device(s) visible on {len(found)} Intel GPU(s) "
-            f"({origin}: {', '.join(drivers)})",
+            f"({origin}: {', '.join(drivers)}){note}",
         )

@@ -3,11 +3,17 @@
 torch's XPU devices are the SYCL GPU devices of the Level Zero backend. Three variables decide
 which physical GPUs (and which of their tiles) they are, applied in this order:
 
-1. ``ZE_FLAT_DEVICE_HIERARCHY`` picks the device model. ``FLAT`` (the default of current
-   drivers) and ``COMBINED`` expose every tile of a multi-tile GPU as its own device, numbered
-   card by card; ``COMPOSITE`` exposes each card as one device whose tiles are sub-devices.
+1. ``ZE_FLAT_DEVICE_HIERARCHY`` picks the device model. ``FLAT`` and ``COMBINED`` expose every
+   tile of a multi-tile GPU as its own device, numbered card by card; ``COMPOSITE`` exposes each
+   card as one device whose tiles are sub-devices. The driver compares the value case-sensitively;
+   anything else, unset included, means the driver's default, which depends on the GPU: the
+   specification's default is ``COMPOSITE``, and Intel's compute-runtime keeps it for every GPU
+   but the Data Center GPU Max (Xe HPC), whose default is ``FLAT`` from driver 23.43 on (see
+   :func:`parse_hierarchy`; the caller passes the default that applies).
 2. ``ZE_AFFINITY_MASK`` (Level Zero) masks devices of that model. Unset, empty or ``default``:
    no mask. Otherwise a comma-separated list of entries; white space around entries is allowed.
+   Numbers are read as the driver reads them, like C's ``strtoul(s, NULL, 0)``: ``0x1`` is hex,
+   ``010`` octal (8), and reading stops at the first character that is not a digit.
 
    * ``FLAT``/``COMBINED``: each entry is a device index of the flat list. ``X.Y`` is not valid in
      this model (the specification says so; the driver silently drops it, which usually leaves
@@ -21,13 +27,13 @@ which physical GPUs (and which of their tiles) they are, applied in this order:
 3. ``ONEAPI_DEVICE_SELECTOR`` (the SYCL runtime) filters the devices Level Zero reports.
    Supported grammar: terms separated by ``;``, each ``[!]backend:device[,device…]``, with
    backend ``level_zero`` or ``*`` (``opencl``, ``cuda``, ``hip`` and ``native_cpu`` terms are
-   accepted and select no XPU device), and device ``*``, ``gpu``, ``cpu``, ``fpga``, ``acc``
-   (the last three select nothing here), an index ``N`` of the Level Zero list, ``N.M`` (tile
-   ``M`` of device ``N``, ``COMPOSITE`` only) or ``N.*`` (each tile of device ``N`` as its own
-   device). A device is visible when some positive term selects it — or when there is no
-   positive term at all — and no ``!`` term selects it. ``!`` terms may not name tiles. The
-   order stays the Level Zero order. Anything else is a ``ConfigurationError`` naming the
-   variable.
+   accepted and select no XPU device), and device ``*``, ``gpu``, ``cpu``, ``fpga`` (the last
+   two select nothing here), an index ``N`` of the Level Zero list, ``N.M`` (tile ``M`` of device
+   ``N``, ``COMPOSITE`` only) or ``N.*`` (each tile of device ``N`` as its own device). There is
+   no ``acc`` device type in the grammar. A device is visible when some positive term selects it
+   — or when there is no positive term at all — and no ``!`` term selects it. ``!`` terms may
+   not name tiles and must all come after the positive terms. The order stays the Level Zero
+   order. Anything else is a ``ConfigurationError`` naming the variable.
 
 Everything here is a pure function of strings and a list of tile counts; nothing reads the
 environment or imports a vendor library.
@@ -67,19 +73,20 @@ ENV_FLAT_DEVICE_HIERARCHY = "ZE_FLAT_DEVICE_HIERARCHY"
 
 _INDEX_RE = re.compile(r"^[0-9]+$")
 _MAX_INDEX_DIGITS = 18
-_HUGE_INDEX = 10**_MAX_INDEX_DIGITS
+_HUGE_INDEX: int = 10**_MAX_INDEX_DIGITS
 """Stands for any index too long to read: beyond every device, so it selects nothing."""
 _BACKENDS = frozenset({"level_zero", "*", "opencl", "cuda", "hip", "native_cpu"})
-_NO_XPU_TYPES = frozenset({"cpu", "fpga", "acc"})
+_NO_XPU_TYPES = frozenset({"cpu", "fpga"})
+_STOUL_RE = re.compile(r"^\s*\+?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
 
 
 class Hierarchy(str, enum.Enum):
     """Level Zero's device model (``ZE_FLAT_DEVICE_HIERARCHY``)."""
 
     FLAT = "FLAT"
-    """Every tile is a device; no sub-devices (the default)."""
+    """Every tile is a device; no sub-devices (Data Center GPU Max's default from driver 23.43)."""
     COMPOSITE = "COMPOSITE"
-    """Every card is a device; its tiles are sub-devices."""
+    """Every card is a device; its tiles are sub-devices (the specification's default)."""
     COMBINED = "COMBINED"
     """Every tile is a device; cards remain reachable as composite devices."""
 
@@ -97,18 +104,24 @@ class XpuTarget:
     tiles: tuple[int, ...] | None = None
 
 
-def parse_hierarchy(value: str | None) -> Hierarchy:
+def parse_hierarchy(value: str | None, default: Hierarchy = Hierarchy.COMPOSITE) -> Hierarchy:
     """Read ``ZE_FLAT_DEVICE_HIERARCHY`` as the driver does.
+
+    compute-runtime (``setDeviceHierarchyMode``) compares the value case-sensitively with the three
+    names; anything else gives the GPU's default (``getDefaultDeviceHierarchy``): ``COMPOSITE``,
+    the specification's default, except ``FLAT`` on Xe HPC (Data Center GPU Max) from driver
+    23.43.27642 (October 2023).
 
     Args:
         value: The variable's text, or ``None``.
+        default: The model the driver defaults to on this machine's GPUs.
 
     Returns:
-        The named model; anything else (unset included) means the default, ``FLAT``.
+        The named model, or ``default``.
     """
     if value in ("FLAT", "COMPOSITE", "COMBINED"):
         return Hierarchy(value)
-    return Hierarchy.FLAT
+    return default
 
 
 def default_devices(tiles: Sequence[int], hierarchy: Hierarchy) -> list[XpuTarget]:
@@ -138,6 +151,31 @@ def _number(digits: str) -> int:
     return int(digits) if len(digits) <= _MAX_INDEX_DIGITS else _HUGE_INDEX
 
 
+def _mask_number(entry: str, value: str) -> int:
+    """Read a mask number as the driver does (``std::stoul(s, nullptr, 0)``).
+
+    Raises:
+        ConfigurationError: When the entry does not start with a number (``stoul`` throws).
+    """
+    match = _STOUL_RE.match(entry)
+    if match is None:
+        if re.match(r"^\s*-\s*[0-9]", entry):
+            return _HUGE_INDEX  # stoul wraps a negative number around: no device has that index
+        raise ConfigurationError(
+            f"{ENV_AFFINITY_MASK}={value!r}: {entry!r} is not a device index (expected a "
+            f"non-negative integer: decimal, 0x-hex or 0-octal, as the driver reads it)"
+        )
+    text = match.group(1)
+    if text[:2] in ("0x", "0X"):
+        digits, base = text[2:], 16
+    elif len(text) > 1:
+        digits, base = (text[1:], 8) if text.startswith("0") else (text, 10)
+    else:
+        digits, base = text, 10
+    digits = digits.lstrip("0") or "0"
+    return int(digits, base) if len(digits) <= _MAX_INDEX_DIGITS else _HUGE_INDEX
+
+
 def _index(entry: str, variable: str, value: str) -> int:
     if not _INDEX_RE.match(entry):
         raise ConfigurationError(
@@ -155,7 +193,7 @@ def _normalise(target: XpuTarget, tiles: Sequence[int]) -> XpuTarget:
 
 
 def parse_affinity_mask(
-    value: str | None, tiles: Sequence[int], hierarchy: Hierarchy = Hierarchy.FLAT
+    value: str | None, tiles: Sequence[int], hierarchy: Hierarchy = Hierarchy.COMPOSITE
 ) -> list[XpuTarget]:
     """Apply ``ZE_AFFINITY_MASK`` to the machine's cards.
 
@@ -185,7 +223,7 @@ def parse_affinity_mask(
                     f"already a device: use flat indices, or set "
                     f"{ENV_FLAT_DEVICE_HIERARCHY}=COMPOSITE)"
                 )
-            wanted.add(_index(entry, ENV_AFFINITY_MASK, value))
+            wanted.add(_mask_number(entry, value))
         return [d for i, d in enumerate(devices) if i in wanted]
     whole: set[int] = set()
     parts: dict[int, set[int]] = {}
@@ -196,13 +234,13 @@ def parse_affinity_mask(
                 f"{ENV_AFFINITY_MASK}={value!r}: {entry!r} names a sub-sub-device; only 'X' and "
                 f"'X.Y' are supported"
             )
-        card = _index(pieces[0], ENV_AFFINITY_MASK, value)
+        card = _mask_number(pieces[0], value)
         if card >= len(tiles):
             continue
         if len(pieces) == 1:
             whole.add(card)
             continue
-        tile = _index(pieces[1], ENV_AFFINITY_MASK, value)
+        tile = _mask_number(pieces[1], value)
         if tile < max(1, tiles[card]):
             parts.setdefault(card, set()).add(tile)
     out: list[XpuTarget] = []
@@ -230,6 +268,11 @@ def _parse_selector(value: str) -> list[_Term]:
         negative = text.startswith("!")
         if negative:
             text = text[1:].strip()
+        elif any(t.negative for t in terms):
+            raise ConfigurationError(
+                f"{ENV_DEVICE_SELECTOR}={value!r}: the '!' (discard) terms must all come after "
+                f"the accepting terms, but {raw.strip()!r} follows one"
+            )
         backend, colon, devices = text.partition(":")
         backend = backend.strip().lower()
         if not colon or not devices.strip():
@@ -273,7 +316,7 @@ def apply_device_selector(
     value: str | None,
     devices: Sequence[XpuTarget],
     tiles: Sequence[int],
-    hierarchy: Hierarchy = Hierarchy.FLAT,
+    hierarchy: Hierarchy = Hierarchy.COMPOSITE,
 ) -> list[XpuTarget]:
     """Filter the Level Zero devices with ``ONEAPI_DEVICE_SELECTOR``.
 
@@ -355,13 +398,19 @@ def _device_tiles(device: XpuTarget, tiles: Sequence[int]) -> list[int]:
     return list(range(max(1, tiles[device.card])))
 
 
-def visible_targets(tiles: Sequence[int], env: Mapping[str, str]) -> list[XpuTarget]:
+def visible_targets(
+    tiles: Sequence[int],
+    env: Mapping[str, str],
+    default_hierarchy: Hierarchy = Hierarchy.COMPOSITE,
+) -> list[XpuTarget]:
     """Apply all three variables to the machine's cards.
 
     Args:
         tiles: Per physical card (in driver order), its number of tiles.
         env: The environment to read ``ZE_FLAT_DEVICE_HIERARCHY``, ``ZE_AFFINITY_MASK`` and
             ``ONEAPI_DEVICE_SELECTOR`` from.
+        default_hierarchy: The driver's default model for these cards, used when
+            ``ZE_FLAT_DEVICE_HIERARCHY`` does not name one.
 
     Returns:
         The devices torch numbers ``0, 1, …``, in that order.
@@ -369,7 +418,7 @@ def visible_targets(tiles: Sequence[int], env: Mapping[str, str]) -> list[XpuTar
     Raises:
         ConfigurationError: For an unsupported or malformed value, naming the variable.
     """
-    hierarchy = parse_hierarchy(env.get(ENV_FLAT_DEVICE_HIERARCHY))
+    hierarchy = parse_hierarchy(env.get(ENV_FLAT_DEVICE_HIERARCHY), default_hierarchy)
     masked = parse_affinity_mask(env.get(ENV_AFFINITY_MASK), tiles, hierarchy)
     return apply_device_selector(env.get(ENV_DEVICE_SELECTOR), masked, tiles, hierarchy)
 

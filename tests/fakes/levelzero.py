@@ -9,6 +9,18 @@ or a null array asks for the count); ``zes_device_properties_t`` with its ``core
 
 * :class:`FakeLevelZero` is an object whose ``zes*`` attributes are Python callables receiving
   the ctypes pointers and arrays :class:`accelplat._levelzero.Sysman` passes.
+
+What the driver stack does underneath, reproduced here:
+
+* **Hidden usage** (``FakeLevelZero(hides_usage=True)``): the kernel hides memory usage from a
+  process that is not ``perfmon_capable()`` — always on i915 (``query_memregion_info`` reports
+  ``unallocated_size = probed_size``), and on xe kernels before upstream commit 4d0b035fd6da
+  (used reported as 0). Sysman computes ``free`` from that (``sysman_os_memory_imp.cpp``), so a
+  device-local module then reads ``free == size`` whatever is allocated.
+* **Integrated GPUs** (:func:`igpu`): compute-runtime answers ``zesMemoryGetState`` for an
+  integrated device from the host's ``/proc/meminfo`` — ``free = MemFree``, ``size =
+  MemAvailable`` — on one system-memory module; the fake computes them from the meminfo given.
+* ``size`` of ``zes_mem_state_t`` is deprecated; the driver fills it with the physical size.
 * :func:`build_c_library` writes the same devices as C, with the structures declared field by
   field as in the headers, compiles a shared library with the system C compiler and returns its
   path — so the ctypes structure layouts are checked against a real C compiler's.
@@ -58,6 +70,8 @@ class FakeZesDevice:
     device_id: int = 0x0BD5  # Data Center GPU Max 1550 (Xe-HPC, "pvc")
     processes: list[tuple[int, int]] = field(default_factory=list)
     fail: dict[str, int] = field(default_factory=dict)
+    host_meminfo: dict[str, int] | None = None
+    """For an integrated GPU: ``MemFree``/``MemAvailable`` in bytes, which the driver reports."""
 
     def uuid_bytes(self) -> bytes:
         if self.uuid:
@@ -72,9 +86,10 @@ class FakeZesDevice:
 
 
 def pvc(bus: int, *, used: tuple[int, int] = (0, 0)) -> FakeZesDevice:
-    """A two-tile card with one 64 GiB module per tile (``used`` bytes per tile)."""
+    """A Data Center GPU Max 1550: two tiles, one 64 GiB module per tile (``used`` per tile)."""
     return FakeZesDevice(
         pci=(0, bus, 0, 0),
+        device_id=0x0BD5,
         num_subdevices=2,
         modules=[
             FakeModule(64 * GIB, 64 * GIB - used[0], on_subdevice=True, subdevice_id=0),
@@ -93,6 +108,21 @@ def arc(bus: int, *, used: int = 0, name: str = "Intel(R) Arc(TM) B580 Graphics"
     )
 
 
+def igpu(
+    *, mem_free: int = 20 * GIB, mem_available: int = 28 * GIB, name: str = "Intel(R) Graphics"
+) -> FakeZesDevice:
+    """An integrated GPU at ``0000:00:02.0``, whose memory the driver reports from the host's
+    ``/proc/meminfo`` (``free = MemFree``, ``size = MemAvailable``)."""
+    return FakeZesDevice(
+        name=name,
+        pci=(0, 0, 2, 0),
+        integrated=True,
+        device_id=0x7D55,
+        modules=[FakeModule(mem_available, mem_free, location=0)],
+        host_meminfo={"MemFree": mem_free, "MemAvailable": mem_available},
+    )
+
+
 class FakeLevelZero:
     """A Python stand-in for ``libze_loader.so.1`` (Sysman functions only).
 
@@ -100,6 +130,8 @@ class FakeLevelZero:
         devices: The devices of the single driver, in Sysman's enumeration order.
         init_result: What ``zesInit`` returns.
         missing: Function names the "loader" lacks (an old loader has no ``zesInit``).
+        hides_usage: The kernel hides memory usage from this process (see the module docstring):
+            device-local modules read ``free == size``.
     """
 
     def __init__(
@@ -108,10 +140,12 @@ class FakeLevelZero:
         *,
         init_result: int = 0,
         missing: tuple[str, ...] = (),
+        hides_usage: bool = False,
     ) -> None:
         self.devices = devices
         self.init_result = init_result
         self.missing = set(missing)
+        self.hides_usage = hides_usage
         self.calls: list[str] = []
         self._mem: dict[int, tuple[FakeZesDevice, FakeModule]] = {}
 
@@ -209,8 +243,13 @@ class FakeLevelZero:
         if code := self._fail(d, "zesMemoryGetState"):
             return code
         s = state.contents
-        s.free = m.free
         s.size = m.size
+        s.free = m.free
+        if d.integrated and d.host_meminfo is not None:
+            s.free = d.host_meminfo["MemFree"]
+            s.size = d.host_meminfo["MemAvailable"]
+        elif self.hides_usage and m.location == 1:
+            s.free = m.size  # the kernel reported nothing allocated
         return 0
 
     def zesDeviceProcessesGetState(self, handle: Any, count: Any, procs: Any) -> int:
@@ -278,7 +317,7 @@ typedef struct {
 typedef struct { uint64_t size, free; uint8_t on_sub; uint32_t sub_id; uint32_t loc; } fake_mem;
 typedef struct {
     const char *name; uint32_t pci[4]; uint32_t nsub; uint32_t vendor; uint32_t type;
-    uint32_t integrated; uint8_t uuid[16]; int nmem; fake_mem mem[8]; int nproc;
+    uint32_t devid; uint32_t integrated; uint8_t uuid[16]; int nmem; fake_mem mem[8]; int nproc;
     uint32_t pid[8]; uint64_t pmem[8];
 } fake_dev;
 
@@ -312,6 +351,7 @@ static fake_dev *dev(void *h) { return &DEVS[(uintptr_t)h - 0x1000]; }
 ze_result_t zesDeviceGetProperties(zes_device_handle_t h, zes_device_properties_t *p) {
     fake_dev *d = dev(h);
     p->numSubdevices = d->nsub; p->core.type = d->type; p->core.vendorId = d->vendor;
+    p->core.deviceId = d->devid;
     p->core.flags = d->integrated ? 1u : 0u;
     strncpy(p->core.name, d->name, 255); memcpy(p->core.uuid.id, d->uuid, 16);
     return 0;
@@ -367,7 +407,7 @@ def _c_device(d: FakeZesDevice) -> str:
     uuid_bytes = ", ".join(str(b) for b in d.uuid_bytes())
     return (
         f'{{"{d.name}", {{{", ".join(str(x) for x in d.pci)}}}, {d.num_subdevices}, '
-        f"{d.vendor_id}, {d.device_type}, {int(d.integrated)}, {{{uuid_bytes}}}, "
+        f"{d.vendor_id}, {d.device_type}, {d.device_id}, {int(d.integrated)}, {{{uuid_bytes}}}, "
         f"{len(d.modules)}, {{{mems}}}, {len(d.processes)}, {{{pids}}}, {{{pmem}}}}}"
     )
 

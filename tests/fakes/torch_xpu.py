@@ -6,6 +6,16 @@ create a device context — the fake records each call so tests can assert wheth
 been created); ``torch.xpu.get_device_properties(i).name``; ``torch.version.hip`` is a string on
 ROCm builds and ``None`` elsewhere; ``torch.cuda.mem_get_info`` for the ROCm fallback.
 
+What the Intel stack does underneath, reproduced per device:
+
+* ``umd_total_shift``: with some Intel user-mode drivers ``torch.xpu.mem_get_info`` reported a
+  total that jumped (24385683456 to 25669140480 bytes on a BMG card, vllm-xpu-kernels
+  ``tests/test_get_memory_info.py``) while ``get_device_properties(i).total_memory`` stayed put;
+  vLLM 0.33 stopped using it (vLLM PRs 47016/47134). ``torch.accelerator.get_memory_info`` is not
+  shifted here, since vLLM now routes it to its own op.
+* ``integrated``: the free-memory query is not supported on integrated GPUs, and torch's
+  ``_xpu_getMemoryInfo`` checks that aspect, so both memory calls raise.
+
 Install with :func:`install_fake_torch`, which puts the module and its submodules in
 ``sys.modules`` through ``monkeypatch`` (so they are removed after the test).
 """
@@ -29,6 +39,8 @@ class FakeXpuDevice:
     total: int = 64 * 1024**3
     free: int = 60 * 1024**3
     error: BaseException | None = None
+    umd_total_shift: int = 0
+    integrated: bool = False
 
 
 def make_fake_torch(
@@ -73,6 +85,12 @@ def make_fake_torch(
         dev = lookup(table, i)
         if dev.error is not None:
             raise dev.error
+        if dev.integrated and name != "cuda.mem_get_info":
+            raise RuntimeError(
+                "The device (Intel(R) Graphics) doesn't support querying the available free memory"
+            )
+        if name == "xpu.mem_get_info":
+            return dev.free, dev.total + dev.umd_total_shift
         return dev.free, dev.total
 
     version_mod = types.ModuleType("torch.version")
@@ -114,16 +132,18 @@ def install_fake_torch(monkeypatch: pytest.MonkeyPatch, torch: types.ModuleType)
 
 
 _IPEX_SOURCE = """
+import types
+
 import torch
 
 
 def _mem_get_info(i):
-    torch.calls.append(("ipex.mem_get_info", i))
+    torch.calls.append(("ipex.xpu.mem_get_info", i))
     device = torch.ipex_devices[i]
     return device.free, device.total
 
 
-torch.xpu.mem_get_info = _mem_get_info
+xpu = types.SimpleNamespace(mem_get_info=_mem_get_info)
 """
 
 
@@ -135,8 +155,9 @@ def install_fake_ipex(
 ) -> None:
     """Put an ``intel_extension_for_pytorch`` package on ``sys.path``.
 
-    Importing it adds ``torch.xpu.mem_get_info`` to the (fake) torch, as IPEX extends old torch
-    builds that lack it.
+    It offers ``intel_extension_for_pytorch.xpu.mem_get_info`` (the documented IPEX API, now
+    deprecated) for old torch builds that lack ``torch.xpu.mem_get_info``. Whether importing IPEX
+    also patches ``torch.xpu`` is not documented, so the fake does not.
     """
     root = tmp_path / "site-ipex"
     pkg = root / "intel_extension_for_pytorch"
