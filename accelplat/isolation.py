@@ -54,6 +54,7 @@ __all__ = [
     "ChildResult",
     "ChildTestError",
     "ChildTracebackError",
+    "is_isolated",
     "isolate",
     "mark_isolated",
     "run_child",
@@ -522,6 +523,19 @@ def mark_isolated(wrapper: Callable[..., Any], func: Callable[..., Any]) -> None
         func: The function it isolates.
     """
     setattr(wrapper, _ISOLATED_ATTR, func)
+
+
+def is_isolated(func: object) -> bool:
+    """Say whether ``func`` is a wrapper that runs its function in a new process.
+
+    Args:
+        func: Any object, typically a test function.
+
+    Returns:
+        ``True`` for wrappers recorded with :func:`mark_isolated` (:func:`isolate`, vLLM's
+        ``create_new_process_for_each_test``).
+    """
+    return getattr(func, _ISOLATED_ATTR, None) is not None
 
 
 def isolate(

@@ -10,11 +10,13 @@ A test that declares more devices than that (``accelplat_requires_devices(n)``, 
 :func:`accelplat.integrations.vllm.multi_gpu_test` applies, or
 ``accelplat_requires_device_memory(devices=n)``) gets ``n`` devices exclusively for its
 duration: before its setup the worker lets its own devices go, leases ``n`` (its own first when
-free; all or nothing, so two workers cannot deadlock) and applies their environment; after its
-teardown it goes back to its own count, preferring the devices it had. Device runtimes read the
-variables once, when they start, so such a test must start its runtime in a child process — as
-vLLM's multi-GPU tests do (engine workers, or ``create_new_process_for_each_test``). A test
-asking for more devices than the outer visible set holds is skipped with the lease's reason.
+free; all or nothing, so two workers cannot deadlock) and applies their environment; the test
+body then runs in a new process (:func:`accelplat.isolation.run_in_new_process`) with that
+environment, since device runtimes read the variables once and the worker's own may already be
+running; a test that isolates itself (``isolate``, vLLM's ``create_new_process_for_each_test``)
+keeps its own isolation. After its teardown the worker goes back to its own count, preferring
+the devices it had. A test asking for more devices than the outer visible set holds is skipped
+with the lease's reason.
 
 Without the option nothing here runs.
 """
@@ -130,6 +132,28 @@ class WorkerLease:
             self._back_home()
             pytest.fail(f"--accelplat-lease could not lease {wanted} devices: {exc}", False)
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
+        """Run a widened test's body in a new process with the lease's environment.
+
+        A test that isolates itself already (:func:`accelplat.isolation.isolate`, vLLM's
+        ``create_new_process_for_each_test``) is left to do so; its child inherits the
+        environment applied in setup.
+        """
+        if not self._widened or self.current is None:
+            return None
+        from accelplat.isolation import is_isolated, run_in_new_process
+
+        func = pyfuncitem.obj
+        if is_isolated(func):
+            return None
+        if not callable(func) or _is_coroutine(func):
+            return None
+        names = pyfuncitem._fixtureinfo.argnames
+        kwargs = {name: pyfuncitem.funcargs[name] for name in names}
+        run_in_new_process(func, (), kwargs, env=self.current.environ)
+        return True
+
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
         """Go back to the process's own devices after a widened test."""
@@ -144,6 +168,12 @@ class WorkerLease:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """Release the devices at the end of the session."""
         self.stop()
+
+
+def _is_coroutine(func: object) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
 
 
 def _declared_devices(item: pytest.Item) -> int:

@@ -24,7 +24,7 @@ CONFTEST = textwrap.dedent(
     import json, os
     with open(os.environ["LEASE_LOG"], "a") as fh:  # what the conftest saw at import
         fh.write(json.dumps({"conftest": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-                             "visible": os.environ.get("VISIBLE")}) + "\\n")
+                             "visible": os.environ.get("VISIBLE"), "pid": os.getpid()}) + "\\n")
     """
 ).replace("VISIBLE", ENV_VISIBLE)
 
@@ -37,7 +37,8 @@ TESTS = textwrap.dedent(
     def log(name):
         row = {"test": name, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
                "visible": os.environ.get("VISIBLE"),
-               "count": accelplat.current_platform().device_count(), "time": time.time()}
+               "count": accelplat.current_platform().device_count(), "time": time.time(),
+               "pid": os.getpid(), "ppid": os.getppid()}
         with open(os.environ["LEASE_LOG"], "a") as fh:
             fh.write(json.dumps(row) + "\\n")
 
@@ -120,6 +121,9 @@ def test_a_multi_device_test_gets_that_many_for_its_duration(
     done, rows = two_workers
     assert done.returncode == 0, done.stdout + done.stderr
     (two,) = [r for r in rows if r.get("test") == "two"]
+    worker_pid = {r["conftest"]: r["pid"] for r in rows if "conftest" in r}[two["worker"]]
+    assert two["pid"] != worker_pid  # the body ran in a new process
+    assert two["ppid"] == worker_pid  # started by the worker
     assert two["count"] == 2
     assert len(set(two["visible"].split(","))) == 2
     assert "needs 5 devices" in done.stdout
@@ -148,3 +152,13 @@ def test_asking_for_more_devices_than_visible_is_a_usage_error(tmp_path: Path) -
     done, _ = run(tmp_path, "--accelplat-lease", "--accelplat-lease-count", "4")
     assert done.returncode != 0
     assert "--accelplat-lease: cannot lease 4 device(s)" in done.stdout + done.stderr
+
+
+def test_isolated_tests_are_recognised_and_left_to_isolate_themselves() -> None:
+    from accelplat.isolation import is_isolated, isolate
+
+    def body() -> None:
+        pass
+
+    assert not is_isolated(body)
+    assert is_isolated(isolate("fork")(body))
