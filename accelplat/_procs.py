@@ -15,7 +15,7 @@ from accelplat._types import HolderState, MemoryHolder
 if TYPE_CHECKING:
     import psutil
 
-__all__ = ["classify_pid", "make_holder"]
+__all__ = ["classify_pid", "make_holder", "process_details"]
 
 
 def classify_pid(pid: int) -> tuple[HolderState, str]:
@@ -75,3 +75,37 @@ def make_holder(pid: int, used_bytes: int | None) -> MemoryHolder:
     """
     state, name = classify_pid(pid)
     return MemoryHolder(pid=pid, used_bytes=used_bytes, state=state, name=name)
+
+
+def process_details(pid: int, *, width: int = 200) -> tuple[str, str]:
+    """Return the user and the command line of ``pid``, for people reading a holder list.
+
+    Args:
+        pid: A process id.
+        width: Longest command line returned (longer ones end in ``…``).
+
+    Returns:
+        ``(user, command)``; an item that cannot be read (the process is gone, belongs to
+        another namespace, or access is denied) is ``""``.
+
+    Side effects:
+        Reads ``/proc`` (importing psutil on first use).
+    """
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+    except (psutil.Error, ValueError, OverflowError):
+        return "", ""
+    try:
+        user = str(proc.username())
+    except (psutil.Error, OSError, KeyError):
+        user = ""
+    try:
+        command = " ".join(proc.cmdline()) or _name(proc)
+    except (psutil.Error, OSError):
+        command = _name(proc)
+    command = "".join(c if c.isprintable() else "?" for c in command)
+    if len(command) > width:
+        command = command[: width - 1] + "…"
+    return user, command

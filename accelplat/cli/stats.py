@@ -1,10 +1,12 @@
 """``accelplat stats``: used, free, total and reserved memory of every visible device.
 
-Prints one table (``--json``: one JSON object), or with ``--watch SECONDS`` refreshes it, in
-place on a terminal, until interrupted or ``--count`` refreshes were shown. Output is plain text
-when standard output is not a terminal, when ``NO_COLOR`` is set, or when ``rich`` is not
-installed. Reads memory through the platform's context-free queries: creates no device context,
-imports no framework.
+Prints one table (``--json``: one JSON object), or with ``--watch SECONDS`` refreshes it until
+interrupted (Ctrl-C or ``q``) or ``--count`` refreshes were shown. On a terminal the output is
+the live view of :mod:`accelplat.cli._live` (header, memory bars, holders on ``h`` or with
+``--holders``), redrawn in place; ``NO_COLOR`` keeps the view and drops the colour. Output is
+plain text when standard output is not a terminal, when ``TERM=dumb``, or when ``rich`` is not
+installed; ``--json`` prints one JSON object per refresh (NDJSON). Reads memory through the
+platform's context-free queries: creates no device context, imports no framework.
 """
 
 from __future__ import annotations
@@ -68,8 +70,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def use_rich(stream: IO[str]) -> bool:
-    """Return whether to draw with ``rich``: a terminal, no ``NO_COLOR``, ``rich`` installed."""
-    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+    """Return whether to draw the live view: a terminal that is not ``TERM=dumb``, ``rich``.
+
+    ``NO_COLOR`` does not matter here: the view is drawn without colour then.
+    """
+    if os.environ.get("TERM") == "dumb":
         return False
     isatty = getattr(stream, "isatty", None)
     if not (callable(isatty) and isatty()):
@@ -175,22 +180,6 @@ def _plain(platform: Platform, snap: UsageSnapshot, names: dict[int, str], holde
     return "\n".join(lines)
 
 
-def _rich_renderable(
-    platform: Platform, snap: UsageSnapshot, names: dict[int, str], holders: bool
-) -> Any:
-    from rich.console import Group
-    from rich.table import Table
-
-    table = Table(title=f"{platform.name}: {len(snap.memory)} device(s)", title_justify="left")
-    for i, column in enumerate(_COLUMNS):
-        table.add_column(column, justify="right" if i in (2, 3, 4, 5, 6) else "left", no_wrap=True)
-    for row in _rows(snap, names):
-        table.add_row(*row)
-    if not holders:
-        return table
-    return Group(table, *_holder_lines(snap))
-
-
 def _samples(
     platform: Platform,
     devices: Sequence[int] | None,
@@ -230,7 +219,14 @@ def _run(args: argparse.Namespace) -> int:
                 out.write(dumps(doc) + "\n")
                 out.flush()
         elif use_rich(out):
-            _show_rich(platform, samples, names, args.holders, live=args.watch is not None)
+            _show_rich(
+                platform,
+                args.devices,
+                names,
+                holders=args.holders,
+                watch=args.watch,
+                count=args.count,
+            )
         else:
             for i, snap in enumerate(samples):
                 if i:
@@ -244,24 +240,40 @@ def _run(args: argparse.Namespace) -> int:
 
 def _show_rich(
     platform: Platform,
-    samples: Iterator[UsageSnapshot],
+    devices: Sequence[int] | None,
     names: dict[int, str],
-    holders: bool,
     *,
-    live: bool,
+    holders: bool,
+    watch: float | None,
+    count: int | None,
 ) -> None:
     from rich.console import Console
     from rich.live import Live
 
-    console = Console()
+    from accelplat._procs import process_details
+    from accelplat.cli._live import Keys, ViewState, render
 
-    def render(snap: UsageSnapshot) -> Any:
-        return _rich_renderable(platform, snap, names, holders)
+    console = Console(no_color=bool(os.environ.get("NO_COLOR")) or None)
+    state = ViewState(holders=holders)
 
-    if not live:
-        for snap in samples:
-            console.print(render(snap))
+    def frame() -> Any:
+        snap = snapshot(devices, platform=platform, holders=state.holders)
+        return render(
+            platform.name, snap, names, state=state, interval=watch, details=process_details
+        )
+
+    if watch is None:
+        console.print(frame())
         return
-    with Live(console=console, auto_refresh=False, transient=False) as view:
-        for snap in samples:
-            view.update(render(snap), refresh=True)
+    clock = default_clock(platform)
+    with (
+        Keys(sleep=clock.sleep) as keys,
+        Live(console=console, auto_refresh=False, transient=False, redirect_stdout=False) as view,
+    ):
+        shown = 0
+        while not state.quit:
+            view.update(frame(), refresh=True)
+            shown += 1
+            if count is not None and shown >= count:
+                break
+            keys.wait(watch, state)
