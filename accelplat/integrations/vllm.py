@@ -42,8 +42,8 @@ Where this module is better, in ways a passing vLLM test cannot notice:
   accepts (UUIDs, MIG, ``CUDA_DEVICE_ORDER``); mapping thresholds may be keyed by visible or
   physical indices. No device context is created on CUDA or ROCm.
 * **Diagnosis**: the timeout message adds per-device history and the processes holding memory.
-* **Idle floor**: on a lazy platform a ratio target below ``release.idle_floor_bytes`` is raised
-  to the floor (vLLM: 4 GiB for ratios under 5 % on ROCm).
+* **Idle floor**: on a lazy platform a ratio under 5 % whose target is below
+  ``release.idle_floor_bytes`` is raised to the floor (vLLM: 4 GiB for ratios under 5 % on ROCm).
 
 accelplat's stricter semantics (NVML v2 accounting, strict arguments, a settle wait on every
 platform) are an explicit opt-in: call :func:`accelplat.wait_for_memory_to_clear`,
