@@ -406,3 +406,28 @@ def test_rocm_names_the_subset_in_both_hip_variables() -> None:
         "HIP_VISIBLE_DEVICES": "GPU-0123456789abcdef,1",
         "CUDA_VISIBLE_DEVICES": "GPU-0123456789abcdef,1",
     }
+
+
+def test_cuda_leases_by_uuid_inside_an_outer_cuda_visible_devices(
+    install: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from accelplat.backends.cuda import CudaPlatform
+    from tests.fakes.nvml import FakeNvml, h200
+
+    gpus = [h200(0, used=30 * GIB), h200(1, used=1 * GIB), h200(2, used=2 * GIB)]
+    install(FakeNvml(gpus))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")  # a scheduler granted physical 2 and 0
+    plat = CudaPlatform()
+    with lease(1, platform=plat, lock_dir=tmp_path) as held:
+        # GPU 1 has the most free memory but is not visible; GPU 2 is the best visible one
+        assert held.environ == {"CUDA_VISIBLE_DEVICES": gpus[2].uuid}
+        assert (held.devices[0].index, held.devices[0].physical_index) == (0, 2)
+        with lease(1, platform=plat, lock_dir=tmp_path, timeout_s=0) as other:
+            assert other.environ == {"CUDA_VISIBLE_DEVICES": gpus[0].uuid}
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpus[2].uuid)  # as the child sees it
+        (seen,) = CudaPlatform().devices()
+        assert seen.uuid == gpus[2].uuid
+        assert seen.physical_index == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    with pytest.raises(ConfigurationError, match="shows this process only 2"):
+        lease(3, platform=plat, lock_dir=tmp_path)
