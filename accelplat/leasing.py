@@ -412,6 +412,7 @@ class Lease:
         self._fds: list[int] = []
         self._paths: list[Path] = []
         self._meta: list[dict[str, object]] = []
+        self._carried: dict[str, int] = {}
 
     # -- state ---------------------------------------------------------------------------
 
@@ -587,10 +588,12 @@ class Lease:
             needed = _needed_used(info, self.min_free_bytes, self.min_free_ratio)
             if needed is not None:
                 limits.append(needed)
-            previous = _int_field(
-                _read_metadata(self.lock_dir / (key + _META_SUFFIX)), "baseline_used_bytes"
-            )
-            if previous is not None:
+            meta = _read_metadata(self.lock_dir / (key + _META_SUFFIX))
+            previous = _int_field(meta, "baseline_used_bytes")
+            ours = key in self._prefer and _int_field(meta, "pid") == os.getpid()
+            if previous is not None and ours:  # its own memory is not returning; keep the
+                self._carried[key] = previous  # idle figure for whoever comes next
+            elif previous is not None:
                 limits.append(previous + RETURN_TOLERANCE_BYTES)
             if limits:
                 targets[device.index] = max(0, min(limits))
@@ -630,7 +633,9 @@ class Lease:
                 "command": command,
                 "since": since,
                 "released": False,
-                "baseline_used_bytes": self.platform.memory_info(device.index).used,
+                "baseline_used_bytes": self._carried.get(
+                    key, self.platform.memory_info(device.index).used
+                ),
             }
             self._meta.append(meta)
             _write_metadata(path, meta)
@@ -701,7 +706,9 @@ def lease(
         clock: Time source and sleeper; ``None`` means the platform's (see
             :func:`~accelplat.memory.default_clock`).
         prefer: Device identities (:attr:`Lease.device_ids` of an earlier lease) to take first
-            when free, before the order by free memory.
+            when free, before the order by free memory. Such a device that this process held
+            last is not waited on for the memory it used: that memory is this process's own
+            (a device runtime it started) and will not come back while it runs.
 
     Returns:
         A :class:`Lease`, not yet acquired.

@@ -138,6 +138,25 @@ def test_waits_for_the_previous_holders_memory_to_come_back(tmp_path: Path) -> N
     second.release()
 
 
+def test_a_process_taking_back_its_own_device_does_not_wait_for_its_own_memory(
+    tmp_path: Path,
+) -> None:
+    clock = SimulatedClock()
+    timeline = [{"at": 1.0, "used": "9GiB"}]  # this process's runtime, which stays
+    spec = {"devices": [{"total": "80GiB", "used": "1GiB", "timeline": timeline}]}
+    plat = sim(spec, clock)
+    first = lease(1, platform=plat, lock_dir=tmp_path).acquire()
+    clock.advance(2.0)
+    first.release()
+    with pytest.raises(LeaseTimeoutError):  # without prefer, the memory is waited for
+        lease(1, platform=plat, lock_dir=tmp_path, timeout_s=5).acquire()
+    again = lease(1, platform=plat, lock_dir=tmp_path, prefer=first.device_ids, timeout_s=5)
+    with again:
+        assert again.waited_s == 0.0
+    (record,) = lease_status(tmp_path)
+    assert record.baseline_used_bytes == 1 * GIB  # the idle figure, kept for the next holder
+
+
 def test_memory_that_never_comes_back_times_out_naming_it(tmp_path: Path) -> None:
     clock = SimulatedClock()
     timeline = [{"at": 1.0, "used": "9GiB"}]
