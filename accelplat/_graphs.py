@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 
+from accelplat import _boundary
 from accelplat._types import GraphSupport
 
 __all__ = [
@@ -52,8 +53,14 @@ def distribution_version(name: str) -> str | None:
         distribution is not installed or its metadata is unreadable.
 
     Side effects:
-        Reads installed metadata only; imports nothing.
+        Reads installed metadata only; imports nothing. Asked through the vendor boundary, so a
+        capture records the answer and a replay gives the captured host's.
     """
+    value = _boundary.call("dist", ("version", name), lambda: _installed_version(name))
+    return value if isinstance(value, str) and value else None
+
+
+def _installed_version(name: str) -> str | None:
     from importlib import metadata  # imported on use: it costs tens of milliseconds
 
     try:

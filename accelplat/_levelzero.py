@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from accelplat import _boundary
 from accelplat.errors import BackendError
 
 __all__ = [
@@ -311,9 +312,23 @@ def load_loader(name: str = LOADER_NAME) -> Any:
         OSError: When the library cannot be loaded (not installed).
 
     Side effects:
-        Loads a shared library; creates no device context.
+        Loads a shared library; creates no device context. While a capture records or a replay
+        answers (:mod:`accelplat._boundary`), the library comes through the boundary: a
+        recording proxy, or a stand-in answering from the bundle (nothing is loaded then).
     """
-    return ctypes.CDLL(name)
+    if _boundary.active() is None:
+        return ctypes.CDLL(name)
+
+    def live() -> _boundary.Loaded:
+        try:
+            return ctypes.CDLL(name), "", ""
+        except OSError as exc:
+            return None, str(exc), "OSError"
+
+    lib, reason, _ = _boundary.vendor("levelzero", live)
+    if lib is None:
+        raise OSError(reason)
+    return lib
 
 
 class Sysman:

@@ -31,6 +31,7 @@ import warnings
 from types import TracebackType
 from typing import Any
 
+from accelplat import _boundary
 from accelplat.errors import BackendError
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "NvmlUnavailableError",
     "acquire",
     "error_name",
+    "forget",
     "generation",
     "import_pynvml",
     "initialized",
@@ -102,6 +104,7 @@ class _State:
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.module: Any = None
+        self.origin: Any = None
         self.initialized = False
         self.closing = False
         self.active = 0
@@ -115,6 +118,10 @@ _generation = 0
 def import_pynvml() -> Any:
     """Return the ``pynvml`` module, importing it on first use.
 
+    While a capture records or a replay answers (:mod:`accelplat._boundary`), the module comes
+    through the boundary: a recording proxy of the real module, or a stand-in answering from
+    the bundle (the real one is then not imported).
+
     Returns:
         The module (``sys.modules["pynvml"]`` when already imported, so tests may install a
         fake there).
@@ -126,6 +133,22 @@ def import_pynvml() -> Any:
         Imports ``pynvml`` (pure ctypes; loads no library until ``nvmlInit``), with the deprecated
         ``pynvml`` package's ``FutureWarning`` silenced by message for the duration of the import.
     """
+    if _boundary.active() is None:
+        return _import_live()
+    module, reason, vendor_error = _boundary.vendor("nvml", _load_live)
+    if module is None:
+        raise NvmlUnavailableError(reason, vendor_error)
+    return module
+
+
+def _load_live() -> _boundary.Loaded:
+    try:
+        return _import_live(), "", ""
+    except NvmlUnavailableError as exc:
+        return None, exc.reason, exc.vendor_error
+
+
+def _import_live() -> Any:
     module = sys.modules.get(MODULE_NAME)
     if module is not None:
         return module
@@ -286,6 +309,7 @@ def _initialize_locked(st: _State) -> None:
             f"nvmlInit failed ({type(exc).__name__}: {exc})", type(exc).__name__
         ) from exc
     st.module = module
+    st.origin = sys.modules.get(MODULE_NAME)
     st.initialized = True
     _generation += 1
 
@@ -300,13 +324,13 @@ def acquire() -> Any:
     """
     st = _state
     with st.lock:  # the common case: initialised, not closing
-        if st.initialized and not st.closing and sys.modules.get(MODULE_NAME) is st.module:
+        if st.initialized and not st.closing and sys.modules.get(MODULE_NAME) is st.origin:
             st.active += 1
             return st.module
     with st.cond:
         while st.closing:
             st.cond.wait()
-        if not st.initialized or sys.modules.get(MODULE_NAME) is not st.module:
+        if not st.initialized or sys.modules.get(MODULE_NAME) is not st.origin:
             st.initialized = False
             _initialize_locked(st)
         st.active += 1
@@ -405,6 +429,18 @@ def shutdown() -> bool:
             st.closing = False
             st.cond.notify_all()
     return True
+
+
+def forget() -> None:
+    """Drop this process's NVML session without shutting NVML down.
+
+    The next :func:`session` imports (through the boundary) and initialises afresh, and every
+    cached NVML handle becomes stale (:func:`generation` changes). Used when a capture starts
+    recording or a replay starts or stops answering.
+    """
+    global _state, _generation
+    _state = _State()
+    _generation += 1
 
 
 def _after_fork_in_child() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from accelplat import _boundary
 from accelplat._types import HolderState, MemoryHolder
 
 if TYPE_CHECKING:
@@ -30,8 +31,21 @@ def classify_pid(pid: int) -> tuple[HolderState, str]:
         no such process is visible (``name`` is then ``""``).
 
     Side effects:
-        Reads ``/proc`` (importing psutil on first use); creates no device context.
+        Reads ``/proc`` (importing psutil on first use); creates no device context. Asked through the vendor boundary, so a
+        capture records the answer and a replay gives the captured host's.
     """
+    answer: object = _boundary.call("proc", ("classify", pid), lambda: _classify_live(pid))
+    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
+        return HolderState.GONE, ""
+    state, name = answer
+    try:
+        checked = HolderState(state)
+    except ValueError:
+        return HolderState.GONE, ""
+    return checked, name if isinstance(name, str) else ""
+
+
+def _classify_live(pid: int) -> tuple[HolderState, str]:
     import psutil
 
     if pid == os.getpid():

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 __all__ = [
     "AccelplatError",
     "BackendError",
+    "BundleError",
+    "BundleVersionError",
     "ConfigurationError",
     "DeviceNotFoundError",
     "ImplausibleReadingError",
@@ -161,3 +163,40 @@ class InsufficientSharedMemoryError(AccelplatError, RuntimeError):
         self.required = required
         self.free = free
         self.path = path
+
+
+class BundleError(AccelplatError, ValueError):
+    """A capture bundle (``accelplat capture``) cannot be used: unreadable, malformed, too large.
+
+    Bundles are untrusted input; every problem the loader finds raises this type, never a
+    ``KeyError`` or a ``tarfile`` error from deep inside.
+
+    Attributes:
+        source: The bundle's path (or ``"<bytes>"``).
+        field: The member or field at fault (``"host.json: records[3].key"``), or ``""``.
+    """
+
+    def __init__(self, source: str, message: str, *, field: str = "") -> None:
+        where = f"{source}: {field}: " if field else f"{source}: "
+        super().__init__(where + message)
+        self.source = source
+        self.field = field
+
+
+class BundleVersionError(BundleError):
+    """A bundle written in a format version this accelplat does not read (a newer one).
+
+    Attributes:
+        version: The format version the bundle declares.
+        supported: The highest version this accelplat reads.
+    """
+
+    def __init__(self, source: str, version: int, supported: int) -> None:
+        super().__init__(
+            source,
+            f"bundle format version {version} is newer than this accelplat reads "
+            f"(up to {supported}); upgrade accelplat to replay it",
+            field="host.json: format_version",
+        )
+        self.version = version
+        self.supported = supported

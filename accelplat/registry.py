@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from accelplat import _boundary
 from accelplat._types import Candidate, ProbeResult
 from accelplat.errors import AccelplatError, ConfigurationError, PlatformNotAvailableError
 from accelplat.platform import Platform
@@ -657,8 +658,10 @@ def detect() -> DetectionReport:
     Side effects:
         Loads backend modules and plugins and runs their probes; constructs plugins whose probe
         says available (to check them against the protocol); imports no framework and creates
-        no device context. Does not change the cached current platform.
+        no device context. Does not change the cached current platform. Applies
+        ``ACCELPLAT_REPLAY`` first, when set (see :mod:`accelplat.replay`).
     """
+    _boundary.active()
     with _lock:
         if _forced_override is not None and not isinstance(_forced_override, str):
             name = _forced_override.name
@@ -697,6 +700,7 @@ def current_platform() -> Platform:
     current = _current
     if current is not None:
         return current
+    _boundary.active()  # applies ACCELPLAT_REPLAY before anything reads the environment
     with _lock:
         if _current is not None:
             return _current

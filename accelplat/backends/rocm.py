@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from accelplat import _boundary
 from accelplat._graphs import graph_support
 from accelplat._procs import make_holder
 from accelplat._types import (
@@ -750,15 +751,29 @@ def _first_line(text: str) -> str:
 
 
 def _import_amdsmi() -> tuple[Any, str]:
-    """Import ``amdsmi`` defensively.
+    """Import ``amdsmi`` defensively, through the vendor boundary.
 
     Returns:
-        ``(module, "")`` on success, ``(None, reason)`` otherwise.
+        ``(module, "")`` on success, ``(None, reason)`` otherwise. While a capture records or a
+        replay answers (:mod:`accelplat._boundary`), the module is a recording proxy or a
+        stand-in answering from the bundle.
 
     Side effects:
         Imports ``amdsmi`` (which loads ``libamd_smi.so``), with anything it prints to stdout
         swallowed; never raises.
     """
+    if _boundary.active() is None:
+        return _import_amdsmi_live()
+
+    def live() -> _boundary.Loaded:
+        module, why = _import_amdsmi_live()
+        return module, why, ""
+
+    module, why, _ = _boundary.vendor("amdsmi", live)
+    return module, why
+
+
+def _import_amdsmi_live() -> tuple[Any, str]:
     if "amdsmi" in sys.modules:
         module = sys.modules["amdsmi"]
         if module is None:

@@ -25,6 +25,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "accelplat.cli.lease",
     "accelplat.cli.scan",
     "accelplat.cli.completion",
+    "accelplat.cli.capture",
 )
 
 

@@ -34,6 +34,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "its memory, the release profile, graph support and defaults. Creates no device context.",
     )
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument(
+        "--replay",
+        metavar="BUNDLE",
+        help="answer from a capture bundle (accelplat capture) instead of this host",
+    )
     parser.set_defaults(func=_run)
 
 
@@ -181,7 +186,19 @@ def _render_text(info: dict[str, Any]) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    info = collect_info()
+    if args.replay:
+        from accelplat.replay import replaying
+
+        with replaying(args.replay) as replayer:
+            info = collect_info()
+        if not args.json:
+            bundle = replayer.bundle
+            print(
+                f"replaying {bundle.source} (captured {bundle.created}, accelplat "
+                f"{bundle.accelplat_version})"
+            )
+    else:
+        info = collect_info()
     if args.json:
         json.dump(info, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

@@ -1,0 +1,227 @@
+"""JSON encoding of what vendor libraries answer, and its checked decoding.
+
+A recorder turns each answer into plain JSON: scalars stay as they are, and the few shapes vendor
+Python bindings return are tagged:
+
+* ``{"$tuple": [...]}``, ``{"$bytes": "<base64>"}``, ``{"$map": {...}}``,
+  ``{"$float": "nan"}`` for what JSON cannot say directly;
+* ``{"$record": {"type": "c_nvmlMemory_v2_t", "fields": {...}}}`` for a ctypes structure or a
+  plain object with attributes (read back as an object with the same attributes);
+* ``{"$handle": "nvml-3"}`` for an opaque handle (a ctypes pointer, a ``c_void_p``): the same
+  handle always gets the same token, so a replayed call taking a handle finds its answer.
+
+Decoding is the untrusted side: every shape, type and depth is checked and any problem raises
+:class:`ValueError` naming where it is (the loader turns it into a ``BundleError``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ctypes
+import enum
+import json
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = [
+    "MAX_DEPTH",
+    "Handle",
+    "Record",
+    "decode",
+    "encode",
+    "key_text",
+]
+
+MAX_DEPTH = 32
+"""Deepest nesting of a recorded value that decoding accepts."""
+
+_SCALARS = (str, int, bool, type(None))
+
+
+class Handle:
+    """An opaque vendor handle replayed from a capture; only its token matters.
+
+    Attributes:
+        token: The name the capture gave the handle (``"nvml-0"``).
+    """
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def __repr__(self) -> str:
+        return f"<replayed handle {self.token}>"
+
+
+class Record:
+    """A replayed structure or object: its recorded fields as attributes.
+
+    Attributes:
+        _type: The recorded type name (e.g. ``"c_nvmlMemory_v2_t"``).
+    """
+
+    def __init__(self, type_name: str, fields: Mapping[str, Any]) -> None:
+        self._type = type_name
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "_type")
+        return f"<replayed {self._type}: {fields}>"
+
+
+HandleToken = Callable[[object], str]
+"""Gives an opaque object its token (the recorder's handle table)."""
+
+
+def _is_opaque_ctypes(value: object) -> bool:
+    return isinstance(value, (ctypes._Pointer, ctypes.c_void_p))
+
+
+def _public_fields(value: object) -> dict[str, object] | None:
+    if isinstance(value, (ctypes.Structure, ctypes.Union)):
+        names = [f[0] for f in getattr(type(value), "_fields_", ())]
+        return {n: getattr(value, n) for n in names if not n.startswith("_")}
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict) and not callable(value):
+        return {k: v for k, v in attrs.items() if isinstance(k, str) and not k.startswith("_")}
+    return None
+
+
+def encode(value: object, token: HandleToken, depth: int = 0) -> object:
+    """Return the JSON form of a vendor answer.
+
+    Args:
+        value: What the vendor function returned (or an argument it was given).
+        token: Names an opaque handle.
+        depth: Current nesting (recursion guard).
+
+    Returns:
+        JSON-ready data (see the module docstring).
+    """
+    if depth > MAX_DEPTH:
+        return {"$handle": token(value)}
+    if isinstance(value, enum.Enum):
+        return encode(value.value, token, depth + 1)
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"$float": repr(value)}
+    if isinstance(value, (bytes, bytearray)):
+        return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, Handle):
+        return {"$handle": value.token}
+    if isinstance(value, Record):
+        fields = {k: v for k, v in vars(value).items() if k != "_type"}
+        return {
+            "$record": {
+                "type": value._type,
+                "fields": {k: encode(v, token, depth + 1) for k, v in fields.items()},
+            }
+        }
+    if _is_opaque_ctypes(value):
+        return {"$handle": token(value)}
+    if isinstance(value, ctypes._SimpleCData):
+        return encode(value.value, token, depth + 1)
+    if isinstance(value, ctypes.Array):
+        return [encode(v, token, depth + 1) for v in value]
+    if isinstance(value, list):
+        return [encode(v, token, depth + 1) for v in value]
+    if isinstance(value, tuple):
+        return {"$tuple": [encode(v, token, depth + 1) for v in value]}
+    if isinstance(value, Mapping):
+        if all(isinstance(k, str) for k in value):
+            return {"$map": {str(k): encode(v, token, depth + 1) for k, v in value.items()}}
+        return {"$handle": token(value)}
+    public = _public_fields(value)
+    if public is not None:
+        return {
+            "$record": {
+                "type": type(value).__name__,
+                "fields": {k: encode(v, token, depth + 1) for k, v in public.items()},
+            }
+        }
+    return {"$handle": token(value)}
+
+
+def key_text(parts: object) -> str:
+    """Return the canonical text of an encoded key (sorted keys, no spaces)."""
+    return json.dumps(parts, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _fail(where: str, message: str) -> ValueError:
+    return ValueError(f"{where}: {message}")
+
+
+def decode(data: object, handle: Callable[[str], Handle], where: str, depth: int = 0) -> Any:
+    """Return the value an encoded answer stands for, checking its shape.
+
+    Args:
+        data: Parsed JSON from a bundle (untrusted).
+        handle: Returns the one :class:`Handle` object for a token.
+        where: Where ``data`` sits in the bundle, for error messages.
+        depth: Current nesting.
+
+    Returns:
+        Scalars, lists, tuples, bytes, dicts, :class:`Record` and :class:`Handle` objects.
+
+    Raises:
+        ValueError: For an unknown tag, a wrong type, bad base64 or nesting deeper than
+            :data:`MAX_DEPTH`, naming ``where``.
+    """
+    if depth > MAX_DEPTH:
+        raise _fail(where, f"nested deeper than {MAX_DEPTH} levels")
+    if isinstance(data, _SCALARS):
+        return data
+    if isinstance(data, float):
+        if not math.isfinite(data):
+            raise _fail(where, "a non-finite number must be tagged $float")
+        return data
+    if isinstance(data, list):
+        return [decode(v, handle, f"{where}[{i}]", depth + 1) for i, v in enumerate(data)]
+    if not isinstance(data, dict) or len(data) != 1:
+        raise _fail(where, "expected a value or a one-key tagged object")
+    ((tag, body),) = data.items()
+    if tag == "$tuple":
+        if not isinstance(body, list):
+            raise _fail(where, "$tuple must hold a list")
+        return tuple(decode(v, handle, f"{where}[{i}]", depth + 1) for i, v in enumerate(body))
+    if tag == "$bytes":
+        if not isinstance(body, str):
+            raise _fail(where, "$bytes must hold base64 text")
+        try:
+            return base64.b64decode(body.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError):
+            raise _fail(where, "$bytes is not valid base64") from None
+    if tag == "$float":
+        if body not in ("nan", "inf", "-inf"):
+            raise _fail(where, "$float must be 'nan', 'inf' or '-inf'")
+        return float(str(body))
+    if tag == "$handle":
+        if not isinstance(body, str) or not body or len(body) > 64:
+            raise _fail(where, "$handle must be a token of 1-64 characters")
+        return handle(body)
+    if tag == "$map":
+        if not isinstance(body, dict):
+            raise _fail(where, "$map must hold an object")
+        return {k: decode(v, handle, f"{where}.{k}", depth + 1) for k, v in body.items()}
+    if tag == "$record":
+        if not isinstance(body, dict) or set(body) != {"type", "fields"}:
+            raise _fail(where, "$record must hold exactly 'type' and 'fields'")
+        type_name, fields = body["type"], body["fields"]
+        if not isinstance(type_name, str) or not type_name.isidentifier() or len(type_name) > 64:
+            raise _fail(where, "$record type must be an identifier of at most 64 characters")
+        if not isinstance(fields, dict):
+            raise _fail(where, "$record fields must be an object")
+        decoded: dict[str, Any] = {}
+        for name, value in fields.items():
+            if not name.isidentifier() or name.startswith("_") or len(name) > 64:
+                raise _fail(where, f"$record field {name[:40]!r} is not a public identifier")
+            decoded[name] = decode(value, handle, f"{where}.{name}", depth + 1)
+        return Record(type_name, decoded)
+    raise _fail(where, f"unknown tag {str(tag)[:40]!r}")

@@ -1,0 +1,365 @@
+"""Recording the vendor boundary: every question accelplat asks, and every answer it gets.
+
+:class:`Recorder` is an :class:`accelplat._boundary.Interceptor`. Installed during
+``accelplat capture``, it lets every seam answer live and keeps ``(channel, key) → answers``:
+
+* host questions (``file``, ``dist``, ``proc`` channels) as the seam asked them;
+* a vendor Python module (``nvml``, ``amdsmi``) through a proxy that records every function
+  call by name and arguments (handles become tokens), every constant read, and every
+  exception — generic, so a function a backend starts calling tomorrow is recorded without
+  changes here;
+* a ctypes library (``levelzero``) through a proxy that records, per call, the function, the
+  scalar arguments and a digest of each buffer's input bytes, and the result code plus every
+  buffer's bytes after the call (what the library wrote into its out-parameters).
+
+With ``processes=False`` the answers that name processes (process lists of NVML, amdsmi and
+Level Zero, KFD's per-process directory, process classification) are recorded as empty, and
+the capturing process sees them empty too, so the bundle and the recorded ``info`` agree.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import hashlib
+import threading
+import types
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from accelplat.replay._codec import encode
+
+__all__ = [
+    "CTYPES_CHANNELS",
+    "Recorder",
+    "buffer_of",
+    "ctypes_key",
+    "describe_error",
+]
+
+CTYPES_CHANNELS = frozenset({"levelzero"})
+"""Channels whose vendor object is a ctypes library with out-parameters."""
+
+_PROCESS_WORDS = ("process",)
+"""A vendor function whose lower-cased name holds one of these lists processes."""
+
+
+def describe_error(exc: BaseException) -> dict[str, Any]:
+    """Return the JSON description of an exception a live answer raised.
+
+    Args:
+        exc: The exception.
+
+    Returns:
+        ``type``, ``message`` and, where present, ``errno`` and ``value`` (an integer vendor code).
+    """
+    out: dict[str, Any] = {"type": type(exc).__name__}
+    if isinstance(exc, OSError) and isinstance(exc.errno, int):
+        out["errno"] = exc.errno
+        out["message"] = str(exc.strerror or "")[:4096]
+    else:
+        out["message"] = str(exc)[:4096]
+    value = getattr(exc, "value", None)
+    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**64:
+        out["value"] = value
+    return out
+
+
+def buffer_of(arg: object) -> Any:
+    """Return the ctypes object an out-parameter argument points at, or ``None``.
+
+    A ``ctypes.pointer(x)`` gives ``x``; a ctypes array gives itself; anything else ``None``.
+    """
+    if isinstance(arg, ctypes._Pointer):
+        try:
+            return arg.contents
+        except ValueError:  # a NULL pointer
+            return None
+    if isinstance(arg, ctypes.Array):
+        return arg
+    return None
+
+
+def _bytes_of(obj: Any) -> bytes:
+    return ctypes.string_at(ctypes.addressof(obj), ctypes.sizeof(obj))
+
+
+def ctypes_key(args: tuple[Any, ...]) -> list[object]:
+    """Return the key form of a ctypes call's arguments.
+
+    Scalars (Python ints, ctypes simple values) stand for themselves; a buffer argument stands
+    for its size and its input bytes (in hex up to 32 bytes, else a SHA-256 prefix).
+
+    Args:
+        args: The call's arguments.
+
+    Returns:
+        One JSON-able item per argument.
+    """
+    out: list[object] = []
+    for arg in args:
+        target = buffer_of(arg)
+        if target is not None:
+            data = _bytes_of(target)
+            digest = (
+                data.hex() if len(data) <= 32 else "sha256:" + hashlib.sha256(data).hexdigest()[:32]
+            )
+            out.append({"buf": len(data), "in": digest})
+        elif arg is None or isinstance(arg, (bool, int, str)):
+            out.append(arg if not isinstance(arg, bool) else int(arg))
+        elif isinstance(arg, ctypes._SimpleCData):
+            value = arg.value
+            out.append(value if isinstance(value, (int, str)) else None)
+        else:
+            out.append({"type": type(arg).__name__})
+    return out
+
+
+class Recorder:
+    """Records every answer given at the vendor boundary (see the module docstring).
+
+    Args:
+        processes: Whether process lists and identities are kept (``accelplat capture
+            --no-processes`` sets ``False``).
+    """
+
+    def __init__(self, *, processes: bool = True) -> None:
+        self.processes = processes
+        self._lock = threading.RLock()
+        self._records: dict[tuple[str, str], dict[str, Any]] = {}
+        self._tokens: dict[object, str] = {}
+        self._kept: list[object] = []
+        self._counts: dict[str, int] = {}
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    def token_for(self, channel: str) -> Callable[[object], str]:
+        """Return the function naming opaque handles of ``channel``."""
+
+        def token(obj: object) -> str:
+            if isinstance(obj, ctypes._Pointer):
+                ident: object = ("ptr", type(obj).__name__, ctypes.cast(obj, ctypes.c_void_p).value)
+            elif isinstance(obj, ctypes.c_void_p):
+                ident = ("void", obj.value)
+            else:
+                try:
+                    hash(obj)
+                    ident = ("obj", type(obj).__name__, obj)
+                except TypeError:
+                    ident = ("id", id(obj))
+            with self._lock:
+                found = self._tokens.get(ident)
+                if found is None:
+                    n = self._counts.get(channel, 0)
+                    self._counts[channel] = n + 1
+                    found = self._tokens[ident] = f"{channel}-{n}"
+                    self._kept.append(obj)  # keeps id() unique while recording
+                return found
+
+        return token
+
+    def add(
+        self, channel: str, key: list[Any], answer: dict[str, Any], *, once: bool = False
+    ) -> None:
+        """Append one answer to the record of ``(channel, key)``.
+
+        Args:
+            channel: The seam.
+            key: The question (JSON data).
+            answer: ``{"v": encoded}`` or ``{"raise": description}``.
+            once: Keep only the first answer (constants).
+        """
+        from accelplat.replay._codec import key_text
+
+        text = key_text(key)
+        with self._lock:
+            rec = self._records.get((channel, text))
+            if rec is None:
+                self._records[(channel, text)] = {
+                    "channel": channel,
+                    "key": key,
+                    "answers": [answer],
+                }
+            elif not once:
+                rec["answers"].append(answer)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Return every record, in the order questions were first asked."""
+        with self._lock:
+            return [
+                {"channel": r["channel"], "key": r["key"], "answers": list(r["answers"])}
+                for r in self._records.values()
+            ]
+
+    # -- the Interceptor protocol -----------------------------------------------------------
+
+    def withheld(self, channel: str, key: tuple[Hashable, ...]) -> bool:
+        """Whether ``(channel, key)`` names processes that ``processes=False`` leaves out."""
+        if self.processes:
+            return False
+        if channel == "proc":
+            return True
+        if channel == "file":
+            text = "/".join(str(k) for k in key[1:])
+            parts = [p for p in text.split("/") if p]
+            if "kfd" in parts and "proc" in parts:
+                return True
+        return False
+
+    def call(self, channel: str, key: tuple[Hashable, ...], live: Callable[[], Any]) -> Any:
+        """Answer live and record the answer (see :class:`accelplat._boundary.Interceptor`)."""
+        parts = list(key)
+        if self.withheld(channel, key):
+            if channel == "file" and parts and parts[0] in ("list", "listdir", "list_dir"):
+                self.add(channel, parts, {"v": []})
+                return []
+            raise FileNotFoundError(2, "left out of the capture (--no-processes)")
+        try:
+            value = live()
+        except Exception as exc:
+            self.add(channel, parts, {"raise": describe_error(exc)})
+            raise
+        self.add(channel, parts, {"v": encode(value, self.token_for(channel))})
+        return value
+
+    def vendor(
+        self, channel: str, live: Callable[[], tuple[Any, str, str]]
+    ) -> tuple[Any, str, str]:
+        """Load the vendor module or library live, record the outcome, return a recording proxy."""
+        obj, reason, vendor_error = live()
+        self.add(
+            channel,
+            ["load"],
+            {
+                "v": {
+                    "$map": {
+                        "present": obj is not None,
+                        "reason": reason,
+                        "vendor_error": vendor_error,
+                    }
+                }
+            },
+        )
+        if obj is None:
+            return None, reason, vendor_error
+        proxy: Any
+        if channel in CTYPES_CHANNELS:
+            proxy = _RecordingLibrary(self, channel, obj)
+        else:
+            proxy = _RecordingModule(self, channel, obj)
+        return proxy, reason, vendor_error
+
+
+class _RecordingModule:
+    """A vendor module whose functions and constants are recorded as they are used."""
+
+    def __init__(self, recorder: Recorder, channel: str, module: Any) -> None:
+        self._rec = recorder
+        self._channel = channel
+        self._module = module
+        self._functions: dict[str, Callable[..., Any]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        rec, channel = self._rec, self._channel
+        try:
+            value = getattr(self._module, name)
+        except AttributeError as exc:
+            rec.add(channel, ["attr", name], {"raise": describe_error(exc)}, once=True)
+            raise
+        if isinstance(value, type):
+            if issubclass(value, enum.Enum):
+                members = {m.name: encode(m.value, rec.token_for(channel)) for m in value}
+                record = {"$record": {"type": value.__name__, "fields": members}}
+                rec.add(channel, ["attr", name], {"v": record}, once=True)
+            return value  # error classes, structure classes: used as they are
+        if isinstance(value, types.ModuleType):
+            return value
+        if callable(value):
+            fn = self._functions.get(name)
+            if fn is None:
+                fn = self._functions[name] = self._recording(name, value)
+            return fn
+        rec.add(channel, ["attr", name], {"v": encode(value, rec.token_for(channel))}, once=True)
+        return value
+
+    def _recording(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        rec, channel = self._rec, self._channel
+        token = rec.token_for(channel)
+        lists_processes = any(w in name.lower() for w in _PROCESS_WORDS)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            key = [
+                "call",
+                name,
+                [encode(a, token) for a in args],
+                {k: encode(v, token) for k, v in sorted(kwargs.items())},
+            ]
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:
+                rec.add(channel, key, {"raise": describe_error(exc)})
+                raise
+            if lists_processes and not rec.processes and isinstance(result, (list, tuple)):
+                result = type(result)()
+            rec.add(channel, key, {"v": encode(result, token)})
+            return result
+
+        call.__name__ = name
+        return call
+
+
+class _RecordingCFunction:
+    """One ctypes function of a recorded library; forwards ``argtypes``/``restype``."""
+
+    def __init__(self, recorder: Recorder, channel: str, name: str, fn: Any) -> None:
+        self.__dict__.update(_rec=recorder, _channel=channel, _name=name, _fn=fn)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("argtypes", "restype"):
+            return getattr(self._fn, name)
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._fn, name, value)
+
+    def __call__(self, *args: Any) -> Any:
+        rec, channel, name = self._rec, self._channel, self._name
+        key = ["call", name, ctypes_key(args)]
+        rc = self._fn(*args)
+        outs: list[object] = []
+        for arg in args:
+            target = buffer_of(arg)
+            outs.append(None if target is None else _bytes_of(target))
+        if not rec.processes and "process" in name.lower():
+            outs = [b"\0" * len(o) if isinstance(o, bytes) else None for o in outs]
+            for arg in args:  # the caller sees no process either
+                target = buffer_of(arg)
+                if target is not None:
+                    ctypes.memset(ctypes.addressof(target), 0, ctypes.sizeof(target))
+        value = {"rc": int(rc), "out": outs}
+        rec.add(channel, key, {"v": encode(value, rec.token_for(channel))})
+        return rc
+
+
+class _RecordingLibrary:
+    """A ctypes library whose calls are recorded with their out-parameters."""
+
+    def __init__(self, recorder: Recorder, channel: str, lib: Any) -> None:
+        self._rec = recorder
+        self._channel = channel
+        self._lib = lib
+        self._functions: dict[str, _RecordingCFunction] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        fn = self._functions.get(name)
+        if fn is not None:
+            return fn
+        try:
+            real = getattr(self._lib, name)
+        except AttributeError as exc:
+            self._rec.add(self._channel, ["attr", name], {"raise": describe_error(exc)}, once=True)
+            raise
+        fn = self._functions[name] = _RecordingCFunction(self._rec, self._channel, name, real)
+        return fn

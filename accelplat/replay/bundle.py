@@ -1,0 +1,541 @@
+"""The capture bundle: its format, a writer, and a loader for untrusted bundles.
+
+A bundle is a gzip-compressed tar archive holding, at its top level and nowhere else:
+
+* ``host.json`` (required): the format marker and version, the capture's options and summary,
+  the relevant environment variables, and the *records*: every question accelplat asked at the
+  vendor boundary (channel + key) with the answers it got, in order;
+* ``info.json`` (optional): ``accelplat info --json`` as printed on the captured host, the golden
+  output a replay must reproduce;
+* ``CONTENTS.txt`` (optional): the same facts in words, for the person sending the bundle.
+
+Loading never extracts anything to disk: the archive is read into memory with limits on the
+compressed size, the uncompressed size, the number of members and each member's size; only
+regular files with the names above are accepted (no directories, links, devices or paths), and
+every field of ``host.json`` is checked. Any problem raises
+:class:`~accelplat.errors.BundleError` naming the member and field; a bundle from a newer format
+raises :class:`~accelplat.errors.BundleVersionError`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+import stat
+import tarfile
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelplat.errors import BundleError, BundleVersionError
+from accelplat.replay._codec import MAX_DEPTH, Handle, decode, key_text
+
+__all__ = [
+    "CONTENTS_MEMBER",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "HOST_MEMBER",
+    "INFO_MEMBER",
+    "Answer",
+    "Bundle",
+    "Limits",
+    "RecordEntry",
+    "bundle_bytes",
+    "load_bundle",
+    "parse_bundle",
+]
+
+FORMAT_NAME = "accelplat-capture"
+"""The value of ``host.json``'s ``format`` field."""
+
+FORMAT_VERSION = 1
+"""The bundle format version this accelplat writes and the highest it reads."""
+
+HOST_MEMBER = "host.json"
+INFO_MEMBER = "info.json"
+CONTENTS_MEMBER = "CONTENTS.txt"
+_MEMBERS = (HOST_MEMBER, INFO_MEMBER, CONTENTS_MEMBER)
+
+_CHANNEL_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds the loader enforces; the defaults fit any real host with a wide margin.
+
+    Attributes:
+        compressed_bytes: Largest bundle file.
+        uncompressed_bytes: Largest archive after decompression.
+        members: Most archive members (including any a tar writer adds).
+        member_bytes: Largest single member.
+        records: Most records in ``host.json``.
+        answers: Most answers per record.
+        env_vars: Most recorded environment variables.
+    """
+
+    compressed_bytes: int = 32 * _MIB
+    uncompressed_bytes: int = 96 * _MIB
+    members: int = 8
+    member_bytes: int = 64 * _MIB
+    records: int = 200_000
+    answers: int = 4096
+    env_vars: int = 256
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One recorded answer: a value, or the exception the call raised.
+
+    Attributes:
+        value: The decoded value (``None`` when the call raised).
+        error: ``None``, or the raised exception's description: ``type`` (its class name),
+            ``message``, and, where they apply, ``errno`` and ``value`` (a vendor error code).
+    """
+
+    value: Any = None
+    error: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RecordEntry:
+    """Every answer one question got, in the order they were given.
+
+    Attributes:
+        channel: The seam (``"file"``, ``"nvml"``, ``"levelzero"``, ``"amdsmi"``, ``"dist"``,
+            ``"proc"``).
+        key: The question, as recorded (JSON data).
+        answers: The answers, oldest first.
+    """
+
+    channel: str
+    key: Any
+    answers: tuple[Answer, ...]
+
+    @property
+    def key_text(self) -> str:
+        """The canonical text of :attr:`key`."""
+        return key_text(self.key)
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A loaded (and checked) capture.
+
+    Attributes:
+        source: Where it was loaded from.
+        format_version: The format version it declares.
+        created: When it was captured (ISO 8601, UTC), as recorded.
+        accelplat_version: The accelplat that captured it.
+        options: Capture options (``{"processes": bool}``).
+        summary: What the capture found (platform, device count, versions), for people.
+        env: The relevant environment variables on the captured host.
+        records: Every recorded question and its answers.
+        info: ``accelplat info --json`` as the captured host printed it, or ``None``.
+        contents: ``CONTENTS.txt``, or ``""``.
+    """
+
+    source: str
+    format_version: int
+    created: str
+    accelplat_version: str
+    options: Mapping[str, Any]
+    summary: Mapping[str, Any]
+    env: Mapping[str, str]
+    records: tuple[RecordEntry, ...]
+    info: Mapping[str, Any] | None = None
+    contents: str = ""
+    handles: Mapping[str, Handle] = field(default_factory=dict, repr=False)
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+
+def bundle_bytes(host: Mapping[str, Any], info: Mapping[str, Any] | None, contents: str) -> bytes:
+    """Return a bundle archive holding ``host.json``, ``info.json`` and ``CONTENTS.txt``.
+
+    The archive is reproducible: members carry no owner names, ids or times, and the gzip
+    header no file name or time.
+
+    Args:
+        host: The ``host.json`` document.
+        info: The ``info.json`` document, or ``None`` to leave it out.
+        contents: The text of ``CONTENTS.txt``.
+
+    Returns:
+        The ``.tar.gz`` bytes.
+    """
+    members: list[tuple[str, bytes]] = [
+        (HOST_MEMBER, _json_bytes(host)),
+    ]
+    if info is not None:
+        members.append((INFO_MEMBER, _json_bytes(info)))
+    members.append((CONTENTS_MEMBER, contents.encode("utf-8")))
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            item = tarfile.TarInfo(name)
+            item.size = len(data)
+            item.mode = 0o644
+            item.mtime = 0
+            tar.addfile(item, io.BytesIO(data))
+    out = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) as gz:
+        gz.write(raw.getvalue())
+    return out.getvalue()
+
+
+def _json_bytes(doc: Mapping[str, Any]) -> bytes:
+    return (json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def load_bundle(path: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS) -> Bundle:
+    """Read and check a bundle file.
+
+    Args:
+        path: The ``.tar.gz`` file.
+        limits: Size and count bounds.
+
+    Returns:
+        The checked :class:`Bundle`.
+
+    Raises:
+        BundleError: When the file is missing, not a regular file, too large, not a gzip'd tar,
+            holds unexpected members, or any field is malformed.
+        BundleVersionError: For a bundle of a newer format version.
+
+    Side effects:
+        Reads the file into memory (at most ``limits.compressed_bytes``); writes nothing.
+    """
+    source = os.fspath(path)
+    try:
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise BundleError(source, f"cannot open: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BundleError(source, "not a regular file")
+        if st.st_size > limits.compressed_bytes:
+            raise BundleError(
+                source, f"{st.st_size} bytes is over the limit of {limits.compressed_bytes}"
+            )
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(limits.compressed_bytes + 1)
+    except OSError as exc:
+        raise BundleError(source, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    return parse_bundle(data, source=source, limits=limits)
+
+
+def parse_bundle(
+    data: bytes, *, source: str = "<bytes>", limits: Limits = DEFAULT_LIMITS
+) -> Bundle:
+    """Check and decode a bundle held in memory.
+
+    Args:
+        data: The ``.tar.gz`` bytes.
+        source: Name used in error messages.
+        limits: Size and count bounds.
+
+    Returns:
+        The checked :class:`Bundle`.
+
+    Raises:
+        BundleError: As :func:`load_bundle`.
+        BundleVersionError: For a bundle of a newer format version.
+    """
+    if len(data) > limits.compressed_bytes:
+        raise BundleError(source, f"over the limit of {limits.compressed_bytes} bytes")
+    archive = _gunzip(data, source, limits)
+    members = _read_members(archive, source, limits)
+    if HOST_MEMBER not in members:
+        raise BundleError(source, f"the archive has no {HOST_MEMBER}")
+    host = _parse_json(members[HOST_MEMBER], source, HOST_MEMBER)
+    info = None
+    if INFO_MEMBER in members:
+        info = _parse_json(members[INFO_MEMBER], source, INFO_MEMBER)
+    contents = ""
+    if CONTENTS_MEMBER in members:
+        contents = members[CONTENTS_MEMBER].decode("utf-8", "replace")
+    return _check_host(host, info, contents, source, limits)
+
+
+def _gunzip(data: bytes, source: str, limits: Limits) -> bytes:
+    if data[:2] != b"\x1f\x8b":
+        raise BundleError(source, "not a gzip file (a bundle is a .tar.gz)")
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, limits.uncompressed_bytes + 1)
+    except zlib.error as exc:
+        raise BundleError(source, f"corrupt gzip data: {exc}") from None
+    if len(out) > limits.uncompressed_bytes or inflater.unconsumed_tail:
+        raise BundleError(
+            source, f"decompresses to more than the limit of {limits.uncompressed_bytes} bytes"
+        )
+    if not inflater.eof:
+        raise BundleError(source, "truncated gzip data")
+    return out
+
+
+def _read_members(archive: bytes, source: str, limits: Limits) -> dict[str, bytes]:
+    members: dict[str, bytes] = {}
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(archive), mode="r:")  # noqa: SIM115 - closed below
+    except (tarfile.TarError, EOFError, ValueError) as exc:
+        raise BundleError(source, f"not a tar archive: {exc}") from None
+    with tar:
+        count = 0
+        while True:
+            try:
+                member = tar.next()
+            except (tarfile.TarError, EOFError, ValueError, UnicodeError) as exc:
+                raise BundleError(source, f"corrupt tar archive: {exc}") from None
+            if member is None:
+                break
+            count += 1
+            if count > limits.members:
+                raise BundleError(source, f"more than {limits.members} archive members")
+            name = member.name
+            shown = repr(name[:80])
+            if not member.isreg():
+                raise BundleError(
+                    source,
+                    "only regular files are allowed (no links, directories or devices)",
+                    field=f"member {shown}",
+                )
+            if name not in _MEMBERS:
+                raise BundleError(
+                    source,
+                    f"unexpected member; a bundle holds only {', '.join(_MEMBERS)} at its top",
+                    field=f"member {shown}",
+                )
+            if name in members:
+                raise BundleError(source, "appears twice", field=f"member {shown}")
+            if member.size > limits.member_bytes:
+                raise BundleError(
+                    source,
+                    f"{member.size} bytes is over the limit of {limits.member_bytes}",
+                    field=f"member {shown}",
+                )
+            try:
+                fh = tar.extractfile(member)
+                data = fh.read(member.size + 1) if fh is not None else b""
+            except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+                raise BundleError(source, f"unreadable: {exc}", field=f"member {shown}") from None
+            if len(data) != member.size:
+                raise BundleError(source, "truncated", field=f"member {shown}")
+            members[name] = data
+    return members
+
+
+def _parse_json(data: bytes, source: str, member: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BundleError(source, "not UTF-8 text", field=member) from None
+    except RecursionError:
+        raise BundleError(source, "nested too deeply", field=member) from None
+    except ValueError as exc:
+        raise BundleError(source, f"not valid JSON: {exc}", field=member) from None
+    if not isinstance(doc, dict):
+        raise BundleError(source, "must hold a JSON object", field=member)
+    return doc
+
+
+def _need(doc: Mapping[str, Any], name: str, kind: type | tuple[type, ...], source: str) -> Any:
+    if name not in doc:
+        raise BundleError(source, "missing", field=f"{HOST_MEMBER}: {name}")
+    value = doc[name]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise BundleError(
+            source, f"has the wrong type ({type(value).__name__})", field=f"{HOST_MEMBER}: {name}"
+        )
+    return value
+
+
+def _check_host(
+    host: dict[str, Any],
+    info: dict[str, Any] | None,
+    contents: str,
+    source: str,
+    limits: Limits,
+) -> Bundle:
+    if host.get("format") != FORMAT_NAME:
+        raise BundleError(
+            source,
+            f"not an accelplat capture (format must be {FORMAT_NAME!r})",
+            field=f"{HOST_MEMBER}: format",
+        )
+    version = _need(host, "format_version", int, source)
+    if version < 1:
+        raise BundleError(
+            source, f"must be >= 1, got {version}", field=f"{HOST_MEMBER}: format_version"
+        )
+    if version > FORMAT_VERSION:
+        raise BundleVersionError(source, version, FORMAT_VERSION)
+    created = _need(host, "created", str, source)
+    accelplat_version = _need(host, "accelplat_version", str, source)
+    options = _need(host, "options", dict, source)
+    if not isinstance(options.get("processes"), bool):
+        raise BundleError(
+            source, "must be true or false", field=f"{HOST_MEMBER}: options.processes"
+        )
+    summary = _need(host, "summary", dict, source)
+    env = _need(host, "env", dict, source)
+    if len(env) > limits.env_vars:
+        raise BundleError(
+            source, f"more than {limits.env_vars} variables", field=f"{HOST_MEMBER}: env"
+        )
+    for name, value in env.items():
+        if (
+            not _ENV_NAME_RE.match(name)
+            or not isinstance(value, str)
+            or len(value) > 65536
+            or "\0" in value
+        ):
+            raise BundleError(
+                source, "must map variable names to text", field=f"{HOST_MEMBER}: env.{name[:40]}"
+            )
+    raw_records = _need(host, "records", list, source)
+    if len(raw_records) > limits.records:
+        raise BundleError(
+            source, f"more than {limits.records} records", field=f"{HOST_MEMBER}: records"
+        )
+    handles: dict[str, Handle] = {}
+
+    def handle(token: str) -> Handle:
+        found = handles.get(token)
+        if found is None:
+            found = handles[token] = Handle(token)
+        return found
+
+    records: list[RecordEntry] = []
+    seen: set[tuple[str, str]] = set()
+    for i, raw in enumerate(raw_records):
+        where = f"{HOST_MEMBER}: records[{i}]"
+        records.append(_check_record(raw, where, source, limits=limits, handle=handle, seen=seen))
+    return Bundle(
+        source=source,
+        format_version=version,
+        created=created,
+        accelplat_version=accelplat_version,
+        options=dict(options),
+        summary=dict(summary),
+        env=dict(env),
+        records=tuple(records),
+        info=info,
+        contents=contents,
+        handles=handles,
+    )
+
+
+def _check_key(key: object, where: str, depth: int = 0) -> None:
+    if depth > 8:
+        raise ValueError(f"{where}: nested deeper than 8 levels")
+    if isinstance(key, float):
+        raise ValueError(f"{where}: keys hold no floating-point numbers")
+    if isinstance(key, (str, int, bool)) or key is None:
+        return
+    if isinstance(key, list):
+        for i, item in enumerate(key):
+            _check_key(item, f"{where}[{i}]", depth + 1)
+        return
+    if isinstance(key, dict):
+        for name, item in key.items():
+            _check_key(item, f"{where}.{name}", depth + 1)
+        return
+    raise ValueError(f"{where}: unexpected {type(key).__name__}")
+
+
+def _check_record(
+    raw: object,
+    where: str,
+    source: str,
+    *,
+    limits: Limits,
+    handle: Any,
+    seen: set[tuple[str, str]],
+) -> RecordEntry:
+    if not isinstance(raw, dict) or set(raw) != {"channel", "key", "answers"}:
+        raise BundleError(source, "must hold exactly channel, key and answers", field=where)
+    channel, key, answers = raw["channel"], raw["key"], raw["answers"]
+    if not isinstance(channel, str) or not _CHANNEL_RE.match(channel):
+        raise BundleError(source, "must be a short lower-case name", field=f"{where}.channel")
+    if not isinstance(key, list) or not key:
+        raise BundleError(source, "must be a non-empty list", field=f"{where}.key")
+    try:
+        _check_key(key, f"{where}.key")
+    except ValueError as exc:
+        raise BundleError(source, str(exc)) from None
+    text = key_text(key)
+    if (channel, text) in seen:
+        raise BundleError(source, "repeats an earlier record's key", field=f"{where}.key")
+    seen.add((channel, text))
+    if not isinstance(answers, list) or not answers or len(answers) > limits.answers:
+        raise BundleError(
+            source, f"must be a list of 1 to {limits.answers} answers", field=f"{where}.answers"
+        )
+    checked = tuple(
+        _check_answer(a, f"{where}.answers[{j}]", source, handle) for j, a in enumerate(answers)
+    )
+    return RecordEntry(channel, key, checked)
+
+
+def _check_answer(raw: object, where: str, source: str, handle: Any) -> Answer:
+    if not isinstance(raw, dict) or len(raw) != 1 or not ({"v", "raise"} >= set(raw)):
+        raise BundleError(source, 'must be {"v": value} or {"raise": error}', field=where)
+    if "v" in raw:
+        try:
+            return Answer(value=decode(raw["v"], handle, f"{where}.v"))
+        except ValueError as exc:
+            raise BundleError(source, str(exc)) from None
+        except RecursionError:
+            raise BundleError(
+                source, f"nested deeper than {MAX_DEPTH} levels", field=where
+            ) from None
+    error = raw["raise"]
+    if not isinstance(error, dict):
+        raise BundleError(source, "must be an object", field=f"{where}.raise")
+    type_name = error.get("type")
+    if not isinstance(type_name, str) or not type_name.isidentifier() or len(type_name) > 64:
+        raise BundleError(
+            source, "must be an identifier of at most 64 characters", field=f"{where}.raise.type"
+        )
+    message = error.get("message", "")
+    if not isinstance(message, str) or len(message) > 4096:
+        raise BundleError(
+            source, "must be text of at most 4096 characters", field=f"{where}.raise.message"
+        )
+    checked: dict[str, Any] = {"type": type_name, "message": message}
+    for name in ("errno", "value"):
+        item = error.get(name)
+        if item is None:
+            continue
+        if not isinstance(item, int) or isinstance(item, bool) or not -(2**63) <= item < 2**64:
+            raise BundleError(source, "must be an integer", field=f"{where}.raise.{name}")
+        checked[name] = item
+    unknown = set(error) - {"type", "message", "errno", "value"}
+    if unknown:
+        raise BundleError(source, f"unknown fields {sorted(unknown)[:3]}", field=f"{where}.raise")
+    return Answer(error=checked)
+
+
+def describe_records(records: Sequence[RecordEntry]) -> dict[str, list[str]]:
+    """Group record keys by channel, in words (for ``CONTENTS.txt`` and the capture summary)."""
+    out: dict[str, list[str]] = {}
+    for rec in records:
+        out.setdefault(rec.channel, []).append(key_text(rec.key))
+    return out
