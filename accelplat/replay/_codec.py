@@ -7,8 +7,9 @@ Python bindings return are tagged:
   ``{"$float": "nan"}`` for what JSON cannot say directly;
 * ``{"$record": {"type": "c_nvmlMemory_v2_t", "fields": {...}}}`` for a ctypes structure or a
   plain object with attributes (read back as an object with the same attributes);
-* ``{"$handle": "nvml-3"}`` for an opaque handle (a ctypes pointer, a ``c_void_p``): the same
-  handle always gets the same token, so a replayed call taking a handle finds its answer.
+* ``{"$handle": "nvml-3"}`` for an opaque handle (a ctypes pointer, a ``c_void_p``, an object
+  whose type is named ``…handle`` as in vendor bindings): the same handle always gets the same
+  token, so a replayed call taking a handle finds its answer.
 
 Decoding is the untrusted side: every shape, type and depth is checked and any problem raises
 :class:`ValueError` naming where it is (the loader turns it into a ``BundleError``).
@@ -124,7 +125,7 @@ def encode(value: object, token: HandleToken, depth: int = 0) -> object:
                 "fields": {k: encode(v, token, depth + 1) for k, v in fields.items()},
             }
         }
-    if _is_opaque_ctypes(value):
+    if _is_opaque_ctypes(value) or type(value).__name__.lower().endswith("handle"):
         return {"$handle": token(value)}
     if isinstance(value, ctypes._SimpleCData):
         return encode(value.value, token, depth + 1)
