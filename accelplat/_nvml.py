@@ -142,6 +142,10 @@ def import_pynvml() -> Any:
 
 
 def _load_live() -> _boundary.Loaded:
+    if MODULE_NAME not in sys.modules:
+        missing = library_missing()
+        if missing is not None:
+            return None, missing, "NVMLError_LibraryNotFound"
     try:
         return _import_live(), "", ""
     except NvmlUnavailableError as exc:
@@ -281,7 +285,7 @@ def _initialize_locked(st: _State) -> None:
     When ``pynvml`` is not imported yet and its library cannot load, fails without importing it.
     """
     global _generation
-    if MODULE_NAME not in sys.modules:
+    if MODULE_NAME not in sys.modules and _boundary.active() is None:
         missing = library_missing()
         if missing is not None:
             raise NvmlUnavailableError(missing, "NVMLError_LibraryNotFound")

@@ -31,8 +31,9 @@ def classify_pid(pid: int) -> tuple[HolderState, str]:
         no such process is visible (``name`` is then ``""``).
 
     Side effects:
-        Reads ``/proc`` (importing psutil on first use); creates no device context. Asked through the vendor boundary, so a
-        capture records the answer and a replay gives the captured host's.
+        Reads ``/proc`` (importing psutil on first use); creates no device context. Asked
+        through the vendor boundary, so a capture records the answer and a replay gives the
+        captured host's.
     """
     answer: object = _boundary.call("proc", ("classify", pid), lambda: _classify_live(pid))
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:

@@ -135,8 +135,13 @@ def _open_device(path: Path) -> None:
 
     A render node is opened read-write and closed at once, as the thunk opens it (this briefly
     creates a DRM client: no HIP context, nothing held afterwards). ``/dev/kfd`` is only checked
-    with ``access()``: opening it would register this process with KFD.
+    with ``access()``: opening it would register this process with KFD. Asked through the vendor
+    boundary (channel ``device``), so a capture records the outcome and a replay gives it back.
     """
+    _boundary.call("device", ("open", str(path)), lambda: _open_device_live(path))
+
+
+def _open_device_live(path: Path) -> None:
     if path.name == "kfd":
         if not os.path.exists(path):
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))

@@ -57,6 +57,8 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, OSError) and isinstance(exc.errno, int):
         out["errno"] = exc.errno
         out["message"] = str(exc.strerror or "")[:4096]
+        if isinstance(exc.filename, str):
+            out["filename"] = exc.filename[:4096]
     else:
         out["message"] = str(exc)[:4096]
     value = getattr(exc, "value", None)

@@ -151,6 +151,9 @@ class Replayer:
         message = str(description.get("message", ""))
         code = description.get("errno")
         if isinstance(code, int):
+            filename = description.get("filename")
+            if isinstance(filename, str):
+                return OSError(code, message, filename)
             return OSError(code, message)
         value = description.get("value")
         if type_name in _BUILTIN_ERRORS:
@@ -171,7 +174,7 @@ class Replayer:
         """Answer from the bundle (``live`` is not used)."""
         answer = self.next_answer(channel, list(key))
         if answer is None:
-            if channel == "file":
+            if channel in ("file", "device"):
                 path = str(key[-1]) if key else ""
                 raise FileNotFoundError(errno.ENOENT, "not in the capture bundle", path)
             if channel == "proc":

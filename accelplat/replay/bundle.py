@@ -527,7 +527,14 @@ def _check_answer(raw: object, where: str, source: str, handle: Any) -> Answer:
         if not isinstance(item, int) or isinstance(item, bool) or not -(2**63) <= item < 2**64:
             raise BundleError(source, "must be an integer", field=f"{where}.raise.{name}")
         checked[name] = item
-    unknown = set(error) - {"type", "message", "errno", "value"}
+    filename = error.get("filename")
+    if filename is not None:
+        if not isinstance(filename, str) or len(filename) > 4096:
+            raise BundleError(
+                source, "must be text of at most 4096 characters", field=f"{where}.raise.filename"
+            )
+        checked["filename"] = filename
+    unknown = set(error) - {"type", "message", "errno", "value", "filename"}
     if unknown:
         raise BundleError(source, f"unknown fields {sorted(unknown)[:3]}", field=f"{where}.raise")
     return Answer(error=checked)
