@@ -58,7 +58,7 @@ def test_every_command_is_known() -> None:
         (["accelplat", "stats", "--w"], ["--watch"]),
         (["accelplat", "stats", "--watch", "1", "--ho"], ["--holders"]),
         (["accelplat", "stats", "--watch", ""], []),  # a number: nothing to offer
-        (["accelplat", "info", "--"], ["--help", "--json"]),
+        (["accelplat", "info", "--"], ["--help", "--json", "--replay"]),
     ],
 )
 def test_bash_completes_commands_options_and_choices(
