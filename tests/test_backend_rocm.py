@@ -215,6 +215,21 @@ def test_partitions_in_a_container_use_their_own_render_nodes(fs, monkeypatch):
     assert [p.memory_info(i).total for i in range(2)] == [24 * GIB] * 2
 
 
+def test_partitions_sharing_their_cards_unique_id(fs, monkeypatch):
+    gpu = fs.add_amd_gpu(
+        0, pci="0000:03:00.0", vram_total=192 * GIB, partitions=4, shared_unique_id=True
+    )
+    p = RocmPlatform()
+    devices = p.devices()
+    assert len({d.uuid for d in devices}) == 1
+    # HIP would take a shared UUID as the first partition, so a subset is named by index
+    env = p.visible_devices_environment(devices[2:])
+    assert env["HIP_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    # ROCr: a UUID matching several GPUs is ambiguous and ends the list
+    monkeypatch.setenv("ROCR_VISIBLE_DEVICES", f"{gpu.uuid},1")
+    assert p.device_count() == 0
+
+
 # -- APUs ---------------------------------------------------------------------------------------
 
 

@@ -69,6 +69,7 @@ import os
 import re
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1039,7 +1040,9 @@ class RocmPlatform(BasePlatform):
 
         Both name the GPUs by UUID (``GPU-…``, which HIP matches whatever ``ROCR_VISIBLE_DEVICES``
         left visible), else by HIP index, and carry the same text, because vLLM rejects the
-        two when they differ. ``ROCR_VISIBLE_DEVICES`` is kept: the subset lies inside it.
+        two when they differ. A UUID that more than one GPU carries (compute partitions may share
+        their card's ``unique_id``) would select the first of them in HIP, so such GPUs are named
+        by index. ``ROCR_VISIBLE_DEVICES`` is kept: the subset lies inside it.
 
         Args:
             devices: Devices as :meth:`devices` returned them.
@@ -1047,7 +1050,14 @@ class RocmPlatform(BasePlatform):
         Returns:
             The two variables and their common value.
         """
-        text = ",".join(d.uuid or str(d.index) for d in devices)
+        known: list[str | None] = [d.uuid for d in devices]
+        with contextlib.suppress(AccelplatError):
+            source = self._select()
+            every = source.uuids() if source is not None else None
+            if every is not None:
+                known = every
+        counts = Counter(u for u in known if u)
+        text = ",".join(d.uuid if d.uuid and counts[d.uuid] <= 1 else str(d.index) for d in devices)
         return {ENV_HIP_VISIBLE_DEVICES: text, ENV_CUDA_VISIBLE_DEVICES: text}
 
     # -- configuration ------------------------------------------------------------------------

@@ -275,6 +275,7 @@ class FakeSysfs:
         bank_bytes: int | None = None,
         gtt_total: int | None = None,
         gfx_target_version: int | None = 90402,
+        shared_unique_id: bool = False,
     ) -> AmdGpu:
         """An amdgpu card with VRAM files and (unless ``kfd=False``) its KFD node(s).
 
@@ -286,6 +287,8 @@ class FakeSysfs:
             bank_bytes: The KFD bank size of an unpartitioned card (default ``vram_total``); an
                 APU that prefers GTT reports its TTM limit here.
             gtt_total: Writes ``mem_info_gtt_total``/``_used`` when given.
+            shared_unique_id: Every partition carries the card's ``unique_id`` (whether real
+                partitions do is not confirmed; by default each gets its own).
         """
         minor = 128 + card if render_minor is None else render_minor
         pci_dir = self._pci_device(pci, vendor=AMD, device_id=device_id, driver="amdgpu", card=card)
@@ -312,7 +315,9 @@ class FakeSysfs:
             share = vram_total if bank_bytes is None else bank_bytes
         for p in range(partitions):
             gid = (gpu_id if gpu_id is not None else 40000 + 977 * card) + p
-            uid = (unique_id if unique_id is not None else 0x5A1B2C3D4E5F6000 + card) + (p << 8)
+            uid = (unique_id if unique_id is not None else 0x5A1B2C3D4E5F6000 + card) + (
+                0 if shared_unique_id else p << 8
+            )
             part_minor = minor if p == 0 else self._add_xcp_device()[1]
             result.nodes.append(
                 self.add_kfd_gpu_node(
