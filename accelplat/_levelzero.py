@@ -36,7 +36,6 @@ __all__ = [
     "Sysman",
     "SysmanDevice",
     "load_loader",
-    "pci_sort_key",
     "result_name",
     "sum_modules",
 ]
@@ -512,18 +511,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def pci_sort_key(bus_id: str | None) -> tuple[int, ...]:
-    """Return a sort key for a PCI address ``dddd:bb:dd.f`` (unknown addresses sort last)."""
-    if not bus_id:
-        return (1 << 32,)
-    try:
-        domain, bus, rest = bus_id.split(":")
-        dev, fn = rest.split(".")
-        return (int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16))
-    except ValueError:
-        return (1 << 32,)
 
 
 def sum_modules(modules: Sequence[MemoryModule], tiles: Sequence[int] | None) -> tuple[int, int]:

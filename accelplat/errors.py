@@ -22,11 +22,14 @@ __all__ = [
     "BundleVersionError",
     "ConfigurationError",
     "DeviceNotFoundError",
+    "FileTooLargeError",
     "ImplausibleReadingError",
     "InsufficientMemoryError",
     "InsufficientSharedMemoryError",
     "MemoryNotSettledError",
+    "NotARegularFileError",
     "PlatformNotAvailableError",
+    "UnreadableFileError",
 ]
 
 
@@ -114,6 +117,56 @@ class ImplausibleReadingError(BackendError):
         self.reason = reason
         self.figures = dict(figures)
         self.source = source
+
+
+class UnreadableFileError(AccelplatError, OSError):
+    """A file accelplat reads (sysfs, procfs, cgroup, a spec, a trace) was refused.
+
+    It is an ``OSError`` too, so code that already treats an unreadable file as "no
+    information" keeps doing so; the message and :attr:`filename` name the path, and
+    ``strerror`` is the reason alone (as for the builtin ``OSError`` subclasses).
+
+    Attributes:
+        filename: The path refused.
+        reason: Why, in words.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.filename = path
+        self.strerror = reason
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (UnreadableFileError._rebuild, (type(self), self.filename, self.reason))
+
+    @staticmethod
+    def _rebuild(kind: type[UnreadableFileError], path: str, reason: str) -> UnreadableFileError:
+        error = UnreadableFileError.__new__(kind)
+        UnreadableFileError.__init__(error, path, reason)
+        return error
+
+
+class NotARegularFileError(UnreadableFileError):
+    """The path is a FIFO, device, socket or directory, not a regular file; it was not read."""
+
+
+class FileTooLargeError(UnreadableFileError):
+    """The file holds more than the reader's limit (e.g. a sysfs attribute linked to ``/dev/zero``).
+
+    Attributes:
+        limit: The limit in bytes that was exceeded.
+    """
+
+    def __init__(self, path: str, limit: int) -> None:
+        super().__init__(path, f"holds more than {limit} bytes; refusing to read it")
+        self.limit = limit
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (FileTooLargeError, (self.filename, self.limit))
 
 
 class MemoryNotSettledError(AccelplatError, TimeoutError):

@@ -23,9 +23,10 @@ none, unset means all. It limits entry points only, not :func:`register_platform
 
 Plugins load lazily: importing accelplat (or this module) loads no backend and no plugin and
 does not even read entry-point metadata; detection loads only what the rules need (every
-plugin, then built-ins up to the first available one). Plugin probes run in a worker thread
-bounded by the timeout; a probe still running from an earlier detection is not started again.
-Built-in probes run inline: they are cheap by contract. No probe imports a framework (never
+plugin, then built-ins up to the first available one). Every probe, built-in or plugin, runs in a
+worker thread bounded by ``ACCELPLAT_PROBE_TIMEOUT_S`` (a driver call that hangs makes that
+platform unavailable with the reason, and detection moves on); a probe still running from an
+earlier detection is not started again. No probe imports a framework (never
 torch) or creates a device context. The detected platform is cached; all state is guarded by one
 lock, and a forked child forgets cached instances (the forcing and registrations stay).
 """
@@ -79,7 +80,7 @@ ENV_PLUGINS = "ACCELPLAT_PLUGINS"
 """Variable listing the entry-point plugins allowed to load (comma-separated; empty: none)."""
 
 ENV_PROBE_TIMEOUT = "ACCELPLAT_PROBE_TIMEOUT_S"
-"""Variable bounding each plugin's load and probe, in seconds."""
+"""Variable bounding each platform's load and probe (built-ins too), in seconds."""
 
 DEFAULT_PROBE_TIMEOUT_S = 10.0
 """Time limit for one plugin's import, probe and construction when the variable is unset."""
@@ -124,9 +125,9 @@ class DetectionReport:
 class _Entry:
     """One registered platform and what is known about loading it.
 
-    ``shipped`` is true only for accelplat's own backends: their probes run inline and they are
-    constructed only when chosen. Everything else is untrusted: loaded, probed and constructed in
-    a bounded worker thread and checked against the protocol before it can be chosen.
+    ``shipped`` is true only for accelplat's own backends: they are loaded and probed in a
+    bounded worker thread and constructed only when chosen. Everything else is untrusted: also
+    constructed in that thread and checked against the protocol before it can be chosen.
     ``ordered`` entries take part in the built-in order (a built-in, or an override of one).
     """
 
@@ -492,7 +493,7 @@ def _run_bounded(entry: _Entry, work: Callable[[], _Outcome], timeout: float) ->
                 "skipped: its load or probe from an earlier detection is still running "
                 f"(did not finish within {timeout:g} s)"
             )
-            return _Outcome(Candidate(entry.name, False, False, reason, builtin=False))
+            return _Outcome(Candidate(entry.name, False, False, reason, entry.ordered))
         entry.pending = None
     box: list[_Outcome | BaseException] = []
 
@@ -511,7 +512,7 @@ def _run_bounded(entry: _Entry, work: Callable[[], _Outcome], timeout: float) ->
             f"skipped: load or probe did not finish within {timeout:g} s "
             f"(raise {ENV_PROBE_TIMEOUT} if it is merely slow)"
         )
-        return _Outcome(Candidate(entry.name, False, False, reason, builtin=False))
+        return _Outcome(Candidate(entry.name, False, False, reason, entry.ordered))
     result = box[0]
     if isinstance(result, BaseException):
         raise result
@@ -547,8 +548,6 @@ def _consider(entry: _Entry, timeout: float) -> _Outcome:
         cand = Candidate(name, result.available, False, result.reason, builtin)
         return _Outcome(cand, factory, instance)
 
-    if entry.shipped:
-        return work()
     try:
         outcome = _run_bounded(entry, work, timeout)
     except (Exception, SystemExit) as exc:  # pragma: no cover - work() reports its own errors

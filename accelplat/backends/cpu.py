@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from accelplat import _files
 from accelplat._types import (
     DeviceInfo,
     FeatureRule,
@@ -57,16 +58,21 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
+from accelplat.backends._common import (
+    ENV_PROC_ROOT,
+    host_meminfo,
+    parse_int_values,
+    parse_kb_table,
+    parse_key_values,
+)
 from accelplat.errors import BackendError, DeviceNotFoundError
 from accelplat.platform import BasePlatform, StartMethod
 
 __all__ = ["CpuPlatform", "utilization_with_margin"]
 
-ENV_PROC_ROOT = "ACCELPLAT_PROC_ROOT"
 ENV_SYSFS_ROOT = "ACCELPLAT_SYSFS_ROOT"
 ENV_CGROUP_ROOT = "ACCELPLAT_CGROUP_ROOT"
 
-_KIB = 1024
 _V1_UNLIMITED = 1 << 62
 """cgroup v1 reports "no limit" as a page-aligned value near ``2**63``; anything this big is it."""
 
@@ -167,47 +173,8 @@ def utilization_with_margin(free: int, total: int) -> float:
 
 
 def _read_text(path: Path) -> str:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return f.read()
-
-
-def _parse_kb_table(text: str, *, skip: int = 0) -> dict[str, int]:
-    """Parse ``Key: value [kB]`` lines (``/proc/meminfo``, node meminfo) into bytes.
-
-    Args:
-        text: File contents.
-        skip: Leading words to drop from each line (2 for ``Node 0 MemTotal: …``).
-
-    Returns:
-        Key to bytes; lines that do not parse are left out.
-    """
-    table: dict[str, int] = {}
-    for line in text.splitlines():
-        words = line.split()[skip:]
-        if len(words) < 2 or not words[0].endswith(":"):
-            continue
-        try:
-            value = int(words[1])
-        except ValueError:
-            continue
-        if value < 0:
-            continue
-        unit = words[2].lower() if len(words) > 2 else ""
-        table[words[0][:-1]] = value * _KIB if unit == "kb" else value
-    return table
-
-
-def _parse_flat_keyed(text: str) -> dict[str, int]:
-    """Parse ``key value`` lines (cgroup ``memory.stat``)."""
-    table: dict[str, int] = {}
-    for line in text.splitlines():
-        words = line.split()
-        if len(words) == 2:
-            try:
-                table[words[0]] = int(words[1])
-            except ValueError:
-                continue
-    return table
+    """Read a procfs, sysfs or cgroup file (regular files only, bounded)."""
+    return _files.read_text(path, limit=_files.PROC_LIMIT)
 
 
 def _read_int(path: Path) -> int:
@@ -226,24 +193,6 @@ def _parse_nonnegative(path: Path, text: str) -> int:
     if value < 0:
         raise _CgroupUnusableError(f"{path} holds a negative value {value}")
     return value
-
-
-def _parse_id_list(text: str) -> set[int]:
-    """Parse ``0-3,7`` into ``{0, 1, 2, 3, 7}``; raise ``ValueError`` when malformed."""
-    ids: set[int] = set()
-    for raw in text.strip().split(","):
-        part = raw.strip()
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        if sep:
-            start, end = int(lo), int(hi)
-            if end < start:
-                raise ValueError(f"bad range {part!r}")
-            ids.update(range(start, end + 1))
-        else:
-            ids.add(int(part))
-    return ids
 
 
 class CpuPlatform(BasePlatform):
@@ -307,7 +256,7 @@ class CpuPlatform(BasePlatform):
         """Return the NUMA nodes to show as devices, or ``[]`` for "the host is one device"."""
         base = roots.sysfs / "devices" / "system" / "node"
         try:
-            names = os.listdir(base)
+            names = _files.listdir(base)
         except OSError:
             return []
         nodes: list[int] = []
@@ -316,7 +265,7 @@ class CpuPlatform(BasePlatform):
             if m is None:
                 continue
             try:
-                table = _parse_kb_table(_read_text(base / entry / "meminfo"), skip=2)
+                table = parse_kb_table(_read_text(base / entry / "meminfo"), skip=2)
             except OSError:
                 continue
             if table.get("MemTotal", 0) > 0:
@@ -340,7 +289,11 @@ class CpuPlatform(BasePlatform):
         for line in text.splitlines():
             if line.startswith("Mems_allowed_list:"):
                 try:
-                    return _parse_id_list(line.partition(":")[2])
+                    return _files.parse_id_list(
+                        line.partition(":")[2],
+                        limit=_files.MAX_NUMA_NODES,
+                        what="Mems_allowed_list",
+                    )
                 except ValueError:
                     return set()
         return set()
@@ -418,7 +371,7 @@ class CpuPlatform(BasePlatform):
     def _node_memory(self, roots: _Roots, node: int, cgroup: _CgroupLimit | None) -> MemoryInfo:
         path = roots.sysfs / "devices" / "system" / "node" / f"node{node}" / "meminfo"
         try:
-            table = _parse_kb_table(_read_text(path), skip=2)
+            table = parse_kb_table(_read_text(path), skip=2)
         except OSError as exc:
             raise BackendError(
                 "cpu", f"cannot read NUMA node {node} memory from {path}: {exc}"
@@ -444,17 +397,11 @@ class CpuPlatform(BasePlatform):
     def _meminfo(roots: _Roots) -> tuple[int, int, str]:
         """Return ``(MemTotal, MemAvailable, source)`` in bytes."""
         try:
-            table = _parse_kb_table(_read_text(roots.proc / "meminfo"))
+            meminfo = host_meminfo(roots.proc)
         except OSError:
-            table = {}
-        total = table.get("MemTotal", 0)
-        if total > 0:
-            available = table.get("MemAvailable")
-            if available is None:  # kernels before 3.14
-                available = (
-                    table.get("MemFree", 0) + table.get("Buffers", 0) + table.get("Cached", 0)
-                )
-            return total, available, "meminfo"
+            meminfo = None
+        if meminfo is not None:
+            return meminfo.total, meminfo.available, "meminfo"
         import psutil
 
         vm = psutil.virtual_memory()
@@ -487,7 +434,7 @@ class CpuPlatform(BasePlatform):
                     return self._walk(mount, v1_path, version="cgroup-v1")
             if v2_path is not None:
                 for mount in (roots.cgroup, roots.cgroup / "unified"):
-                    if (mount / "cgroup.controllers").is_file():
+                    if _files.is_file(mount / "cgroup.controllers"):
                         return self._walk(mount, v2_path, version="cgroup-v2")
         except _CgroupUnusableError:
             return None
@@ -496,14 +443,14 @@ class CpuPlatform(BasePlatform):
     @staticmethod
     def _v1_memory_mount(root: Path) -> Path | None:
         direct = root / "memory"
-        if direct.is_dir():
+        if _files.is_dir(direct):
             return direct
         try:
-            names = os.listdir(root)
+            names = _files.listdir(root)
         except OSError:
             return None
         for name in sorted(names):  # co-mounted controllers, e.g. "cpu,memory"
-            if "memory" in name.split(",") and (root / name).is_dir():
+            if "memory" in name.split(",") and _files.is_dir(root / name):
                 return root / name
         return None
 
@@ -520,7 +467,7 @@ class CpuPlatform(BasePlatform):
             return mount
         for start in range(len(parts) + 1):
             candidate = mount.joinpath(*parts[start:])
-            if candidate.is_dir():
+            if _files.is_dir(candidate):
                 return candidate
         return mount
 
@@ -545,7 +492,7 @@ class CpuPlatform(BasePlatform):
 
     @staticmethod
     def _level_limit(path: Path, *, v2: bool) -> int | None:
-        if not path.exists():
+        if not _files.exists(path):
             return None  # the root cgroup, or a level without the memory controller
         if v2:
             try:
@@ -561,7 +508,7 @@ class CpuPlatform(BasePlatform):
         usage = _read_int(level / ("memory.current" if v2 else "memory.usage_in_bytes"))
         stat_path = level / "memory.stat"
         try:
-            stat = _parse_flat_keyed(_read_text(stat_path))
+            stat = parse_int_values(parse_key_values(_read_text(stat_path)))
         except OSError as exc:
             raise _CgroupUnusableError(f"cannot read {stat_path}: {exc}") from None
         keys = ("inactive_file",) if v2 else ("total_inactive_file", "inactive_file")
@@ -609,14 +556,14 @@ class CpuPlatform(BasePlatform):
             return []  # already the devices themselves
         base = roots.sysfs / "devices" / "system" / "node"
         try:
-            entries = sorted(os.listdir(base))
+            entries = sorted(_files.listdir(base))
         except OSError:
             return []
         cgroup = self._cgroup_limit(roots)
         views: list[MemoryInfo] = []
         for entry in entries:
             m = _NODE_DIR_RE.match(entry)
-            if m is None or not (base / entry / "meminfo").is_file():
+            if m is None or not _files.is_file(base / entry / "meminfo"):
                 continue
             try:
                 views.append(self._node_memory(roots, int(m.group(1)), cgroup))

@@ -63,6 +63,7 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
+from accelplat.backends._common import host_meminfo, proc_root
 from accelplat.backends._readings import checked_memory
 from accelplat.errors import BackendError, DeviceNotFoundError
 from accelplat.platform import BasePlatform, StartMethod
@@ -80,7 +81,6 @@ from accelplat.visible.cuda import (
 
 __all__ = ["CudaPlatform", "cuda_order_uuids"]
 
-ENV_PROC_ROOT = "ACCELPLAT_PROC_ROOT"
 
 OrderResolver = Callable[[Mapping[str, str]], Sequence[str]]
 """Returns the UUIDs of all GPUs in CUDA's enumeration order, given the environment to use."""
@@ -759,33 +759,24 @@ class CudaPlatform(BasePlatform):
         return self._host_memory()
 
     def _host_memory(self) -> MemoryInfo:
-        root = self._proc_root or os.environ.get(ENV_PROC_ROOT) or "/proc"
-        path = os.path.join(root, "meminfo")
-        fields: dict[str, int] = {}
+        path = proc_root(self._proc_root) / "meminfo"
         try:
-            with open(path, encoding="ascii", errors="replace") as fh:
-                for line in fh:
-                    key, _, rest = line.partition(":")
-                    parts = rest.split()
-                    if parts and parts[0].isdigit():
-                        scale = 1024 if len(parts) > 1 and parts[1].lower() == "kb" else 1
-                        fields[key.strip()] = int(parts[0]) * scale
+            meminfo = host_meminfo(self._proc_root)
         except OSError as exc:
             raise BackendError(
                 "cuda",
                 f"this GPU shares host memory (NVML reports no memory of its own), and {path} "
-                f"cannot be read: {exc}",
+                f"cannot be read: {exc.strerror or exc}",
                 vendor_error="NVMLError_NotSupported",
             ) from exc
-        total = fields.get("MemTotal")
-        available = fields.get("MemAvailable", fields.get("MemFree"))
-        if total is None or available is None:
+        if meminfo is None:
             raise BackendError(
                 "cuda",
                 f"this GPU shares host memory, and {path} has no MemTotal/MemAvailable",
                 vendor_error="NVMLError_NotSupported",
             )
-        available = min(available, total)
+        total = meminfo.total
+        available = min(meminfo.available, total)
         return MemoryInfo(free=available, total=total, used=total - available, source=_SOURCE_HOST)
 
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:

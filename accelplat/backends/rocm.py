@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from accelplat import _boundary
+from accelplat import _boundary, _files
 from accelplat._graphs import graph_support
 from accelplat._procs import make_holder
 from accelplat._types import (
@@ -88,6 +88,7 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
+from accelplat.backends._common import ReadText, SysfsReader, pci_address, pci_sort_key
 from accelplat.backends._readings import checked_memory
 from accelplat.errors import AccelplatError, BackendError
 from accelplat.platform import BasePlatform, StartMethod
@@ -98,7 +99,7 @@ from accelplat.visible.rocm import (
     visible_physical_indices,
 )
 
-__all__ = ["AMD_VENDOR_ID", "RocmPlatform", "SysfsReader"]
+__all__ = ["AMD_VENDOR_ID", "RocmPlatform"]
 
 ENV_SYSFS_ROOT = "ACCELPLAT_SYSFS_ROOT"
 ENV_DEV_ROOT = "ACCELPLAT_DEV_ROOT"
@@ -120,10 +121,7 @@ SOURCE_TORCH = "torch.cuda (creates a device context)"
 _CARD_RE = re.compile(r"^card(\d+)$")
 _RENDER_RE = re.compile(r"^renderD(\d+)$")
 _GFX_RE = re.compile(r"^gfx[0-9a-f]{3,4}$")
-_BDF_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
-_VRAM_FILE_RE = re.compile(r"^vram_(\d+)$")
 
-ReadText = Callable[[str], str]
 OpenDevice = Callable[[Path], None]
 
 _HEAP_FB_PUBLIC = 1
@@ -151,65 +149,6 @@ def _open_device_live(path: Path) -> None:
         return
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     os.close(fd)
-
-
-def _default_read(path: str) -> str:
-    with open(path, encoding="ascii", errors="replace") as f:
-        return f.read()
-
-
-def _pci_key(bdf: str | None) -> tuple[int, ...]:
-    match = _BDF_RE.match(bdf or "")
-    if match is None:
-        return (1 << 32,)
-    return tuple(int(g, 16) for g in match.groups())
-
-
-class SysfsReader:
-    """Reads sysfs attribute files, turning every failure into a ``BackendError`` naming the file.
-
-    Args:
-        read_text: How to read a file's text (injectable for tests); defaults to ``open().read()``.
-    """
-
-    def __init__(self, read_text: ReadText | None = None) -> None:
-        self._read = read_text or _default_read
-
-    def text(self, path: Path) -> str:
-        """Return the stripped text of ``path``.
-
-        Raises:
-            BackendError: When the file is missing, unreadable, a directory, or fails to read.
-        """
-        name = str(path)
-        try:
-            return self._read(name).strip()
-        except FileNotFoundError:
-            raise BackendError("rocm", f"{name} is missing (was the GPU removed?)") from None
-        except PermissionError:
-            raise BackendError("rocm", f"{name}: permission denied") from None
-        except IsADirectoryError:
-            raise BackendError("rocm", f"{name} is a directory, not an attribute file") from None
-        except OSError as exc:
-            raise BackendError("rocm", f"cannot read {name}: {exc.strerror or exc}") from None
-
-    def integer(self, path: Path, *, base: int = 10) -> int:
-        """Return the non-negative integer held in ``path``.
-
-        Raises:
-            BackendError: When the file cannot be read, is empty (a truncated read), or does not
-                hold a non-negative integer.
-        """
-        text = self.text(path)
-        if not text:
-            raise BackendError("rocm", f"{path} is empty (truncated read?)")
-        try:
-            value = int(text, base)
-        except ValueError:
-            raise BackendError("rocm", f"{path} holds {text[:40]!r}, not a number") from None
-        if value < 0:
-            raise BackendError("rocm", f"{path} holds a negative value {value}")
-        return value
 
 
 @dataclass(frozen=True)
@@ -320,19 +259,19 @@ def gfx_arch(target_version: int | None) -> str | None:
 
 def _card_pci(reader: SysfsReader, device: Path) -> str | None:
     try:
-        name = os.path.basename(os.path.realpath(device))
+        name = os.path.basename(_files.realpath(device))
     except OSError:
         name = ""
-    if _BDF_RE.match(name):
-        return name.lower()
+    if pci_address(name):
+        return pci_address(name)
     try:
         uevent = reader.text(device / "uevent")
     except BackendError:
         return None
     for line in uevent.splitlines():
         key, _, value = line.partition("=")
-        if key.strip() == "PCI_SLOT_NAME" and _BDF_RE.match(value.strip()):
-            return value.strip().lower()
+        if key.strip() == "PCI_SLOT_NAME" and pci_address(value):
+            return pci_address(value)
     return None
 
 
@@ -350,7 +289,7 @@ def _label(reader: SysfsReader, *paths: Path) -> str:
 def _scan_cards(reader: SysfsReader, sysfs: Path, notes: list[str]) -> list[_Card]:
     drm = sysfs / "class" / "drm"
     try:
-        entries = sorted(os.listdir(drm))
+        entries = sorted(_files.listdir(drm))
     except FileNotFoundError:
         notes.append(f"{drm} does not exist")
         return []
@@ -368,13 +307,13 @@ def _scan_cards(reader: SysfsReader, sysfs: Path, notes: list[str]) -> list[_Car
             continue
         if vendor != AMD_VENDOR_ID:
             continue
-        if not (device / "mem_info_vram_total").exists():
+        if not _files.exists(device / "mem_info_vram_total"):
             notes.append(f"{entry} is an AMD GPU without mem_info_vram_total")
             continue
         try:
             minors = frozenset(
                 int(m.group(1))
-                for m in (_RENDER_RE.match(n) for n in os.listdir(device / "drm"))
+                for m in (_RENDER_RE.match(n) for n in _files.listdir(device / "drm"))
                 if m is not None
             )
         except OSError:
@@ -398,7 +337,7 @@ def _bank_bytes(reader: SysfsReader, node: Path) -> int | None:
     """Sum ``size_in_bytes`` of the node's GPU-local memory banks; ``None`` when it lists none."""
     banks = node / "mem_banks"
     try:
-        names = sorted(n for n in os.listdir(banks) if n.isdigit())
+        names = sorted(n for n in _files.listdir(banks) if n.isdigit())
     except OSError:
         return None
     total: int | None = None
@@ -463,7 +402,7 @@ def _scan_nodes(
     """
     nodes_dir = sysfs / "class" / "kfd" / "kfd" / "topology" / "nodes"
     try:
-        names = os.listdir(nodes_dir)
+        names = _files.listdir(nodes_dir)
     except OSError:
         return None
     nodes: list[_Node] = []
@@ -504,10 +443,10 @@ def _scan_nodes(
 
 def _card_location(card: _Card) -> tuple[int, int] | None:
     """``(domain, bus << 8 | device << 3 | function)`` of a card's PCI address."""
-    match = _BDF_RE.match(card.pci_bus_id or "")
-    if match is None:
+    key = pci_sort_key(card.pci_bus_id)
+    if len(key) != 4:  # not a PCI address
         return None
-    domain, bus, dev, fn = (int(g, 16) for g in match.groups())
+    domain, bus, dev, fn = key
     return domain, (bus << 8) | (dev << 3) | fn
 
 
@@ -560,7 +499,7 @@ def _scan_topology(
         notes.insert(0, str(exc))
         return _Topology([], uuids_known=True, cards=len(cards), notes=notes)
     if nodes is None:
-        ordered = sorted(cards, key=lambda c: (_pci_key(c.pci_bus_id), c.name))
+        ordered = sorted(cards, key=lambda c: (pci_sort_key(c.pci_bus_id), c.name))
         notes.append("no KFD topology: cards ordered by PCI address")
         gpus = [_Gpu(i, c.label, None, c.pci_bus_id, card=c) for i, c in enumerate(ordered)]
         return _Topology(gpus, uuids_known=False, cards=len(cards), notes=notes)
@@ -708,7 +647,7 @@ class _SysfsSource(_Source):
         """Bytes of VRAM per process on ``gpu_id`` from KFD's process files; ``None`` if absent."""
         proc = self._sysfs / "class" / "kfd" / "kfd" / "proc"
         try:
-            pids = [int(p) for p in os.listdir(proc) if p.isdigit()]
+            pids = [int(p) for p in _files.listdir(proc) if p.isdigit()]
         except OSError:
             return None
         out: dict[int, int] = {}
@@ -860,7 +799,7 @@ class _AmdSmiSource(_Source):
                 ((0 if hip_id is not None else 1, hip_id or 0, position), handle, uuid, bdf)
             )
         if any(key[0] for key, *_ in rows):  # no hip_id somewhere: PCI order for all
-            rows.sort(key=lambda r: (_pci_key(r[3]), r[0][2]))
+            rows.sort(key=lambda r: (pci_sort_key(r[3]), r[0][2]))
         else:
             rows.sort(key=lambda r: r[0])
         gpus = []
@@ -1026,7 +965,7 @@ class RocmPlatform(BasePlatform):
         self._open_device = open_device or _open_device
         self._sysfs_arg = None if sysfs_root is None else Path(sysfs_root)
         self._dev_arg = None if dev_root is None else Path(dev_root)
-        self._reader = SysfsReader(read_text)
+        self._reader = SysfsReader("rocm", read_text)
         self._allow_amdsmi = allow_amdsmi
         self._lock = threading.RLock()
         self._cache_key: tuple[Path, Path | None] | None = None

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from accelplat import _files
 from accelplat._clock import Clock, RealClock
 from accelplat._types import (
     GIB,
@@ -54,7 +55,7 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
-from accelplat.errors import ConfigurationError
+from accelplat.errors import ConfigurationError, FileTooLargeError
 from accelplat.platform import BasePlatform, StartMethod
 
 __all__ = [
@@ -861,16 +862,15 @@ def load_spec(path: str | os.PathLike[str]) -> SimulatedSpec:
     """
     p = Path(path)
     try:
-        with p.open("rb") as fh:
-            raw = fh.read(MAX_SPEC_BYTES + 1)
+        raw = _files.read_bytes(p, limit=MAX_SPEC_BYTES)
+    except FileTooLargeError:
+        raise ConfigurationError(
+            f"simulated spec {p}: larger than {MAX_SPEC_BYTES // MIB} MiB; refusing to read it"
+        ) from None
     except OSError as exc:
         raise ConfigurationError(
             f"simulated spec {p}: cannot read it: {exc.strerror or exc}"
         ) from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise ConfigurationError(
-            f"simulated spec {p}: larger than {MAX_SPEC_BYTES // MIB} MiB; refusing to read it"
-        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

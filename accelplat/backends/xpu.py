@@ -67,11 +67,12 @@ import re
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from accelplat import _files
 from accelplat import _levelzero as lz
 from accelplat._graphs import graph_support
 from accelplat._procs import make_holder
@@ -84,6 +85,7 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
+from accelplat.backends._common import ReadText, pci_address, pci_sort_key, read_attribute
 from accelplat.backends._readings import checked_memory
 from accelplat.errors import AccelplatError, BackendError
 from accelplat.platform import BasePlatform, StartMethod
@@ -127,18 +129,10 @@ _INTEGRATED_SLOT = "0000:00:02.0"
 _CARD_RE = re.compile(r"^card(\d+)$")
 _TILE_RE = re.compile(r"^tile(\d+)$")
 _GT_RE = re.compile(r"^gt(\d+)$")
-_BDF_RE = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _CAP_SYS_ADMIN = 21
 _CAP_PERFMON = 38
 _TRUE = ("1", "true", "yes", "on")
 _INIT_USER_NS = ["0", "0", "4294967295"]
-
-ReadText = Callable[[str], str]
-
-
-def _default_read(path: str) -> str:
-    with open(path, encoding="ascii", errors="replace") as f:
-        return f.read()
 
 
 def _flag(name: str) -> bool:
@@ -167,7 +161,7 @@ def usage_visible_to_this_process(
     """
     if uid_map_text is None:
         try:
-            uid_map_text = _default_read("/proc/self/uid_map")
+            uid_map_text = _files.read_text("/proc/self/uid_map", limit=_files.PROC_LIMIT)
         except OSError:
             uid_map_text = ""
     lines = [line.split() for line in uid_map_text.splitlines() if line.strip()]
@@ -175,7 +169,7 @@ def usage_visible_to_this_process(
         return False  # a user namespace: its capabilities do not reach the kernel's check
     if status_text is None:
         try:
-            status_text = _default_read("/proc/self/status")
+            status_text = _files.read_text("/proc/self/status", limit=_files.PROC_LIMIT)
         except OSError:
             return os.geteuid() == 0 if hasattr(os, "geteuid") else False
     for line in status_text.splitlines():
@@ -287,15 +281,15 @@ def _default_hierarchy(cards: Sequence[_Card]) -> tuple[Hierarchy, str]:
 
 def _order(cards: list[_Card]) -> list[_Card]:
     if _pci_order():
-        return sorted(cards, key=lambda c: lz.pci_sort_key(c.pci_bus_id))
-    return sorted(cards, key=lambda c: (c.integrated, lz.pci_sort_key(c.pci_bus_id)))
+        return sorted(cards, key=lambda c: pci_sort_key(c.pci_bus_id))
+    return sorted(cards, key=lambda c: (c.integrated, pci_sort_key(c.pci_bus_id)))
 
 
 def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
     """Return the Intel GPUs bound to xe/i915 under ``sysfs``, and a note when there are none."""
     drm = sysfs / "class" / "drm"
     try:
-        entries = sorted(os.listdir(drm))
+        entries = sorted(_files.listdir(drm))
     except FileNotFoundError:
         return [], f"{drm} does not exist"
     except OSError as exc:
@@ -316,15 +310,16 @@ def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
         if driver not in _DRIVERS:
             others.append(f"{entry} ({driver or 'no driver'})")
             continue
-        bdf = os.path.basename(os.path.realpath(device))
-        pci = bdf.lower() if _BDF_RE.match(bdf) else None
+        pci = pci_address(os.path.basename(_files.realpath(device)))
         integrated = pci == _INTEGRATED_SLOT
         tiles = 1
         with contextlib.suppress(OSError):
             if driver == "xe":
-                tiles = max(1, sum(1 for n in os.listdir(device) if _TILE_RE.match(n)))
+                tiles = max(1, sum(1 for n in _files.listdir(device) if _TILE_RE.match(n)))
             elif not integrated:  # an integrated i915 GPU lists its media GT as gt1
-                tiles = max(1, sum(1 for n in os.listdir(drm / entry / "gt") if _GT_RE.match(n)))
+                tiles = max(
+                    1, sum(1 for n in _files.listdir(drm / entry / "gt") if _GT_RE.match(n))
+                )
         device_id = ""
         with contextlib.suppress(OSError):
             device_id = read(str(device / "device")).strip()
@@ -354,8 +349,8 @@ def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
 def _driver(device: Path, read: ReadText) -> str:
     link = device / "driver"
     with contextlib.suppress(OSError):
-        if link.is_symlink() or link.exists():
-            return os.path.basename(os.path.realpath(link))
+        if link.is_symlink() or _files.exists(link):
+            return os.path.basename(_files.realpath(link))
     with contextlib.suppress(OSError):
         for line in read(str(device / "uevent")).splitlines():
             key, _, value = line.partition("=")
@@ -422,7 +417,7 @@ class XpuPlatform(BasePlatform):
     ) -> None:
         self._sysfs_arg = None if sysfs_root is None else Path(sysfs_root)
         self._lz_arg = level_zero
-        self._read = read_text or _default_read
+        self._read = read_text or read_attribute
         self._allow_torch = allow_torch
         self._usage_visible = usage_visible
         self._proc = Path(proc_root) if proc_root is not None else Path("/proc")

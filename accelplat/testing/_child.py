@@ -28,7 +28,12 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from accelplat import _files
+
 __all__ = ["BOOTSTRAP", "FRAMEWORK_MODULES", "RUNTIME_LIBRARIES", "frameworks_in", "main"]
+
+_MAPS_LIMIT = 256 * 1024 * 1024
+"""``/proc/self/maps`` of a large process is a few MiB; this bounds a hostile one."""
 
 BOOTSTRAP = (
     "import sys; _before = set(sys.modules); "
@@ -85,8 +90,7 @@ def frameworks_in(modules: Iterable[str]) -> list[str]:
 def mapped_runtime_libraries() -> set[str]:
     """Return the device runtime libraries mapped into this process (Linux; else empty)."""
     try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            text = f.read()
+        text = _files.read_text("/proc/self/maps", limit=_MAPS_LIMIT)
     except OSError:
         return set()
     found: set[str] = set()

@@ -29,8 +29,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from accelplat import _files
 from accelplat._types import MIB
-from accelplat.errors import ConfigurationError
+from accelplat.errors import ConfigurationError, FileTooLargeError
 
 __all__ = [
     "DEFAULT_LEAK_GRACE_S",
@@ -596,15 +597,14 @@ def load_trace(path: str | os.PathLike[str], *, max_bytes: int = MAX_TRACE_BYTES
         ConfigurationError: When the file cannot be read, is too large, or is not a valid trace.
     """
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(max_bytes + 1)
+        data = _files.read_bytes(path, limit=max_bytes)
+    except FileTooLargeError:
+        raise ConfigurationError(
+            f"trace {os.fspath(path)!r} is larger than the limit of {max_bytes} bytes"
+        ) from None
     except OSError as exc:
         reason = exc.strerror or exc
         raise ConfigurationError(f"cannot read trace {os.fspath(path)!r}: {reason}") from None
-    if len(data) > max_bytes:
-        raise ConfigurationError(
-            f"trace {os.fspath(path)!r} is larger than the limit of {max_bytes} bytes"
-        )
     return loads_trace(data, max_bytes=max_bytes)
 
 

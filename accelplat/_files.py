@@ -1,0 +1,329 @@
+"""The one reader of files that come from the operating system or a user.
+
+Every sysfs attribute, procfs and cgroup file, simulated spec and timeline trace accelplat reads
+goes through this module. Such files are untrusted: a fake or hostile tree can put a FIFO where
+an attribute should be (a plain ``open().read()`` then blocks for ever), link an attribute to
+``/dev/zero`` (an unbounded read ends in ``MemoryError``), or write an id range with ten billion
+members. The rules here:
+
+* **Regular files only.** A path is checked with ``stat`` before it is opened and with ``fstat``
+  after; it is opened with ``O_NONBLOCK`` so that even a FIFO swapped in between the two checks
+  cannot block. A FIFO, device, socket or directory raises
+  :class:`~accelplat.errors.NotARegularFileError` naming the path.
+* **Bounded reads.** A sysfs attribute is at most a page (:data:`ATTRIBUTE_LIMIT`); procfs and
+  cgroup files are bounded by :data:`PROC_LIMIT`; bigger files (specs, traces) pass their own
+  limit. A file holding more raises :class:`~accelplat.errors.FileTooLargeError`; nothing more
+  than ``limit + 1`` bytes is ever read.
+* **Typed errors naming the path.** Both errors above are :class:`~accelplat.errors.AccelplatError`
+  *and* ``OSError``, so a backend that treats an unreadable file as "no information" keeps doing
+  so, and one that reports it names the file. Failures of the system calls themselves are the
+  ordinary ``OSError`` subclasses (``FileNotFoundError`` …), which name the path too.
+* **Bounded id lists.** :func:`parse_id_list` reads kernel lists such as ``0-3,8`` and refuses
+  ids at or above the kernel's own limit (:data:`MAX_NUMA_NODES`, :data:`MAX_CPUS`), so a
+  ``Mems_allowed_list`` of ``0-30000000000`` is an error, not a giant set.
+
+The seam (capture and replay):
+    All file-system access of the backends goes through one object, the current
+    :class:`HostFiles` (:func:`host_files`). Its methods — :meth:`HostFiles.read_bytes`,
+    :meth:`HostFiles.listdir`, :meth:`HostFiles.realpath` and :meth:`HostFiles.kind` — are the
+    only places accelplat touches a host file. The module-level functions (:func:`read_text`,
+    :func:`listdir`, :func:`exists`, …) delegate to it. A recorder or a replayer is a subclass
+    installed with :func:`use_host_files` (a context manager) or :func:`set_host_files`; it sees
+    every read, with the limit the caller asked for, at this one point.
+
+Nothing here imports a vendor library or creates a device context.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+from accelplat.errors import ConfigurationError, FileTooLargeError, NotARegularFileError
+
+__all__ = [
+    "ATTRIBUTE_LIMIT",
+    "MAX_CPUS",
+    "MAX_NUMA_NODES",
+    "PROC_LIMIT",
+    "HostFiles",
+    "exists",
+    "host_files",
+    "is_dir",
+    "is_file",
+    "listdir",
+    "parse_id_list",
+    "read_bytes",
+    "read_text",
+    "realpath",
+    "set_host_files",
+    "use_host_files",
+]
+
+PathLike = str | os.PathLike[str]
+Kind = Literal["file", "dir", "other"]
+
+ATTRIBUTE_LIMIT = 64 * 1024
+"""Bytes a sysfs attribute may hold: the kernel serves at most one page (4 KiB on x86, up to
+64 KiB on arm64/ppc64 kernels with large pages)."""
+
+PROC_LIMIT = 16 * 1024 * 1024
+"""Bytes a procfs or cgroup file may hold (``/proc/cpuinfo`` of a 1,024-CPU machine is ~1.5 MiB)."""
+
+MAX_NUMA_NODES = 1 << 10
+"""The kernel's largest node count (``NODES_SHIFT`` is at most 10)."""
+
+MAX_CPUS = 1 << 13
+"""The kernel's largest CPU count (``NR_CPUS`` is at most 8192)."""
+
+_CHUNK = 64 * 1024
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)) | getattr(
+    os, "O_NOCTTY", 0
+)
+
+
+def _describe_mode(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    if stat.S_ISFIFO(mode):
+        return "is a FIFO, not a regular file; not read"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "is a device, not a regular file; not read"
+    if stat.S_ISSOCK(mode):
+        return "is a socket, not a regular file; not read"
+    return "is not a regular file; not read"
+
+
+class HostFiles:
+    """Access to the host's files: the single point every read goes through.
+
+    The default implementation reads the real file system under the rules in the module
+    docstring. A capture or replay layer subclasses it and overrides the four primitives.
+    """
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        """Return the contents of the regular file ``path``, at most ``limit`` bytes.
+
+        Args:
+            path: The file.
+            limit: The most bytes the file may hold.
+
+        Returns:
+            The whole contents.
+
+        Raises:
+            NotARegularFileError: ``path`` is a FIFO, device, socket or directory.
+            FileTooLargeError: It holds more than ``limit`` bytes.
+            OSError: It is missing or cannot be opened or read (the error names ``path``).
+
+        Side effects:
+            Opens, reads and closes the file; never blocks on a FIFO or device.
+        """
+        before = os.stat(path)
+        if not stat.S_ISREG(before.st_mode):
+            raise NotARegularFileError(path, _describe_mode(before.st_mode))
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a socket or a FIFO without a writer, swapped in
+                raise NotARegularFileError(path, "is not a regular file; not read") from None
+            raise
+        try:
+            after = os.fstat(fd)
+            if not stat.S_ISREG(after.st_mode):
+                raise NotARegularFileError(path, _describe_mode(after.st_mode))
+            chunks: list[bytes] = []
+            size = 0
+            while size <= limit:
+                chunk = os.read(fd, min(_CHUNK, limit + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
+        if size > limit:
+            raise FileTooLargeError(path, limit)
+        return b"".join(chunks)
+
+    def listdir(self, path: str) -> list[str]:
+        """Return the names in directory ``path`` (any order).
+
+        Raises:
+            OSError: When it is missing or not a directory.
+        """
+        return os.listdir(path)
+
+    def realpath(self, path: str) -> str:
+        """Return ``path`` with every symbolic link resolved (``os.path.realpath``)."""
+        return os.path.realpath(path)
+
+    def kind(self, path: str) -> Kind | None:
+        """Return ``"file"``, ``"dir"`` or ``"other"`` for what ``path`` is, ``None`` if absent.
+
+        Links are followed; a dangling link is absent.
+        """
+        try:
+            mode = os.stat(path).st_mode
+        except (OSError, ValueError):
+            return None
+        if stat.S_ISREG(mode):
+            return "file"
+        if stat.S_ISDIR(mode):
+            return "dir"
+        return "other"
+
+
+_current: HostFiles = HostFiles()
+
+
+def host_files() -> HostFiles:
+    """Return the :class:`HostFiles` every read goes through now."""
+    return _current
+
+
+def set_host_files(files: HostFiles | None) -> HostFiles:
+    """Install ``files`` as the reader of host files (``None``: the real file system).
+
+    Args:
+        files: The new reader.
+
+    Returns:
+        The reader it replaces.
+
+    Side effects:
+        Process-wide: every later read of every backend goes through ``files``.
+    """
+    global _current
+    previous = _current
+    _current = files if files is not None else HostFiles()
+    return previous
+
+
+@contextmanager
+def use_host_files(files: HostFiles) -> Iterator[HostFiles]:
+    """Install ``files`` as the reader of host files within a ``with`` block.
+
+    Args:
+        files: The reader to use.
+
+    Yields:
+        ``files``.
+    """
+    previous = set_host_files(files)
+    try:
+        yield files
+    finally:
+        set_host_files(previous)
+
+
+def read_bytes(path: PathLike, *, limit: int = ATTRIBUTE_LIMIT) -> bytes:
+    """Return the bytes of the regular file ``path``, refusing more than ``limit`` bytes.
+
+    Args:
+        path: The file.
+        limit: The most bytes it may hold; default one sysfs attribute (:data:`ATTRIBUTE_LIMIT`).
+
+    Returns:
+        Its contents.
+
+    Raises:
+        NotARegularFileError: A FIFO, device, socket or directory (never read).
+        FileTooLargeError: More than ``limit`` bytes.
+        OSError: Missing or unreadable; the error names the path.
+    """
+    return _current.read_bytes(os.fspath(path), limit)
+
+
+def read_text(path: PathLike, *, limit: int = ATTRIBUTE_LIMIT) -> str:
+    """Return the text of the regular file ``path``, decoded as UTF-8 (bad bytes replaced).
+
+    Args:
+        path: The file.
+        limit: The most bytes it may hold; default one sysfs attribute.
+
+    Returns:
+        Its text.
+
+    Raises:
+        NotARegularFileError: A FIFO, device, socket or directory.
+        FileTooLargeError: More than ``limit`` bytes.
+        OSError: Missing or unreadable.
+    """
+    return read_bytes(path, limit=limit).decode("utf-8", errors="replace")
+
+
+def listdir(path: PathLike) -> list[str]:
+    """Return the names in the directory ``path``.
+
+    Raises:
+        OSError: When it is missing, unreadable or not a directory.
+    """
+    return _current.listdir(os.fspath(path))
+
+
+def realpath(path: PathLike) -> str:
+    """Return ``path`` with its symbolic links resolved."""
+    return _current.realpath(os.fspath(path))
+
+
+def exists(path: PathLike) -> bool:
+    """Return whether ``path`` exists (following links)."""
+    return _current.kind(os.fspath(path)) is not None
+
+
+def is_file(path: PathLike) -> bool:
+    """Return whether ``path`` is a regular file (following links)."""
+    return _current.kind(os.fspath(path)) == "file"
+
+
+def is_dir(path: PathLike) -> bool:
+    """Return whether ``path`` is a directory (following links)."""
+    return _current.kind(os.fspath(path)) == "dir"
+
+
+def parse_id_list(text: str, *, limit: int, what: str = "id list") -> set[int]:
+    """Parse a kernel id list such as ``0-3,8`` into ``{0, 1, 2, 3, 8}``.
+
+    Args:
+        text: The list (``Mems_allowed_list``, ``cpulist`` …); blanks around items are ignored.
+        limit: Ids must be below this (:data:`MAX_NUMA_NODES`, :data:`MAX_CPUS`), so the set
+            never holds more than ``limit`` members.
+        what: What the list is, for the message.
+
+    Returns:
+        The ids.
+
+    Raises:
+        ConfigurationError: For a malformed item, a reversed range or an id at or above
+            ``limit``; the message names ``what`` and the item.
+    """
+    ids: set[int] = set()
+    for raw in text.strip().split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            start = _id(lo, limit)
+            end = _id(hi, limit) if sep else start
+        except ValueError as exc:
+            raise ConfigurationError(f"{what}: item {part[:40]!r}: {exc}") from None
+        if end < start:
+            raise ConfigurationError(f"{what}: item {part[:40]!r} is a reversed range")
+        ids.update(range(start, end + 1))
+    return ids
+
+
+def _id(text: str, limit: int) -> int:
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 12:
+        raise ValueError("not a small non-negative decimal integer")
+    value = int(digits)
+    if value >= limit:
+        raise ValueError(f"{value} is not below the kernel's limit of {limit}")
+    return value
