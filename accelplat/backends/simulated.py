@@ -821,8 +821,14 @@ def _spec_from_mapping(data: object) -> SimulatedSpec:
     version = top.get("version", 1)
     if version != 1 or isinstance(version, bool):
         raise ConfigurationError(f"version must be 1, got {version!r}")
+    raw_devices = _list(top["devices"], "devices", MAX_DEVICES)
+    counts = [d.get("count", 1) if isinstance(d, dict) else 1 for d in raw_devices]
+    valid = all(type(c) is int and 1 <= c <= MAX_DEVICES for c in counts)
+    if valid and sum(counts) > MAX_DEVICES:
+        # cheap check first: refuse before validating thousands of timeline segments
+        raise ConfigurationError(f"a simulated platform has at most {MAX_DEVICES} devices")
     devices: list[SimulatedDevice] = []
-    for i, raw in enumerate(_list(top["devices"], "devices", MAX_DEVICES)):
+    for i, raw in enumerate(raw_devices):
         device, count = _parse_device(raw, f"devices[{i}]")
         if len(devices) + count > MAX_DEVICES:
             raise ConfigurationError(f"a simulated platform has at most {MAX_DEVICES} devices")
