@@ -640,7 +640,8 @@ def test_recorder_rejects_bad_tolerance(tolerance: object) -> None:
 
 def test_report_shows_charts_tests_leak_and_waits() -> None:
     page = render_html(_story())
-    assert page.count('<svg class="chart"') == 2
+    assert page.count('<svg class="chart fit-scale"') == 2
+    assert page.count('<svg class="chart full-scale"') == 2
     assert 'data-device="0"' in page
     assert 'data-device="1"' in page
     assert "Fake GPU 1" in page
@@ -649,7 +650,7 @@ def test_report_shows_charts_tests_leak_and_waits() -> None:
     assert "test_leaky" in leak_table
     assert "test_clean" not in leak_table
     assert "+2.00 GiB" in leak_table
-    charts = page.split('<svg class="chart"')[1:]
+    charts = page.split('<svg class="chart fit-scale"')[1:]
     # highlighted on device 1, where it leaked, and not on device 0
     assert 'class="test-band leaked" data-nodeid="tests/test_a.py::test_leaky"' in charts[1]
     assert "leaked" not in charts[0]
@@ -1055,3 +1056,100 @@ def test_report_rejects_bad_traces_without_traceback(
     assert message in err
     assert "Traceback" not in err
     assert not (tmp_path / "r.html").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# the report page: peaks, the y-axis, test labels
+
+
+def _y_labels(svg: str) -> list[float]:
+    """The y-axis labels of one chart, in GiB."""
+    found = re.findall(r'text-anchor="end">([0-9.]+) (GiB|MiB)</text>', svg)
+    return [float(v) / (1024 if unit == "MiB" else 1) for v, unit in found]
+
+
+def test_report_names_each_device_peak_and_each_test_peak() -> None:
+    from accelplat.timeline.render import peaks_per_test
+
+    trace = _story()
+    assert peaks_per_test(trace) == [(10 * GIB, 0), (0, 2 * GIB)]
+    page = render_html(trace)
+    assert re.search(
+        r'data-peak="10737418240">— peak 10\.00 GiB at 625 ms during tests/test_a\.py::test_clean<',
+        page,
+    )
+    assert (
+        'data-peak="2147483648">— peak 2.00 GiB at 3.12 s during tests/test_a.py::test_leaky'
+        in (page)
+    )
+    assert page.count('class="peak-marker"') == 4  # one per chart, two scales per device
+    table = page[page.index('<table id="tests"') :]
+    head = table[: table.index("</thead>")]
+    assert "Peak dev 0" in head
+    assert "Peak dev 1" in head
+    clean_row = table[table.index("test_clean") : table.index("</tr>", table.index("test_clean"))]
+    assert re.findall(r'class="num peak">([^<]*)<', clean_row) == ["10.00 GiB", "0 B"]
+
+
+def test_a_small_leak_on_a_big_device_gets_a_fitted_axis() -> None:
+    gpu, clock = FakeGpu(n=1), FakeClock()
+    gpu.used[0] = GIB
+    rec = _recorder(gpu, clock)
+    rec.sampler.sample()
+    clock.t += 0.5
+    rec.begin_test("tests/test_b.py::test_keeps_a_buffer")
+    rec.begin_body("tests/test_b.py::test_keeps_a_buffer")
+    gpu.used[0] = GIB + 200 * MIB
+    clock.t += 0.5
+    rec.sampler.sample()
+    rec.end_test("tests/test_b.py::test_keeps_a_buffer", "passed")
+    clock.t += 3.0
+    rec.sampler.sample()
+    trace = rec.stop()
+    assert [leak.leaked for leak in trace.leaks()] == [200 * MIB]
+    page = render_html(trace)
+    fitted = page.split('<svg class="chart fit-scale"')[1].split("</svg>")[0]
+    full = page.split('<svg class="chart full-scale"')[1].split("</svg>")[0]
+    labels = _y_labels(fitted)
+    assert min(labels) >= 0.9  # no longer from 0 ...
+    assert max(labels) <= 1.3  # ... to the 80 GiB total: the 200 MiB step fills the chart
+    assert len(labels) >= 3
+    assert 'class="total"' not in fitted  # off the fitted scale
+    full_labels = _y_labels(full)
+    assert min(full_labels) == 0
+    assert max(full_labels) >= 80
+    assert 'class="total"' in full
+    assert 'id="full-scale"' in page  # the checkbox that switches the scale
+
+
+def test_test_names_are_written_where_they_fit() -> None:
+    from accelplat.timeline.render import _fit_label, _short_name
+
+    assert _short_name("tests/test_a.py::TestX::test_y[p1]") == "test_y[p1]"
+    assert _fit_label("test_generate[tp2]", 400) == "test_generate[tp2]"
+    cut = _fit_label("test_prefix_cache_reuse[tp2]", 100)
+    assert cut.endswith("…")
+    assert len(cut) < len("test_prefix_cache_reuse[tp2]")
+    assert _fit_label("test_prefix_cache_reuse[tp2]", 20) == ""
+    page = render_html(_story())
+    fitted = page.split('<svg class="chart fit-scale"')[1].split("</svg>")[0]
+    labels = re.findall(r'<text class="lane-label"[^>]*>([^<]*)</text>', fitted)
+    assert labels == ["test_clean", "test_leaky"]
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "total", "full", "expected"),
+    [
+        (GIB, GIB + 200 * MIB, 80 * GIB, False, (GIB - 20 * MIB, GIB + 220 * MIB)),
+        (0, 60 * GIB, 80 * GIB, False, (0.0, 66 * GIB)),  # near zero: from zero
+        (0, 78 * GIB, 80 * GIB, False, (0.0, 80 * GIB)),  # never above the total it reaches
+        (GIB, 2 * GIB, 80 * GIB, True, (0.0, 80 * GIB)),
+        (5 * GIB, 5 * GIB, 0, False, (5 * GIB - MIB, 5 * GIB + MIB)),  # flat: a 1 MiB margin
+    ],
+)
+def test_axis_range(
+    lo: int, hi: int, total: int, full: bool, expected: tuple[float, float]
+) -> None:
+    from accelplat.timeline.render import _axis
+
+    assert _axis(lo, hi, total, full=full) == pytest.approx(expected)

@@ -6,12 +6,18 @@ its details through SVG ``<title>`` tooltips. Every string that came from a trac
 device names, the command) is HTML-escaped, so a hostile trace cannot inject markup.
 
 The page shows, per device, used memory over time with every test's span as a band (leaking tests
-in red) and every memory wait as an orange bar; then a table of leaks, largest first, a table of
-the slowest waits, and a table of every test.
+in red), every memory wait as an orange bar, the device's peak marked and named, and each test's
+name written in its lane where it fits; then a table of leaks, largest first, a table of the
+slowest waits, and a table of every test with its peak usage per device.
+
+The y-axis is fitted to the memory used (so a 200 MiB leak on an 80 GiB device is visible); a
+checkbox above the charts switches every chart to the device's full range, 0 to total, without
+any script (each chart is drawn at both scales; CSS shows one).
 """
 
 from __future__ import annotations
 
+import bisect
 import html
 import math
 import os
@@ -39,7 +45,7 @@ _RIGHT = 16
 _TOP = 12
 _PLOT_H = 220
 _AXIS_H = 30
-_LANE_H = 12
+_LANE_H = 16
 _MAX_LANES = 6
 _PLOT_W = _W - _LEFT - _RIGHT
 
@@ -71,6 +77,13 @@ tr.wait-failed td{background:#fdecec}
 .ok{color:#17622e}.failed{color:#a3161a;font-weight:600}.skipped{color:#8a6d00}
 details summary{cursor:pointer;font-weight:600;margin:8px 0}
 footer{margin-top:32px;color:#777;font-size:12px}
+.scale{margin:6px 0 10px;color:#444}
+svg.chart.full-scale{display:none}
+#full-scale:checked~.charts svg.chart.fit-scale{display:none}
+#full-scale:checked~.charts svg.chart.full-scale{display:block}
+.peak{color:#444;font-weight:400}
+svg text.lane-label{font:10px ui-monospace,SFMono-Regular,Menlo,monospace;fill:#1d1d1f}
+svg text.peak-label{font:11px system-ui,sans-serif;font-weight:600;fill:#1d1d1f}
 """
 
 
@@ -148,6 +161,78 @@ def _lanes(spans: Sequence[TestSpan]) -> list[int]:
     return out
 
 
+def _peak_of(trace: Trace, pos: int) -> tuple[int, float] | None:
+    """Return ``(bytes, seconds)`` of device ``pos``'s highest reading, or ``None`` if none."""
+    best: tuple[int, float] | None = None
+    for s in trace.samples:
+        value = s.used[pos] if pos < len(s.used) else None
+        if value is not None and (best is None or value > best[0]):
+            best = (value, s.t)
+    for span in trace.tests:
+        for value, t in ((span.used_before[pos], span.start), (span.used_after[pos], span.end)):
+            if value is not None and (best is None or value > best[0]):
+                best = (value, t)
+    return best
+
+
+def peaks_per_test(trace: Trace) -> list[tuple[int | None, ...]]:
+    """Return, per test (in :attr:`Trace.tests` order), the highest usage per device during it.
+
+    Every sample from the test's start to its end counts, and so do the readings taken as it
+    began and ended. Sequential tests cost one pass over the samples; parallel ones add the
+    samples they share.
+    """
+    times = [s.t for s in trace.samples]
+    n_dev = len(trace.devices)
+    out: list[tuple[int | None, ...]] = []
+    for span in trace.tests:
+        lo = bisect.bisect_left(times, span.start)
+        hi = bisect.bisect_right(times, span.end)
+        peaks: list[int | None] = []
+        for pos in range(n_dev):
+            values = [span.used_before[pos], span.used_after[pos]]
+            values += [s.used[pos] for s in trace.samples[lo:hi] if pos < len(s.used)]
+            known = [v for v in values if v is not None]
+            peaks.append(max(known) if known else None)
+        out.append(tuple(peaks))
+    return out
+
+
+def _axis(lo: int, hi: int, total: int, *, full: bool) -> tuple[float, float]:
+    """Return ``(ymin, ymax)`` in bytes for readings from ``lo`` to ``hi``.
+
+    ``full``: 0 to the total (or the peak, if higher). Otherwise fitted: a margin of a tenth of
+    the range (at least 1 MiB) around the readings, down to 0 when the readings come close to it.
+    """
+    if full:
+        top = float(max(total, hi, 1))
+        return 0.0, top if total > 0 else top * 1.1
+    pad = max((hi - lo) * 0.1, float(MIB))
+    ymax = hi + pad
+    if total > 0 and ymax > total >= hi:
+        ymax = float(total)
+    ymin = lo - pad
+    if ymin < 0.25 * (ymax - ymin) or ymin < 0:
+        ymin = 0.0
+    return ymin, ymax
+
+
+def _short_name(nodeid: str) -> str:
+    """The part of a node id worth a lane label: after the last ``::`` (or the file name)."""
+    name = nodeid.rsplit("::", 1)[-1]
+    return name.rsplit("/", 1)[-1] or nodeid
+
+
+def _fit_label(text: str, width: float) -> str:
+    """Return ``text`` cut to fit ``width`` SVG units at 10 px monospace, or ``""``."""
+    capacity = int((width - 6) / 6.1)
+    if capacity >= len(text):
+        return text
+    if capacity < 6:
+        return ""
+    return text[: capacity - 1] + "…"
+
+
 def _envelope(
     samples: Sequence[Sample], pos: int, x_of: Callable[[float], float], width: int
 ) -> list[list[tuple[float, int]]]:
@@ -192,33 +277,48 @@ def _envelope(
     return segments
 
 
-def _device_chart(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> str:
-    """Return the SVG chart of device ``pos``; ``leaked`` names the tests leaking on it."""
+def _device_chart(
+    trace: Trace,
+    pos: int,
+    end_t: float,
+    leaked: set[str],
+    *,
+    full: bool = False,
+    peak: tuple[int, float] | None = None,
+    low: int = 0,
+) -> str:
+    """Return the SVG chart of device ``pos``; ``leaked`` names the tests leaking on it.
+
+    Args:
+        trace: The recording.
+        pos: The device's position in :attr:`Trace.devices`.
+        end_t: Seconds the time axis spans.
+        leaked: Node ids of the tests that leaked on this device.
+        full: Draw the y-axis from 0 to the device's total instead of fitting it to the data.
+        peak: ``(bytes, seconds)`` of the highest reading, marked on the chart.
+        low: The lowest reading (fits the axis).
+    """
     dev = trace.devices[pos]
     color = _PALETTE[pos % len(_PALETTE)]
-    peak = max((u for s in trace.samples if (u := s.used[pos]) is not None), default=0)
-    for span in trace.tests:
-        for reading in (span.used_before[pos], span.used_after[pos]):
-            if reading is not None:
-                peak = max(peak, reading)
-    ymax = float(max(dev.total, peak, 1))
-    if dev.total <= 0:
-        ymax *= 1.1
+    high = peak[0] if peak is not None else 0
+    ymin, ymax = _axis(min(low, high), high, dev.total, full=full)
+    span_y = max(ymax - ymin, 1.0)
     unit, unit_name = (GIB, "GiB") if ymax >= GIB else (MIB, "MiB")
 
     def x_of(t: float) -> float:
         return _LEFT + _PLOT_W * (t / end_t)
 
     def y_of(v: float) -> float:
-        return _TOP + _PLOT_H * (1 - v / ymax)
+        return _TOP + _PLOT_H * (1 - (min(max(v, ymin), ymax) - ymin) / span_y)
 
     lanes = _lanes(trace.tests)
     n_lanes = max(lanes, default=-1) + 1
     tests_top = _TOP + _PLOT_H + _AXIS_H
     waits_top = tests_top + max(1, n_lanes) * _LANE_H + 8
     height = waits_top + _LANE_H + 10
+    scale = "full-scale" if full else "fit-scale"
     out: list[str] = [
-        f'<svg class="chart" viewBox="0 0 {_W} {height}" role="img" '
+        f'<svg class="chart {scale}" viewBox="0 0 {_W} {height}" role="img" '
         f'data-device="{dev.index}" aria-label="Used memory of device {dev.index} over time">'
     ]
 
@@ -245,12 +345,13 @@ def _device_chart(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> str
     out.extend(band)
 
     # grid and axes
-    step = _nice_step(ymax / unit, 5)
+    step = _nice_step(span_y / unit, 5)
+    decimals = max(0, -math.floor(math.log10(step))) if step < 1 else 0
     grid = ['<g class="grid">']
-    v = 0.0
+    v = math.ceil(ymin / unit / step - 1e-9) * step
     while v * unit <= ymax * 1.0001:
         y = y_of(v * unit)
-        label = f"{v:g} {unit_name}"
+        label = f"{v:.{decimals}f} {unit_name}"
         grid.append(
             f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.2f}" y2="{y:.2f}" '
             f'stroke="#d0d5db" stroke-width="0.6"/>'
@@ -268,7 +369,7 @@ def _device_chart(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> str
             f"{_e(_time_label(t, tstep))}</text>"
         )
         t += tstep
-    if dev.total > 0:
+    if 0 < dev.total <= ymax * 1.0001:
         y = y_of(dev.total)
         grid.append(
             f'<line class="total" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.2f}" y2="{y:.2f}" '
@@ -295,6 +396,20 @@ def _device_chart(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> str
             f'<path class="used" d="{" ".join(paths)}" fill="none" stroke="{color}" '
             f'stroke-width="1.8" stroke-linejoin="round"><title>used memory, device '
             f"{dev.index}</title></path>"
+        )
+
+    # the peak: a marker and its figure
+    if peak is not None:
+        px, py = x_of(peak[1]), y_of(peak[0])
+        anchor = "end" if px > _LEFT + _PLOT_W * 0.8 else "start"
+        dx = -7 if anchor == "end" else 7
+        ty = py + 14 if py < _TOP + 14 else py - 6
+        out.append(
+            f'<g class="peak-marker"><circle cx="{px:.2f}" cy="{py:.2f}" r="4.5" fill="#fff" '
+            f'stroke="{color}" stroke-width="2"/>'
+            f'<text class="peak-label" x="{px + dx:.2f}" y="{ty:.2f}" text-anchor="{anchor}">'
+            f"peak {_e(format_bytes(peak[0]))}</text>"
+            f"<title>peak {_e(format_bytes(peak[0]))} at {_e(_fmt_s(peak[1]))}</title></g>"
         )
 
     # leak markers: a red bracket from before to after at the test's end
@@ -331,6 +446,13 @@ def _device_chart(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> str
             f'height="{_LANE_H - 2}" fill="{fill}" stroke="#fff" stroke-width="0.5">'
             f"<title>{_e(span.nodeid)} ({_e(_fmt_s(span.duration))})</title></rect>"
         )
+        label = _fit_label(_short_name(span.nodeid), x1 - x0)
+        if label:
+            colour = "#fff" if fill in (_LEAK, _FAILED) else "#1d1d1f"
+            out.append(
+                f'<text class="lane-label" x="{x0 + 3:.2f}" y="{y + _LANE_H - 4}" '
+                f'style="fill:{colour}" data-nodeid="{_e(span.nodeid)}">{_e(label)}</text>'
+            )
     out.append("</g>")
 
     # waits
@@ -457,13 +579,19 @@ def _test_table(trace: Trace, leaked: set[str], limit: int) -> str:
     if not trace.tests:
         return '<p id="no-tests">No test ran while recording.</p>'
     heads = "".join(f'<th class="num">Δ dev {d.index}</th>' for d in trace.devices)
+    heads += "".join(f'<th class="num">Peak dev {d.index}</th>' for d in trace.devices)
     rows = []
     tol = trace.leak_tolerance_bytes
+    peaks = peaks_per_test(trace)
     for i, span in enumerate(trace.tests[:limit]):
         deltas = "".join(
             f'<td class="num{" grew" if g is not None and g > tol else ""}">'
             f"{_e(_fmt_delta(g))}</td>"
             for g in trace.growth(span)
+        )
+        deltas += "".join(
+            f'<td class="num peak">{_e("?" if p is None else format_bytes(p))}</td>'
+            for p in peaks[i]
         )
         outcome = span.outcome or ""
         cls = {"passed": "ok", "failed": "failed", "skipped": "skipped"}.get(outcome, "")
@@ -522,13 +650,30 @@ def render_html(
     leaked_on: dict[int, set[str]] = {dev.index: set() for dev in trace.devices}
     for leak in leaks:
         leaked_on.setdefault(leak.device, set()).add(leak.nodeid)
+    per_test = peaks_per_test(trace)
     for pos, dev in enumerate(trace.devices):
         color = _PALETTE[pos % len(_PALETTE)]
         total = format_bytes(dev.total) if dev.total > 0 else "unknown"
+        peak = _peak_of(trace, pos)
+        low = min((u for s in trace.samples if (u := s.used[pos]) is not None), default=0)
+        peak_text = ""
+        if peak is not None:
+            during = [
+                span.nodeid
+                for span, p in zip(trace.tests, per_test, strict=True)
+                if p[pos] == peak[0] and span.start <= peak[1] <= span.end
+            ]
+            where = f" during {during[0]}" if during else ""
+            peak_text = (
+                f' <span class="peak" data-peak="{peak[0]}">— peak '
+                f"{_e(format_bytes(peak[0]))} at {_e(_fmt_s(peak[1]))}{_e(where)}</span>"
+            )
+        leaked_here = leaked_on[dev.index]
         charts.append(
             f'<section class="device"><h3>Device {dev.index}: {_e(dev.name)} '
-            f"({_e(total)})</h3>"
-            f"{_device_chart(trace, pos, end_t, leaked_on[dev.index])}"
+            f"({_e(total)}){peak_text}</h3>"
+            f"{_device_chart(trace, pos, end_t, leaked_here, peak=peak, low=low)}"
+            f"{_device_chart(trace, pos, end_t, leaked_here, full=True, peak=peak, low=low)}"
             '<div class="legend">'
             f'<span><i class="sw" style="background:{color}"></i>used memory</span>'
             '<span><i class="sw" style="background:#e2eaf5"></i>test span</span>'
@@ -549,7 +694,11 @@ def render_html(
         f'<p class="sub">Used memory per device, the tests that ran and the memory waits, '
         f"recorded by accelplat.</p>"
         f"{_summary(trace, leaks, end_t)}"
-        f"<h2>Memory over time</h2>{''.join(charts)}"
+        "<h2>Memory over time</h2>"
+        '<input type="checkbox" id="full-scale"><label for="full-scale" class="scale"> '
+        "Full scale: every y-axis from 0 to the device's total (otherwise fitted to the memory "
+        "used)</label>"
+        f'<div class="charts">{"".join(charts)}</div>'
         f"<h2>Tests that left memory held</h2>{_leak_table(trace, leaks, max_rows)}"
         f"<h2>Slowest memory waits</h2>{_wait_table(trace.slowest_waits(20))}"
         f"<h2>Tests</h2>{_test_table(trace, leaked, max_rows)}"
