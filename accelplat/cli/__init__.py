@@ -12,6 +12,13 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from accelplat.cli._errors import (
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    fail,
+    silence_stdout,
+)
 from accelplat.errors import AccelplatError
 
 __all__ = ["build_parser", "main"]
@@ -57,19 +64,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: Arguments without the program name; ``None`` means ``sys.argv[1:]``.
 
     Returns:
-        The exit status: 0 on success, 1 for a failed check or wait, 2 for bad usage.
+        The exit status, the same mapping for every sub-command (:mod:`accelplat.cli._errors`):
+        0 on success; 1 for a failed check or wait, or a runtime or backend error; 2 for bad
+        usage or configuration; 130 after Ctrl-C; 141 when standard output was closed early.
+        Under ``--json`` an error also prints a JSON error object on standard output.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     try:
-        status: int = func(args)
-    except AccelplatError as exc:
-        print(f"accelplat: error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ValueError) else 1
+        try:
+            status: int = func(args)
+        except AccelplatError as exc:
+            status = fail(
+                exc,
+                command=str(getattr(args, "command", "") or ""),
+                json_output=bool(getattr(args, "json", False)),
+            )
+        sys.stdout.flush()
+    except BrokenPipeError:  # `accelplat info | head -1`: the reader has gone, not an error
+        silence_stdout()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     return status

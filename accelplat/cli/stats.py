@@ -21,7 +21,7 @@ from accelplat._format import format_bytes
 from accelplat._types import UsageSnapshot
 from accelplat.cli._args import parse_devices, seconds_arg
 from accelplat.cli._json import dumps
-from accelplat.errors import ConfigurationError, DeviceNotFoundError
+from accelplat.errors import ConfigurationError
 from accelplat.memory import default_clock, snapshot
 from accelplat.platform import Platform
 from accelplat.registry import current_platform
@@ -203,11 +203,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigurationError("--count needs --watch SECONDS")
     platform = current_platform()
     names = {d.index: d.name for d in platform.devices()}
-    try:  # check the device list before drawing anything
-        snapshot(args.devices, platform=platform, holders=False)
-    except DeviceNotFoundError as exc:
-        print(f"accelplat stats: error: {exc}", file=sys.stderr)
-        return 2
+    snapshot(args.devices, platform=platform, holders=False)  # check the devices first
     samples = _samples(
         platform, args.devices, holders=args.holders, watch=args.watch, count=args.count
     )

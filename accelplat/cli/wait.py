@@ -1,8 +1,11 @@
 """``accelplat wait``: block until device memory is clear (or settled), for shell scripts.
 
-Exit status: ``0`` when every device reached its target, ``1`` when the timeout passed first (the
-devices that missed and the processes holding their memory go to standard error), ``2`` for bad
-arguments or configuration (an unknown device, a malformed size, no usable platform).
+Exit status (the mapping of every sub-command, :mod:`accelplat.cli._errors`): ``0`` when every
+device reached its target; ``1`` when the timeout passed first (the devices that missed and the
+processes holding their memory go to standard error), or when the wait could not go on (no
+platform available, a GPU lost, a backend error); ``2`` for bad arguments or configuration (an
+unknown device, a malformed size, a malformed ``ACCELPLAT_PLATFORM``). Under ``--json`` a failure
+also prints a JSON object: the outcome on a timeout, an error object otherwise.
 
 On a terminal, progress is drawn on one line of standard error; ``--quiet`` silences everything
 but errors, and ``--json`` prints the outcome as one JSON object on standard output. Waiting
@@ -29,7 +32,7 @@ from accelplat._format import format_bytes
 from accelplat._types import SettleResult, UsageSnapshot
 from accelplat.cli._args import parse_devices, parse_size_arg, seconds_arg
 from accelplat.cli._json import dumps
-from accelplat.errors import AccelplatError, MemoryNotSettledError
+from accelplat.errors import AccelplatError, ConfigurationError, MemoryNotSettledError
 from accelplat.memory import (
     DEFAULT_STABLE_TOLERANCE_BYTES,
     wait_for_memory_to_clear,
@@ -190,8 +193,7 @@ def _outcome_json(
 
 
 def _bad(message: str) -> int:
-    print(f"accelplat wait: error: {message}", file=sys.stderr)
-    return 2
+    raise ConfigurationError(message)  # exit 2, with a JSON error object under --json
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -246,9 +248,9 @@ def _run(args: argparse.Namespace) -> int:
             )
             print(dumps(doc))
         return 1
-    except (AccelplatError, ValueError, IndexError) as exc:
+    except AccelplatError:
         progress.finish()
-        return _bad(str(exc))
+        raise  # the command line's one mapping: 2 for bad arguments, 1 for the rest
     progress.finish()
     if args.json:
         doc = _outcome_json(
