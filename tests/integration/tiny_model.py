@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["PROMPTS", "VOCAB_WORDS", "write_tiny_llama"]
+__all__ = ["PROMPTS", "VOCAB_WORDS", "write_tiny_llama", "write_word_tokenizer"]
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
 
@@ -26,7 +26,16 @@ VOCAB_WORDS = tuple(_WORDS.split())
 PROMPTS = ("hello world the quick brown fox", "the engine cache is free and the test can wait")
 
 
-def _write_tokenizer(directory: Path) -> int:
+def write_word_tokenizer(directory: Path, *, model_max_length: int = 256) -> int:
+    """Write a word-level tokenizer over :data:`VOCAB_WORDS` into ``directory``.
+
+    Args:
+        directory: An existing directory.
+        model_max_length: The tokenizer's ``model_max_length``.
+
+    Returns:
+        The vocabulary size (special tokens ``<unk>``, ``<s>``, ``</s>``, ``<pad>`` are 0-3).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *VOCAB_WORDS))}
@@ -42,7 +51,7 @@ def _write_tokenizer(directory: Path) -> int:
                 "bos_token": "<s>",
                 "eos_token": "</s>",
                 "pad_token": "<pad>",
-                "model_max_length": 256,
+                "model_max_length": model_max_length,
                 "clean_up_tokenization_spaces": False,
             },
             indent=2,
@@ -66,7 +75,7 @@ def write_tiny_llama(directory: Path) -> Path:
         ``directory``, ready to pass as ``model=`` to ``vllm.LLM``.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    vocab_size = _write_tokenizer(directory)
+    vocab_size = write_word_tokenizer(directory)
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
