@@ -27,10 +27,10 @@ HERE=$REPO/.ci/vllm_suite
 # The chosen tests: the spawn decorator's own tests, and tests that build engines through
 # VllmRunner (vllm_runner) and HfRunner (hf_runner) with small models.
 TESTS=(
-  "tests/utils_/test_spawn_decorator.py"
   "tests/samplers/test_ignore_eos.py::test_ignore_eos[512-half-distilbert/distilgpt2]"
   "tests/models/language/generation/test_common.py::test_models[False-False-5-32-facebook/opt-125m]"
   "tests/models/language/generation/test_common.py::test_models[True-False-5-32-facebook/opt-125m]"
+  "tests/utils_/test_spawn_decorator.py"
 )
 
 started=$(date +%s)

@@ -24,21 +24,23 @@ from tests.integration.tiny_model import write_word_tokenizer  # noqa: E402
 
 SNAPSHOT = "0" * 40
 MAX_LEN = 2048
+# Head size 64 (hidden 128, 2 heads): vLLM's CPU attention supports 32, 64, 80, 96, 112, 128,
+# 160, 192, 224, 256 and 512, not 16.
 
 # hub name -> (transformers config class, tiny config). Special tokens: 1 bos, 2 eos, 3 pad.
 STANDINS: dict[str, tuple[str, dict[str, Any]]] = {
     "distilbert/distilgpt2": (
         "GPT2Config",
-        {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": MAX_LEN},
+        {"n_embd": 128, "n_layer": 2, "n_head": 2, "n_positions": MAX_LEN},
     ),
     "facebook/opt-125m": (
         "OPTConfig",
         {
-            "hidden_size": 64,
-            "ffn_dim": 128,
+            "hidden_size": 128,
+            "ffn_dim": 256,
             "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "word_embed_proj_dim": 64,
+            "num_attention_heads": 2,
+            "word_embed_proj_dim": 128,
             "max_position_embeddings": MAX_LEN,
         },
     ),
