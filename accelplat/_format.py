@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["format_bytes"]
+__all__ = ["format_bytes", "printable"]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -29,3 +29,37 @@ def format_bytes(n: int | float | None) -> str:
     if unit == 0:
         return f"{sign}{int(value)} B"
     return f"{sign}{value:.2f} {_UNITS[unit]}"
+
+
+def printable(text: object, *, keep_newlines: bool = False) -> str:
+    r"""Return ``text`` safe to show on a terminal: control characters escaped, as ``repr`` does.
+
+    A device name, a process name or a driver message can hold escape sequences (``"\x1b]0;…"``
+    retitles a terminal, ``"\x1b[2J"`` clears it) or bidirectional overrides that make text
+    read differently from what it is. Every character Python does not call printable (C0 and C1
+    controls, DEL, format characters such as U+202E, line and paragraph separators, white space
+    other than the plain space) is written as its escape: ``\x1b``, ``\u202e``.
+
+    Args:
+        text: What to show (``str()`` is applied first).
+        keep_newlines: Keep ``"\n"`` as a line break (for multi-line messages).
+
+    Returns:
+        The text, unchanged when it was already printable.
+    """
+    shown = str(text)
+    if shown.isprintable():
+        return shown
+    out: list[str] = []
+    for char in shown:
+        if char.isprintable() or (keep_newlines and char == "\n"):
+            out.append(char)
+            continue
+        code = ord(char)
+        if code < 0x100:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "".join(out)

@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any
 
 from accelplat import _boundary
+from accelplat._vendor import import_quietly
 from accelplat.errors import BackendError
 
 __all__ = [
@@ -131,7 +132,8 @@ def import_pynvml() -> Any:
 
     Side effects:
         Imports ``pynvml`` (pure ctypes; loads no library until ``nvmlInit``), with the deprecated
-        ``pynvml`` package's ``FutureWarning`` silenced by message for the duration of the import.
+        ``pynvml`` package's ``FutureWarning`` silenced by message for the duration of the import
+        and anything it prints kept off standard output (:func:`accelplat._vendor.import_quietly`).
     """
     if _boundary.active() is None:
         return _import_live()
@@ -161,7 +163,7 @@ def _import_live() -> Any:
             warnings.filterwarnings(
                 "ignore", message=_DEPRECATED_PACKAGE_WARNING, category=FutureWarning
             )
-            import pynvml
+            pynvml = import_quietly(MODULE_NAME)  # what it prints never reaches stdout
     except ImportError as exc:
         raise NvmlUnavailableError(
             f"the pynvml module is not installed ({exc}); install nvidia-ml-py "

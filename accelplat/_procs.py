@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from accelplat import _boundary
 from accelplat._types import HolderState, MemoryHolder
+from accelplat.errors import BackendError
 
 if TYPE_CHECKING:
     import psutil
@@ -76,6 +77,53 @@ def _name(proc: psutil.Process) -> str:
         return str(proc.name())
     except (psutil.Error, OSError):
         return ""
+
+
+_PID_MAX = 2**31 - 1
+"""The largest process id any kernel hands out (``pid_t`` is a signed 32-bit integer)."""
+
+_BYTES_MAX = 2**63 - 1
+"""Above this, a byte count is an unsigned counter that wrapped (as in ``_readings``)."""
+
+
+def driver_holder(
+    platform: str, where: str, pid: object, used_bytes: object, *, not_available: int | None = None
+) -> MemoryHolder:
+    """Build a :class:`MemoryHolder` from one process entry a driver returned, checking it.
+
+    Args:
+        platform: The platform's name, for the error.
+        where: The device, for the error.
+        pid: The entry's process id.
+        used_bytes: Its memory in bytes, or ``None`` when the driver does not say.
+        not_available: The driver's "value not available" marker for ``used_bytes`` (NVML's is
+            2**64 - 1), read as ``None``.
+
+    Returns:
+        The holder record.
+
+    Raises:
+        BackendError: For a process id that is not a positive integer of a ``pid_t``, or a
+            byte count that is not an integer in ``[0, 2**63 - 1]``; the message shows the entry.
+    """
+    if used_bytes is not None and used_bytes == not_available:
+        used_bytes = None
+    bad_pid = isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= _PID_MAX
+    bad_used = used_bytes is not None and (
+        isinstance(used_bytes, bool)
+        or not isinstance(used_bytes, int)
+        or not 0 <= used_bytes <= _BYTES_MAX
+    )
+    if bad_pid or bad_used:
+        field = "pid" if bad_pid else "used memory"
+        raise BackendError(
+            platform,
+            f"the driver listed a malformed process on {where}: {field} is "
+            f"{(pid if bad_pid else used_bytes)!r:.80}",
+            vendor_error="malformed process entry",
+        )
+    assert isinstance(pid, int)
+    return make_holder(pid, used_bytes if isinstance(used_bytes, int) else None)
 
 
 def make_holder(pid: int, used_bytes: int | None) -> MemoryHolder:

@@ -33,7 +33,6 @@ lock, and a forked child forgets cached instances (the forcing and registrations
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import re
@@ -46,6 +45,7 @@ from typing import Any
 
 from accelplat import _boundary
 from accelplat._types import Candidate, ProbeResult
+from accelplat._vendor import import_quietly, quiet_stdout
 from accelplat.errors import AccelplatError, ConfigurationError, PlatformNotAvailableError
 from accelplat.platform import Platform
 
@@ -375,11 +375,12 @@ def _load(entry: _Entry) -> PlatformFactory:
     if entry.obj is not None:
         obj = entry.obj
     elif entry.entry_point is not None:
-        obj = entry.entry_point.load()
+        with quiet_stdout():  # a plugin that prints on import must not corrupt --json output
+            obj = entry.entry_point.load()
     else:
         assert entry.target is not None
         module_name, _, attr = entry.target.partition(":")
-        obj = importlib.import_module(module_name)
+        obj = import_quietly(module_name)
         for part in attr.split(".") if attr else []:
             obj = getattr(obj, part)
     if not callable(obj):

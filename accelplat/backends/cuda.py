@@ -100,6 +100,8 @@ _V1_FALLBACK_ERRORS = (
 _HOLDERS_UNKNOWN_ERRORS = ("NotSupported", "NoPermission")
 _MIG_ABSENT_ERRORS = ("NotSupported", "FunctionNotFound", "InvalidArgument", "NotFound")
 _FULL_MIG_DIGITS = len("MIG-") + 32
+_NVML_VALUE_NOT_AVAILABLE = 2**64 - 1
+"""NVML's ``NVML_VALUE_NOT_AVAILABLE`` for a process's used memory (unsigned long long)."""
 
 _CUDA_ORDER_SCRIPT = r"""
 import ctypes, sys
@@ -792,7 +794,8 @@ class CudaPlatform(BasePlatform):
 
         Raises:
             DeviceNotFoundError: For an index that is not visible.
-            BackendError: For other NVML failures.
+            BackendError: For other NVML failures, and for a malformed process entry (a pid
+                that is not a process id, a negative or wrapped byte count).
 
         Side effects:
             One NVML call, then ``/proc`` reads (psutil, imported now) to classify each PID.
@@ -809,13 +812,23 @@ class CudaPlatform(BasePlatform):
                 procs = self._older_process_list(nv, handle, info)
                 if procs is None:
                     return None
-        from accelplat._procs import make_holder
+        from accelplat._procs import driver_holder
 
-        holders: list[MemoryHolder] = []
-        for proc in procs:
-            used = getattr(proc, "usedGpuMemory", None)
-            holders.append(make_holder(int(proc.pid), None if used is None else int(used)))
-        return tuple(holders)
+        where = _describe(info)
+        try:
+            entries = list(procs)
+        except TypeError:  # not a list at all
+            entries = [procs]
+        return tuple(
+            driver_holder(
+                "cuda",
+                where,
+                getattr(proc, "pid", None),
+                getattr(proc, "usedGpuMemory", None),
+                not_available=_NVML_VALUE_NOT_AVAILABLE,
+            )
+            for proc in entries
+        )
 
     @staticmethod
     def _older_process_list(nv: Any, handle: Any, info: DeviceInfo) -> Any:

@@ -64,7 +64,6 @@ import contextlib
 import errno
 import importlib
 import importlib.util
-import io
 import os
 import re
 import sys
@@ -88,6 +87,7 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
+from accelplat._vendor import import_quietly
 from accelplat.backends._common import ReadText, SysfsReader, pci_address, pci_sort_key
 from accelplat.backends._readings import checked_memory
 from accelplat.errors import AccelplatError, BackendError
@@ -729,12 +729,11 @@ def _import_amdsmi_live() -> tuple[Any, str]:
             return None, "amdsmi is not installed"
     except (ImportError, ValueError) as exc:
         return None, f"amdsmi cannot be located: {type(exc).__name__}: {exc}"
-    captured = io.StringIO()
+    printed: list[str] = []
     try:
-        with contextlib.redirect_stdout(captured):
-            module = importlib.import_module("amdsmi")
+        module = import_quietly("amdsmi", printed)
     except Exception as exc:
-        said = _first_line(captured.getvalue())
+        said = _first_line("".join(printed))
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         hint = ""
         if isinstance(exc, KeyError):

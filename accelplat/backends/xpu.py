@@ -61,7 +61,6 @@ Holders come from Sysman's process list (``zesDeviceProcessesGetState``), per ca
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import re
 import sys
@@ -85,6 +84,7 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
+from accelplat._vendor import import_quietly
 from accelplat.backends._common import ReadText, pci_address, pci_sort_key, read_attribute
 from accelplat.backends._readings import checked_memory
 from accelplat.errors import AccelplatError, BackendError
@@ -525,7 +525,7 @@ class XpuPlatform(BasePlatform):
             if self._torch_import_failure is not None:
                 return None, self._torch_import_failure
             try:
-                torch = importlib.import_module("torch")
+                torch = import_quietly("torch")
             except Exception as exc:
                 self._torch_import_failure = f"import torch failed: {type(exc).__name__}: {exc}"
                 return None, self._torch_import_failure
@@ -757,7 +757,7 @@ class XpuPlatform(BasePlatform):
         if "intel_extension_for_pytorch" not in sys.modules and not self._torch_allowed():
             return None
         try:
-            ipex = importlib.import_module("intel_extension_for_pytorch")
+            ipex = import_quietly("intel_extension_for_pytorch")
         except Exception:
             return None
         fn = getattr(getattr(ipex, "xpu", None), "mem_get_info", None)

@@ -24,6 +24,7 @@ import os
 import sys
 from typing import Any
 
+from accelplat._format import printable
 from accelplat.cli._json import dumps
 from accelplat.errors import BackendError, ConfigurationError, DeviceNotFoundError
 
@@ -102,7 +103,7 @@ def fail(exc: BaseException, *, command: str, json_output: bool) -> int:
     """
     status = exit_status(exc)
     prefix = f"accelplat {command}" if command else "accelplat"
-    print(f"{prefix}: error: {exc}", file=sys.stderr)
+    print(f"{prefix}: error: {printable(exc, keep_newlines=True)}", file=sys.stderr)
     if json_output:
         print(dumps(error_document(exc, status)))
     return status

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from accelplat._format import format_bytes
+from accelplat._format import format_bytes, printable
 from accelplat._types import MemoryHolder, UsageSnapshot
 
 __all__ = ["BAR_WIDTH", "Keys", "ViewState", "bar", "colour_for", "render"]
@@ -87,8 +87,8 @@ def _holder_rows(
             yield (
                 str(index),
                 str(h.pid),
-                user,
-                command or h.name,
+                printable(user),
+                printable(command or h.name),
                 "?" if h.used_bytes is None else format_bytes(h.used_bytes),
                 h.state.value,
             )

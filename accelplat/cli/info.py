@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from accelplat._format import format_bytes
+from accelplat._format import format_bytes, printable
 from accelplat.cli._json import SCHEMA_VERSION
 from accelplat.errors import AccelplatError
 from accelplat.platform import Platform
@@ -138,7 +138,7 @@ def _render_text(info: dict[str, Any]) -> str:
         origin = "" if cand["builtin"] else " (plugin)"
         lines.append(f"  {mark} {cand['name']}{origin}: {cand['reason']}")
     if chosen is None:
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)
     env = info["visible_devices_env"]
     if env:
         value = info["visible_devices"]
@@ -182,7 +182,7 @@ def _render_text(info: dict[str, Any]) -> str:
         lines.append("capabilities (device 0):")
         rows = table_lines({n: Capability(**c) for n, c in table.items()})
         lines.extend(f"  {row}" for row in rows)
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def _run(args: argparse.Namespace) -> int:

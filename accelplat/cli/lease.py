@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-from accelplat._format import format_bytes
+from accelplat._format import format_bytes, printable
 from accelplat.cli._args import parse_size_arg, seconds_arg
 from accelplat.cli._json import dumps
 from accelplat.errors import ConfigurationError
@@ -212,5 +212,5 @@ def _status(args: argparse.Namespace) -> int:
             if r.held and r.baseline_used_bytes is not None
             else ""
         )
-        print(f"  {r.device_id}  {_state(r)}  {who}{base}")
+        print(printable(f"  {r.device_id}  {_state(r)}  {who}{base}"))  # a command: escaped
     return 0

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
-from accelplat._format import format_bytes
+from accelplat._format import format_bytes, printable
 from accelplat._types import UsageSnapshot
 from accelplat.cli._args import parse_devices, seconds_arg
 from accelplat.cli._json import dumps
@@ -157,7 +157,7 @@ def _holder_lines(snap: UsageSnapshot) -> list[str]:
         elif not held:
             lines.append(f"device {index}: no process holds memory")
         for h in held or ():
-            label = f" {h.name}" if h.name else ""
+            label = f" {printable(h.name)}" if h.name else ""
             lines.append(
                 f"device {index}: pid {h.pid}{label} ({h.state.value}) {format_bytes(h.used_bytes)}"
             )
@@ -203,6 +203,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigurationError("--count needs --watch SECONDS")
     platform = current_platform()
     names = {d.index: d.name for d in platform.devices()}
+    shown = {i: printable(n) for i, n in names.items()}  # for a terminal: escapes escaped
     snapshot(args.devices, platform=platform, holders=False)  # check the devices first
     samples = _samples(
         platform, args.devices, holders=args.holders, watch=args.watch, count=args.count
@@ -218,7 +219,7 @@ def _run(args: argparse.Namespace) -> int:
             _show_rich(
                 platform,
                 args.devices,
-                names,
+                shown,
                 holders=args.holders,
                 watch=args.watch,
                 count=args.count,
@@ -227,7 +228,7 @@ def _run(args: argparse.Namespace) -> int:
             for i, snap in enumerate(samples):
                 if i:
                     out.write("\n")
-                out.write(_plain(platform, snap, names, args.holders) + "\n")
+                out.write(_plain(platform, snap, shown, args.holders) + "\n")
                 out.flush()
     except KeyboardInterrupt:  # the normal way to end --watch
         return 0

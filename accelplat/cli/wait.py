@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from accelplat._format import format_bytes
+from accelplat._format import format_bytes, printable
 from accelplat._types import SettleResult, UsageSnapshot
 from accelplat.cli._args import parse_devices, parse_size_arg, seconds_arg
 from accelplat.cli._json import dumps
@@ -237,7 +237,7 @@ def _run(args: argparse.Namespace) -> int:
             )
     except MemoryNotSettledError as exc:
         progress.finish()
-        print(f"accelplat wait: {exc}", file=sys.stderr)
+        print(f"accelplat wait: {printable(exc, keep_newlines=True)}", file=sys.stderr)
         if args.json:
             doc = _outcome_json(
                 "timeout",
