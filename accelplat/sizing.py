@@ -65,7 +65,8 @@ _UNITS: dict[str, int] = {
     **{p + "b": 1000**i for i, p in enumerate("kmgtp", 1)},
 }
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+_SIZE_RE = re.compile(r"^[ \t]*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)[ \t]*([A-Za-z]*)[ \t]*$", re.ASCII)
+"""The one size grammar: ASCII digits, an optional fraction, an optional unit; no exponent."""
 
 _MAX_SIZE_DIGITS = 1000
 """Most digits :func:`parse_size` reads (far beyond any real size; bounds the work it does)."""
@@ -159,10 +160,13 @@ def dtype_bytes(dtype: str) -> int:
     )
 
 
-def parse_size(value: str | int, *, argument: str = "size") -> int:
+def parse_size(value: str | int, *, argument: str = "size", maximum: int | None = None) -> int:
     """Parse a byte size such as ``"4GiB"``, ``"512MiB"``, ``"1.5G"`` or ``"1024"``.
 
-    Units, case-insensitive, with or without a space:
+    This is accelplat's one size grammar: every CLI option, pytest option, ini option, marker
+    argument, simulated spec and trace reads sizes through it. Numbers are ASCII digits with an
+    optional fraction (``"1.5G"``, ``".5G"``); no sign, no exponent (``"1e9"``), no non-ASCII
+    digits (``"４GiB"``). Units, case-insensitive, with or without a space (or tab):
 
     * binary — ``K``/``Ki``/``KiB`` (2**10), ``M``/``Mi``/``MiB``, ``G``/``Gi``/``GiB``,
       ``T``/``Ti``/``TiB``, ``P``/``Pi``/``PiB``. A bare letter is binary, as in
@@ -177,14 +181,23 @@ def parse_size(value: str | int, *, argument: str = "size") -> int:
     Args:
         value: The text, or a non-negative ``int`` taken as bytes.
         argument: The name used in error messages (e.g. ``"--available"``).
+        maximum: The largest size accepted, for consumers with a bound; ``None``: no bound
+            (the result is exact, however long).
 
     Returns:
         Bytes, ``>= 0``.
 
     Raises:
         ConfigurationError: For a negative, non-finite, malformed or unit-less-but-odd value,
-            or a number of more than 1000 digits, naming ``argument``.
+            a number of more than 1000 digits, or a size above ``maximum``, naming ``argument``.
     """
+    size = _parse_size(value, argument)
+    if maximum is not None and size > maximum:
+        raise ConfigurationError(f"{argument} must be at most {maximum} bytes, got {value!r}")
+    return size
+
+
+def _parse_size(value: str | int, argument: str) -> int:
     if isinstance(value, bool):
         raise ConfigurationError(f"{argument} must be a size such as '4GiB', got {value!r}")
     if isinstance(value, int):
@@ -200,8 +213,8 @@ def parse_size(value: str | int, *, argument: str = "size") -> int:
     unit = m.group(2).lower() if m else ""
     if m is None or unit not in _UNITS:
         raise ConfigurationError(
-            f"{argument} must be a non-negative size such as '4GiB', '512MiB', '1.5G' or "
-            f"'1024' (bytes); got {value!r}"
+            f"{argument} must be a non-negative size: a byte count ('1024') or a number with a "
+            f"unit ('4GiB', '512MiB', '1.5G', '8GB'); got {value!r}"
         )
     whole, _, fraction = str(m.group(1)).partition(".")
     whole = whole.lstrip("0")

@@ -412,11 +412,11 @@ def test_directory_is_unreadable(tmp_path: Path) -> None:
         ({}, "missing required key 'devices'"),
         ({"devices": []}, "at least one device"),
         ({"devices": [{}]}, "missing required key 'total'"),
-        ({"devices": [{"total": "-1GiB"}]}, "total must be a size"),
+        ({"devices": [{"total": "-1GiB"}]}, "total must be a non-negative size"),
         ({"devices": [{"total": -5}]}, "total must be >= 0"),
         ({"devices": [{"total": True}]}, "total must be a size"),
         ({"devices": [{"total": "2PiB"}]}, "1 PiB"),
-        ({"devices": [{"total": "4 parsecs"}]}, "total must be a size"),
+        ({"devices": [{"total": "4 parsecs"}]}, "total must be a non-negative size"),
         ({"devices": [{"total": "1GiB", "used": "2GiB"}]}, "exceed total"),
         (
             {"devices": [{"total": "1GiB", "timeline": [{"at": 1, "used": "3GiB"}]}]},

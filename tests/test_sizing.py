@@ -277,3 +277,72 @@ def test_dtype_bytes_rejects_auto_and_unknown() -> None:
         dtype_bytes("nf4")
     with pytest.raises(ConfigurationError, match="dtype must be a str"):
         dtype_bytes(2)  # type: ignore[arg-type]
+
+
+# -- one grammar for every consumer ---------------------------------------------------------------
+
+
+def _size_consumers() -> dict[str, Any]:
+    import argparse
+
+    from accelplat.backends.simulated import spec_from_mapping
+    from accelplat.cli._args import parse_size_arg
+    from accelplat.timeline.trace import parse_tolerance
+
+    def cli(text: str) -> int:
+        try:
+            return parse_size_arg(text)
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigurationError(str(exc)) from None
+
+    def spec(text: str) -> int:
+        return spec_from_mapping({"devices": [{"total": "1PiB", "used": text}]}).devices[0].used
+
+    return {
+        "parse_size": parse_size,
+        "cli option": cli,
+        "leak tolerance": lambda text: parse_tolerance(text, argument="tol"),
+        "simulated spec": spec,
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("64Mi", 64 * MIB),
+        ("64MiB", 64 * MIB),
+        ("64 mib", 64 * MIB),
+        ("1Ki", 1024),
+        ("2P", 2 * 1024**5),
+        ("2PB", 2 * 10**15),
+        (".5G", GIB // 2),
+        ("1.5GiB", 3 * GIB // 2),
+        ("500MB", 500_000_000),
+        ("3kB", 3000),
+        ("1048576", MIB),
+        ("1e9", None),
+        ("1.5e9", None),
+        ("\uff14GiB", None),  # fullwidth digit four
+        ("\u0664GiB", None),  # Arabic-Indic digit four
+        ("4\u00a0GiB", None),  # no-break space
+        ("-1G", None),
+        ("+1G", None),
+        ("4XB", None),
+    ],
+)
+def test_every_consumer_reads_sizes_with_the_one_grammar(text: str, expected: int | None) -> None:
+    for name, consumer in _size_consumers().items():
+        if name == "simulated spec" and expected is not None and expected > 1024**5:
+            with pytest.raises(ConfigurationError, match="at most 1 PiB"):  # a range, not grammar
+                consumer(text)
+        elif expected is None:
+            with pytest.raises(ConfigurationError):
+                consumer(text)
+        else:
+            assert consumer(text) == expected, name
+
+
+def test_parse_size_maximum_names_the_argument() -> None:
+    assert parse_size("1KiB", argument="--x", maximum=1024) == 1024
+    with pytest.raises(ConfigurationError, match=r"--x must be at most 1023 bytes"):
+        parse_size("1KiB", argument="--x", maximum=1023)

@@ -41,7 +41,7 @@ from accelplat.timeline import (
 )
 from accelplat.timeline.pytest_hooks import WAIT_EVENT_ATTRIBUTE, WAIT_LOGGER, WaitEventTap
 from accelplat.timeline.sampler import validate_hz
-from accelplat.timeline.trace import parse_size
+from accelplat.timeline.trace import parse_tolerance
 
 pytest_plugins = ["pytester"]
 
@@ -387,13 +387,13 @@ def test_older_optional_fields_have_defaults() -> None:
     ],
 )
 def test_parse_size(text: str, expected: int) -> None:
-    assert parse_size(text) == expected
+    assert parse_tolerance(text, argument="size") == expected
 
 
 @pytest.mark.parametrize("text", ["", "x", "-1", "1e5", "5 parsecs", "9" * 400, "1.2.3MiB"])
 def test_parse_size_rejects(text: str) -> None:
-    with pytest.raises(ConfigurationError, match="--tol must be a byte count"):
-        parse_size(text, argument="--tol")
+    with pytest.raises(ConfigurationError, match=r"--tol (must be|has more than)"):
+        parse_tolerance(text, argument="--tol")
 
 
 # --------------------------------------------------------------------------------------------

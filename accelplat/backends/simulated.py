@@ -45,7 +45,6 @@ from typing import Any, ClassVar, Literal
 from accelplat import _files
 from accelplat._clock import Clock, RealClock
 from accelplat._types import (
-    GIB,
     MIB,
     DeviceInfo,
     GraphSupport,
@@ -57,6 +56,7 @@ from accelplat._types import (
 )
 from accelplat.errors import ConfigurationError, FileTooLargeError
 from accelplat.platform import BasePlatform, StartMethod
+from accelplat.sizing import parse_size
 
 __all__ = [
     "ENV_SPEC",
@@ -571,70 +571,29 @@ def _check_holder(holder: SimulatedHolder, where: str) -> None:
 # spec parsing
 
 
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
-_SIZE_UNITS: dict[str, int] = {
-    "": 1,
-    "b": 1,
-    "k": 1024,
-    "ki": 1024,
-    "kib": 1024,
-    "kb": 1000,
-    "m": MIB,
-    "mi": MIB,
-    "mib": MIB,
-    "mb": 1000**2,
-    "g": GIB,
-    "gi": GIB,
-    "gib": GIB,
-    "gb": 1000**3,
-    "t": 1024**4,
-    "ti": 1024**4,
-    "tib": 1024**4,
-    "tb": 1000**4,
-    "p": 1024**5,
-    "pi": 1024**5,
-    "pib": 1024**5,
-    "pb": 1000**5,
-}
-
-
 def _parse_size(value: object, where: str = "size") -> int:
-    """Parse a byte count: an int, a float, or text like ``"4GiB"``, ``"512 MiB"``, ``"1.5e9"``.
+    """Parse a byte count: an int, a JSON float (floored), or text in the one size grammar.
 
-    Binary units (``KiB`` … ``PiB``, and the bare letters ``K`` … ``P``, as Docker reads them)
-    are powers of 1024; ``KB`` … ``PB`` are powers of 1000. Units are case-insensitive.
+    Text goes through :func:`accelplat.sizing.parse_size` (``"4GiB"``, ``"512 MiB"``, ``"8GB"``).
 
     Raises:
         ConfigurationError: Naming ``where``, for anything else, negative or above 1 PiB.
     """
-    if isinstance(value, bool):
-        raise ConfigurationError(f"{where} must be a size, got {value!r}")
-    number: float
-    if isinstance(value, int):
-        number = value
-    elif isinstance(value, float):
+    if isinstance(value, float):
         if not math.isfinite(value):
             raise ConfigurationError(f"{where} must be finite, got {value!r}")
-        number = value
-    elif isinstance(value, str):
-        if len(value) > 64:
-            raise ConfigurationError(f"{where} is not a size: {value[:64]!r}…")
-        match = _SIZE_RE.match(value)
-        unit = _SIZE_UNITS.get(match.group(2).lower()) if match else None
-        if match is None or unit is None:
-            raise ConfigurationError(
-                f"{where} must be a size such as 4GiB, 512MiB, 8GB or a byte count, got {value!r}"
-            )
-        number = float(match.group(1)) * unit
-        if not math.isfinite(number):
-            raise ConfigurationError(f"{where} is too large: {value!r}")
+        if value < 0:
+            raise ConfigurationError(f"{where} must be >= 0 bytes, got {value!r}")
+        number = math.floor(value) if value <= MAX_DEVICE_BYTES else MAX_DEVICE_BYTES + 1
+    elif isinstance(value, str) and len(value) > 64:
+        raise ConfigurationError(f"{where} is not a size: {value[:64]!r}…")
+    elif isinstance(value, (str, int)):
+        number = parse_size(value, argument=where)
     else:
         raise ConfigurationError(f"{where} must be a size, got {value!r}")
-    if number < 0:
-        raise ConfigurationError(f"{where} must be >= 0 bytes, got {value!r}")
     if number > MAX_DEVICE_BYTES:
         raise ConfigurationError(f"{where} must be at most 1 PiB, got {value!r}")
-    return math.floor(number)
+    return number
 
 
 def _table(

@@ -22,7 +22,7 @@ from accelplat.timeline.trace import (
     DEFAULT_LEAK_GRACE_S,
     DEFAULT_LEAK_TOLERANCE_BYTES,
     load_trace,
-    parse_size,
+    parse_tolerance,
     save_trace,
 )
 
@@ -94,7 +94,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _tolerance(raw: str | None) -> int | None:
-    return None if raw is None else parse_size(raw, argument="--leak-tolerance")
+    return None if raw is None else parse_tolerance(raw, argument="--leak-tolerance")
 
 
 def _exit_status(returncode: int) -> int:

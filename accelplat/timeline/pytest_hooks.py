@@ -38,7 +38,7 @@ from accelplat.timeline.trace import (
     DEFAULT_LEAK_GRACE_S,
     DEFAULT_LEAK_TOLERANCE_BYTES,
     Trace,
-    parse_size,
+    parse_tolerance,
     save_trace,
 )
 
@@ -121,7 +121,7 @@ def pytest_configure(config: pytest.Config) -> None:
         tolerance = (
             DEFAULT_LEAK_TOLERANCE_BYTES
             if raw_tol is None
-            else parse_size(raw_tol, argument="--accelplat-timeline-leak-tolerance")
+            else parse_tolerance(raw_tol, argument="--accelplat-timeline-leak-tolerance")
         )
         grace = validate_grace(
             config.getoption("--accelplat-timeline-leak-grace"),

@@ -20,7 +20,6 @@ import gc
 import json
 import math
 import os
-import re
 import secrets
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -32,10 +31,12 @@ from typing import Any
 from accelplat import _files
 from accelplat._types import MIB
 from accelplat.errors import ConfigurationError, FileTooLargeError
+from accelplat.sizing import parse_size
 
 __all__ = [
     "DEFAULT_LEAK_GRACE_S",
     "DEFAULT_LEAK_TOLERANCE_BYTES",
+    "MAX_TOLERANCE_BYTES",
     "MAX_TRACE_BYTES",
     "TRACE_FORMAT",
     "TRACE_VERSION",
@@ -49,7 +50,7 @@ __all__ = [
     "dumps_trace",
     "load_trace",
     "loads_trace",
-    "parse_size",
+    "parse_tolerance",
     "save_trace",
 ]
 
@@ -468,41 +469,24 @@ class Trace:
         return _parse(doc)
 
 
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([a-z]*)\s*$", re.IGNORECASE)
-_SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1024, "kib": 1024, "kb": 1000,
-    "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
-    "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
-    "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
-}  # fmt: skip
+MAX_TOLERANCE_BYTES = 2**63 - 1
+"""The largest leak tolerance a trace records (a signed 64-bit count, like every size in it)."""
 
 
-def parse_size(text: str, *, argument: str = "size") -> int:
-    """Parse a byte count such as ``"64MiB"``, ``"1.5 GiB"``, ``"500MB"`` or ``"1048576"``.
-
-    Binary units (``KiB``, ``MiB``, ``GiB``, ``TiB``; also the bare ``K``, ``M``, ``G``, ``T``)
-    are powers of 1024, decimal ones (``kB``, ``MB``, ``GB``, ``TB``) powers of 1000. Case does
-    not matter.
+def parse_tolerance(text: str, *, argument: str) -> int:
+    """Parse a leak tolerance with the one size grammar (:func:`accelplat.sizing.parse_size`).
 
     Args:
-        text: The size.
-        argument: Name used in the error message.
+        text: The size, e.g. ``"64MiB"``.
+        argument: The option's name, for the message.
 
     Returns:
-        The size in bytes, rounded down.
+        Bytes, at most :data:`MAX_TOLERANCE_BYTES`.
 
     Raises:
-        ConfigurationError: For anything else, naming ``argument`` and the accepted forms.
+        ConfigurationError: Naming ``argument``, for what is not a size or is too large.
     """
-    match = _SIZE_RE.match(text) if isinstance(text, str) else None
-    unit = _SIZE_UNITS.get(match.group(2).lower()) if match else None
-    value = float(match.group(1)) * unit if match and unit else math.inf
-    if not value < 2**63:
-        raise ConfigurationError(
-            f"{argument} must be a byte count such as 64MiB, 1.5GiB, 500MB or 1048576; got {text!r}"
-        )
-    return int(value)
+    return parse_size(text, argument=argument, maximum=MAX_TOLERANCE_BYTES)
 
 
 def _r(t: float) -> float:
