@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from accelplat import _boundary
 from accelplat import _files
 from accelplat._types import (
     DeviceInfo,
@@ -94,7 +95,15 @@ each adds (a level also needs every lower level's flags)."""
 
 
 def _machine() -> str:
-    """Return the kernel's machine name (``uname -m``) without importing :mod:`platform`."""
+    """Return the kernel's machine name (``uname -m``) without importing :mod:`platform`.
+
+    Asked through the vendor boundary, so a capture records it and a replay gives it back.
+    """
+    answer = _boundary.call("host", ("machine",), _uname_machine)
+    return answer if isinstance(answer, str) else ""
+
+
+def _uname_machine() -> str:
     try:
         return os.uname().machine
     except (AttributeError, OSError):  # not POSIX

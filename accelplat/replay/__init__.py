@@ -48,6 +48,7 @@ __all__ = [
     "activate",
     "capture",
     "compare_info",
+    "describe",
     "load_bundle",
     "parse_bundle",
     "recording",
@@ -391,6 +392,8 @@ def describe(host: Mapping[str, Any]) -> str:
         "amdsmi": "amdsmi calls",
         "dist": "Installed versions asked",
         "proc": "Processes classified (pid: state and name)",
+        "device": "Device nodes checked (/dev/kfd, render nodes: whether they open)",
+        "host": "Host facts (the machine name, as uname -m)",
     }
     for channel, labels in by_channel.items():
         lines.append(f"{titles.get(channel, channel)} ({len(labels)}):")

@@ -3,7 +3,8 @@
 A recorder turns each answer into plain JSON: scalars stay as they are, and the few shapes vendor
 Python bindings return are tagged:
 
-* ``{"$tuple": [...]}``, ``{"$bytes": "<base64>"}``, ``{"$map": {...}}``,
+* ``{"$tuple": [...]}``, ``{"$utf8": "text"}`` (bytes that are UTF-8 text, such as a file's
+  contents, kept readable), ``{"$bytes": "<base64>"}`` (other bytes), ``{"$map": {...}}``,
   ``{"$float": "nan"}`` for what JSON cannot say directly;
 * ``{"$record": {"type": "c_nvmlMemory_v2_t", "fields": {...}}}`` for a ctypes structure or a
   plain object with attributes (read back as an object with the same attributes);
@@ -114,6 +115,12 @@ def encode(value: object, token: HandleToken, depth: int = 0) -> object:
     if isinstance(value, float):
         return value if math.isfinite(value) else {"$float": repr(value)}
     if isinstance(value, (bytes, bytearray)):
+        try:
+            text = bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and text.replace("\n", "").replace("\t", "").isprintable():
+            return {"$utf8": text}
         return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, Handle):
         return {"$handle": value.token}
@@ -199,6 +206,13 @@ def decode(data: object, handle: Callable[[str], Handle], where: str, depth: int
             return base64.b64decode(body.encode("ascii"), validate=True)
         except (binascii.Error, UnicodeEncodeError):
             raise _fail(where, "$bytes is not valid base64") from None
+    if tag == "$utf8":
+        if not isinstance(body, str):
+            raise _fail(where, "$utf8 must hold text")
+        try:
+            return body.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _fail(where, "$utf8 holds text that is not valid UTF-8") from None
     if tag == "$float":
         if body not in ("nan", "inf", "-inf"):
             raise _fail(where, "$float must be 'nan', 'inf' or '-inf'")
