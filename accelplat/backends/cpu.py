@@ -48,8 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from accelplat import _boundary
-from accelplat import _files
+from accelplat import _boundary, _files
 from accelplat._types import (
     DeviceInfo,
     FeatureRule,

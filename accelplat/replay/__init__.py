@@ -134,6 +134,26 @@ def _reset_caches() -> None:
             forget()
 
 
+def _install(interceptor: _boundary.Interceptor) -> Callable[[], None]:
+    """Route every seam (vendor libraries and host files) through ``interceptor``.
+
+    Returns:
+        A function that puts the previous seams back.
+    """
+    from accelplat import _files
+    from accelplat.replay._hostfiles import BoundaryFiles
+
+    previous = _boundary.install(interceptor)
+    previous_files = _files.set_host_files(BoundaryFiles(interceptor))
+    _reset_caches()
+
+    def undo() -> None:
+        _boundary.install(previous)
+        _files.set_host_files(previous_files)
+
+    return undo
+
+
 @contextmanager
 def replaying(bundle: Bundle | str | os.PathLike[str]) -> Iterator[Replayer]:
     """Make this process answer from ``bundle`` for the duration of the block.
@@ -155,12 +175,11 @@ def replaying(bundle: Bundle | str | os.PathLike[str]) -> Iterator[Replayer]:
     loaded = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
     replayer = Replayer(loaded)
     saved = _set_env(loaded.env)
-    previous = _boundary.install(replayer)
-    _reset_caches()
+    undo = _install(replayer)
     try:
         yield replayer
     finally:
-        _boundary.install(previous)
+        undo()
         _restore_env(saved)
         _reset_caches()
 
@@ -183,8 +202,7 @@ def activate(path: str | os.PathLike[str]) -> Replayer:
     """
     replayer = Replayer(load_bundle(path))
     _set_env(replayer.bundle.env)
-    _boundary.install(replayer)
-    _reset_caches()
+    _install(replayer)
     return replayer
 
 
@@ -204,12 +222,11 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
     """
     saved = os.environ.get(_PLUGINS)
     os.environ[_PLUGINS] = ""
-    previous = _boundary.install(recorder)
-    _reset_caches()
+    undo = _install(recorder)
     try:
         yield recorder
     finally:
-        _boundary.install(previous)
+        undo()
         if saved is None:
             os.environ.pop(_PLUGINS, None)
         else:
