@@ -54,7 +54,13 @@ def test_replay_reproduces_the_recorded_info(path: Path) -> None:
     assert bundle.info is not None, f"{path.name} has no info.json"
     with replaying(bundle):
         info = collect_info()
-    assert compare_info(bundle.info, info) == []
+    differences = compare_info(bundle.info, info)
+    assert differences == [], (
+        f"{path.name} no longer replays as recorded. If a backend now reads something new, the "
+        "bundle lacks the answer: rebuild hand-built hosts (python -m tests.hosts.make_mi300x) "
+        "or capture the host again (accelplat capture --out ...). Differences:\n"
+        + "\n".join(differences)
+    )
     assert info["platform"] == bundle.summary["platform"]
 
 
@@ -82,3 +88,32 @@ def test_the_command_line_replays_a_bundle(path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert compare_info(bundle.info, json.loads(done.stdout)) == []
+
+
+def test_the_hand_built_mi300x_replays_as_a_rocm_host_with_its_arch_and_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with replaying(HOSTS / "amd-mi300x-x2.tar.gz"):
+        platform = current_platform()
+        devices = list(platform.devices())
+        memory = platform.memory_info(0)
+        holders = platform.memory_holders(0)
+        monkeypatch.setenv("HIP_VISIBLE_DEVICES", "1")  # applied by the backend over the replay
+        hidden = [d.physical_index for d in platform.devices()]
+    assert platform.name == "rocm"
+    assert [(d.name, d.arch) for d in devices] == [("AMD Instinct MI300X", "gfx942")] * 2
+    assert memory.total == 192 * 1024**3
+    assert memory.used == 3 * 1024**3
+    assert memory.source == "sysfs"
+    assert holders is not None
+    assert [h.pid for h in holders] == [4242]
+    assert hidden == [1]
+
+
+def test_the_h200_capture_replays_two_sm90_gpus_and_one_under_the_recorded_variable() -> None:
+    with replaying(HOSTS / "nvidia-h200-x2.tar.gz"):
+        both = [(d.name, d.arch, d.compute_capability) for d in current_platform().devices()]
+    with replaying(HOSTS / "nvidia-h200-x2-cvd0.tar.gz"):
+        one = [d.physical_index for d in current_platform().devices()]
+    assert both == [("NVIDIA H200", "sm_90", (9, 0))] * 2
+    assert one == [0]

@@ -197,11 +197,13 @@ def activate(path: str | os.PathLike[str]) -> Replayer:
         BundleError: When the bundle cannot be loaded.
 
     Side effects:
-        As :func:`replaying`, for the rest of the process: the captured variables replace the
-        relevant ones in ``os.environ`` (child processes inherit them and ``ACCELPLAT_REPLAY``).
+        For the rest of the process every seam answers from the bundle. Unlike
+        :func:`replaying`, the environment stays the process's own (only
+        ``ACCELPLAT_PLUGINS`` defaults to empty): a process started by a replay, or by a test
+        that sets ``CUDA_VISIBLE_DEVICES`` over a replayed host, sees the variables it was given.
     """
     replayer = Replayer(load_bundle(path))
-    _set_env(replayer.bundle.env)
+    os.environ.setdefault(_PLUGINS, "")
     _install(replayer)
     return replayer
 
