@@ -218,11 +218,12 @@ class InsufficientSharedMemoryError(AccelplatError, RuntimeError):
         self.path = path
 
 
-class BundleError(AccelplatError, ValueError):
+class BundleError(ConfigurationError):
     """A capture bundle (``accelplat capture``) cannot be used: unreadable, malformed, too large.
 
     Bundles are untrusted input; every problem the loader finds raises this type, never a
-    ``KeyError`` or a ``tarfile`` error from deep inside.
+    ``KeyError`` or a ``tarfile`` error from deep inside. A
+    :class:`ConfigurationError` (so a ``ValueError``): the input file is wrong.
 
     Attributes:
         source: The bundle's path (or ``"<bytes>"``).

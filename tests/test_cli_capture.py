@@ -53,7 +53,9 @@ def test_no_processes_is_said_and_kept(
     assert load_bundle(out).options["processes"] is False
 
 
-@pytest.mark.parametrize("args", [["--samples", "-1"], ["--samples", "x"], ["--interval", "-2"]])
+@pytest.mark.parametrize(
+    "args", [["--samples", "-1"], ["--samples", "x"], ["--interval", "-2"], ["--interval", "11"]]
+)
 def test_bad_arguments_exit_2(tmp_path: Path, args: list[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["capture", "--out", str(tmp_path / "b.tar.gz"), *args])

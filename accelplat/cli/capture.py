@@ -22,6 +22,13 @@ def _samples(text: str) -> int:
     return int(text)
 
 
+def _interval(text: str) -> float:
+    value = seconds_arg(allow_zero=True)(text)
+    if value > 10:
+        raise argparse.ArgumentTypeError(f"--interval takes 0 to 10 seconds, got {text!r}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``capture`` sub-command to ``sub``."""
     parser = sub.add_parser(
@@ -44,7 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--interval",
-        type=seconds_arg(allow_zero=True),
+        type=_interval,
         default=0.4,
         help="seconds between memory samples (default 0.4)",
     )
@@ -72,9 +79,6 @@ def _write(path: str, data: bytes) -> None:
 def _run(args: argparse.Namespace) -> int:
     from accelplat.replay import capture
 
-    if args.interval > 10:
-        print("accelplat: error: --interval must be at most 10 seconds", file=sys.stderr)
-        return 2
     result = capture(
         processes=not args.no_processes, samples=args.samples, interval_s=args.interval
     )
