@@ -321,13 +321,47 @@ def test_numa_node_clamped_by_cgroup(fs: HostFS) -> None:
     assert info.source == "numa-node+cgroup-v2"
 
 
-def test_numa_node_losing_its_meminfo_is_no_longer_a_device(fs: HostFS) -> None:
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The monotonic clock the CPU backend's structure cache reads, moved by the test."""
+    now = [1000.0]
+    monkeypatch.setattr("accelplat.backends.cpu._monotonic", lambda: now[0])
+    return now
+
+
+def test_numa_node_losing_its_meminfo_is_no_longer_a_device(fs: HostFS, clock: list[float]) -> None:
     fs.numa_node(0, total=16 * GIB, free=10 * GIB)
     d = fs.numa_node(1, total=16 * GIB, free=10 * GIB)
     p = fs.platform()
     assert p.device_count() == 2
     fs.write(d / "meminfo", "Node 1 HugePages_Total:     0\n")
+    clock[0] += CpuPlatform.STRUCTURE_TTL_S  # the node list is looked up again
     assert p.device_count() == 1  # one node left: the host is the device
+
+
+def test_structure_is_reused_briefly_but_figures_are_read_every_time(
+    fs: HostFS, clock: list[float]
+) -> None:
+    fs.meminfo(total=32 * GIB, available=30 * GIB, free=28 * GIB)
+    fs.cgroup_v2("/job/step")
+    fs.v2_level("/job", max="max", current=GIB)
+    fs.v2_level("/job/step", max=4 * GIB, current=GIB)
+    p = fs.platform()
+    assert (p.memory_info(0).total, p.memory_info(0).free) == (4 * GIB, 3 * GIB)
+    # a figure of a limited level changes: seen at once
+    fs.v2_level("/job/step", max=8 * GIB, current=2 * GIB)
+    assert (p.memory_info(0).total, p.memory_info(0).free) == (8 * GIB, 6 * GIB)
+    # a limit set on a level that had none is found once the structure is looked up again
+    fs.v2_level("/job", max=2 * GIB, current=GIB)
+    assert p.memory_info(0).total == 8 * GIB
+    clock[0] += CpuPlatform.STRUCTURE_TTL_S
+    info = p.memory_info(0)
+    assert (info.total, info.free, info.source) == (2 * GIB, GIB, "cgroup-v2")
+    # limits that go away: seen at once (the levels are still read)
+    fs.v2_level("/job", max="max", current=GIB)
+    fs.v2_level("/job/step", max="max", current=GIB)
+    assert p.memory_info(0).source == "meminfo"
+    assert p.memory_info(0).total == 32 * GIB
 
 
 def test_numa_node_without_memfree_is_a_backend_error(fs: HostFS) -> None:

@@ -46,6 +46,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from time import monotonic as _monotonic
 from typing import ClassVar
 
 from accelplat import _boundary, _files
@@ -81,6 +82,7 @@ _UTILIZATION_FLOOR_PERCENT = 5
 _UTILIZATION_MARGIN_PERCENT = 90
 
 _NODE_DIR_RE = re.compile(r"^node(\d+)$")
+_MEMTOTAL = frozenset({"MemTotal"})
 _CPU_MODEL_KEYS = ("model name", "Model", "Hardware", "cpu model", "cpu", "uarch")
 _CPU_FLAG_KEYS = ("flags", "Features")  # x86 and Arm spellings in /proc/cpuinfo
 
@@ -226,6 +228,10 @@ class CpuPlatform(BasePlatform):
         lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0, idle_floor_bytes=0
     )
     GRAPH: ClassVar[GraphSupport] = GraphSupport(False, None, "CPU has no graph capture")
+    STRUCTURE_TTL_S: ClassVar[float] = 1.0
+    """Seconds the NUMA node list and the set of limited cgroup levels are reused before they
+    are looked up again. Memory figures are read on every query; what is reused is only which
+    files to read, which changes when nodes come online or a cgroup limit is set or moved."""
     FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
         "bf16": (FeatureRule(note="computed by torch on any CPU"),),
     }
@@ -240,6 +246,13 @@ class CpuPlatform(BasePlatform):
         self._proc_root = proc_root
         self._cgroup_root = cgroup_root
         self._sysfs_root = sysfs_root
+        # Structure reused between readings (see STRUCTURE_TTL_S): the roots (by the values
+        # that name them), the NUMA nodes, where this process's cgroup levels are (by the text
+        # of /proc/self/cgroup) and which of them carry a limit. Figures are read every time.
+        self._roots_cache: tuple[object, _Roots] | None = None
+        self._nodes_seen: tuple[_Roots, float, tuple[int, ...]] | None = None
+        self._limited_seen: tuple[_Roots, float, tuple[str, tuple[Path, ...]] | None] | None = None
+        self._cgroup_cache: tuple[object, tuple[str, tuple[Path, ...]] | None] | None = None
 
     @classmethod
     def probe(cls) -> ProbeResult:
@@ -255,32 +268,50 @@ class CpuPlatform(BasePlatform):
     def _roots(self) -> _Roots:
         proc = self._proc_root or os.environ.get(ENV_PROC_ROOT) or "/proc"
         sysfs = self._sysfs_root or os.environ.get(ENV_SYSFS_ROOT) or "/sys"
-        cgroup = self._cgroup_root or os.environ.get(ENV_CGROUP_ROOT) or Path(sysfs, "fs", "cgroup")
-        return _Roots(Path(proc), Path(sysfs), Path(cgroup))
+        cgroup = self._cgroup_root or os.environ.get(ENV_CGROUP_ROOT)
+        key = (proc, sysfs, cgroup)
+        cached = self._roots_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        roots = _Roots(Path(proc), Path(sysfs), Path(cgroup or Path(sysfs, "fs", "cgroup")))
+        self._roots_cache = (key, roots)
+        return roots
 
     # -- devices ---------------------------------------------------------------------------
 
     def _numa_nodes(self, roots: _Roots) -> list[int]:
-        """Return the NUMA nodes to show as devices, or ``[]`` for "the host is one device"."""
+        """Return the NUMA nodes to show as devices, or ``[]`` for "the host is one device".
+
+        Re-scanned at most every :attr:`STRUCTURE_TTL_S` seconds (per roots).
+        """
+        now = _monotonic()
+        cached = self._nodes_seen
+        if cached is not None and cached[0] == roots and now < cached[1]:
+            return list(cached[2])
+        nodes = self._scan_numa_nodes(roots)
+        self._nodes_seen = (roots, now + self.STRUCTURE_TTL_S, tuple(nodes))
+        return nodes
+
+    def _scan_numa_nodes(self, roots: _Roots) -> list[int]:
         base = roots.sysfs / "devices" / "system" / "node"
         try:
             names = _files.listdir(base)
         except OSError:
             return []
+        candidates = [(entry, m) for entry in names if (m := _NODE_DIR_RE.match(entry))]
+        if len(candidates) < 2:
+            return []  # one node (or none): the host is the device, nothing more to read
         nodes: list[int] = []
-        for entry in names:
-            m = _NODE_DIR_RE.match(entry)
-            if m is None:
-                continue
+        for entry, m in candidates:
             try:
-                table = parse_kb_table(_read_text(base / entry / "meminfo"), skip=2)
+                text = _read_text(base / entry / "meminfo")
             except OSError:
                 continue
-            if table.get("MemTotal", 0) > 0:
+            if parse_kb_table(text, skip=2, keys=_MEMTOTAL).get("MemTotal", 0) > 0:
                 nodes.append(int(m.group(1)))
+        nodes.sort()
         if len(nodes) < 2:
             return []
-        nodes.sort()
         allowed = self._mems_allowed(roots)
         if allowed:
             kept = [n for n in nodes if n in allowed]
@@ -418,11 +449,55 @@ class CpuPlatform(BasePlatform):
     # -- cgroups --------------------------------------------------------------------------
 
     def _cgroup_limit(self, roots: _Roots) -> _CgroupLimit | None:
-        """Return the binding cgroup limit, or ``None`` when unlimited or unusable."""
+        """Return the binding cgroup limit, or ``None`` when unlimited or unusable.
+
+        Which cgroup levels carry a limit is found at most every :attr:`STRUCTURE_TTL_S`
+        seconds (per roots); in between only those levels' limits and charges are read.
+        """
+        now = _monotonic()
+        seen = self._limited_seen
+        if seen is not None and seen[0] == roots and now < seen[1]:
+            if seen[2] is None:
+                return None
+            version, limited = seen[2]
+            try:
+                return self._limit_over(limited, version=version)[0]
+            except _CgroupUnusableError:
+                return None
+        result: tuple[str, tuple[Path, ...]] | None = None
+        try:
+            found = self._cgroup_limit_scan(roots)
+        except _CgroupUnusableError:
+            found = None
+        limit = None
+        if found is not None:
+            limit, result = found
+        self._limited_seen = (roots, now + self.STRUCTURE_TTL_S, result)
+        return limit
+
+    def _cgroup_limit_scan(
+        self, roots: _Roots
+    ) -> tuple[_CgroupLimit | None, tuple[str, tuple[Path, ...]]] | None:
+        """Read every level; return the limit and the version with the limited levels."""
         try:
             text = _read_text(roots.proc / "self" / "cgroup")
         except OSError:
             return None
+        key = (roots, text)
+        cached = self._cgroup_cache
+        if cached is not None and cached[0] == key:
+            levels = cached[1]
+        else:
+            levels = self._cgroup_levels(roots, text)
+            self._cgroup_cache = (key, levels)
+        if levels is None:
+            return None
+        version, dirs = levels
+        limit, limited = self._limit_over(dirs, version=version)
+        return limit, (version, limited)
+
+    def _cgroup_levels(self, roots: _Roots, text: str) -> tuple[str, tuple[Path, ...]] | None:
+        """Return the cgroup version and this process's levels, leaf first, from ``text``."""
         v2_path: str | None = None
         v1_path: str | None = None
         for line in text.splitlines():
@@ -434,18 +509,15 @@ class CpuPlatform(BasePlatform):
                 v2_path = path
             elif "memory" in controllers.split(","):
                 v1_path = path
-        try:
-            # A memory controller bound to a v1 hierarchy is not available on v2.
-            if v1_path is not None:
-                mount = self._v1_memory_mount(roots.cgroup)
-                if mount is not None:
-                    return self._walk(mount, v1_path, version="cgroup-v1")
-            if v2_path is not None:
-                for mount in (roots.cgroup, roots.cgroup / "unified"):
-                    if _files.is_file(mount / "cgroup.controllers"):
-                        return self._walk(mount, v2_path, version="cgroup-v2")
-        except _CgroupUnusableError:
-            return None
+        # A memory controller bound to a v1 hierarchy is not available on v2.
+        if v1_path is not None:
+            mount = self._v1_memory_mount(roots.cgroup)
+            if mount is not None:
+                return "cgroup-v1", self._levels(mount, v1_path)
+        if v2_path is not None:
+            for mount in (roots.cgroup, roots.cgroup / "unified"):
+                if _files.is_file(mount / "cgroup.controllers"):
+                    return "cgroup-v2", self._levels(mount, v2_path)
         return None
 
     @staticmethod
@@ -479,47 +551,56 @@ class CpuPlatform(BasePlatform):
                 return candidate
         return mount
 
-    def _walk(self, mount: Path, cgroup_path: str, *, version: str) -> _CgroupLimit | None:
+    def _levels(self, mount: Path, cgroup_path: str) -> tuple[Path, ...]:
         leaf = self._resolve(mount, cgroup_path)
-        levels = [leaf, *[p for p in leaf.parents if p == mount or mount in p.parents]]
+        return (leaf, *[p for p in leaf.parents if p == mount or mount in p.parents])
+
+    def _limit_over(
+        self, levels: Sequence[Path], *, version: str
+    ) -> tuple[_CgroupLimit | None, tuple[Path, ...]]:
+        """Return the binding limit over ``levels`` and the levels that carry a limit."""
         v2 = version == "cgroup-v2"
         limit_file = "memory.max" if v2 else "memory.limit_in_bytes"
         smallest: int | None = None
         headroom: int | None = None
+        limited: list[Path] = []
         for level in levels:
             limit = self._level_limit(level / limit_file, v2=v2)
             if limit is None:
                 continue
+            limited.append(level)
             charge = self._level_charge(level, v2=v2)
             room = max(0, limit - charge)
             smallest = limit if smallest is None else min(smallest, limit)
             headroom = room if headroom is None else min(headroom, room)
         if smallest is None or headroom is None:
-            return None
-        return _CgroupLimit(version=version, limit=smallest, headroom=headroom)
+            return None, tuple(limited)
+        return _CgroupLimit(version=version, limit=smallest, headroom=headroom), tuple(limited)
 
     @staticmethod
     def _level_limit(path: Path, *, v2: bool) -> int | None:
-        if not _files.exists(path):
+        try:
+            text = _read_text(path).strip()
+        except FileNotFoundError:
             return None  # the root cgroup, or a level without the memory controller
-        if v2:
-            try:
-                text = _read_text(path).strip()
-            except OSError as exc:
-                raise _CgroupUnusableError(f"cannot read {path}: {exc}") from None
-            return None if text == "max" else _parse_nonnegative(path, text)
-        value = _read_int(path)
-        return None if value >= _V1_UNLIMITED else value
+        except OSError as exc:
+            raise _CgroupUnusableError(f"cannot read {path}: {exc}") from None
+        if v2 and text == "max":
+            return None
+        value = _parse_nonnegative(path, text)
+        return None if not v2 and value >= _V1_UNLIMITED else value
 
     @staticmethod
     def _level_charge(level: Path, *, v2: bool) -> int:
         usage = _read_int(level / ("memory.current" if v2 else "memory.usage_in_bytes"))
         stat_path = level / "memory.stat"
         try:
-            stat = parse_int_values(parse_key_values(_read_text(stat_path)))
+            text = _read_text(stat_path)
         except OSError as exc:
             raise _CgroupUnusableError(f"cannot read {stat_path}: {exc}") from None
         keys = ("inactive_file",) if v2 else ("total_inactive_file", "inactive_file")
+        wanted = "\n".join(line for line in text.splitlines() if line.startswith(keys))
+        stat = parse_int_values(parse_key_values(wanted))
         for key in keys:
             if key in stat:
                 return max(0, usage - max(0, stat[key]))

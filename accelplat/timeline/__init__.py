@@ -17,30 +17,34 @@ Importing this package imports no framework and queries no device.
 
 from __future__ import annotations
 
-from accelplat.timeline.render import render_html, write_report
-from accelplat.timeline.sampler import (
-    DEFAULT_CAPACITY,
-    DEFAULT_HZ,
-    Recorder,
-    SampleBuffer,
-    Sampler,
-    platform_reader,
-)
-from accelplat.timeline.trace import (
-    DEFAULT_LEAK_TOLERANCE_BYTES,
-    TRACE_FORMAT,
-    TRACE_VERSION,
-    DeviceTrack,
-    Leak,
-    Sample,
-    TestSpan,
-    Trace,
-    WaitSpan,
-    dumps_trace,
-    load_trace,
-    loads_trace,
-    save_trace,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names load on first use: the pytest plugin (``accelplat.timeline.pytest_hooks``) is imported
+# by every pytest session, and most never ask for a timeline, so nothing is imported up front.
+_EXPORTS: dict[str, str] = {
+    "render_html": "accelplat.timeline.render",
+    "write_report": "accelplat.timeline.render",
+    "DEFAULT_CAPACITY": "accelplat.timeline.sampler",
+    "DEFAULT_HZ": "accelplat.timeline.sampler",
+    "Recorder": "accelplat.timeline.sampler",
+    "SampleBuffer": "accelplat.timeline.sampler",
+    "Sampler": "accelplat.timeline.sampler",
+    "platform_reader": "accelplat.timeline.sampler",
+    "DEFAULT_LEAK_TOLERANCE_BYTES": "accelplat.timeline.trace",
+    "TRACE_FORMAT": "accelplat.timeline.trace",
+    "TRACE_VERSION": "accelplat.timeline.trace",
+    "DeviceTrack": "accelplat.timeline.trace",
+    "Leak": "accelplat.timeline.trace",
+    "Sample": "accelplat.timeline.trace",
+    "TestSpan": "accelplat.timeline.trace",
+    "Trace": "accelplat.timeline.trace",
+    "WaitSpan": "accelplat.timeline.trace",
+    "dumps_trace": "accelplat.timeline.trace",
+    "load_trace": "accelplat.timeline.trace",
+    "loads_trace": "accelplat.timeline.trace",
+    "save_trace": "accelplat.timeline.trace",
+}
 
 __all__ = [
     "DEFAULT_CAPACITY",
@@ -65,3 +69,43 @@ __all__ = [
     "save_trace",
     "write_report",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accelplat.timeline' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:
+    from accelplat.timeline.render import render_html, write_report
+    from accelplat.timeline.sampler import (
+        DEFAULT_CAPACITY,
+        DEFAULT_HZ,
+        Recorder,
+        SampleBuffer,
+        Sampler,
+        platform_reader,
+    )
+    from accelplat.timeline.trace import (
+        DEFAULT_LEAK_TOLERANCE_BYTES,
+        TRACE_FORMAT,
+        TRACE_VERSION,
+        DeviceTrack,
+        Leak,
+        Sample,
+        TestSpan,
+        Trace,
+        WaitSpan,
+        dumps_trace,
+        load_trace,
+        loads_trace,
+        save_trace,
+    )

@@ -32,7 +32,6 @@ from typing import Any
 import pytest
 
 from accelplat.errors import AccelplatError, ConfigurationError
-from accelplat.timeline.render import write_report
 from accelplat.timeline.sampler import DEFAULT_HZ, Recorder, validate_grace, validate_hz
 from accelplat.timeline.trace import (
     DEFAULT_LEAK_GRACE_S,
@@ -323,6 +322,8 @@ class TimelinePlugin:
         trace = self.trace = recorder.trace(exit_code=int(exitstatus))
         try:
             self.html_path.parent.mkdir(parents=True, exist_ok=True)
+            from accelplat.timeline.render import write_report
+
             self._written.append(write_report(trace, self.html_path))
             if self.json_path is not None:
                 self.json_path.parent.mkdir(parents=True, exist_ok=True)

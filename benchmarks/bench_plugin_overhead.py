@@ -1,0 +1,133 @@
+"""What ``--accelplat-leak-check`` and ``--accelplat-timeline`` cost per test on a CPU host.
+
+Writes a file of ``--tests`` trivial tests into a temporary directory and runs pytest on it in
+fresh processes, round-robin, ``--runs`` times each:
+
+* ``disabled``: both accelplat plugins disabled (``-p no:accelplat -p no:accelplat_timeline``);
+* ``installed``: the plugins loaded, no option given;
+* ``leak-check + timeline``: ``--accelplat-leak-check --accelplat-timeline=report.html`` (the
+  report is written, as in real use).
+
+Prints the median and minimum wall time of each and the cost per test of the options over the
+disabled run (target: at most 0.5 ms per test with both options). Also prints the cost of one
+``memory_info(0)`` reading next to ``psutil.virtual_memory()`` (best of 5 timings).
+
+Usage (from the repository root)::
+
+    PYTHONPATH=. python benchmarks/bench_plugin_overhead.py [--tests 500] [--runs 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+VARIANTS: dict[str, list[str]] = {
+    "disabled": ["-p", "no:accelplat", "-p", "no:accelplat_timeline"],
+    "installed": [],
+    "leak-check + timeline": ["--accelplat-leak-check", "--accelplat-timeline=report.html"],
+}
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["ACCELPLAT_PLATFORM"] = "cpu"
+    return env
+
+
+def _write_suite(directory: Path, tests: int) -> None:
+    lines = [f"def test_{i}():\n    assert {i} == {i}\n" for i in range(tests)]
+    (directory / "test_trivial.py").write_text("\n".join(lines))
+    (directory / "pytest.ini").write_text("[pytest]\naddopts = -q -p no:cacheprovider\n")
+
+
+def run_times(tests: int, runs: int) -> dict[str, list[float]]:
+    """Wall seconds of each variant over ``runs`` round-robin runs (after one warm-up each)."""
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        _write_suite(work, tests)
+        for rnd in range(runs + 1):
+            for name, extra in VARIANTS.items():
+                start = time.perf_counter()
+                done = subprocess.run(
+                    [sys.executable, "-m", "pytest", *extra],
+                    cwd=work,
+                    env=_env(),
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                elapsed = time.perf_counter() - start
+                if done.returncode != 0:
+                    raise SystemExit(f"{name} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+                if rnd:  # the first round warms caches
+                    times[name].append(elapsed)
+    return times
+
+
+def reading_costs() -> dict[str, float]:
+    """Best-of-5 seconds per call of the CPU memory reading and of psutil's."""
+    import psutil
+
+    from accelplat.backends.cpu import CpuPlatform
+
+    platform = CpuPlatform()
+    platform.memory_info(0)
+    out = {
+        "CpuPlatform().memory_info(0)": min(
+            timeit.repeat(lambda: platform.memory_info(0), number=2000, repeat=5)
+        )
+        / 2000,
+        "psutil.virtual_memory()": min(timeit.repeat(psutil.virtual_memory, number=2000, repeat=5))
+        / 2000,
+    }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tests", type=int, default=500, help="trivial tests in the suite")
+    parser.add_argument("--runs", type=int, default=7, help="runs of each variant")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+
+    costs = reading_costs()
+    print("One reading, best of 5 x 2000 calls:")
+    for name, value in costs.items():
+        print(f"  {name:32s} {value * 1e6:8.1f} us")
+    times = run_times(args.tests, args.runs)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    low = {n: min(v) for n, v in times.items()}
+    print(f"\npytest on {args.tests} trivial tests, {args.runs} runs of each, round-robin:")
+    print(f"  {'variant':28s} {'median':>10s} {'min':>10s}")
+    for name in times:
+        print(f"  {name:28s} {med[name]:8.3f} s {low[name]:8.3f} s")
+    per_test = {
+        f"{name} over disabled ({kind}), per test": (pick[name] - pick["disabled"]) / args.tests
+        for name in ("installed", "leak-check + timeline")
+        for kind, pick in (("median", med), ("min", low))
+    }
+    print("\nCost per test (target for leak-check + timeline: <= 0.5 ms):")
+    for name, value in per_test.items():
+        print(f"  {name:52s} {value * 1e3:7.3f} ms")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"reading_s": costs, "times_s": times, "per_test_s": per_test}, indent=2)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
