@@ -153,3 +153,28 @@ def test_python_dash_m_and_version_match_the_metadata() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"accelplat {version}"
     assert accelplat.__version__ == version
+
+
+def test_backend_methods_that_replace_the_base_class_say_so() -> None:
+    # @override lets mypy report a method whose BasePlatform counterpart was renamed or removed;
+    # every built-in backend marks each method it takes over from the base class.
+    import inspect
+
+    from accelplat.platform import BasePlatform
+    from accelplat.registry import _BUILTINS
+
+    checked = 0
+    for target in _BUILTINS.values():
+        module_name, _, class_name = target.partition(":")
+        cls = getattr(importlib.import_module(module_name), class_name)
+        for name, member in vars(cls).items():
+            if name.startswith("__") or name == "default_memory_utilization":
+                continue  # dunders; a property that replaces the base's class attribute
+            base = inspect.getattr_static(BasePlatform, name, None)
+            if not isinstance(base, (property, classmethod, staticmethod)) and not callable(base):
+                continue  # absent, or class attributes (RELEASE, name …): data, not methods
+            func = member.fget if isinstance(member, property) else member
+            func = getattr(func, "__func__", func)
+            assert getattr(func, "__override__", False), f"{class_name}.{name} lacks @override"
+            checked += 1
+    assert checked >= 20

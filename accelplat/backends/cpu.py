@@ -50,6 +50,7 @@ from time import monotonic as _monotonic
 from typing import ClassVar
 
 from accelplat import _boundary, _files
+from accelplat._compat import override
 from accelplat._types import (
     DeviceInfo,
     FeatureRule,
@@ -255,6 +256,7 @@ class CpuPlatform(BasePlatform):
         self._cgroup_cache: tuple[object, tuple[str, tuple[Path, ...]] | None] | None = None
 
     @classmethod
+    @override
     def probe(cls) -> ProbeResult:
         """Return available: every machine has host memory.
 
@@ -362,6 +364,7 @@ class CpuPlatform(BasePlatform):
                 return found[key], arch
         return (f"cpu ({machine})" if machine else "cpu"), arch
 
+    @override
     def devices(self) -> Sequence[DeviceInfo]:
         """Return the host as device 0, or one device per allowed NUMA node.
 
@@ -381,12 +384,14 @@ class CpuPlatform(BasePlatform):
             for i, node in enumerate(nodes)
         )
 
+    @override
     def device_count(self) -> int:
         """Return 1, or the number of allowed NUMA nodes on a multi-node machine."""
         return max(1, len(self._numa_nodes(self._roots())))
 
     # -- memory ------------------------------------------------------------------------------
 
+    @override
     def _memory_info(self, device: int) -> MemoryInfo:
         roots = self._roots()
         nodes = self._numa_nodes(roots)
@@ -660,6 +665,7 @@ class CpuPlatform(BasePlatform):
                 continue
         return views
 
+    @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
         """Return ``None``: which process holds host memory is not a meaningful question here.
 

@@ -53,6 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from accelplat import _nvml
+from accelplat._compat import override
 from accelplat._graphs import graph_support
 from accelplat._types import (
     DeviceInfo,
@@ -474,6 +475,7 @@ class CudaPlatform(BasePlatform):
     # -- detection -------------------------------------------------------------------------
 
     @classmethod
+    @override
     def probe(cls) -> ProbeResult:
         """Return whether NVML works here and shows at least one visible GPU; never raises.
 
@@ -518,6 +520,7 @@ class CudaPlatform(BasePlatform):
     # -- properties ------------------------------------------------------------------------
 
     @property
+    @override
     def graph(self) -> GraphSupport:
         """CUDA graph capability, decided from the installed torch version (torch not imported).
 
@@ -552,6 +555,7 @@ class CudaPlatform(BasePlatform):
 
     # -- devices ---------------------------------------------------------------------------
 
+    @override
     def devices(self) -> Sequence[DeviceInfo]:
         """Return the visible GPUs (or MIG devices) in visible-index order.
 
@@ -686,6 +690,7 @@ class CudaPlatform(BasePlatform):
             raise DeviceNotFoundError(device, len(view.devices), self.name)
         return view.devices[index], view.handles[index]
 
+    @override
     def memory_info(self, device: int) -> MemoryInfo:
         """Return memory of visible device ``device`` in bytes (see the module docstring).
 
@@ -781,6 +786,7 @@ class CudaPlatform(BasePlatform):
         available = min(meminfo.available, total)
         return MemoryInfo(free=available, total=total, used=total - available, source=_SOURCE_HOST)
 
+    @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
         """Return the processes holding memory on ``device``, from NVML's compute-process list.
 

@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from accelplat import _boundary, _files
+from accelplat._compat import override
 from accelplat._graphs import graph_support
 from accelplat._procs import make_holder
 from accelplat._types import (
@@ -973,6 +974,7 @@ class RocmPlatform(BasePlatform):
         self._notes: list[str] = []
         self._amdsmi_failure: str | None = None
 
+    @override
     def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
         """Return ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` naming exactly ``devices``.
 
@@ -1089,6 +1091,7 @@ class RocmPlatform(BasePlatform):
         return True if source is None else source.context_free
 
     @property
+    @override
     def graph(self) -> GraphSupport:
         """HIP graphs through ``torch.cuda.CUDAGraph`` with a (ROCm) torch 2.0 or later.
 
@@ -1103,6 +1106,7 @@ class RocmPlatform(BasePlatform):
         source = self._select()
         return "" if source is None else source.name
 
+    @override
     def devices(self) -> Sequence[DeviceInfo]:
         """Return the visible GPUs, in torch's order.
 
@@ -1118,6 +1122,7 @@ class RocmPlatform(BasePlatform):
             for i, g in enumerate(self._visible())
         ]
 
+    @override
     def _memory_info(self, device: int) -> MemoryInfo:
         source = self._require()
         gpu = self._visible()[device]
@@ -1127,6 +1132,7 @@ class RocmPlatform(BasePlatform):
             self.refresh()  # a card may have gone; scan again next time
             raise
 
+    @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
         """Return the processes holding VRAM on ``device``, or ``None`` when unknown.
 
@@ -1138,6 +1144,7 @@ class RocmPlatform(BasePlatform):
         return source.holders(self._visible()[index])
 
     @classmethod
+    @override
     def probe(cls) -> ProbeResult:
         """Return whether ROCm GPUs are visible here; never raises.
 

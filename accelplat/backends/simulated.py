@@ -44,6 +44,7 @@ from typing import Any, ClassVar, Literal
 
 from accelplat import _files
 from accelplat._clock import Clock, RealClock
+from accelplat._compat import override
 from accelplat._types import (
     MIB,
     DeviceInfo,
@@ -928,6 +929,7 @@ class SimulatedPlatform(BasePlatform):
         return cls(spec, clock=clock)
 
     @classmethod
+    @override
     def probe(cls) -> ProbeResult:
         """Say whether ``ACCELPLAT_SIMULATED_SPEC`` names a readable, valid spec.
 
@@ -974,11 +976,13 @@ class SimulatedPlatform(BasePlatform):
         return self._spec.preferred_start_method
 
     @property
+    @override
     def release(self) -> ReleaseProfile:
         """Release profile from the spec."""
         return self._spec.release
 
     @property
+    @override
     def graph(self) -> GraphSupport:
         """Graph capability from the spec."""
         return self._spec.graph
@@ -1016,6 +1020,7 @@ class SimulatedPlatform(BasePlatform):
         uuid = self._spec.devices[index].uuid
         return uuid if uuid is not None else f"SIM-{index}"
 
+    @override
     def devices(self) -> Sequence[DeviceInfo]:
         """Return the visible simulated devices in visible-index order.
 
@@ -1035,10 +1040,12 @@ class SimulatedPlatform(BasePlatform):
             for i, spec_index in enumerate(self._visible())
         ]
 
+    @override
     def device_count(self) -> int:
         """Return the number of visible simulated devices."""
         return len(self._visible())
 
+    @override
     def _memory_info(self, device: int) -> MemoryInfo:
         dev = self._spec.devices[self._visible()[device]]
         used = dev.used_at(self.elapsed())
@@ -1050,6 +1057,7 @@ class SimulatedPlatform(BasePlatform):
             source="simulated",
         )
 
+    @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
         """Return the holders active now, or ``None`` when the spec does not report holders.
 

@@ -73,6 +73,7 @@ from typing import Any, ClassVar
 
 from accelplat import _files
 from accelplat import _levelzero as lz
+from accelplat._compat import override
 from accelplat._graphs import graph_support
 from accelplat._procs import make_holder
 from accelplat._types import (
@@ -554,6 +555,7 @@ class XpuPlatform(BasePlatform):
         default, _ = _default_hierarchy(cards)
         return cards, visible_targets([c.tiles for c in cards], os.environ, default)
 
+    @override
     def devices(self) -> Sequence[DeviceInfo]:
         """Return the visible devices, in torch's order.
 
@@ -584,6 +586,7 @@ class XpuPlatform(BasePlatform):
             )
         return out
 
+    @override
     def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
         """Return ``ZE_AFFINITY_MASK`` for exactly ``devices``, and no ``ONEAPI_DEVICE_SELECTOR``.
 
@@ -624,6 +627,7 @@ class XpuPlatform(BasePlatform):
             out.append(DeviceInfo(i, i, name))
         return out
 
+    @override
     def _memory_info(self, device: int) -> MemoryInfo:
         sysman = self._level_zero()
         cards = self._cards_from_level_zero()
@@ -763,6 +767,7 @@ class XpuPlatform(BasePlatform):
         fn = getattr(getattr(ipex, "xpu", None), "mem_get_info", None)
         return fn if fn is not None else getattr(torch.xpu, "mem_get_info", None)
 
+    @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
         """Return the processes using the card of ``device`` (per card, not per tile).
 
@@ -810,11 +815,13 @@ class XpuPlatform(BasePlatform):
         return ""
 
     @property
+    @override
     def graph(self) -> GraphSupport:
         """XPU graphs through ``torch.xpu.XPUGraph``, from torch 2.11."""
         return graph_support("torch.xpu.XPUGraph", (2, 11), label="XPU graphs", flavour="xpu")
 
     @classmethod
+    @override
     def probe(cls) -> ProbeResult:
         """Return whether an Intel GPU is usable here; never raises, never imports torch.
 

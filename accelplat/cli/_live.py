@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
+from typing_extensions import Self
+
 from accelplat._format import format_bytes, printable
 from accelplat._types import MemoryHolder, UsageSnapshot
 
@@ -191,7 +193,7 @@ class Keys:
         self._restore_fd: int | None = None
         self._saved: Any = None
 
-    def __enter__(self) -> Keys:
+    def __enter__(self) -> Self:
         try:
             import termios
             import tty
