@@ -105,6 +105,13 @@ def _machine() -> str:
     return answer if isinstance(answer, str) else ""
 
 
+def _psutil_memory() -> tuple[int, int]:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return int(vm.total), int(vm.available)
+
+
 def _uname_machine() -> str:
     try:
         return os.uname().machine
@@ -446,10 +453,18 @@ class CpuPlatform(BasePlatform):
             meminfo = None
         if meminfo is not None:
             return meminfo.total, meminfo.available, "meminfo"
-        import psutil
-
-        vm = psutil.virtual_memory()
-        return int(vm.total), int(vm.available), "psutil"
+        # Asked through the vendor boundary, so a replay answers with the captured host's.
+        answer = _boundary.call("host", ("virtual_memory",), _psutil_memory)
+        if (
+            not isinstance(answer, (tuple, list))
+            or len(answer) != 2
+            or not all(type(v) is int and v >= 0 for v in answer)
+        ):
+            raise BackendError(
+                "cpu",
+                "host memory is unknown: /proc/meminfo is unreadable and psutil gave no answer",
+            )
+        return answer[0], answer[1], "psutil"
 
     # -- cgroups --------------------------------------------------------------------------
 
