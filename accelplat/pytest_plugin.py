@@ -95,7 +95,8 @@ MARKERS: dict[str, str] = {
 """Marker name to the line registered with pytest (shown by ``pytest --markers``)."""
 
 DEFAULT_LEAK_TOLERANCE = "256MiB"
-"""Growth of used device memory across one test that ``--accelplat-leak-check`` tolerates."""
+"""Growth of used device memory across one test that is not a leak (as text; the bytes are
+:data:`accelplat.leaks.DEFAULT_LEAK_TOLERANCE_BYTES`, checked equal by the tests)."""
 
 _GIB = 1024**3
 _FORCED_KEY = pytest.StashKey[str]()
@@ -360,7 +361,7 @@ def _leak_check_enabled(config: pytest.Config) -> bool:
 
 def _leak_tolerance(config: pytest.Config) -> int:
     from accelplat.errors import ConfigurationError
-    from accelplat.sizing import parse_size
+    from accelplat.leaks import parse_leak_tolerance
 
     raw = config.getoption("--accelplat-leak-tolerance", default=None)
     argument = "--accelplat-leak-tolerance"
@@ -368,7 +369,7 @@ def _leak_tolerance(config: pytest.Config) -> int:
         raw = config.getini("accelplat_leak_tolerance") or DEFAULT_LEAK_TOLERANCE
         argument = "accelplat_leak_tolerance"
     try:
-        return parse_size(str(raw).strip(), argument=argument)
+        return parse_leak_tolerance(str(raw), argument=argument)
     except ConfigurationError as exc:
         raise pytest.UsageError(str(exc)) from None
 
@@ -787,12 +788,13 @@ class LeakChecker:
     def _leaks_after(self, item: pytest.Item, baseline: dict[int, int]) -> list[list[int]]:
         """Return ``[device, before, after]`` for each device above baseline + tolerance."""
         from accelplat.errors import MemoryNotSettledError
+        from accelplat.leaks import is_leak
         from accelplat.memory import wait_for_memory_to_clear
 
         platform = _current(item.config)
         after = _used_bytes(platform)
         over = sorted(
-            d for d, used in after.items() if used > baseline.get(d, used) + self.tolerance
+            d for d, used in after.items() if is_leak(baseline.get(d), used, self.tolerance)
         )
         profile = platform.release
         wait_s = self.wait_s
@@ -815,7 +817,7 @@ class LeakChecker:
         return [
             [d, baseline[d], after[d]]
             for d in sorted(after)
-            if d in baseline and after[d] > baseline[d] + self.tolerance
+            if is_leak(baseline.get(d), after[d], self.tolerance)
         ]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

@@ -287,7 +287,7 @@ def _size_consumers() -> dict[str, Any]:
 
     from accelplat.backends.simulated import spec_from_mapping
     from accelplat.cli._args import parse_size_arg
-    from accelplat.timeline.trace import parse_tolerance
+    from accelplat.leaks import parse_leak_tolerance
 
     def cli(text: str) -> int:
         try:
@@ -301,7 +301,7 @@ def _size_consumers() -> dict[str, Any]:
     return {
         "parse_size": parse_size,
         "cli option": cli,
-        "leak tolerance": lambda text: parse_tolerance(text, argument="tol"),
+        "leak tolerance": lambda text: parse_leak_tolerance(text, argument="tol"),
         "simulated spec": spec,
     }
 

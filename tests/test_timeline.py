@@ -19,6 +19,7 @@ import pytest
 from accelplat._types import GIB, MIB, DeviceInfo, MemoryInfo
 from accelplat.cli import main as cli_main
 from accelplat.errors import BackendError, ConfigurationError
+from accelplat.leaks import parse_leak_tolerance
 from accelplat.platform import BasePlatform
 from accelplat.registry import set_current_platform
 from accelplat.timeline import (
@@ -41,7 +42,6 @@ from accelplat.timeline import (
 )
 from accelplat.timeline.pytest_hooks import WAIT_EVENT_ATTRIBUTE, WAIT_LOGGER, WaitEventTap
 from accelplat.timeline.sampler import validate_hz
-from accelplat.timeline.trace import parse_tolerance
 
 pytest_plugins = ["pytester"]
 
@@ -156,14 +156,14 @@ def test_leak_tolerance_is_exclusive_and_sorted_largest_first() -> None:
         devices=(DeviceTrack(0, "a", GIB), DeviceTrack(3, "b", GIB)),
         samples=(),
         tests=(
-            span("exact", (0, 0), (64 * MIB, 0)),
-            span("small", (0, 0), (64 * MIB + 1, None)),
+            span("exact", (0, 0), (DEFAULT_LEAK_TOLERANCE_BYTES, 0)),
+            span("small", (0, 0), (DEFAULT_LEAK_TOLERANCE_BYTES + 1, None)),
             span("big", (None, 100), (5, 100 + 512 * MIB)),
             span("shrinks", (GIB, GIB), (0, 0)),
         ),
     )
     got = [(leak.nodeid, leak.device, leak.leaked) for leak in trace.leaks()]
-    assert got == [("big", 3, 512 * MIB), ("small", 0, 64 * MIB + 1)]
+    assert got == [("big", 3, 512 * MIB), ("small", 0, DEFAULT_LEAK_TOLERANCE_BYTES + 1)]
     assert [leak.nodeid for leak in trace.leaks(tolerance_bytes=0)] == ["big", "small", "exact"]
     assert trace.leak_tolerance_bytes == DEFAULT_LEAK_TOLERANCE_BYTES
 
@@ -387,13 +387,13 @@ def test_older_optional_fields_have_defaults() -> None:
     ],
 )
 def test_parse_size(text: str, expected: int) -> None:
-    assert parse_tolerance(text, argument="size") == expected
+    assert parse_leak_tolerance(text, argument="size") == expected
 
 
 @pytest.mark.parametrize("text", ["", "x", "-1", "1e5", "5 parsecs", "9" * 400, "1.2.3MiB"])
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(ConfigurationError, match=r"--tol (must be|has more than)"):
-        parse_tolerance(text, argument="--tol")
+        parse_leak_tolerance(text, argument="--tol")
 
 
 # --------------------------------------------------------------------------------------------

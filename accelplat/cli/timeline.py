@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 
 from accelplat.errors import AccelplatError, ConfigurationError
+from accelplat.leaks import parse_leak_tolerance
 from accelplat.timeline.render import write_report
 from accelplat.timeline.sampler import DEFAULT_HZ, Recorder, validate_grace, validate_hz
 from accelplat.timeline.trace import (
     DEFAULT_LEAK_GRACE_S,
     DEFAULT_LEAK_TOLERANCE_BYTES,
     load_trace,
-    parse_tolerance,
     save_trace,
 )
 
@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--leak-tolerance",
         metavar="SIZE",
         default=None,
-        help="growth of used memory across the command that is not yet a leak (default 64MiB)",
+        help="growth of used memory across the command that is not yet a leak (default 256MiB)",
     )
     rec.add_argument(
         "--leak-grace",
@@ -94,7 +94,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _tolerance(raw: str | None) -> int | None:
-    return None if raw is None else parse_tolerance(raw, argument="--leak-tolerance")
+    return None if raw is None else parse_leak_tolerance(raw, argument="--leak-tolerance")
 
 
 def _exit_status(returncode: int) -> int:

@@ -32,12 +32,12 @@ from typing import Any
 import pytest
 
 from accelplat.errors import AccelplatError, ConfigurationError
+from accelplat.leaks import parse_leak_tolerance
 from accelplat.timeline.sampler import DEFAULT_HZ, Recorder, validate_grace, validate_hz
 from accelplat.timeline.trace import (
     DEFAULT_LEAK_GRACE_S,
     DEFAULT_LEAK_TOLERANCE_BYTES,
     Trace,
-    parse_tolerance,
     save_trace,
 )
 
@@ -89,7 +89,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SIZE",
         default=None,
         help="growth of used memory across one test that is not yet a leak, e.g. 64MiB "
-        f"(default {DEFAULT_LEAK_TOLERANCE_BYTES // 2**20} MiB)",
+        f"(default: --accelplat-leak-tolerance, else {DEFAULT_LEAK_TOLERANCE_BYTES // 2**20} MiB)",
     )
     group.addoption(
         "--accelplat-timeline-leak-grace",
@@ -107,6 +107,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _timeline_tolerance(config: pytest.Config, raw: str | None) -> int:
+    """The timeline's leak tolerance: its own option, else the leak check's, else the default.
+
+    One session judges leaks with one tolerance (:mod:`accelplat.leaks`), so without
+    ``--accelplat-timeline-leak-tolerance`` the timeline uses ``--accelplat-leak-tolerance`` (or
+    the ``accelplat_leak_tolerance`` ini option) when given.
+    """
+    if raw is not None:
+        return parse_leak_tolerance(raw, argument="--accelplat-timeline-leak-tolerance")
+    shared = config.getoption("--accelplat-leak-tolerance", default=None)
+    if shared is not None:
+        return parse_leak_tolerance(str(shared), argument="--accelplat-leak-tolerance")
+    try:
+        ini = config.getini("accelplat_leak_tolerance")
+    except ValueError:  # the leak-check plugin is not loaded
+        ini = None
+    if ini:
+        return parse_leak_tolerance(str(ini), argument="accelplat_leak_tolerance")
+    return DEFAULT_LEAK_TOLERANCE_BYTES
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Start recording when ``--accelplat-timeline`` is given (on the xdist controller only)."""
     path = config.getoption("--accelplat-timeline")
@@ -117,11 +138,7 @@ def pytest_configure(config: pytest.Config) -> None:
         hz = validate_hz(
             config.getoption("--accelplat-timeline-hz"), argument="--accelplat-timeline-hz"
         )
-        tolerance = (
-            DEFAULT_LEAK_TOLERANCE_BYTES
-            if raw_tol is None
-            else parse_tolerance(raw_tol, argument="--accelplat-timeline-leak-tolerance")
-        )
+        tolerance = _timeline_tolerance(config, raw_tol)
         grace = validate_grace(
             config.getoption("--accelplat-timeline-leak-grace"),
             argument="--accelplat-timeline-leak-grace",

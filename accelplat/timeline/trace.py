@@ -31,12 +31,11 @@ from typing import Any
 from accelplat import _files
 from accelplat._types import MIB
 from accelplat.errors import ConfigurationError, FileTooLargeError
-from accelplat.sizing import parse_size
+from accelplat.leaks import DEFAULT_LEAK_TOLERANCE_BYTES, is_leak, leaked_bytes
 
 __all__ = [
     "DEFAULT_LEAK_GRACE_S",
     "DEFAULT_LEAK_TOLERANCE_BYTES",
-    "MAX_TOLERANCE_BYTES",
     "MAX_TRACE_BYTES",
     "TRACE_FORMAT",
     "TRACE_VERSION",
@@ -50,7 +49,6 @@ __all__ = [
     "dumps_trace",
     "load_trace",
     "loads_trace",
-    "parse_tolerance",
     "save_trace",
 ]
 
@@ -63,8 +61,6 @@ TRACE_VERSION = 1
 MAX_TRACE_BYTES = 256 * MIB
 """Largest trace file :func:`load_trace` reads by default."""
 
-DEFAULT_LEAK_TOLERANCE_BYTES = 64 * MIB
-"""Growth of used memory across a test that still does not count as a leak."""
 
 DEFAULT_LEAK_GRACE_S = 2.0
 """Seconds after the last test during which memory may still come back before it is leaked."""
@@ -364,7 +360,7 @@ class Trace:
             Bytes per device (negative when the test freed memory); ``None`` where unknown.
         """
         return tuple(
-            None if b is None or a is None else a - b
+            leaked_bytes(b, a)
             for b, a in zip(span.used_before, self.held_after(span, grace_s), strict=False)
         )
 
@@ -392,7 +388,7 @@ class Trace:
                 if pos >= len(span.used_before) or pos >= len(held):
                     continue
                 before, at_end, after = span.used_before[pos], span.used_after[pos], held[pos]
-                if before is not None and after is not None and after - before > tol:
+                if before is not None and after is not None and is_leak(before, after, tol):
                     found.append(
                         Leak(
                             span.nodeid,
@@ -467,26 +463,6 @@ class Trace:
                 range, or an unsupported ``format``/``version``.
         """
         return _parse(doc)
-
-
-MAX_TOLERANCE_BYTES = 2**63 - 1
-"""The largest leak tolerance a trace records (a signed 64-bit count, like every size in it)."""
-
-
-def parse_tolerance(text: str, *, argument: str) -> int:
-    """Parse a leak tolerance with the one size grammar (:func:`accelplat.sizing.parse_size`).
-
-    Args:
-        text: The size, e.g. ``"64MiB"``.
-        argument: The option's name, for the message.
-
-    Returns:
-        Bytes, at most :data:`MAX_TOLERANCE_BYTES`.
-
-    Raises:
-        ConfigurationError: Naming ``argument``, for what is not a size or is too large.
-    """
-    return parse_size(text, argument=argument, maximum=MAX_TOLERANCE_BYTES)
 
 
 def _r(t: float) -> float:
