@@ -1094,7 +1094,9 @@ def test_report_names_each_device_peak_and_each_test_peak() -> None:
 def test_a_small_leak_on_a_big_device_gets_a_fitted_axis() -> None:
     gpu, clock = FakeGpu(n=1), FakeClock()
     gpu.used[0] = GIB
-    rec = _recorder(gpu, clock)
+    rec = Recorder(
+        gpu, clock=clock, wall_clock=lambda: 1_700_000_000.0, leak_tolerance_bytes=64 * MIB
+    )
     rec.sampler.sample()
     clock.t += 0.5
     rec.begin_test("tests/test_b.py::test_keeps_a_buffer")
