@@ -15,7 +15,11 @@ main accelplat plugin; disable it with ``-p no:accelplat_timeline``. It does not
   and the set-up time of the fixtures named in the ``accelplat_timeline_wait_fixtures`` ini
   option (default ``settled_device_memory``) when their set-up logged no such event;
 * at the end of the session one self-contained HTML report is written to ``PATH``, and the raw
-  trace to ``--accelplat-timeline-json`` when given.
+  trace to ``--accelplat-timeline-json`` when given;
+* ``SIGTERM`` and ``SIGHUP`` (a CI job's timeout, a closed terminal), when nothing else handles
+  them, end the session the way Ctrl-C does (:class:`SessionTerminatedError`, a
+  ``KeyboardInterrupt``), so pytest still finishes the session and the report and trace are
+  written, marked partial, with a note naming the signal.
 
 Under pytest-xdist only the controller records: it sees every test's start and end, so spans of
 tests running in parallel overlap and a leak may be blamed on a neighbour; waits inside workers are
@@ -24,9 +28,13 @@ not seen.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import signal
+import threading
 from collections.abc import Generator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -41,7 +49,13 @@ from accelplat.timeline.trace import (
     save_trace,
 )
 
-__all__ = ["WAIT_EVENT_ATTRIBUTE", "WAIT_LOGGER", "TimelinePlugin", "WaitEventTap"]
+__all__ = [
+    "WAIT_EVENT_ATTRIBUTE",
+    "WAIT_LOGGER",
+    "SessionTerminatedError",
+    "TimelinePlugin",
+    "WaitEventTap",
+]
 
 WAIT_EVENT_ATTRIBUTE = "accelplat_wait"
 """Log-record attribute carrying a wait event, set through ``logging``'s ``extra=``.
@@ -55,6 +69,16 @@ WAIT_LOGGER = "accelplat.memory"
 """Logger whose records :class:`WaitEventTap` watches for wait events."""
 
 _PLUGIN_NAME = "accelplat-timeline-recorder"
+
+_ENDING_SIGNALS = tuple(
+    sig for sig in (getattr(signal, n, None) for n in ("SIGTERM", "SIGHUP")) if sig
+)
+"""Signals that would kill the session without a trace; caught while recording."""
+
+
+class SessionTerminatedError(KeyboardInterrupt):
+    """``SIGTERM``/``SIGHUP`` ended the session: unwound like Ctrl-C so the trace is written."""
+
 
 _TAP_LEVEL = 1
 """Level the watched logger gets while tapped: below ``DEBUG``, so that any level set by someone
@@ -263,6 +287,32 @@ class TimelinePlugin:
         self._outcomes: dict[str, str] = {}
         self._written: list[Path] = []
         self._error: str | None = None
+        self._signals: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def _catch_ending_signals(self) -> None:
+        """Make SIGTERM/SIGHUP unwind the session like Ctrl-C, so a CI timeout keeps the trace.
+
+        Only signals nobody else handles are taken, and only from the main thread.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in _ENDING_SIGNALS:
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def _release_ending_signals(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals.append(signum)
+        if len(self._signals) == 1:  # later ones must not interrupt the writing of the trace
+            raise SessionTerminatedError(
+                f"{signal.Signals(signum).name}: the session was ended; the memory timeline "
+                f"is saved, marked partial"
+            )
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -285,6 +335,7 @@ class TimelinePlugin:
         self._tap = WaitEventTap(self.recorder)
         self._tap.install()
         self.recorder.start()
+        self._catch_ending_signals()
 
     def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
         """Open the span of a test as its setup begins."""
@@ -332,11 +383,20 @@ class TimelinePlugin:
         recorder = self.recorder
         if recorder is None:
             return
-        recorder.linger()
+        if not self._signals:
+            recorder.linger()
         recorder.stop()
         if self._tap is not None:
             self._tap.remove()
-        trace = self.trace = recorder.trace(exit_code=int(exitstatus))
+        trace = recorder.trace(exit_code=int(exitstatus))
+        if self._signals:
+            names = ", ".join(dict.fromkeys(signal.Signals(s).name for s in self._signals))
+            trace = dataclasses.replace(
+                trace,
+                partial=True,
+                notes=(*trace.notes, f"Partial recording: {names} ended the session."),
+            )
+        self.trace = trace
         try:
             self.html_path.parent.mkdir(parents=True, exist_ok=True)
             from accelplat.timeline.render import write_report
@@ -347,6 +407,8 @@ class TimelinePlugin:
                 self._written.append(save_trace(trace, self.json_path))
         except OSError as exc:
             self._error = f"could not write the timeline report: {exc}"
+        finally:
+            self._release_ending_signals()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """Say where the report went, and how many tests leaked."""

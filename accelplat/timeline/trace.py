@@ -217,6 +217,8 @@ class Trace:
         command: The command ``accelplat record`` ran, or ``None`` for a pytest session.
         exit_code: The command's (or pytest session's) exit status, when known.
         notes: Remarks shown on the report (a failed detection, a device that could not be read).
+        partial: ``True`` when the recording was cut short (a signal ended it); the notes say
+            how.
     """
 
     devices: tuple[DeviceTrack, ...]
@@ -234,6 +236,7 @@ class Trace:
     command: tuple[str, ...] | None = None
     exit_code: int | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    partial: bool = False
 
     @cached_property
     def _times(self) -> list[float]:
@@ -421,6 +424,7 @@ class Trace:
             "command": None if self.command is None else list(self.command),
             "exit_code": self.exit_code,
             "notes": list(self.notes),
+            "partial": self.partial,
             "devices": [{"index": d.index, "name": d.name, "total": d.total} for d in self.devices],
             "samples": [[_r(s.t), *s.used] for s in self.samples],
             "tests": [
@@ -791,4 +795,5 @@ def _parse(doc: object) -> Trace:
         notes=tuple(
             _text(x, f"notes[{i}]") for i, x in enumerate(_list(top.get("notes", []), "notes"))
         ),
+        partial=_bool(top.get("partial", False), "partial"),
     )
