@@ -267,6 +267,9 @@ def _builtin(platform: Platform, info: DeviceInfo | None) -> dict[str, Capabilit
 # project capabilities
 
 
+_PYPROJECT_LIMIT = 1024**2
+"""Largest ``pyproject.toml`` (or table file) read, in bytes."""
+
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
 _SPEC_RE = re.compile(r"^\s*(>=|<=|==|!=|>|<)?\s*(\d+(?:\.\d+)*)\s*$")
 _CONDITION_KEYS = frozenset(
@@ -526,19 +529,20 @@ def load_pyproject(path: str | Path) -> list[ProjectCapability]:
             or a ``requires`` naming no known capability, naming the file and entry.
 
     Side effects:
-        Reads the file (a regular file, at most 1 MiB).
+        Reads the file through accelplat's one bounded reader (a regular file, at most 1 MiB).
     """
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib
 
+    from accelplat import _files
+
     p = Path(path)
-    if not p.is_file():
-        raise ConfigurationError(f"{p}: not a regular file")
-    data = p.read_bytes()[: 1024**2 + 1]
-    if len(data) > 1024**2:
-        raise ConfigurationError(f"{p}: larger than 1 MiB")
+    try:
+        data = _files.read_bytes(p, limit=_PYPROJECT_LIMIT)
+    except OSError as exc:  # missing, unreadable, not a regular file, too large
+        raise ConfigurationError(f"{p}: cannot read the capability table: {exc}") from None
     try:
         doc = tomllib.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:

@@ -8,8 +8,8 @@ decides from where each sits (a ``skipif``, an ``if … pytest.skip``, another b
 the skip reason or branch body what it really asks, and names the accelplat requirement or
 drop-in that replaces it where one exists.
 
-Side effects: reads the files (regular files up to 2 MiB; symbolic links are not followed);
-imports nothing it scans.
+Side effects: reads the files through accelplat's one bounded reader (regular files up to
+2 MiB; symbolic links are not followed); imports nothing it scans.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelplat.errors import ConfigurationError
+from accelplat import _files
+from accelplat.errors import ConfigurationError, FileTooLargeError
 
 __all__ = ["GROUPS", "Finding", "ScanReport", "scan_path", "scan_source"]
 
@@ -440,13 +441,12 @@ def scan_path(root: str | os.PathLike[str]) -> ScanReport:
             report.errors.append(f"{rel}: not a regular file")
             continue
         try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_FILE_BYTES + 1)
+            data = _files.read_bytes(path, limit=MAX_FILE_BYTES)
+        except FileTooLargeError:
+            report.errors.append(f"{rel}: larger than {MAX_FILE_BYTES} bytes")
+            continue
         except OSError as exc:
             report.errors.append(f"{rel}: unreadable ({exc.strerror or exc})")
-            continue
-        if len(data) > MAX_FILE_BYTES:
-            report.errors.append(f"{rel}: larger than {MAX_FILE_BYTES} bytes")
             continue
         try:
             found = scan_source(data.decode("utf-8"), rel)

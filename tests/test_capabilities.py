@@ -315,3 +315,13 @@ def test_package_api_in_either_import_order(imports: str) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_pyproject_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "pyproject.toml")
+    with pytest.raises(ConfigurationError, match="cannot read the capability table"):
+        caps.load_pyproject(tmp_path / "pyproject.toml")
+    with pytest.raises(ConfigurationError, match="cannot read the capability table"):
+        caps.load_pyproject(tmp_path / "missing.toml")

@@ -123,3 +123,16 @@ def test_cli_json_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "| feature/kernel/dtype support | 4 | 4 |" in out
     assert main(["scan", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_oversized_and_special_files_are_listed_not_read(tmp_path: Path) -> None:
+    import os
+
+    from accelplat import scan
+
+    (tmp_path / "test_big.py").write_text("x = 1\n" * (scan.MAX_FILE_BYTES // 6 + 10))
+    os.mkfifo(tmp_path / "test_fifo.py")
+    report = scan_path(tmp_path)
+    assert report.files_scanned == 0
+    assert report.errors[0] == f"test_big.py: larger than {scan.MAX_FILE_BYTES} bytes"
+    assert report.errors[1].startswith("test_fifo.py: ")
