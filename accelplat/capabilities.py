@@ -540,7 +540,8 @@ def load_pyproject(path: str | Path) -> list[ProjectCapability]:
 
     p = Path(path)
     try:
-        data = _files.read_bytes(p, limit=_PYPROJECT_LIMIT)
+        # the project's own file, not a host file: the live reader, never a replayed host's
+        data = _files.HostFiles().read_bytes(str(p), _PYPROJECT_LIMIT)
     except OSError as exc:  # missing, unreadable, not a regular file, too large
         raise ConfigurationError(f"{p}: cannot read the capability table: {exc}") from None
     try:

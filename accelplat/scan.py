@@ -441,7 +441,8 @@ def scan_path(root: str | os.PathLike[str]) -> ScanReport:
             report.errors.append(f"{rel}: not a regular file")
             continue
         try:
-            data = _files.read_bytes(path, limit=MAX_FILE_BYTES)
+            # the user's test tree, not a host file: the live reader, never a replayed host's
+            data = _files.HostFiles().read_bytes(str(path), MAX_FILE_BYTES)
         except FileTooLargeError:
             report.errors.append(f"{rel}: larger than {MAX_FILE_BYTES} bytes")
             continue
