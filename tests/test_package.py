@@ -65,7 +65,7 @@ def test_package_is_typed() -> None:
 
 
 REPO = Path(__file__).resolve().parents[1]
-_SDIST_NEEDS = ("tests", "examples", "docs", "accelplat")
+_SDIST_NEEDS = ("tests", "examples", "docs", "accelplat", "tools/vllm_capabilities", ".ci")
 _SDIST_FILES = ("conftest.py", "mkdocs.yml", "LICENSE", "README.md", "pyproject.toml")
 
 
