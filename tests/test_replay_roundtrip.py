@@ -170,3 +170,24 @@ def test_a_level_zero_host_replays_through_ctypes_out_parameters(
     assert info == cap.info
     assert holders is not None
     assert [(h.pid, h.used_bytes) for h in holders] == [(777, 2 * GIB)]
+
+
+def test_cuda_enumeration_order_of_mixed_models_is_recorded_not_rerun(
+    install: Install, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelplat.backends import cuda
+
+    gpus = [h200(0), h200(1)]
+    gpus[1].name = "NVIDIA H100 80GB HBM3"
+    install(FakeNvml(gpus))
+    fastest_first = [gpus[1].uuid, gpus[0].uuid]
+    monkeypatch.setattr(cuda, "_cuda_order_live", lambda env: list(fastest_first))
+    cap = capture(samples=0, sleep=no_sleep)
+    assert [d["physical_index"] for d in cap.info["devices"]] == [1, 0]
+
+    def no_subprocess(env: object) -> list[str]:
+        raise AssertionError("a replay must not run the CUDA enumeration subprocess")
+
+    monkeypatch.setattr(cuda, "_cuda_order_live", no_subprocess)
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert replayed_info(cap) == cap.info

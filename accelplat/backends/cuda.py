@@ -52,7 +52,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
-from accelplat import _nvml
+from accelplat import _boundary, _nvml
 from accelplat._compat import override
 from accelplat._graphs import graph_support
 from accelplat._types import (
@@ -148,7 +148,20 @@ def cuda_order_uuids(env: Mapping[str, str]) -> list[str]:
 
     Raises:
         RuntimeError: When the subprocess fails (no ``libcuda``, a CUDA error, a timeout).
+
+    Side effects:
+        Asked through the vendor boundary: a capture records the order, a replay gives the
+        captured host's (and starts no subprocess).
     """
+    answer = _boundary.call(
+        "cuda", ("order", env.get(ENV_CUDA_DEVICE_ORDER)), lambda: _cuda_order_live(env)
+    )
+    if not isinstance(answer, list) or not all(isinstance(u, str) for u in answer):
+        raise RuntimeError("the capture holds no CUDA enumeration order")
+    return list(answer)
+
+
+def _cuda_order_live(env: Mapping[str, str]) -> list[str]:
     import subprocess
 
     try:

@@ -73,6 +73,9 @@ _ENV_PREFIXES = ("ACCELPLAT_", "ZE_")
 _ENV_LEFT_OUT = frozenset({ENV_REPLAY})
 _PLUGINS = "ACCELPLAT_PLUGINS"
 
+_DRIVER_MODULES = ("amdgpu",)
+"""Kernel modules whose ``/sys/module/NAME/version`` names the driver where no library says."""
+
 VERSION_DISTRIBUTIONS = ("accelplat", "torch", "nvidia-ml-py", "amdsmi", "vllm")
 """Distributions whose installed versions a capture's summary names."""
 
@@ -272,6 +275,21 @@ def _exercise(
                 platform.memory_info(dev.index)
 
 
+def _kernel_driver_version() -> str | None:
+    """Return the amdgpu kernel module's version (read through the shared reader, so recorded)."""
+    from accelplat import _files
+
+    sysfs = os.environ.get("ACCELPLAT_SYSFS_ROOT") or "/sys"
+    for module in _DRIVER_MODULES:
+        try:
+            text = _files.read_text(f"{sysfs}/module/{module}/version").strip()
+        except (OSError, AccelplatError):
+            continue
+        if text:
+            return f"{module} {text[:64]}"
+    return None
+
+
 def capture(
     *,
     processes: bool = True,
@@ -325,6 +343,8 @@ def capture(
                     driver = str(get_driver())
                 except AccelplatError:
                     driver = None
+        if driver is None:
+            driver = _kernel_driver_version()
         versions = {name: distribution_version(name) for name in VERSION_DISTRIBUTIONS}
     versions["accelplat"] = __version__
     devices = info.get("devices") or []

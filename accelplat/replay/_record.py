@@ -212,10 +212,12 @@ class Recorder:
         """Answer live and record the answer (see :class:`accelplat._boundary.Interceptor`)."""
         parts = list(key)
         if self.withheld(channel, key):
-            if channel == "file" and parts and parts[0] in ("list", "listdir", "list_dir"):
+            if channel == "proc":
+                return ("gone", "")  # as a replay answers a process it was never told about
+            if parts and parts[0] == "listdir":
                 self.add(channel, parts, {"v": []})
                 return []
-            raise FileNotFoundError(2, "left out of the capture (--no-processes)")
+            raise FileNotFoundError(2, "left out of the capture (--no-processes)", str(key[-1]))
         try:
             value = live()
         except Exception as exc:

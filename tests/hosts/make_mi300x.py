@@ -31,6 +31,8 @@ GIB = 1024**3
 MIB = 1024**2
 OUT = Path(__file__).with_name("amd-mi300x-x2.tar.gz")
 TORCH = "2.7.1+rocm6.3"
+AMDGPU = "6.12.12"
+"""An amdgpu DKMS module version, in the form /sys/module/amdgpu/version prints it."""
 NO_NVML = {
     "present": False,
     "reason": "NVML unavailable: libnvidia-ml.so.1 was not found: no NVIDIA driver is installed, "
@@ -94,6 +96,8 @@ def build() -> bytes:
         first = fs.add_amd_gpu(0, pci="0000:0c:00.0", vram_total=192 * GIB, vram_used=3 * GIB)
         fs.add_amd_gpu(1, pci="0000:22:00.0", vram_total=192 * GIB, vram_used=282 * MIB)
         fs.add_dev_nodes([128, 129])
+        (root / "sys" / "module" / "amdgpu").mkdir(parents=True)
+        (root / "sys" / "module" / "amdgpu" / "version").write_text(f"{AMDGPU}\n")
         fs.add_kfd_process(4242, {first.gpu_ids[0]: 3 * GIB - 282 * MIB})
         with _isolated(root):
             cap = capture(samples=2, interval_s=0.0, sleep=lambda _: None)
@@ -110,7 +114,7 @@ def build() -> bytes:
             record["answers"] = [{"v": {"$map": NO_NVML}}]
     host["created"] = "2026-01-01T00:00:00+00:00"
     host["summary"].update(
-        driver="amdgpu (hand-built from vendor facts)",
+        driver=f"amdgpu {AMDGPU} (hand-built from vendor facts)",
         python="3.12.0",
         machine="x86_64",
         system="Linux",
