@@ -48,6 +48,7 @@ __all__ = [
     "capabilities",
     "clear_project_capabilities",
     "define_capability",
+    "generation",
     "has",
     "known_names",
     "load_pyproject",
@@ -403,6 +404,7 @@ class ProjectCapability:
 
 _lock = threading.Lock()
 _project: dict[str, ProjectCapability] = {}
+_generation = 0
 
 
 def _build(name: object, conditions: Mapping[str, object], source: str) -> ProjectCapability:
@@ -450,6 +452,8 @@ def _register(capability: ProjectCapability) -> None:
                 f"{old.source}"
             )
         _project[capability.name] = capability
+        global _generation
+        _generation += 1
 
 
 def define_capability(
@@ -567,8 +571,15 @@ def load_pyproject(path: str | Path) -> list[ProjectCapability]:
 
 def clear_project_capabilities() -> None:
     """Forget every project capability (for tests and between pytest sessions)."""
+    global _generation
     with _lock:
         _project.clear()
+        _generation += 1
+
+
+def generation() -> int:
+    """Return a number that changes whenever the project capabilities change (for caches)."""
+    return _generation
 
 
 def project_capabilities() -> dict[str, ProjectCapability]:

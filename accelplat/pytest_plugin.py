@@ -47,7 +47,7 @@ import math
 import numbers
 import os
 import sys
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +55,7 @@ import pytest
 
 if TYPE_CHECKING:
     from accelplat._types import SettleResult
+    from accelplat.capabilities import Capability
     from accelplat.platform import Platform
 
 __all__ = [
@@ -292,6 +293,7 @@ def pytest_collection_modifyitems(
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Undo ``--accelplat-platform`` and forget the project capabilities of this session."""
+    _TABLES.clear()
     if "accelplat.capabilities" in sys.modules:
         from accelplat.capabilities import clear_project_capabilities
 
@@ -446,11 +448,25 @@ def _need_devices(platform: Platform, needed: int) -> str | None:
     return f"needs {needed} devices, {platform.name} has {found} visible"
 
 
-def _need_capability(platform: Platform, name: str, devices: int) -> str | None:
-    from accelplat.capabilities import capabilities
+_TABLES: dict[tuple[int, int, int], tuple[Platform, Mapping[str, Capability]]] = {}
+"""Capability tables already decided this session, by (platform, device, project generation);
+each entry keeps its platform alive, so that its ``id`` cannot be reused while cached."""
 
+
+def _table(platform: Platform, device: int) -> Mapping[str, Capability]:
+    """The capability table of ``device``, decided once per session and project table."""
+    from accelplat.capabilities import capabilities, generation
+
+    key = (id(platform), device, generation())
+    entry = _TABLES.get(key)
+    if entry is None:
+        entry = _TABLES[key] = (platform, capabilities(device, platform=platform))
+    return entry[1]
+
+
+def _need_capability(platform: Platform, name: str, devices: int) -> str | None:
     for device in range(min(devices, platform.device_count()) or 1):
-        cap = capabilities(device, platform=platform)[name]
+        cap = _table(platform, device)[name]
         if not cap.available:
             where = f" on device {device}" if device else ""
             return f"needs {name}{where}: {cap.reason}"
@@ -608,9 +624,7 @@ def _check_devices(mark: pytest.Mark, platform: Platform) -> str | None:
 def _check_graph(mark: pytest.Mark, platform: Platform) -> str | None:
     if mark.args or mark.kwargs:
         raise MarkerError("accelplat_requires_graph takes no arguments")
-    from accelplat.capabilities import capabilities
-
-    graphs = capabilities(platform=platform)["graphs"]
+    graphs = _table(platform, 0)["graphs"]
     if graphs.available:
         return None
     return f"needs device graph capture; {platform.name} has none: {graphs.reason}"
