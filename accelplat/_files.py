@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
 
+from accelplat import _boundary
 from accelplat.errors import ConfigurationError, FileTooLargeError, NotARegularFileError
 
 __all__ = [
@@ -181,6 +182,16 @@ class HostFiles:
 _current: HostFiles = HostFiles()
 
 
+def _reader() -> HostFiles:
+    """The current reader, once ``ACCELPLAT_REPLAY`` (if set) has been applied.
+
+    A replay installs its own :class:`HostFiles`; consulting the boundary first means even a
+    backend built directly, before any detection, reads the captured host's files.
+    """
+    _boundary.active()
+    return _current
+
+
 def host_files() -> HostFiles:
     """Return the :class:`HostFiles` every read goes through now."""
     return _current
@@ -236,7 +247,7 @@ def read_bytes(path: PathLike, *, limit: int = ATTRIBUTE_LIMIT) -> bytes:
         FileTooLargeError: More than ``limit`` bytes.
         OSError: Missing or unreadable; the error names the path.
     """
-    return _current.read_bytes(os.fspath(path), limit)
+    return _reader().read_bytes(os.fspath(path), limit)
 
 
 def read_text(path: PathLike, *, limit: int = ATTRIBUTE_LIMIT) -> str:
@@ -263,27 +274,27 @@ def listdir(path: PathLike) -> list[str]:
     Raises:
         OSError: When it is missing, unreadable or not a directory.
     """
-    return _current.listdir(os.fspath(path))
+    return _reader().listdir(os.fspath(path))
 
 
 def realpath(path: PathLike) -> str:
     """Return ``path`` with its symbolic links resolved."""
-    return _current.realpath(os.fspath(path))
+    return _reader().realpath(os.fspath(path))
 
 
 def exists(path: PathLike) -> bool:
     """Return whether ``path`` exists (following links)."""
-    return _current.kind(os.fspath(path)) is not None
+    return _reader().kind(os.fspath(path)) is not None
 
 
 def is_file(path: PathLike) -> bool:
     """Return whether ``path`` is a regular file (following links)."""
-    return _current.kind(os.fspath(path)) == "file"
+    return _reader().kind(os.fspath(path)) == "file"
 
 
 def is_dir(path: PathLike) -> bool:
     """Return whether ``path`` is a directory (following links)."""
-    return _current.kind(os.fspath(path)) == "dir"
+    return _reader().kind(os.fspath(path)) == "dir"
 
 
 def parse_id_list(text: str, *, limit: int, what: str = "id list") -> set[int]:

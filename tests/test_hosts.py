@@ -9,6 +9,7 @@ bundle through ``ACCELPLAT_REPLAY``."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,41 @@ def test_the_h200_capture_replays_two_sm90_gpus_and_one_under_the_recorded_varia
         one = [d.physical_index for d in current_platform().devices()]
     assert both == [("NVIDIA H200", "sm_90", (9, 0))] * 2
     assert one == [0]
+
+
+def _in_a_fresh_process(code: str, env: dict[str, str]) -> str:
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith(("ACCELPLAT_", "CUDA_", "HIP_"))
+    }
+    base["PYTHONPATH"] = os.pathsep.join(sys.path)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_the_variable_replays_a_backend_built_directly_before_any_detection() -> None:
+    code = (
+        "from accelplat.backends.rocm import RocmPlatform\n"
+        "p = RocmPlatform()\n"
+        "print([(d.name, d.arch, p.memory_info(d.index).total) for d in p.devices()])"
+    )
+    out = _in_a_fresh_process(code, {"ACCELPLAT_REPLAY": str(HOSTS / "amd-mi300x-x2.tar.gz")})
+    assert out == str([("AMD Instinct MI300X", "gfx942", 192 * 1024**3)] * 2)
+
+
+def test_under_the_variable_recorded_variables_are_defaults_and_the_process_own_win() -> None:
+    code = (
+        "import accelplat\n"
+        "print([d.physical_index for d in accelplat.current_platform().devices()])"
+    )
+    bundle = str(HOSTS / "nvidia-h200-x2-cvd0.tar.gz")
+    assert _in_a_fresh_process(code, {"ACCELPLAT_REPLAY": bundle}) == "[0]"
+    both = {"ACCELPLAT_REPLAY": bundle, "CUDA_VISIBLE_DEVICES": "1,0"}
+    assert _in_a_fresh_process(code, both) == "[1, 0]"

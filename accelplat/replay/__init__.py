@@ -201,11 +201,15 @@ def activate(path: str | os.PathLike[str]) -> Replayer:
 
     Side effects:
         For the rest of the process every seam answers from the bundle. Unlike
-        :func:`replaying`, the environment stays the process's own (only
-        ``ACCELPLAT_PLUGINS`` defaults to empty): a process started by a replay, or by a test
-        that sets ``CUDA_VISIBLE_DEVICES`` over a replayed host, sees the variables it was given.
+        :func:`replaying`, the process's own variables win: a captured variable is set only
+        where the process has none (``ACCELPLAT_PLUGINS`` defaults to empty), so a process
+        started by a replay, or by a test that sets ``CUDA_VISIBLE_DEVICES`` over a replayed
+        host, sees the variables it was given.
     """
     replayer = Replayer(load_bundle(path))
+    for name, value in replayer.bundle.env.items():
+        if _relevant(name):
+            os.environ.setdefault(name, value)
     os.environ.setdefault(_PLUGINS, "")
     _install(replayer)
     return replayer
