@@ -46,6 +46,7 @@ __all__ = [
     "initialized",
     "is_error",
     "library_missing",
+    "memory_v2_figures",
     "release",
     "session",
     "shutdown",
@@ -176,6 +177,21 @@ def _import_live() -> Any:
             type(exc).__name__,
         ) from exc
     return pynvml
+
+
+def memory_v2_figures(mem: Any) -> tuple[int, int, int, int]:
+    """Return ``(free, total, used, reserved)`` of an ``nvmlMemory_v2`` result.
+
+    Read through nvidia-ml-py's public attributes (no buffer offsets, no interpreter
+    internals); each is converted to ``int``.
+
+    Args:
+        mem: What ``nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2)`` returned.
+
+    Returns:
+        The four figures in bytes, as NVML reported them.
+    """
+    return int(mem.free), int(mem.total), int(mem.used), int(mem.reserved)
 
 
 def error_name(exc: BaseException) -> str:

@@ -960,15 +960,15 @@ def test_fake_errors_behave_like_nvidia_ml_py() -> None:
     assert type(NVMLError(4242)) is NVMLError
 
 
-# -- reading the v2 result's fields straight from its buffer ------------------------------------
+# -- reading the v2 result's fields through nvidia-ml-py's public attributes ----------------
 
 
 def test_v2_fields_read_from_the_buffer_match_the_real_structure() -> None:
-    """The fast reader agrees with attribute reads on nvidia-ml-py's own structure class."""
+    """The reader agrees with nvidia-ml-py's own structure class, field by field."""
     import importlib.machinery
     import importlib.util
 
-    from accelplat.backends.cuda import _read_v2
+    from accelplat._nvml import memory_v2_figures
 
     # The installed nvidia-ml-py, loaded from its file: sys.modules may hold a fake.
     spec = importlib.machinery.PathFinder.find_spec("pynvml")
@@ -981,16 +981,17 @@ def test_v2_fields_read_from_the_buffer_match_the_real_structure() -> None:
     mem.version = real.nvmlMemory_v2
     mem.total, mem.reserved = 150_754_820_096, 644_939_776
     mem.free, mem.used = 149_000_000_000, 2**40 + 12345
-    assert _read_v2(mem) == (mem.free, mem.total, mem.used, mem.reserved)
+    assert memory_v2_figures(mem) == (mem.free, mem.total, mem.used, mem.reserved)
+    assert memory_v2_figures(mem) == (149_000_000_000, 150_754_820_096, 2**40 + 12345, 644_939_776)
 
 
 def test_v2_fields_of_an_object_without_a_buffer_are_read_as_attributes() -> None:
     from types import SimpleNamespace
 
-    from accelplat.backends.cuda import _read_v2
+    from accelplat._nvml import memory_v2_figures
 
     mem = SimpleNamespace(free=1, total=4, used=2, reserved=1)
-    assert _read_v2(mem) == (1, 4, 2, 1)
+    assert memory_v2_figures(mem) == (1, 4, 2, 1)
 
 
 # -- without the driver's library, nvidia-ml-py is not even imported ---------------------------

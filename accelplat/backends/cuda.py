@@ -45,7 +45,6 @@ Devices:
 from __future__ import annotations
 
 import os
-import struct
 import sys
 import threading
 import weakref
@@ -218,66 +217,9 @@ _instances: weakref.WeakSet[CudaPlatform] = weakref.WeakSet()
 """Every live :class:`CudaPlatform`, so that a forked child can give each a fresh lock."""
 
 
-_ENV_KEYS_BYTES = (ENV_CUDA_VISIBLE_DEVICES.encode(), ENV_CUDA_DEVICE_ORDER.encode())
-
-
-def _read_visibility_env() -> tuple[object, object]:
-    """Return the raw values of ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``, cheaply.
-
-    Only compared for equality, to tell whether the cached view is still current. On POSIX,
-    ``os.environ`` keeps the encoded variables in a dict, and reading that dict costs a
-    twentieth of ``os.environ.get`` (which encodes the key and decodes the value): the
-    difference is a third of a memory query's own overhead. Elsewhere, or if ``os.environ``
-    was replaced by another mapping, the plain lookup is used.
-    """
-    data = getattr(os.environ, "_data", None)
-    if type(data) is dict and os.name == "posix":
-        return data.get(_ENV_KEYS_BYTES[0]), data.get(_ENV_KEYS_BYTES[1])
+def _read_visibility_env() -> tuple[str | None, str | None]:
+    """Return ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` (compared to the cached view)."""
     return os.environ.get(ENV_CUDA_VISIBLE_DEVICES), os.environ.get(ENV_CUDA_DEVICE_ORDER)
-
-
-_U64 = struct.Struct("=Q")
-_V2_FIELDS = ("free", "total", "used", "reserved")
-_v2_offsets: dict[type, tuple[int, int, int, int] | None] = {}
-
-
-def _v2_field_offsets(cls: type) -> tuple[int, int, int, int] | None:
-    """Return the byte offsets of ``free, total, used, reserved`` in a ctypes memory struct.
-
-    nvidia-ml-py's structures run a Python ``__getattribute__`` on every field read (to decode
-    strings), so reading four fields costs more than the NVML call itself. The fields are
-    64-bit unsigned integers, which can be unpacked straight from the structure's buffer at
-    the offsets its field descriptors give. ``None`` when the class does not look like that.
-    """
-    try:
-        described = [getattr(cls, name) for name in _V2_FIELDS]
-        offsets = tuple(int(d.offset) for d in described)
-        if any(int(d.size) != _U64.size for d in described):
-            return None
-    except (AttributeError, TypeError, ValueError):
-        return None
-    return offsets[0], offsets[1], offsets[2], offsets[3]
-
-
-def _read_v2(mem: Any) -> tuple[int, int, int, int]:
-    """Return ``(free, total, used, reserved)`` of an ``nvmlMemory_v2`` result, fast."""
-    cls = type(mem)
-    try:
-        offsets = _v2_offsets[cls]
-    except KeyError:
-        offsets = _v2_offsets[cls] = _v2_field_offsets(cls)
-    if offsets is not None:
-        try:
-            unpack = _U64.unpack_from
-            return (
-                unpack(mem, offsets[0])[0],
-                unpack(mem, offsets[1])[0],
-                unpack(mem, offsets[2])[0],
-                unpack(mem, offsets[3])[0],
-            )
-        except (TypeError, struct.error):  # not a buffer after all
-            _v2_offsets[cls] = None
-    return int(mem.free), int(mem.total), int(mem.used), int(mem.reserved)
 
 
 def _text(value: object) -> str:
@@ -742,7 +684,7 @@ class CudaPlatform(BasePlatform):
                     source = _SOURCE_V1
                 else:
                     # The hot path of every wait.
-                    free, total, used, reserved = _read_v2(mem)
+                    free, total, used, reserved = _nvml.memory_v2_figures(mem)
                     reading = checked_memory(
                         "cuda",
                         _describe(info),
