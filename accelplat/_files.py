@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Literal
 
 from accelplat import _boundary
@@ -63,6 +65,7 @@ __all__ = [
     "realpath",
     "set_host_files",
     "use_host_files",
+    "write_text_atomic",
 ]
 
 PathLike = str | os.PathLike[str]
@@ -338,3 +341,32 @@ def _id(text: str, limit: int) -> int:
     if value >= limit:
         raise ValueError(f"{value} is not below the kernel's limit of {limit}")
     return value
+
+
+def write_text_atomic(path: PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to a new file beside ``path``, then rename it over ``path``.
+
+    A reader never sees a half-written file; on any failure the temporary file is removed and
+    ``path`` is left as it was. The file gets the permissions of any newly created file (the
+    umask applies).
+
+    Args:
+        path: The file to create or replace.
+        text: Its new contents.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        OSError: When the directory is not writable or the disk is full.
+    """
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target

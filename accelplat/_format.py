@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["format_bytes", "printable"]
+__all__ = ["format_bytes", "gib_digits", "printable"]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -29,6 +29,13 @@ def format_bytes(n: int | float | None) -> str:
     if unit == 0:
         return f"{sign}{int(value)} B"
     return f"{sign}{value:.2f} {_UNITS[unit]}"
+
+
+def gib_digits(n: int) -> str:
+    """Return ``n`` bytes in GiB with two decimals, exact for sizes too large for a float."""
+    if n < 2**1000:
+        return f"{n / 1024**3:.2f}"
+    return f"{n // 1024**3}.00"
 
 
 def printable(text: object, *, keep_newlines: bool = False) -> str:

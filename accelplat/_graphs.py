@@ -28,7 +28,6 @@ __all__ = [
     "distribution_version",
     "graph_support",
     "parse_version",
-    "torch_version",
 ]
 
 BUILD_FLAVOURS: dict[str, str] = {
@@ -105,16 +104,6 @@ def build_flavour(text: str) -> str | None:
         if label.startswith(prefix):
             return prefix
     return None
-
-
-def torch_version() -> tuple[int, int] | None:
-    """Return the installed torch's ``(major, minor)``, or ``None`` when torch is absent.
-
-    Side effects:
-        Reads installed metadata; never imports torch.
-    """
-    text = distribution_version("torch")
-    return None if text is None else parse_version(text)
 
 
 def graph_support(

@@ -11,12 +11,12 @@ Everything here reads ``os.statvfs`` only: no framework, no device context.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from accelplat._types import MIB
+from accelplat._validate import byte_int
 from accelplat.errors import ConfigurationError, InsufficientSharedMemoryError
 
 __all__ = [
@@ -51,20 +51,6 @@ class ShmInfo:
     def fits(self, required_bytes: int, *, headroom_bytes: int = 0) -> bool:
         """Return whether ``required_bytes`` plus ``headroom_bytes`` fit in :attr:`free`."""
         return required_bytes + headroom_bytes <= self.free
-
-
-def _check_bytes(value: object, argument: str, *, positive: bool = False) -> int:
-    """Validate a byte count: an ``int`` (``bool`` rejected), ``>= 0`` (or ``> 0``)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigurationError(f"{argument} must be a finite number of bytes, got {value!r}")
-        raise ConfigurationError(
-            f"{argument} must be an int number of bytes, got {type(value).__name__} {value!r}"
-        )
-    if value < 0 or (positive and value == 0):
-        bound = "> 0" if positive else ">= 0"
-        raise ConfigurationError(f"{argument} must be {bound}, got {value!r}")
-    return value
 
 
 def _check_path(path: object) -> str:
@@ -141,7 +127,7 @@ def require_shm(
     Side effects:
         One ``os.statvfs`` call; nothing is allocated.
     """
-    required = _check_bytes(required_bytes, "required_bytes")
+    required = byte_int(required_bytes, "required_bytes")
     if not isinstance(name, str) or not name.strip():
         raise ConfigurationError(f"name must be a non-empty str, got {name!r}")
     info = shm_info(path)
@@ -206,10 +192,10 @@ def largest_shm_budget(
         raise ConfigurationError(
             f"candidates must be an iterable of byte counts, got {candidates!r}"
         )
-    budgets = [_check_bytes(c, f"candidates[{i}]", positive=True) for i, c in enumerate(candidates)]
+    budgets = [byte_int(c, f"candidates[{i}]", positive=True) for i, c in enumerate(candidates)]
     if not budgets:
         raise ConfigurationError("candidates must name at least one budget, got none")
-    headroom = _check_bytes(headroom_bytes, "headroom_bytes")
+    headroom = byte_int(headroom_bytes, "headroom_bytes")
     info = shm_info(path)
     fitting = [b for b in budgets if info.fits(b, headroom_bytes=headroom)]
     return max(fitting) if fitting else None

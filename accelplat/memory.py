@@ -42,7 +42,6 @@ import logging
 import math
 import numbers
 import operator
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +57,7 @@ from accelplat._types import (
     SettleResult,
     UsageSnapshot,
 )
+from accelplat._validate import byte_count, duration, finite_number, ratio
 from accelplat.errors import (
     AccelplatError,
     ConfigurationError,
@@ -140,9 +140,9 @@ class PollPolicy:
     max_s: float = 0.04
 
     def __post_init__(self) -> None:
-        initial = _finite_number(self.initial_s, "PollPolicy.initial_s")
-        factor = _finite_number(self.factor, "PollPolicy.factor")
-        maximum = _finite_number(self.max_s, "PollPolicy.max_s")
+        initial = finite_number(self.initial_s, "PollPolicy.initial_s")
+        factor = finite_number(self.factor, "PollPolicy.factor")
+        maximum = finite_number(self.max_s, "PollPolicy.max_s")
         if initial <= 0:
             raise ConfigurationError(f"PollPolicy.initial_s must be > 0, got {self.initial_s!r}")
         if factor < 1:
@@ -181,51 +181,6 @@ class PollPolicy:
 
 # --------------------------------------------------------------------------------------------
 # validation helpers
-
-
-_FLOAT_MAX = f"{sys.float_info.max:.2g}"
-"""The largest float, as messages quote it: numeric arguments are compared as floats."""
-
-
-def _finite_number(value: object, argument: str, *, accepted: str = "finite") -> float:
-    """Return ``value`` as a finite float, or raise a ConfigurationError naming ``argument``.
-
-    An int (or fraction) too large for a float is refused like an infinity, the message saying
-    which values are ``accepted``; it is not echoed back, as an int of more than 4300 digits has
-    no ``repr``.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigurationError(f"{argument} must be a number, got {value!r}")
-    try:
-        result = float(value)
-    except OverflowError:
-        raise ConfigurationError(
-            f"{argument} must be {accepted}, got a number too large for a float"
-        ) from None
-    if not math.isfinite(result):
-        raise ConfigurationError(f"{argument} must be finite, got {value!r}")
-    return result
-
-
-def _duration(value: object, argument: str) -> float:
-    result = _finite_number(value, argument, accepted=f"a number of seconds in [0, {_FLOAT_MAX}]")
-    if result < 0:
-        raise ConfigurationError(f"{argument} must be >= 0 seconds, got {value!r}")
-    return result
-
-
-def _byte_count(value: object, argument: str) -> int:
-    result = _finite_number(value, argument, accepted=f"a number of bytes in [0, {_FLOAT_MAX}]")
-    if result < 0:
-        raise ConfigurationError(f"{argument} must be >= 0 bytes, got {value!r}")
-    return math.floor(result)
-
-
-def _ratio(value: object, argument: str) -> float:
-    result = _finite_number(value, argument, accepted="in [0, 1]")
-    if not 0.0 <= result <= 1.0:
-        raise ConfigurationError(f"{argument} must be in [0, 1], got {value!r}")
-    return result
 
 
 def _resolve_platform(platform: Platform | None) -> Platform:
@@ -692,23 +647,21 @@ def _check_wait_arguments(
         raise ConfigurationError(
             f"wait_for_memory_to_{kind} needs threshold_bytes or threshold_ratio (or both)"
         )
-    timeout = None if timeout_s is None else _duration(timeout_s, "timeout_s")
-    window = (
-        None if stable_duration_s is None else _duration(stable_duration_s, "stable_duration_s")
-    )
+    timeout = None if timeout_s is None else duration(timeout_s, "timeout_s")
+    window = None if stable_duration_s is None else duration(stable_duration_s, "stable_duration_s")
     if isinstance(stable_tolerance_bytes, bool) or not isinstance(
         stable_tolerance_bytes, numbers.Real
     ):
         raise ConfigurationError(
             f"stable_tolerance_bytes must be a number of bytes, got {stable_tolerance_bytes!r}"
         )
-    tolerance = _byte_count(stable_tolerance_bytes, "stable_tolerance_bytes")
+    tolerance = byte_count(stable_tolerance_bytes, "stable_tolerance_bytes")
     policy = _check_poll(poll)
     _check_callable(on_poll, "on_poll")
     if not isinstance(threshold_bytes, Mapping) and threshold_bytes is not None:
-        _byte_count(threshold_bytes, "threshold_bytes")
+        byte_count(threshold_bytes, "threshold_bytes")
     if not isinstance(threshold_ratio, Mapping) and threshold_ratio is not None:
-        _ratio(threshold_ratio, "threshold_ratio")
+        ratio(threshold_ratio, "threshold_ratio")
 
     plat = _resolve_platform(platform)
     chosen_clock = _check_clock(clock, plat)
@@ -717,8 +670,8 @@ def _check_wait_arguments(
         platform=plat,
         clock=chosen_clock,
         devices=resolved,
-        threshold_bytes=_per_device(threshold_bytes, resolved, "threshold_bytes", _byte_count),
-        threshold_ratio=_per_device(threshold_ratio, resolved, "threshold_ratio", _ratio),
+        threshold_bytes=_per_device(threshold_bytes, resolved, "threshold_bytes", byte_count),
+        threshold_ratio=_per_device(threshold_ratio, resolved, "threshold_ratio", ratio),
         timeout_s=timeout,
         stable_duration_s=window,
         stable_tolerance_bytes=tolerance,

@@ -18,6 +18,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
+from accelplat._clock import Clock
 from accelplat._types import (
     DeviceInfo,
     FeatureRule,
@@ -119,6 +120,13 @@ class Platform(Protocol):
 class BasePlatform:
     """Convenience base class for backends; satisfying :class:`Platform` does not require it.
 
+    Besides the :class:`Platform` protocol it declares the extension points a backend may
+    provide, each with its default: :meth:`probe` (available), :attr:`clock` (real time),
+    :attr:`visible_devices_empty_hides_all` (unknown), :meth:`visible_devices_environment`
+    (:attr:`visible_devices_env` naming the devices), :meth:`driver_version` (unknown) and
+    :attr:`FEATURES` (no capability rules). Code that accepts any :class:`Platform` reads them
+    with a default, as a plugin need not derive from this class.
+
     Subclasses set the class attributes (``RELEASE`` and ``GRAPH`` give the defaults of the
     ``release`` and ``graph`` properties) and implement :meth:`devices` and :meth:`_memory_info`.
     The base class validates device indices, so every backend raises the same
@@ -135,6 +143,15 @@ class BasePlatform:
         lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0
     )
     GRAPH: ClassVar[GraphSupport] = GraphSupport(False, None, "this platform has no graph capture")
+    visible_devices_empty_hides_all: ClassVar[bool | None] = None
+    """Extension point: whether setting :attr:`visible_devices_env` to the empty string hides
+    every device (CUDA and HIP do). ``None``: not known; the conformance kit then does not check
+    it."""
+
+    clock: Clock | None = None
+    """Extension point: the clock waits on this platform read and sleep on (the simulated
+    platform's virtual clock); ``None`` means real time (:data:`accelplat._clock.REAL_CLOCK`)."""
+
     FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {}
     """Optional extension point: per built-in capability (``"bf16"``, ``"fp8"``, ``"fp4"``,
     ``"mxfp4"``), the rules under which this platform's devices have it
@@ -166,6 +183,14 @@ class BasePlatform:
             NotImplementedError: Subclasses must implement it.
         """
         raise NotImplementedError
+
+    def driver_version(self) -> str | None:
+        """Extension point: the vendor driver's version, for reports; ``None`` when unknown.
+
+        Returns:
+            ``None`` by default.
+        """
+        return None
 
     def device_count(self) -> int:
         """Return the number of visible devices (``len(self.devices())``)."""

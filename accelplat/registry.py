@@ -60,6 +60,7 @@ __all__ = [
     "available_platforms",
     "current_platform",
     "detect",
+    "factory_for",
     "forced_platform",
     "get_platform",
     "protocol_problems",
@@ -932,7 +933,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _factory_for(name: str) -> PlatformFactory:
+def factory_for(name: str) -> PlatformFactory:
     """Return the loaded class or factory registered as ``name``, without probing or building it.
 
     Used by :mod:`accelplat.testing` to probe a platform on its own. Unbounded: the caller

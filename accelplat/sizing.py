@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 
-from accelplat._types import GIB
+from accelplat._format import gib_digits
 from accelplat.errors import ConfigurationError, InsufficientMemoryError
 
 __all__ = [
@@ -116,13 +116,6 @@ def _dtype_arg(value: object) -> int:
     if isinstance(value, str):
         return dtype_bytes(value)
     return _int_arg(value, "dtype_bytes", minimum=1)
-
-
-def _gib(n: int) -> str:
-    """``n`` bytes in GiB with two decimals, exact for sizes too large for a float."""
-    if n < 2**1000:
-        return f"{n / GIB:.2f}"
-    return f"{n // GIB}.00"
 
 
 # -- public helpers --------------------------------------------------------------------------
@@ -406,8 +399,8 @@ def check_kv_cache_fits(
     )
     raise KVCacheTooSmallError(
         f"To serve one request at the model's max seq len ({max_model_len}), "
-        f"{_gib(needed)} GiB KV cache is needed, which is larger than the available "
-        f"KV cache memory ({_gib(available)} GiB). Based on the available memory, the "
+        f"{gib_digits(needed)} GiB KV cache is needed, which is larger than the available "
+        f"KV cache memory ({gib_digits(available)} GiB). Based on the available memory, the "
         f"estimated maximum model length is {estimate}. Try increasing "
         f"`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
         needed=needed,

@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from accelplat._format import gib_digits
 from accelplat._types import GIB
 from accelplat.cli._json import dumps
 from accelplat.errors import ConfigurationError
@@ -24,7 +25,6 @@ from accelplat.sizing import (
     max_model_len_that_fits,
     parse_size,
 )
-from accelplat.sizing import _gib as _gib_digits  # exact for sizes too large for a float
 
 __all__ = ["register"]
 
@@ -89,7 +89,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _gib(n: int) -> str:
-    return f"{_gib_digits(n)} GiB"
+    return f"{gib_digits(n)} GiB"
 
 
 def _gib_number(n: int) -> float | int:

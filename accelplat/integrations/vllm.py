@@ -811,13 +811,14 @@ def memory_baseline(
         Samples memory on entry; may sleep on exit. Creates no device context on context-free
         platforms.
     """
-    from accelplat.memory import _duration, _ratio, snapshot, wait_for_memory_to_clear
+    from accelplat._validate import duration, ratio
+    from accelplat.memory import snapshot, wait_for_memory_to_clear
 
     if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real):
         raise ConfigurationError(f"tolerance must be a fraction in [0, 1], got {tolerance!r}")
-    fraction = _ratio(tolerance, "tolerance")
+    fraction = ratio(tolerance, "tolerance")
     if timeout_s is not None:  # checked here, as the exit wait would, even if it never runs
-        _duration(timeout_s, "timeout_s")
+        duration(timeout_s, "timeout_s")
     p = _platform(platform)
     if not _has_accelerator(p):
         yield _nothing_to_do().snapshot

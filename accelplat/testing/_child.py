@@ -126,7 +126,7 @@ def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], Non
     if kind == "name":
         from accelplat import registry
 
-        factory = registry._factory_for(value)
+        factory = registry.factory_for(value)
     else:
         factory = _resolve_ref(value)
     stage("import")

@@ -26,9 +26,10 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from accelplat import _files
 from accelplat._format import format_bytes
 from accelplat._types import GIB, MIB
-from accelplat.timeline.trace import Leak, Sample, TestSpan, Trace, WaitSpan, _write_atomic
+from accelplat.timeline.trace import Leak, Sample, TestSpan, Trace, WaitSpan
 
 __all__ = ["render_html", "write_report"]
 
@@ -737,4 +738,4 @@ def write_report(
     page = render_html(
         trace, title=title, leak_tolerance_bytes=leak_tolerance_bytes, leak_grace_s=leak_grace_s
     )
-    return _write_atomic(Path(path), page)
+    return _files.write_text_atomic(path, page)

@@ -18,11 +18,9 @@ from __future__ import annotations
 import bisect
 import gc
 import json
-import math
 import os
-import secrets
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any
 
 from accelplat import _files
 from accelplat._types import MIB
+from accelplat._validate import JsonFields
 from accelplat.errors import ConfigurationError, FileTooLargeError
 from accelplat.leaks import DEFAULT_LEAK_TOLERANCE_BYTES, is_leak, leaked_bytes
 
@@ -491,23 +490,7 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
     Raises:
         OSError: When the file cannot be written.
     """
-    return _write_atomic(Path(path), dumps_trace(trace))
-
-
-def _write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to a new file beside ``path``, then rename it over ``path``.
-
-    The file gets the permissions of any newly created file (the umask applies).
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return _files.write_text_atomic(path, dumps_trace(trace))
 
 
 def loads_trace(text: str | bytes, *, max_bytes: int = MAX_TRACE_BYTES) -> Trace:
@@ -580,31 +563,18 @@ def _reject_constant(name: str) -> Any:
 # validation
 
 
-def _fail(where: str, expected: str, got: object) -> ConfigurationError:
-    shown = repr(got)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    return ConfigurationError(f"trace field {where}: expected {expected}, got {shown}")
+_FIELDS = JsonFields("trace field", max_items=_MAX_ITEMS, max_text=_MAX_TEXT)
+"""The trace's field checks (:mod:`accelplat._validate`)."""
 
-
-def _obj(value: object, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail(where, "an object", value)
-    return value
-
-
-def _list(value: object, where: str, limit: int = _MAX_ITEMS) -> Sequence[Any]:
-    if not isinstance(value, list):
-        raise _fail(where, "an array", value)
-    if len(value) > limit:
-        raise ConfigurationError(f"trace field {where}: more than {limit} entries")
-    return value
+_fail = _FIELDS.error
+_obj = _FIELDS.mapping
+_list = _FIELDS.array
+_text = _FIELDS.text
+_bool = _FIELDS.boolean
 
 
 def _int(value: object, where: str, *, minimum: int = 0, maximum: int = _MAX_INT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise _fail(where, f"an integer in {minimum}..{maximum}", value)
-    return value
+    return _FIELDS.integer(value, where, minimum=minimum, maximum=maximum)
 
 
 def _opt_int(value: object, where: str) -> int | None:
@@ -612,29 +582,7 @@ def _opt_int(value: object, where: str) -> int | None:
 
 
 def _float(value: object, where: str, *, maximum: float = _MAX_SECONDS) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(where, "a number", value)
-    try:
-        f = float(value)
-    except OverflowError:  # an integer beyond any float, 10**400 say
-        f = math.inf
-    if not (math.isfinite(f) and 0 <= f <= maximum):
-        raise _fail(where, f"a number in 0..{maximum:g}", value)
-    return f
-
-
-def _text(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise _fail(where, "a string", value)
-    if len(value) > _MAX_TEXT:
-        raise ConfigurationError(f"trace field {where}: longer than {_MAX_TEXT} characters")
-    return value
-
-
-def _bool(value: object, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(where, "true or false", value)
-    return value
+    return _FIELDS.number(value, where, maximum=maximum)
 
 
 def _reading(value: object, where: str, n: int, offset: int = 0) -> Reading:
