@@ -499,6 +499,7 @@ class CudaPlatform(BasePlatform):
         """
         return self._view().notes
 
+    @override
     def driver_version(self) -> str:
         """Return the NVIDIA driver version NVML reports (``"unknown"`` if it cannot say).
 
