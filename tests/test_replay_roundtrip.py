@@ -191,3 +191,22 @@ def test_cuda_enumeration_order_of_mixed_models_is_recorded_not_rerun(
     monkeypatch.setattr(cuda, "_cuda_order_live", no_subprocess)
     monkeypatch.setitem(sys.modules, "pynvml", None)
     assert replayed_info(cap) == cap.info
+
+
+def test_a_project_capability_table_in_the_working_directory_stays_out_of_the_capture(
+    install: Install, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from accelplat.capabilities import clear_project_capabilities
+
+    two_h200(install)
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.accelplat.capabilities]\nmy-kernel = { platforms = ["cuda"] }\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    try:
+        cap = capture(samples=0, sleep=no_sleep)
+    finally:
+        clear_project_capabilities()
+    assert "my-kernel" not in cap.info["capabilities"]
+    assert "fp8" in cap.info["capabilities"]
+    assert Path.cwd() == tmp_path

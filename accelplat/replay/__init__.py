@@ -279,6 +279,24 @@ def _exercise(
                 platform.memory_info(dev.index)
 
 
+@contextmanager
+def _outside_any_project() -> Iterator[None]:
+    """Run the block in an empty directory.
+
+    A project's own capability table (``./pyproject.toml``) is not a fact of the host, and a
+    replay elsewhere could not reproduce it.
+    """
+    import tempfile
+
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="accelplat-capture-") as empty:
+        os.chdir(empty)
+        try:
+            yield
+        finally:
+            os.chdir(here)
+
+
 def _kernel_driver_version() -> str | None:
     """Return the amdgpu kernel module's version (read through the shared reader, so recorded)."""
     from accelplat import _files
@@ -334,7 +352,7 @@ def capture(
     from accelplat.registry import current_platform
 
     recorder = Recorder(processes=processes)
-    with recording(recorder):
+    with recording(recorder), _outside_any_project():
         env = relevant_env(os.environ)
         info = collect_info()
         driver: str | None = None
