@@ -27,7 +27,7 @@ import types
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from accelplat.replay._codec import encode
+from accelplat.replay._codec import encode, key_text
 
 __all__ = [
     "CTYPES_CHANNELS",
@@ -171,8 +171,6 @@ class Recorder:
             answer: ``{"v": encoded}`` or ``{"raise": description}``.
             once: Keep only the first answer (constants).
         """
-        from accelplat.replay._codec import key_text
-
         text = key_text(key)
         with self._lock:
             rec = self._records.get((channel, text))

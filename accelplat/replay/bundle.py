@@ -27,7 +27,7 @@ import re
 import stat
 import tarfile
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -538,11 +538,3 @@ def _check_answer(raw: object, where: str, source: str, handle: Any) -> Answer:
     if unknown:
         raise BundleError(source, f"unknown fields {sorted(unknown)[:3]}", field=f"{where}.raise")
     return Answer(error=checked)
-
-
-def describe_records(records: Sequence[RecordEntry]) -> dict[str, list[str]]:
-    """Group record keys by channel, in words (for ``CONTENTS.txt`` and the capture summary)."""
-    out: dict[str, list[str]] = {}
-    for rec in records:
-        out.setdefault(rec.channel, []).append(key_text(rec.key))
-    return out
