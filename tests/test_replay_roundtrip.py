@@ -20,6 +20,8 @@ from tests.conftest import Install
 from tests.fakes.levelzero import arc, build_c_library, c_compiler, pvc
 from tests.fakes.nvml import GIB, FakeNvml, h200
 
+HOSTS = Path(__file__).parent / "hosts"
+
 
 def no_sleep(_: float) -> None:
     return None
@@ -210,3 +212,18 @@ def test_a_project_capability_table_in_the_working_directory_stays_out_of_the_ca
     assert "my-kernel" not in cap.info["capabilities"]
     assert "fp8" in cap.info["capabilities"]
     assert Path.cwd() == tmp_path
+
+
+def test_a_replay_answers_host_files_from_the_bundle_and_user_files_from_this_machine(
+    tmp_path: Path,
+) -> None:
+    from accelplat import _files
+
+    trace = tmp_path / "trace.json"
+    trace.write_text("{}")
+    with replaying(HOSTS / "cpu-x86_64.tar.gz"):
+        assert _files.read_text(trace) == "{}"
+        assert _files.read_text("/proc/meminfo", limit=1 << 20).startswith("MemTotal:")
+        with pytest.raises(FileNotFoundError, match="not in the capture bundle"):
+            _files.read_text("/proc/self/never-read")
+        assert not _files.exists("/sys/class/never-looked-at")

@@ -6,10 +6,11 @@ recorded several times (memory sampled over a second or two) gives its answers i
 keeps giving the last one, so the first questions of a replay get exactly the answers the
 capture's own ``accelplat info`` got.
 
-A question the capture never asked gets the answer an absent thing gives on a real host: a file
-is missing (``FileNotFoundError``), a distribution is not installed, a process is gone, an NVML
-function is ``NVMLError_NotSupported``, a Level Zero call returns
-``ZE_RESULT_ERROR_UNSUPPORTED_FEATURE``.
+A question the capture never asked gets the answer an absent thing gives on a real host: a host
+file (under ``/sys``, ``/proc``, ``/dev`` or a captured root) is missing (``FileNotFoundError``),
+a distribution is not installed, a process is gone, an NVML function is
+``NVMLError_NotSupported``, a Level Zero call returns ``ZE_RESULT_ERROR_UNSUPPORTED_FEATURE``. Any
+other file (a user's own trace or spec) is not part of the host and is read from this machine.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ _MISSING_CALL: dict[str, tuple[str, int | None, str]] = {
     "amdsmi": ("AmdSmiLibraryException", None, "not supported"),
 }
 """Per channel, the error a call the capture never made raises."""
+
+_HOST_ROOT_VARIABLES = frozenset(
+    {"ACCELPLAT_SYSFS_ROOT", "ACCELPLAT_PROC_ROOT", "ACCELPLAT_CGROUP_ROOT", "ACCELPLAT_DEV_ROOT"}
+)
+"""Variables that move the host's file systems elsewhere (a capture of a fake tree)."""
 
 _MISSING_RC: dict[str, int] = {"levelzero": 0x78000003}  # ZE_RESULT_ERROR_UNSUPPORTED_FEATURE
 
@@ -174,13 +180,21 @@ class Replayer:
         """Answer from the bundle (``live`` is not used)."""
         answer = self.next_answer(channel, list(key))
         if answer is None:
+            path = str(key[-1]) if key else ""
+            if channel == "file" and not self._is_host_path(path):
+                return live()  # a user's own file (a trace, a spec): not part of the host
             if channel in ("file", "device"):
-                path = str(key[-1]) if key else ""
                 raise FileNotFoundError(errno.ENOENT, "not in the capture bundle", path)
             if channel == "proc":
                 return ("gone", "")
             return None
         return self._answer(channel, answer)
+
+    def _is_host_path(self, path: str) -> bool:
+        """Whether ``path`` lies in the host's pseudo file systems (or the captured roots)."""
+        roots = ["/sys", "/proc", "/dev"]
+        roots += [v for k, v in self.bundle.env.items() if k in _HOST_ROOT_VARIABLES and v]
+        return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
     def vendor(self, channel: str, live: Callable[[], Loaded]) -> Loaded:
         """Return a replayed stand-in for the vendor module or library (``live`` is not used)."""
