@@ -1,0 +1,86 @@
+"""The simulated platform's virtual clock: sleeps advance time at once, deterministically.
+
+Imports no framework; touches no device.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+from accelplat.errors import ConfigurationError
+
+__all__ = []
+
+# --------------------------------------------------------------------------------------------
+# clocks
+
+
+class SimulatedClock:
+    """A virtual clock: :meth:`sleep` advances time instantly, so waits take no real time.
+
+    Thread-safe. Every reading is deterministic: time only moves through :meth:`sleep` and
+    :meth:`advance`.
+
+    Args:
+        start: The initial reading of :meth:`monotonic`.
+        epoch: Wall-clock seconds (since 1970) that correspond to ``start``, for :meth:`time`.
+
+    Raises:
+        ConfigurationError: For non-finite ``start`` or ``epoch``.
+    """
+
+    def __init__(self, start: float = 0.0, *, epoch: float = 1_700_000_000.0) -> None:
+        if not (is_real(start) and math.isfinite(start)):
+            raise ConfigurationError(f"SimulatedClock start must be a finite number, got {start!r}")
+        if not (is_real(epoch) and math.isfinite(epoch)):
+            raise ConfigurationError(f"SimulatedClock epoch must be a finite number, got {epoch!r}")
+        self._now = float(start)
+        self._offset = float(epoch) - float(start)
+        self._lock = threading.Lock()
+        self.sleeps: list[float] = []
+        """Every duration passed to :meth:`sleep`, in order (for tests)."""
+
+    def monotonic(self) -> float:
+        """Return the current virtual time."""
+        with self._lock:
+            return self._now
+
+    def time(self) -> float:
+        """Return the virtual wall-clock time, ``epoch`` plus the time elapsed since ``start``."""
+        with self._lock:
+            return self._now + self._offset
+
+    def sleep(self, seconds: float) -> None:
+        """Advance virtual time by ``seconds`` at once, and record the call in :attr:`sleeps`.
+
+        Args:
+            seconds: A finite duration ``>= 0``.
+
+        Raises:
+            ConfigurationError: For a negative, non-finite or non-numeric duration.
+        """
+        self.advance(seconds)
+        with self._lock:
+            self.sleeps.append(float(seconds))
+
+    def advance(self, seconds: float) -> None:
+        """Move virtual time forward by ``seconds`` without recording a sleep.
+
+        Args:
+            seconds: A finite duration ``>= 0``.
+
+        Raises:
+            ConfigurationError: For a negative, non-finite or non-numeric duration.
+        """
+        if not (is_real(seconds) and math.isfinite(seconds) and seconds >= 0):
+            raise ConfigurationError(f"a sleep must be a finite number >= 0, got {seconds!r}")
+        with self._lock:
+            self._now += float(seconds)
+
+    def __repr__(self) -> str:
+        return f"SimulatedClock(now={self.monotonic():g})"
+
+
+def is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
