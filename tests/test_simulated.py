@@ -504,3 +504,30 @@ def test_sizes_accept_units_and_numbers() -> None:
     )
     totals = [platform.memory_info(i).total for i in range(6)]
     assert totals == [3 * GIB // 2, 8 * 10**9, 512 * MIB, 10**9, 4 * GIB, 1024]
+
+
+def test_a_spec_file_is_read_and_validated_once_for_probe_and_construction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from accelplat.backends import simulated
+
+    path = tmp_path / "spec.json"
+    path.write_text('{"devices": [{"total": "8GiB"}]}')
+    loads: list[str] = []
+    real = simulated.load_spec
+
+    def counting(p: str | os.PathLike[str]) -> simulated.SimulatedSpec:
+        loads.append(os.fspath(p))
+        return real(p)
+
+    monkeypatch.setattr(simulated, "load_spec", counting)
+    monkeypatch.setenv("ACCELPLAT_SIMULATED_SPEC", str(path))
+    assert simulated.SimulatedPlatform.probe().available
+    platform = simulated.SimulatedPlatform()
+    assert platform.device_count() == 1
+    assert loads == [str(path)]
+    path.write_text('{"devices": [{"total": "8GiB"}, {"total": "16GiB"}]}')  # a new version
+    assert simulated.SimulatedPlatform().device_count() == 2
+    assert loads == [str(path), str(path)]

@@ -35,6 +35,7 @@ which re-exports the public names.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -90,6 +91,39 @@ ENV_VISIBLE = "ACCELPLAT_SIMULATED_VISIBLE_DEVICES"
 means all of them. Parsed like ``CUDA_VISIBLE_DEVICES``: an unknown entry ends the list."""
 
 
+_SPEC_CACHE_SIZE = 16
+_spec_cache: dict[str, tuple[tuple[int, int, int], SimulatedSpec]] = {}
+_spec_cache_lock = threading.Lock()
+
+
+def _load_spec_once(path: str | os.PathLike[str]) -> SimulatedSpec:
+    """Return :func:`load_spec` of ``path``, reading and validating each version of a file once.
+
+    Detection probes the spec named by ``ACCELPLAT_SIMULATED_SPEC`` and then constructs the
+    platform from it; both get the one validated :class:`SimulatedSpec` (it is immutable). A file
+    whose inode, size or modification time changed is read again.
+
+    Raises:
+        ConfigurationError: As :func:`load_spec`.
+    """
+    name = os.fspath(path)
+    try:
+        st = os.stat(name)
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except (OSError, ValueError):
+        return load_spec(name)  # the reader names the problem
+    with _spec_cache_lock:
+        hit = _spec_cache.get(name)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    spec = load_spec(name)
+    with _spec_cache_lock:
+        if len(_spec_cache) >= _SPEC_CACHE_SIZE:
+            _spec_cache.clear()
+        _spec_cache[name] = (key, spec)
+    return spec
+
+
 # --------------------------------------------------------------------------------------------
 # the platform
 
@@ -132,7 +166,7 @@ class SimulatedPlatform(BasePlatform):
         elif isinstance(spec, Mapping):
             resolved = spec_from_mapping(spec, source="mapping")
         elif isinstance(spec, (str, os.PathLike)):
-            resolved = load_spec(spec)
+            resolved = _load_spec_once(spec)
         else:
             raise ConfigurationError(
                 f"spec must be a SimulatedSpec, a mapping or a path, got {type(spec).__name__}"
@@ -175,7 +209,7 @@ class SimulatedPlatform(BasePlatform):
                 False, f"{ENV_SPEC} is not set (point it at a JSON or TOML simulated spec)"
             )
         try:
-            spec = load_spec(path)
+            spec = _load_spec_once(path)
         except ConfigurationError as exc:
             return ProbeResult(False, str(exc))
         return ProbeResult(True, f"{len(spec.devices)} simulated device(s) from {path}")
