@@ -24,15 +24,22 @@ PY=${VLLM_SUITE_PYTHON:-$REPO/.venv-vllm/bin/python}
 WORK=${VLLM_SUITE_WORK:-$(mktemp -d)}
 HERE=$REPO/.ci/vllm_suite
 
-# The chosen tests: the spawn decorator's own tests, and tests that build engines through
-# VllmRunner (vllm_runner) and HfRunner (hf_runner) with small models.
+# The chosen tests: tests that build engines through VllmRunner (vllm_runner) and HfRunner
+# (hf_runner) with small models, two of them in a forked child each
+# (create_new_process_for_each_test), and the spawn decorator's own tests.
 TESTS=(
   "tests/samplers/test_ignore_eos.py::test_ignore_eos[512-half-distilbert/distilgpt2]"
   "tests/models/language/generation/test_common.py::test_models[False-False-5-32-facebook/opt-125m]"
   "tests/models/language/generation/test_common.py::test_models[True-False-5-32-facebook/opt-125m]"
+  "tests/v1/e2e/general/test_context_length.py::test_decoder_max_context_length_validation[2047-1-JackFram/llama-160m-2048]"
+  "tests/v1/e2e/general/test_context_length.py::test_decoder_max_context_length_validation[2048-1-JackFram/llama-160m-2048]"
   "tests/utils_/test_spawn_decorator.py"
 )
 
+if [ ! -x "$PY" ]; then
+  echo "vllm-suite: $PY not found; build the vLLM environment with .ci/vllm-engine.sh first" >&2
+  exit 1
+fi
 started=$(date +%s)
 if [ -n "${VLLM_SDIST_DIR:-}" ]; then
   src=$VLLM_SDIST_DIR

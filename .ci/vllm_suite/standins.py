@@ -33,6 +33,17 @@ STANDINS: dict[str, tuple[str, dict[str, Any]]] = {
         "GPT2Config",
         {"n_embd": 128, "n_layer": 2, "n_head": 2, "n_positions": MAX_LEN},
     ),
+    "JackFram/llama-160m": (
+        "LlamaConfig",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": MAX_LEN,
+        },
+    ),
     "facebook/opt-125m": (
         "OPTConfig",
         {
