@@ -161,6 +161,7 @@ def test_partitioned_gpu_every_partition_resolves_to_its_card_with_hips_share(fs
     assert "KFD allocations" in infos[2].source
     assert [h.pid for h in p.memory_holders(2) or []] == [4242]
     assert p.memory_holders(3) == []
+    assert "compute partitions on 1 card(s)" in RocmPlatform.probe().reason
 
 
 @pytest.mark.parametrize(

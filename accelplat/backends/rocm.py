@@ -1170,4 +1170,13 @@ class RocmPlatform(BasePlatform):
             return ProbeResult(
                 False, f"{total} AMD GPU(s) found, but the visible-devices variables hide all"
             )
-        return ProbeResult(True, f"{count} of {total} AMD GPU(s) visible (source: {source.name})")
+        cards = {g.card.name for g in source.gpus() if g.card is not None and g.partitions > 1}
+        note = ""
+        if cards:
+            note = (
+                f"; compute partitions on {len(cards)} card(s): each reports its KFD share of "
+                f"the card's memory"
+            )
+        return ProbeResult(
+            True, f"{count} of {total} AMD GPU(s) visible (source: {source.name}){note}"
+        )
