@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY=.venv-vllm/bin/python
+PY="$PWD/.venv-vllm/bin/python"
 if [ ! -x "$PY" ]; then
   echo "vllm-capabilities: .venv-vllm is missing; run .ci/vllm-engine.sh first" >&2
   exit 1

@@ -109,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args(argv)
+    # Collection runs with cwd set to each copy, so a relative interpreter path would point into
+    # the copy; make it absolute without resolving links (a venv's python is a link to the base).
+    python = os.path.abspath(args.python)
+    if not os.access(python, os.X_OK):
+        parser.error(f"--python: {args.python!r} is not an executable file")
     sys.path.insert(0, str(REPO))
     work = args.work or Path(tempfile.mkdtemp(prefix="vllm-capabilities-"))
     before = _copy(args.sdist, work / "before")
@@ -136,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     profiles += [(p.stem, p) for p in sorted(HERE.glob("*-facts.json"))]
     for label, facts in profiles:
         tag = label.replace(" ", "-")
-        b = _collect(args.python, before, work / f"{tag}-before.json", facts)
-        a = _collect(args.python, after, work / f"{tag}-after.json", facts)
+        b = _collect(python, before, work / f"{tag}-before.json", facts)
+        a = _collect(python, after, work / f"{tag}-after.json", facts)
         ok = _verdict(b, a, label) and ok
     return 0 if ok else 1
 
