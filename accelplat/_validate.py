@@ -10,6 +10,13 @@ Two kinds of input pass through here:
   :class:`JsonFields` checks each field's type and range and names it by its path
   (``tests[3].end``), with the document's own prefix (``"trace field"``).
 
+The general checks, :func:`number`, :func:`number_text` and :func:`integer`, take the caller's
+words for what is accepted (``expected``) and, where the caller must raise another type (a
+``ValueError``, a pytest usage error, an argparse type error), the error class: the *check* is
+defined once here, the message keeps each caller's documented wording, worded
+``"<argument> must be <expected>, got <value>"`` (or ``"expected <expected>, got <value>"``
+when no argument is named).
+
 Sizes written as text go through the one size grammar, :func:`accelplat.sizing.parse_size`.
 Nothing here touches a device.
 """
@@ -19,8 +26,8 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence, Set
+from typing import Any, Literal
 
 from accelplat.errors import ConfigurationError
 
@@ -31,20 +38,29 @@ __all__ = [
     "byte_int",
     "duration",
     "finite_number",
+    "integer",
+    "number",
+    "number_text",
     "ratio",
 ]
+
+ErrorType = Callable[[str], Exception]
+"""What a check raises: an exception class (or factory) taking the message."""
 
 FLOAT_MAX_TEXT = f"{sys.float_info.max:.2g}"
 """The largest float, as messages quote it: numeric arguments are compared as floats."""
 
 
-def finite_number(value: object, argument: str, *, accepted: str = "finite") -> float:
+def finite_number(
+    value: object, argument: str, *, accepted: str = "finite", not_a_number: str = "a number"
+) -> float:
     """Return ``value`` as a finite float.
 
     Args:
         value: A real number (``bool`` refused).
         argument: Its name, for the message.
         accepted: Words for the accepted values, used when ``value`` is too large for a float.
+        not_a_number: Words for what is accepted, used when ``value`` is no number.
 
     Returns:
         ``float(value)``.
@@ -54,7 +70,7 @@ def finite_number(value: object, argument: str, *, accepted: str = "finite") -> 
             digits of such an int are not echoed (an int of more than 4300 digits has no repr).
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigurationError(f"{argument} must be a number, got {value!r}")
+        raise ConfigurationError(f"{argument} must be {not_a_number}, got {value!r}")
     try:
         result = float(value)
     except OverflowError:
@@ -80,26 +96,36 @@ def duration(value: object, argument: str) -> float:
     return result
 
 
-def byte_count(value: object, argument: str) -> int:
+def byte_count(value: object, argument: str, *, not_a_number: str = "a number") -> int:
     """Return a number of bytes ``>= 0``, a float rounded down.
+
+    Args:
+        value: A real number.
+        argument: Its name, for the message.
+        not_a_number: Words for what is accepted, used when ``value`` is no number.
 
     Raises:
         ConfigurationError: Naming ``argument``.
     """
     accepted = f"a number of bytes in [0, {FLOAT_MAX_TEXT}]"
-    result = finite_number(value, argument, accepted=accepted)
+    result = finite_number(value, argument, accepted=accepted, not_a_number=not_a_number)
     if result < 0:
         raise ConfigurationError(f"{argument} must be >= 0 bytes, got {value!r}")
     return math.floor(result)
 
 
-def ratio(value: object, argument: str) -> float:
+def ratio(value: object, argument: str, *, not_a_number: str = "a number") -> float:
     """Return a fraction in ``[0, 1]``.
+
+    Args:
+        value: A real number.
+        argument: Its name, for the message.
+        not_a_number: Words for what is accepted, used when ``value`` is no number.
 
     Raises:
         ConfigurationError: Naming ``argument``.
     """
-    result = finite_number(value, argument, accepted="in [0, 1]")
+    result = finite_number(value, argument, accepted="in [0, 1]", not_a_number=not_a_number)
     if not 0.0 <= result <= 1.0:
         raise ConfigurationError(f"{argument} must be in [0, 1], got {value!r}")
     return result
@@ -124,47 +150,293 @@ def byte_int(value: object, argument: str, *, positive: bool = False) -> int:
     return value
 
 
-class JsonFields:
-    """Type and range checks for the fields of one kind of untrusted JSON document.
+def _must(argument: str, expected: str, shown: str) -> str:
+    if argument:
+        return f"{argument} must be {expected}, got {shown}"
+    return f"expected {expected}, got {shown}"
 
-    Every failure is a :class:`~accelplat.errors.ConfigurationError` worded
-    ``"<prefix> <path>: expected <what>, got <value>"``, the value shortened to 60 characters.
+
+def _range_words(
+    minimum: float | None, maximum: float | None, above: float | None, below: float | None
+) -> str:
+    low = f"{above:g}" if above is not None else None if minimum is None else f"{minimum:g}"
+    high = f"{below:g}" if below is not None else None if maximum is None else f"{maximum:g}"
+    if low is not None and high is not None:
+        left = "(" if above is not None else "["
+        right = ")" if below is not None else "]"
+        return f"in {left}{low}, {high}{right}"
+    if low is not None:
+        return f"{'>' if above is not None else '>='} {low}"
+    if high is not None:
+        return f"{'<' if below is not None else '<='} {high}"
+    return ""
+
+
+def _check_range(
+    value: float,
+    *,
+    minimum: float | None,
+    maximum: float | None,
+    above: float | None,
+    below: float | None,
+) -> bool:
+    return (
+        (minimum is None or value >= minimum)
+        and (maximum is None or value <= maximum)
+        and (above is None or value > above)
+        and (below is None or value < below)
+    )
+
+
+def _number(
+    value: object,
+    argument: str,
+    shown: str,
+    *,
+    minimum: float | None,
+    maximum: float | None,
+    above: float | None,
+    below: float | None,
+    expected: str | None,
+    not_a_number: str | None,
+    error: ErrorType,
+) -> float:
+    words = expected or f"a finite number {_range_words(minimum, maximum, above, below)}".rstrip()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise error(_must(argument, not_a_number or words, shown))
+    try:
+        result = float(value)
+    except OverflowError:  # an int beyond any float: its digits are not echoed
+        raise error(_must(argument, words, "a number too large for a float")) from None
+    if not (
+        math.isfinite(result)
+        and _check_range(result, minimum=minimum, maximum=maximum, above=above, below=below)
+    ):
+        raise error(_must(argument, words, shown))
+    return result
+
+
+def number(
+    value: object,
+    argument: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    expected: str | None = None,
+    not_a_number: str | None = None,
+    error: ErrorType = ConfigurationError,
+) -> float:
+    """Return ``value`` as a float if it is a finite real number in the given range.
 
     Args:
-        prefix: How the document names its fields, e.g. ``"trace field"``.
+        value: A real number (``bool`` refused).
+        argument: Its name, for the message (``""``: the message starts with ``expected``).
+        minimum: Smallest accepted value (inclusive).
+        maximum: Largest accepted value (inclusive).
+        above: Exclusive lower bound.
+        below: Exclusive upper bound.
+        expected: Words for what is accepted; by default built from the bounds
+            (``"a finite number in (0, 1]"``).
+        not_a_number: Words used instead of ``expected`` when ``value`` is no number at all.
+        error: The exception class to raise.
+
+    Returns:
+        ``float(value)``.
+
+    Raises:
+        ConfigurationError: (or ``error``) For a non-number, NaN, an infinity, an int beyond
+            any float (its digits not echoed) or a value out of range.
+    """
+    return _number(
+        value,
+        argument,
+        repr(value) if not isinstance(value, int) or value.bit_length() < 4000 else "an int",
+        minimum=minimum,
+        maximum=maximum,
+        above=above,
+        below=below,
+        expected=expected,
+        not_a_number=not_a_number,
+        error=error,
+    )
+
+
+def number_text(
+    text: str,
+    argument: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    expected: str | None = None,
+    not_a_number: str | None = None,
+    error: ErrorType = ConfigurationError,
+) -> float:
+    """Parse ``text`` (an environment variable, an option) as a finite number in range.
+
+    The accepted forms are Python's ``float`` literals (``"1.5"``, ``"2e3"``), surrounding
+    blanks ignored; the message quotes ``text`` as given.
+
+    Args:
+        text: The text to parse.
+        argument: Its name, for the message (``""``: the message starts with ``expected``).
+        minimum: Smallest accepted value (inclusive).
+        maximum: Largest accepted value (inclusive).
+        above: Exclusive lower bound.
+        below: Exclusive upper bound.
+        expected: Words for what is accepted, as for :func:`number`.
+        not_a_number: Words used instead of ``expected`` when ``text`` is no number.
+        error: The exception class to raise.
+
+    Returns:
+        The number.
+
+    Raises:
+        ConfigurationError: (or ``error``) Naming ``argument`` and quoting ``text``.
+    """
+    try:
+        value: object = float(text)
+    except (TypeError, ValueError):
+        value = None
+    return _number(
+        value,
+        argument,
+        repr(text),
+        minimum=minimum,
+        maximum=maximum,
+        above=above,
+        below=below,
+        expected=expected,
+        not_a_number=not_a_number,
+        error=error,
+    )
+
+
+def integer(
+    value: object,
+    argument: str,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    expected: str | None = None,
+    not_an_int: str | None = None,
+    show_type: bool = False,
+    error: ErrorType = ConfigurationError,
+) -> int:
+    """Return ``value`` if it is an ``int`` (``bool`` refused, floats refused) in range.
+
+    Args:
+        value: The value to check.
+        argument: Its name, for the message (``""``: the message starts with ``expected``).
+        minimum: Smallest accepted value (inclusive).
+        maximum: Largest accepted value (inclusive).
+        expected: Words for what is accepted; by default ``"an int >= 1"`` and the like.
+        not_an_int: Words used instead of ``expected`` when ``value`` is no int.
+        show_type: Name the type of a value that is no int (``"got float 128.0"``).
+        error: The exception class to raise.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ConfigurationError: (or ``error``) For a non-int or a value out of range.
+    """
+    words = expected or f"an int {_range_words(minimum, maximum, None, None)}".rstrip()
+    if isinstance(value, bool) or not isinstance(value, int):
+        shown = f"{type(value).__name__} {value!r}" if show_type else repr(value)
+        raise error(_must(argument, not_an_int or words, shown))
+    if not _check_range(value, minimum=minimum, maximum=maximum, above=None, below=None):
+        shown = repr(value) if value.bit_length() < 4000 else "an int of more than 1200 digits"
+        raise error(_must(argument, words, shown))
+    return value
+
+
+class JsonFields:
+    """Type and range checks for the fields of one kind of untrusted JSON (or TOML) document.
+
+    Every failure is a :class:`~accelplat.errors.ConfigurationError` naming the field by its
+    path, worded ``"<prefix> <path>: expected <what>, got <value>"`` or, with
+    ``wording="must be"``, ``"<path> must be <what>, got <value>"``; the value is shortened to
+    60 characters.
+
+    Args:
+        prefix: How the document names its fields, e.g. ``"trace field"`` (may be empty).
         max_items: Default bound on array lengths.
         max_text: Bound on string lengths.
+        wording: Which of the two message forms above the document's errors use.
+        object_noun: The document's word for an object (``"a table/object"`` where TOML is
+            read too).
+        array_noun: The document's word for an array.
     """
 
-    def __init__(self, prefix: str, *, max_items: int, max_text: int) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        *,
+        max_items: int,
+        max_text: int,
+        wording: Literal["expected", "must be"] = "expected",
+        object_noun: str = "an object",
+        array_noun: str = "an array",
+    ) -> None:
         self.prefix = prefix
         self.max_items = max_items
         self.max_text = max_text
+        self.wording = wording
+        self.object_noun = object_noun
+        self.array_noun = array_noun
 
     def error(self, where: str, expected: str, got: object) -> ConfigurationError:
         """Return (not raise) the error for field ``where`` holding ``got``."""
         shown = repr(got)
         if len(shown) > 60:
             shown = shown[:57] + "..."
-        return ConfigurationError(f"{self.prefix} {where}: expected {expected}, got {shown}")
+        if self.wording == "must be":
+            return self.problem(where, f"must be {expected}, got {shown}", sep=" ")
+        return self.problem(where, f"expected {expected}, got {shown}")
 
-    def problem(self, where: str, words: str) -> ConfigurationError:
+    def problem(self, where: str, words: str, *, sep: str = ": ") -> ConfigurationError:
         """Return (not raise) an error for field ``where`` described in ``words``."""
-        return ConfigurationError(f"{self.prefix} {where}: {words}")
+        name = f"{self.prefix} {where}" if self.prefix else where
+        return ConfigurationError(f"{name}{sep}{words}")
 
-    def mapping(self, value: object, where: str) -> Mapping[str, Any]:
-        """Return ``value`` if it is a JSON object."""
-        if not isinstance(value, dict):
-            raise self.error(where, "an object", value)
+    def mapping(
+        self,
+        value: object,
+        where: str,
+        allowed: Set[str] | None = None,
+        required: Set[str] = frozenset(),
+    ) -> Mapping[str, Any]:
+        """Return ``value`` if it is an object whose keys are all ``allowed`` and ``required``.
+
+        Args:
+            value: The field.
+            where: Its path.
+            allowed: The keys it may have (``None``: any key).
+            required: The keys it must have.
+        """
+        if not isinstance(value, Mapping):
+            raise self.error(where, self.object_noun, value)
+        if allowed is not None:
+            for key in value:
+                if not isinstance(key, str) or key not in allowed:
+                    names = ", ".join(sorted(allowed))
+                    raise self.problem(where, f"unknown key {key!r} (allowed: {names})")
+        for key in sorted(required):
+            if key not in value:
+                raise self.problem(where, f"missing required key {key!r}")
         return value
 
     def array(self, value: object, where: str, limit: int | None = None) -> Sequence[Any]:
         """Return ``value`` if it is a JSON array of at most ``limit`` entries."""
         bound = self.max_items if limit is None else limit
         if not isinstance(value, list):
-            raise self.error(where, "an array", value)
+            raise self.error(where, self.array_noun, value)
         if len(value) > bound:
-            raise self.problem(where, f"more than {bound} entries")
+            raise self.problem(where, f"{len(value)} entries; at most {bound} are allowed")
         return value
 
     def integer(self, value: object, where: str, *, minimum: int, maximum: int) -> int:

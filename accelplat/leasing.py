@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from accelplat import _validate
 from accelplat._clock import Clock
 from accelplat._types import MIB, DeviceInfo, MemoryInfo
 from accelplat.errors import AccelplatError, ConfigurationError, MemoryNotSettledError
@@ -260,18 +261,17 @@ def _read_metadata(path: Path) -> dict[str, object]:
 
 
 def _int_field(data: Mapping[str, object], key: str) -> int | None:
-    value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+    try:
+        return _validate.integer(data.get(key), key, minimum=0, maximum=2**63 - 1)
+    except ConfigurationError:
         return None
-    return value
 
 
 def _float_field(data: Mapping[str, object], key: str) -> float | None:
-    value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    try:
+        return _validate.number(data.get(key), key, minimum=0)
+    except ConfigurationError:
         return None
-    result = float(value)
-    return result if math.isfinite(result) and result >= 0 else None
 
 
 def _str_field(data: Mapping[str, object], key: str) -> str:
@@ -313,44 +313,37 @@ def _command_line() -> str:
 
 
 def _check_count(count: object) -> int:
-    if isinstance(count, bool) or not isinstance(count, int):
-        raise ConfigurationError(f"count must be a whole number of devices >= 1, got {count!r}")
-    if count < 1:
-        raise ConfigurationError(f"count must be >= 1 device, got {count!r}")
-    return count
+    return _validate.integer(
+        count,
+        "count",
+        minimum=1,
+        expected=">= 1 device",
+        not_an_int="a whole number of devices >= 1",
+    )
 
 
 def _check_min_free_bytes(value: object) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigurationError(f"min_free_bytes must be a number of bytes >= 0, got {value!r}")
-    return value
+    return _validate.integer(value, "min_free_bytes", minimum=0, expected="a number of bytes >= 0")
 
 
 def _check_min_free_ratio(value: object) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(f"min_free_ratio must be a fraction in [0, 1], got {value!r}")
-    ratio = float(value)
-    if not math.isfinite(ratio) or not 0.0 <= ratio <= 1.0:
-        raise ConfigurationError(f"min_free_ratio must be a fraction in [0, 1], got {value!r}")
-    return ratio
+    return _validate.number(
+        value, "min_free_ratio", minimum=0, maximum=1, expected="a fraction in [0, 1]"
+    )
 
 
 def _check_timeout(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(f"timeout_s must be a number of seconds >= 0, got {value!r}")
-    try:
-        timeout = float(value)
-    except OverflowError:
-        raise ConfigurationError("timeout_s must be finite, got a number too large") from None
-    if not math.isfinite(timeout) or timeout < 0:
-        raise ConfigurationError(
-            f"timeout_s must be a finite number of seconds >= 0, got {value!r}"
-        )
-    return timeout
+    return _validate.number(
+        value,
+        "timeout_s",
+        minimum=0,
+        expected="a finite number of seconds >= 0",
+        not_a_number="a number of seconds >= 0",
+    )
 
 
 def _needed_used(info: MemoryInfo, min_free: int | None, ratio: float | None) -> int | None:

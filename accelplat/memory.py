@@ -40,7 +40,6 @@ import dataclasses
 import itertools
 import logging
 import math
-import numbers
 import operator
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -649,13 +648,9 @@ def _check_wait_arguments(
         )
     timeout = None if timeout_s is None else duration(timeout_s, "timeout_s")
     window = None if stable_duration_s is None else duration(stable_duration_s, "stable_duration_s")
-    if isinstance(stable_tolerance_bytes, bool) or not isinstance(
-        stable_tolerance_bytes, numbers.Real
-    ):
-        raise ConfigurationError(
-            f"stable_tolerance_bytes must be a number of bytes, got {stable_tolerance_bytes!r}"
-        )
-    tolerance = byte_count(stable_tolerance_bytes, "stable_tolerance_bytes")
+    tolerance = byte_count(
+        stable_tolerance_bytes, "stable_tolerance_bytes", not_a_number="a number of bytes"
+    )
     policy = _check_poll(poll)
     _check_callable(on_poll, "on_poll")
     if not isinstance(threshold_bytes, Mapping) and threshold_bytes is not None:

@@ -13,11 +13,11 @@ before constructing the platform.
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
+from accelplat import _validate
 from accelplat._clock import Clock
 from accelplat._types import (
     DeviceInfo,
@@ -330,14 +330,12 @@ def validate_utilization(value: float, *, argument: str = "gpu_memory_utilizatio
     Raises:
         ValueError: Naming ``argument`` and the accepted range.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{argument} must be a number in (0, 1], got {value!r}")
-    try:
-        v = float(value)
-    except OverflowError:  # an int beyond a float's range (not echoed: it may have no repr)
-        raise ValueError(
-            f"{argument} must be in (0, 1], got an int too large for a float"
-        ) from None
-    if not math.isfinite(v) or not 0.0 < v <= 1.0:
-        raise ValueError(f"{argument} must be in (0, 1], got {value!r}")
-    return v
+    return _validate.number(
+        value,
+        argument,
+        above=0,
+        maximum=1,
+        expected="in (0, 1]",
+        not_a_number="a number in (0, 1]",
+        error=ValueError,
+    )

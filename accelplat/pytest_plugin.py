@@ -44,7 +44,6 @@ A session that uses no marker, fixture or option of the plugin never detects a p
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import sys
 from collections.abc import Generator, Iterator, Mapping
@@ -382,16 +381,14 @@ def _leak_wait(config: pytest.Config) -> float | None:
     if raw is None:
         raw = config.getini("accelplat_leak_wait") or "auto"
         argument = "accelplat_leak_wait"
-    text = str(raw).strip().lower()
-    if text == "auto":
+    text = str(raw)
+    if text.strip().lower() == "auto":
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise pytest.UsageError(f"{argument} must be 'auto' or seconds >= 0, got {raw!r}")
-    return value
+    from accelplat import _validate
+
+    return _validate.number_text(
+        text, argument, minimum=0, expected="'auto' or seconds >= 0", error=pytest.UsageError
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -407,18 +404,15 @@ def _fmt_gib(n: float) -> str:
 
 
 def _number(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise MarkerError(f"{what} must be a number, got {value!r}")
-    result = float(value)
-    if not math.isfinite(result) or result < 0:
-        raise MarkerError(f"{what} must be a finite number >= 0, got {value!r}")
-    return result
+    from accelplat import _validate
+
+    return _validate.number(value, what, minimum=0, not_a_number="a number", error=MarkerError)
 
 
 def _count(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise MarkerError(f"{what} must be an int >= 1, got {value!r}")
-    return value
+    from accelplat import _validate
+
+    return _validate.integer(value, what, minimum=1, error=MarkerError)
 
 
 def _one_arg(mark: pytest.Mark, keyword: str) -> object:

@@ -33,7 +33,6 @@ lock, and a forked child forgets cached instances (the forcing and registrations
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import sys
@@ -43,7 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from accelplat import _boundary
+from accelplat import _boundary, _validate
 from accelplat._types import Candidate, ProbeResult
 from accelplat._vendor import import_quietly, quiet_stdout
 from accelplat.errors import AccelplatError, ConfigurationError, PlatformNotAvailableError
@@ -182,15 +181,9 @@ def _probe_timeout() -> float:
     raw = os.environ.get(ENV_PROBE_TIMEOUT)
     if raw is None or not raw.strip():
         return DEFAULT_PROBE_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigurationError(
-            f"{ENV_PROBE_TIMEOUT} must be a positive, finite number of seconds, got {raw!r}"
-        )
-    return value
+    return _validate.number_text(
+        raw, ENV_PROBE_TIMEOUT, above=0, expected="a positive, finite number of seconds"
+    )
 
 
 def _forced_name() -> str | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 
+from accelplat import _validate
 from accelplat._format import gib_digits
 from accelplat.errors import ConfigurationError, InsufficientMemoryError
 
@@ -103,13 +104,7 @@ class KVCacheTooSmallError(InsufficientMemoryError):
 
 
 def _int_arg(value: object, argument: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(
-            f"{argument} must be an int >= {minimum}, got {type(value).__name__} {value!r}"
-        )
-    if value < minimum:
-        raise ConfigurationError(f"{argument} must be an int >= {minimum}, got {value!r}")
-    return value
+    return _validate.integer(value, argument, minimum=minimum, show_type=True)
 
 
 def _dtype_arg(value: object) -> int:

@@ -5,10 +5,9 @@ Imports no framework; touches no device.
 
 from __future__ import annotations
 
-import math
 import threading
 
-from accelplat.errors import ConfigurationError
+from accelplat import _validate
 
 __all__ = []
 
@@ -31,12 +30,9 @@ class SimulatedClock:
     """
 
     def __init__(self, start: float = 0.0, *, epoch: float = 1_700_000_000.0) -> None:
-        if not (is_real(start) and math.isfinite(start)):
-            raise ConfigurationError(f"SimulatedClock start must be a finite number, got {start!r}")
-        if not (is_real(epoch) and math.isfinite(epoch)):
-            raise ConfigurationError(f"SimulatedClock epoch must be a finite number, got {epoch!r}")
-        self._now = float(start)
-        self._offset = float(epoch) - float(start)
+        self._now = _validate.number(start, "SimulatedClock start", expected="a finite number")
+        epoch = _validate.number(epoch, "SimulatedClock epoch", expected="a finite number")
+        self._offset = epoch - self._now
         self._lock = threading.Lock()
         self.sleeps: list[float] = []
         """Every duration passed to :meth:`sleep`, in order (for tests)."""
@@ -73,14 +69,9 @@ class SimulatedClock:
         Raises:
             ConfigurationError: For a negative, non-finite or non-numeric duration.
         """
-        if not (is_real(seconds) and math.isfinite(seconds) and seconds >= 0):
-            raise ConfigurationError(f"a sleep must be a finite number >= 0, got {seconds!r}")
+        step = _validate.number(seconds, "a sleep", minimum=0)
         with self._lock:
-            self._now += float(seconds)
+            self._now += step
 
     def __repr__(self) -> str:
         return f"SimulatedClock(now={self.monotonic():g})"
-
-
-def is_real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

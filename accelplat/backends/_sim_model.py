@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from accelplat import _validate
 from accelplat._types import (
     MIB,
     GraphSupport,
@@ -20,7 +21,6 @@ from accelplat._types import (
     MemoryHolder,
     ReleaseProfile,
 )
-from accelplat.backends._sim_clock import is_real
 from accelplat.errors import ConfigurationError
 from accelplat.platform import StartMethod
 
@@ -350,9 +350,13 @@ class SimulatedSpec:
             raise ConfigurationError("release must be a ReleaseProfile")
         if not isinstance(self.graph, GraphSupport):
             raise ConfigurationError("graph must be a GraphSupport")
-        util = self.default_memory_utilization
-        if not (is_real(util) and math.isfinite(util) and 0 < util <= 1):
-            raise ConfigurationError(f"default_memory_utilization must be in (0, 1], got {util!r}")
+        _validate.number(
+            self.default_memory_utilization,
+            "default_memory_utilization",
+            above=0,
+            maximum=1,
+            expected="in (0, 1]",
+        )
         if self.preferred_start_method not in ("fork", "spawn", "forkserver"):
             raise ConfigurationError(
                 "preferred_start_method must be 'fork', 'spawn' or 'forkserver', got "
@@ -367,27 +371,42 @@ class SimulatedSpec:
 
 
 def check_size(value: object, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigurationError(f"{where} must be a whole number of bytes, got {value!r}")
-    if value < 0:
-        raise ConfigurationError(f"{where} must be >= 0 bytes, got {value!r}")
-    if value > MAX_DEVICE_BYTES:
-        raise ConfigurationError(f"{where} must be at most 1 PiB, got {value!r} bytes")
-    return value
+    """Return ``value`` if it is an int number of bytes in ``[0, 1 PiB]``.
+
+    Raises:
+        ConfigurationError: Naming ``where``.
+    """
+    _validate.integer(
+        value, where, minimum=0, expected=">= 0 bytes", not_an_int="a whole number of bytes"
+    )
+    return _validate.integer(value, where, maximum=MAX_DEVICE_BYTES, expected="at most 1 PiB")
 
 
 def check_time(value: object, where: str, *, positive: bool = False) -> float:
-    if not is_real(value):
-        raise ConfigurationError(f"{where} must be a number of seconds, got {value!r}")
-    number = float(value)  # type: ignore[arg-type]
-    if not math.isfinite(number) or number < 0 or number > MAX_TIME_S:
-        raise ConfigurationError(f"{where} must be finite, in [0, {MAX_TIME_S:g}] s, got {value!r}")
-    if positive and number <= 0:
-        raise ConfigurationError(f"{where} must be > 0 s, got {value!r}")
+    """Return ``value`` as seconds in ``[0, MAX_TIME_S]`` (``> 0`` when ``positive``).
+
+    Raises:
+        ConfigurationError: Naming ``where``.
+    """
+    number = _validate.number(
+        value,
+        where,
+        minimum=0,
+        maximum=MAX_TIME_S,
+        expected=f"finite, in [0, {MAX_TIME_S:g}] s",
+        not_a_number="a number of seconds",
+    )
+    if positive:
+        _validate.number(value, where, above=0, expected="> 0 s")
     return number
 
 
 def check_text(value: object, where: str) -> str:
+    """Return ``value`` if it is a string of at most ``MAX_TEXT`` characters.
+
+    Raises:
+        ConfigurationError: Naming ``where``.
+    """
     if not isinstance(value, str) or len(value) > MAX_TEXT:
         raise ConfigurationError(f"{where} must be a string of at most {MAX_TEXT} characters")
     return value
@@ -423,13 +442,13 @@ def check_holder(holder: SimulatedHolder, where: str) -> None:
         check_time(holder.end, f"{where}.end")
         if holder.end < holder.start:
             raise ConfigurationError(f"{where}.end must not be before its start")
-    if holder.pid is not None and (
-        not isinstance(holder.pid, int)
-        or isinstance(holder.pid, bool)
-        or not 0 < holder.pid < 2**31
-    ):
-        raise ConfigurationError(
-            f"{where}.pid must be an integer in [1, 2**31), got {holder.pid!r}"
+    if holder.pid is not None:
+        _validate.integer(
+            holder.pid,
+            f"{where}.pid",
+            minimum=1,
+            maximum=2**31 - 1,
+            expected="an integer in [1, 2**31)",
         )
     check_text(holder.name, f"{where}.name")
     if not isinstance(holder.state, HolderState):

@@ -7,28 +7,26 @@ Files go through the one reader (:mod:`accelplat._files`), sizes through the one
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
-from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
-from accelplat import _files
+from accelplat import _files, _validate
 from accelplat._types import (
     MIB,
     GraphSupport,
     HolderState,
     ReleaseProfile,
 )
-from accelplat.backends._sim_clock import is_real
 from accelplat.backends._sim_model import (
     MAX_DEVICE_BYTES,
     MAX_DEVICES,
     MAX_HOLDERS,
     MAX_SEGMENTS,
     MAX_SPEC_BYTES,
+    MAX_TEXT,
     LazyRelease,
     Linear,
     Segment,
@@ -57,11 +55,7 @@ def _parse_size(value: object, where: str = "size") -> int:
         ConfigurationError: Naming ``where``, for anything else, negative or above 1 PiB.
     """
     if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ConfigurationError(f"{where} must be finite, got {value!r}")
-        if value < 0:
-            raise ConfigurationError(f"{where} must be >= 0 bytes, got {value!r}")
-        number = math.floor(value) if value <= MAX_DEVICE_BYTES else MAX_DEVICE_BYTES + 1
+        number = _validate.byte_count(value, where)
     elif isinstance(value, str) and len(value) > 64:
         raise ConfigurationError(f"{where} is not a size: {value[:64]!r}…")
     elif isinstance(value, (str, int)):
@@ -73,34 +67,24 @@ def _parse_size(value: object, where: str = "size") -> int:
     return number
 
 
+_FIELDS = _validate.JsonFields(
+    "",
+    max_items=MAX_SEGMENTS,
+    max_text=MAX_TEXT,
+    wording="must be",
+    object_noun="a table/object",
+    array_noun="a list",
+)
+"""Field checks of spec documents (JSON or TOML, hence "table/object" and "list")."""
+
+_list = _FIELDS.array
+_bool = _FIELDS.boolean
+
+
 def _table(
     value: object, where: str, allowed: AbstractSet[str], required: AbstractSet[str] = frozenset()
 ) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ConfigurationError(f"{where} must be a table/object, got {type(value).__name__}")
-    for key in value:
-        if not isinstance(key, str) or key not in allowed:
-            raise ConfigurationError(
-                f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(allowed))})"
-            )
-    for key in sorted(required):
-        if key not in value:
-            raise ConfigurationError(f"{where}: missing required key {key!r}")
-    return dict(value)
-
-
-def _list(value: object, where: str, limit: int) -> list[Any]:
-    if not isinstance(value, list):
-        raise ConfigurationError(f"{where} must be a list, got {type(value).__name__}")
-    if len(value) > limit:
-        raise ConfigurationError(f"{where} has {len(value)} entries; at most {limit} are allowed")
-    return value
-
-
-def _bool(value: object, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigurationError(f"{where} must be true or false, got {value!r}")
-    return value
+    return dict(_FIELDS.mapping(value, where, allowed, required))
 
 
 def _state(value: object, where: str) -> HolderState:
@@ -117,8 +101,8 @@ def _parse_holder(raw: object, where: str, *, stuck: bool) -> SimulatedHolder:
     start_key = "at" if stuck else "start"
     end = None if stuck or data.get("end") is None else check_time(data["end"], f"{where}.end")
     pid = data.get("pid")
-    if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
-        raise ConfigurationError(f"{where}.pid must be an integer, got {pid!r}")
+    if pid is not None:
+        _validate.integer(pid, f"{where}.pid", expected="an integer")
     return SimulatedHolder(
         used=_parse_size(data["used"], f"{where}.used"),
         start=check_time(data.get(start_key, 0.0), f"{where}.{start_key}"),
@@ -130,8 +114,7 @@ def _parse_holder(raw: object, where: str, *, stuck: bool) -> SimulatedHolder:
 
 
 def _parse_segment(raw: object, where: str) -> Segment | SimulatedHolder:
-    if not isinstance(raw, Mapping):
-        raise ConfigurationError(f"{where} must be a table/object, got {type(raw).__name__}")
+    raw = _FIELDS.mapping(raw, where)
     if "linear" in raw:
         _table(raw, where, {"linear"})
         data = _table(raw["linear"], f"{where}.linear", {"from", "to", "start", "end"},
@@ -181,9 +164,13 @@ def _parse_device(raw: object, where: str) -> tuple[SimulatedDevice, int]:
         holders.append(_parse_holder(item, f"{where}.holders[{i}]", stuck=False))
     if len(holders) > MAX_HOLDERS:
         raise ConfigurationError(f"{where} has more than {MAX_HOLDERS} holders")
-    count = data.get("count", 1)
-    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_DEVICES:
-        raise ConfigurationError(f"{where}.count must be an integer in [1, {MAX_DEVICES}]")
+    count = _validate.integer(
+        data.get("count", 1),
+        f"{where}.count",
+        minimum=1,
+        maximum=MAX_DEVICES,
+        expected=f"an integer in [1, {MAX_DEVICES}]",
+    )
     report = data.get("report_holders")
     uuid = data.get("uuid")
     kwargs: dict[str, Any] = {
@@ -271,16 +258,21 @@ def _spec_from_mapping(data: object) -> SimulatedSpec:
         devices.extend([device] * count)
     if not devices:
         raise ConfigurationError("devices must list at least one device")
-    util = top.get("default_memory_utilization", 0.92)
-    if not is_real(util):
-        raise ConfigurationError(f"default_memory_utilization must be a number, got {util!r}")
+    util = _validate.number(
+        top.get("default_memory_utilization", 0.92),
+        "default_memory_utilization",
+        above=0,
+        maximum=1,
+        expected="in (0, 1]",
+        not_a_number="a number",
+    )
     return SimulatedSpec(
         devices=tuple(devices),
         name=top.get("name", "simulated"),
         device_type=check_text(top.get("device_type", "cuda"), "device_type"),
         release=_parse_release(top.get("release", {}), "release"),
         graph=_parse_graph(top.get("graph", {}), "graph"),
-        default_memory_utilization=float(util),
+        default_memory_utilization=util,
         preferred_start_method=top.get("preferred_start_method", "fork"),
         clock=top.get("clock", "real"),
     )

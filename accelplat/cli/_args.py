@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 
+from accelplat import _validate
 from accelplat.sizing import parse_size
 
 __all__ = ["parse_devices", "parse_size_arg", "seconds_arg"]
@@ -64,16 +64,14 @@ def seconds_arg(*, allow_zero: bool) -> Callable[[str], float]:
     bound = ">= 0" if allow_zero else "> 0"
 
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected a number of seconds, got {text!r}"
-            ) from None
-        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-            raise argparse.ArgumentTypeError(
-                f"expected a finite number of seconds {bound}, got {text!r}"
-            )
-        return value
+        return _validate.number_text(
+            text,
+            "",
+            minimum=0 if allow_zero else None,
+            above=None if allow_zero else 0,
+            expected=f"a finite number of seconds {bound}",
+            not_a_number="a number of seconds",
+            error=argparse.ArgumentTypeError,
+        )
 
     return parse

@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
+from accelplat import _validate
 from accelplat._format import format_bytes, printable
 from accelplat._types import SettleResult, UsageSnapshot
 from accelplat.cli._args import parse_devices, parse_size_arg, seconds_arg
@@ -44,13 +45,14 @@ __all__ = ["Progress", "register"]
 
 
 def _ratio_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}") from None
-    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
-    return value
+    return _validate.number_text(
+        text,
+        "",
+        minimum=0,
+        maximum=1,
+        expected="a fraction in [0, 1]",
+        error=argparse.ArgumentTypeError,
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

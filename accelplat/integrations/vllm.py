@@ -68,6 +68,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from accelplat import _validate
 from accelplat._types import (
     GIB,
     MIB,
@@ -412,15 +413,13 @@ def _poll_policy(poll_interval_s: object) -> tuple[Any, float]:
     """The sampling policy and the print cadence for vLLM's ``poll_interval_s``."""
     from accelplat.memory import PollPolicy
 
-    if isinstance(poll_interval_s, bool) or not isinstance(poll_interval_s, numbers.Real):
-        raise ConfigurationError(
-            f"poll_interval_s must be a number of seconds, got {poll_interval_s!r}"
-        )
-    cadence = float(poll_interval_s)
-    if not math.isfinite(cadence) or cadence < 0:
-        raise ConfigurationError(
-            f"poll_interval_s must be a finite number of seconds >= 0, got {poll_interval_s!r}"
-        )
+    cadence = _validate.number(
+        poll_interval_s,
+        "poll_interval_s",
+        minimum=0,
+        expected="a finite number of seconds >= 0",
+        not_a_number="a number of seconds",
+    )
     default = PollPolicy()
     if 0 < cadence < default.max_s:
         return PollPolicy(initial_s=min(default.initial_s, cadence), max_s=cadence), cadence
@@ -606,9 +605,7 @@ def _engine_devices(kwargs: Mapping[str, Any], platform: Platform) -> list[int]:
         value = kwargs.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigurationError(f"{key} must be an int >= 1, got {value!r}")
-        world *= value
+        world *= _validate.integer(value, key, minimum=1)
     return list(range(min(world, platform.device_count())))
 
 
@@ -811,14 +808,11 @@ def memory_baseline(
         Samples memory on entry; may sleep on exit. Creates no device context on context-free
         platforms.
     """
-    from accelplat._validate import duration, ratio
     from accelplat.memory import snapshot, wait_for_memory_to_clear
 
-    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real):
-        raise ConfigurationError(f"tolerance must be a fraction in [0, 1], got {tolerance!r}")
-    fraction = ratio(tolerance, "tolerance")
+    fraction = _validate.ratio(tolerance, "tolerance", not_a_number="a fraction in [0, 1]")
     if timeout_s is not None:  # checked here, as the exit wait would, even if it never runs
-        duration(timeout_s, "timeout_s")
+        _validate.duration(timeout_s, "timeout_s")
     p = _platform(platform)
     if not _has_accelerator(p):
         yield _nothing_to_do().snapshot
@@ -1082,8 +1076,7 @@ def multi_gpu_marks(*, num_gpus: int) -> list[pytest.MarkDecorator]:
     """
     import pytest
 
-    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int):
-        raise ConfigurationError(f"num_gpus must be an int, got {num_gpus!r}")
+    _validate.integer(num_gpus, "num_gpus", expected="an int")
     try:
         count = _accelerator_count(_platform(None))
     except AccelplatError as exc:

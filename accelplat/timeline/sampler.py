@@ -17,7 +17,6 @@ through sysfs, CPU) it creates no device context and imports no framework.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -26,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from accelplat import _validate
 from accelplat.errors import ConfigurationError
 from accelplat.timeline.trace import (
     DEFAULT_LEAK_GRACE_S,
@@ -78,12 +78,14 @@ def validate_hz(hz: object, *, argument: str = "hz") -> float:
     Raises:
         ConfigurationError: Unless it is a finite number in ``(0, MAX_HZ]``.
     """
-    if isinstance(hz, bool) or not isinstance(hz, (int, float)):
-        raise ConfigurationError(f"{argument} must be a number in (0, {MAX_HZ:g}], got {hz!r}")
-    value = float(hz)
-    if not (math.isfinite(value) and 0 < value <= MAX_HZ):
-        raise ConfigurationError(f"{argument} must be in (0, {MAX_HZ:g}] samples/s, got {hz!r}")
-    return value
+    return _validate.number(
+        hz,
+        argument,
+        above=0,
+        maximum=MAX_HZ,
+        expected=f"in (0, {MAX_HZ:g}] samples/s",
+        not_a_number=f"a number in (0, {MAX_HZ:g}]",
+    )
 
 
 def validate_grace(seconds: object, *, argument: str = "leak_grace_s") -> float:
@@ -99,15 +101,9 @@ def validate_grace(seconds: object, *, argument: str = "leak_grace_s") -> float:
     Raises:
         ConfigurationError: Unless it is a finite number >= 0.
     """
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or not (math.isfinite(seconds) and seconds >= 0)
-    ):
-        raise ConfigurationError(
-            f"{argument} must be a finite number of seconds >= 0, got {seconds!r}"
-        )
-    return float(seconds)
+    return _validate.number(
+        seconds, argument, minimum=0, expected="a finite number of seconds >= 0"
+    )
 
 
 def _merge(a: Reading, b: Reading) -> Reading:
@@ -129,8 +125,7 @@ class SampleBuffer:
     """
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 2:
-            raise ConfigurationError(f"capacity must be an even integer >= 2, got {capacity!r}")
+        _validate.integer(capacity, "capacity", minimum=2, expected="an even integer >= 2")
         if capacity % 2:
             raise ConfigurationError(f"capacity must be even, got {capacity!r}")
         self._capacity = capacity
@@ -397,14 +392,9 @@ class Recorder:
         wall_clock: Clock = time.time,
         notes: Sequence[str] = (),
     ) -> None:
-        if (
-            isinstance(leak_tolerance_bytes, bool)
-            or not isinstance(leak_tolerance_bytes, int)
-            or leak_tolerance_bytes < 0
-        ):
-            raise ConfigurationError(
-                f"leak_tolerance_bytes must be an integer >= 0, got {leak_tolerance_bytes!r}"
-            )
+        _validate.integer(
+            leak_tolerance_bytes, "leak_tolerance_bytes", minimum=0, expected="an integer >= 0"
+        )
         self._leak_grace = validate_grace(leak_grace_s)
         self._platform_name = "" if platform is None else platform.name
         self._context_free = True if platform is None else bool(platform.context_free)
