@@ -61,6 +61,7 @@ __all__ = [
     "listdir",
     "parse_id_list",
     "read_bytes",
+    "read_live",
     "read_text",
     "realpath",
     "set_host_files",
@@ -102,6 +103,36 @@ def _describe_mode(mode: int) -> str:
     return "is not a regular file; not read"
 
 
+def _read_regular(path: str, limit: int, *, follow_links: bool) -> bytes:
+    """Read the regular file ``path`` under the module's rules (:meth:`HostFiles.read_bytes`)."""
+    before = os.stat(path, follow_symlinks=follow_links)
+    if not stat.S_ISREG(before.st_mode):
+        raise NotARegularFileError(path, _describe_mode(before.st_mode))
+    try:
+        fd = os.open(path, _OPEN_FLAGS | (0 if follow_links else getattr(os, "O_NOFOLLOW", 0)))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket or a FIFO without a writer, swapped in
+            raise NotARegularFileError(path, "is not a regular file; not read") from None
+        raise
+    try:
+        after = os.fstat(fd)
+        if not stat.S_ISREG(after.st_mode):
+            raise NotARegularFileError(path, _describe_mode(after.st_mode))
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(_CHUNK, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise FileTooLargeError(path, limit)
+    return b"".join(chunks)
+
+
 class HostFiles:
     """Access to the host's files: the single point every read goes through.
 
@@ -127,32 +158,7 @@ class HostFiles:
         Side effects:
             Opens, reads and closes the file; never blocks on a FIFO or device.
         """
-        before = os.stat(path)
-        if not stat.S_ISREG(before.st_mode):
-            raise NotARegularFileError(path, _describe_mode(before.st_mode))
-        try:
-            fd = os.open(path, _OPEN_FLAGS)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # a socket or a FIFO without a writer, swapped in
-                raise NotARegularFileError(path, "is not a regular file; not read") from None
-            raise
-        try:
-            after = os.fstat(fd)
-            if not stat.S_ISREG(after.st_mode):
-                raise NotARegularFileError(path, _describe_mode(after.st_mode))
-            chunks: list[bytes] = []
-            size = 0
-            while size <= limit:
-                chunk = os.read(fd, min(_CHUNK, limit + 1 - size))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-        finally:
-            os.close(fd)
-        if size > limit:
-            raise FileTooLargeError(path, limit)
-        return b"".join(chunks)
+        return _read_regular(path, limit, follow_links=True)
 
     def listdir(self, path: str) -> list[str]:
         """Return the names in directory ``path`` (any order).
@@ -251,6 +257,30 @@ def read_bytes(path: PathLike, *, limit: int = ATTRIBUTE_LIMIT) -> bytes:
         OSError: Missing or unreadable; the error names the path.
     """
     return _reader().read_bytes(os.fspath(path), limit)
+
+
+def read_live(path: PathLike, *, limit: int, follow_links: bool = True) -> bytes:
+    """Read a project or user file (a capability table, a test file, lease metadata).
+
+    Such a file belongs to this machine's project, not to the host a replay stands in for: it is
+    read from the live file system, never through the current :class:`HostFiles`, under the
+    same rules (regular files only, at most ``limit`` bytes, never blocking on a FIFO).
+
+    Args:
+        path: The file.
+        limit: The most bytes it may hold.
+        follow_links: ``False`` refuses a symbolic link (``ELOOP``), for files in directories
+            that other users may write.
+
+    Returns:
+        Its contents.
+
+    Raises:
+        NotARegularFileError: A FIFO, device, socket or directory (never read).
+        FileTooLargeError: More than ``limit`` bytes.
+        OSError: Missing, unreadable or (``follow_links=False``) a link; the error names it.
+    """
+    return _read_regular(os.fspath(path), limit, follow_links=follow_links)
 
 
 def read_text(path: PathLike, *, limit: int = ATTRIBUTE_LIMIT) -> str:

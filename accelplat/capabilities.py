@@ -545,7 +545,7 @@ def load_pyproject(path: str | Path) -> list[ProjectCapability]:
     p = Path(path)
     try:
         # the project's own file, not a host file: the live reader, never a replayed host's
-        data = _files.HostFiles().read_bytes(str(p), _PYPROJECT_LIMIT)
+        data = _files.read_live(p, limit=_PYPROJECT_LIMIT)
     except OSError as exc:  # missing, unreadable, not a regular file, too large
         raise ConfigurationError(f"{p}: cannot read the capability table: {exc}") from None
     try:

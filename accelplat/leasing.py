@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from accelplat import _validate
+from accelplat import _files, _validate
 from accelplat._clock import Clock
 from accelplat._types import MIB, DeviceInfo, MemoryInfo
 from accelplat.errors import AccelplatError, ConfigurationError, MemoryNotSettledError
@@ -240,18 +240,8 @@ def _unlock(fd: int) -> None:
 def _read_metadata(path: Path) -> dict[str, object]:
     """Read a metadata file: regular files only, bounded; anything odd reads as ``{}``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return {}
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return {}
-        raw = os.read(fd, MAX_METADATA_BYTES + 1)
-    except OSError:
-        return {}
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_METADATA_BYTES:
+        raw = _files.read_live(path, limit=MAX_METADATA_BYTES, follow_links=False)
+    except OSError:  # missing, a link, not a regular file, too large
         return {}
     try:
         data = json.loads(raw.decode("utf-8"))
@@ -299,9 +289,13 @@ def _write_metadata(path: Path, data: Mapping[str, object]) -> None:
 
 
 def _command_line() -> str:
+    """This process's command line, shortened to ``_COMMAND_LIMIT`` characters.
+
+    Read through the one bounded file reader; a command line of more than
+    :data:`accelplat._files.PROC_LIMIT` bytes, or an unreadable one, falls back to ``sys.argv``.
+    """
     try:
-        with open(f"/proc/{os.getpid()}/cmdline", "rb") as fh:
-            raw = fh.read(_COMMAND_LIMIT)
+        raw = _files.read_bytes(f"/proc/{os.getpid()}/cmdline", limit=_files.PROC_LIMIT)
         text = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
     except OSError:
         text = " ".join(sys.argv)

@@ -442,7 +442,7 @@ def scan_path(root: str | os.PathLike[str]) -> ScanReport:
             continue
         try:
             # the user's test tree, not a host file: the live reader, never a replayed host's
-            data = _files.HostFiles().read_bytes(str(path), MAX_FILE_BYTES)
+            data = _files.read_live(path, limit=MAX_FILE_BYTES)
         except FileTooLargeError:
             report.errors.append(f"{rel}: larger than {MAX_FILE_BYTES} bytes")
             continue

@@ -163,6 +163,34 @@ def test_every_read_goes_through_the_installed_host_files(tmp_path: Path) -> Non
     assert type(_files.host_files()) is _files.HostFiles
 
 
+def test_project_files_are_read_live_with_the_same_rules_and_links_refused_on_request(
+    tmp_path: Path,
+) -> None:
+    seen: list[str] = []
+
+    class Recorder(_files.HostFiles):
+        def read_bytes(self, path: str, limit: int) -> bytes:
+            seen.append(path)
+            return super().read_bytes(path, limit)
+
+    own = tmp_path / "own.json"
+    own.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(own)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with _files.use_host_files(Recorder()):
+        assert _files.read_live(own, limit=2) == b"{}"
+        assert _files.read_live(link, limit=2) == b"{}"
+        with pytest.raises(OSError):
+            _files.read_live(link, limit=2, follow_links=False)
+        with pytest.raises(FileTooLargeError):
+            _files.read_live(own, limit=1)
+        with pytest.raises(NotARegularFileError):
+            _within(5, lambda: _files.read_live(fifo, limit=2, follow_links=False))
+    assert seen == []  # a replayed host's reader never answers for project files
+
+
 # -- id lists ------------------------------------------------------------------------------------
 
 

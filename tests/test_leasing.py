@@ -450,3 +450,14 @@ def test_cuda_leases_by_uuid_inside_an_outer_cuda_visible_devices(
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
     with pytest.raises(ConfigurationError, match="shows this process only 2"):
         lease(3, platform=plat, lock_dir=tmp_path)
+
+
+def test_metadata_behind_a_link_is_not_followed(tmp_path: Path) -> None:
+    from accelplat.leasing import _read_metadata
+
+    real = tmp_path / "elsewhere.json"
+    real.write_text('{"pid": 7}')
+    link = tmp_path / "simulated.SIM-0.json"
+    link.symlink_to(real)
+    assert _read_metadata(real) == {"pid": 7}
+    assert _read_metadata(link) == {}  # another user's link in a shared directory
