@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -391,7 +390,7 @@ def write_text_atomic(path: PathLike, text: str) -> Path:
         OSError: When the directory is not writable or the disk is full.
     """
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
         with open(tmp, "x", encoding="utf-8") as fh:
             fh.write(text)
