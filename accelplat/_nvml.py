@@ -51,6 +51,7 @@ __all__ = [
     "session",
     "shutdown",
     "translate",
+    "unavailable_before_import",
     "unavailable_reason",
 ]
 
@@ -297,16 +298,32 @@ def library_missing() -> str | None:
     return None
 
 
+def unavailable_before_import() -> str | None:
+    """Say why NVML cannot work here when that is known without importing ``pynvml``.
+
+    Returns:
+        :func:`library_missing`'s reason while ``pynvml`` is not imported and no capture or
+        replay is active (:mod:`accelplat._boundary`); ``None`` otherwise, and whenever the
+        library loads. The first :func:`session` fails with this reason before importing
+        ``pynvml``, so the CUDA backend's probe gives the same one.
+
+    Side effects:
+        May load ``libnvidia-ml.so.1`` (see :func:`library_missing`).
+    """
+    if MODULE_NAME in sys.modules or _boundary.active() is not None:
+        return None
+    return library_missing()
+
+
 def _initialize_locked(st: _State) -> None:
     """Import pynvml and run ``nvmlInit``; ``st.cond`` is held.
 
     When ``pynvml`` is not imported yet and its library cannot load, fails without importing it.
     """
     global _generation
-    if MODULE_NAME not in sys.modules and _boundary.active() is None:
-        missing = library_missing()
-        if missing is not None:
-            raise NvmlUnavailableError(missing, "NVMLError_LibraryNotFound")
+    missing = unavailable_before_import()
+    if missing is not None:
+        raise NvmlUnavailableError(missing, "NVMLError_LibraryNotFound")
     module = import_pynvml()
     try:
         init = module.nvmlInit

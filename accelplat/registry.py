@@ -33,6 +33,7 @@ lock, and a forked child forgets cached instances (the forcing and registrations
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import sys
@@ -96,6 +97,14 @@ _BUILTINS: dict[str, str] = {
     "simulated": "accelplat.backends.simulated:SimulatedPlatform",
 }
 
+_QUICK_ABSENCE: dict[str, str] = {
+    "cuda": "accelplat.backends._presence:cuda",
+    "rocm": "accelplat.backends._presence:rocm",
+    "xpu": "accelplat.backends._presence:xpu",
+}
+"""For a built-in, a function saying why it is certainly absent (``None``: it may be present),
+asked before its backend module is imported, so that a host without the driver never loads it."""
+
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
 PlatformFactory = Callable[[], Any]
@@ -129,6 +138,7 @@ class _Entry:
     bounded worker thread and constructed only when chosen. Everything else is untrusted: also
     constructed in that thread and checked against the protocol before it can be chosen.
     ``ordered`` entries take part in the built-in order (a built-in, or an override of one).
+    ``absence`` names a built-in's quick absence check (see ``_QUICK_ABSENCE``).
     """
 
     name: str
@@ -140,6 +150,7 @@ class _Entry:
     origin: str = ""
     loaded: PlatformFactory | None = None
     pending: threading.Thread | None = None
+    absence: str | None = None
 
 
 @dataclass(frozen=True)
@@ -200,7 +211,12 @@ def _ensure_builtins() -> None:
     if not _registered:
         for name, target in _BUILTINS.items():
             _registered[name] = _Entry(
-                name, shipped=True, ordered=True, target=target, origin="built-in"
+                name,
+                shipped=True,
+                ordered=True,
+                target=target,
+                origin="built-in",
+                absence=_QUICK_ABSENCE.get(name),
             )
 
 
@@ -360,6 +376,21 @@ def _describe_failure(exc: BaseException) -> str:
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _certainly_absent(entry: _Entry) -> str | None:
+    """Run a built-in's quick absence check; ``None`` (load and probe it) when it has none.
+
+    A check that fails counts as "may be present": the backend's own probe then decides.
+    """
+    if entry.absence is None:
+        return None
+    module_name, _, attr = entry.absence.partition(":")
+    try:
+        reason = getattr(importlib.import_module(module_name), attr)()
+    except Exception:
+        return None
+    return reason if isinstance(reason, str) else None
 
 
 def _load(entry: _Entry) -> PlatformFactory:
@@ -523,6 +554,9 @@ def _consider(entry: _Entry, timeout: float) -> _Outcome:
     name, builtin = entry.name, entry.ordered
 
     def work() -> _Outcome:
+        absent = _certainly_absent(entry)
+        if absent is not None:
+            return _Outcome(Candidate(name, False, False, absent, builtin))
         step = "import"
         try:
             factory = _load(entry)

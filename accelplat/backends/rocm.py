@@ -90,6 +90,13 @@ from accelplat._types import (
 )
 from accelplat._vendor import import_quietly
 from accelplat.backends._common import ReadText, SysfsReader, pci_address, pci_sort_key
+from accelplat.backends._presence import (
+    AMDSMI_NOT_INSTALLED,
+    ENV_SYSFS_ROOT,
+    ROCM_TORCH_NOT_IMPORTED,
+    drm_cards,
+    no_amd_gpu,
+)
 from accelplat.backends._readings import checked_memory
 from accelplat.errors import AccelplatError, BackendError
 from accelplat.platform import BasePlatform, StartMethod
@@ -102,7 +109,6 @@ from accelplat.visible.rocm import (
 
 __all__ = ["AMD_VENDOR_ID", "RocmPlatform"]
 
-ENV_SYSFS_ROOT = "ACCELPLAT_SYSFS_ROOT"
 ENV_DEV_ROOT = "ACCELPLAT_DEV_ROOT"
 AMD_VENDOR_ID = 0x1002
 """PCI vendor id of AMD (ATI) GPUs."""
@@ -119,7 +125,6 @@ SOURCE_APU = (
 SOURCE_AMDSMI = "amdsmi"
 SOURCE_TORCH = "torch.cuda (creates a device context)"
 
-_CARD_RE = re.compile(r"^card(\d+)$")
 _RENDER_RE = re.compile(r"^renderD(\d+)$")
 _GFX_RE = re.compile(r"^gfx[0-9a-f]{3,4}$")
 
@@ -289,18 +294,12 @@ def _label(reader: SysfsReader, *paths: Path) -> str:
 
 def _scan_cards(reader: SysfsReader, sysfs: Path, notes: list[str]) -> list[_Card]:
     drm = sysfs / "class" / "drm"
-    try:
-        entries = sorted(_files.listdir(drm))
-    except FileNotFoundError:
-        notes.append(f"{drm} does not exist")
-        return []
-    except OSError as exc:
-        notes.append(f"{drm} is not readable ({exc.strerror or exc})")
+    entries, note = drm_cards(drm)  # connectors (card0-DP-1), render nodes are left out
+    if note:
+        notes.append(note)
         return []
     cards: list[_Card] = []
     for entry in entries:
-        if not _CARD_RE.match(entry):
-            continue  # connectors (card0-DP-1), render nodes, version
         device = drm / entry / "device"
         try:
             vendor = reader.integer(device / "vendor", base=16)
@@ -727,7 +726,7 @@ def _import_amdsmi_live() -> tuple[Any, str]:
         return module, ""
     try:
         if importlib.util.find_spec("amdsmi") is None:
-            return None, "amdsmi is not installed"
+            return None, AMDSMI_NOT_INSTALLED
     except (ImportError, ValueError) as exc:
         return None, f"amdsmi cannot be located: {type(exc).__name__}: {exc}"
     printed: list[str] = []
@@ -897,7 +896,7 @@ class _TorchSource(_Source):
 def _torch_if_imported() -> tuple[Any, str]:
     torch = sys.modules.get("torch")
     if torch is None:
-        return None, "torch is not imported by the caller (accelplat never imports it on ROCm)"
+        return None, ROCM_TORCH_NOT_IMPORTED
     hip = getattr(getattr(torch, "version", None), "hip", None)
     if not hip:
         return None, "the imported torch is not a ROCm build (torch.version.hip is unset)"
@@ -1035,7 +1034,7 @@ class RocmPlatform(BasePlatform):
             if topology.cards:
                 source = _SysfsSource(sysfs, topology, self._reader)
             else:
-                reasons.append(f"no AMD GPU with VRAM files under {sysfs / 'class' / 'drm'}")
+                reasons.append(no_amd_gpu(sysfs / "class" / "drm"))
                 reasons.extend(topology.notes[:3])
             if source is None and self._allow_amdsmi:
                 if self._amdsmi_failure is None:

@@ -87,6 +87,14 @@ from accelplat._types import (
 )
 from accelplat._vendor import import_quietly
 from accelplat.backends._common import ReadText, pci_address, pci_sort_key, read_attribute
+from accelplat.backends._presence import (
+    ENV_LEVEL_ZERO_LIB,
+    ENV_SYSFS_ROOT,
+    LEVEL_ZERO_LOADER,
+    drm_cards,
+    level_zero_not_found,
+    no_intel_gpu,
+)
 from accelplat.backends._readings import checked_memory
 from accelplat.errors import AccelplatError, BackendError
 from accelplat.platform import BasePlatform, StartMethod
@@ -103,10 +111,8 @@ from accelplat.visible.oneapi import (
 
 __all__ = ["INTEL_VENDOR_ID", "XpuPlatform", "usage_visible_to_this_process"]
 
-ENV_SYSFS_ROOT = "ACCELPLAT_SYSFS_ROOT"
 ENV_ALLOW_TORCH = "ACCELPLAT_XPU_ALLOW_TORCH"
 ENV_INTEGRATED = "ACCELPLAT_XPU_INTEGRATED"
-ENV_LEVEL_ZERO_LIB = "ACCELPLAT_LEVEL_ZERO_LIB"
 ENV_PCI_ORDER = "ZE_ENABLE_PCI_ID_DEVICE_ORDER"
 
 INTEL_VENDOR_ID = 0x8086
@@ -127,7 +133,6 @@ _TOTAL_TOLERANCE_DIVISOR = 256
 
 _DRIVERS = ("xe", "i915")
 _INTEGRATED_SLOT = "0000:00:02.0"
-_CARD_RE = re.compile(r"^card(\d+)$")
 _TILE_RE = re.compile(r"^tile(\d+)$")
 _GT_RE = re.compile(r"^gt(\d+)$")
 _CAP_SYS_ADMIN = 21
@@ -289,17 +294,12 @@ def _order(cards: list[_Card]) -> list[_Card]:
 def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
     """Return the Intel GPUs bound to xe/i915 under ``sysfs``, and a note when there are none."""
     drm = sysfs / "class" / "drm"
-    try:
-        entries = sorted(_files.listdir(drm))
-    except FileNotFoundError:
-        return [], f"{drm} does not exist"
-    except OSError as exc:
-        return [], f"{drm} is not readable ({exc.strerror or exc})"
+    entries, note = drm_cards(drm)
+    if note:
+        return [], note
     cards: list[_Card] = []
     others: list[str] = []
     for entry in entries:
-        if not _CARD_RE.match(entry):
-            continue
         device = drm / entry / "device"
         try:
             vendor = int(read(str(device / "vendor")).strip(), 16)
@@ -341,7 +341,7 @@ def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
                 arch=xe_arch(number) if number is not None else None,
             )
         )
-    note = "" if cards else f"no Intel GPU bound to xe or i915 under {drm}"
+    note = "" if cards else no_intel_gpu(drm)
     if others and not cards:
         note += f" (Intel devices with other drivers: {', '.join(others)})"
     return _order(cards), note
@@ -458,11 +458,11 @@ class XpuPlatform(BasePlatform):
                 return None
             lib = self._lz_arg
             if lib is None:
-                name = os.environ.get(ENV_LEVEL_ZERO_LIB) or lz.LOADER_NAME
+                name = os.environ.get(ENV_LEVEL_ZERO_LIB) or LEVEL_ZERO_LOADER
                 try:
                     lib = lz.load_loader(name)
                 except OSError as exc:
-                    self._sysman_failure = f"Level Zero loader {name} not found ({exc})"
+                    self._sysman_failure = level_zero_not_found(name, exc)
                     return None
             sysman = lib if isinstance(lib, lz.Sysman) else lz.Sysman(lib)
             try:
