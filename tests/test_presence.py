@@ -45,7 +45,8 @@ def fs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSysfs:
 
 def _same_as_probes() -> None:
     rocm, xpu = RocmPlatform.probe(), XpuPlatform.probe()
-    assert not rocm.available and not xpu.available
+    assert not rocm.available
+    assert not xpu.available
     assert _presence.rocm() == rocm.reason
     assert _presence.xpu() == xpu.reason
 
