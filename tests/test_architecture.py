@@ -24,9 +24,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("discovery", ("registry",)),
     ("features", ("memory", "host", "capabilities", "isolation", "leasing", "scan",
                   "timeline.trace", "timeline.sampler", "timeline.render", "timeline",
-                  "testing", "integrations")),
+                  "testing", "integrations", "describe")),
+    ("capture and replay", ("replay",)),
     ("front ends", ("cli", "pytest_plugin", "leasing_pytest", "timeline.pytest_hooks",
-                    "replay", "", "__main__")),
+                    "", "__main__")),
 )  # fmt: skip
 """Layers from the bottom up; a name stands for a module or a whole package."""
 
@@ -65,6 +66,10 @@ def _layer_of(module: str) -> int:
 def _imports(path: Path) -> set[str]:
     module = _module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return _imports_of_source(path, package=package)
+
+
+def _imports_of_source(path: Path, *, package: str) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom):
@@ -141,5 +146,9 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     assert _layer_of("backends.cuda") > _layer_of("platform")
     assert _layer_of("cli.wait") > _layer_of("registry")
     assert _layer_of("timeline.pytest_hooks") > _layer_of("timeline.trace")
+    assert _layer_of("replay") < _layer_of("cli.info")  # a capture must not reach into the CLI
+    reaching_up = tmp_path / "accelplat_replay_sample.py"
+    reaching_up.write_text("def capture():\n    from accelplat.cli.info import collect_info\n")
+    assert "cli.info" in _imports_of_source(reaching_up, package="replay")
     with pytest.raises(LookupError):
         _layer_of("brand_new_module")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from accelplat.cli.info import collect_info
+from accelplat.describe import collect_info
 from accelplat.registry import current_platform
 from accelplat.replay import compare_info, load_bundle, replaying
 from accelplat.testing import run_conformance

@@ -13,7 +13,7 @@ import pytest
 
 from accelplat import _boundary
 from accelplat._types import HolderState
-from accelplat.cli.info import collect_info
+from accelplat.describe import collect_info
 from accelplat.registry import current_platform
 from accelplat.replay import Capture, capture, compare_info, parse_bundle, replaying
 from tests.conftest import Install

@@ -13,10 +13,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "dumps", "versioned"]
+from accelplat.describe import SCHEMA_VERSION
 
-SCHEMA_VERSION = 1
-"""Version of the JSON documents of every sub-command."""
+__all__ = ["SCHEMA_VERSION", "dumps", "versioned"]
 
 
 def versioned(doc: Mapping[str, Any]) -> dict[str, Any]:

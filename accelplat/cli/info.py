@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from dataclasses import asdict
 from typing import Any
 
 from accelplat._format import format_bytes, printable
-from accelplat.cli._json import SCHEMA_VERSION
-from accelplat.errors import AccelplatError
-from accelplat.platform import Platform
-from accelplat.registry import current_platform, detect
+from accelplat.describe import SCHEMA_VERSION, collect_info
 
-__all__ = ["INFO_SCHEMA_VERSION", "collect_info", "register"]
+__all__ = ["INFO_SCHEMA_VERSION", "register"]
 
 INFO_SCHEMA_VERSION = SCHEMA_VERSION
 """Version of the ``accelplat info --json`` document (every ``--json`` output shares it)."""
@@ -40,90 +35,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="answer from a capture bundle (accelplat capture) instead of this host",
     )
     parser.set_defaults(func=_run)
-
-
-def _device_entries(platform: Platform) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = []
-    for dev in platform.devices():
-        entry: dict[str, Any] = {
-            "index": dev.index,
-            "physical_index": dev.physical_index,
-            "name": dev.name,
-            "uuid": dev.uuid,
-            "pci_bus_id": dev.pci_bus_id,
-            "arch": dev.arch,
-            "compute_capability": list(dev.compute_capability) if dev.compute_capability else None,
-            "memory": None,
-            "error": None,
-        }
-        try:
-            mem = platform.memory_info(dev.index)
-        except AccelplatError as exc:
-            entry["error"] = str(exc)
-        else:
-            entry["memory"] = {
-                "free": mem.free,
-                "used": mem.used,
-                "total": mem.total,
-                "reserved": mem.reserved,
-                "source": mem.source,
-            }
-        entries.append(entry)
-    return entries
-
-
-def collect_info() -> dict[str, Any]:
-    """Gather everything ``accelplat info`` shows, as a JSON-ready dictionary.
-
-    Returns:
-        A dictionary with the keys documented in ``docs/cli.md``.
-
-    Raises:
-        AccelplatError: When detection itself fails (e.g. an unknown ``ACCELPLAT_PLATFORM``).
-
-    Side effects:
-        Probes every platform and queries memory; creates no device context, imports no torch.
-    """
-    report = detect()
-    info: dict[str, Any] = {
-        "schema": INFO_SCHEMA_VERSION,
-        "platform": report.chosen,
-        "forced": report.forced,
-        "error": report.error,
-        "candidates": [asdict(c) for c in report.candidates],
-    }
-    if report.chosen is None:
-        return info
-    platform = current_platform()
-    env = platform.visible_devices_env
-    info.update(
-        {
-            "device_type": platform.device_type,
-            "visible_devices_env": env,
-            "visible_devices": os.environ.get(env) if env else None,
-            "default_memory_utilization": platform.default_memory_utilization,
-            "preferred_start_method": platform.preferred_start_method,
-            "context_free": platform.context_free,
-            "release": asdict(platform.release),
-            "graph": asdict(platform.graph),
-            "devices": _device_entries(platform),
-            "capabilities": _capability_entries(platform),
-        }
-    )
-    return info
-
-
-def _capability_entries(platform: Platform) -> dict[str, dict[str, Any]]:
-    """Device 0's capability table, with the project's from ``./pyproject.toml`` if any."""
-    from pathlib import Path
-
-    from accelplat.capabilities import capabilities, load_pyproject
-
-    if Path("pyproject.toml").is_file():
-        load_pyproject("pyproject.toml")
-    if platform.device_count() == 0:
-        return {}
-    return {name: asdict(cap) for name, cap in capabilities(0, platform=platform).items()}
 
 
 def _render_text(info: dict[str, Any]) -> str:

@@ -348,7 +348,7 @@ def capture(
         raise ValueError(f"interval_s must be 0-10 seconds, got {interval_s}")
     from accelplat import __version__
     from accelplat._graphs import distribution_version
-    from accelplat.cli.info import collect_info
+    from accelplat.describe import collect_info
     from accelplat.registry import current_platform
 
     recorder = Recorder(processes=processes)

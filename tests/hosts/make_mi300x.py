@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from accelplat.cli.info import collect_info
+from accelplat.describe import collect_info
 from accelplat.replay import capture, describe, parse_bundle, replaying
 from accelplat.replay.bundle import bundle_bytes
 from tests.fakes.sysfs import FakeSysfs
