@@ -17,8 +17,9 @@ Importing this package imports no framework and queries no device.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from accelplat._lazy import lazy_namespace
 
 # Names load on first use: the pytest plugin (``accelplat.timeline.pytest_hooks``) is imported
 # by every pytest session, and most never ask for a timeline, so nothing is imported up front.
@@ -71,17 +72,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accelplat.timeline' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_namespace(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
