@@ -241,7 +241,33 @@ def _replay_token(obj: object) -> str:
     return f"unrecorded-{type(obj).__name__}"
 
 
-class ReplayModule:
+class _ReplayedVendor:
+    """What a replayed vendor module and a replayed ctypes library share.
+
+    Their channel, and attribute reads answered from the bundle (a recorded ``AttributeError``
+    raised again).
+    """
+
+    def __init__(self, replayer: Replayer, channel: str) -> None:
+        self._replayer = replayer
+        self._channel = channel
+
+    def _recorded_attribute(self, name: str) -> Answer | None:
+        """The recorded answer to reading ``name``, ``None`` when none was recorded.
+
+        Raises:
+            AttributeError: For dunder names (never recorded) and for an attribute that was
+                missing on the captured host.
+        """
+        if name.startswith("__"):
+            raise AttributeError(name)
+        answer = self._replayer.next_answer(self._channel, ["attr", name])
+        if answer is not None and answer.error is not None:
+            raise AttributeError(f"module {self._channel!r} (replayed) has no attribute {name!r}")
+        return answer
+
+
+class ReplayModule(_ReplayedVendor):
     """A vendor Python module (``pynvml``, ``amdsmi``) answering from a bundle.
 
     Attribute reads answer recorded constants (or raise the recorded ``AttributeError``), the
@@ -249,18 +275,10 @@ class ReplayModule:
     by name and arguments.
     """
 
-    def __init__(self, replayer: Replayer, channel: str) -> None:
-        self._replayer = replayer
-        self._channel = channel
-
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
+        answer = self._recorded_attribute(name)
         replayer, channel = self._replayer, self._channel
-        answer = replayer.next_answer(channel, ["attr", name])
         if answer is not None:
-            if answer.error is not None:
-                raise AttributeError(f"module {channel!r} (replayed) has no attribute {name!r}")
             return _copy(answer.value)
         for _, base in _VENDOR_BASES.get(channel, ()):
             if name == base or (name.startswith(base) and name[len(base) : len(base) + 1] == "_"):
@@ -286,7 +304,7 @@ class ReplayModule:
         return call
 
 
-class ReplayLibrary:
+class ReplayLibrary(_ReplayedVendor):
     """A ctypes library (the Level Zero loader) answering from a bundle.
 
     Each call is looked up by function, scalar arguments and the input bytes of its buffers; the
@@ -294,17 +312,9 @@ class ReplayLibrary:
     exactly the recorded size.
     """
 
-    def __init__(self, replayer: Replayer, channel: str) -> None:
-        self._replayer = replayer
-        self._channel = channel
-
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
+        self._recorded_attribute(name)
         replayer, channel = self._replayer, self._channel
-        answer = replayer.next_answer(channel, ["attr", name])
-        if answer is not None and answer.error is not None:
-            raise AttributeError(name)
 
         def call(*args: Any) -> int:
             found = replayer.next_answer(channel, ["call", name, ctypes_key(args)])
