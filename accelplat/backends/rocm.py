@@ -206,6 +206,20 @@ class _Topology:
     notes: list[str] = field(default_factory=list)
 
 
+def _reading(where: str, *, total: int, used: int, source: str) -> MemoryInfo:
+    """A ROCm memory reading of ``total`` and ``used``: free is derived, never read.
+
+    Every ROCm source (sysfs VRAM files, the KFD memory bank, amdsmi) reports total and used
+    only; the plausibility rule (:func:`checked_memory`) judges the two figures read.
+
+    Raises:
+        ImplausibleReadingError: When the figures are impossible, naming ``where``.
+    """
+    return checked_memory(
+        "rocm", where, free=max(0, total - used), total=total, used=used, source=source
+    )
+
+
 class _Source:
     """Where device lists and memory figures come from."""
 
@@ -592,10 +606,8 @@ class _SysfsSource(_Source):
         bank = node.bank_bytes if node is not None else None
         apu = gpu.partitions == 1 and bank is not None and bank > total
         if gpu.partitions == 1 and not apu:
-            return checked_memory(
-                "rocm",
+            return _reading(
                 f"GPU {gpu.physical_index} ({device}/mem_info_vram_{{total,used}})",
-                free=max(0, total - used),  # derived: the rule judges what was read
                 total=total,
                 used=used,
                 source=SOURCE_SYSFS,
@@ -616,10 +628,8 @@ class _SysfsSource(_Source):
                 f"sysfs (whole card, shared by {gpu.partitions} partitions; this partition's "
                 f"share unknown: {why})"
             )
-            return checked_memory(
-                "rocm",
+            return _reading(
                 f"GPU {gpu.physical_index} ({device}/mem_info_vram_{{total,used}})",
-                free=max(0, total - used),
                 total=total,
                 used=used,
                 source=source,
@@ -634,13 +644,8 @@ class _SysfsSource(_Source):
             source = SOURCE_APU
         else:
             source = SOURCE_PARTITION.format(k=gpu.partition or 0, n=gpu.partitions)
-        return checked_memory(
-            "rocm",
-            f"GPU {gpu.physical_index} (KFD memory bank)",
-            free=max(0, bank - kfd_used),
-            total=bank,
-            used=kfd_used,
-            source=source,
+        return _reading(
+            f"GPU {gpu.physical_index} (KFD memory bank)", total=bank, used=kfd_used, source=source
         )
 
     def _kfd_vram(self, gpu_id: int) -> dict[int, int] | None:
@@ -825,14 +830,7 @@ class _AmdSmiSource(_Source):
                 f"amdsmi memory query for GPU {gpu.physical_index} failed: {exc}",
                 _vendor_name(exc),
             ) from exc
-        return checked_memory(
-            "rocm",
-            f"GPU {gpu.physical_index}",
-            free=max(0, total - used),  # derived: the rule judges what was read
-            total=total,
-            used=used,
-            source=SOURCE_AMDSMI,
-        )
+        return _reading(f"GPU {gpu.physical_index}", total=total, used=used, source=SOURCE_AMDSMI)
 
     def holders(self, gpu: _Gpu) -> list[MemoryHolder] | None:
         try:
