@@ -179,17 +179,12 @@ def _bash(prog: str, top: CommandSpec) -> str:
     for name, cmd in [("", top), *sorted(top.commands.items())]:
         words = (sorted(top.commands) if not name else []) + list(cmd.positional_choices)
         lines.append(f'        "{name}")')
-        lines.append('            case "$prev" in')
-        for opt in _valued(cmd):
-            pattern = "|".join(opt.flags)
-            if opt.choices:
-                action = f'COMPREPLY=($(compgen -W "{_words(opt.choices)}" -- "$cur"))'
-            elif opt.path:
-                action = 'COMPREPLY=($(compgen -f -- "$cur"))'
-            else:
-                action = "COMPREPLY=()"  # a number, size or list: nothing to offer
-            lines.append(f"                {pattern}) {action}; return ;;")
-        lines.append("            esac")
+        lines += _option_value_cases(
+            cmd,
+            choices='COMPREPLY=($(compgen -W "{words}" -- "$cur"))',
+            path='COMPREPLY=($(compgen -f -- "$cur"))',
+            other="COMPREPLY=()",
+        )
         lines.append('            if [[ "$cur" == -* ]]; then')
         lines.append(
             f'                COMPREPLY=($(compgen -W "{_words(_all_flags(cmd))}" -- "$cur"))'
@@ -210,6 +205,29 @@ def _bash(prog: str, top: CommandSpec) -> str:
     return "\n".join(lines)
 
 
+def _option_value_cases(cmd: CommandSpec, *, choices: str, path: str, other: str) -> list[str]:
+    """The bash/zsh ``case "$prev"`` block that completes the value of an option.
+
+    Args:
+        cmd: The command whose valued options are completed.
+        choices: The shell action for an option with choices; ``{words}`` stands for them.
+        path: The shell action for an option that takes a path.
+        other: The action for a number, size or list: nothing to offer.
+
+    Returns:
+        The block's lines.
+    """
+    lines = ['            case "$prev" in']
+    for opt in _valued(cmd):
+        if opt.choices:
+            action = choices.format(words=_words(opt.choices))
+        else:
+            action = path if opt.path else other
+        lines.append(f"                {'|'.join(opt.flags)}) {action}; return ;;")
+    lines.append("            esac")
+    return lines
+
+
 def _zsh(prog: str, top: CommandSpec) -> str:
     fn = f"_{prog.replace('-', '_')}"
     lines = [
@@ -228,17 +246,7 @@ def _zsh(prog: str, top: CommandSpec) -> str:
     ]
     for name, cmd in [("", top), *sorted(top.commands.items())]:
         lines.append(f'        "{name}")')
-        lines.append('            case "$prev" in')
-        for opt in _valued(cmd):
-            pattern = "|".join(opt.flags)
-            if opt.choices:
-                action = f"compadd -- {_words(opt.choices)}"
-            elif opt.path:
-                action = "_files"
-            else:
-                action = ":"  # a number, size or list: nothing to offer
-            lines.append(f"                {pattern}) {action}; return ;;")
-        lines.append("            esac")
+        lines += _option_value_cases(cmd, choices="compadd -- {words}", path="_files", other=":")
         if not name:
             lines.append("            local -a commands")
             lines.append("            commands=(")
