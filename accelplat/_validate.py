@@ -10,7 +10,7 @@ Two kinds of input pass through here:
   :class:`JsonFields` checks each field's type and range and names it by its path
   (``tests[3].end``), with the document's own prefix (``"trace field"``).
 
-The general checks, :func:`number`, :func:`number_text` and :func:`integer`, take the caller's
+The general checks, :func:`number` (of a value, or of text) and :func:`integer`, take the caller's
 words for what is accepted (``expected``) and, where the caller must raise another type (a
 ``ValueError``, a pytest usage error, an argparse type error), the error class: the *check* is
 defined once here, the message keeps each caller's documented wording, worded
@@ -40,7 +40,6 @@ __all__ = [
     "finite_number",
     "integer",
     "number",
-    "number_text",
     "ratio",
 ]
 
@@ -188,20 +187,54 @@ def _check_range(
     )
 
 
-def _number(
+def number(
     value: object,
     argument: str,
-    shown: str,
     *,
-    minimum: float | None,
-    maximum: float | None,
-    above: float | None,
-    below: float | None,
-    expected: str | None,
-    not_a_number: str | None,
-    error: ErrorType,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    expected: str | None = None,
+    not_a_number: str | None = None,
+    from_text: bool = False,
+    error: ErrorType = ConfigurationError,
 ) -> float:
+    """Return ``value`` as a float if it is a finite real number in the given range.
+
+    Args:
+        value: A real number (``bool`` refused); with ``from_text``, text to parse.
+        argument: Its name, for the message (``""``: the message starts with ``expected``).
+        minimum: Smallest accepted value (inclusive).
+        maximum: Largest accepted value (inclusive).
+        above: Exclusive lower bound.
+        below: Exclusive upper bound.
+        expected: Words for what is accepted; by default built from the bounds
+            (``"a finite number in (0, 1]"``).
+        not_a_number: Words used instead of ``expected`` when ``value`` is no number at all.
+        from_text: ``value`` is text from an option or an environment variable: parsed as a
+            Python ``float`` literal (``"1.5"``, ``"2e3"``, blanks around it ignored), and
+            quoted as given in the message.
+        error: The exception class to raise.
+
+    Returns:
+        The number as a float.
+
+    Raises:
+        ConfigurationError: (or ``error``) For a non-number, NaN, an infinity, an int beyond
+            any float (its digits not echoed) or a value out of range.
+    """
     words = expected or f"a finite number {_range_words(minimum, maximum, above, below)}".rstrip()
+    if from_text:
+        shown = repr(value)
+        try:
+            value = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            value = None
+    elif isinstance(value, int) and value.bit_length() >= 4000:
+        shown = "an int"  # too long to echo (an int of more than 4300 digits has no repr)
+    else:
+        shown = repr(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise error(_must(argument, not_a_number or words, shown))
     try:
@@ -214,105 +247,6 @@ def _number(
     ):
         raise error(_must(argument, words, shown))
     return result
-
-
-def number(
-    value: object,
-    argument: str,
-    *,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    above: float | None = None,
-    below: float | None = None,
-    expected: str | None = None,
-    not_a_number: str | None = None,
-    error: ErrorType = ConfigurationError,
-) -> float:
-    """Return ``value`` as a float if it is a finite real number in the given range.
-
-    Args:
-        value: A real number (``bool`` refused).
-        argument: Its name, for the message (``""``: the message starts with ``expected``).
-        minimum: Smallest accepted value (inclusive).
-        maximum: Largest accepted value (inclusive).
-        above: Exclusive lower bound.
-        below: Exclusive upper bound.
-        expected: Words for what is accepted; by default built from the bounds
-            (``"a finite number in (0, 1]"``).
-        not_a_number: Words used instead of ``expected`` when ``value`` is no number at all.
-        error: The exception class to raise.
-
-    Returns:
-        ``float(value)``.
-
-    Raises:
-        ConfigurationError: (or ``error``) For a non-number, NaN, an infinity, an int beyond
-            any float (its digits not echoed) or a value out of range.
-    """
-    return _number(
-        value,
-        argument,
-        repr(value) if not isinstance(value, int) or value.bit_length() < 4000 else "an int",
-        minimum=minimum,
-        maximum=maximum,
-        above=above,
-        below=below,
-        expected=expected,
-        not_a_number=not_a_number,
-        error=error,
-    )
-
-
-def number_text(
-    text: str,
-    argument: str,
-    *,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    above: float | None = None,
-    below: float | None = None,
-    expected: str | None = None,
-    not_a_number: str | None = None,
-    error: ErrorType = ConfigurationError,
-) -> float:
-    """Parse ``text`` (an environment variable, an option) as a finite number in range.
-
-    The accepted forms are Python's ``float`` literals (``"1.5"``, ``"2e3"``), surrounding
-    blanks ignored; the message quotes ``text`` as given.
-
-    Args:
-        text: The text to parse.
-        argument: Its name, for the message (``""``: the message starts with ``expected``).
-        minimum: Smallest accepted value (inclusive).
-        maximum: Largest accepted value (inclusive).
-        above: Exclusive lower bound.
-        below: Exclusive upper bound.
-        expected: Words for what is accepted, as for :func:`number`.
-        not_a_number: Words used instead of ``expected`` when ``text`` is no number.
-        error: The exception class to raise.
-
-    Returns:
-        The number.
-
-    Raises:
-        ConfigurationError: (or ``error``) Naming ``argument`` and quoting ``text``.
-    """
-    try:
-        value: object = float(text)
-    except (TypeError, ValueError):
-        value = None
-    return _number(
-        value,
-        argument,
-        repr(text),
-        minimum=minimum,
-        maximum=maximum,
-        above=above,
-        below=below,
-        expected=expected,
-        not_a_number=not_a_number,
-        error=error,
-    )
 
 
 def integer(

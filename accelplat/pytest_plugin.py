@@ -386,8 +386,13 @@ def _leak_wait(config: pytest.Config) -> float | None:
         return None
     from accelplat import _validate
 
-    return _validate.number_text(
-        text, argument, minimum=0, expected="'auto' or seconds >= 0", error=pytest.UsageError
+    return _validate.number(
+        text,
+        argument,
+        minimum=0,
+        expected="'auto' or seconds >= 0",
+        from_text=True,
+        error=pytest.UsageError,
     )
 
 

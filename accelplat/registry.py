@@ -192,8 +192,12 @@ def _probe_timeout() -> float:
     raw = os.environ.get(ENV_PROBE_TIMEOUT)
     if raw is None or not raw.strip():
         return DEFAULT_PROBE_TIMEOUT_S
-    return _validate.number_text(
-        raw, ENV_PROBE_TIMEOUT, above=0, expected="a positive, finite number of seconds"
+    return _validate.number(
+        raw,
+        ENV_PROBE_TIMEOUT,
+        above=0,
+        expected="a positive, finite number of seconds",
+        from_text=True,
     )
 
 

@@ -62,7 +62,9 @@ def test_an_int_beyond_any_float_is_refused_without_its_digits() -> None:
 
 def test_the_callers_error_type_is_raised() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=r"^expected a fraction, got 'x'$"):
-        _validate.number_text("x", "", expected="a fraction", error=argparse.ArgumentTypeError)
+        _validate.number(
+            "x", "", expected="a fraction", from_text=True, error=argparse.ArgumentTypeError
+        )
     with pytest.raises(ValueError) as info:
         _validate.number(5, "u", maximum=1, error=ValueError)
     assert type(info.value) is ValueError
@@ -73,12 +75,12 @@ def test_the_callers_error_type_is_raised() -> None:
     [(" 1.5 ", 1.5), ("2e3", 2000.0), ("0", None), ("nan", None), ("inf", None), ("", None),
      ("1,5", None), ("-1", None)],
 )  # fmt: skip
-def test_number_text_parses_and_quotes_the_text(text: str, expected: float | None) -> None:
+def test_text_is_parsed_and_quoted_as_given(text: str, expected: float | None) -> None:
     if expected is not None:
-        assert _validate.number_text(text, "T", above=0) == expected
+        assert _validate.number(text, "T", above=0, from_text=True) == expected
     else:
         with pytest.raises(ConfigurationError) as info:
-            _validate.number_text(text, "T", above=0)
+            _validate.number(text, "T", above=0, from_text=True)
         assert str(info.value).endswith(f"got {text!r}")
 
 

@@ -64,13 +64,14 @@ def seconds_arg(*, allow_zero: bool) -> Callable[[str], float]:
     bound = ">= 0" if allow_zero else "> 0"
 
     def parse(text: str) -> float:
-        return _validate.number_text(
+        return _validate.number(
             text,
             "",
             minimum=0 if allow_zero else None,
             above=None if allow_zero else 0,
             expected=f"a finite number of seconds {bound}",
             not_a_number="a number of seconds",
+            from_text=True,
             error=argparse.ArgumentTypeError,
         )
 

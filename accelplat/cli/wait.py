@@ -45,12 +45,13 @@ __all__ = ["Progress", "register"]
 
 
 def _ratio_arg(text: str) -> float:
-    return _validate.number_text(
+    return _validate.number(
         text,
         "",
         minimum=0,
         maximum=1,
         expected="a fraction in [0, 1]",
+        from_text=True,
         error=argparse.ArgumentTypeError,
     )
 
