@@ -73,7 +73,6 @@ instances, and say so in their detail.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -85,6 +84,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from accelplat import _validate
 from accelplat._types import (
     MIB,
     DeviceInfo,
@@ -96,7 +96,7 @@ from accelplat._types import (
     ReleaseProfile,
 )
 from accelplat.errors import ConfigurationError, DeviceNotFoundError, PlatformNotAvailableError
-from accelplat.platform import Platform
+from accelplat.platform import Platform, validate_utilization
 from accelplat.testing._child import BOOTSTRAP, frameworks_in
 
 __all__ = [
@@ -674,9 +674,10 @@ def _check_release(kit: _Kit) -> str:
     if not isinstance(r.lazy, bool):
         problems.append(f"lazy is {r.lazy!r}, not a bool")
     for attr in ("stable_duration_s", "settle_timeout_s"):
-        v = getattr(r, attr)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            problems.append(f"{attr} is {v!r}, not a finite number >= 0")
+        try:
+            _validate.number(getattr(r, attr), attr, minimum=0)
+        except ConfigurationError as exc:
+            problems.append(str(exc))
     if not problems and r.stable_duration_s > r.settle_timeout_s:
         problems.append(
             f"stable_duration_s={r.stable_duration_s} exceeds settle_timeout_s="
@@ -719,10 +720,10 @@ def _check_graph(kit: _Kit) -> str:
 
 def _check_utilization(kit: _Kit) -> str:
     u = kit.platform.default_memory_utilization
-    if isinstance(u, bool) or not isinstance(u, (int, float)):
-        raise _CheckFailedError(f"default_memory_utilization is {u!r}, not a number")
-    if not math.isfinite(u) or not 0 < u <= 1:
-        raise _CheckFailedError(f"default_memory_utilization is {u!r}, not in (0, 1]")
+    try:
+        validate_utilization(u, argument="default_memory_utilization")
+    except ValueError as exc:  # the rule every engine argument is held to
+        raise _CheckFailedError(str(exc)) from None
     return f"{u!r}"
 
 
