@@ -258,6 +258,7 @@ def integer(
     expected: str | None = None,
     not_an_int: str | None = None,
     show_type: bool = False,
+    from_text: bool = False,
     error: ErrorType = ConfigurationError,
 ) -> int:
     """Return ``value`` if it is an ``int`` (``bool`` refused, floats refused) in range.
@@ -270,6 +271,8 @@ def integer(
         expected: Words for what is accepted; by default ``"an int >= 1"`` and the like.
         not_an_int: Words used instead of ``expected`` when ``value`` is no int.
         show_type: Name the type of a value that is no int (``"got float 128.0"``).
+        from_text: ``value`` is text from an option: ASCII digits only (no sign, at most 18),
+            blanks around them ignored, quoted as given in the message.
         error: The exception class to raise.
 
     Returns:
@@ -279,6 +282,13 @@ def integer(
         ConfigurationError: (or ``error``) For a non-int or a value out of range.
     """
     words = expected or f"an int {_range_words(minimum, maximum, None, None)}".rstrip()
+    if from_text:
+        text = value.strip() if isinstance(value, str) else ""
+        if not (text.isascii() and text.isdigit() and len(text) <= 18):
+            raise error(_must(argument, not_an_int or words, repr(value)))
+        if not _check_range(int(text), minimum=minimum, maximum=maximum, above=None, below=None):
+            raise error(_must(argument, words, repr(value)))
+        return int(text)
     if isinstance(value, bool) or not isinstance(value, int):
         shown = f"{type(value).__name__} {value!r}" if show_type else repr(value)
         raise error(_must(argument, not_an_int or words, shown))

@@ -114,3 +114,17 @@ def test_json_fields_in_both_wordings() -> None:
     with pytest.raises(ConfigurationError, match=r"^d: missing required key 'a'$"):
         spec.mapping({"b": 1}, "d", {"a", "b"}, {"a"})
     assert spec.mapping({"a": 1}, "d", {"a", "b"}, {"a"}) == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("7", 7), (" 12 ", 12), ("0", None), ("-3", None), ("+3", None), ("３", None), ("²", None),
+     ("1.0", None), ("1" * 19, None), ("101", None), ("", None)],
+)  # fmt: skip
+def test_counts_from_text_are_ascii_digits_in_range(text: str, expected: int | None) -> None:
+    if expected is not None:
+        assert _validate.integer(text, "N", minimum=1, maximum=100, from_text=True) == expected
+    else:
+        with pytest.raises(ConfigurationError) as info:
+            _validate.integer(text, "N", minimum=1, maximum=100, from_text=True)
+        assert str(info.value) == f"N must be an int in [1, 100], got {text!r}"

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from accelplat import _validate
 from accelplat.sizing import parse_size
 
-__all__ = ["parse_devices", "parse_size_arg", "seconds_arg"]
+__all__ = ["count_arg", "parse_devices", "parse_size_arg", "ratio_arg", "seconds_arg"]
 
 
 def parse_devices(text: str) -> list[int] | None:
@@ -55,13 +55,16 @@ def parse_size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def seconds_arg(*, allow_zero: bool) -> Callable[[str], float]:
+def seconds_arg(*, allow_zero: bool, maximum: float | None = None) -> Callable[[str], float]:
     """Return an argparse type for a finite number of seconds, ``> 0`` or ``>= 0``.
 
     Args:
         allow_zero: Whether ``0`` is accepted.
+        maximum: The most seconds accepted, if bounded.
     """
     bound = ">= 0" if allow_zero else "> 0"
+    if maximum is not None:
+        bound = f"in {'[' if allow_zero else '('}0, {maximum:g}]"
 
     def parse(text: str) -> float:
         return _validate.number(
@@ -69,8 +72,49 @@ def seconds_arg(*, allow_zero: bool) -> Callable[[str], float]:
             "",
             minimum=0 if allow_zero else None,
             above=None if allow_zero else 0,
+            maximum=maximum,
             expected=f"a finite number of seconds {bound}",
             not_a_number="a number of seconds",
+            from_text=True,
+            error=argparse.ArgumentTypeError,
+        )
+
+    return parse
+
+
+def ratio_arg(text: str) -> float:
+    """Parse a fraction in ``[0, 1]`` (``--threshold-ratio``, ``--min-free-ratio``).
+
+    Raises:
+        argparse.ArgumentTypeError: For anything else, quoting ``text``.
+    """
+    return _validate.number(
+        text,
+        "",
+        minimum=0,
+        maximum=1,
+        expected="a fraction in [0, 1]",
+        from_text=True,
+        error=argparse.ArgumentTypeError,
+    )
+
+
+def count_arg(*, minimum: int, maximum: int | None = None, what: str) -> Callable[[str], int]:
+    """Return an argparse type for a whole number (ASCII digits) in ``minimum..maximum``.
+
+    Args:
+        minimum: The smallest accepted count.
+        maximum: The largest accepted count, if bounded.
+        what: Words for what is accepted, e.g. ``"a number of devices >= 1"``.
+    """
+
+    def parse(text: str) -> int:
+        return _validate.integer(
+            text,
+            "",
+            minimum=minimum,
+            maximum=maximum,
+            expected=what,
             from_text=True,
             error=argparse.ArgumentTypeError,
         )

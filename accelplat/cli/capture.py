@@ -11,22 +11,9 @@ import os
 import sys
 import tempfile
 
-from accelplat.cli._args import seconds_arg
+from accelplat.cli._args import count_arg, seconds_arg
 
 __all__ = ["register"]
-
-
-def _samples(text: str) -> int:
-    if not text.strip().isdigit() or not 0 <= int(text) <= 100:
-        raise argparse.ArgumentTypeError(f"--samples takes a whole number 0-100, got {text!r}")
-    return int(text)
-
-
-def _interval(text: str) -> float:
-    value = seconds_arg(allow_zero=True)(text)
-    if value > 10:
-        raise argparse.ArgumentTypeError(f"--interval takes 0 to 10 seconds, got {text!r}")
-    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,11 +34,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="leave out the pids and names of processes holding device memory",
     )
     parser.add_argument(
-        "--samples", type=_samples, default=4, help="memory samples after the first (default 4)"
+        "--samples",
+        type=count_arg(minimum=0, maximum=100, what="a whole number 0-100"),
+        default=4,
+        help="memory samples after the first (default 4)",
     )
     parser.add_argument(
         "--interval",
-        type=_interval,
+        type=seconds_arg(allow_zero=True, maximum=10),
         default=0.4,
         help="seconds between memory samples (default 0.4)",
     )

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from accelplat._format import format_bytes, printable
-from accelplat.cli._args import parse_size_arg, seconds_arg
+from accelplat.cli._args import count_arg, parse_size_arg, ratio_arg, seconds_arg
 from accelplat.cli._json import dumps
 from accelplat.errors import ConfigurationError
 from accelplat.leasing import DEFAULT_TIMEOUT_S, LeaseRecord, default_lease_dir, lease, lease_status
@@ -36,22 +36,6 @@ from accelplat.leasing import DEFAULT_TIMEOUT_S, LeaseRecord, default_lease_dir,
 __all__ = ["register"]
 
 _FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
-
-
-def _count_arg(text: str) -> int:
-    if not text.strip().isdecimal() or len(text.strip()) > 6 or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of devices >= 1, got {text!r}")
-    return int(text)
-
-
-def _ratio_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
-    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,7 +51,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "       accelplat lease --status [--json]",
     )
     parser.add_argument(
-        "-n", "--count", type=_count_arg, default=1, metavar="N", help="devices (default 1)"
+        "-n",
+        "--count",
+        type=count_arg(minimum=1, maximum=999_999, what="a number of devices >= 1"),
+        default=1,
+        metavar="N",
+        help="devices (default 1)",
     )
     parser.add_argument(
         "--min-free",
@@ -77,7 +66,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--min-free-ratio",
-        type=_ratio_arg,
+        type=ratio_arg,
         metavar="R",
         help="each device must have the fraction R of its memory free",
     )

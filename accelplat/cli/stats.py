@@ -19,7 +19,7 @@ from typing import IO, Any
 
 from accelplat._format import format_bytes, printable
 from accelplat._types import UsageSnapshot
-from accelplat.cli._args import parse_devices, seconds_arg
+from accelplat.cli._args import count_arg, parse_devices, seconds_arg
 from accelplat.cli._json import dumps
 from accelplat.errors import ConfigurationError
 from accelplat.memory import default_clock, snapshot
@@ -29,12 +29,6 @@ from accelplat.registry import current_platform
 __all__ = ["register", "snapshot_to_json", "use_rich"]
 
 _COLUMNS = ("DEV", "NAME", "USED", "FREE", "TOTAL", "RESERVED", "USE%", "SOURCE")
-
-
-def _positive_int(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return int(text)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,7 +47,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="refresh every SECONDS until interrupted (or --count refreshes)",
     )
     parser.add_argument(
-        "--count", type=_positive_int, metavar="N", help="with --watch: stop after N refreshes"
+        "--count",
+        type=count_arg(minimum=1, what="a whole number >= 1"),
+        metavar="N",
+        help="with --watch: stop after N refreshes",
     )
     parser.add_argument(
         "--devices",

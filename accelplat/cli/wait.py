@@ -28,10 +28,9 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from accelplat import _validate
 from accelplat._format import format_bytes, printable
 from accelplat._types import SettleResult, UsageSnapshot
-from accelplat.cli._args import parse_devices, parse_size_arg, seconds_arg
+from accelplat.cli._args import parse_devices, parse_size_arg, ratio_arg, seconds_arg
 from accelplat.cli._json import dumps
 from accelplat.errors import AccelplatError, ConfigurationError, MemoryNotSettledError
 from accelplat.memory import (
@@ -42,18 +41,6 @@ from accelplat.memory import (
 from accelplat.registry import current_platform
 
 __all__ = ["Progress", "register"]
-
-
-def _ratio_arg(text: str) -> float:
-    return _validate.number(
-        text,
-        "",
-        minimum=0,
-        maximum=1,
-        expected="a fraction in [0, 1]",
-        from_text=True,
-        error=argparse.ArgumentTypeError,
-    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -68,7 +55,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--threshold-ratio",
-        type=_ratio_arg,
+        type=ratio_arg,
         metavar="R",
         help="clear when used <= R x total (in [0, 1]; raised to the platform's idle floor)",
     )
