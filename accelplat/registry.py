@@ -130,7 +130,6 @@ class DetectionReport:
     error: str | None = None
 
 
-@dataclass
 class _Entry:
     """One registered platform and what is known about loading it.
 
@@ -139,25 +138,62 @@ class _Entry:
     constructed in that thread and checked against the protocol before it can be chosen.
     ``ordered`` entries take part in the built-in order (a built-in, or an override of one).
     ``absence`` names a built-in's quick absence check (see ``_QUICK_ABSENCE``).
+
+    A plain class, not a dataclass: detection builds the table on a host's first query, where
+    each dataclass definition would cost about half a millisecond at import.
     """
 
-    name: str
-    shipped: bool
-    ordered: bool
-    target: str | None = None
-    obj: PlatformFactory | None = None
-    entry_point: Any = None
-    origin: str = ""
-    loaded: PlatformFactory | None = None
-    pending: threading.Thread | None = None
-    absence: str | None = None
+    __slots__ = (
+        "absence",
+        "entry_point",
+        "loaded",
+        "name",
+        "obj",
+        "ordered",
+        "origin",
+        "pending",
+        "shipped",
+        "target",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        shipped: bool,
+        ordered: bool,
+        *,
+        target: str | None = None,
+        obj: PlatformFactory | None = None,
+        entry_point: Any = None,
+        origin: str = "",
+        absence: str | None = None,
+    ) -> None:
+        self.name = name
+        self.shipped = shipped
+        self.ordered = ordered
+        self.target = target
+        self.obj = obj
+        self.entry_point = entry_point
+        self.origin = origin
+        self.absence = absence
+        self.loaded: PlatformFactory | None = None
+        self.pending: threading.Thread | None = None
 
 
-@dataclass(frozen=True)
 class _Outcome:
-    candidate: Candidate
-    factory: PlatformFactory | None = None
-    instance: Platform | None = None
+    """What considering one platform gave: its candidate line, and its factory or instance."""
+
+    __slots__ = ("candidate", "factory", "instance")
+
+    def __init__(
+        self,
+        candidate: Candidate,
+        factory: PlatformFactory | None = None,
+        instance: Platform | None = None,
+    ) -> None:
+        self.candidate = candidate
+        self.factory = factory
+        self.instance = instance
 
 
 _lock = threading.RLock()
@@ -211,17 +247,21 @@ def _forced_name() -> str | None:
 # -- the table of registered platforms ----------------------------------------------------------
 
 
+def _builtin_entry(name: str) -> _Entry:
+    return _Entry(
+        name,
+        shipped=True,
+        ordered=True,
+        target=_BUILTINS[name],
+        origin="built-in",
+        absence=_QUICK_ABSENCE.get(name),
+    )
+
+
 def _ensure_builtins() -> None:
     if not _registered:
-        for name, target in _BUILTINS.items():
-            _registered[name] = _Entry(
-                name,
-                shipped=True,
-                ordered=True,
-                target=target,
-                origin="built-in",
-                absence=_QUICK_ABSENCE.get(name),
-            )
+        for name in _BUILTINS:
+            _registered[name] = _builtin_entry(name)
 
 
 def _dist_name(ep: Any) -> str:
@@ -856,9 +896,7 @@ def unregister_platform(name: str) -> None:
         if name not in entries:
             raise _lookup_error(name)
         if name in _BUILTINS:
-            _registered[name] = _Entry(
-                name, shipped=True, ordered=True, target=_BUILTINS[name], origin="built-in"
-            )
+            _registered[name] = _builtin_entry(name)
         else:
             del _registered[name]
         _instances.pop(name, None)

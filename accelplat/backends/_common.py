@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from accelplat import _files
@@ -185,7 +184,6 @@ def parse_int_values(table: Mapping[str, str]) -> dict[str, int]:
     return out
 
 
-@dataclass(frozen=True)
 class HostMemInfo:
     """``MemTotal`` and ``MemAvailable`` of ``/proc/meminfo``, in bytes.
 
@@ -195,9 +193,12 @@ class HostMemInfo:
         path: The file read.
     """
 
-    total: int
-    available: int
-    path: str
+    __slots__ = ("available", "path", "total")
+
+    def __init__(self, *, total: int, available: int, path: str) -> None:
+        self.total = total
+        self.available = available
+        self.path = path
 
 
 _MEMINFO_KEYS = frozenset({"MemTotal", "MemAvailable", "MemFree", "Buffers", "Cached"})

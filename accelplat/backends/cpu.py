@@ -44,7 +44,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from time import monotonic as _monotonic
 from typing import ClassVar
@@ -146,7 +145,6 @@ class _CgroupUnusableError(Exception):
     """A cgroup file was missing where it must exist, unreadable or malformed."""
 
 
-@dataclass(frozen=True)
 class _CgroupLimit:
     """The binding cgroup figures for this process.
 
@@ -156,16 +154,27 @@ class _CgroupLimit:
         headroom: The smallest ``limit - charge`` over every limited level, at least 0.
     """
 
-    version: str
-    limit: int
-    headroom: int
+    __slots__ = ("headroom", "limit", "version")
+
+    def __init__(self, version: str, limit: int, headroom: int) -> None:
+        self.version = version
+        self.limit = limit
+        self.headroom = headroom
 
 
-@dataclass(frozen=True)
 class _Roots:
-    proc: Path
-    sysfs: Path
-    cgroup: Path
+    """Where ``/proc``, ``/sys`` and the cgroup tree are; one object per set of roots.
+
+    :meth:`CpuPlatform._roots` hands out the same object while the roots stay the same, so the
+    structure caches compare it by identity.
+    """
+
+    __slots__ = ("cgroup", "proc", "sysfs")
+
+    def __init__(self, proc: Path, sysfs: Path, cgroup: Path) -> None:
+        self.proc = proc
+        self.sysfs = sysfs
+        self.cgroup = cgroup
 
 
 def utilization_with_margin(free: int, total: int) -> float:
@@ -295,7 +304,7 @@ class CpuPlatform(BasePlatform):
         """
         now = _monotonic()
         cached = self._nodes_seen
-        if cached is not None and cached[0] == roots and now < cached[1]:
+        if cached is not None and cached[0] is roots and now < cached[1]:
             return list(cached[2])
         nodes = self._scan_numa_nodes(roots)
         self._nodes_seen = (roots, now + self.STRUCTURE_TTL_S, tuple(nodes))
@@ -476,7 +485,7 @@ class CpuPlatform(BasePlatform):
         """
         now = _monotonic()
         seen = self._limited_seen
-        if seen is not None and seen[0] == roots and now < seen[1]:
+        if seen is not None and seen[0] is roots and now < seen[1]:
             if seen[2] is None:
                 return None
             version, limited = seen[2]
