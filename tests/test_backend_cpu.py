@@ -496,3 +496,53 @@ def test_conformance_on_a_fake_two_node_container(
     fs.use_env(monkeypatch)  # fresh-process checks inherit the environment
     report = run_conformance(CpuPlatform())
     assert report.passed, report.summary()
+
+
+MEMINFO_ODD_LINES = """MemTotal:       16384 kB
+MemFree:         2048 kB
+  MemAvailable:  8192 kB
+Buffers:          100
+Cached: -5 kB
+SwapCached:        0 kB
+MemTotalX:        77 kB
+Node 0 MemFree:   99 kB
+Hugepagesize:    2048 kB
+Cached:: 3 kB
+MemFree:5 kB
+garbage line without colon
+"""
+
+
+def test_filtered_meminfo_parse_keeps_exactly_the_unfiltered_entries() -> None:
+    from accelplat.backends._common import _MEMINFO_KEYS, parse_kb_table
+
+    everything = parse_kb_table(MEMINFO_ODD_LINES)
+    wanted = {k: v for k, v in everything.items() if k in _MEMINFO_KEYS}
+    filtered = parse_kb_table(MEMINFO_ODD_LINES, keys=_MEMINFO_KEYS)
+    assert {k: v for k, v in filtered.items() if k in _MEMINFO_KEYS} == wanted
+    assert wanted == {
+        "MemTotal": 16384 * 1024,
+        "MemFree": 2048 * 1024,
+        "MemAvailable": 8192 * 1024,
+        "Buffers": 100,
+    }
+    node = "Node 0 MemTotal: 4 kB\nNode 0 MemFree: 1 kB\nNode 0 Active: 9 kB\n"
+    assert parse_kb_table(node, skip=2, keys=frozenset({"MemTotal", "MemFree"})) == {
+        "MemTotal": 4096,
+        "MemFree": 1024,
+    }
+
+
+def test_host_meminfo_names_the_file_under_the_proc_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelplat.backends._common import host_meminfo
+
+    (tmp_path / "meminfo").write_text("MemTotal: 10 kB\nMemFree: 4 kB\nBuffers: 1 kB\n")
+    monkeypatch.setenv("ACCELPLAT_PROC_ROOT", str(tmp_path))
+    info = host_meminfo()
+    assert info is not None
+    assert (info.total, info.available) == (10240, 5120)  # no MemAvailable: free + buffers
+    assert info.path == str(tmp_path / "meminfo")
+    with pytest.raises(OSError, match="missing"):
+        host_meminfo(tmp_path / "missing")
