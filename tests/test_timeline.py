@@ -941,6 +941,21 @@ def test_plugin_is_inert_without_the_option(pytester: pytest.Pytester) -> None:
     assert not list(pytester.path.glob("*.html"))
 
 
+def test_a_session_without_the_option_loads_no_recorder(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_inner=(
+            "import sys\n"
+            "def test_nothing_of_the_recorder_is_loaded():\n"
+            "    assert 'accelplat.timeline.pytest_hooks' in sys.modules\n"
+            "    loaded = [m for m in ('accelplat.timeline.sampler', 'accelplat.timeline.trace',"
+            " 'accelplat.leaks', 'accelplat._types') if m in sys.modules]\n"
+            "    assert loaded == []\n"
+        )
+    )
+    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
 def test_plugin_rejects_bad_options(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_inner="def test_ok():\n    pass\n")
     result = pytester.runpytest_inprocess(

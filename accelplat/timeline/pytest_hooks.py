@@ -28,26 +28,26 @@ not seen.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
 import threading
 from collections.abc import Generator
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from accelplat.errors import AccelplatError, ConfigurationError
-from accelplat.leaks import parse_leak_tolerance
-from accelplat.timeline.sampler import DEFAULT_HZ, Recorder, validate_grace, validate_hz
-from accelplat.timeline.trace import (
-    DEFAULT_LEAK_GRACE_S,
-    DEFAULT_LEAK_TOLERANCE_BYTES,
-    Trace,
-    save_trace,
-)
+from accelplat.pytest_plugin import DEFAULT_LEAK_TOLERANCE
+from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
+
+if TYPE_CHECKING:
+    from accelplat.timeline.sampler import Recorder
+    from accelplat.timeline.trace import Trace
+
+# The sampler, the trace model and the leak rule load when a timeline is asked for: pytest
+# imports this plugin in every session, most of which record nothing.
 
 __all__ = [
     "WAIT_EVENT_ATTRIBUTE",
@@ -113,7 +113,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SIZE",
         default=None,
         help="growth of used memory across one test that is not yet a leak, e.g. 64MiB "
-        f"(default: --accelplat-leak-tolerance, else {DEFAULT_LEAK_TOLERANCE_BYTES // 2**20} MiB)",
+        f"(default: --accelplat-leak-tolerance, else {DEFAULT_LEAK_TOLERANCE})",
     )
     group.addoption(
         "--accelplat-timeline-leak-grace",
@@ -138,6 +138,8 @@ def _timeline_tolerance(config: pytest.Config, raw: str | None) -> int:
     ``--accelplat-timeline-leak-tolerance`` the timeline uses ``--accelplat-leak-tolerance`` (or
     the ``accelplat_leak_tolerance`` ini option) when given.
     """
+    from accelplat.leaks import DEFAULT_LEAK_TOLERANCE_BYTES, parse_leak_tolerance
+
     if raw is not None:
         return parse_leak_tolerance(raw, argument="--accelplat-timeline-leak-tolerance")
     shared = config.getoption("--accelplat-leak-tolerance", default=None)
@@ -157,6 +159,8 @@ def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("--accelplat-timeline")
     if not path or hasattr(config, "workerinput"):
         return
+    from accelplat.timeline.sampler import validate_grace, validate_hz
+
     raw_tol = config.getoption("--accelplat-timeline-leak-tolerance")
     try:
         hz = validate_hz(
@@ -260,7 +264,8 @@ class TimelinePlugin:
         html_path: Where the report goes.
         json_path: Where the raw trace goes, or ``None``.
         hz: Samples per second.
-        leak_tolerance_bytes: Growth across a test that is not a leak.
+        leak_tolerance_bytes: Growth across a test that is not a leak; ``None``:
+            :data:`accelplat.leaks.DEFAULT_LEAK_TOLERANCE_BYTES`.
         leak_grace_s: Seconds after the last test during which memory may still come back.
         wait_fixtures: Fixtures whose set-up counts as a memory wait.
     """
@@ -271,13 +276,17 @@ class TimelinePlugin:
         html_path: Path,
         json_path: Path | None,
         hz: float = DEFAULT_HZ,
-        leak_tolerance_bytes: int = DEFAULT_LEAK_TOLERANCE_BYTES,
+        leak_tolerance_bytes: int | None = None,
         leak_grace_s: float = DEFAULT_LEAK_GRACE_S,
         wait_fixtures: tuple[str, ...] = ("settled_device_memory",),
     ) -> None:
         self.html_path = html_path
         self.json_path = json_path
         self._hz = hz
+        if leak_tolerance_bytes is None:
+            from accelplat.leaks import DEFAULT_LEAK_TOLERANCE_BYTES
+
+            leak_tolerance_bytes = DEFAULT_LEAK_TOLERANCE_BYTES
         self._tolerance = leak_tolerance_bytes
         self._grace = leak_grace_s
         self._wait_fixtures = frozenset(wait_fixtures)
@@ -318,6 +327,7 @@ class TimelinePlugin:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Detect the platform and start sampling."""
         from accelplat.registry import current_platform
+        from accelplat.timeline.sampler import Recorder
 
         notes: list[str] = []
         try:
@@ -388,10 +398,14 @@ class TimelinePlugin:
         recorder.stop()
         if self._tap is not None:
             self._tap.remove()
+        from dataclasses import replace
+
+        from accelplat.timeline.trace import save_trace
+
         trace = recorder.trace(exit_code=int(exitstatus))
         if self._signals:
             names = ", ".join(dict.fromkeys(signal.Signals(s).name for s in self._signals))
-            trace = dataclasses.replace(
+            trace = replace(
                 trace,
                 partial=True,
                 notes=(*trace.notes, f"Partial recording: {names} ended the session."),

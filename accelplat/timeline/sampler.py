@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from accelplat import _validate
 from accelplat.errors import ConfigurationError
+from accelplat.timeline._defaults import DEFAULT_HZ
 from accelplat.timeline.trace import (
     DEFAULT_LEAK_GRACE_S,
     DEFAULT_LEAK_TOLERANCE_BYTES,
@@ -52,9 +53,6 @@ __all__ = [
     "validate_grace",
     "validate_hz",
 ]
-
-DEFAULT_HZ = 20.0
-"""Default sampling rate, in samples per second."""
 
 MAX_HZ = 1000.0
 """Highest sampling rate accepted."""

@@ -31,6 +31,7 @@ from accelplat._types import MIB
 from accelplat._validate import JsonFields
 from accelplat.errors import ConfigurationError, FileTooLargeError
 from accelplat.leaks import DEFAULT_LEAK_TOLERANCE_BYTES, is_leak, leaked_bytes
+from accelplat.timeline._defaults import DEFAULT_LEAK_GRACE_S
 
 __all__ = [
     "DEFAULT_LEAK_GRACE_S",
@@ -60,9 +61,6 @@ TRACE_VERSION = 1
 MAX_TRACE_BYTES = 256 * MIB
 """Largest trace file :func:`load_trace` reads by default."""
 
-
-DEFAULT_LEAK_GRACE_S = 2.0
-"""Seconds after the last test during which memory may still come back before it is leaked."""
 
 _MAX_DEVICES = 4096
 _MAX_ITEMS = 10_000_000
