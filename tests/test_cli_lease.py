@@ -121,7 +121,7 @@ def test_the_command_keeps_its_devices_if_the_lease_process_dies(
         assert records["simulated.SIM-0"].held
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # only reached if the lock is never freed
     while records["simulated.SIM-0"].held and time.monotonic() < deadline:
         time.sleep(0.02)
         records = {r.device_id: r for r in lease_status(tmp_path / "locks")}

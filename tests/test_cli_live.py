@@ -12,11 +12,14 @@ import subprocess
 import sys
 import termios
 import time
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from accelplat._types import GIB, HolderState, MemoryHolder, MemoryInfo, UsageSnapshot
+from accelplat.cli import _live
 from accelplat.cli._live import BAR_WIDTH, Keys, ViewState, bar, colour_for, render
 
 pytest.importorskip("rich")
@@ -108,7 +111,17 @@ def test_colour_only_when_the_console_has_it() -> None:
     assert "[h] holders" not in bare  # a single frame has no keys
 
 
-def test_keys_toggle_holders_and_quit_on_a_real_terminal() -> None:
+def test_keys_toggle_holders_and_quit_on_a_real_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[tuple[float | None, bool]] = []  # each select(): its timeout, and whether ready
+    real_select = select.select
+
+    def counting_select(r: Any, w: Any, x: Any, timeout: float | None = None) -> Any:
+        # never block for the view's whole interval: a wait that misses its key fails, not hangs
+        ready = real_select(r, w, x, 30.0 if timeout is None else min(timeout, 30.0))
+        waits.append((timeout, bool(ready[0])))
+        return ready
+
+    monkeypatch.setattr(_live, "select", types.SimpleNamespace(select=counting_select))
     master, slave = pty.openpty()
     try:
         before = termios.tcgetattr(slave)
@@ -117,13 +130,15 @@ def test_keys_toggle_holders_and_quit_on_a_real_terminal() -> None:
             assert keys.active
             assert not termios.tcgetattr(slave)[3] & termios.ICANON  # cbreak while viewing
             os.write(master, b"h")
-            started = time.monotonic()
-            keys.wait(10.0, state)
+            keys.wait(600.0, state)
             assert state.holders
-            assert time.monotonic() - started < 5.0  # a key redraws at once
+            # a key redraws at once: one select() that found the key, no wait for the timeout
+            assert len(waits) == 1
+            assert waits[0][1]
             os.write(master, b"xq")
-            keys.wait(10.0, state)
+            keys.wait(600.0, state)
             assert state.quit
+            assert all(ready for _, ready in waits)  # every select() returned on a key
         assert termios.tcgetattr(slave) == before  # the terminal is given back as it was
     finally:
         os.close(master)

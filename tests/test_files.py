@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
-import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -87,6 +87,11 @@ def _close_sockets() -> Iterator[None]:
             Path(name).unlink(missing_ok=True)
 
 
+HANG_LIMIT_S = 60.0
+"""How long a read may take before it counts as blocked: never reached unless something hangs,
+so it can be generous for a loaded machine."""
+
+
 def _within(seconds: float, work: Callable[[], object]) -> object:
     """Run ``work`` in a thread; fail (instead of hanging the suite) if it blocks."""
     box: list[object] = []
@@ -115,7 +120,7 @@ def test_what_is_not_a_regular_file_is_refused_without_blocking(tmp_path: Path, 
     path = tmp_path / "attribute"
     NOT_REGULAR[kind](path)
     with pytest.raises(NotARegularFileError) as caught:
-        _within(5, lambda: _files.read_text(path))
+        _within(HANG_LIMIT_S, lambda: _files.read_text(path))
     assert caught.value.filename == str(path)
     assert str(path) in str(caught.value)
     assert isinstance(caught.value, OSError)  # "no information" for callers that expect OSError
@@ -199,10 +204,16 @@ def test_project_files_are_read_live_with_the_same_rules_and_links_refused_on_re
     ["0-30000000000", "0-1023,1024", "99999999999999999999", "4294967296", "0-4294967295"],
 )
 def test_id_ranges_beyond_the_kernel_limit_are_refused_at_once(text: str) -> None:
-    started = time.perf_counter()
-    with pytest.raises(ConfigurationError, match="Mems_allowed_list"):
-        _files.parse_id_list(text, limit=_files.MAX_NUMA_NODES, what="Mems_allowed_list")
-    assert time.perf_counter() - started < 1.0
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigurationError, match="Mems_allowed_list"):
+            _files.parse_id_list(text, limit=_files.MAX_NUMA_NODES, what="Mems_allowed_list")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # Refused before a range beyond the limit is built: at most the limit's 1,024 ids (under
+    # 100 KiB) are ever held, where building either giant range here would take over 100 GiB.
+    assert peak < 1024 * 1024
 
 
 @pytest.mark.parametrize("text", ["3-1", "a", "1-", "-1", "１", "0x3", "1--2"])
@@ -226,7 +237,7 @@ def test_a_giant_mems_allowed_list_leaves_the_numa_devices_usable(tmp_path: Path
     fs.numa_node(1, total=32 * GIB, free=30 * GIB)
     fs.mems_allowed("0-30000000000")
     p = fs.platform()
-    assert _within(5, p.device_count) == 2
+    assert _within(HANG_LIMIT_S, p.device_count) == 2
     assert p.memory_info(1).total == 32 * GIB
 
 
@@ -271,7 +282,7 @@ def test_cpu_backend_never_blocks_on_a_hostile_proc_or_cgroup_file(
                 answers.append(exc)
         return names, answers
 
-    names, answers = _within(10, query)  # type: ignore[misc]
+    names, answers = _within(HANG_LIMIT_S, query)  # type: ignore[misc]
     assert names
     for answer in answers:
         if isinstance(answer, BackendError):
@@ -290,7 +301,7 @@ def test_rocm_attribute_that_is_not_a_regular_file_is_a_backend_error_naming_it(
     NOT_REGULAR[kind](target)
     p = RocmPlatform(sysfs_root=sysfs.sys)
     with pytest.raises(BackendError, match=attribute):
-        _within(5, lambda: p.memory_info(0))
+        _within(HANG_LIMIT_S, lambda: p.memory_info(0))
 
 
 def test_rocm_attribute_larger_than_a_page_is_a_backend_error(tmp_path: Path) -> None:
@@ -309,7 +320,7 @@ def test_a_spec_that_is_not_a_regular_file_is_a_configuration_error(
     path = tmp_path / f"spec{suffix}"
     NOT_REGULAR[kind](path)
     with pytest.raises(ConfigurationError, match="spec"):
-        _within(5, lambda: load_spec(path))
+        _within(HANG_LIMIT_S, lambda: load_spec(path))
 
 
 @pytest.mark.parametrize("kind", sorted(NOT_REGULAR))
@@ -319,7 +330,7 @@ def test_a_trace_that_is_not_a_regular_file_is_a_configuration_error(
     path = tmp_path / "trace.json"
     NOT_REGULAR[kind](path)
     with pytest.raises(ConfigurationError, match="trace"):
-        _within(5, lambda: load_trace(path))
+        _within(HANG_LIMIT_S, lambda: load_trace(path))
 
 
 @pytest.mark.parametrize(
@@ -373,21 +384,23 @@ def test_a_built_in_probe_that_hangs_is_bounded_by_the_probe_timeout(
     release = threading.Event()
 
     def hanging_probe(cls: type[CudaPlatform]) -> ProbeResult:
-        release.wait(30)
+        release.wait(120)
         return ProbeResult(False, "released")
 
     monkeypatch.setattr(CudaPlatform, "probe", classmethod(hanging_probe))
-    monkeypatch.setenv("ACCELPLAT_PROBE_TIMEOUT_S", "0.2")
+    # long enough for the other built-in probes on a loaded machine; the hang outlasts it
+    monkeypatch.setenv("ACCELPLAT_PROBE_TIMEOUT_S", "1")
     monkeypatch.delenv("ACCELPLAT_PLATFORM", raising=False)
     monkeypatch.setenv("ACCELPLAT_PLUGINS", "")
     registry.reset()
     try:
-        started = time.perf_counter()
         report = registry.detect()
-        assert time.perf_counter() - started < 10
+        pending = registry._registered["cuda"].pending
+        assert pending is not None
+        assert pending.is_alive()  # detection returned while the probe still hung
         cuda = next(c for c in report.candidates if c.name == "cuda")
         assert not cuda.available
-        assert "did not finish within 0.2 s" in cuda.reason
+        assert "did not finish within 1 s" in cuda.reason
         assert cuda.builtin
         assert report.chosen not in (None, "cuda")
     finally:
