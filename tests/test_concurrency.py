@@ -2,7 +2,9 @@
 
 accelplat runs inside other projects' test processes, which poll from many threads, fork workers
 and leave orphans behind. These tests drive the fake NVML (tests/fakes/nvml.py) and the real
-host (CPU platform, real processes); each thread test runs for about a second of real time.
+host (CPU platform, real processes). Each thread test runs for at least a second of real time
+and until every thread has done its share of the work: the bounds are on work done, never on
+how fast a loaded machine schedules threads; time limits only catch hangs, and are generous.
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ REPO = Path(__file__).resolve().parents[1]
 THREADS = 32
 POLL_SECONDS = 1.0
 JOIN_SECONDS = 30.0
+STARVED_SECONDS = 120.0
+"""How long every thread may take to do its share of the work; only a thread that never gets
+to run (a deadlock) reaches it. A loaded machine can leave a thread unscheduled for a second."""
+MIXED_ROUNDS = 5
+"""Rounds each thread of a mixed-work test does at least: one of each of the five steps."""
+HANG_SECONDS = 60.0
+"""How long a test waits for a thread, child or process to reach a point: only a hang does."""
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -63,9 +72,22 @@ class Hammer:
         self.rounds = [0] * threads
         self._lock = threading.Lock()
 
-    def run(self, seconds: float, during: Callable[[], None] | None = None) -> None:
+    def run(
+        self,
+        seconds: float,
+        during: Callable[[], None] | None = None,
+        *,
+        min_rounds: int = 1,
+        until: Callable[[], bool] | None = None,
+    ) -> None:
+        """Run every thread for at least ``seconds``, and until each has done ``min_rounds``
+        rounds and ``until()`` (if given) holds; ``during()`` is called repeatedly meanwhile.
+
+        A thread that failed stops early; its error is in :attr:`errors`.
+        """
         barrier = threading.Barrier(self.threads + 1)
         stop = threading.Event()
+        done = [False] * self.threads
 
         def loop(i: int) -> None:
             barrier.wait()
@@ -74,10 +96,17 @@ class Hammer:
                 while not stop.is_set():
                     self.work(i, n)
                     n += 1
+                    self.rounds[i] = n
             except BaseException as exc:
                 with self._lock:
                     self.errors.append((i, exc))
-            self.rounds[i] = n
+            done[i] = True
+
+        def finished() -> bool:
+            if self.errors:
+                return True
+            enough = all(n >= min_rounds for n in self.rounds)
+            return enough and (until is None or until())
 
         workers = [
             threading.Thread(target=loop, args=(i,), daemon=True) for i in range(self.threads)
@@ -85,19 +114,27 @@ class Hammer:
         for t in workers:
             t.start()
         barrier.wait()
-        deadline = time.monotonic() + seconds
+        start = time.monotonic()
         try:
-            if during is not None:
-                while time.monotonic() < deadline:
+            while True:
+                if during is not None:
                     during()
-            else:
-                time.sleep(seconds)
+                else:
+                    time.sleep(0.05)
+                elapsed = time.monotonic() - start
+                if elapsed >= STARVED_SECONDS or (elapsed >= seconds and finished()):
+                    break
         finally:
             stop.set()
             for t in workers:
                 t.join(JOIN_SECONDS)
         stuck = [t.name for t in workers if t.is_alive()]
         assert stuck == [], f"threads still running after {JOIN_SECONDS} s: deadlock? {stuck}"
+        if not self.errors:
+            assert min(self.rounds) >= min_rounds, (
+                f"a thread did fewer than {min_rounds} rounds in {STARVED_SECONDS} s: "
+                f"deadlock or starvation? rounds {self.rounds}"
+            )
 
 
 def _mixed_work(
@@ -143,9 +180,9 @@ def test_32_threads_poll_the_cuda_backend_with_one_nvml_init(install: Install) -
     # yield the GIL inside every memory query, so calls from different threads overlap
     fake.on_call("nvmlDeviceGetMemoryInfo", lambda: time.sleep(0))
     hammer = Hammer(_mixed_work(registry.current_platform, busy_device=1))
-    hammer.run(POLL_SECONDS)
+    hammer.run(POLL_SECONDS, min_rounds=MIXED_ROUNDS)
     assert hammer.errors == []
-    assert min(hammer.rounds) > 0  # every thread got work done: nobody starved
+    assert min(hammer.rounds) >= MIXED_ROUNDS  # every thread did every step: nobody starved
     assert fake.calls["nvmlInit"] == 1
     assert fake.refcount == 1
     assert fake.max_in_flight > 1  # NVML really was entered from several threads at once
@@ -163,16 +200,17 @@ def test_32_threads_detect_the_platform_concurrently_once(install: Install) -> N
         with lock:
             seen.append(id(p))
 
-    Hammer(work).run(0.2)
+    Hammer(work).run(0.2, min_rounds=1)
+    assert len(seen) >= THREADS
     assert len(set(seen)) == 1
 
 
 def test_32_threads_poll_the_cpu_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCELPLAT_PLATFORM", "cpu")
     hammer = Hammer(_mixed_work(registry.current_platform, busy_device=None))
-    hammer.run(POLL_SECONDS)
+    hammer.run(POLL_SECONDS, min_rounds=MIXED_ROUNDS)
     assert hammer.errors == []
-    assert min(hammer.rounds) > 0
+    assert min(hammer.rounds) >= MIXED_ROUNDS
     assert registry.current_platform().name == "cpu"
 
 
@@ -192,7 +230,7 @@ def test_shutdown_racing_with_32_pollers_never_closes_nvml_under_a_call(install:
         time.sleep(0.002)
 
     hammer = Hammer(poll)
-    hammer.run(POLL_SECONDS, during=close)
+    hammer.run(POLL_SECONDS, during=close, min_rounds=1, until=lambda: shutdowns > 5)
     assert hammer.errors == []  # no call ever met an uninitialised NVML
     assert shutdowns > 5
     assert not fake.shutdown_while_in_flight
@@ -225,7 +263,7 @@ _EXIT_SCRIPT = textwrap.dedent(
         inside = threading.Event()
         fake.on_call("nvmlDeviceGetMemoryInfo", lambda: (inside.set(), threading.Event().wait()))
         threading.Thread(target=platform.memory_info, args=(0,), daemon=True).start()
-        inside.wait(30)
+        inside.wait(60)
     """
 )
 
@@ -259,12 +297,14 @@ def _pause_inside(inside: threading.Event, release: threading.Event) -> Callable
 
     def hook() -> None:
         inside.set()
-        release.wait(30)
+        release.wait(HANG_SECONDS)
 
     return hook
 
 
-def _in_child(child: Callable[[], dict[str, Any]], *, alarm_s: int = 10) -> dict[str, Any]:
+def _in_child(
+    child: Callable[[], dict[str, Any]], *, alarm_s: int = int(HANG_SECONDS)
+) -> dict[str, Any]:
     """Fork; run ``child`` there (killed by SIGALRM after ``alarm_s``) and return its report."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -376,16 +416,16 @@ def test_fork_while_another_thread_holds_the_registry_lock(install: Install) -> 
     def hold() -> None:
         with registry._lock:
             holding.set()
-            release.wait(30)
+            release.wait(HANG_SECONDS)
 
     holder = threading.Thread(target=hold, daemon=True)
     holder.start()
-    assert holding.wait(10)
+    assert holding.wait(HANG_SECONDS)
     try:
         report = _in_child(lambda: {"name": accelplat.current_platform().name})
     finally:
         release.set()
-        holder.join(10)
+        holder.join(HANG_SECONDS)
     assert report == {"name": "cuda"}
 
 
@@ -398,7 +438,7 @@ def test_fork_while_another_thread_is_inside_an_nvml_call(install: Install) -> N
     fake.on_call("nvmlDeviceGetMemoryInfo", _pause_inside(inside, release))
     reader = threading.Thread(target=platform.memory_info, args=(1,), daemon=True)
     reader.start()
-    assert inside.wait(10)
+    assert inside.wait(HANG_SECONDS)
     fake.on_call("nvmlDeviceGetMemoryInfo", None)
     try:
         report = _in_child(
@@ -409,7 +449,7 @@ def test_fork_while_another_thread_is_inside_an_nvml_call(install: Install) -> N
         )
     finally:
         release.set()
-        reader.join(10)
+        reader.join(HANG_SECONDS)
     assert report == {"active": 0, "used": 7 * GIB}
 
 
@@ -423,15 +463,13 @@ def test_fork_while_another_thread_enumerates_gpus(install: Install) -> None:
     fake.on_call("nvmlDeviceGetName", _pause_inside(inside, release))
     enumerating = threading.Thread(target=platform.devices, daemon=True)
     enumerating.start()
-    assert inside.wait(10)
+    assert inside.wait(HANG_SECONDS)
     fake.on_call("nvmlDeviceGetName", None)
     try:
-        report = _in_child(
-            lambda: {"used": accelplat.current_platform().memory_info(1).used}, alarm_s=1
-        )
+        report = _in_child(lambda: {"used": accelplat.current_platform().memory_info(1).used})
     finally:
         release.set()
-        enumerating.join(10)
+        enumerating.join(HANG_SECONDS)
     assert report == {"used": 7 * GIB}
 
 
@@ -448,13 +486,13 @@ def test_the_parents_platform_object_works_in_a_child_forked_mid_enumeration(
     fake.on_call("nvmlDeviceGetName", _pause_inside(inside, release))
     enumerating = threading.Thread(target=platform.devices, daemon=True)
     enumerating.start()
-    assert inside.wait(10)
+    assert inside.wait(HANG_SECONDS)
     fake.on_call("nvmlDeviceGetName", None)
     try:
-        report = _in_child(lambda: {"used": platform.memory_info(1).used}, alarm_s=2)
+        report = _in_child(lambda: {"used": platform.memory_info(1).used})
     finally:
         release.set()
-        enumerating.join(10)
+        enumerating.join(HANG_SECONDS)
     assert report == {"used": 7 * GIB}
 
 
@@ -474,7 +512,7 @@ _ORPHAN_MAKER = textwrap.dedent(
 )
 
 
-def _wait_for(predicate: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
+def _wait_for(predicate: Callable[[], bool], what: str, seconds: float = HANG_SECONDS) -> None:
     deadline = time.monotonic() + seconds
     while not predicate():
         if time.monotonic() > deadline:
@@ -495,7 +533,7 @@ def orphan() -> Iterator[tuple[subprocess.Popen[str], int]]:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(grandchild, signal.SIGKILL)
-        parent.wait(10)
+        parent.wait(HANG_SECONDS)
 
 
 def test_holders_of_a_dead_parent_and_its_surviving_forked_child(
@@ -538,7 +576,7 @@ def test_holders_of_a_dead_parent_and_its_surviving_forked_child(
         assert "(self) 1.00 GiB" in text
         assert "this process itself holds device memory" in text
 
-        parent.wait(10)  # reaped: only the driver remembers it now
+        parent.wait(HANG_SECONDS)  # reaped: only the driver remembers it now
         assert classify_pid(parent.pid)[0] is HolderState.GONE
         os.kill(grandchild, signal.SIGKILL)
         _wait_for(
@@ -550,7 +588,7 @@ def test_holders_of_a_dead_parent_and_its_surviving_forked_child(
         assert held[grandchild] in (HolderState.GONE, HolderState.ZOMBIE)
     finally:
         sleeper.kill()
-        sleeper.wait(10)
+        sleeper.wait(HANG_SECONDS)
 
 
 def test_a_wait_follows_a_real_holder_until_it_exits(
