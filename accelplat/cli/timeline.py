@@ -80,6 +80,8 @@ class _Signals:
         self.received: list[int] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self.child_done = False
+        self.during = False  # whether a signal arrived before the command was reaped
+        self._early: list[int] = []
         self._kill_after = kill_after
         self._deadline: float | None = None
         self._stage = 0
@@ -96,17 +98,36 @@ class _Signals:
             signal.signal(sig, previous)  # type: ignore[arg-type]
         self._previous.clear()
 
+    def attach(self, proc: subprocess.Popen[bytes]) -> None:
+        """Note the started command, and forward to it what arrived while it was starting.
+
+        A signal caught between starting the command and this call found no command to forward
+        to; it is forwarded now (handlers run on the main thread, between the steps here, so
+        each signal is forwarded exactly once: by the handler once ``proc`` is set, else here).
+        """
+        self.proc = proc
+        while self._early:
+            self._forward(proc, self._early.pop(0), early=True)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
         proc = self.proc
-        if proc is None or self.child_done or proc.poll() is not None:
+        if proc is None:
+            self.during = True
+            self._early.append(signum)  # the command is starting: attach() forwards it
+            return
+        if self.child_done or proc.poll() is not None:
             return  # the command has finished: the main thread stops lingering
+        self.during = True
+        self._forward(proc, signum, early=False)
+
+    def _forward(self, proc: subprocess.Popen[bytes], signum: int, *, early: bool) -> None:
         if signum == signal.SIGINT and self.received.count(signal.SIGINT) >= 2:
             proc.kill()  # a second Ctrl-C: no more waiting
             return
         if self._deadline is None:
             self._deadline = time.monotonic() + self._kill_after
-        if signum == signal.SIGINT and _terminal_interrupts_reach_the_child():
+        if signum == signal.SIGINT and not early and _terminal_interrupts_reach_the_child():
             return  # the terminal sent it to the child's process group already
         proc.send_signal(signum)
 
@@ -278,11 +299,11 @@ def run_record(args: argparse.Namespace) -> int:
             recorder.add_note(f"The command could not be started: {exc.strerror or exc}")
             status = 127
         else:
-            signals.proc = proc
+            signals.attach(proc)
             status = _exit_status(_reap(proc, signals))
             signals.child_done = True
         recorder.end_test(label, f"exit {status}")
-        during = bool(signals.received)
+        during = signals.during
         try:
             if not during:
                 recorder.linger(sleep=signals.sleep)
