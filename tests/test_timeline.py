@@ -587,6 +587,25 @@ def test_recorder_without_platform_records_spans_only() -> None:
     assert "No platform was sampled: test" in render_html(trace)
 
 
+def test_a_recorder_of_the_current_platform_notes_why_nothing_was_sampled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ACCELPLAT_PLATFORM", "no-such-platform")
+    set_current_platform(None)
+    rec = Recorder.of_current_platform(hz=5)
+    trace = rec.stop()
+    assert trace.devices == ()
+    assert [n for n in trace.notes if n.startswith("No platform was sampled: ")]
+    assert "no-such-platform" in trace.notes[0]
+    gpu = FakeGpu(n=2)
+    set_current_platform(gpu)
+    try:
+        rec = Recorder.of_current_platform(hz=5)
+        assert len(rec.stop().devices) == 2
+    finally:
+        set_current_platform(None)
+
+
 def test_linger_samples_until_memory_is_back_or_the_grace_runs_out() -> None:
     gpu, clock = FakeGpu(n=1), FakeClock()
     rec = _recorder(gpu, clock)

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from accelplat.errors import AccelplatError, ConfigurationError
+from accelplat.errors import ConfigurationError
 from accelplat.leaks import parse_leak_tolerance
 from accelplat.timeline.render import write_report
 from accelplat.timeline.sampler import DEFAULT_HZ, Recorder, validate_grace, validate_hz
@@ -267,20 +267,10 @@ def run_record(args: argparse.Namespace) -> int:
     for target in (out, Path(args.html) if args.html else None):
         if target is not None and not target.resolve().parent.is_dir():
             raise ConfigurationError(f"the directory of {os.fspath(target)!r} does not exist")
-    from accelplat.registry import current_platform
-
-    notes: list[str] = []
-    try:
-        platform = current_platform()
-    except AccelplatError as exc:
-        platform = None
-        notes.append(f"No platform was sampled: {exc}")
-    recorder = Recorder(
-        platform,
+    recorder = Recorder.of_current_platform(
         hz=hz,
         leak_tolerance_bytes=DEFAULT_LEAK_TOLERANCE_BYTES if tolerance is None else tolerance,
         leak_grace_s=grace,
-        notes=notes,
     )
     label = " ".join(command)
     signals = _Signals(kill_after)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from accelplat.errors import AccelplatError, ConfigurationError
+from accelplat.errors import ConfigurationError
 from accelplat.pytest_plugin import DEFAULT_LEAK_TOLERANCE
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
 
@@ -326,21 +326,10 @@ class TimelinePlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Detect the platform and start sampling."""
-        from accelplat.registry import current_platform
         from accelplat.timeline.sampler import Recorder
 
-        notes: list[str] = []
-        try:
-            platform = current_platform()
-        except AccelplatError as exc:
-            platform = None
-            notes.append(f"No platform was sampled: {exc}")
-        self.recorder = Recorder(
-            platform,
-            hz=self._hz,
-            leak_tolerance_bytes=self._tolerance,
-            leak_grace_s=self._grace,
-            notes=notes,
+        self.recorder = Recorder.of_current_platform(
+            hz=self._hz, leak_tolerance_bytes=self._tolerance, leak_grace_s=self._grace
         )
         self._tap = WaitEventTap(self.recorder)
         self._tap.install()

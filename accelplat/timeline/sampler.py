@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from accelplat import _validate
-from accelplat.errors import ConfigurationError
+from accelplat.errors import AccelplatError, ConfigurationError
 from accelplat.timeline._defaults import DEFAULT_HZ
 from accelplat.timeline.trace import (
     DEFAULT_LEAK_GRACE_S,
@@ -359,6 +359,9 @@ class _OpenWait:
 class Recorder:
     """Samples a platform's memory and collects test spans and memory waits into a trace.
 
+    :meth:`of_current_platform` builds one for the detected platform (as ``accelplat record``
+    and ``--accelplat-timeline`` do).
+
     Thread-safe: tests, waits and the sampling thread may report concurrently.
 
     Args:
@@ -377,6 +380,48 @@ class Recorder:
     Side effects:
         Queries the platform's devices once on construction; see :func:`platform_reader`.
     """
+
+    @classmethod
+    def of_current_platform(
+        cls,
+        *,
+        hz: float = DEFAULT_HZ,
+        leak_tolerance_bytes: int = DEFAULT_LEAK_TOLERANCE_BYTES,
+        leak_grace_s: float = DEFAULT_LEAK_GRACE_S,
+    ) -> Recorder:
+        """Return a recorder of the current platform; without one, a recorder of spans only.
+
+        Args:
+            hz: Samples per second.
+            leak_tolerance_bytes: Growth across a test that is not yet a leak.
+            leak_grace_s: Seconds after the last test during which memory may still come back.
+
+        Returns:
+            The recorder; when detection fails its trace carries a note saying why nothing
+            was sampled.
+
+        Raises:
+            ConfigurationError: For a bad rate, tolerance or grace period.
+
+        Side effects:
+            Detects the platform (cached) and queries its devices once.
+        """
+        from accelplat.registry import current_platform
+
+        notes: list[str] = []
+        platform: Platform | None
+        try:
+            platform = current_platform()
+        except AccelplatError as exc:
+            platform = None
+            notes.append(f"No platform was sampled: {exc}")
+        return cls(
+            platform,
+            hz=hz,
+            leak_tolerance_bytes=leak_tolerance_bytes,
+            leak_grace_s=leak_grace_s,
+            notes=notes,
+        )
 
     def __init__(
         self,
