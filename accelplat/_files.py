@@ -60,6 +60,7 @@ __all__ = [
     "listdir",
     "parse_id_list",
     "read_bytes",
+    "read_document",
     "read_live",
     "read_text",
     "realpath",
@@ -256,6 +257,35 @@ def read_bytes(path: PathLike, *, limit: int = ATTRIBUTE_LIMIT) -> bytes:
         OSError: Missing or unreadable; the error names the path.
     """
     return _reader().read_bytes(os.fspath(path), limit)
+
+
+def read_document(path: PathLike, *, limit: int, what: str, limit_text: str | None = None) -> bytes:
+    """Read a file a user names (a simulated spec, a timeline trace) for a command or a test.
+
+    As :func:`read_bytes`, with every failure turned into the error a user sees for bad input.
+
+    Args:
+        path: The file.
+        limit: The most bytes it may hold.
+        what: What the file is, for the message (``"trace"``, ``"simulated spec"``).
+        limit_text: The limit as the document's documentation states it (``"1 MiB"``);
+            by default ``"the limit of <limit> bytes"``.
+
+    Returns:
+        Its contents.
+
+    Raises:
+        ConfigurationError: Worded ``"cannot read <what> '<path>': <why>"``, for a file that is
+            missing, unreadable, not a regular file, or larger than ``limit``.
+    """
+    where = f"cannot read {what} {os.fspath(path)!r}"
+    try:
+        return read_bytes(path, limit=limit)
+    except FileTooLargeError:
+        bound = limit_text or f"the limit of {limit} bytes"
+        raise ConfigurationError(f"{where}: larger than {bound}") from None
+    except OSError as exc:
+        raise ConfigurationError(f"{where}: {exc.strerror or exc}") from None
 
 
 def read_live(path: PathLike, *, limit: int, follow_links: bool = True) -> bytes:

@@ -168,6 +168,22 @@ def test_every_read_goes_through_the_installed_host_files(tmp_path: Path) -> Non
     assert type(_files.host_files()) is _files.HostFiles
 
 
+def test_a_document_a_user_names_fails_as_bad_input_naming_it(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.json"
+    doc.write_text("{}")
+    assert _files.read_document(doc, limit=2, what="trace") == b"{}"
+    for path, limit, words, why in [
+        (doc, 1, {}, "larger than the limit of 1 bytes"),
+        (doc, 1, {"limit_text": "1 byte"}, "larger than 1 byte"),
+        (tmp_path / "absent.json", 9, {}, "No such file"),
+        (tmp_path, 9, {}, "is a directory"),
+    ]:
+        with pytest.raises(ConfigurationError) as caught:
+            _files.read_document(path, limit=limit, what="trace", **words)
+        assert str(caught.value).startswith(f"cannot read trace {str(path)!r}: ")
+        assert why in str(caught.value)
+
+
 def test_project_files_are_read_live_with_the_same_rules_and_links_refused_on_request(
     tmp_path: Path,
 ) -> None:

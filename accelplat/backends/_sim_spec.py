@@ -37,7 +37,7 @@ from accelplat.backends._sim_model import (
     check_text,
     check_time,
 )
-from accelplat.errors import ConfigurationError, FileTooLargeError
+from accelplat.errors import ConfigurationError
 from accelplat.sizing import parse_size
 
 __all__ = []
@@ -295,16 +295,9 @@ def load_spec(path: str | os.PathLike[str]) -> SimulatedSpec:
         ConfigurationError: For a missing, unreadable, oversized or malformed file, naming it.
     """
     p = Path(path)
-    try:
-        raw = _files.read_bytes(p, limit=MAX_SPEC_BYTES)
-    except FileTooLargeError:
-        raise ConfigurationError(
-            f"simulated spec {p}: larger than {MAX_SPEC_BYTES // MIB} MiB; refusing to read it"
-        ) from None
-    except OSError as exc:
-        raise ConfigurationError(
-            f"simulated spec {p}: cannot read it: {exc.strerror or exc}"
-        ) from None
+    raw = _files.read_document(
+        p, limit=MAX_SPEC_BYTES, what="simulated spec", limit_text=f"{MAX_SPEC_BYTES // MIB} MiB"
+    )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

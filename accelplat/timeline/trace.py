@@ -29,7 +29,7 @@ from typing import Any
 from accelplat import _files
 from accelplat._types import MIB
 from accelplat._validate import JsonFields
-from accelplat.errors import ConfigurationError, FileTooLargeError
+from accelplat.errors import ConfigurationError
 from accelplat.leaks import DEFAULT_LEAK_TOLERANCE_BYTES, is_leak, leaked_bytes
 from accelplat.timeline._defaults import DEFAULT_LEAK_GRACE_S
 
@@ -541,15 +541,7 @@ def load_trace(path: str | os.PathLike[str], *, max_bytes: int = MAX_TRACE_BYTES
     Raises:
         ConfigurationError: When the file cannot be read, is too large, or is not a valid trace.
     """
-    try:
-        data = _files.read_bytes(path, limit=max_bytes)
-    except FileTooLargeError:
-        raise ConfigurationError(
-            f"trace {os.fspath(path)!r} is larger than the limit of {max_bytes} bytes"
-        ) from None
-    except OSError as exc:
-        reason = exc.strerror or exc
-        raise ConfigurationError(f"cannot read trace {os.fspath(path)!r}: {reason}") from None
+    data = _files.read_document(path, limit=max_bytes, what="trace")
     return loads_trace(data, max_bytes=max_bytes)
 
 
