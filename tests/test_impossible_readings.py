@@ -20,9 +20,10 @@ from accelplat import _nvml
 from accelplat._types import GIB, MemoryInfo
 from accelplat.backends._readings import MAX_PLAUSIBLE_BYTES, checked_memory, implausible
 from accelplat.backends.cuda import CudaPlatform
-from accelplat.backends.simulated import SimulatedClock
+from accelplat.backends.simulated import SimulatedClock, SimulatedPlatform
 from accelplat.errors import BackendError, ImplausibleReadingError
 from tests.conftest import Install
+from tests.fakes.hostfs import HostFS
 from tests.fakes.nvml import FakeGpu, FakeNvml, h200
 
 U64 = 2**64
@@ -209,3 +210,152 @@ def test_xpu_uses_the_shared_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert reasons[0] == "free exceeds total"
     assert "8 EiB" in reasons[1]
     assert reasons[2] == "total is zero"
+
+
+# -- host memory: CPU (host, cgroup, NUMA node, psutil), CUDA's unified memory, simulated ------
+
+HOSTILE_MEMINFO = [
+    pytest.param(
+        "MemTotal: 8388608 kB\nMemFree: 1024 kB\nMemAvailable: 16777216 kB\n",
+        "free exceeds total",
+        id="available-above-total",
+    ),
+    pytest.param(
+        "MemTotal: 18446744073709551612 kB\nMemAvailable: 1024 kB\n",
+        "total is above 8 EiB",
+        id="total-wrapped",
+    ),
+    pytest.param(
+        "MemTotal: 8388608 kB\nMemAvailable: 18446744073709551612 kB\n",
+        "free is above 8 EiB",
+        id="available-wrapped",
+    ),
+    pytest.param(
+        "MemTotal: " + "9" * 5000 + " kB\nMemAvailable: 1024 kB\n",
+        "total is above 8 EiB",
+        id="total-5000-digits",
+    ),
+    pytest.param(
+        "MemTotal: 8388608 kB\nMemFree: 16777216 kB\nBuffers: 0 kB\nCached: 0 kB\n",
+        "free exceeds total",
+        id="old-kernel-free-above-total",
+    ),
+]
+"""``/proc/meminfo`` figures no kernel writes: each is refused by the one rule, by name."""
+
+
+@pytest.mark.parametrize(("text", "reason"), HOSTILE_MEMINFO)
+def test_cpu_refuses_an_impossible_proc_meminfo(tmp_path: Path, text: str, reason: str) -> None:
+    fs = HostFS(tmp_path)
+    fs.write(fs.proc / "meminfo", text)
+    with pytest.raises(ImplausibleReadingError) as err:
+        fs.platform().memory_info(0)
+    assert reason in str(err.value)
+    assert str(fs.proc / "meminfo") in str(err.value)
+    assert err.value.platform == "cpu"
+    assert err.value.source == "meminfo"
+
+
+@pytest.mark.parametrize(("text", "reason"), HOSTILE_MEMINFO)
+def test_cpu_checks_the_host_figures_before_a_cgroup_limit_bounds_them(
+    tmp_path: Path, text: str, reason: str
+) -> None:
+    """A limit below the host's memory must not hide the host's impossible figures."""
+    fs = HostFS(tmp_path)
+    fs.write(fs.proc / "meminfo", text)
+    fs.cgroup_v2("/job")
+    fs.v2_level("/job", max=GIB, current=GIB // 2)
+    with pytest.raises(ImplausibleReadingError, match=reason):
+        fs.platform().memory_info(0)
+
+
+def test_cpu_refuses_a_cgroup_limit_of_zero_as_a_total(tmp_path: Path) -> None:
+    fs = HostFS(tmp_path)
+    fs.meminfo(total=16 * GIB, available=12 * GIB)
+    fs.cgroup_v2("/job")
+    fs.v2_level("/job", max=0, current=0)
+    with pytest.raises(ImplausibleReadingError) as err:
+        fs.platform().memory_info(0)
+    assert err.value.reason == "total is zero"
+    assert err.value.source == "cgroup-v2"
+    assert "within the cgroup-v2 limit" in str(err.value)
+
+
+def test_cpu_refuses_an_impossible_numa_node_reading(tmp_path: Path) -> None:
+    fs = HostFS(tmp_path)
+    fs.meminfo(total=64 * GIB, available=60 * GIB)
+    fs.numa_node(0, total=32 * GIB, free=30 * GIB)
+    node1 = fs.numa_node(1, total=32 * GIB, free=30 * GIB)
+    fs.write(
+        node1 / "meminfo",
+        "Node 1 MemTotal:       33554432 kB\nNode 1 MemFree:        67108864 kB\n",
+    )
+    p = fs.platform()
+    assert p.device_count() == 2
+    assert p.memory_info(0).free == 30 * GIB  # the sound node still answers
+    with pytest.raises(ImplausibleReadingError) as err:
+        p.memory_info(1)
+    assert err.value.reason == "free exceeds total"
+    assert "NUMA node 1" in str(err.value)
+
+
+def test_cpu_refuses_an_impossible_psutil_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without /proc/meminfo (macOS) psutil answers; its figures meet the same rule."""
+    import psutil
+
+    class _Memory:
+        total = 8 * GIB
+        available = 16 * GIB
+
+    monkeypatch.setattr(psutil, "virtual_memory", _Memory)
+    fs = HostFS(tmp_path)  # no meminfo written
+    with pytest.raises(ImplausibleReadingError) as err:
+        fs.platform().memory_info(0)
+    assert err.value.reason == "free exceeds total"
+    assert err.value.source == "psutil"
+
+
+def test_an_impossible_host_reading_ends_a_cpu_wait_instead_of_passing_it(tmp_path: Path) -> None:
+    """Clamped, MemAvailable above MemTotal would read as "all free": the wait must end."""
+    fs = HostFS(tmp_path)
+    fs.write(fs.proc / "meminfo", "MemTotal: 8388608 kB\nMemAvailable: 16777216 kB\n")
+    with pytest.raises(ImplausibleReadingError):
+        accelplat.wait_for_memory_to_clear(
+            threshold_bytes=GIB, timeout_s=30, platform=fs.platform(), clock=SimulatedClock()
+        )
+
+
+@pytest.mark.parametrize(("text", "reason"), HOSTILE_MEMINFO)
+def test_cuda_unified_memory_refuses_an_impossible_proc_meminfo(
+    install: Install, tmp_path: Path, text: str, reason: str
+) -> None:
+    (tmp_path / "meminfo").write_text(text)
+    install(FakeNvml([FakeGpu("NVIDIA GB10", "GPU-0b1", "00000000:01:00.0", unified_memory=True)]))
+    p = CudaPlatform(proc_root=tmp_path)
+    with pytest.raises(ImplausibleReadingError) as err:
+        p.memory_info(0)
+    assert reason in str(err.value)
+    assert err.value.platform == "cuda"
+    assert err.value.source == "host-unified"
+    assert "cuda device 0" in str(err.value)
+    assert str(tmp_path / "meminfo") in str(err.value)
+    assert _nvml._state.active == 0
+
+
+def test_a_simulated_device_of_no_memory_is_refused_like_a_drivers_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"devices": [{"total": "80GiB", "used": "1GiB"}, {"total": 0}]}')
+    monkeypatch.setenv("ACCELPLAT_SIMULATED_SPEC", str(spec))
+    p = SimulatedPlatform()
+    assert p.memory_info(0).used == GIB
+    with pytest.raises(ImplausibleReadingError) as err:
+        p.memory_info(1)
+    assert err.value.reason == "total is zero"
+    assert err.value.platform == "simulated"
+    assert "simulated device 1 (SIM-1)" in str(err.value)
+    with pytest.raises(ImplausibleReadingError):
+        accelplat.wait_for_memory_to_clear(threshold_bytes=GIB, timeout_s=30, platform=p)

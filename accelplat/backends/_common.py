@@ -33,6 +33,8 @@ ENV_PROC_ROOT = "ACCELPLAT_PROC_ROOT"
 """Variable that moves ``/proc`` (tests, chroots)."""
 
 _KIB = 1024
+_U64_MAX = 2**64 - 1
+_U64_DIGITS = len(str(_U64_MAX))
 _BDF_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 _UNKNOWN_PCI = (1 << 32,)
 
@@ -127,7 +129,10 @@ def parse_kb_table(
             without being split, which makes a polled reading several times cheaper.
 
     Returns:
-        Key to bytes; lines that do not parse, and negative values, are left out.
+        Key to bytes; lines that do not parse, and negative values, are left out. A number of
+        more than 20 digits (beyond any 64-bit counter) saturates at ``2**64 - 1``, as the
+        kernel's ``strtoull`` would read it, so the plausibility rule refuses it by name instead
+        of ``int()`` failing on thousands of digits.
     """
     table: dict[str, int] = {}
     # Without leading words to skip, a wanted line starts with its key and a colon: one C-level
@@ -148,7 +153,7 @@ def parse_kb_table(
         if not (number.isascii() and number.isdigit()):
             continue
         unit = words[2].lower() if len(words) > 2 else ""
-        value = int(number)
+        value = int(number) if len(number) <= _U64_DIGITS else _U64_MAX
         table[words[0][:-1]] = value * _KIB if unit == "kb" else value
     return table
 

@@ -5,8 +5,10 @@ below zero reads as about 16 EiB, a reserved size above the total makes "total l
 negative, a user-mode driver can report more free memory than there is. None of these is a fact
 about the device, and a wait that believed one would pass or fail for the wrong reason. Every
 built-in backend passes its figures through :func:`checked_memory` before building a
-:class:`~accelplat.MemoryInfo`; what fails the rule is an
-:class:`~accelplat.errors.ImplausibleReadingError` naming the figures.
+:class:`~accelplat.MemoryInfo` (CUDA, ROCm, XPU, the CPU platform's host, cgroup and NUMA
+figures, CUDA's host-unified memory and the simulated platform); what fails the rule is an
+:class:`~accelplat.errors.ImplausibleReadingError` naming the figures. Figures are judged as the
+source gave them, before anything else bounds them, so a clamp never hides an impossible one.
 
 Creates no device context and imports no vendor library.
 """

@@ -22,6 +22,10 @@ Memory of the host device:
         free  = min(limit - charge for every limited level, MemAvailable)
         used  = total - free
 
+    ``MemTotal``/``MemAvailable`` as read, and the figures made of them, must pass the one
+    plausibility rule (:mod:`accelplat.backends._readings`): ``MemAvailable`` above ``MemTotal``
+    or a figure beyond 8 EiB is an :class:`~accelplat.errors.ImplausibleReadingError`, not clamped.
+
     ``source`` says which rule applied: ``"cgroup-v2"``, ``"cgroup-v1"``, or ``"meminfo"`` when
     no limit applies or a cgroup file is missing, unreadable or malformed. Without a readable
     ``/proc/meminfo`` (macOS) psutil supplies ``MemTotal``/``MemAvailable`` (``"psutil"``).
@@ -66,6 +70,7 @@ from accelplat.backends._common import (
     parse_kb_table,
     parse_key_values,
 )
+from accelplat.backends._readings import checked_memory
 from accelplat.errors import BackendError, DeviceNotFoundError
 from accelplat.platform import BasePlatform, StartMethod
 
@@ -419,14 +424,29 @@ class CpuPlatform(BasePlatform):
         return self._node_memory(roots, nodes[device], cgroup)
 
     def _host_memory(self, roots: _Roots, cgroup: _CgroupLimit | None) -> MemoryInfo:
-        mem_total, mem_available, source = self._meminfo(roots)
-        total, free = mem_total, min(mem_available, mem_total)
-        if cgroup is not None:
-            total = min(mem_total, cgroup.limit)
-            free = min(free, cgroup.headroom, total)
-            source = cgroup.version
-        free = max(0, free)
-        return MemoryInfo(free=free, total=total, used=total - free, source=source)
+        mem_total, mem_available, source, where = self._meminfo(roots)
+        # The host's own figures first, as read: free above total or a wrapped counter is not
+        # clamped into a plausible-looking answer (the one rule, accelplat.backends._readings).
+        host = checked_memory(
+            "cpu",
+            where,
+            free=mem_available,
+            total=mem_total,
+            used=max(0, mem_total - mem_available),
+            source=source,
+        )
+        if cgroup is None:
+            return host
+        total = min(mem_total, cgroup.limit)
+        free = min(mem_available, cgroup.headroom, total)
+        return checked_memory(
+            "cpu",
+            f"{where} within the {cgroup.version} limit",
+            free=free,
+            total=total,
+            used=total - free,
+            source=cgroup.version,
+        )
 
     def _node_memory(self, roots: _Roots, node: int, cgroup: _CgroupLimit | None) -> MemoryInfo:
         path = roots.sysfs / "devices" / "system" / "node" / f"node{node}" / "meminfo"
@@ -438,30 +458,41 @@ class CpuPlatform(BasePlatform):
             ) from exc
         if "MemTotal" not in table or "MemFree" not in table:
             raise BackendError("cpu", f"NUMA node {node}: {path} has no MemTotal/MemFree lines")
-        total = table["MemTotal"]
+        total, mem_free = table["MemTotal"], table["MemFree"]
+        where = f"NUMA node {node} ({path})"
+        # The node's own figures, as read, must be possible (the one rule) ...
+        checked_memory(
+            "cpu",
+            where,
+            free=mem_free,
+            total=total,
+            used=max(0, total - mem_free),
+            source="numa-node",
+        )
         if "Active(file)" in table and "Inactive(file)" in table:
-            available = table["MemFree"] + table["Active(file)"] + table["Inactive(file)"]
+            available = mem_free + table["Active(file)"] + table["Inactive(file)"]
         else:
-            available = table["MemFree"] + max(0, table.get("FilePages", 0) - table.get("Shmem", 0))
+            available = mem_free + max(0, table.get("FilePages", 0) - table.get("Shmem", 0))
         available += table.get("SReclaimable", 0)
-        free = min(available, total)
+        free = min(available, total)  # an estimate of what could be freed, at most the node
         source = "numa-node"
         if cgroup is not None:
             total = min(total, cgroup.limit)
             free = min(free, cgroup.headroom, total)
             source = f"numa-node+{cgroup.version}"
-        free = max(0, free)
-        return MemoryInfo(free=free, total=total, used=total - free, source=source)
+        # ... and so must what is made of them.
+        used = total - free
+        return checked_memory("cpu", where, free=free, total=total, used=used, source=source)
 
     @staticmethod
-    def _meminfo(roots: _Roots) -> tuple[int, int, str]:
-        """Return ``(MemTotal, MemAvailable, source)`` in bytes."""
+    def _meminfo(roots: _Roots) -> tuple[int, int, str, str]:
+        """Return ``(MemTotal, MemAvailable, source, where read)``, bytes as read (unchecked)."""
         try:
             meminfo = host_meminfo(roots.proc)
         except OSError:
             meminfo = None
         if meminfo is not None:
-            return meminfo.total, meminfo.available, "meminfo"
+            return meminfo.total, meminfo.available, "meminfo", meminfo.path
         # Asked through the vendor boundary, so a replay answers with the captured host's.
         answer = _boundary.call("host", ("virtual_memory",), _psutil_memory)
         if (
@@ -473,7 +504,7 @@ class CpuPlatform(BasePlatform):
                 "cpu",
                 "host memory is unknown: /proc/meminfo is unreadable and psutil gave no answer",
             )
-        return answer[0], answer[1], "psutil"
+        return answer[0], answer[1], "psutil", "psutil.virtual_memory()"
 
     # -- cgroups --------------------------------------------------------------------------
 

@@ -719,9 +719,9 @@ class CudaPlatform(BasePlatform):
                     return reading
         finally:
             _nvml.release()
-        return self._host_memory()
+        return self._host_memory(info)
 
-    def _host_memory(self) -> MemoryInfo:
+    def _host_memory(self, info: DeviceInfo) -> MemoryInfo:
         path = proc_root(self._proc_root) / "meminfo"
         try:
             meminfo = host_meminfo(self._proc_root)
@@ -738,9 +738,16 @@ class CudaPlatform(BasePlatform):
                 f"this GPU shares host memory, and {path} has no MemTotal/MemAvailable",
                 vendor_error="NVMLError_NotSupported",
             )
-        total = meminfo.total
-        available = min(meminfo.available, total)
-        return MemoryInfo(free=available, total=total, used=total - available, source=_SOURCE_HOST)
+        # The host's figures as read, through the one rule: a wrapped counter or MemAvailable
+        # above MemTotal is an error naming them, never clamped into a plausible answer.
+        return checked_memory(
+            "cuda",
+            f"{_describe(info)}, sharing host memory ({meminfo.path})",
+            free=meminfo.available,
+            total=meminfo.total,
+            used=max(0, meminfo.total - meminfo.available),
+            source=_SOURCE_HOST,
+        )
 
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:

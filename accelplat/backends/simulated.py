@@ -49,6 +49,7 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
+from accelplat.backends._readings import checked_memory
 from accelplat.backends._sim_clock import SimulatedClock
 from accelplat.backends._sim_model import (
     MAX_DEVICES,
@@ -311,9 +312,14 @@ class SimulatedPlatform(BasePlatform):
 
     @override
     def _memory_info(self, device: int) -> MemoryInfo:
-        dev = self._spec.devices[self._visible()[device]]
+        index = self._visible()[device]
+        dev = self._spec.devices[index]
         used = dev.used_at(self.elapsed())
-        return MemoryInfo(
+        # The same rule as every driver's answer: a spec can describe a device no driver could
+        # report (a total of zero), and a wait must not take that as a fact.
+        return checked_memory(
+            "simulated",
+            f"simulated device {device} ({self._uuid(index)})",
             free=dev.total - used,
             total=dev.total,
             used=used,
