@@ -41,11 +41,13 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from accelplat import _boundary
 from accelplat.errors import ConfigurationError, FileTooLargeError, NotARegularFileError
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = [
     "ATTRIBUTE_LIMIT",
@@ -419,6 +421,8 @@ def write_text_atomic(path: PathLike, text: str) -> Path:
     Raises:
         OSError: When the directory is not writable or the disk is full.
     """
+    from pathlib import Path  # only writers need it: readers stay free of pathlib
+
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:

@@ -12,10 +12,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from accelplat import _files
 from accelplat.errors import BackendError
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = [
     "ENV_PROC_ROOT",
@@ -218,6 +221,8 @@ _MEMINFO_KEYS = frozenset({"MemTotal", "MemAvailable", "MemFree", "Buffers", "Ca
 
 def proc_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     """Return where ``/proc`` is: ``explicit``, else ``ACCELPLAT_PROC_ROOT``, else ``/proc``."""
+    from pathlib import Path  # the CPU backend's queries use the text form and skip pathlib
+
     return Path(_proc_root_text(explicit))
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-from pathlib import Path
 
 from accelplat import _boundary, _files
 
@@ -62,12 +61,16 @@ _INTEL_VENDOR_ID = 0x8086
 _CARD_RE = re.compile(r"^card(\d+)$")
 
 
-def no_amd_gpu(drm: Path) -> str:
+DrmPath = str | os.PathLike[str]
+"""``<sysfs>/class/drm``: a ``Path`` in the backends, text here (no pathlib on a bare host)."""
+
+
+def no_amd_gpu(drm: DrmPath) -> str:
     """The ROCm probe's first reason when ``drm`` holds no usable AMD card."""
     return f"no AMD GPU with VRAM files under {drm}"
 
 
-def no_intel_gpu(drm: Path) -> str:
+def no_intel_gpu(drm: DrmPath) -> str:
     """The XPU probe's reason when ``drm`` holds no Intel card bound to xe or i915."""
     return f"no Intel GPU bound to xe or i915 under {drm}"
 
@@ -77,7 +80,7 @@ def level_zero_not_found(name: str, exc: BaseException) -> str:
     return f"Level Zero loader {name} not found ({exc})"
 
 
-def drm_cards(drm: Path) -> tuple[list[str], str]:
+def drm_cards(drm: DrmPath) -> tuple[list[str], str]:
     """List the ``cardN`` entries of a DRM class directory, sorted.
 
     Args:
@@ -99,15 +102,20 @@ def drm_cards(drm: Path) -> tuple[list[str], str]:
     return [e for e in entries if _CARD_RE.match(e)], ""
 
 
-def _sysfs_drm() -> Path:
-    return Path(os.environ.get(ENV_SYSFS_ROOT) or "/sys") / "class" / "drm"
+def _sysfs_drm() -> DrmPath:
+    root = os.environ.get(ENV_SYSFS_ROOT)
+    if not root:
+        return "/sys/class/drm"
+    from pathlib import Path  # a moved root is spelled as the backends spell it
+
+    return Path(root) / "class" / "drm"
 
 
-def _may_hold_vendor(drm: Path, cards: list[str], vendor: int) -> bool:
+def _may_hold_vendor(drm: DrmPath, cards: list[str], vendor: int) -> bool:
     """Whether any card may be of ``vendor``; an unreadable vendor file counts as maybe."""
     for card in cards:
         try:
-            found = int(_files.read_text(drm / card / "device" / "vendor").strip(), 16)
+            found = int(_files.read_text(os.path.join(drm, card, "device", "vendor")).strip(), 16)
         except (OSError, ValueError):
             return True
         if found == vendor:

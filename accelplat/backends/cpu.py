@@ -48,7 +48,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from time import monotonic as _monotonic
 from typing import ClassVar
 
@@ -75,6 +74,14 @@ from accelplat.errors import BackendError, DeviceNotFoundError
 from accelplat.platform import BasePlatform, StartMethod
 
 __all__ = ["CpuPlatform", "utilization_with_margin"]
+
+_join = os.path.join
+
+
+def _norm(root: str | os.PathLike[str]) -> str:
+    """A root as a normalised string path (paths here are strings: no pathlib on this path)."""
+    return os.path.normpath(os.fspath(root))
+
 
 ENV_SYSFS_ROOT = "ACCELPLAT_SYSFS_ROOT"
 ENV_CGROUP_ROOT = "ACCELPLAT_CGROUP_ROOT"
@@ -176,7 +183,7 @@ class _Roots:
 
     __slots__ = ("cgroup", "proc", "sysfs")
 
-    def __init__(self, proc: Path, sysfs: Path, cgroup: Path) -> None:
+    def __init__(self, proc: str, sysfs: str, cgroup: str) -> None:
         self.proc = proc
         self.sysfs = sysfs
         self.cgroup = cgroup
@@ -204,12 +211,12 @@ def utilization_with_margin(free: int, total: int) -> float:
     return percent / 100
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: str) -> str:
     """Read a procfs, sysfs or cgroup file (regular files only, bounded)."""
     return _files.read_text(path, limit=_files.PROC_LIMIT)
 
 
-def _read_int(path: Path) -> int:
+def _read_int(path: str) -> int:
     try:
         text = _read_text(path).strip()
     except OSError as exc:
@@ -217,7 +224,7 @@ def _read_int(path: Path) -> int:
     return _parse_nonnegative(path, text)
 
 
-def _parse_nonnegative(path: Path, text: str) -> int:
+def _parse_nonnegative(path: str, text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -273,8 +280,8 @@ class CpuPlatform(BasePlatform):
         # of /proc/self/cgroup) and which of them carry a limit. Figures are read every time.
         self._roots_cache: tuple[object, _Roots] | None = None
         self._nodes_seen: tuple[_Roots, float, tuple[int, ...]] | None = None
-        self._limited_seen: tuple[_Roots, float, tuple[str, tuple[Path, ...]] | None] | None = None
-        self._cgroup_cache: tuple[object, tuple[str, tuple[Path, ...]] | None] | None = None
+        self._limited_seen: tuple[_Roots, float, tuple[str, tuple[str, ...]] | None] | None = None
+        self._cgroup_cache: tuple[object, tuple[str, tuple[str, ...]] | None] | None = None
 
     @classmethod
     @override
@@ -296,7 +303,9 @@ class CpuPlatform(BasePlatform):
         cached = self._roots_cache
         if cached is not None and cached[0] == key:
             return cached[1]
-        roots = _Roots(Path(proc), Path(sysfs), Path(cgroup or Path(sysfs, "fs", "cgroup")))
+        roots = _Roots(
+            _norm(proc), _norm(sysfs), _norm(cgroup or _join(os.fspath(sysfs), "fs", "cgroup"))
+        )
         self._roots_cache = (key, roots)
         return roots
 
@@ -316,7 +325,7 @@ class CpuPlatform(BasePlatform):
         return nodes
 
     def _scan_numa_nodes(self, roots: _Roots) -> list[int]:
-        base = roots.sysfs / "devices" / "system" / "node"
+        base = _join(roots.sysfs, "devices", "system", "node")
         try:
             names = _files.listdir(base)
         except OSError:
@@ -327,7 +336,7 @@ class CpuPlatform(BasePlatform):
         nodes: list[int] = []
         for entry, m in candidates:
             try:
-                text = _read_text(base / entry / "meminfo")
+                text = _read_text(_join(base, entry, "meminfo"))
             except OSError:
                 continue
             if parse_kb_table(text, skip=2, keys=_MEMTOTAL).get("MemTotal", 0) > 0:
@@ -345,7 +354,7 @@ class CpuPlatform(BasePlatform):
     @staticmethod
     def _mems_allowed(roots: _Roots) -> set[int]:
         try:
-            text = _read_text(roots.proc / "self" / "status")
+            text = _read_text(_join(roots.proc, "self", "status"))
         except OSError:
             return set()
         for line in text.splitlines():
@@ -364,7 +373,7 @@ class CpuPlatform(BasePlatform):
     def _cpu_identity(roots: _Roots) -> tuple[str, str | None]:
         """Return the CPU's model name and instruction-set name from ``/proc/cpuinfo``."""
         try:
-            text = _read_text(roots.proc / "cpuinfo")
+            text = _read_text(_join(roots.proc, "cpuinfo"))
         except OSError:
             text = ""
         found: dict[str, str] = {}
@@ -449,7 +458,7 @@ class CpuPlatform(BasePlatform):
         )
 
     def _node_memory(self, roots: _Roots, node: int, cgroup: _CgroupLimit | None) -> MemoryInfo:
-        path = roots.sysfs / "devices" / "system" / "node" / f"node{node}" / "meminfo"
+        path = _join(roots.sysfs, "devices", "system", "node", f"node{node}", "meminfo")
         try:
             table = parse_kb_table(_read_text(path), skip=2)
         except OSError as exc:
@@ -524,7 +533,7 @@ class CpuPlatform(BasePlatform):
                 return self._limit_over(limited, version=version)[0]
             except _CgroupUnusableError:
                 return None
-        result: tuple[str, tuple[Path, ...]] | None = None
+        result: tuple[str, tuple[str, ...]] | None = None
         try:
             found = self._cgroup_limit_scan(roots)
         except _CgroupUnusableError:
@@ -537,10 +546,10 @@ class CpuPlatform(BasePlatform):
 
     def _cgroup_limit_scan(
         self, roots: _Roots
-    ) -> tuple[_CgroupLimit | None, tuple[str, tuple[Path, ...]]] | None:
+    ) -> tuple[_CgroupLimit | None, tuple[str, tuple[str, ...]]] | None:
         """Read every level; return the limit and the version with the limited levels."""
         try:
-            text = _read_text(roots.proc / "self" / "cgroup")
+            text = _read_text(_join(roots.proc, "self", "cgroup"))
         except OSError:
             return None
         key = (roots, text)
@@ -556,7 +565,7 @@ class CpuPlatform(BasePlatform):
         limit, limited = self._limit_over(dirs, version=version)
         return limit, (version, limited)
 
-    def _cgroup_levels(self, roots: _Roots, text: str) -> tuple[str, tuple[Path, ...]] | None:
+    def _cgroup_levels(self, roots: _Roots, text: str) -> tuple[str, tuple[str, ...]] | None:
         """Return the cgroup version and this process's levels, leaf first, from ``text``."""
         v2_path: str | None = None
         v1_path: str | None = None
@@ -575,14 +584,14 @@ class CpuPlatform(BasePlatform):
             if mount is not None:
                 return "cgroup-v1", self._levels(mount, v1_path)
         if v2_path is not None:
-            for mount in (roots.cgroup, roots.cgroup / "unified"):
-                if _files.is_file(mount / "cgroup.controllers"):
+            for mount in (roots.cgroup, _join(roots.cgroup, "unified")):
+                if _files.is_file(_join(mount, "cgroup.controllers")):
                     return "cgroup-v2", self._levels(mount, v2_path)
         return None
 
     @staticmethod
-    def _v1_memory_mount(root: Path) -> Path | None:
-        direct = root / "memory"
+    def _v1_memory_mount(root: str) -> str | None:
+        direct = _join(root, "memory")
         if _files.is_dir(direct):
             return direct
         try:
@@ -590,42 +599,50 @@ class CpuPlatform(BasePlatform):
         except OSError:
             return None
         for name in sorted(names):  # co-mounted controllers, e.g. "cpu,memory"
-            if "memory" in name.split(",") and _files.is_dir(root / name):
-                return root / name
+            if "memory" in name.split(",") and _files.is_dir(_join(root, name)):
+                return _join(root, name)
         return None
 
     @staticmethod
-    def _resolve(mount: Path, cgroup_path: str) -> Path:
+    def _resolve(mount: str, cgroup_path: str) -> str:
         """Find this process's cgroup directory under ``mount``.
 
         Inside a cgroup namespace, or when a container sees only its own subtree mounted, the
         path in ``/proc/self/cgroup`` names directories above the mount; drop leading parts
         until a directory exists (at worst the mount itself).
         """
-        parts = [p for p in cgroup_path.split("/") if p]
+        parts = [p for p in cgroup_path.split("/") if p and p != "."]
         if ".." in parts:
             return mount
         for start in range(len(parts) + 1):
-            candidate = mount.joinpath(*parts[start:])
+            candidate = _join(mount, *parts[start:])
             if _files.is_dir(candidate):
                 return candidate
         return mount
 
-    def _levels(self, mount: Path, cgroup_path: str) -> tuple[Path, ...]:
-        leaf = self._resolve(mount, cgroup_path)
-        return (leaf, *[p for p in leaf.parents if p == mount or mount in p.parents])
+    def _levels(self, mount: str, cgroup_path: str) -> tuple[str, ...]:
+        """Return this process's cgroup directory and every directory above it up to ``mount``."""
+        level = self._resolve(mount, cgroup_path)
+        levels = [level]
+        while level != mount:
+            above = os.path.dirname(level)
+            if above == level:  # pragma: no cover - _resolve returns mount or a path below it
+                break
+            levels.append(above)
+            level = above
+        return tuple(levels)
 
     def _limit_over(
-        self, levels: Sequence[Path], *, version: str
-    ) -> tuple[_CgroupLimit | None, tuple[Path, ...]]:
+        self, levels: Sequence[str], *, version: str
+    ) -> tuple[_CgroupLimit | None, tuple[str, ...]]:
         """Return the binding limit over ``levels`` and the levels that carry a limit."""
         v2 = version == "cgroup-v2"
         limit_file = "memory.max" if v2 else "memory.limit_in_bytes"
         smallest: int | None = None
         headroom: int | None = None
-        limited: list[Path] = []
+        limited: list[str] = []
         for level in levels:
-            limit = self._level_limit(level / limit_file, v2=v2)
+            limit = self._level_limit(_join(level, limit_file), v2=v2)
             if limit is None:
                 continue
             limited.append(level)
@@ -638,7 +655,7 @@ class CpuPlatform(BasePlatform):
         return _CgroupLimit(version=version, limit=smallest, headroom=headroom), tuple(limited)
 
     @staticmethod
-    def _level_limit(path: Path, *, v2: bool) -> int | None:
+    def _level_limit(path: str, *, v2: bool) -> int | None:
         try:
             text = _read_text(path).strip()
         except FileNotFoundError:
@@ -651,9 +668,9 @@ class CpuPlatform(BasePlatform):
         return None if not v2 and value >= _V1_UNLIMITED else value
 
     @staticmethod
-    def _level_charge(level: Path, *, v2: bool) -> int:
-        usage = _read_int(level / ("memory.current" if v2 else "memory.usage_in_bytes"))
-        stat_path = level / "memory.stat"
+    def _level_charge(level: str, *, v2: bool) -> int:
+        usage = _read_int(_join(level, "memory.current" if v2 else "memory.usage_in_bytes"))
+        stat_path = _join(level, "memory.stat")
         try:
             text = _read_text(stat_path)
         except OSError as exc:
@@ -703,7 +720,7 @@ class CpuPlatform(BasePlatform):
         roots = self._roots()
         if self._numa_nodes(roots):
             return []  # already the devices themselves
-        base = roots.sysfs / "devices" / "system" / "node"
+        base = _join(roots.sysfs, "devices", "system", "node")
         try:
             entries = sorted(_files.listdir(base))
         except OSError:
@@ -712,7 +729,7 @@ class CpuPlatform(BasePlatform):
         views: list[MemoryInfo] = []
         for entry in entries:
             m = _NODE_DIR_RE.match(entry)
-            if m is None or not _files.is_file(base / entry / "meminfo"):
+            if m is None or not _files.is_file(_join(base, entry, "meminfo")):
                 continue
             try:
                 views.append(self._node_memory(roots, int(m.group(1)), cgroup))
