@@ -1,7 +1,8 @@
 """Detection cost on a host without an accelerator driver, next to the interpreter alone.
 
 Runs each snippet in fresh interpreters, round-robin (``--runs`` of each, after one warm-up),
-and prints the median and the minimum wall time of each, then the ratio the target is about:
+and prints the median and the minimum wall time and the median CPU time (user + system of the
+child) of each, then the ratio the target is about:
 ``import accelplat; current_platform().memory_info(0)`` over ``python -c pass``, measured in the
 same run. The minimum is the figure least disturbed by other load on a shared machine; both are
 printed. Pieces of the cost (importing the package, the value types, the backends) are listed
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -38,7 +40,11 @@ SNIPPETS: dict[str, str] = {
         "import accelplat; accelplat.current_platform().memory_info(0)"
     ),
     "  import accelplat.registry": "import accelplat.registry",
+    "  import accelplat._types (the value types)": "import accelplat._types",
     "  import typing, dataclasses (stdlib floor)": "import typing, dataclasses",
+    "  ... and pathlib, ctypes, threading": (
+        "import typing, dataclasses, pathlib, ctypes, threading"
+    ),
     "  import psutil (no longer on this path)": "import psutil",
     "  import pynvml (no longer on this path)": "import pynvml",
 }
@@ -47,7 +53,10 @@ IMPORTED = (
     "import sys, json, accelplat\n"
     "p = accelplat.current_platform(); p.memory_info(0)\n"
     "print(json.dumps({'platform': p.name, 'modules': sorted(m for m in "
-    "('pynvml', 'psutil', 'torch', 'amdsmi', 'uuid', 'ctypes.util') if m in sys.modules)}))\n"
+    "('pynvml', 'psutil', 'torch', 'amdsmi', 'uuid', 'ctypes.util', 'secrets', "
+    "'accelplat._levelzero', 'accelplat.backends.cuda', 'accelplat.backends.rocm', "
+    "'accelplat.backends.xpu', 'accelplat.visible.cuda', 'accelplat.visible.oneapi', "
+    "'accelplat.visible.rocm') if m in sys.modules)}))\n"
 )
 
 
@@ -64,13 +73,32 @@ def _available(code: str, env: dict[str, str]) -> bool:
     return done.returncode == 0
 
 
-def fresh_process_times(runs: int) -> dict[str, list[float]]:
-    """Run every snippet ``runs`` times in fresh interpreters, round-robin; return seconds."""
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def fresh_process_times(runs: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Run every snippet ``runs`` times in fresh interpreters, round-robin.
+
+    Returns:
+        Wall seconds and CPU seconds (user + system of the child) of every run of each snippet.
+        The CPU time hardly moves when other jobs share the cores; the wall time does.
+    """
     env = _env()
     names = [n for n, code in SNIPPETS.items() if _available(code, env)]  # also the warm-up
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(runs):
         for name in names:
+            cpu_before = _children_cpu()
             start = time.perf_counter()
             subprocess.run(
                 [sys.executable, "-c", SNIPPETS[name]],
@@ -80,7 +108,8 @@ def fresh_process_times(runs: int) -> dict[str, list[float]]:
                 stdout=subprocess.DEVNULL,
             )
             times[name].append(time.perf_counter() - start)
-    return times
+            cpu[name].append(_children_cpu() - cpu_before)
+    return times, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,16 +136,23 @@ def main(argv: list[str] | None = None) -> int:
     if seen["platform"] != "cpu":
         print("note: this host is not CPU-only; the CPU-host target does not apply here")
 
-    times = fresh_process_times(args.runs)
+    print(f"load average before the runs: {_load()}")
+    times, cpu = fresh_process_times(args.runs)
+    print(f"load average after the runs: {_load()}")
     med = {name: statistics.median(values) for name, values in times.items()}
     low = {name: min(values) for name, values in times.items()}
+    cpu_med = {name: statistics.median(values) for name, values in cpu.items()}
     print(f"\nFresh process, {args.runs} runs of each, round-robin:")
-    print(f"  {'snippet':48s} {'median':>10s} {'min':>10s}")
+    print(f"  {'snippet':48s} {'median':>10s} {'min':>10s} {'CPU median':>11s}")
     for name in times:
-        print(f"  {name:48s} {med[name] * 1e3:7.1f} ms {low[name] * 1e3:7.1f} ms")
+        print(
+            f"  {name:48s} {med[name] * 1e3:7.1f} ms {low[name] * 1e3:7.1f} ms "
+            f"{cpu_med[name] * 1e3:8.1f} ms"
+        )
     ratios = {
         "detect+query / python -c pass (median)": med[TARGET] / med[BASELINE],
         "detect+query / python -c pass (min)": low[TARGET] / low[BASELINE],
+        "detect+query / python -c pass (CPU median)": cpu_med[TARGET] / cpu_med[BASELINE],
     }
     print("\nRatios (target: <= 4x on a CPU-only host):")
     for name, value in ratios.items():
@@ -124,7 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(
             json.dumps(
-                {"seen": seen, "times_s": times, "median_s": med, "min_s": low, "ratios": ratios},
+                {
+                    "seen": seen,
+                    "times_s": times,
+                    "cpu_s": cpu,
+                    "median_s": med,
+                    "min_s": low,
+                    "ratios": ratios,
+                },
                 indent=2,
             )
         )

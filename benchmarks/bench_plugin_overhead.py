@@ -5,10 +5,12 @@ fresh processes, round-robin, ``--runs`` times each:
 
 * ``disabled``: both accelplat plugins disabled (``-p no:accelplat -p no:accelplat_timeline``);
 * ``installed``: the plugins loaded, no option given;
+* ``leak-check`` and ``timeline``: one option each, to show which costs what;
 * ``leak-check + timeline``: ``--accelplat-leak-check --accelplat-timeline=report.html`` (the
   report is written, as in real use).
 
-Prints the median and minimum wall time of each and the cost per test of the options over the
+Prints the median and minimum wall time and the median CPU time (user + system of the pytest
+process) of each, and the cost per test of the options over the
 disabled run (target: at most 0.5 ms per test with both options). Also prints the cost of one
 ``memory_info(0)`` reading next to ``psutil.virtual_memory()`` (best of 5 timings).
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,6 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 VARIANTS: dict[str, list[str]] = {
     "disabled": ["-p", "no:accelplat", "-p", "no:accelplat_timeline"],
     "installed": [],
+    "leak-check": ["--accelplat-leak-check"],
+    "timeline": ["--accelplat-timeline=report.html"],
     "leak-check + timeline": ["--accelplat-leak-check", "--accelplat-timeline=report.html"],
 }
 
@@ -52,14 +57,25 @@ def _write_suite(directory: Path, tests: int) -> None:
     (directory / "pytest.ini").write_text("[pytest]\naddopts = -q -p no:cacheprovider\n")
 
 
-def run_times(tests: int, runs: int) -> dict[str, list[float]]:
-    """Wall seconds of each variant over ``runs`` round-robin runs (after one warm-up each)."""
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_times(tests: int, runs: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall and CPU seconds of each variant over ``runs`` round-robin runs (after a warm-up).
+
+    The CPU time (user + system, of the pytest process and its threads) is what the plugins
+    cost the machine; unlike the wall time it hardly moves when other jobs share the cores.
+    """
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         _write_suite(work, tests)
         for rnd in range(runs + 1):
             for name, extra in VARIANTS.items():
+                cpu_before = _children_cpu()
                 start = time.perf_counter()
                 done = subprocess.run(
                     [sys.executable, "-m", "pytest", *extra],
@@ -70,11 +86,13 @@ def run_times(tests: int, runs: int) -> dict[str, list[float]]:
                     check=False,
                 )
                 elapsed = time.perf_counter() - start
+                used = _children_cpu() - cpu_before
                 if done.returncode != 0:
                     raise SystemExit(f"{name} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
                 if rnd:  # the first round warms caches
                     times[name].append(elapsed)
-    return times
+                    cpu[name].append(used)
+    return times, cpu
 
 
 def reading_costs() -> dict[str, float]:
@@ -96,6 +114,13 @@ def reading_costs() -> dict[str, float]:
     return out
 
 
+def _load() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=int, default=500, help="trivial tests in the suite")
@@ -107,24 +132,31 @@ def main(argv: list[str] | None = None) -> int:
     print("One reading, best of 5 x 2000 calls:")
     for name, value in costs.items():
         print(f"  {name:32s} {value * 1e6:8.1f} us")
-    times = run_times(args.tests, args.runs)
+    print(f"load average before the runs: {_load()}")
+    times, cpu = run_times(args.tests, args.runs)
+    print(f"load average after the runs: {_load()}")
     med = {n: statistics.median(v) for n, v in times.items()}
     low = {n: min(v) for n, v in times.items()}
+    cpu_med = {n: statistics.median(v) for n, v in cpu.items()}
     print(f"\npytest on {args.tests} trivial tests, {args.runs} runs of each, round-robin:")
-    print(f"  {'variant':28s} {'median':>10s} {'min':>10s}")
+    print(f"  {'variant':28s} {'median':>10s} {'min':>10s} {'CPU median':>12s}")
     for name in times:
-        print(f"  {name:28s} {med[name]:8.3f} s {low[name]:8.3f} s")
+        print(f"  {name:28s} {med[name]:8.3f} s {low[name]:8.3f} s {cpu_med[name]:10.3f} s")
     per_test = {
         f"{name} over disabled ({kind}), per test": (pick[name] - pick["disabled"]) / args.tests
-        for name in ("installed", "leak-check + timeline")
-        for kind, pick in (("median", med), ("min", low))
+        for name in VARIANTS
+        if name != "disabled"
+        for kind, pick in (("median", med), ("min", low), ("CPU median", cpu_med))
     }
     print("\nCost per test (target for leak-check + timeline: <= 0.5 ms):")
     for name, value in per_test.items():
         print(f"  {name:52s} {value * 1e3:7.3f} ms")
     if args.json:
         args.json.write_text(
-            json.dumps({"reading_s": costs, "times_s": times, "per_test_s": per_test}, indent=2)
+            json.dumps(
+                {"reading_s": costs, "times_s": times, "cpu_s": cpu, "per_test_s": per_test},
+                indent=2,
+            )
         )
     return 0
 
