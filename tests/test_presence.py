@@ -150,3 +150,28 @@ def test_detection_without_a_driver_loads_no_gpu_backend(tmp_path: Path) -> None
     assert seen["heavy"] == []
     # the quick checks said what the probes say
     assert seen["reasons"] == seen["probes"]
+
+
+_QUERY = """
+import json, sys
+at_start = "pathlib" in sys.modules  # an editable install's path hook may import it
+import accelplat
+platform = accelplat.current_platform()
+platform.memory_info(0)
+print(json.dumps({"platform": platform.name, "modules": sorted(sys.modules), "at_start": at_start}))
+"""
+
+
+def test_a_bare_host_detects_and_reads_memory_without_pathlib() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
+    done = subprocess.run(
+        [sys.executable, "-c", _QUERY], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    loaded = set(seen["modules"])
+    if seen["platform"] != "cpu" or loaded & set(HEAVY):
+        pytest.skip("this host has an accelerator, or something a backend's probe must check")
+    if seen["at_start"]:
+        pytest.skip("the interpreter imports pathlib at start-up here")
+    assert "pathlib" not in loaded
