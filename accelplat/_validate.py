@@ -25,17 +25,19 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import sys
 from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any, Literal
 
-from accelplat.errors import ConfigurationError
+from accelplat.errors import ConfigurationError, DeviceNotFoundError
 
 __all__ = [
     "FLOAT_MAX_TEXT",
     "JsonFields",
     "byte_count",
     "byte_int",
+    "device_index",
     "duration",
     "finite_number",
     "integer",
@@ -296,6 +298,34 @@ def integer(
         shown = repr(value) if value.bit_length() < 4000 else "an int of more than 1200 digits"
         raise error(_must(argument, words, shown))
     return value
+
+
+def device_index(value: object, count: int, platform: str) -> int:
+    """Return ``value`` as the index of one of ``count`` visible devices.
+
+    Any integer type (``operator.index``: numpy integers too) is accepted; ``bool`` is not.
+
+    Args:
+        value: The index a caller passed.
+        count: How many devices are visible.
+        platform: The platform's name, for the error.
+
+    Returns:
+        The index as an ``int`` in ``range(count)``.
+
+    Raises:
+        DeviceNotFoundError: For a non-integer or an index out of range (also an
+            ``IndexError``).
+    """
+    if not isinstance(value, bool):
+        try:
+            index = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+        else:
+            if 0 <= index < count:
+                return int(index)
+    raise DeviceNotFoundError(value, count, platform)
 
 
 class JsonFields:

@@ -674,11 +674,9 @@ def _device_info(platform: Platform, device: int) -> DeviceInfo | None:
     devices = platform.devices()
     if not devices:
         return None
-    if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < len(devices):
-        from accelplat.errors import DeviceNotFoundError
+    from accelplat._validate import device_index
 
-        raise DeviceNotFoundError(device, len(devices), platform.name)
-    return devices[device]
+    return devices[device_index(device, len(devices), platform.name)]
 
 
 def capabilities(device: int = 0, *, platform: Platform | None = None) -> Mapping[str, Capability]:

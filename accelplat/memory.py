@@ -40,7 +40,6 @@ import dataclasses
 import itertools
 import logging
 import math
-import operator
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,11 +55,10 @@ from accelplat._types import (
     SettleResult,
     UsageSnapshot,
 )
-from accelplat._validate import byte_count, duration, finite_number, ratio
+from accelplat._validate import byte_count, device_index, duration, finite_number, ratio
 from accelplat.errors import (
     AccelplatError,
     ConfigurationError,
-    DeviceNotFoundError,
     MemoryNotSettledError,
 )
 from accelplat.platform import Platform
@@ -204,15 +202,7 @@ def _resolve_devices(devices: Sequence[int] | None, platform: Platform) -> list[
         )
     resolved: list[int] = []
     for item in devices:
-        if isinstance(item, bool):
-            raise DeviceNotFoundError(item, count, platform.name)
-        try:
-            index = operator.index(item)
-        except TypeError:
-            raise DeviceNotFoundError(item, count, platform.name) from None
-        if not 0 <= index < count:
-            raise DeviceNotFoundError(item, count, platform.name)
-        resolved.append(int(index))
+        resolved.append(device_index(item, count, platform.name))
     duplicates = sorted({d for d in resolved if resolved.count(d) > 1})
     if duplicates:
         raise ConfigurationError(f"devices lists device(s) {duplicates} more than once")

@@ -13,7 +13,6 @@ before constructing the platform.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
@@ -28,7 +27,7 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
-from accelplat.errors import ConfigurationError, DeviceNotFoundError
+from accelplat.errors import ConfigurationError
 
 __all__ = [
     "BasePlatform",
@@ -208,16 +207,7 @@ class BasePlatform:
         Raises:
             DeviceNotFoundError: If it is not an integer in ``range(device_count())``.
         """
-        count = self.device_count()
-        if isinstance(device, bool):
-            raise DeviceNotFoundError(device, count, self.name)
-        try:
-            index = operator.index(device)  # type: ignore[arg-type]
-        except TypeError:
-            raise DeviceNotFoundError(device, count, self.name) from None
-        if not 0 <= index < count:
-            raise DeviceNotFoundError(device, count, self.name)
-        return int(index)
+        return _validate.device_index(device, self.device_count(), self.name)
 
     def memory_info(self, device: int) -> MemoryInfo:
         """Return memory of visible device ``device`` in bytes.

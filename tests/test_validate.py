@@ -128,3 +128,22 @@ def test_counts_from_text_are_ascii_digits_in_range(text: str, expected: int | N
         with pytest.raises(ConfigurationError) as info:
             _validate.integer(text, "N", minimum=1, maximum=100, from_text=True)
         assert str(info.value) == f"N must be an int in [1, 100], got {text!r}"
+
+
+class _Index:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+def test_a_device_index_is_any_integer_type_in_range_and_never_a_bool() -> None:
+    from accelplat.errors import DeviceNotFoundError
+
+    assert _validate.device_index(1, 2, "sim") == 1
+    assert _validate.device_index(_Index(0), 2, "sim") == 0
+    for bad in (2, -1, True, 0.0, "0", None, _Index(5)):
+        with pytest.raises(DeviceNotFoundError) as caught:
+            _validate.device_index(bad, 2, "sim")
+        assert isinstance(caught.value, IndexError)

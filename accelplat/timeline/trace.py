@@ -700,14 +700,8 @@ def _parse(doc: object) -> Trace:
 
     command = top.get("command")
     exit_code = top.get("exit_code")
-    if exit_code is not None and (
-        isinstance(exit_code, bool)
-        or not isinstance(exit_code, int)
-        or not _EXIT_RANGE[0] <= exit_code <= _EXIT_RANGE[1]
-    ):
-        raise _fail(
-            "exit_code", f"an integer in {_EXIT_RANGE[0]}..{_EXIT_RANGE[1]} or null", exit_code
-        )
+    if exit_code is not None:
+        _int(exit_code, "exit_code", minimum=_EXIT_RANGE[0], maximum=_EXIT_RANGE[1])
     hz = _float(top.get("sample_hz", 0.0), "sample_hz")
     return Trace(
         devices=tuple(devices),
