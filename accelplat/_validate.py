@@ -344,6 +344,10 @@ class JsonFields:
         object_noun: The document's word for an object (``"a table/object"`` where TOML is
             read too).
         array_noun: The document's word for an array.
+        error_type: Builds the error from the field's path and the words describing the
+            problem, for documents with their own error type (a capture bundle's
+            :class:`~accelplat.errors.BundleError`); by default a ``ConfigurationError``
+            worded as above.
     """
 
     def __init__(
@@ -355,6 +359,7 @@ class JsonFields:
         wording: Literal["expected", "must be"] = "expected",
         object_noun: str = "an object",
         array_noun: str = "an array",
+        error_type: Callable[[str, str], ConfigurationError] | None = None,
     ) -> None:
         self.prefix = prefix
         self.max_items = max_items
@@ -362,6 +367,7 @@ class JsonFields:
         self.wording = wording
         self.object_noun = object_noun
         self.array_noun = array_noun
+        self.error_type = error_type
 
     def error(self, where: str, expected: str, got: object) -> ConfigurationError:
         """Return (not raise) the error for field ``where`` holding ``got``."""
@@ -374,6 +380,8 @@ class JsonFields:
 
     def problem(self, where: str, words: str, *, sep: str = ": ") -> ConfigurationError:
         """Return (not raise) an error for field ``where`` described in ``words``."""
+        if self.error_type is not None:
+            return self.error_type(where, words)
         name = f"{self.prefix} {where}" if self.prefix else where
         return ConfigurationError(f"{name}{sep}{words}")
 

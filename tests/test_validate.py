@@ -147,3 +147,21 @@ def test_a_device_index_is_any_integer_type_in_range_and_never_a_bool() -> None:
         with pytest.raises(DeviceNotFoundError) as caught:
             _validate.device_index(bad, 2, "sim")
         assert isinstance(caught.value, IndexError)
+
+
+def test_json_fields_raise_the_documents_own_error_type() -> None:
+    from accelplat.errors import BundleError
+
+    fields = _validate.JsonFields(
+        "",
+        max_items=1,
+        max_text=3,
+        wording="must be",
+        error_type=lambda where, words: BundleError("b.tar.gz", words, field=where),
+    )
+    with pytest.raises(BundleError) as caught:
+        fields.integer("7", "host.json: n", minimum=0, maximum=9)
+    assert caught.value.field == "host.json: n"
+    assert str(caught.value) == "b.tar.gz: host.json: n: must be an integer in 0..9, got '7'"
+    with pytest.raises(BundleError, match="longer than 3 characters"):
+        fields.text("long", "host.json: t")

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from accelplat._validate import JsonFields
 from accelplat.errors import BundleError, BundleVersionError
 from accelplat.replay._codec import MAX_DEPTH, Handle, decode, key_text
 
@@ -355,15 +356,19 @@ def _parse_json(data: bytes, source: str, member: str) -> dict[str, Any]:
     return doc
 
 
-def _need(doc: Mapping[str, Any], name: str, kind: type | tuple[type, ...], source: str) -> Any:
-    if name not in doc:
-        raise BundleError(source, "missing", field=f"{HOST_MEMBER}: {name}")
-    value = doc[name]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise BundleError(
-            source, f"has the wrong type ({type(value).__name__})", field=f"{HOST_MEMBER}: {name}"
-        )
-    return value
+_MAX_TEXT = 4096
+"""Characters a bundle's text field (a version, an error message, a file name) may hold."""
+
+
+def _fields(source: str) -> JsonFields:
+    """Field checks of the bundle at ``source``: a failure is a ``BundleError`` naming the field."""
+    return JsonFields(
+        "",
+        max_items=0,  # every array passes its own limit
+        max_text=_MAX_TEXT,
+        wording="must be",
+        error_type=lambda where, words: BundleError(source, words, field=where),
+    )
 
 
 def _check_host(
@@ -379,22 +384,19 @@ def _check_host(
             f"not an accelplat capture (format must be {FORMAT_NAME!r})",
             field=f"{HOST_MEMBER}: format",
         )
-    version = _need(host, "format_version", int, source)
-    if version < 1:
-        raise BundleError(
-            source, f"must be >= 1, got {version}", field=f"{HOST_MEMBER}: format_version"
-        )
+    fields = _fields(source)
+    at = f"{HOST_MEMBER}: "
+    version = fields.integer(
+        host.get("format_version"), at + "format_version", minimum=1, maximum=2**31 - 1
+    )
     if version > FORMAT_VERSION:
         raise BundleVersionError(source, version, FORMAT_VERSION)
-    created = _need(host, "created", str, source)
-    accelplat_version = _need(host, "accelplat_version", str, source)
-    options = _need(host, "options", dict, source)
-    if not isinstance(options.get("processes"), bool):
-        raise BundleError(
-            source, "must be true or false", field=f"{HOST_MEMBER}: options.processes"
-        )
-    summary = _need(host, "summary", dict, source)
-    env = _need(host, "env", dict, source)
+    created = fields.text(host.get("created"), at + "created")
+    accelplat_version = fields.text(host.get("accelplat_version"), at + "accelplat_version")
+    options = fields.mapping(host.get("options"), at + "options")
+    fields.boolean(options.get("processes"), at + "options.processes")
+    summary = fields.mapping(host.get("summary"), at + "summary")
+    env = fields.mapping(host.get("env"), at + "env")
     if len(env) > limits.env_vars:
         raise BundleError(
             source, f"more than {limits.env_vars} variables", field=f"{HOST_MEMBER}: env"
@@ -409,11 +411,7 @@ def _check_host(
             raise BundleError(
                 source, "must map variable names to text", field=f"{HOST_MEMBER}: env.{name[:40]}"
             )
-    raw_records = _need(host, "records", list, source)
-    if len(raw_records) > limits.records:
-        raise BundleError(
-            source, f"more than {limits.records} records", field=f"{HOST_MEMBER}: records"
-        )
+    raw_records = fields.array(host.get("records"), at + "records", limits.records)
     handles: dict[str, Handle] = {}
 
     def handle(token: str) -> Handle:
@@ -506,34 +504,23 @@ def _check_answer(raw: object, where: str, source: str, handle: Any) -> Answer:
             raise BundleError(
                 source, f"nested deeper than {MAX_DEPTH} levels", field=where
             ) from None
-    error = raw["raise"]
-    if not isinstance(error, dict):
-        raise BundleError(source, "must be an object", field=f"{where}.raise")
+    fields = _fields(source)
+    error = fields.mapping(raw["raise"], f"{where}.raise")
     type_name = error.get("type")
     if not isinstance(type_name, str) or not type_name.isidentifier() or len(type_name) > 64:
         raise BundleError(
             source, "must be an identifier of at most 64 characters", field=f"{where}.raise.type"
         )
-    message = error.get("message", "")
-    if not isinstance(message, str) or len(message) > 4096:
-        raise BundleError(
-            source, "must be text of at most 4096 characters", field=f"{where}.raise.message"
-        )
+    message = fields.text(error.get("message", ""), f"{where}.raise.message")
     checked: dict[str, Any] = {"type": type_name, "message": message}
     for name in ("errno", "value"):
         item = error.get(name)
-        if item is None:
-            continue
-        if not isinstance(item, int) or isinstance(item, bool) or not -(2**63) <= item < 2**64:
-            raise BundleError(source, "must be an integer", field=f"{where}.raise.{name}")
-        checked[name] = item
+        if item is not None:  # a C int or an unsigned 64-bit return value
+            where_item = f"{where}.raise.{name}"
+            checked[name] = fields.integer(item, where_item, minimum=-(2**63), maximum=2**64 - 1)
     filename = error.get("filename")
     if filename is not None:
-        if not isinstance(filename, str) or len(filename) > 4096:
-            raise BundleError(
-                source, "must be text of at most 4096 characters", field=f"{where}.raise.filename"
-            )
-        checked["filename"] = filename
+        checked["filename"] = fields.text(filename, f"{where}.raise.filename")
     unknown = set(error) - {"type", "message", "errno", "value", "filename"}
     if unknown:
         raise BundleError(source, f"unknown fields {sorted(unknown)[:3]}", field=f"{where}.raise")
