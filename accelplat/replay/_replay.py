@@ -27,7 +27,7 @@ from accelplat._boundary import Loaded
 from accelplat.errors import BundleError
 from accelplat.replay._codec import Handle, encode, key_text
 from accelplat.replay._record import CTYPES_CHANNELS, buffer_of, ctypes_key
-from accelplat.replay.bundle import Answer, Bundle
+from accelplat.replay.bundle import Answer, Bundle, fields_of
 
 __all__ = ["ReplayLibrary", "ReplayModule", "ReplayedError", "Replayer"]
 
@@ -333,8 +333,7 @@ def _apply(source: str, channel: str, name: str, value: Any, args: tuple[Any, ..
     if not isinstance(value, dict) or set(value) != {"rc", "out"}:
         raise BundleError(source, "must hold rc and out", field=where)
     rc, outs = value["rc"], value["out"]
-    if not isinstance(rc, int) or isinstance(rc, bool) or not 0 <= rc < 2**32:
-        raise BundleError(source, "rc must be a 32-bit result code", field=where)
+    rc = fields_of(source).integer(rc, f"{where}: rc", minimum=0, maximum=2**32 - 1)
     if not isinstance(outs, list) or len(outs) != len(args):
         raise BundleError(source, f"out must list one item per argument ({len(args)})", field=where)
     for position, (out, arg) in enumerate(zip(outs, args, strict=True)):

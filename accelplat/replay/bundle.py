@@ -46,6 +46,7 @@ __all__ = [
     "Limits",
     "RecordEntry",
     "bundle_bytes",
+    "fields_of",
     "load_bundle",
     "parse_bundle",
 ]
@@ -360,7 +361,7 @@ _MAX_TEXT = 4096
 """Characters a bundle's text field (a version, an error message, a file name) may hold."""
 
 
-def _fields(source: str) -> JsonFields:
+def fields_of(source: str) -> JsonFields:
     """Field checks of the bundle at ``source``: a failure is a ``BundleError`` naming the field."""
     return JsonFields(
         "",
@@ -384,7 +385,7 @@ def _check_host(
             f"not an accelplat capture (format must be {FORMAT_NAME!r})",
             field=f"{HOST_MEMBER}: format",
         )
-    fields = _fields(source)
+    fields = fields_of(source)
     at = f"{HOST_MEMBER}: "
     version = fields.integer(
         host.get("format_version"), at + "format_version", minimum=1, maximum=2**31 - 1
@@ -504,7 +505,7 @@ def _check_answer(raw: object, where: str, source: str, handle: Any) -> Answer:
             raise BundleError(
                 source, f"nested deeper than {MAX_DEPTH} levels", field=where
             ) from None
-    fields = _fields(source)
+    fields = fields_of(source)
     error = fields.mapping(raw["raise"], f"{where}.raise")
     type_name = error.get("type")
     if not isinstance(type_name, str) or not type_name.isidentifier() or len(type_name) > 64:
