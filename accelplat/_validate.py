@@ -24,11 +24,10 @@ Nothing here touches a device.
 from __future__ import annotations
 
 import math
-import numbers
 import operator
 import sys
 from collections.abc import Callable, Mapping, Sequence, Set
-from typing import Any, Literal
+from typing import Any, Literal, SupportsFloat, TypeGuard
 
 from accelplat.errors import ConfigurationError, DeviceNotFoundError
 
@@ -52,6 +51,17 @@ FLOAT_MAX_TEXT = f"{sys.float_info.max:.2g}"
 """The largest float, as messages quote it: numeric arguments are compared as floats."""
 
 
+def _is_real(value: object) -> TypeGuard[SupportsFloat]:
+    """``value`` is a real number and not a ``bool`` (``numbers.Real``: numpy floats too)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return True
+    import numbers  # only for other kinds of number: importing this module stays cheap
+
+    return isinstance(value, numbers.Real)
+
+
 def finite_number(
     value: object, argument: str, *, accepted: str = "finite", not_a_number: str = "a number"
 ) -> float:
@@ -70,7 +80,7 @@ def finite_number(
         ConfigurationError: For a non-number, NaN, an infinity or an int beyond any float; the
             digits of such an int are not echoed (an int of more than 4300 digits has no repr).
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not _is_real(value):
         raise ConfigurationError(f"{argument} must be {not_a_number}, got {value!r}")
     try:
         result = float(value)
@@ -237,7 +247,7 @@ def number(
         shown = "an int"  # too long to echo (an int of more than 4300 digits has no repr)
     else:
         shown = repr(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not _is_real(value):
         raise error(_must(argument, not_a_number or words, shown))
     try:
         result = float(value)
