@@ -451,10 +451,8 @@ class JsonFields:
 
     def text(self, value: object, where: str) -> str:
         """Return ``value`` if it is a string of at most ``max_text`` characters."""
-        if not isinstance(value, str):
-            raise self.error(where, "a string", value)
-        if len(value) > self.max_text:
-            raise self.problem(where, f"longer than {self.max_text} characters")
+        if not isinstance(value, str) or len(value) > self.max_text:
+            raise self.error(where, f"a string of at most {self.max_text} characters", value)
         return value
 
     def boolean(self, value: object, where: str) -> bool:

@@ -401,15 +401,18 @@ def check_time(value: object, where: str, *, positive: bool = False) -> float:
     return number
 
 
-def check_text(value: object, where: str) -> str:
-    """Return ``value`` if it is a string of at most ``MAX_TEXT`` characters.
+FIELDS = _validate.JsonFields(
+    "",
+    max_items=MAX_SEGMENTS,
+    max_text=MAX_TEXT,
+    wording="must be",
+    object_noun="a table/object",
+    array_noun="a list",
+)
+"""Field checks of specs and of the model's own values (a spec is JSON or TOML, hence
+"table/object" and "list")."""
 
-    Raises:
-        ConfigurationError: Naming ``where``.
-    """
-    if not isinstance(value, str) or len(value) > MAX_TEXT:
-        raise ConfigurationError(f"{where} must be a string of at most {MAX_TEXT} characters")
-    return value
+check_text = FIELDS.text
 
 
 def check_segment(seg: Segment, where: str) -> None:

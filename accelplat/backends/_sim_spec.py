@@ -21,12 +21,14 @@ from accelplat._types import (
     ReleaseProfile,
 )
 from accelplat.backends._sim_model import (
+    FIELDS as _FIELDS,
+)
+from accelplat.backends._sim_model import (
     MAX_DEVICE_BYTES,
     MAX_DEVICES,
     MAX_HOLDERS,
     MAX_SEGMENTS,
     MAX_SPEC_BYTES,
-    MAX_TEXT,
     LazyRelease,
     Linear,
     Segment,
@@ -66,16 +68,6 @@ def _parse_size(value: object, where: str = "size") -> int:
         raise ConfigurationError(f"{where} must be at most 1 PiB, got {value!r}")
     return number
 
-
-_FIELDS = _validate.JsonFields(
-    "",
-    max_items=MAX_SEGMENTS,
-    max_text=MAX_TEXT,
-    wording="must be",
-    object_noun="a table/object",
-    array_noun="a list",
-)
-"""Field checks of spec documents (JSON or TOML, hence "table/object" and "list")."""
 
 _list = _FIELDS.array
 _bool = _FIELDS.boolean
