@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,3 +38,22 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Iterator[Install]:
     yield _install
     if isinstance(sys.modules.get("pynvml"), FakeNvml):
         _nvml.shutdown()
+
+
+@pytest.fixture
+def sigint_not_ignored() -> Iterator[None]:
+    """Children started within the test get SIGINT's default action, as from a terminal.
+
+    A shell starts a background job (``pytest … &``, many CI runners) with SIGINT ignored, and an
+    ignored signal stays ignored across ``exec``: a child the test interrupts would never notice.
+    Where this process ignores SIGINT, it takes Python's own handler for the duration of the test
+    (so children start with the default action) and ignores SIGINT again afterwards.
+    """
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)

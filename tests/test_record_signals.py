@@ -241,6 +241,7 @@ def _sleeper() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
 
+@pytest.mark.usefixtures("sigint_not_ignored")
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
 def test_a_signal_while_the_command_is_starting_is_forwarded_once_it_has_started(
     sig: str,
