@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -460,3 +461,10 @@ def test_metadata_behind_a_link_is_not_followed(tmp_path: Path) -> None:
     link.symlink_to(real)
     assert _read_metadata(real) == {"pid": 7}
     assert _read_metadata(link) == {}  # another user's link in a shared directory
+    fifo = tmp_path / "simulated.SIM-1.json"
+    os.mkfifo(fifo)
+    box: list[object] = []
+    reader = threading.Thread(target=lambda: box.append(_read_metadata(fifo)), daemon=True)
+    reader.start()
+    reader.join(30)  # a FIFO without a writer would block a plain open() for ever
+    assert box == [{}]
