@@ -800,9 +800,7 @@ class LeakChecker:
 
     def _leaks_after(self, item: pytest.Item, baseline: dict[int, int]) -> list[list[int]]:
         """Return ``[device, before, after]`` for each device above baseline + tolerance."""
-        from accelplat.errors import MemoryNotSettledError
         from accelplat.leaks import is_leak
-        from accelplat.memory import wait_for_memory_to_clear
 
         platform = _current(item.config)
         after = _used_bytes(platform)
@@ -814,6 +812,10 @@ class LeakChecker:
         if wait_s is None:
             wait_s = 4 * profile.stable_duration_s if profile.lazy else 0.0
         if over and wait_s > 0:
+            # the waiting machinery loads with the first test that needs it
+            from accelplat.errors import MemoryNotSettledError
+            from accelplat.memory import wait_for_memory_to_clear
+
             targets = {d: baseline[d] + self.tolerance for d in over}
             try:
                 result = wait_for_memory_to_clear(
