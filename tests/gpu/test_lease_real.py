@@ -37,7 +37,7 @@ CHILD = (
 
 @pytest.fixture(autouse=True)
 def _needs_lease(request: pytest.FixtureRequest) -> None:
-    if not request.config.getoption("--accelplat-lease"):
+    if not request.config.getoption("--accelplat-lease", default=False):
         pytest.skip("runs under --accelplat-lease (see the module docstring)")
 
 
