@@ -7,9 +7,10 @@ Run on a machine with a CUDA (or ROCm) GPU and torch installed::
 
 (add ``-p accelplat.pytest_plugin -p accelplat.timeline.pytest_hooks`` when accelplat is not
 installed, so its entry points are not registered: the demo uses the plugin's
-``settled_device_memory`` fixture). Open ``timeline.html``: it shows the CUDA context of the first test, a ramp
-to 24 GiB and back, a child process whose memory comes back only after it exits, a settle wait,
-and one planted leak of 4 GiB that a later test frees. Without a GPU every test skips.
+``settled_device_memory`` fixture). Open ``timeline.html``: it shows the CUDA context of the
+first test, a ramp to 24 GiB and back, a child process whose memory comes back only after it
+exits, a settle wait, and one planted leak of 4 GiB that a later test frees. Without a GPU every
+test skips.
 """
 
 from __future__ import annotations
