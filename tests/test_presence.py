@@ -98,6 +98,8 @@ def test_a_loadable_level_zero_loader_defers_xpu_to_its_probe(
 
 def test_the_loader_name_is_the_bindings_default() -> None:
     assert _presence.LEVEL_ZERO_LOADER == _levelzero.LOADER_NAME
+    # the binding sits below the backends, so it keeps its own copy of Intel's vendor id
+    assert _presence.INTEL_VENDOR_ID == _levelzero.INTEL_VENDOR_ID
 
 
 def test_cuda_check_is_nvmls_own_and_defers_once_pynvml_is_imported(

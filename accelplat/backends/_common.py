@@ -140,7 +140,7 @@ def parse_kb_table(
     table: dict[str, int] = {}
     # Without leading words to skip, a wanted line starts with its key and a colon: one C-level
     # test a line passes over the rest (a polled /proc/meminfo has ~55 lines, 5 wanted).
-    prefixes = tuple(f"{k}:" for k in keys) if keys is not None and skip == 0 else None
+    prefixes = _line_prefixes(keys) if keys is not None and skip == 0 else None
     for line in text.splitlines():
         if prefixes is not None:
             if not line.lstrip().startswith(prefixes):
@@ -159,6 +159,17 @@ def parse_kb_table(
         value = int(number) if len(number) <= _U64_DIGITS else _U64_MAX
         table[words[0][:-1]] = value * _KIB if unit == "kb" else value
     return table
+
+
+def _line_prefixes(keys: frozenset[str]) -> tuple[str, ...]:
+    """``"Key:"`` for each wanted key, built once per key set (it is asked on every poll)."""
+    prefixes = _PREFIXES.get(keys)
+    if prefixes is None:
+        prefixes = _PREFIXES[keys] = tuple(f"{k}:" for k in keys)
+    return prefixes
+
+
+_PREFIXES: dict[frozenset[str], tuple[str, ...]] = {}
 
 
 def parse_key_values(text: str, *, sep: str | None = None) -> dict[str, str]:

@@ -31,12 +31,15 @@ from accelplat import _boundary, _files
 
 __all__ = [
     "AMDSMI_NOT_INSTALLED",
+    "AMD_VENDOR_ID",
     "ENV_LEVEL_ZERO_LIB",
     "ENV_SYSFS_ROOT",
+    "INTEL_VENDOR_ID",
     "LEVEL_ZERO_LOADER",
     "ROCM_TORCH_NOT_IMPORTED",
     "cuda",
     "drm_cards",
+    "level_zero_loader_name",
     "level_zero_not_found",
     "no_amd_gpu",
     "no_intel_gpu",
@@ -45,7 +48,7 @@ __all__ = [
 ]
 
 ENV_SYSFS_ROOT = "ACCELPLAT_SYSFS_ROOT"
-"""Variable that moves ``/sys`` (tests, chroots) for the ROCm and XPU backends."""
+"""Variable that moves ``/sys`` (tests, chroots) for the CPU, ROCm and XPU backends."""
 
 ENV_LEVEL_ZERO_LIB = "ACCELPLAT_LEVEL_ZERO_LIB"
 """Variable naming the Level Zero loader library to load instead of :data:`LEVEL_ZERO_LOADER`."""
@@ -56,8 +59,12 @@ LEVEL_ZERO_LOADER = "libze_loader.so.1"
 AMDSMI_NOT_INSTALLED = "amdsmi is not installed"
 ROCM_TORCH_NOT_IMPORTED = "torch is not imported by the caller (accelplat never imports it on ROCm)"
 
-_AMD_VENDOR_ID = 0x1002
-_INTEL_VENDOR_ID = 0x8086
+AMD_VENDOR_ID = 0x1002
+"""PCI vendor id of AMD."""
+
+INTEL_VENDOR_ID = 0x8086
+"""PCI vendor id of Intel (``accelplat._levelzero.INTEL_VENDOR_ID``)."""
+
 _CARD_RE = re.compile(r"^card(\d+)$")
 
 
@@ -73,6 +80,11 @@ def no_amd_gpu(drm: DrmPath) -> str:
 def no_intel_gpu(drm: DrmPath) -> str:
     """The XPU probe's reason when ``drm`` holds no Intel card bound to xe or i915."""
     return f"no Intel GPU bound to xe or i915 under {drm}"
+
+
+def level_zero_loader_name() -> str:
+    """The Level Zero loader to load: ``ACCELPLAT_LEVEL_ZERO_LIB``, else the standard one."""
+    return os.environ.get(ENV_LEVEL_ZERO_LIB) or LEVEL_ZERO_LOADER
 
 
 def level_zero_not_found(name: str, exc: BaseException) -> str:
@@ -155,7 +167,7 @@ def rocm() -> str | None:
         return None
     drm = _sysfs_drm()
     cards, note = drm_cards(drm)
-    if _may_hold_vendor(drm, cards, _AMD_VENDOR_ID):
+    if _may_hold_vendor(drm, cards, AMD_VENDOR_ID):
         return None
     import importlib.util
 
@@ -180,9 +192,9 @@ def xpu() -> str | None:
         return None
     drm = _sysfs_drm()
     cards, note = drm_cards(drm)
-    if _may_hold_vendor(drm, cards, _INTEL_VENDOR_ID):
+    if _may_hold_vendor(drm, cards, INTEL_VENDOR_ID):
         return None
-    failure = _loader_failure(os.environ.get(ENV_LEVEL_ZERO_LIB) or LEVEL_ZERO_LOADER)
+    failure = _loader_failure(level_zero_loader_name())
     if failure is None:
         return None
     return f"{note or no_intel_gpu(drm)}; {failure}"

@@ -18,7 +18,7 @@ from __future__ import annotations
 from accelplat._types import MemoryInfo, memory_info_fast
 from accelplat.errors import ImplausibleReadingError
 
-__all__ = ["MAX_PLAUSIBLE_BYTES", "checked_memory", "implausible"]
+__all__ = ["MAX_PLAUSIBLE_BYTES", "checked_memory", "implausible", "require_plausible"]
 
 MAX_PLAUSIBLE_BYTES = 2**63 - 1
 """The largest byte count taken as real (8 EiB): above it, an unsigned counter has wrapped."""
@@ -63,6 +63,55 @@ def _out_of_range(name: str, value: int) -> str | None:
     return None
 
 
+def require_plausible(
+    platform: str,
+    where: str,
+    *,
+    free: int,
+    total: int,
+    used: int,
+    reserved: int = 0,
+    source: str,
+) -> None:
+    """Check that these figures are possible, building nothing.
+
+    For figures that are judged as read but not returned as they are (a host's own figures
+    before a cgroup limit bounds them); :func:`checked_memory` checks and builds in one step.
+
+    Args:
+        platform: The platform's name, for the error.
+        where: What was read, e.g. ``"cuda device 0 (GPU-…)"``, for the error.
+        free: Bytes free.
+        total: Bytes usable by applications.
+        used: Bytes in use.
+        reserved: Bytes the driver keeps for itself.
+        source: ``MemoryInfo.source``, for the error.
+
+    Raises:
+        ImplausibleReadingError: When :func:`implausible` finds something impossible; the
+            message names every figure and the source.
+
+    Side effects:
+        None; pure arithmetic (it sits on the polling path of every wait).
+    """
+    why = (
+        None
+        if 0 <= free <= total <= MAX_PLAUSIBLE_BYTES
+        and 0 <= used <= total
+        and 0 <= reserved <= MAX_PLAUSIBLE_BYTES
+        and total > 0
+        else implausible(free, total, used, reserved)
+    )
+    if why is not None:
+        raise ImplausibleReadingError(
+            platform,
+            where,
+            why,
+            {"free": free, "total": total, "used": used, "reserved": reserved},
+            source,
+        )
+
+
 def checked_memory(
     platform: str,
     where: str,
@@ -94,20 +143,7 @@ def checked_memory(
     Side effects:
         None; pure arithmetic (it sits on the polling path of every wait).
     """
-    why = (
-        None
-        if 0 <= free <= total <= MAX_PLAUSIBLE_BYTES
-        and 0 <= used <= total
-        and 0 <= reserved <= MAX_PLAUSIBLE_BYTES
-        and total > 0
-        else implausible(free, total, used, reserved)
+    require_plausible(
+        platform, where, free=free, total=total, used=used, reserved=reserved, source=source
     )
-    if why is not None:
-        raise ImplausibleReadingError(
-            platform,
-            where,
-            why,
-            {"free": free, "total": total, "used": used, "reserved": reserved},
-            source,
-        )
     return memory_info_fast(free, total, used, reserved, source)

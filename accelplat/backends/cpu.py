@@ -69,7 +69,8 @@ from accelplat.backends._common import (
     parse_kb_table,
     parse_key_values,
 )
-from accelplat.backends._readings import checked_memory
+from accelplat.backends._presence import ENV_SYSFS_ROOT
+from accelplat.backends._readings import checked_memory, require_plausible
 from accelplat.errors import BackendError, DeviceNotFoundError
 from accelplat.platform import BasePlatform, StartMethod
 
@@ -83,7 +84,6 @@ def _norm(root: str | os.PathLike[str]) -> str:
     return os.path.normpath(os.fspath(root))
 
 
-ENV_SYSFS_ROOT = "ACCELPLAT_SYSFS_ROOT"
 ENV_CGROUP_ROOT = "ACCELPLAT_CGROUP_ROOT"
 
 _V1_UNLIMITED = 1 << 62
@@ -436,7 +436,16 @@ class CpuPlatform(BasePlatform):
         mem_total, mem_available, source, where = self._meminfo(roots)
         # The host's own figures first, as read: free above total or a wrapped counter is not
         # clamped into a plausible-looking answer (the one rule, accelplat.backends._readings).
-        host = checked_memory(
+        if cgroup is None:
+            return checked_memory(
+                "cpu",
+                where,
+                free=mem_available,
+                total=mem_total,
+                used=max(0, mem_total - mem_available),
+                source=source,
+            )
+        require_plausible(
             "cpu",
             where,
             free=mem_available,
@@ -444,8 +453,6 @@ class CpuPlatform(BasePlatform):
             used=max(0, mem_total - mem_available),
             source=source,
         )
-        if cgroup is None:
-            return host
         total = min(mem_total, cgroup.limit)
         free = min(mem_available, cgroup.headroom, total)
         return checked_memory(
@@ -470,7 +477,7 @@ class CpuPlatform(BasePlatform):
         total, mem_free = table["MemTotal"], table["MemFree"]
         where = f"NUMA node {node} ({path})"
         # The node's own figures, as read, must be possible (the one rule) ...
-        checked_memory(
+        require_plausible(
             "cpu",
             where,
             free=mem_free,

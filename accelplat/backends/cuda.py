@@ -722,10 +722,10 @@ class CudaPlatform(BasePlatform):
         return self._host_memory(info)
 
     def _host_memory(self, info: DeviceInfo) -> MemoryInfo:
-        path = proc_root(self._proc_root) / "meminfo"
         try:
             meminfo = host_meminfo(self._proc_root)
         except OSError as exc:
+            path = proc_root(self._proc_root) / "meminfo"  # built for the error only
             raise BackendError(
                 "cuda",
                 f"this GPU shares host memory (NVML reports no memory of its own), and {path} "
@@ -733,6 +733,7 @@ class CudaPlatform(BasePlatform):
                 vendor_error="NVMLError_NotSupported",
             ) from exc
         if meminfo is None:
+            path = proc_root(self._proc_root) / "meminfo"
             raise BackendError(
                 "cuda",
                 f"this GPU shares host memory, and {path} has no MemTotal/MemAvailable",

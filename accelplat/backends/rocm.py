@@ -91,6 +91,7 @@ from accelplat._types import (
 from accelplat._vendor import import_quietly
 from accelplat.backends._common import ReadText, SysfsReader, pci_address, pci_sort_key
 from accelplat.backends._presence import (
+    AMD_VENDOR_ID,
     AMDSMI_NOT_INSTALLED,
     ENV_SYSFS_ROOT,
     ROCM_TORCH_NOT_IMPORTED,
@@ -110,8 +111,6 @@ from accelplat.visible.rocm import (
 __all__ = ["AMD_VENDOR_ID", "RocmPlatform"]
 
 ENV_DEV_ROOT = "ACCELPLAT_DEV_ROOT"
-AMD_VENDOR_ID = 0x1002
-"""PCI vendor id of AMD (ATI) GPUs."""
 
 SOURCE_SYSFS = "sysfs"
 SOURCE_PARTITION = (
@@ -1155,7 +1154,8 @@ class RocmPlatform(BasePlatform):
             if source is None:
                 return ProbeResult(False, "; ".join(platform._reasons) or "no AMD GPU found")
             count = len(platform._visible())
-            total = len(source.gpus())
+            gpus = source.gpus()
+            total = len(gpus)
         except AccelplatError as exc:
             return ProbeResult(False, str(exc))
         except Exception as exc:  # a probe must never raise
@@ -1167,7 +1167,7 @@ class RocmPlatform(BasePlatform):
             return ProbeResult(
                 False, f"{total} AMD GPU(s) found, but the visible-devices variables hide all"
             )
-        cards = {g.card.name for g in source.gpus() if g.card is not None and g.partitions > 1}
+        cards = {g.card.name for g in gpus if g.card is not None and g.partitions > 1}
         note = ""
         if cards:
             note = (

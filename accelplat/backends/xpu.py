@@ -88,10 +88,10 @@ from accelplat._types import (
 from accelplat._vendor import import_quietly
 from accelplat.backends._common import ReadText, pci_address, pci_sort_key, read_attribute
 from accelplat.backends._presence import (
-    ENV_LEVEL_ZERO_LIB,
     ENV_SYSFS_ROOT,
-    LEVEL_ZERO_LOADER,
+    INTEL_VENDOR_ID,
     drm_cards,
+    level_zero_loader_name,
     level_zero_not_found,
     no_intel_gpu,
 )
@@ -114,9 +114,6 @@ __all__ = ["INTEL_VENDOR_ID", "XpuPlatform", "usage_visible_to_this_process"]
 ENV_ALLOW_TORCH = "ACCELPLAT_XPU_ALLOW_TORCH"
 ENV_INTEGRATED = "ACCELPLAT_XPU_INTEGRATED"
 ENV_PCI_ORDER = "ZE_ENABLE_PCI_ID_DEVICE_ORDER"
-
-INTEL_VENDOR_ID = 0x8086
-"""PCI vendor id of Intel."""
 
 SOURCE_SYSMAN = "level-zero-sysman"
 SOURCE_TORCH = "torch.xpu (creates a device context)"
@@ -458,7 +455,7 @@ class XpuPlatform(BasePlatform):
                 return None
             lib = self._lz_arg
             if lib is None:
-                name = os.environ.get(ENV_LEVEL_ZERO_LIB) or LEVEL_ZERO_LOADER
+                name = level_zero_loader_name()
                 try:
                     lib = lz.load_loader(name)
                 except OSError as exc:
