@@ -291,11 +291,12 @@ def _write_metadata(path: Path, data: Mapping[str, object]) -> None:
 def _command_line() -> str:
     """This process's command line, shortened to ``_COMMAND_LIMIT`` characters.
 
-    Read through the one bounded file reader; a command line of more than
+    Read through the one bounded file reader, live (this process's own file: never a replayed
+    host's, never recorded into a capture); a command line of more than
     :data:`accelplat._files.PROC_LIMIT` bytes, or an unreadable one, falls back to ``sys.argv``.
     """
     try:
-        raw = _files.read_bytes(f"/proc/{os.getpid()}/cmdline", limit=_files.PROC_LIMIT)
+        raw = _files.read_live(f"/proc/{os.getpid()}/cmdline", limit=_files.PROC_LIMIT)
         text = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
     except OSError:
         text = " ".join(sys.argv)

@@ -205,9 +205,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _lease_count(text: str) -> int:
-    if not text.strip().isdecimal() or len(text.strip()) > 6 or int(text) < 1:
-        raise ValueError(f"expected a number of devices >= 1, got {text!r}")
-    return int(text)
+    # the same rule as `accelplat lease -n`: ASCII digits, 1..999999
+    from accelplat import _validate
+
+    return _validate.integer(
+        text,
+        "",
+        minimum=1,
+        maximum=999_999,
+        expected="a number of devices >= 1",
+        from_text=True,
+        error=ValueError,
+    )
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -23,9 +23,9 @@ pytest) on first use. ``import accelplat`` does not import this package.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from accelplat._lazy import lazy_namespace
 from accelplat.testing.checks import (
     CHECK_NAMES,
     STABILITY_TOLERANCE,
@@ -50,14 +50,11 @@ __all__ = [
     "run_conformance",
 ]
 
-_PYTEST_EXPORTS = frozenset({"conformance_platform", "make_conformance_test"})
+_PYTEST_EXPORTS = dict.fromkeys(
+    ("conformance_platform", "make_conformance_test"), "accelplat.testing.conformance"
+)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _PYTEST_EXPORTS:
-        module = importlib.import_module("accelplat.testing.conformance")
-        return getattr(module, name)
-    raise AttributeError(f"module 'accelplat.testing' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_namespace(__name__, _PYTEST_EXPORTS, globals())
 
 
 if TYPE_CHECKING:
