@@ -177,7 +177,7 @@ class Replayer:
     # -- the Interceptor protocol -----------------------------------------------------------
 
     def call(self, channel: str, key: tuple[Hashable, ...], live: Callable[[], Any]) -> Any:
-        """Answer from the bundle (``live`` is not used)."""
+        """Answer from the bundle; ``live`` only for a file outside the host's file systems."""
         answer = self.next_answer(channel, list(key))
         if answer is None:
             path = str(key[-1]) if key else ""
