@@ -61,6 +61,7 @@ from accelplat._types import (
     MemoryInfo,
     ProbeResult,
     ReleaseProfile,
+    memory_info_fast,
 )
 from accelplat.backends._common import (
     ENV_PROC_ROOT,
@@ -436,23 +437,12 @@ class CpuPlatform(BasePlatform):
         mem_total, mem_available, source, where = self._meminfo(roots)
         # The host's own figures first, as read: free above total or a wrapped counter is not
         # clamped into a plausible-looking answer (the one rule, accelplat.backends._readings).
-        if cgroup is None:
-            return checked_memory(
-                "cpu",
-                where,
-                free=mem_available,
-                total=mem_total,
-                used=max(0, mem_total - mem_available),
-                source=source,
-            )
+        host_used = max(0, mem_total - mem_available)
         require_plausible(
-            "cpu",
-            where,
-            free=mem_available,
-            total=mem_total,
-            used=max(0, mem_total - mem_available),
-            source=source,
+            "cpu", where, free=mem_available, total=mem_total, used=host_used, source=source
         )
+        if cgroup is None:
+            return memory_info_fast(mem_available, mem_total, host_used, 0, source)
         total = min(mem_total, cgroup.limit)
         free = min(mem_available, cgroup.headroom, total)
         return checked_memory(
