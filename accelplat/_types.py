@@ -1,16 +1,23 @@
 """Value types shared by every layer of accelplat.
 
 All sizes are in bytes and all durations in seconds. Every type here is a frozen dataclass, so
-values can be shared between threads, cached and compared freely. This module imports nothing
-from the rest of the package.
+values can be shared between threads, cached and compared freely: ``dataclasses.fields``,
+``asdict`` and ``replace`` work on them, assigning to a field raises
+``dataclasses.FrozenInstanceError``, and equality, hashing and ``repr`` are the field-wise ones
+of ``@dataclass(frozen=True)``. They are built by ``value_type``, which compiles no code at
+import (see :func:`_frozen_value_type` for why). This module imports nothing from the rest of
+the package.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import operator
+import reprlib
+from collections.abc import Callable, Mapping
+from dataclasses import FrozenInstanceError, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
 __all__ = [
     "GIB",
@@ -26,6 +33,7 @@ __all__ = [
     "ReleaseProfile",
     "SettleResult",
     "UsageSnapshot",
+    "value_type",
 ]
 
 MIB = 1024**2
@@ -34,8 +42,99 @@ MIB = 1024**2
 GIB = 1024**3
 """Bytes in one gibibyte."""
 
+_T = TypeVar("_T")
 
-@dataclass(frozen=True)
+
+def _fields_getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """Return a function giving the tuple of the values of ``names`` of an object."""
+    if len(names) >= 2:
+        return operator.attrgetter(*names)
+    if len(names) == 1:
+        get_one = operator.attrgetter(names[0])
+        return lambda obj: (get_one(obj),)
+    return lambda obj: ()
+
+
+def _frozen_value_type(cls: type[_T]) -> type[_T]:
+    """Make ``cls`` a dataclass that behaves as ``@dataclass(frozen=True)`` makes it.
+
+    ``dataclass`` writes each method it adds as source text and compiles it while the class is
+    created: about half a millisecond per class, which made the value types a third of
+    detection on a host without an accelerator. Here ``dataclass`` only records the fields
+    (``fields``, ``asdict``, ``replace`` and ``__match_args__`` work as for any dataclass); the
+    class writes its own ``__init__`` (assigning with ``object.__setattr__`` and calling
+    ``__post_init__`` where it has one); equality, hashing, ``repr`` and the refusal to assign
+    or delete a field are functions shared by every value type that read its fields' names.
+    The result compares, hashes, prints and refuses changes as the generated methods do; a test
+    holds every value type against a ``@dataclass(frozen=True)`` twin.
+    """
+    cls = dataclass(init=False, repr=False, eq=False)(cls)
+    own = fields(cls)  # type: ignore[arg-type]
+    names = frozenset(f.name for f in own)
+    compared = _fields_getter(tuple(f.name for f in own if f.compare))
+    hashed = _fields_getter(tuple(f.name for f in own if (f.compare if f.hash is None else f.hash)))
+    shown = tuple(f.name for f in own if f.repr)
+
+    def _eq(self: Any, other: object) -> object:
+        if other.__class__ is self.__class__:
+            return compared(self) == compared(other)
+        return NotImplemented
+
+    def _hash(self: Any) -> int:
+        return hash(hashed(self))
+
+    @reprlib.recursive_repr()
+    def _repr(self: Any) -> str:
+        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in shown)
+        return f"{self.__class__.__qualname__}({inner})"
+
+    def _setattr(self: Any, name: str, value: object) -> None:
+        if type(self) is cls or name in names:
+            raise FrozenInstanceError(f"cannot assign to field {name!r}")
+        super(cls, self).__setattr__(name, value)
+
+    def _delattr(self: Any, name: str) -> None:
+        if type(self) is cls or name in names:
+            raise FrozenInstanceError(f"cannot delete field {name!r}")
+        super(cls, self).__delattr__(name)
+
+    methods = {
+        "__eq__": _eq,
+        "__hash__": _hash,
+        "__repr__": _repr,
+        "__setattr__": _setattr,
+        "__delattr__": _delattr,
+    }
+    for name, method in methods.items():
+        method.__name__ = name
+        method.__qualname__ = f"{cls.__qualname__}.{name}"
+        setattr(cls, name, method)
+    return cls
+
+
+if TYPE_CHECKING:
+    # Type checkers see the value types as what they are: frozen dataclasses.
+    from dataclasses import dataclass as value_type
+else:
+
+    def value_type(*, frozen: bool) -> Callable[[type[_T]], type[_T]]:
+        """Class decorator of the value types, written ``@value_type(frozen=True)``.
+
+        Args:
+            frozen: Must be ``True``; spelled out so that the code says what type checkers see.
+
+        Returns:
+            The decorator, :func:`_frozen_value_type`.
+
+        Raises:
+            TypeError: For ``frozen`` other than ``True``.
+        """
+        if frozen is not True:
+            raise TypeError("value types are frozen: write @value_type(frozen=True)")
+        return _frozen_value_type
+
+
+@value_type(frozen=True)
 class MemoryInfo:
     """Memory of one device at one moment, in bytes.
 
@@ -54,6 +153,15 @@ class MemoryInfo:
     used: int
     reserved: int = 0
     source: str = ""
+
+    def __init__(
+        self, free: int, total: int, used: int, reserved: int = 0, source: str = ""
+    ) -> None:
+        object.__setattr__(self, "free", free)
+        object.__setattr__(self, "total", total)
+        object.__setattr__(self, "used", used)
+        object.__setattr__(self, "reserved", reserved)
+        object.__setattr__(self, "source", source)
 
     @property
     def used_ratio(self) -> float:
@@ -75,7 +183,7 @@ def memory_info_fast(free: int, total: int, used: int, reserved: int, source: st
     return obj
 
 
-@dataclass(frozen=True)
+@value_type(frozen=True)
 class DeviceInfo:
     """Identity of one visible device.
 
@@ -102,6 +210,24 @@ class DeviceInfo:
     arch: str | None = None
     compute_capability: tuple[int, int] | None = None
 
+    def __init__(  # noqa: PLR0917 - positional, as the dataclass's own __init__ would be
+        self,
+        index: int,
+        physical_index: int,
+        name: str,
+        uuid: str | None = None,
+        pci_bus_id: str | None = None,
+        arch: str | None = None,
+        compute_capability: tuple[int, int] | None = None,
+    ) -> None:
+        object.__setattr__(self, "index", index)
+        object.__setattr__(self, "physical_index", physical_index)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "uuid", uuid)
+        object.__setattr__(self, "pci_bus_id", pci_bus_id)
+        object.__setattr__(self, "arch", arch)
+        object.__setattr__(self, "compute_capability", compute_capability)
+
     @property
     def stable_id(self) -> str | None:
         """An identity that no visible-devices variable or enumeration order can change.
@@ -113,7 +239,7 @@ class DeviceInfo:
         return self.uuid or self.pci_bus_id or None
 
 
-@dataclass(frozen=True)
+@value_type(frozen=True)
 class FeatureRule:
     """One condition under which a platform's device has a built-in capability, as data.
 
@@ -133,8 +259,20 @@ class FeatureRule:
     value: str | None = None
     note: str = ""
 
+    def __init__(
+        self,
+        min_compute_capability: tuple[int, int] | None = None,
+        archs: tuple[str, ...] = (),
+        value: str | None = None,
+        note: str = "",
+    ) -> None:
+        object.__setattr__(self, "min_compute_capability", min_compute_capability)
+        object.__setattr__(self, "archs", archs)
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "note", note)
 
-@dataclass(frozen=True)
+
+@value_type(frozen=True)
 class ReleaseProfile:
     """How a platform gives device memory back, used by the settle algorithm as data.
 
@@ -152,6 +290,19 @@ class ReleaseProfile:
     settle_timeout_s: float
     idle_floor_bytes: int = 0
 
+    def __init__(
+        self,
+        lazy: bool,
+        stable_duration_s: float,
+        settle_timeout_s: float,
+        idle_floor_bytes: int = 0,
+    ) -> None:
+        object.__setattr__(self, "lazy", lazy)
+        object.__setattr__(self, "stable_duration_s", stable_duration_s)
+        object.__setattr__(self, "settle_timeout_s", settle_timeout_s)
+        object.__setattr__(self, "idle_floor_bytes", idle_floor_bytes)
+        self.__post_init__()
+
     def __post_init__(self) -> None:
         for name in ("stable_duration_s", "settle_timeout_s"):
             value = getattr(self, name)
@@ -163,7 +314,7 @@ class ReleaseProfile:
             )
 
 
-@dataclass(frozen=True)
+@value_type(frozen=True)
 class GraphSupport:
     """Whether the platform can capture and replay device graphs.
 
@@ -180,8 +331,13 @@ class GraphSupport:
     api: str | None
     reason: str
 
+    def __init__(self, available: bool, api: str | None, reason: str) -> None:
+        object.__setattr__(self, "available", available)
+        object.__setattr__(self, "api", api)
+        object.__setattr__(self, "reason", reason)
 
-@dataclass(frozen=True)
+
+@value_type(frozen=True)
 class ProbeResult:
     """Outcome of a platform's cheap availability probe.
 
@@ -193,8 +349,12 @@ class ProbeResult:
     available: bool
     reason: str
 
+    def __init__(self, available: bool, reason: str) -> None:
+        object.__setattr__(self, "available", available)
+        object.__setattr__(self, "reason", reason)
 
-@dataclass(frozen=True)
+
+@value_type(frozen=True)
 class Candidate:
     """One platform considered by detection, and what became of it.
 
@@ -212,6 +372,15 @@ class Candidate:
     reason: str
     builtin: bool = True
 
+    def __init__(
+        self, name: str, available: bool, chosen: bool, reason: str, builtin: bool = True
+    ) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "available", available)
+        object.__setattr__(self, "chosen", chosen)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "builtin", builtin)
+
 
 class HolderState(str, enum.Enum):
     """What is known about a process that holds device memory."""
@@ -228,7 +397,7 @@ class HolderState(str, enum.Enum):
     """No such process any more (the driver still lists it, or its pid is in another namespace)."""
 
 
-@dataclass(frozen=True)
+@value_type(frozen=True)
 class MemoryHolder:
     """A process that holds memory on a device, where the vendor can tell.
 
@@ -244,8 +413,16 @@ class MemoryHolder:
     state: HolderState
     name: str = ""
 
+    def __init__(
+        self, pid: int, used_bytes: int | None, state: HolderState, name: str = ""
+    ) -> None:
+        object.__setattr__(self, "pid", pid)
+        object.__setattr__(self, "used_bytes", used_bytes)
+        object.__setattr__(self, "state", state)
+        object.__setattr__(self, "name", name)
 
-@dataclass(frozen=True)
+
+@value_type(frozen=True)
 class UsageSnapshot:
     """Memory of several devices sampled together.
 
@@ -254,13 +431,25 @@ class UsageSnapshot:
         wall_time: ``time.time()`` of the same moment, for logs.
         memory: Per visible device index, its ``MemoryInfo``.
         holders: Per visible device index, the processes holding memory there; a device missing
-            from this mapping means the vendor cannot tell.
+            from this mapping means the vendor cannot tell. Empty when not given (or ``None``).
     """
 
     timestamp: float
     wall_time: float
     memory: Mapping[int, MemoryInfo]
     holders: Mapping[int, tuple[MemoryHolder, ...]] = field(default_factory=dict)
+
+    def __init__(
+        self,
+        timestamp: float,
+        wall_time: float,
+        memory: Mapping[int, MemoryInfo],
+        holders: Mapping[int, tuple[MemoryHolder, ...]] | None = None,
+    ) -> None:
+        object.__setattr__(self, "timestamp", timestamp)
+        object.__setattr__(self, "wall_time", wall_time)
+        object.__setattr__(self, "memory", memory)
+        object.__setattr__(self, "holders", {} if holders is None else holders)
 
     def used_gib(self) -> dict[int, tuple[float, float]]:
         """Return per device ``(used GiB, total GiB)``, the shape vLLM's test helpers use."""
@@ -274,7 +463,7 @@ class UsageSnapshot:
         )
 
 
-@dataclass(frozen=True)
+@value_type(frozen=True)
 class SettleResult:
     """What a memory wait did.
 
@@ -283,7 +472,8 @@ class SettleResult:
         polls: Number of samples taken, the first included.
         snapshot: The last sample, which met the target.
         already_settled: ``True`` when the first sample met the target and no waiting happened.
-        targets: Per device, the usage in bytes at or below which it counts as clear.
+        targets: Per device, the usage in bytes at or below which it counts as clear; empty
+            when not given (or ``None``).
     """
 
     waited_s: float
@@ -291,3 +481,17 @@ class SettleResult:
     snapshot: UsageSnapshot
     already_settled: bool
     targets: Mapping[int, int] = field(default_factory=dict)
+
+    def __init__(
+        self,
+        waited_s: float,
+        polls: int,
+        snapshot: UsageSnapshot,
+        already_settled: bool,
+        targets: Mapping[int, int] | None = None,
+    ) -> None:
+        object.__setattr__(self, "waited_s", waited_s)
+        object.__setattr__(self, "polls", polls)
+        object.__setattr__(self, "snapshot", snapshot)
+        object.__setattr__(self, "already_settled", already_settled)
+        object.__setattr__(self, "targets", {} if targets is None else targets)

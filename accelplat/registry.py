@@ -40,11 +40,10 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from accelplat import _boundary, _validate
-from accelplat._types import Candidate, ProbeResult
+from accelplat._types import Candidate, ProbeResult, value_type
 from accelplat._vendor import import_quietly, quiet_stdout
 from accelplat.errors import AccelplatError, ConfigurationError, PlatformNotAvailableError
 from accelplat.platform import Platform
@@ -111,7 +110,7 @@ PlatformFactory = Callable[[], Any]
 """A platform class or a zero-argument callable returning a platform instance."""
 
 
-@dataclass(frozen=True)
+@value_type(frozen=True)
 class DetectionReport:
     """Every platform detection considered, and the outcome.
 
@@ -128,6 +127,18 @@ class DetectionReport:
     candidates: tuple[Candidate, ...]
     forced: str | None = None
     error: str | None = None
+
+    def __init__(
+        self,
+        chosen: str | None,
+        candidates: tuple[Candidate, ...],
+        forced: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        object.__setattr__(self, "chosen", chosen)
+        object.__setattr__(self, "candidates", candidates)
+        object.__setattr__(self, "forced", forced)
+        object.__setattr__(self, "error", error)
 
 
 class _Entry:
