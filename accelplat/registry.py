@@ -102,7 +102,14 @@ _QUICK_ABSENCE: dict[str, str] = {
     "xpu": "accelplat.backends._presence:xpu",
 }
 """For a built-in, a function saying why it is certainly absent (``None``: it may be present),
-asked before its backend module is imported, so that a host without the driver never loads it."""
+asked before its backend module is imported, so that a host without the driver never loads it.
+These checks list directories, read small files and ask the dynamic loader for a library; they
+talk to no driver, so they run in the caller's thread (no worker thread is started for a
+platform they rule out)."""
+
+_IN_CALLER: frozenset[str] = frozenset({"cpu"})
+"""Built-ins whose import and probe touch no vendor library and no driver (host files only):
+loaded and probed in the caller's thread. Every other platform gets a bounded worker thread."""
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
@@ -148,7 +155,8 @@ class _Entry:
     bounded worker thread and constructed only when chosen. Everything else is untrusted: also
     constructed in that thread and checked against the protocol before it can be chosen.
     ``ordered`` entries take part in the built-in order (a built-in, or an override of one).
-    ``absence`` names a built-in's quick absence check (see ``_QUICK_ABSENCE``).
+    ``absence`` names a built-in's quick absence check (see ``_QUICK_ABSENCE``); ``in_caller``
+    marks a built-in loaded and probed without a worker thread (see ``_IN_CALLER``).
 
     A plain class, not a dataclass: detection builds the table on a host's first query, where
     each dataclass definition would cost about half a millisecond at import.
@@ -157,6 +165,7 @@ class _Entry:
     __slots__ = (
         "absence",
         "entry_point",
+        "in_caller",
         "loaded",
         "name",
         "obj",
@@ -178,6 +187,7 @@ class _Entry:
         entry_point: Any = None,
         origin: str = "",
         absence: str | None = None,
+        in_caller: bool = False,
     ) -> None:
         self.name = name
         self.shipped = shipped
@@ -187,6 +197,7 @@ class _Entry:
         self.entry_point = entry_point
         self.origin = origin
         self.absence = absence
+        self.in_caller = in_caller
         self.loaded: PlatformFactory | None = None
         self.pending: threading.Thread | None = None
 
@@ -266,6 +277,7 @@ def _builtin_entry(name: str) -> _Entry:
         target=_BUILTINS[name],
         origin="built-in",
         absence=_QUICK_ABSENCE.get(name),
+        in_caller=name in _IN_CALLER,
     )
 
 
@@ -603,15 +615,18 @@ def _run_bounded(entry: _Entry, work: Callable[[], _Outcome], timeout: float) ->
 def _consider(entry: _Entry, timeout: float) -> _Outcome:
     """Load and probe one platform; every failure becomes an unavailable candidate.
 
-    Shipped backends are only loaded and probed. Anything else is also constructed (when its
-    probe says available) and checked against the protocol, all within ``timeout``.
+    A built-in's quick absence check runs first, in the caller's thread; a platform it rules
+    out is neither loaded nor given a thread. Shipped backends are only loaded and probed.
+    Anything else is also constructed (when its probe says available) and checked against the
+    protocol, all within ``timeout``, in a worker thread; so are the shipped GPU backends,
+    whose probes talk to drivers.
     """
     name, builtin = entry.name, entry.ordered
+    absent = _certainly_absent(entry)
+    if absent is not None:
+        return _Outcome(Candidate(name, False, False, absent, builtin))
 
     def work() -> _Outcome:
-        absent = _certainly_absent(entry)
-        if absent is not None:
-            return _Outcome(Candidate(name, False, False, absent, builtin))
         step = "import"
         try:
             factory = _load(entry)
@@ -633,7 +648,7 @@ def _consider(entry: _Entry, timeout: float) -> _Outcome:
         return _Outcome(cand, factory, instance)
 
     try:
-        outcome = _run_bounded(entry, work, timeout)
+        outcome = work() if entry.in_caller else _run_bounded(entry, work, timeout)
     except (Exception, SystemExit) as exc:  # pragma: no cover - work() reports its own errors
         reason = f"skipped: {_describe_failure(exc)}"
         return _Outcome(Candidate(name, False, False, reason, builtin))

@@ -626,6 +626,43 @@ def test_builtin_and_plugin_probes_both_run_in_a_bounded_thread() -> None:
     assert seen == ["accelplat-probe-x", "accelplat-probe-y"]
 
 
+def test_quick_absence_checks_and_the_cpu_builtin_run_without_a_worker_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU platform ruled out by its absence check, and the CPU platform, start no thread.
+
+    Both only read host files (and ask the loader for a library); the thread bounds work that
+    talks to a driver or comes from a plugin.
+    """
+    seen: list[str] = []
+
+    def absent() -> str:
+        seen.append(threading.current_thread().name)
+        return "no such hardware here"
+
+    monkeypatch.setattr(sys.modules[__name__], "_absence_for_test", absent, raising=False)
+    gpu = registry._Entry(
+        "gpu", shipped=True, ordered=True, obj=object, absence=f"{__name__}:_absence_for_test"
+    )
+    outcome = registry._consider(gpu, 1.0)
+    assert outcome.candidate.reason == "no such hardware here"
+    assert gpu.pending is None
+    cpu = registry._builtin_entry("cpu")
+    assert cpu.in_caller
+    started: list[threading.Thread] = []
+    real_start = threading.Thread.start
+
+    def counting_start(thread: threading.Thread) -> None:
+        started.append(thread)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    assert registry._consider(cpu, 1.0).candidate.available
+    assert started == []
+    assert seen == [threading.current_thread().name]
+    assert not any(registry._builtin_entry(n).in_caller for n in ("cuda", "rocm", "xpu"))
+
+
 # -- entry points and ACCELPLAT_PLUGINS ---------------------------------------------------------
 
 
