@@ -533,6 +533,27 @@ def test_filtered_meminfo_parse_keeps_exactly_the_unfiltered_entries() -> None:
     }
 
 
+_MEMINFO_PIECES = st.sampled_from(
+    [
+        "MemTotal:", "MemFree:", "MemAvailable:", "Buffers:", "Cached:", "SwapCached:",
+        "MemTotalX:", "Node 0 ", ":", " ", "\t", "  ", "\n", "\r\n", "\r", "\x0b", "\x0c",
+        "\x1c", "\x85", "\u2028", "\u00a0", "\u3000", "0", "7", "123", "-5", "\u0663",
+        "99999999999999999999999", " kB", " KB", " MB", "x",
+    ]
+)
+
+
+@given(st.lists(_MEMINFO_PIECES, max_size=40).map("".join))
+def test_the_keyed_meminfo_parse_reads_what_the_full_parse_reads(text: str) -> None:
+    """The keyed parse passes lines over unsplit; what it keeps must be what splitting reads."""
+    from accelplat.backends._common import _MEMINFO_KEYS, parse_kb_table
+
+    everything = parse_kb_table(text)
+    wanted = {k: v for k, v in everything.items() if k in _MEMINFO_KEYS}
+    filtered = parse_kb_table(text, keys=_MEMINFO_KEYS)
+    assert {k: v for k, v in filtered.items() if k in _MEMINFO_KEYS} == wanted
+
+
 def test_host_meminfo_names_the_file_under_the_proc_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
