@@ -17,6 +17,12 @@ disabled run (target: at most 0.5 ms per test with both options). Also prints th
 Usage (from the repository root)::
 
     PYTHONPATH=. python benchmarks/bench_plugin_overhead.py [--tests 500] [--runs 7]
+        [--no-bytecode-cache]
+
+The children cache bytecode as Python does by default, also when this shell sets
+``PYTHONDONTWRITEBYTECODE``: pytest compiles (assertion-rewrites) a plugin's modules on import
+and, without the cache, does so again in every session, which is a cost of that setting rather
+than of the options. ``--no-bytecode-cache`` measures with the shell's setting instead.
 """
 
 from __future__ import annotations
@@ -44,8 +50,18 @@ VARIANTS: dict[str, list[str]] = {
 }
 
 
-def _env() -> dict[str, str]:
+def _env(*, bytecode_cache: bool = True) -> dict[str, str]:
+    """The children's environment: this one without ``ACCELPLAT_*``, the CPU platform forced.
+
+    With ``bytecode_cache`` (the default) ``PYTHONDONTWRITEBYTECODE`` is dropped, so the
+    children cache bytecode as Python does by default. pytest rewrites the assertions of every
+    module of a plugin's distribution as it imports it and caches the result the same way;
+    with the variable set, each session re-compiles every accelplat module the options import
+    (tens of milliseconds per session, not per test).
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
+    if bytecode_cache:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env["ACCELPLAT_PLATFORM"] = "cpu"
     return env
@@ -62,8 +78,12 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_times(tests: int, runs: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def run_times(
+    tests: int, runs: int, *, bytecode_cache: bool = True
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Wall and CPU seconds of each variant over ``runs`` round-robin runs (after a warm-up).
+
+    The warm-up round also writes the bytecode caches (see :func:`_env`).
 
     The CPU time (user + system, of the pytest process and its threads) is what the plugins
     cost the machine; unlike the wall time it hardly moves when other jobs share the cores.
@@ -80,7 +100,7 @@ def run_times(tests: int, runs: int) -> tuple[dict[str, list[float]], dict[str, 
                 done = subprocess.run(
                     [sys.executable, "-m", "pytest", *extra],
                     cwd=work,
-                    env=_env(),
+                    env=_env(bytecode_cache=bytecode_cache),
                     capture_output=True,
                     text=True,
                     check=False,
@@ -126,14 +146,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests", type=int, default=500, help="trivial tests in the suite")
     parser.add_argument("--runs", type=int, default=7, help="runs of each variant")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--no-bytecode-cache",
+        action="store_true",
+        help="keep PYTHONDONTWRITEBYTECODE as this shell has it (by default the children cache "
+        "bytecode, as Python does unless told otherwise)",
+    )
     args = parser.parse_args(argv)
+    bytecode_cache = not args.no_bytecode_cache
 
     costs = reading_costs()
     print("One reading, best of 5 x 2000 calls:")
     for name, value in costs.items():
         print(f"  {name:32s} {value * 1e6:8.1f} us")
     print(f"load average before the runs: {_load()}")
-    times, cpu = run_times(args.tests, args.runs)
+    if bytecode_cache:
+        print("bytecode caching: on in the children (Python's default)")
+    else:
+        dont = os.environ.get("PYTHONDONTWRITEBYTECODE")
+        print(f"bytecode caching: as this shell has it (PYTHONDONTWRITEBYTECODE={dont!r})")
+    times, cpu = run_times(args.tests, args.runs, bytecode_cache=bytecode_cache)
     print(f"load average after the runs: {_load()}")
     med = {n: statistics.median(v) for n, v in times.items()}
     low = {n: min(v) for n, v in times.items()}
