@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from accelplat._types import SettleResult
     from accelplat.capabilities import Capability
     from accelplat.platform import Platform
+    from accelplat.timeline.trace import DeviceTrack
 
 __all__ = [
     "DEFAULT_LEAK_TOLERANCE",
@@ -64,6 +65,7 @@ __all__ = [
     "MarkerError",
     "accel_platform",
     "settled_device_memory",
+    "share_after_teardown",
     "skip_reason",
 ]
 
@@ -102,6 +104,7 @@ _GIB = 1024**3
 _FORCED_KEY = pytest.StashKey[str]()
 _PREVIOUS_ENV_KEY = pytest.StashKey["str | None"]()
 _BASELINE_KEY = pytest.StashKey[dict[int, int]]()
+_AFTER_TEARDOWN_KEY = pytest.StashKey[dict[int, int]]()
 _LEAK_PROPERTY = "accelplat_leak"
 _LEAK_PLUGIN_NAME = "accelplat-leak-check"
 _ENV_PLATFORM = "ACCELPLAT_PLATFORM"
@@ -761,6 +764,43 @@ def _used_bytes(platform: Platform) -> dict[int, int]:
     return {d: platform.memory_info(d).used for d in range(platform.device_count())}
 
 
+def share_after_teardown(
+    item: pytest.Item, devices: Sequence[DeviceTrack], reading: Sequence[int | None]
+) -> None:
+    """Offer the leak check a reading of used memory taken as ``item``'s teardown ended.
+
+    The timeline samples every device at that point to close the test's span; the leak check
+    compares memory at the same point, so it takes this reading instead of reading again. A
+    reading that misses a device (a failed query) is not offered, nor is anything kept when
+    the leak check is off.
+
+    Args:
+        item: The test.
+        devices: The sampled devices, in reading order.
+        reading: Used bytes per device, ``None`` where the query failed.
+    """
+    if item.config.pluginmanager.get_plugin(_LEAK_PLUGIN_NAME) is None:
+        return  # no leak check to read it
+    if any(used is None for used in reading):
+        return
+    item.stash[_AFTER_TEARDOWN_KEY] = {
+        d.index: used for d, used in zip(devices, reading, strict=True) if used is not None
+    }
+
+
+def _used_after_teardown(item: pytest.Item, platform: Platform) -> dict[int, int]:
+    """Used bytes per visible device now, at the end of ``item``'s teardown.
+
+    Takes the timeline's reading of this same moment when it covers every visible device.
+    """
+    shared = item.stash.get(_AFTER_TEARDOWN_KEY, None)
+    if shared is not None:
+        del item.stash[_AFTER_TEARDOWN_KEY]
+        if sorted(shared) == list(range(platform.device_count())):
+            return shared
+    return _used_bytes(platform)
+
+
 def _fmt_size(n: int) -> str:
     if abs(n) >= _GIB:
         return f"{n / _GIB:.2f} GiB"
@@ -785,11 +825,14 @@ class LeakChecker:
     """
 
     def __init__(self, config: pytest.Config, tolerance: int, wait_s: float | None) -> None:
+        from accelplat.leaks import is_leak  # the one leak rule, loaded once with the check
+
         self.config = config
         self.tolerance = tolerance
         self.wait_s = wait_s
         self.leaks: list[_Leak] = []
         self.checked = 0
+        self._is_leak = is_leak
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Record the baseline (after the marker checks, which run first)."""
@@ -809,18 +852,19 @@ class LeakChecker:
 
     def _leaks_after(self, item: pytest.Item, baseline: dict[int, int]) -> list[list[int]]:
         """Return ``[device, before, after]`` for each device above baseline + tolerance."""
-        from accelplat.leaks import is_leak
-
+        is_leak = self._is_leak
         platform = _current(item.config)
-        after = _used_bytes(platform)
+        after = _used_after_teardown(item, platform)
         over = sorted(
             d for d, used in after.items() if is_leak(baseline.get(d), used, self.tolerance)
         )
-        profile = platform.release
+        if not over:
+            return []
         wait_s = self.wait_s
         if wait_s is None:
+            profile = platform.release
             wait_s = 4 * profile.stable_duration_s if profile.lazy else 0.0
-        if over and wait_s > 0:
+        if wait_s > 0:
             # the waiting machinery loads with the first test that needs it
             from accelplat.errors import MemoryNotSettledError
             from accelplat.memory import wait_for_memory_to_clear

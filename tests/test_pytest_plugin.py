@@ -403,3 +403,76 @@ def test_vllms_distributed_selector_is_kept_where_registered(
     result = run(pytester, "--accelplat-platform", "simulated", "-m", "distributed")
     result.assert_outcomes(skipped=1, deselected=1)
     assert "Need at least 2 GPUs to run the test." in "\n".join(skip_lines(result))
+
+
+# -- the leak check and the timeline share the reading taken as a teardown ends -----------------
+
+
+class _CountingPlatform:
+    """Two devices whose readings are counted (the vendor boundary of this unit test)."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def device_count(self) -> int:
+        return 2
+
+    def memory_info(self, device: int) -> Any:
+        from accelplat import MemoryInfo
+
+        self.reads += 1
+        return MemoryInfo(free=10 - device, total=10, used=device)
+
+
+def _item(with_leak_check: bool) -> Any:
+    from types import SimpleNamespace
+
+    plugins = {"accelplat-leak-check": object()} if with_leak_check else {}
+    manager = SimpleNamespace(get_plugin=plugins.get)
+    return SimpleNamespace(stash=pytest.Stash(), config=SimpleNamespace(pluginmanager=manager))
+
+
+def _tracks(*indices: int) -> list[Any]:
+    from accelplat.timeline.trace import DeviceTrack
+
+    return [DeviceTrack(i, f"dev{i}", 10) for i in indices]
+
+
+def test_the_leak_check_takes_the_timelines_reading_of_the_same_moment() -> None:
+    from accelplat.pytest_plugin import _used_after_teardown, share_after_teardown
+
+    platform = _CountingPlatform()
+    item = _item(with_leak_check=True)
+    share_after_teardown(item, _tracks(0, 1), (7, 8))
+    assert _used_after_teardown(item, platform) == {0: 7, 1: 8}  # type: ignore[arg-type]
+    assert platform.reads == 0
+    # consumed: the next teardown reads again
+    assert _used_after_teardown(item, platform) == {0: 0, 1: 1}  # type: ignore[arg-type]
+    assert platform.reads == 2
+
+
+@pytest.mark.parametrize(
+    ("tracks", "reading"),
+    [((0,), (7,)), ((0, 1), (7, None))],
+    ids=["a device not sampled", "a failed query"],
+)
+def test_a_reading_that_misses_a_device_is_not_taken(
+    tracks: tuple[int, ...], reading: tuple[int | None, ...]
+) -> None:
+    from accelplat.pytest_plugin import _used_after_teardown, share_after_teardown
+
+    platform = _CountingPlatform()
+    item = _item(with_leak_check=True)
+    share_after_teardown(item, _tracks(*tracks), reading)
+    assert _used_after_teardown(item, platform) == {0: 0, 1: 1}  # type: ignore[arg-type]
+    assert platform.reads == 2
+
+
+def test_nothing_is_kept_for_the_leak_check_when_it_is_off() -> None:
+    from accelplat.pytest_plugin import _AFTER_TEARDOWN_KEY, share_after_teardown
+
+    item = _item(with_leak_check=False)
+    share_after_teardown(item, _tracks(0, 1), (7, 8))
+    assert _AFTER_TEARDOWN_KEY not in item.stash

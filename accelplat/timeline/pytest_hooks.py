@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from accelplat.errors import ConfigurationError
-from accelplat.pytest_plugin import DEFAULT_LEAK_TOLERANCE
+from accelplat.pytest_plugin import DEFAULT_LEAK_TOLERANCE, share_after_teardown
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
 
 if TYPE_CHECKING:
     from accelplat.timeline.sampler import Recorder
-    from accelplat.timeline.trace import Trace
+    from accelplat.timeline.trace import Reading, Trace
 
 # The sampler, the trace model and the leak rule load when a timeline is asked for: pytest
 # imports this plugin in every session, most of which record nothing.
@@ -294,6 +294,7 @@ class TimelinePlugin:
         self.trace: Trace | None = None
         self._tap: WaitEventTap | None = None
         self._outcomes: dict[str, str] = {}
+        self._ended: dict[str, tuple[float, Reading]] = {}
         self._written: list[Path] = []
         self._error: str | None = None
         self._signals: list[int] = []
@@ -352,10 +353,28 @@ class TimelinePlugin:
         else:
             self._outcomes.setdefault(report.nodeid, "passed")
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """Sample memory the moment a test's teardown has ended, before it is reported.
+
+        The sample closes the test's span (:meth:`pytest_runtest_logfinish`), and the leak
+        check, which compares memory at this same point, reads it instead of reading again
+        (:func:`accelplat.pytest_plugin.share_after_teardown`).
+        """
+        if call.when == "teardown" and self.recorder is not None:
+            sample = self.recorder.sampler.sample()
+            self._ended[item.nodeid] = sample
+            share_after_teardown(item, self.recorder.devices, sample[1])
+        report: pytest.TestReport = yield
+        return report
+
     def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
-        """Close the span of a test as its teardown ends."""
+        """Close the span of a test with the sample taken as its teardown ended."""
         if self.recorder is not None:
-            self.recorder.end_test(nodeid, self._outcomes.pop(nodeid, ""))
+            sample = self._ended.pop(nodeid, None)
+            self.recorder.end_test(nodeid, self._outcomes.pop(nodeid, ""), sample=sample)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_fixture_setup(

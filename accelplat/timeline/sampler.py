@@ -500,17 +500,22 @@ class Recorder:
             if opened is not None and opened.body_start is None:
                 opened.body_start = t
 
-    def end_test(self, nodeid: str, outcome: str = "") -> TestSpan | None:
+    def end_test(
+        self, nodeid: str, outcome: str = "", *, sample: tuple[float, Reading] | None = None
+    ) -> TestSpan | None:
         """Mark the end of a test, sampling memory now to compare with its baseline.
 
         Args:
             nodeid: The id given to :meth:`begin_test`.
             outcome: ``"passed"``, ``"failed"``, ``"skipped"`` or any short word.
+            sample: A ``(t, reading)`` from :meth:`Sampler.sample` taken when the test's
+                teardown ended, to close the span with instead of sampling now (pytest's
+                reporting of the teardown runs in between).
 
         Returns:
             The finished span, or ``None`` when the test was never begun.
         """
-        t, reading = self.sampler.sample()
+        t, reading = self.sampler.sample() if sample is None else sample
         with self._lock:
             opened = self._open_tests.pop(nodeid, None)
             if self._current_test == nodeid:
