@@ -476,3 +476,67 @@ def test_nothing_is_kept_for_the_leak_check_when_it_is_off() -> None:
     item = _item(with_leak_check=False)
     share_after_teardown(item, _tracks(0, 1), (7, 8))
     assert _AFTER_TEARDOWN_KEY not in item.stash
+
+
+def _timeline_plugin() -> list[str]:
+    """Load the timeline plugin where the checkout is not installed (no entry point)."""
+    from importlib.metadata import entry_points
+
+    installed = any(ep.name == "accelplat_timeline" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "accelplat.timeline.pytest_hooks"]
+
+
+READ_COUNTING_CONFTEST = """
+import accelplat.backends.simulated as sim
+
+READS = [0]
+_read = sim.SimulatedPlatform.memory_info
+
+
+def _counting(self, device):
+    READS[0] += 1
+    return _read(self, device)
+
+
+sim.SimulatedPlatform.memory_info = _counting
+
+
+def pytest_unconfigure(config):
+    (config.rootpath / "reads.txt").write_text(str(READS[0]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("options", "per_test"),
+    [
+        (["--accelplat-leak-check"], 2),
+        (["--accelplat-timeline=r.html", "--accelplat-timeline-hz=0.001"], 2),
+        (
+            [
+                "--accelplat-leak-check",
+                "--accelplat-timeline=r.html",
+                "--accelplat-timeline-hz=0.001",
+            ],
+            3,
+        ),
+    ],
+    ids=["leak check", "timeline", "both"],
+)
+def test_readings_per_test_with_the_leak_check_and_the_timeline(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, options: list[str], per_test: int
+) -> None:
+    """Each reads before and after a test; together they share the reading after it."""
+    write_spec(pytester, monkeypatch, devices=[{"total": "16GiB", "used": "1GiB"}] * 2)
+    pytester.makeconftest(READ_COUNTING_CONFTEST)
+    reads: dict[int, int] = {}
+    for tests in (1, 3):
+        body = "\n".join(f"def test_{i}():\n    pass\n" for i in range(tests))
+        pytester.makepyfile(test_some=body)
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", *_timeline_plugin(), "--accelplat-platform", "simulated",
+            *options,
+        )  # fmt: skip
+        result.assert_outcomes(passed=tests)
+        reads[tests] = int((pytester.path / "reads.txt").read_text())
+    devices = 2
+    assert reads[3] - reads[1] == 2 * per_test * devices

@@ -353,7 +353,7 @@ class TimelinePlugin:
         else:
             self._outcomes.setdefault(report.nodeid, "passed")
 
-    @pytest.hookimpl(wrapper=True)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
@@ -361,7 +361,8 @@ class TimelinePlugin:
 
         The sample closes the test's span (:meth:`pytest_runtest_logfinish`), and the leak
         check, which compares memory at this same point, reads it instead of reading again
-        (:func:`accelplat.pytest_plugin.share_after_teardown`).
+        (:func:`accelplat.pytest_plugin.share_after_teardown`). ``tryfirst`` puts this wrapper
+        outside the leak check's, whatever order the two plugins were registered in.
         """
         if call.when == "teardown" and self.recorder is not None:
             sample = self.recorder.sampler.sample()
