@@ -9,7 +9,10 @@ members. The rules here:
 * **Regular files only.** A path is checked with ``stat`` before it is opened and with ``fstat``
   after; it is opened with ``O_NONBLOCK`` so that even a FIFO swapped in between the two checks
   cannot block. A FIFO, device, socket or directory raises
-  :class:`~accelplat.errors.NotARegularFileError` naming the path.
+  :class:`~accelplat.errors.NotARegularFileError` naming the path. The few kernel files read many
+  times a second (:data:`KEPT_OPEN`: ``/proc/meminfo``) are opened once under these checks and
+  then read from their start through the kept descriptor, whose identity ``fstat`` confirms
+  before each read.
 * **Bounded reads.** A sysfs attribute is at most a page (:data:`ATTRIBUTE_LIMIT`); procfs and
   cgroup files are bounded by :data:`PROC_LIMIT`; bigger files (specs, traces) pass their own
   limit. A file holding more raises :class:`~accelplat.errors.FileTooLargeError`; nothing more
@@ -39,6 +42,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Literal
@@ -51,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTRIBUTE_LIMIT",
+    "KEPT_OPEN",
     "MAX_CPUS",
     "MAX_NUMA_NODES",
     "PROC_LIMIT",
@@ -105,8 +110,8 @@ def _describe_mode(mode: int) -> str:
     return "is not a regular file; not read"
 
 
-def _read_regular(path: str, limit: int, *, follow_links: bool) -> bytes:
-    """Read the regular file ``path`` under the module's rules (:meth:`HostFiles.read_bytes`)."""
+def _open_regular(path: str, *, follow_links: bool) -> tuple[int, os.stat_result]:
+    """Open the regular file ``path`` under the module's rules; return it and its ``fstat``."""
     before = os.stat(path, follow_symlinks=follow_links)
     if not stat.S_ISREG(before.st_mode):
         raise NotARegularFileError(path, _describe_mode(before.st_mode))
@@ -120,19 +125,91 @@ def _read_regular(path: str, limit: int, *, follow_links: bool) -> bytes:
         after = os.fstat(fd)
         if not stat.S_ISREG(after.st_mode):
             raise NotARegularFileError(path, _describe_mode(after.st_mode))
-        chunks: list[bytes] = []
-        size = 0
-        while size <= limit:
-            chunk = os.read(fd, min(_CHUNK, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd, after
+
+
+def _read_open(path: str, fd: int, limit: int, *, at_offsets: bool) -> bytes:
+    """Read all of ``fd`` (from its start with ``pread`` when ``at_offsets``), at most ``limit``."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        want = min(_CHUNK, limit + 1 - size)
+        chunk = os.pread(fd, want, size) if at_offsets else os.read(fd, want)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
     if size > limit:
         raise FileTooLargeError(path, limit)
     return b"".join(chunks)
+
+
+def _read_regular(path: str, limit: int, *, follow_links: bool) -> bytes:
+    """Read the regular file ``path`` under the module's rules (:meth:`HostFiles.read_bytes`)."""
+    fd, _ = _open_regular(path, follow_links=follow_links)
+    try:
+        return _read_open(path, fd, limit, at_offsets=False)
+    finally:
+        os.close(fd)
+
+
+KEPT_OPEN = frozenset({"/proc/meminfo"})
+"""Kernel files read many times a second (every host memory reading, by waits, the leak check
+and the timeline): read through a descriptor kept open, from offset 0 each time, as ``free``
+and ``top`` read them, instead of ``stat``, ``open``, ``fstat`` and ``close`` on every read."""
+
+
+class _KeptOpen:
+    """Descriptors of :data:`KEPT_OPEN` files, one per file and process.
+
+    A descriptor is checked with ``fstat`` before each read: if its number now names another
+    file (closed by someone else and reused), it is forgotten, never closed, and the file is
+    opened again under the module's rules. After a ``fork`` the child opens its own (the two
+    processes would otherwise share one read position of the kernel's file).
+    """
+
+    __slots__ = ("_lock", "_open")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[int, int, int, int]] = {}  # path: pid, fd, st_dev, st_ino
+
+    def after_fork(self) -> None:
+        """Give the child a lock of its own (the parent's may have been held by another thread)."""
+        self._lock = threading.Lock()
+
+    def read(self, path: str, limit: int) -> bytes:
+        """Return the contents of ``path`` (one of :data:`KEPT_OPEN`), at most ``limit`` bytes."""
+        with self._lock:
+            fd = self._descriptor(path)
+            return _read_open(path, fd, limit, at_offsets=True)
+
+    def _descriptor(self, path: str) -> int:
+        pid = os.getpid()
+        kept = self._open.pop(path, None)
+        if kept is not None:
+            owner, fd, dev, ino = kept
+            try:
+                now = os.fstat(fd)
+            except OSError:
+                now = None
+            ours = now is not None and (now.st_dev, now.st_ino) == (dev, ino)
+            if ours and owner == pid:
+                self._open[path] = kept
+                return fd
+            if ours:
+                os.close(fd)  # this process's copy of the parent's descriptor
+        fd, st = _open_regular(path, follow_links=True)
+        self._open[path] = (pid, fd, st.st_dev, st.st_ino)
+        return fd
+
+
+_kept_open = _KeptOpen()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_kept_open.after_fork)
 
 
 class HostFiles:
@@ -158,8 +235,11 @@ class HostFiles:
             OSError: It is missing or cannot be opened or read (the error names ``path``).
 
         Side effects:
-            Opens, reads and closes the file; never blocks on a FIFO or device.
+            Opens, reads and closes the file; never blocks on a FIFO or device. A file of
+            :data:`KEPT_OPEN` stays open and is read from its start each time.
         """
+        if path in KEPT_OPEN:
+            return _kept_open.read(path, limit)
         return _read_regular(path, limit, follow_links=True)
 
     def listdir(self, path: str) -> list[str]:

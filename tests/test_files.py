@@ -424,3 +424,88 @@ def test_a_built_in_probe_that_hangs_is_bounded_by_the_probe_timeout(
     finally:
         release.set()
         registry.reset()
+
+
+# -- kernel files read through a descriptor kept open ---------------------------------------------
+
+
+@pytest.fixture
+def kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A regular file standing in for /proc/meminfo, read through a fresh kept-open table."""
+    path = tmp_path / "meminfo"
+    path.write_text("MemTotal: 1 kB\n")
+    table = _files._KeptOpen()
+    monkeypatch.setattr(_files, "KEPT_OPEN", frozenset({str(path)}))
+    monkeypatch.setattr(_files, "_kept_open", table)
+    yield path
+    for _pid, fd, _dev, _ino in table._open.values():
+        os.close(fd)
+
+
+def test_a_kept_open_file_is_read_from_its_start_each_time(kept: Path) -> None:
+    assert _files.read_text(kept) == "MemTotal: 1 kB\n"
+    with kept.open("r+") as fh:  # rewritten in place, as the kernel regenerates its text
+        fh.write("MemTotal: 22 kB\nMemFree: 3 kB\n")
+    assert _files.read_text(kept) == "MemTotal: 22 kB\nMemFree: 3 kB\n"
+    assert len(_files._kept_open._open) == 1  # one descriptor, opened once
+
+
+def test_a_kept_open_file_keeps_the_limit(kept: Path) -> None:
+    kept.write_text("x" * 100)
+    with pytest.raises(FileTooLargeError):
+        _files.read_bytes(kept, limit=99)
+    assert _files.read_bytes(kept, limit=100) == b"x" * 100
+
+
+def test_a_kept_open_path_that_is_not_a_regular_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(_files, "KEPT_OPEN", frozenset({str(fifo)}))
+    monkeypatch.setattr(_files, "_kept_open", _files._KeptOpen())
+    with pytest.raises(NotARegularFileError):
+        _files.read_bytes(fifo)
+
+
+def test_a_kept_descriptor_closed_and_reused_by_someone_else_is_not_read(
+    kept: Path, tmp_path: Path
+) -> None:
+    _files.read_text(kept)
+    ((_pid, fd, _dev, _ino),) = _files._kept_open._open.values()
+    os.close(fd)  # someone closes it behind our back ...
+    other = tmp_path / "other"
+    other.write_text("someone else's file\n")
+    reused = os.open(other, os.O_RDONLY)  # ... and the number is reused for their file
+    try:
+        assert reused == fd
+        assert _files.read_text(kept) == "MemTotal: 1 kB\n"
+        assert os.read(reused, 100) == b"someone else's file\n"  # still open, still theirs
+    finally:
+        os.close(reused)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_reads_through_a_descriptor_of_its_own(kept: Path) -> None:
+    _files.read_text(kept)
+    ((parent_pid, parent_fd, _dev, _ino),) = _files._kept_open._open.values()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            text = _files.read_text(kept)
+            ((owner, _fd, _d, _i),) = _files._kept_open._open.values()
+            ok = text == "MemTotal: 1 kB\n" and owner == os.getpid() and owner != parent_pid
+            os.write(write_end, b"ok" if ok else b"bad")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    assert os.read(read_end, 10) == b"ok"
+    os.close(read_end)
+    assert _files.read_text(kept) == "MemTotal: 1 kB\n"
+    assert next(iter(_files._kept_open._open.values()))[:2] == (parent_pid, parent_fd)
+
+
+def test_the_host_memory_file_is_kept_open() -> None:
+    assert "/proc/meminfo" in _files.KEPT_OPEN
