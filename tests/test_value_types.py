@@ -154,3 +154,18 @@ def test_a_default_mapping_is_fresh_for_each_value() -> None:
 def test_the_decorator_refuses_a_value_type_that_is_not_frozen() -> None:
     with pytest.raises(TypeError, match="frozen"):
         _types.value_type(frozen=False)
+
+
+def test_a_frozen_dataclass_may_extend_a_value_type() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class VendorDevice(_types.DeviceInfo):
+        numa_node: int = -1
+
+    device = VendorDevice(0, 3, "accelerator", numa_node=1)
+    assert isinstance(device, _types.DeviceInfo)
+    assert device.physical_index == 3
+    assert repr(device).startswith("test_a_frozen_dataclass_may_extend_a_value_type.<locals>.")
+    assert dataclasses.replace(device, numa_node=2).numa_node == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        device.name = "other"  # type: ignore[misc]
+    assert _types.DeviceInfo.__dataclass_params__.frozen  # type: ignore[attr-defined]
