@@ -38,7 +38,8 @@ ENV_PROC_ROOT = "ACCELPLAT_PROC_ROOT"
 _KIB = 1024
 _U64_MAX = 2**64 - 1
 _U64_DIGITS = len(str(_U64_MAX))
-_BDF_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+_BDF = r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$"
+"""A PCI address, ``domain:bus:device.function``; compiled (and cached by ``re``) on first use."""
 _UNKNOWN_PCI = (1 << 32,)
 
 ReadText = Callable[[str], str]
@@ -270,12 +271,12 @@ def host_meminfo(root: str | os.PathLike[str] | None = None) -> HostMemInfo | No
 def pci_address(text: str | None) -> str | None:
     """Return ``text`` as a lower-case PCI address ``dddd:bb:dd.f``; ``None`` if it is not one."""
     candidate = (text or "").strip()
-    return candidate.lower() if _BDF_RE.match(candidate) else None
+    return candidate.lower() if re.match(_BDF, candidate) else None
 
 
 def pci_sort_key(bus_id: str | None) -> tuple[int, ...]:
     """Return a sort key for a PCI address ``dddd:bb:dd.f``; unknown addresses sort last."""
-    match = _BDF_RE.match((bus_id or "").strip())
+    match = re.match(_BDF, (bus_id or "").strip())
     if match is None:
         return _UNKNOWN_PCI
     return tuple(int(g, 16) for g in match.groups())
