@@ -42,10 +42,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from accelplat import _boundary, _validate
+from accelplat import _boundary, _files, _validate
 from accelplat._types import Candidate, ProbeResult, value_type
 from accelplat._vendor import import_quietly, quiet_stdout
-from accelplat.errors import AccelplatError, ConfigurationError, PlatformNotAvailableError
+from accelplat.errors import (
+    AccelplatError,
+    ConfigurationError,
+    NotARegularFileError,
+    PlatformNotAvailableError,
+)
 from accelplat.platform import Platform
 
 __all__ = [
@@ -295,6 +300,9 @@ def _dist_name(ep: Any) -> str:
 
 _STANDARD_FINDERS = frozenset({"BuiltinImporter", "FrozenImporter", "PathFinder"})
 
+_ENTRY_POINTS_LIMIT = 4 * 1024 * 1024
+"""The largest ``entry_points.txt`` the pre-check reads; a larger one is left to the full scan."""
+
 
 def _may_declare_platforms() -> bool:
     """Return ``False`` only when no installed distribution can declare a platform plugin.
@@ -306,7 +314,7 @@ def _may_declare_platforms() -> bool:
     ``sys.path``, a meta-path finder that can supply distributions — makes it answer ``True``,
     so the full scan decides.
     """
-    header = f"[{ENTRY_POINT_GROUP}]"
+    header = f"[{ENTRY_POINT_GROUP}]".encode()
     for finder in sys.meta_path:
         cls = finder if isinstance(finder, type) else type(finder)
         if cls.__name__ not in _STANDARD_FINDERS and hasattr(finder, "find_distributions"):
@@ -314,25 +322,24 @@ def _may_declare_platforms() -> bool:
     for entry in sys.path:
         folder = entry or "."
         try:
-            scan = os.scandir(folder)
+            names = os.listdir(folder)
         except (FileNotFoundError, NotADirectoryError):
             if os.path.isfile(folder):
                 return True  # a zip archive on sys.path: let importlib.metadata look inside
             continue
         except OSError:
             return True
-        with scan:
-            for item in scan:
-                if not item.name.endswith((".dist-info", ".egg-info")):
-                    continue
-                try:
-                    with open(os.path.join(item.path, "entry_points.txt"), "rb") as fh:
-                        if header.encode() in fh.read():
-                            return True
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-                except OSError:
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            path = os.path.join(folder, name, "entry_points.txt")
+            try:
+                if header in _files.read_live(path, limit=_ENTRY_POINTS_LIMIT):
                     return True
+            except (FileNotFoundError, NotADirectoryError, NotARegularFileError):
+                continue  # none, or a FIFO or device that must not be read (it could block)
+            except OSError:  # unreadable or too large: the full scan decides
+                return True
     return False
 
 

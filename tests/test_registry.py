@@ -952,6 +952,23 @@ def test_precheck_defers_to_importlib_for_archives_on_sys_path(
     assert _may_declare_platforms() is False
 
 
+def test_precheck_never_reads_an_entry_points_file_that_is_not_a_regular_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FIFO in a dist-info folder would block a read for ever: it is passed over unread."""
+    from accelplat.registry import _may_declare_platforms
+
+    fifo_dist = tmp_path / "odd-1.0.dist-info"
+    fifo_dist.mkdir()
+    os.mkfifo(fifo_dist / "entry_points.txt")
+    _only_path(monkeypatch, str(tmp_path))
+    assert _may_declare_platforms() is False  # returns at once, reading nothing
+    dist = tmp_path / "vendor_npu-1.0.dist-info"
+    dist.mkdir()
+    (dist / "entry_points.txt").write_text("[accelplat.platforms]\nnpu = vendor_npu:Platform\n")
+    assert _may_declare_platforms() is True
+
+
 def test_no_plugin_installed_means_importlib_metadata_is_not_imported() -> None:
     import subprocess
     import sys
