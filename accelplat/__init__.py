@@ -30,13 +30,13 @@ _EXPORTS: dict[str, str] = {
     "DeviceInfo": "accelplat._types",
     "FeatureRule": "accelplat._types",
     "GraphSupport": "accelplat._types",
-    "HolderState": "accelplat._types",
-    "MemoryHolder": "accelplat._types",
+    "HolderState": "accelplat._usage",
+    "MemoryHolder": "accelplat._usage",
     "MemoryInfo": "accelplat._types",
     "ProbeResult": "accelplat._types",
     "ReleaseProfile": "accelplat._types",
-    "SettleResult": "accelplat._types",
-    "UsageSnapshot": "accelplat._types",
+    "SettleResult": "accelplat._usage",
+    "UsageSnapshot": "accelplat._usage",
     # errors
     "AccelplatError": "accelplat.errors",
     "BackendError": "accelplat.errors",
@@ -158,14 +158,11 @@ if TYPE_CHECKING:
         DeviceInfo,
         FeatureRule,
         GraphSupport,
-        HolderState,
-        MemoryHolder,
         MemoryInfo,
         ProbeResult,
         ReleaseProfile,
-        SettleResult,
-        UsageSnapshot,
     )
+    from accelplat._usage import HolderState, MemoryHolder, SettleResult, UsageSnapshot
     from accelplat.capabilities import Capability, capabilities, define_capability, has
     from accelplat.errors import (
         AccelplatError,

@@ -11,7 +11,7 @@ import os
 from typing import TYPE_CHECKING
 
 from accelplat import _boundary
-from accelplat._types import HolderState, MemoryHolder
+from accelplat._usage import HolderState, MemoryHolder
 from accelplat.errors import BackendError
 
 if TYPE_CHECKING:

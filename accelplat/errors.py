@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from accelplat._types import UsageSnapshot
+    from accelplat._usage import UsageSnapshot
 
 __all__ = [
     "AccelplatError",

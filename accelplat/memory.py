@@ -46,15 +46,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from accelplat._clock import REAL_CLOCK, Clock
-from accelplat._types import (
-    GIB,
-    MIB,
-    HolderState,
-    MemoryHolder,
-    MemoryInfo,
-    SettleResult,
-    UsageSnapshot,
-)
+from accelplat._types import GIB, MIB, MemoryInfo
+from accelplat._usage import HolderState, MemoryHolder, SettleResult, UsageSnapshot
 from accelplat._validate import byte_count, device_index, duration, finite_number, ratio
 from accelplat.errors import (
     AccelplatError,
@@ -321,7 +314,7 @@ def snapshot(
             whose platform answers ``None`` is absent from :attr:`UsageSnapshot.holders`).
 
     Returns:
-        A :class:`~accelplat._types.UsageSnapshot`; its ``timestamp`` comes from the platform's
+        A :class:`~accelplat._usage.UsageSnapshot`; its ``timestamp`` comes from the platform's
         clock (see :func:`default_clock`), ``wall_time`` from the wall clock.
 
     Raises:
@@ -768,7 +761,7 @@ def wait_for_memory_to_clear(
         clock: Time source and sleeper; ``None`` means :func:`default_clock` of the platform.
 
     Returns:
-        A :class:`~accelplat._types.SettleResult`; ``already_settled`` is ``True`` when the first
+        A :class:`~accelplat._usage.SettleResult`; ``already_settled`` is ``True`` when the first
         sample met every target and no window was required.
 
     Raises:
@@ -839,7 +832,7 @@ def wait_for_memory_to_settle(
         on_poll: Called after every sample with the sample and the targets.
 
     Returns:
-        A :class:`~accelplat._types.SettleResult`.
+        A :class:`~accelplat._usage.SettleResult`.
 
     Raises:
         ConfigurationError: For ``threshold_ratio=None``, a bad ratio, timeout or device list.

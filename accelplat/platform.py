@@ -14,7 +14,7 @@ before constructing the platform.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import ClassVar, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
 
 from accelplat import _validate
 from accelplat._clock import Clock
@@ -22,12 +22,14 @@ from accelplat._types import (
     DeviceInfo,
     FeatureRule,
     GraphSupport,
-    MemoryHolder,
     MemoryInfo,
     ProbeResult,
     ReleaseProfile,
 )
 from accelplat.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from accelplat._usage import MemoryHolder
 
 __all__ = [
     "BasePlatform",

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from accelplat._types import SettleResult
+    from accelplat._usage import SettleResult
     from accelplat.capabilities import Capability
     from accelplat.platform import Platform
     from accelplat.timeline.trace import DeviceTrack
@@ -945,7 +945,7 @@ def settled_device_memory(request: pytest.FixtureRequest) -> SettleResult:
     ones when memory is already back).
 
     Returns:
-        The :class:`~accelplat._types.SettleResult`.
+        The :class:`~accelplat._usage.SettleResult`.
     """
     from accelplat.memory import wait_for_memory_to_settle
 

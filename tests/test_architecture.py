@@ -15,8 +15,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "accelplat"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("core", ("_types", "errors", "_clock", "_format", "_boundary", "_vendor", "_compat", "_files",
-              "_validate", "sizing", "leaks", "_lazy")),
+    ("core", ("_types", "_usage", "errors", "_clock", "_format", "_boundary", "_vendor",
+              "_compat", "_files", "_validate", "sizing", "leaks", "_lazy")),
     ("vendor bindings", ("_nvml", "_levelzero", "_procs", "_graphs")),
     ("contract", ("platform",)),
     ("visibility", ("visible",)),

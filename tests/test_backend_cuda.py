@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from accelplat import _nvml, registry
-from accelplat._types import GraphSupport, HolderState, MemoryInfo, ReleaseProfile
+from accelplat._types import GraphSupport, MemoryInfo, ReleaseProfile
+from accelplat._usage import HolderState
 from accelplat.backends.cuda import CudaPlatform, cuda_order_uuids
 from accelplat.errors import AccelplatError, BackendError, DeviceNotFoundError
 from accelplat.platform import Platform

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from accelplat import registry
-from accelplat._types import GIB, MIB, HolderState
+from accelplat._types import GIB, MIB
+from accelplat._usage import HolderState
 from accelplat.backends.rocm import RocmPlatform
 from accelplat.errors import (
     BackendError,

@@ -12,7 +12,8 @@ import pytest
 
 from accelplat import _levelzero as lz
 from accelplat import registry
-from accelplat._types import GIB, HolderState
+from accelplat._types import GIB
+from accelplat._usage import HolderState
 from accelplat.backends.xpu import XpuPlatform, usage_visible_to_this_process
 from accelplat.errors import BackendError, ConfigurationError, DeviceNotFoundError
 from accelplat.platform import Platform

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from accelplat._types import GIB, HolderState, MemoryHolder, MemoryInfo, UsageSnapshot
+from accelplat._types import GIB, MemoryInfo
+from accelplat._usage import HolderState, MemoryHolder, UsageSnapshot
 from accelplat.cli import _live
 from accelplat.cli._live import BAR_WIDTH, Keys, ViewState, bar, colour_for, render
 

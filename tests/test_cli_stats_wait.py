@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from accelplat._types import GIB, MemoryInfo, UsageSnapshot
+from accelplat._types import GIB, MemoryInfo
+from accelplat._usage import UsageSnapshot
 from accelplat.cli import main
 from accelplat.cli import stats as stats_cli
 from accelplat.cli._args import parse_devices, parse_size_arg

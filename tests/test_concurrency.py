@@ -28,7 +28,8 @@ import pytest
 import accelplat
 from accelplat import _nvml, registry
 from accelplat._procs import classify_pid
-from accelplat._types import GIB, HolderState, MemoryInfo
+from accelplat._types import GIB, MemoryInfo
+from accelplat._usage import HolderState
 from accelplat.backends.simulated import SimulatedClock
 from accelplat.errors import MemoryNotSettledError
 from accelplat.memory import PollPolicy

@@ -23,15 +23,8 @@ from typing import Any
 import pytest
 
 from accelplat import registry
-from accelplat._types import (
-    DeviceInfo,
-    GraphSupport,
-    HolderState,
-    MemoryHolder,
-    MemoryInfo,
-    ProbeResult,
-    ReleaseProfile,
-)
+from accelplat._types import DeviceInfo, GraphSupport, MemoryInfo, ProbeResult, ReleaseProfile
+from accelplat._usage import HolderState, MemoryHolder
 from accelplat.errors import ConfigurationError, DeviceNotFoundError
 from accelplat.platform import BasePlatform
 from accelplat.testing import (

@@ -13,7 +13,8 @@ import pytest
 
 import accelplat
 from accelplat import registry
-from accelplat._types import GIB, MIB, HolderState, UsageSnapshot
+from accelplat._types import GIB, MIB
+from accelplat._usage import HolderState, UsageSnapshot
 from accelplat.backends.simulated import RealClock, SimulatedClock, SimulatedPlatform
 from accelplat.errors import (
     ConfigurationError,

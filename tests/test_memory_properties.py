@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accelplat._types import GIB, MIB, UsageSnapshot
+from accelplat._types import GIB, MIB
+from accelplat._usage import UsageSnapshot
 from accelplat.backends.simulated import (
     LazyRelease,
     Linear,

@@ -23,6 +23,7 @@ HEAVY = (
     "torch",
     "secrets",
     "accelplat._levelzero",
+    "accelplat._usage",
     "accelplat.backends.cuda",
     "accelplat.backends.rocm",
     "accelplat.backends.xpu",

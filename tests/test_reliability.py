@@ -26,7 +26,8 @@ import pytest
 
 import accelplat
 from accelplat import _nvml, registry
-from accelplat._types import GIB, UsageSnapshot
+from accelplat._types import GIB
+from accelplat._usage import UsageSnapshot
 from accelplat.backends import cpu as cpu_backend
 from accelplat.backends.cuda import CudaPlatform
 from accelplat.backends.simulated import SimulatedClock

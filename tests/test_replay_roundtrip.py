@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from accelplat import _boundary
-from accelplat._types import HolderState
+from accelplat._usage import HolderState
 from accelplat.describe import collect_info
 from accelplat.registry import current_platform
 from accelplat.replay import Capture, capture, compare_info, parse_bundle, replaying

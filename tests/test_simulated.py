@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from accelplat import registry
-from accelplat._types import GIB, MIB, GraphSupport, HolderState, MemoryHolder, ReleaseProfile
+from accelplat._types import GIB, MIB, GraphSupport, ReleaseProfile
+from accelplat._usage import HolderState, MemoryHolder
 from accelplat.backends.simulated import (
     ENV_SPEC,
     MAX_DEVICES,

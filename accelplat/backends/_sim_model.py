@@ -14,13 +14,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from accelplat import _validate
-from accelplat._types import (
-    MIB,
-    GraphSupport,
-    HolderState,
-    MemoryHolder,
-    ReleaseProfile,
-)
+from accelplat._types import MIB, GraphSupport, ReleaseProfile
+from accelplat._usage import HolderState, MemoryHolder
 from accelplat.errors import ConfigurationError
 from accelplat.platform import StartMethod
 

@@ -14,12 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from accelplat import _files, _validate
-from accelplat._types import (
-    MIB,
-    GraphSupport,
-    HolderState,
-    ReleaseProfile,
-)
+from accelplat._types import MIB, GraphSupport, ReleaseProfile
+from accelplat._usage import HolderState
 from accelplat.backends._sim_model import (
     FIELDS as _FIELDS,
 )

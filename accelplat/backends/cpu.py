@@ -49,7 +49,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from time import monotonic as _monotonic
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from accelplat import _boundary, _files, _validate
 from accelplat._compat import override
@@ -57,7 +57,6 @@ from accelplat._types import (
     DeviceInfo,
     FeatureRule,
     GraphSupport,
-    MemoryHolder,
     MemoryInfo,
     ProbeResult,
     ReleaseProfile,
@@ -74,6 +73,9 @@ from accelplat.backends._presence import ENV_SYSFS_ROOT
 from accelplat.backends._readings import checked_memory, require_plausible
 from accelplat.errors import BackendError, DeviceNotFoundError
 from accelplat.platform import BasePlatform, StartMethod
+
+if TYPE_CHECKING:
+    from accelplat._usage import MemoryHolder
 
 __all__ = ["CpuPlatform", "utilization_with_margin"]
 

@@ -58,11 +58,11 @@ from accelplat._types import (
     DeviceInfo,
     FeatureRule,
     GraphSupport,
-    MemoryHolder,
     MemoryInfo,
     ProbeResult,
     ReleaseProfile,
 )
+from accelplat._usage import MemoryHolder
 from accelplat.backends._common import host_meminfo, proc_root
 from accelplat.backends._readings import checked_memory
 from accelplat.errors import BackendError, DeviceNotFoundError

@@ -83,11 +83,11 @@ from accelplat._types import (
     DeviceInfo,
     FeatureRule,
     GraphSupport,
-    MemoryHolder,
     MemoryInfo,
     ProbeResult,
     ReleaseProfile,
 )
+from accelplat._usage import MemoryHolder
 from accelplat._vendor import import_quietly
 from accelplat.backends._common import ReadText, SysfsReader, pci_address, pci_sort_key
 from accelplat.backends._presence import (

@@ -41,14 +41,8 @@ from typing import Any, ClassVar
 
 from accelplat._clock import Clock, RealClock
 from accelplat._compat import override
-from accelplat._types import (
-    DeviceInfo,
-    GraphSupport,
-    MemoryHolder,
-    MemoryInfo,
-    ProbeResult,
-    ReleaseProfile,
-)
+from accelplat._types import DeviceInfo, GraphSupport, MemoryInfo, ProbeResult, ReleaseProfile
+from accelplat._usage import MemoryHolder
 from accelplat.backends._readings import checked_memory
 from accelplat.backends._sim_clock import SimulatedClock
 from accelplat.backends._sim_model import (

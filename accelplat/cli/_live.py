@@ -27,7 +27,7 @@ from typing import IO, Any
 from typing_extensions import Self
 
 from accelplat._format import format_bytes, printable
-from accelplat._types import MemoryHolder, UsageSnapshot
+from accelplat._usage import MemoryHolder, UsageSnapshot
 
 __all__ = ["BAR_WIDTH", "Keys", "ViewState", "bar", "colour_for", "render"]
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 from accelplat._format import format_bytes, printable
-from accelplat._types import UsageSnapshot
+from accelplat._usage import UsageSnapshot
 from accelplat.cli._args import count_arg, parse_devices, seconds_arg
 from accelplat.cli._json import dumps
 from accelplat.errors import ConfigurationError

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 from accelplat._format import format_bytes, printable
-from accelplat._types import SettleResult, UsageSnapshot
+from accelplat._usage import SettleResult, UsageSnapshot
 from accelplat.cli._args import parse_devices, parse_size_arg, ratio_arg, seconds_arg
 from accelplat.cli._json import dumps
 from accelplat.errors import AccelplatError, ConfigurationError, MemoryNotSettledError

@@ -69,17 +69,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from accelplat import _validate
-from accelplat._types import (
-    GIB,
-    MIB,
-    DeviceInfo,
-    GraphSupport,
-    MemoryHolder,
-    MemoryInfo,
-    ReleaseProfile,
-    SettleResult,
-    UsageSnapshot,
-)
+from accelplat._types import GIB, MIB, DeviceInfo, GraphSupport, MemoryInfo, ReleaseProfile
+from accelplat._usage import MemoryHolder, SettleResult, UsageSnapshot
 from accelplat.errors import AccelplatError, ConfigurationError, MemoryNotSettledError
 from accelplat.isolation import (
     ChildResult,
@@ -675,7 +666,7 @@ def before_engine_start(
             eager platforms wait up to the profile's timeout, with accelplat's accounting.
 
     Returns:
-        The :class:`~accelplat._types.SettleResult` of the wait or check (``polls == 0`` when
+        The :class:`~accelplat._usage.SettleResult` of the wait or check (``polls == 0`` when
         nothing was checked).
 
     Raises:
@@ -736,7 +727,7 @@ def after_engine_shutdown(
             every platform (on eager ones it waits, without a window, for the exiting process).
 
     Returns:
-        The :class:`~accelplat._types.SettleResult` (``polls == 0`` when nothing was waited for).
+        The :class:`~accelplat._usage.SettleResult` (``polls == 0`` when nothing was waited for).
 
     Raises:
         VllmMemoryNotFreeError: When memory does not come back before the platform's settle
@@ -796,7 +787,7 @@ def memory_baseline(
         platform: The platform; ``None`` means the current one.
 
     Yields:
-        The baseline :class:`~accelplat._types.UsageSnapshot` (vLLM's accounting; empty on a
+        The baseline :class:`~accelplat._usage.UsageSnapshot` (vLLM's accounting; empty on a
         platform without an accelerator).
 
     Raises:

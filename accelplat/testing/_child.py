@@ -121,7 +121,8 @@ def _describe(exc: BaseException) -> str:
 
 def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], None]) -> None:
     kind, value = job["kind"], job["value"]
-    from accelplat._types import HolderState, ProbeResult
+    from accelplat._types import ProbeResult
+    from accelplat._usage import HolderState
 
     if kind == "name":
         from accelplat import registry

@@ -32,9 +32,9 @@ The checks (:data:`CHECK_NAMES`, in order):
     ``memory_info`` and ``memory_holders`` raise :class:`~accelplat.errors.DeviceNotFoundError`
     for ``-1``, ``n``, ``n + 1``, ``"0"``, ``True``, ``False``, ``1.5`` and ``None``.
 ``memory_holders``
-    ``None`` (unknown) or a sequence of :class:`~accelplat._types.MemoryHolder` with positive
+    ``None`` (unknown) or a sequence of :class:`~accelplat._usage.MemoryHolder` with positive
     int pids, ``used_bytes`` ``None`` or a non-negative int, and a
-    :class:`~accelplat._types.HolderState`.
+    :class:`~accelplat._usage.HolderState`.
 ``release``, ``graph``, ``default_memory_utilization``, ``preferred_start_method``
     Well-formed: a :class:`~accelplat._types.ReleaseProfile` whose stability window fits in its
     timeout and whose idle floor fits in a device; a :class:`~accelplat._types.GraphSupport`
@@ -53,7 +53,7 @@ The checks (:data:`CHECK_NAMES`, in order):
     ``context_free = False``.
 ``settle_idle``
     ``accelplat.memory.wait_for_memory_to_settle(platform=..., threshold_ratio=1.0,
-    timeout_s=...)`` returns a :class:`~accelplat._types.SettleResult` covering every device,
+    timeout_s=...)`` returns a :class:`~accelplat._usage.SettleResult` covering every device,
     within the platform's stability window (lazy platforms) plus one second.
 ``visible_devices``
     With ``visible_devices_env`` set to ``"0"`` in a fresh process, one device is visible; with
@@ -85,16 +85,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from accelplat import _validate
-from accelplat._types import (
-    MIB,
-    DeviceInfo,
-    GraphSupport,
-    HolderState,
-    MemoryHolder,
-    MemoryInfo,
-    ProbeResult,
-    ReleaseProfile,
-)
+from accelplat._types import MIB, DeviceInfo, GraphSupport, MemoryInfo, ProbeResult, ReleaseProfile
+from accelplat._usage import HolderState, MemoryHolder
 from accelplat.errors import ConfigurationError, DeviceNotFoundError, PlatformNotAvailableError
 from accelplat.platform import Platform, validate_utilization
 from accelplat.testing._child import BOOTSTRAP, frameworks_in
@@ -826,7 +818,7 @@ def _check_settle_idle(kit: _Kit) -> str:
         from accelplat.memory import wait_for_memory_to_settle
     except ImportError as exc:
         raise _CheckSkippedError(f"accelplat.memory is not available ({_describe(exc)})") from None
-    from accelplat._types import SettleResult
+    from accelplat._usage import SettleResult
 
     release = kit.platform.release
     window = release.stable_duration_s if release.lazy else 0.0
