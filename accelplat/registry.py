@@ -309,10 +309,12 @@ def _may_declare_platforms() -> bool:
 
     Importing ``importlib.metadata`` and scanning every distribution costs tens of
     milliseconds, more than the whole NVML detection. This pre-check reads only the
-    ``entry_points.txt`` files of ``*.dist-info`` / ``*.egg-info`` folders on ``sys.path`` and
-    looks for the group's header. Anything it cannot see through — an archive or a file on
-    ``sys.path``, a meta-path finder that can supply distributions — makes it answer ``True``,
-    so the full scan decides.
+    ``entry_points.txt`` files of ``*.dist-info`` / ``*.egg-info`` folders on ``sys.path``
+    (through :func:`accelplat._files.read_live`: regular files only, bounded; a FIFO or device
+    there is passed over unread) and looks for the group's header. Anything it cannot see
+    through — an archive or a file on ``sys.path``, a meta-path finder that can supply
+    distributions, an unreadable or oversized file — makes it answer ``True``, so the full
+    scan decides.
     """
     header = f"[{ENTRY_POINT_GROUP}]".encode()
     for finder in sys.meta_path:
