@@ -278,6 +278,28 @@ def _envelope(
     return segments
 
 
+class _Layers:
+    """The parts of a device's chart that do not depend on its y-axis.
+
+    The test bands, the test lanes and the waits: drawn once for both the fitted and the
+    full-scale chart.
+    """
+
+    __slots__ = ("bands", "height", "lanes_and_waits")
+
+    def __init__(self, bands: str, lanes_and_waits: str, height: int) -> None:
+        self.bands = bands
+        self.lanes_and_waits = lanes_and_waits
+        self.height = height
+
+
+def _x_scale(end_t: float) -> Callable[[float], float]:
+    def x_of(t: float) -> float:
+        return _LEFT + _PLOT_W * (t / end_t)
+
+    return x_of
+
+
 def _device_chart(
     trace: Trace,
     pos: int,
@@ -287,6 +309,7 @@ def _device_chart(
     full: bool = False,
     peak: tuple[int, float] | None = None,
     low: int = 0,
+    layers: _Layers | None = None,
 ) -> str:
     """Return the SVG chart of device ``pos``; ``leaked`` names the tests leaking on it.
 
@@ -298,6 +321,8 @@ def _device_chart(
         full: Draw the y-axis from 0 to the device's total instead of fitting it to the data.
         peak: ``(bytes, seconds)`` of the highest reading, marked on the chart.
         low: The lowest reading (fits the axis).
+        layers: The y-independent layers from :func:`_chart_layers` (same arguments), when the
+            caller draws both scales; drawn here otherwise.
     """
     dev = trace.devices[pos]
     color = _PALETTE[pos % len(_PALETTE)]
@@ -305,45 +330,19 @@ def _device_chart(
     ymin, ymax = _axis(min(low, high), high, dev.total, full=full)
     span_y = max(ymax - ymin, 1.0)
     unit, unit_name = (GIB, "GiB") if ymax >= GIB else (MIB, "MiB")
-
-    def x_of(t: float) -> float:
-        return _LEFT + _PLOT_W * (t / end_t)
+    x_of = _x_scale(end_t)
 
     def y_of(v: float) -> float:
         return _TOP + _PLOT_H * (1 - (min(max(v, ymin), ymax) - ymin) / span_y)
 
-    lanes = _lanes(trace.tests)
-    n_lanes = max(lanes, default=-1) + 1
-    tests_top = _TOP + _PLOT_H + _AXIS_H
-    waits_top = tests_top + max(1, n_lanes) * _LANE_H + 8
-    height = waits_top + _LANE_H + 10
+    if layers is None:
+        layers = _chart_layers(trace, pos, end_t, leaked)
     scale = "full-scale" if full else "fit-scale"
     out: list[str] = [
-        f'<svg class="chart {scale}" viewBox="0 0 {_W} {height}" role="img" '
-        f'data-device="{dev.index}" aria-label="Used memory of device {dev.index} over time">'
+        f'<svg class="chart {scale}" viewBox="0 0 {_W} {layers.height}" role="img" '
+        f'data-device="{dev.index}" aria-label="Used memory of device {dev.index} over time">',
+        layers.bands,
     ]
-
-    # test bands behind everything
-    band: list[str] = ['<g class="test-bands">']
-    for i, span in enumerate(trace.tests):
-        x0, x1 = x_of(span.start), x_of(span.end)
-        is_leak = span.nodeid in leaked
-        if x1 - x0 < 0.3 and not is_leak:
-            continue
-        fill = "#fbd5d5" if is_leak else ("#eef3fa" if i % 2 == 0 else "#e2eaf5")
-        growth = trace.growth(span)[pos]
-        tip = (
-            f"{span.nodeid}\n{span.outcome or 'no outcome'}, {_fmt_s(span.duration)}, "
-            f"device {dev.index}: {_fmt_delta(growth)}"
-        )
-        cls = "test-band leaked" if is_leak else "test-band"
-        band.append(
-            f'<rect class="{cls}" data-nodeid="{_e(span.nodeid)}" x="{x0:.2f}" y="{_TOP}" '
-            f'width="{max(x1 - x0, 1.5 if is_leak else 0.3):.2f}" height="{_PLOT_H}" '
-            f'fill="{fill}"><title>{_e(tip)}</title></rect>'
-        )
-    band.append("</g>")
-    out.extend(band)
 
     # grid and axes
     step = _nice_step(span_y / unit, 5)
@@ -430,11 +429,48 @@ def _device_chart(
             f"{dev.index}</title></g>"
         )
 
+    out.append(layers.lanes_and_waits)
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _chart_layers(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> _Layers:
+    """Draw the layers of device ``pos``'s chart that do not depend on its y-axis."""
+    dev = trace.devices[pos]
+    x_of = _x_scale(end_t)
+    lanes = _lanes(trace.tests)
+    n_lanes = max(lanes, default=-1) + 1
+    tests_top = _TOP + _PLOT_H + _AXIS_H
+    waits_top = tests_top + max(1, n_lanes) * _LANE_H + 8
+    height = waits_top + _LANE_H + 10
+
+    # test bands behind everything
+    band: list[str] = ['<g class="test-bands">']
+    for i, span in enumerate(trace.tests):
+        x0, x1 = x_of(span.start), x_of(span.end)
+        is_leak = span.nodeid in leaked
+        if x1 - x0 < 0.3 and not is_leak:
+            continue
+        fill = "#fbd5d5" if is_leak else ("#eef3fa" if i % 2 == 0 else "#e2eaf5")
+        growth = trace.growth(span)[pos]
+        tip = (
+            f"{span.nodeid}\n{span.outcome or 'no outcome'}, {_fmt_s(span.duration)}, "
+            f"device {dev.index}: {_fmt_delta(growth)}"
+        )
+        cls = "test-band leaked" if is_leak else "test-band"
+        band.append(
+            f'<rect class="{cls}" data-nodeid="{_e(span.nodeid)}" x="{x0:.2f}" y="{_TOP}" '
+            f'width="{max(x1 - x0, 1.5 if is_leak else 0.3):.2f}" height="{_PLOT_H}" '
+            f'fill="{fill}"><title>{_e(tip)}</title></rect>'
+        )
+    band.append("</g>")
+
+    body: list[str] = []
     # test lanes
-    out.append(
+    body.append(
         f'<text x="{_LEFT - 6}" y="{tests_top + _LANE_H - 2}" text-anchor="end">tests</text>'
     )
-    out.append('<g class="test-lanes">')
+    body.append('<g class="test-lanes">')
     for span, lane in zip(trace.tests, lanes, strict=True):
         x0, x1 = x_of(span.start), x_of(span.end)
         is_leak = span.nodeid in leaked
@@ -442,7 +478,7 @@ def _device_chart(
             continue
         fill = _LEAK if is_leak else (_FAILED if span.outcome == "failed" else "#a9bcd6")
         y = tests_top + lane * _LANE_H
-        out.append(
+        body.append(
             f'<rect x="{x0:.2f}" y="{y + 1}" width="{max(x1 - x0, 1.5):.2f}" '
             f'height="{_LANE_H - 2}" fill="{fill}" stroke="#fff" stroke-width="0.5">'
             f"<title>{_e(span.nodeid)} ({_e(_fmt_s(span.duration))})</title></rect>"
@@ -450,17 +486,17 @@ def _device_chart(
         label = _fit_label(_short_name(span.nodeid), x1 - x0)
         if label:
             colour = "#fff" if fill in (_LEAK, _FAILED) else "#1d1d1f"
-            out.append(
+            body.append(
                 f'<text class="lane-label" x="{x0 + 3:.2f}" y="{y + _LANE_H - 4}" '
                 f'style="fill:{colour}" data-nodeid="{_e(span.nodeid)}">{_e(label)}</text>'
             )
-    out.append("</g>")
+    body.append("</g>")
 
     # waits
-    out.append(
+    body.append(
         f'<text x="{_LEFT - 6}" y="{waits_top + _LANE_H - 2}" text-anchor="end">waits</text>'
     )
-    out.append('<g class="waits">')
+    body.append('<g class="waits">')
     for w in trace.waits:
         if w.devices and dev.index not in w.devices:
             continue
@@ -469,14 +505,14 @@ def _device_chart(
         tip = f"{w.kind}: {_fmt_s(w.duration)}{'' if w.ok else ' (failed)'}"
         if w.test:
             tip += f"\nin {w.test}"
-        out.append(
+        body.append(
             f'<rect class="wait" x="{x0:.2f}" y="{waits_top + 1}" width="{max(x1 - x0, 2):.2f}" '
             f'height="{_LANE_H - 2}" fill="{fill}"><title>{_e(tip)}</title></rect>'
             f'<rect x="{x0:.2f}" y="{_TOP}" width="{max(x1 - x0, 0.5):.2f}" height="{_PLOT_H}" '
             f'fill="{fill}" fill-opacity="0.12"/>'
         )
-    out.append("</g></svg>")
-    return "".join(out)
+    body.append("</g>")
+    return _Layers("".join(band), "".join(body), height)
 
 
 def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:
@@ -670,11 +706,17 @@ def render_html(
                 f"{_e(format_bytes(peak[0]))} at {_e(_fmt_s(peak[1]))}{_e(where)}</span>"
             )
         leaked_here = leaked_on[dev.index]
+        layers = _chart_layers(trace, pos, end_t, leaked_here)
+        fitted, full_scale = (
+            _device_chart(
+                trace, pos, end_t, leaked_here, full=full, peak=peak, low=low, layers=layers
+            )
+            for full in (False, True)
+        )
         charts.append(
             f'<section class="device"><h3>Device {dev.index}: {_e(dev.name)} '
             f"({_e(total)}){peak_text}</h3>"
-            f"{_device_chart(trace, pos, end_t, leaked_here, peak=peak, low=low)}"
-            f"{_device_chart(trace, pos, end_t, leaked_here, full=True, peak=peak, low=low)}"
+            f"{fitted}{full_scale}"
             '<div class="legend">'
             f'<span><i class="sw" style="background:{color}"></i>used memory</span>'
             '<span><i class="sw" style="background:#e2eaf5"></i>test span</span>'
