@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -688,10 +688,24 @@ _CHECKS = (
 )
 
 
-def _marks(item: pytest.Item) -> Iterator[tuple[pytest.Mark, Any]]:
-    for name, check in _CHECKS:
-        for mark in item.iter_markers(name):
-            yield mark, check
+_CHECK_ORDER = {name: (i, check) for i, (name, check) in enumerate(_CHECKS)}
+
+
+def _marks(item: pytest.Item) -> list[tuple[pytest.Mark, Any]]:
+    """The item's accelplat marks with their checks, in the order of ``_CHECKS``.
+
+    Within one marker name the closest mark comes first, as ``item.iter_markers(name)`` gives
+    them; the node chain is walked once for all names (this runs before every test).
+    """
+    found = []
+    for mark in item.iter_markers():
+        known = _CHECK_ORDER.get(mark.name)
+        if known is not None:
+            found.append((known[0], mark, known[1]))
+    if not found:
+        return []
+    found.sort(key=lambda entry: entry[0])  # stable: keeps closest-first within a name
+    return [(mark, check) for _, mark, check in found]
 
 
 def skip_reason(item: pytest.Item) -> str | None:
@@ -713,7 +727,7 @@ def skip_reason(item: pytest.Item) -> str | None:
         Detects the platform on the first marker found; reads memory figures for the memory
         markers (no device context on context-free platforms).
     """
-    found = list(_marks(item))
+    found = _marks(item)
     if not found:
         return None
     platform = _current(item.config)

@@ -540,3 +540,31 @@ def test_readings_per_test_with_the_leak_check_and_the_timeline(
         reads[tests] = int((pytester.path / "reads.txt").read_text())
     devices = 2
     assert reads[3] - reads[1] == 2 * per_test * devices
+
+
+MIXED_MARKS = """
+import pytest
+
+pytestmark = pytest.mark.accelplat_requires_devices(9)
+
+
+@pytest.mark.accelplat_requires_devices(5)
+@pytest.mark.accelplat_platforms("rocm")
+def test_mixed():
+    pass
+"""
+
+
+def test_unmet_marks_are_reported_by_kind_then_closest_first(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reasons follow the order of the marker kinds; within one kind the closest mark first."""
+    write_spec(pytester, monkeypatch, devices=[{"total": "16GiB", "used": "1GiB"}])
+    pytester.makepyfile(test_mixed=MIXED_MARKS)
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.assert_outcomes(skipped=1)
+    (line,) = skip_lines(result)
+    assert line.endswith(
+        "runs only on rocm; the current platform is simulated; "
+        "needs 5 devices, simulated has 1 visible; needs 9 devices, simulated has 1 visible"
+    ), line
