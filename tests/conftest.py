@@ -40,20 +40,29 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Iterator[Install]:
         _nvml.shutdown()
 
 
-@pytest.fixture
-def sigint_not_ignored() -> Iterator[None]:
-    """Children started within the test get SIGINT's default action, as from a terminal.
+_ENDING_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 
-    A shell starts a background job (``pytest … &``, many CI runners) with SIGINT ignored, and an
-    ignored signal stays ignored across ``exec``: a child the test interrupts would never notice.
-    Where this process ignores SIGINT, it takes Python's own handler for the duration of the test
-    (so children start with the default action) and ignores SIGINT again afterwards.
+
+@pytest.fixture
+def signals_not_ignored() -> Iterator[None]:
+    """Children started within the test get the default action of SIGINT, SIGTERM and SIGHUP.
+
+    A shell starts a background job (``pytest … &``, many CI runners) with SIGINT ignored,
+    ``nohup`` ignores SIGHUP, and an ignored signal stays ignored across ``exec``: a child the
+    test signals would never notice. For each of these signals this process ignores, it takes
+    the default action (Python's own handler for SIGINT) for the duration of the test, so that
+    children start with it, and ignores the signal again afterwards.
     """
-    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    if ignored and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    ignored = [s for s in _ENDING_SIGNALS if signal.getsignal(s) is signal.SIG_IGN]
+    if threading.current_thread() is not threading.main_thread():
+        ignored = []
+    for signum in ignored:
+        default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+        signal.signal(signum, default)
     try:
         yield
     finally:
-        if ignored and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for signum in ignored:
+            signal.signal(signum, signal.SIG_IGN)

@@ -156,7 +156,7 @@ def test_keys_without_a_terminal_only_sleep() -> None:
     assert state == ViewState()
 
 
-@pytest.mark.usefixtures("sigint_not_ignored")
+@pytest.mark.usefixtures("signals_not_ignored")
 def test_ctrl_c_ends_the_live_view_cleanly(tmp_path: Path) -> None:
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"devices": [{"name": "Sim", "total": "80GiB", "used": "1GiB"}]}))

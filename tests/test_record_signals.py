@@ -26,6 +26,9 @@ from accelplat.cli.timeline import _Signals
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals"),
+    # the children signalled here must not inherit an ignored SIGINT (background job) or
+    # SIGHUP (nohup) from whatever started the suite
+    pytest.mark.usefixtures("signals_not_ignored"),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -241,7 +244,6 @@ def _sleeper() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
 
-@pytest.mark.usefixtures("sigint_not_ignored")
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
 def test_a_signal_while_the_command_is_starting_is_forwarded_once_it_has_started(
     sig: str,
