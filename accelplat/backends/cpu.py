@@ -51,7 +51,7 @@ from collections.abc import Mapping, Sequence
 from time import monotonic as _monotonic
 from typing import TYPE_CHECKING, ClassVar
 
-from accelplat import _boundary, _files, _validate
+from accelplat import _boundary, _files
 from accelplat._compat import override
 from accelplat._types import (
     DeviceInfo,
@@ -425,33 +425,9 @@ class CpuPlatform(BasePlatform):
     # -- memory ------------------------------------------------------------------------------
 
     @override
-    def memory_info(self, device: int) -> MemoryInfo:
-        """Return the host's memory (device 0), or that of one allowed NUMA node.
-
-        The device index is checked against the same listing of nodes the reading uses, so
-        the roots and the node listing are looked up once per reading (it is polled by
-        waits, the leak check and the timeline).
-
-        Args:
-            device: Visible device index.
-
-        Returns:
-            The memory, cgroup-limited where a limit binds.
-
-        Raises:
-            DeviceNotFoundError: For an index that is not visible.
-        """
-        roots = self._roots()
-        nodes = self._numa_nodes(roots)
-        index = _validate.device_index(device, max(1, len(nodes)), self.name)
-        return self._read_memory(roots, nodes, index)
-
-    @override
     def _memory_info(self, device: int) -> MemoryInfo:
         roots = self._roots()
-        return self._read_memory(roots, self._numa_nodes(roots), device)
-
-    def _read_memory(self, roots: _Roots, nodes: list[int], device: int) -> MemoryInfo:
+        nodes = self._numa_nodes(roots)
         cgroup = self._cgroup_limit(roots)
         if not nodes:
             return self._host_memory(roots, cgroup)
