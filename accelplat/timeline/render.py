@@ -309,7 +309,7 @@ def _device_chart(
     full: bool = False,
     peak: tuple[int, float] | None = None,
     low: int = 0,
-    layers: _Layers | None = None,
+    layers: _Layers,
 ) -> str:
     """Return the SVG chart of device ``pos``; ``leaked`` names the tests leaking on it.
 
@@ -321,8 +321,8 @@ def _device_chart(
         full: Draw the y-axis from 0 to the device's total instead of fitting it to the data.
         peak: ``(bytes, seconds)`` of the highest reading, marked on the chart.
         low: The lowest reading (fits the axis).
-        layers: The y-independent layers from :func:`_chart_layers` (same arguments), when the
-            caller draws both scales; drawn here otherwise.
+        layers: The y-independent layers from :func:`_chart_layers` (same arguments), drawn
+            once for both scales.
     """
     dev = trace.devices[pos]
     color = _PALETTE[pos % len(_PALETTE)]
@@ -335,8 +335,6 @@ def _device_chart(
     def y_of(v: float) -> float:
         return _TOP + _PLOT_H * (1 - (min(max(v, ymin), ymax) - ymin) / span_y)
 
-    if layers is None:
-        layers = _chart_layers(trace, pos, end_t, leaked)
     scale = "full-scale" if full else "fit-scale"
     out: list[str] = [
         f'<svg class="chart {scale}" viewBox="0 0 {_W} {layers.height}" role="img" '
