@@ -14,7 +14,7 @@ def _isolate_accelplat(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Clear ACCELPLAT_* variables and the registry's caches around every test."""
     import os
 
-    from accelplat import registry
+    from accelplat import _registry as registry
 
     for key in list(os.environ):
         if key.startswith(_ISOLATED_PREFIXES):

@@ -47,44 +47,44 @@ _EXPORTS: dict[str, str] = {
     "MemoryNotSettledError": "accelplat.errors",
     "PlatformNotAvailableError": "accelplat.errors",
     # platforms and detection
-    "BasePlatform": "accelplat.platform",
-    "Platform": "accelplat.platform",
-    "DetectionReport": "accelplat.registry",
-    "available_platforms": "accelplat.registry",
-    "current_platform": "accelplat.registry",
-    "detect": "accelplat.registry",
-    "get_platform": "accelplat.registry",
-    "register_platform": "accelplat.registry",
-    "set_current_platform": "accelplat.registry",
-    "unregister_platform": "accelplat.registry",
-    "use_platform": "accelplat.registry",
+    "BasePlatform": "accelplat._platform",
+    "Platform": "accelplat._platform",
+    "DetectionReport": "accelplat._registry",
+    "available_platforms": "accelplat._registry",
+    "current_platform": "accelplat._registry",
+    "detect": "accelplat._registry",
+    "get_platform": "accelplat._registry",
+    "register_platform": "accelplat._registry",
+    "set_current_platform": "accelplat._registry",
+    "unregister_platform": "accelplat._registry",
+    "use_platform": "accelplat._registry",
     # capabilities
-    "Capability": "accelplat.capabilities",
-    "capabilities": "accelplat.capabilities",
-    "define_capability": "accelplat.capabilities",
-    "has": "accelplat.capabilities",
+    "Capability": "accelplat._capabilities",
+    "capabilities": "accelplat._capabilities",
+    "define_capability": "accelplat._capabilities",
+    "has": "accelplat._capabilities",
     # memory primitives
-    "PollPolicy": "accelplat.memory",
-    "record_usage_stats": "accelplat.memory",
-    "snapshot": "accelplat.memory",
-    "wait_for_memory_to_clear": "accelplat.memory",
-    "wait_for_memory_to_settle": "accelplat.memory",
+    "PollPolicy": "accelplat._memory",
+    "record_usage_stats": "accelplat._memory",
+    "snapshot": "accelplat._memory",
+    "wait_for_memory_to_clear": "accelplat._memory",
+    "wait_for_memory_to_settle": "accelplat._memory",
     # device leases
-    "Lease": "accelplat.leasing",
-    "LeaseTimeoutError": "accelplat.leasing",
-    "lease": "accelplat.leasing",
-    "lease_status": "accelplat.leasing",
+    "Lease": "accelplat._leasing",
+    "LeaseTimeoutError": "accelplat._leasing",
+    "lease": "accelplat._leasing",
+    "lease_status": "accelplat._leasing",
     # host and sizing
-    "ShmInfo": "accelplat.host",
-    "largest_shm_budget": "accelplat.host",
-    "require_shm": "accelplat.host",
-    "shm_info": "accelplat.host",
-    "KVCacheTooSmallError": "accelplat.sizing",
-    "check_kv_cache_fits": "accelplat.sizing",
-    "dtype_bytes": "accelplat.sizing",
-    "kv_cache_bytes": "accelplat.sizing",
-    "max_model_len_that_fits": "accelplat.sizing",
-    "parse_size": "accelplat.sizing",
+    "ShmInfo": "accelplat._host",
+    "largest_shm_budget": "accelplat._host",
+    "require_shm": "accelplat._host",
+    "shm_info": "accelplat._host",
+    "KVCacheTooSmallError": "accelplat._sizing",
+    "check_kv_cache_fits": "accelplat._sizing",
+    "dtype_bytes": "accelplat._sizing",
+    "kv_cache_bytes": "accelplat._sizing",
+    "max_model_len_that_fits": "accelplat._sizing",
+    "parse_size": "accelplat._sizing",
 }
 
 __all__ = [
@@ -151,6 +151,36 @@ __getattr__, __dir__ = lazy_namespace(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
+    from accelplat._capabilities import Capability, capabilities, define_capability, has
+    from accelplat._host import ShmInfo, largest_shm_budget, require_shm, shm_info
+    from accelplat._leasing import Lease, LeaseTimeoutError, lease, lease_status
+    from accelplat._memory import (
+        PollPolicy,
+        record_usage_stats,
+        snapshot,
+        wait_for_memory_to_clear,
+        wait_for_memory_to_settle,
+    )
+    from accelplat._platform import BasePlatform, Platform
+    from accelplat._registry import (
+        DetectionReport,
+        available_platforms,
+        current_platform,
+        detect,
+        get_platform,
+        register_platform,
+        set_current_platform,
+        unregister_platform,
+        use_platform,
+    )
+    from accelplat._sizing import (
+        KVCacheTooSmallError,
+        check_kv_cache_fits,
+        dtype_bytes,
+        kv_cache_bytes,
+        max_model_len_that_fits,
+        parse_size,
+    )
     from accelplat._types import (
         GIB,
         MIB,
@@ -163,7 +193,6 @@ if TYPE_CHECKING:
         ReleaseProfile,
     )
     from accelplat._usage import HolderState, MemoryHolder, SettleResult, UsageSnapshot
-    from accelplat.capabilities import Capability, capabilities, define_capability, has
     from accelplat.errors import (
         AccelplatError,
         BackendError,
@@ -173,33 +202,4 @@ if TYPE_CHECKING:
         InsufficientSharedMemoryError,
         MemoryNotSettledError,
         PlatformNotAvailableError,
-    )
-    from accelplat.host import ShmInfo, largest_shm_budget, require_shm, shm_info
-    from accelplat.leasing import Lease, LeaseTimeoutError, lease, lease_status
-    from accelplat.memory import (
-        PollPolicy,
-        record_usage_stats,
-        snapshot,
-        wait_for_memory_to_clear,
-        wait_for_memory_to_settle,
-    )
-    from accelplat.platform import BasePlatform, Platform
-    from accelplat.registry import (
-        DetectionReport,
-        available_platforms,
-        current_platform,
-        detect,
-        get_platform,
-        register_platform,
-        set_current_platform,
-        unregister_platform,
-        use_platform,
-    )
-    from accelplat.sizing import (
-        KVCacheTooSmallError,
-        check_kv_cache_fits,
-        dtype_bytes,
-        kv_cache_bytes,
-        max_model_len_that_fits,
-        parse_size,
     )

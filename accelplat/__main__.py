@@ -1,5 +1,5 @@
 """Run the ``accelplat`` command line as ``python -m accelplat``."""
 
-from accelplat.cli import main
+from accelplat._cli import main
 
 raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Value types of memory use over time: snapshots, the result of a wait, and who holds memory.
 
-They are what :mod:`accelplat.memory`, the leak check and the command line answer with, and what
+They are what :mod:`accelplat._memory`, the leak check and the command line answer with, and what
 a platform's ``memory_holders`` returns. Like the types of :mod:`accelplat._types` they are
 frozen dataclasses made by ``value_type``; they live apart so that detection and a first memory
 query, which need none of them, do not create them.

@@ -17,7 +17,7 @@ defined once here, the message keeps each caller's documented wording, worded
 ``"<argument> must be <expected>, got <value>"`` (or ``"expected <expected>, got <value>"``
 when no argument is named).
 
-Sizes written as text go through the one size grammar, :func:`accelplat.sizing.parse_size`.
+Sizes written as text go through the one size grammar, :func:`accelplat._sizing.parse_size`.
 Nothing here touches a device.
 """
 

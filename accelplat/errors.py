@@ -1,16 +1,32 @@
-"""The exception hierarchy of accelplat.
+"""Every error accelplat raises on purpose, in one place.
 
-Every error accelplat raises on purpose derives from :class:`AccelplatError`. Errors a caller
-may already catch under a builtin name keep that name too: configuration errors are
-``ValueError``, a missing device is an ``IndexError``, a wait that ran out of time is a
-``TimeoutError``. Vendor exceptions never escape bare: they are wrapped in
-:class:`BackendError`, which names the vendor error and keeps it as ``__cause__``.
+Errors a caller may already catch under a builtin name keep that name too; vendor exceptions are
+wrapped in :class:`BackendError`, which names the vendor error and keeps it as ``__cause__``.
+Every error pickles (a test run in a child process sends it back to the parent)::
+
+    AccelplatError
+    ├── ConfigurationError (ValueError)
+    │   ├── BundleError ── BundleVersionError
+    │   └── MarkerError
+    ├── PlatformNotAvailableError (RuntimeError)
+    ├── DeviceNotFoundError (IndexError)
+    ├── BackendError (RuntimeError)
+    │   ├── ImplausibleReadingError
+    │   ├── NvmlUnavailableError
+    │   └── LevelZeroError
+    ├── UnreadableFileError (OSError) ── NotARegularFileError, FileTooLargeError
+    ├── MemoryNotSettledError (TimeoutError) ── VllmMemoryNotFreeError (+ ValueError)
+    ├── LeaseTimeoutError (TimeoutError)
+    ├── InsufficientMemoryError (ValueError) ── KVCacheTooSmallError
+    ├── InsufficientSharedMemoryError (RuntimeError)
+    ├── VllmArgumentError (AssertionError)
+    └── ChildTestError (AssertionError)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from accelplat._usage import UsageSnapshot
@@ -20,21 +36,41 @@ __all__ = [
     "BackendError",
     "BundleError",
     "BundleVersionError",
+    "ChildTestError",
     "ConfigurationError",
     "DeviceNotFoundError",
     "FileTooLargeError",
     "ImplausibleReadingError",
     "InsufficientMemoryError",
     "InsufficientSharedMemoryError",
+    "KVCacheTooSmallError",
+    "LeaseTimeoutError",
+    "LevelZeroError",
+    "MarkerError",
     "MemoryNotSettledError",
     "NotARegularFileError",
+    "NvmlUnavailableError",
     "PlatformNotAvailableError",
     "UnreadableFileError",
+    "VllmArgumentError",
+    "VllmMemoryNotFreeError",
 ]
+
+
+def _rebuild(kind: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    error = kind.__new__(kind)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class AccelplatError(Exception):
     """Base class of every error accelplat raises on purpose."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Constructors take keywords and structured fields, which the default exception
+        # pickling (``cls(*args)``) cannot rebuild: restore args and attributes directly.
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
 
 
 class ConfigurationError(AccelplatError, ValueError):
@@ -254,3 +290,116 @@ class BundleVersionError(BundleError):
         )
         self.version = version
         self.supported = supported
+
+
+class MarkerError(ConfigurationError):
+    """An accelplat marker with malformed arguments; the test errors with this message."""
+
+
+class NvmlUnavailableError(BackendError):
+    """NVML cannot be used in this process: module missing or broken, or ``nvmlInit`` failed.
+
+    Attributes:
+        reason: One sentence saying why, for probe results and ``accelplat info``.
+        vendor_error: The vendor's error name (``"NVMLError_DriverNotLoaded"``), ``"ImportError"``
+            or ``"AttributeError"``.
+    """
+
+    def __init__(self, reason: str, vendor_error: str = "") -> None:
+        super().__init__("cuda", reason, vendor_error=vendor_error)
+        self.reason = reason
+
+
+class LevelZeroError(BackendError):
+    """A Level Zero call failed, or the loader lacks a function.
+
+    Attributes:
+        function: The ``zes*`` function that failed.
+        code: The ``ze_result_t`` it returned (``None`` when the function is missing).
+    """
+
+    def __init__(
+        self,
+        function: str,
+        code: int | None,
+        message: str | None = None,
+        *,
+        vendor_error: str = "",
+    ) -> None:
+        fallback = "missing function" if code is None else f"ze_result_t 0x{code:08x}"
+        super().__init__(
+            "xpu",
+            message or f"Level Zero call {function} failed",
+            vendor_error=vendor_error or fallback,
+        )
+        self.function = function
+        self.code = code
+
+
+class VllmMemoryNotFreeError(MemoryNotSettledError, ValueError):
+    """Device memory did not come back in time; raised where vLLM's helpers raise ``ValueError``.
+
+    A :class:`MemoryNotSettledError` (so a ``TimeoutError``) and a ``ValueError``, so that vLLM's
+    ``except ValueError`` blocks keep working. The first line of the message is vLLM 0.32's:
+    ``Memory of devices devices=[…] not free after dur_s=… (threshold='device=0: …')``.
+    """
+
+
+class VllmArgumentError(AccelplatError, AssertionError):
+    """An argument vLLM's helpers check with ``assert``: raised where they raise AssertionError.
+
+    Not a ``ValueError``: vLLM's clean-up fixture swallows ``ValueError`` (a timeout), and a
+    wrong call must not be swallowed with it.
+    """
+
+
+class LeaseTimeoutError(AccelplatError, TimeoutError):
+    """A lease's devices did not become free, or their memory did not come back, in time.
+
+    Attributes:
+        count: Devices asked for.
+        timeout_s: The timeout that passed.
+        reason: What was still in the way at the end.
+    """
+
+    def __init__(self, count: int, timeout_s: float, reason: str) -> None:
+        super().__init__(f"could not lease {count} device(s) within {timeout_s:g} s: {reason}")
+        self.count = count
+        self.timeout_s = timeout_s
+        self.reason = reason
+
+
+class KVCacheTooSmallError(InsufficientMemoryError):
+    """The memory left for the KV cache cannot hold one request of ``max_model_len`` tokens.
+
+    Attributes:
+        needed: Bytes one request of ``max_model_len`` needs.
+        available: Bytes available for the KV cache.
+        max_model_len: The length asked for.
+        estimated_max_model_len: The largest length that fits (a multiple of the block size,
+            ``0`` when not even one block fits).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        needed: int,
+        available: int,
+        max_model_len: int,
+        estimated_max_model_len: int,
+    ) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
+        self.max_model_len = max_model_len
+        self.estimated_max_model_len = estimated_max_model_len
+
+
+class ChildTestError(AccelplatError, AssertionError):
+    """A function run in a new process failed in a way that cannot be re-raised as is.
+
+    Raised when the child's exception could not be pickled, or when the child died without
+    reporting (a signal, ``os._exit``, a crash in native code). The child's traceback, when
+    there is one, is chained as ``__cause__``.
+    """

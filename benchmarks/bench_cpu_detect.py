@@ -39,7 +39,7 @@ SNIPPETS: dict[str, str] = {
         "import os; os.environ['ACCELPLAT_PLATFORM'] = 'cpu'; "
         "import accelplat; accelplat.current_platform().memory_info(0)"
     ),
-    "  import accelplat.registry": "import accelplat.registry",
+    "  import accelplat._registry": "import accelplat._registry",
     "  import accelplat._types (the value types)": "import accelplat._types",
     "  import typing, dataclasses (stdlib floor)": "import typing, dataclasses",
     "  ... and pathlib, ctypes, threading": (
@@ -54,9 +54,9 @@ IMPORTED = (
     "p = accelplat.current_platform(); p.memory_info(0)\n"
     "print(json.dumps({'platform': p.name, 'modules': sorted(m for m in "
     "('pynvml', 'psutil', 'torch', 'amdsmi', 'uuid', 'ctypes.util', 'secrets', "
-    "'accelplat._levelzero', 'accelplat.backends.cuda', 'accelplat.backends.rocm', "
-    "'accelplat.backends.xpu', 'accelplat.visible.cuda', 'accelplat.visible.oneapi', "
-    "'accelplat.visible.rocm') if m in sys.modules)}))\n"
+    "'accelplat._vendor.levelzero', 'accelplat._backends.cuda', 'accelplat._backends.rocm', "
+    "'accelplat._backends.xpu', 'accelplat._visible.cuda', 'accelplat._visible.oneapi', "
+    "'accelplat._visible.rocm') if m in sys.modules)}))\n"
 )
 
 

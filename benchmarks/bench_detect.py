@@ -45,8 +45,8 @@ SNIPPETS: dict[str, str] = {
         "import accelplat; assert accelplat.current_platform().name == 'cuda'"
     ),
     "  … then memory_info(0)": ("import accelplat; accelplat.current_platform().memory_info(0)"),
-    "  import accelplat.registry only": "import accelplat.registry",
-    "  import accelplat.backends.cuda only": "import accelplat.backends.cuda",
+    "  import accelplat._registry only": "import accelplat._registry",
+    "  import accelplat._backends.cuda only": "import accelplat._backends.cuda",
     "  importlib.metadata entry_points(group)": (
         "from importlib.metadata import entry_points; entry_points(group='accelplat.platforms')"
     ),
@@ -112,17 +112,17 @@ def fresh_process_times(runs: int, with_torch: bool) -> dict[str, list[float]]:
 PHASES = r"""
 import json, time
 t = [time.perf_counter()]
-import accelplat.registry as registry
+import accelplat._registry as registry
 t.append(time.perf_counter())
 from importlib.metadata import entry_points
 t.append(time.perf_counter())
 entry_points(group="accelplat.platforms")
 t.append(time.perf_counter())
-import accelplat.backends.cuda as cuda
+import accelplat._backends.cuda as cuda
 t.append(time.perf_counter())
 import pynvml
 t.append(time.perf_counter())
-from accelplat import _nvml
+from accelplat._vendor import nvml as _nvml
 with _nvml.session():
     pass
 t.append(time.perf_counter())
@@ -132,8 +132,8 @@ platform = registry.current_platform()
 t.append(time.perf_counter())
 platform.memory_info(0)
 t.append(time.perf_counter())
-names = ["import accelplat.registry (+_types, errors, platform)", "import importlib.metadata",
-         "entry_points(group) scan", "import accelplat.backends.cuda", "import pynvml",
+names = ["import accelplat._registry (+_types, errors, platform)", "import importlib.metadata",
+         "entry_points(group) scan", "import accelplat._backends.cuda", "import pynvml",
          "nvmlInit", "probe: enumerate GPUs, map visible", "current_platform() after probe",
          "first memory_info(0)"]
 print(json.dumps({n: b - a for n, a, b in zip(names, t, t[1:])}))

@@ -119,7 +119,7 @@ def reading_costs() -> dict[str, float]:
     """Best-of-5 seconds per call of the CPU memory reading and of psutil's."""
     import psutil
 
-    from accelplat.backends.cpu import CpuPlatform
+    from accelplat._backends.cpu import CpuPlatform
 
     platform = CpuPlatform()
     platform.memory_info(0)

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from accelplat._types import GIB, MIB
-from accelplat.timeline.render import render_html
-from accelplat.timeline.trace import (
+from accelplat.timeline._render import render_html
+from accelplat.timeline._trace import (
     DeviceTrack,
     Sample,
     TestSpan,

@@ -47,8 +47,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from accelplat import GIB, MIB, MemoryNotSettledError, wait_for_memory_to_clear
-from accelplat.backends.simulated import RealClock, SimulatedClock, SimulatedPlatform
-from accelplat.memory import PollPolicy
+from accelplat._backends.simulated import RealClock, SimulatedClock, SimulatedPlatform
+from accelplat._memory import PollPolicy
 
 TOLERANCE = 512 * MIB
 MODES: dict[str, tuple[float, float]] = {

@@ -34,9 +34,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from accelplat import GIB, wait_for_memory_to_clear
-from accelplat.backends.simulated import RealClock, SimulatedPlatform
+from accelplat._backends.simulated import RealClock, SimulatedPlatform
+from accelplat._registry import use_platform
 from accelplat.integrations import vllm as drop_in
-from accelplat.registry import use_platform
 
 LATENCY_TARGET_S = 0.050
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import accelplat
 from accelplat import GIB
-from accelplat.memory import wait_for_memory_to_clear
+from accelplat._memory import wait_for_memory_to_clear
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

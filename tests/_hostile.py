@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from accelplat.backends.simulated import (
+from accelplat._backends.simulated import (
     SimulatedClock,
     SimulatedPlatform,
 )

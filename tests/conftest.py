@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from accelplat import _nvml
+from accelplat._vendor import nvml as _nvml
 from tests.fakes.nvml import FakeNvml
 
 Install = Callable[[Any], Any]

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from accelplat import capabilities as caps
+from accelplat import _capabilities as caps
+from accelplat._backends.cpu import cpu_isa
+from accelplat._backends.cuda import CudaPlatform
+from accelplat._backends.rocm import RocmPlatform, gfx_arch
+from accelplat._backends.xpu import XpuPlatform, xe_arch
 from accelplat._types import GIB, DeviceInfo, GraphSupport
-from accelplat.backends.cpu import cpu_isa
-from accelplat.backends.cuda import CudaPlatform
-from accelplat.backends.rocm import RocmPlatform, gfx_arch
-from accelplat.backends.xpu import XpuPlatform, xe_arch
 from accelplat.errors import ConfigurationError, DeviceNotFoundError
 from tests.conftest import Install
 from tests.fakes.hostfs import HostFS
@@ -126,7 +126,7 @@ def test_cpu_arch_from_proc_cpuinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     host = HostFS(tmp_path / "host")
     host.cpuinfo("Fake Xeon", flags="cx16 popcnt sse4_1 sse4_2 ssse3 avx avx2 bmi1 bmi2 f16c fma")
     host.meminfo(total=32 * GIB, available=30 * GIB)
-    monkeypatch.setattr("accelplat.backends.cpu._machine", lambda: "x86_64")
+    monkeypatch.setattr("accelplat._backends.cpu._machine", lambda: "x86_64")
     (device,) = host.platform().devices()
     assert (device.name, device.arch, device.compute_capability) == ("Fake Xeon", "x86-64-v2", None)
 
@@ -303,7 +303,7 @@ def test_device_info_defaults_keep_old_constructors() -> None:
 
 @pytest.mark.parametrize(
     "imports",
-    ["import accelplat", "import accelplat.capabilities, accelplat"],
+    ["import accelplat", "import accelplat._capabilities, accelplat"],
 )
 def test_package_api_in_either_import_order(imports: str) -> None:
     import subprocess

@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from accelplat import _files, _nvml, registry
+from accelplat import _files
+from accelplat import _registry as registry
+from accelplat._backends.rocm import RocmPlatform
+from accelplat._backends.simulated import load_spec
 from accelplat._types import GIB, ProbeResult
-from accelplat.backends.rocm import RocmPlatform
-from accelplat.backends.simulated import load_spec
+from accelplat._vendor import nvml as _nvml
 from accelplat.errors import (
     BackendError,
     ConfigurationError,
@@ -30,7 +32,7 @@ from accelplat.errors import (
     NotARegularFileError,
     UnreadableFileError,
 )
-from accelplat.timeline.trace import load_trace
+from accelplat.timeline._trace import load_trace
 from tests.fakes.hostfs import HostFS
 from tests.fakes.sysfs import FakeSysfs
 
@@ -395,7 +397,7 @@ def test_unreadable_file_errors_survive_pickling(tmp_path: Path) -> None:
 def test_a_built_in_probe_that_hangs_is_bounded_by_the_probe_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from accelplat.backends.cuda import CudaPlatform
+    from accelplat._backends.cuda import CudaPlatform
 
     release = threading.Event()
 

@@ -9,7 +9,7 @@ import pytest
 
 import accelplat
 from accelplat import GIB, MIB, ConfigurationError, InsufficientSharedMemoryError
-from accelplat.host import ShmInfo, largest_shm_budget, require_shm, shm_info
+from accelplat._host import ShmInfo, largest_shm_budget, require_shm, shm_info
 from tests.fakes.hostfs import FRSIZE, fake_statvfs
 
 
@@ -52,7 +52,7 @@ def test_require_shm_returns_info_when_it_fits(monkeypatch: pytest.MonkeyPatch) 
 
 def test_require_shm_message_is_vllms(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_statvfs(monkeypatch, total=64 * MIB, free=64 * MIB)
-    monkeypatch.setattr("accelplat.host.DEFAULT_SHM_PATH", "/fake/shm")
+    monkeypatch.setattr("accelplat._host.DEFAULT_SHM_PATH", "/fake/shm")
     with pytest.raises(InsufficientSharedMemoryError) as err:
         require_shm(160 * MIB, "shared-memory allocation", path="/fake/shm")
     assert str(err.value) == (

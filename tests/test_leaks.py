@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 
 from accelplat import pytest_plugin
-from accelplat._types import MIB
-from accelplat.leaks import (
+from accelplat._leaks import (
     DEFAULT_LEAK_TOLERANCE_BYTES,
     is_leak,
     leaked_bytes,
     parse_leak_tolerance,
 )
-from accelplat.timeline.trace import DeviceTrack, TestSpan, Trace, load_trace
-from tests.test_pytest_plugin import write_spec
+from accelplat._types import MIB
+from accelplat.timeline._trace import DeviceTrack, TestSpan, Trace, load_trace
+from tests.pytest_plugin.test_plugin import write_spec
 
 pytest_plugins = ["pytester"]
 

@@ -15,10 +15,8 @@ from typing import Any
 
 import pytest
 
-from accelplat._types import GIB, DeviceInfo
-from accelplat.backends.simulated import ENV_SPEC, ENV_VISIBLE, SimulatedClock, SimulatedPlatform
-from accelplat.errors import ConfigurationError
-from accelplat.leasing import (
+from accelplat._backends.simulated import ENV_SPEC, ENV_VISIBLE, SimulatedClock, SimulatedPlatform
+from accelplat._leasing import (
     ENV_LEASE_DIR,
     RETURN_TOLERANCE_BYTES,
     LeaseTimeoutError,
@@ -26,8 +24,10 @@ from accelplat.leasing import (
     lease,
     lease_status,
 )
-from accelplat.platform import default_subset_environment, subset_environment
-from accelplat.visible.oneapi import Hierarchy, affinity_mask_for, visible_targets
+from accelplat._platform import default_subset_environment, subset_environment
+from accelplat._types import GIB, DeviceInfo
+from accelplat._visible.oneapi import Hierarchy, affinity_mask_for, visible_targets
+from accelplat.errors import ConfigurationError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -417,7 +417,7 @@ def test_xpu_affinity_mask_shows_exactly_the_chosen_devices(hierarchy: str) -> N
 
 
 def test_rocm_names_the_subset_in_both_hip_variables() -> None:
-    from accelplat.backends.rocm import RocmPlatform
+    from accelplat._backends.rocm import RocmPlatform
 
     devices = [DeviceInfo(0, 1, "mi300", uuid="GPU-0123456789abcdef"), DeviceInfo(1, 0, "mi300")]
     env = RocmPlatform().visible_devices_environment(devices)
@@ -430,7 +430,7 @@ def test_rocm_names_the_subset_in_both_hip_variables() -> None:
 def test_cuda_leases_by_uuid_inside_an_outer_cuda_visible_devices(
     install: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from accelplat.backends.cuda import CudaPlatform
+    from accelplat._backends.cuda import CudaPlatform
     from tests.fakes.nvml import FakeNvml, h200
 
     gpus = [h200(0, used=30 * GIB), h200(1, used=1 * GIB), h200(2, used=2 * GIB)]
@@ -453,7 +453,7 @@ def test_cuda_leases_by_uuid_inside_an_outer_cuda_visible_devices(
 
 
 def test_metadata_behind_a_link_is_not_followed(tmp_path: Path) -> None:
-    from accelplat.leasing import _read_metadata
+    from accelplat._leasing import _read_metadata
 
     real = tmp_path / "elsewhere.json"
     real.write_text('{"pid": 7}')

@@ -12,16 +12,9 @@ from typing import Any
 import pytest
 
 import accelplat
-from accelplat import registry
-from accelplat._types import GIB, MIB
-from accelplat._usage import HolderState, UsageSnapshot
-from accelplat.backends.simulated import RealClock, SimulatedClock, SimulatedPlatform
-from accelplat.errors import (
-    ConfigurationError,
-    DeviceNotFoundError,
-    MemoryNotSettledError,
-)
-from accelplat.memory import (
+from accelplat import _registry as registry
+from accelplat._backends.simulated import RealClock, SimulatedClock, SimulatedPlatform
+from accelplat._memory import (
     REAL_CLOCK,
     PollPolicy,
     default_clock,
@@ -29,6 +22,13 @@ from accelplat.memory import (
     snapshot,
     wait_for_memory_to_clear,
     wait_for_memory_to_settle,
+)
+from accelplat._types import GIB, MIB
+from accelplat._usage import HolderState, UsageSnapshot
+from accelplat.errors import (
+    ConfigurationError,
+    DeviceNotFoundError,
+    MemoryNotSettledError,
 )
 
 TOTAL = 80 * GIB
@@ -526,9 +526,9 @@ def test_on_poll_sees_every_sample_with_targets() -> None:
 
 def test_logs_to_accelplat_memory_logger(caplog: pytest.LogCaptureFixture) -> None:
     platform = make({"used": 60 * GIB, "timeline": [{"at": 0.1, "used": 0}]})
-    with caplog.at_level(logging.DEBUG, logger="accelplat.memory"):
+    with caplog.at_level(logging.DEBUG, logger="accelplat._memory"):
         wait_for_memory_to_clear(threshold_bytes=GIB, stable_duration_s=0, platform=platform)
-    records = [r for r in caplog.records if r.name == "accelplat.memory"]
+    records = [r for r in caplog.records if r.name == "accelplat._memory"]
     assert any("poll" in r.getMessage() for r in records)
     assert any("settled after" in r.getMessage() for r in records)
 
@@ -631,7 +631,7 @@ def test_memory_waits_never_import_torch(tmp_path: Any) -> None:
     code = (
         "import sys\n"
         "import accelplat\n"
-        "from accelplat.backends.simulated import SimulatedPlatform\n"
+        "from accelplat._backends.simulated import SimulatedPlatform\n"
         "p = SimulatedPlatform.from_spec({'clock': 'virtual', 'devices': [{'total': 100}]})\n"
         "accelplat.record_usage_stats(platform=p)\n"
         "accelplat.wait_for_memory_to_clear(threshold_bytes=0, platform=p, timeout_s=1)\n"
@@ -654,13 +654,13 @@ def wait_events(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
     return [
         r.accelplat_wait
         for r in caplog.records
-        if r.name == "accelplat.memory" and hasattr(r, "accelplat_wait")
+        if r.name == "accelplat._memory" and hasattr(r, "accelplat_wait")
     ]
 
 
 def test_each_wait_logs_start_and_end_events(caplog: pytest.LogCaptureFixture) -> None:
     platform = make({"used": 0}, {"used": 8 * GIB}, release=LAZY)
-    with caplog.at_level(logging.DEBUG, logger="accelplat.memory"):
+    with caplog.at_level(logging.DEBUG, logger="accelplat._memory"):
         wait_for_memory_to_clear([0], threshold_bytes=GIB, platform=platform)
         with pytest.raises(MemoryNotSettledError):
             wait_for_memory_to_settle(threshold_ratio=0.05, timeout_s=1, platform=platform)
@@ -675,13 +675,13 @@ def test_each_wait_logs_start_and_end_events(caplog: pytest.LogCaptureFixture) -
 
 
 def test_bad_arguments_log_no_wait_event(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="accelplat.memory"), pytest.raises(ValueError):
+    with caplog.at_level(logging.DEBUG, logger="accelplat._memory"), pytest.raises(ValueError):
         wait_for_memory_to_clear(threshold_ratio=3.0, platform=make({}))
     assert wait_events(caplog) == []
 
 
 def test_platform_without_devices() -> None:
-    from accelplat.backends.simulated import SimulatedSpec
+    from accelplat._backends.simulated import SimulatedSpec
 
     platform = SimulatedPlatform(SimulatedSpec(devices=()), clock=SimulatedClock())
     assert record_usage_stats(platform=platform) == {}

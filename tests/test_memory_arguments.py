@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import accelplat
-from accelplat import registry
-from accelplat.backends.simulated import (
+from accelplat import _registry as registry
+from accelplat._backends.simulated import (
     SimulatedPlatform,
 )
 from accelplat.errors import (

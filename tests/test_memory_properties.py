@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accelplat._types import GIB, MIB
-from accelplat._usage import UsageSnapshot
-from accelplat.backends.simulated import (
+from accelplat._backends.simulated import (
     LazyRelease,
     Linear,
     Segment,
@@ -34,8 +32,10 @@ from accelplat.backends.simulated import (
     SimulatedSpec,
     Step,
 )
+from accelplat._memory import PollPolicy, wait_for_memory_to_clear
+from accelplat._types import GIB, MIB
+from accelplat._usage import UsageSnapshot
 from accelplat.errors import MemoryNotSettledError
-from accelplat.memory import PollPolicy, wait_for_memory_to_clear
 
 TOTAL = 64 * GIB
 EPS = 1e-6

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from accelplat import registry
+from accelplat import _registry as registry
+from accelplat._platform import BasePlatform
 from accelplat._types import Candidate, DeviceInfo, MemoryInfo, ProbeResult
 from accelplat.errors import AccelplatError, ConfigurationError, PlatformNotAvailableError
-from accelplat.platform import BasePlatform
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1024**3
@@ -803,7 +803,7 @@ def test_unregister_restores_a_builtin() -> None:
     registry.unregister_platform("cpu")
     entry = registry._registered["cpu"]
     assert entry.shipped
-    assert entry.target == "accelplat.backends.cpu:CpuPlatform"
+    assert entry.target == "accelplat._backends.cpu:CpuPlatform"
 
 
 def test_override_of_a_builtin_keeps_its_place_in_the_order(
@@ -898,8 +898,8 @@ def _python(code: str, env: dict[str, str] | None = None) -> str:
 def test_importing_accelplat_loads_no_backend_plugin_or_metadata() -> None:
     out = _python(
         "import sys, accelplat\n"
-        "bad = [m for m in sys.modules if m.startswith(('accelplat.backends', 'accelplat.testing',"
-        " 'accelplat.registry', 'torch'))]\n"
+        "bad = [m for m in sys.modules if m.startswith(('accelplat._backends', 'accelplat.testing',"
+        " 'accelplat._registry', 'torch'))]\n"
         "print(bad)"
     )
     assert out == "[]"
@@ -909,11 +909,11 @@ def test_real_detection_loads_only_what_it_must() -> None:
     out = _python(
         "import sys, accelplat\n"
         "accelplat.current_platform()\n"
-        "print(sorted(m for m in sys.modules if m.startswith('accelplat.backends.')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('accelplat._backends.')\n"
         "             and not m.rpartition('.')[2].startswith('_')))",  # shared helpers aside
         env={"ACCELPLAT_PLATFORM": "cpu"},
     )
-    assert out == "['accelplat.backends.cpu']"
+    assert out == "['accelplat._backends.cpu']"
 
 
 # -- the cheap pre-check that spares importlib.metadata on the detection path -------------------
@@ -928,7 +928,7 @@ def _only_path(monkeypatch: pytest.MonkeyPatch, *entries: str) -> None:
 def test_precheck_finds_a_declared_platform_group(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from accelplat.registry import _may_declare_platforms
+    from accelplat._registry import _may_declare_platforms
 
     dist = tmp_path / "vendor_npu-1.0.dist-info"
     dist.mkdir()
@@ -942,7 +942,7 @@ def test_precheck_finds_a_declared_platform_group(
 def test_precheck_defers_to_importlib_for_archives_on_sys_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from accelplat.registry import _may_declare_platforms
+    from accelplat._registry import _may_declare_platforms
 
     archive = tmp_path / "bundle.zip"
     archive.write_bytes(b"PK\x05\x06" + b"\x00" * 18)
@@ -956,7 +956,7 @@ def test_precheck_never_reads_an_entry_points_file_that_is_not_a_regular_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A FIFO in a dist-info folder would block a read for ever: it is passed over unread."""
-    from accelplat.registry import _may_declare_platforms
+    from accelplat._registry import _may_declare_platforms
 
     fifo_dist = tmp_path / "odd-1.0.dist-info"
     fifo_dist.mkdir()
@@ -1013,7 +1013,7 @@ def test_detecting_a_shipped_backend_runs_none_of_its_properties() -> None:
 
 
 def test_a_plugin_whose_property_raises_is_still_reported() -> None:
-    from accelplat.registry import protocol_problems
+    from accelplat._registry import protocol_problems
 
     class Broken(make_platform("broken-prop")):  # type: ignore[misc]
         @property

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import accelplat
-from accelplat import registry
+from accelplat import _registry as registry
 from accelplat.errors import (
     ConfigurationError,
 )
@@ -24,7 +24,7 @@ def test_register_platform_names_a_bad_name(name: Any) -> None:
     assert isinstance(exc, ConfigurationError)
 
 
-@pytest.mark.parametrize("target", [5, None, "accelplat.backends.cpu:CpuPlatform"])
+@pytest.mark.parametrize("target", [5, None, "accelplat._backends.cpu:CpuPlatform"])
 def test_register_platform_names_a_bad_target(target: Any) -> None:
     exc = rejects(lambda: accelplat.register_platform("mine", target), "register_platform")
     assert isinstance(exc, ConfigurationError)

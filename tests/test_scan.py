@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from accelplat.cli import main
+from accelplat._cli import main
+from accelplat._scan import scan_path, scan_source
 from accelplat.errors import ConfigurationError
-from accelplat.scan import scan_path, scan_source
 
 SOURCE = textwrap.dedent(
     """
@@ -128,7 +128,7 @@ def test_cli_json_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_oversized_and_special_files_are_listed_not_read(tmp_path: Path) -> None:
     import os
 
-    from accelplat import scan
+    from accelplat import _scan as scan
 
     (tmp_path / "test_big.py").write_text("x = 1\n" * (scan.MAX_FILE_BYTES // 6 + 10))
     os.mkfifo(tmp_path / "test_fifo.py")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import accelplat
 from accelplat import GIB, MIB, ConfigurationError, InsufficientMemoryError
-from accelplat.sizing import (
+from accelplat._sizing import (
     KVCacheTooSmallError,
     check_kv_cache_fits,
     dtype_bytes,
@@ -285,9 +285,9 @@ def test_dtype_bytes_rejects_auto_and_unknown() -> None:
 def _size_consumers() -> dict[str, Any]:
     import argparse
 
-    from accelplat.backends.simulated import spec_from_mapping
-    from accelplat.cli._args import parse_size_arg
-    from accelplat.leaks import parse_leak_tolerance
+    from accelplat._backends.simulated import spec_from_mapping
+    from accelplat._cli._args import parse_size_arg
+    from accelplat._leaks import parse_leak_tolerance
 
     def cli(text: str) -> int:
         try:

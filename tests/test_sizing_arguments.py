@@ -11,11 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import accelplat
+from accelplat._sizing import parse_size
 from accelplat._types import GIB
 from accelplat.errors import (
     ConfigurationError,
 )
-from accelplat.sizing import parse_size
 from tests._hostile import FAST, HUGE, rejects
 
 _KV = {"num_layers": 32, "num_kv_heads": 8, "head_size": 128, "max_model_len": 8192}

@@ -1,6 +1,6 @@
 """Record what CUDA itself makes visible for many ``CUDA_VISIBLE_DEVICES`` forms.
 
-Ground truth for ``accelplat.visible.cuda``: for every form, a fresh Python process is started
+Ground truth for ``accelplat._visible.cuda``: for every form, a fresh Python process is started
 with only that value of ``CUDA_VISIBLE_DEVICES`` (``CUDA_DEVICE_ORDER`` unset) and reports
 
 * the CUDA driver's own answer: ``cuInit``'s result (and its error name), ``cuDeviceGetCount``
@@ -12,7 +12,7 @@ The forms are built from the host's own GPU UUIDs (whole UUIDs, prefixes, case, 
 white space, separators, signs, leading zeros, hex, overflow, numerals of other scripts,
 duplicates, empty entries, MIG spellings…). The result is one JSON file: the host's GPUs in
 CUDA's order (what the driver reports with the variable unset), driver/CUDA/torch versions, and
-one record per form. ``tests/test_visible_cuda_ground_truth.py`` replays every record through
+one record per form. ``tests/visible/test_cuda_ground_truth.py`` replays every record through
 the parser, mapping physical GPUs by UUID, so the file is valid on any host.
 
 ``--one-gpu`` hides every GPU but the first from the driver before recording (a private mount

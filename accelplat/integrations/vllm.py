@@ -48,8 +48,9 @@ Where this module is better, in ways a passing vLLM test cannot notice:
 accelplat's stricter semantics (NVML v2 accounting, strict arguments, a settle wait on every
 platform) are an explicit opt-in: call :func:`accelplat.wait_for_memory_to_clear`,
 :func:`accelplat.wait_for_memory_to_settle` (``force=True``) and
-:func:`accelplat.isolation.run_in_new_process` directly, or pass ``strict=True`` to the runner
-hooks. The generic process isolation itself lives in :mod:`accelplat.isolation`.
+:func:`accelplat.testing._isolation.run_in_new_process` directly, or pass ``strict=True`` to the
+runner
+hooks. The generic process isolation itself lives in :mod:`accelplat.testing._isolation`.
 
 Nothing here imports torch, vLLM or a vendor library, and on context-free platforms nothing
 creates a device context. pytest and cloudpickle are imported only by the functions that need
@@ -69,17 +70,23 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from accelplat import _validate
+from accelplat._platform import Platform, StartMethod, validate_utilization
 from accelplat._types import GIB, MIB, DeviceInfo, GraphSupport, MemoryInfo, ReleaseProfile
 from accelplat._usage import MemoryHolder, SettleResult, UsageSnapshot
-from accelplat.errors import AccelplatError, ConfigurationError, MemoryNotSettledError
-from accelplat.isolation import (
-    ChildResult,
+from accelplat.errors import (
+    AccelplatError,
     ChildTestError,
+    ConfigurationError,
+    MemoryNotSettledError,
+    VllmArgumentError,
+    VllmMemoryNotFreeError,
+)
+from accelplat.testing._isolation import (
+    ChildResult,
     ChildTracebackError,
     mark_isolated,
     run_child,
 )
-from accelplat.platform import Platform, StartMethod, validate_utilization
 
 if TYPE_CHECKING:
     import pytest
@@ -128,44 +135,6 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 # errors
 
 
-class VllmMemoryNotFreeError(MemoryNotSettledError, ValueError):
-    """Device memory did not come back in time; raised where vLLM's helpers raise ``ValueError``.
-
-    It is a :class:`~accelplat.errors.MemoryNotSettledError` (so a ``TimeoutError``) carrying the
-    last snapshot, the per-device targets and the usage history, and a ``ValueError`` so that
-    vLLM's ``except ValueError`` blocks keep working. The first line of the message is vLLM
-    0.32's: ``Memory of devices devices=[…] not free after dur_s=… (threshold='device=0: …')``.
-    """
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Keyword-only constructor arguments do not survive the default exception pickling;
-        # a test run in a new process must be able to send this back.
-        return (
-            _rebuild_not_free,
-            (str(self), self.snapshot, self.targets, self.waited_s, self.history),
-        )
-
-
-def _rebuild_not_free(
-    message: str,
-    snapshot: UsageSnapshot,
-    targets: Mapping[int, int],
-    waited_s: float,
-    history: Mapping[int, Sequence[int]],
-) -> VllmMemoryNotFreeError:
-    return VllmMemoryNotFreeError(
-        message, snapshot=snapshot, targets=targets, waited_s=waited_s, history=history
-    )
-
-
-class VllmArgumentError(AccelplatError, AssertionError):
-    """An argument vLLM's helpers check with ``assert``: raised where they raise AssertionError.
-
-    Not a ``ValueError``: vLLM's clean-up fixture swallows ``ValueError`` (a timeout), and a
-    wrong call must not be swallowed with it.
-    """
-
-
 # --------------------------------------------------------------------------------------------
 # platform views
 
@@ -173,7 +142,7 @@ class VllmArgumentError(AccelplatError, AssertionError):
 def _platform(platform: Platform | None) -> Platform:
     if platform is not None:
         return platform
-    from accelplat.registry import current_platform
+    from accelplat._registry import current_platform
 
     return current_platform()
 
@@ -402,7 +371,7 @@ def _printer(
 
 def _poll_policy(poll_interval_s: object) -> tuple[Any, float]:
     """The sampling policy and the print cadence for vLLM's ``poll_interval_s``."""
-    from accelplat.memory import PollPolicy
+    from accelplat._memory import PollPolicy
 
     cadence = _validate.number(
         poll_interval_s,
@@ -461,7 +430,7 @@ def wait_for_gpu_memory_to_clear(
     Side effects:
         Sleeps; prints progress to stdout. Creates no device context on context-free platforms.
     """
-    from accelplat.memory import wait_for_memory_to_clear
+    from accelplat._memory import wait_for_memory_to_clear
 
     if threshold_bytes is None and threshold_ratio is None:
         raise VllmArgumentError(
@@ -676,7 +645,7 @@ def before_engine_start(
     Side effects:
         May sleep. Creates no device context on context-free platforms.
     """
-    from accelplat.memory import wait_for_memory_to_clear
+    from accelplat._memory import wait_for_memory_to_clear
 
     p = _platform(platform)
     ratio = _free_ratio(kwargs, p)
@@ -736,8 +705,8 @@ def after_engine_shutdown(
     Side effects:
         May sleep. Creates no device context on context-free platforms.
     """
-    from accelplat.memory import wait_for_memory_to_clear
-    from accelplat.memory import wait_for_memory_to_settle as settle
+    from accelplat._memory import wait_for_memory_to_clear
+    from accelplat._memory import wait_for_memory_to_settle as settle
 
     p = _platform(platform)
     ratio = _free_ratio(kwargs, p)
@@ -799,7 +768,7 @@ def memory_baseline(
         Samples memory on entry; may sleep on exit. Creates no device context on context-free
         platforms.
     """
-    from accelplat.memory import snapshot, wait_for_memory_to_clear
+    from accelplat._memory import snapshot, wait_for_memory_to_clear
 
     fraction = _validate.ratio(tolerance, "tolerance", not_a_number="a fraction in [0, 1]")
     if timeout_s is not None:  # checked here, as the exit wait would, even if it never runs
@@ -832,7 +801,7 @@ def memory_baseline(
 
 
 # --------------------------------------------------------------------------------------------
-# process isolation (vLLM's names on top of accelplat.isolation)
+# process isolation (vLLM's names on top of accelplat.testing._isolation)
 
 
 def requires_spawn_multiprocessing() -> bool:
@@ -895,10 +864,11 @@ def fork_new_process_for_each_test(func: _F) -> _F:
     """Run each call of a test in a forked child, as vLLM's decorator of this name does.
 
     The child leads its own process group (what it leaves running is sent ``SIGTERM``). A
-    failure comes back as the child's own exception when it pickles (with ``cloudpickle``), and
-    otherwise as an ``AssertionError`` (:class:`~accelplat.isolation.ChildTestError`) carrying
-    the child's traceback. pytest's skip, xfail and fail in the child keep their meaning here
-    (vLLM's fork reports a skip in the child as a pass).
+    failure comes back as the child's own exception when it pickles (with ``cloudpickle``),
+    and otherwise as an ``AssertionError``
+    (:class:`~accelplat.testing._isolation.ChildTestError`) carrying the child's traceback.
+    pytest's skip, xfail and fail in the child keep their meaning here (vLLM's fork reports a
+    skip in the child as a pass).
 
     Args:
         func: The test function.

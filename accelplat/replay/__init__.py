@@ -2,7 +2,7 @@
 
 ``accelplat capture`` records what accelplat reads on a machine — the host files its backends
 open, the answers of NVML, Level Zero Sysman and amdsmi, installed versions, the relevant
-environment variables — into a bundle (see :mod:`accelplat.replay.bundle`). Replaying the bundle
+environment variables — into a bundle (see :mod:`accelplat.replay._bundle`). Replaying the bundle
 (``ACCELPLAT_REPLAY=bundle.tar.gz``, ``accelplat info --replay bundle.tar.gz`` or
 :func:`replaying`) makes detection, ``devices()``, ``memory_info``, holders and capabilities
 answer from it through the same code paths as on the captured host: only the vendor boundary
@@ -27,9 +27,7 @@ from typing import Any
 
 from accelplat import _boundary
 from accelplat.errors import AccelplatError
-from accelplat.replay._record import Recorder
-from accelplat.replay._replay import Replayer
-from accelplat.replay.bundle import (
+from accelplat.replay._bundle import (
     FORMAT_NAME,
     FORMAT_VERSION,
     Bundle,
@@ -37,6 +35,8 @@ from accelplat.replay.bundle import (
     load_bundle,
     parse_bundle,
 )
+from accelplat.replay._record import Recorder
+from accelplat.replay._replay import Replayer
 
 __all__ = [
     "ENV_REPLAY",
@@ -126,11 +126,12 @@ def _restore_env(saved: Mapping[str, str | None]) -> None:
 
 def _reset_caches() -> None:
     """Forget every cached answer of the host, so the next question crosses the boundary."""
-    from accelplat import _nvml, registry
+    from accelplat import _registry as registry
+    from accelplat._vendor import nvml as _nvml
 
     registry.reset()
     _nvml.forget()
-    for module_name, hook in (("accelplat.backends.rocm", "_after_fork"),):
+    for module_name, hook in (("accelplat._backends.rocm", "_after_fork"),):
         module = sys.modules.get(module_name)
         forget: Callable[[], None] | None = getattr(module, hook, None) if module else None
         if forget is not None:
@@ -347,9 +348,9 @@ def capture(
     if not 0 <= interval_s <= 10:
         raise ValueError(f"interval_s must be 0-10 seconds, got {interval_s}")
     from accelplat import __version__
-    from accelplat._graphs import distribution_version
-    from accelplat.describe import collect_info
-    from accelplat.registry import current_platform
+    from accelplat._describe import collect_info
+    from accelplat._registry import current_platform
+    from accelplat._vendor.graphs import distribution_version
 
     recorder = Recorder(processes=processes)
     with recording(recorder), _outside_any_project():

@@ -1,7 +1,7 @@
 """Answering the vendor boundary from a capture bundle.
 
 :class:`Replayer` is an :class:`accelplat._boundary.Interceptor` built from a loaded
-:class:`~accelplat.replay.bundle.Bundle`. Each question is looked up by channel and key; a key
+:class:`~accelplat.replay._bundle.Bundle`. Each question is looked up by channel and key; a key
 recorded several times (memory sampled over a second or two) gives its answers in order and then
 keeps giving the last one, so the first questions of a replay get exactly the answers the
 capture's own ``accelplat info`` got.
@@ -25,9 +25,9 @@ from typing import Any
 
 from accelplat._boundary import Loaded
 from accelplat.errors import BundleError
+from accelplat.replay._bundle import Answer, Bundle, fields_of
 from accelplat.replay._codec import Handle, encode, key_text
 from accelplat.replay._record import CTYPES_CHANNELS, buffer_of, ctypes_key
-from accelplat.replay.bundle import Answer, Bundle, fields_of
 
 __all__ = ["ReplayLibrary", "ReplayModule", "ReplayedError", "Replayer"]
 

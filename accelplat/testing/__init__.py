@@ -6,7 +6,7 @@ Three ways to use it:
   instance), then ``report.passed``, ``report.failures``, ``report.summary()``;
 * from the command line, one pytest test per check::
 
-      pytest --pyargs accelplat.testing.conformance --accelplat-platform my-npu
+      pytest --pyargs accelplat.testing._conformance --accelplat-platform my-npu
 
   (without the accelplat pytest plugin, ``ACCELPLAT_PLATFORM=my-npu`` does the same);
 * inside a plugin's own test suite::
@@ -15,9 +15,9 @@ Three ways to use it:
 
       test_conformance = make_conformance_test("my-npu")
 
-The checks and their tolerances are documented in :mod:`accelplat.testing.checks`. This package
+The checks and their tolerances are documented in :mod:`accelplat.testing._checks`. This package
 imports neither pytest nor any framework; :func:`make_conformance_test` and
-:func:`conformance_platform` come from :mod:`accelplat.testing.conformance` (which imports
+:func:`conformance_platform` come from :mod:`accelplat.testing._conformance` (which imports
 pytest) on first use. ``import accelplat`` does not import this package.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from accelplat._lazy import lazy_namespace
-from accelplat.testing.checks import (
+from accelplat.testing._checks import (
     CHECK_NAMES,
     STABILITY_TOLERANCE,
     SUM_TOLERANCE,
@@ -51,11 +51,11 @@ __all__ = [
 ]
 
 _PYTEST_EXPORTS = dict.fromkeys(
-    ("conformance_platform", "make_conformance_test"), "accelplat.testing.conformance"
+    ("conformance_platform", "make_conformance_test"), "accelplat.testing._conformance"
 )
 
 __getattr__, __dir__ = lazy_namespace(__name__, _PYTEST_EXPORTS, globals())
 
 
 if TYPE_CHECKING:
-    from accelplat.testing.conformance import conformance_platform, make_conformance_test
+    from accelplat.testing._conformance import conformance_platform, make_conformance_test

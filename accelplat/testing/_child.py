@@ -1,6 +1,6 @@
 """The fresh process in which the conformance kit watches a platform for side effects.
 
-The parent (:mod:`accelplat.testing.checks`) starts ``python -c BOOTSTRAP JOB`` with a JSON job
+The parent (:mod:`accelplat.testing._checks`) starts ``python -c BOOTSTRAP JOB`` with a JSON job
 (how to build the platform, whether to query memory, where to write the answer). The bootstrap
 records ``sys.modules`` before anything of accelplat is imported, so a framework imported by
 accelplat itself, by the backend module, by the probe, by construction or by any query shows up,
@@ -125,7 +125,7 @@ def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], Non
     from accelplat._usage import HolderState
 
     if kind == "name":
-        from accelplat import registry
+        from accelplat import _registry as registry
 
         factory = registry.factory_for(value)
     else:
@@ -145,7 +145,7 @@ def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], Non
         answer["ok"] = True
         return
     if kind == "name":
-        from accelplat import registry
+        from accelplat import _registry as registry
 
         platform = registry.get_platform(value)
     else:

@@ -4,7 +4,7 @@ Two ways to record:
 
 * ``pytest --accelplat-timeline=report.html`` samples every visible device while the session runs,
   tags the samples with the test that was running and the memory waits that happened, and writes
-  one self-contained HTML page (see :mod:`accelplat.timeline.pytest_hooks`).
+  one self-contained HTML page (see :mod:`accelplat.pytest_plugin._timeline`).
 * ``accelplat record --out trace.json -- COMMAND …`` samples while a command runs; ``accelplat
   report trace.json --out report.html`` renders the same page from the saved trace.
 
@@ -21,30 +21,30 @@ from typing import TYPE_CHECKING
 
 from accelplat._lazy import lazy_namespace
 
-# Names load on first use: the pytest plugin (``accelplat.timeline.pytest_hooks``) is imported
+# Names load on first use: the pytest plugin (``accelplat.pytest_plugin._timeline``) is imported
 # by every pytest session, and most never ask for a timeline, so nothing is imported up front.
 _EXPORTS: dict[str, str] = {
-    "render_html": "accelplat.timeline.render",
-    "write_report": "accelplat.timeline.render",
-    "DEFAULT_CAPACITY": "accelplat.timeline.sampler",
-    "DEFAULT_HZ": "accelplat.timeline.sampler",
-    "Recorder": "accelplat.timeline.sampler",
-    "SampleBuffer": "accelplat.timeline.sampler",
-    "Sampler": "accelplat.timeline.sampler",
-    "platform_reader": "accelplat.timeline.sampler",
-    "DEFAULT_LEAK_TOLERANCE_BYTES": "accelplat.timeline.trace",
-    "TRACE_FORMAT": "accelplat.timeline.trace",
-    "TRACE_VERSION": "accelplat.timeline.trace",
-    "DeviceTrack": "accelplat.timeline.trace",
-    "Leak": "accelplat.timeline.trace",
-    "Sample": "accelplat.timeline.trace",
-    "TestSpan": "accelplat.timeline.trace",
-    "Trace": "accelplat.timeline.trace",
-    "WaitSpan": "accelplat.timeline.trace",
-    "dumps_trace": "accelplat.timeline.trace",
-    "load_trace": "accelplat.timeline.trace",
-    "loads_trace": "accelplat.timeline.trace",
-    "save_trace": "accelplat.timeline.trace",
+    "render_html": "accelplat.timeline._render",
+    "write_report": "accelplat.timeline._render",
+    "DEFAULT_CAPACITY": "accelplat.timeline._sampler",
+    "DEFAULT_HZ": "accelplat.timeline._sampler",
+    "Recorder": "accelplat.timeline._sampler",
+    "SampleBuffer": "accelplat.timeline._sampler",
+    "Sampler": "accelplat.timeline._sampler",
+    "platform_reader": "accelplat.timeline._sampler",
+    "DEFAULT_LEAK_TOLERANCE_BYTES": "accelplat.timeline._trace",
+    "TRACE_FORMAT": "accelplat.timeline._trace",
+    "TRACE_VERSION": "accelplat.timeline._trace",
+    "DeviceTrack": "accelplat.timeline._trace",
+    "Leak": "accelplat.timeline._trace",
+    "Sample": "accelplat.timeline._trace",
+    "TestSpan": "accelplat.timeline._trace",
+    "Trace": "accelplat.timeline._trace",
+    "WaitSpan": "accelplat.timeline._trace",
+    "dumps_trace": "accelplat.timeline._trace",
+    "load_trace": "accelplat.timeline._trace",
+    "loads_trace": "accelplat.timeline._trace",
+    "save_trace": "accelplat.timeline._trace",
 }
 
 __all__ = [
@@ -76,8 +76,8 @@ __getattr__, __dir__ = lazy_namespace(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
-    from accelplat.timeline.render import render_html, write_report
-    from accelplat.timeline.sampler import (
+    from accelplat.timeline._render import render_html, write_report
+    from accelplat.timeline._sampler import (
         DEFAULT_CAPACITY,
         DEFAULT_HZ,
         Recorder,
@@ -85,7 +85,7 @@ if TYPE_CHECKING:
         Sampler,
         platform_reader,
     )
-    from accelplat.timeline.trace import (
+    from accelplat.timeline._trace import (
         DEFAULT_LEAK_TOLERANCE_BYTES,
         TRACE_FORMAT,
         TRACE_VERSION,

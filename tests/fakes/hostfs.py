@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from accelplat.backends.cpu import CpuPlatform
+from accelplat._backends.cpu import CpuPlatform
 
 KIB = 1024
 FRSIZE = 4096

@@ -8,7 +8,7 @@ or a null array asks for the count); ``zes_device_properties_t`` with its ``core
 ``zes_process_state_t``; results are ``ze_result_t`` codes (0 = success).
 
 * :class:`FakeLevelZero` is an object whose ``zes*`` attributes are Python callables receiving
-  the ctypes pointers and arrays :class:`accelplat._levelzero.Sysman` passes.
+  the ctypes pointers and arrays :class:`accelplat._vendor.levelzero.Sysman` passes.
 
 What the driver stack does underneath, reproduced here:
 

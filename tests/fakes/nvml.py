@@ -674,7 +674,7 @@ def faked_cuda_platform() -> Any:
     """
     import sys
 
-    from accelplat.backends.cuda import CudaPlatform
+    from accelplat._backends.cuda import CudaPlatform
 
     if not isinstance(sys.modules.get("pynvml"), FakeNvml):
         sys.modules["pynvml"] = FakeNvml([h200(0, used=2 * GIB), h200(1)])

@@ -39,7 +39,7 @@ PARENT = textwrap.dedent(
     import json, os, sys, threading, time
 
     import accelplat
-    from accelplat import _nvml
+    from accelplat._vendor import nvml as _nvml
 
     ALLOC = int(sys.argv[1])
     MIB = 1 << 20

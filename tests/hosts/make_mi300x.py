@@ -22,9 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from accelplat.describe import collect_info
+from accelplat._describe import collect_info
 from accelplat.replay import capture, describe, parse_bundle, replaying
-from accelplat.replay.bundle import bundle_bytes
+from accelplat.replay._bundle import bundle_bytes
 from tests.fakes.sysfs import FakeSysfs
 
 GIB = 1024**3

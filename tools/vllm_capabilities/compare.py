@@ -97,7 +97,7 @@ def _verdict(before: dict[str, object], after: dict[str, object], label: str) ->
 
 
 def _predicates(root: Path, files: list[str]) -> int:
-    from accelplat.scan import scan_path
+    from accelplat._scan import scan_path
 
     return sum(len(scan_path(root / f).findings) for f in files)
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     projection = _copy(args.sdist, work / "projection")
     subprocess.run([*migrate[:2], str(projection), "--all"], check=True, stdout=subprocess.DEVNULL)
-    from accelplat.scan import scan_path
+    from accelplat._scan import scan_path
 
     t_before = len(scan_path(before / "tests").findings)
     t_after = len(scan_path(projection / "tests").findings)

@@ -63,7 +63,7 @@ def torch_facts() -> dict[str, Any]:
 def accelplat_facts() -> dict[str, Any]:
     """Return accelplat's view: devices, graphs and capability tables (no device context)."""
     import accelplat
-    from accelplat.capabilities import load_pyproject
+    from accelplat._capabilities import load_pyproject
 
     load_pyproject(HERE / "capabilities.toml")
     platform = accelplat.current_platform()

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
+from accelplat._backends.cuda import CudaPlatform
+from accelplat._platform import BasePlatform
 from accelplat._types import DeviceInfo, GraphSupport, MemoryInfo
-from accelplat.backends.cuda import CudaPlatform
-from accelplat.platform import BasePlatform
 
 
 def _from_tests(depth: int = 2) -> bool:
@@ -142,7 +142,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     import torch
     import vllm.platforms
 
-    from accelplat import registry
+    from accelplat import _registry as registry
 
     facts = _facts()
     t = facts["torch"]

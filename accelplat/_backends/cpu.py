@@ -1,0 +1,751 @@
+"""The ``cpu`` platform: host memory, aware of cgroup limits and NUMA nodes.
+
+This is the platform every machine without an accelerator detects (CI runners, laptops), so it
+never fails to load and imports nothing but the standard library and psutil.
+
+Devices:
+    On a machine with one NUMA node (or no NUMA information, e.g. macOS), there is one device,
+    index 0: the host. On a machine with several NUMA nodes that have memory, each node this
+    process may allocate from (``Mems_allowed_list`` in ``/proc/self/status``) is one device, in
+    node order, with the node id as ``physical_index``; vLLM's CPU engine binds each worker to
+    one node and checks that node's memory.
+
+Memory of the host device:
+    Inside a container ``MemTotal`` is the host's, not the container's. The smallest cgroup limit
+    on the path from this process's cgroup up to the root bounds it: cgroup v2 ``memory.max``
+    (``max`` means unlimited) or v1 ``memory.limit_in_bytes`` (values of ``2**62`` and above mean
+    unlimited). For each limited level the charge is ``memory.current`` less the page cache the
+    kernel drops first (``inactive_file`` of ``memory.stat``; v1: ``memory.usage_in_bytes`` less
+    ``total_inactive_file``). Then::
+
+        total = min(MemTotal, smallest limit)
+        free  = min(limit - charge for every limited level, MemAvailable)
+        used  = total - free
+
+    ``MemTotal``/``MemAvailable`` as read, and the figures made of them, must pass the one
+    plausibility rule (:mod:`accelplat._backends._readings`): ``MemAvailable`` above ``MemTotal``
+    or a figure beyond 8 EiB is an :class:`~accelplat.errors.ImplausibleReadingError`, not clamped.
+
+    ``source`` says which rule applied: ``"cgroup-v2"``, ``"cgroup-v1"``, or ``"meminfo"`` when
+    no limit applies or a cgroup file is missing, unreadable or malformed. Without a readable
+    ``/proc/meminfo`` (macOS) psutil supplies ``MemTotal``/``MemAvailable`` (``"psutil"``).
+
+Memory of a NUMA node device:
+    From ``<sysfs>/devices/system/node/nodeN/meminfo``: ``total`` is the node's ``MemTotal``,
+    ``free`` is what vLLM's CPU worker counts as available (``MemFree + Active(file) +
+    Inactive(file) + SReclaimable``), both clamped by the cgroup limit and headroom as above;
+    ``source`` is ``"numa-node"`` or ``"numa-node+cgroup-v2"`` / ``"numa-node+cgroup-v1"``.
+
+Roots:
+    ``/proc``, ``/sys`` and ``/sys/fs/cgroup`` can be moved (for tests, or a chroot) with the
+    constructor arguments or the variables ``ACCELPLAT_PROC_ROOT``, ``ACCELPLAT_SYSFS_ROOT`` and
+    ``ACCELPLAT_CGROUP_ROOT`` (which defaults to ``<sysfs root>/fs/cgroup``). Variables are read
+    on every query, so they may change after construction.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from time import monotonic as _monotonic
+from typing import TYPE_CHECKING, ClassVar
+
+from typing_extensions import override
+
+from accelplat import _boundary, _files
+from accelplat._backends._common import (
+    ENV_PROC_ROOT,
+    host_meminfo,
+    parse_int_values,
+    parse_kb_table,
+    parse_key_values,
+)
+from accelplat._backends._presence import ENV_SYSFS_ROOT
+from accelplat._backends._readings import checked_memory, require_plausible
+from accelplat._platform import BasePlatform, StartMethod
+from accelplat._types import (
+    DeviceInfo,
+    FeatureRule,
+    GraphSupport,
+    MemoryInfo,
+    ProbeResult,
+    ReleaseProfile,
+    memory_info_fast,
+)
+from accelplat.errors import BackendError, DeviceNotFoundError
+
+if TYPE_CHECKING:
+    from accelplat._usage import MemoryHolder
+
+__all__ = ["CpuPlatform", "utilization_with_margin"]
+
+_join = os.path.join
+
+
+def _norm(root: str | os.PathLike[str]) -> str:
+    """A root as a normalised string path (paths here are strings: no pathlib on this path)."""
+    return os.path.normpath(os.fspath(root))
+
+
+ENV_CGROUP_ROOT = "ACCELPLAT_CGROUP_ROOT"
+
+_V1_UNLIMITED = 1 << 62
+"""cgroup v1 reports "no limit" as a page-aligned value near ``2**63``; anything this big is it."""
+
+_UTILIZATION_CAP_PERCENT = 92
+_UTILIZATION_FLOOR_PERCENT = 5
+_UTILIZATION_MARGIN_PERCENT = 90
+
+_NODE_DIR_RE = re.compile(r"^node(\d+)$")
+_MEMTOTAL = frozenset({"MemTotal"})
+_CPU_MODEL_KEYS = ("model name", "Model", "Hardware", "cpu model", "cpu", "uarch")
+_CPU_FLAG_KEYS = ("flags", "Features")  # x86 and Arm spellings in /proc/cpuinfo
+
+X86_64_LEVELS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("x86-64-v4", frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})),
+    ("x86-64-v3", frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe"})),
+    ("x86-64-v2", frozenset({"cx16", "popcnt", "sse4_1", "sse4_2", "ssse3"})),
+)
+"""The x86-64 psABI micro-architecture levels, highest first, and the ``/proc/cpuinfo`` flags
+each adds (a level also needs every lower level's flags)."""
+
+
+def _machine() -> str:
+    """Return the kernel's machine name (``uname -m``) without importing :mod:`platform`.
+
+    Asked through the vendor boundary, so a capture records it and a replay gives it back.
+    """
+    answer = _boundary.call("host", ("machine",), _uname_machine)
+    return answer if isinstance(answer, str) else ""
+
+
+def _psutil_memory() -> tuple[int, int]:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return int(vm.total), int(vm.available)
+
+
+def _uname_machine() -> str:
+    try:
+        return os.uname().machine
+    except (AttributeError, OSError):  # not POSIX
+        return ""
+
+
+def cpu_isa(machine: str, flags: frozenset[str] | None) -> str | None:
+    """Return the CPU's instruction-set name: an x86-64 level, or the machine name.
+
+    Args:
+        machine: ``platform.machine()`` (``"x86_64"``, ``"aarch64"`` …).
+        flags: The ``flags``/``Features`` line of ``/proc/cpuinfo``, or ``None`` if unread.
+
+    Returns:
+        ``"x86-64-v4"`` … ``"x86-64-v2"`` on x86 when the flags show that level, else the
+        machine name (``"x86_64"``, ``"aarch64"``); ``None`` when even that is unknown.
+    """
+    name = machine.strip().lower()
+    if name in ("x86_64", "amd64") and flags is not None:
+        have = True
+        best: str | None = None
+        for level, needed in reversed(X86_64_LEVELS):
+            have = have and needed <= flags
+            if have:
+                best = level
+        return best or "x86_64"
+    return name or None
+
+
+class _CgroupUnusableError(Exception):
+    """A cgroup file was missing where it must exist, unreadable or malformed."""
+
+
+class _CgroupLimit:
+    """The binding cgroup figures for this process.
+
+    Attributes:
+        version: ``"cgroup-v2"`` or ``"cgroup-v1"``.
+        limit: The smallest limit on the path, in bytes.
+        headroom: The smallest ``limit - charge`` over every limited level, at least 0.
+    """
+
+    __slots__ = ("headroom", "limit", "version")
+
+    def __init__(self, version: str, limit: int, headroom: int) -> None:
+        self.version = version
+        self.limit = limit
+        self.headroom = headroom
+
+
+class _Roots:
+    """Where ``/proc``, ``/sys`` and the cgroup tree are; one object per set of roots.
+
+    :meth:`CpuPlatform._roots` hands out the same object while the roots stay the same, so the
+    structure caches compare it by identity.
+    """
+
+    __slots__ = ("cgroup", "proc", "sysfs")
+
+    def __init__(self, proc: str, sysfs: str, cgroup: str) -> None:
+        self.proc = proc
+        self.sysfs = sysfs
+        self.cgroup = cgroup
+
+
+def utilization_with_margin(free: int, total: int) -> float:
+    """Return the memory utilization an engine can ask for now and still start.
+
+    vLLM's CPU worker refuses to start when ``ceil(total × utilization)`` exceeds the available
+    memory. The rule: 90 % of ``free / total`` (a margin for what the worker allocates before it
+    checks), rounded *down* to a hundredth, capped at 0.92 (the engine's general default) and
+    never below 0.05 (below that no engine is useful; it will refuse to start anyway).
+
+    Args:
+        free: Available bytes now (at least 0).
+        total: Total bytes (a non-positive total gives the floor, 0.05).
+
+    Returns:
+        A utilization in ``[0.05, 0.92]`` with two decimals.
+    """
+    if total <= 0:
+        return _UTILIZATION_FLOOR_PERCENT / 100
+    percent = (_UTILIZATION_MARGIN_PERCENT * max(0, free)) // total  # exact integer floor
+    percent = max(_UTILIZATION_FLOOR_PERCENT, min(_UTILIZATION_CAP_PERCENT, percent))
+    return percent / 100
+
+
+def _read_text(path: str) -> str:
+    """Read a procfs, sysfs or cgroup file (regular files only, bounded)."""
+    return _files.read_text(path, limit=_files.PROC_LIMIT)
+
+
+def _read_int(path: str) -> int:
+    try:
+        text = _read_text(path).strip()
+    except OSError as exc:
+        raise _CgroupUnusableError(f"cannot read {path}: {exc}") from None
+    return _parse_nonnegative(path, text)
+
+
+def _parse_nonnegative(path: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise _CgroupUnusableError(f"{path} holds {text[:40]!r}, not an integer") from None
+    if value < 0:
+        raise _CgroupUnusableError(f"{path} holds a negative value {value}")
+    return value
+
+
+class CpuPlatform(BasePlatform):
+    """Host memory as a platform: cgroup-aware, one device per NUMA node where there are several.
+
+    Args:
+        proc_root: Where ``/proc`` is; default ``ACCELPLAT_PROC_ROOT`` or ``/proc``.
+        cgroup_root: Where the cgroup file systems are mounted; default
+            ``ACCELPLAT_CGROUP_ROOT`` or ``<sysfs root>/fs/cgroup``.
+        sysfs_root: Where ``/sys`` is; default ``ACCELPLAT_SYSFS_ROOT`` or ``/sys``.
+
+    Memory is released eagerly (freed pages return at once), nothing can be captured as a graph,
+    and forking is safe. Every query reads small text files; none imports a framework or creates
+    a device context.
+    """
+
+    name: ClassVar[str] = "cpu"
+    device_type: ClassVar[str] = "cpu"
+    visible_devices_env: ClassVar[str | None] = None
+    preferred_start_method: ClassVar[StartMethod] = "fork"
+    context_free: ClassVar[bool] = True
+    RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(
+        lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0, idle_floor_bytes=0
+    )
+    GRAPH: ClassVar[GraphSupport] = GraphSupport(False, None, "CPU has no graph capture")
+    STRUCTURE_TTL_S: ClassVar[float] = 1.0
+    """Seconds the NUMA node list and the set of limited cgroup levels are reused before they
+    are looked up again. Memory figures are read on every query; what is reused is only which
+    files to read, which changes when nodes come online or a cgroup limit is set or moved."""
+    FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
+        "bf16": (FeatureRule(note="computed by torch on any CPU"),),
+    }
+
+    def __init__(
+        self,
+        *,
+        proc_root: str | os.PathLike[str] | None = None,
+        cgroup_root: str | os.PathLike[str] | None = None,
+        sysfs_root: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._proc_root = proc_root
+        self._cgroup_root = cgroup_root
+        self._sysfs_root = sysfs_root
+        # Structure reused between readings (see STRUCTURE_TTL_S): the roots (by the values
+        # that name them), the NUMA nodes, where this process's cgroup levels are (by the text
+        # of /proc/self/cgroup) and which of them carry a limit. Figures are read every time.
+        self._roots_cache: tuple[object, _Roots] | None = None
+        self._nodes_seen: tuple[_Roots, float, tuple[int, ...]] | None = None
+        self._limited_seen: tuple[_Roots, float, tuple[str, tuple[str, ...]] | None] | None = None
+        self._cgroup_cache: tuple[object, tuple[str, tuple[str, ...]] | None] | None = None
+
+    @classmethod
+    @override
+    def probe(cls) -> ProbeResult:
+        """Return available: every machine has host memory.
+
+        Returns:
+            ``ProbeResult(True, …)``.
+        """
+        return ProbeResult(True, "host memory is always available (cgroup- and NUMA-aware)")
+
+    # -- roots ---------------------------------------------------------------------------
+
+    def _roots(self) -> _Roots:
+        proc = self._proc_root or os.environ.get(ENV_PROC_ROOT) or "/proc"
+        sysfs = self._sysfs_root or os.environ.get(ENV_SYSFS_ROOT) or "/sys"
+        cgroup = self._cgroup_root or os.environ.get(ENV_CGROUP_ROOT)
+        key = (proc, sysfs, cgroup)
+        cached = self._roots_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        roots = _Roots(
+            _norm(proc), _norm(sysfs), _norm(cgroup or _join(os.fspath(sysfs), "fs", "cgroup"))
+        )
+        self._roots_cache = (key, roots)
+        return roots
+
+    # -- devices ---------------------------------------------------------------------------
+
+    def _numa_nodes(self, roots: _Roots) -> list[int]:
+        """Return the NUMA nodes to show as devices, or ``[]`` for "the host is one device".
+
+        Re-scanned at most every :attr:`STRUCTURE_TTL_S` seconds (per roots).
+        """
+        now = _monotonic()
+        cached = self._nodes_seen
+        if cached is not None and cached[0] is roots and now < cached[1]:
+            return list(cached[2])
+        nodes = self._scan_numa_nodes(roots)
+        self._nodes_seen = (roots, now + self.STRUCTURE_TTL_S, tuple(nodes))
+        return nodes
+
+    def _scan_numa_nodes(self, roots: _Roots) -> list[int]:
+        base = _join(roots.sysfs, "devices", "system", "node")
+        try:
+            names = _files.listdir(base)
+        except OSError:
+            return []
+        candidates = [(entry, m) for entry in names if (m := _NODE_DIR_RE.match(entry))]
+        if len(candidates) < 2:
+            return []  # one node (or none): the host is the device, nothing more to read
+        nodes: list[int] = []
+        for entry, m in candidates:
+            try:
+                text = _read_text(_join(base, entry, "meminfo"))
+            except OSError:
+                continue
+            if parse_kb_table(text, skip=2, keys=_MEMTOTAL).get("MemTotal", 0) > 0:
+                nodes.append(int(m.group(1)))
+        nodes.sort()
+        if len(nodes) < 2:
+            return []
+        allowed = self._mems_allowed(roots)
+        if allowed:
+            kept = [n for n in nodes if n in allowed]
+            if kept:
+                return kept
+        return nodes
+
+    @staticmethod
+    def _mems_allowed(roots: _Roots) -> set[int]:
+        try:
+            text = _read_text(_join(roots.proc, "self", "status"))
+        except OSError:
+            return set()
+        for line in text.splitlines():
+            if line.startswith("Mems_allowed_list:"):
+                try:
+                    return _files.parse_id_list(
+                        line.partition(":")[2],
+                        limit=_files.MAX_NUMA_NODES,
+                        what="Mems_allowed_list",
+                    )
+                except ValueError:
+                    return set()
+        return set()
+
+    @staticmethod
+    def _cpu_identity(roots: _Roots) -> tuple[str, str | None]:
+        """Return the CPU's model name and instruction-set name from ``/proc/cpuinfo``."""
+        try:
+            text = _read_text(_join(roots.proc, "cpuinfo"))
+        except OSError:
+            text = ""
+        found: dict[str, str] = {}
+        flags: frozenset[str] | None = None
+        for line in text.splitlines():
+            key, sep, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if sep and value and key in _CPU_MODEL_KEYS and key not in found:
+                found[key] = value
+            elif sep and key in _CPU_FLAG_KEYS and flags is None:
+                flags = frozenset(value.split())
+            if _CPU_MODEL_KEYS[0] in found and flags is not None:
+                break  # the other processors repeat both
+        machine = _machine()
+        arch = cpu_isa(machine, flags)
+        for key in _CPU_MODEL_KEYS:
+            if key in found:
+                return found[key], arch
+        return (f"cpu ({machine})" if machine else "cpu"), arch
+
+    @override
+    def devices(self) -> Sequence[DeviceInfo]:
+        """Return the host as device 0, or one device per allowed NUMA node.
+
+        Returns:
+            Devices in visible-index order; ``physical_index`` is the NUMA node id.
+
+        Side effects:
+            Reads ``/proc/cpuinfo``, ``/proc/self/status`` and the sysfs node directory.
+        """
+        roots = self._roots()
+        model, arch = self._cpu_identity(roots)
+        nodes = self._numa_nodes(roots)
+        if not nodes:
+            return (DeviceInfo(index=0, physical_index=0, name=model, arch=arch),)
+        return tuple(
+            DeviceInfo(index=i, physical_index=node, name=f"{model} (node {node})", arch=arch)
+            for i, node in enumerate(nodes)
+        )
+
+    @override
+    def device_count(self) -> int:
+        """Return 1, or the number of allowed NUMA nodes on a multi-node machine."""
+        return max(1, len(self._numa_nodes(self._roots())))
+
+    # -- memory ------------------------------------------------------------------------------
+
+    @override
+    def _memory_info(self, device: int) -> MemoryInfo:
+        roots = self._roots()
+        nodes = self._numa_nodes(roots)
+        cgroup = self._cgroup_limit(roots)
+        if not nodes:
+            return self._host_memory(roots, cgroup)
+        if device >= len(nodes):  # a node went away since the index was checked
+            raise DeviceNotFoundError(device, len(nodes), self.name)
+        return self._node_memory(roots, nodes[device], cgroup)
+
+    def _host_memory(self, roots: _Roots, cgroup: _CgroupLimit | None) -> MemoryInfo:
+        mem_total, mem_available, source, where = self._meminfo(roots)
+        # The host's own figures first, as read: free above total or a wrapped counter is not
+        # clamped into a plausible-looking answer (the one rule, accelplat._backends._readings).
+        host_used = max(0, mem_total - mem_available)
+        require_plausible(
+            "cpu", where, free=mem_available, total=mem_total, used=host_used, source=source
+        )
+        if cgroup is None:
+            return memory_info_fast(mem_available, mem_total, host_used, 0, source)
+        total = min(mem_total, cgroup.limit)
+        free = min(mem_available, cgroup.headroom, total)
+        return checked_memory(
+            "cpu",
+            f"{where} within the {cgroup.version} limit",
+            free=free,
+            total=total,
+            used=total - free,
+            source=cgroup.version,
+        )
+
+    def _node_memory(self, roots: _Roots, node: int, cgroup: _CgroupLimit | None) -> MemoryInfo:
+        path = _join(roots.sysfs, "devices", "system", "node", f"node{node}", "meminfo")
+        try:
+            table = parse_kb_table(_read_text(path), skip=2)
+        except OSError as exc:
+            raise BackendError(
+                "cpu", f"cannot read NUMA node {node} memory from {path}: {exc}"
+            ) from exc
+        if "MemTotal" not in table or "MemFree" not in table:
+            raise BackendError("cpu", f"NUMA node {node}: {path} has no MemTotal/MemFree lines")
+        total, mem_free = table["MemTotal"], table["MemFree"]
+        where = f"NUMA node {node} ({path})"
+        # The node's own figures, as read, must be possible (the one rule) ...
+        require_plausible(
+            "cpu",
+            where,
+            free=mem_free,
+            total=total,
+            used=max(0, total - mem_free),
+            source="numa-node",
+        )
+        if "Active(file)" in table and "Inactive(file)" in table:
+            available = mem_free + table["Active(file)"] + table["Inactive(file)"]
+        else:
+            available = mem_free + max(0, table.get("FilePages", 0) - table.get("Shmem", 0))
+        available += table.get("SReclaimable", 0)
+        free = min(available, total)  # an estimate of what could be freed, at most the node
+        source = "numa-node"
+        if cgroup is not None:
+            total = min(total, cgroup.limit)
+            free = min(free, cgroup.headroom, total)
+            source = f"numa-node+{cgroup.version}"
+        # ... and so must what is made of them.
+        used = total - free
+        return checked_memory("cpu", where, free=free, total=total, used=used, source=source)
+
+    @staticmethod
+    def _meminfo(roots: _Roots) -> tuple[int, int, str, str]:
+        """Return ``(MemTotal, MemAvailable, source, where read)``, bytes as read (unchecked)."""
+        try:
+            meminfo = host_meminfo(roots.proc)
+        except OSError:
+            meminfo = None
+        if meminfo is not None:
+            return meminfo.total, meminfo.available, "meminfo", meminfo.path
+        # Asked through the vendor boundary, so a replay answers with the captured host's.
+        answer = _boundary.call("host", ("virtual_memory",), _psutil_memory)
+        if (
+            not isinstance(answer, (tuple, list))
+            or len(answer) != 2
+            or not all(type(v) is int and v >= 0 for v in answer)
+        ):
+            raise BackendError(
+                "cpu",
+                "host memory is unknown: /proc/meminfo is unreadable and psutil gave no answer",
+            )
+        return answer[0], answer[1], "psutil", "psutil.virtual_memory()"
+
+    # -- cgroups --------------------------------------------------------------------------
+
+    def _cgroup_limit(self, roots: _Roots) -> _CgroupLimit | None:
+        """Return the binding cgroup limit, or ``None`` when unlimited or unusable.
+
+        Which cgroup levels carry a limit is found at most every :attr:`STRUCTURE_TTL_S`
+        seconds (per roots); in between only those levels' limits and charges are read.
+        """
+        now = _monotonic()
+        seen = self._limited_seen
+        if seen is not None and seen[0] is roots and now < seen[1]:
+            if seen[2] is None:
+                return None
+            version, limited = seen[2]
+            try:
+                return self._limit_over(limited, version=version)[0]
+            except _CgroupUnusableError:
+                return None
+        result: tuple[str, tuple[str, ...]] | None = None
+        try:
+            found = self._cgroup_limit_scan(roots)
+        except _CgroupUnusableError:
+            found = None
+        limit = None
+        if found is not None:
+            limit, result = found
+        self._limited_seen = (roots, now + self.STRUCTURE_TTL_S, result)
+        return limit
+
+    def _cgroup_limit_scan(
+        self, roots: _Roots
+    ) -> tuple[_CgroupLimit | None, tuple[str, tuple[str, ...]]] | None:
+        """Read every level; return the limit and the version with the limited levels."""
+        try:
+            text = _read_text(_join(roots.proc, "self", "cgroup"))
+        except OSError:
+            return None
+        key = (roots, text)
+        cached = self._cgroup_cache
+        if cached is not None and cached[0] == key:
+            levels = cached[1]
+        else:
+            levels = self._cgroup_levels(roots, text)
+            self._cgroup_cache = (key, levels)
+        if levels is None:
+            return None
+        version, dirs = levels
+        limit, limited = self._limit_over(dirs, version=version)
+        return limit, (version, limited)
+
+    def _cgroup_levels(self, roots: _Roots, text: str) -> tuple[str, tuple[str, ...]] | None:
+        """Return the cgroup version and this process's levels, leaf first, from ``text``."""
+        v2_path: str | None = None
+        v1_path: str | None = None
+        for line in text.splitlines():
+            parts = line.strip().split(":", 2)
+            if len(parts) != 3:
+                continue
+            hierarchy, controllers, path = parts
+            if hierarchy == "0" and controllers == "":
+                v2_path = path
+            elif "memory" in controllers.split(","):
+                v1_path = path
+        # A memory controller bound to a v1 hierarchy is not available on v2.
+        if v1_path is not None:
+            mount = self._v1_memory_mount(roots.cgroup)
+            if mount is not None:
+                return "cgroup-v1", self._levels(mount, v1_path)
+        if v2_path is not None:
+            for mount in (roots.cgroup, _join(roots.cgroup, "unified")):
+                if _files.is_file(_join(mount, "cgroup.controllers")):
+                    return "cgroup-v2", self._levels(mount, v2_path)
+        return None
+
+    @staticmethod
+    def _v1_memory_mount(root: str) -> str | None:
+        direct = _join(root, "memory")
+        if _files.is_dir(direct):
+            return direct
+        try:
+            names = _files.listdir(root)
+        except OSError:
+            return None
+        for name in sorted(names):  # co-mounted controllers, e.g. "cpu,memory"
+            if "memory" in name.split(",") and _files.is_dir(_join(root, name)):
+                return _join(root, name)
+        return None
+
+    @staticmethod
+    def _resolve(mount: str, cgroup_path: str) -> str:
+        """Find this process's cgroup directory under ``mount``.
+
+        Inside a cgroup namespace, or when a container sees only its own subtree mounted, the
+        path in ``/proc/self/cgroup`` names directories above the mount; drop leading parts
+        until a directory exists (at worst the mount itself).
+        """
+        parts = [p for p in cgroup_path.split("/") if p and p != "."]
+        if ".." in parts:
+            return mount
+        for start in range(len(parts) + 1):
+            candidate = _join(mount, *parts[start:])
+            if _files.is_dir(candidate):
+                return candidate
+        return mount
+
+    def _levels(self, mount: str, cgroup_path: str) -> tuple[str, ...]:
+        """Return this process's cgroup directory and every directory above it up to ``mount``."""
+        level = self._resolve(mount, cgroup_path)
+        levels = [level]
+        while level != mount:
+            above = os.path.dirname(level)
+            if above == level:  # pragma: no cover - _resolve returns mount or a path below it
+                break
+            levels.append(above)
+            level = above
+        return tuple(levels)
+
+    def _limit_over(
+        self, levels: Sequence[str], *, version: str
+    ) -> tuple[_CgroupLimit | None, tuple[str, ...]]:
+        """Return the binding limit over ``levels`` and the levels that carry a limit."""
+        v2 = version == "cgroup-v2"
+        limit_file = "memory.max" if v2 else "memory.limit_in_bytes"
+        smallest: int | None = None
+        headroom: int | None = None
+        limited: list[str] = []
+        for level in levels:
+            limit = self._level_limit(_join(level, limit_file), v2=v2)
+            if limit is None:
+                continue
+            limited.append(level)
+            charge = self._level_charge(level, v2=v2)
+            room = max(0, limit - charge)
+            smallest = limit if smallest is None else min(smallest, limit)
+            headroom = room if headroom is None else min(headroom, room)
+        if smallest is None or headroom is None:
+            return None, tuple(limited)
+        return _CgroupLimit(version=version, limit=smallest, headroom=headroom), tuple(limited)
+
+    @staticmethod
+    def _level_limit(path: str, *, v2: bool) -> int | None:
+        try:
+            text = _read_text(path).strip()
+        except FileNotFoundError:
+            return None  # the root cgroup, or a level without the memory controller
+        except OSError as exc:
+            raise _CgroupUnusableError(f"cannot read {path}: {exc}") from None
+        if v2 and text == "max":
+            return None
+        value = _parse_nonnegative(path, text)
+        return None if not v2 and value >= _V1_UNLIMITED else value
+
+    @staticmethod
+    def _level_charge(level: str, *, v2: bool) -> int:
+        usage = _read_int(_join(level, "memory.current" if v2 else "memory.usage_in_bytes"))
+        stat_path = _join(level, "memory.stat")
+        try:
+            text = _read_text(stat_path)
+        except OSError as exc:
+            raise _CgroupUnusableError(f"cannot read {stat_path}: {exc}") from None
+        keys = ("inactive_file",) if v2 else ("total_inactive_file", "inactive_file")
+        wanted = "\n".join(line for line in text.splitlines() if line.startswith(keys))
+        stat = parse_int_values(parse_key_values(wanted))
+        for key in keys:
+            if key in stat:
+                return max(0, usage - max(0, stat[key]))
+        raise _CgroupUnusableError(f"{stat_path} has no {keys[0]} line")
+
+    # -- platform properties --------------------------------------------------------------
+
+    @property
+    def default_memory_utilization(self) -> float:  # type: ignore[override]
+        """Utilization an engine can ask for now, from the current memory reading.
+
+        The smallest :func:`utilization_with_margin` over the visible devices (and, on a
+        machine shown as one host device, over the NUMA node files vLLM's CPU worker reads): 90 % of
+        ``free / total``, rounded down to 0.01, at most 0.92 and at least 0.05. vLLM's CPU
+        worker refuses to start when ``utilization × total`` exceeds what is available; this
+        value leaves a margin for the worker's own start-up allocations. It is read afresh on
+        every access, so it changes with the machine's load.
+
+        Side effects:
+            Reads ``/proc`` and cgroup files. If memory cannot be read at all, returns 0.92.
+        """
+        values: list[float] = []
+        for device in range(self.device_count()):
+            try:
+                info = self.memory_info(device)
+            except BackendError:
+                continue
+            values.append(utilization_with_margin(info.free, info.total))
+        values.extend(utilization_with_margin(v.free, v.total) for v in self._engine_node_views())
+        return min(values) if values else _UTILIZATION_CAP_PERCENT / 100
+
+    def _engine_node_views(self) -> list[MemoryInfo]:
+        """Node memory as vLLM's CPU worker reads it on a machine shown as one host device.
+
+        vLLM reads ``<sysfs>/devices/system/node/node<N>/meminfo`` whenever it exists, even on a
+        single-node machine, where it can disagree with ``/proc/meminfo`` (seen in virtual
+        machines whose node 0 reports less than the host). The default utilization must pass
+        the engine's check on that reading too, so it takes the smaller of both.
+        """
+        roots = self._roots()
+        if self._numa_nodes(roots):
+            return []  # already the devices themselves
+        base = _join(roots.sysfs, "devices", "system", "node")
+        try:
+            entries = sorted(_files.listdir(base))
+        except OSError:
+            return []
+        cgroup = self._cgroup_limit(roots)
+        views: list[MemoryInfo] = []
+        for entry in entries:
+            m = _NODE_DIR_RE.match(entry)
+            if m is None or not _files.is_file(_join(base, entry, "meminfo")):
+                continue
+            try:
+                views.append(self._node_memory(roots, int(m.group(1)), cgroup))
+            except BackendError:
+                continue
+        return views
+
+    @override
+    def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
+        """Return ``None``: which process holds host memory is not a meaningful question here.
+
+        Args:
+            device: Visible device index; still validated.
+
+        Raises:
+            DeviceNotFoundError: For an index that is not visible.
+        """
+        self.check_device(device)
+        return None

@@ -1,0 +1,869 @@
+"""The ``xpu`` platform: Intel GPUs through Level Zero Sysman, or torch.xpu when allowed.
+
+Memory sources, in order of preference:
+
+1. **Level Zero Sysman** (``source="level-zero-sysman"``), context-free, through ctypes on
+   ``libze_loader.so.1`` (see :mod:`accelplat._vendor.levelzero`): per card, the memory modules'
+   free and
+   total bytes, summed over the device's tiles (local memory only).
+
+   Hidden usage: i915 hides usage from processes that are not ``perfmon_capable()``
+   (``CAP_PERFMON`` or ``CAP_SYS_ADMIN`` in the *initial* user namespace) by reporting everything
+   unallocated; xe did the same (zero used) until upstream commit 4d0b035fd6da, backported to
+   stable kernels from 6.8 on. A zero reading in a process without those capabilities is
+   therefore never trusted: for i915 it is hidden usage for certain, for xe (or an unknown driver)
+   it may be; the error says which. Capabilities held inside a user namespace (rootless
+   containers) do not count, since the kernel checks the initial namespace.
+
+   Integrated GPUs: compute-runtime answers for them from the host's ``/proc/meminfo``
+   (``free = MemFree``, ``size = MemAvailable``), so "used" would be roughly the page cache;
+   their memory queries raise a :class:`~accelplat.errors.BackendError` saying so.
+2. **torch** (``source="torch.accelerator (creates a device context)"``, or
+   ``"torch.xpu …"``): ``torch.accelerator.get_memory_info(i)`` first — what vLLM 0.33 trusts
+   (it routes that function to its own op because ``torch.xpu.mem_get_info`` "returns wrong memory
+   info with latest UMD") — else ``torch.xpu.mem_get_info(i)`` (torch 2.6 and later). Used only
+   when torch is already imported by the caller, or when ``ACCELPLAT_XPU_ALLOW_TORCH=1`` lets
+   accelplat import it; ``context_free`` is then ``False``. Impossible readings are rejected:
+   free above total, a total that differs from ``get_device_properties(i).total_memory`` (the
+   documented failure was a shifted total with free still below it) or from the first total seen.
+   torch reads the same kernel figure as Sysman (SYCL's free-memory query comes from Level Zero),
+   so it cannot reveal usage the kernel hides. sysfs cannot stand in: the xe driver exposes only
+   total VRAM there, not usage.
+3. **intel-extension-for-pytorch**, only for old stacks whose torch has neither function: when
+   IPEX is already imported (or torch use is allowed), ``intel_extension_for_pytorch.xpu.
+   mem_get_info`` (``source="ipex xpu.mem_get_info (creates a device context)"``). IPEX releases
+   stopped after 2.8 and its end of life is planned (IPEX issue 867); upstream torch.xpu
+   replaces it.
+
+Device order and visibility:
+    Cards are Intel GPUs (PCI vendor ``0x8086``) from Level Zero Sysman, or from
+    ``<sysfs>/class/drm/cardN`` driven by ``xe`` or ``i915`` when Level Zero is absent. Level Zero
+    orders them discrete first, then by PCI address (pure PCI order with
+    ``ZE_ENABLE_PCI_ID_DEVICE_ORDER=1``, exactly ``"1"`` as the loader reads it). Tiles per card
+    come from Sysman's sub-device count, or sysfs (``device/tile<N>`` for xe, ``gt/gt<N>`` of
+    discrete i915 cards). Then ``ZE_FLAT_DEVICE_HIERARCHY``, ``ZE_AFFINITY_MASK`` and
+    ``ONEAPI_DEVICE_SELECTOR`` apply, in that order (see :mod:`accelplat._visible.oneapi`). Unset,
+    the hierarchy is the driver's default: ``COMPOSITE``, except ``FLAT`` on a Data Center GPU Max
+    from driver 23.43 — the driver version cannot be read without Level Zero's core API, so
+    ``FLAT`` is assumed there and the probe says so. Sysman itself ignores the hierarchy and the
+    mask and lists cards in discovery order, which is why the order and the mask are applied here.
+    With torch as the source, torch's own numbering is used as is.
+
+Probe:
+    Cheap and framework-free: sysfs first (an Intel card bound to ``xe``/``i915``), Level Zero
+    Sysman only when sysfs shows none. Integrated GPUs (PCI ``0000:00:02.0`` in sysfs, or Level
+    Zero's integrated flag) do not make the platform available on their own — every Intel laptop
+    and desktop has one — unless ``ACCELPLAT_XPU_INTEGRATED=1``; they still count as devices once
+    the platform is chosen, because torch numbers them.
+
+Holders come from Sysman's process list (``zesDeviceProcessesGetState``), per card.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from typing_extensions import override
+
+from accelplat import _files
+from accelplat._backends._common import ReadText, pci_address, pci_sort_key, read_attribute
+from accelplat._backends._presence import (
+    ENV_SYSFS_ROOT,
+    INTEL_VENDOR_ID,
+    drm_cards,
+    level_zero_loader_name,
+    level_zero_not_found,
+    no_intel_gpu,
+)
+from accelplat._backends._readings import checked_memory
+from accelplat._platform import BasePlatform, StartMethod
+from accelplat._types import (
+    DeviceInfo,
+    FeatureRule,
+    GraphSupport,
+    MemoryInfo,
+    ProbeResult,
+    ReleaseProfile,
+)
+from accelplat._usage import MemoryHolder
+from accelplat._vendor import import_quietly
+from accelplat._vendor import levelzero as lz
+from accelplat._vendor.graphs import graph_support
+from accelplat._vendor.procs import make_holder
+from accelplat._visible.oneapi import (
+    ENV_AFFINITY_MASK,
+    ENV_DEVICE_SELECTOR,
+    ENV_FLAT_DEVICE_HIERARCHY,
+    Hierarchy,
+    XpuTarget,
+    affinity_mask_for,
+    parse_hierarchy,
+    visible_targets,
+)
+from accelplat.errors import AccelplatError, BackendError, LevelZeroError
+
+__all__ = ["INTEL_VENDOR_ID", "XpuPlatform", "usage_visible_to_this_process"]
+
+ENV_ALLOW_TORCH = "ACCELPLAT_XPU_ALLOW_TORCH"
+ENV_INTEGRATED = "ACCELPLAT_XPU_INTEGRATED"
+ENV_PCI_ORDER = "ZE_ENABLE_PCI_ID_DEVICE_ORDER"
+
+SOURCE_SYSMAN = "level-zero-sysman"
+SOURCE_TORCH = "torch.xpu (creates a device context)"
+SOURCE_ACCELERATOR = "torch.accelerator (creates a device context)"
+SOURCE_IPEX = "ipex xpu.mem_get_info (creates a device context)"
+
+XE_HPC_DEVICE_IDS = frozenset(
+    {0x0BD0, 0x0BD4, 0x0BD5, 0x0BD6, 0x0BD7, 0x0BD8, 0x0BD9, 0x0BDA, 0x0BDB, 0x0B69, 0x0B6E}
+)
+"""PCI device ids of Xe HPC (Data Center GPU Max, "Ponte Vecchio") cards."""
+
+_TOTAL_TOLERANCE_DIVISOR = 256
+"""A torch total further than 1/256 (0.4 %) from the device's ``total_memory`` is implausible."""
+
+_DRIVERS = ("xe", "i915")
+_INTEGRATED_SLOT = "0000:00:02.0"
+_TILE_RE = re.compile(r"^tile(\d+)$")
+_GT_RE = re.compile(r"^gt(\d+)$")
+_CAP_SYS_ADMIN = 21
+_CAP_PERFMON = 38
+_TRUE = ("1", "true", "yes", "on")
+_INIT_USER_NS = ["0", "0", "4294967295"]
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def usage_visible_to_this_process(
+    status_text: str | None = None, uid_map_text: str | None = None
+) -> bool:
+    """Return whether the kernel's ``perfmon_capable()`` check passes for this process.
+
+    i915 (and xe kernels before upstream commit 4d0b035fd6da) show a process real GPU memory
+    usage only when ``capable(CAP_PERFMON) || capable(CAP_SYS_ADMIN)``; ``capable()`` checks the
+    *initial* user namespace, so capabilities held inside a user namespace (rootless or
+    user-namespaced containers) do not count.
+
+    Args:
+        status_text: The text of ``/proc/self/status`` (read when ``None``).
+        uid_map_text: The text of ``/proc/self/uid_map`` (read when ``None``; an unreadable map
+            counts as the initial namespace).
+
+    Returns:
+        ``True`` when the effective capabilities include ``CAP_PERFMON`` or ``CAP_SYS_ADMIN`` and
+        the process is in the initial user namespace; ``False`` otherwise, and when the
+        capabilities cannot be read and the process is not root.
+    """
+    if uid_map_text is None:
+        try:
+            uid_map_text = _files.read_text("/proc/self/uid_map", limit=_files.PROC_LIMIT)
+        except OSError:
+            uid_map_text = ""
+    lines = [line.split() for line in uid_map_text.splitlines() if line.strip()]
+    if lines and lines != [_INIT_USER_NS]:
+        return False  # a user namespace: its capabilities do not reach the kernel's check
+    if status_text is None:
+        try:
+            status_text = _files.read_text("/proc/self/status", limit=_files.PROC_LIMIT)
+        except OSError:
+            return os.geteuid() == 0 if hasattr(os, "geteuid") else False
+    for line in status_text.splitlines():
+        if line.startswith("CapEff:"):
+            try:
+                caps = int(line.split(":", 1)[1].strip(), 16)
+            except ValueError:
+                break
+            return bool(caps & (1 << _CAP_PERFMON) or caps & (1 << _CAP_SYS_ADMIN))
+    return os.geteuid() == 0 if hasattr(os, "geteuid") else False
+
+
+XE_ARCH_BY_DEVICE_ID: tuple[tuple[int, int, str], ...] = (
+    (0x0BD0, 0x0BDB, "pvc"),  # Xe-HPC: Data Center GPU Max (Ponte Vecchio)
+    (0x5690, 0x56CF, "dg2"),  # Xe-HPG: Arc A-series, Data Center GPU Flex (Alchemist)
+    (0xE202, 0xE21F, "bmg"),  # Xe2-HPG: Arc B-series (Battlemage)
+    (0x6420, 0x64BF, "lnl"),  # Xe2-LPG: Core Ultra 200V (Lunar Lake)
+    (0x7D40, 0x7D4F, "mtl"),  # Xe-LPG: Core Ultra 100 (Meteor Lake)
+    (0x7D50, 0x7D6F, "mtl"),
+    (0x7DD0, 0x7DDF, "mtl"),
+)
+"""Inclusive PCI device-id ranges of Intel GPUs and the architecture each is, by the device
+names Intel's offline compiler (``ocloc -device``) and torch's XPU builds use. From the Linux
+kernel's Intel PCI id tables; an id outside every range has no known architecture."""
+
+
+def xe_arch(device_id: int) -> str | None:
+    """Return the Intel GPU architecture of a PCI device id (``0x0BD5`` -> ``"pvc"``), or ``None``.
+
+    Args:
+        device_id: The PCI device id from Level Zero (``deviceId``) or sysfs (``device``).
+    """
+    for low, high, arch in XE_ARCH_BY_DEVICE_ID:
+        if low <= device_id <= high:
+            return arch
+    return None
+
+
+def _hidden_usage(driver: str) -> tuple[str, str]:
+    """Whether a zero usage reading on a card bound to ``driver`` may be hidden usage.
+
+    Returns:
+        ``("hidden", why)`` for i915 (certain), ``("maybe", why)`` for xe or an unknown driver.
+    """
+    hint = (
+        "grant CAP_PERFMON (docker run --cap-add PERFMON; it does not count inside a user "
+        "namespace)"
+    )
+    if driver == "i915":
+        return "hidden", (
+            "i915 hides memory usage from processes without CAP_PERFMON or CAP_SYS_ADMIN in the "
+            "initial user namespace (it reports everything unallocated), so this zero is hidden "
+            f"usage, not a reading; {hint}"
+        )
+    what = "xe" if driver == "xe" else "the card's driver (unknown here)"
+    return "maybe", (
+        f"Level Zero reports no memory in use, but {what} may hide usage from this process: "
+        "i915, and xe kernels without upstream commit 4d0b035fd6da (backported to stable 6.8+ in "
+        "late 2025), hide it from processes without CAP_PERFMON or CAP_SYS_ADMIN, and this "
+        f"process has neither in the initial user namespace; {hint}"
+    )
+
+
+@dataclass(frozen=True)
+class _Card:
+    """One Intel GPU in Level Zero's order."""
+
+    pci_bus_id: str | None
+    name: str
+    uuid: str | None
+    integrated: bool
+    tiles: int
+    driver: str
+    sysman: lz.SysmanDevice | None = None
+    arch: str | None = None
+    device_id: int | None = None
+    kernel_driver: str = ""
+    """``xe`` or ``i915`` when sysfs shows the card, else ``""``."""
+
+    @property
+    def xe_hpc(self) -> bool:
+        """Whether this is a Data Center GPU Max (Xe HPC)."""
+        return (
+            self.device_id in XE_HPC_DEVICE_IDS
+            or self.arch == "pvc"
+            or "Data Center GPU Max" in self.name
+        )
+
+
+def _pci_order() -> bool:
+    """``ZE_ENABLE_PCI_ID_DEVICE_ORDER`` as the loader reads it (``getenv_tobool``: only "1")."""
+    return os.environ.get(ENV_PCI_ORDER) == "1"
+
+
+def _default_hierarchy(cards: Sequence[_Card]) -> tuple[Hierarchy, str]:
+    """The device model the driver defaults to for ``cards``, and a note when it is assumed.
+
+    compute-runtime defaults to ``COMPOSITE`` except on Xe HPC, which defaults to ``FLAT`` from
+    driver 23.43.27642 (October 2023); the driver version cannot be read without initialising
+    Level Zero's core API, so on a Data Center GPU Max ``FLAT`` is assumed and said so.
+    """
+    if cards and cards[0].xe_hpc:
+        return Hierarchy.FLAT, (
+            f"{ENV_FLAT_DEVICE_HIERARCHY} unset: FLAT assumed (the default on Data Center GPU "
+            f"Max from driver 23.43; older drivers default to COMPOSITE), set it to be sure"
+        )
+    return Hierarchy.COMPOSITE, ""
+
+
+def _order(cards: list[_Card]) -> list[_Card]:
+    if _pci_order():
+        return sorted(cards, key=lambda c: pci_sort_key(c.pci_bus_id))
+    return sorted(cards, key=lambda c: (c.integrated, pci_sort_key(c.pci_bus_id)))
+
+
+def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
+    """Return the Intel GPUs bound to xe/i915 under ``sysfs``, and a note when there are none."""
+    drm = sysfs / "class" / "drm"
+    entries, note = drm_cards(drm)
+    if note:
+        return [], note
+    cards: list[_Card] = []
+    others: list[str] = []
+    for entry in entries:
+        device = drm / entry / "device"
+        try:
+            vendor = int(read(str(device / "vendor")).strip(), 16)
+        except (OSError, ValueError):
+            continue
+        if vendor != INTEL_VENDOR_ID:
+            continue
+        driver = _driver(device, read)
+        if driver not in _DRIVERS:
+            others.append(f"{entry} ({driver or 'no driver'})")
+            continue
+        pci = pci_address(os.path.basename(_files.realpath(device)))
+        integrated = pci == _INTEGRATED_SLOT
+        tiles = 1
+        with contextlib.suppress(OSError):
+            if driver == "xe":
+                tiles = max(1, sum(1 for n in _files.listdir(device) if _TILE_RE.match(n)))
+            elif not integrated:  # an integrated i915 GPU lists its media GT as gt1
+                tiles = max(
+                    1, sum(1 for n in _files.listdir(drm / entry / "gt") if _GT_RE.match(n))
+                )
+        device_id = ""
+        with contextlib.suppress(OSError):
+            device_id = read(str(device / "device")).strip()
+        name = f"Intel GPU {device_id}".strip()
+        number: int | None = None
+        with contextlib.suppress(ValueError):
+            number = int(device_id, 16)
+        cards.append(
+            _Card(
+                pci,
+                name,
+                None,
+                integrated,
+                tiles,
+                driver,
+                device_id=number,
+                kernel_driver=driver,
+                arch=xe_arch(number) if number is not None else None,
+            )
+        )
+    note = "" if cards else no_intel_gpu(drm)
+    if others and not cards:
+        note += f" (Intel devices with other drivers: {', '.join(others)})"
+    return _order(cards), note
+
+
+def _driver(device: Path, read: ReadText) -> str:
+    link = device / "driver"
+    with contextlib.suppress(OSError):
+        if link.is_symlink() or _files.exists(link):
+            return os.path.basename(_files.realpath(link))
+    with contextlib.suppress(OSError):
+        for line in read(str(device / "uevent")).splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "DRIVER":
+                return value.strip()
+    return ""
+
+
+_PLATFORMS: weakref.WeakSet[XpuPlatform] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for platform in list(_PLATFORMS):
+        platform._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class XpuPlatform(BasePlatform):
+    """Intel GPUs through Level Zero. See the module docstring for sources and visibility.
+
+    Args:
+        sysfs_root: The sysfs root; default ``ACCELPLAT_SYSFS_ROOT`` or ``/sys``.
+        level_zero: A Level Zero library object to use instead of loading
+            ``libze_loader.so.1`` (or the path in ``ACCELPLAT_LEVEL_ZERO_LIB``); ``False``
+            disables Level Zero.
+        read_text: How sysfs files are read (for tests).
+        allow_torch: Let accelplat import torch for memory queries; default
+            ``ACCELPLAT_XPU_ALLOW_TORCH``. A torch the caller already imported is always used when
+            Level Zero cannot answer.
+        usage_visible: Whether the kernel shows this process memory usage; detected from the
+            process's capabilities and user namespace (under ``proc_root``) when ``None``.
+        proc_root: Where ``self/status`` and ``self/uid_map`` are read (default ``/proc``).
+    """
+
+    name: ClassVar[str] = "xpu"
+    device_type: ClassVar[str] = "xpu"
+    FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
+        "bf16": (FeatureRule(archs=("pvc", "dg2", "bmg", "lnl", "mtl", "arl")),),
+    }
+    """bfloat16 on every Xe architecture torch's XPU builds target; no fp8/fp4 hardware rule."""
+    visible_devices_env: ClassVar[str | None] = ENV_AFFINITY_MASK
+    default_memory_utilization: ClassVar[float] = 0.9
+    preferred_start_method: ClassVar[StartMethod] = "spawn"
+    RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(
+        lazy=True, stable_duration_s=2.0, settle_timeout_s=240.0, idle_floor_bytes=0
+    )
+    """Lazy: the caching allocator keeps memory until ``empty_cache`` and the runtime's teardown
+    returns the rest some time after a process exits, so waits use the same 2 s window and 240 s
+    limit as vLLM's ROCm/XPU helper. No idle floor: vLLM applies none on XPU (its "~1 GiB" is a
+    test-suite comment about the pytest parent process, not a per-process constant)."""
+
+    def __init__(
+        self,
+        *,
+        sysfs_root: str | os.PathLike[str] | None = None,
+        level_zero: Any = None,
+        read_text: ReadText | None = None,
+        allow_torch: bool | None = None,
+        usage_visible: bool | None = None,
+        proc_root: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._sysfs_arg = None if sysfs_root is None else Path(sysfs_root)
+        self._lz_arg = level_zero
+        self._read = read_text or read_attribute
+        self._allow_torch = allow_torch
+        self._usage_visible = usage_visible
+        self._proc = Path(proc_root) if proc_root is not None else Path("/proc")
+        self._lock = threading.RLock()
+        self._sysman: lz.Sysman | None = None
+        self._sysman_failure: str | None = None
+        self._sysman_cards: list[_Card] | None = None
+        self._torch_import_failure: str | None = None
+        self._torch_totals: dict[int, int] = {}
+        _PLATFORMS.add(self)
+
+    def _after_fork(self) -> None:
+        """Forget the parent's Level Zero handles in a forked child, so it enumerates again.
+
+        The specification says each forked process must call ``zesInit``; handles from the
+        parent are not valid in the child.
+        """
+        self._lock = threading.RLock()
+        self._sysman_cards = None
+        self._torch_totals = {}
+
+    # -- sources ------------------------------------------------------------------------------
+
+    def _sysfs(self) -> Path:
+        return self._sysfs_arg or Path(os.environ.get(ENV_SYSFS_ROOT) or "/sys")
+
+    def _torch_allowed(self) -> bool:
+        return self._allow_torch if self._allow_torch is not None else _flag(ENV_ALLOW_TORCH)
+
+    def _level_zero(self) -> lz.Sysman | None:
+        """Return an initialised Sysman, or ``None`` (the reason is kept)."""
+        with self._lock:
+            if self._sysman is not None or self._sysman_failure is not None:
+                return self._sysman
+            if self._lz_arg is False:
+                self._sysman_failure = "Level Zero disabled"
+                return None
+            lib = self._lz_arg
+            if lib is None:
+                name = level_zero_loader_name()
+                try:
+                    lib = lz.load_loader(name)
+                except OSError as exc:
+                    self._sysman_failure = level_zero_not_found(name, exc)
+                    return None
+            sysman = lib if isinstance(lib, lz.Sysman) else lz.Sysman(lib)
+            try:
+                sysman.init()
+            except LevelZeroError as exc:
+                self._sysman_failure = f"Level Zero Sysman unavailable: {exc}"
+                return None
+            self._sysman = sysman
+            return sysman
+
+    def _cards_from_level_zero(self) -> list[_Card] | None:
+        sysman = self._level_zero()
+        if sysman is None:
+            return None
+        with self._lock:
+            if self._sysman_cards is None:
+                try:
+                    found = sysman.devices()
+                except LevelZeroError as exc:
+                    self._sysman_failure = f"Level Zero device enumeration failed: {exc}"
+                    self._sysman = None
+                    return None
+                drivers = {
+                    c.pci_bus_id: c.driver for c in _scan_sysfs(self._sysfs(), self._read)[0]
+                }
+                self._sysman_cards = [
+                    _Card(
+                        d.pci_bus_id,
+                        d.name,
+                        d.uuid,
+                        d.integrated,
+                        max(1, d.num_subdevices),
+                        "level-zero",
+                        d,
+                        xe_arch(d.device_id),
+                        device_id=d.device_id,
+                        kernel_driver=drivers.get(d.pci_bus_id, ""),
+                    )
+                    for d in found
+                    if d.is_intel_gpu
+                ]
+            return _order(self._sysman_cards)  # the order variable is read on every query
+
+    def _cards(self) -> tuple[list[_Card], str]:
+        cards = self._cards_from_level_zero()
+        if cards:
+            return cards, ""
+        found, note = _scan_sysfs(self._sysfs(), self._read)
+        if not found and self._sysman_failure:
+            note = f"{note}; {self._sysman_failure}"
+        return found, note
+
+    def _torch(self) -> tuple[Any, str]:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            if not self._torch_allowed():
+                return None, (
+                    f"torch is not imported by the caller; set {ENV_ALLOW_TORCH}=1 to let "
+                    f"accelplat import it (torch.xpu creates a device context)"
+                )
+            if self._torch_import_failure is not None:
+                return None, self._torch_import_failure
+            try:
+                torch = import_quietly("torch")
+            except Exception as exc:
+                self._torch_import_failure = f"import torch failed: {type(exc).__name__}: {exc}"
+                return None, self._torch_import_failure
+        xpu = getattr(torch, "xpu", None)
+        if xpu is None:
+            version = getattr(torch, "__version__", "?")
+            return None, f"torch {version} has no torch.xpu"
+        try:
+            available = bool(xpu.is_available())
+        except Exception as exc:
+            return None, f"torch.xpu.is_available() failed: {type(exc).__name__}: {exc}"
+        if not available:
+            return None, "torch.xpu.is_available() is False (no XPU build, driver or device)"
+        return torch, ""
+
+    def _uses_torch(self) -> bool:
+        cards = self._cards_from_level_zero()
+        return not cards
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def _targets(self) -> tuple[list[_Card], list[XpuTarget]]:
+        cards, _ = self._cards()
+        if not cards:
+            return [], []
+        default, _ = _default_hierarchy(cards)
+        return cards, visible_targets([c.tiles for c in cards], os.environ, default)
+
+    @override
+    def devices(self) -> Sequence[DeviceInfo]:
+        """Return the visible devices, in torch's order.
+
+        With Level Zero (or sysfs) the devices come from the cards and the visible-devices
+        variables; with torch as the memory source, from ``torch.xpu``.
+
+        Raises:
+            ConfigurationError: For malformed or unsupported visible-devices variables.
+            BackendError: When torch is the only source and fails.
+
+        Side effects:
+            Reads sysfs and Level Zero Sysman; imports torch only when allowed and needed.
+        """
+        if self._uses_torch():
+            torch, _ = self._torch()
+            if torch is not None:
+                return self._torch_devices(torch)
+        cards, targets = self._targets()
+        out: list[DeviceInfo] = []
+        for index, target in enumerate(targets):
+            card = cards[target.card]
+            name = card.name
+            if target.tiles is not None:
+                name += f" (tile{'s' if len(target.tiles) > 1 else ''} "
+                name += ", ".join(str(t) for t in target.tiles) + ")"
+            out.append(
+                DeviceInfo(index, target.card, name, card.uuid, card.pci_bus_id, arch=card.arch)
+            )
+        return out
+
+    @override
+    def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
+        """Return ``ZE_AFFINITY_MASK`` for exactly ``devices``, and no ``ONEAPI_DEVICE_SELECTOR``.
+
+        The mask is written in the device model in force (``ZE_FLAT_DEVICE_HIERARCHY``): card or
+        tile entries under ``COMPOSITE``, flat indices otherwise; the SYCL selector is removed
+        because it would index the masked list. With torch as the only source (no card table)
+        the devices' card indices are used.
+
+        Args:
+            devices: Devices as :meth:`devices` returned them.
+
+        Returns:
+            ``{"ZE_AFFINITY_MASK": …, "ONEAPI_DEVICE_SELECTOR": None}``.
+
+        Side effects:
+            Reads sysfs and Level Zero Sysman, as :meth:`devices` does.
+        """
+        cards, targets = self._targets()
+        if not cards or len(targets) < len(devices):
+            mask = ",".join(str(d.physical_index) for d in devices)
+        else:
+            default, _ = _default_hierarchy(cards)
+            hierarchy = parse_hierarchy(os.environ.get(ENV_FLAT_DEVICE_HIERARCHY), default)
+            chosen = [targets[d.index] for d in devices]
+            mask = affinity_mask_for(chosen, [c.tiles for c in cards], hierarchy)
+        return {ENV_AFFINITY_MASK: mask, ENV_DEVICE_SELECTOR: None}
+
+    def _torch_devices(self, torch: Any) -> list[DeviceInfo]:
+        try:
+            count = int(torch.xpu.device_count())
+        except Exception as exc:
+            raise BackendError("xpu", f"torch.xpu.device_count() failed: {exc}") from exc
+        out = []
+        for i in range(count):
+            name = "Intel GPU"
+            with contextlib.suppress(Exception):
+                name = str(torch.xpu.get_device_properties(i).name)
+            out.append(DeviceInfo(i, i, name))
+        return out
+
+    @override
+    def _memory_info(self, device: int) -> MemoryInfo:
+        sysman = self._level_zero()
+        cards = self._cards_from_level_zero()
+        if sysman is not None and cards:
+            _, targets = self._targets()
+            target = targets[device]
+            card = cards[target.card]
+            assert card.sysman is not None
+            if card.integrated:
+                raise BackendError(
+                    "xpu",
+                    f"device {device} is an integrated GPU: Level Zero reports the host's "
+                    f"MemFree/MemAvailable for it, not GPU memory (its 'used' would be roughly "
+                    f"the page cache), and torch cannot query it either; hide it with "
+                    f"{ENV_AFFINITY_MASK} or ONEAPI_DEVICE_SELECTOR",
+                )
+            try:
+                modules = sysman.memory_modules(card.sysman)
+            except LevelZeroError as exc:
+                raise BackendError(
+                    "xpu", f"Level Zero memory query for device {device} failed", exc.vendor_error
+                ) from exc
+            if not modules:
+                raise BackendError("xpu", f"Level Zero reports no memory module on device {device}")
+            free, total = lz.sum_modules(modules, target.tiles)
+            used = max(0, total - free)
+            if used == 0 and not self._kernel_shows_usage():
+                _, why = _hidden_usage(card.kernel_driver)
+                return self._torch_memory(device, why=why, zero_is_suspect=True)
+            return checked_memory(
+                "xpu",
+                f"xpu device {device} (Level Zero Sysman)",
+                free=free,
+                total=total,
+                used=used,
+                source=SOURCE_SYSMAN,
+            )
+        return self._torch_memory(device, why=self._sysman_failure or "no Intel GPU in Level Zero")
+
+    def _kernel_shows_usage(self) -> bool:
+        if self._usage_visible is None:
+            status = uid_map = None
+            with contextlib.suppress(OSError):
+                status = self._read(str(self._proc / "self" / "status"))
+            with contextlib.suppress(OSError):
+                uid_map = self._read(str(self._proc / "self" / "uid_map"))
+            if status is None:
+                status = ""  # unreadable: no capability known
+            self._usage_visible = usage_visible_to_this_process(status, uid_map or "")
+        return self._usage_visible
+
+    def _torch_memory(self, device: int, *, why: str, zero_is_suspect: bool = False) -> MemoryInfo:
+        torch, reason = self._torch()
+        if torch is None:
+            raise BackendError("xpu", f"no memory source for device {device}: {why}; {reason}")
+        # What vLLM 0.33 trusts: torch.accelerator.get_memory_info, which it routes to its own
+        # op because torch.xpu.mem_get_info "returns wrong memory info with latest UMD".
+        accelerator = getattr(torch, "accelerator", None)
+        fn: Any = getattr(accelerator, "get_memory_info", None)
+        source = SOURCE_ACCELERATOR
+        if fn is None:
+            fn = getattr(torch.xpu, "mem_get_info", None)
+            source = SOURCE_TORCH
+        if fn is None:
+            fn = self._ipex_mem_get_info(torch)
+            source = SOURCE_IPEX
+        if fn is None:
+            version = getattr(torch, "__version__", "?")
+            raise BackendError(
+                "xpu",
+                f"torch {version} has neither torch.accelerator.get_memory_info nor "
+                f"torch.xpu.mem_get_info (torch >= 2.6 has the second; "
+                f"intel-extension-for-pytorch offers one to older stacks)",
+            )
+        name = source.split(" (")[0]
+        try:
+            free, total = fn(device)
+        except Exception as exc:
+            raise BackendError(
+                "xpu",
+                f"{name} memory query for device {device} failed: {exc}",
+                type(exc).__name__,
+            ) from exc
+        free, total = int(free), int(total)
+        info = checked_memory(
+            "xpu",
+            f"xpu device {device}",
+            free=free,
+            total=total,
+            used=max(0, total - free),
+            source=source,
+        )
+        self._check_torch_reading(torch, device, free, total, name)
+        if zero_is_suspect and free == total:
+            raise BackendError(
+                "xpu",
+                f"{why}. {name} reports no usage either, and it reads the same kernel figure "
+                f"(SYCL's free-memory query comes from Level Zero), so it cannot tell",
+            )
+        return info
+
+    def _check_torch_reading(
+        self, torch: Any, device: int, free: int, total: int, name: str
+    ) -> None:
+        """Reject torch readings the shared rule cannot see through: a total that moved.
+
+        The shared rule (:func:`~accelplat._backends._readings.checked_memory`) refuses free above
+        total and the like. With some Intel user-mode drivers the reported total jumped
+        (24385683456 to 25669140480 bytes on a BMG card) while free stayed below it; such a total
+        differs from the device's ``total_memory`` and from the total first seen in this process.
+
+        Raises:
+            BackendError: Naming the figures, when the total is shifted.
+        """
+        references: list[tuple[str, int]] = []
+        with contextlib.suppress(Exception):
+            props = torch.xpu.get_device_properties(device)
+            references.append(("get_device_properties().total_memory", int(props.total_memory)))
+        first = self._torch_totals.setdefault(device, total)
+        references.append(("the total first reported in this process", first))
+        for label, reference in references:
+            if abs(total - reference) > max(1, reference // _TOTAL_TOLERANCE_DIVISOR):
+                raise BackendError(
+                    "xpu",
+                    f"{name} reported total={total} for device {device}, but {label} is "
+                    f"{reference}: a shifted total, as some Intel user-mode drivers report; "
+                    f"the reading is not used",
+                )
+
+    def _ipex_mem_get_info(self, torch: Any) -> Any:
+        if "intel_extension_for_pytorch" not in sys.modules and not self._torch_allowed():
+            return None
+        try:
+            ipex = import_quietly("intel_extension_for_pytorch")
+        except Exception:
+            return None
+        fn = getattr(getattr(ipex, "xpu", None), "mem_get_info", None)
+        return fn if fn is not None else getattr(torch.xpu, "mem_get_info", None)
+
+    @override
+    def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
+        """Return the processes using the card of ``device`` (per card, not per tile).
+
+        Returns:
+            Holders with their device memory, or ``None`` when Level Zero cannot tell.
+
+        Raises:
+            DeviceNotFoundError: For an index that is not visible.
+        """
+        index = self.check_device(device)
+        sysman = self._level_zero()
+        cards = self._cards_from_level_zero()
+        if sysman is None or not cards:
+            return None
+        _, targets = self._targets()
+        card = cards[targets[index].card]
+        assert card.sysman is not None
+        try:
+            processes = sysman.processes(card.sysman)
+        except LevelZeroError:
+            return None
+        return [make_holder(p.pid, p.mem_bytes) for p in processes if p.mem_bytes > 0]
+
+    # -- Platform properties ------------------------------------------------------------------
+
+    @property
+    def context_free(self) -> bool:  # type: ignore[override]
+        """``True`` when Level Zero Sysman answers memory queries; ``False`` when torch must."""
+        return not self._uses_torch()
+
+    @property
+    def memory_source(self) -> str:
+        """The memory source queries use: Level Zero Sysman, torch, or ``""`` for none.
+
+        Side effects:
+            May load Level Zero; never imports torch.
+        """
+        if not self._uses_torch():
+            return SOURCE_SYSMAN
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(getattr(torch, "accelerator", None), "get_memory_info"):
+            return SOURCE_ACCELERATOR
+        if torch is not None or self._torch_allowed():
+            return SOURCE_TORCH
+        return ""
+
+    @property
+    @override
+    def graph(self) -> GraphSupport:
+        """XPU graphs through ``torch.xpu.XPUGraph``, from torch 2.11."""
+        return graph_support("torch.xpu.XPUGraph", (2, 11), label="XPU graphs", flavour="xpu")
+
+    @classmethod
+    @override
+    def probe(cls) -> ProbeResult:
+        """Return whether an Intel GPU is usable here; never raises, never imports torch.
+
+        Side effects:
+            Reads sysfs; when sysfs shows no Intel GPU, loads Level Zero and initialises Sysman
+            (no device context).
+        """
+        try:
+            platform = cls(allow_torch=False)
+            found, note = _scan_sysfs(platform._sysfs(), platform._read)
+            origin = "sysfs"
+            if not found:
+                found = platform._cards_from_level_zero() or []
+                origin = "Level Zero"
+                if not found:
+                    why = note
+                    if platform._sysman_failure:
+                        why += f"; {platform._sysman_failure}"
+                    return ProbeResult(False, why)
+            if not _flag(ENV_INTEGRATED) and all(c.integrated for c in found):
+                return ProbeResult(
+                    False,
+                    f"only integrated Intel GPU(s) found ({origin}); set {ENV_INTEGRATED}=1 to "
+                    f"use them as the xpu platform",
+                )
+            default, assumed = _default_hierarchy(found)
+            if os.environ.get(ENV_FLAT_DEVICE_HIERARCHY) in {h.value for h in Hierarchy}:
+                assumed = ""  # the variable names the model
+            targets = visible_targets([c.tiles for c in found], os.environ, default)
+        except AccelplatError as exc:
+            return ProbeResult(False, str(exc))
+        except Exception as exc:  # a probe must never raise
+            return ProbeResult(False, f"probe failed: {type(exc).__name__}: {exc}")
+        if not targets:
+            return ProbeResult(
+                False,
+                f"{len(found)} Intel GPU(s) found ({origin}), but ZE_AFFINITY_MASK / "
+                f"ONEAPI_DEVICE_SELECTOR hide all",
+            )
+        drivers = sorted({c.driver for c in found})
+        note = f"; {assumed}" if assumed else ""
+        return ProbeResult(
+            True,
+            f"{len(targets)} XPU device(s) visible on {len(found)} Intel GPU(s) "
+            f"({origin}: {', '.join(drivers)}){note}",
+        )

@@ -1,0 +1,83 @@
+"""``accelplat capture``: record this host's answers into a bundle others can replay.
+
+The bundle (a ``.tar.gz``; format in :mod:`accelplat.replay._bundle`) holds what accelplat reads
+here and nothing else; the command prints exactly what went in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+from accelplat._cli._args import count_arg, seconds_arg
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``capture`` sub-command to ``sub``."""
+    parser = sub.add_parser(
+        "capture",
+        help="record what accelplat reads on this host into a bundle (for bug reports and tests)",
+        description="Record what accelplat reads on this host - the sysfs/procfs/cgroup files "
+        "its backends open, the answers of NVML / Level Zero Sysman / amdsmi, installed "
+        "versions, the relevant environment variables, a few memory samples - into a bundle "
+        "that `accelplat info --replay BUNDLE` (or ACCELPLAT_REPLAY=BUNDLE) replays anywhere. "
+        "No host name or user name is recorded. Creates no device context.",
+    )
+    parser.add_argument("--out", required=True, help="bundle file to write (e.g. host.tar.gz)")
+    parser.add_argument(
+        "--no-processes",
+        action="store_true",
+        help="leave out the pids and names of processes holding device memory",
+    )
+    parser.add_argument(
+        "--samples",
+        type=count_arg(minimum=0, maximum=100, what="a whole number 0-100"),
+        default=4,
+        help="memory samples after the first (default 4)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=seconds_arg(allow_zero=True, maximum=10),
+        default=0.4,
+        help="seconds between memory samples (default 0.4)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="print only the bundle's path, not its contents"
+    )
+    parser.set_defaults(func=_run)
+
+
+def _write(path: str, data: bytes) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".accelplat-capture-", dir=folder)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _run(args: argparse.Namespace) -> int:
+    from accelplat.replay import capture
+
+    result = capture(
+        processes=not args.no_processes, samples=args.samples, interval_s=args.interval
+    )
+    try:
+        _write(args.out, result.data)
+    except OSError as exc:
+        print(f"accelplat: error: cannot write {args.out}: {exc}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(result.contents)
+    print(f"wrote {args.out} ({len(result.data)} bytes); this is everything it holds (above).")
+    return 0

@@ -1,0 +1,118 @@
+"""``accelplat info``: which platform this is, why, and what its devices hold.
+
+The JSON form (``--json``) has stable keys, documented in ``docs/cli.md``; bump
+``INFO_SCHEMA_VERSION`` when a key changes meaning or disappears.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from accelplat._describe import SCHEMA_VERSION, collect_info
+from accelplat._util import format_bytes, printable
+
+__all__ = ["INFO_SCHEMA_VERSION", "register"]
+
+INFO_SCHEMA_VERSION = SCHEMA_VERSION
+"""Version of the ``accelplat info --json`` document (every ``--json`` output shares it)."""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``info`` sub-command to ``sub``."""
+    parser = sub.add_parser(
+        "info",
+        help="show the detected platform, why, its devices and their memory",
+        description="Show the detected platform, why it was chosen, every visible device with "
+        "its memory, the release profile, graph support and defaults. Creates no device context.",
+    )
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument(
+        "--replay",
+        metavar="BUNDLE",
+        help="answer from a capture bundle (accelplat capture) instead of this host",
+    )
+    parser.set_defaults(func=_run)
+
+
+def _render_text(info: dict[str, Any]) -> str:
+    lines: list[str] = []
+    chosen = info["platform"]
+    lines.append(f"platform: {chosen if chosen else 'none'}")
+    if info.get("error"):
+        lines.append(f"  error: {info['error']}")
+    lines.append("detection:")
+    for cand in info["candidates"]:
+        mark = "*" if cand["chosen"] else ("+" if cand["available"] else "-")
+        origin = "" if cand["builtin"] else " (plugin)"
+        lines.append(f"  {mark} {cand['name']}{origin}: {cand['reason']}")
+    if chosen is None:
+        return "\n".join(printable(line) for line in lines)
+    env = info["visible_devices_env"]
+    if env:
+        value = info["visible_devices"]
+        lines.append(f"visible devices: {env}={value!r}" if value is not None else f"{env} unset")
+    lines.append(f"device type: {info['device_type']}")
+    lines.append(f"default memory utilization: {info['default_memory_utilization']:.2f}")
+    lines.append(f"preferred start method: {info['preferred_start_method']}")
+    lines.append(f"context-free queries: {'yes' if info['context_free'] else 'no'}")
+    rel = info["release"]
+    kind = "lazy" if rel["lazy"] else "eager"
+    lines.append(
+        f"release: {kind}, stable for {rel['stable_duration_s']:g} s, "
+        f"timeout {rel['settle_timeout_s']:g} s, idle floor {format_bytes(rel['idle_floor_bytes'])}"
+    )
+    graph = info["graph"]
+    api = f" ({graph['api']})" if graph["api"] else ""
+    state = "available" if graph["available"] else "unavailable"
+    lines.append(f"graphs: {state}{api}: {graph['reason']}")
+    devices = info["devices"]
+    lines.append(f"devices: {len(devices)}")
+    for dev in devices:
+        ident = f"  [{dev['index']}] {dev['name']} (physical {dev['physical_index']}"
+        if dev["arch"]:
+            ident += f", {dev['arch']}"
+        if dev["uuid"]:
+            ident += f", {dev['uuid']}"
+        lines.append(ident + ")")
+        mem = dev["memory"]
+        if mem is None:
+            lines.append(f"      memory: unavailable: {dev['error']}")
+            continue
+        lines.append(
+            f"      used {format_bytes(mem['used'])} / total {format_bytes(mem['total'])}, "
+            f"free {format_bytes(mem['free'])}, reserved {format_bytes(mem['reserved'])} "
+            f"[{mem['source']}]"
+        )
+    table = info.get("capabilities") or {}
+    if table:
+        from accelplat._capabilities import Capability, table_lines
+
+        lines.append("capabilities (device 0):")
+        rows = table_lines({n: Capability(**c) for n, c in table.items()})
+        lines.extend(f"  {row}" for row in rows)
+    return "\n".join(printable(line) for line in lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.replay:
+        from accelplat.replay import replaying
+
+        with replaying(args.replay) as replayer:
+            info = collect_info()
+        if not args.json:
+            bundle = replayer.bundle
+            print(
+                f"replaying {bundle.source} (captured {bundle.created}, accelplat "
+                f"{bundle.accelplat_version})"
+            )
+    else:
+        info = collect_info()
+    if args.json:
+        json.dump(info, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(_render_text(info))
+    return 0 if info["platform"] else 1

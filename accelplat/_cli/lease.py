@@ -1,0 +1,211 @@
+"""``accelplat lease``: run a command on devices leased for it alone, or show who holds what.
+
+``accelplat lease -n 2 [--min-free 40GiB] [--timeout 600] -- CMD ARGS…`` waits until two of the
+devices this process can see are free (no other lease holds them and their memory is back),
+runs CMD with only them visible, holds the lease while CMD runs, forwards signals to it, and
+exits with CMD's status (``128 + N`` when a signal ``N`` ended it). The lock descriptors are
+handed to CMD too, so the devices stay held until CMD exits even if this process is killed.
+
+``accelplat lease --status [--json]`` lists every device the lock directory knows: held or
+free, and the holder's pid, command and start time (a free device whose last holder did not let
+go itself is marked as crashed).
+
+Exit status: CMD's; ``1`` when the devices did not become free in time; ``2`` for bad input
+(more devices than visible, an impossible minimum, a lock directory that is not writable);
+``127`` when CMD cannot be started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from types import FrameType
+
+from accelplat._cli._args import count_arg, parse_size_arg, ratio_arg, seconds_arg
+from accelplat._cli._json import dumps
+from accelplat._leasing import (
+    DEFAULT_TIMEOUT_S,
+    LeaseRecord,
+    default_lease_dir,
+    lease,
+    lease_status,
+)
+from accelplat._util import format_bytes, printable
+from accelplat.errors import ConfigurationError
+
+__all__ = ["register"]
+
+_FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``lease`` sub-command to ``sub``."""
+    parser = sub.add_parser(
+        "lease",
+        help="run a command on devices leased for it alone; --status shows the holders",
+        description="Lease devices exclusively among this host's processes (file locks keyed "
+        "by device identity; a crashed holder frees them at once), wait until their memory is "
+        "back, and run CMD with only them visible. Leases stay inside the devices this process "
+        "can see.",
+        usage="accelplat lease [-n N] [--min-free SIZE] [--timeout S] -- CMD [ARGS ...]\n"
+        "       accelplat lease --status [--json]",
+    )
+    parser.add_argument(
+        "-n",
+        "--count",
+        type=count_arg(minimum=1, maximum=999_999, what="a number of devices >= 1"),
+        default=1,
+        metavar="N",
+        help="devices (default 1)",
+    )
+    parser.add_argument(
+        "--min-free",
+        type=parse_size_arg,
+        metavar="SIZE",
+        help="each device must have SIZE free (e.g. 40GiB) when handed out",
+    )
+    parser.add_argument(
+        "--min-free-ratio",
+        type=ratio_arg,
+        metavar="R",
+        help="each device must have the fraction R of its memory free",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=seconds_arg(allow_zero=True),
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help=f"give up after S seconds (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--lock-dir",
+        metavar="DIR",
+        help="lock directory (default: $ACCELPLAT_LEASE_DIR, else a per-user runtime directory)",
+    )
+    parser.add_argument("--status", action="store_true", help="show who holds which device")
+    parser.add_argument("--json", action="store_true", help="with --status: print JSON")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if args.status:
+        if cmd:
+            raise ConfigurationError("--status takes no command")
+        return _status(args)
+    if not cmd:
+        raise ConfigurationError("give the command to run after --, e.g. lease -n 1 -- pytest")
+    held = lease(
+        args.count,
+        min_free_bytes=args.min_free,
+        min_free_ratio=args.min_free_ratio,
+        timeout_s=args.timeout,
+        lock_dir=args.lock_dir,
+    )
+    with held:
+        if not args.quiet:
+            names = ", ".join(f"{d.index} ({d.stable_id or d.name})" for d in held.devices)
+            env = " ".join(
+                f"{k}={v if v is not None else '(unset)'}" for k, v in held.environ.items()
+            )
+            print(
+                f"accelplat: leased {names} after {held.waited_s:.2f} s; {env}",
+                file=sys.stderr,
+            )
+        return _run_child(cmd, held.child_environ(), held.lock_fds)
+
+
+def _run_child(cmd: Sequence[str], env: dict[str, str], fds: Sequence[int]) -> int:
+    try:
+        child = subprocess.Popen(list(cmd), env=env, pass_fds=tuple(fds))
+    except OSError as exc:
+        print(f"accelplat: error: cannot run {cmd[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 127
+    foreground = _in_terminal_foreground()
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and foreground:
+            return  # the terminal sent it to CMD as well
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    previous = {}
+    for name in _FORWARDED:
+        signum = getattr(signal, name, None)
+        if signum is not None:
+            previous[signum] = signal.signal(signum, forward)
+    try:
+        while True:
+            try:
+                code = child.wait()
+                break
+            except KeyboardInterrupt:  # pragma: no cover - handlers replace the default
+                continue
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code
+
+
+def _in_terminal_foreground() -> bool:
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _state(record: LeaseRecord) -> str:
+    if record.held:
+        return "held"
+    if record.pid is not None and not record.released:
+        return "free (holder crashed)"
+    return "free"
+
+
+def _status(args: argparse.Namespace) -> int:
+    directory = args.lock_dir or str(default_lease_dir())
+    records = lease_status(directory)
+    if args.json:
+        doc = {
+            "lock_dir": directory,
+            "devices": [
+                {
+                    "device_id": r.device_id,
+                    "state": _state(r),
+                    "held": r.held,
+                    "pid": r.pid,
+                    "command": r.command,
+                    "since": r.since,
+                    "released": r.released,
+                    "platform": r.platform,
+                    "baseline_used_bytes": r.baseline_used_bytes,
+                }
+                for r in records
+            ],
+        }
+        print(dumps(doc))
+        return 0
+    if not records:
+        print(f"no leases recorded in {directory}")
+        return 0
+    print(f"leases in {directory}:")
+    for r in records:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.since)) if r.since else "?"
+        who = f"pid {r.pid} since {since}: {r.command}" if r.pid is not None else "no holder"
+        base = (
+            f" (handed out at {format_bytes(r.baseline_used_bytes)} used)"
+            if r.held and r.baseline_used_bytes is not None
+            else ""
+        )
+        print(printable(f"  {r.device_id}  {_state(r)}  {who}{base}"))  # a command: escaped
+    return 0

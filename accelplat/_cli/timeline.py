@@ -1,0 +1,377 @@
+"""``accelplat record`` and ``accelplat report``: a memory timeline of any command.
+
+``accelplat record --out trace.json -- COMMAND [ARG …]`` runs the command (directly, without a
+shell), samples device memory while it runs, saves the trace and exits with the command's exit
+status (``128 + N`` when the command was killed by signal ``N``, as shells report it; ``127`` when
+it could not be started).
+
+The trace is kept on every way out. ``SIGINT``, ``SIGTERM`` and ``SIGHUP`` are caught while the
+command runs and forwarded to it (a Ctrl-C from the terminal already reached it, being in the same
+foreground process group, and is not sent twice); when it has not exited ``--kill-after`` seconds
+later it gets ``SIGTERM``, then ``SIGKILL``, and a second Ctrl-C kills it at once. The command is
+always reaped, never orphaned. A signal after the command finished cuts the leak grace period
+short. Either way the trace is saved with ``partial`` set and a note saying what happened, and
+``accelplat record`` exits with ``128 + N`` for the first signal ``N`` it received.
+
+``accelplat report trace.json --out report.html`` renders the trace as the same self-contained
+page the pytest plugin writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from accelplat._leaks import parse_leak_tolerance
+from accelplat.errors import ConfigurationError
+from accelplat.timeline._render import write_report
+from accelplat.timeline._sampler import DEFAULT_HZ, Recorder, validate_grace, validate_hz
+from accelplat.timeline._trace import (
+    DEFAULT_LEAK_GRACE_S,
+    DEFAULT_LEAK_TOLERANCE_BYTES,
+    Trace,
+    load_trace,
+    save_trace,
+)
+
+__all__ = ["DEFAULT_KILL_AFTER_S", "register", "run_record", "run_report"]
+
+DEFAULT_KILL_AFTER_S = 5.0
+"""Seconds a command may take to exit after a forwarded signal before it is terminated."""
+
+_CAUGHT = tuple(
+    sig for sig in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if sig
+)
+"""The signals that end ``accelplat record``: caught, forwarded, and the trace kept."""
+
+
+class _StopLingeringError(Exception):
+    """Ends the leak grace period early (a signal arrived after the command finished)."""
+
+
+def _terminal_interrupts_reach_the_child() -> bool:
+    """Whether a Ctrl-C from the terminal also reached the child (same foreground group)."""
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return False
+
+
+class _Signals:
+    """Catches the signals that would end ``accelplat record``, and deals with the child.
+
+    The handler only notes the signal and signals the child; the main thread waits for the
+    child, escalates (:meth:`escalate`) and saves the trace, so a signal never interrupts the
+    saving itself.
+    """
+
+    def __init__(self, kill_after: float) -> None:
+        self.received: list[int] = []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.child_done = False
+        self.during = False  # whether a signal arrived before the command was reaped
+        self._early: list[int] = []
+        self._kill_after = kill_after
+        self._deadline: float | None = None
+        self._stage = 0
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for sig in _CAUGHT:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def attach(self, proc: subprocess.Popen[bytes]) -> None:
+        """Note the started command, and forward to it what arrived while it was starting.
+
+        A signal caught between starting the command and this call found no command to forward
+        to; it is forwarded now (handlers run on the main thread, between the steps here, so
+        each signal is forwarded exactly once: by the handler once ``proc`` is set, else here).
+        """
+        self.proc = proc
+        while self._early:
+            self._forward(proc, self._early.pop(0), early=True)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        proc = self.proc
+        if proc is None:
+            self.during = True
+            self._early.append(signum)  # the command is starting: attach() forwards it
+            return
+        if self.child_done or proc.poll() is not None:
+            return  # the command has finished: the main thread stops lingering
+        self.during = True
+        self._forward(proc, signum, early=False)
+
+    def _forward(self, proc: subprocess.Popen[bytes], signum: int, *, early: bool) -> None:
+        if signum == signal.SIGINT and self.received.count(signal.SIGINT) >= 2:
+            proc.kill()  # a second Ctrl-C: no more waiting
+            return
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self._kill_after
+        if signum == signal.SIGINT and not early and _terminal_interrupts_reach_the_child():
+            return  # the terminal sent it to the child's process group already
+        proc.send_signal(signum)
+
+    def escalate(self) -> None:
+        """Terminate, then kill, a child that outlives its grace period after a signal."""
+        proc = self.proc
+        if proc is None or self._deadline is None or time.monotonic() < self._deadline:
+            return
+        if self._stage == 0:
+            proc.terminate()
+        else:
+            proc.kill()
+        self._stage += 1
+        self._deadline = time.monotonic() + self._kill_after
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep between lingering samples; stop lingering once a signal has arrived."""
+        if self.received:
+            raise _StopLingeringError
+        time.sleep(seconds)
+        if self.received:
+            raise _StopLingeringError
+
+    def describe(self) -> str:
+        names = [signal.Signals(s).name for s in self.received]
+        return ", ".join(dict.fromkeys(names))
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``record`` and ``report`` sub-commands to ``sub``."""
+    rec = sub.add_parser(
+        "record",
+        help="run a command while sampling device memory into a trace file",
+        description="Run COMMAND (without a shell) while sampling used memory of every visible "
+        "device; save the trace as JSON and exit with COMMAND's exit status. Render the trace "
+        "with `accelplat report`. Creates no device context on context-free platforms.",
+    )
+    rec.add_argument("--out", required=True, metavar="TRACE.json", help="where to save the trace")
+    rec.add_argument(
+        "--hz",
+        type=float,
+        default=DEFAULT_HZ,
+        metavar="N",
+        help=f"samples per second (default {DEFAULT_HZ:g})",
+    )
+    rec.add_argument(
+        "--html", metavar="REPORT.html", default=None, help="also render the report here"
+    )
+    rec.add_argument(
+        "--leak-tolerance",
+        metavar="SIZE",
+        default=None,
+        help="growth of used memory across the command that is not yet a leak (default 256MiB)",
+    )
+    rec.add_argument(
+        "--leak-grace",
+        type=float,
+        default=DEFAULT_LEAK_GRACE_S,
+        metavar="SECONDS",
+        help="keep sampling up to this long after the command exits while memory is still held "
+        f"(default {DEFAULT_LEAK_GRACE_S:g})",
+    )
+    rec.add_argument(
+        "--kill-after",
+        type=float,
+        default=DEFAULT_KILL_AFTER_S,
+        metavar="SECONDS",
+        help="after forwarding a signal, how long the command may take to exit before it is "
+        f"sent SIGTERM, then SIGKILL (default {DEFAULT_KILL_AFTER_S:g})",
+    )
+    rec.add_argument(
+        "command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run"
+    )
+    rec.set_defaults(func=run_record)
+
+    rep = sub.add_parser(
+        "report",
+        help="render a trace file as a self-contained HTML timeline",
+        description="Render a trace saved by `accelplat record` or by pytest's "
+        "--accelplat-timeline-json as one self-contained HTML page.",
+    )
+    rep.add_argument("trace", metavar="TRACE.json", help="the trace to render")
+    rep.add_argument("--out", required=True, metavar="REPORT.html", help="where to write the page")
+    rep.add_argument("--title", default=None, help="page heading")
+    rep.add_argument(
+        "--leak-tolerance",
+        metavar="SIZE",
+        default=None,
+        help="override the trace's leak tolerance, e.g. 256MiB",
+    )
+    rep.add_argument(
+        "--leak-grace",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="override the trace's leak grace period",
+    )
+    rep.set_defaults(func=run_report)
+
+
+def _tolerance(raw: str | None) -> int | None:
+    return None if raw is None else parse_leak_tolerance(raw, argument="--leak-tolerance")
+
+
+def _exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run_record(args: argparse.Namespace) -> int:
+    """Run ``args.command`` while recording; return its exit status.
+
+    Args:
+        args: Parsed arguments: ``out``, ``hz``, ``html``, ``leak_tolerance``, ``leak_grace``,
+            ``command``.
+
+    Returns:
+        The command's exit status (``128 + N`` for signal ``N``, ``127`` when it could not be
+        started, ``130`` when interrupted).
+
+    Raises:
+        ConfigurationError: For a missing command, a bad rate, tolerance or grace period.
+
+    Side effects:
+        Starts the command as a child process; writes the trace (and the page with ``--html``),
+        even when the command fails.
+    """
+    command: list[str] = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ConfigurationError("accelplat record needs a command after `--`")
+    hz = validate_hz(args.hz, argument="--hz")
+    tolerance = _tolerance(args.leak_tolerance)
+    grace = validate_grace(args.leak_grace, argument="--leak-grace")
+    kill_after = validate_grace(args.kill_after, argument="--kill-after")
+    out = Path(args.out)
+    for target in (out, Path(args.html) if args.html else None):
+        if target is not None and not target.resolve().parent.is_dir():
+            raise ConfigurationError(f"the directory of {os.fspath(target)!r} does not exist")
+    recorder = Recorder.of_current_platform(
+        hz=hz,
+        leak_tolerance_bytes=DEFAULT_LEAK_TOLERANCE_BYTES if tolerance is None else tolerance,
+        leak_grace_s=grace,
+    )
+    label = " ".join(command)
+    signals = _Signals(kill_after)
+    signals.install()
+    try:
+        recorder.start()
+        recorder.begin_test(label)
+        status: int
+        try:
+            proc = subprocess.Popen(command)  # no shell: the arguments reach it as given
+        except OSError as exc:
+            print(
+                f"accelplat record: cannot run {command[0]!r}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            recorder.add_note(f"The command could not be started: {exc.strerror or exc}")
+            status = 127
+        else:
+            signals.attach(proc)
+            status = _exit_status(_reap(proc, signals))
+            signals.child_done = True
+        recorder.end_test(label, f"exit {status}")
+        during = signals.during
+        try:
+            if not during:
+                recorder.linger(sleep=signals.sleep)
+        except _StopLingeringError:
+            pass
+        recorder.stop()
+        trace = recorder.trace(command=command, exit_code=status)
+        if signals.received:
+            when = "while the command ran" if during else "after the command finished"
+            trace = dataclasses.replace(
+                trace,
+                partial=True,
+                notes=(
+                    *trace.notes,
+                    f"Partial recording: {signals.describe()} arrived {when}"
+                    + ("" if during else "; the leak grace period was cut short")
+                    + ".",
+                ),
+            )
+            status = 128 + signals.received[0]
+        return _save(trace, out, args.html, status)
+    finally:
+        signals.restore()
+
+
+def _reap(proc: subprocess.Popen[bytes], signals: _Signals) -> int:
+    """Wait for the child, escalating after a forwarded signal; return its return code."""
+    while True:
+        try:
+            return proc.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            signals.escalate()
+
+
+def _save(trace: Trace, out: Path, html_path: str | None, status: int) -> int:
+    written: list[str] = []
+    try:
+        written.append(str(save_trace(trace, out)))
+        if html_path:
+            written.append(str(write_report(trace, html_path)))
+    except OSError as exc:
+        print(f"accelplat record: cannot write the trace: {exc}", file=sys.stderr)
+        return status or 1
+    leaks = trace.leaks()
+    print(
+        f"accelplat record: {len(trace.samples)} samples of {len(trace.devices)} device(s) in "
+        f"{trace.duration:.2f} s -> {', '.join(written)}"
+        + (f"; {len(leaks)} device(s) left memory held" if leaks else ""),
+        file=sys.stderr,
+    )
+    return status
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Render the trace ``args.trace`` to ``args.out``.
+
+    Args:
+        args: Parsed arguments: ``trace``, ``out``, ``title``, ``leak_tolerance``,
+            ``leak_grace``.
+
+    Returns:
+        ``0``.
+
+    Raises:
+        ConfigurationError: For an unreadable, oversized or malformed trace, or a bad tolerance.
+    """
+    tolerance = _tolerance(args.leak_tolerance)
+    grace = (
+        None
+        if args.leak_grace is None
+        else validate_grace(args.leak_grace, argument="--leak-grace")
+    )
+    trace = load_trace(args.trace)
+    try:
+        path = write_report(
+            trace, args.out, title=args.title, leak_tolerance_bytes=tolerance, leak_grace_s=grace
+        )
+    except OSError as exc:
+        raise ConfigurationError(f"cannot write {os.fspath(args.out)!r}: {exc}") from None
+    print(f"accelplat report: wrote {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,260 @@
+"""``accelplat wait``: block until device memory is clear (or settled), for shell scripts.
+
+Exit status (the mapping of every sub-command, :mod:`accelplat._cli._errors`): ``0`` when every
+device reached its target; ``1`` when the timeout passed first (the devices that missed and the
+processes holding their memory go to standard error), or when the wait could not go on (no
+platform available, a GPU lost, a backend error); ``2`` for bad arguments or configuration (an
+unknown device, a malformed size, a malformed ``ACCELPLAT_PLATFORM``). Under ``--json`` a failure
+also prints a JSON object: the outcome on a timeout, an error object otherwise.
+
+On a terminal, progress is drawn on one line of standard error; ``--quiet`` silences everything
+but errors, and ``--json`` prints the outcome as one JSON object on standard output. Waiting
+reads memory through the platform's context-free queries: it creates no device context and
+imports no framework.
+
+Examples::
+
+    accelplat wait --threshold-ratio 0.08 --timeout 120          # until used <= 8 % everywhere
+    accelplat wait --threshold-bytes 4GiB --devices 0,1 --stable 2
+    accelplat wait --settle                                     # as the platform releases memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Mapping
+from typing import IO, Any
+
+from accelplat._cli._args import parse_devices, parse_size_arg, ratio_arg, seconds_arg
+from accelplat._cli._json import dumps
+from accelplat._memory import (
+    DEFAULT_STABLE_TOLERANCE_BYTES,
+    wait_for_memory_to_clear,
+    wait_for_memory_to_settle,
+)
+from accelplat._registry import current_platform
+from accelplat._usage import SettleResult, UsageSnapshot
+from accelplat._util import format_bytes, printable
+from accelplat.errors import AccelplatError, ConfigurationError, MemoryNotSettledError
+
+__all__ = ["Progress", "register"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``wait`` sub-command to ``sub``."""
+    parser = sub.add_parser(
+        "wait",
+        help="wait until device memory is clear or settled (exit 0), else exit 1",
+        description="Wait until used memory of each device is at or below a threshold (and, "
+        "with a stability window, stays there). Exit 0 when clear, 1 on timeout (with the "
+        "processes holding memory), 2 on bad input. With both thresholds, the larger target "
+        "applies. Creates no device context.",
+    )
+    parser.add_argument(
+        "--threshold-ratio",
+        type=ratio_arg,
+        metavar="R",
+        help="clear when used <= R x total (in [0, 1]; raised to the platform's idle floor)",
+    )
+    parser.add_argument(
+        "--threshold-bytes",
+        type=parse_size_arg,
+        metavar="SIZE",
+        help="clear when used <= SIZE (e.g. 4GiB, 512MiB, 8GB, 4294967296)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=seconds_arg(allow_zero=True),
+        metavar="S",
+        help="give up after S seconds (default: the platform's settle timeout)",
+    )
+    parser.add_argument(
+        "--devices",
+        type=parse_devices,
+        metavar="LIST",
+        help="comma-separated visible device indices (default: all)",
+    )
+    parser.add_argument(
+        "--settle",
+        action="store_true",
+        help="wait as the platform releases memory: its stability window on lazy platforms, "
+        "none on eager ones (default ratio 0.1)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="with --settle: use the window on eager platforms too"
+    )
+    parser.add_argument(
+        "--stable",
+        type=seconds_arg(allow_zero=True),
+        metavar="S",
+        help="usage must stay clear for S seconds (default: the platform's window)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=parse_size_arg,
+        metavar="SIZE",
+        help="movement that still counts as stable (default 512MiB)",
+    )
+    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+    parser.add_argument("--json", action="store_true", help="print the outcome as JSON on stdout")
+    parser.set_defaults(func=_run)
+
+
+class Progress:
+    """Draws one self-overwriting progress line on a terminal; does nothing elsewhere.
+
+    Args:
+        stream: Where to draw (standard error).
+        enabled: Draw at all (``False`` for ``--quiet`` or when ``stream`` is not a terminal).
+        min_interval_s: Redraw at most this often, in real seconds.
+    """
+
+    def __init__(self, stream: IO[str], *, enabled: bool, min_interval_s: float = 0.1) -> None:
+        self._stream = stream
+        self._enabled = enabled
+        self._min_interval_s = min_interval_s
+        self._last_draw = -math.inf
+        self._first: float | None = None
+        self._drawn = False
+
+    def __call__(self, snap: UsageSnapshot, targets: Mapping[int, int]) -> None:
+        """Record one sample; redraw when enough real time passed (an ``on_poll`` callback)."""
+        if self._first is None:
+            self._first = snap.timestamp
+        if not self._enabled:
+            return
+        now = time.monotonic()
+        if now - self._last_draw < self._min_interval_s:
+            return
+        self._last_draw = now
+        parts = []
+        for device, info in sorted(snap.memory.items()):
+            mark = "ok" if info.used <= targets.get(device, -1) else "wait"
+            parts.append(
+                f"{device}={format_bytes(info.used)} (<= {format_bytes(targets.get(device))} "
+                f"{mark})"
+            )
+        waited = snap.timestamp - self._first
+        self._stream.write(f"\r\x1b[Kwaiting {waited:6.1f} s: " + ", ".join(parts))
+        self._stream.flush()
+        self._drawn = True
+
+    def finish(self) -> None:
+        """End the progress line, so that what follows starts on a fresh line."""
+        if self._drawn:
+            self._stream.write("\r\x1b[K")
+            self._stream.flush()
+            self._drawn = False
+
+
+def _outcome_json(
+    status: str,
+    *,
+    waited_s: float,
+    snap: UsageSnapshot,
+    targets: Mapping[int, int],
+    result: SettleResult | None = None,
+    error: str | None = None,
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "status": status,
+        "waited_s": waited_s,
+        "targets": {str(d): t for d, t in sorted(targets.items())},
+        "devices": {
+            str(d): {"used": m.used, "total": m.total} for d, m in sorted(snap.memory.items())
+        },
+        "holders": {
+            str(d): [
+                {"pid": h.pid, "used_bytes": h.used_bytes, "state": h.state.value, "name": h.name}
+                for h in held
+            ]
+            for d, held in sorted(snap.holders.items())
+        },
+    }
+    if result is not None:
+        doc["polls"] = result.polls
+        doc["already_settled"] = result.already_settled
+    if error is not None:
+        doc["error"] = error
+    return doc
+
+
+def _bad(message: str) -> int:
+    raise ConfigurationError(message)  # exit 2, with a JSON error object under --json
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.settle and args.threshold_bytes is not None:
+        return _bad(
+            "--settle takes --threshold-ratio only; for a byte threshold use "
+            "--threshold-bytes SIZE with --stable S"
+        )
+    if args.settle and args.stable is not None:
+        return _bad("--settle uses the platform's stability window; drop --stable or --settle")
+    if args.settle and args.tolerance is not None:
+        return _bad("--settle uses the default tolerance; drop --tolerance or --settle")
+    if args.force and not args.settle:
+        return _bad("--force only applies with --settle")
+    if not args.settle and args.threshold_ratio is None and args.threshold_bytes is None:
+        return _bad("give --threshold-ratio R or --threshold-bytes SIZE (or --settle)")
+
+    progress = Progress(sys.stderr, enabled=not args.quiet and sys.stderr.isatty())
+    try:
+        platform = current_platform()
+        if args.settle:
+            result = wait_for_memory_to_settle(
+                threshold_ratio=0.1 if args.threshold_ratio is None else args.threshold_ratio,
+                timeout_s=args.timeout,
+                devices=args.devices,
+                force=args.force,
+                platform=platform,
+                on_poll=progress,
+            )
+        else:
+            tolerance = DEFAULT_STABLE_TOLERANCE_BYTES if args.tolerance is None else args.tolerance
+            result = wait_for_memory_to_clear(
+                args.devices,
+                threshold_bytes=args.threshold_bytes,
+                threshold_ratio=args.threshold_ratio,
+                timeout_s=args.timeout,
+                stable_duration_s=args.stable,
+                stable_tolerance_bytes=tolerance,
+                platform=platform,
+                on_poll=progress,
+            )
+    except MemoryNotSettledError as exc:
+        progress.finish()
+        print(f"accelplat wait: {printable(exc, keep_newlines=True)}", file=sys.stderr)
+        if args.json:
+            doc = _outcome_json(
+                "timeout",
+                waited_s=exc.waited_s,
+                snap=exc.snapshot,
+                targets=exc.targets,
+                error=str(exc),
+            )
+            print(dumps(doc))
+        return 1
+    except AccelplatError:
+        progress.finish()
+        raise  # the command line's one mapping: 2 for bad arguments, 1 for the rest
+    progress.finish()
+    if args.json:
+        doc = _outcome_json(
+            "clear",
+            waited_s=result.waited_s,
+            snap=result.snapshot,
+            targets=result.targets,
+            result=result,
+        )
+        print(dumps(doc))
+    elif not args.quiet:
+        how = "already clear" if result.already_settled else f"clear after {result.waited_s:.2f} s"
+        print(
+            f"accelplat wait: {how} ({result.polls} poll(s)): {result.snapshot.describe()}",
+            file=sys.stderr,
+        )
+    return 0

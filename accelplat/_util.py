@@ -1,0 +1,117 @@
+"""Small shared helpers: the clock waits read, and formatting for people.
+
+Waits read time and sleep only through a :class:`Clock`, so tests and the simulated platform can
+substitute a virtual clock whose ``sleep`` advances time instantly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """A source of monotonic time that can also sleep.
+
+    A clock may also offer ``time() -> float`` (wall-clock seconds since the epoch), used for
+    :attr:`~accelplat.UsageSnapshot.wall_time`; without it :func:`time.time` is used.
+    """
+
+    def monotonic(self) -> float:
+        """Return the current monotonic time in seconds."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Block for ``seconds`` (or advance virtual time by that much)."""
+        ...
+
+
+class RealClock:
+    """Real time: :func:`time.monotonic`, :func:`time.sleep` and :func:`time.time`."""
+
+    def monotonic(self) -> float:
+        """Return :func:`time.monotonic`."""
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep for ``seconds`` of real time (nothing for ``seconds <= 0``)."""
+        if seconds > 0:
+            time.sleep(seconds)
+
+    def time(self) -> float:
+        """Return :func:`time.time`."""
+        return time.time()
+
+    def __repr__(self) -> str:
+        return "RealClock()"
+
+
+REAL_CLOCK: Clock = RealClock()
+"""The process's real clock."""
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def format_bytes(n: int | float | None) -> str:
+    """Format a byte count with a binary unit, e.g. ``format_bytes(1536 * 1024**2) == "1.50 GiB"``.
+
+    Args:
+        n: Bytes; ``None`` or a non-finite value formats as ``"?"``.
+
+    Returns:
+        The count with two decimals in the largest unit that keeps it ≥ 1 (bytes are whole).
+    """
+    if n is None or not math.isfinite(n):
+        return "?"
+    sign = "-" if n < 0 else ""
+    value = float(abs(n))
+    unit = 0
+    while value >= 1024 and unit < len(_UNITS) - 1:
+        value /= 1024
+        unit += 1
+    if unit == 0:
+        return f"{sign}{int(value)} B"
+    return f"{sign}{value:.2f} {_UNITS[unit]}"
+
+
+def gib_digits(n: int) -> str:
+    """Return ``n`` bytes in GiB with two decimals, exact for sizes too large for a float."""
+    if n < 2**1000:
+        return f"{n / 1024**3:.2f}"
+    return f"{n // 1024**3}.00"
+
+
+def printable(text: object, *, keep_newlines: bool = False) -> str:
+    r"""Return ``text`` safe to show on a terminal: control characters escaped, as ``repr`` does.
+
+    A device name, a process name or a driver message can hold escape sequences (``"\x1b]0;…"``
+    retitles a terminal, ``"\x1b[2J"`` clears it) or bidirectional overrides that make text
+    read differently from what it is. Every character Python does not call printable (C0 and C1
+    controls, DEL, format characters such as U+202E, line and paragraph separators, white space
+    other than the plain space) is written as its escape: ``\x1b``, ``\u202e``.
+
+    Args:
+        text: What to show (``str()`` is applied first).
+        keep_newlines: Keep ``"\n"`` as a line break (for multi-line messages).
+
+    Returns:
+        The text, unchanged when it was already printable.
+    """
+    shown = str(text)
+    if shown.isprintable():
+        return shown
+    out: list[str] = []
+    for char in shown:
+        if char.isprintable() or (keep_newlines and char == "\n"):
+            out.append(char)
+            continue
+        code = ord(char)
+        if code < 0x100:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "".join(out)

@@ -1,0 +1,527 @@
+"""A small, context-free reader of Level Zero Sysman through ctypes.
+
+Level Zero's system-management API (Sysman, ``zes*`` functions) reports device memory without
+creating a device context: ``zesInit`` starts Sysman alone (no ``zeInit``, no context, no queue),
+``zesDriverGet`` and ``zesDeviceGet`` enumerate the physical devices, and per device
+``zesDeviceEnumMemoryModules`` + ``zesMemoryGetState`` give each memory module's free and total
+bytes. Sysman always reports physical cards, whatever ``ZE_FLAT_DEVICE_HIERARCHY`` says; a
+multi-tile card has one memory module per tile (``onSubdevice``/``subdeviceId``).
+
+The library handle is injectable: :class:`Sysman` takes any object whose attributes are the
+``zes*`` functions — a :class:`ctypes.CDLL` of ``libze_loader.so.1`` in production, a fake in
+tests. Out-parameters are passed as :func:`ctypes.pointer` objects and arrays, so a fake written
+in Python can fill them; the structure layouts below follow ``zes_api.h``/``ze_api.h``.
+
+This module imports no framework and never loads the library at import time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from accelplat import _boundary
+from accelplat.errors import LevelZeroError
+
+__all__ = [
+    "LOADER_NAME",
+    "MemoryModule",
+    "ProcessUsage",
+    "Sysman",
+    "SysmanDevice",
+    "load_loader",
+    "result_name",
+    "sum_modules",
+]
+
+LOADER_NAME = "libze_loader.so.1"
+"""The Level Zero loader's shared library."""
+
+ZE_RESULT_SUCCESS = 0
+ZE_RESULT_ERROR_INVALID_SIZE = 0x78000008
+ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES = 0x1
+ZES_STRUCTURE_TYPE_PCI_PROPERTIES = 0x2
+ZES_STRUCTURE_TYPE_MEM_PROPERTIES = 0xB
+ZES_STRUCTURE_TYPE_PROCESS_STATE = 0x16
+ZES_STRUCTURE_TYPE_MEM_STATE = 0x1E
+ZE_DEVICE_TYPE_GPU = 1
+ZE_DEVICE_PROPERTY_FLAG_INTEGRATED = 1 << 0
+ZES_MEM_LOC_SYSTEM = 0
+ZES_MEM_LOC_DEVICE = 1
+INTEL_VENDOR_ID = 0x8086
+
+_RESULT_NAMES: dict[int, str] = {
+    0x1: "ZE_RESULT_NOT_READY",
+    0x70000001: "ZE_RESULT_ERROR_DEVICE_LOST",
+    0x70000002: "ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY",
+    0x70000006: "ZE_RESULT_ERROR_DEVICE_REQUIRES_RESET",
+    0x70000007: "ZE_RESULT_ERROR_DEVICE_IN_LOW_POWER_STATE",
+    0x70010000: "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS",
+    0x70010001: "ZE_RESULT_ERROR_NOT_AVAILABLE",
+    0x70020000: "ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE",
+    0x78000001: "ZE_RESULT_ERROR_UNINITIALIZED",
+    0x78000002: "ZE_RESULT_ERROR_UNSUPPORTED_VERSION",
+    0x78000003: "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE",
+    0x78000004: "ZE_RESULT_ERROR_INVALID_ARGUMENT",
+    0x78000005: "ZE_RESULT_ERROR_INVALID_NULL_HANDLE",
+    0x78000007: "ZE_RESULT_ERROR_INVALID_NULL_POINTER",
+    ZE_RESULT_ERROR_INVALID_SIZE: "ZE_RESULT_ERROR_INVALID_SIZE",
+    0x7FFFFFFE: "ZE_RESULT_ERROR_UNKNOWN",
+}
+
+
+def result_name(code: int) -> str:
+    """Return the ``ZE_RESULT_*`` name of a result code, or its hex value."""
+    return _RESULT_NAMES.get(code, f"ze_result_t 0x{code:08x}")
+
+
+class ZesPciAddress(ctypes.Structure):
+    """``zes_pci_address_t``."""
+
+    _fields_ = (
+        ("domain", ctypes.c_uint32),
+        ("bus", ctypes.c_uint32),
+        ("device", ctypes.c_uint32),
+        ("function", ctypes.c_uint32),
+    )
+
+
+class ZesPciSpeed(ctypes.Structure):
+    """``zes_pci_speed_t``."""
+
+    _fields_ = (
+        ("gen", ctypes.c_int32),
+        ("width", ctypes.c_int32),
+        ("maxBandwidth", ctypes.c_int64),
+    )
+
+
+class ZesPciProperties(ctypes.Structure):
+    """``zes_pci_properties_t``."""
+
+    _fields_ = (
+        ("stype", ctypes.c_uint32),
+        ("pNext", ctypes.c_void_p),
+        ("address", ZesPciAddress),
+        ("maxSpeed", ZesPciSpeed),
+        ("haveBandwidthCounters", ctypes.c_uint8),
+        ("havePacketCounters", ctypes.c_uint8),
+        ("haveReplayCounters", ctypes.c_uint8),
+    )
+
+
+class ZeDeviceProperties(ctypes.Structure):
+    """``ze_device_properties_t`` (the ``core`` member of ``zes_device_properties_t``)."""
+
+    _fields_ = (
+        ("stype", ctypes.c_uint32),
+        ("pNext", ctypes.c_void_p),
+        ("type", ctypes.c_uint32),
+        ("vendorId", ctypes.c_uint32),
+        ("deviceId", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("subdeviceId", ctypes.c_uint32),
+        ("coreClockRate", ctypes.c_uint32),
+        ("maxMemAllocSize", ctypes.c_uint64),
+        ("maxHardwareContexts", ctypes.c_uint32),
+        ("maxCommandQueuePriority", ctypes.c_uint32),
+        ("numThreadsPerEU", ctypes.c_uint32),
+        ("physicalEUSimdWidth", ctypes.c_uint32),
+        ("numEUsPerSubslice", ctypes.c_uint32),
+        ("numSubslicesPerSlice", ctypes.c_uint32),
+        ("numSlices", ctypes.c_uint32),
+        ("timerResolution", ctypes.c_uint64),
+        ("timestampValidBits", ctypes.c_uint32),
+        ("kernelTimestampValidBits", ctypes.c_uint32),
+        ("uuid", ctypes.c_uint8 * 16),
+        ("name", ctypes.c_char * 256),
+    )
+
+
+class ZesDeviceProperties(ctypes.Structure):
+    """``zes_device_properties_t``."""
+
+    _fields_ = (
+        ("stype", ctypes.c_uint32),
+        ("pNext", ctypes.c_void_p),
+        ("core", ZeDeviceProperties),
+        ("numSubdevices", ctypes.c_uint32),
+        ("serialNumber", ctypes.c_char * 64),
+        ("boardNumber", ctypes.c_char * 64),
+        ("brandName", ctypes.c_char * 64),
+        ("modelName", ctypes.c_char * 64),
+        ("vendorName", ctypes.c_char * 64),
+        ("driverVersion", ctypes.c_char * 64),
+    )
+
+
+class ZesMemProperties(ctypes.Structure):
+    """``zes_mem_properties_t``."""
+
+    _fields_ = (
+        ("stype", ctypes.c_uint32),
+        ("pNext", ctypes.c_void_p),
+        ("type", ctypes.c_uint32),
+        ("onSubdevice", ctypes.c_uint8),
+        ("subdeviceId", ctypes.c_uint32),
+        ("location", ctypes.c_uint32),
+        ("physicalSize", ctypes.c_uint64),
+        ("busWidth", ctypes.c_int32),
+        ("numChannels", ctypes.c_int32),
+    )
+
+
+class ZesMemState(ctypes.Structure):
+    """``zes_mem_state_t``."""
+
+    _fields_ = (
+        ("stype", ctypes.c_uint32),
+        ("pNext", ctypes.c_void_p),
+        ("health", ctypes.c_uint32),
+        ("free", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+    )
+
+
+class ZesProcessState(ctypes.Structure):
+    """``zes_process_state_t``."""
+
+    _fields_ = (
+        ("stype", ctypes.c_uint32),
+        ("pNext", ctypes.c_void_p),
+        ("processId", ctypes.c_uint32),
+        ("memSize", ctypes.c_uint64),
+        ("sharedSize", ctypes.c_uint64),
+        ("engines", ctypes.c_uint32),
+    )
+
+
+_P = ctypes.POINTER
+_SIGNATURES: dict[str, tuple[Any, ...]] = {
+    "zesInit": (ctypes.c_uint32,),
+    "zesDriverGet": (_P(ctypes.c_uint32), _P(ctypes.c_void_p)),
+    "zesDeviceGet": (ctypes.c_void_p, _P(ctypes.c_uint32), _P(ctypes.c_void_p)),
+    "zesDeviceGetProperties": (ctypes.c_void_p, _P(ZesDeviceProperties)),
+    "zesDevicePciGetProperties": (ctypes.c_void_p, _P(ZesPciProperties)),
+    "zesDeviceEnumMemoryModules": (ctypes.c_void_p, _P(ctypes.c_uint32), _P(ctypes.c_void_p)),
+    "zesMemoryGetProperties": (ctypes.c_void_p, _P(ZesMemProperties)),
+    "zesMemoryGetState": (ctypes.c_void_p, _P(ZesMemState)),
+    "zesDeviceProcessesGetState": (ctypes.c_void_p, _P(ctypes.c_uint32), _P(ZesProcessState)),
+}
+
+
+@dataclass(frozen=True)
+class SysmanDevice:
+    """One physical device as Sysman enumerates it.
+
+    Attributes:
+        handle: The opaque ``zes_device_handle_t`` (an address).
+        pci_bus_id: ``"0000:03:00.0"`` when PCI properties could be read, else ``None``.
+        name: The device name (``ze_device_properties_t.name``).
+        uuid: The device UUID in the usual 8-4-4-4-12 hex form.
+        vendor_id: The PCI vendor id (``0x8086`` for Intel).
+        device_type: ``ze_device_type_t`` (``1`` is a GPU).
+        integrated: ``True`` for a GPU integrated with the host.
+        num_subdevices: Number of tiles; ``0`` means none.
+        device_id: The PCI device id (``ze_device_properties_t.deviceId``), which names the
+            GPU's architecture; ``0`` where unknown.
+    """
+
+    handle: int
+    pci_bus_id: str | None
+    name: str
+    uuid: str
+    vendor_id: int
+    device_type: int
+    integrated: bool
+    num_subdevices: int
+    device_id: int = 0
+
+    @property
+    def is_intel_gpu(self) -> bool:
+        """Whether this is an Intel GPU."""
+        return self.vendor_id == INTEL_VENDOR_ID and self.device_type == ZE_DEVICE_TYPE_GPU
+
+
+@dataclass(frozen=True)
+class MemoryModule:
+    """One memory module's state.
+
+    Attributes:
+        location: ``"device"`` (local memory) or ``"system"``.
+        on_subdevice: Whether the module belongs to one tile.
+        subdevice_id: The tile, when ``on_subdevice``.
+        free: Free bytes.
+        size: Allocatable bytes (``physical_size`` when the driver reports 0).
+        physical_size: Physical capacity in bytes; ``0`` when unknown.
+    """
+
+    location: str
+    on_subdevice: bool
+    subdevice_id: int
+    free: int
+    size: int
+    physical_size: int
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    """A process using a device, as Sysman reports it.
+
+    Attributes:
+        pid: Host process id.
+        mem_bytes: Device memory it allocated.
+    """
+
+    pid: int
+    mem_bytes: int
+
+
+def load_loader(name: str = LOADER_NAME) -> Any:
+    """Load the Level Zero loader library.
+
+    Args:
+        name: Library name or path.
+
+    Returns:
+        The :class:`ctypes.CDLL`.
+
+    Raises:
+        OSError: When the library cannot be loaded (not installed).
+
+    Side effects:
+        Loads a shared library; creates no device context. While a capture records or a replay
+        answers (:mod:`accelplat._boundary`), the library comes through the boundary: a
+        recording proxy, or a stand-in answering from the bundle (nothing is loaded then).
+    """
+    if _boundary.active() is None:
+        return ctypes.CDLL(name)
+
+    def live() -> _boundary.Loaded:
+        try:
+            return ctypes.CDLL(name), "", ""
+        except OSError as exc:
+            return None, str(exc), "OSError"
+
+    lib, reason, _ = _boundary.vendor("levelzero", live)
+    if lib is None:
+        raise OSError(reason)
+    return lib
+
+
+class Sysman:
+    """Level Zero Sysman queries over an injectable library handle.
+
+    Args:
+        lib: An object whose attributes are the ``zes*`` functions (a ``ctypes.CDLL``, or a fake).
+            For ctypes function objects, argument and result types are set here.
+
+    Thread safety:
+        Calls are serialised by a lock; Level Zero handles stay valid for the process lifetime.
+
+    Fork safety:
+        The specification says each forked process must call ``zesInit``: in a forked child
+        every instance forgets that it was initialised (and gets a fresh lock), so the next query
+        initialises Sysman again; device handles from the parent must not be used there.
+    """
+
+    def __init__(self, lib: Any) -> None:
+        self._lib = lib
+        self._lock = threading.Lock()
+        self._initialised = False
+        _INSTANCES.add(self)
+        for name, argtypes in _SIGNATURES.items():
+            fn = getattr(lib, name, None)
+            if fn is not None and hasattr(fn, "argtypes"):
+                fn.argtypes = list(argtypes)
+                fn.restype = ctypes.c_uint32
+
+    def _fn(self, name: str) -> Any:
+        fn = getattr(self._lib, name, None)
+        if fn is None:
+            raise LevelZeroError(
+                name,
+                None,
+                f"the Level Zero loader has no {name} (zesInit arrived with spec 1.5 in "
+                f"loader v1.9.4; is the loader older?)",
+            )
+        return fn
+
+    def _call(self, name: str, *args: Any) -> None:
+        code = int(self._fn(name)(*args))
+        if code != ZE_RESULT_SUCCESS:
+            raise LevelZeroError(name, code, vendor_error=result_name(code))
+
+    def init(self) -> None:
+        """Initialise Sysman once (``zesInit(0)``); later calls do nothing.
+
+        Raises:
+            LevelZeroError: When ``zesInit`` is missing or fails (no driver, no device).
+
+        Side effects:
+            Loads the Level Zero drivers; creates no device context.
+        """
+        with self._lock:
+            if self._initialised:
+                return
+            self._call("zesInit", ctypes.c_uint32(0))
+            self._initialised = True
+
+    def _handles(self, name: str, *prefix: Any) -> list[int]:
+        count = ctypes.c_uint32(0)
+        self._call(name, *prefix, ctypes.pointer(count), None)
+        if count.value == 0:
+            return []
+        array = (ctypes.c_void_p * count.value)()
+        self._call(name, *prefix, ctypes.pointer(count), array)
+        return [int(array[i] or 0) for i in range(count.value)]
+
+    def devices(self) -> list[SysmanDevice]:
+        """Return every device of every Sysman driver, in enumeration order.
+
+        Raises:
+            LevelZeroError: When an enumeration or property call fails.
+        """
+        self.init()
+        with self._lock:
+            out: list[SysmanDevice] = []
+            for driver in self._handles("zesDriverGet"):
+                for handle in self._handles("zesDeviceGet", ctypes.c_void_p(driver)):
+                    out.append(self._describe(handle))
+            return out
+
+    def _describe(self, handle: int) -> SysmanDevice:
+        import uuid  # only once a device is found: not on the probe of a machine without one
+
+        props = ZesDeviceProperties()
+        props.stype = ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES
+        props.core.stype = 0x3  # ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES
+        self._call("zesDeviceGetProperties", ctypes.c_void_p(handle), ctypes.pointer(props))
+        pci_bus_id: str | None = None
+        pci = ZesPciProperties()
+        pci.stype = ZES_STRUCTURE_TYPE_PCI_PROPERTIES
+        try:
+            self._call("zesDevicePciGetProperties", ctypes.c_void_p(handle), ctypes.pointer(pci))
+        except LevelZeroError:
+            pci_bus_id = None
+        else:
+            a = pci.address
+            pci_bus_id = f"{a.domain:04x}:{a.bus:02x}:{a.device:02x}.{a.function:x}"
+        core = props.core
+        return SysmanDevice(
+            handle=handle,
+            pci_bus_id=pci_bus_id,
+            name=core.name.decode("utf-8", "replace").strip() or "Intel GPU",
+            uuid=str(uuid.UUID(bytes=bytes(core.uuid))),
+            vendor_id=int(core.vendorId),
+            device_type=int(core.type),
+            integrated=bool(core.flags & ZE_DEVICE_PROPERTY_FLAG_INTEGRATED),
+            num_subdevices=int(props.numSubdevices),
+            device_id=int(core.deviceId),
+        )
+
+    def memory_modules(self, device: SysmanDevice) -> list[MemoryModule]:
+        """Return the state of each memory module of ``device``.
+
+        Raises:
+            LevelZeroError: When a call fails (e.g. the device was lost).
+
+        Side effects:
+            Creates no device context.
+        """
+        with self._lock:
+            modules: list[MemoryModule] = []
+            for mem in self._handles("zesDeviceEnumMemoryModules", ctypes.c_void_p(device.handle)):
+                props = ZesMemProperties()
+                props.stype = ZES_STRUCTURE_TYPE_MEM_PROPERTIES
+                self._call("zesMemoryGetProperties", ctypes.c_void_p(mem), ctypes.pointer(props))
+                state = ZesMemState()
+                state.stype = ZES_STRUCTURE_TYPE_MEM_STATE
+                self._call("zesMemoryGetState", ctypes.c_void_p(mem), ctypes.pointer(state))
+                size = int(state.size) or int(props.physicalSize)
+                modules.append(
+                    MemoryModule(
+                        location="device" if props.location == ZES_MEM_LOC_DEVICE else "system",
+                        on_subdevice=bool(props.onSubdevice),
+                        subdevice_id=int(props.subdeviceId),
+                        free=int(state.free),
+                        size=size,
+                        physical_size=int(props.physicalSize),
+                    )
+                )
+            return modules
+
+    def processes(self, device: SysmanDevice) -> list[ProcessUsage]:
+        """Return the processes using ``device`` and the device memory each allocated.
+
+        Raises:
+            LevelZeroError: When the call fails (``INSUFFICIENT_PERMISSIONS`` for another user's
+                processes without privileges, ``UNSUPPORTED_FEATURE`` on some drivers).
+        """
+        with self._lock:
+            handle = ctypes.c_void_p(device.handle)
+            count = ctypes.c_uint32(0)
+            self._call("zesDeviceProcessesGetState", handle, ctypes.pointer(count), None)
+            for _ in range(4):  # processes may attach between the two calls
+                if count.value == 0:
+                    return []
+                array = (ZesProcessState * count.value)()
+                for item in array:
+                    item.stype = ZES_STRUCTURE_TYPE_PROCESS_STATE
+                code = int(
+                    self._fn("zesDeviceProcessesGetState")(handle, ctypes.pointer(count), array)
+                )
+                if code == ZE_RESULT_SUCCESS:
+                    return [ProcessUsage(int(p.processId), int(p.memSize)) for p in array]
+                if code != ZE_RESULT_ERROR_INVALID_SIZE:
+                    raise LevelZeroError(
+                        "zesDeviceProcessesGetState", code, vendor_error=result_name(code)
+                    )
+                count = ctypes.c_uint32(count.value * 2 + 4)
+            raise LevelZeroError(
+                "zesDeviceProcessesGetState",
+                ZE_RESULT_ERROR_INVALID_SIZE,
+                vendor_error=result_name(ZE_RESULT_ERROR_INVALID_SIZE),
+            )
+
+
+_INSTANCES: weakref.WeakSet[Sysman] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for sysman in list(_INSTANCES):
+        sysman._lock = threading.Lock()
+        sysman._initialised = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def sum_modules(modules: Sequence[MemoryModule], tiles: Sequence[int] | None) -> tuple[int, int]:
+    """Return ``(free, size)`` summed over the modules that belong to ``tiles``.
+
+    Local (``device``) memory counts when a card has any; otherwise the system modules do (an
+    integrated GPU, for which compute-runtime reports the host's ``MemFree`` as free and
+    ``MemAvailable`` as size: not GPU memory, so callers should not present it as such). With
+    ``tiles`` given, only modules on those tiles count — unless no module is
+    tile-specific, in which case the card's memory is all there is to report.
+
+    Args:
+        modules: The card's memory modules.
+        tiles: The tiles a device spans, or ``None`` for the whole card.
+
+    Returns:
+        ``(free bytes, total bytes)``.
+    """
+    local = [m for m in modules if m.location == "device"]
+    pool = local or list(modules)
+    if tiles is not None and any(m.on_subdevice for m in pool):
+        wanted = set(tiles)
+        pool = [m for m in pool if m.on_subdevice and m.subdevice_id in wanted]
+    return sum(m.free for m in pool), sum(m.size for m in pool)

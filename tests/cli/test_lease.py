@@ -1,0 +1,177 @@
+"""``accelplat lease``: runs CMD on leased devices, forwards signals, returns CMD's status."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from accelplat._backends.simulated import ENV_SPEC, ENV_VISIBLE
+from accelplat._leasing import ENV_LEASE_DIR, lease_status
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"devices": [{"total": "80GiB"}, {"total": "80GiB"}]}))
+    result = dict(os.environ)
+    result.update(
+        {
+            "ACCELPLAT_PLATFORM": "simulated",
+            ENV_SPEC: str(spec),
+            ENV_LEASE_DIR: str(tmp_path / "locks"),
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    result.pop(ENV_VISIBLE, None)
+    return result
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "accelplat", "lease", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_runs_the_command_with_the_leased_devices_and_returns_its_status(
+    env: dict[str, str],
+) -> None:
+    script = f"import os, sys; print(os.environ['{ENV_VISIBLE}']); sys.exit(7)"
+    done = cli("-n", "2", "--", sys.executable, "-c", script, env=env)
+    assert done.returncode == 7
+    assert done.stdout.strip() == "SIM-0,SIM-1"
+    assert "leased 0 (SIM-0), 1 (SIM-1)" in done.stderr
+
+
+def test_status_shows_the_holder_while_the_command_runs(env: dict[str, str]) -> None:
+    inner = [sys.executable, "-m", "accelplat", "lease", "--status", "--json"]
+    script = (
+        f"import subprocess; print(subprocess.run({inner!r}, capture_output=True, "
+        "text=True).stdout)"
+    )
+    done = cli("--", sys.executable, "-c", script, env=env)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    (held,) = [d for d in doc["devices"] if d["held"]]
+    assert held["state"] == "held"
+    assert held["device_id"] == "simulated.SIM-0"
+    assert "lease" in held["command"]
+    assert held["since"] <= time.time()
+    after = cli("--status", env=env)
+    assert after.returncode == 0
+    assert "simulated.SIM-0  free" in after.stdout
+
+
+def test_signals_are_forwarded_and_reported_as_128_plus_n(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    mark = tmp_path / "got-term"
+    script = (
+        "import signal, sys, time, pathlib\n"
+        f"def on(*_): pathlib.Path({str(mark)!r}).write_text('term'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, on)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accelplat", "lease", "--", sys.executable, "-c", script],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)  # to the lease process only
+    assert proc.wait(timeout=30) == 0  # CMD handled it and exited 0
+    assert mark.read_text() == "term"
+    killed = cli("--", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)", env=env)
+    assert killed.returncode == 128 + 9
+
+
+def test_the_command_keeps_its_devices_if_the_lease_process_dies(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    script = "import time; print('ready', flush=True); time.sleep(60)"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accelplat", "lease", "-q", "--", sys.executable, "-c", script],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGKILL)  # the lease process; CMD lives on holding the lock
+    proc.wait(timeout=30)
+    try:
+        records = {r.device_id: r for r in lease_status(tmp_path / "locks")}
+        assert records["simulated.SIM-0"].held
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60  # only reached if the lock is never freed
+    while records["simulated.SIM-0"].held and time.monotonic() < deadline:
+        time.sleep(0.02)
+        records = {r.device_id: r for r in lease_status(tmp_path / "locks")}
+    assert not records["simulated.SIM-0"].held  # freed once CMD is gone too
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-n", "3", "--", "true"], "cannot lease 3 device"),
+        (["--min-free", "81GiB", "--", "true"], "only 0 of 2"),
+        ([], "give the command to run"),
+        (["--status", "--", "true"], "--status takes no command"),
+    ],
+)
+def test_bad_input_exits_2_at_once(env: dict[str, str], args: list[str], message: str) -> None:
+    done = cli(*args, env=env)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
+@pytest.mark.parametrize("args", [["-n", "0", "--", "true"], ["--min-free", "lots", "--", "x"]])
+def test_malformed_arguments_are_usage_errors(env: dict[str, str], args: list[str]) -> None:
+    done = cli(*args, env=env)
+    assert done.returncode == 2
+    assert "usage:" in done.stderr
+
+
+def test_a_command_that_cannot_start_exits_127(env: dict[str, str]) -> None:
+    done = cli("--", "/nonexistent/program", env=env)
+    assert done.returncode == 127
+    assert "cannot run" in done.stderr
+
+
+def test_timeout_exits_1_naming_the_holder(env: dict[str, str]) -> None:
+    script = "import time; print('ready', flush=True); time.sleep(60)"
+    argv = ["-m", "accelplat", "lease", "-n", "2", "-q", "--", sys.executable, "-c", script]
+    holder = subprocess.Popen(
+        [sys.executable, *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "ready"
+        done = cli("--timeout", "0.3", "--", "true", env=env)
+        assert done.returncode == 1
+        assert f"held by pid {holder.pid}" in done.stderr
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)

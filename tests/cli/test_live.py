@@ -1,0 +1,209 @@
+"""The live view of ``accelplat stats``: frames, colour, keys and a real terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import termios
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accelplat._cli import _live
+from accelplat._cli._live import BAR_WIDTH, Keys, ViewState, bar, colour_for, render
+from accelplat._types import GIB, MemoryInfo
+from accelplat._usage import HolderState, MemoryHolder, UsageSnapshot
+
+pytest.importorskip("rich")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _snap() -> UsageSnapshot:
+    return UsageSnapshot(
+        timestamp=0.0,
+        wall_time=0.0,
+        memory={
+            0: MemoryInfo(free=16 * GIB, total=80 * GIB, used=64 * GIB, source="nvml-v2"),
+            1: MemoryInfo(free=80 * GIB, total=80 * GIB, used=0, source="nvml-v2"),
+        },
+        holders={0: (MemoryHolder(4242, 63 * GIB, HolderState.ALIVE, "python"),), 1: ()},
+    )
+
+
+def _text(renderable: object, *, colour: bool) -> str:
+    from rich.console import Console
+
+    out = io.StringIO()
+    console = Console(
+        file=out,
+        width=160,
+        force_terminal=True,
+        color_system="standard" if colour else None,
+        no_color=not colour,
+    )
+    console.print(renderable)
+    return out.getvalue()
+
+
+def _details(pid: int) -> tuple[str, str]:
+    return ("alice", "python -m vllm.entrypoints.openai.api_server --model x") if pid else ("", "")
+
+
+def test_bar_is_proportional_and_never_hides_usage() -> None:
+    assert bar(0.0) == "░" * BAR_WIDTH
+    assert bar(1.0) == "█" * BAR_WIDTH
+    assert bar(0.5).count("█") == BAR_WIDTH // 2
+    assert bar(0.001).count("█") == 1  # a little is still visible
+    assert bar(0.999).count("░") == 1  # almost full is not full
+    assert len(bar(7.0)) == len(bar(-1.0)) == BAR_WIDTH
+    assert [colour_for(r) for r in (0.1, 0.5, 0.79, 0.8, 1.0)] == [
+        "green",
+        "yellow",
+        "yellow",
+        "red",
+        "red",
+    ]
+
+
+def test_frame_has_header_bars_and_holders_on_demand() -> None:
+    snap = _snap()
+    kwargs = {"interval": 2.0, "details": _details, "host": "gpu-box", "now": 0.0}
+    plain = _text(
+        render("cuda", snap, {0: "H200", 1: "H200"}, state=ViewState(), **kwargs), colour=False
+    )
+    header = plain.splitlines()[0]
+    assert "host gpu-box" in header
+    assert "platform cuda · 2 device(s) · every 2 s" in header
+    assert "[h] holders" in header
+    rows = [line for line in plain.splitlines() if line.strip().startswith(("0 ", "1 "))]
+    assert len(rows) == 2
+    assert "█" * 24 + "░" * 6 in rows[0]  # 80 % of 30 cells
+    assert "64.00 GiB / 80.00 GiB" in rows[0]
+    assert "80.0%" in rows[0]
+    assert "alice" not in plain  # holders hidden until asked for
+    shown = _text(
+        render("cuda", snap, {0: "H200"}, state=ViewState(holders=True), **kwargs), colour=False
+    )
+    holder = next(line for line in shown.splitlines() if "4242" in line)
+    assert "alice" in holder
+    assert "python -m vllm.entrypoints" in holder
+    assert "63.00 GiB" in holder
+    assert "alive" in holder
+    assert "(no process holds memory)" in shown
+
+
+def test_colour_only_when_the_console_has_it() -> None:
+    frame = render("cuda", _snap(), {}, state=ViewState(), interval=None, details=_details, now=0.0)
+    coloured = _text(frame, colour=True)
+    assert "\x1b[31m" in coloured  # the 80 % device is red
+    bare = _text(frame, colour=False)
+    assert "\x1b[31m" not in bare
+    assert "\x1b[32m" not in bare
+    assert "[h] holders" not in bare  # a single frame has no keys
+
+
+def test_keys_toggle_holders_and_quit_on_a_real_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[tuple[float | None, bool]] = []  # each select(): its timeout, and whether ready
+    real_select = select.select
+
+    def counting_select(r: Any, w: Any, x: Any, timeout: float | None = None) -> Any:
+        # never block for the view's whole interval: a wait that misses its key fails, not hangs
+        ready = real_select(r, w, x, 30.0 if timeout is None else min(timeout, 30.0))
+        waits.append((timeout, bool(ready[0])))
+        return ready
+
+    monkeypatch.setattr(_live, "select", types.SimpleNamespace(select=counting_select))
+    master, slave = pty.openpty()
+    try:
+        before = termios.tcgetattr(slave)
+        state = ViewState()
+        with os.fdopen(os.dup(slave), "r") as stream, Keys(stream) as keys:
+            assert keys.active
+            assert not termios.tcgetattr(slave)[3] & termios.ICANON  # cbreak while viewing
+            os.write(master, b"h")
+            keys.wait(600.0, state)
+            assert state.holders
+            # a key redraws at once: one select() that found the key, no wait for the timeout
+            assert len(waits) == 1
+            assert waits[0][1]
+            os.write(master, b"xq")
+            keys.wait(600.0, state)
+            assert state.quit
+            assert all(ready for _, ready in waits)  # every select() returned on a key
+        assert termios.tcgetattr(slave) == before  # the terminal is given back as it was
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_keys_without_a_terminal_only_sleep() -> None:
+    slept: list[float] = []
+    state = ViewState()
+    with Keys(io.StringIO("hq"), sleep=slept.append) as keys:
+        assert not keys.active
+        keys.wait(0.25, state)
+    assert slept == [0.25]
+    assert state == ViewState()
+
+
+@pytest.mark.usefixtures("signals_not_ignored")
+def test_ctrl_c_ends_the_live_view_cleanly(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"devices": [{"name": "Sim", "total": "80GiB", "used": "1GiB"}]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELPLAT_", "NO_COLOR"))}
+    env.update(
+        ACCELPLAT_PLATFORM="simulated",
+        ACCELPLAT_SIMULATED_SPEC=str(spec),
+        TERM="xterm-256color",
+        COLUMNS="140",
+        PYTHONPATH=str(REPO),
+    )
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accelplat", "stats", "--watch", "0.2"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+    )
+    os.close(slave)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while seen.count(b"platform simulated") < 2 and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                seen += os.read(master, 65536)
+        assert seen.count(b"platform simulated") >= 2, seen[-2000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=30)
+        while True:  # drain what it wrote on the way out
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if not ready:
+                break
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert code == 0
+    assert b"Traceback" not in seen
+    assert b"KeyboardInterrupt" not in seen
+    assert b"\x1b[?25h" in seen  # the cursor is shown again

@@ -1,0 +1,412 @@
+"""``accelplat stats`` and ``accelplat wait`` on the simulated platform (virtual-clock specs)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accelplat._cli import main
+from accelplat._cli import stats as stats_cli
+from accelplat._cli._args import parse_devices, parse_size_arg
+from accelplat._cli.stats import use_rich
+from accelplat._cli.wait import Progress
+from accelplat._memory import PollPolicy
+from accelplat._types import GIB, MemoryInfo
+from accelplat._usage import UsageSnapshot
+
+ROOT = Path(__file__).resolve().parents[2]
+
+RELEASING = {
+    "clock": "virtual",
+    "devices": [
+        {
+            "name": "Sim A",
+            "total": "80GiB",
+            "used": "60GiB",
+            "timeline": [{"at": 1.0, "used": "1GiB"}],
+            "holders": [{"used": "1GiB", "pid": 4242, "name": "engine", "end": 0.5}],
+        },
+        {"name": "Sim B", "total": "80GiB"},
+    ],
+}
+
+STUCK = {
+    "clock": "virtual",
+    "release": {"lazy": False, "settle_timeout_s": 30.0},
+    "devices": [
+        {
+            "total": "80GiB",
+            "used": "60GiB",
+            "timeline": [
+                {"at": 0.5, "used": 0},
+                {"stuck": {"used": "8GiB", "pid": 31337, "name": "leaky-worker"}},
+            ],
+        }
+    ],
+}
+
+LAZY = {
+    "clock": "virtual",
+    "release": {"lazy": True, "stable_duration_s": 2.0, "settle_timeout_s": 60.0},
+    "devices": [{"total": "80GiB", "used": "40GiB", "timeline": [{"at": 0.25, "used": 0}]}],
+}
+
+
+@pytest.fixture
+def use_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    def apply(spec: dict[str, Any]) -> Path:
+        path = tmp_path / "spec.json"
+        path.write_text(json.dumps(spec))
+        monkeypatch.setenv("ACCELPLAT_PLATFORM", "simulated")
+        monkeypatch.setenv("ACCELPLAT_SIMULATED_SPEC", str(path))
+        return path
+
+    return apply
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def test_parse_devices() -> None:
+    assert parse_devices("0,1") == [0, 1]
+    assert parse_devices(" 2 ") == [2]
+    assert parse_devices("all") is None
+    for bad in ("a", "0,,1", "-1", "1.5", "0,0"):
+        with pytest.raises(Exception, match=r"--devices|twice"):
+            parse_devices(bad)
+
+
+def test_parse_size_arg() -> None:
+    assert parse_size_arg("4GiB") == 4 * GIB
+    assert parse_size_arg("512MiB") == 512 * 1024**2
+    assert parse_size_arg("8GB") == 8 * 10**9
+    assert parse_size_arg("1024") == 1024
+    for bad in ("4XB", "-1GiB", "", "lots"):
+        with pytest.raises(Exception, match="size"):
+            parse_size_arg(bad)
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_use_rich_only_on_capable_terminals(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("rich")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("TERM", raising=False)
+    assert use_rich(FakeTTY())
+    assert not use_rich(io.StringIO())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert use_rich(FakeTTY())  # the live view, drawn without colour
+    monkeypatch.delenv("NO_COLOR")
+    monkeypatch.setenv("TERM", "dumb")
+    assert not use_rich(FakeTTY())
+
+
+def snap_at(t: float, used: int) -> UsageSnapshot:
+    info = MemoryInfo(free=80 * GIB - used, total=80 * GIB, used=used)
+    return UsageSnapshot(timestamp=t, wall_time=0.0, memory={0: info})
+
+
+def test_progress_draws_one_line_on_a_terminal() -> None:
+    stream = FakeTTY()
+    progress = Progress(stream, enabled=True, min_interval_s=0.0)
+    progress(snap_at(10.0, 60 * GIB), {0: GIB})
+    progress(snap_at(11.5, 0), {0: GIB})
+    progress.finish()
+    text = stream.getvalue()
+    assert text.count("\r\x1b[K") == 3
+    assert "waiting    0.0 s: 0=60.00 GiB (<= 1.00 GiB wait)" in text
+    assert "waiting    1.5 s: 0=0 B (<= 1.00 GiB ok)" in text
+    assert "\n" not in text
+
+
+def test_progress_disabled_writes_nothing() -> None:
+    stream = FakeTTY()
+    progress = Progress(stream, enabled=False)
+    progress(snap_at(0.0, GIB), {0: 0})
+    progress.finish()
+    assert stream.getvalue() == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# stats
+
+
+def test_stats_plain_table(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    use_spec(RELEASING)
+    code, out, err = run_cli(capsys, "stats")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "platform: simulated (2 device(s))"
+    assert lines[1].split() == [
+        "DEV",
+        "NAME",
+        "USED",
+        "FREE",
+        "TOTAL",
+        "RESERVED",
+        "USE%",
+        "SOURCE",
+    ]
+    assert lines[2].split()[:2] == ["0", "Sim"]
+    assert "61.00 GiB" in lines[2]  # 60 GiB timeline + the 1 GiB holder
+    assert "19.00 GiB" in lines[2]
+    assert "76.2%" in lines[2]
+    assert lines[3].split()[0] == "1"
+    assert "\x1b[" not in out  # not a terminal: no escape codes
+
+
+def test_stats_json_and_devices(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    use_spec(RELEASING)
+    code, out, _ = run_cli(capsys, "stats", "--json", "--devices", "0", "--holders")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["platform"] == "simulated"
+    (dev,) = doc["devices"]
+    assert dev["index"] == 0
+    assert dev["name"] == "Sim A"
+    assert dev["used"] == 61 * GIB
+    assert dev["free"] == 19 * GIB
+    assert dev["total"] == 80 * GIB
+    assert dev["source"] == "simulated"
+    assert dev["holders"] == [{"pid": 4242, "used_bytes": GIB, "state": "alive", "name": "engine"}]
+
+
+def test_stats_watch_json_follows_timeline(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_spec(RELEASING)
+    code, out, _ = run_cli(capsys, "stats", "--json", "--watch", "0.5", "--count", "3")
+    assert code == 0
+    docs = [json.loads(line) for line in out.splitlines()]
+    assert [d["timestamp"] for d in docs] == [0.0, 0.5, 1.0]
+    assert [d["devices"][0]["used"] for d in docs] == [61 * GIB, 60 * GIB, 1 * GIB]
+
+
+def test_stats_watch_plain_prints_each_refresh(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_spec(RELEASING)
+    code, out, _ = run_cli(capsys, "stats", "--watch", "1", "--count", "2")
+    assert code == 0
+    assert out.count("platform: simulated") == 2
+    assert "61.00 GiB" in out
+    assert "1.00 GiB" in out
+
+
+def test_stats_holders_plain(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    use_spec(RELEASING)
+    code, out, _ = run_cli(capsys, "stats", "--holders")
+    assert code == 0
+    assert "device 0: pid 4242 engine (alive) 1.00 GiB" in out
+    assert "device 1: holders unknown" in out
+
+
+def test_stats_rich_table(
+    use_spec: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("rich")
+    use_spec(RELEASING)
+    monkeypatch.setattr(stats_cli, "use_rich", lambda stream: True)
+    monkeypatch.setenv("COLUMNS", "160")
+    code, out, _ = run_cli(capsys, "stats", "--watch", "0.5", "--count", "2")
+    assert code == 0
+    assert "platform simulated · 2 device(s) · every 0.5 s" in out
+    assert "60.00 GiB / 80.00 GiB" in out  # the second refresh
+    assert "DEV  NAME" in out
+
+
+def test_stats_bad_input(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    use_spec(RELEASING)
+    code, _, err = run_cli(capsys, "stats", "--devices", "7")
+    assert code == 2
+    assert "device 7" in err
+    code, _, err = run_cli(capsys, "stats", "--count", "3")
+    assert code == 2
+    assert "--count needs --watch" in err
+    code, _, err = run_cli(capsys, "stats", "--watch", "0")
+    assert code == 2
+    code, _, err = run_cli(capsys, "stats", "--devices", "x")
+    assert code == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# wait
+
+
+def test_wait_clear_exit_0(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    use_spec(RELEASING)
+    code, out, err = run_cli(capsys, "wait", "--threshold-bytes", "2GiB", "--timeout", "10")
+    assert code == 0, err
+    assert out == ""
+    assert "clear after 1." in err
+    assert "0=1.00/80.00 GiB" in err
+
+
+def test_wait_already_clear(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    use_spec(RELEASING)
+    code, _, err = run_cli(capsys, "wait", "--threshold-ratio", "0.1", "--devices", "1")
+    assert code == 0
+    assert "already clear" in err
+
+
+def test_wait_json(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    use_spec(RELEASING)
+    code, out, _ = run_cli(
+        capsys, "wait", "--threshold-ratio", "0.05", "--stable", "0.5", "--json", "--quiet"
+    )
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["status"] == "clear"
+    assert 1.5 <= doc["waited_s"] <= 1.6
+    assert doc["targets"] == {"0": 4 * GIB, "1": 4 * GIB}
+    assert doc["devices"]["0"]["used"] == GIB
+    assert doc["already_settled"] is False
+
+
+def test_wait_timeout_exit_1_names_holders(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_spec(STUCK)
+    code, out, err = run_cli(capsys, "wait", "--threshold-bytes", "1GiB", "--timeout", "3")
+    assert code == 1
+    assert out == ""
+    assert "did not clear within 3.00 s" in err
+    assert "pid 31337 'leaky-worker' (alive) 8.00 GiB" in err
+    assert "first 68.00, min 8.00, max 68.00, last 8.00 GiB" in err
+
+
+def test_wait_timeout_json(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    use_spec(STUCK)
+    code, out, _ = run_cli(capsys, "wait", "--threshold-bytes", "1GiB", "--timeout", "1", "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["status"] == "timeout"
+    assert doc["waited_s"] == pytest.approx(1.0)
+    assert doc["holders"]["0"][0]["pid"] == 31337
+    assert "leaky-worker" in doc["error"]
+
+
+def test_wait_timeout_defaults_to_platform_profile(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_spec(STUCK)
+    code, _, err = run_cli(capsys, "wait", "--threshold-bytes", "1GiB", "-q")
+    assert code == 1
+    assert "timeout_s=30" in err
+
+
+def test_wait_settle_on_lazy_platform(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    use_spec(LAZY)
+    code, out, err = run_cli(capsys, "wait", "--settle", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["targets"] == {"0": 8 * GIB}
+    assert 2.25 <= doc["waited_s"] <= 2.25 + PollPolicy().max_s
+
+
+def test_wait_stable_and_tolerance(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    use_spec(LAZY)
+    code, out, _ = run_cli(
+        capsys,
+        "wait",
+        "--threshold-bytes",
+        "1GiB",
+        "--stable",
+        "1",
+        "--tolerance",
+        "64MiB",
+        "--json",
+    )
+    assert code == 0
+    assert 1.25 <= json.loads(out)["waited_s"] <= 1.25 + PollPolicy().max_s
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["wait"], "give --threshold-ratio"),
+        (["wait", "--threshold-ratio", "1.5"], "fraction"),
+        (["wait", "--threshold-ratio", "nan"], "fraction"),
+        (["wait", "--threshold-bytes", "4XB"], "size"),
+        (["wait", "--threshold-bytes=-4GiB"], "size"),
+        (["wait", "--threshold-ratio", "0.1", "--timeout", "-1"], "seconds"),
+        (["wait", "--threshold-ratio", "0.1", "--timeout", "inf"], "seconds"),
+        (["wait", "--threshold-ratio", "0.1", "--devices", "0,9"], "device 9"),
+        (["wait", "--threshold-ratio", "0.1", "--devices", "zero"], "--devices"),
+        (["wait", "--settle", "--threshold-bytes", "1GiB"], "--settle takes"),
+        (["wait", "--settle", "--stable", "1"], "--settle uses"),
+        (["wait", "--threshold-ratio", "0.1", "--force"], "--force only"),
+    ],
+)
+def test_wait_bad_input_exit_2(
+    use_spec: Any, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    use_spec(RELEASING)
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert out == ""
+
+
+def test_wait_without_usable_platform_exit_1(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCELPLAT_PLATFORM", "simulated")  # but no spec: not available
+    code, _, err = run_cli(capsys, "wait", "--threshold-ratio", "0.1")
+    assert code == 1  # a runtime failure, as for stats (2 is for bad usage)
+    assert "ACCELPLAT_SIMULATED_SPEC" in err
+
+
+def test_python_m_accelplat_wait_in_a_shell_script(tmp_path: Path) -> None:
+    """The shell-script use: a real ``python -m accelplat wait`` process and its exit status."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
+    env["ACCELPLAT_PLATFORM"] = "simulated"
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    results = {}
+    for name, spec in (("releasing", RELEASING), ("stuck", STUCK)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(spec))
+        env["ACCELPLAT_SIMULATED_SPEC"] = str(path)
+        results[name] = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "accelplat",
+                "wait",
+                "--threshold-bytes",
+                "2GiB",
+                "--timeout",
+                "5",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+    ok, stuck = results["releasing"], results["stuck"]
+    assert ok.returncode == 0, ok.stderr
+    assert "clear after" in ok.stderr
+    assert stuck.returncode == 1
+    assert "pid 31337 'leaky-worker'" in stuck.stderr
+    assert "Traceback" not in stuck.stderr

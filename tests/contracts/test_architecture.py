@@ -1,0 +1,153 @@
+"""The layering of docs/architecture.md, enforced: no import runs up a layer, no platform branch.
+
+Every module of the package is placed in one layer; a module may import its own layer and the
+layers below. Platform names are compared only in ``accelplat/_backends/`` and
+``accelplat/_visible/``: everywhere else platform differences are backend data.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "accelplat"
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("core", ("_types", "_usage", "errors", "_util", "_boundary", "_vendor",
+              "_files", "_validate", "_sizing", "_leaks", "_lazy")),
+    ("vendor bindings", ("_vendor.nvml", "_vendor.levelzero", "_vendor.procs", "_vendor.graphs")),
+    ("contract", ("_platform",)),
+    ("visibility", ("_visible",)),
+    ("backends", ("_backends",)),
+    ("discovery", ("_registry",)),
+    ("features", ("_memory", "_host", "_capabilities", "testing._isolation", "_leasing", "_scan",
+                  "timeline._trace", "timeline._sampler", "timeline._render", "timeline",
+                  "testing", "integrations", "_describe")),
+    ("capture and replay", ("replay",)),
+    ("front ends", ("_cli", "pytest_plugin", "", "__main__")),
+)  # fmt: skip
+"""Layers from the bottom up; a name stands for a module or a whole package."""
+
+PLATFORM_NAMES = frozenset({"cuda", "rocm", "hip", "xpu", "cpu", "simulated"})
+
+PLATFORM_COMPARISONS_ALLOWED = {
+    # The test-tree scanner recognises ``hasattr(torch, "xpu")`` in *other* code; it reads
+    # source text, it does not branch on the platform it runs on.
+    "_scan.py",
+    # The capability ``cuda-api`` reports the platform's torch device type (backend data); it
+    # is the fact itself, not a branch on a platform name.
+    "_capabilities.py",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer_of(module: str) -> int:
+    best: tuple[int, int] | None = None  # (specificity, layer)
+    for index, (_, names) in enumerate(LAYERS):
+        for name in names:
+            if module == name or (name and module.startswith(name + ".")):
+                rank = len(name)
+                if best is None or rank > best[0]:
+                    best = (rank, index)
+    if best is None:
+        raise LookupError(module)
+    return best[1]
+
+
+def _imports(path: Path) -> set[str]:
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return _imports_of_source(path, package=package)
+
+
+def _imports_of_source(path: Path, *, package: str) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                target = f"accelplat.{target}" if target else "accelplat"
+            else:
+                target = node.module or ""
+            if target == "accelplat":
+                found.update(f"accelplat.{alias.name}" for alias in node.names)
+            elif target.startswith("accelplat."):
+                found.add(target)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("accelplat."))
+    return {name.removeprefix("accelplat.") for name in found}
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_every_module_has_a_layer_and_imports_none_above_it(path: Path) -> None:
+    module = _module_name(path)
+    own = _layer_of(module)
+    for target in sorted(_imports(path)):
+        if target == "__version__":
+            continue  # the version string of the package, set at build time
+        try:
+            layer = _layer_of(target)
+        except LookupError:
+            continue  # a name imported from a package's namespace, checked where defined
+        assert layer <= own, (
+            f"{module} ({LAYERS[own][0]}) imports {target} ({LAYERS[layer][0]}), a higher layer"
+        )
+
+
+def _platform_comparisons(path: Path) -> list[str]:
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side in (node.left, *node.comparators):
+            elements = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            for element in elements:
+                if (
+                    isinstance(element, ast.Constant)
+                    and isinstance(element.value, str)
+                    and element.value.strip().lower() in PLATFORM_NAMES
+                ):
+                    found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        p
+        for p in SOURCES
+        if p.relative_to(PACKAGE).parts[0] not in ("_backends", "_visible")
+        and str(p.relative_to(PACKAGE)) not in PLATFORM_COMPARISONS_ALLOWED
+    ],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_no_platform_name_is_compared_outside_backends_and_visible(path: Path) -> None:
+    assert _platform_comparisons(path) == []
+
+
+def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text('if platform.name == "rocm" or kind in ("XPU", "other"):\n    pass\n')
+    assert len(_platform_comparisons(sample)) == 2
+    assert _layer_of("_backends.cuda") > _layer_of("_platform")
+    assert _layer_of("_cli.wait") > _layer_of("_registry")
+    assert _layer_of("pytest_plugin._timeline") > _layer_of("timeline._trace")
+    assert _layer_of("replay") < _layer_of("_cli.info")  # a capture must not reach into the CLI
+    reaching_up = tmp_path / "accelplat_replay_sample.py"
+    reaching_up.write_text("def capture():\n    from accelplat._cli.info import collect_info\n")
+    assert "_cli.info" in _imports_of_source(reaching_up, package="replay")
+    with pytest.raises(LookupError):
+        _layer_of("brand_new_module")

@@ -1,0 +1,570 @@
+"""accelplat's pytest plugin: markers, fixtures and options, driven through pytester sub-runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accelplat.pytest_plugin import MARKERS
+
+pytest_plugins = ["pytester"]
+
+BASE_ARGS = ("-p", "no:cacheprovider", "-p", "no:accelplat_timeline", "--strict-markers", "-rs")
+
+
+def write_spec(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, **spec: Any) -> Path:
+    """Write a simulated-platform spec and point ACCELPLAT_SIMULATED_SPEC at it."""
+    data = {"clock": "virtual", **spec}
+    path = pytester.path / "spec.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.setenv("ACCELPLAT_SIMULATED_SPEC", str(path))
+    return path
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(*BASE_ARGS, *args)
+
+
+def skip_lines(result: pytest.RunResult) -> list[str]:
+    return [line for line in result.outlines if line.startswith("SKIPPED")]
+
+
+def test_markers_are_registered(pytester: pytest.Pytester) -> None:
+    config = pytester.parseconfigure("-p", "no:cacheprovider")
+    registered = config.getini("markers")
+    for line in MARKERS.values():
+        assert line in registered
+
+
+SIMULATED_TESTS = """
+import os
+
+import pytest
+
+from accelplat.integrations.vllm import large_gpu_mark
+
+
+@pytest.mark.accelplat_requires_graph
+def test_graph():
+    pass
+
+
+@pytest.mark.accelplat_requires_device_memory(24)
+def test_memory_24():
+    pass
+
+
+@pytest.mark.accelplat_requires_device_memory(16)
+def test_memory_16():
+    pass
+
+
+@pytest.mark.accelplat_requires_device_memory(gib=20, devices=3)
+def test_memory_on_three():
+    pass
+
+
+@large_gpu_mark(17)
+def test_large_17_gb():
+    pass
+
+
+@large_gpu_mark(18)
+def test_large_18_gb():
+    pass
+
+
+@pytest.mark.accelplat_requires_devices(2)
+def test_two_devices():
+    pass
+
+
+@pytest.mark.accelplat_requires_devices(3)
+def test_three_devices():
+    pass
+
+
+@pytest.mark.accelplat_platforms("cuda", "rocm")
+def test_cuda_or_rocm():
+    pass
+
+
+@pytest.mark.accelplat_platforms("simulated")
+def test_on_simulated():
+    pass
+
+
+@pytest.mark.accelplat_requires_shm(0.0001, path=os.environ["SHM_PATH"])
+def test_small_shm():
+    pass
+
+
+@pytest.mark.accelplat_requires_shm(1000000, path=os.environ["SHM_PATH"])
+def test_huge_shm():
+    pass
+
+
+@pytest.mark.accelplat_requires_shm(1, path="/no/such/mount")
+def test_missing_mount():
+    pass
+
+
+@pytest.mark.accelplat_requires_devices(3)
+class TestNeedsThree:
+    def test_inherits_the_class_mark(self):
+        pass
+
+    @pytest.mark.accelplat_requires_devices(1)
+    def test_every_mark_must_hold(self):
+        pass
+
+
+def test_fixture(accel_platform):
+    assert accel_platform.name == "simulated"
+    assert accel_platform.device_count() == 2
+    assert os.environ["ACCELPLAT_PLATFORM"] == "simulated"
+
+
+def test_settled(settled_device_memory):
+    assert settled_device_memory.already_settled
+    assert sorted(settled_device_memory.snapshot.memory) == [0, 1]
+"""
+
+
+def test_markers_on_the_simulated_platform(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(
+        pytester,
+        monkeypatch,
+        graph={"available": False, "reason": "graphs are off in this spec"},
+        devices=[{"total": "16GiB", "used": "1GiB"}, {"total": "24GiB", "used": "1GiB"}],
+    )
+    monkeypatch.setenv("SHM_PATH", str(pytester.path))
+    pytester.makepyfile(test_sim=SIMULATED_TESTS)
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.assert_outcomes(passed=7, skipped=10)
+    skipped = "\n".join(skip_lines(result))
+    expected = [
+        "test_sim.py:8: needs device graph capture; simulated has none: graphs are off in this",
+        "test_sim.py:13: needs 24.0 GiB device memory, simulated device 0 has 16.0 GiB total",
+        "test_sim.py:23: needs 20.0 GiB device memory on 3 devices, simulated has 2 visible",
+        # vLLM's large_gpu_mark: a plain skipif, decimal GB, vLLM's reason text
+        "test_sim.py:33: Need at least 18GB GPU memory to run the test (found 17.179869184GB).",
+        "test_sim.py:43: needs 3 devices, simulated has 2 visible",
+        "test_sim.py:48: runs only on cuda, rocm; the current platform is simulated",
+        "test_sim.py:63: needs 1000000.0 GiB free in",
+        "test_sim.py:68: needs 1.0 GiB free in /no/such/mount: path '/no/such/mount' does not",
+    ]
+    for text in expected:
+        assert text in skipped, text
+    assert skipped.count("needs 3 devices, simulated has 2 visible") == 3  # + both class tests
+
+
+CPU_TESTS = """
+import pytest
+
+
+@pytest.mark.accelplat_requires_graph
+def test_graph():
+    pass
+
+
+@pytest.mark.accelplat_requires_device_memory(1000000)
+def test_memory():
+    pass
+
+
+@pytest.mark.accelplat_requires_devices(1000)
+def test_devices():
+    pass
+
+
+@pytest.mark.accelplat_platforms("cpu")
+def test_cpu_only(accel_platform):
+    assert accel_platform.name == "cpu"
+"""
+
+
+def test_markers_on_the_cpu_platform(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_cpu=CPU_TESTS)
+    result = run(pytester, "--accelplat-platform", "cpu")
+    result.assert_outcomes(passed=1, skipped=3)
+    skipped = "\n".join(skip_lines(result))
+    assert "needs device graph capture; cpu has none: CPU has no graph capture" in skipped
+    assert "needs 1000000.0 GiB device memory, cpu device 0 has " in skipped
+    assert "needs 1000 devices, cpu has " in skipped
+
+
+def test_malformed_marker_arguments_are_errors_naming_the_marker(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_bad="""
+        import pytest
+
+        @pytest.mark.accelplat_requires_devices("two")
+        def test_count():
+            pass
+
+        @pytest.mark.accelplat_requires_device_memory(-1)
+        def test_memory():
+            pass
+
+        @pytest.mark.accelplat_platforms()
+        def test_platforms():
+            pass
+        """
+    )
+    result = run(pytester, "--accelplat-platform", "cpu")
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*accelplat_requires_devices(n) must be an int >= 1, got 'two'*",
+            "*accelplat_requires_device_memory(gib) must be a finite number >= 0, got -1*",
+            "*accelplat_platforms takes one or more platform names*",
+        ],
+        consecutive=False,
+    )
+
+
+def test_an_unknown_or_unavailable_platform_is_a_usage_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = run(pytester, "--accelplat-platform", "nope")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--accelplat-platform nope: unknown platform 'nope'*"])
+    monkeypatch.delenv("ACCELPLAT_SIMULATED_SPEC", raising=False)
+    result = run(pytester, "--accelplat-platform", "simulated")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ACCELPLAT_SIMULATED_SPEC is not set*"])
+
+
+def test_the_forced_platform_survives_a_registry_reset_in_a_fixture(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(pytester, monkeypatch, devices=[{"total": "8GiB"}])
+    pytester.makeconftest(
+        """
+        import pytest
+        from accelplat import _registry as registry
+
+        @pytest.fixture(autouse=True)
+        def _reset_registry():
+            registry.reset()
+            yield
+            registry.reset()
+        """
+    )
+    pytester.makepyfile(
+        test_reset="""
+        import pytest
+        from accelplat import _registry as registry
+
+        def test_body_sees_it():
+            assert registry.current_platform().name == "simulated"
+
+        @pytest.mark.accelplat_requires_devices(2)
+        def test_markers_see_it():
+            pass
+
+        def test_a_test_may_still_choose(accel_platform):
+            assert accel_platform.name == "simulated"
+            with registry.use_platform("cpu") as chosen:
+                assert chosen.name == "cpu"
+        """
+    )
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.assert_outcomes(passed=2, skipped=1)
+    assert "needs 2 devices, simulated has 1 visible" in "\n".join(skip_lines(result))
+
+
+def test_a_session_that_uses_nothing_detects_nothing_and_imports_no_framework(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_plain="""
+        import sys
+
+        def test_plain():
+            assert "torch" not in sys.modules
+            assert "accelplat._registry" not in sys.modules
+            assert not any(m.startswith("accelplat._backends") for m in sys.modules)
+            assert "accelplat.pytest_plugin" in sys.modules
+        """
+    )
+    run(pytester).assert_outcomes(passed=1)
+
+
+LEAK_TESTS = """
+def test_leaks(accel_platform):
+    accel_platform.clock.advance(1.0)  # the timeline steps up at t=1
+
+
+def test_clean():
+    pass
+"""
+
+
+def test_leak_check_reports_tests_that_left_memory_held(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(
+        pytester,
+        monkeypatch,
+        devices=[{"total": "16GiB", "used": "1GiB", "timeline": [{"at": 1.0, "used": "5GiB"}]}],
+    )
+    pytester.makepyfile(test_leak=LEAK_TESTS)
+    result = run(pytester, "--accelplat-platform", "simulated", "--accelplat-leak-check")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*= accelplat leak check =*",
+            "1 test(s) left device memory held beyond 256 MiB (2 checked):",
+            "  test_leak.py::test_leaks: device 0 +4.00 GiB (1.00 GiB -> 5.00 GiB used)",
+        ]
+    )
+    assert "test_clean:" not in result.stdout.str()
+
+    result = run(
+        pytester,
+        "--accelplat-platform",
+        "simulated",
+        "--accelplat-leak-check",
+        "--accelplat-leak-tolerance",
+        "8GiB",
+    )
+    result.stdout.fnmatch_lines(
+        ["accelplat leak check: no test left device memory held beyond 8.00 GiB (2 checked)"]
+    )
+
+
+def test_leak_check_from_ini_and_waiting_for_lazy_release(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(
+        pytester,
+        monkeypatch,
+        release={"lazy": True, "stable_duration_s": 1.0, "settle_timeout_s": 30},
+        devices=[
+            {
+                "total": "16GiB",
+                "used": "1GiB",
+                "timeline": [{"at": 1.0, "used": "5GiB"}, {"at": 2.5, "used": "1GiB"}],
+            }
+        ],
+    )
+    pytester.makeini("[pytest]\naccelplat_leak_check = true\naccelplat_leak_tolerance = 1GiB\n")
+    pytester.makepyfile(test_leak=LEAK_TESTS)
+    # memory comes back 1.5 s after the test, within the 4 x 1 s allowed on a lazy platform
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.stdout.fnmatch_lines(
+        ["accelplat leak check: no test left device memory held beyond 1.00 GiB (2 checked)"]
+    )
+    result = run(pytester, "--accelplat-platform", "simulated", "--accelplat-leak-wait", "0")
+    result.stdout.fnmatch_lines(["*test_leak.py::test_leaks: device 0 +4.00 GiB*"])
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--accelplat-leak-tolerance", "lots", "--accelplat-leak-tolerance must be"),
+        ("--accelplat-leak-wait", "-1", "--accelplat-leak-wait must be 'auto' or seconds >= 0"),
+    ],
+)
+def test_bad_leak_settings_are_usage_errors(
+    pytester: pytest.Pytester, option: str, value: str, message: str
+) -> None:
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = run(pytester, "--accelplat-leak-check", option, value)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
+
+
+def test_vllms_distributed_selector_is_kept_where_registered(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(pytester, monkeypatch, devices=[{"total": "8GiB"}])
+    pytester.makeini("[pytest]\nmarkers =\n    distributed(num_gpus): vLLM's selector\n")
+    pytester.makepyfile(
+        test_multi="""
+        from accelplat.integrations.vllm import multi_gpu_test
+
+        @multi_gpu_test(num_gpus=2)
+        def test_two():
+            pass
+
+        def test_other():
+            pass
+        """
+    )
+    result = run(pytester, "--accelplat-platform", "simulated", "-m", "distributed")
+    result.assert_outcomes(skipped=1, deselected=1)
+    assert "Need at least 2 GPUs to run the test." in "\n".join(skip_lines(result))
+
+
+# -- the leak check and the timeline share the reading taken as a teardown ends -----------------
+
+
+class _CountingPlatform:
+    """Two devices whose readings are counted (the vendor boundary of this unit test)."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def device_count(self) -> int:
+        return 2
+
+    def memory_info(self, device: int) -> Any:
+        from accelplat import MemoryInfo
+
+        self.reads += 1
+        return MemoryInfo(free=10 - device, total=10, used=device)
+
+
+def _item(with_leak_check: bool) -> Any:
+    from types import SimpleNamespace
+
+    plugins = {"accelplat-leak-check": object()} if with_leak_check else {}
+    manager = SimpleNamespace(get_plugin=plugins.get)
+    return SimpleNamespace(stash=pytest.Stash(), config=SimpleNamespace(pluginmanager=manager))
+
+
+def _tracks(*indices: int) -> list[Any]:
+    from accelplat.timeline._trace import DeviceTrack
+
+    return [DeviceTrack(i, f"dev{i}", 10) for i in indices]
+
+
+def test_the_leak_check_takes_the_timelines_reading_of_the_same_moment() -> None:
+    from accelplat.pytest_plugin import _used_after_teardown, share_after_teardown
+
+    platform = _CountingPlatform()
+    item = _item(with_leak_check=True)
+    share_after_teardown(item, _tracks(0, 1), (7, 8))
+    assert _used_after_teardown(item, platform) == {0: 7, 1: 8}  # type: ignore[arg-type]
+    assert platform.reads == 0
+    # consumed: the next teardown reads again
+    assert _used_after_teardown(item, platform) == {0: 0, 1: 1}  # type: ignore[arg-type]
+    assert platform.reads == 2
+
+
+@pytest.mark.parametrize(
+    ("tracks", "reading"),
+    [((0,), (7,)), ((0, 1), (7, None))],
+    ids=["a device not sampled", "a failed query"],
+)
+def test_a_reading_that_misses_a_device_is_not_taken(
+    tracks: tuple[int, ...], reading: tuple[int | None, ...]
+) -> None:
+    from accelplat.pytest_plugin import _used_after_teardown, share_after_teardown
+
+    platform = _CountingPlatform()
+    item = _item(with_leak_check=True)
+    share_after_teardown(item, _tracks(*tracks), reading)
+    assert _used_after_teardown(item, platform) == {0: 0, 1: 1}  # type: ignore[arg-type]
+    assert platform.reads == 2
+
+
+def test_nothing_is_kept_for_the_leak_check_when_it_is_off() -> None:
+    from accelplat.pytest_plugin import _AFTER_TEARDOWN_KEY, share_after_teardown
+
+    item = _item(with_leak_check=False)
+    share_after_teardown(item, _tracks(0, 1), (7, 8))
+    assert _AFTER_TEARDOWN_KEY not in item.stash
+
+
+def _timeline_plugin() -> list[str]:
+    """Load the timeline plugin where the checkout is not installed (no entry point)."""
+    from importlib.metadata import entry_points
+
+    installed = any(ep.name == "accelplat_timeline" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "accelplat.pytest_plugin._timeline"]
+
+
+READ_COUNTING_CONFTEST = """
+import accelplat._backends.simulated as sim
+
+READS = [0]
+_read = sim.SimulatedPlatform.memory_info
+
+
+def _counting(self, device):
+    READS[0] += 1
+    return _read(self, device)
+
+
+sim.SimulatedPlatform.memory_info = _counting
+
+
+def pytest_unconfigure(config):
+    (config.rootpath / "reads.txt").write_text(str(READS[0]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("options", "per_test"),
+    [
+        (["--accelplat-leak-check"], 2),
+        (["--accelplat-timeline=r.html", "--accelplat-timeline-hz=0.001"], 2),
+        (
+            [
+                "--accelplat-leak-check",
+                "--accelplat-timeline=r.html",
+                "--accelplat-timeline-hz=0.001",
+            ],
+            3,
+        ),
+    ],
+    ids=["leak check", "timeline", "both"],
+)
+def test_readings_per_test_with_the_leak_check_and_the_timeline(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, options: list[str], per_test: int
+) -> None:
+    """Each reads before and after a test; together they share the reading after it."""
+    write_spec(pytester, monkeypatch, devices=[{"total": "16GiB", "used": "1GiB"}] * 2)
+    pytester.makeconftest(READ_COUNTING_CONFTEST)
+    reads: dict[int, int] = {}
+    for tests in (1, 3):
+        body = "\n".join(f"def test_{i}():\n    pass\n" for i in range(tests))
+        pytester.makepyfile(test_some=body)
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", *_timeline_plugin(), "--accelplat-platform", "simulated",
+            *options,
+        )  # fmt: skip
+        result.assert_outcomes(passed=tests)
+        reads[tests] = int((pytester.path / "reads.txt").read_text())
+    devices = 2
+    assert reads[3] - reads[1] == 2 * per_test * devices
+
+
+MIXED_MARKS = """
+import pytest
+
+pytestmark = pytest.mark.accelplat_requires_devices(9)
+
+
+@pytest.mark.accelplat_requires_devices(5)
+@pytest.mark.accelplat_platforms("rocm")
+def test_mixed():
+    pass
+"""
+
+
+def test_unmet_marks_are_reported_by_kind_then_closest_first(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reasons follow the order of the marker kinds; within one kind the closest mark first."""
+    write_spec(pytester, monkeypatch, devices=[{"total": "16GiB", "used": "1GiB"}])
+    pytester.makepyfile(test_mixed=MIXED_MARKS)
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.assert_outcomes(skipped=1)
+    (line,) = skip_lines(result)
+    assert line.endswith(
+        "runs only on rocm; the current platform is simulated; "
+        "needs 5 devices, simulated has 1 visible; needs 9 devices, simulated has 1 visible"
+    ), line

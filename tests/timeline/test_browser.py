@@ -1,0 +1,311 @@
+"""The timeline report as a person sees it: rendered by a real headless Chromium.
+
+Skips when no Chromium is installed (Debian: ``apt-get install chromium``). The page is built
+from a scripted two-device session (a test double at the platform boundary): an engine start-up
+with lazy release, a settle wait, a tensor-parallel test, a test that leaks 6 GiB on device 0.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import zlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from accelplat._platform import BasePlatform
+from accelplat._types import GIB, DeviceInfo, MemoryInfo
+from accelplat.timeline import Recorder, Trace, write_report
+
+_BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def _browser() -> str | None:
+    override = os.environ.get("ACCELPLAT_TEST_CHROMIUM")
+    if override:
+        return override
+    for name in _BROWSERS:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+BROWSER = _browser()  # read at import: the root conftest clears ACCELPLAT_* around each test
+KEEP_SCREENSHOT = os.environ.get("ACCELPLAT_TIMELINE_SCREENSHOT")  # copy the screenshot here
+needs_browser = pytest.mark.skipif(
+    BROWSER is None,
+    reason="no Chromium found (install it, e.g. `apt-get install chromium`, to render the "
+    "timeline report in a real browser)",
+)
+
+# --------------------------------------------------------------------------------------------
+# a scripted session
+
+H200_TOTAL = 140 * GIB
+IDLE = GIB // 2
+
+
+class ScriptedGpu(BasePlatform):
+    """Two devices whose used memory follows a function of the (fake) time."""
+
+    name = "simulated"
+    device_type = "cuda"
+
+    def __init__(self, usage: Callable[[int, float], float], clock: Callable[[], float]) -> None:
+        self._usage = usage
+        self._clock = clock
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        return [DeviceInfo(i, i, "Simulated H200") for i in range(2)]
+
+    def _memory_info(self, device: int) -> MemoryInfo:
+        used = int(self._usage(device, self._clock()))
+        return MemoryInfo(free=H200_TOTAL - used, total=H200_TOTAL, used=used, source="script")
+
+
+def _ramp(t: float, t0: float, t1: float, lo: float, hi: float) -> float:
+    if t <= t0:
+        return lo
+    if t >= t1:
+        return hi
+    return lo + (hi - lo) * (t - t0) / (t1 - t0)
+
+
+def _usage(device: int, t: float) -> float:
+    used = float(IDLE)
+    if device == 0:  # engine start-up, tensor parallel 1: weights, then KV cache, lazy release
+        used += _ramp(t, 0.4, 1.8, 0, 16 * GIB) + _ramp(t, 2.0, 2.3, 0, 108 * GIB)
+        used -= _ramp(t, 5.2, 7.2, 0, 124 * GIB)
+    # tensor parallel 2 on both devices
+    used += _ramp(t, 7.8, 8.6, 0, 8 * GIB) + _ramp(t, 8.8, 9.0, 0, 100 * GIB)
+    used -= _ramp(t, 11.0, 11.3, 0, 108 * GIB)
+    if device == 0:  # a test that forgets a 6 GiB buffer
+        used += _ramp(t, 12.0, 12.4, 0, 6 * GIB)
+    used += 2 * GIB if 14.6 < t < 15.2 else 0  # a small op that frees what it takes
+    return used
+
+
+LEAKY = "tests/models/test_kv_cache.py::test_prefix_cache_reuse[tp2]"
+TESTS = (
+    ("tests/engine/test_startup.py::test_engine_starts[tp1]", 0.2, 5.4, "passed"),
+    ("tests/engine/test_generate.py::test_generate[tp2]", 5.6, 11.5, "passed"),
+    (LEAKY, 11.7, 14.0, "passed"),
+    ("tests/ops/test_small_ops.py::test_rms_norm", 14.4, 15.5, "passed"),
+    ("tests/ops/test_small_ops.py::test_rotary[fp8]", 15.6, 16.4, "failed"),
+)
+WAIT = (5.7, 7.25)  # the settle fixture of test_generate waits for the lazy release
+
+
+def build_demo_trace() -> Trace:
+    """Record the scripted session at 20 samples per second on a fake clock."""
+    now = [0.0]
+    gpu = ScriptedGpu(_usage, lambda: now[0])
+    rec = Recorder(gpu, hz=20, clock=lambda: now[0], wall_clock=lambda: 1_767_225_600.0)
+    events: list[tuple[float, int, Callable[[], None]]] = []
+    for nodeid, start, end, outcome in TESTS:
+        events.append((start, 0, lambda n=nodeid: rec.begin_test(n)))
+        body = WAIT[1] + 0.05 if nodeid == TESTS[1][0] else start + 0.1  # after the settle wait
+        events.append((body, 2, lambda n=nodeid: rec.begin_body(n)))
+        events.append((end, 2, lambda n=nodeid, o=outcome: rec.end_test(n, o)))
+    token: list[int] = []
+    events.append((WAIT[0], 1, lambda: token.append(rec.begin_wait("settle", [0, 1]))))
+    events.append((WAIT[1], 1, lambda: rec.end_wait(token[0])))
+    events.sort(key=lambda e: (e[0], e[1]))
+    rec.sampler.sample()
+    step = 0.05
+    for i in range(1, int(16.8 / step) + 1):
+        t = i * step
+        while events and events[0][0] <= t:
+            when, _, action = events.pop(0)
+            now[0] = when
+            action()
+        now[0] = t
+        rec.sampler.sample()
+    return rec.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# browser and image helpers
+
+
+def _run_browser(args: Sequence[str], profile: Path) -> subprocess.CompletedProcess[str]:
+    assert BROWSER is not None
+    cmd = [
+        BROWSER,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def _decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Return ``(width, height, rows of RGB bytes)`` of an 8-bit, non-interlaced PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat = 8, b""
+    width = height = channels = 0
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind = data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+        if kind == b"IHDR":
+            width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8, depth
+            assert interlace == 0
+            channels = {2: 3, 6: 4}[color]
+        elif kind == b"IDAT":
+            idat += body
+        elif kind == b"IEND":
+            break
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    rows: list[bytes] = []
+    prev = bytearray(stride)
+    for y in range(height):
+        filt = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for x in range(stride):
+            a = line[x - channels] if x >= channels else 0
+            b = prev[x]
+            c = prev[x - channels] if x >= channels else 0
+            if filt == 1:
+                line[x] = (line[x] + a) & 0xFF
+            elif filt == 2:
+                line[x] = (line[x] + b) & 0xFF
+            elif filt == 3:
+                line[x] = (line[x] + (a + b) // 2) & 0xFF
+            elif filt == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                pred = a if pa <= pb and pa <= pc else b if pb <= pc else c
+                line[x] = (line[x] + pred) & 0xFF
+        prev = line
+        rgb = bytes(v for i, v in enumerate(line) if channels == 3 or i % 4 != 3)
+        rows.append(rgb)
+    return width, height, rows
+
+
+def _histogram(rows: list[bytes]) -> Counter[bytes]:
+    """Count the pixels of each colour (3-byte RGB keys)."""
+    hist: Counter[bytes] = Counter()
+    for row in rows:
+        hist.update(row[i : i + 3] for i in range(0, len(row), 3))
+    return hist
+
+
+def _count_colour(hist: Counter[bytes], rgb: tuple[int, int, int], tol: int = 12) -> int:
+    return sum(
+        n for colour, n in hist.items() if all(abs(colour[k] - rgb[k]) <= tol for k in range(3))
+    )
+
+
+class _Dom(HTMLParser):
+    """Collects elements by class and the text of table rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.classes: dict[str, list[dict[str, str]]] = {}
+        self.rows: list[tuple[str, str]] = []  # (row class, text)
+        self._row: tuple[str, list[str]] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        for cls in a.get("class", "").split():
+            self.classes.setdefault(cls, []).append(a)
+        if tag == "tr":
+            self._row = (a.get("class", ""), [])
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "tr" and self._row is not None:
+            self.rows.append((self._row[0], " ".join(self._row[1]).strip()))
+            self._row = None
+
+    def handle_data(self, data: str) -> None:
+        if self._row is not None and data.strip():
+            self._row[1].append(data.strip())
+
+
+# --------------------------------------------------------------------------------------------
+# the tests
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("report") / "timeline.html"
+    return write_report(build_demo_trace(), path, title="Device memory timeline")
+
+
+def test_demo_trace_has_the_planted_leak() -> None:
+    trace = build_demo_trace()
+    leaks = trace.leaks()
+    assert [(leak.nodeid, leak.device) for leak in leaks] == [(LEAKY, 0)]
+    assert leaks[0].leaked == 6 * GIB
+    (wait,) = trace.waits
+    assert wait.test == TESTS[1][0]
+
+
+@needs_browser
+def test_browser_dom_lists_tests_and_highlights_the_leak(report: Path, tmp_path: Path) -> None:
+    done = _run_browser(["--dump-dom", report.as_uri()], tmp_path / "profile")
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = _Dom()
+    dom.feed(done.stdout)
+    assert len(dom.classes.get("fit-scale", [])) == 2  # one chart per device (fitted axis)
+    assert len(dom.classes.get("full-scale", [])) == 2  # and one at full scale, hidden
+    assert len(dom.classes.get("used", [])) == 4  # with a drawn memory line each
+    peaks = [a["data-peak"] for a in dom.classes.get("peak", []) if "data-peak" in a]
+    assert peaks == [str(124 * GIB + IDLE), str(108 * GIB + IDLE)]  # named per device
+    labels = {a["data-nodeid"] for a in dom.classes.get("lane-label", [])}
+    assert {TESTS[0][0], TESTS[1][0], LEAKY} <= labels  # the long tests carry their names
+    leak_rows = [text for cls, text in dom.rows if cls == "leak"]
+    # the leak table row and the test table row of the leaking test, and nothing else
+    assert len(leak_rows) == 2
+    assert all(LEAKY in text for text in leak_rows)
+    assert any("+6.00 GiB" in text for text in leak_rows)
+    listed = " ".join(text for _, text in dom.rows)
+    for nodeid, *_ in TESTS:
+        assert nodeid in listed
+    leaked_bands = [a["data-nodeid"] for a in dom.classes.get("leaked", [])]
+    assert leaked_bands == [LEAKY, LEAKY]  # on the device it leaked on only, at both scales
+    wait_rows = [text for cls, text in dom.rows if cls == "wait"]
+    assert len(wait_rows) == 1
+    assert "1.55 s" in wait_rows[0]
+    assert TESTS[1][0] in wait_rows[0]
+
+
+@needs_browser
+def test_browser_screenshot_shows_chart_and_leak(report: Path, tmp_path: Path) -> None:
+    shot = tmp_path / "timeline.png"
+    done = _run_browser(
+        [f"--screenshot={shot}", "--window-size=1400,1000", report.as_uri()], tmp_path / "profile"
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    width, height, rows = _decode_png(shot.read_bytes())
+    assert (width, height) == (1400, 1000)
+    hist = _histogram(rows)
+    line = _count_colour(hist, (0x1F, 0x77, 0xB4))  # device 0's memory line
+    leak = _count_colour(hist, (0xD6, 0x27, 0x28))  # the leaking test's lane and marker
+    wait = _count_colour(hist, (0xFF, 0x7F, 0x0E))  # the settle wait
+    white = _count_colour(hist, (0xFF, 0xFF, 0xFF), tol=2)
+    assert line > 300, line
+    assert leak > 1000, leak  # far more than the legend's swatch (180 pixels)
+    assert wait > 100, wait
+    assert white < width * height * 0.9  # something was drawn
+    if KEEP_SCREENSHOT:
+        shutil.copyfile(shot, KEEP_SCREENSHOT)
