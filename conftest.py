@@ -29,12 +29,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
     Run as ``PYTHONPATH=. python -m pytest`` (as on a GPU machine with no package index), the
     ``pytest11`` entry points are absent, so the plugin is not loaded and ``--strict-markers``
-    would refuse a module that declares ``accelplat_requires_devices`` at import. The marker
-    lines come from the plugin's own table; without the plugin those marks do nothing.
+    would refuse a module that declares ``accelplat_requires`` at import. The marker line comes
+    from the plugin itself; without the plugin those marks do nothing.
     """
     if config.pluginmanager.has_plugin("accelplat"):
         return
-    from accelplat.pytest_plugin import MARKERS
+    from accelplat.pytest_plugin._requires import MARKER
 
-    for line in MARKERS.values():
-        config.addinivalue_line("markers", line)
+    config.addinivalue_line("markers", MARKER)

@@ -65,7 +65,7 @@ run() {
     env HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
       VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=1 \
       PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" \
-      "$PY" -m pytest -p no:cacheprovider -p no:accelplat -p no:accelplat_timeline \
+      "$PY" -m pytest -p no:cacheprovider -p no:accelplat \
       -q -rs --junitxml="$WORK/$tree.xml" "${TESTS[@]}" >"$WORK/$tree.log" 2>&1
   ) || true
   echo "vllm-suite: $tree run: $(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|xfailed|error)' "$WORK/$tree.log" | tail -n 1)"

@@ -1,42 +1,20 @@
 """The vendor boundary: the one place where a capture records, and a replay answers, the host.
 
 Everything accelplat learns about a machine crosses one of a few seams: a vendor Python module
-(``pynvml``, ``amdsmi``), a vendor shared library driven through ctypes (the Level Zero loader),
-a host file (sysfs, procfs, cgroup), an installed distribution's version, a process's identity.
-Each seam asks this module first. Normally nothing is installed and the seam does the live work
-itself at the cost of one global read. While :mod:`accelplat.replay` records a host (``accelplat
-capture``) or replays one (``ACCELPLAT_REPLAY``, ``accelplat info --replay``), an
-:class:`Interceptor` is installed here and the seams hand it their question together with the
-live way of answering it; the backends above run unchanged, so a replayed host goes through the
-same code paths as a live one.
-
-``ACCELPLAT_REPLAY=bundle.tar.gz`` is honoured on the first question any seam asks (and at the
-start of detection): :mod:`accelplat.replay` is then imported by name and installs the replay.
-
-Side effects: none at import; no vendor library, no framework.
+(``pynvml``, ``amdsmi``), a vendor library driven through ctypes (the Level Zero loader), a host
+file, an installed distribution's version, a process's identity. Each seam asks this module
+first. Normally nothing is installed and the seam answers live at the cost of one global read.
+While :mod:`accelplat.replay` records or replays a host, an :class:`Interceptor` installed here
+gets each question together with the live way of answering it; the backends above run
+unchanged, so a replayed host goes through the same code paths as a live one.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol, TypeVar
-
-__all__ = [
-    "ENV_REPLAY",
-    "Interceptor",
-    "Loaded",
-    "active",
-    "call",
-    "install",
-    "uninstall",
-    "vendor",
-]
-
-ENV_REPLAY = "ACCELPLAT_REPLAY"
-"""Variable naming a capture bundle that this process answers from instead of the host."""
 
 T = TypeVar("T")
 
@@ -65,8 +43,7 @@ class Interceptor(Protocol):
         """Return the vendor module or library to use, loading it as the seam would.
 
         Args:
-            channel: ``"nvml"``, ``"amdsmi"`` (Python modules) or ``"levelzero"`` (a ctypes
-                library).
+            channel: ``"nvml"``, ``"amdsmi"`` (Python modules) or ``"levelzero"`` (ctypes).
             live: Loads the real one; returns ``(object, "", "")`` or, when it cannot be
                 used, ``(None, reason, vendor_error_name)``. Never raises.
 
@@ -78,7 +55,24 @@ class Interceptor(Protocol):
 
 _lock = threading.Lock()
 _active: Interceptor | None = None
-_env_checked = False
+_on_reset: list[Callable[[], None]] = []
+
+
+def on_reset(forget: Callable[[], None]) -> Callable[[], None]:
+    """Call ``forget`` each time an interceptor is installed or removed.
+
+    A module that caches what the host answered (a vendor session, the detected platform)
+    registers the function that drops the cache, as with :func:`os.register_at_fork`, so the
+    next question crosses the boundary again.
+
+    Args:
+        forget: Takes no argument; must not raise.
+
+    Returns:
+        ``forget`` (usable as a decorator).
+    """
+    _on_reset.append(forget)
+    return forget
 
 
 def install(interceptor: Interceptor | None) -> Interceptor | None:
@@ -91,46 +85,19 @@ def install(interceptor: Interceptor | None) -> Interceptor | None:
         The interceptor installed before.
 
     Side effects:
-        Every seam consults the new interceptor from its next question on. Also marks
-        ``ACCELPLAT_REPLAY`` as handled, so the variable is not applied on top.
+        Every seam consults the new interceptor from its next question on; every function
+        registered with :func:`on_reset` is called.
     """
-    global _active, _env_checked
+    global _active
     with _lock:
-        previous = _active
-        _active = interceptor
-        _env_checked = True
+        previous, _active = _active, interceptor
+    for forget in tuple(_on_reset):
+        forget()
     return previous
 
 
-def uninstall() -> None:
-    """Remove any interceptor: the seams answer live again."""
-    install(None)
-
-
 def active() -> Interceptor | None:
-    """Return the installed interceptor, applying ``ACCELPLAT_REPLAY`` on the first call.
-
-    Returns:
-        The interceptor, or ``None`` when the host answers live.
-
-    Raises:
-        accelplat.errors.BundleError: When ``ACCELPLAT_REPLAY`` names a bundle that cannot be
-            loaded (missing, malformed, a future format).
-    """
-    global _env_checked
-    current = _active
-    if current is not None or _env_checked:
-        return current
-    with _lock:
-        if _env_checked:
-            return _active
-        path = os.environ.get(ENV_REPLAY, "").strip()
-        if not path:
-            _env_checked = True
-            return None
-    # Imported by name: the replay machinery sits above every seam that calls this.
-    replay = importlib.import_module("accelplat.replay")
-    replay.activate(path)
+    """Return the installed interceptor, or ``None`` when the host answers live."""
     return _active
 
 
@@ -145,7 +112,7 @@ def call(channel: str, key: tuple[Hashable, ...], live: Callable[[], T]) -> T:
     Returns:
         The live answer, or the recorded one while replaying.
     """
-    interceptor = active()
+    interceptor = _active
     if interceptor is None:
         return live()
     result: T = interceptor.call(channel, key, live)
@@ -162,7 +129,7 @@ def vendor(channel: str, live: Callable[[], Loaded]) -> Loaded:
     Returns:
         ``(object, reason, vendor_error)``; the object is ``None`` when it cannot be used.
     """
-    interceptor = active()
+    interceptor = _active
     if interceptor is None:
         return live()
     return interceptor.vendor(channel, live)

@@ -1,62 +1,34 @@
 """Capabilities: what a device can do, decided in one place from its identity facts.
 
-A test suite asks "can this machine run fp8 kernels?" far more often than it asks "is this
-ROCm?". This module answers the first question from facts, so tests can state what they *need*:
-
-* **Facts** come from the backend, read without a device context: the platform's name and torch
-  device type, and per device :attr:`~accelplat._types.DeviceInfo.arch` and
-  :attr:`~accelplat._types.DeviceInfo.compute_capability`.
-* **Built-in capabilities** (:data:`BUILTIN`: ``bf16``, ``fp8`` with its format, ``fp4``,
-  ``mxfp4``, ``graphs`` with its API, ``cuda-api``, ``accelerator``) are decided here by one
-  evaluator from those facts and each backend's *data*: a backend class lists, per capability,
-  the :class:`~accelplat._types.FeatureRule` s under which it is available (``FEATURES``). No
-  platform is named in this module.
-* **Project capabilities** are data too: ``[tool.accelplat.capabilities]`` in ``pyproject.toml``
-  or :func:`define_capability` in a ``conftest.py``, as conditions on platform, arch, compute
-  capability, other capabilities and installed package versions. A callable is the escape
-  hatch. An unknown name anywhere is a :class:`~accelplat.errors.ConfigurationError`.
-
-Every :class:`Capability` carries a reason naming the fact it was decided from, e.g.
-``"needs sm_89+; this is NVIDIA A100-SXM4-80GB (sm_80)"``.
-
-Side effects: none at import; imports no framework and creates no device context.
+Built-ins (:data:`BUILTIN`) are decided by one evaluator from the device's facts
+(:class:`~accelplat._types.DeviceInfo` ``arch`` and ``compute_capability``) and each backend's
+``FEATURES`` rules (data, see :class:`~accelplat._types.FeatureRule`); project capabilities come
+from ``[tool.accelplat.capabilities]`` in ``pyproject.toml`` or :func:`define_capability`. Every
+:class:`Capability` carries a reason naming the fact, e.g. ``"needs sm_89+; this is NVIDIA
+A100-SXM4-80GB (sm_80)"``. See ``docs/capabilities.md``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import graphlib
 import inspect
 import re
 import sys
 import threading
-import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from accelplat._platform import optional
 from accelplat._types import DeviceInfo, FeatureRule
-from accelplat._vendor.graphs import distribution_version
+from accelplat._validate import NAME_RE, device_index
+from accelplat._vendor.versions import distribution_version, satisfies
 from accelplat.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from accelplat._platform import Platform
-
-__all__ = [
-    "BUILTIN",
-    "Capability",
-    "ProjectCapability",
-    "capabilities",
-    "clear_project_capabilities",
-    "define_capability",
-    "generation",
-    "has",
-    "known_names",
-    "load_pyproject",
-    "parse_arch_pattern",
-    "project_capabilities",
-    "table_lines",
-    "validate",
-]
 
 
 @dataclass(frozen=True)
@@ -90,45 +62,42 @@ BUILTIN: dict[str, str] = {
 }
 """The built-in capability names and what each means."""
 
+_TORCH_NAMESPACES = {"cuda-api": "cuda"}
+"""Built-ins that ask for a torch device type: the platform's declared type must equal it."""
+
 # --------------------------------------------------------------------------------------------
-# arch patterns
+# arch patterns: one grammar for backend rules and project tables
 
 _SM_RE = re.compile(r"^sm_(\d{2,3})(\+?)$")
-_GFX_RE = re.compile(r"^gfx(\d{1,2})([0-9a-f])([0-9a-f])(\+?)$")
-_GFX_FAMILY_RE = re.compile(r"^gfx(\d{1,2})([0-9a-f]?)\*$")
-_MAX_SM_MAJOR = 15
-"""Highest compute-capability major accepted in a pattern (12 is Blackwell, in 2025)."""
+_GFX_RE = re.compile(r"^gfx\d{1,2}[0-9a-f]{2}$")
+_GFX_FAMILY_RE = re.compile(r"^gfx\d{1,2}[0-9a-f]?\*$")
+_MAX_SM_MAJOR = 15  # 12 is Blackwell (2025); higher is a typo
 _KNOWN_OTHER_ARCHS = frozenset(
-    {
-        "pvc",
-        "dg2",
-        "bmg",
-        "lnl",
-        "mtl",
-        "arl",
-        "x86_64",
-        "x86-64-v2",
-        "x86-64-v3",
-        "x86-64-v4",
-        "aarch64",
-        "arm64",
-        "ppc64le",
-        "s390x",
-        "riscv64",
-    }
+    {"pvc", "dg2", "bmg", "lnl", "mtl", "arl"}  # Intel GPUs (Level Zero device ids)
+    | {"x86_64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "aarch64", "arm64", "ppc64le", "s390x"}
+    | {"riscv64"}
 )
 
 
-@dataclass(frozen=True)
-class _ArchPattern:
-    text: str
-    min_cc: tuple[int, int] | None = None  # sm_80+
-    exact: str | None = None  # sm_90, gfx942, pvc
-    prefix: str | None = None  # gfx9*
+def _sm(digits: str) -> tuple[int, int]:
+    return int(digits[:-1]), int(digits[-1])
 
 
-def parse_arch_pattern(text: object, *, where: str = "arch") -> _ArchPattern:
-    """Check and parse one arch pattern of a project capability.
+def _arch_matches(pattern: str, info: DeviceInfo) -> bool:
+    """The one arch grammar: ``sm_80+`` (that or newer), ``gfx9*`` (a family), else exact."""
+    pattern = pattern.lower()
+    m = _SM_RE.match(pattern)
+    if m and m.group(2):
+        cc = info.compute_capability
+        return cc is not None and cc >= _sm(m.group(1))
+    arch = (info.arch or "").lower()
+    if pattern.endswith("*"):
+        return arch.startswith(pattern[:-1])
+    return arch == pattern
+
+
+def parse_arch_pattern(text: object, *, where: str = "arch") -> str:
+    """Check one arch pattern of a project capability and return it normalised.
 
     Accepted: ``"sm_90"`` (exactly), ``"sm_80+"`` (compute capability 8.0 or newer),
     ``"gfx942"``, ``"gfx9*"``/``"gfx94*"`` (a family), an Intel architecture (``"pvc"``,
@@ -139,7 +108,7 @@ def parse_arch_pattern(text: object, *, where: str = "arch") -> _ArchPattern:
         where: Names the entry in error messages.
 
     Returns:
-        The parsed pattern.
+        The pattern, stripped and lower-cased.
 
     Raises:
         ConfigurationError: For anything else, including impossible values (``"sm_999"``,
@@ -150,42 +119,29 @@ def parse_arch_pattern(text: object, *, where: str = "arch") -> _ArchPattern:
     t = text.strip().lower()
     m = _SM_RE.match(t)
     if m:
-        digits = m.group(1)
-        major, minor = int(digits[:-1]), int(digits[-1])
+        major, minor = _sm(m.group(1))
         if not 1 <= major <= _MAX_SM_MAJOR:
             raise ConfigurationError(
                 f"{where}: {text!r} is no NVIDIA architecture (compute capability "
                 f"{major}.{minor}; majors run from 1 to {_MAX_SM_MAJOR})"
             )
-        if m.group(2):
-            return _ArchPattern(t, min_cc=(major, minor))
-        return _ArchPattern(t, exact=t)
-    m = _GFX_RE.match(t)
-    if m and not m.group(4):
-        return _ArchPattern(t, exact=t)
-    if _GFX_FAMILY_RE.match(t):
-        return _ArchPattern(t, prefix=t[:-1])
-    if t in _KNOWN_OTHER_ARCHS:
-        return _ArchPattern(t, exact=t)
+        return t
+    if _GFX_RE.match(t) or _GFX_FAMILY_RE.match(t) or t in _KNOWN_OTHER_ARCHS:
+        return t
     raise ConfigurationError(
         f"{where}: unknown arch {text!r}; use sm_XY or sm_XY+ (NVIDIA), gfxNNN or gfxN* (AMD), "
         f"or one of {', '.join(sorted(_KNOWN_OTHER_ARCHS))}"
     )
 
 
-def _arch_matches(pattern: _ArchPattern, info: DeviceInfo) -> bool:
-    if pattern.min_cc is not None:
-        return info.compute_capability is not None and info.compute_capability >= pattern.min_cc
-    arch = (info.arch or "").lower()
-    if pattern.prefix is not None:
-        return arch.startswith(pattern.prefix)
-    return arch == pattern.exact
-
-
-def _describe(info: DeviceInfo | None) -> str:
+def _this(info: DeviceInfo | None) -> str:
     if info is None:
         return "no device is visible"
-    return f"this is {info.name} ({info.arch or 'architecture unknown'})"
+    return f"this is {_named(info)}"
+
+
+def _named(info: DeviceInfo) -> str:
+    return f"{info.name} ({info.arch or 'architecture unknown'})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -193,15 +149,10 @@ def _describe(info: DeviceInfo | None) -> str:
 
 
 def _rule_matches(rule: FeatureRule, info: DeviceInfo) -> bool:
-    if rule.min_compute_capability is not None:
-        cc = info.compute_capability
-        if cc is None or cc < rule.min_compute_capability:
-            return False
-    if rule.archs:
-        arch = (info.arch or "").lower()
-        if not any(arch.startswith(a[:-1]) if a.endswith("*") else arch == a for a in rule.archs):
-            return False
-    return True
+    cc = info.compute_capability
+    if rule.min_compute_capability is not None and (cc is None or cc < rule.min_compute_capability):
+        return False
+    return not rule.archs or any(_arch_matches(a, info) for a in rule.archs)
 
 
 def _rule_need(rule: FeatureRule) -> str:
@@ -224,38 +175,29 @@ def _from_rules(
     for rule in rules:
         if _rule_matches(rule, info):
             how = f" ({rule.note})" if rule.note else ""
-            fact = f"{info.name} ({info.arch or 'architecture unknown'})"
-            return Capability(True, f"{fact} has {name}{how}", rule.value)
+            return Capability(True, f"{_named(info)} has {name}{how}", rule.value)
     needs = "; or ".join(_rule_need(r) + (f" ({r.value})" if r.value else "") for r in rules)
-    return Capability(False, f"needs {needs}; {_describe(info)}")
-
-
-def _features(platform: Platform) -> Mapping[str, Sequence[FeatureRule]]:
-    table = getattr(type(platform), "FEATURES", None)
-    if table is None:
-        table = getattr(platform, "FEATURES", None)
-    return table if isinstance(table, Mapping) else {}
+    return Capability(False, f"needs {needs}; {_this(info)}")
 
 
 def _builtin(platform: Platform, info: DeviceInfo | None) -> dict[str, Capability]:
-    features = _features(platform)
-    out: dict[str, Capability] = {}
-    for name in ("bf16", "fp8", "fp4", "mxfp4"):
-        out[name] = _from_rules(name, platform, info, tuple(features.get(name, ())))
+    features = optional(platform, "FEATURES")
+    if not isinstance(features, Mapping):
+        features = {}
+    out = {
+        name: _from_rules(name, platform, info, tuple(features.get(name, ())))
+        for name in ("bf16", "fp8", "fp4", "mxfp4")
+    }
     graph = platform.graph
     out["graphs"] = Capability(
         graph.available, graph.reason, graph.api if graph.available else None
     )
     device_type = platform.device_type
-    if device_type == "cuda":
-        out["cuda-api"] = Capability(
-            True, f"the {platform.name} platform's torch device type is 'cuda'", "torch.cuda"
-        )
-    else:
-        out["cuda-api"] = Capability(
-            False, f"the {platform.name} platform's torch device type is {device_type!r}"
-        )
-    if device_type == "cpu":
+    says = f"the {platform.name} platform's torch device type is {device_type!r}"
+    for name, wanted in _TORCH_NAMESPACES.items():
+        ok = device_type == wanted
+        out[name] = Capability(ok, says, f"torch.{wanted}" if ok else None)
+    if optional(platform, "is_accelerator") is False:
         out["accelerator"] = Capability(False, f"the {platform.name} platform is the host CPU")
     elif info is None:
         out["accelerator"] = Capability(False, f"{platform.name} has no visible device")
@@ -267,51 +209,39 @@ def _builtin(platform: Platform, info: DeviceInfo | None) -> dict[str, Capabilit
 # --------------------------------------------------------------------------------------------
 # project capabilities
 
-
 _PYPROJECT_LIMIT = 1024**2
 """Largest ``pyproject.toml`` (or table file) read, in bytes."""
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
-_SPEC_RE = re.compile(r"^\s*(>=|<=|==|!=|>|<)?\s*(\d+(?:\.\d+)*)\s*$")
 _CONDITION_KEYS = frozenset(
     {"platforms", "arch", "min_compute_capability", "requires", "packages", "reason"}
 )
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-    nums = []
-    for part in re.split(r"[.+-]", text):
-        m = re.match(r"\d+", part)
-        if m is None:
-            break
-        nums.append(int(m.group()))
-    return tuple(nums)
-
-
-def _compare(installed: tuple[int, ...], op: str, wanted: tuple[int, ...]) -> bool:
-    width = max(len(installed), len(wanted))
-    a = installed + (0,) * (width - len(installed))
-    b = wanted + (0,) * (width - len(wanted))
-    return {
-        ">=": a >= b,
-        "<=": a <= b,
-        "==": a == b,
-        "!=": a != b,
-        ">": a > b,
-        "<": a < b,
-    }[op]
-
-
 @dataclass(frozen=True)
 class _PackageNeed:
     name: str
-    clauses: tuple[tuple[str, tuple[int, ...]], ...]
+    specifier: str
     text: str
+
+
+def _specifier(name: str, spec: str, where: str) -> str:
+    from packaging.specifiers import InvalidSpecifier, Specifier
+
+    clauses = []
+    for clause in (c.strip() for c in spec.split(",") if c.strip()):
+        try:  # a bare version means ==, as it always has here
+            clauses.append(str(Specifier("==" + clause if clause[0].isdigit() else clause)))
+        except InvalidSpecifier:
+            raise ConfigurationError(
+                f"{where}: package {name!r}: malformed version condition {clause!r} "
+                "(use >=, <=, ==, !=, >, <, ~= and a PEP 440 version)"
+            ) from None
+    return ",".join(clauses)
 
 
 def _parse_packages(value: object, where: str) -> tuple[_PackageNeed, ...]:
     if isinstance(value, (list, tuple)):
-        items: dict[str, object] = {}
+        items: dict[object, object] = {}
         for entry in value:
             if not isinstance(entry, str):
                 raise ConfigurationError(f"{where}: packages entries must be strings")
@@ -329,16 +259,7 @@ def _parse_packages(value: object, where: str) -> tuple[_PackageNeed, ...]:
     for name, spec in items.items():
         if not isinstance(name, str) or not isinstance(spec, str):
             raise ConfigurationError(f"{where}: package {name!r} needs a version string")
-        clauses = []
-        for clause in (c for c in spec.split(",") if c.strip()):
-            m = _SPEC_RE.match(clause)
-            if m is None:
-                raise ConfigurationError(
-                    f"{where}: package {name!r}: malformed version condition {clause.strip()!r} "
-                    "(use >=, <=, ==, !=, >, < and a numeric version)"
-                )
-            clauses.append((m.group(1) or "==", _version_tuple(m.group(2))))
-        needs.append(_PackageNeed(name, tuple(clauses), f"{name}{spec.strip()}"))
+        needs.append(_PackageNeed(name, _specifier(name, spec, where), f"{name}{spec.strip()}"))
     return tuple(needs)
 
 
@@ -365,36 +286,24 @@ def _str_list(value: object, key: str, where: str) -> tuple[str, ...]:
         value = [value]
     if not isinstance(value, (list, tuple)) or not value:
         raise ConfigurationError(f"{where}: {key} must be a non-empty list of strings")
-    out = []
-    for v in value:
-        if not isinstance(v, str) or not v.strip():
-            raise ConfigurationError(f"{where}: {key} entries must be non-empty strings")
-        out.append(v.strip().lower())
-    return tuple(out)
+    if not all(isinstance(v, str) and v.strip() for v in value):
+        raise ConfigurationError(f"{where}: {key} entries must be non-empty strings")
+    return tuple(v.strip().lower() for v in value)
 
 
 @dataclass(frozen=True)
 class ProjectCapability:
     """A capability a project defines, as conditions that must all hold.
 
-    Attributes:
-        name: Its name (lower case; letters, digits, ``-``, ``_``, ``.``).
-        source: Where it was defined (``"pyproject.toml: [tool.accelplat.capabilities]
-            flash-attn"`` or ``"conftest.py:12"``), for error messages.
-        platforms: Platform names it is limited to; empty for any.
-        arch: Arch patterns (see :func:`parse_arch_pattern`); empty for any.
-        min_compute_capability: Lowest NVIDIA compute capability, or ``None``.
-        requires: Other capabilities (built-in or project) that must be available.
-        packages: Installed distributions and version conditions.
-        check: Escape hatch: ``check(platform, device_info) -> bool | str`` (``True`` or an empty
-            string when met, ``False`` or a reason when not).
-        reason: A sentence added to the reason when unavailable.
+    The fields are :func:`define_capability`'s arguments (empty or ``None``: no condition),
+    parsed, plus ``source``: where it was defined (``"conftest.py:12"``, ``"pyproject.toml:
+    [tool.accelplat.capabilities] flash-attn"``), for error messages.
     """
 
     name: str
     source: str
     platforms: tuple[str, ...] = ()
-    arch: tuple[_ArchPattern, ...] = ()
+    arch: tuple[str, ...] = ()
     min_compute_capability: tuple[int, int] | None = None
     requires: tuple[str, ...] = ()
     packages: tuple[_PackageNeed, ...] = ()
@@ -409,9 +318,10 @@ _generation = 0
 
 def _build(name: object, conditions: Mapping[str, object], source: str) -> ProjectCapability:
     where = f"{source}: capability {name!r}"
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.match(name):
         raise ConfigurationError(
-            f"{where}: a capability name is lower case letters, digits, '-', '_', '.'"
+            f"{where}: a capability name is lower case letters, digits, '-', '_', '.' "
+            "(at most 64 characters)"
         )
     if name in BUILTIN:
         raise ConfigurationError(f"{where}: {name!r} is a built-in capability")
@@ -421,29 +331,31 @@ def _build(name: object, conditions: Mapping[str, object], source: str) -> Proje
             f"{where}: unknown condition(s) {', '.join(unknown)}; known: "
             f"{', '.join(sorted(_CONDITION_KEYS))}"
         )
-    platforms = (
-        _str_list(conditions["platforms"], "platforms", where) if "platforms" in conditions else ()
-    )
-    raw_arch = _str_list(conditions["arch"], "arch", where) if "arch" in conditions else ()
-    arch = tuple(parse_arch_pattern(a, where=where) for a in raw_arch)
-    cc = (
-        _parse_cc(conditions["min_compute_capability"], where)
-        if "min_compute_capability" in conditions
-        else None
-    )
-    requires = (
-        _str_list(conditions["requires"], "requires", where) if "requires" in conditions else ()
-    )
+
+    def strings(key: str) -> tuple[str, ...]:
+        return _str_list(conditions[key], key, where) if key in conditions else ()
+
+    cc = conditions.get("min_compute_capability")
+    requires = strings("requires")
     if name in requires:
         raise ConfigurationError(f"{where}: a capability cannot require itself")
-    packages = _parse_packages(conditions["packages"], where) if "packages" in conditions else ()
     reason = conditions.get("reason", "")
     if not isinstance(reason, str):
         raise ConfigurationError(f"{where}: reason must be a string")
-    return ProjectCapability(name, source, platforms, arch, cc, requires, packages, None, reason)
+    return ProjectCapability(
+        name,
+        source,
+        platforms=strings("platforms"),
+        arch=tuple(parse_arch_pattern(a, where=where) for a in strings("arch")),
+        min_compute_capability=None if cc is None else _parse_cc(cc, where),
+        requires=requires,
+        packages=_parse_packages(conditions["packages"], where) if "packages" in conditions else (),
+        reason=reason,
+    )
 
 
 def _register(capability: ProjectCapability) -> None:
+    global _generation
     with _lock:
         old = _project.get(capability.name)
         if old is not None and old.source != capability.source:
@@ -452,7 +364,6 @@ def _register(capability: ProjectCapability) -> None:
                 f"{old.source}"
             )
         _project[capability.name] = capability
-        global _generation
         _generation += 1
 
 
@@ -469,17 +380,13 @@ def define_capability(
 ) -> ProjectCapability:
     """Define a project capability, typically in a ``conftest.py``.
 
-    Example:
-        ``define_capability("flash-attn", platforms=["cuda"], arch=["sm_80+"],
-        packages={"flash-attn": ">=2.5"})``
-
     Args:
         name: The capability's name, used by ``accelplat_requires`` and :func:`has`.
         platforms: Platform names it is limited to.
         arch: Arch patterns (``"sm_80+"``, ``"gfx942"``, ``"gfx9*"``, ``"pvc"`` …).
         min_compute_capability: Lowest NVIDIA compute capability (``"8.9"``).
         requires: Other capabilities that must be available.
-        packages: Distributions that must be installed, with version conditions
+        packages: Distributions that must be installed, with PEP 440 version conditions
             (``{"flash-attn": ">=2.5"}`` or ``["flash-attn>=2.5"]``).
         check: Escape hatch, ``check(platform, device_info) -> bool | str``; a string is the
             reason it is unavailable (an empty string means available).
@@ -492,23 +399,25 @@ def define_capability(
         ConfigurationError: For a malformed name or condition, an impossible arch, or a name
             already defined elsewhere; the message names the caller's file and line.
     """
-    frame = inspect.stack()[1]
+    frame = inspect.stack(context=0)[1]
     source = f"{Path(frame.filename).name}:{frame.lineno}"
-    conditions: dict[str, object] = {"reason": reason}
-    for key, value in (
-        ("platforms", platforms),
-        ("arch", arch),
-        ("min_compute_capability", min_compute_capability),
-        ("requires", requires),
-        ("packages", packages),
-    ):
-        if value is not None:
-            conditions[key] = value if isinstance(value, (str, Mapping)) else list(value)
-    capability = _build(name, conditions, source)
+    given = {
+        "platforms": platforms,
+        "arch": arch,
+        "min_compute_capability": min_compute_capability,
+        "requires": requires,
+        "packages": packages,
+    }
+    conditions: dict[str, object] = {
+        key: value if isinstance(value, (str, Mapping)) else list(value)
+        for key, value in given.items()
+        if value is not None
+    }
+    capability = _build(name, {**conditions, "reason": reason}, source)
     if check is not None:
         if not callable(check):
             raise ConfigurationError(f"{source}: capability {name!r}: check must be callable")
-        capability = ProjectCapability(**{**capability.__dict__, "check": check})
+        capability = dataclasses.replace(capability, check=check)
     _register(capability)
     return capability
 
@@ -516,11 +425,8 @@ def define_capability(
 def load_pyproject(path: str | Path) -> list[ProjectCapability]:
     """Register the capabilities of a ``pyproject.toml``'s ``[tool.accelplat.capabilities]``.
 
-    Each entry is a table of conditions::
-
-        [tool.accelplat.capabilities]
-        flash-attn = { platforms = ["cuda"], arch = ["sm_80+"] }
-        aiter = { platforms = ["rocm"], arch = ["gfx942", "gfx950"], packages = ["aiter"] }
+    Each entry is a table of conditions (``flash-attn = { platforms = ["cuda"], arch =
+    ["sm_80+"] }``); the file is untrusted input, checked entry by entry.
 
     Args:
         path: The file; one without the table registers nothing.
@@ -593,6 +499,10 @@ def known_names() -> list[str]:
     return sorted(BUILTIN) + sorted(project_capabilities())
 
 
+def _unknown(name: str) -> ConfigurationError:
+    return ConfigurationError(f"unknown capability {name!r} (known: {', '.join(known_names())})")
+
+
 def validate() -> None:
     """Check that every ``requires`` names a known capability and that none forms a cycle.
 
@@ -608,26 +518,19 @@ def validate() -> None:
                     f"{', '.join(known_names())})"
                 )
 
-    def visit(name: str, path: tuple[str, ...]) -> None:
-        cap = table.get(name)
-        if cap is None:
-            return
-        for other in cap.requires:
-            if other in path:
-                raise ConfigurationError(
-                    f"{cap.source}: requirement cycle {' -> '.join((*path, other))}"
-                )
-            visit(other, (*path, other))
-
-    for name in table:
-        visit(name, (name,))
+    try:
+        graphlib.TopologicalSorter({n: c.requires for n, c in table.items()}).prepare()
+    except graphlib.CycleError as exc:
+        cycle = [str(n) for n in exc.args[1]][::-1]  # graphlib lists it against the arrows
+        raise ConfigurationError(
+            f"{table[cycle[0]].source}: requirement cycle {' -> '.join(cycle)}"
+        ) from None
 
 
 def _evaluate_project(
     cap: ProjectCapability,
     platform: Platform,
     info: DeviceInfo | None,
-    decided: Mapping[str, Capability],
     resolve: Callable[[str], Capability],
 ) -> Capability:
     unmet: list[str] = []
@@ -637,20 +540,18 @@ def _evaluate_project(
         cc = info.compute_capability if info is not None else None
         if cc is None or cc < cap.min_compute_capability:
             major, minor = cap.min_compute_capability
-            unmet.append(f"needs sm_{major}{minor}+; {_describe(info)}")
+            unmet.append(f"needs sm_{major}{minor}+; {_this(info)}")
     if cap.arch and (info is None or not any(_arch_matches(p, info) for p in cap.arch)):
-        unmet.append(f"needs {' or '.join(p.text for p in cap.arch)}; {_describe(info)}")
+        unmet.append(f"needs {' or '.join(cap.arch)}; {_this(info)}")
     for other in cap.requires:
-        got = decided.get(other) or resolve(other)
+        got = resolve(other)
         if not got.available:
             unmet.append(f"needs {other}: {got.reason}")
     for need in cap.packages:
         version = distribution_version(need.name)
         if version is None:
             unmet.append(f"needs {need.text}; {need.name} is not installed")
-            continue
-        installed = _version_tuple(version)
-        if not all(_compare(installed, op, wanted) for op, wanted in need.clauses):
+        elif not satisfies(version, need.specifier):  # 2.6.0a0 meets >=2.5, not >=2.6
             unmet.append(f"needs {need.text}; {need.name} {version} is installed")
     if not unmet and cap.check is not None:
         try:
@@ -662,21 +563,11 @@ def _evaluate_project(
     if unmet:
         extra = f" ({cap.reason})" if cap.reason else ""
         return Capability(False, "; ".join(unmet) + extra)
-    where = f"{info.name} ({info.arch or 'architecture unknown'})" if info else platform.name
-    return Capability(True, f"all conditions hold on {where}")
+    return Capability(True, f"all conditions hold on {_named(info) if info else platform.name}")
 
 
 # --------------------------------------------------------------------------------------------
 # public API
-
-
-def _device_info(platform: Platform, device: int) -> DeviceInfo | None:
-    devices = platform.devices()
-    if not devices:
-        return None
-    from accelplat._validate import device_index
-
-    return devices[device_index(device, len(devices), platform.name)]
 
 
 def capabilities(device: int = 0, *, platform: Platform | None = None) -> Mapping[str, Capability]:
@@ -695,25 +586,22 @@ def capabilities(device: int = 0, *, platform: Platform | None = None) -> Mappin
         ConfigurationError: When the project capabilities are inconsistent.
 
     Side effects:
-        Detects the platform if needed and lists its devices; no device context, no torch.
+        Detects the platform if needed and lists its devices.
     """
     if platform is None:
         from accelplat._registry import current_platform
 
         platform = current_platform()
-    info = _device_info(platform, device)
+    devices = platform.devices()
+    info = devices[device_index(device, len(devices), platform.name)] if devices else None
     out = _builtin(platform, info)
     table = project_capabilities()
 
     def resolve(name: str) -> Capability:
-        if name in out:
-            return out[name]
-        cap = table.get(name)
-        if cap is None:
-            raise ConfigurationError(
-                f"unknown capability {name!r} (known: {', '.join(known_names())})"
-            )
-        out[name] = _evaluate_project(cap, platform, info, out, resolve)
+        if name not in out:
+            if name not in table:
+                raise _unknown(name)
+            out[name] = _evaluate_project(table[name], platform, info, resolve)
         return out[name]
 
     validate()
@@ -738,7 +626,7 @@ def has(name: str, device: int = 0, *, platform: Platform | None = None) -> bool
         DeviceNotFoundError: For an index that is not visible.
     """
     if name not in BUILTIN and name not in project_capabilities():
-        raise ConfigurationError(f"unknown capability {name!r} (known: {', '.join(known_names())})")
+        raise _unknown(name)
     return capabilities(device, platform=platform)[name].available
 
 
@@ -759,19 +647,3 @@ def table_lines(table: Mapping[str, Capability]) -> list[str]:
         f"{cap.reason}".rstrip()
         for name, cap in table.items()
     ]
-
-
-class _CallableModule(types.ModuleType):
-    """This module's type: calling the module is calling :func:`capabilities`.
-
-    ``accelplat.capabilities`` names both this module and the function (the package attribute
-    becomes the module once it is imported), so ``accelplat.capabilities(0)`` works either way.
-    """
-
-    def __call__(
-        self, device: int = 0, *, platform: Platform | None = None
-    ) -> Mapping[str, Capability]:
-        return capabilities(device, platform=platform)
-
-
-sys.modules[__name__].__class__ = _CallableModule

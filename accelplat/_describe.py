@@ -1,13 +1,9 @@
 """The description of this machine that ``accelplat info`` prints and a capture records.
 
-The platform chosen and why (every candidate's reason), the platform's data (release profile,
-graph support, defaults, visible-devices variable), every visible device with its identity and
-memory, and device 0's capability table: one JSON-ready dictionary whose keys are documented in
-``docs/cli.md``. It lives below the command line so that capture and replay
-(:mod:`accelplat.replay`) record and compare the same document without reaching up into
-:mod:`accelplat._cli`.
-
-Creates no device context and imports no torch.
+The platform chosen and why (every candidate's reason), its data (release profile, graphs,
+defaults, visible-devices variable), every visible device with identity and memory, and device
+0's capability table: one JSON-ready dictionary (keys in ``docs/cli.md``). It lives below the
+command line so that capture and replay record and compare the same document.
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ from accelplat.errors import AccelplatError
 
 if TYPE_CHECKING:
     from accelplat._platform import Platform
-
-__all__ = ["SCHEMA_VERSION", "collect_info"]
 
 SCHEMA_VERSION = 1
 """Version of the JSON documents accelplat prints (``accelplat info``'s and every ``--json``
@@ -70,7 +64,8 @@ def collect_info() -> dict[str, Any]:
         AccelplatError: When detection itself fails (e.g. an unknown ``ACCELPLAT_PLATFORM``).
 
     Side effects:
-        Probes every platform and queries memory; creates no device context, imports no torch.
+        Probes every platform, queries memory, and loads ``./pyproject.toml``'s capability
+        table if there is one.
     """
     from accelplat._registry import current_platform, detect
 

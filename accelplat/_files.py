@@ -1,40 +1,15 @@
 """The one reader of files that come from the operating system or a user.
 
-Every sysfs attribute, procfs and cgroup file, simulated spec and timeline trace accelplat reads
-goes through this module. Such files are untrusted: a fake or hostile tree can put a FIFO where
-an attribute should be (a plain ``open().read()`` then blocks for ever), link an attribute to
-``/dev/zero`` (an unbounded read ends in ``MemoryError``), or write an id range with ten billion
-members. The rules here:
+Every sysfs, procfs and cgroup file, simulated spec and timeline trace is read here, as untrusted
+input: a hostile tree can put a FIFO where an attribute should be (a plain read blocks for ever),
+link it to ``/dev/zero`` (an unbounded read ends in ``MemoryError``), or write an id range with
+ten billion members. So: regular files only (``stat``, then ``open`` with ``O_NONBLOCK``, then
+``fstat``), reads bounded by a limit, id lists bounded by the kernel's own limits, and errors
+(:class:`~accelplat.errors.NotARegularFileError`, :class:`~accelplat.errors.FileTooLargeError`,
+both also ``OSError``) that name the path.
 
-* **Regular files only.** A path is checked with ``stat`` before it is opened and with ``fstat``
-  after; it is opened with ``O_NONBLOCK`` so that even a FIFO swapped in between the two checks
-  cannot block. A FIFO, device, socket or directory raises
-  :class:`~accelplat.errors.NotARegularFileError` naming the path. The few kernel files read many
-  times a second (:data:`KEPT_OPEN`: ``/proc/meminfo``) are opened once under these checks and
-  then read from their start through the kept descriptor, whose identity ``fstat`` confirms
-  before each read.
-* **Bounded reads.** A sysfs attribute is at most a page (:data:`ATTRIBUTE_LIMIT`); procfs and
-  cgroup files are bounded by :data:`PROC_LIMIT`; bigger files (specs, traces) pass their own
-  limit. A file holding more raises :class:`~accelplat.errors.FileTooLargeError`; nothing more
-  than ``limit + 1`` bytes is ever read.
-* **Typed errors naming the path.** Both errors above are :class:`~accelplat.errors.AccelplatError`
-  *and* ``OSError``, so a backend that treats an unreadable file as "no information" keeps doing
-  so, and one that reports it names the file. Failures of the system calls themselves are the
-  ordinary ``OSError`` subclasses (``FileNotFoundError`` …), which name the path too.
-* **Bounded id lists.** :func:`parse_id_list` reads kernel lists such as ``0-3,8`` and refuses
-  ids at or above the kernel's own limit (:data:`MAX_NUMA_NODES`, :data:`MAX_CPUS`), so a
-  ``Mems_allowed_list`` of ``0-30000000000`` is an error, not a giant set.
-
-The seam (capture and replay):
-    All file-system access of the backends goes through one object, the current
-    :class:`HostFiles` (:func:`host_files`). Its methods — :meth:`HostFiles.read_bytes`,
-    :meth:`HostFiles.listdir`, :meth:`HostFiles.realpath` and :meth:`HostFiles.kind` — are the
-    only places accelplat touches a host file. The module-level functions (:func:`read_text`,
-    :func:`listdir`, :func:`exists`, …) delegate to it. A recorder or a replayer is a subclass
-    installed with :func:`use_host_files` (a context manager) or :func:`set_host_files`; it sees
-    every read, with the limit the caller asked for, at this one point.
-
-Nothing here imports a vendor library or creates a device context.
+Host files go through the current :class:`HostFiles`, which a capture or a replay replaces
+(:func:`set_host_files`); project and user files (:func:`read_live`) never do.
 """
 
 from __future__ import annotations
@@ -45,46 +20,19 @@ import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Literal
+from pathlib import Path
+from typing import Literal
 
-from accelplat import _boundary
 from accelplat.errors import ConfigurationError, FileTooLargeError, NotARegularFileError
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-__all__ = [
-    "ATTRIBUTE_LIMIT",
-    "KEPT_OPEN",
-    "MAX_CPUS",
-    "MAX_NUMA_NODES",
-    "PROC_LIMIT",
-    "HostFiles",
-    "exists",
-    "host_files",
-    "is_dir",
-    "is_file",
-    "listdir",
-    "parse_id_list",
-    "read_bytes",
-    "read_document",
-    "read_live",
-    "read_text",
-    "realpath",
-    "set_host_files",
-    "use_host_files",
-    "write_text_atomic",
-]
 
 PathLike = str | os.PathLike[str]
 Kind = Literal["file", "dir", "other"]
 
 ATTRIBUTE_LIMIT = 64 * 1024
-"""Bytes a sysfs attribute may hold: the kernel serves at most one page (4 KiB on x86, up to
-64 KiB on arm64/ppc64 kernels with large pages)."""
+"""Bytes a sysfs attribute may hold: one page (4 KiB on x86, up to 64 KiB on arm64/ppc64)."""
 
 PROC_LIMIT = 16 * 1024 * 1024
-"""Bytes a procfs or cgroup file may hold (``/proc/cpuinfo`` of a 1,024-CPU machine is ~1.5 MiB)."""
+"""Bytes a procfs or cgroup file may hold (``/proc/cpuinfo`` of 1,024 CPUs is ~1.5 MiB)."""
 
 MAX_NUMA_NODES = 1 << 10
 """The kernel's largest node count (``NODES_SHIFT`` is at most 10)."""
@@ -92,39 +40,42 @@ MAX_NUMA_NODES = 1 << 10
 MAX_CPUS = 1 << 13
 """The kernel's largest CPU count (``NR_CPUS`` is at most 8192)."""
 
+KEPT_OPEN = frozenset({"/proc/meminfo"})
+"""Files read many times a second (every host memory reading): read through a descriptor kept
+open, from offset 0 each time, as ``free`` and ``top`` do."""
+
 _CHUNK = 64 * 1024
-_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)) | getattr(
-    os, "O_NOCTTY", 0
-)
+_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_FLAGS |= getattr(os, "O_NOCTTY", 0)
 
 
-def _describe_mode(mode: int) -> str:
+def _not_regular(path: str, mode: int) -> NotARegularFileError:
     if stat.S_ISDIR(mode):
-        return "is a directory, not a file"
+        return NotARegularFileError(path, "is a directory, not a file")
     if stat.S_ISFIFO(mode):
-        return "is a FIFO, not a regular file; not read"
+        return NotARegularFileError(path, "is a FIFO, not a regular file; not read")
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "is a device, not a regular file; not read"
+        return NotARegularFileError(path, "is a device, not a regular file; not read")
     if stat.S_ISSOCK(mode):
-        return "is a socket, not a regular file; not read"
-    return "is not a regular file; not read"
+        return NotARegularFileError(path, "is a socket, not a regular file; not read")
+    return NotARegularFileError(path, "is not a regular file; not read")
 
 
 def _open_regular(path: str, *, follow_links: bool) -> tuple[int, os.stat_result]:
-    """Open the regular file ``path`` under the module's rules; return it and its ``fstat``."""
+    """Open the regular file ``path``; return the descriptor and its ``fstat``."""
     before = os.stat(path, follow_symlinks=follow_links)
     if not stat.S_ISREG(before.st_mode):
-        raise NotARegularFileError(path, _describe_mode(before.st_mode))
+        raise _not_regular(path, before.st_mode)
     try:
-        fd = os.open(path, _OPEN_FLAGS | (0 if follow_links else getattr(os, "O_NOFOLLOW", 0)))
+        fd = os.open(path, _FLAGS | (0 if follow_links else getattr(os, "O_NOFOLLOW", 0)))
     except OSError as exc:
-        if exc.errno == errno.ENXIO:  # a socket or a FIFO without a writer, swapped in
+        if exc.errno == errno.ENXIO:  # a socket, or a FIFO without a writer, swapped in
             raise NotARegularFileError(path, "is not a regular file; not read") from None
         raise
     try:
-        after = os.fstat(fd)
+        after = os.fstat(fd)  # what was opened, not what stat saw: a swap in between is caught
         if not stat.S_ISREG(after.st_mode):
-            raise NotARegularFileError(path, _describe_mode(after.st_mode))
+            raise _not_regular(path, after.st_mode)
     except BaseException:
         os.close(fd)
         raise
@@ -135,7 +86,7 @@ def _read_open(path: str, fd: int, limit: int, *, at_offsets: bool) -> bytes:
     """Read all of ``fd`` (from its start with ``pread`` when ``at_offsets``), at most ``limit``."""
     chunks: list[bytes] = []
     size = 0
-    while size <= limit:
+    while size <= limit:  # never more than limit + 1 bytes
         want = min(_CHUNK, limit + 1 - size)
         chunk = os.pread(fd, want, size) if at_offsets else os.read(fd, want)
         if not chunk:
@@ -148,7 +99,6 @@ def _read_open(path: str, fd: int, limit: int, *, at_offsets: bool) -> bytes:
 
 
 def _read_regular(path: str, limit: int, *, follow_links: bool) -> bytes:
-    """Read the regular file ``path`` under the module's rules (:meth:`HostFiles.read_bytes`)."""
     fd, _ = _open_regular(path, follow_links=follow_links)
     try:
         return _read_open(path, fd, limit, at_offsets=False)
@@ -156,54 +106,41 @@ def _read_regular(path: str, limit: int, *, follow_links: bool) -> bytes:
         os.close(fd)
 
 
-KEPT_OPEN = frozenset({"/proc/meminfo"})
-"""Kernel files read many times a second (every host memory reading, by waits, the leak check
-and the timeline): read through a descriptor kept open, from offset 0 each time, as ``free``
-and ``top`` read them, instead of ``stat``, ``open``, ``fstat`` and ``close`` on every read."""
-
-
 class _KeptOpen:
-    """Descriptors of :data:`KEPT_OPEN` files, one per file and process.
+    """The descriptors of :data:`KEPT_OPEN` files, one per file and process.
 
-    A descriptor is checked with ``fstat`` before each read: if its number now names another
-    file (closed by someone else and reused), it is forgotten, never closed, and the file is
-    opened again under the module's rules. After a ``fork`` the child opens its own (the two
-    processes would otherwise share one read position of the kernel's file).
+    Before each read ``fstat`` confirms the descriptor still names the file it was opened for: a
+    number closed and reused by someone else is forgotten (never closed) and the file opened
+    again. A forked child opens its own (sharing one would share the kernel's read position).
     """
-
-    __slots__ = ("_lock", "_open")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[str, tuple[int, int, int, int]] = {}  # path: pid, fd, st_dev, st_ino
 
     def after_fork(self) -> None:
-        """Give the child a lock of its own (the parent's may have been held by another thread)."""
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the parent's may have been held by another thread
 
     def read(self, path: str, limit: int) -> bytes:
-        """Return the contents of ``path`` (one of :data:`KEPT_OPEN`), at most ``limit`` bytes."""
         with self._lock:
-            fd = self._descriptor(path)
-            return _read_open(path, fd, limit, at_offsets=True)
+            return _read_open(path, self._descriptor(path), limit, at_offsets=True)
 
     def _descriptor(self, path: str) -> int:
-        pid = os.getpid()
         kept = self._open.pop(path, None)
         if kept is not None:
             owner, fd, dev, ino = kept
             try:
                 now = os.fstat(fd)
+                ours = (now.st_dev, now.st_ino) == (dev, ino)
             except OSError:
-                now = None
-            ours = now is not None and (now.st_dev, now.st_ino) == (dev, ino)
-            if ours and owner == pid:
+                ours = False
+            if ours and owner == os.getpid():
                 self._open[path] = kept
                 return fd
             if ours:
                 os.close(fd)  # this process's copy of the parent's descriptor
         fd, st = _open_regular(path, follow_links=True)
-        self._open[path] = (pid, fd, st.st_dev, st.st_ino)
+        self._open[path] = (os.getpid(), fd, st.st_dev, st.st_ino)
         return fd
 
 
@@ -213,109 +150,56 @@ if hasattr(os, "register_at_fork"):
 
 
 class HostFiles:
-    """Access to the host's files: the single point every read goes through.
+    """The host's files: the four primitives every host read goes through.
 
-    The default implementation reads the real file system under the rules in the module
-    docstring. A capture or replay layer subclasses it and overrides the four primitives.
+    This one reads the real file system; a capture or a replay subclasses it.
     """
 
     def read_bytes(self, path: str, limit: int) -> bytes:
-        """Return the contents of the regular file ``path``, at most ``limit`` bytes.
-
-        Args:
-            path: The file.
-            limit: The most bytes the file may hold.
-
-        Returns:
-            The whole contents.
-
-        Raises:
-            NotARegularFileError: ``path`` is a FIFO, device, socket or directory.
-            FileTooLargeError: It holds more than ``limit`` bytes.
-            OSError: It is missing or cannot be opened or read (the error names ``path``).
-
-        Side effects:
-            Opens, reads and closes the file; never blocks on a FIFO or device. A file of
-            :data:`KEPT_OPEN` stays open and is read from its start each time.
-        """
+        """Return the contents of the regular file ``path`` (see :func:`read_bytes`)."""
         if path in KEPT_OPEN:
             return _kept_open.read(path, limit)
         return _read_regular(path, limit, follow_links=True)
 
     def listdir(self, path: str) -> list[str]:
-        """Return the names in directory ``path`` (any order).
-
-        Raises:
-            OSError: When it is missing or not a directory.
-        """
+        """Return the names in directory ``path`` (any order); ``OSError`` if there is none."""
         return os.listdir(path)
 
     def realpath(self, path: str) -> str:
-        """Return ``path`` with every symbolic link resolved (``os.path.realpath``)."""
+        """Return ``path`` with every symbolic link resolved."""
         return os.path.realpath(path)
 
     def kind(self, path: str) -> Kind | None:
-        """Return ``"file"``, ``"dir"`` or ``"other"`` for what ``path`` is, ``None`` if absent.
-
-        Links are followed; a dangling link is absent.
-        """
+        """Return what ``path`` is (links followed), ``None`` if absent or a dangling link."""
         try:
             mode = os.stat(path).st_mode
         except (OSError, ValueError):
             return None
-        if stat.S_ISREG(mode):
-            return "file"
-        if stat.S_ISDIR(mode):
-            return "dir"
-        return "other"
+        return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else "other"
 
 
-_current: HostFiles = HostFiles()
-
-
-def _reader() -> HostFiles:
-    """The current reader, once ``ACCELPLAT_REPLAY`` (if set) has been applied.
-
-    A replay installs its own :class:`HostFiles`; consulting the boundary first means even a
-    backend built directly, before any detection, reads the captured host's files.
-    """
-    _boundary.active()
-    return _current
+_current = HostFiles()
 
 
 def host_files() -> HostFiles:
-    """Return the :class:`HostFiles` every read goes through now."""
+    """Return the :class:`HostFiles` every host read goes through now."""
     return _current
 
 
 def set_host_files(files: HostFiles | None) -> HostFiles:
-    """Install ``files`` as the reader of host files (``None``: the real file system).
-
-    Args:
-        files: The new reader.
+    """Install ``files`` as the process's reader of host files (``None``: the real ones).
 
     Returns:
         The reader it replaces.
-
-    Side effects:
-        Process-wide: every later read of every backend goes through ``files``.
     """
     global _current
-    previous = _current
-    _current = files if files is not None else HostFiles()
+    previous, _current = _current, files or HostFiles()
     return previous
 
 
 @contextmanager
 def use_host_files(files: HostFiles) -> Iterator[HostFiles]:
-    """Install ``files`` as the reader of host files within a ``with`` block.
-
-    Args:
-        files: The reader to use.
-
-    Yields:
-        ``files``.
-    """
+    """Install ``files`` as the reader of host files within a ``with`` block."""
     previous = set_host_files(files)
     try:
         yield files
@@ -324,40 +208,36 @@ def use_host_files(files: HostFiles) -> Iterator[HostFiles]:
 
 
 def read_bytes(path: PathLike, *, limit: int = ATTRIBUTE_LIMIT) -> bytes:
-    """Return the bytes of the regular file ``path``, refusing more than ``limit`` bytes.
+    """Return the bytes of the regular host file ``path``.
 
     Args:
         path: The file.
-        limit: The most bytes it may hold; default one sysfs attribute (:data:`ATTRIBUTE_LIMIT`).
-
-    Returns:
-        Its contents.
+        limit: The most bytes it may hold; by default one sysfs attribute.
 
     Raises:
         NotARegularFileError: A FIFO, device, socket or directory (never read).
         FileTooLargeError: More than ``limit`` bytes.
         OSError: Missing or unreadable; the error names the path.
     """
-    return _reader().read_bytes(os.fspath(path), limit)
+    return _current.read_bytes(os.fspath(path), limit)
+
+
+def read_text(path: PathLike, *, limit: int = ATTRIBUTE_LIMIT) -> str:
+    """Return the text of a host file, UTF-8 with bad bytes replaced (see :func:`read_bytes`)."""
+    return read_bytes(path, limit=limit).decode("utf-8", errors="replace")
 
 
 def read_document(path: PathLike, *, limit: int, what: str, limit_text: str | None = None) -> bytes:
-    """Read a file a user names (a simulated spec, a timeline trace) for a command or a test.
-
-    As :func:`read_bytes`, with every failure turned into the error a user sees for bad input.
+    """Read a file a user names (a simulated spec, a timeline trace), as :func:`read_bytes`.
 
     Args:
         path: The file.
         limit: The most bytes it may hold.
-        what: What the file is, for the message (``"trace"``, ``"simulated spec"``).
-        limit_text: The limit as the document's documentation states it (``"1 MiB"``);
-            by default ``"the limit of <limit> bytes"``.
-
-    Returns:
-        Its contents.
+        what: What the file is, for the message (``"trace"``).
+        limit_text: The limit as the documentation states it (``"1 MiB"``).
 
     Raises:
-        ConfigurationError: Worded ``"cannot read <what> '<path>': <why>"``, for a file that is
+        ConfigurationError: ``"cannot read <what> '<path>': <why>"`` for a file that is
             missing, unreadable, not a regular file, or larger than ``limit``.
     """
     where = f"cannot read {what} {os.fspath(path)!r}"
@@ -371,74 +251,48 @@ def read_document(path: PathLike, *, limit: int, what: str, limit_text: str | No
 
 
 def read_live(path: PathLike, *, limit: int, follow_links: bool = True) -> bytes:
-    """Read a project or user file (a capability table, a test file, lease metadata).
+    """Read a project or user file (a capability table, lease metadata) from this machine.
 
-    Such a file belongs to this machine's project, not to the host a replay stands in for: it is
-    read from the live file system, never through the current :class:`HostFiles`, under the
-    same rules (regular files only, at most ``limit`` bytes, never blocking on a FIFO).
+    Such a file is not part of the host a replay stands in for, so it never goes through the
+    current :class:`HostFiles`; the rules are the same.
 
     Args:
         path: The file.
         limit: The most bytes it may hold.
-        follow_links: ``False`` refuses a symbolic link (``ELOOP``), for files in directories
-            that other users may write.
-
-    Returns:
-        Its contents.
+        follow_links: ``False`` refuses a symbolic link (``ELOOP``), for directories that other
+            users may write.
 
     Raises:
         NotARegularFileError: A FIFO, device, socket or directory (never read).
         FileTooLargeError: More than ``limit`` bytes.
-        OSError: Missing, unreadable or (``follow_links=False``) a link; the error names it.
+        OSError: Missing, unreadable or a refused link; the error names it.
     """
     return _read_regular(os.fspath(path), limit, follow_links=follow_links)
 
 
-def read_text(path: PathLike, *, limit: int = ATTRIBUTE_LIMIT) -> str:
-    """Return the text of the regular file ``path``, decoded as UTF-8 (bad bytes replaced).
-
-    Args:
-        path: The file.
-        limit: The most bytes it may hold; default one sysfs attribute.
-
-    Returns:
-        Its text.
-
-    Raises:
-        NotARegularFileError: A FIFO, device, socket or directory.
-        FileTooLargeError: More than ``limit`` bytes.
-        OSError: Missing or unreadable.
-    """
-    return read_bytes(path, limit=limit).decode("utf-8", errors="replace")
-
-
 def listdir(path: PathLike) -> list[str]:
-    """Return the names in the directory ``path``.
-
-    Raises:
-        OSError: When it is missing, unreadable or not a directory.
-    """
-    return _reader().listdir(os.fspath(path))
+    """Return the names in the host directory ``path``; ``OSError`` if there is none."""
+    return _current.listdir(os.fspath(path))
 
 
 def realpath(path: PathLike) -> str:
-    """Return ``path`` with its symbolic links resolved."""
-    return _reader().realpath(os.fspath(path))
+    """Return the host path ``path`` with its symbolic links resolved."""
+    return _current.realpath(os.fspath(path))
 
 
 def exists(path: PathLike) -> bool:
-    """Return whether ``path`` exists (following links)."""
-    return _reader().kind(os.fspath(path)) is not None
+    """Return whether the host path ``path`` exists (following links)."""
+    return _current.kind(os.fspath(path)) is not None
 
 
 def is_file(path: PathLike) -> bool:
-    """Return whether ``path`` is a regular file (following links)."""
-    return _reader().kind(os.fspath(path)) == "file"
+    """Return whether the host path ``path`` is a regular file (following links)."""
+    return _current.kind(os.fspath(path)) == "file"
 
 
 def is_dir(path: PathLike) -> bool:
-    """Return whether ``path`` is a directory (following links)."""
-    return _reader().kind(os.fspath(path)) == "dir"
+    """Return whether the host path ``path`` is a directory (following links)."""
+    return _current.kind(os.fspath(path)) == "dir"
 
 
 def parse_id_list(text: str, *, limit: int, what: str = "id list") -> set[int]:
@@ -446,12 +300,8 @@ def parse_id_list(text: str, *, limit: int, what: str = "id list") -> set[int]:
 
     Args:
         text: The list (``Mems_allowed_list``, ``cpulist`` …); blanks around items are ignored.
-        limit: Ids must be below this (:data:`MAX_NUMA_NODES`, :data:`MAX_CPUS`), so the set
-            never holds more than ``limit`` members.
+        limit: Ids must be below this (:data:`MAX_NUMA_NODES`, :data:`MAX_CPUS`).
         what: What the list is, for the message.
-
-    Returns:
-        The ids.
 
     Raises:
         ConfigurationError: For a malformed item, a reversed range or an id at or above
@@ -487,13 +337,8 @@ def _id(text: str, limit: int) -> int:
 def write_text_atomic(path: PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to a new file beside ``path``, then rename it over ``path``.
 
-    A reader never sees a half-written file; on any failure the temporary file is removed and
-    ``path`` is left as it was. The file gets the permissions of any newly created file (the
-    umask applies).
-
-    Args:
-        path: The file to create or replace.
-        text: Its new contents.
+    A reader never sees a half-written file; on failure ``path`` is left as it was. The new
+    file's permissions follow the umask.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -501,8 +346,6 @@ def write_text_atomic(path: PathLike, text: str) -> Path:
     Raises:
         OSError: When the directory is not writable or the disk is full.
     """
-    from pathlib import Path  # only writers need it: readers stay free of pathlib
-
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:

@@ -5,8 +5,6 @@ queue, its CPU KV offload the whole offloaded cache. Containers start with a sma
 (Docker's default is 64 MiB) and shared CI workers fill it, so a test asks first: how much is
 free (:func:`shm_info`), does my budget fit (:func:`require_shm`), and if not, what is the
 largest of my candidate budgets that does (:func:`largest_shm_budget`).
-
-Everything here reads ``os.statvfs`` only: no framework, no device context.
 """
 
 from __future__ import annotations
@@ -19,17 +17,7 @@ from accelplat._types import MIB
 from accelplat._validate import byte_int
 from accelplat.errors import ConfigurationError, InsufficientSharedMemoryError
 
-__all__ = [
-    "DEFAULT_SHM_PATH",
-    "ShmInfo",
-    "largest_shm_budget",
-    "require_shm",
-    "shm_info",
-    "shortage_error",
-]
-
-DEFAULT_SHM_PATH = "/dev/shm"
-"""The POSIX shared-memory mount on Linux."""
+DEFAULT_SHM_PATH = "/dev/shm"  # the POSIX shared-memory mount on Linux
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,6 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["lazy_namespace"]
-
 
 def lazy_namespace(
     package: str, exports: Mapping[str, str], namespace: dict[str, Any]

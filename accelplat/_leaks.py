@@ -1,33 +1,19 @@
 """The one definition of a device-memory leak, shared by the leak check and the timeline.
 
-A test **leaks** on a device when the memory the device still holds after the test — once memory
-has had its chance to come back (a lazy release, a child process still exiting) — exceeds what
-it held before the test by **more than** the tolerance::
+A test **leaks** on a device when the memory it still holds after the test, once memory has had
+its chance to come back, exceeds what it held before by **more than** the tolerance::
 
     leaked = held_after - before
     leak   = leaked > tolerance        # exclusive: growth of exactly the tolerance is not a leak
 
-``--accelplat-leak-check`` (which waits for the memory after each test) and
-``--accelplat-timeline`` (which takes the least usage sampled before the next test's body) both
-judge with :func:`is_leak` and the same default, :data:`DEFAULT_LEAK_TOLERANCE_BYTES`; in one
-session ``--accelplat-leak-tolerance`` sets the tolerance of both, so the same test gets the
-same verdict from either.
-
-Nothing here queries a device.
+``--accelplat-leak-check`` and ``--accelplat-timeline`` both judge with :func:`is_leak` and one
+tolerance (``--accelplat-leak-tolerance``), so a test gets the same verdict from either.
 """
 
 from __future__ import annotations
 
-from accelplat._sizing import parse_size
 from accelplat._types import MIB
-
-__all__ = [
-    "DEFAULT_LEAK_TOLERANCE_BYTES",
-    "MAX_LEAK_TOLERANCE_BYTES",
-    "is_leak",
-    "leaked_bytes",
-    "parse_leak_tolerance",
-]
+from accelplat._validate import parse_size
 
 DEFAULT_LEAK_TOLERANCE_BYTES = 256 * MIB
 """Growth across one test that is not a leak: allocator slack and runtime workspaces stay under
@@ -69,7 +55,7 @@ def is_leak(before: int | None, held_after: int | None, tolerance_bytes: int) ->
 
 
 def parse_leak_tolerance(text: str | int, *, argument: str) -> int:
-    """Parse a leak tolerance with the one size grammar (:func:`accelplat._sizing.parse_size`).
+    """Parse a leak tolerance with the one size grammar (:func:`accelplat._validate.parse_size`).
 
     Args:
         text: A size such as ``"256MiB"``, or bytes.

@@ -1,40 +1,10 @@
 """Device leases: hand each process on a host its own devices, through OS file locks.
 
-``accelplat.lease(count)`` claims ``count`` of the devices this process can see, exclusively
-among every process on the host that leases through the same lock directory, and returns the
-devices and the environment that shows exactly them to a child process::
-
-    with accelplat.lease(2, min_free_bytes=40 * accelplat.GIB) as held:
-        subprocess.run(cmd, env=held.child_environ(), check=True)
-
-How it works:
-
-* **One lock file per device**, named after the device's stable identity (its UUID, else its
-  PCI bus address, else its physical index; see :attr:`DeviceInfo.stable_id`), so the lock means
-  the same device whatever visible-devices variable or enumeration order a process runs under.
-  Exclusion is ``flock(2)``: the kernel drops the lock when the holder's last descriptor closes,
-  so a holder that crashes or is killed with ``SIGKILL`` frees its devices at once. A forked
-  child that inherits the descriptor keeps the device held until it exits too.
-* **All or nothing**: the devices are tried in order of most free memory first, without
-  blocking; when fewer than ``count`` can be locked, all are let go and the attempt repeats
-  (adaptive polling, as the memory waits do), so two leases of two devices cannot deadlock
-  holding one each.
-* **Memory back before hand-out**: next to each lock a metadata file records who holds it and the
-  device's used memory when it was handed out. The next holder waits, with
-  :func:`~accelplat._memory.wait_for_memory_to_clear` and the platform's release profile (its
-  stability window on lazily releasing platforms), until usage is back within
-  :data:`RETURN_TOLERANCE_BYTES` of that figure and meets ``min_free_bytes`` /
-  ``min_free_ratio``.
-* **Inside the visible set**: only the devices ``platform.devices()`` returns are leased, so an
-  outer assignment (Slurm, Kubernetes, a CI agent's ``CUDA_VISIBLE_DEVICES``) is respected. The
-  environment comes from the platform (:func:`accelplat._platform.subset_environment`): each
-  backend says how its vendor expresses a device subset.
-* The lock directory is local: :data:`ENV_LEASE_DIR`, else ``$XDG_RUNTIME_DIR/accelplat/leases``,
-  else ``<tmp>/accelplat-<uid>/leases``. Processes cooperate only when they use the same
-  directory; nothing here talks to another host.
-
-Creates no device context and imports no framework: memory is read through the platform's
-context-free queries.
+``lease(count)`` claims ``count`` of the devices this process can see, exclusively among every
+process on the host that leases through the same lock directory: one ``flock(2)`` per stable
+device identity (dropped by the kernel when the holder dies), all or nothing (never sitting on
+part of a set), and the previous holder's memory back before hand-out. The design, the lock
+directory and the environment of each platform: docs/leasing.md.
 """
 
 from __future__ import annotations
@@ -57,33 +27,16 @@ from pathlib import Path
 from types import TracebackType
 
 from accelplat import _files, _validate
-from accelplat._memory import PollPolicy, default_clock, wait_for_memory_to_clear
+from accelplat._memory import default_clock, wait_for_memory_to_clear
 from accelplat._platform import Platform, subset_environment
 from accelplat._types import MIB, DeviceInfo, MemoryInfo
 from accelplat._util import Clock
-from accelplat.errors import (
-    ConfigurationError,
-    LeaseTimeoutError,
-    MemoryNotSettledError,
-)
-
-__all__ = [
-    "DEFAULT_TIMEOUT_S",
-    "ENV_LEASE_DIR",
-    "RETURN_TOLERANCE_BYTES",
-    "Lease",
-    "LeaseRecord",
-    "LeaseTimeoutError",
-    "default_lease_dir",
-    "lease",
-    "lease_status",
-]
+from accelplat.errors import ConfigurationError, LeaseTimeoutError, MemoryNotSettledError
 
 ENV_LEASE_DIR = "ACCELPLAT_LEASE_DIR"
 """Variable naming the lock directory; overrides the per-user default."""
 
 DEFAULT_TIMEOUT_S = 600.0
-"""How long :func:`lease` waits for devices by default."""
 
 RETURN_TOLERANCE_BYTES = 256 * MIB
 """Usage above the previous holder's hand-out figure that still counts as "memory is back"."""
@@ -95,7 +48,8 @@ _LOCK_SUFFIX = ".lock"
 _META_SUFFIX = ".json"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 _COMMAND_LIMIT = 1024
-_LOCK_POLL = PollPolicy(initial_s=0.005, factor=1.5, max_s=0.05)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_POLL_FIRST_S, _POLL_MAX_S = 0.005, 0.05  # lock attempts: 5 ms, growing 1.5x to 50 ms
 
 
 @dataclass(frozen=True)
@@ -126,8 +80,7 @@ class LeaseRecord:
     path: str
 
 
-# --------------------------------------------------------------------------------------------
-# the lock directory
+# -- the lock directory -----------------------------------------------------------------------
 
 
 def default_lease_dir() -> Path:
@@ -155,15 +108,10 @@ def _prepare_dir(lock_dir: str | os.PathLike[str] | None) -> Path:
         raise ConfigurationError("lock_dir must not be empty")
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigurationError(
-            f"lease lock directory {path} cannot be created: {exc.strerror or exc}"
-        ) from None
-    try:
         info = path.stat()
     except OSError as exc:
         raise ConfigurationError(
-            f"lease lock directory {path} cannot be read: {exc.strerror or exc}"
+            f"lease lock directory {path} cannot be created: {exc.strerror or exc}"
         ) from None
     if not stat.S_ISDIR(info.st_mode):
         raise ConfigurationError(f"lease lock directory {path} is not a directory")
@@ -177,8 +125,7 @@ def _prepare_dir(lock_dir: str | os.PathLike[str] | None) -> Path:
 
 def _device_key(platform: str, device: DeviceInfo, seen: dict[str, int]) -> str:
     """File-name-safe identity of ``device`` (stable id, else physical index)."""
-    ident = device.stable_id or f"physical-{device.physical_index}"
-    raw = f"{platform}.{ident}"
+    raw = f"{platform}.{device.stable_id or f'physical-{device.physical_index}'}"
     count = seen.get(raw, 0)
     seen[raw] = count + 1
     if count:  # several visible devices share one identity (tiles of one card)
@@ -189,21 +136,16 @@ def _device_key(platform: str, device: DeviceInfo, seen: dict[str, int]) -> str:
     return safe
 
 
-def _open_lock(path: Path) -> int:
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+def _try_lock(path: Path, *, shared: bool = False) -> int | None:
+    """Return a descriptor holding the lock, or ``None`` when another holder has it."""
     try:
-        return os.open(path, flags, 0o666)
-    except PermissionError:  # another user's lock file in a shared directory
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | _NOFOLLOW, 0o666)
+    except PermissionError:  # another user's lock file in a shared directory: flock needs no write
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | _NOFOLLOW)
     except OSError as exc:
         raise ConfigurationError(
             f"lease lock {path} cannot be opened: {exc.strerror or exc}"
         ) from None
-
-
-def _try_lock(path: Path, *, shared: bool = False) -> int | None:
-    """Return a descriptor holding the lock, or ``None`` when another holder has it."""
-    fd = _open_lock(path)
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except OSError as exc:
@@ -221,20 +163,16 @@ def _unlock(fd: int) -> None:
         os.close(fd)  # closing the last descriptor drops the flock
 
 
-# --------------------------------------------------------------------------------------------
-# metadata (untrusted: another user's process may have written it)
+# -- metadata (untrusted: another user's process may have written it) -------------------------
 
 
 def _read_metadata(path: Path) -> dict[str, object]:
     """Read a metadata file: regular files only, bounded; anything odd reads as ``{}``."""
     try:
         raw = _files.read_live(path, limit=MAX_METADATA_BYTES, follow_links=False)
-    except OSError:  # missing, a link, not a regular file, too large
-        return {}
-    try:
         data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return {}
+    except (OSError, ValueError, RecursionError):
+        return {}  # missing, a link, not a regular file, too large, not UTF-8 JSON
     return data if isinstance(data, dict) else {}
 
 
@@ -263,12 +201,8 @@ def _write_metadata(path: Path, data: Mapping[str, object]) -> None:
     """Replace the metadata file atomically; failures are ignored (metadata is advisory)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        fd = os.open(
-            tmp,
-            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0),
-            0o644,
-        )
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | _NOFOLLOW
+        with os.fdopen(os.open(tmp, flags, 0o644), "w", encoding="utf-8") as fh:
             json.dump(dict(data), fh)
         os.replace(tmp, path)
     except OSError:
@@ -277,56 +211,13 @@ def _write_metadata(path: Path, data: Mapping[str, object]) -> None:
 
 
 def _command_line() -> str:
-    """This process's command line, shortened to ``_COMMAND_LIMIT`` characters.
-
-    Read through the one bounded file reader, live (this process's own file: never a replayed
-    host's, never recorded into a capture); a command line of more than
-    :data:`accelplat._files.PROC_LIMIT` bytes, or an unreadable one, falls back to ``sys.argv``.
-    """
+    """This process's command line (read live, bounded), else ``sys.argv``; shortened."""
     try:
         raw = _files.read_live(f"/proc/{os.getpid()}/cmdline", limit=_files.PROC_LIMIT)
         text = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
     except OSError:
         text = " ".join(sys.argv)
     return text[:_COMMAND_LIMIT]
-
-
-# --------------------------------------------------------------------------------------------
-# validation
-
-
-def _check_count(count: object) -> int:
-    return _validate.integer(
-        count,
-        "count",
-        minimum=1,
-        expected=">= 1 device",
-        not_an_int="a whole number of devices >= 1",
-    )
-
-
-def _check_min_free_bytes(value: object) -> int | None:
-    if value is None:
-        return None
-    return _validate.integer(value, "min_free_bytes", minimum=0, expected="a number of bytes >= 0")
-
-
-def _check_min_free_ratio(value: object) -> float | None:
-    if value is None:
-        return None
-    return _validate.number(
-        value, "min_free_ratio", minimum=0, maximum=1, expected="a fraction in [0, 1]"
-    )
-
-
-def _check_timeout(value: object) -> float:
-    return _validate.number(
-        value,
-        "timeout_s",
-        minimum=0,
-        expected="a finite number of seconds >= 0",
-        not_a_number="a number of seconds >= 0",
-    )
 
 
 def _needed_used(info: MemoryInfo, min_free: int | None, ratio: float | None) -> int | None:
@@ -339,8 +230,7 @@ def _needed_used(info: MemoryInfo, min_free: int | None, ratio: float | None) ->
     return min(limits) if limits else None
 
 
-# --------------------------------------------------------------------------------------------
-# the lease
+# -- the lease --------------------------------------------------------------------------------
 
 
 class Lease:
@@ -390,8 +280,6 @@ class Lease:
         self._meta: list[dict[str, object]] = []
         self._carried: dict[str, int] = {}
 
-    # -- state ---------------------------------------------------------------------------
-
     @property
     def held(self) -> bool:
         """Whether the devices are held now."""
@@ -399,11 +287,7 @@ class Lease:
 
     @property
     def lock_fds(self) -> tuple[int, ...]:
-        """Descriptors holding the locks.
-
-        Pass them to a child (``subprocess`` ``pass_fds``) to keep the devices held until that
-        child exits too.
-        """
+        """Descriptors holding the locks (``pass_fds`` them to a child to hold until it exits)."""
         return tuple(self._fds)
 
     def child_environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -416,17 +300,13 @@ class Lease:
             A new mapping for ``subprocess`` ``env=``.
         """
         env = dict(os.environ if base is None else base)
-        for name, value in self.environ.items():
-            if value is None:
-                env.pop(name, None)
-            else:
-                env[name] = value
+        self.apply(env)
         return env
 
     def apply(self, environ: MutableMapping[str, str] | None = None) -> Callable[[], None]:
         """Apply the lease's variables to ``environ`` (default ``os.environ``) in place.
 
-        Do this before anything in the process initialises a device runtime, which reads the
+        Do this before anything in the process starts a device runtime, which reads the
         variables once.
 
         Args:
@@ -437,22 +317,16 @@ class Lease:
         """
         target: MutableMapping[str, str] = os.environ if environ is None else environ
         previous = {name: target.get(name) for name in self.environ}
-        for name, value in self.environ.items():
-            if value is None:
-                target.pop(name, None)
-            else:
-                target[name] = value
 
-        def restore() -> None:
-            for name, old in previous.items():
-                if old is None:
+        def put(values: Mapping[str, str | None]) -> None:
+            for name, value in values.items():
+                if value is None:
                     target.pop(name, None)
                 else:
-                    target[name] = old
+                    target[name] = value
 
-        return restore
-
-    # -- acquisition ---------------------------------------------------------------------
+        put(self.environ)
+        return lambda: put(previous)
 
     def acquire(self) -> Lease:
         """Wait until ``count`` visible devices are free and their memory is back; take them.
@@ -467,24 +341,21 @@ class Lease:
                 way (holders of the locks, or memory that did not come back).
 
         Side effects:
-            Creates lock and metadata files in the lock directory; sleeps while waiting; reads
-            memory through the platform's context-free queries.
+            Creates lock and metadata files in the lock directory; sleeps while waiting.
         """
         if self._fds:
             raise ConfigurationError("this lease is held already; release it first")
         clock = self._clock
         start = clock.monotonic()
         deadline = start + self.timeout_s
-        delay = _LOCK_POLL.initial_s
-        reason = "no attempt was made"
+        delay = _POLL_FIRST_S
         while True:
             candidates = self._candidates()
             got = self._lock_some(candidates)
             if got is None:
                 reason = self._busy_reason(candidates)
             else:
-                remaining = max(0.0, deadline - clock.monotonic())
-                outcome = self._wait_for_memory(got, remaining)
+                outcome = self._wait_for_memory(got, max(0.0, deadline - clock.monotonic()))
                 if outcome is None:
                     self._take(got, start)
                     return self
@@ -495,36 +366,38 @@ class Lease:
             if now >= deadline:
                 raise LeaseTimeoutError(self.count, self.timeout_s, reason)
             clock.sleep(min(delay, deadline - now))
-            delay = _LOCK_POLL.next_interval(delay, changed=False)
+            delay = min(delay * 1.5, _POLL_MAX_S)
 
     def _candidates(self) -> list[tuple[DeviceInfo, str, MemoryInfo]]:
         """Visible devices that can meet the minimums, best first, with their lock keys."""
         devices = list(self.platform.devices())
-        _check_visible(self.count, len(devices), self.platform.name)
+        name = self.platform.name
+        if self.count > len(devices):
+            raise ConfigurationError(
+                f"cannot lease {self.count} device(s): {name} shows this process only "
+                f"{len(devices)} (leases stay inside the visible set)"
+            )
         seen: dict[str, int] = {}
         rows: list[tuple[DeviceInfo, str, MemoryInfo]] = []
         for device in devices:
-            key = _device_key(self.platform.name, device, seen)
+            key = _device_key(name, device, seen)
             info = self.platform.memory_info(device.index)
             limit = _needed_used(info, self.min_free_bytes, self.min_free_ratio)
             if limit is None or limit >= 0:
                 rows.append((device, key, info))
         if len(rows) < self.count:
+            minimums = []
+            if self.min_free_bytes is not None:
+                minimums.append(f"min_free_bytes={self.min_free_bytes}")
+            if self.min_free_ratio is not None:
+                minimums.append(f"min_free_ratio={self.min_free_ratio:g}")
             raise ConfigurationError(
-                f"{self.platform.name}: only {len(rows)} of {len(devices)} visible device(s) "
-                f"have enough memory in total for {self._minimums()}; {self.count} asked for"
+                f"{name}: only {len(rows)} of {len(devices)} visible device(s) have enough "
+                f"memory in total for {' and '.join(minimums)}; {self.count} asked for"
             )
         preferred = {key: rank for rank, key in enumerate(self._prefer)}
         rows.sort(key=lambda r: (preferred.get(r[1], len(preferred)), -r[2].free, r[0].index))
         return rows
-
-    def _minimums(self) -> str:
-        parts = []
-        if self.min_free_bytes is not None:
-            parts.append(f"min_free_bytes={self.min_free_bytes}")
-        if self.min_free_ratio is not None:
-            parts.append(f"min_free_ratio={self.min_free_ratio:g}")
-        return " and ".join(parts) or "the lease"
 
     def _lock_some(
         self, candidates: Sequence[tuple[DeviceInfo, str, MemoryInfo]]
@@ -544,8 +417,7 @@ class Lease:
     def _busy_reason(self, candidates: Sequence[tuple[DeviceInfo, str, MemoryInfo]]) -> str:
         held = []
         for device, key, _ in candidates:
-            meta = _read_metadata(self.lock_dir / (key + _META_SUFFIX))
-            pid = _int_field(meta, "pid")
+            pid = _int_field(_read_metadata(self.lock_dir / (key + _META_SUFFIX)), "pid")
             who = f"pid {pid}" if pid is not None else "another process"
             held.append(f"device {device.index} ({key}) held by {who}")
         return (
@@ -560,10 +432,8 @@ class Lease:
         targets: dict[int, int] = {}
         for device, key, _ in got:
             info = self.platform.memory_info(device.index)
-            limits = []
             needed = _needed_used(info, self.min_free_bytes, self.min_free_ratio)
-            if needed is not None:
-                limits.append(needed)
+            limits = [] if needed is None else [needed]
             meta = _read_metadata(self.lock_dir / (key + _META_SUFFIX))
             previous = _int_field(meta, "baseline_used_bytes")
             ours = key in self._prefer and _int_field(meta, "pid") == os.getpid()
@@ -590,15 +460,13 @@ class Lease:
         return None
 
     def _take(self, got: Sequence[tuple[DeviceInfo, str, int]], start: float) -> None:
-        devices = tuple(d for d, _, _ in got)
-        self.environ = subset_environment(self.platform, devices)
-        self.devices = devices
+        self.devices = tuple(d for d, _, _ in got)
+        self.environ = subset_environment(self.platform, self.devices)
         self.device_ids = tuple(k for _, k, _ in got)
         self._fds = [fd for _, _, fd in got]
         self._paths = [self.lock_dir / (k + _META_SUFFIX) for _, k, _ in got]
         self.waited_s = self._clock.monotonic() - start
-        command = _command_line()
-        since = time.time()
+        command, since = _command_line(), time.time()
         self._meta = []
         for (device, key, _), path in zip(got, self._paths, strict=True):
             meta: dict[str, object] = {
@@ -617,11 +485,7 @@ class Lease:
             _write_metadata(path, meta)
 
     def release(self) -> None:
-        """Let the devices go (idempotent); their metadata says they were released.
-
-        Side effects:
-            Rewrites the metadata files and closes the lock descriptors.
-        """
+        """Let the devices go (idempotent); their metadata says they were released."""
         fds, self._fds = self._fds, []
         for path, meta in zip(self._paths, self._meta, strict=True):
             _write_metadata(path, {**meta, "released": True, "released_at": time.time()})
@@ -644,14 +508,6 @@ class Lease:
         return f"<Lease count={self.count} {state} lock_dir={str(self.lock_dir)!r}>"
 
 
-def _check_visible(count: int, visible: int, platform: str) -> None:
-    if count > visible:
-        raise ConfigurationError(
-            f"cannot lease {count} device(s): {platform} shows this process only {visible} "
-            "(leases stay inside the visible set)"
-        )
-
-
 def lease(
     count: int = 1,
     *,
@@ -670,39 +526,36 @@ def lease(
         with accelplat.lease(2, min_free_bytes=40 * GIB, timeout_s=600) as held:
             subprocess.run(cmd, env=held.child_environ(), check=True)
 
-    Arguments are checked at once, before any waiting (see Raises).
-
     Args:
         count: Devices wanted, ``>= 1`` and at most the number visible.
         min_free_bytes: Each device must have at least this much free memory when handed out.
         min_free_ratio: Each device must have at least this fraction of its total free.
         timeout_s: How long to wait for the devices and their memory (``0`` tries once).
         lock_dir: The lock directory; ``None`` means :func:`default_lease_dir`.
-        platform: The platform; ``None`` means :func:`~accelplat.current_platform`.
-        clock: Time source and sleeper; ``None`` means the platform's (see
-            :func:`~accelplat._memory.default_clock`).
+        platform: The platform; ``None`` means the current one.
+        clock: Time source and sleeper; ``None`` means the platform's.
         prefer: Device identities (:attr:`Lease.device_ids` of an earlier lease) to take first
-            when free, before the order by free memory. Such a device that this process held
-            last is not waited on for the memory it used: that memory is this process's own
-            (a device runtime it started) and will not come back while it runs.
+            when free. Such a device that this process held last is not waited on for the memory
+            it used: that memory is this process's own and will not come back while it runs.
 
     Returns:
         A :class:`Lease`, not yet acquired.
 
     Raises:
-        ConfigurationError: For a ``count`` that is not a whole number ``>= 1`` or exceeds the
-            visible devices, negative or malformed minimums, minimums no ``count`` visible
-            devices could meet even when empty, a bad timeout, or a lock directory that cannot
-            be created or written (the message names it).
+        ConfigurationError: At once, before any waiting: for a ``count`` that is not a whole
+            number ``>= 1`` or exceeds the visible devices, negative or malformed minimums,
+            minimums no ``count`` visible devices could meet even when empty, a bad timeout, or
+            a lock directory that cannot be created or written (the message names it).
 
     Side effects:
-        Detects the platform and reads device memory (no device context); creates the lock
-        directory.
+        Detects the platform and reads device memory; creates the lock directory.
     """
-    wanted = _check_count(count)
-    min_bytes = _check_min_free_bytes(min_free_bytes)
-    ratio = _check_min_free_ratio(min_free_ratio)
-    timeout = _check_timeout(timeout_s)
+    wanted = _validate.integer(count, "count", minimum=1)
+    if min_free_bytes is not None:
+        _validate.integer(min_free_bytes, "min_free_bytes", minimum=0)
+    if min_free_ratio is not None:
+        _validate.number(min_free_ratio, "min_free_ratio", minimum=0, maximum=1)
+    timeout = _validate.number(timeout_s, "timeout_s", minimum=0)
     if isinstance(prefer, (str, bytes)) or not all(isinstance(p, str) for p in prefer):
         raise ConfigurationError(f"prefer must be a sequence of device identities, got {prefer!r}")
     directory = _prepare_dir(lock_dir)
@@ -714,8 +567,8 @@ def lease(
         wanted,
         platform=platform,
         lock_dir=directory,
-        min_free_bytes=min_bytes,
-        min_free_ratio=ratio,
+        min_free_bytes=min_free_bytes,
+        min_free_ratio=None if min_free_ratio is None else float(min_free_ratio),
         timeout_s=timeout,
         clock=clock if clock is not None else default_clock(platform),
         prefer=prefer,
@@ -749,14 +602,13 @@ def lease_status(lock_dir: str | os.PathLike[str] | None = None) -> list[LeaseRe
             probe = _try_lock(entry, shared=True)
         except (OSError, ConfigurationError):
             continue
-        held = probe is None
         if probe is not None:
             _unlock(probe)
         meta = _read_metadata(directory / (key + _META_SUFFIX))
         records.append(
             LeaseRecord(
                 device_id=_str_field(meta, "device_id") or key,
-                held=held,
+                held=probe is None,
                 pid=_int_field(meta, "pid"),
                 command=_str_field(meta, "command"),
                 since=_float_field(meta, "since"),

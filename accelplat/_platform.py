@@ -1,20 +1,18 @@
-"""The :class:`Platform` protocol every backend satisfies, and an optional base class.
+"""The :class:`Platform` protocol every backend satisfies, and the :class:`BasePlatform` ABC.
 
 A platform answers, for one kind of accelerator, the questions ML test suites ask: which devices
-this process sees, how much memory each has free and used, whether memory returns lazily, whether
-graphs can be captured, what memory utilization to default to and which process start method is
-safe. Built-in backends live in :mod:`accelplat._backends`; third parties register their own
-through the ``accelplat.platforms`` entry-point group (see :mod:`accelplat._registry`).
-
-A platform *class* (or zero-argument factory) may also offer ``probe() -> ProbeResult``, a cheap
-availability check that imports no framework and creates no device context. Detection calls it
-before constructing the platform.
+this process sees, how much memory each has, whether memory returns lazily, whether graphs can be
+captured, what memory utilization to default to and which process start method is safe. Built-in
+backends subclass :class:`BasePlatform`; plugins may instead satisfy :class:`Platform` alone. The
+members a plugin may leave out are listed once, with their defaults, in :data:`OPTIONAL_MEMBERS`;
+read them with :func:`optional`.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from accelplat import _validate
 from accelplat._types import (
@@ -29,17 +27,46 @@ from accelplat._util import Clock
 from accelplat.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from accelplat._usage import MemoryHolder
-
-__all__ = [
-    "BasePlatform",
-    "Platform",
-    "StartMethod",
-    "default_subset_environment",
-    "subset_environment",
-]
+    from accelplat._types import MemoryHolder
 
 StartMethod = Literal["fork", "spawn", "forkserver"]
+
+OPTIONAL_MEMBERS: Mapping[str, Any] = {
+    "is_accelerator": True,
+    "clock": None,
+    "FEATURES": {},
+    "driver_version": None,
+    "visible_devices_empty_hides_all": None,
+    "visible_devices_environment": None,
+    "visible_devices_shadowed_by": (),
+}
+"""Members of a platform beyond :class:`Platform`, each with the value meant when it is absent:
+
+* ``is_accelerator``: the platform's devices are accelerators, not the host CPU.
+* ``clock``: the :class:`~accelplat._util.Clock` waits read and sleep on; ``None``: real time.
+* ``FEATURES``: per built-in capability, the :class:`~accelplat._types.FeatureRule` s under
+  which a device has it (see docs/capabilities.md); a capability missing is unavailable.
+* ``driver_version``: a method returning the vendor driver's version (``None``: unknown).
+* ``visible_devices_empty_hides_all``: whether an empty :attr:`Platform.visible_devices_env`
+  hides every device (CUDA's does); ``None``: not known.
+* ``visible_devices_environment``: a method ``(devices) -> {variable: value or None}`` making
+  exactly ``devices`` visible to a child; absent: :func:`default_subset_environment`.
+* ``visible_devices_shadowed_by``: variables that take precedence over
+  ``visible_devices_env`` when set (ROCm: ``HIP_VISIBLE_DEVICES``).
+"""
+
+
+def optional(platform: object, name: str) -> Any:
+    """Return the optional member ``name`` of ``platform``, or its default when it has none.
+
+    Args:
+        platform: Any platform object (a :class:`BasePlatform` or a plugin's).
+        name: A key of :data:`OPTIONAL_MEMBERS`.
+
+    Returns:
+        ``getattr(platform, name)``, else ``OPTIONAL_MEMBERS[name]``.
+    """
+    return getattr(platform, name, OPTIONAL_MEMBERS[name])
 
 
 @runtime_checkable
@@ -47,7 +74,9 @@ class Platform(Protocol):
     """What every accelplat backend provides.
 
     Device arguments are *visible* (logical) indices, numbered as torch numbers them in this
-    process; backends map them to physical devices themselves.
+    process; backends map them to physical devices themselves. Every method taking ``device``
+    raises :class:`~accelplat.errors.DeviceNotFoundError` for an index that is not visible.
+    Optional members are listed in :data:`OPTIONAL_MEMBERS`.
 
     Attributes:
         name: Registered name, e.g. ``"cuda"``, ``"rocm"``, ``"xpu"``, ``"cpu"``.
@@ -62,44 +91,28 @@ class Platform(Protocol):
     """
 
     @property
-    def name(self) -> str:
-        """Registered platform name."""
-        ...
+    def name(self) -> str: ...
 
     @property
-    def device_type(self) -> str:
-        """Torch device type string."""
-        ...
+    def device_type(self) -> str: ...
 
     @property
-    def visible_devices_env(self) -> str | None:
-        """Name of the visible-devices environment variable, if any."""
-        ...
+    def visible_devices_env(self) -> str | None: ...
 
     @property
-    def release(self) -> ReleaseProfile:
-        """Release behaviour of device memory."""
-        ...
+    def release(self) -> ReleaseProfile: ...
 
     @property
-    def graph(self) -> GraphSupport:
-        """Graph-capture capability."""
-        ...
+    def graph(self) -> GraphSupport: ...
 
     @property
-    def default_memory_utilization(self) -> float:
-        """Default engine memory utilization, in ``(0, 1]``."""
-        ...
+    def default_memory_utilization(self) -> float: ...
 
     @property
-    def preferred_start_method(self) -> StartMethod:
-        """Process start method that is safe on this platform."""
-        ...
+    def preferred_start_method(self) -> StartMethod: ...
 
     @property
-    def context_free(self) -> bool:
-        """Whether memory queries avoid device contexts and framework imports."""
-        ...
+    def context_free(self) -> bool: ...
 
     def device_count(self) -> int:
         """Return the number of visible devices."""
@@ -118,20 +131,15 @@ class Platform(Protocol):
         ...
 
 
-class BasePlatform:
-    """Convenience base class for backends; satisfying :class:`Platform` does not require it.
+class BasePlatform(ABC):
+    """Base class of accelplat's backends: the protocol, its optional members and their defaults.
 
-    Besides the :class:`Platform` protocol it declares the extension points a backend may
-    provide, each with its default: :meth:`probe` (available), :attr:`clock` (real time),
-    :attr:`visible_devices_empty_hides_all` (unknown), :meth:`visible_devices_environment`
-    (:attr:`visible_devices_env` naming the devices), :meth:`driver_version` (unknown) and
-    :attr:`FEATURES` (no capability rules). Code that accepts any :class:`Platform` reads them
-    with a default, as a plugin need not derive from this class.
-
-    Subclasses set the class attributes (``RELEASE`` and ``GRAPH`` give the defaults of the
-    ``release`` and ``graph`` properties) and implement :meth:`devices` and :meth:`_memory_info`.
-    The base class validates device indices, so every backend raises the same
-    :class:`~accelplat.errors.DeviceNotFoundError` for a bad index.
+    A subclass sets the class attributes (``RELEASE`` and ``GRAPH`` give ``release`` and
+    ``graph``) and implements :meth:`probe`, :meth:`devices` and :meth:`_memory_info`; one that
+    misses any of them cannot be instantiated. :meth:`memory_info` checks the index once, then
+    calls :meth:`_memory_info`, so every backend raises the same
+    :class:`~accelplat.errors.DeviceNotFoundError`; a backend that can count its devices more
+    cheaply than :meth:`devices` overrides :meth:`device_count`, which that check calls.
     """
 
     name: ClassVar[str] = "base"
@@ -140,61 +148,45 @@ class BasePlatform:
     default_memory_utilization: ClassVar[float] = 0.92
     preferred_start_method: ClassVar[StartMethod] = "fork"
     context_free: ClassVar[bool] = True
+    is_accelerator: ClassVar[bool] = True
     RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(
         lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0
     )
     GRAPH: ClassVar[GraphSupport] = GraphSupport(False, None, "this platform has no graph capture")
     visible_devices_empty_hides_all: ClassVar[bool | None] = None
-    """Extension point: whether setting :attr:`visible_devices_env` to the empty string hides
-    every device (CUDA and HIP do). ``None``: not known; the conformance kit then does not check
-    it."""
-
+    visible_devices_shadowed_by: ClassVar[tuple[str, ...]] = ()
     clock: Clock | None = None
-    """Extension point: the clock waits on this platform read and sleep on (the simulated
-    platform's virtual clock); ``None`` means real time (:data:`accelplat._util.REAL_CLOCK`)."""
-
     FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {}
-    """Optional extension point: per built-in capability (``"bf16"``, ``"fp8"``, ``"fp4"``,
-    ``"mxfp4"``), the rules under which this platform's devices have it
-    (see :mod:`accelplat.capabilities`). A capability missing here is unavailable."""
 
     @property
     def release(self) -> ReleaseProfile:
-        """Release behaviour of device memory (the class's ``RELEASE`` by default)."""
+        """Release behaviour of device memory (the class's ``RELEASE``)."""
         return self.RELEASE
 
     @property
     def graph(self) -> GraphSupport:
-        """Graph-capture capability (the class's ``GRAPH`` by default)."""
+        """Graph-capture capability (the class's ``GRAPH``)."""
         return self.GRAPH
 
     @classmethod
+    @abstractmethod
     def probe(cls) -> ProbeResult:
-        """Return whether this platform is usable here; cheap, no framework, no context.
+        """Return whether this platform is usable here; cheap, no framework, no device context."""
 
-        Returns:
-            A :class:`ProbeResult`. The default says available.
-        """
-        return ProbeResult(True, "always available")
-
+    @abstractmethod
     def devices(self) -> Sequence[DeviceInfo]:
-        """Return the visible devices in visible-index order.
+        """Return the visible devices in visible-index order."""
 
-        Raises:
-            NotImplementedError: Subclasses must implement it.
-        """
-        raise NotImplementedError
+    @abstractmethod
+    def _memory_info(self, device: int) -> MemoryInfo:
+        """Return memory of visible device ``device``, an index :meth:`check_device` accepted."""
 
     def driver_version(self) -> str | None:
-        """Extension point: the vendor driver's version, for reports; ``None`` when unknown.
-
-        Returns:
-            ``None`` by default.
-        """
+        """Return the vendor driver's version, for reports; ``None`` (the default) when unknown."""
         return None
 
     def device_count(self) -> int:
-        """Return the number of visible devices (``len(self.devices())``)."""
+        """Return the number of visible devices (``len(self.devices())`` by default)."""
         return len(self.devices())
 
     def check_device(self, device: object) -> int:
@@ -214,25 +206,13 @@ class BasePlatform:
     def memory_info(self, device: int) -> MemoryInfo:
         """Return memory of visible device ``device`` in bytes.
 
-        Args:
-            device: Visible device index.
-
-        Returns:
-            The device's :class:`MemoryInfo`.
-
         Raises:
             DeviceNotFoundError: For an index that is not visible.
         """
         return self._memory_info(self.check_device(device))
 
-    def _memory_info(self, device: int) -> MemoryInfo:
-        raise NotImplementedError
-
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
         """Return processes holding memory on ``device``; the default says unknown (``None``).
-
-        Args:
-            device: Visible device index.
 
         Raises:
             DeviceNotFoundError: For an index that is not visible.
@@ -243,9 +223,9 @@ class BasePlatform:
     def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
         """Return the environment that makes exactly ``devices`` visible to a child process.
 
-        Device leases (:func:`accelplat.lease`) apply it. The default names each device by its
-        UUID, else its physical index, in :attr:`visible_devices_env`; a backend whose vendor
-        stacks several variables overrides this (see :func:`subset_environment`).
+        The default names each device in :attr:`visible_devices_env`
+        (:func:`default_subset_environment`); a vendor that stacks several variables overrides
+        this.
 
         Args:
             devices: Devices of this platform, as :meth:`devices` returned them.
@@ -280,10 +260,6 @@ def default_subset_environment(
 def subset_environment(platform: Platform, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
     """Return the environment that shows a child process exactly ``devices`` of ``platform``.
 
-    Calls the platform's ``visible_devices_environment`` where it has one (every
-    :class:`BasePlatform` does; it is an optional member of :class:`Platform`), else
-    :func:`default_subset_environment` of its ``visible_devices_env``.
-
     Args:
         platform: The platform the devices belong to.
         devices: The devices, as ``platform.devices()`` returned them.
@@ -292,10 +268,10 @@ def subset_environment(platform: Platform, devices: Sequence[DeviceInfo]) -> dic
         Variable name to value; ``None`` means "remove the variable".
 
     Raises:
-        ConfigurationError: When the platform's answer is not a mapping of names to text or
-            ``None``.
+        ConfigurationError: When the platform's ``visible_devices_environment`` answers
+            something other than a mapping of names to text or ``None``.
     """
-    method = getattr(platform, "visible_devices_environment", None)
+    method = optional(platform, "visible_devices_environment")
     if method is None:
         return default_subset_environment(platform.visible_devices_env, devices)
     answer = method(devices)
@@ -322,12 +298,4 @@ def validate_utilization(value: float, *, argument: str = "gpu_memory_utilizatio
     Raises:
         ValueError: Naming ``argument`` and the accepted range.
     """
-    return _validate.number(
-        value,
-        argument,
-        above=0,
-        maximum=1,
-        expected="in (0, 1]",
-        not_a_number="a number in (0, 1]",
-        error=ValueError,
-    )
+    return _validate.number(value, argument, above=0, maximum=1, error=ValueError)

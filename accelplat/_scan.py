@@ -1,15 +1,12 @@
 """Inventory a test tree's platform predicates, and name what replaces each.
 
-``accelplat scan PATH`` walks every ``*.py`` file under ``PATH`` with :mod:`ast` (never regular
-expressions over source text), finds the calls and attributes test suites use to ask about the
-platform (``current_platform.is_rocm()``, ``torch.cuda.is_available()``, ``torch.version.hip``,
-``hasattr(torch, "xpu")``, ``has_device_capability(90)``, ``on_gfx9()``, ``supports_fp8()`` …),
-decides from where each sits (a ``skipif``, an ``if … pytest.skip``, another branch) and from
-the skip reason or branch body what it really asks, and names the accelplat requirement or
-drop-in that replaces it where one exists.
-
-Side effects: reads the files through accelplat's one bounded reader (regular files up to
-2 MiB; symbolic links are not followed); imports nothing it scans.
+``accelplat scan PATH`` parses every ``*.py`` file under ``PATH`` with :mod:`ast`, finds the
+platform predicates test suites use (``is_rocm()``, ``torch.cuda.is_available()``,
+``has_device_capability(90)``, ``on_gfx9()`` …), decides from where each sits (a ``skipif``, an
+``if … pytest.skip``, another branch) and from the skip reason or branch body what it asks, and
+names the accelplat requirement or drop-in that replaces it (``docs/capabilities.md``). Files
+are read through the bounded reader (regular files up to 2 MiB, no symbolic links); nothing
+scanned is imported.
 """
 
 from __future__ import annotations
@@ -25,8 +22,6 @@ from typing import Any
 
 from accelplat import _files
 from accelplat.errors import ConfigurationError, FileTooLargeError
-
-__all__ = ["GROUPS", "Finding", "ScanReport", "scan_path", "scan_source"]
 
 MAX_FILE_BYTES = 2 * 1024**2
 """Larger files are listed as skipped, not parsed."""
@@ -52,13 +47,10 @@ _PLATFORM_METHODS = {
     "is_cpu": "cpu",
     "is_tpu": "tpu",
 }
+_TORCH_DEVICE_MODULES = frozenset({"xpu", "hpu", "npu"})  # hasattr(torch, "xpu") in scanned code
 _CAPABILITY_METHODS = frozenset(
-    {
-        "has_device_capability",
-        "is_device_capability",
-        "is_device_capability_family",
-        "get_device_capability",
-    }
+    {"has_device_capability", "is_device_capability", "is_device_capability_family"}
+    | {"get_device_capability"}
 )
 _DTYPE_METHODS = {
     "supports_fp8": "fp8",
@@ -144,8 +136,7 @@ class ScanReport:
         return {**self.summary(), "findings": [asdict(f) for f in self.findings]}
 
 
-def _family(predicate: str) -> str:
-    """``has_device_capability(90)`` -> ``has_device_capability(…)``; others unchanged."""
+def _family(predicate: str) -> str:  # has_device_capability(90) -> has_device_capability(…)
     name, paren, rest = predicate.partition("(")
     if paren and rest != ")" and name != "hasattr":
         return f"{name}(…)"
@@ -153,9 +144,7 @@ def _family(predicate: str) -> str:
 
 
 def _replacement_family(replacement: str | None) -> str:
-    if replacement is None:
-        return "none"
-    return replacement.split(":", 1)[0]
+    return "none" if replacement is None else replacement.split(":", 1)[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,7 +190,7 @@ def _predicate(node: ast.AST) -> tuple[str, str] | None:
             isinstance(target, ast.Name)
             and target.id == "torch"
             and isinstance(attr, ast.Constant)
-            and attr.value in ("xpu", "hpu", "npu")
+            and attr.value in _TORCH_DEVICE_MODULES
         ):
             return f'hasattr(torch, "{attr.value}")', "platform"
         return None
@@ -300,7 +289,7 @@ _DTYPE_WORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
-def _group(kind: str, use: str, text: str, predicate: str) -> str:
+def _group(kind: str, use: str, text: str) -> str:
     if kind == "count":
         return "device count"
     if kind == "memory":
@@ -315,19 +304,9 @@ def _group(kind: str, use: str, text: str, predicate: str) -> str:
     return "other"
 
 
-def _dtype_in(text: str) -> str | None:
-    for name, pattern in _DTYPE_WORDS:
-        if pattern.search(text):
-            return name
-    return None
-
-
 def _capability_arg(predicate: str) -> str | None:
     m = re.search(r"\((\d+)\)", predicate)
-    if m is None:
-        return None
-    digits = m.group(1)
-    return f"sm_{digits}"
+    return None if m is None else f"sm_{m.group(1)}"
 
 
 def _replacement(kind: str, use: str, group: str, text: str, predicate: str) -> str | None:
@@ -347,7 +326,8 @@ def _replacement(kind: str, use: str, group: str, text: str, predicate: str) -> 
         return 'builtin: accelplat_requires("graphs")' if skip else 'builtin: has("graphs")'
     if group == "tolerances":
         return None
-    dtype = _dtype_in(text) or _DTYPE_METHODS.get(predicate.partition("(")[0])
+    dtype = next((name for name, p in _DTYPE_WORDS if p.search(text)), None)
+    dtype = dtype or _DTYPE_METHODS.get(predicate.partition("(")[0])
     if kind == "dtype" and not skip:
         return f'builtin: capabilities()["{dtype or "fp8"}"].value'
     if dtype is not None and (skip or kind in ("arch", "dtype")):
@@ -392,18 +372,14 @@ def scan_source(source: str, path: str = "<source>") -> list[Finding]:
             parents[child] = parent
     found: list[Finding] = []
     for node in ast.walk(tree):
-        hit = _predicate(node)
-        if hit is None:
-            continue
-        predicate, kind = hit
-        use, text = _context(node, parents, source)
-        group = _group(kind, use, text, predicate)
-        replacement = _replacement(kind, use, group, text, predicate)
-        found.append(
-            Finding(path, getattr(node, "lineno", 0), predicate, kind, use, group, replacement)
-        )
-    found.sort(key=lambda f: f.line)
-    return found
+        if (hit := _predicate(node)) is not None:
+            predicate, kind = hit
+            use, text = _context(node, parents, source)
+            group = _group(kind, use, text)
+            replacement = _replacement(kind, use, group, text, predicate)
+            line = getattr(node, "lineno", 0)
+            found.append(Finding(path, line, predicate, kind, use, group, replacement))
+    return sorted(found, key=lambda f: f.line)
 
 
 def _python_files(root: Path) -> Iterator[Path]:

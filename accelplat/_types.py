@@ -1,35 +1,16 @@
-"""Value types shared by every layer of accelplat.
+"""Value types shared by every layer of accelplat: devices, memory, holders, probe outcomes.
 
-All sizes are in bytes and all durations in seconds. Every type here is a frozen dataclass, so
-values can be shared between threads, cached and compared freely: ``dataclasses.fields``,
-``asdict`` and ``replace`` work on them, assigning to a field raises
-``dataclasses.FrozenInstanceError``, and equality, hashing and ``repr`` are the field-wise ones
-of ``@dataclass(frozen=True)``. They are built by ``value_type``, which compiles less code at
-import (see :func:`_frozen_value_type` for why). This module imports nothing from the rest of
-the package.
+All sizes are in bytes and all durations in seconds. Every type is a frozen dataclass, so values
+can be shared between threads, cached and compared freely. This module imports nothing from the
+rest of the package.
 """
 
 from __future__ import annotations
 
+import enum
 import math
-import operator
-import reprlib
-from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, TypeVar
-
-__all__ = [
-    "GIB",
-    "MIB",
-    "Candidate",
-    "DeviceInfo",
-    "FeatureRule",
-    "GraphSupport",
-    "MemoryInfo",
-    "ProbeResult",
-    "ReleaseProfile",
-    "value_type",
-]
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 MIB = 1024**2
 """Bytes in one mebibyte."""
@@ -37,82 +18,8 @@ MIB = 1024**2
 GIB = 1024**3
 """Bytes in one gibibyte."""
 
-_T = TypeVar("_T")
 
-
-def _fields_getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
-    """Return a function giving the tuple of the values of ``names`` of an object."""
-    if len(names) >= 2:
-        return operator.attrgetter(*names)
-    if len(names) == 1:
-        get_one = operator.attrgetter(names[0])
-        return lambda obj: (get_one(obj),)
-    return lambda obj: ()
-
-
-def _frozen_value_type(cls: type[_T]) -> type[_T]:
-    """Make ``cls`` a frozen dataclass, compiling only two of its methods.
-
-    ``dataclass`` writes each method it adds as source text and compiles it: about 0.15 ms per
-    method here, which made the value types a third of detection on a host without an
-    accelerator. Here ``dataclass(frozen=True)`` records the fields (``fields``, ``asdict``,
-    ``replace``, ``__match_args__`` and subclassing by a frozen dataclass work as for any
-    frozen dataclass) and adds only the refusal to assign or delete a field; the class writes
-    its own ``__init__`` (assigning with ``object.__setattr__`` and calling ``__post_init__``
-    where it has one); equality, hashing and ``repr`` are functions shared by every value type
-    that read its fields' names. The result compares, hashes, prints and refuses changes as
-    the generated methods do; a test holds every value type against a
-    ``@dataclass(frozen=True)`` twin.
-    """
-    cls = dataclass(init=False, repr=False, eq=False, frozen=True)(cls)
-    own = fields(cls)  # type: ignore[arg-type]
-    compared = _fields_getter(tuple(f.name for f in own if f.compare))
-    hashed = _fields_getter(tuple(f.name for f in own if (f.compare if f.hash is None else f.hash)))
-    shown = tuple(f.name for f in own if f.repr)
-
-    def _eq(self: Any, other: object) -> object:
-        if other.__class__ is self.__class__:
-            return compared(self) == compared(other)
-        return NotImplemented
-
-    def _hash(self: Any) -> int:
-        return hash(hashed(self))
-
-    @reprlib.recursive_repr()
-    def _repr(self: Any) -> str:
-        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in shown)
-        return f"{self.__class__.__qualname__}({inner})"
-
-    for name, method in (("__eq__", _eq), ("__hash__", _hash), ("__repr__", _repr)):
-        method.__name__ = name
-        method.__qualname__ = f"{cls.__qualname__}.{name}"
-        setattr(cls, name, method)
-    return cls
-
-
-if TYPE_CHECKING:
-    # Type checkers see the value types as what they are: frozen dataclasses.
-    from dataclasses import dataclass as value_type
-else:
-
-    def value_type(*, frozen: bool) -> Callable[[type[_T]], type[_T]]:
-        """Class decorator of the value types, written ``@value_type(frozen=True)``.
-
-        Args:
-            frozen: Must be ``True``; spelled out so that the code says what type checkers see.
-
-        Returns:
-            The decorator, :func:`_frozen_value_type`.
-
-        Raises:
-            TypeError: For ``frozen`` other than ``True``.
-        """
-        if frozen is not True:
-            raise TypeError("value types are frozen: write @value_type(frozen=True)")
-        return _frozen_value_type
-
-
-@value_type(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MemoryInfo:
     """Memory of one device at one moment, in bytes.
 
@@ -132,15 +39,6 @@ class MemoryInfo:
     reserved: int = 0
     source: str = ""
 
-    def __init__(
-        self, free: int, total: int, used: int, reserved: int = 0, source: str = ""
-    ) -> None:
-        object.__setattr__(self, "free", free)
-        object.__setattr__(self, "total", total)
-        object.__setattr__(self, "used", used)
-        object.__setattr__(self, "reserved", reserved)
-        object.__setattr__(self, "source", source)
-
     @property
     def used_ratio(self) -> float:
         """Fraction of ``total`` in use, in ``[0, 1]``; ``0.0`` for a device of zero size."""
@@ -149,19 +47,7 @@ class MemoryInfo:
         return min(1.0, max(0.0, self.used / self.total))
 
 
-def memory_info_fast(free: int, total: int, used: int, reserved: int, source: str) -> MemoryInfo:
-    """Build a :class:`MemoryInfo` without the frozen-dataclass ``__init__``, for polling paths.
-
-    The result is equal to, hashes like and behaves exactly as ``MemoryInfo(free, total, used,
-    reserved, source)``; it skips the five ``object.__setattr__`` calls a frozen ``__init__``
-    makes (about half a microsecond, a tenth of an NVML memory query). Arguments are trusted.
-    """
-    obj = object.__new__(MemoryInfo)
-    obj.__dict__.update(free=free, total=total, used=used, reserved=reserved, source=source)
-    return obj
-
-
-@value_type(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceInfo:
     """Identity of one visible device.
 
@@ -188,24 +74,6 @@ class DeviceInfo:
     arch: str | None = None
     compute_capability: tuple[int, int] | None = None
 
-    def __init__(  # noqa: PLR0917 - positional, as the dataclass's own __init__ would be
-        self,
-        index: int,
-        physical_index: int,
-        name: str,
-        uuid: str | None = None,
-        pci_bus_id: str | None = None,
-        arch: str | None = None,
-        compute_capability: tuple[int, int] | None = None,
-    ) -> None:
-        object.__setattr__(self, "index", index)
-        object.__setattr__(self, "physical_index", physical_index)
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "uuid", uuid)
-        object.__setattr__(self, "pci_bus_id", pci_bus_id)
-        object.__setattr__(self, "arch", arch)
-        object.__setattr__(self, "compute_capability", compute_capability)
-
     @property
     def stable_id(self) -> str | None:
         """An identity that no visible-devices variable or enumeration order can change.
@@ -217,7 +85,7 @@ class DeviceInfo:
         return self.uuid or self.pci_bus_id or None
 
 
-@value_type(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FeatureRule:
     """One condition under which a platform's device has a built-in capability, as data.
 
@@ -237,20 +105,8 @@ class FeatureRule:
     value: str | None = None
     note: str = ""
 
-    def __init__(
-        self,
-        min_compute_capability: tuple[int, int] | None = None,
-        archs: tuple[str, ...] = (),
-        value: str | None = None,
-        note: str = "",
-    ) -> None:
-        object.__setattr__(self, "min_compute_capability", min_compute_capability)
-        object.__setattr__(self, "archs", archs)
-        object.__setattr__(self, "value", value)
-        object.__setattr__(self, "note", note)
 
-
-@value_type(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ReleaseProfile:
     """How a platform gives device memory back, used by the settle algorithm as data.
 
@@ -261,25 +117,15 @@ class ReleaseProfile:
         settle_timeout_s: Default time limit for a settle wait.
         idle_floor_bytes: Usage an idle device never drops below (firmware, display, runtime); a
             ratio threshold below this is raised to it.
+
+    Raises:
+        ValueError: For a negative or non-finite duration, or a negative floor.
     """
 
     lazy: bool
     stable_duration_s: float
     settle_timeout_s: float
     idle_floor_bytes: int = 0
-
-    def __init__(
-        self,
-        lazy: bool,
-        stable_duration_s: float,
-        settle_timeout_s: float,
-        idle_floor_bytes: int = 0,
-    ) -> None:
-        object.__setattr__(self, "lazy", lazy)
-        object.__setattr__(self, "stable_duration_s", stable_duration_s)
-        object.__setattr__(self, "settle_timeout_s", settle_timeout_s)
-        object.__setattr__(self, "idle_floor_bytes", idle_floor_bytes)
-        self.__post_init__()
 
     def __post_init__(self) -> None:
         for name in ("stable_duration_s", "settle_timeout_s"):
@@ -292,7 +138,7 @@ class ReleaseProfile:
             )
 
 
-@value_type(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GraphSupport:
     """Whether the platform can capture and replay device graphs.
 
@@ -309,13 +155,8 @@ class GraphSupport:
     api: str | None
     reason: str
 
-    def __init__(self, available: bool, api: str | None, reason: str) -> None:
-        object.__setattr__(self, "available", available)
-        object.__setattr__(self, "api", api)
-        object.__setattr__(self, "reason", reason)
 
-
-@value_type(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ProbeResult:
     """Outcome of a platform's cheap availability probe.
 
@@ -327,12 +168,8 @@ class ProbeResult:
     available: bool
     reason: str
 
-    def __init__(self, available: bool, reason: str) -> None:
-        object.__setattr__(self, "available", available)
-        object.__setattr__(self, "reason", reason)
 
-
-@value_type(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Candidate:
     """One platform considered by detection, and what became of it.
 
@@ -350,11 +187,86 @@ class Candidate:
     reason: str
     builtin: bool = True
 
-    def __init__(
-        self, name: str, available: bool, chosen: bool, reason: str, builtin: bool = True
-    ) -> None:
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "available", available)
-        object.__setattr__(self, "chosen", chosen)
-        object.__setattr__(self, "reason", reason)
-        object.__setattr__(self, "builtin", builtin)
+
+class HolderState(str, enum.Enum):
+    """What is known about a process that holds device memory."""
+
+    SELF = "self"
+    """The calling process itself."""
+    CHILD = "child"
+    """A live descendant of the calling process."""
+    ALIVE = "alive"
+    """Some other live process."""
+    ZOMBIE = "zombie"
+    """Exited but not yet reaped; its memory may still be held."""
+    GONE = "gone"
+    """No such process any more (the driver still lists it, or its pid is in another namespace)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryHolder:
+    """A process that holds memory on a device, where the vendor can tell.
+
+    Attributes:
+        pid: Process id as the driver reports it (a host pid, even inside a container).
+        used_bytes: Bytes it holds, or ``None`` where the driver does not say.
+        state: Whether the pid is this process, a child, alive, a zombie or gone.
+        name: Process name where it could be read, else ``""``.
+    """
+
+    pid: int
+    used_bytes: int | None
+    state: HolderState
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSnapshot:
+    """Memory of several devices sampled together.
+
+    Attributes:
+        timestamp: ``time.monotonic()`` when the sample was taken.
+        wall_time: ``time.time()`` of the same moment, for logs.
+        memory: Per visible device index, its ``MemoryInfo``.
+        holders: Per visible device index, the processes holding memory there; a device missing
+            from this mapping means the vendor cannot tell. Empty when not given.
+    """
+
+    timestamp: float
+    wall_time: float
+    memory: Mapping[int, MemoryInfo]
+    holders: Mapping[int, tuple[MemoryHolder, ...]] = field(default_factory=dict)
+
+    def used_gib(self) -> dict[int, tuple[float, float]]:
+        """Return per device ``(used GiB, total GiB)``, the shape vLLM's test helpers use."""
+        return {d: (m.used / GIB, m.total / GIB) for d, m in self.memory.items()}
+
+    def describe(self) -> str:
+        """Return one line such as ``"0=1.25/139.81 GiB; 1=0.00/139.81 GiB"``."""
+        return "; ".join(
+            f"{d}={m.used / GIB:.2f}/{m.total / GIB:.2f} GiB"
+            for d, m in sorted(self.memory.items())
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SettleResult:
+    """What a memory wait did.
+
+    Attributes:
+        waited_s: Seconds from the call to its return.
+        polls: Number of samples taken, the first included.
+        snapshot: The last sample, which met the target.
+        already_settled: ``True`` when the first sample met the target and no waiting happened.
+        targets: Per device, the usage in bytes at or below which it counts as clear; empty
+            when not given.
+        raised_targets: The targets the platform's idle floor raised above what the thresholds
+            asked for, per device (a subset of ``targets``).
+    """
+
+    waited_s: float
+    polls: int
+    snapshot: UsageSnapshot
+    already_settled: bool
+    targets: Mapping[int, int] = field(default_factory=dict)
+    raised_targets: Mapping[int, int] = field(default_factory=dict)

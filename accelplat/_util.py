@@ -1,8 +1,4 @@
-"""Small shared helpers: the clock waits read, and formatting for people.
-
-Waits read time and sleep only through a :class:`Clock`, so tests and the simulated platform can
-substitute a virtual clock whose ``sleep`` advances time instantly.
-"""
+"""Small shared helpers: the :class:`Clock` waits read and sleep on, and formatting for people."""
 
 from __future__ import annotations
 
@@ -13,10 +9,10 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Clock(Protocol):
-    """A source of monotonic time that can also sleep.
+    """A source of monotonic time that can also sleep (a virtual clock's ``sleep`` advances it).
 
-    A clock may also offer ``time() -> float`` (wall-clock seconds since the epoch), used for
-    :attr:`~accelplat.UsageSnapshot.wall_time`; without it :func:`time.time` is used.
+    A clock may also offer ``time() -> float`` (seconds since the epoch) for
+    :attr:`~accelplat.types.UsageSnapshot.wall_time`; without it :func:`time.time` is used.
     """
 
     def monotonic(self) -> float:
@@ -86,11 +82,9 @@ def gib_digits(n: int) -> str:
 def printable(text: object, *, keep_newlines: bool = False) -> str:
     r"""Return ``text`` safe to show on a terminal: control characters escaped, as ``repr`` does.
 
-    A device name, a process name or a driver message can hold escape sequences (``"\x1b]0;…"``
-    retitles a terminal, ``"\x1b[2J"`` clears it) or bidirectional overrides that make text
-    read differently from what it is. Every character Python does not call printable (C0 and C1
-    controls, DEL, format characters such as U+202E, line and paragraph separators, white space
-    other than the plain space) is written as its escape: ``\x1b``, ``\u202e``.
+    A device, process or driver name can hold escape sequences (``"\x1b]0;…"`` retitles a
+    terminal) or bidirectional overrides. Every character Python does not call printable is
+    written as its escape: ``\x1b``, ``\u202e``.
 
     Args:
         text: What to show (``str()`` is applied first).

@@ -1,54 +1,29 @@
-"""The one module that checks numbers and fields that come from users or untrusted files.
+"""The one module that checks numbers, sizes and fields that come from users or untrusted files.
 
-Two kinds of input pass through here:
-
-* **Arguments** of public functions and options (durations, ratios, byte counts): a
-  :class:`~accelplat.errors.ConfigurationError` names the argument and the accepted range.
-  ``bool`` is never a number; an ``int`` too large for a float (``10**400``) is refused like an
-  infinity, without echoing its digits back.
-* **Fields of untrusted JSON documents** (timeline traces, simulated specs, capture bundles):
-  :class:`JsonFields` checks each field's type and range and names it by its path
-  (``tests[3].end``), with the document's own prefix (``"trace field"``).
-
-The general checks, :func:`number` (of a value, or of text) and :func:`integer`, take the caller's
-words for what is accepted (``expected``) and, where the caller must raise another type (a
-``ValueError``, a pytest usage error, an argparse type error), the error class: the *check* is
-defined once here, the message keeps each caller's documented wording, worded
-``"<argument> must be <expected>, got <value>"`` (or ``"expected <expected>, got <value>"``
-when no argument is named).
-
-Sizes written as text go through the one size grammar, :func:`accelplat._sizing.parse_size`.
-Nothing here touches a device.
+* **Numbers** (:func:`number`, :func:`integer` and the shorthands :func:`duration`,
+  :func:`byte_count`, :func:`ratio`, :func:`byte_int`): one rule (``bool`` is never a number;
+  NaN, infinities and ints beyond any float are refused) and one message shape,
+  ``"<argument> must be <expected>, got <value>"``; the caller may say which error class to raise.
+* **Sizes** written as text: :func:`parse_size`, the one size grammar (docs/concepts.md, "Sizes").
+* **Fields of untrusted JSON documents** (traces, simulated specs, capture bundles):
+  :class:`JsonFields` names each bad field by its path (``tests[3].end``).
 """
 
 from __future__ import annotations
 
 import math
 import operator
-import sys
+import re
 from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any, Literal, SupportsFloat, TypeGuard
 
 from accelplat.errors import ConfigurationError, DeviceNotFoundError
 
-__all__ = [
-    "FLOAT_MAX_TEXT",
-    "JsonFields",
-    "byte_count",
-    "byte_int",
-    "device_index",
-    "duration",
-    "finite_number",
-    "integer",
-    "number",
-    "ratio",
-]
-
 ErrorType = Callable[[str], Exception]
 """What a check raises: an exception class (or factory) taking the message."""
 
-FLOAT_MAX_TEXT = f"{sys.float_info.max:.2g}"
-"""The largest float, as messages quote it: numeric arguments are compared as floats."""
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+"""A platform or capability name: lower case letters, digits, ``_ . -``; at most 64 characters."""
 
 
 def _is_real(value: object) -> TypeGuard[SupportsFloat]:
@@ -62,140 +37,35 @@ def _is_real(value: object) -> TypeGuard[SupportsFloat]:
     return isinstance(value, numbers.Real)
 
 
-def finite_number(
-    value: object, argument: str, *, accepted: str = "finite", not_a_number: str = "a number"
-) -> float:
-    """Return ``value`` as a finite float.
-
-    Args:
-        value: A real number (``bool`` refused).
-        argument: Its name, for the message.
-        accepted: Words for the accepted values, used when ``value`` is too large for a float.
-        not_a_number: Words for what is accepted, used when ``value`` is no number.
-
-    Returns:
-        ``float(value)``.
-
-    Raises:
-        ConfigurationError: For a non-number, NaN, an infinity or an int beyond any float; the
-            digits of such an int are not echoed (an int of more than 4300 digits has no repr).
-    """
-    if not _is_real(value):
-        raise ConfigurationError(f"{argument} must be {not_a_number}, got {value!r}")
-    try:
-        result = float(value)
-    except OverflowError:
-        raise ConfigurationError(
-            f"{argument} must be {accepted}, got a number too large for a float"
-        ) from None
-    if not math.isfinite(result):
-        raise ConfigurationError(f"{argument} must be finite, got {value!r}")
-    return result
-
-
-def duration(value: object, argument: str) -> float:
-    """Return a number of seconds ``>= 0`` (finite).
-
-    Raises:
-        ConfigurationError: Naming ``argument``.
-    """
-    result = finite_number(
-        value, argument, accepted=f"a number of seconds in [0, {FLOAT_MAX_TEXT}]"
-    )
-    if result < 0:
-        raise ConfigurationError(f"{argument} must be >= 0 seconds, got {value!r}")
-    return result
-
-
-def byte_count(value: object, argument: str, *, not_a_number: str = "a number") -> int:
-    """Return a number of bytes ``>= 0``, a float rounded down.
-
-    Args:
-        value: A real number.
-        argument: Its name, for the message.
-        not_a_number: Words for what is accepted, used when ``value`` is no number.
-
-    Raises:
-        ConfigurationError: Naming ``argument``.
-    """
-    accepted = f"a number of bytes in [0, {FLOAT_MAX_TEXT}]"
-    result = finite_number(value, argument, accepted=accepted, not_a_number=not_a_number)
-    if result < 0:
-        raise ConfigurationError(f"{argument} must be >= 0 bytes, got {value!r}")
-    return math.floor(result)
-
-
-def ratio(value: object, argument: str, *, not_a_number: str = "a number") -> float:
-    """Return a fraction in ``[0, 1]``.
-
-    Args:
-        value: A real number.
-        argument: Its name, for the message.
-        not_a_number: Words for what is accepted, used when ``value`` is no number.
-
-    Raises:
-        ConfigurationError: Naming ``argument``.
-    """
-    result = finite_number(value, argument, accepted="in [0, 1]", not_a_number=not_a_number)
-    if not 0.0 <= result <= 1.0:
-        raise ConfigurationError(f"{argument} must be in [0, 1], got {value!r}")
-    return result
-
-
-def byte_int(value: object, argument: str, *, positive: bool = False) -> int:
-    """Return an exact ``int`` number of bytes, ``>= 0`` (or ``> 0``); floats are refused.
-
-    Raises:
-        ConfigurationError: Naming ``argument``, for a non-int (``bool`` included), a
-            non-finite float, or a value out of range.
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigurationError(f"{argument} must be a finite number of bytes, got {value!r}")
-        raise ConfigurationError(
-            f"{argument} must be an int number of bytes, got {type(value).__name__} {value!r}"
-        )
-    if value < 0 or (positive and value == 0):
-        bound = "> 0" if positive else ">= 0"
-        raise ConfigurationError(f"{argument} must be {bound}, got {value!r}")
-    return value
-
-
 def _must(argument: str, expected: str, shown: str) -> str:
     if argument:
         return f"{argument} must be {expected}, got {shown}"
     return f"expected {expected}, got {shown}"
 
 
-def _range_words(
-    minimum: float | None, maximum: float | None, above: float | None, below: float | None
-) -> str:
+def _shown(value: object) -> str:
+    if isinstance(value, int) and value.bit_length() >= 4000:
+        return "an int of more than 1200 digits"  # an int of more than 4300 digits has no repr
+    return repr(value)
+
+
+def _range_words(minimum: float | None, maximum: float | None, above: float | None) -> str:
     low = f"{above:g}" if above is not None else None if minimum is None else f"{minimum:g}"
-    high = f"{below:g}" if below is not None else None if maximum is None else f"{maximum:g}"
+    high = None if maximum is None else f"{maximum:g}"
     if low is not None and high is not None:
-        left = "(" if above is not None else "["
-        right = ")" if below is not None else "]"
-        return f"in {left}{low}, {high}{right}"
+        return f"in {'(' if above is not None else '['}{low}, {high}]"
     if low is not None:
         return f"{'>' if above is not None else '>='} {low}"
-    if high is not None:
-        return f"{'<' if below is not None else '<='} {high}"
-    return ""
+    return "" if high is None else f"<= {high}"
 
 
-def _check_range(
-    value: float,
-    *,
-    minimum: float | None,
-    maximum: float | None,
-    above: float | None,
-    below: float | None,
+def _in_range(
+    value: float, minimum: float | None, maximum: float | None, above: float | None
 ) -> bool:
     return (
         (minimum is None or value >= minimum)
         and (maximum is None or value <= maximum)
         and (above is None or value > above)
-        and (below is None or value < below)
     )
 
 
@@ -206,13 +76,14 @@ def number(
     minimum: float | None = None,
     maximum: float | None = None,
     above: float | None = None,
-    below: float | None = None,
     expected: str | None = None,
-    not_a_number: str | None = None,
     from_text: bool = False,
     error: ErrorType = ConfigurationError,
 ) -> float:
     """Return ``value`` as a float if it is a finite real number in the given range.
+
+    The message names the condition that failed: ``"timeout_s must be a number, got 'x'"``,
+    ``"… must be finite, got nan"``, ``"… must be in (0, 1], got 2"``.
 
     Args:
         value: A real number (``bool`` refused); with ``from_text``, text to parse.
@@ -220,13 +91,10 @@ def number(
         minimum: Smallest accepted value (inclusive).
         maximum: Largest accepted value (inclusive).
         above: Exclusive lower bound.
-        below: Exclusive upper bound.
-        expected: Words for what is accepted; by default built from the bounds
-            (``"a finite number in (0, 1]"``).
-        not_a_number: Words used instead of ``expected`` when ``value`` is no number at all.
+        expected: Words for what is accepted, replacing the three above, only where the caller
+            accepts more than a number (``"'auto' or seconds >= 0"``).
         from_text: ``value`` is text from an option or an environment variable: parsed as a
-            Python ``float`` literal (``"1.5"``, ``"2e3"``, blanks around it ignored), and
-            quoted as given in the message.
+            Python ``float`` literal (blanks around it ignored), quoted as given in the message.
         error: The exception class to raise.
 
     Returns:
@@ -234,30 +102,25 @@ def number(
 
     Raises:
         ConfigurationError: (or ``error``) For a non-number, NaN, an infinity, an int beyond
-            any float (its digits not echoed) or a value out of range.
+            any float or a value out of range.
     """
-    words = expected or f"a finite number {_range_words(minimum, maximum, above, below)}".rstrip()
+    shown = _shown(value)
     if from_text:
-        shown = repr(value)
         try:
             value = float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             value = None
-    elif isinstance(value, int) and value.bit_length() >= 4000:
-        shown = "an int"  # too long to echo (an int of more than 4300 digits has no repr)
-    else:
-        shown = repr(value)
+    bounds = _range_words(minimum, maximum, above)
     if not _is_real(value):
-        raise error(_must(argument, not_a_number or words, shown))
+        raise error(_must(argument, expected or f"a number {bounds}".rstrip(), shown))
     try:
         result = float(value)
     except OverflowError:  # an int beyond any float: its digits are not echoed
-        raise error(_must(argument, words, "a number too large for a float")) from None
-    if not (
-        math.isfinite(result)
-        and _check_range(result, minimum=minimum, maximum=maximum, above=above, below=below)
-    ):
-        raise error(_must(argument, words, shown))
+        raise error(_must(argument, expected or "finite", "an int too large for a float")) from None
+    if not math.isfinite(result):
+        raise error(_must(argument, expected or "finite", shown))
+    if not _in_range(result, minimum, maximum, above):
+        raise error(_must(argument, expected or bounds, shown))
     return result
 
 
@@ -268,46 +131,90 @@ def integer(
     minimum: int | None = None,
     maximum: int | None = None,
     expected: str | None = None,
-    not_an_int: str | None = None,
-    show_type: bool = False,
     from_text: bool = False,
     error: ErrorType = ConfigurationError,
 ) -> int:
-    """Return ``value`` if it is an ``int`` (``bool`` refused, floats refused) in range.
+    """Return ``value`` if it is an ``int`` (``bool`` and floats refused) in range.
+
+    The message is ``"<argument> must be an int <range>, got <value>"``; a value of another
+    type is shown with its type (``"got float 128.0"``).
 
     Args:
         value: The value to check.
         argument: Its name, for the message (``""``: the message starts with ``expected``).
         minimum: Smallest accepted value (inclusive).
         maximum: Largest accepted value (inclusive).
-        expected: Words for what is accepted; by default ``"an int >= 1"`` and the like.
-        not_an_int: Words used instead of ``expected`` when ``value`` is no int.
-        show_type: Name the type of a value that is no int (``"got float 128.0"``).
+        expected: Words for what is accepted, replacing ``"an int <range>"``, only where the
+            caller accepts more than an int.
         from_text: ``value`` is text from an option: ASCII digits only (no sign, at most 18),
             blanks around them ignored, quoted as given in the message.
         error: The exception class to raise.
 
     Returns:
-        ``value``.
+        The int.
 
     Raises:
         ConfigurationError: (or ``error``) For a non-int or a value out of range.
     """
-    words = expected or f"an int {_range_words(minimum, maximum, None, None)}".rstrip()
+    words = expected or f"an int {_range_words(minimum, maximum, None)}".rstrip()
     if from_text:
         text = value.strip() if isinstance(value, str) else ""
-        if not (text.isascii() and text.isdigit() and len(text) <= 18):
-            raise error(_must(argument, not_an_int or words, repr(value)))
-        if not _check_range(int(text), minimum=minimum, maximum=maximum, above=None, below=None):
+        if not (text.isascii() and text.isdigit() and len(text) <= 18) or not _in_range(
+            int(text), minimum, maximum, None
+        ):
             raise error(_must(argument, words, repr(value)))
         return int(text)
     if isinstance(value, bool) or not isinstance(value, int):
-        shown = f"{type(value).__name__} {value!r}" if show_type else repr(value)
-        raise error(_must(argument, not_an_int or words, shown))
-    if not _check_range(value, minimum=minimum, maximum=maximum, above=None, below=None):
-        shown = repr(value) if value.bit_length() < 4000 else "an int of more than 1200 digits"
-        raise error(_must(argument, words, shown))
+        raise error(_must(argument, words, f"{type(value).__name__} {value!r}"))
+    if not _in_range(value, minimum, maximum, None):
+        raise error(_must(argument, words, _shown(value)))
     return value
+
+
+def finite_number(value: object, argument: str) -> float:
+    """Return ``value`` as a finite float (``bool`` refused).
+
+    Raises:
+        ConfigurationError: Naming ``argument``.
+    """
+    return number(value, argument)
+
+
+def duration(value: object, argument: str) -> float:
+    """Return a finite number of seconds ``>= 0``.
+
+    Raises:
+        ConfigurationError: Naming ``argument``.
+    """
+    return number(value, argument, minimum=0)
+
+
+def byte_count(value: object, argument: str) -> int:
+    """Return a finite number of bytes ``>= 0``, a float rounded down.
+
+    Raises:
+        ConfigurationError: Naming ``argument``.
+    """
+    return math.floor(number(value, argument, minimum=0))
+
+
+def ratio(value: object, argument: str) -> float:
+    """Return a fraction in ``[0, 1]``.
+
+    Raises:
+        ConfigurationError: Naming ``argument``.
+    """
+    return number(value, argument, minimum=0, maximum=1)
+
+
+def byte_int(value: object, argument: str, *, positive: bool = False) -> int:
+    """Return an exact ``int`` number of bytes, ``>= 0`` (or ``> 0``); floats are refused.
+
+    Raises:
+        ConfigurationError: Naming ``argument``, for a non-int (``bool`` included) or a value
+            out of range.
+    """
+    return integer(value, argument, minimum=1 if positive else 0)
 
 
 def device_index(value: object, count: int, platform: str) -> int:
@@ -336,6 +243,88 @@ def device_index(value: object, count: int, platform: str) -> int:
             if 0 <= index < count:
                 return int(index)
     raise DeviceNotFoundError(value, count, platform)
+
+
+# -- sizes ------------------------------------------------------------------------------------
+
+_UNITS: dict[str, int] = {
+    "b": 1,
+    **{u: 1024**i for i, p in enumerate("kmgtp", 1) for u in (p, p + "i", p + "ib")},
+    **{p + "b": 1000**i for i, p in enumerate("kmgtp", 1)},
+}
+
+_SIZE = r"^[ \t]*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)[ \t]*([A-Za-z]*)[ \t]*$"
+"""ASCII digits, an optional fraction, an optional unit; no sign, no exponent. Compiled by
+:func:`re.match` on first use (the size grammar is not on the detection path)."""
+
+_MAX_SIZE_DIGITS = 1000
+"""Most digits :func:`parse_size` reads (far beyond any real size; bounds the work it does)."""
+
+
+def parse_size(
+    value: str | int,
+    *,
+    argument: str = "size",
+    maximum: int | None = None,
+    bare_bytes: bool = False,
+) -> int:
+    """Parse a byte size such as ``"4GiB"``, ``"512MiB"``, ``"1.5G"``, ``"8GB"`` or ``"100B"``.
+
+    The one size grammar (docs/concepts.md, "Sizes"): ASCII digits with an optional fraction,
+    then a unit, case-insensitive, with or without a blank: binary ``K``/``Ki``/``KiB`` (2**10)
+    up to ``P``/``Pi``/``PiB`` (a bare letter is binary, as ``docker --shm-size 2g`` reads it),
+    decimal ``KB`` (10**3) up to ``PB`` (``"24GB"`` is 24 * 10**9 bytes, as vLLM's
+    ``large_gpu_mark(min_gb)`` counts), or ``B``. Text without a unit is refused unless it is
+    ``"0"``; an ``int`` is bytes. Fractions are rounded down to whole bytes.
+
+    Args:
+        value: The text, or a non-negative ``int`` of bytes.
+        argument: The name used in error messages (e.g. ``"--available"``).
+        maximum: The largest size accepted; ``None``: no bound (the result is exact).
+        bare_bytes: Accept text without a unit as bytes, for an option documented as a
+            number of bytes (``--dtype 2``).
+
+    Returns:
+        Bytes, ``>= 0``.
+
+    Raises:
+        ConfigurationError: Naming ``argument``, for a negative or malformed value, text
+            without a unit, more than 1000 digits, or a size above ``maximum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigurationError(
+            f"{argument} must be a size such as '4GiB' or an int of bytes, "
+            f"got {type(value).__name__} {value!r}"
+        )
+    if isinstance(value, int):
+        size = integer(value, argument, minimum=0)
+    else:
+        m = re.match(_SIZE, value, re.ASCII)
+        unit = m.group(2).lower() if m else ""
+        if m is None or (unit and unit not in _UNITS):
+            raise ConfigurationError(
+                f"{argument} must be a non-negative size: a number with a unit ('4GiB', "
+                f"'512MiB', '1.5G', '8GB', '100B'); got {value!r}"
+            )
+        whole, _, fraction = str(m.group(1)).partition(".")
+        whole = whole.lstrip("0")
+        if not unit and not bare_bytes and (whole or fraction.strip("0")):
+            n = value.strip()
+            fix = f"{n}GiB, {n}GB or {n}B" if len(n) <= 24 else "it with GiB, GB or B"
+            raise ConfigurationError(f'{argument}: "{n[:24]}" has no unit; write {fix}')
+        if len(whole) + len(fraction) > _MAX_SIZE_DIGITS:
+            raise ConfigurationError(
+                f"{argument} has more than {_MAX_SIZE_DIGITS} digits; got {value[:40]!r}…"
+            )
+        # Exact integer arithmetic: no rounding of long numbers, no overflow, floor of fractions.
+        scale = 10 ** len(fraction)
+        size = (int(whole or "0") * scale + int(fraction or "0")) * _UNITS[unit or "b"] // scale
+    if maximum is not None and size > maximum:
+        raise ConfigurationError(f"{argument} must be at most {maximum} bytes, got {value!r}")
+    return size
+
+
+# -- untrusted documents ------------------------------------------------------------------------
 
 
 class JsonFields:

@@ -25,11 +25,12 @@ Every error pickles (a test run in a child process sends it back to the parent):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from accelplat._usage import UsageSnapshot
+    from collections.abc import Mapping, Sequence
+
+    from accelplat._types import UsageSnapshot
 
 __all__ = [
     "AccelplatError",
@@ -216,6 +217,7 @@ class MemoryNotSettledError(AccelplatError, TimeoutError):
         targets: Per device, the usage in bytes it had to reach.
         waited_s: Seconds waited.
         history: Per device, ``(first, min, max, last)`` used bytes seen during the wait.
+        raised_targets: The targets the platform's idle floor raised, per device.
     """
 
     def __init__(
@@ -226,12 +228,14 @@ class MemoryNotSettledError(AccelplatError, TimeoutError):
         targets: Mapping[int, int],
         waited_s: float,
         history: Mapping[int, Sequence[int]] | None = None,
+        raised_targets: Mapping[int, int] | None = None,
     ) -> None:
         super().__init__(message)
         self.snapshot = snapshot
         self.targets = dict(targets)
         self.waited_s = waited_s
         self.history = {d: tuple(v) for d, v in (history or {}).items()}
+        self.raised_targets = dict(raised_targets or {})
 
 
 class InsufficientMemoryError(AccelplatError, ValueError):

@@ -3,8 +3,8 @@
 Writes a file of ``--tests`` trivial tests into a temporary directory and runs pytest on it in
 fresh processes, round-robin, ``--runs`` times each:
 
-* ``disabled``: both accelplat plugins disabled (``-p no:accelplat -p no:accelplat_timeline``);
-* ``installed``: the plugins loaded, no option given;
+* ``disabled``: the accelplat plugin disabled (``-p no:accelplat``);
+* ``installed``: the plugin loaded, no option given;
 * ``leak-check`` and ``timeline``: one option each, to show which costs what;
 * ``leak-check + timeline``: ``--accelplat-leak-check --accelplat-timeline=report.html`` (the
   report is written, as in real use).
@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 VARIANTS: dict[str, list[str]] = {
-    "disabled": ["-p", "no:accelplat", "-p", "no:accelplat_timeline"],
+    "disabled": ["-p", "no:accelplat"],
     "installed": [],
     "leak-check": ["--accelplat-leak-check"],
     "timeline": ["--accelplat-timeline=report.html"],

@@ -46,9 +46,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from accelplat import GIB, MIB, MemoryNotSettledError, wait_for_memory_to_clear
+from accelplat import GIB, MIB, wait_for_memory_to_clear
 from accelplat._backends.simulated import RealClock, SimulatedClock, SimulatedPlatform
 from accelplat._memory import PollPolicy
+from accelplat.errors import MemoryNotSettledError
 
 TOLERANCE = 512 * MIB
 MODES: dict[str, tuple[float, float]] = {

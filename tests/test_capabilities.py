@@ -11,9 +11,10 @@ import pytest
 from accelplat import _capabilities as caps
 from accelplat._backends.cpu import cpu_isa
 from accelplat._backends.cuda import CudaPlatform
-from accelplat._backends.rocm import RocmPlatform, gfx_arch
+from accelplat._backends.rocm import RocmPlatform
+from accelplat._backends.rocm._topology import gfx_arch
 from accelplat._backends.xpu import XpuPlatform, xe_arch
-from accelplat._types import GIB, DeviceInfo, GraphSupport
+from accelplat._types import GIB, DeviceInfo, FeatureRule, GraphSupport
 from accelplat.errors import ConfigurationError, DeviceNotFoundError
 from tests.conftest import Install
 from tests.fakes.hostfs import HostFS
@@ -195,7 +196,43 @@ def test_unknown_name_is_an_error(cuda: CudaPlatform) -> None:
         caps.has("fp9", platform=cuda)
 
 
+def test_backend_rules_and_project_arch_share_one_grammar(cuda: CudaPlatform, monkeypatch) -> None:
+    rules = {"fp8": (FeatureRule(archs=("sm_89+",), value="e4m3fn"),)}
+    monkeypatch.setattr(CudaPlatform, "FEATURES", rules)
+    caps.define_capability("ada-or-newer", arch=["sm_89+"])
+    hopper, ampere = caps.capabilities(0, platform=cuda), caps.capabilities(1, platform=cuda)
+    assert hopper["fp8"].available
+    assert hopper["ada-or-newer"].available
+    assert not ampere["fp8"].available
+    assert not ampere["ada-or-newer"].available
+
+
+def test_accelerator_is_the_platform_datum_not_its_name(cuda: CudaPlatform, monkeypatch) -> None:
+    monkeypatch.setattr(CudaPlatform, "is_accelerator", False, raising=False)
+    assert (
+        caps.capabilities(platform=cuda)["accelerator"].reason
+        == "the cuda platform is the host CPU"
+    )
+
+
 # -- project capabilities ------------------------------------------------------------------------
+
+
+def test_package_versions_are_pep_440(cuda: CudaPlatform, monkeypatch) -> None:
+    monkeypatch.setattr(caps, "distribution_version", lambda name: "2.6.0a0+git1234")
+    caps.define_capability("torch-25", packages={"torch": ">=2.5"})
+    caps.define_capability("torch-26", packages=["torch>=2.6"])
+    caps.define_capability("torch-26-exact", packages={"torch": "2.6.0a0"})  # bare means ==
+    table = caps.capabilities(platform=cuda)
+    assert table["torch-25"].available
+    assert table["torch-26"].reason == "needs torch>=2.6; torch 2.6.0a0+git1234 is installed"
+    assert table["torch-26-exact"].available
+
+
+def test_capability_names_are_platform_names(cuda: CudaPlatform) -> None:
+    caps.define_capability("a" * 64)
+    with pytest.raises(ConfigurationError, match="at most 64 characters"):
+        caps.define_capability("a" * 65)
 
 
 def test_define_capability_with_arch_requires_and_packages(cuda: CudaPlatform) -> None:

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 import accelplat
-from accelplat import GIB, MIB, ConfigurationError, InsufficientSharedMemoryError
+import accelplat.types
+from accelplat import GIB, MIB
 from accelplat._host import ShmInfo, largest_shm_budget, require_shm, shm_info
+from accelplat.errors import ConfigurationError, InsufficientSharedMemoryError
 from tests.fakes.hostfs import FRSIZE, fake_statvfs
 
 
@@ -17,7 +19,7 @@ def test_public_names_are_exported() -> None:
     assert accelplat.shm_info is shm_info
     assert accelplat.require_shm is require_shm
     assert accelplat.largest_shm_budget is largest_shm_budget
-    assert accelplat.ShmInfo is ShmInfo
+    assert accelplat.types.ShmInfo is ShmInfo
 
 
 def test_shm_info_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,12 +107,12 @@ def test_largest_shm_budget_keeps_headroom(monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.parametrize(
     ("value", "fragment"),
     [
-        (-1, r"required_bytes must be >= 0, got -1"),
-        (float("nan"), r"required_bytes must be a finite number"),
-        (float("inf"), r"required_bytes must be a finite number"),
-        (1.5 * GIB, r"required_bytes must be an int number of bytes, got float"),
-        (True, r"required_bytes must be an int number of bytes, got bool"),
-        ("4GiB", r"required_bytes must be an int number of bytes, got str"),
+        (-1, r"required_bytes must be an int >= 0, got -1"),
+        (float("nan"), r"required_bytes must be an int >= 0, got float nan"),
+        (float("inf"), r"required_bytes must be an int >= 0, got float inf"),
+        (1.5 * GIB, r"required_bytes must be an int >= 0, got float"),
+        (True, r"required_bytes must be an int >= 0, got bool"),
+        ("4GiB", r"required_bytes must be an int >= 0, got str"),
     ],
 )
 def test_require_shm_rejects_bad_sizes(value: object, fragment: str) -> None:
@@ -144,13 +146,16 @@ def test_path_that_is_a_file_on_a_real_fs_works(tmp_path: Path) -> None:
     ("kwargs", "fragment"),
     [
         ({"candidates": []}, "at least one budget"),
-        ({"candidates": [GIB, 0]}, r"candidates\[1\] must be > 0"),
-        ({"candidates": [GIB, -GIB]}, r"candidates\[1\] must be > 0"),
+        ({"candidates": [GIB, 0]}, r"candidates\[1\] must be an int >= 1, got 0"),
+        ({"candidates": [GIB, -GIB]}, r"candidates\[1\] must be an int >= 1"),
         ({"candidates": [1.0]}, r"candidates\[0\] must be an int"),
         ({"candidates": "4GiB"}, "candidates must be an iterable of byte counts"),
         ({"candidates": 4 * GIB}, "candidates must be an iterable of byte counts"),
-        ({"candidates": [GIB], "headroom_bytes": -1}, "headroom_bytes must be >= 0"),
-        ({"candidates": [GIB], "headroom_bytes": float("nan")}, "headroom_bytes must be a finite"),
+        ({"candidates": [GIB], "headroom_bytes": -1}, "headroom_bytes must be an int >= 0, got -1"),
+        (
+            {"candidates": [GIB], "headroom_bytes": float("nan")},
+            "headroom_bytes must be an int >= 0, got float",
+        ),
     ],
 )
 def test_largest_shm_budget_rejects_bad_input(kwargs: dict[str, object], fragment: str) -> None:

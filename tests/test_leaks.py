@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from accelplat import pytest_plugin
 from accelplat._leaks import (
     DEFAULT_LEAK_TOLERANCE_BYTES,
     is_leak,
@@ -15,6 +14,7 @@ from accelplat._leaks import (
     parse_leak_tolerance,
 )
 from accelplat._types import MIB
+from accelplat.pytest_plugin import _shared as pytest_plugin
 from accelplat.timeline._trace import DeviceTrack, TestSpan, Trace, load_trace
 from tests.pytest_plugin.test_plugin import write_spec
 

@@ -15,7 +15,6 @@ import accelplat
 from accelplat import _registry as registry
 from accelplat._backends.simulated import RealClock, SimulatedClock, SimulatedPlatform
 from accelplat._memory import (
-    REAL_CLOCK,
     PollPolicy,
     default_clock,
     record_usage_stats,
@@ -23,8 +22,8 @@ from accelplat._memory import (
     wait_for_memory_to_clear,
     wait_for_memory_to_settle,
 )
-from accelplat._types import GIB, MIB
-from accelplat._usage import HolderState, UsageSnapshot
+from accelplat._types import GIB, MIB, HolderState, MemoryInfo, UsageSnapshot
+from accelplat._util import REAL_CLOCK
 from accelplat.errors import (
     ConfigurationError,
     DeviceNotFoundError,
@@ -447,6 +446,45 @@ def test_idle_floor_raises_low_ratio_targets_only() -> None:
         {"release": release, "devices": [{"total": "2GiB"}]}, clock=SimulatedClock()
     )
     assert targets_for(small, threshold_ratio=0.0) == {0: 2 * GIB}  # capped at total
+
+
+def test_waits_report_the_targets_the_idle_floor_raised() -> None:
+    release = {"lazy": True, "stable_duration_s": 0, "idle_floor": "4GiB"}
+    platform = make({"used": 0}, {"used": 0}, release=release)
+    result = wait_for_memory_to_clear(
+        threshold_ratio={0: 0.02, 1: 0.1}, timeout_s=0, platform=platform
+    )
+    assert result.raised_targets == {0: 4 * GIB}  # device 1's 8 GiB is its own ratio
+    both = wait_for_memory_to_clear(
+        threshold_ratio=0.02, threshold_bytes={0: GIB, 1: 5 * GIB}, timeout_s=0, platform=platform
+    )
+    assert both.targets == {0: 4 * GIB, 1: 5 * GIB}
+    assert both.raised_targets == {0: 4 * GIB}  # the bytes already ask for more on device 1
+    full = make({"used": 70 * GIB}, release=release)
+    with pytest.raises(MemoryNotSettledError) as info:
+        wait_for_memory_to_clear(threshold_ratio=0.01, timeout_s=0, platform=full)
+    assert info.value.raised_targets == {0: 4 * GIB}
+
+
+def test_waits_and_snapshots_read_through_the_reader_given() -> None:
+    platform = make({"used": 10 * GIB}, {"used": 0})
+    reads: list[int] = []
+
+    def half(device: int) -> MemoryInfo:
+        reads.append(device)
+        info = platform.memory_info(device)
+        return MemoryInfo(free=info.free, total=info.total, used=info.used // 2)
+
+    result = wait_for_memory_to_clear(
+        [0], threshold_bytes=5 * GIB, timeout_s=0, platform=platform, read=half
+    )
+    assert result.already_settled
+    assert reads == [0]
+    assert snapshot([0], platform=platform, read=half).memory[0].used == 5 * GIB
+    with pytest.raises(ConfigurationError, match="read must be callable"):
+        wait_for_memory_to_clear(threshold_bytes=GIB, platform=platform, read=3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="read must be callable"):
+        snapshot(platform=platform, read="used")  # type: ignore[arg-type]
 
 
 def test_idle_floor_applies_only_below_a_five_percent_ratio() -> None:

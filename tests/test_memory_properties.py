@@ -33,8 +33,7 @@ from accelplat._backends.simulated import (
     Step,
 )
 from accelplat._memory import PollPolicy, wait_for_memory_to_clear
-from accelplat._types import GIB, MIB
-from accelplat._usage import UsageSnapshot
+from accelplat._types import GIB, MIB, UsageSnapshot
 from accelplat.errors import MemoryNotSettledError
 
 TOTAL = 64 * GIB

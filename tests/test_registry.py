@@ -134,7 +134,8 @@ def unique(stem: str) -> str:
 
 
 GOOD_PLUGIN = """
-    from accelplat import BasePlatform, DeviceInfo, MemoryInfo, ProbeResult
+    from accelplat import BasePlatform
+    from accelplat.types import DeviceInfo, MemoryInfo, ProbeResult
 
     class Plugin(BasePlatform):
         name = "{name}"
@@ -1021,4 +1022,53 @@ def test_a_plugin_whose_property_raises_is_still_reported() -> None:
             raise RuntimeError("boom")
 
     assert protocol_problems(Broken()) == ("graph raised RuntimeError: boom",)
-    assert protocol_problems(Broken(), evaluate=False) == ()
+
+
+# -- the contract -------------------------------------------------------------------------------
+
+
+def test_a_backend_missing_a_required_member_cannot_be_instantiated() -> None:
+    from accelplat._platform import BasePlatform as Base
+
+    class NoMemory(Base):
+        @classmethod
+        def probe(cls) -> ProbeResult:
+            return ProbeResult(True, "here")
+
+        def devices(self) -> Sequence[DeviceInfo]:
+            return (DeviceInfo(0, 0, "x"),)
+
+    with pytest.raises(TypeError, match="_memory_info"):
+        NoMemory()  # type: ignore[abstract]
+
+
+def test_memory_info_checks_the_index_once_through_device_count() -> None:
+    counted: list[int] = []
+    cls = make_platform("counted", devices=2)
+    original = cls.device_count
+
+    def device_count(self: BasePlatform) -> int:
+        counted.append(1)
+        return original(self)
+
+    cls.device_count = device_count  # type: ignore[method-assign]
+    platform = cls()
+    assert platform.memory_info(1).total == 2 * GIB
+    assert counted == [1]
+    with pytest.raises(IndexError):
+        platform.memory_info(2)
+    with pytest.raises(IndexError):
+        platform.memory_info(True)
+
+
+def test_optional_members_are_read_with_their_one_declared_default() -> None:
+    from accelplat._platform import OPTIONAL_MEMBERS, optional
+
+    class Bare:
+        pass
+
+    for name, default in OPTIONAL_MEMBERS.items():
+        assert optional(Bare(), name) == default
+        assert hasattr(BasePlatform, name), name
+    assert optional(make_platform("acc")(), "is_accelerator") is True
+    assert optional(make_platform("host", is_accelerator=False)(), "is_accelerator") is False

@@ -9,16 +9,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import accelplat
-from accelplat import GIB, MIB, ConfigurationError, InsufficientMemoryError
+from accelplat import GIB, MIB
 from accelplat._sizing import (
+    KVCacheShape,
     KVCacheTooSmallError,
     check_kv_cache_fits,
     dtype_bytes,
     kv_cache_bytes,
     kv_cache_page_bytes,
     max_model_len_that_fits,
-    parse_size,
 )
+from accelplat._validate import parse_size
+from accelplat.errors import ConfigurationError, InsufficientMemoryError
 
 # The seed case: an embedding test at max_model_len=2048 needed 0.66 GiB of KV cache and had
 # 0.64 GiB; 512 needed about 0.17 GiB. A Gemma-2-9B-shaped model reproduces these figures:
@@ -37,6 +39,18 @@ def test_public_names_are_exported() -> None:
 
 
 # -- the formula -------------------------------------------------------------------------------
+
+
+def test_the_shape_holds_the_arithmetic_the_functions_use() -> None:
+    shape = KVCacheShape(**SEED)
+    assert shape.page_bytes == kv_cache_page_bytes(num_kv_heads=8, head_size=256, dtype_bytes=2)
+    assert shape.bytes_for(2048) == kv_cache_bytes(**SEED, max_model_len=2048)
+    assert shape.longest_that_fits(GIB) == max_model_len_that_fits(GIB, **SEED)
+    assert KVCacheShape(**{**SEED, "dtype_bytes": "bf16"}).page_bytes == shape.page_bytes
+    with pytest.raises(ConfigurationError, match="head_size_v"):
+        KVCacheShape(**SEED, head_size_v=-1)
+    with pytest.raises(ConfigurationError, match="unknown dtype"):
+        KVCacheShape(**{**SEED, "dtype_bytes": "nf4"})
 
 
 def test_page_size_formula() -> None:
@@ -209,7 +223,7 @@ def test_bad_available_bytes(bad: object) -> None:
         ("4GiB", 4 * GIB),
         ("512MiB", 512 * MIB),
         ("1.5G", 3 * GIB // 2),
-        ("1024", 1024),
+        ("1024B", 1024),
         ("4 GiB", 4 * GIB),
         ("4gib", 4 * GIB),
         ("2g", 2 * GIB),  # bare letters are binary, as docker --shm-size reads them
@@ -286,14 +300,16 @@ def _size_consumers() -> dict[str, Any]:
     import argparse
 
     from accelplat._backends.simulated import spec_from_mapping
-    from accelplat._cli._args import parse_size_arg
+    from accelplat._cli._args import Size
     from accelplat._leaks import parse_leak_tolerance
 
     def cli(text: str) -> int:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--x", action=Size)
         try:
-            return parse_size_arg(text)
-        except argparse.ArgumentTypeError as exc:
-            raise ConfigurationError(str(exc)) from None
+            return int(parser.parse_args([f"--x={text}"]).x)
+        except SystemExit:  # parser.error: the refusal, exit status 2
+            raise ConfigurationError(text) from None
 
     def spec(text: str) -> int:
         return spec_from_mapping({"devices": [{"total": "1PiB", "used": text}]}).devices[0].used
@@ -319,7 +335,8 @@ def _size_consumers() -> dict[str, Any]:
         ("1.5GiB", 3 * GIB // 2),
         ("500MB", 500_000_000),
         ("3kB", 3000),
-        ("1048576", MIB),
+        ("1048576B", MIB),
+        ("1048576", None),  # text without a unit is refused (docs/concepts.md, "Sizes")
         ("1e9", None),
         ("1.5e9", None),
         ("\uff14GiB", None),  # fullwidth digit four

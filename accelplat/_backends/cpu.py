@@ -1,46 +1,10 @@
 """The ``cpu`` platform: host memory, aware of cgroup limits and NUMA nodes.
 
-This is the platform every machine without an accelerator detects (CI runners, laptops), so it
-never fails to load and imports nothing but the standard library and psutil.
-
-Devices:
-    On a machine with one NUMA node (or no NUMA information, e.g. macOS), there is one device,
-    index 0: the host. On a machine with several NUMA nodes that have memory, each node this
-    process may allocate from (``Mems_allowed_list`` in ``/proc/self/status``) is one device, in
-    node order, with the node id as ``physical_index``; vLLM's CPU engine binds each worker to
-    one node and checks that node's memory.
-
-Memory of the host device:
-    Inside a container ``MemTotal`` is the host's, not the container's. The smallest cgroup limit
-    on the path from this process's cgroup up to the root bounds it: cgroup v2 ``memory.max``
-    (``max`` means unlimited) or v1 ``memory.limit_in_bytes`` (values of ``2**62`` and above mean
-    unlimited). For each limited level the charge is ``memory.current`` less the page cache the
-    kernel drops first (``inactive_file`` of ``memory.stat``; v1: ``memory.usage_in_bytes`` less
-    ``total_inactive_file``). Then::
-
-        total = min(MemTotal, smallest limit)
-        free  = min(limit - charge for every limited level, MemAvailable)
-        used  = total - free
-
-    ``MemTotal``/``MemAvailable`` as read, and the figures made of them, must pass the one
-    plausibility rule (:mod:`accelplat._backends._readings`): ``MemAvailable`` above ``MemTotal``
-    or a figure beyond 8 EiB is an :class:`~accelplat.errors.ImplausibleReadingError`, not clamped.
-
-    ``source`` says which rule applied: ``"cgroup-v2"``, ``"cgroup-v1"``, or ``"meminfo"`` when
-    no limit applies or a cgroup file is missing, unreadable or malformed. Without a readable
-    ``/proc/meminfo`` (macOS) psutil supplies ``MemTotal``/``MemAvailable`` (``"psutil"``).
-
-Memory of a NUMA node device:
-    From ``<sysfs>/devices/system/node/nodeN/meminfo``: ``total`` is the node's ``MemTotal``,
-    ``free`` is what vLLM's CPU worker counts as available (``MemFree + Active(file) +
-    Inactive(file) + SReclaimable``), both clamped by the cgroup limit and headroom as above;
-    ``source`` is ``"numa-node"`` or ``"numa-node+cgroup-v2"`` / ``"numa-node+cgroup-v1"``.
-
-Roots:
-    ``/proc``, ``/sys`` and ``/sys/fs/cgroup`` can be moved (for tests, or a chroot) with the
-    constructor arguments or the variables ``ACCELPLAT_PROC_ROOT``, ``ACCELPLAT_SYSFS_ROOT`` and
-    ``ACCELPLAT_CGROUP_ROOT`` (which defaults to ``<sysfs root>/fs/cgroup``). Variables are read
-    on every query, so they may change after construction.
+Every machine without an accelerator detects it, so it never fails to load. The host is one
+device, or each NUMA node this process may allocate from is one (vLLM's CPU worker binds to a
+node); host memory is bounded by the smallest cgroup limit on this process's path (v2 or v1).
+``/proc``, ``/sys`` and the cgroup mount can be moved (``ACCELPLAT_PROC_ROOT``,
+``ACCELPLAT_SYSFS_ROOT``, ``ACCELPLAT_CGROUP_ROOT``). The rules: docs/backends/cpu.md.
 """
 
 from __future__ import annotations
@@ -49,44 +13,26 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from time import monotonic as _monotonic
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, NamedTuple
 
 from typing_extensions import override
 
 from accelplat import _boundary, _files
 from accelplat._backends._common import (
     ENV_PROC_ROOT,
+    ENV_SYSFS_ROOT,
+    checked_memory,
     host_meminfo,
     parse_int_values,
     parse_kb_table,
     parse_key_values,
+    require_plausible,
 )
-from accelplat._backends._presence import ENV_SYSFS_ROOT
-from accelplat._backends._readings import checked_memory, require_plausible
-from accelplat._platform import BasePlatform, StartMethod
-from accelplat._types import (
-    DeviceInfo,
-    FeatureRule,
-    GraphSupport,
-    MemoryInfo,
-    ProbeResult,
-    ReleaseProfile,
-    memory_info_fast,
-)
+from accelplat._platform import BasePlatform
+from accelplat._types import DeviceInfo, FeatureRule, GraphSupport, MemoryInfo, ProbeResult
 from accelplat.errors import BackendError, DeviceNotFoundError
 
-if TYPE_CHECKING:
-    from accelplat._usage import MemoryHolder
-
-__all__ = ["CpuPlatform", "utilization_with_margin"]
-
 _join = os.path.join
-
-
-def _norm(root: str | os.PathLike[str]) -> str:
-    """A root as a normalised string path (paths here are strings: no pathlib on this path)."""
-    return os.path.normpath(os.fspath(root))
-
 
 ENV_CGROUP_ROOT = "ACCELPLAT_CGROUP_ROOT"
 
@@ -112,10 +58,7 @@ each adds (a level also needs every lower level's flags)."""
 
 
 def _machine() -> str:
-    """Return the kernel's machine name (``uname -m``) without importing :mod:`platform`.
-
-    Asked through the vendor boundary, so a capture records it and a replay gives it back.
-    """
+    """Return ``uname -m``, through the vendor boundary (a replay gives the captured host's)."""
     answer = _boundary.call("host", ("machine",), _uname_machine)
     return answer if isinstance(answer, str) else ""
 
@@ -161,36 +104,20 @@ class _CgroupUnusableError(Exception):
     """A cgroup file was missing where it must exist, unreadable or malformed."""
 
 
-class _CgroupLimit:
-    """The binding cgroup figures for this process.
+class _CgroupLimit(NamedTuple):
+    """The binding cgroup figures for this process."""
 
-    Attributes:
-        version: ``"cgroup-v2"`` or ``"cgroup-v1"``.
-        limit: The smallest limit on the path, in bytes.
-        headroom: The smallest ``limit - charge`` over every limited level, at least 0.
-    """
-
-    __slots__ = ("headroom", "limit", "version")
-
-    def __init__(self, version: str, limit: int, headroom: int) -> None:
-        self.version = version
-        self.limit = limit
-        self.headroom = headroom
+    version: str  # "cgroup-v2" or "cgroup-v1"
+    limit: int  # the smallest limit on the path
+    headroom: int  # the smallest limit - charge over every limited level, at least 0
 
 
-class _Roots:
-    """Where ``/proc``, ``/sys`` and the cgroup tree are; one object per set of roots.
+class _Roots(NamedTuple):
+    """Where ``/proc``, ``/sys`` and the cgroup tree are (one object per set: caches use ``is``)."""
 
-    :meth:`CpuPlatform._roots` hands out the same object while the roots stay the same, so the
-    structure caches compare it by identity.
-    """
-
-    __slots__ = ("cgroup", "proc", "sysfs")
-
-    def __init__(self, proc: str, sysfs: str, cgroup: str) -> None:
-        self.proc = proc
-        self.sysfs = sysfs
-        self.cgroup = cgroup
+    proc: str
+    sysfs: str
+    cgroup: str
 
 
 def utilization_with_margin(free: int, total: int) -> float:
@@ -247,19 +174,12 @@ class CpuPlatform(BasePlatform):
             ``ACCELPLAT_CGROUP_ROOT`` or ``<sysfs root>/fs/cgroup``.
         sysfs_root: Where ``/sys`` is; default ``ACCELPLAT_SYSFS_ROOT`` or ``/sys``.
 
-    Memory is released eagerly (freed pages return at once), nothing can be captured as a graph,
-    and forking is safe. Every query reads small text files; none imports a framework or creates
-    a device context.
+    The roots' variables are read on every query, so they may change after construction.
     """
 
     name: ClassVar[str] = "cpu"
     device_type: ClassVar[str] = "cpu"
-    visible_devices_env: ClassVar[str | None] = None
-    preferred_start_method: ClassVar[StartMethod] = "fork"
-    context_free: ClassVar[bool] = True
-    RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(
-        lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0, idle_floor_bytes=0
-    )
+    is_accelerator: ClassVar[bool] = False
     GRAPH: ClassVar[GraphSupport] = GraphSupport(False, None, "CPU has no graph capture")
     STRUCTURE_TTL_S: ClassVar[float] = 1.0
     """Seconds the NUMA node list and the set of limited cgroup levels are reused before they
@@ -290,11 +210,7 @@ class CpuPlatform(BasePlatform):
     @classmethod
     @override
     def probe(cls) -> ProbeResult:
-        """Return available: every machine has host memory.
-
-        Returns:
-            ``ProbeResult(True, …)``.
-        """
+        """Return available: every machine has host memory."""
         return ProbeResult(True, "host memory is always available (cgroup- and NUMA-aware)")
 
     # -- roots ---------------------------------------------------------------------------
@@ -307,9 +223,8 @@ class CpuPlatform(BasePlatform):
         cached = self._roots_cache
         if cached is not None and cached[0] == key:
             return cached[1]
-        roots = _Roots(
-            _norm(proc), _norm(sysfs), _norm(cgroup or _join(os.fspath(sysfs), "fs", "cgroup"))
-        )
+        norm = os.path.normpath
+        roots = _Roots(norm(proc), norm(sysfs), norm(cgroup or _join(sysfs, "fs", "cgroup")))
         self._roots_cache = (key, roots)
         return roots
 
@@ -439,13 +354,13 @@ class CpuPlatform(BasePlatform):
     def _host_memory(self, roots: _Roots, cgroup: _CgroupLimit | None) -> MemoryInfo:
         mem_total, mem_available, source, where = self._meminfo(roots)
         # The host's own figures first, as read: free above total or a wrapped counter is not
-        # clamped into a plausible-looking answer (the one rule, accelplat._backends._readings).
+        # clamped into a plausible-looking answer (the one rule, accelplat._backends._common).
         host_used = max(0, mem_total - mem_available)
         require_plausible(
             "cpu", where, free=mem_available, total=mem_total, used=host_used, source=source
         )
         if cgroup is None:
-            return memory_info_fast(mem_available, mem_total, host_used, 0, source)
+            return MemoryInfo(mem_available, mem_total, host_used, 0, source)
         total = min(mem_total, cgroup.limit)
         free = min(mem_available, cgroup.headroom, total)
         return checked_memory(
@@ -687,17 +602,11 @@ class CpuPlatform(BasePlatform):
 
     @property
     def default_memory_utilization(self) -> float:  # type: ignore[override]
-        """Utilization an engine can ask for now, from the current memory reading.
+        """Utilization an engine can ask for now: the smallest :func:`utilization_with_margin`.
 
-        The smallest :func:`utilization_with_margin` over the visible devices (and, on a
-        machine shown as one host device, over the NUMA node files vLLM's CPU worker reads): 90 % of
-        ``free / total``, rounded down to 0.01, at most 0.92 and at least 0.05. vLLM's CPU
-        worker refuses to start when ``utilization × total`` exceeds what is available; this
-        value leaves a margin for the worker's own start-up allocations. It is read afresh on
-        every access, so it changes with the machine's load.
-
-        Side effects:
-            Reads ``/proc`` and cgroup files. If memory cannot be read at all, returns 0.92.
+        Taken over the visible devices and, on a machine shown as one host device, over the
+        NUMA node files vLLM's CPU worker reads. Read afresh on every access; 0.92 when memory
+        cannot be read at all.
         """
         values: list[float] = []
         for device in range(self.device_count()):
@@ -736,16 +645,3 @@ class CpuPlatform(BasePlatform):
             except BackendError:
                 continue
         return views
-
-    @override
-    def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
-        """Return ``None``: which process holds host memory is not a meaningful question here.
-
-        Args:
-            device: Visible device index; still validated.
-
-        Raises:
-            DeviceNotFoundError: For an index that is not visible.
-        """
-        self.check_device(device)
-        return None

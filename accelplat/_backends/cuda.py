@@ -1,46 +1,11 @@
 """The ``cuda`` platform: NVIDIA GPUs, read through NVML, never through a CUDA context.
 
-What it reads:
-    NVML (``libnvidia-ml.so.1`` through the ``pynvml`` module of nvidia-ml-py), in one
-    process-wide session (:mod:`accelplat._vendor.nvml`): device count, handles, names, UUIDs, PCI
-    bus
-    ids, MIG mode and MIG devices once per session; memory and the compute-process list on every
-    query. NVML queries create no CUDA context and take no device memory, and torch is never
-    imported: a process that only asks accelplat keeps the GPU free and stays safe to fork.
-
-Memory (``MemoryInfo.source``):
-    ``"nvml-v2"``: ``nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2)``. The driver keeps
-        ``reserved`` bytes (about 615 MiB on an H200) that no application can use; NVML's v1
-        struct counts them as used, so an idle GPU never looks idle. accelplat reports
-        ``total = v2.total - v2.reserved`` (what CUDA and ``torch.cuda.mem_get_info`` call
-        total), ``used = v2.used``, ``free = v2.free`` (equal to CUDA's free) and ``reserved``.
-    ``"nvml-v1"``: drivers before R510 lack the v2 function (``NVMLError_FunctionNotFound``), and
-        WSL answers it with ``NVMLError_Unknown``: the v1 struct is used, where ``total`` is
-        NVML's total and ``used`` includes the reserved memory.
-    ``"host-unified"``: GPUs that share host memory (GB10/DGX Spark, Jetson-class) answer
-        ``NVMLError_NotSupported``; the host's ``MemTotal``/``MemAvailable`` from
-        ``/proc/meminfo`` stand in, as monitoring tools do. ``/proc`` may be moved with the
-        ``proc_root`` argument or ``ACCELPLAT_PROC_ROOT``. This is only for a GPU that has
-        never reported memory of its own: once a GPU has answered through v2 or v1, a
-        ``NotSupported`` from it is a :class:`~accelplat.errors.BackendError`, never a switch
-        to host memory (which would say nothing about that GPU).
-    Impossible figures (a wrapped-around counter, ``reserved`` above ``total``, ``free`` or
-    ``used`` above ``total``) raise :class:`~accelplat.errors.ImplausibleReadingError`, by the
-    rule all backends share (:mod:`accelplat._backends._readings`).
-    Any other NVML error (``NVMLError_GpuIsLost`` in the middle of a wait, say) raises
-    :class:`~accelplat.errors.BackendError` whose ``vendor_error`` names it.
-
-Devices:
-    Visible indices follow ``CUDA_VISIBLE_DEVICES`` exactly as CUDA applies it (ordinals, full or
-    abbreviated ``GPU-`` UUIDs, ``MIG-`` UUIDs, the first invalid entry ending the list, a
-    duplicate hiding everything; see :mod:`accelplat._visible.cuda`), and ordinals follow
-    ``CUDA_DEVICE_ORDER``. NVML enumerates in PCI bus order; CUDA's default is fastest-first,
-    which agrees with PCI order when all GPUs have the same name. For a machine with different
-    GPU models (and no ``CUDA_DEVICE_ORDER=PCI_BUS_ID``) CUDA's order is read once per value of
-    ``CUDA_DEVICE_ORDER`` in a throw-away subprocess that calls the CUDA driver API through
-    ctypes (``cuInit``, ``cuDeviceGetCount``, ``cuDeviceGetUuid``: no context); when that fails,
-    PCI order is assumed and :attr:`CudaPlatform.notes` says so. Both variables are read on every
-    call, so changing them at run time takes effect at once.
+Identity (names, UUIDs, PCI bus ids, MIG devices, compute capability) is enumerated once per
+NVML session; memory (the ladder in :func:`accelplat._vendor.nvml.memory`) and the
+compute-process list are read on every query. Visible indices follow ``CUDA_VISIBLE_DEVICES``
+and ``CUDA_DEVICE_ORDER`` exactly as the CUDA driver applies them (:mod:`accelplat._visible.cuda`),
+both read on every call; for GPUs of different models CUDA's fastest-first order is read once
+in a throw-away subprocess (:func:`cuda_order_uuids`). See docs/backends/cuda.md.
 """
 
 from __future__ import annotations
@@ -55,20 +20,18 @@ from typing import Any, ClassVar, NamedTuple
 from typing_extensions import override
 
 from accelplat import _boundary
-from accelplat._backends._common import host_meminfo, proc_root
-from accelplat._backends._readings import checked_memory
-from accelplat._platform import BasePlatform, StartMethod
+from accelplat._backends._common import checked_memory, host_meminfo, meminfo_path, pci_sort_key
+from accelplat._platform import BasePlatform
 from accelplat._types import (
     DeviceInfo,
     FeatureRule,
     GraphSupport,
+    MemoryHolder,
     MemoryInfo,
     ProbeResult,
-    ReleaseProfile,
 )
-from accelplat._usage import MemoryHolder
 from accelplat._vendor import nvml as _nvml
-from accelplat._vendor.graphs import graph_support
+from accelplat._vendor.versions import graph_support
 from accelplat._visible.cuda import (
     ENV_CUDA_DEVICE_ORDER,
     ENV_CUDA_VISIBLE_DEVICES,
@@ -82,29 +45,14 @@ from accelplat._visible.cuda import (
 )
 from accelplat.errors import BackendError, DeviceNotFoundError, NvmlUnavailableError
 
-__all__ = ["CudaPlatform", "cuda_order_uuids"]
-
-
 OrderResolver = Callable[[Mapping[str, str]], Sequence[str]]
 """Returns the UUIDs of all GPUs in CUDA's enumeration order, given the environment to use."""
 
-_SOURCE_V2 = "nvml-v2"
-_SOURCE_V1 = "nvml-v1"
-_SOURCE_HOST = "host-unified"
-
-_V1_FALLBACK_ERRORS = (
-    "FunctionNotFound",  # driver before R510: no nvmlDeviceGetMemoryInfo_v2
-    "ArgumentVersionMismatch",  # driver that knows the function but not this struct version
-    "Unknown",  # WSL
-    "NotSupported",  # try v1 before concluding the device has no memory of its own
-    "AttributeError",  # nvidia-ml-py too old to define nvmlMemory_v2
-    "TypeError",  # nvidia-ml-py too old to accept version=
-)
 _HOLDERS_UNKNOWN_ERRORS = ("NotSupported", "NoPermission")
+# A GPU without MIG (pre-Ampere, consumer boards) or a driver before R450 answers any of these.
 _MIG_ABSENT_ERRORS = ("NotSupported", "FunctionNotFound", "InvalidArgument", "NotFound")
 _FULL_MIG_DIGITS = len("MIG-") + 32
-_NVML_VALUE_NOT_AVAILABLE = 2**64 - 1
-"""NVML's ``NVML_VALUE_NOT_AVAILABLE`` for a process's used memory (unsigned long long)."""
+_NVML_VALUE_NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE, a process's unknown memory
 
 _CUDA_ORDER_SCRIPT = r"""
 import ctypes, sys
@@ -136,24 +84,21 @@ for ordinal in range(count.value):
 def cuda_order_uuids(env: Mapping[str, str]) -> list[str]:
     """Return every GPU's UUID in the CUDA driver's enumeration order.
 
-    Runs a throw-away Python subprocess that loads ``libcuda.so.1`` with ctypes and calls
-    ``cuInit``, ``cuDeviceGetCount``, ``cuDeviceGet`` and ``cuDeviceGetUuid`` — no context is
-    created, and the subprocess exits at once.
+    A throw-away subprocess calls ``cuInit``, ``cuDeviceGetCount``, ``cuDeviceGet`` and
+    ``cuDeviceGetUuid`` through ctypes: no context is created in either process.
 
     Args:
-        env: The subprocess's environment; ``CUDA_VISIBLE_DEVICES`` should be absent so every GPU
-            is listed, and ``CUDA_DEVICE_ORDER`` present as the caller has it.
+        env: The subprocess's environment: without ``CUDA_VISIBLE_DEVICES`` every GPU is listed;
+            ``CUDA_DEVICE_ORDER`` as the caller has it.
 
     Returns:
-        ``GPU-…`` UUIDs, CUDA ordinal 0 first; empty when CUDA sees no device. With
-        ``CUDA_VISIBLE_DEVICES`` in ``env``, the devices CUDA makes visible under it.
+        ``GPU-…`` UUIDs, CUDA ordinal 0 first; empty when CUDA sees no device.
 
     Raises:
         RuntimeError: When the subprocess fails (no ``libcuda``, a CUDA error, a timeout).
 
     Side effects:
-        Asked through the vendor boundary: a capture records the order, a replay gives the
-        captured host's (and starts no subprocess).
+        Asked through the vendor boundary: a replay gives the captured host's order.
     """
     answer = _boundary.call(
         "cuda", ("order", env.get(ENV_CUDA_DEVICE_ORDER)), lambda: _cuda_order_live(env)
@@ -205,10 +150,16 @@ class _Gpu(NamedTuple):
     compute_capability: tuple[int, int] | None = None
 
 
+class _Target(NamedTuple):
+    info: DeviceInfo
+    handle: Any  # of the MIG device for a MIG instance
+    where: str  # the device as messages name it, built once per view
+
+
 class _View(NamedTuple):
     key: tuple[int, str | None, str | None]
     devices: tuple[DeviceInfo, ...]
-    handles: tuple[Any, ...]
+    targets: tuple[_Target, ...]
     notes: tuple[str, ...]
 
 
@@ -218,11 +169,6 @@ _table: tuple[int, tuple[_Gpu, ...]] | None = None
 
 _instances: weakref.WeakSet[CudaPlatform] = weakref.WeakSet()
 """Every live :class:`CudaPlatform`, so that a forked child can give each a fresh lock."""
-
-
-def _read_visibility_env() -> tuple[str | None, str | None]:
-    """Return ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` (compared to the cached view)."""
-    return os.environ.get(ENV_CUDA_VISIBLE_DEVICES), os.environ.get(ENV_CUDA_DEVICE_ORDER)
 
 
 def _text(value: object) -> str:
@@ -246,15 +192,8 @@ def _normalize_bus_id(raw: str) -> str:
     return f"{domain}{sep}{rest}" if sep else text
 
 
-def _pci_key(gpu: _Gpu) -> tuple[int, tuple[int, ...]]:
-    if gpu.pci_bus_id is None:
-        return (1, (gpu.nvml_index,))
-    try:
-        domain, bus, devfn = gpu.pci_bus_id.split(":")
-        dev, fn = devfn.split(".")
-        return (0, (int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16), gpu.nvml_index))
-    except ValueError:
-        return (1, (gpu.nvml_index,))
+def _pci_order(gpus: Sequence[_Gpu]) -> list[_Gpu]:
+    return sorted(gpus, key=lambda g: (pci_sort_key(g.pci_bus_id), g.nvml_index))
 
 
 def _call(nv: Any, action: str, fn: str, *args: Any, **kwargs: Any) -> Any:
@@ -320,8 +259,7 @@ def _enumerate(nv: Any) -> tuple[_Gpu, ...]:
 def _compute_capability(nv: Any, handle: Any) -> tuple[int, int] | None:
     """Return ``nvmlDeviceGetCudaComputeCapability`` as ``(major, minor)``, or ``None``.
 
-    Context-free (NVML only). ``None`` when the driver or binding lacks the call or answers
-    with something that is not two small non-negative integers.
+    ``None`` when the driver or binding lacks the call or answers other than two small integers.
     """
     try:
         major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
@@ -345,16 +283,10 @@ def _physical_gpus(nv: Any) -> tuple[_Gpu, ...]:
     """Every GPU NVML sees, in NVML order, enumerated once per NVML session."""
     global _table
     gen = _nvml.generation()
-    cached = _table
-    if cached is not None and cached[0] == gen:
-        return cached[1]
     with _table_lock:
-        cached = _table
-        if cached is not None and cached[0] == gen:
-            return cached[1]
-        gpus = _enumerate(nv)
-        _table = (gen, gpus)
-        return gpus
+        if _table is None or _table[0] != gen:
+            _table = (gen, _enumerate(nv))
+        return _table[1]
 
 
 def _records(gpus: Sequence[_Gpu]) -> list[GpuRecord]:
@@ -379,15 +311,10 @@ def _driver_version(nv: Any) -> str:
 class CudaPlatform(BasePlatform):
     """NVIDIA GPUs through NVML: memory, holders and visible devices without a CUDA context.
 
-    ``preferred_start_method`` is ``"fork"``: every query goes through NVML, which creates no
-    CUDA context, so a process that used accelplat (and not torch) can still fork safely; the NVML
-    session, the GPU table and every instance's lock are reset in the child (even when another
-    thread of the parent was inside a query at fork time). (A process that itself created a
-    CUDA context must use ``"spawn"`` for its workers whatever accelplat says; that is the
-    framework's concern.)
-
-    Memory is released eagerly: once a process frees memory or exits, NVML shows it free within
-    a second (0.2–0.9 s measured on an H200), so waits use no stability window.
+    Forking stays safe (the base's ``"fork"``): the NVML session, the GPU table and every
+    instance's lock are reset in the child, even when another thread of the parent was inside a
+    query at fork time. Memory is released eagerly (the base's profile): NVML shows freed memory
+    within a second (0.2-0.9 s measured on an H200), so waits use no stability window.
 
     Args:
         proc_root: Where ``/proc`` is, for the host memory of unified-memory GPUs; defaults to
@@ -399,12 +326,6 @@ class CudaPlatform(BasePlatform):
     name: ClassVar[str] = "cuda"
     device_type: ClassVar[str] = "cuda"
     visible_devices_env: ClassVar[str | None] = ENV_CUDA_VISIBLE_DEVICES
-    default_memory_utilization: ClassVar[float] = 0.92
-    preferred_start_method: ClassVar[StartMethod] = "fork"
-    context_free: ClassVar[bool] = True
-    RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(
-        lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0, idle_floor_bytes=0
-    )
     FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
         "bf16": (FeatureRule(min_compute_capability=(8, 0)),),  # Ampere
         "fp8": (FeatureRule(min_compute_capability=(8, 9), value="e4m3fn"),),  # Ada, Hopper
@@ -424,10 +345,7 @@ class CudaPlatform(BasePlatform):
         self._lock = threading.Lock()
         _instances.add(self)
         self._view_cache: _View | None = None
-        self._view_raw: tuple[object, object] | None = None
         self._order_cache: dict[tuple[str | None, tuple[str, ...]], tuple[list[str], str]] = {}
-        self._memory_source: dict[str, str] = {}
-        self._own_memory: set[str] = set()  # GPUs that have reported memory of their own
         self._graph: GraphSupport | None = None
 
     # -- detection -------------------------------------------------------------------------
@@ -437,15 +355,9 @@ class CudaPlatform(BasePlatform):
     def probe(cls) -> ProbeResult:
         """Return whether NVML works here and shows at least one visible GPU; never raises.
 
-        Returns:
-            Available when ``pynvml`` imports, ``nvmlInit`` succeeds and at least one GPU is
-            visible after ``CUDA_VISIBLE_DEVICES``; otherwise unavailable with the reason
-            (nvidia-ml-py missing, shadowed ``pynvml`` module, no driver, driver not loaded,
-            driver/library mismatch, no GPU, all GPUs hidden).
-
         Side effects:
-            Imports ``pynvml`` and initialises NVML once per process. No CUDA context, no torch,
-            no subprocess (ordinals are counted in PCI order, which cannot change the count).
+            Imports ``pynvml`` and initialises NVML once per process; no subprocess (ordinals
+            are counted in PCI order, which cannot change the count).
         """
         try:
             with _nvml.session() as nv:
@@ -454,7 +366,7 @@ class CudaPlatform(BasePlatform):
             if not gpus:
                 return ProbeResult(False, f"NVML (driver {driver}) found no NVIDIA GPU")
             value = os.environ.get(ENV_CUDA_VISIBLE_DEVICES)
-            resolution = resolve_cuda_visible_devices(value, _records(sorted(gpus, key=_pci_key)))
+            resolution = resolve_cuda_visible_devices(value, _records(_pci_order(gpus)))
             if not resolution.targets:
                 why = f"; {resolution.notes[0]}" if resolution.notes else ""
                 return ProbeResult(
@@ -480,12 +392,7 @@ class CudaPlatform(BasePlatform):
     @property
     @override
     def graph(self) -> GraphSupport:
-        """CUDA graph capability, decided from the installed torch version (torch not imported).
-
-        Available with ``api="torch.cuda.CUDAGraph"`` when torch ≥ 1.10 is installed and is not
-        a build for another platform (``+cpu``, ``+rocm…``, ``+xpu``); unavailable with the
-        reason otherwise. Shares :func:`accelplat._vendor.graphs.graph_support` with ROCm and XPU.
-        """
+        """CUDA graphs: ``torch.cuda.CUDAGraph`` from torch 1.10, in a build for CUDA (or any)."""
         graph = self._graph
         if graph is None:
             graph = self._graph = graph_support(
@@ -495,20 +402,12 @@ class CudaPlatform(BasePlatform):
 
     @property
     def notes(self) -> tuple[str, ...]:
-        """What applying ``CUDA_VISIBLE_DEVICES``/``CUDA_DEVICE_ORDER`` dropped or assumed.
-
-        Raises:
-            BackendError: When NVML fails.
-        """
+        """What applying ``CUDA_VISIBLE_DEVICES``/``CUDA_DEVICE_ORDER`` dropped or assumed."""
         return self._view().notes
 
     @override
     def driver_version(self) -> str:
-        """Return the NVIDIA driver version NVML reports (``"unknown"`` if it cannot say).
-
-        Raises:
-            BackendError: When NVML is unavailable.
-        """
+        """Return the NVIDIA driver version NVML reports (``"unknown"`` if it cannot say)."""
         with _nvml.session() as nv:
             return _driver_version(nv)
 
@@ -518,36 +417,28 @@ class CudaPlatform(BasePlatform):
     def devices(self) -> Sequence[DeviceInfo]:
         """Return the visible GPUs (or MIG devices) in visible-index order.
 
-        Returns:
-            One :class:`DeviceInfo` per visible device: ``index`` is the visible index,
-            ``physical_index`` the NVML index (of the parent GPU for a MIG device), with name,
-            UUID and PCI bus id.
+        ``physical_index`` is the NVML index (of the parent GPU for a MIG device).
 
         Raises:
             BackendError: When NVML is unavailable or fails.
 
         Side effects:
-            Reads ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` on every call. On a machine
-            with different GPU models and no ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, the first call for
-            a given order runs a throw-away subprocess (no CUDA context in this process).
+            Reads both variables on every call. For GPUs of different models without
+            ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, the first call per order runs a subprocess.
         """
         return self._view().devices
 
     def _view(self) -> _View:
-        raw = _read_visibility_env()
-        view = self._view_cache
-        if view is not None and self._view_raw == raw and view.key[0] == _nvml.generation():
-            return view
         cvd = os.environ.get(ENV_CUDA_VISIBLE_DEVICES)
         order = os.environ.get(ENV_CUDA_DEVICE_ORDER)
+        view = self._view_cache
+        if view is not None and view.key == (_nvml.generation(), cvd, order):
+            return view
         with self._lock, _nvml.session() as nv:
-            key = (_nvml.generation(), cvd, order)
+            key = (_nvml.generation(), cvd, order)  # entering the session may start a new one
             view = self._view_cache
-            if view is not None and view.key == key:
-                return view
-            view = self._build_view(nv, key)
-            self._view_cache = view
-            self._view_raw = raw
+            if view is None or view.key != key:
+                view = self._view_cache = self._build_view(nv, key)
             return view
 
     def _build_view(self, nv: Any, key: tuple[int, str | None, str | None]) -> _View:
@@ -561,28 +452,28 @@ class CudaPlatform(BasePlatform):
             by_uuid[gpu.uuid] = (gpu, None)
             for mig in gpu.migs:
                 by_uuid[mig.uuid] = (gpu, mig)
-        devices: list[DeviceInfo] = []
-        handles: list[Any] = []
+        targets: list[_Target] = []
         for index, target in enumerate(resolution.targets):
             owner, instance = by_uuid[target.uuid]
-            devices.append(
-                DeviceInfo(
-                    index=index,
-                    physical_index=owner.nvml_index,
-                    name=instance.name if instance is not None else owner.name,
-                    uuid=target.uuid,
-                    pci_bus_id=owner.pci_bus_id,
-                    arch=sm_arch(owner.compute_capability),
-                    compute_capability=owner.compute_capability,
-                )
+            info = DeviceInfo(
+                index=index,
+                physical_index=owner.nvml_index,
+                name=instance.name if instance is not None else owner.name,
+                uuid=target.uuid,
+                pci_bus_id=owner.pci_bus_id,
+                arch=sm_arch(owner.compute_capability),
+                compute_capability=owner.compute_capability,
             )
-            handles.append(instance.handle if instance is not None else owner.handle)
-        return _View(key, tuple(devices), tuple(handles), (*notes, *resolution.notes))
+            where = f"cuda device {index} ({target.uuid}, NVML index {owner.nvml_index})"
+            handle = instance.handle if instance is not None else owner.handle
+            targets.append(_Target(info, handle, where))
+        devices = tuple(t.info for t in targets)
+        return _View(key, devices, tuple(targets), (*notes, *resolution.notes))
 
     def _in_cuda_order(
         self, gpus: tuple[_Gpu, ...], order: str | None
     ) -> tuple[list[_Gpu], tuple[str, ...]]:
-        pci_sorted = sorted(gpus, key=_pci_key)
+        pci_sorted = _pci_order(gpus)
         if is_pci_bus_order(order) or len({g.name for g in gpus}) <= 1:
             return pci_sorted, ()
         cache_key = (order, tuple(g.uuid for g in pci_sorted))
@@ -639,155 +530,84 @@ class CudaPlatform(BasePlatform):
 
     # -- memory ----------------------------------------------------------------------------
 
-    def _target(self, device: object) -> tuple[DeviceInfo, Any]:
-        view = self._view()
-        if type(device) is int and 0 <= device < len(view.devices):  # the common case, fast
-            return view.devices[device], view.handles[device]
-        index = self.check_device(device)  # raises DeviceNotFoundError, or accepts an index type
-        view = self._view()
-        if index >= len(view.devices):  # the variables changed between the two reads
-            raise DeviceNotFoundError(device, len(view.devices), self.name)
-        return view.devices[index], view.handles[index]
+    def _target(self, index: int) -> _Target:
+        # memory_info checked the index against a view built from this call's variables:
+        # reuse it rather than read them again (a newer view from another thread is as good).
+        view = self._view_cache
+        if view is None or view.key[0] != _nvml.generation():
+            view = self._view()
+        targets = view.targets
+        if index >= len(targets):  # the variables changed since the index was checked
+            raise DeviceNotFoundError(index, len(targets), self.name)
+        return targets[index]
 
     @override
-    def memory_info(self, device: int) -> MemoryInfo:
-        """Return memory of visible device ``device`` in bytes (see the module docstring).
+    def _memory_info(self, device: int) -> MemoryInfo:
+        info, handle, where = self._target(device)
+        with _nvml.session() as nv:
+            figures = _nvml.memory(nv, handle, info.uuid or "", where)
+        if figures is None:
+            return self._host_memory(where)
+        free, total, used, reserved, source = figures
+        return checked_memory(
+            "cuda", where, free=free, total=total, used=used, reserved=reserved, source=source
+        )
 
-        Args:
-            device: Visible device index.
-
-        Returns:
-            A :class:`MemoryInfo` with ``source`` ``"nvml-v2"``, ``"nvml-v1"`` or
-            ``"host-unified"``.
-
-        Raises:
-            DeviceNotFoundError: For an index that is not visible.
-            BackendError: For an NVML failure, naming the vendor error (e.g.
-                ``NVMLError_GpuIsLost``), including ``NotSupported`` from a GPU that reported
-                memory of its own before.
-            ImplausibleReadingError: For figures that cannot be true (a ``BackendError``).
-
-        Side effects:
-            One or two NVML calls; no CUDA context, no torch. Thread-safe.
-        """
-        info, handle = self._target(device)
-        key = info.uuid or ""
-        source = self._memory_source.get(key, _SOURCE_V2)
-        nv = _nvml.acquire()
-        try:
-            if source == _SOURCE_V2:
-                try:
-                    mem = nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
-                except Exception as exc:
-                    if not _nvml.is_error(exc, *_V1_FALLBACK_ERRORS):
-                        raise _nvml.translate(exc, _reading(info)) from exc
-                    if key in self._own_memory and _nvml.is_error(exc, "NotSupported"):
-                        raise _no_longer_reported(exc, info) from exc
-                    if not _nvml.is_error(exc, "Unknown"):  # WSL: keep trying v2 first
-                        self._memory_source[key] = _SOURCE_V1
-                    source = _SOURCE_V1
-                else:
-                    # The hot path of every wait.
-                    free, total, used, reserved = _nvml.memory_v2_figures(mem)
-                    reading = checked_memory(
-                        "cuda",
-                        _describe(info),
-                        free=free,
-                        total=total - reserved,
-                        used=used,
-                        reserved=reserved,
-                        source=_SOURCE_V2,
-                    )
-                    self._own_memory.add(key)
-                    return reading
-            if source == _SOURCE_V1:
-                try:
-                    mem = nv.nvmlDeviceGetMemoryInfo(handle)
-                except Exception as exc:
-                    if not _nvml.is_error(exc, "NotSupported"):
-                        raise _nvml.translate(exc, _reading(info)) from exc
-                    if key in self._own_memory:
-                        raise _no_longer_reported(exc, info) from exc
-                    self._memory_source[key] = _SOURCE_HOST
-                else:
-                    reading = checked_memory(
-                        "cuda",
-                        _describe(info),
-                        free=int(mem.free),
-                        total=int(mem.total),
-                        used=int(mem.used),
-                        source=_SOURCE_V1,
-                    )
-                    self._own_memory.add(key)
-                    return reading
-        finally:
-            _nvml.release()
-        return self._host_memory(info)
-
-    def _host_memory(self, info: DeviceInfo) -> MemoryInfo:
+    def _host_memory(self, where: str) -> MemoryInfo:
+        """Memory of a GPU that shares the host's (GB10/DGX Spark, Jetson), as tools report it."""
         try:
             meminfo = host_meminfo(self._proc_root)
         except OSError as exc:
-            path = proc_root(self._proc_root) / "meminfo"  # built for the error only
-            raise BackendError(
-                "cuda",
-                f"this GPU shares host memory (NVML reports no memory of its own), and {path} "
-                f"cannot be read: {exc.strerror or exc}",
-                vendor_error="NVMLError_NotSupported",
-            ) from exc
-        if meminfo is None:
-            path = proc_root(self._proc_root) / "meminfo"
-            raise BackendError(
-                "cuda",
-                f"this GPU shares host memory, and {path} has no MemTotal/MemAvailable",
-                vendor_error="NVMLError_NotSupported",
-            )
-        # The host's figures as read, through the one rule: a wrapped counter or MemAvailable
-        # above MemTotal is an error naming them, never clamped into a plausible answer.
-        return checked_memory(
+            why = f"cannot be read: {exc.strerror or exc}"
+        else:
+            if meminfo is not None:
+                # Judged as read: MemAvailable above MemTotal is an error, never clamped.
+                return checked_memory(
+                    "cuda",
+                    f"{where}, sharing host memory ({meminfo.path})",
+                    free=meminfo.available,
+                    total=meminfo.total,
+                    used=max(0, meminfo.total - meminfo.available),
+                    source=_nvml.SOURCE_HOST,
+                )
+            why = "has no MemTotal/MemAvailable"
+        raise BackendError(
             "cuda",
-            f"{_describe(info)}, sharing host memory ({meminfo.path})",
-            free=meminfo.available,
-            total=meminfo.total,
-            used=max(0, meminfo.total - meminfo.available),
-            source=_SOURCE_HOST,
+            f"this GPU shares host memory (NVML reports no memory of its own), and "
+            f"{meminfo_path(self._proc_root)} {why}",
+            vendor_error="NVMLError_NotSupported",
         )
 
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
         """Return the processes holding memory on ``device``, from NVML's compute-process list.
 
-        Args:
-            device: Visible device index.
-
         Returns:
-            One :class:`MemoryHolder` per process (``used_bytes`` is ``None`` where the driver
-            does not say), or ``None`` when NVML cannot tell (``NotSupported``,
-            ``NoPermission``). PIDs are host PIDs, even inside a container.
+            One :class:`MemoryHolder` per process (host PIDs, even inside a container), or
+            ``None`` when NVML cannot tell (``NotSupported``, ``NoPermission``).
 
         Raises:
             DeviceNotFoundError: For an index that is not visible.
-            BackendError: For other NVML failures, and for a malformed process entry (a pid
-                that is not a process id, a negative or wrapped byte count).
+            BackendError: For other NVML failures, and for a malformed process entry.
 
         Side effects:
-            One NVML call, then ``/proc`` reads (psutil, imported now) to classify each PID.
+            One NVML call, then ``/proc`` reads (psutil) to classify each PID.
         """
-        info, handle = self._target(device)
+        _, handle, where = self._target(self.check_device(device))
         with _nvml.session() as nv:
             try:
                 procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
             except Exception as exc:
                 if _nvml.is_error(exc, *_HOLDERS_UNKNOWN_ERRORS):
                     return None
+                # nvidia-ml-py asks for the v3 list, which drivers before R510 lack.
                 if not _nvml.is_error(exc, "NVMLLibraryMismatchError"):
-                    raise _nvml.translate(exc, f"listing processes on {_describe(info)}") from exc
-                procs = self._older_process_list(nv, handle, info)
+                    raise _nvml.translate(exc, f"listing processes on {where}") from exc
+                procs = _older_process_list(nv, handle, where)
                 if procs is None:
                     return None
         from accelplat._vendor.procs import driver_holder
 
-        where = _describe(info)
         try:
             entries = list(procs)
         except TypeError:  # not a list at all
@@ -803,36 +623,17 @@ class CudaPlatform(BasePlatform):
             for proc in entries
         )
 
-    @staticmethod
-    def _older_process_list(nv: Any, handle: Any, info: DeviceInfo) -> Any:
-        """Drivers before R510 lack the v3 process list nvidia-ml-py asks for; try v2."""
-        older = getattr(nv, "nvmlDeviceGetComputeRunningProcesses_v2", None)
-        if older is None:
+
+def _older_process_list(nv: Any, handle: Any, where: str) -> Any:
+    older = getattr(nv, "nvmlDeviceGetComputeRunningProcesses_v2", None)
+    if older is None:
+        return None
+    try:
+        return older(handle)
+    except Exception as exc:
+        if _nvml.is_error(exc, *_HOLDERS_UNKNOWN_ERRORS, "FunctionNotFound"):
             return None
-        try:
-            return older(handle)
-        except Exception as exc:
-            if _nvml.is_error(exc, *_HOLDERS_UNKNOWN_ERRORS, "FunctionNotFound"):
-                return None
-            raise _nvml.translate(exc, f"listing processes on {_describe(info)}") from exc
-
-
-def _describe(info: DeviceInfo) -> str:
-    return f"cuda device {info.index} ({info.uuid}, NVML index {info.physical_index})"
-
-
-def _reading(info: DeviceInfo) -> str:
-    return f"reading memory of {_describe(info)}"
-
-
-def _no_longer_reported(exc: BaseException, info: DeviceInfo) -> BackendError:
-    """The error for a GPU whose own memory query stopped working after it had worked."""
-    return BackendError(
-        "cuda",
-        f"{_describe(info)} reported memory of its own before, and NVML now says its memory "
-        f"query is not supported; not switching to host memory, which would not be this GPU's",
-        vendor_error=_nvml.error_name(exc),
-    )
+        raise _nvml.translate(exc, f"listing processes on {where}") from exc
 
 
 def _after_fork_in_child() -> None:

@@ -1,62 +1,9 @@
 """The ``xpu`` platform: Intel GPUs through Level Zero Sysman, or torch.xpu when allowed.
 
-Memory sources, in order of preference:
-
-1. **Level Zero Sysman** (``source="level-zero-sysman"``), context-free, through ctypes on
-   ``libze_loader.so.1`` (see :mod:`accelplat._vendor.levelzero`): per card, the memory modules'
-   free and
-   total bytes, summed over the device's tiles (local memory only).
-
-   Hidden usage: i915 hides usage from processes that are not ``perfmon_capable()``
-   (``CAP_PERFMON`` or ``CAP_SYS_ADMIN`` in the *initial* user namespace) by reporting everything
-   unallocated; xe did the same (zero used) until upstream commit 4d0b035fd6da, backported to
-   stable kernels from 6.8 on. A zero reading in a process without those capabilities is
-   therefore never trusted: for i915 it is hidden usage for certain, for xe (or an unknown driver)
-   it may be; the error says which. Capabilities held inside a user namespace (rootless
-   containers) do not count, since the kernel checks the initial namespace.
-
-   Integrated GPUs: compute-runtime answers for them from the host's ``/proc/meminfo``
-   (``free = MemFree``, ``size = MemAvailable``), so "used" would be roughly the page cache;
-   their memory queries raise a :class:`~accelplat.errors.BackendError` saying so.
-2. **torch** (``source="torch.accelerator (creates a device context)"``, or
-   ``"torch.xpu …"``): ``torch.accelerator.get_memory_info(i)`` first — what vLLM 0.33 trusts
-   (it routes that function to its own op because ``torch.xpu.mem_get_info`` "returns wrong memory
-   info with latest UMD") — else ``torch.xpu.mem_get_info(i)`` (torch 2.6 and later). Used only
-   when torch is already imported by the caller, or when ``ACCELPLAT_XPU_ALLOW_TORCH=1`` lets
-   accelplat import it; ``context_free`` is then ``False``. Impossible readings are rejected:
-   free above total, a total that differs from ``get_device_properties(i).total_memory`` (the
-   documented failure was a shifted total with free still below it) or from the first total seen.
-   torch reads the same kernel figure as Sysman (SYCL's free-memory query comes from Level Zero),
-   so it cannot reveal usage the kernel hides. sysfs cannot stand in: the xe driver exposes only
-   total VRAM there, not usage.
-3. **intel-extension-for-pytorch**, only for old stacks whose torch has neither function: when
-   IPEX is already imported (or torch use is allowed), ``intel_extension_for_pytorch.xpu.
-   mem_get_info`` (``source="ipex xpu.mem_get_info (creates a device context)"``). IPEX releases
-   stopped after 2.8 and its end of life is planned (IPEX issue 867); upstream torch.xpu
-   replaces it.
-
-Device order and visibility:
-    Cards are Intel GPUs (PCI vendor ``0x8086``) from Level Zero Sysman, or from
-    ``<sysfs>/class/drm/cardN`` driven by ``xe`` or ``i915`` when Level Zero is absent. Level Zero
-    orders them discrete first, then by PCI address (pure PCI order with
-    ``ZE_ENABLE_PCI_ID_DEVICE_ORDER=1``, exactly ``"1"`` as the loader reads it). Tiles per card
-    come from Sysman's sub-device count, or sysfs (``device/tile<N>`` for xe, ``gt/gt<N>`` of
-    discrete i915 cards). Then ``ZE_FLAT_DEVICE_HIERARCHY``, ``ZE_AFFINITY_MASK`` and
-    ``ONEAPI_DEVICE_SELECTOR`` apply, in that order (see :mod:`accelplat._visible.oneapi`). Unset,
-    the hierarchy is the driver's default: ``COMPOSITE``, except ``FLAT`` on a Data Center GPU Max
-    from driver 23.43 — the driver version cannot be read without Level Zero's core API, so
-    ``FLAT`` is assumed there and the probe says so. Sysman itself ignores the hierarchy and the
-    mask and lists cards in discovery order, which is why the order and the mask are applied here.
-    With torch as the source, torch's own numbering is used as is.
-
-Probe:
-    Cheap and framework-free: sysfs first (an Intel card bound to ``xe``/``i915``), Level Zero
-    Sysman only when sysfs shows none. Integrated GPUs (PCI ``0000:00:02.0`` in sysfs, or Level
-    Zero's integrated flag) do not make the platform available on their own — every Intel laptop
-    and desktop has one — unless ``ACCELPLAT_XPU_INTEGRATED=1``; they still count as devices once
-    the platform is chosen, because torch numbers them.
-
-Holders come from Sysman's process list (``zesDeviceProcessesGetState``), per card.
+Memory comes from Sysman (:mod:`accelplat._vendor.levelzero`): the card's memory modules, summed
+over a device's tiles; torch only when the caller imported it or ``ACCELPLAT_XPU_ALLOW_TORCH=1``.
+Cards come from Sysman, or sysfs without Level Zero, in Level Zero core's order; then the oneAPI
+variables apply (:mod:`accelplat._visible.oneapi`). ``docs/backends/xpu.md`` has the rules.
 """
 
 from __future__ import annotations
@@ -75,30 +22,34 @@ from typing import Any, ClassVar
 from typing_extensions import override
 
 from accelplat import _files
-from accelplat._backends._common import ReadText, pci_address, pci_sort_key, read_attribute
-from accelplat._backends._presence import (
+from accelplat._backends._common import (
     ENV_SYSFS_ROOT,
     INTEL_VENDOR_ID,
+    ReadText,
+    checked_memory,
     drm_cards,
     level_zero_loader_name,
     level_zero_not_found,
     no_intel_gpu,
+    parse_key_values,
+    pci_address,
+    pci_sort_key,
+    read_attribute,
 )
-from accelplat._backends._readings import checked_memory
 from accelplat._platform import BasePlatform, StartMethod
 from accelplat._types import (
     DeviceInfo,
     FeatureRule,
     GraphSupport,
+    MemoryHolder,
     MemoryInfo,
     ProbeResult,
     ReleaseProfile,
 )
-from accelplat._usage import MemoryHolder
 from accelplat._vendor import import_quietly
 from accelplat._vendor import levelzero as lz
-from accelplat._vendor.graphs import graph_support
 from accelplat._vendor.procs import make_holder
+from accelplat._vendor.versions import graph_support
 from accelplat._visible.oneapi import (
     ENV_AFFINITY_MASK,
     ENV_DEVICE_SELECTOR,
@@ -111,8 +62,6 @@ from accelplat._visible.oneapi import (
 )
 from accelplat.errors import AccelplatError, BackendError, LevelZeroError
 
-__all__ = ["INTEL_VENDOR_ID", "XpuPlatform", "usage_visible_to_this_process"]
-
 ENV_ALLOW_TORCH = "ACCELPLAT_XPU_ALLOW_TORCH"
 ENV_INTEGRATED = "ACCELPLAT_XPU_INTEGRATED"
 ENV_PCI_ORDER = "ZE_ENABLE_PCI_ID_DEVICE_ORDER"
@@ -122,16 +71,10 @@ SOURCE_TORCH = "torch.xpu (creates a device context)"
 SOURCE_ACCELERATOR = "torch.accelerator (creates a device context)"
 SOURCE_IPEX = "ipex xpu.mem_get_info (creates a device context)"
 
-XE_HPC_DEVICE_IDS = frozenset(
-    {0x0BD0, 0x0BD4, 0x0BD5, 0x0BD6, 0x0BD7, 0x0BD8, 0x0BD9, 0x0BDA, 0x0BDB, 0x0B69, 0x0B6E}
-)
-"""PCI device ids of Xe HPC (Data Center GPU Max, "Ponte Vecchio") cards."""
-
-_TOTAL_TOLERANCE_DIVISOR = 256
-"""A torch total further than 1/256 (0.4 %) from the device's ``total_memory`` is implausible."""
+_TOTAL_TOLERANCE_DIVISOR = 256  # a torch total 0.4 % off total_memory is a shifted total
 
 _DRIVERS = ("xe", "i915")
-_INTEGRATED_SLOT = "0000:00:02.0"
+_INTEGRATED_SLOT = "0000:00:02.0"  # where Intel integrated GPUs sit on the PCI bus
 _TILE_RE = re.compile(r"^tile(\d+)$")
 _GT_RE = re.compile(r"^gt(\d+)$")
 _CAP_SYS_ADMIN = 21
@@ -144,39 +87,24 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in _TRUE
 
 
-def usage_visible_to_this_process(
-    status_text: str | None = None, uid_map_text: str | None = None
-) -> bool:
+def usage_visible_to_this_process(status_text: str, uid_map_text: str) -> bool:
     """Return whether the kernel's ``perfmon_capable()`` check passes for this process.
 
-    i915 (and xe kernels before upstream commit 4d0b035fd6da) show a process real GPU memory
-    usage only when ``capable(CAP_PERFMON) || capable(CAP_SYS_ADMIN)``; ``capable()`` checks the
-    *initial* user namespace, so capabilities held inside a user namespace (rootless or
-    user-namespaced containers) do not count.
-
     Args:
-        status_text: The text of ``/proc/self/status`` (read when ``None``).
-        uid_map_text: The text of ``/proc/self/uid_map`` (read when ``None``; an unreadable map
-            counts as the initial namespace).
+        status_text: The text of ``/proc/self/status`` (``""`` when unreadable).
+        uid_map_text: The text of ``/proc/self/uid_map`` (``""``, when unreadable, counts as the
+            initial namespace).
 
     Returns:
         ``True`` when the effective capabilities include ``CAP_PERFMON`` or ``CAP_SYS_ADMIN`` and
-        the process is in the initial user namespace; ``False`` otherwise, and when the
-        capabilities cannot be read and the process is not root.
+        the process is in the initial user namespace; without ``CapEff``, whether it is root.
     """
-    if uid_map_text is None:
-        try:
-            uid_map_text = _files.read_text("/proc/self/uid_map", limit=_files.PROC_LIMIT)
-        except OSError:
-            uid_map_text = ""
+    # i915 (i915_query.c query_memregion_info), and xe before upstream 4d0b035fd6da (stable
+    # 6.8+ from late 2025), show real usage only if perfmon_capable(): capable(CAP_PERFMON) ||
+    # capable(CAP_SYS_ADMIN), which checks the *initial* user namespace (linux/capability.h).
     lines = [line.split() for line in uid_map_text.splitlines() if line.strip()]
     if lines and lines != [_INIT_USER_NS]:
         return False  # a user namespace: its capabilities do not reach the kernel's check
-    if status_text is None:
-        try:
-            status_text = _files.read_text("/proc/self/status", limit=_files.PROC_LIMIT)
-        except OSError:
-            return os.geteuid() == 0 if hasattr(os, "geteuid") else False
     for line in status_text.splitlines():
         if line.startswith("CapEff:"):
             try:
@@ -189,6 +117,8 @@ def usage_visible_to_this_process(
 
 XE_ARCH_BY_DEVICE_ID: tuple[tuple[int, int, str], ...] = (
     (0x0BD0, 0x0BDB, "pvc"),  # Xe-HPC: Data Center GPU Max (Ponte Vecchio)
+    (0x0B69, 0x0B69, "pvc"),  # the kernel's INTEL_PVC_IDS lists these two besides 0x0BDx
+    (0x0B6E, 0x0B6E, "pvc"),
     (0x5690, 0x56CF, "dg2"),  # Xe-HPG: Arc A-series, Data Center GPU Flex (Alchemist)
     (0xE202, 0xE21F, "bmg"),  # Xe2-HPG: Arc B-series (Battlemage)
     (0x6420, 0x64BF, "lnl"),  # Xe2-LPG: Core Ultra 200V (Lunar Lake)
@@ -196,9 +126,8 @@ XE_ARCH_BY_DEVICE_ID: tuple[tuple[int, int, str], ...] = (
     (0x7D50, 0x7D6F, "mtl"),
     (0x7DD0, 0x7DDF, "mtl"),
 )
-"""Inclusive PCI device-id ranges of Intel GPUs and the architecture each is, by the device
-names Intel's offline compiler (``ocloc -device``) and torch's XPU builds use. From the Linux
-kernel's Intel PCI id tables; an id outside every range has no known architecture."""
+"""Inclusive PCI device-id ranges (the kernel's Intel PCI id tables) and their architecture, as
+``ocloc -device`` and torch's XPU builds name it."""
 
 
 def xe_arch(device_id: int) -> str | None:
@@ -213,24 +142,20 @@ def xe_arch(device_id: int) -> str | None:
     return None
 
 
-def _hidden_usage(driver: str) -> tuple[str, str]:
-    """Whether a zero usage reading on a card bound to ``driver`` may be hidden usage.
-
-    Returns:
-        ``("hidden", why)`` for i915 (certain), ``("maybe", why)`` for xe or an unknown driver.
-    """
+def _hidden_usage(driver: str) -> str:
+    """Say why a zero usage reading on a card bound to ``driver`` is (i915) or may be hidden."""
     hint = (
         "grant CAP_PERFMON (docker run --cap-add PERFMON; it does not count inside a user "
         "namespace)"
     )
     if driver == "i915":
-        return "hidden", (
+        return (
             "i915 hides memory usage from processes without CAP_PERFMON or CAP_SYS_ADMIN in the "
             "initial user namespace (it reports everything unallocated), so this zero is hidden "
             f"usage, not a reading; {hint}"
         )
     what = "xe" if driver == "xe" else "the card's driver (unknown here)"
-    return "maybe", (
+    return (
         f"Level Zero reports no memory in use, but {what} may hide usage from this process: "
         "i915, and xe kernels without upstream commit 4d0b035fd6da (backported to stable 6.8+ in "
         "late 2025), hide it from processes without CAP_PERFMON or CAP_SYS_ADMIN, and this "
@@ -251,31 +176,24 @@ class _Card:
     sysman: lz.SysmanDevice | None = None
     arch: str | None = None
     device_id: int | None = None
-    kernel_driver: str = ""
-    """``xe`` or ``i915`` when sysfs shows the card, else ``""``."""
+    kernel_driver: str = ""  # xe or i915 when sysfs shows the card
 
     @property
     def xe_hpc(self) -> bool:
         """Whether this is a Data Center GPU Max (Xe HPC)."""
-        return (
-            self.device_id in XE_HPC_DEVICE_IDS
-            or self.arch == "pvc"
-            or "Data Center GPU Max" in self.name
-        )
+        return self.arch == "pvc" or "Data Center GPU Max" in self.name
 
 
 def _pci_order() -> bool:
-    """``ZE_ENABLE_PCI_ID_DEVICE_ORDER`` as the loader reads it (``getenv_tobool``: only "1")."""
+    # The loader's getenv_tobool (source/inc/ze_util.h) accepts only "1"; the spec lists {0, 1}.
     return os.environ.get(ENV_PCI_ORDER) == "1"
 
 
 def _default_hierarchy(cards: Sequence[_Card]) -> tuple[Hierarchy, str]:
-    """The device model the driver defaults to for ``cards``, and a note when it is assumed.
-
-    compute-runtime defaults to ``COMPOSITE`` except on Xe HPC, which defaults to ``FLAT`` from
-    driver 23.43.27642 (October 2023); the driver version cannot be read without initialising
-    Level Zero's core API, so on a Data Center GPU Max ``FLAT`` is assumed and said so.
-    """
+    """The device model the driver defaults to for ``cards``, and a note when it is assumed."""
+    # compute-runtime: COMPOSITE (the spec's default, gfx_core_helper_base.inl), except FLAT on
+    # Xe HPC (gfx_core_helper_xe_hpc_core.cpp) from 23.43.27642 (commit 3fdcf049bf, Oct 2023).
+    # The driver version needs Level Zero's core API, so on a Max FLAT is assumed, and said.
     if cards and cards[0].xe_hpc:
         return Hierarchy.FLAT, (
             f"{ENV_FLAT_DEVICE_HIERARCHY} unset: FLAT assumed (the default on Data Center GPU "
@@ -285,6 +203,8 @@ def _default_hierarchy(cards: Sequence[_Card]) -> tuple[Hierarchy, str]:
 
 
 def _order(cards: list[_Card]) -> list[_Card]:
+    # Level Zero core's order, which Sysman does not follow: discrete first, then PCI address;
+    # sorting precedes the mask (execution_environment.cpp comparePciIdBusNumber).
     if _pci_order():
         return sorted(cards, key=lambda c: pci_sort_key(c.pci_bus_id))
     return sorted(cards, key=lambda c: (c.integrated, pci_sort_key(c.pci_bus_id)))
@@ -314,7 +234,7 @@ def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
         integrated = pci == _INTEGRATED_SLOT
         tiles = 1
         with contextlib.suppress(OSError):
-            if driver == "xe":
+            if driver == "xe":  # device/tile<N>
                 tiles = max(1, sum(1 for n in _files.listdir(device) if _TILE_RE.match(n)))
             elif not integrated:  # an integrated i915 GPU lists its media GT as gt1
                 tiles = max(
@@ -352,10 +272,7 @@ def _driver(device: Path, read: ReadText) -> str:
         if link.is_symlink() or _files.exists(link):
             return os.path.basename(_files.realpath(link))
     with contextlib.suppress(OSError):
-        for line in read(str(device / "uevent")).splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "DRIVER":
-                return value.strip()
+        return parse_key_values(read(str(device / "uevent")), sep="=").get("DRIVER", "")
     return ""
 
 
@@ -372,7 +289,7 @@ if hasattr(os, "register_at_fork"):
 
 
 class XpuPlatform(BasePlatform):
-    """Intel GPUs through Level Zero. See the module docstring for sources and visibility.
+    """Intel GPUs through Level Zero (``docs/backends/xpu.md``).
 
     Args:
         sysfs_root: The sysfs root; default ``ACCELPLAT_SYSFS_ROOT`` or ``/sys``.
@@ -394,16 +311,14 @@ class XpuPlatform(BasePlatform):
         "bf16": (FeatureRule(archs=("pvc", "dg2", "bmg", "lnl", "mtl", "arl")),),
     }
     """bfloat16 on every Xe architecture torch's XPU builds target; no fp8/fp4 hardware rule."""
-    visible_devices_env: ClassVar[str | None] = ENV_AFFINITY_MASK
-    default_memory_utilization: ClassVar[float] = 0.9
-    preferred_start_method: ClassVar[StartMethod] = "spawn"
+    visible_devices_env: ClassVar[str | None] = ENV_AFFINITY_MASK  # vLLM's device_control_env_var
+    default_memory_utilization: ClassVar[float] = 0.9  # vLLM's test runner on XPU (conftest.py)
+    preferred_start_method: ClassVar[StartMethod] = "spawn"  # vLLM: the only one XPU supports
+    # vLLM's helper waits on XPU as on ROCm ("reclaims GPU memory more lazily than CUDA"): 2 s of
+    # stability, up to 240 s. No idle floor: vLLM applies none on XPU.
     RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(
         lazy=True, stable_duration_s=2.0, settle_timeout_s=240.0, idle_floor_bytes=0
     )
-    """Lazy: the caching allocator keeps memory until ``empty_cache`` and the runtime's teardown
-    returns the rest some time after a process exits, so waits use the same 2 s window and 240 s
-    limit as vLLM's ROCm/XPU helper. No idle floor: vLLM applies none on XPU (its "~1 GiB" is a
-    test-suite comment about the pytest parent process, not a per-process constant)."""
 
     def __init__(
         self,
@@ -430,11 +345,7 @@ class XpuPlatform(BasePlatform):
         _PLATFORMS.add(self)
 
     def _after_fork(self) -> None:
-        """Forget the parent's Level Zero handles in a forked child, so it enumerates again.
-
-        The specification says each forked process must call ``zesInit``; handles from the
-        parent are not valid in the child.
-        """
+        # "Each forked process must call" zesInit (zes_api.h): the parent's handles are not valid.
         self._lock = threading.RLock()
         self._sysman_cards = None
         self._torch_totals = {}
@@ -542,8 +453,7 @@ class XpuPlatform(BasePlatform):
         return torch, ""
 
     def _uses_torch(self) -> bool:
-        cards = self._cards_from_level_zero()
-        return not cards
+        return not self._cards_from_level_zero()
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -556,10 +466,7 @@ class XpuPlatform(BasePlatform):
 
     @override
     def devices(self) -> Sequence[DeviceInfo]:
-        """Return the visible devices, in torch's order.
-
-        With Level Zero (or sysfs) the devices come from the cards and the visible-devices
-        variables; with torch as the memory source, from ``torch.xpu``.
+        """Return the visible devices, in torch's order (``torch.xpu``'s when torch is the source).
 
         Raises:
             ConfigurationError: For malformed or unsupported visible-devices variables.
@@ -589,19 +496,12 @@ class XpuPlatform(BasePlatform):
     def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
         """Return ``ZE_AFFINITY_MASK`` for exactly ``devices``, and no ``ONEAPI_DEVICE_SELECTOR``.
 
-        The mask is written in the device model in force (``ZE_FLAT_DEVICE_HIERARCHY``): card or
-        tile entries under ``COMPOSITE``, flat indices otherwise; the SYCL selector is removed
-        because it would index the masked list. With torch as the only source (no card table)
-        the devices' card indices are used.
+        The mask is written in the device model in force (card or tile entries under
+        ``COMPOSITE``, flat indices otherwise); the SYCL selector is removed because it would
+        index the masked list. Without a card table (torch only), card indices are used.
 
         Args:
             devices: Devices as :meth:`devices` returned them.
-
-        Returns:
-            ``{"ZE_AFFINITY_MASK": …, "ONEAPI_DEVICE_SELECTOR": None}``.
-
-        Side effects:
-            Reads sysfs and Level Zero Sysman, as :meth:`devices` does.
         """
         cards, targets = self._targets()
         if not cards or len(targets) < len(devices):
@@ -635,6 +535,8 @@ class XpuPlatform(BasePlatform):
             target = targets[device]
             card = cards[target.card]
             assert card.sysman is not None
+            # compute-runtime answers an integrated GPU from /proc/meminfo: free = MemFree, size =
+            # MemAvailable (sysman_os_memory_imp.cpp:44-57); torch refuses it too (DPC++ tests).
             if card.integrated:
                 raise BackendError(
                     "xpu",
@@ -653,8 +555,10 @@ class XpuPlatform(BasePlatform):
                 raise BackendError("xpu", f"Level Zero reports no memory module on device {device}")
             free, total = lz.sum_modules(modules, target.tiles)
             used = max(0, total - free)
+            # Sysman's free is the kernel's unallocated size (sysman_os_memory_imp.cpp:80), which
+            # hides usage from a process that is not perfmon_capable(): never trust that zero.
             if used == 0 and not self._kernel_shows_usage():
-                _, why = _hidden_usage(card.kernel_driver)
+                why = _hidden_usage(card.kernel_driver)
                 return self._torch_memory(device, why=why, zero_is_suspect=True)
             return checked_memory(
                 "xpu",
@@ -668,14 +572,12 @@ class XpuPlatform(BasePlatform):
 
     def _kernel_shows_usage(self) -> bool:
         if self._usage_visible is None:
-            status = uid_map = None
+            status = uid_map = ""  # unreadable: no capability known, the initial namespace
             with contextlib.suppress(OSError):
                 status = self._read(str(self._proc / "self" / "status"))
             with contextlib.suppress(OSError):
                 uid_map = self._read(str(self._proc / "self" / "uid_map"))
-            if status is None:
-                status = ""  # unreadable: no capability known
-            self._usage_visible = usage_visible_to_this_process(status, uid_map or "")
+            self._usage_visible = usage_visible_to_this_process(status, uid_map)
         return self._usage_visible
 
     def _torch_memory(self, device: int, *, why: str, zero_is_suspect: bool = False) -> MemoryInfo:
@@ -731,16 +633,13 @@ class XpuPlatform(BasePlatform):
     def _check_torch_reading(
         self, torch: Any, device: int, free: int, total: int, name: str
     ) -> None:
-        """Reject torch readings the shared rule cannot see through: a total that moved.
-
-        The shared rule (:func:`~accelplat._backends._readings.checked_memory`) refuses free above
-        total and the like. With some Intel user-mode drivers the reported total jumped
-        (24385683456 to 25669140480 bytes on a BMG card) while free stayed below it; such a total
-        differs from the device's ``total_memory`` and from the total first seen in this process.
+        """Reject a shifted total, which the shared plausibility rule cannot see.
 
         Raises:
             BackendError: Naming the figures, when the total is shifted.
         """
+        # With some Intel user-mode drivers the total jumped (24385683456 to 25669140480 bytes on
+        # BMG, vllm-xpu-kernels tests/test_get_memory_info.py) while free stayed below it.
         references: list[tuple[str, int]] = []
         with contextlib.suppress(Exception):
             props = torch.xpu.get_device_properties(device)
@@ -757,6 +656,7 @@ class XpuPlatform(BasePlatform):
                 )
 
     def _ipex_mem_get_info(self, torch: Any) -> Any:
+        # Old stacks only: IPEX releases stopped after 2.8 (IPEX #867); torch.xpu replaces it.
         if "intel_extension_for_pytorch" not in sys.modules and not self._torch_allowed():
             return None
         try:
@@ -817,6 +717,7 @@ class XpuPlatform(BasePlatform):
     @override
     def graph(self) -> GraphSupport:
         """XPU graphs through ``torch.xpu.XPUGraph``, from torch 2.11."""
+        # XPUGraph landed in pytorch PRs 166285, 173042, 174046; vLLM gates on 2.11.0.dev.
         return graph_support("torch.xpu.XPUGraph", (2, 11), label="XPU graphs", flavour="xpu")
 
     @classmethod
@@ -825,8 +726,7 @@ class XpuPlatform(BasePlatform):
         """Return whether an Intel GPU is usable here; never raises, never imports torch.
 
         Side effects:
-            Reads sysfs; when sysfs shows no Intel GPU, loads Level Zero and initialises Sysman
-            (no device context).
+            Reads sysfs; when sysfs shows no Intel GPU, loads Level Zero and initialises Sysman.
         """
         try:
             platform = cls(allow_torch=False)
@@ -840,6 +740,7 @@ class XpuPlatform(BasePlatform):
                     if platform._sysman_failure:
                         why += f"; {platform._sysman_failure}"
                     return ProbeResult(False, why)
+            # Nearly every Intel laptop and desktop has an integrated GPU: not alone, unless asked.
             if not _flag(ENV_INTEGRATED) and all(c.integrated for c in found):
                 return ProbeResult(
                     False,

@@ -1,17 +1,17 @@
-"""The ``accelplat`` command line.
+"""The ``accelplat`` command line (``docs/cli.md``).
 
-Each sub-command lives in a module of this package that exposes ``register(subparsers)``; the
-module's ``register`` adds its parser and sets ``func`` to a callable taking the parsed
-``argparse.Namespace`` and returning the exit status.
+Each sub-command's module has ``register(sub)``, which adds its parser with ``func``: a callable
+taking the parsed arguments and returning the exit status (:mod:`accelplat._cli._errors`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
+from accelplat._cli import capture, info, lease, scan, sizing, stats, timeline, wait
+from accelplat._cli._args import Subcommands, command
 from accelplat._cli._errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -21,23 +21,11 @@ from accelplat._cli._errors import (
 )
 from accelplat.errors import AccelplatError
 
-__all__ = ["build_parser", "main"]
-
-_COMMAND_MODULES: tuple[str, ...] = (
-    "accelplat._cli.info",
-    "accelplat._cli.stats",
-    "accelplat._cli.wait",
-    "accelplat._cli.sizing",
-    "accelplat._cli.timeline",
-    "accelplat._cli.lease",
-    "accelplat._cli.scan",
-    "accelplat._cli.completion",
-    "accelplat._cli.capture",
-)
+SHELLS = ("bash", "zsh", "fish")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Return the argument parser with every available sub-command registered."""
+    """Return the argument parser with every sub-command registered."""
     from accelplat import __version__
 
     parser = argparse.ArgumentParser(
@@ -46,15 +34,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"accelplat {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # command not shipped in this build
-                continue
-            raise
+    for module in (info, stats, wait, sizing, timeline, lease, scan, capture):
         module.register(sub)
+    _register_completion(sub)
     return parser
+
+
+def _register_completion(sub: Subcommands[argparse.ArgumentParser]) -> None:
+    parser = command(
+        sub,
+        "completion",
+        _completion,
+        help="print a shell completion script (bash, zsh or fish)",
+        description="Print a completion script for SHELL, generated from this command line's "
+        "own parser, on standard output. Load it with e.g. "
+        "`source <(accelplat completion bash)` or save it where the shell looks for "
+        "completions.",
+    )
+    parser.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh or fish")
+
+
+def _completion(args: argparse.Namespace) -> int:
+    import shtab  # 80 ms: only for this command
+
+    sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,10 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: Arguments without the program name; ``None`` means ``sys.argv[1:]``.
 
     Returns:
-        The exit status, the same mapping for every sub-command (:mod:`accelplat._cli._errors`):
-        0 on success; 1 for a failed check or wait, or a runtime or backend error; 2 for bad
-        usage or configuration; 130 after Ctrl-C; 141 when standard output was closed early.
-        Under ``--json`` an error also prints a JSON error object on standard output.
+        The exit status, the same mapping for every sub-command (:mod:`accelplat._cli._errors`).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -79,11 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             status: int = func(args)
         except AccelplatError as exc:
-            status = fail(
-                exc,
-                command=str(getattr(args, "command", "") or ""),
-                json_output=bool(getattr(args, "json", False)),
-            )
+            status = fail(exc, command=args.command, json_output=getattr(args, "json", False))
         sys.stdout.flush()
     except BrokenPipeError:  # `accelplat info | head -1`: the reader has gone, not an error
         silence_stdout()

@@ -11,15 +11,15 @@ import os
 import sys
 import tempfile
 
-from accelplat._cli._args import count_arg, seconds_arg
-
-__all__ = ["register"]
+from accelplat._cli._args import command, count_arg, path, seconds_arg
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``capture`` sub-command to ``sub``."""
-    parser = sub.add_parser(
+    parser = command(
+        sub,
         "capture",
+        _run,
         help="record what accelplat reads on this host into a bundle (for bug reports and tests)",
         description="Record what accelplat reads on this host - the sysfs/procfs/cgroup files "
         "its backends open, the answers of NVML / Level Zero Sysman / amdsmi, installed "
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "that `accelplat info --replay BUNDLE` (or ACCELPLAT_REPLAY=BUNDLE) replays anywhere. "
         "No host name or user name is recorded. Creates no device context.",
     )
-    parser.add_argument("--out", required=True, help="bundle file to write (e.g. host.tar.gz)")
+    path(parser.add_argument("--out", required=True, help="bundle file to write: host.tar.gz"))
     parser.add_argument(
         "--no-processes",
         action="store_true",
@@ -48,7 +48,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--quiet", action="store_true", help="print only the bundle's path, not its contents"
     )
-    parser.set_defaults(func=_run)
 
 
 def _write(path: str, data: bytes) -> None:

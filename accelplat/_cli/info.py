@@ -1,7 +1,6 @@
 """``accelplat info``: which platform this is, why, and what its devices hold.
 
-The JSON form (``--json``) has stable keys, documented in ``docs/cli.md``; bump
-``INFO_SCHEMA_VERSION`` when a key changes meaning or disappears.
+The ``--json`` keys are documented in ``docs/cli.md``; they share ``SCHEMA_VERSION``.
 """
 
 from __future__ import annotations
@@ -11,30 +10,29 @@ import json
 import sys
 from typing import Any
 
-from accelplat._describe import SCHEMA_VERSION, collect_info
+from accelplat._cli._args import add_common, command, path
+from accelplat._describe import collect_info
 from accelplat._util import format_bytes, printable
-
-__all__ = ["INFO_SCHEMA_VERSION", "register"]
-
-INFO_SCHEMA_VERSION = SCHEMA_VERSION
-"""Version of the ``accelplat info --json`` document (every ``--json`` output shares it)."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``info`` sub-command to ``sub``."""
-    parser = sub.add_parser(
+    parser = command(
+        sub,
         "info",
+        _run,
         help="show the detected platform, why, its devices and their memory",
         description="Show the detected platform, why it was chosen, every visible device with "
         "its memory, the release profile, graph support and defaults. Creates no device context.",
     )
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    parser.add_argument(
-        "--replay",
-        metavar="BUNDLE",
-        help="answer from a capture bundle (accelplat capture) instead of this host",
+    add_common(parser, json=True)
+    path(
+        parser.add_argument(
+            "--replay",
+            metavar="BUNDLE",
+            help="answer from a capture bundle (accelplat capture) instead of this host",
+        )
     )
-    parser.set_defaults(func=_run)
 
 
 def _render_text(info: dict[str, Any]) -> str:

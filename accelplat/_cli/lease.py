@@ -1,18 +1,11 @@
 """``accelplat lease``: run a command on devices leased for it alone, or show who holds what.
 
-``accelplat lease -n 2 [--min-free 40GiB] [--timeout 600] -- CMD ARGS…`` waits until two of the
-devices this process can see are free (no other lease holds them and their memory is back),
-runs CMD with only them visible, holds the lease while CMD runs, forwards signals to it, and
-exits with CMD's status (``128 + N`` when a signal ``N`` ended it). The lock descriptors are
-handed to CMD too, so the devices stay held until CMD exits even if this process is killed.
-
-``accelplat lease --status [--json]`` lists every device the lock directory knows: held or
-free, and the holder's pid, command and start time (a free device whose last holder did not let
-go itself is marked as crashed).
-
-Exit status: CMD's; ``1`` when the devices did not become free in time; ``2`` for bad input
-(more devices than visible, an impossible minimum, a lock directory that is not writable);
-``127`` when CMD cannot be started.
+``accelplat lease -n 2 [--min-free 40GiB] -- CMD ARGS…`` waits until two visible devices are
+free (no other lease, memory back), runs CMD with only them visible, forwards signals to it and
+exits with its status (``128 + N`` after signal ``N``; 1 when the devices did not become free in
+time; 2 for bad input; 127 when CMD cannot start). CMD inherits the lock descriptors, so the
+devices stay held until it exits even if this process is killed. ``--status [--json]`` lists
+each device the lock directory knows: held or free, and the holder's pid, command and start.
 """
 
 from __future__ import annotations
@@ -27,8 +20,8 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-from accelplat._cli._args import count_arg, parse_size_arg, ratio_arg, seconds_arg
-from accelplat._cli._json import dumps
+from accelplat._cli._args import Size, add_common, command, count_arg, path, ratio_arg, seconds_arg
+from accelplat._cli._errors import dumps
 from accelplat._leasing import (
     DEFAULT_TIMEOUT_S,
     LeaseRecord,
@@ -39,15 +32,15 @@ from accelplat._leasing import (
 from accelplat._util import format_bytes, printable
 from accelplat.errors import ConfigurationError
 
-__all__ = ["register"]
-
 _FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``lease`` sub-command to ``sub``."""
-    parser = sub.add_parser(
+    parser = command(
+        sub,
         "lease",
+        _run,
         help="run a command on devices leased for it alone; --status shows the holders",
         description="Lease devices exclusively among this host's processes (file locks keyed "
         "by device identity; a crashed holder frees them at once), wait until their memory is "
@@ -66,7 +59,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--min-free",
-        type=parse_size_arg,
+        action=Size,
         metavar="SIZE",
         help="each device must have SIZE free (e.g. 40GiB) when handed out",
     )
@@ -83,16 +76,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="S",
         help=f"give up after S seconds (default {DEFAULT_TIMEOUT_S:g})",
     )
-    parser.add_argument(
+    lock_dir = parser.add_argument(
         "--lock-dir",
         metavar="DIR",
         help="lock directory (default: $ACCELPLAT_LEASE_DIR, else a per-user runtime directory)",
     )
+    path(lock_dir, directory=True)
     parser.add_argument("--status", action="store_true", help="show who holds which device")
-    parser.add_argument("--json", action="store_true", help="with --status: print JSON")
-    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+    add_common(parser, json="with --status: print JSON", quiet=True)
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command")
-    parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -1,43 +1,38 @@
 """``accelplat scan PATH``: inventory a test tree's platform predicates for a migration.
 
-The JSON form (``--json``) carries ``schema``, the summary keys of
-:meth:`accelplat._scan.ScanReport.summary` and every finding.
+``--json`` prints ``schema``, the summary of :meth:`accelplat._scan.ScanReport.summary` and
+every finding.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from typing import Any
 
+from accelplat._cli._args import add_common, command, path
+from accelplat._cli._errors import dumps
 from accelplat._scan import GROUPS, ScanReport, scan_path
-
-__all__ = ["SCAN_SCHEMA_VERSION", "register", "render_markdown"]
-
-SCAN_SCHEMA_VERSION = 1
-"""Version of the ``accelplat scan --json`` document."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``scan`` sub-command to ``sub``."""
-    parser = sub.add_parser(
+    parser = command(
+        sub,
         "scan",
+        _run,
         help="inventory a test tree's platform predicates and what replaces each",
         description="Walk the Python files under PATH (with the ast module), list every "
         "platform predicate (is_rocm(), torch.cuda.is_available(), torch.version.hip, "
         "has_device_capability(...), on_gfx9() ...), group them by what they ask and name the "
         "accelplat requirement or drop-in that replaces each. Imports nothing it scans.",
     )
-    parser.add_argument("path", help="a test directory or a .py file")
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    path(parser.add_argument("path", help="a test directory or a .py file"))
+    add_common(parser, json=True)
     parser.add_argument(
         "--markdown", action="store_true", help="print the summary as Markdown tables"
     )
     parser.add_argument(
         "--files", action="store_true", help="also list every finding (file:line predicate)"
     )
-    parser.set_defaults(func=_run)
 
 
 def _rows(title: str, counts: dict[str, int], total: int) -> list[str]:
@@ -105,9 +100,7 @@ def _text(report: ScanReport, files: bool) -> str:
 def _run(args: argparse.Namespace) -> int:
     report = scan_path(args.path)
     if args.json:
-        doc: dict[str, Any] = {"schema": SCAN_SCHEMA_VERSION, **report.to_json()}
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print(dumps(report.to_json(), indent=2))
     elif args.markdown:
         print(render_markdown(report))
     else:

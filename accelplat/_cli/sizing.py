@@ -1,8 +1,7 @@
 """``accelplat shm`` and ``accelplat kv``: does a shared-memory budget or a KV cache fit?
 
-Exit status: 0 when it fits (or nothing was asked), 1 when it does not (the reason on stderr),
-2 for bad usage. Sizes accept ``4GiB``, ``512MiB``, ``1.5G`` or plain bytes (see
-:func:`accelplat._sizing.parse_size`: a bare letter or ``…iB`` is binary, ``GB`` is 10**9).
+Exit 0 when it fits (or nothing was asked), 1 when it does not (the reason on stderr), 2 for
+bad usage. Sizes carry a unit (``4GiB``, ``512MiB``, ``8GB``, ``100B``; ``parse_size``).
 """
 
 from __future__ import annotations
@@ -11,22 +10,20 @@ import argparse
 import sys
 from typing import Any
 
-from accelplat._cli._json import dumps
+from accelplat._cli._args import Size, add_common, command, path
+from accelplat._cli._errors import dumps
 from accelplat._host import DEFAULT_SHM_PATH, shm_info, shortage_error
 from accelplat._sizing import (
-    KVCacheTooSmallError,
     check_kv_cache_fits,
     dtype_bytes,
     kv_cache_bytes,
     kv_cache_page_bytes,
     max_model_len_that_fits,
-    parse_size,
 )
 from accelplat._types import GIB
 from accelplat._util import gib_digits
-from accelplat.errors import ConfigurationError
-
-__all__ = ["register"]
+from accelplat._validate import parse_size
+from accelplat.errors import ConfigurationError, KVCacheTooSmallError
 
 _KV_FLAGS = {
     "num_layers": "--layers",
@@ -39,31 +36,30 @@ _KV_FLAGS = {
 }
 
 
-_MAX_KV_INT = 2**63 - 1
-"""The largest number a KV flag takes (a signed 64-bit int, as engines hold these sizes).
-
-Every product of such numbers stays far below the 4300 digits Python will print.
-"""
+_MAX_KV_INT = 2**63 - 1  # engines hold these in int64; products stay below 4300 digits
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``shm`` and ``kv`` sub-commands to ``sub``."""
-    shm = sub.add_parser(
+    shm = command(
+        sub,
         "shm",
+        _run_shm,
         help="show /dev/shm space, or check that a budget fits",
         description="Show the size and free space of a shared-memory mount; with --require, "
         "check that a budget fits (exit 1 and a message on stderr when it does not).",
     )
-    shm.add_argument("--path", default=DEFAULT_SHM_PATH, help="mount to check (/dev/shm)")
-    shm.add_argument("--require", metavar="SIZE", help="budget that must fit, e.g. 4GiB")
+    path(shm.add_argument("--path", default=DEFAULT_SHM_PATH, help="mount to check (/dev/shm)"))
+    shm.add_argument("--require", action=Size, metavar="SIZE", help="budget that must fit: 4GiB")
     shm.add_argument(
         "--name", default="shared-memory buffer", help="what the budget is, for the message"
     )
-    shm.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    shm.set_defaults(func=_run_shm)
+    add_common(shm, json=True)
 
-    kv = sub.add_parser(
+    kv = command(
+        sub,
         "kv",
+        _run_kv,
         help="KV-cache bytes for one request of --max-model-len; check it fits",
         description="Print the KV-cache bytes one request of --max-model-len tokens needs "
         "(vLLM's paged layout). With --available, check that it fits and print the longest "
@@ -78,14 +74,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="width of a value head (default: head size; 0 for MLA)",
     )
-    kv.add_argument("--dtype", required=True, help="KV-cache dtype: bf16, fp16, fp32, fp8 …")
+    kv.add_argument(
+        "--dtype", required=True, help="KV-cache dtype: bf16, fp16, fp32, fp8 … or bytes: 2"
+    )
     kv.add_argument("--max-model-len", type=int, required=True, help="tokens of one request")
     kv.add_argument("--block-size", type=int, default=16, help="tokens per page (16)")
     kv.add_argument(
-        "--available", metavar="SIZE", help="memory left for the KV cache, e.g. 0.64GiB"
+        "--available", action=Size, metavar="SIZE", help="memory left for the KV cache: 0.64GiB"
     )
-    kv.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    kv.set_defaults(func=_run_kv)
+    add_common(kv, json=True)
 
 
 def _gib(n: int) -> str:
@@ -97,32 +94,22 @@ def _gib_number(n: int) -> float | int:
     return round(n / GIB, 4) if n < 2**1000 else n // GIB
 
 
-def _print_json(doc: dict[str, Any]) -> None:
-    print(dumps(doc, indent=2))
-
-
-# -- shm ---------------------------------------------------------------------------------------
-
-
 def _run_shm(args: argparse.Namespace) -> int:
-    required = None if args.require is None else parse_size(args.require, argument="--require")
+    required: int | None = args.require
     name = str(args.name).strip()
     if not name:
         raise ConfigurationError(f"--name must be a non-empty text, got {args.name!r}")
     info = shm_info(args.path)
     fits = None if required is None else info.fits(required)
     if args.json:
-        _print_json(
-            {
-                "path": info.path,
-                "free": info.free,
-                "total": info.total,
-                "used": info.used,
-                "required": required,
-                "name": name if required is not None else None,
-                "fits": fits,
-            }
-        )
+        doc: dict[str, Any] = {
+            "path": info.path,
+            "free": info.free,
+            "total": info.total,
+            "used": info.used,
+        }
+        doc.update(required=required, name=None if required is None else name, fits=fits)
+        print(dumps(doc, indent=2))
     else:
         print(f"{info.path}: {_gib(info.free)} free of {_gib(info.total)} ({_gib(info.used)} used)")
     if required is None:
@@ -133,9 +120,6 @@ def _run_shm(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"fits: {name} needs {_gib(required)} ({required} bytes)")
     return 0
-
-
-# -- kv ----------------------------------------------------------------------------------------
 
 
 def _flag_names(exc: ConfigurationError) -> ConfigurationError:
@@ -149,10 +133,9 @@ def _flag_names(exc: ConfigurationError) -> ConfigurationError:
 
 def _run_kv(args: argparse.Namespace) -> int:
     text = args.dtype.strip()
-    # Bytes per element: ASCII digits only (str.isdigit() also admits '²'), read exactly and
-    # with a bound on their number by parse_size; anything else is a dtype name.
+    # Bytes per element: ASCII digits only (str.isdigit() also admits '²'); else a dtype name.
     numeric = text.isascii() and text.isdigit()
-    dtype: int | str = parse_size(text, argument="--dtype") if numeric else args.dtype
+    dtype = parse_size(text, argument="--dtype", bare_bytes=True) if numeric else args.dtype
     dims: dict[str, Any] = {
         "num_layers": args.layers,
         "num_kv_heads": args.kv_heads,
@@ -167,9 +150,7 @@ def _run_kv(args: argparse.Namespace) -> int:
                 f"{_KV_FLAGS[keyword]} must be at most {_MAX_KV_INT} (2**63 - 1), "
                 f"got a number of {len(str(value))} digits"
             )
-    available = (
-        None if args.available is None else parse_size(args.available, argument="--available")
-    )
+    available: int | None = args.available
     try:
         needed = kv_cache_bytes(**dims, max_model_len=args.max_model_len)
         page = kv_cache_page_bytes(
@@ -203,7 +184,7 @@ def _run_kv(args: argparse.Namespace) -> int:
             error = exc
         doc["fits"] = error is None
     if args.json:
-        _print_json(doc)
+        print(dumps(doc, indent=2))
     else:
         print(
             f"KV cache for one request of {args.max_model_len} tokens: {needed} bytes "

@@ -1,45 +1,51 @@
 """``accelplat stats``: used, free, total and reserved memory of every visible device.
 
-Prints one table (``--json``: one JSON object), or with ``--watch SECONDS`` refreshes it until
-interrupted (Ctrl-C or ``q``) or ``--count`` refreshes were shown. On a terminal the output is
-the live view of :mod:`accelplat._cli._live` (header, memory bars, holders on ``h`` or with
-``--holders``), redrawn in place; ``NO_COLOR`` keeps the view and drops the colour. Output is
-plain text when standard output is not a terminal, when ``TERM=dumb``, or when ``rich`` is not
-installed; ``--json`` prints one JSON object per refresh (NDJSON). Reads memory through the
-platform's context-free queries: creates no device context, imports no framework.
+One table, or with ``--watch SECONDS`` one per refresh. On a terminal the table is the live
+view, drawn with ``rich`` (the ``cli`` extra): a header, a bar per device coloured by how full it
+is, holders on ``h`` or with ``--holders``, ``q`` to quit. ``NO_COLOR`` drops the colour; off a
+terminal (or with ``TERM=dumb``) it is plain text; ``--json`` prints one object per refresh.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import select
+import socket
 import sys
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import IO, Any
 
-from accelplat._cli._args import count_arg, parse_devices, seconds_arg
-from accelplat._cli._json import dumps
+from typing_extensions import Self
+
+from accelplat._cli._args import add_common, command, count_arg, seconds_arg
+from accelplat._cli._errors import dumps, holder_json
 from accelplat._memory import default_clock, snapshot
 from accelplat._platform import Platform
 from accelplat._registry import current_platform
-from accelplat._usage import UsageSnapshot
+from accelplat._types import UsageSnapshot
 from accelplat._util import format_bytes, printable
 from accelplat.errors import ConfigurationError
 
-__all__ = ["register", "snapshot_to_json", "use_rich"]
-
 _COLUMNS = ("DEV", "NAME", "USED", "FREE", "TOTAL", "RESERVED", "USE%", "SOURCE")
+BAR_WIDTH = 30
+NO_RICH = "the live view needs rich: pip install 'accelplat[cli]'"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``stats`` sub-command to ``sub``."""
-    parser = sub.add_parser(
+    parser = command(
+        sub,
         "stats",
+        _run,
         help="show used/free/total device memory, once or refreshing",
         description="Show used, free, total and reserved memory of each visible device, as the "
         "platform's context-free query reports it. Creates no device context.",
     )
-    parser.add_argument("--json", action="store_true", help="print JSON (one object per refresh)")
+    add_common(parser, json="print JSON (one object per refresh)", devices=True)
     parser.add_argument(
         "--watch",
         type=seconds_arg(allow_zero=False),
@@ -53,32 +59,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="with --watch: stop after N refreshes",
     )
     parser.add_argument(
-        "--devices",
-        type=parse_devices,
-        metavar="LIST",
-        help="comma-separated visible device indices (default: all)",
-    )
-    parser.add_argument(
         "--holders",
         action="store_true",
         help="also list the processes holding memory, where the platform can tell",
     )
-    parser.set_defaults(func=_run)
 
 
-def use_rich(stream: IO[str]) -> bool:
-    """Return whether to draw the live view: a terminal that is not ``TERM=dumb``, ``rich``.
+def use_rich(stream: IO[str], *, watch: bool = False) -> bool:
+    """Whether to draw the live view: a terminal that is not ``TERM=dumb``, and ``rich``.
 
-    ``NO_COLOR`` does not matter here: the view is drawn without colour then.
+    Raises:
+        ConfigurationError: When ``watch`` asks for the live view and ``rich`` is missing.
     """
-    if os.environ.get("TERM") == "dumb":
-        return False
     isatty = getattr(stream, "isatty", None)
-    if not (callable(isatty) and isatty()):
+    if os.environ.get("TERM") == "dumb" or not (callable(isatty) and isatty()):
         return False
     try:
         import rich  # noqa: F401
     except ImportError:
+        if watch:
+            raise ConfigurationError(NO_RICH) from None
         return False
     return True
 
@@ -86,13 +86,7 @@ def use_rich(stream: IO[str]) -> bool:
 def snapshot_to_json(
     platform: Platform, snap: UsageSnapshot, names: dict[int, str], *, holders: bool
 ) -> dict[str, Any]:
-    """Return the JSON document ``accelplat stats --json`` prints for one sample.
-
-    Keys: ``platform``, ``timestamp``, ``wall_time`` and ``devices`` (a list of objects with
-    ``index``, ``name``, ``used``, ``free``, ``total``, ``reserved`` in bytes, ``used_ratio``,
-    ``source`` and, with ``holders``, ``holders``: a list of ``{pid, used_bytes, state, name}``
-    or ``null`` when the platform cannot tell).
-    """
+    """Return the document ``accelplat stats --json`` prints for one sample (``docs/cli.md``)."""
     devices: list[dict[str, Any]] = []
     for index, info in sorted(snap.memory.items()):
         entry: dict[str, Any] = {
@@ -107,19 +101,7 @@ def snapshot_to_json(
         }
         if holders:
             held = snap.holders.get(index)
-            entry["holders"] = (
-                None
-                if held is None
-                else [
-                    {
-                        "pid": h.pid,
-                        "used_bytes": h.used_bytes,
-                        "state": h.state.value,
-                        "name": h.name,
-                    }
-                    for h in held
-                ]
-            )
+            entry["holders"] = None if held is None else [holder_json(h) for h in held]
         devices.append(entry)
     return {
         "platform": platform.name,
@@ -129,25 +111,22 @@ def snapshot_to_json(
     }
 
 
-def _rows(snap: UsageSnapshot, names: dict[int, str]) -> list[tuple[str, ...]]:
-    return [
-        (
-            str(index),
-            names.get(index, ""),
-            format_bytes(info.used),
-            format_bytes(info.free),
-            format_bytes(info.total),
-            format_bytes(info.reserved),
-            f"{100 * info.used_ratio:.1f}%",
-            info.source,
+def _plain(platform: Platform, snap: UsageSnapshot, names: dict[int, str], holders: bool) -> str:
+    rows: list[tuple[str, ...]] = [_COLUMNS]
+    for index, m in sorted(snap.memory.items()):
+        sizes = (format_bytes(n) for n in (m.used, m.free, m.total, m.reserved))
+        rows.append(
+            (str(index), names.get(index, ""), *sizes, f"{100 * m.used_ratio:.1f}%", m.source)
         )
-        for index, info in sorted(snap.memory.items())
-    ]
-
-
-def _holder_lines(snap: UsageSnapshot) -> list[str]:
-    lines: list[str] = []
-    for index in sorted(snap.memory):
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+    lines = [f"platform: {platform.name} ({len(snap.memory)} device(s))"]
+    for n, row in enumerate(rows):
+        cells = [
+            c.rjust(w) if n and 2 <= i <= 6 else c.ljust(w)  # numbers right, but not the header
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    for index in sorted(snap.memory) if holders else ():
         held = snap.holders.get(index)
         if held is None:
             lines.append(f"device {index}: holders unknown (the platform cannot tell)")
@@ -158,41 +137,7 @@ def _holder_lines(snap: UsageSnapshot) -> list[str]:
             lines.append(
                 f"device {index}: pid {h.pid}{label} ({h.state.value}) {format_bytes(h.used_bytes)}"
             )
-    return lines
-
-
-def _plain(platform: Platform, snap: UsageSnapshot, names: dict[int, str], holders: bool) -> str:
-    rows = [_COLUMNS, *_rows(snap, names)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    numeric = {2, 3, 4, 5, 6}
-    lines = [f"platform: {platform.name} ({len(snap.memory)} device(s))"]
-    for row in rows:
-        cells = [
-            cell.rjust(widths[i]) if i in numeric and row is not rows[0] else cell.ljust(widths[i])
-            for i, cell in enumerate(row)
-        ]
-        lines.append("  ".join(cells).rstrip())
-    if holders:
-        lines.extend(_holder_lines(snap))
     return "\n".join(lines)
-
-
-def _samples(
-    platform: Platform,
-    devices: Sequence[int] | None,
-    *,
-    holders: bool,
-    watch: float | None,
-    count: int | None,
-) -> Iterator[UsageSnapshot]:
-    clock = default_clock(platform)
-    shown = 0
-    while True:
-        yield snapshot(devices, platform=platform, holders=holders)
-        shown += 1
-        if watch is None or (count is not None and shown >= count):
-            return
-        clock.sleep(watch)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -202,72 +147,243 @@ def _run(args: argparse.Namespace) -> int:
     names = {d.index: d.name for d in platform.devices()}
     shown = {i: printable(n) for i, n in names.items()}  # for a terminal: escapes escaped
     snapshot(args.devices, platform=platform, holders=False)  # check the devices first
-    samples = _samples(
-        platform, args.devices, holders=args.holders, watch=args.watch, count=args.count
-    )
     out = sys.stdout
-    try:
-        if args.json:
-            for snap in samples:
-                doc = snapshot_to_json(platform, snap, names, holders=args.holders)
-                out.write(dumps(doc) + "\n")
-                out.flush()
-        elif use_rich(out):
-            _show_rich(
-                platform,
-                args.devices,
-                shown,
-                holders=args.holders,
-                watch=args.watch,
-                count=args.count,
-            )
-        else:
-            for i, snap in enumerate(samples):
-                if i:
-                    out.write("\n")
-                out.write(_plain(platform, snap, shown, args.holders) + "\n")
-                out.flush()
-    except KeyboardInterrupt:  # the normal way to end --watch
-        return 0
+    live = not args.json and use_rich(out, watch=args.watch is not None)
+    clock = default_clock(platform)
+    state = ViewState(holders=args.holders)
+    with contextlib.suppress(KeyboardInterrupt), contextlib.ExitStack() as stack:  # Ctrl-C: done
+        keys = stack.enter_context(Keys(sleep=clock.sleep)) if live and args.watch else None
+        draw = _live_view(stack, platform.name, shown, state, args.watch) if live else None
+        n = 0
+        while not state.quit:
+            snap = snapshot(args.devices, platform=platform, holders=state.holders)
+            if draw is not None:
+                draw(snap)
+            elif args.json:
+                out.write(dumps(snapshot_to_json(platform, snap, names, holders=state.holders)))
+                out.write("\n")
+            else:
+                out.write(("\n" if n else "") + _plain(platform, snap, shown, state.holders) + "\n")
+            out.flush()
+            n += 1
+            if args.watch is None or (args.count is not None and n >= args.count):
+                break
+            if keys is not None:
+                keys.wait(args.watch, state)
+            else:
+                clock.sleep(args.watch)
     return 0
 
 
-def _show_rich(
-    platform: Platform,
-    devices: Sequence[int] | None,
+def _live_view(
+    stack: contextlib.ExitStack[Any],
+    platform: str,
     names: dict[int, str],
-    *,
-    holders: bool,
+    state: ViewState,
     watch: float | None,
-    count: int | None,
-) -> None:
+) -> Callable[[UsageSnapshot], None]:
+    """Return what draws one sample: printed once, or redrawn in place under ``--watch``."""
     from rich.console import Console
     from rich.live import Live
 
-    from accelplat._cli._live import Keys, ViewState, render
     from accelplat._vendor.procs import process_details
 
     console = Console(no_color=bool(os.environ.get("NO_COLOR")) or None)
-    state = ViewState(holders=holders)
 
-    def frame() -> Any:
-        snap = snapshot(devices, platform=platform, holders=state.holders)
-        return render(
-            platform.name, snap, names, state=state, interval=watch, details=process_details
-        )
+    def frame(snap: UsageSnapshot) -> Any:
+        return render(platform, snap, names, state=state, interval=watch, details=process_details)
 
     if watch is None:
-        console.print(frame())
-        return
-    clock = default_clock(platform)
-    with (
-        Keys(sleep=clock.sleep) as keys,
-        Live(console=console, auto_refresh=False, transient=False, redirect_stdout=False) as view,
-    ):
-        shown = 0
-        while not state.quit:
-            view.update(frame(), refresh=True)
-            shown += 1
-            if count is not None and shown >= count:
-                break
-            keys.wait(watch, state)
+        return lambda snap: console.print(frame(snap))
+    live = Live(console=console, auto_refresh=False, transient=False, redirect_stdout=False)
+    view = stack.enter_context(live)
+    return lambda snap: view.update(frame(snap), refresh=True)
+
+
+# -- the live view -------------------------------------------------------------------------------
+
+
+@dataclass
+class ViewState:
+    """What the viewer chose with the keys: holder rows shown (and sampled), ``q`` pressed."""
+
+    holders: bool = False
+    quit: bool = False
+
+
+def colour_for(ratio: float) -> str:
+    """Return the bar colour for a used fraction: green, yellow from 50 %, red from 80 %."""
+    return "red" if ratio >= 0.8 else "yellow" if ratio >= 0.5 else "green"
+
+
+def bar(ratio: float, width: int = BAR_WIDTH) -> str:
+    """Return a bar of ``width`` cells: any use shows one full cell, only a full device all."""
+    ratio = min(1.0, max(0.0, ratio))
+    cells = round(ratio * width)
+    if ratio > 0 and cells == 0:
+        cells = 1
+    if ratio < 1 and cells == width:
+        cells = width - 1
+    return "█" * cells + "░" * (width - cells)
+
+
+def _holder_rows(
+    snap: UsageSnapshot, details: Callable[[int], tuple[str, str]]
+) -> Iterator[tuple[str, ...]]:
+    for index in sorted(snap.memory):
+        held = snap.holders.get(index)
+        if held is None:
+            yield (str(index), "", "", "(the platform cannot tell who holds memory)", "", "")
+            continue
+        if not held:
+            yield (str(index), "", "", "(no process holds memory)", "", "")
+        for h in sorted(held, key=lambda h: -(h.used_bytes or 0)):
+            user, cmdline = details(h.pid)
+            used = "?" if h.used_bytes is None else format_bytes(h.used_bytes)
+            who = (str(h.pid), printable(user), printable(cmdline or h.name))
+            yield (str(index), *who, used, h.state.value)
+
+
+def render(
+    platform: str,
+    snap: UsageSnapshot,
+    names: Mapping[int, str],
+    *,
+    state: ViewState,
+    interval: float | None,
+    details: Callable[[int], tuple[str, str]],
+    host: str | None = None,
+    now: float | None = None,
+) -> Any:
+    """Build one frame of the live view, a ``rich`` renderable.
+
+    Args:
+        platform: The platform's name.
+        snap: The sample to show.
+        names: Device names by visible index.
+        state: Whether holders are shown.
+        interval: Seconds between refreshes, or ``None`` for a single frame (no key hints).
+        details: Returns ``(user, command line)`` of a pid (``("", "")`` when unknown).
+        host: Host name shown in the header (default: this host's).
+        now: Wall time shown in the header (default: now).
+    """
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() if now is None else now))
+    header = Text()
+    header.append("accelplat stats", style="bold")
+    header.append(f"  host {socket.gethostname() if host is None else host}  {stamp}  ")
+    header.append(f"platform {platform}", style="bold cyan")
+    header.append(f" · {len(snap.memory)} device(s)")
+    if interval is not None:
+        header.append(f" · every {interval:g} s", style="dim")
+        header.append("   [h] holders  [q] quit  [Ctrl-C] exit", style="dim")
+
+    def table(*columns: str) -> Table:
+        out = Table(box=None, pad_edge=False, header_style="bold", expand=False)
+        for spec in columns:  # "NAME", ">NAME" right-justified, "NAME:28" at most 28 wide
+            name, _, width = spec.lstrip(">").partition(":")
+            out.add_column(
+                name,
+                justify="right" if spec.startswith(">") else "left",
+                no_wrap=True,
+                overflow="ellipsis",
+                max_width=int(width) if width else None,
+            )
+        return out
+
+    devices = table(">DEV", "NAME:28", "MEMORY", ">USED / TOTAL", ">USE%", ">FREE", "SOURCE:24")
+    for index, info in sorted(snap.memory.items()):
+        ratio = info.used_ratio
+        colour = colour_for(ratio)
+        devices.add_row(
+            str(index),
+            Text(names.get(index, "")),
+            Text(bar(ratio), style=colour),
+            f"{format_bytes(info.used)} / {format_bytes(info.total)}",
+            Text(f"{100 * ratio:.1f}%", style=colour),
+            format_bytes(info.free),
+            Text(info.source, style="dim"),
+        )
+    parts: list[Any] = [header, Text(""), devices]
+    if state.holders:
+        held = table(">DEV", ">PID", "USER:16", "COMMAND:60", ">MEMORY", "STATE")
+        for row in _holder_rows(snap, details):
+            held.add_row(*(Text(cell) for cell in row))
+        parts += [Text(""), held]
+    return Group(*parts)
+
+
+class Keys:
+    """Single key presses from a terminal on standard input (``h`` holders, ``q`` quit).
+
+    A context manager: puts the terminal in cbreak mode (keys unbuffered and unechoed, Ctrl-C
+    still interrupts) and always restores it. Outside a terminal it reads nothing and
+    :meth:`wait` only sleeps.
+
+    Args:
+        stream: The input stream (default ``sys.stdin``).
+        sleep: What to call to wait when there is no terminal to read from.
+    """
+
+    def __init__(
+        self, stream: IO[str] | None = None, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
+        self._stream = sys.stdin if stream is None else stream
+        self._sleep = sleep
+        self._fd: int | None = None
+        self._restore_fd: int | None = None
+        self._saved: Any = None
+
+    def __enter__(self) -> Self:
+        try:
+            import termios
+            import tty
+
+            fd = self._stream.fileno()
+            if os.isatty(fd):
+                self._saved = termios.tcgetattr(fd)
+                tty.setcbreak(fd)
+                self._fd = self._restore_fd = fd
+        except (ImportError, OSError, ValueError, AttributeError):
+            self._fd = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._restore_fd is not None and self._saved is not None:
+            import termios
+
+            with contextlib.suppress(OSError):
+                termios.tcsetattr(self._restore_fd, termios.TCSADRAIN, self._saved)
+        self._fd = self._restore_fd = None
+
+    @property
+    def active(self) -> bool:
+        """Whether key presses are being read."""
+        return self._fd is not None
+
+    def wait(self, timeout: float, state: ViewState) -> None:
+        """Wait ``timeout`` seconds, or until a key changes ``state`` (updated in place)."""
+        fd = self._fd
+        if fd is None:
+            self._sleep(timeout)
+            return
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([fd], [], [], left)[0]:
+                return
+            try:
+                data = os.read(fd, 64)
+            except OSError:
+                return
+            if not data:  # end of input: stop reading, keep refreshing
+                self._fd = None
+                self._sleep(max(0.0, deadline - time.monotonic()))
+                return
+            for key in data.decode("utf-8", "replace").lower():
+                if key in "qh":
+                    state.quit = state.quit or key == "q"
+                    state.holders ^= key == "h"
+                    return  # redraw now

@@ -1,19 +1,10 @@
 """``accelplat record`` and ``accelplat report``: a memory timeline of any command.
 
-``accelplat record --out trace.json -- COMMAND [ARG …]`` runs the command (directly, without a
-shell), samples device memory while it runs, saves the trace and exits with the command's exit
-status (``128 + N`` when the command was killed by signal ``N``, as shells report it; ``127`` when
-it could not be started).
-
-The trace is kept on every way out. ``SIGINT``, ``SIGTERM`` and ``SIGHUP`` are caught while the
-command runs and forwarded to it (a Ctrl-C from the terminal already reached it, being in the same
-foreground process group, and is not sent twice); when it has not exited ``--kill-after`` seconds
-later it gets ``SIGTERM``, then ``SIGKILL``, and a second Ctrl-C kills it at once. The command is
-always reaped, never orphaned. A signal after the command finished cuts the leak grace period
-short. Either way the trace is saved with ``partial`` set and a note saying what happened, and
-``accelplat record`` exits with ``128 + N`` for the first signal ``N`` it received.
-
-``accelplat report trace.json --out report.html`` renders the trace as the same self-contained
+``record --out trace.json -- COMMAND …`` runs the command (no shell) while sampling device
+memory, saves the trace and exits with the command's status (``128 + N`` after signal ``N``,
+127 when it could not start). ``SIGINT``, ``SIGTERM`` and ``SIGHUP`` are forwarded to it, then
+escalated to ``SIGTERM`` and ``SIGKILL`` after ``--kill-after``; the command is always reaped
+and the trace always kept, marked partial (``docs/cli.md``). ``report`` renders a trace as the
 page the pytest plugin writes.
 """
 
@@ -30,27 +21,16 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from accelplat._leaks import parse_leak_tolerance
+from accelplat._cli._args import command, path
+from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, parse_leak_tolerance
 from accelplat.errors import ConfigurationError
+from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
 from accelplat.timeline._render import write_report
-from accelplat.timeline._sampler import DEFAULT_HZ, Recorder, validate_grace, validate_hz
-from accelplat.timeline._trace import (
-    DEFAULT_LEAK_GRACE_S,
-    DEFAULT_LEAK_TOLERANCE_BYTES,
-    Trace,
-    load_trace,
-    save_trace,
-)
+from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
+from accelplat.timeline._trace import Trace, load_trace, save_trace
 
-__all__ = ["DEFAULT_KILL_AFTER_S", "register", "run_record", "run_report"]
-
-DEFAULT_KILL_AFTER_S = 5.0
-"""Seconds a command may take to exit after a forwarded signal before it is terminated."""
-
-_CAUGHT = tuple(
-    sig for sig in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if sig
-)
-"""The signals that end ``accelplat record``: caught, forwarded, and the trace kept."""
+DEFAULT_KILL_AFTER_S = 5.0  # seconds to exit after a forwarded signal, then SIGTERM, SIGKILL
+_CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class _StopLingeringError(Exception):
@@ -69,11 +49,10 @@ def _terminal_interrupts_reach_the_child() -> bool:
 
 
 class _Signals:
-    """Catches the signals that would end ``accelplat record``, and deals with the child.
+    """Catches the signals that would end ``record`` and deals with the child.
 
-    The handler only notes the signal and signals the child; the main thread waits for the
-    child, escalates (:meth:`escalate`) and saves the trace, so a signal never interrupts the
-    saving itself.
+    The handler notes the signal and signals the child; the main thread waits, escalates and
+    saves the trace, so a signal never interrupts the saving.
     """
 
     def __init__(self, kill_after: float) -> None:
@@ -99,11 +78,10 @@ class _Signals:
         self._previous.clear()
 
     def attach(self, proc: subprocess.Popen[bytes]) -> None:
-        """Note the started command, and forward to it what arrived while it was starting.
+        """Note the started command; forward what arrived while it was starting.
 
-        A signal caught between starting the command and this call found no command to forward
-        to; it is forwarded now (handlers run on the main thread, between the steps here, so
-        each signal is forwarded exactly once: by the handler once ``proc`` is set, else here).
+        Handlers run on the main thread between the steps here, so each signal is forwarded
+        exactly once: by the handler once ``proc`` is set, else here.
         """
         self.proc = proc
         while self._early:
@@ -158,14 +136,16 @@ class _Signals:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``record`` and ``report`` sub-commands to ``sub``."""
-    rec = sub.add_parser(
+    rec = command(
+        sub,
         "record",
+        run_record,
         help="run a command while sampling device memory into a trace file",
         description="Run COMMAND (without a shell) while sampling used memory of every visible "
         "device; save the trace as JSON and exit with COMMAND's exit status. Render the trace "
         "with `accelplat report`. Creates no device context on context-free platforms.",
     )
-    rec.add_argument("--out", required=True, metavar="TRACE.json", help="where to save the trace")
+    path(rec.add_argument("--out", required=True, metavar="TRACE.json", help="trace to write"))
     rec.add_argument(
         "--hz",
         type=float,
@@ -173,13 +153,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help=f"samples per second (default {DEFAULT_HZ:g})",
     )
-    rec.add_argument(
-        "--html", metavar="REPORT.html", default=None, help="also render the report here"
-    )
+    path(rec.add_argument("--html", metavar="REPORT.html", help="also render the report here"))
     rec.add_argument(
         "--leak-tolerance",
         metavar="SIZE",
-        default=None,
         help="growth of used memory across the command that is not yet a leak (default 256MiB)",
     )
     rec.add_argument(
@@ -201,31 +178,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rec.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run"
     )
-    rec.set_defaults(func=run_record)
 
-    rep = sub.add_parser(
+    rep = command(
+        sub,
         "report",
+        run_report,
         help="render a trace file as a self-contained HTML timeline",
         description="Render a trace saved by `accelplat record` or by pytest's "
         "--accelplat-timeline-json as one self-contained HTML page.",
     )
-    rep.add_argument("trace", metavar="TRACE.json", help="the trace to render")
-    rep.add_argument("--out", required=True, metavar="REPORT.html", help="where to write the page")
-    rep.add_argument("--title", default=None, help="page heading")
+    path(rep.add_argument("trace", metavar="TRACE.json", help="the trace to render"))
+    path(rep.add_argument("--out", required=True, metavar="REPORT.html", help="page to write"))
+    rep.add_argument("--title", help="page heading")
     rep.add_argument(
-        "--leak-tolerance",
-        metavar="SIZE",
-        default=None,
-        help="override the trace's leak tolerance, e.g. 256MiB",
+        "--leak-tolerance", metavar="SIZE", help="override the trace's leak tolerance: 256MiB"
     )
     rep.add_argument(
         "--leak-grace",
         type=float,
-        default=None,
         metavar="SECONDS",
         help="override the trace's leak grace period",
     )
-    rep.set_defaults(func=run_report)
 
 
 def _tolerance(raw: str | None) -> int | None:
@@ -237,15 +210,7 @@ def _exit_status(returncode: int) -> int:
 
 
 def run_record(args: argparse.Namespace) -> int:
-    """Run ``args.command`` while recording; return its exit status.
-
-    Args:
-        args: Parsed arguments: ``out``, ``hz``, ``html``, ``leak_tolerance``, ``leak_grace``,
-            ``command``.
-
-    Returns:
-        The command's exit status (``128 + N`` for signal ``N``, ``127`` when it could not be
-        started, ``130`` when interrupted).
+    """Run ``args.command`` while recording; return its exit status (module docstring).
 
     Raises:
         ConfigurationError: For a missing command, a bad rate, tolerance or grace period.
@@ -254,10 +219,10 @@ def run_record(args: argparse.Namespace) -> int:
         Starts the command as a child process; writes the trace (and the page with ``--html``),
         even when the command fails.
     """
-    command: list[str] = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
+    argv: list[str] = list(args.command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
         raise ConfigurationError("accelplat record needs a command after `--`")
     hz = validate_hz(args.hz, argument="--hz")
     tolerance = _tolerance(args.leak_tolerance)
@@ -272,7 +237,7 @@ def run_record(args: argparse.Namespace) -> int:
         leak_tolerance_bytes=DEFAULT_LEAK_TOLERANCE_BYTES if tolerance is None else tolerance,
         leak_grace_s=grace,
     )
-    label = " ".join(command)
+    label = " ".join(argv)
     signals = _Signals(kill_after)
     signals.install()
     try:
@@ -280,10 +245,10 @@ def run_record(args: argparse.Namespace) -> int:
         recorder.begin_test(label)
         status: int
         try:
-            proc = subprocess.Popen(command)  # no shell: the arguments reach it as given
+            proc = subprocess.Popen(argv)  # no shell: the arguments reach it as given
         except OSError as exc:
             print(
-                f"accelplat record: cannot run {command[0]!r}: {exc.strerror or exc}",
+                f"accelplat record: cannot run {argv[0]!r}: {exc.strerror or exc}",
                 file=sys.stderr,
             )
             recorder.add_note(f"The command could not be started: {exc.strerror or exc}")
@@ -300,7 +265,7 @@ def run_record(args: argparse.Namespace) -> int:
         except _StopLingeringError:
             pass
         recorder.stop()
-        trace = recorder.trace(command=command, exit_code=status)
+        trace = recorder.trace(command=argv, exit_code=status)
         if signals.received:
             when = "while the command ran" if during else "after the command finished"
             trace = dataclasses.replace(
@@ -348,14 +313,7 @@ def _save(trace: Trace, out: Path, html_path: str | None, status: int) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """Render the trace ``args.trace`` to ``args.out``.
-
-    Args:
-        args: Parsed arguments: ``trace``, ``out``, ``title``, ``leak_tolerance``,
-            ``leak_grace``.
-
-    Returns:
-        ``0``.
+    """Render the trace ``args.trace`` to ``args.out``; return 0.
 
     Raises:
         ConfigurationError: For an unreadable, oversized or malformed trace, or a bad tolerance.
@@ -368,10 +326,10 @@ def run_report(args: argparse.Namespace) -> int:
     )
     trace = load_trace(args.trace)
     try:
-        path = write_report(
+        page = write_report(
             trace, args.out, title=args.title, leak_tolerance_bytes=tolerance, leak_grace_s=grace
         )
     except OSError as exc:
         raise ConfigurationError(f"cannot write {os.fspath(args.out)!r}: {exc}") from None
-    print(f"accelplat report: wrote {path}", file=sys.stderr)
+    print(f"accelplat report: wrote {page}", file=sys.stderr)
     return 0

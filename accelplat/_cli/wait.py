@@ -1,22 +1,8 @@
 """``accelplat wait``: block until device memory is clear (or settled), for shell scripts.
 
-Exit status (the mapping of every sub-command, :mod:`accelplat._cli._errors`): ``0`` when every
-device reached its target; ``1`` when the timeout passed first (the devices that missed and the
-processes holding their memory go to standard error), or when the wait could not go on (no
-platform available, a GPU lost, a backend error); ``2`` for bad arguments or configuration (an
-unknown device, a malformed size, a malformed ``ACCELPLAT_PLATFORM``). Under ``--json`` a failure
-also prints a JSON object: the outcome on a timeout, an error object otherwise.
-
-On a terminal, progress is drawn on one line of standard error; ``--quiet`` silences everything
-but errors, and ``--json`` prints the outcome as one JSON object on standard output. Waiting
-reads memory through the platform's context-free queries: it creates no device context and
-imports no framework.
-
-Examples::
-
-    accelplat wait --threshold-ratio 0.08 --timeout 120          # until used <= 8 % everywhere
-    accelplat wait --threshold-bytes 4GiB --devices 0,1 --stable 2
-    accelplat wait --settle                                     # as the platform releases memory
+Exit 0 when every device reached its target; 1 when the timeout passed first (the devices that
+missed and the processes holding their memory go to standard error) or the wait could not go
+on; 2 for bad arguments. On a terminal, progress is one line of standard error.
 """
 
 from __future__ import annotations
@@ -28,25 +14,25 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from accelplat._cli._args import parse_devices, parse_size_arg, ratio_arg, seconds_arg
-from accelplat._cli._json import dumps
+from accelplat._cli._args import Size, add_common, command, ratio_arg, seconds_arg
+from accelplat._cli._errors import dumps, holder_json
 from accelplat._memory import (
     DEFAULT_STABLE_TOLERANCE_BYTES,
     wait_for_memory_to_clear,
     wait_for_memory_to_settle,
 )
 from accelplat._registry import current_platform
-from accelplat._usage import SettleResult, UsageSnapshot
+from accelplat._types import SettleResult, UsageSnapshot
 from accelplat._util import format_bytes, printable
 from accelplat.errors import AccelplatError, ConfigurationError, MemoryNotSettledError
-
-__all__ = ["Progress", "register"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``wait`` sub-command to ``sub``."""
-    parser = sub.add_parser(
+    parser = command(
+        sub,
         "wait",
+        _run,
         help="wait until device memory is clear or settled (exit 0), else exit 1",
         description="Wait until used memory of each device is at or below a threshold (and, "
         "with a stability window, stays there). Exit 0 when clear, 1 on timeout (with the "
@@ -61,9 +47,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--threshold-bytes",
-        type=parse_size_arg,
+        action=Size,
         metavar="SIZE",
-        help="clear when used <= SIZE (e.g. 4GiB, 512MiB, 8GB, 4294967296)",
+        help="clear when used <= SIZE (e.g. 4GiB, 512MiB, 8GB, 0)",
     )
     parser.add_argument(
         "--timeout",
@@ -71,12 +57,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="S",
         help="give up after S seconds (default: the platform's settle timeout)",
     )
-    parser.add_argument(
-        "--devices",
-        type=parse_devices,
-        metavar="LIST",
-        help="comma-separated visible device indices (default: all)",
-    )
+    add_common(parser, devices=True)
     parser.add_argument(
         "--settle",
         action="store_true",
@@ -94,13 +75,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--tolerance",
-        type=parse_size_arg,
+        action=Size,
         metavar="SIZE",
         help="movement that still counts as stable (default 512MiB)",
     )
-    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
-    parser.add_argument("--json", action="store_true", help="print the outcome as JSON on stdout")
-    parser.set_defaults(func=_run)
+    add_common(parser, quiet=True, json="print the outcome as JSON on stdout")
 
 
 class Progress:
@@ -150,56 +129,45 @@ class Progress:
             self._drawn = False
 
 
-def _outcome_json(
-    status: str,
-    *,
-    waited_s: float,
-    snap: UsageSnapshot,
-    targets: Mapping[int, int],
-    result: SettleResult | None = None,
-    error: str | None = None,
-) -> dict[str, Any]:
+def _outcome_json(outcome: SettleResult | MemoryNotSettledError) -> dict[str, Any]:
+    snap, timed_out = outcome.snapshot, isinstance(outcome, MemoryNotSettledError)
     doc: dict[str, Any] = {
-        "status": status,
-        "waited_s": waited_s,
-        "targets": {str(d): t for d, t in sorted(targets.items())},
+        "status": "timeout" if timed_out else "clear",
+        "waited_s": outcome.waited_s,
+        "targets": {str(d): t for d, t in sorted(outcome.targets.items())},
         "devices": {
             str(d): {"used": m.used, "total": m.total} for d, m in sorted(snap.memory.items())
         },
         "holders": {
-            str(d): [
-                {"pid": h.pid, "used_bytes": h.used_bytes, "state": h.state.value, "name": h.name}
-                for h in held
-            ]
-            for d, held in sorted(snap.holders.items())
+            str(d): [holder_json(h) for h in held] for d, held in sorted(snap.holders.items())
         },
     }
-    if result is not None:
-        doc["polls"] = result.polls
-        doc["already_settled"] = result.already_settled
-    if error is not None:
-        doc["error"] = error
+    if isinstance(outcome, SettleResult):
+        doc["polls"] = outcome.polls
+        doc["already_settled"] = outcome.already_settled
+    else:
+        doc["error"] = str(outcome)
     return doc
-
-
-def _bad(message: str) -> int:
-    raise ConfigurationError(message)  # exit 2, with a JSON error object under --json
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.settle and args.threshold_bytes is not None:
-        return _bad(
+        raise ConfigurationError(
             "--settle takes --threshold-ratio only; for a byte threshold use "
             "--threshold-bytes SIZE with --stable S"
         )
     if args.settle and args.stable is not None:
-        return _bad("--settle uses the platform's stability window; drop --stable or --settle")
+        raise ConfigurationError(
+            "--settle uses the platform's stability window; drop --stable or --settle"
+        )
     if args.settle and args.tolerance is not None:
-        return _bad("--settle uses the default tolerance; drop --tolerance or --settle")
+        raise ConfigurationError(
+            "--settle uses the default tolerance; drop --tolerance or --settle"
+        )
     if args.force and not args.settle:
-        return _bad("--force only applies with --settle")
+        raise ConfigurationError("--force only applies with --settle")
     if not args.settle and args.threshold_ratio is None and args.threshold_bytes is None:
-        return _bad("give --threshold-ratio R or --threshold-bytes SIZE (or --settle)")
+        raise ConfigurationError("give --threshold-ratio R or --threshold-bytes SIZE (or --settle)")
 
     progress = Progress(sys.stderr, enabled=not args.quiet and sys.stderr.isatty())
     try:
@@ -229,28 +197,14 @@ def _run(args: argparse.Namespace) -> int:
         progress.finish()
         print(f"accelplat wait: {printable(exc, keep_newlines=True)}", file=sys.stderr)
         if args.json:
-            doc = _outcome_json(
-                "timeout",
-                waited_s=exc.waited_s,
-                snap=exc.snapshot,
-                targets=exc.targets,
-                error=str(exc),
-            )
-            print(dumps(doc))
+            print(dumps(_outcome_json(exc)))
         return 1
     except AccelplatError:
         progress.finish()
         raise  # the command line's one mapping: 2 for bad arguments, 1 for the rest
     progress.finish()
     if args.json:
-        doc = _outcome_json(
-            "clear",
-            waited_s=result.waited_s,
-            snap=result.snapshot,
-            targets=result.targets,
-            result=result,
-        )
-        print(dumps(doc))
+        print(dumps(_outcome_json(result)))
     elif not args.quiet:
         how = "already clear" if result.already_settled else f"clear after {result.waited_s:.2f} s"
         print(

@@ -1,14 +1,10 @@
 """Importing a vendor library without letting it write to standard output.
 
-Some vendor Python packages print when imported: ``amdsmi`` prints a line when ROCm's library is
-missing, and a ``pynvml`` (a fork, a stray module, a debug build) may print anything. accelplat
-imports them while answering ``accelplat info --json`` and other machine-read output, where one
-stray line makes the document unreadable. Every vendor import goes through
-:func:`import_quietly`: what the module prints to ``sys.stdout`` during its import is captured
-(and kept for error messages), never shown.
-
-The capture is at the Python level (``sys.stdout``), like :func:`contextlib.redirect_stdout`:
-it holds for the duration of the import only.
+Some vendor packages print when imported (``amdsmi`` does when ROCm's library is missing; a
+``pynvml`` fork may print anything), and one stray line makes ``accelplat info --json``
+unreadable. Every vendor import goes through :func:`import_quietly`, which captures what the
+import prints to ``sys.stdout`` (as :func:`contextlib.redirect_stdout` does) and keeps it for
+error messages.
 """
 
 from __future__ import annotations
@@ -19,8 +15,6 @@ import io
 import threading
 from collections.abc import Iterator
 from typing import Any
-
-__all__ = ["import_quietly", "quiet_stdout"]
 
 _lock = threading.RLock()
 """Serialises the swap of ``sys.stdout``, so two imports in two threads restore it correctly."""
@@ -39,9 +33,6 @@ def import_quietly(name: str, printed: list[str] | None = None) -> Any:
 
     Raises:
         Exception: Whatever the import raises, unchanged.
-
-    Side effects:
-        Imports the module; ``sys.stdout`` is replaced while it runs.
     """
     with quiet_stdout() as captured:
         try:

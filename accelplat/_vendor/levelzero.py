@@ -1,18 +1,11 @@
 """A small, context-free reader of Level Zero Sysman through ctypes.
 
-Level Zero's system-management API (Sysman, ``zes*`` functions) reports device memory without
-creating a device context: ``zesInit`` starts Sysman alone (no ``zeInit``, no context, no queue),
-``zesDriverGet`` and ``zesDeviceGet`` enumerate the physical devices, and per device
-``zesDeviceEnumMemoryModules`` + ``zesMemoryGetState`` give each memory module's free and total
-bytes. Sysman always reports physical cards, whatever ``ZE_FLAT_DEVICE_HIERARCHY`` says; a
-multi-tile card has one memory module per tile (``onSubdevice``/``subdeviceId``).
-
-The library handle is injectable: :class:`Sysman` takes any object whose attributes are the
-``zes*`` functions — a :class:`ctypes.CDLL` of ``libze_loader.so.1`` in production, a fake in
-tests. Out-parameters are passed as :func:`ctypes.pointer` objects and arrays, so a fake written
-in Python can fill them; the structure layouts below follow ``zes_api.h``/``ze_api.h``.
-
-This module imports no framework and never loads the library at import time.
+``zesInit`` starts Sysman alone (no ``zeInit``, no context, no queue); ``zesDriverGet`` and
+``zesDeviceGet`` enumerate the physical cards, and per card ``zesDeviceEnumMemoryModules`` and
+``zesMemoryGetState`` give each module's free and total bytes (one module per tile on a
+multi-tile card). :class:`Sysman` takes any object whose attributes are the ``zes*`` functions (a
+``ctypes.CDLL`` of ``libze_loader.so.1``, or a fake); out-parameters are ``ctypes.pointer``
+objects and arrays, so a fake in Python can fill them. Layouts follow ``zes_api.h``/``ze_api.h``.
 """
 
 from __future__ import annotations
@@ -28,19 +21,7 @@ from typing import Any
 from accelplat import _boundary
 from accelplat.errors import LevelZeroError
 
-__all__ = [
-    "LOADER_NAME",
-    "MemoryModule",
-    "ProcessUsage",
-    "Sysman",
-    "SysmanDevice",
-    "load_loader",
-    "result_name",
-    "sum_modules",
-]
-
 LOADER_NAME = "libze_loader.so.1"
-"""The Level Zero loader's shared library."""
 
 ZE_RESULT_SUCCESS = 0
 ZE_RESULT_ERROR_INVALID_SIZE = 0x78000008
@@ -51,7 +32,6 @@ ZES_STRUCTURE_TYPE_PROCESS_STATE = 0x16
 ZES_STRUCTURE_TYPE_MEM_STATE = 0x1E
 ZE_DEVICE_TYPE_GPU = 1
 ZE_DEVICE_PROPERTY_FLAG_INTEGRATED = 1 << 0
-ZES_MEM_LOC_SYSTEM = 0
 ZES_MEM_LOC_DEVICE = 1
 INTEL_VENDOR_ID = 0x8086
 
@@ -217,19 +197,10 @@ _SIGNATURES: dict[str, tuple[Any, ...]] = {
 
 @dataclass(frozen=True)
 class SysmanDevice:
-    """One physical device as Sysman enumerates it.
+    """One physical device as Sysman enumerates it (``handle`` is its ``zes_device_handle_t``).
 
-    Attributes:
-        handle: The opaque ``zes_device_handle_t`` (an address).
-        pci_bus_id: ``"0000:03:00.0"`` when PCI properties could be read, else ``None``.
-        name: The device name (``ze_device_properties_t.name``).
-        uuid: The device UUID in the usual 8-4-4-4-12 hex form.
-        vendor_id: The PCI vendor id (``0x8086`` for Intel).
-        device_type: ``ze_device_type_t`` (``1`` is a GPU).
-        integrated: ``True`` for a GPU integrated with the host.
-        num_subdevices: Number of tiles; ``0`` means none.
-        device_id: The PCI device id (``ze_device_properties_t.deviceId``), which names the
-            GPU's architecture; ``0`` where unknown.
+    ``pci_bus_id`` is ``None`` when the PCI properties could not be read; ``num_subdevices`` is
+    the number of tiles (``0``: none); ``device_id`` is the PCI device id (``0``: unknown).
     """
 
     handle: int
@@ -250,15 +221,10 @@ class SysmanDevice:
 
 @dataclass(frozen=True)
 class MemoryModule:
-    """One memory module's state.
+    """One memory module's state: ``location`` is ``"device"`` (local) or ``"system"``.
 
-    Attributes:
-        location: ``"device"`` (local memory) or ``"system"``.
-        on_subdevice: Whether the module belongs to one tile.
-        subdevice_id: The tile, when ``on_subdevice``.
-        free: Free bytes.
-        size: Allocatable bytes (``physical_size`` when the driver reports 0).
-        physical_size: Physical capacity in bytes; ``0`` when unknown.
+    ``subdevice_id`` is its tile when ``on_subdevice``; ``free`` and ``size`` are bytes
+    (``size`` is ``physical_size`` when the driver reports 0); ``physical_size`` 0 is unknown.
     """
 
     location: str
@@ -271,36 +237,22 @@ class MemoryModule:
 
 @dataclass(frozen=True)
 class ProcessUsage:
-    """A process using a device, as Sysman reports it.
-
-    Attributes:
-        pid: Host process id.
-        mem_bytes: Device memory it allocated.
-    """
+    """A process (host pid) using a device, and the device memory it allocated."""
 
     pid: int
     mem_bytes: int
 
 
 def load_loader(name: str = LOADER_NAME) -> Any:
-    """Load the Level Zero loader library.
-
-    Args:
-        name: Library name or path.
+    """Load the Level Zero loader (a name or path) through the vendor boundary.
 
     Returns:
-        The :class:`ctypes.CDLL`.
+        The :class:`ctypes.CDLL` (a recording proxy or a replayed stand-in while a capture or a
+        replay is installed).
 
     Raises:
         OSError: When the library cannot be loaded (not installed).
-
-    Side effects:
-        Loads a shared library; creates no device context. While a capture records or a replay
-        answers (:mod:`accelplat._boundary`), the library comes through the boundary: a
-        recording proxy, or a stand-in answering from the bundle (nothing is loaded then).
     """
-    if _boundary.active() is None:
-        return ctypes.CDLL(name)
 
     def live() -> _boundary.Loaded:
         try:
@@ -321,13 +273,8 @@ class Sysman:
         lib: An object whose attributes are the ``zes*`` functions (a ``ctypes.CDLL``, or a fake).
             For ctypes function objects, argument and result types are set here.
 
-    Thread safety:
-        Calls are serialised by a lock; Level Zero handles stay valid for the process lifetime.
-
-    Fork safety:
-        The specification says each forked process must call ``zesInit``: in a forked child
-        every instance forgets that it was initialised (and gets a fresh lock), so the next query
-        initialises Sysman again; device handles from the parent must not be used there.
+    Calls are serialised by a lock. In a forked child every instance forgets that it was
+    initialised, so its next query calls ``zesInit`` again.
     """
 
     def __init__(self, lib: Any) -> None:
@@ -344,7 +291,7 @@ class Sysman:
     def _fn(self, name: str) -> Any:
         fn = getattr(self._lib, name, None)
         if fn is None:
-            raise LevelZeroError(
+            raise LevelZeroError(  # zesInit: spec 1.5, loader v1.9.4 (the loader's CHANGELOG.md)
                 name,
                 None,
                 f"the Level Zero loader has no {name} (zesInit arrived with spec 1.5 in "
@@ -358,13 +305,10 @@ class Sysman:
             raise LevelZeroError(name, code, vendor_error=result_name(code))
 
     def init(self) -> None:
-        """Initialise Sysman once (``zesInit(0)``); later calls do nothing.
+        """Initialise Sysman once (``zesInit(0)``; it loads the drivers); later calls do nothing.
 
         Raises:
             LevelZeroError: When ``zesInit`` is missing or fails (no driver, no device).
-
-        Side effects:
-            Loads the Level Zero drivers; creates no device context.
         """
         with self._lock:
             if self._initialised:
@@ -383,6 +327,9 @@ class Sysman:
 
     def devices(self) -> list[SysmanDevice]:
         """Return every device of every Sysman driver, in enumeration order.
+
+        That order "is NOT affected by ZE_AFFINITY_MASK, ZE_ENABLE_PCI_ID_DEVICE_ORDER, or
+        ZE_FLAT_DEVICE_HIERARCHY" (zes_api.h): the caller applies them.
 
         Raises:
             LevelZeroError: When an enumeration or property call fails.
@@ -430,9 +377,6 @@ class Sysman:
 
         Raises:
             LevelZeroError: When a call fails (e.g. the device was lost).
-
-        Side effects:
-            Creates no device context.
         """
         with self._lock:
             modules: list[MemoryModule] = []
@@ -443,6 +387,8 @@ class Sysman:
                 state = ZesMemState()
                 state.stype = ZES_STRUCTURE_TYPE_MEM_STATE
                 self._call("zesMemoryGetState", ctypes.c_void_p(mem), ctypes.pointer(state))
+                # size is "DEPRECATED ... can no longer track the allocatable memory reliably"
+                # (zes_api.h); physicalSize stands in when a driver leaves it 0.
                 size = int(state.size) or int(props.physicalSize)
                 modules.append(
                     MemoryModule(
@@ -467,7 +413,8 @@ class Sysman:
             handle = ctypes.c_void_p(device.handle)
             count = ctypes.c_uint32(0)
             self._call("zesDeviceProcessesGetState", handle, ctypes.pointer(count), None)
-            for _ in range(4):  # processes may attach between the two calls
+            # Processes may attach between the two calls: INVALID_SIZE then (zes_api.h).
+            for _ in range(4):
                 if count.value == 0:
                     return []
                 array = (ZesProcessState * count.value)()
@@ -506,11 +453,9 @@ if hasattr(os, "register_at_fork"):
 def sum_modules(modules: Sequence[MemoryModule], tiles: Sequence[int] | None) -> tuple[int, int]:
     """Return ``(free, size)`` summed over the modules that belong to ``tiles``.
 
-    Local (``device``) memory counts when a card has any; otherwise the system modules do (an
-    integrated GPU, for which compute-runtime reports the host's ``MemFree`` as free and
-    ``MemAvailable`` as size: not GPU memory, so callers should not present it as such). With
-    ``tiles`` given, only modules on those tiles count — unless no module is
-    tile-specific, in which case the card's memory is all there is to report.
+    Local (``device``) memory counts when a card has any, else the system modules (an integrated
+    GPU: compute-runtime reports the host's ``MemFree``/``MemAvailable``, not GPU memory). With
+    ``tiles``, only modules on those tiles count, unless no module is tile-specific.
 
     Args:
         modules: The card's memory modules.

@@ -1,24 +1,11 @@
-"""One NVML session per process, shared by every user of the CUDA backend.
+"""One NVML session per process, shared by every user of the CUDA backend, and its memory ladder.
 
-NVML (``libnvidia-ml.so.1``, reached through the ``pynvml`` module of the ``nvidia-ml-py``
-distribution) answers memory and process questions without creating a CUDA context. This
-module owns the process's use of it:
-
-* ``pynvml`` is imported lazily, on first use, with the ``FutureWarning`` of the deprecated
-  ``pynvml`` PyPI package filtered out by its message (that package re-exports nvidia-ml-py and
-  warns on import; accelplat never depends on it).
-* ``nvmlInit`` runs once per process, under a lock, however many threads ask at once.
-* Every NVML call happens inside :func:`session`, which counts calls in flight; :func:`shutdown`
-  waits until none is in flight before calling ``nvmlShutdown``. accelplat itself never shuts
-  NVML down: the process's exit does.
-* In a ``fork()``-ed child the state is reset (``os.register_at_fork``), so the child calls
-  ``nvmlInit`` again before its first query and never uses handles that belong to the parent.
-* NVML failures become :class:`~accelplat.errors.BackendError` naming the vendor error
-  (``vendor_error="NVMLError_GpuIsLost"``) through :func:`translate`; a missing or broken
-  library becomes :class:`NvmlUnavailableError` with a sentence for ``accelplat info``.
-
-Side effects: none at import. The first :func:`session` imports ``pynvml`` and initialises
-NVML; nothing here imports torch or creates a device context.
+``pynvml`` (nvidia-ml-py) is imported on first use, ``nvmlInit`` runs once per process under a
+lock, and every call runs inside :func:`session`, which :func:`shutdown` waits for (accelplat
+never shuts NVML down itself). A ``fork()``-ed child starts a new session. NVML failures become
+:class:`~accelplat.errors.BackendError` naming the vendor error (:func:`translate`); a missing or
+broken library is :class:`~accelplat.errors.NvmlUnavailableError`. :func:`memory` reads a
+device's memory through the v2 -> v1 -> host-unified ladder, decided once per device and session.
 """
 
 from __future__ import annotations
@@ -35,32 +22,12 @@ from accelplat import _boundary
 from accelplat._vendor import import_quietly
 from accelplat.errors import BackendError, NvmlUnavailableError
 
-__all__ = [
-    "MODULE_NAME",
-    "acquire",
-    "error_name",
-    "forget",
-    "generation",
-    "import_pynvml",
-    "initialized",
-    "is_error",
-    "library_missing",
-    "memory_v2_figures",
-    "release",
-    "session",
-    "shutdown",
-    "translate",
-    "unavailable_before_import",
-    "unavailable_reason",
-]
-
 MODULE_NAME = "pynvml"
 """The module nvidia-ml-py installs."""
 
 PLATFORM = "cuda"
 
 _DEPRECATED_PACKAGE_WARNING = r"The pynvml package is deprecated"
-"""Start of the FutureWarning the deprecated ``pynvml`` PyPI package emits on import."""
 
 _HINTS: dict[str, str] = {
     "NVMLError_LibraryNotFound": (
@@ -94,6 +61,8 @@ class _State:
         self.initialized = False
         self.closing = False
         self.active = 0
+        self.rungs: dict[str, str] = {}  # device UUID -> the memory query that works for it
+        self.reported: set[str] = set()  # devices that have answered a memory query
 
 
 _state = _State()
@@ -102,23 +71,16 @@ _generation = 0
 
 
 def import_pynvml() -> Any:
-    """Return the ``pynvml`` module, importing it on first use.
+    """Return the ``pynvml`` module (``sys.modules``' when imported, so tests can install a fake).
 
-    While a capture records or a replay answers (:mod:`accelplat._boundary`), the module comes
-    through the boundary: a recording proxy of the real module, or a stand-in answering from
-    the bundle (the real one is then not imported).
-
-    Returns:
-        The module (``sys.modules["pynvml"]`` when already imported, so tests may install a
-        fake there).
+    While a capture records or a replay answers, it comes through the vendor boundary.
 
     Raises:
         NvmlUnavailableError: When the module cannot be imported.
 
     Side effects:
-        Imports ``pynvml`` (pure ctypes; loads no library until ``nvmlInit``), with the deprecated
-        ``pynvml`` package's ``FutureWarning`` silenced by message for the duration of the import
-        and anything it prints kept off standard output (:func:`accelplat._vendor.import_quietly`).
+        Imports ``pynvml`` (pure ctypes: no library until ``nvmlInit``) with anything it prints
+        kept off standard output.
     """
     if _boundary.active() is None:
         return _import_live()
@@ -145,6 +107,7 @@ def _import_live() -> Any:
         return module
     try:
         with warnings.catch_warnings():
+            # The deprecated PyPI package "pynvml" re-exports nvidia-ml-py and warns on import.
             warnings.filterwarnings(
                 "ignore", message=_DEPRECATED_PACKAGE_WARNING, category=FutureWarning
             )
@@ -163,30 +126,10 @@ def _import_live() -> Any:
     return pynvml
 
 
-def memory_v2_figures(mem: Any) -> tuple[int, int, int, int]:
-    """Return ``(free, total, used, reserved)`` of an ``nvmlMemory_v2`` result.
-
-    Read through nvidia-ml-py's public attributes (no buffer offsets, no interpreter
-    internals); each is converted to ``int``.
-
-    Args:
-        mem: What ``nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2)`` returned.
-
-    Returns:
-        The four figures in bytes, as NVML reported them.
-    """
-    return int(mem.free), int(mem.total), int(mem.used), int(mem.reserved)
-
-
 def error_name(exc: BaseException) -> str:
-    """Return the vendor's name for an NVML exception.
+    """Return the vendor's name for an NVML exception (``"NVMLError_GpuIsLost"``).
 
-    Args:
-        exc: An exception raised by a ``pynvml`` function.
-
-    Returns:
-        The class name (``"NVMLError_GpuIsLost"``); for a bare ``NVMLError`` whose value has no
-        subclass, ``"NVMLError(<value>)"``.
+    A bare ``NVMLError`` whose value has no subclass is ``"NVMLError(<value>)"``.
     """
     name = type(exc).__name__
     value = getattr(exc, "value", None)
@@ -196,15 +139,9 @@ def error_name(exc: BaseException) -> str:
 
 
 def is_error(exc: BaseException, *names: str) -> bool:
-    """Return whether ``exc`` is one of the named NVML errors (by class name).
+    """Return whether ``exc``'s class is named ``NVMLError_<name>`` or ``<name>`` for a name.
 
-    Matching by name rather than class works across module objects (a test's fake, a reloaded
-    ``pynvml``) and never touches an attribute the module might lack.
-
-    Args:
-        exc: The exception.
-        *names: Suffixes such as ``"NotSupported"`` (for ``NVMLError_NotSupported``) or full
-            class names such as ``"NVMLLibraryMismatchError"``.
+    By name, not class: it works across module objects (a fake, a reloaded ``pynvml``).
     """
     cls_name = type(exc).__name__
     return any(cls_name in (n, f"NVMLError_{n}") for n in names)
@@ -220,20 +157,101 @@ def _vendor_exceptions(module: Any) -> tuple[type[BaseException], ...]:
 
 
 def translate(exc: BaseException, action: str) -> BackendError:
-    """Wrap an NVML failure in a :class:`~accelplat.errors.BackendError` naming it.
+    """Return the :class:`~accelplat.errors.BackendError` for an NVML failure during ``action``.
 
     Args:
         exc: The exception a ``pynvml`` call raised.
         action: What was being done, e.g. ``"reading memory of GPU 0 (GPU-…)"``.
-
-    Returns:
-        The error to raise (``raise translate(exc, …) from exc``).
     """
     name = error_name(exc)
     hint = _HINTS.get(name)
     detail = str(exc) or name
     message = f"{action} failed: {detail}" + (f"; {hint}" if hint else "")
     return BackendError(PLATFORM, message, vendor_error=name)
+
+
+SOURCE_V2 = "nvml-v2"
+SOURCE_V1 = "nvml-v1"
+SOURCE_HOST = "host-unified"
+
+_V2_UNUSABLE = (
+    "FunctionNotFound",  # drivers before R510 lack nvmlDeviceGetMemoryInfo_v2
+    "ArgumentVersionMismatch",  # a driver that knows the function but not this struct version
+    "Unknown",  # WSL answers v2 with NVML_ERROR_UNKNOWN (not remembered: v2 is asked again)
+    "NotSupported",  # unified-memory GPUs (GB10, Jetson): try v1 before giving up on the GPU
+    "AttributeError",  # nvidia-ml-py older than R510's: no nvmlMemory_v2
+    "TypeError",  # nvidia-ml-py too old to accept version=
+)
+
+
+def memory(nv: Any, handle: Any, key: str, where: str) -> tuple[int, int, int, int, str] | None:
+    """Read one device's memory: v2, else v1, else "no memory of its own" (host-unified).
+
+    The rung that works is remembered per device for the session and each step logged once.
+    A ``NotSupported`` from a device that has answered before is an error, never a step down:
+    host memory would say nothing about that GPU.
+
+    Args:
+        nv: The ``pynvml`` module of the current :func:`session`.
+        handle: The device's NVML handle.
+        key: The device's UUID (what the ladder is remembered by).
+        where: The device as messages name it, e.g. ``"cuda device 0 (GPU-…)"``.
+
+    Returns:
+        ``(free, total, used, reserved, source)`` as ``MemoryInfo`` takes them (unchecked), or
+        ``None`` when the device has no memory of its own (the caller reads the host's).
+
+    Raises:
+        BackendError: For an NVML failure, naming the vendor error.
+    """
+    st = _state
+    rung = st.rungs.get(key, SOURCE_V2)
+    if rung == SOURCE_V2:
+        try:
+            mem = nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
+        except Exception as exc:
+            rung = _step_down(exc, _V2_UNUSABLE, key, where, SOURCE_V1)
+        else:
+            st.reported.add(key)
+            # v2 keeps the driver's reserved memory (~615 MiB on an H200) out of used; total less
+            # reserved is what cuMemGetInfo and torch.cuda.mem_get_info call total.
+            reserved = int(mem.reserved)
+            return int(mem.free), int(mem.total) - reserved, int(mem.used), reserved, SOURCE_V2
+    if rung == SOURCE_V1:
+        try:
+            mem = nv.nvmlDeviceGetMemoryInfo(handle)
+        except Exception as exc:
+            _step_down(exc, ("NotSupported",), key, where, SOURCE_HOST)
+        else:
+            st.reported.add(key)
+            # v1 counts reserved as used (v1 used = v2 used + reserved); total is NVML's total.
+            return int(mem.free), int(mem.total), int(mem.used), 0, SOURCE_V1
+    return None
+
+
+def _step_down(exc: Exception, expected: tuple[str, ...], key: str, where: str, lower: str) -> str:
+    """Take the next rung after ``exc`` (remembered unless it was WSL's ``Unknown``), or raise."""
+    st = _state
+    if not is_error(exc, *expected):
+        raise translate(exc, f"reading memory of {where}") from exc
+    if key in st.reported and is_error(exc, "NotSupported"):
+        raise BackendError(
+            PLATFORM,
+            f"{where} reported memory of its own before, and NVML now says its memory query is "
+            f"not supported; not switching to host memory, which would not be this GPU's",
+            vendor_error=error_name(exc),
+        ) from exc
+    if not is_error(exc, "Unknown"):
+        st.rungs[key] = lower
+        import logging  # once per device and session
+
+        logging.getLogger(__name__).info(
+            "%s: the NVML memory query failed (%s); using %s from now on",
+            where,
+            error_name(exc),
+            lower,
+        )
+    return lower
 
 
 def unavailable_reason(exc: BaseException) -> str:
@@ -254,20 +272,17 @@ LIBRARY = "libnvidia-ml.so.1"
 
 
 def library_missing() -> str | None:
-    """Say why NVML's library cannot be loaded, without importing ``pynvml``.
+    """Say why NVML's library cannot be loaded, asking the loader as nvidia-ml-py would.
 
-    On a machine without the NVIDIA driver, importing nvidia-ml-py (tens of milliseconds) only
-    to learn that its library is absent dominates detection. This asks the dynamic loader the
-    same question ``nvmlInit`` would, the way nvidia-ml-py asks it on Linux.
+    Importing nvidia-ml-py (tens of milliseconds) only to learn that its library is absent
+    would dominate detection on a host without the driver.
 
     Returns:
-        ``None`` when the library loads (or on an operating system other than Linux, where
-        nvidia-ml-py looks elsewhere and the question is left to it); otherwise the reason,
-        worded as for ``NVMLError_LibraryNotFound``.
+        The reason, worded as for ``NVMLError_LibraryNotFound``; ``None`` when the library loads
+        or off Linux (where nvidia-ml-py looks elsewhere).
 
     Side effects:
-        Loads ``libnvidia-ml.so.1`` into the process when present (``pynvml`` would next);
-        imports ``ctypes``.
+        Loads ``libnvidia-ml.so.1`` when present (``pynvml`` would next).
     """
     if not sys.platform.startswith("linux"):
         return None
@@ -282,16 +297,9 @@ def library_missing() -> str | None:
 
 
 def unavailable_before_import() -> str | None:
-    """Say why NVML cannot work here when that is known without importing ``pynvml``.
+    """Return :func:`library_missing` while ``pynvml`` is unimported and no replay is active.
 
-    Returns:
-        :func:`library_missing`'s reason while ``pynvml`` is not imported and no capture or
-        replay is active (:mod:`accelplat._boundary`); ``None`` otherwise, and whenever the
-        library loads. The first :func:`session` fails with this reason before importing
-        ``pynvml``, so the CUDA backend's probe gives the same one.
-
-    Side effects:
-        May load ``libnvidia-ml.so.1`` (see :func:`library_missing`).
+    The first :func:`session` fails with this same reason, so the probe gives it too.
     """
     if MODULE_NAME in sys.modules or _boundary.active() is not None:
         return None
@@ -333,6 +341,8 @@ def _initialize_locked(st: _State) -> None:
     st.module = module
     st.origin = sys.modules.get(MODULE_NAME)
     st.initialized = True
+    st.rungs.clear()  # a new session decides its memory ladder afresh
+    st.reported.clear()
     _generation += 1
 
 
@@ -388,20 +398,15 @@ class _Session:
 
 
 def session() -> _Session:
-    """Return a context manager that yields the initialised ``pynvml`` module.
+    """Return a context manager yielding the initialised ``pynvml`` module, around every call.
 
-    Use it around every NVML call; while inside, :func:`shutdown` waits. Sessions nest and may be
-    entered from any number of threads.
-
-    Returns:
-        A context manager; ``with session() as nvml: nvml.nvmlDeviceGetCount()``.
+    Sessions nest and may be entered from any thread; :func:`shutdown` waits for them.
 
     Raises:
         NvmlUnavailableError: On entry, when ``pynvml`` is missing or broken or ``nvmlInit`` fails.
 
     Side effects:
-        The first entry in a process imports ``pynvml`` and calls ``nvmlInit`` (once, whatever
-        the number of threads). No CUDA context is created.
+        The first entry in a process imports ``pynvml`` and calls ``nvmlInit`` (once).
     """
     return _Session()
 
@@ -412,24 +417,18 @@ def initialized() -> bool:
 
 
 def generation() -> int:
-    """Return a number that changes whenever NVML handles obtained earlier may be stale.
-
-    It changes on every successful ``nvmlInit`` and in a forked child.
-    """
+    """Return a number that changes (each ``nvmlInit``, fork, forget) when handles may be stale."""
     return _generation
 
 
 def shutdown() -> bool:
-    """Shut NVML down once no call is in flight; the next :func:`session` initialises it again.
-
-    accelplat never calls this itself; it exists for embedders and tests.
+    """Shut NVML down once no call is in flight (for embedders and tests; accelplat never does).
 
     Returns:
         ``True`` when ``nvmlShutdown`` was called, ``False`` when NVML was not initialised.
 
     Side effects:
-        Blocks new sessions and waits for the ones in flight to finish. An error from
-        ``nvmlShutdown`` is ignored: the session counts as closed either way.
+        Blocks new sessions until done; an error from ``nvmlShutdown`` is ignored.
     """
     global _generation
     st = _state
@@ -454,24 +453,18 @@ def shutdown() -> bool:
 
 
 def forget() -> None:
-    """Drop this process's NVML session without shutting NVML down.
+    """Drop this process's NVML session without shutting NVML down; cached handles go stale.
 
-    The next :func:`session` imports (through the boundary) and initialises afresh, and every
-    cached NVML handle becomes stale (:func:`generation` changes). Used when a capture starts
-    recording or a replay starts or stops answering.
+    Called when a capture or replay starts or stops, and in a forked child (where the parent's
+    lock may be held by a thread that does not exist and its handles are not to be trusted).
     """
     global _state, _generation
     _state = _State()
     _generation += 1
 
 
-def _after_fork_in_child() -> None:
-    global _state, _generation
-    # The parent's lock may have been held by another thread at fork time, and the parent's
-    # NVML handles and initialisation must not be trusted here: start afresh.
-    _state = _State()
-    _generation += 1
+_boundary.on_reset(forget)
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(after_in_child=forget)

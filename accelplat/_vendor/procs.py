@@ -1,8 +1,7 @@
 """Classify the processes a driver says hold device memory.
 
-Drivers report holders by pid (NVML, amdsmi, ``/sys/class/kfd``). A pid alone does not say
-whether the memory is ours, a child's that we should reap, a stranger's, or a ghost the driver
-still lists after the process died — which is what a CI log needs to say on a timeout.
+A pid alone does not say whether the memory is ours, a child's, a stranger's, or a ghost the
+driver still lists after the process died: what a CI log needs to say on a timeout.
 """
 
 from __future__ import annotations
@@ -11,30 +10,22 @@ import os
 from typing import TYPE_CHECKING
 
 from accelplat import _boundary
-from accelplat._usage import HolderState, MemoryHolder
+from accelplat._types import HolderState, MemoryHolder
 from accelplat.errors import BackendError
 
 if TYPE_CHECKING:
     import psutil
 
-__all__ = ["classify_pid", "make_holder", "process_details"]
-
 
 def classify_pid(pid: int) -> tuple[HolderState, str]:
-    """Return what is known about ``pid`` relative to this process, and its name.
-
-    Args:
-        pid: A process id as a driver reported it (a host pid, possibly from another namespace).
+    """Return what ``pid`` (a host pid, as a driver reports it) is to this process, and its name.
 
     Returns:
-        ``(state, name)``: ``SELF`` for this process, ``CHILD`` for a live descendant, ``ZOMBIE``
-        for an exited but unreaped process, ``ALIVE`` for any other live process, ``GONE`` when
-        no such process is visible (``name`` is then ``""``).
+        ``(state, name)``: ``SELF``, ``CHILD`` (a live descendant), ``ZOMBIE`` (exited, unreaped),
+        ``ALIVE`` (any other live process) or ``GONE`` (not visible; ``name`` is ``""``).
 
     Side effects:
-        Reads ``/proc`` (importing psutil on first use); creates no device context. Asked
-        through the vendor boundary, so a capture records the answer and a replay gives the
-        captured host's.
+        Reads ``/proc`` through psutil, asked through the vendor boundary (a replay answers).
     """
     answer: object = _boundary.call("proc", ("classify", pid), lambda: _classify_live(pid))
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
@@ -79,11 +70,8 @@ def _name(proc: psutil.Process) -> str:
         return ""
 
 
-_PID_MAX = 2**31 - 1
-"""The largest process id any kernel hands out (``pid_t`` is a signed 32-bit integer)."""
-
-_BYTES_MAX = 2**63 - 1
-"""Above this, a byte count is an unsigned counter that wrapped (as in ``_readings``)."""
+_PID_MAX = 2**31 - 1  # pid_t is a signed 32-bit integer
+_BYTES_MAX = 2**63 - 1  # above it, an unsigned counter wrapped (MAX_PLAUSIBLE_BYTES)
 
 
 def driver_holder(
@@ -98,9 +86,6 @@ def driver_holder(
         used_bytes: Its memory in bytes, or ``None`` when the driver does not say.
         not_available: The driver's "value not available" marker for ``used_bytes`` (NVML's is
             2**64 - 1), read as ``None``.
-
-    Returns:
-        The holder record.
 
     Raises:
         BackendError: For a process id that is not a positive integer of a ``pid_t``, or a
@@ -127,15 +112,7 @@ def driver_holder(
 
 
 def make_holder(pid: int, used_bytes: int | None) -> MemoryHolder:
-    """Build a :class:`MemoryHolder` for ``pid``, classifying it with :func:`classify_pid`.
-
-    Args:
-        pid: Process id from the driver.
-        used_bytes: Bytes held, or ``None`` when the driver does not say.
-
-    Returns:
-        The holder record.
-    """
+    """Return the :class:`MemoryHolder` of ``pid`` (classified) holding ``used_bytes``."""
     state, name = classify_pid(pid)
     return MemoryHolder(pid=pid, used_bytes=used_bytes, state=state, name=name)
 
@@ -148,11 +125,8 @@ def process_details(pid: int, *, width: int = 200) -> tuple[str, str]:
         width: Longest command line returned (longer ones end in ``…``).
 
     Returns:
-        ``(user, command)``; an item that cannot be read (the process is gone, belongs to
-        another namespace, or access is denied) is ``""``.
-
-    Side effects:
-        Reads ``/proc`` (importing psutil on first use).
+        ``(user, command)``; an item that cannot be read (gone, another namespace, denied) is
+        ``""``.
     """
     import psutil
 

@@ -1,54 +1,13 @@
 """``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``, as the CUDA driver reads them.
 
-Two pure functions, so every rule can be tested without a GPU:
-
-* :func:`parse_cuda_visible_devices` turns the variable's text into entries;
-* :func:`resolve_cuda_visible_devices` matches those entries against a table of the machine's
-  GPUs (in CUDA's enumeration order) and returns the visible devices in visible-index order.
-
-Neither reads the environment or imports a vendor library; the CUDA backend gathers the table
-from NVML and calls them. The value types are immutable ``NamedTuple``s rather than dataclasses
-because this module is on the detection path, where each frozen dataclass costs about a
-millisecond to create at import.
-
-The rules (CUDA programming guide, MIG user guide, and the behaviour of the CUDA driver itself,
-checked form by form against ``cuInit`` on driver 580: ``tools/record_cuda_visible.py`` records
-the driver's answer for a few hundred forms into ``tests/data/cuda_visible_ground_truth.json``,
-which ``tests/visible/test_cuda_ground_truth.py`` replays through these functions):
-
-* Unset: every GPU is visible. Set to the empty string (or to anything whose first entry is
-  invalid, ``NoDevFiles`` included): no GPU is visible.
-* The text is split at commas.
-* The first entry decides the form of the whole list. A list whose first entry starts with
-  ``GPU-`` or ``MIG-`` is a list of UUIDs, and a later ordinal is invalid there; any other list is
-  a list of ordinals, and a later ``GPU-``/``MIG-`` entry is invalid there.
-* An ordinal is read like C's ``strtoul``: leading white space, an optional sign, then the
-  leading decimal digits; whatever follows is ignored (``"1abc"`` and ``" 1 "`` are ``1``).
-  As ``strtoul`` does, a minus sign negates the value modulo 2**64, and a value that overflows
-  an ``unsigned long`` (however many digits it has) becomes ``ULONG_MAX``. The driver then keeps
-  the low 32 bits as an ``int``: ``"4294967297"`` and ``"-4294967295"`` are ordinal ``1``,
-  ``"-0"`` is ``0``, and ``"-1"``, ``"2147483648"`` or an overflowing value are negative there.
-  A negative ordinal, an entry without leading digits and an ordinal not below the number of
-  GPUs are invalid.
-* A UUID entry must start with exactly ``GPU-`` or ``MIG-`` (no white space before it, upper
-  case). After that CUDA reads hexadecimal digits in either case, skipping dashes wherever they
-  are; once it has all 32 digits of a UUID it ignores the rest of the entry. Any other character
-  before that, or no digit at all (``"GPU-"``), makes the entry invalid. The digits read may be
-  an abbreviation: they must begin the UUID of exactly one GPU; digits that begin none, or
-  several, are invalid. ``MIG-<uuid>`` likewise names MIG devices, but the driver matches its
-  digits against the GPUs' UUIDs too (``MIG-<digits of a GPU's UUID>`` names that GPU); a
-  ``GPU-`` entry matches GPUs only. The legacy
-  ``MIG-GPU-<uuid>/<gpu instance id>/<compute instance id>`` names a MIG device by its parent
-  GPU and instance ids.
-* The first invalid entry ends the list: the devices named before it stay visible.
-* A device named twice (by the same or by different spellings, before the list ended) makes the
-  whole variable invalid: no GPU is visible.
-* Ordinals count GPUs in CUDA's order: PCI bus order when ``CUDA_DEVICE_ORDER=PCI_BUS_ID``,
-  otherwise ``FASTEST_FIRST``. The caller supplies the table already in that order.
-* MIG: a CUDA process enumerates at most one MIG device. When the named devices include MIG
-  devices, only the first of them is visible. Otherwise, when a named GPU has MIG mode enabled,
-  its first MIG device is the only visible device (a MIG-enabled GPU with no MIG device shows
-  nothing).
+:func:`parse_cuda_visible_devices` turns the variable's text into entries, and
+:func:`resolve_cuda_visible_devices` matches them against the machine's GPUs (in CUDA's order)
+and returns the visible devices; both are pure and never raise. The rules (``docs/backends/
+cuda.md``) were checked form by form against ``cuInit`` on driver 580:
+``tools/record_cuda_visible.py`` records the driver's answers into
+``tests/data/cuda_visible_ground_truth.json``, which ``tests/visible/test_cuda_ground_truth.py``
+replays through these functions. The value types are ``NamedTuple``s: this module is on the
+detection path, where a frozen dataclass costs about a millisecond to create at import.
 """
 
 from __future__ import annotations
@@ -57,27 +16,8 @@ import enum
 from collections.abc import Sequence
 from typing import NamedTuple
 
-__all__ = [
-    "ENV_CUDA_DEVICE_ORDER",
-    "ENV_CUDA_VISIBLE_DEVICES",
-    "CudaVisibleSpec",
-    "EntryKind",
-    "GpuRecord",
-    "MigRecord",
-    "Resolution",
-    "VisibleEntry",
-    "VisibleTarget",
-    "is_pci_bus_order",
-    "parse_cuda_visible_devices",
-    "resolve_cuda_visible_devices",
-    "uuid_digits",
-]
-
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
-"""The variable CUDA reads to select and order visible devices."""
-
 ENV_CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
-"""The variable that switches CUDA's ordinals from fastest-first to PCI bus order."""
 
 _GPU_PREFIX = "GPU-"
 _MIG_PREFIX = "MIG-"
@@ -89,29 +29,18 @@ _UUID_DIGITS = 32
 class EntryKind(str, enum.Enum):
     """What one entry of ``CUDA_VISIBLE_DEVICES`` names."""
 
-    ORDINAL = "ordinal"
-    """An integer index into CUDA's enumeration of the machine's GPUs."""
-    GPU_UUID = "gpu-uuid"
-    """A GPU UUID, ``GPU-…``, possibly abbreviated."""
-    MIG_UUID = "mig-uuid"
-    """A MIG device UUID, ``MIG-…``, possibly abbreviated (drivers R470 and later)."""
-    MIG_LEGACY = "mig-legacy"
-    """A MIG device as ``MIG-GPU-<uuid>/<gpu instance id>/<compute instance id>``."""
+    ORDINAL = "ordinal"  # an index into CUDA's enumeration of the machine's GPUs
+    GPU_UUID = "gpu-uuid"  # GPU-…, possibly abbreviated
+    MIG_UUID = "mig-uuid"  # MIG-…, possibly abbreviated (drivers R470 and later)
+    MIG_LEGACY = "mig-legacy"  # MIG-GPU-<uuid>/<gpu instance id>/<compute instance id>
 
 
 class VisibleEntry(NamedTuple):
-    """One valid entry of ``CUDA_VISIBLE_DEVICES``.
+    """One valid entry of ``CUDA_VISIBLE_DEVICES``, as written (``text``) and as read.
 
-    Attributes:
-        kind: What the entry names.
-        text: The entry as written.
-        ordinal: For ``ORDINAL``, the index; else ``None``.
-        uuid_prefix: For ``GPU_UUID`` and ``MIG_UUID``, the (possibly abbreviated) UUID as CUDA
-            reads it: the ``GPU-``/``MIG-`` prefix, then up to 32 hexadecimal digits in lower
-            case without dashes (``"GPU-8932f937d72c"``); for ``MIG_LEGACY``, the parent GPU's,
-            read the same way.
-        gpu_instance_id: For ``MIG_LEGACY``, the GPU instance id.
-        compute_instance_id: For ``MIG_LEGACY``, the compute instance id.
+    ``uuid_prefix`` is the (possibly abbreviated) UUID as CUDA reads it: the ``GPU-``/``MIG-``
+    prefix and up to 32 lower-case hex digits without dashes (``"GPU-8932f937d72c"``); for
+    ``MIG_LEGACY``, the parent GPU's, with the two instance ids.
     """
 
     kind: EntryKind
@@ -123,13 +52,9 @@ class VisibleEntry(NamedTuple):
 
 
 class CudaVisibleSpec(NamedTuple):
-    """``CUDA_VISIBLE_DEVICES`` parsed, before it is matched against the machine's GPUs.
+    """``CUDA_VISIBLE_DEVICES`` parsed: the valid entries before ``stopped_at``, the first invalid.
 
-    Attributes:
-        raw: The variable's text, or ``None`` when it is unset.
-        entries: The valid entries before the first invalid one, in order.
-        stopped_at: The first invalid entry as written (the list ends there), or ``None`` when
-            every entry was valid.
+    ``raw`` is ``None`` when the variable is unset.
     """
 
     raw: str | None
@@ -143,13 +68,7 @@ class CudaVisibleSpec(NamedTuple):
 
 
 class MigRecord(NamedTuple):
-    """One MIG device of a GPU, as the resolver needs it.
-
-    Attributes:
-        uuid: Its ``MIG-…`` UUID.
-        gpu_instance_id: Its GPU instance id, where known (for the legacy form).
-        compute_instance_id: Its compute instance id, where known (for the legacy form).
-    """
+    """One MIG device of a GPU (instance ids where known, for the legacy form)."""
 
     uuid: str
     gpu_instance_id: int | None = None
@@ -157,14 +76,7 @@ class MigRecord(NamedTuple):
 
 
 class GpuRecord(NamedTuple):
-    """One physical GPU, as the resolver needs it.
-
-    Attributes:
-        nvml_index: Its NVML index.
-        uuid: Its ``GPU-…`` UUID.
-        mig_enabled: Whether MIG mode is currently enabled on it.
-        mig_devices: Its MIG devices, in MIG index order (empty when MIG is off).
-    """
+    """One physical GPU: its NVML index, ``GPU-…`` UUID and MIG devices in MIG index order."""
 
     nvml_index: int
     uuid: str
@@ -173,13 +85,7 @@ class GpuRecord(NamedTuple):
 
 
 class VisibleTarget(NamedTuple):
-    """One visible device, in visible-index order.
-
-    Attributes:
-        nvml_index: NVML index of the GPU (for a MIG device: of its parent GPU).
-        uuid: The device's UUID: ``GPU-…`` for a whole GPU, ``MIG-…`` for a MIG device.
-        mig: ``True`` for a MIG device.
-    """
+    """One visible device: its GPU's NVML index (a MIG device's parent) and its own UUID."""
 
     nvml_index: int
     uuid: str
@@ -187,12 +93,10 @@ class VisibleTarget(NamedTuple):
 
 
 class Resolution(NamedTuple):
-    """The visible devices, and what the resolver noticed on the way.
+    """The visible devices (position ``i`` is visible index ``i``) and what was noticed.
 
-    Attributes:
-        targets: The visible devices; position ``i`` is visible index ``i``.
-        notes: Sentences about entries that ended the list, duplicates or MIG rules, for
-            ``accelplat info`` and error messages. Empty when the variable was applied plainly.
+    ``notes`` are sentences about entries that ended the list, duplicates or MIG rules, for
+    ``accelplat info`` and error messages; empty when the variable was applied plainly.
     """
 
     targets: tuple[VisibleTarget, ...]
@@ -200,35 +104,21 @@ class Resolution(NamedTuple):
 
 
 def is_pci_bus_order(order: str | None) -> bool:
-    """Return whether ``CUDA_DEVICE_ORDER``'s value selects PCI bus order.
+    """Return whether ``CUDA_DEVICE_ORDER`` (``None``: unset) selects PCI bus order.
 
-    Args:
-        order: The variable's value, or ``None`` when unset.
-
-    Returns:
-        ``True`` only for ``"PCI_BUS_ID"`` (CUDA compares the value exactly); anything else,
-        unset included, means CUDA's default ``FASTEST_FIRST``.
+    Only ``"PCI_BUS_ID"`` does (CUDA compares exactly); anything else means ``FASTEST_FIRST``.
     """
     return order == "PCI_BUS_ID"
 
 
-_ULONG_MAX = 2**64 - 1
-"""The largest value ``strtoul`` reads (64-bit ``unsigned long``); beyond it, it overflows."""
-
-_ORDINAL_MASK = 2**32 - 1
-"""The driver stores the ordinal ``strtoul`` read in a 32-bit ``int``…"""
-
-_INT_MAX = 2**31 - 1
-"""…so a value whose low 32 bits are 2**31 or more is negative there: no device has it."""
+_ULONG_MAX = 2**64 - 1  # the largest value strtoul reads; beyond it, it overflows
+_ORDINAL_MASK = 2**32 - 1  # the driver stores the ordinal strtoul read in a 32-bit int…
+_INT_MAX = 2**31 - 1  # …so low 32 bits of 2**31 or more are negative there: no device has it
 
 
 def _decimal(digits: str) -> int | None:
-    """Read ASCII decimal digits as ``strtoul`` would; ``None`` when the value overflows.
-
-    Leading zeros are dropped before ``int()`` sees the digits, and an overflowing value is
-    refused by its length first, so text of any length is read in bounded time and never meets
-    ``int()``'s limit on the number of digits.
-    """
+    """Read ASCII decimal digits as ``strtoul`` would; ``None`` when the value overflows."""
+    # Refused by length first: text of any length is read in bounded time, within int()'s limit.
     significant = digits.lstrip("0")
     if len(significant) > len(str(_ULONG_MAX)):
         return None
@@ -238,6 +128,8 @@ def _decimal(digits: str) -> int | None:
 
 def _parse_ordinal(text: str) -> int | None:
     """Read ``text`` as the driver does (``strtoul``, low 32 bits); ``None`` without digits."""
+    # Leading white space (stripped by the caller), an optional sign, the leading digits; the
+    # rest is ignored ("1abc" is 1). "4294967297" and "-4294967295" are 1, "-1" is invalid.
     sign = ""
     body = text
     if body[:1] in ("+", "-"):
@@ -258,6 +150,8 @@ def _parse_ordinal(text: str) -> int | None:
 
 def _read_uuid_digits(body: str) -> str | None:
     """Read UUID digits as CUDA does; ``None`` when the text is not a UUID (prefix)."""
+    # Hex digits in either case, dashes skipped wherever they are; any other character before
+    # the 32nd digit, or no digit at all ("GPU-"), makes the entry invalid.
     digits: list[str] = []
     for char in body:
         if len(digits) == _UUID_DIGITS:
@@ -273,18 +167,15 @@ def _read_uuid_digits(body: str) -> str | None:
 def uuid_digits(uuid: str) -> str:
     """Return a UUID (``GPU-…``/``MIG-…``) as its prefix and 32 lower-case digits, no dashes.
 
-    Args:
-        uuid: A UUID as NVML prints it, e.g. ``"GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"``.
-
-    Returns:
-        E.g. ``"GPU-8932f937d72c4106c12f20bd9faed9f6"``, the form ``VisibleEntry.uuid_prefix``
-        is compared with.
+    ``"GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"`` gives ``"GPU-8932f937d72c4106c12f20bd9faed9f6"``,
+    the form ``VisibleEntry.uuid_prefix`` is compared with.
     """
     head = len(_GPU_PREFIX)
     return uuid[:head] + uuid[head:].replace("-", "").lower()
 
 
 def _parse_uuid_entry(text: str) -> VisibleEntry | None:
+    # Exactly "GPU-" or "MIG-": no white space before it, no lower case.
     head = len(_GPU_PREFIX)
     if text.startswith(_GPU_PREFIX):
         digits = _read_uuid_digits(text[head:])
@@ -316,17 +207,10 @@ def _parse_uuid_entry(text: str) -> VisibleEntry | None:
 
 
 def parse_cuda_visible_devices(value: str | None) -> CudaVisibleSpec:
-    """Parse the text of ``CUDA_VISIBLE_DEVICES`` into entries.
+    """Parse the text of ``CUDA_VISIBLE_DEVICES`` (``None``: unset) into entries; never raises.
 
-    Pure: reads no environment and never raises for any text.
-
-    Args:
-        value: The variable's value, or ``None`` when it is unset.
-
-    Returns:
-        A :class:`CudaVisibleSpec` whose ``entries`` are the valid entries before the first
-        invalid one. Whether an ordinal is in range, a UUID prefix is unique, or two entries
-        name the same device is decided by :func:`resolve_cuda_visible_devices`.
+    Whether an ordinal is in range, a UUID prefix unique, or a device named twice is decided by
+    :func:`resolve_cuda_visible_devices`.
 
     Example:
         >>> spec = parse_cuda_visible_devices("1abc, 0,GPU-8932f937")
@@ -338,7 +222,7 @@ def parse_cuda_visible_devices(value: str | None) -> CudaVisibleSpec:
     entries: list[VisibleEntry] = []
     uuid_form: bool | None = None
     for text in value.split(","):
-        if uuid_form is None:
+        if uuid_form is None:  # the first entry decides the form of the whole list
             uuid_form = text.startswith((_GPU_PREFIX, _MIG_PREFIX))
         entry: VisibleEntry | None
         if uuid_form:
@@ -346,7 +230,7 @@ def parse_cuda_visible_devices(value: str | None) -> CudaVisibleSpec:
         else:
             ordinal = _parse_ordinal(text.lstrip(_WHITESPACE))
             entry = None if ordinal is None else VisibleEntry(EntryKind.ORDINAL, text, ordinal)
-        if entry is None:
+        if entry is None:  # the first invalid entry ends the list ("" or NoDevFiles: none)
             return CudaVisibleSpec(value, tuple(entries), stopped_at=text)
         entries.append(entry)
     return CudaVisibleSpec(value, tuple(entries))
@@ -415,6 +299,8 @@ def _no_unique(what: str, text: str, count: int) -> str:
 def _apply_mig_rule(
     targets: list[VisibleTarget], gpus: Sequence[GpuRecord], notes: list[str]
 ) -> list[VisibleTarget]:
+    # A CUDA process enumerates at most one MIG device: the first named one, or else the first
+    # MIG device of the first named MIG-enabled GPU (one without MIG devices shows nothing).
     migs = [t for t in targets if t.mig]
     if migs:
         if len(targets) > 1:
@@ -446,17 +332,12 @@ def _apply_mig_rule(
 def resolve_cuda_visible_devices(
     spec: CudaVisibleSpec | str | None, gpus: Sequence[GpuRecord]
 ) -> Resolution:
-    """Match ``CUDA_VISIBLE_DEVICES`` against the machine's GPUs, as the CUDA driver does.
-
-    Pure: reads no environment and never raises for any text.
+    """Match ``CUDA_VISIBLE_DEVICES`` against the machine's GPUs, as the driver does; never raises.
 
     Args:
         spec: A parsed spec, or the variable's text (``None`` when unset).
-        gpus: Every GPU of the machine in CUDA's enumeration order (ordinal ``i`` is
-            ``gpus[i]``), with their MIG devices.
-
-    Returns:
-        The visible devices (position = visible index) and notes on what was dropped and why.
+        gpus: Every GPU in CUDA's enumeration order (ordinal ``i`` is ``gpus[i]``; PCI bus order
+            under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), with their MIG devices.
 
     Example:
         >>> gpus = [GpuRecord(0, "GPU-aa11"), GpuRecord(1, "GPU-bb22")]
@@ -480,7 +361,7 @@ def resolve_cuda_visible_devices(
                 )
                 break
             key = (target.nvml_index, target.uuid)
-            if key in seen:
+            if key in seen:  # cuInit then fails with CUDA_ERROR_INVALID_DEVICE
                 notes.append(
                     f"CUDA_VISIBLE_DEVICES names {target.uuid} twice ({seen[key]!r} and "
                     f"{entry.text!r}), which makes the whole variable invalid: no device "

@@ -1,42 +1,11 @@
 """``ZE_AFFINITY_MASK`` and ``ONEAPI_DEVICE_SELECTOR``, as Level Zero and SYCL apply them.
 
 torch's XPU devices are the SYCL GPU devices of the Level Zero backend. Three variables decide
-which physical GPUs (and which of their tiles) they are, applied in this order:
-
-1. ``ZE_FLAT_DEVICE_HIERARCHY`` picks the device model. ``FLAT`` and ``COMBINED`` expose every
-   tile of a multi-tile GPU as its own device, numbered card by card; ``COMPOSITE`` exposes each
-   card as one device whose tiles are sub-devices. The driver compares the value case-sensitively;
-   anything else, unset included, means the driver's default, which depends on the GPU: the
-   specification's default is ``COMPOSITE``, and Intel's compute-runtime keeps it for every GPU
-   but the Data Center GPU Max (Xe HPC), whose default is ``FLAT`` from driver 23.43 on (see
-   :func:`parse_hierarchy`; the caller passes the default that applies).
-2. ``ZE_AFFINITY_MASK`` (Level Zero) masks devices of that model. Unset, empty or ``default``:
-   no mask. Otherwise a comma-separated list of entries; white space around entries is allowed.
-   Numbers are read as the driver reads them, like C's ``strtoul(s, NULL, 0)``: ``0x1`` is hex,
-   ``010`` octal (8), and reading stops at the first character that is not a digit.
-
-   * ``FLAT``/``COMBINED``: each entry is a device index of the flat list. ``X.Y`` is not valid in
-     this model (the specification says so; the driver silently drops it, which usually leaves
-     no device), so it is reported as a :class:`~accelplat.errors.ConfigurationError`.
-   * ``COMPOSITE``: ``X`` selects card ``X`` with all its tiles; ``X.Y`` selects tile ``Y`` of card
-     ``X``. A card with exactly one selected tile is exposed as that tile alone; with several, as
-     the card restricted to them. Deeper forms (``X.Y.Z``) are not supported.
-   * Indices out of range are ignored (as the driver does); a device named twice counts once.
-   * The mask never reorders devices: they keep the driver's order.
-
-3. ``ONEAPI_DEVICE_SELECTOR`` (the SYCL runtime) filters the devices Level Zero reports.
-   Supported grammar: terms separated by ``;``, each ``[!]backend:device[,device…]``, with
-   backend ``level_zero`` or ``*`` (``opencl``, ``cuda``, ``hip`` and ``native_cpu`` terms are
-   accepted and select no XPU device), and device ``*``, ``gpu``, ``cpu``, ``fpga`` (the last
-   two select nothing here), an index ``N`` of the Level Zero list, ``N.M`` (tile ``M`` of device
-   ``N``, ``COMPOSITE`` only) or ``N.*`` (each tile of device ``N`` as its own device). There is
-   no ``acc`` device type in the grammar. A device is visible when some positive term selects it
-   — or when there is no positive term at all — and no ``!`` term selects it. ``!`` terms may
-   not name tiles and must all come after the positive terms. The order stays the Level Zero
-   order. Anything else is a ``ConfigurationError`` naming the variable.
-
-Everything here is a pure function of strings and a list of tile counts; nothing reads the
-environment or imports a vendor library.
+which cards (and tiles) they are, in this order: ``ZE_FLAT_DEVICE_HIERARCHY`` picks the device
+model, ``ZE_AFFINITY_MASK`` masks devices of that model, and ``ONEAPI_DEVICE_SELECTOR`` filters
+what Level Zero reports. These are pure functions of strings and per-card tile counts; the rules
+and their sources (the Level Zero spec, compute-runtime, intel/llvm) are in
+``docs/backends/xpu.md``.
 """
 
 from __future__ import annotations
@@ -48,33 +17,15 @@ from dataclasses import dataclass
 
 from accelplat.errors import ConfigurationError
 
-__all__ = [
-    "ENV_AFFINITY_MASK",
-    "ENV_DEVICE_SELECTOR",
-    "ENV_FLAT_DEVICE_HIERARCHY",
-    "Hierarchy",
-    "XpuTarget",
-    "affinity_mask_for",
-    "apply_device_selector",
-    "default_devices",
-    "parse_affinity_mask",
-    "parse_hierarchy",
-    "visible_targets",
-]
-
 ENV_AFFINITY_MASK = "ZE_AFFINITY_MASK"
-"""Level Zero's device mask."""
-
 ENV_DEVICE_SELECTOR = "ONEAPI_DEVICE_SELECTOR"
-"""The SYCL runtime's device filter, applied to what Level Zero reports."""
-
 ENV_FLAT_DEVICE_HIERARCHY = "ZE_FLAT_DEVICE_HIERARCHY"
-"""Level Zero's device model: ``FLAT``, ``COMPOSITE`` or ``COMBINED``."""
 
 _INDEX_RE = re.compile(r"^[0-9]+$")
 _MAX_INDEX_DIGITS = 18
-_HUGE_INDEX: int = 10**_MAX_INDEX_DIGITS
-"""Stands for any index too long to read: beyond every device, so it selects nothing."""
+_HUGE_INDEX: int = 10**_MAX_INDEX_DIGITS  # any index too long to read: it selects nothing
+# Selector backends other than level_zero and * are accepted and select no XPU device; the
+# grammar (intel/llvm sycl/doc/EnvironmentVariables.md) has no "acc" device type.
 _BACKENDS = frozenset({"level_zero", "*", "opencl", "cuda", "hip", "native_cpu"})
 _NO_XPU_TYPES = frozenset({"cpu", "fpga"})
 _STOUL_RE = re.compile(r"^\s*\+?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
@@ -83,58 +34,36 @@ _STOUL_RE = re.compile(r"^\s*\+?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
 class Hierarchy(str, enum.Enum):
     """Level Zero's device model (``ZE_FLAT_DEVICE_HIERARCHY``)."""
 
-    FLAT = "FLAT"
-    """Every tile is a device; no sub-devices (Data Center GPU Max's default from driver 23.43)."""
-    COMPOSITE = "COMPOSITE"
-    """Every card is a device; its tiles are sub-devices (the specification's default)."""
-    COMBINED = "COMBINED"
-    """Every tile is a device; cards remain reachable as composite devices."""
+    FLAT = "FLAT"  # every tile a device (Data Center GPU Max's default from driver 23.43)
+    COMPOSITE = "COMPOSITE"  # every card a device, tiles its sub-devices (the spec's default)
+    COMBINED = "COMBINED"  # every tile a device; cards reachable as composite devices
 
 
 @dataclass(frozen=True)
 class XpuTarget:
-    """One device as torch sees it: a physical card, whole or restricted to some tiles.
-
-    Attributes:
-        card: Index of the physical card in the driver's order.
-        tiles: The card's tiles this device spans, or ``None`` for the whole card.
-    """
+    """One device as torch sees it: card ``card`` (driver order), whole or only ``tiles``."""
 
     card: int
     tiles: tuple[int, ...] | None = None
 
 
 def parse_hierarchy(value: str | None, default: Hierarchy = Hierarchy.COMPOSITE) -> Hierarchy:
-    """Read ``ZE_FLAT_DEVICE_HIERARCHY`` as the driver does.
+    """Read ``ZE_FLAT_DEVICE_HIERARCHY`` (``None``: unset) as the driver does, else ``default``.
 
-    compute-runtime (``setDeviceHierarchyMode``) compares the value case-sensitively with the three
-    names; anything else gives the GPU's default (``getDefaultDeviceHierarchy``): ``COMPOSITE``,
-    the specification's default, except ``FLAT`` on Xe HPC (Data Center GPU Max) from driver
-    23.43.27642 (October 2023).
-
-    Args:
-        value: The variable's text, or ``None``.
-        default: The model the driver defaults to on this machine's GPUs.
-
-    Returns:
-        The named model, or ``default``.
+    ``default`` is the model the driver defaults to on this machine's GPUs.
     """
+    # compute-runtime setDeviceHierarchyMode: an exact-case strcmp; anything else is the GPU's
+    # getDefaultDeviceHierarchy (COMPOSITE, but FLAT on Xe HPC from driver 23.43.27642).
     if value in ("FLAT", "COMPOSITE", "COMBINED"):
         return Hierarchy(value)
     return default
 
 
 def default_devices(tiles: Sequence[int], hierarchy: Hierarchy) -> list[XpuTarget]:
-    """Return the devices Level Zero reports without a mask.
+    """Return the devices Level Zero reports without a mask, given each card's tile count.
 
-    Args:
-        tiles: Per physical card (in driver order), its number of tiles (1 for a single-tile
-            card).
-        hierarchy: The device model.
-
-    Returns:
-        One target per card (``COMPOSITE``) or per tile of multi-tile cards (``FLAT``,
-        ``COMBINED``).
+    One per card (``COMPOSITE``), or per tile of multi-tile cards (``FLAT``, ``COMBINED``),
+    numbered card by card.
     """
     out: list[XpuTarget] = []
     for card, count in enumerate(tiles):
@@ -152,7 +81,9 @@ def _number(digits: str) -> int:
 
 
 def _mask_number(entry: str, value: str) -> int:
-    """Read a mask number as the driver does (``std::stoul(s, nullptr, 0)``).
+    """Read a mask number as the driver does (``std::stoul(s, nullptr, 0)``, string_helpers.h).
+
+    ``0x1`` is hex, ``010`` octal (8), and reading stops at the first non-digit.
 
     Raises:
         ConfigurationError: When the entry does not start with a number (``stoul`` throws).
@@ -174,15 +105,6 @@ def _mask_number(entry: str, value: str) -> int:
         digits, base = text, 10
     digits = digits.lstrip("0") or "0"
     return int(digits, base) if len(digits) <= _MAX_INDEX_DIGITS else _HUGE_INDEX
-
-
-def _index(entry: str, variable: str, value: str) -> int:
-    if not _INDEX_RE.match(entry):
-        raise ConfigurationError(
-            f"{variable}={value!r}: {entry!r} is not a device index (expected a non-negative "
-            f"decimal integer)"
-        )
-    return _number(entry)
 
 
 def _normalise(target: XpuTarget, tiles: Sequence[int]) -> XpuTarget:
@@ -209,6 +131,8 @@ def parse_affinity_mask(
         ConfigurationError: For an entry that is not an index (or ``X.Y`` in ``COMPOSITE``), for
             ``X.Y`` in the ``FLAT``/``COMBINED`` models, and for deeper forms.
     """
+    # compute-runtime parseAffinityMask: out-of-range entries are ignored, repeats count once, and
+    # the mask never reorders devices ("not affected by the order ... in the affinity mask").
     devices = default_devices(tiles, hierarchy)
     if value is None or value.strip() in ("", "default"):
         return devices
@@ -216,7 +140,7 @@ def parse_affinity_mask(
     if hierarchy is not Hierarchy.COMPOSITE:
         wanted: set[int] = set()
         for entry in entries:
-            if "." in entry:
+            if "." in entry:  # the spec calls X.Y "not valid" here; the driver drops it silently
                 raise ConfigurationError(
                     f"{ENV_AFFINITY_MASK}={value!r}: {entry!r} names a sub-device, which is not "
                     f"valid with {ENV_FLAT_DEVICE_HIERARCHY}={hierarchy.value} (every tile is "
@@ -240,7 +164,7 @@ def parse_affinity_mask(
         if len(pieces) == 1:
             whole.add(card)
             continue
-        tile = _mask_number(pieces[1], value)
+        tile = _mask_number(pieces[1], value)  # one tile: that tile; several: the card limited
         if tile < max(1, tiles[card]):
             parts.setdefault(card, set()).add(tile)
     out: list[XpuTarget] = []
@@ -268,13 +192,13 @@ def _parse_selector(value: str) -> list[_Term]:
         negative = text.startswith("!")
         if negative:
             text = text[1:].strip()
-        elif any(t.negative for t in terms):
+        elif any(t.negative for t in terms):  # discard filters "must all appear at the end"
             raise ConfigurationError(
                 f"{ENV_DEVICE_SELECTOR}={value!r}: the '!' (discard) terms must all come after "
                 f"the accepting terms, but {raw.strip()!r} follows one"
             )
         backend, colon, devices = text.partition(":")
-        backend = backend.strip().lower()
+        backend = backend.strip().lower()  # backends are case-insensitive
         if not colon or not devices.strip():
             raise ConfigurationError(
                 f"{ENV_DEVICE_SELECTOR}={value!r}: term {raw.strip()!r} is not of the form "
@@ -337,7 +261,7 @@ def apply_device_selector(
         return list(devices)
     terms = _parse_selector(value)
     positives = [t for t in terms if not t.negative]
-    accept_all = not positives
+    accept_all = not positives  # discard-only input implies accept-all (EnvironmentVariables.md)
     whole: set[int] = set()
     sub: dict[int, set[int]] = {}
     for term in positives:
@@ -407,10 +331,8 @@ def visible_targets(
 
     Args:
         tiles: Per physical card (in driver order), its number of tiles.
-        env: The environment to read ``ZE_FLAT_DEVICE_HIERARCHY``, ``ZE_AFFINITY_MASK`` and
-            ``ONEAPI_DEVICE_SELECTOR`` from.
-        default_hierarchy: The driver's default model for these cards, used when
-            ``ZE_FLAT_DEVICE_HIERARCHY`` does not name one.
+        env: The environment to read the three variables from.
+        default_hierarchy: The driver's default model for these cards.
 
     Returns:
         The devices torch numbers ``0, 1, …``, in that order.
@@ -428,17 +350,8 @@ def affinity_mask_for(
 ) -> str:
     """Write the ``ZE_AFFINITY_MASK`` that shows exactly ``targets`` (with no device selector).
 
-    The inverse of :func:`visible_targets` for one device subset: with the result as the mask
-    and ``ONEAPI_DEVICE_SELECTOR`` unset, the same hierarchy shows ``targets`` and nothing else.
-
-    Args:
-        targets: The devices to show, as :func:`visible_targets` returned them.
-        tiles: Per physical card (in driver order), its number of tiles.
-        hierarchy: The device model in force.
-
-    Returns:
-        Comma-separated entries: card (``X``) or card and tile (``X.Y``) entries under
-        ``COMPOSITE``, flat device indices under ``FLAT`` and ``COMBINED``.
+    The inverse of :func:`visible_targets` for one subset: ``X``/``X.Y`` entries under
+    ``COMPOSITE``, flat device indices under ``FLAT`` and ``COMBINED``.
     """
     entries: list[str] = []
     for target in targets:

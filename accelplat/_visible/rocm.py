@@ -1,41 +1,10 @@
 """``ROCR_VISIBLE_DEVICES``, ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` on ROCm.
 
-The ROCm stack filters devices twice, and this module follows both filters exactly as the
-runtime libraries implement them:
-
-1. **ROCr** (the HSA runtime) reads ``ROCR_VISIBLE_DEVICES`` first. Its indices count the GPUs of
-   the machine in ROCr's enumeration order (KFD topology nodes that are GPUs, in node order,
-   leaving out nodes whose render device this process cannot open). Rules:
-
-   * unset: every GPU; set but empty: no GPU;
-   * the text is split at commas; each token is trimmed of white space and upper-cased;
-   * a token starting with ``G`` is a UUID, ``GPU-`` and 16 hex digits of the KFD ``unique_id``,
-     which may be abbreviated to any prefix of 5 to 20 characters that matches exactly one GPU
-     (a GPU whose ``unique_id`` is 0 matches nothing);
-   * any other token is an integer read like C's ``strtol`` with base 0 (``0x1f`` is hex and
-     ``010`` is octal) that must use the whole token;
-   * an invalid token, an index out of range, an ambiguous UUID or a GPU named a second time ends
-     the list: the GPUs named before it stay visible, in the order named.
-
-2. **HIP** then reads ``HIP_VISIBLE_DEVICES`` when it is non-empty, otherwise
-   ``CUDA_VISIBLE_DEVICES``; an empty or unset variable means no filtering. Its indices count the
-   GPUs ROCr left, in ROCr's order. Rules:
-
-   * the text is split at commas; a trailing comma is ignored;
-   * a token containing ``GPU-`` names the first GPU whose UUID (``GPU-`` and 16 *lower-case* hex
-     digits, or ``GPU-XX`` without a ``unique_id``) contains the token; matching is
-     case-sensitive;
-   * any other token must be a canonical decimal integer (no sign, spaces or leading zeros);
-   * an invalid or out-of-range token ends the list; a GPU named again is skipped.
-
-vLLM treats ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` that are both non-empty and
-differ as a configuration error (HIP itself would silently prefer the first); so does
-:func:`select_hip_variable`. An empty value counts as unset, for HIP and vLLM alike. An empty
-token inside the ROCr list (``"0,,1"``) makes ROCr throw while parsing, so it is reported as a
-:class:`~accelplat.errors.ConfigurationError` too.
-
-Everything here is a pure function of strings and a UUID table: nothing reads the environment or
-imports a vendor library.
+The ROCm stack filters devices twice: ROCr (the HSA runtime) applies ``ROCR_VISIBLE_DEVICES`` to
+its enumeration (KFD GPU nodes in node order), then HIP applies ``HIP_VISIBLE_DEVICES`` or, when
+that is empty or unset, ``CUDA_VISIBLE_DEVICES`` to what ROCr left. These pure functions follow
+both as the runtime libraries implement them (ROCr ``amd_filter_device.cpp``, ROCm/clr
+``rocdevice.cpp``); ``docs/backends/rocm.md`` lists the rules.
 """
 
 from __future__ import annotations
@@ -45,44 +14,21 @@ from collections.abc import Mapping, Sequence
 
 from accelplat.errors import ConfigurationError
 
-__all__ = [
-    "ENV_CUDA_VISIBLE_DEVICES",
-    "ENV_HIP_VISIBLE_DEVICES",
-    "ENV_ROCR_VISIBLE_DEVICES",
-    "hip_uuid",
-    "parse_hip_visible_devices",
-    "parse_rocr_visible_devices",
-    "select_hip_variable",
-    "visible_physical_indices",
-]
-
 ENV_ROCR_VISIBLE_DEVICES = "ROCR_VISIBLE_DEVICES"
-"""The ROCr runtime's filter, applied first."""
-
 ENV_HIP_VISIBLE_DEVICES = "HIP_VISIBLE_DEVICES"
-"""HIP's filter, applied to what ROCr left."""
-
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
-"""Honoured by HIP when ``HIP_VISIBLE_DEVICES`` is unset or empty."""
 
-_NO_UUID = "GPU-XX"
+_NO_UUID = "GPU-XX"  # what HIP calls a GPU without a unique_id (amd_gpu_agent.cpp)
 _STRTOL_RE = re.compile(r"^[+-]?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)$")
 _LONG_MAX = 2**63 - 1
-_MAX_LONG_DIGITS = 64
-"""Significant digits beyond which a number exceeds a 64-bit ``long`` in base 8, 10 or 16."""
-_MAX_INDEX_DIGITS = 18
-"""Decimal digits of the largest index read exactly; longer text is out of range anyway."""
+_MAX_LONG_DIGITS = 64  # beyond this, a number exceeds a 64-bit long in base 8, 10 or 16
+_MAX_INDEX_DIGITS = 18  # longer decimal text is out of range anyway
 
 
 def hip_uuid(unique_id: int) -> str | None:
-    """Return the UUID string ROCm reports for a KFD ``unique_id``.
+    """Return the UUID ROCm reports for a KFD ``unique_id``: ``"GPU-"`` and 16 hex digits.
 
-    Args:
-        unique_id: The ``unique_id`` property of a KFD topology node (an unsigned 64-bit value).
-
-    Returns:
-        ``"GPU-"`` and 16 lower-case hex digits, or ``None`` for ``0`` (a GPU without a UUID,
-        which HIP reports as ``"GPU-XX"``).
+    ``None`` for ``0``: a GPU without a UUID, which HIP reports as ``"GPU-XX"``.
     """
     if unique_id <= 0:
         return None
@@ -92,8 +38,7 @@ def hip_uuid(unique_id: int) -> str | None:
 def _strtol(token: str) -> int | None:
     """Read ``token`` like ``strtol(token, &end, 0)`` that must consume it all; else ``None``.
 
-    Like ``strtol``, a value beyond the range of a C ``long`` saturates at ``LONG_MAX``
-    (``LONG_MIN``), so text of any length is read in bounded time.
+    ``0x1f`` is hex, ``010`` octal; beyond a C ``long`` it saturates, as ``strtol`` does.
     """
     if not _STRTOL_RE.match(token):
         return None
@@ -113,6 +58,7 @@ def _strtol(token: str) -> int | None:
 
 def _rocr_uuid_match(token: str, uuids: Sequence[str | None]) -> int:
     """Return the only GPU whose upper-cased UUID starts with ``token``, else ``-1``."""
+    # A prefix of 5 to 20 characters; a GPU whose unique_id is 0 ("Invalid-UUID") matches none.
     if not 5 <= len(token) <= 20:
         return -1
     found = -1
@@ -134,17 +80,16 @@ def parse_rocr_visible_devices(
     Args:
         value: The variable's text, or ``None`` when it is unset.
         count: Number of GPUs in ROCr's enumeration.
-        uuids: Per GPU, its UUID (``"GPU-…"``) or ``None`` when it has none; ``None`` when the
-            UUIDs are unknown (a UUID token is then a configuration error).
+        uuids: Per GPU, its UUID or ``None``; ``None`` when the UUIDs are unknown.
 
     Returns:
-        Indices into the enumeration, in the order the GPUs become visible.
+        Indices into the enumeration, in visible order.
 
     Raises:
         ConfigurationError: For an empty token between commas (ROCr throws on it), or for a UUID
             token when ``uuids`` is ``None``.
     """
-    if value is None:
+    if value is None:  # unset: every GPU; empty: none (amd_filter_device.cpp, flag.h)
         return list(range(count))
     if value == "":
         return []
@@ -157,12 +102,12 @@ def parse_rocr_visible_devices(
     chosen: list[int] = []
     for raw in tokens[:count]:
         token = raw.strip().upper()
-        if token == "":
+        if token == "":  # token.at(0) throws in ROCr
             raise ConfigurationError(
                 f"{ENV_ROCR_VISIBLE_DEVICES}={value!r} has an empty entry; the ROCm runtime "
                 f"cannot parse it"
             )
-        if token.startswith("G"):
+        if token.startswith("G"):  # a UUID: GPU- and the hex digits of unique_id, or a prefix
             if uuids is None:
                 raise ConfigurationError(
                     f"{ENV_ROCR_VISIBLE_DEVICES}={value!r} names a GPU by UUID, but the GPUs' "
@@ -173,7 +118,7 @@ def parse_rocr_visible_devices(
             parsed = _strtol(token)
             index = -1 if parsed is None else parsed
         if not 0 <= index < count or index in chosen:
-            break
+            break  # invalid, out of range, ambiguous or repeated: the list ends here
         chosen.append(index)
     return chosen
 
@@ -185,12 +130,12 @@ def parse_hip_visible_devices(
 
     Args:
         value: The variable's text, or ``None`` when it is unset.
-        count: Number of GPUs ROCr surfaced (after ``ROCR_VISIBLE_DEVICES``).
-        uuids: Per surfaced GPU, its UUID or ``None``; ``None`` when the UUIDs are unknown.
+        count: Number of GPUs ROCr surfaced.
+        uuids: Per surfaced GPU, its UUID or ``None``; ``None`` when unknown.
 
     Returns:
-        Indices into ROCr's surfaced list in visible order, or ``None`` when the value is unset
-        or empty (HIP then applies no filter).
+        Indices into ROCr's surfaced list in visible order, or ``None`` (no filter) when the
+        value is unset or empty.
 
     Raises:
         ConfigurationError: For a UUID token when ``uuids`` is ``None``.
@@ -203,8 +148,8 @@ def parse_hip_visible_devices(
     if tokens[-1] == "":
         tokens.pop()  # HIP stops once the position reaches the end of the text
     chosen: list[int] = []
-    for token in tokens:
-        if "GPU-" in token:
+    for token in tokens:  # rocdevice.cpp:496-545
+        if "GPU-" in token:  # the first GPU whose UUID contains it, case-sensitively
             if uuids is None:
                 raise ConfigurationError(
                     f"HIP device list {value!r} names a GPU by UUID, but the GPUs' UUIDs are "
@@ -215,35 +160,27 @@ def parse_hip_visible_devices(
                 -1,
             )
         elif token.isascii() and token.isdigit() and (token == "0" or token[0] != "0"):
-            # Digits without a leading zero; a longer number than a device index is out of range.
+            # Canonical decimal (str_id == to_string(atoi)); a longer one is out of range anyway.
             index = int(token) if len(token) <= _MAX_INDEX_DIGITS else count
         else:
             index = -1
         if not 0 <= index < count:
             break
-        if index not in chosen:
+        if index not in chosen:  # a GPU named again is skipped
             chosen.append(index)
     return chosen
 
 
 def select_hip_variable(env: Mapping[str, str]) -> tuple[str, str] | None:
-    """Return the variable HIP takes its device list from, and its value.
-
-    HIP reads ``HIP_VISIBLE_DEVICES`` when it is non-empty and otherwise ``CUDA_VISIBLE_DEVICES``
-    (ROCm clr ``rocdevice.cpp``); vLLM treats an empty value as unset too (Ray sets
-    ``HIP_VISIBLE_DEVICES`` to ``""`` while it starts an actor).
-
-    Args:
-        env: The environment (or any mapping of variable names to values).
-
-    Returns:
-        ``(name, value)`` of ``HIP_VISIBLE_DEVICES`` when it is non-empty, else of
-        ``CUDA_VISIBLE_DEVICES`` when that is non-empty, else ``None`` (no HIP filter).
+    """Return ``(name, value)`` of the variable HIP takes its device list from, or ``None``.
 
     Raises:
         ConfigurationError: When both are non-empty and different, which vLLM rejects as
             ambiguous (HIP alone would silently prefer ``HIP_VISIBLE_DEVICES``).
     """
+    # HIP reads HIP_VISIBLE_DEVICES when non-empty, else CUDA_VISIBLE_DEVICES (rocdevice.cpp:496);
+    # vLLM's _sync_hip_cuda_env_vars treats empty as unset too, and Ray sets
+    # HIP_VISIBLE_DEVICES="" while it starts an actor (vllm/triton_utils/importing.py).
     hip = env.get(ENV_HIP_VISIBLE_DEVICES) or None
     cuda = env.get(ENV_CUDA_VISIBLE_DEVICES) or None
     if hip is not None and cuda is not None and hip != cuda:
@@ -269,8 +206,7 @@ def visible_physical_indices(
         uuids: Per GPU, its UUID or ``None``; ``None`` when unknown.
 
     Returns:
-        Physical indices in visible order: element ``i`` is the GPU that torch calls device
-        ``i``.
+        Physical indices in visible order: element ``i`` is torch's device ``i``.
 
     Raises:
         ConfigurationError: For conflicting HIP/CUDA variables, an empty ROCr entry, or a UUID

@@ -1,28 +1,15 @@
 """``--accelplat-lease``: each pytest process (each pytest-xdist worker) gets its own devices.
 
-With the option, every process that runs tests — each xdist worker, or the single process of a
-run without ``-n`` — leases ``--accelplat-lease-count`` devices (default 1) *before its initial
-conftests are imported*, and applies the lease's environment (``CUDA_VISIBLE_DEVICES`` …) to its
-own ``os.environ``: whatever later starts a device runtime in that process or its children sees
-only its devices. The xdist controller, which runs no test, leases nothing.
-
-A test that declares more devices than that (``accelplat_requires_devices(n)``, which
-:func:`accelplat.integrations.vllm.multi_gpu_test` applies, or
-``accelplat_requires_device_memory(devices=n)``) gets ``n`` devices exclusively for its
-duration: before its setup the worker lets its own devices go, leases ``n`` (its own first when
-free; all or nothing, so two workers cannot deadlock) and applies their environment; the test
-body then runs in a new process (:func:`accelplat.testing._isolation.run_in_new_process`) with that
-environment, since device runtimes read the variables once and the worker's own may already be
-running; a test that isolates itself (``isolate``, vLLM's ``create_new_process_for_each_test``)
-keeps its own isolation. After its teardown the worker goes back to its own count, preferring
-the devices it had. A test asking for more devices than the outer visible set holds is skipped
-with the lease's reason.
-
-Without the option nothing here runs.
+Each process that runs tests leases ``--accelplat-lease-count`` devices before its initial
+conftests are imported and applies the lease's environment to its own ``os.environ``; the xdist
+controller leases nothing. A test that declares more devices (``accelplat_requires(devices=n)``)
+gets ``n`` for its duration (all or nothing, its own first), and its body runs in a new process
+with that environment unless it isolates itself. See docs/leasing.md.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -32,21 +19,14 @@ import pytest
 from accelplat._leasing import Lease, lease
 from accelplat.errors import AccelplatError, ConfigurationError
 
-__all__ = ["WorkerLease", "start"]
-
 PLUGIN_NAME = "accelplat-worker-lease"
-"""Name the worker lease is registered under with pytest's plugin manager."""
-
-_ENV_XDIST_WORKER = "PYTEST_XDIST_WORKER"
 
 
 def _runs_tests(namespace: Any) -> bool:
     """Whether this process runs tests (an xdist worker, or a run without workers)."""
-    if os.environ.get(_ENV_XDIST_WORKER):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
         return True
-    workers = getattr(namespace, "numprocesses", None)
-    hosts = getattr(namespace, "tx", None)
-    return not workers and not hosts
+    return not getattr(namespace, "numprocesses", None) and not getattr(namespace, "tx", None)
 
 
 class WorkerLease:
@@ -111,10 +91,6 @@ class WorkerLease:
         assert self.current is not None
         self.home = self.current.device_ids
 
-    def stop(self) -> None:
-        """Let every device go and put the environment back."""
-        self._drop()
-
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Widen the lease for a test that declares more devices (before the marker checks)."""
@@ -136,21 +112,20 @@ class WorkerLease:
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
         """Run a widened test's body in a new process with the lease's environment.
 
-        A test that isolates itself already (:func:`accelplat.testing._isolation.isolate`, vLLM's
-        ``create_new_process_for_each_test``) is left to do so; its child inherits the
-        environment applied in setup.
+        A test that isolates itself (``isolate``, vLLM's ``create_new_process_for_each_test``)
+        is left to do so; its child inherits the environment applied in setup.
         """
         if not self._widened or self.current is None:
             return None
         from accelplat.testing._isolation import is_isolated, run_in_new_process
 
         func = pyfuncitem.obj
-        if is_isolated(func):
+        if is_isolated(func) or not callable(func):
             return None
-        if not callable(func) or _is_coroutine(func):
+        if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
             return None
-        names = pyfuncitem._fixtureinfo.argnames
-        kwargs = {name: pyfuncitem.funcargs[name] for name in names}
+        args = pyfuncitem.funcargs
+        kwargs = {n: args[n] for n in inspect.signature(func).parameters if n in args}
         run_in_new_process(func, (), kwargs, env=self.current.environ)
         return True
 
@@ -167,54 +142,38 @@ class WorkerLease:
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """Release the devices at the end of the session."""
-        self.stop()
-
-
-def _is_coroutine(func: object) -> bool:
-    import inspect
-
-    return inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
+        self._drop()
 
 
 def _declared_devices(item: pytest.Item) -> int:
-    """The most devices any accelplat marker of ``item`` asks for (malformed ones count 1)."""
-    wanted = 1
-    for mark in item.iter_markers("accelplat_requires_devices"):
-        value = mark.args[0] if mark.args else mark.kwargs.get("n", 1)
-        if isinstance(value, int) and not isinstance(value, bool):
-            wanted = max(wanted, value)
-    for mark in item.iter_markers("accelplat_requires_device_memory"):
-        value = mark.kwargs.get("devices", 1)
-        if isinstance(value, int) and not isinstance(value, bool):
-            wanted = max(wanted, value)
-    return wanted
+    """The most devices an ``accelplat_requires`` marker of ``item`` asks for (at least 1)."""
+    wanted = [mark.kwargs.get("devices") for mark in item.iter_markers("accelplat_requires")]
+    return max([1, *(n for n in wanted if isinstance(n, int) and not isinstance(n, bool))])
 
 
 def start(config: pytest.Config, namespace: Any) -> None:
-    """Lease this process's devices if ``--accelplat-lease`` asks for it and it runs tests.
+    """Lease this process's devices if it runs tests, and register the worker lease.
 
     Args:
-        config: The (early) pytest config; the worker lease is registered with its plugin
-            manager.
+        config: The (early) pytest config.
         namespace: The parsed options (``early_config.known_args_namespace``).
 
     Raises:
         pytest.UsageError: For bad option values, or devices that did not become free.
     """
-    if not getattr(namespace, "accelplat_lease", False) or not _runs_tests(namespace):
+    if not _runs_tests(namespace):
         return
-    from accelplat._sizing import parse_size
+    from accelplat._validate import parse_size
 
+    raw = namespace.accelplat_lease_min_free
     try:
-        count = int(getattr(namespace, "accelplat_lease_count", 1) or 1)
-        timeout = float(getattr(namespace, "accelplat_lease_timeout", 600.0))
-        raw = getattr(namespace, "accelplat_lease_min_free", None)
-        min_free = None if raw is None else parse_size(str(raw).strip(), argument="size")
         worker = WorkerLease(
-            count,
-            timeout_s=timeout,
-            min_free_bytes=min_free,
-            platform_name=getattr(namespace, "accelplat_platform", None),
+            namespace.accelplat_lease_count,
+            timeout_s=namespace.accelplat_lease_timeout,
+            min_free_bytes=None
+            if raw is None
+            else parse_size(raw, argument="--accelplat-lease-min-free"),
+            platform_name=namespace.accelplat_platform,
         )
         worker.start()
     except (AccelplatError, ValueError) as exc:

@@ -1,29 +1,11 @@
-"""pytest plugin that records a device-memory timeline of a test session.
+"""``--accelplat-timeline=PATH``: record device memory across the session into an HTML report.
 
-Registered through its own ``pytest11`` entry point (``accelplat_timeline``), separate from the
-main accelplat plugin; disable it with ``-p no:accelplat_timeline``. It does nothing unless
-``--accelplat-timeline=PATH`` is given. Then:
-
-* a background thread samples used memory of every visible device of the current platform at
-  ``--accelplat-timeline-hz`` samples per second (default 20), with bounded storage (see
-  :class:`~accelplat.timeline._sampler.SampleBuffer`);
-* every test is a span from the start of its setup to the end of its teardown
-  (``pytest_runtest_logstart`` / ``pytest_runtest_logfinish``), with memory sampled at both ends
-  and the start of its body noted (when its set-up report arrives);
-* memory waits are recorded from two sources: the start and end events that every wait of
-  :mod:`accelplat._memory` logs at the ``accelplat._memory`` logger (see :class:`WaitEventTap`),
-  and the set-up time of the fixtures named in the ``accelplat_timeline_wait_fixtures`` ini
-  option (default ``settled_device_memory``) when their set-up logged no such event;
-* at the end of the session one self-contained HTML report is written to ``PATH``, and the raw
-  trace to ``--accelplat-timeline-json`` when given;
-* ``SIGTERM`` and ``SIGHUP`` (a CI job's timeout, a closed terminal), when nothing else handles
-  them, end the session the way Ctrl-C does (:class:`SessionTerminatedError`, a
-  ``KeyboardInterrupt``), so pytest still finishes the session and the report and trace are
-  written, marked partial, with a note naming the signal.
-
-Under pytest-xdist only the controller records: it sees every test's start and end, so spans of
-tests running in parallel overlap and a leak may be blamed on a neighbour; waits inside workers are
-not seen.
+A background thread samples used memory of every visible device; every test is a span from the
+start of its setup to the end of its teardown, sampled at both ends; memory waits come from the
+events :mod:`accelplat._memory` logs (:class:`WaitEventTap`) and from the set-up time of the
+``accelplat_timeline_wait_fixtures``. ``SIGTERM``/``SIGHUP`` end the session like Ctrl-C so the
+report is still written, marked partial. Under pytest-xdist only the controller records, so
+spans of tests running in parallel overlap. See docs/timeline.md.
 """
 
 from __future__ import annotations
@@ -32,30 +14,18 @@ import logging
 import signal
 import threading
 from collections.abc import Generator
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
 from accelplat.errors import ConfigurationError
-from accelplat.pytest_plugin import DEFAULT_LEAK_TOLERANCE, share_after_teardown
-from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
-
-if TYPE_CHECKING:
-    from accelplat.timeline._sampler import Recorder
-    from accelplat.timeline._trace import Reading, Trace
-
-# The sampler, the trace model and the leak rule load when a timeline is asked for: pytest
-# imports this plugin in every session, most of which record nothing.
-
-__all__ = [
-    "WAIT_EVENT_ATTRIBUTE",
-    "WAIT_LOGGER",
-    "SessionTerminatedError",
-    "TimelinePlugin",
-    "WaitEventTap",
-]
+from accelplat.pytest_plugin._shared import leak_tolerance, share_after_teardown
+from accelplat.timeline._render import write_report
+from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
+from accelplat.timeline._trace import Reading, Trace, save_trace
 
 WAIT_EVENT_ATTRIBUTE = "accelplat_wait"
 """Log-record attribute carrying a wait event, set through ``logging``'s ``extra=``.
@@ -85,88 +55,22 @@ _TAP_LEVEL = 1
 else afterwards (``caplog.set_level(logging.DEBUG, …)`` included) can be told apart from ours."""
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    """Add the ``--accelplat-timeline*`` options and the wait-fixture ini option."""
-    group = parser.getgroup("accelplat-timeline", "accelplat device-memory timeline")
-    group.addoption(
-        "--accelplat-timeline",
-        metavar="PATH",
-        default=None,
-        help="sample device memory during the session and write a self-contained HTML "
-        "timeline report to PATH",
-    )
-    group.addoption(
-        "--accelplat-timeline-hz",
-        metavar="N",
-        type=float,
-        default=DEFAULT_HZ,
-        help=f"samples per second (default {DEFAULT_HZ:g})",
-    )
-    group.addoption(
-        "--accelplat-timeline-json",
-        metavar="PATH",
-        default=None,
-        help="also save the raw trace as JSON (render it later with `accelplat report`)",
-    )
-    group.addoption(
-        "--accelplat-timeline-leak-tolerance",
-        metavar="SIZE",
-        default=None,
-        help="growth of used memory across one test that is not yet a leak, e.g. 64MiB "
-        f"(default: --accelplat-leak-tolerance, else {DEFAULT_LEAK_TOLERANCE})",
-    )
-    group.addoption(
-        "--accelplat-timeline-leak-grace",
-        metavar="SECONDS",
-        type=float,
-        default=DEFAULT_LEAK_GRACE_S,
-        help="seconds after the last test during which memory may still come back before it counts "
-        f"as leaked (default {DEFAULT_LEAK_GRACE_S:g})",
-    )
-    parser.addini(
-        "accelplat_timeline_wait_fixtures",
-        type="linelist",
-        default=["settled_device_memory"],
-        help="fixtures whose set-up time the timeline report shows as a memory wait",
-    )
+def configure(config: pytest.Config) -> None:
+    """Start recording when ``--accelplat-timeline`` is given (on the xdist controller only).
 
-
-def _timeline_tolerance(config: pytest.Config, raw: str | None) -> int:
-    """The timeline's leak tolerance: its own option, else the leak check's, else the default.
-
-    One session judges leaks with one tolerance (:mod:`accelplat._leaks`), so without
-    ``--accelplat-timeline-leak-tolerance`` the timeline uses ``--accelplat-leak-tolerance`` (or
-    the ``accelplat_leak_tolerance`` ini option) when given.
+    Raises:
+        pytest.UsageError: For a bad rate, tolerance or grace period.
     """
-    from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, parse_leak_tolerance
-
-    if raw is not None:
-        return parse_leak_tolerance(raw, argument="--accelplat-timeline-leak-tolerance")
-    shared = config.getoption("--accelplat-leak-tolerance", default=None)
-    if shared is not None:
-        return parse_leak_tolerance(str(shared), argument="--accelplat-leak-tolerance")
-    try:
-        ini = config.getini("accelplat_leak_tolerance")
-    except ValueError:  # the leak-check plugin is not loaded
-        ini = None
-    if ini:
-        return parse_leak_tolerance(str(ini), argument="accelplat_leak_tolerance")
-    return DEFAULT_LEAK_TOLERANCE_BYTES
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Start recording when ``--accelplat-timeline`` is given (on the xdist controller only)."""
     path = config.getoption("--accelplat-timeline")
     if not path or hasattr(config, "workerinput"):
         return
-    from accelplat.timeline._sampler import validate_grace, validate_hz
-
-    raw_tol = config.getoption("--accelplat-timeline-leak-tolerance")
+    tolerance = leak_tolerance(
+        config, "--accelplat-timeline-leak-tolerance", "--accelplat-leak-tolerance"
+    )
     try:
         hz = validate_hz(
             config.getoption("--accelplat-timeline-hz"), argument="--accelplat-timeline-hz"
         )
-        tolerance = _timeline_tolerance(config, raw_tol)
         grace = validate_grace(
             config.getoption("--accelplat-timeline-leak-grace"),
             argument="--accelplat-timeline-leak-grace",
@@ -189,12 +93,9 @@ def pytest_configure(config: pytest.Config) -> None:
 class WaitEventTap(logging.Filter):
     """Turns wait events logged at ``accelplat._memory`` into wait spans of a recorder.
 
-    Installed as a *filter* of the logger, with the logger's level lowered below ``DEBUG`` so that
-    events logged at ``DEBUG`` reach it. It then lets through to the logger's handlers (and its
-    ancestors') only the records that would have passed before, so whatever users see from
-    logging stays as it was; once someone else sets the logger's level, that level decides.
-
-    Only records carrying :data:`WAIT_EVENT_ATTRIBUTE` are used; malformed events are ignored:
+    A *filter* of the logger, whose level is lowered below ``DEBUG`` so that the events reach
+    it; it passes on only the records that would have passed before (until someone else sets
+    the level), so what users see from logging stays as it was. Malformed events are ignored:
     observing must never break the code observed.
 
     Args:
@@ -258,14 +159,13 @@ class WaitEventTap(logging.Filter):
 
 
 class TimelinePlugin:
-    """The recording side of the timeline plugin: one instance per recorded session.
+    """The recorder of one session, registered by :func:`configure`.
 
     Args:
         html_path: Where the report goes.
         json_path: Where the raw trace goes, or ``None``.
         hz: Samples per second.
-        leak_tolerance_bytes: Growth across a test that is not a leak; ``None``:
-            :data:`accelplat._leaks.DEFAULT_LEAK_TOLERANCE_BYTES`.
+        leak_tolerance_bytes: Growth across a test that is not a leak.
         leak_grace_s: Seconds after the last test during which memory may still come back.
         wait_fixtures: Fixtures whose set-up counts as a memory wait.
     """
@@ -275,18 +175,14 @@ class TimelinePlugin:
         *,
         html_path: Path,
         json_path: Path | None,
-        hz: float = DEFAULT_HZ,
-        leak_tolerance_bytes: int | None = None,
-        leak_grace_s: float = DEFAULT_LEAK_GRACE_S,
-        wait_fixtures: tuple[str, ...] = ("settled_device_memory",),
+        hz: float,
+        leak_tolerance_bytes: int,
+        leak_grace_s: float,
+        wait_fixtures: tuple[str, ...],
     ) -> None:
         self.html_path = html_path
         self.json_path = json_path
         self._hz = hz
-        if leak_tolerance_bytes is None:
-            from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES
-
-            leak_tolerance_bytes = DEFAULT_LEAK_TOLERANCE_BYTES
         self._tolerance = leak_tolerance_bytes
         self._grace = leak_grace_s
         self._wait_fixtures = frozenset(wait_fixtures)
@@ -301,10 +197,7 @@ class TimelinePlugin:
         self._previous: dict[int, Any] = {}
 
     def _catch_ending_signals(self) -> None:
-        """Make SIGTERM/SIGHUP unwind the session like Ctrl-C, so a CI timeout keeps the trace.
-
-        Only signals nobody else handles are taken, and only from the main thread.
-        """
+        """Make SIGTERM/SIGHUP unwind like Ctrl-C (only unhandled ones, from the main thread)."""
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in _ENDING_SIGNALS:
@@ -327,8 +220,6 @@ class TimelinePlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Detect the platform and start sampling."""
-        from accelplat.timeline._sampler import Recorder
-
         self.recorder = Recorder.of_current_platform(
             hz=self._hz, leak_tolerance_bytes=self._tolerance, leak_grace_s=self._grace
         )
@@ -357,19 +248,15 @@ class TimelinePlugin:
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        """Sample memory the moment a test's teardown has ended, before it is reported.
+        """Sample memory as a test's teardown ends, closing its span; the leak check shares it.
 
-        The sample closes the test's span (:meth:`pytest_runtest_logfinish`), and the leak
-        check, which compares memory at this same point, reads it instead of reading again
-        (:func:`accelplat.pytest_plugin.share_after_teardown`). ``tryfirst`` puts this wrapper
-        outside the leak check's, whatever order the two plugins were registered in.
+        ``tryfirst`` puts this wrapper outside the leak check's, whatever the order registered.
         """
         if call.when == "teardown" and self.recorder is not None:
             sample = self.recorder.sampler.sample()
             self._ended[item.nodeid] = sample
             share_after_teardown(item, self.recorder.devices, sample[1])
-        report: pytest.TestReport = yield
-        return report
+        return (yield)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
         """Close the span of a test with the sample taken as its teardown ended."""
@@ -381,11 +268,7 @@ class TimelinePlugin:
     def pytest_fixture_setup(
         self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
     ) -> Generator[None, Any, None]:
-        """Time the set-up of the configured wait fixtures.
-
-        A fixture whose set-up logged a wait event of its own (it waits through
-        :mod:`accelplat._memory`) is not recorded twice: the event's wait stays, the fixture's goes.
-        """
+        """Time the set-up of the configured wait fixtures (unless it logged a wait of its own)."""
         if self.recorder is None or fixturedef.argname not in self._wait_fixtures:
             yield
             return
@@ -407,10 +290,6 @@ class TimelinePlugin:
         recorder.stop()
         if self._tap is not None:
             self._tap.remove()
-        from dataclasses import replace
-
-        from accelplat.timeline._trace import save_trace
-
         trace = recorder.trace(exit_code=int(exitstatus))
         if self._signals:
             names = ", ".join(dict.fromkeys(signal.Signals(s).name for s in self._signals))
@@ -422,8 +301,6 @@ class TimelinePlugin:
         self.trace = trace
         try:
             self.html_path.parent.mkdir(parents=True, exist_ok=True)
-            from accelplat.timeline._render import write_report
-
             self._written.append(write_report(trace, self.html_path))
             if self.json_path is not None:
                 self.json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,20 +1,11 @@
 """The capture bundle: its format, a writer, and a loader for untrusted bundles.
 
-A bundle is a gzip-compressed tar archive holding, at its top level and nowhere else:
-
-* ``host.json`` (required): the format marker and version, the capture's options and summary,
-  the relevant environment variables, and the *records*: every question accelplat asked at the
-  vendor boundary (channel + key) with the answers it got, in order;
-* ``info.json`` (optional): ``accelplat info --json`` as printed on the captured host, the golden
-  output a replay must reproduce;
-* ``CONTENTS.txt`` (optional): the same facts in words, for the person sending the bundle.
-
-Loading never extracts anything to disk: the archive is read into memory with limits on the
-compressed size, the uncompressed size, the number of members and each member's size; only
-regular files with the names above are accepted (no directories, links, devices or paths), and
-every field of ``host.json`` is checked. Any problem raises
-:class:`~accelplat.errors.BundleError` naming the member and field; a bundle from a newer format
-raises :class:`~accelplat.errors.BundleVersionError`.
+A bundle is a ``.tar.gz`` holding ``host.json`` (the format marker and version, options,
+summary, environment and the *records*: every question asked at the vendor boundary with its
+answers, in order), and optionally ``info.json`` (the captured ``accelplat info --json``) and
+``CONTENTS.txt`` (the same in words). Loading extracts nothing to disk, bounds every size and
+count, accepts only those three regular files, and checks every field: any problem is a
+:class:`~accelplat.errors.BundleError` naming the member and field.
 """
 
 from __future__ import annotations
@@ -24,32 +15,21 @@ import io
 import json
 import os
 import re
-import stat
 import tarfile
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from accelplat import _files
 from accelplat._validate import JsonFields
-from accelplat.errors import BundleError, BundleVersionError
+from accelplat.errors import (
+    BundleError,
+    BundleVersionError,
+    FileTooLargeError,
+    NotARegularFileError,
+)
 from accelplat.replay._codec import MAX_DEPTH, Handle, decode, key_text
-
-__all__ = [
-    "CONTENTS_MEMBER",
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "HOST_MEMBER",
-    "INFO_MEMBER",
-    "Answer",
-    "Bundle",
-    "Limits",
-    "RecordEntry",
-    "bundle_bytes",
-    "fields_of",
-    "load_bundle",
-    "parse_bundle",
-]
 
 FORMAT_NAME = "accelplat-capture"
 """The value of ``host.json``'s ``format`` field."""
@@ -155,17 +135,10 @@ class Bundle:
     records: tuple[RecordEntry, ...]
     info: Mapping[str, Any] | None = None
     contents: str = ""
-    handles: Mapping[str, Handle] = field(default_factory=dict, repr=False)
-
-
-# -- writing ------------------------------------------------------------------------------------
 
 
 def bundle_bytes(host: Mapping[str, Any], info: Mapping[str, Any] | None, contents: str) -> bytes:
-    """Return a bundle archive holding ``host.json``, ``info.json`` and ``CONTENTS.txt``.
-
-    The archive is reproducible: members carry no owner names, ids or times, and the gzip
-    header no file name or time.
+    """Return a reproducible bundle (no owners, ids, times or file names in the archive).
 
     Args:
         host: The ``host.json`` document.
@@ -175,9 +148,7 @@ def bundle_bytes(host: Mapping[str, Any], info: Mapping[str, Any] | None, conten
     Returns:
         The ``.tar.gz`` bytes.
     """
-    members: list[tuple[str, bytes]] = [
-        (HOST_MEMBER, _json_bytes(host)),
-    ]
+    members = [(HOST_MEMBER, _json_bytes(host))]
     if info is not None:
         members.append((INFO_MEMBER, _json_bytes(info)))
     members.append((CONTENTS_MEMBER, contents.encode("utf-8")))
@@ -185,9 +156,7 @@ def bundle_bytes(host: Mapping[str, Any], info: Mapping[str, Any] | None, conten
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for name, data in members:
             item = tarfile.TarInfo(name)
-            item.size = len(data)
-            item.mode = 0o644
-            item.mtime = 0
+            item.size, item.mode, item.mtime = len(data), 0o644, 0
             tar.addfile(item, io.BytesIO(data))
     out = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) as gz:
@@ -199,11 +168,8 @@ def _json_bytes(doc: Mapping[str, Any]) -> bytes:
     return (json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
 
 
-# -- loading ------------------------------------------------------------------------------------
-
-
 def load_bundle(path: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS) -> Bundle:
-    """Read and check a bundle file.
+    """Read and check a bundle file (read into memory; nothing is extracted).
 
     Args:
         path: The ``.tar.gz`` file.
@@ -216,62 +182,39 @@ def load_bundle(path: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS
         BundleError: When the file is missing, not a regular file, too large, not a gzip'd tar,
             holds unexpected members, or any field is malformed.
         BundleVersionError: For a bundle of a newer format version.
-
-    Side effects:
-        Reads the file into memory (at most ``limits.compressed_bytes``); writes nothing.
     """
     source = os.fspath(path)
     try:
-        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        data = _files.read_live(source, limit=limits.compressed_bytes)
+    except FileTooLargeError:
+        raise BundleError(source, f"over the limit of {limits.compressed_bytes} bytes") from None
+    except NotARegularFileError:
+        raise BundleError(source, "not a regular file") from None
     except OSError as exc:
         raise BundleError(source, f"cannot open: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise BundleError(source, "not a regular file")
-        if st.st_size > limits.compressed_bytes:
-            raise BundleError(
-                source, f"{st.st_size} bytes is over the limit of {limits.compressed_bytes}"
-            )
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read(limits.compressed_bytes + 1)
-    except OSError as exc:
-        raise BundleError(source, f"cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
     return parse_bundle(data, source=source, limits=limits)
 
 
 def parse_bundle(
     data: bytes, *, source: str = "<bytes>", limits: Limits = DEFAULT_LIMITS
 ) -> Bundle:
-    """Check and decode a bundle held in memory.
+    """Check and decode a bundle held in memory, as :func:`load_bundle` does.
 
     Args:
         data: The ``.tar.gz`` bytes.
         source: Name used in error messages.
         limits: Size and count bounds.
-
-    Returns:
-        The checked :class:`Bundle`.
-
-    Raises:
-        BundleError: As :func:`load_bundle`.
-        BundleVersionError: For a bundle of a newer format version.
     """
     if len(data) > limits.compressed_bytes:
         raise BundleError(source, f"over the limit of {limits.compressed_bytes} bytes")
-    archive = _gunzip(data, source, limits)
-    members = _read_members(archive, source, limits)
+    members = _read_members(_gunzip(data, source, limits), source, limits)
     if HOST_MEMBER not in members:
         raise BundleError(source, f"the archive has no {HOST_MEMBER}")
     host = _parse_json(members[HOST_MEMBER], source, HOST_MEMBER)
-    info = None
-    if INFO_MEMBER in members:
-        info = _parse_json(members[INFO_MEMBER], source, INFO_MEMBER)
-    contents = ""
-    if CONTENTS_MEMBER in members:
-        contents = members[CONTENTS_MEMBER].decode("utf-8", "replace")
+    info = (
+        _parse_json(members[INFO_MEMBER], source, INFO_MEMBER) if INFO_MEMBER in members else None
+    )
+    contents = members.get(CONTENTS_MEMBER, b"").decode("utf-8", "replace")
     return _check_host(host, info, contents, source, limits)
 
 
@@ -280,7 +223,7 @@ def _gunzip(data: bytes, source: str, limits: Limits) -> bytes:
         raise BundleError(source, "not a gzip file (a bundle is a .tar.gz)")
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
-        out = inflater.decompress(data, limits.uncompressed_bytes + 1)
+        out = inflater.decompress(data, limits.uncompressed_bytes + 1)  # a bomb stops here
     except zlib.error as exc:
         raise BundleError(source, f"corrupt gzip data: {exc}") from None
     if len(out) > limits.uncompressed_bytes or inflater.unconsumed_tail:
@@ -299,48 +242,35 @@ def _read_members(archive: bytes, source: str, limits: Limits) -> dict[str, byte
     except (tarfile.TarError, EOFError, ValueError) as exc:
         raise BundleError(source, f"not a tar archive: {exc}") from None
     with tar:
-        count = 0
         while True:
             try:
                 member = tar.next()
             except (tarfile.TarError, EOFError, ValueError, UnicodeError) as exc:
                 raise BundleError(source, f"corrupt tar archive: {exc}") from None
             if member is None:
-                break
-            count += 1
-            if count > limits.members:
+                return members
+            if len(members) >= limits.members:
                 raise BundleError(source, f"more than {limits.members} archive members")
-            name = member.name
-            shown = repr(name[:80])
+            name, where = member.name, f"member {member.name[:80]!r}"
             if not member.isreg():
-                raise BundleError(
-                    source,
-                    "only regular files are allowed (no links, directories or devices)",
-                    field=f"member {shown}",
-                )
+                why = "only regular files are allowed (no links, directories or devices)"
+                raise BundleError(source, why, field=where)
             if name not in _MEMBERS:
-                raise BundleError(
-                    source,
-                    f"unexpected member; a bundle holds only {', '.join(_MEMBERS)} at its top",
-                    field=f"member {shown}",
-                )
+                why = f"unexpected member; a bundle holds only {', '.join(_MEMBERS)} at its top"
+                raise BundleError(source, why, field=where)
             if name in members:
-                raise BundleError(source, "appears twice", field=f"member {shown}")
+                raise BundleError(source, "appears twice", field=where)
             if member.size > limits.member_bytes:
-                raise BundleError(
-                    source,
-                    f"{member.size} bytes is over the limit of {limits.member_bytes}",
-                    field=f"member {shown}",
-                )
+                why = f"{member.size} bytes is over the limit of {limits.member_bytes}"
+                raise BundleError(source, why, field=where)
             try:
                 fh = tar.extractfile(member)
                 data = fh.read(member.size + 1) if fh is not None else b""
             except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-                raise BundleError(source, f"unreadable: {exc}", field=f"member {shown}") from None
+                raise BundleError(source, f"unreadable: {exc}", field=where) from None
             if len(data) != member.size:
-                raise BundleError(source, "truncated", field=f"member {shown}")
+                raise BundleError(source, "truncated", field=where)
             members[name] = data
-    return members
 
 
 def _parse_json(data: bytes, source: str, member: str) -> dict[str, Any]:
@@ -399,27 +329,18 @@ def _check_host(
     summary = fields.mapping(host.get("summary"), at + "summary")
     env = fields.mapping(host.get("env"), at + "env")
     if len(env) > limits.env_vars:
-        raise BundleError(
-            source, f"more than {limits.env_vars} variables", field=f"{HOST_MEMBER}: env"
-        )
+        raise BundleError(source, f"more than {limits.env_vars} variables", field=f"{at}env")
     for name, value in env.items():
-        if (
-            not _ENV_NAME_RE.match(name)
-            or not isinstance(value, str)
-            or len(value) > 65536
-            or "\0" in value
-        ):
+        text = isinstance(value, str) and len(value) <= 65536 and "\0" not in value
+        if not (_ENV_NAME_RE.match(name) and text):
             raise BundleError(
-                source, "must map variable names to text", field=f"{HOST_MEMBER}: env.{name[:40]}"
+                source, "must map variable names to text", field=f"{at}env.{name[:40]}"
             )
     raw_records = fields.array(host.get("records"), at + "records", limits.records)
     handles: dict[str, Handle] = {}
 
-    def handle(token: str) -> Handle:
-        found = handles.get(token)
-        if found is None:
-            found = handles[token] = Handle(token)
-        return found
+    def handle(token: str) -> Handle:  # one object per token: a replayed call's key uses it
+        return handles.setdefault(token, Handle(token))
 
     records: list[RecordEntry] = []
     seen: set[tuple[str, str]] = set()
@@ -437,7 +358,6 @@ def _check_host(
         records=tuple(records),
         info=info,
         contents=contents,
-        handles=handles,
     )
 
 

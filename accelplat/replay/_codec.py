@@ -1,19 +1,11 @@
 """JSON encoding of what vendor libraries answer, and its checked decoding.
 
-A recorder turns each answer into plain JSON: scalars stay as they are, and the few shapes vendor
-Python bindings return are tagged:
-
-* ``{"$tuple": [...]}``, ``{"$utf8": "text"}`` (bytes that are UTF-8 text, such as a file's
-  contents, kept readable), ``{"$bytes": "<base64>"}`` (other bytes), ``{"$map": {...}}``,
-  ``{"$float": "nan"}`` for what JSON cannot say directly;
-* ``{"$record": {"type": "c_nvmlMemory_v2_t", "fields": {...}}}`` for a ctypes structure or a
-  plain object with attributes (read back as an object with the same attributes);
-* ``{"$handle": "nvml-3"}`` for an opaque handle (a ctypes pointer, a ``c_void_p``, an object
-  whose type is named ``…handle`` as in vendor bindings): the same handle always gets the same
-  token, so a replayed call taking a handle finds its answer.
-
-Decoding is the untrusted side: every shape, type and depth is checked and any problem raises
-:class:`ValueError` naming where it is (the loader turns it into a ``BundleError``).
+Scalars stay as they are; what JSON cannot say is tagged: ``{"$tuple": [...]}``, ``{"$utf8":
+"text"}`` (bytes that are readable text), ``{"$bytes": "<base64>"}``, ``{"$map": {...}}``,
+``{"$float": "nan"}``, ``{"$record": {"type": …, "fields": {...}}}`` (a ctypes structure or an
+object with attributes) and ``{"$handle": "nvml-3"}`` (an opaque handle: the same handle always
+gets the same token, so a replayed call taking it finds its answer). Decoding is the untrusted
+side: every shape, type and depth is checked, and a problem is a ``ValueError`` naming where.
 """
 
 from __future__ import annotations
@@ -26,15 +18,6 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
-
-__all__ = [
-    "MAX_DEPTH",
-    "Handle",
-    "Record",
-    "decode",
-    "encode",
-    "key_text",
-]
 
 MAX_DEPTH = 32
 """Deepest nesting of a recorded value that decoding accepts."""
@@ -57,6 +40,9 @@ class Handle:
     def __repr__(self) -> str:
         return f"<replayed handle {self.token}>"
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Handle:
+        return self  # a handle's identity is its meaning
+
 
 class Record:
     """A replayed structure or object: its recorded fields as attributes.
@@ -67,8 +53,7 @@ class Record:
 
     def __init__(self, type_name: str, fields: Mapping[str, Any]) -> None:
         self._type = type_name
-        for name, value in fields.items():
-            object.__setattr__(self, name, value)
+        vars(self).update(fields)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "_type")
@@ -83,13 +68,17 @@ def _is_opaque_ctypes(value: object) -> bool:
     return isinstance(value, (ctypes._Pointer, ctypes.c_void_p))
 
 
-def _public_fields(value: object) -> dict[str, object] | None:
+def _public_fields(value: object) -> tuple[str, dict[str, object]] | None:
+    """The type name and public fields of a structure or plain object, ``None`` for others."""
+    if isinstance(value, Record):
+        return value._type, {k: v for k, v in vars(value).items() if k != "_type"}
     if isinstance(value, (ctypes.Structure, ctypes.Union)):
         names = [f[0] for f in getattr(type(value), "_fields_", ())]
-        return {n: getattr(value, n) for n in names if not n.startswith("_")}
+        return type(value).__name__, {n: getattr(value, n) for n in names if n[:1] != "_"}
     attrs = getattr(value, "__dict__", None)
     if isinstance(attrs, dict) and not callable(value):
-        return {k: v for k, v in attrs.items() if isinstance(k, str) and not k.startswith("_")}
+        public = {k: v for k, v in attrs.items() if isinstance(k, str) and not k.startswith("_")}
+        return type(value).__name__, public
     return None
 
 
@@ -124,21 +113,11 @@ def encode(value: object, token: HandleToken, depth: int = 0) -> object:
         return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, Handle):
         return {"$handle": value.token}
-    if isinstance(value, Record):
-        fields = {k: v for k, v in vars(value).items() if k != "_type"}
-        return {
-            "$record": {
-                "type": value._type,
-                "fields": {k: encode(v, token, depth + 1) for k, v in fields.items()},
-            }
-        }
     if _is_opaque_ctypes(value) or type(value).__name__.lower().endswith("handle"):
         return {"$handle": token(value)}
     if isinstance(value, ctypes._SimpleCData):
         return encode(value.value, token, depth + 1)
-    if isinstance(value, ctypes.Array):
-        return [encode(v, token, depth + 1) for v in value]
-    if isinstance(value, list):
+    if isinstance(value, (list, ctypes.Array)):
         return [encode(v, token, depth + 1) for v in value]
     if isinstance(value, tuple):
         return {"$tuple": [encode(v, token, depth + 1) for v in value]}
@@ -150,11 +129,19 @@ def encode(value: object, token: HandleToken, depth: int = 0) -> object:
     if public is not None:
         return {
             "$record": {
-                "type": type(value).__name__,
-                "fields": {k: encode(v, token, depth + 1) for k, v in public.items()},
+                "type": public[0],
+                "fields": {k: encode(v, token, depth + 1) for k, v in public[1].items()},
             }
         }
     return {"$handle": token(value)}
+
+
+def call_key(
+    name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], token: HandleToken
+) -> list[object]:
+    """Return the key of a call of the vendor function ``name``."""
+    encoded = {k: encode(v, token) for k, v in sorted(kwargs.items())}
+    return ["call", name, [encode(a, token) for a in args], encoded]
 
 
 def key_text(parts: object) -> str:

@@ -1,20 +1,12 @@
 """Recording the vendor boundary: every question accelplat asks, and every answer it gets.
 
-:class:`Recorder` is an :class:`accelplat._boundary.Interceptor`. Installed during
-``accelplat capture``, it lets every seam answer live and keeps ``(channel, key) → answers``:
-
-* host questions (``file``, ``dist``, ``proc`` channels) as the seam asked them;
-* a vendor Python module (``nvml``, ``amdsmi``) through a proxy that records every function
-  call by name and arguments (handles become tokens), every constant read, and every
-  exception — generic, so a function a backend starts calling tomorrow is recorded without
-  changes here;
-* a ctypes library (``levelzero``) through a proxy that records, per call, the function, the
-  scalar arguments and a digest of each buffer's input bytes, and the result code plus every
-  buffer's bytes after the call (what the library wrote into its out-parameters).
-
-With ``processes=False`` the answers that name processes (process lists of NVML, amdsmi and
-Level Zero, KFD's per-process directory, process classification) are recorded as empty, and
-the capturing process sees them empty too, so the bundle and the recorded ``info`` agree.
+Host questions (``file``, ``dist``, ``proc`` …) are kept as the seam asked them. A vendor Python
+module is wrapped in a proxy that records every call by name and arguments, every constant read
+and every exception, so a function a backend starts calling tomorrow needs no change here. A
+ctypes library (Level Zero) is wrapped in a proxy that records, per call, the scalar arguments
+and a digest of each buffer's input bytes, and the result code with every buffer's bytes after
+the call (the library's out-parameters). With ``processes=False`` every answer naming processes
+is recorded empty, and the capturing process sees it empty too.
 """
 
 from __future__ import annotations
@@ -27,32 +19,14 @@ import types
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from accelplat.replay._codec import encode, key_text
-
-__all__ = [
-    "CTYPES_CHANNELS",
-    "Recorder",
-    "buffer_of",
-    "ctypes_key",
-    "describe_error",
-]
+from accelplat.replay._codec import call_key, encode, key_text
 
 CTYPES_CHANNELS = frozenset({"levelzero"})
 """Channels whose vendor object is a ctypes library with out-parameters."""
 
-_PROCESS_WORDS = ("process",)
-"""A vendor function whose lower-cased name holds one of these lists processes."""
-
 
 def describe_error(exc: BaseException) -> dict[str, Any]:
-    """Return the JSON description of an exception a live answer raised.
-
-    Args:
-        exc: The exception.
-
-    Returns:
-        ``type``, ``message`` and, where present, ``errno`` and ``value`` (an integer vendor code).
-    """
+    """Return ``type``, ``message`` and, where present, ``errno``, ``filename`` and ``value``."""
     out: dict[str, Any] = {"type": type(exc).__name__}
     if isinstance(exc, OSError) and isinstance(exc.errno, int):
         out["errno"] = exc.errno
@@ -87,16 +61,10 @@ def _bytes_of(obj: Any) -> bytes:
 
 
 def ctypes_key(args: tuple[Any, ...]) -> list[object]:
-    """Return the key form of a ctypes call's arguments.
+    """Return the key form of a ctypes call's arguments (one JSON-able item per argument).
 
-    Scalars (Python ints, ctypes simple values) stand for themselves; a buffer argument stands
-    for its size and its input bytes (in hex up to 32 bytes, else a SHA-256 prefix).
-
-    Args:
-        args: The call's arguments.
-
-    Returns:
-        One JSON-able item per argument.
+    Scalars stand for themselves; a buffer stands for its size and its input bytes (in hex up to
+    32 bytes, else a SHA-256 prefix).
     """
     out: list[object] = []
     for arg in args:
@@ -132,8 +100,6 @@ class Recorder:
         self._tokens: dict[object, str] = {}
         self._kept: list[object] = []
         self._counts: dict[str, int] = {}
-
-    # -- bookkeeping --------------------------------------------------------------------------
 
     def token_for(self, channel: str) -> Callable[[object], str]:
         """Return the function naming opaque handles of ``channel``."""
@@ -191,20 +157,14 @@ class Recorder:
                 for r in self._records.values()
             ]
 
-    # -- the Interceptor protocol -----------------------------------------------------------
-
     def withheld(self, channel: str, key: tuple[Hashable, ...]) -> bool:
         """Whether ``(channel, key)`` names processes that ``processes=False`` leaves out."""
         if self.processes:
             return False
         if channel == "proc":
             return True
-        if channel == "file":
-            text = "/".join(str(k) for k in key[1:])
-            parts = [p for p in text.split("/") if p]
-            if "kfd" in parts and "proc" in parts:
-                return True
-        return False
+        parts = "/".join(str(k) for k in key[1:]).split("/")
+        return channel == "file" and "kfd" in parts and "proc" in parts  # KFD's per-process dirs
 
     def call(self, channel: str, key: tuple[Hashable, ...], live: Callable[[], Any]) -> Any:
         """Answer live and record the answer (see :class:`accelplat._boundary.Interceptor`)."""
@@ -229,27 +189,12 @@ class Recorder:
     ) -> tuple[Any, str, str]:
         """Load the vendor module or library live, record the outcome, return a recording proxy."""
         obj, reason, vendor_error = live()
-        self.add(
-            channel,
-            ["load"],
-            {
-                "v": {
-                    "$map": {
-                        "present": obj is not None,
-                        "reason": reason,
-                        "vendor_error": vendor_error,
-                    }
-                }
-            },
-        )
+        loaded = {"present": obj is not None, "reason": reason, "vendor_error": vendor_error}
+        self.add(channel, ["load"], {"v": {"$map": loaded}})
         if obj is None:
             return None, reason, vendor_error
-        proxy: Any
-        if channel in CTYPES_CHANNELS:
-            proxy = _RecordingLibrary(self, channel, obj)
-        else:
-            proxy = _RecordingModule(self, channel, obj)
-        return proxy, reason, vendor_error
+        kind = _RecordingLibrary if channel in CTYPES_CHANNELS else _RecordingModule
+        return kind(self, channel, obj), reason, vendor_error
 
 
 class _RecordingModule:
@@ -287,15 +232,10 @@ class _RecordingModule:
     def _recording(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         rec, channel = self._rec, self._channel
         token = rec.token_for(channel)
-        lists_processes = any(w in name.lower() for w in _PROCESS_WORDS)
+        lists_processes = "process" in name.lower()
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            key = [
-                "call",
-                name,
-                [encode(a, token) for a in args],
-                {k: encode(v, token) for k, v in sorted(kwargs.items())},
-            ]
+            key = call_key(name, args, kwargs, token)
             try:
                 result = fn(*args, **kwargs)
             except Exception as exc:

@@ -1,21 +1,11 @@
 """The fresh process in which the conformance kit watches a platform for side effects.
 
-The parent (:mod:`accelplat.testing._checks`) starts ``python -c BOOTSTRAP JOB`` with a JSON job
-(how to build the platform, whether to query memory, where to write the answer). The bootstrap
-records ``sys.modules`` before anything of accelplat is imported, so a framework imported by
-accelplat itself, by the backend module, by the probe, by construction or by any query shows up,
-and an already-imported torch in the parent cannot mask it. The answer is a JSON file:
-
-* ``ok``/``error``: whether building and querying worked;
-* ``available``/``reason``: the probe's verdict (a platform that is not available reports no
-  devices, which is what hiding every device looks like);
-* ``device_count`` and ``devices`` (index, physical index, name, uuid);
-* ``frameworks``: per stage (``"import"``, ``"probe"``, ``"construct"``, ``"queries"``) the
-  framework modules that stage newly imported;
-* ``libraries``: device runtime libraries (``libcuda.so``…) newly mapped into the process;
-* ``self_holders``: devices whose ``memory_holders`` list this process.
-
-Nothing here is public API.
+The parent (:class:`accelplat.testing._kit.Kit`) runs ``python -c BOOTSTRAP JOB`` with a JSON
+job (how to build the platform, whether to query it, where to write the answer). The bootstrap
+records ``sys.modules`` before accelplat is imported, so a framework imported at any stage
+(``import``, ``probe``, ``construct``, ``queries``) shows up even when the parent had imported
+it already. The answer (a JSON file) also names newly mapped runtime libraries and the devices
+whose ``memory_holders`` list this process (see :func:`main`).
 """
 
 from __future__ import annotations
@@ -29,8 +19,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from accelplat import _files
-
-__all__ = ["BOOTSTRAP", "FRAMEWORK_MODULES", "RUNTIME_LIBRARIES", "frameworks_in", "main"]
 
 _MAPS_LIMIT = 256 * 1024 * 1024
 """``/proc/self/maps`` of a large process is a few MiB; this bounds a hostile one."""
@@ -60,13 +48,8 @@ FRAMEWORK_MODULES: tuple[str, ...] = (
 """Modules whose import a context-free backend must not cause (a prefix match on dotted names)."""
 
 RUNTIME_LIBRARIES: tuple[str, ...] = ("libcuda.so", "libcudart.so", "libamdhip64.so", "libsycl.so")
-"""Device runtime libraries whose mapping the kit reports.
-
-Mapping is not a context: the NVIDIA management library itself maps ``libcuda.so`` during
-``nvmlInit`` on R580 drivers, with no context and no device memory taken. The kit therefore
-reports these libraries in the check's detail and fails only on evidence of a context (the
-process listed among a device's memory holders).
-"""
+"""Device runtime libraries whose mapping the kit reports, but does not fail: mapping is no
+context (``nvmlInit`` maps ``libcuda.so`` on R580 drivers, taking no device memory)."""
 
 
 def frameworks_in(modules: Iterable[str]) -> list[str]:
@@ -114,15 +97,37 @@ def _resolve_ref(ref: str) -> Callable[[], Any]:
     return factory
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """Return ``"Type: first line of the message"`` for an exception."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def query(platform: Any) -> list[int]:
+    """Ask ``platform`` every query the kit watches; return the devices listing this process.
+
+    Args:
+        platform: The platform under test.
+
+    Returns:
+        The indices of the devices whose ``memory_holders`` include this process.
+    """
+    from accelplat._types import HolderState
+
+    me, held = os.getpid(), []
+    for device in range(platform.device_count()):
+        platform.memory_info(device)
+        holders = platform.memory_holders(device) or ()
+        if any(h.pid == me or h.state == HolderState.SELF for h in holders):
+            held.append(device)
+    for attr in ("release", "graph", "default_memory_utilization", "preferred_start_method"):
+        getattr(platform, attr)
+    return held
 
 
 def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], None]) -> None:
     kind, value = job["kind"], job["value"]
     from accelplat._types import ProbeResult
-    from accelplat._usage import HolderState
 
     if kind == "name":
         from accelplat import _registry as registry
@@ -159,16 +164,7 @@ def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], Non
     ]
     answer["context_free"] = platform.context_free
     if job.get("queries", True):
-        me = os.getpid()
-        for device in range(count):
-            platform.memory_info(device)
-            holders = platform.memory_holders(device) or ()
-            for h in holders:
-                if h.pid == me or h.state == HolderState.SELF:
-                    answer["self_holders"].append(device)
-                    break
-        for attr in ("release", "graph", "default_memory_utilization", "preferred_start_method"):
-            getattr(platform, attr)
+        answer["self_holders"] = query(platform)
     stage("queries")
     answer["ok"] = True
 
@@ -180,6 +176,11 @@ def main(before: set[str], job_text: str) -> None:
         before: ``sys.modules`` keys recorded before accelplat was imported.
         job_text: The JSON job: ``kind`` (``"name"`` or ``"ref"``), ``value``, ``queries``,
             ``out``.
+
+    Side effects:
+        Writes the answer: ``ok``/``error``, the probe's ``available``/``reason``,
+        ``device_count`` and ``devices``, ``context_free``, ``frameworks`` newly imported per
+        stage, runtime ``libraries`` newly mapped, and ``self_holders``.
     """
     job = json.loads(job_text)
     libs_before = mapped_runtime_libraries()
@@ -205,7 +206,7 @@ def main(before: set[str], job_text: str) -> None:
     try:
         _run(job, answer, stage)
     except BaseException as exc:
-        answer["error"] = _describe(exc)
+        answer["error"] = describe(exc)
         answer["traceback"] = traceback.format_exc(limit=8)
         stage("failed")
     answer["libraries"] = sorted(mapped_runtime_libraries() - libs_before)

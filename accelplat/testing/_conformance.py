@@ -1,24 +1,11 @@
 """The conformance kit as pytest tests: one test per check.
 
-Run it against any registered platform::
-
-    pytest --pyargs accelplat.testing._conformance --accelplat-platform NAME
-
-``--accelplat-platform`` comes from accelplat's pytest plugin (loaded through the ``pytest11``
-entry point). Where the plugin is not loaded, ``ACCELPLAT_PLATFORM=NAME`` selects the platform
-instead; with neither, the detected platform is tested.
-
-Inside a plugin's own test suite, either generate the tests::
-
-    from accelplat.testing import make_conformance_test
-
-    test_conformance = make_conformance_test("my-npu")  # or an instance, or a factory
-
-or reuse these fixtures: import ``conformance_platform``, ``conformance_options`` and
-``conformance_report`` and ``test_conformance`` into a test module (or the first three into a
-``conftest.py``) and override ``conformance_platform`` / ``conformance_options`` there.
-
-This module imports pytest; :mod:`accelplat.testing` does not.
+Run it against any registered platform with ``pytest --pyargs accelplat.testing._conformance
+--accelplat-platform NAME`` (the option comes from accelplat's pytest plugin; without the plugin,
+``ACCELPLAT_PLATFORM=NAME``; with neither, the detected platform is tested). In a plugin's own
+suite, ``test_conformance = make_conformance_test("my-npu")``, or import the fixtures
+``conformance_platform``, ``conformance_options`` and ``conformance_report`` (and
+``test_conformance``) and override the first two.
 """
 
 from __future__ import annotations
@@ -31,16 +18,6 @@ import pytest
 
 from accelplat._platform import Platform
 from accelplat.testing._checks import CHECK_NAMES, ConformanceReport, run_conformance
-
-__all__ = [
-    "OPTION",
-    "conformance_options",
-    "conformance_platform",
-    "conformance_report",
-    "make_conformance_test",
-    "requested_platform_name",
-    "test_conformance",
-]
 
 OPTION = "--accelplat-platform"
 """The pytest option (added by accelplat's pytest plugin) that names the platform to test."""

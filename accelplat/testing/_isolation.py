@@ -1,31 +1,12 @@
 """Run a function (typically a test) in a new process and bring its outcome back.
 
-Tests that start engines leave state behind: device contexts, worker processes, module-level
-singletons. Running each such test in a process of its own contains that. This module is the
-one place that does it, for any caller: :func:`run_child` runs the function and returns what
-happened as data (:class:`ChildResult`); :func:`run_in_new_process` turns that into accelplat's
-semantics (the child's own exception re-raised here); :func:`isolate` is the decorator form.
-Callers with other conventions (vLLM's test helpers in :mod:`accelplat.integrations.vllm`) build
-theirs on :func:`run_child`.
-
-How it works:
-
-* The child becomes the leader of its own process group; once it has exited, whatever it left
-  running in that group (engine workers, servers) is sent ``SIGTERM``.
-* ``env`` sets (or, with ``None``, removes) environment variables in the child before the
-  function is looked up, so a test can run with, say, a device lease's variables without
-  touching the parent's environment.
-* ``"fork"`` inherits everything and pickles nothing on the way in. ``"spawn"`` and
-  ``"forkserver"`` start a fresh interpreter, which imports the function by module and
-  qualified name (so it must be defined at module or class level; a decorated function is
-  unwrapped to the function it isolates) and receives the arguments pickled.
-* Arguments (spawn) and the child's exception travel with ``cloudpickle`` when it is installed
-  (vLLM depends on it, so it is wherever vLLM's tests run), else with :mod:`pickle`.
-* pytest's skip, xfail, fail and exit outcomes do not pickle; they travel as plain data and are
-  raised again in the parent by :meth:`ChildResult.raise_pytest_outcome`.
-
-Nothing here imports torch or a vendor library; pytest and cloudpickle are imported only when
-present and needed.
+:func:`run_child` returns what happened as data (:class:`ChildResult`); :func:`run_in_new_process`
+re-raises the child's own exception here; :func:`isolate` is the decorator form. vLLM's drop-ins
+(:mod:`accelplat.integrations.vllm`) build their conventions on :func:`run_child`. The child
+leads its own process group, and what it leaves running there gets ``SIGTERM`` once it exits.
+``"spawn"``/``"forkserver"`` children import the function by module and qualified name and get
+the arguments pickled (with ``cloudpickle`` when installed); pytest's skip/xfail/fail/exit
+outcomes, which do not pickle, travel as plain data.
 """
 
 from __future__ import annotations
@@ -49,18 +30,6 @@ from typing import Any, Literal, TypeVar, cast, get_args
 
 from accelplat._platform import Platform, StartMethod
 from accelplat.errors import ChildTestError, ConfigurationError
-
-__all__ = [
-    "ChildResult",
-    "ChildTestError",
-    "ChildTracebackError",
-    "is_isolated",
-    "isolate",
-    "mark_isolated",
-    "run_child",
-    "run_in_new_process",
-    "start_method",
-]
 
 _START_METHODS: tuple[str, ...] = get_args(StartMethod)
 _ISOLATED_ATTR = "_accelplat_isolated"
@@ -154,10 +123,7 @@ class ChildResult:
 
 
 def start_method(platform: Platform | None = None) -> StartMethod:
-    """Return the process start method that is safe on the platform.
-
-    ``"fork"`` where a child may inherit the parent's state (CUDA through NVML, CPU), ``"spawn"``
-    where forking after device use breaks (ROCm, XPU): the platform's ``preferred_start_method``.
+    """Return the platform's ``preferred_start_method``: the start method that is safe there.
 
     Args:
         platform: The platform; ``None`` means the current one.
@@ -172,10 +138,6 @@ def start_method(platform: Platform | None = None) -> StartMethod:
     return platform.preferred_start_method
 
 
-# --------------------------------------------------------------------------------------------
-# serialization
-
-
 def _pickler() -> ModuleType:
     """Return ``cloudpickle`` when it is installed, else :mod:`pickle`."""
     try:
@@ -183,10 +145,6 @@ def _pickler() -> ModuleType:
     except ImportError:
         return pickle
     return cast(ModuleType, cloudpickle)
-
-
-# --------------------------------------------------------------------------------------------
-# finding the function in a fresh interpreter
 
 
 @dataclass(frozen=True)
@@ -457,14 +415,9 @@ def run_in_new_process(
 ) -> None:
     """Run ``func(*args, **kwargs)`` in a new process and re-raise its failure here.
 
-    A child's exception is re-raised in the parent as the same exception (pytest's skip, xfail,
-    fail and exit outcomes included), chained to the child's formatted traceback.
-
-    With ``"spawn"`` or ``"forkserver"`` the child is a fresh interpreter: ``func`` must be
-    importable by ``module.qualname`` and ``args``/``kwargs`` (for a test: its fixture values)
-    must be picklable. Environment variables set before the call (and ``env``) are inherited;
-    changes made to modules in the parent (``monkeypatch.setattr``) are not. ``"fork"`` has
-    none of these constraints and inherits everything.
+    A child's exception is re-raised here as the same exception (pytest's skip, xfail, fail and
+    exit outcomes included), chained to the child's formatted traceback. A spawned child sees
+    the environment but not changes made to modules in the parent (``monkeypatch.setattr``).
 
     Args:
         func: The function; its return value is discarded.

@@ -1,102 +1,45 @@
 """Device-memory timelines: sample memory while tests or a command run, then render a report.
 
-Two ways to record:
-
-* ``pytest --accelplat-timeline=report.html`` samples every visible device while the session runs,
-  tags the samples with the test that was running and the memory waits that happened, and writes
-  one self-contained HTML page (see :mod:`accelplat.pytest_plugin._timeline`).
-* ``accelplat record --out trace.json -- COMMAND …`` samples while a command runs; ``accelplat
-  report trace.json --out report.html`` renders the same page from the saved trace.
-
-Building blocks: :class:`Recorder` and :class:`Sampler` (sampling with bounded storage),
-:class:`Trace` and its JSON form (:func:`save_trace`, :func:`load_trace`), and
-:func:`render_html` / :func:`write_report`.
-
-Importing this package imports no framework and queries no device.
+``pytest --accelplat-timeline=report.html`` samples every visible device during the session and
+writes one self-contained HTML page; ``accelplat record --out trace.json -- COMMAND …`` samples
+while a command runs and ``accelplat report trace.json --out report.html`` renders the same page.
+The names below build the same thing from Python: see ``docs/timeline.md``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accelplat._lazy import lazy_namespace
+from accelplat import _lazy
 
-# Names load on first use: the pytest plugin (``accelplat.pytest_plugin._timeline``) is imported
-# by every pytest session, and most never ask for a timeline, so nothing is imported up front.
+# Names load on first use: the pytest plugin imports this package in every session.
 _EXPORTS: dict[str, str] = {
-    "render_html": "accelplat.timeline._render",
-    "write_report": "accelplat.timeline._render",
-    "DEFAULT_CAPACITY": "accelplat.timeline._sampler",
-    "DEFAULT_HZ": "accelplat.timeline._sampler",
-    "Recorder": "accelplat.timeline._sampler",
-    "SampleBuffer": "accelplat.timeline._sampler",
-    "Sampler": "accelplat.timeline._sampler",
-    "platform_reader": "accelplat.timeline._sampler",
-    "DEFAULT_LEAK_TOLERANCE_BYTES": "accelplat.timeline._trace",
-    "TRACE_FORMAT": "accelplat.timeline._trace",
-    "TRACE_VERSION": "accelplat.timeline._trace",
     "DeviceTrack": "accelplat.timeline._trace",
-    "Leak": "accelplat.timeline._trace",
+    "Recorder": "accelplat.timeline._sampler",
     "Sample": "accelplat.timeline._trace",
+    "Sampler": "accelplat.timeline._sampler",
     "TestSpan": "accelplat.timeline._trace",
     "Trace": "accelplat.timeline._trace",
     "WaitSpan": "accelplat.timeline._trace",
-    "dumps_trace": "accelplat.timeline._trace",
     "load_trace": "accelplat.timeline._trace",
-    "loads_trace": "accelplat.timeline._trace",
+    "render_html": "accelplat.timeline._render",
     "save_trace": "accelplat.timeline._trace",
+    "write_report": "accelplat.timeline._render",
 }
 
-__all__ = [
-    "DEFAULT_CAPACITY",
-    "DEFAULT_HZ",
-    "DEFAULT_LEAK_TOLERANCE_BYTES",
-    "TRACE_FORMAT",
-    "TRACE_VERSION",
-    "DeviceTrack",
-    "Leak",
-    "Recorder",
-    "Sample",
-    "SampleBuffer",
-    "Sampler",
-    "TestSpan",
-    "Trace",
-    "WaitSpan",
-    "dumps_trace",
-    "load_trace",
-    "loads_trace",
-    "platform_reader",
-    "render_html",
-    "save_trace",
-    "write_report",
-]
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the names are _EXPORTS' keys, one list to keep)
 
-
-__getattr__, __dir__ = lazy_namespace(__name__, _EXPORTS, globals())
-
+__getattr__, __dir__ = _lazy.lazy_namespace(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
-    from accelplat.timeline._render import render_html, write_report
-    from accelplat.timeline._sampler import (
-        DEFAULT_CAPACITY,
-        DEFAULT_HZ,
-        Recorder,
-        SampleBuffer,
-        Sampler,
-        platform_reader,
-    )
-    from accelplat.timeline._trace import (
-        DEFAULT_LEAK_TOLERANCE_BYTES,
-        TRACE_FORMAT,
-        TRACE_VERSION,
-        DeviceTrack,
-        Leak,
-        Sample,
-        TestSpan,
-        Trace,
-        WaitSpan,
-        dumps_trace,
-        load_trace,
-        loads_trace,
-        save_trace,
-    )
+    from accelplat.timeline._render import render_html as render_html
+    from accelplat.timeline._render import write_report as write_report
+    from accelplat.timeline._sampler import Recorder as Recorder
+    from accelplat.timeline._sampler import Sampler as Sampler
+    from accelplat.timeline._trace import DeviceTrack as DeviceTrack
+    from accelplat.timeline._trace import Sample as Sample
+    from accelplat.timeline._trace import TestSpan as TestSpan
+    from accelplat.timeline._trace import Trace as Trace
+    from accelplat.timeline._trace import WaitSpan as WaitSpan
+    from accelplat.timeline._trace import load_trace as load_trace
+    from accelplat.timeline._trace import save_trace as save_trace

@@ -1,18 +1,11 @@
 """Render a :class:`~accelplat.timeline._trace.Trace` as one self-contained HTML page.
 
-The page needs nothing outside itself: no scripts, no fonts, no style sheets, no images to fetch.
-Charts are inline SVG drawn here, in Python; hovering a test band, a wait or a leak marker shows
-its details through SVG ``<title>`` tooltips. Every string that came from a trace (test ids,
-device names, the command) is HTML-escaped, so a hostile trace cannot inject markup.
-
-The page shows, per device, used memory over time with every test's span as a band (leaking tests
-in red), every memory wait as an orange bar, the device's peak marked and named, and each test's
-name written in its lane where it fits; then a table of leaks, largest first, a table of the
-slowest waits, and a table of every test with its peak usage per device.
-
-The y-axis is fitted to the memory used (so a 200 MiB leak on an 80 GiB device is visible); a
-checkbox above the charts switches every chart to the device's full range, 0 to total, without
-any script (each chart is drawn at both scales; CSS shows one).
+No scripts, fonts, style sheets or images to fetch: charts are inline SVG drawn here, with
+``<title>`` tooltips, and every string from the trace is HTML-escaped. Per device, used memory
+over time with each test as a band (leaking tests in red), each wait as an orange bar and the
+peak marked; then tables of leaks, the slowest waits and every test. The y-axis is fitted to
+the memory used; a checkbox switches every chart to 0..total with CSS alone (each chart is
+drawn at both scales, the y-independent layers once).
 """
 
 from __future__ import annotations
@@ -30,8 +23,6 @@ from accelplat import _files
 from accelplat._types import GIB, MIB
 from accelplat._util import format_bytes
 from accelplat.timeline._trace import Leak, Sample, TestSpan, Trace, WaitSpan
-
-__all__ = ["render_html", "write_report"]
 
 _PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 _LEAK = "#d62728"
@@ -51,38 +42,29 @@ _MAX_LANES = 6
 _PLOT_W = _W - _LEFT - _RIGHT
 
 _CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;
-color:#1d1d1f;background:#fff}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px}
-h3{font-size:15px;margin:18px 0 4px}
-.sub{color:#555;margin:0 0 16px}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#1d1d1f;
+background:#fff}h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px}
+h3{font-size:15px;margin:18px 0 4px}.sub{color:#555;margin:0 0 16px}
 dl.summary{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;margin:0}
-dl.summary dt{color:#555}dl.summary dd{margin:0}
-.badges{margin:14px 0}.badge{display:inline-block;padding:4px 10px;margin:0 8px 6px 0;
-border-radius:12px;background:#eef2f7;font-weight:600}
-.badge.bad{background:#fde8e8;color:#a3161a}.badge.warn{background:#fff1e0;color:#8a4b00}
-.badge.good{background:#e6f4ea;color:#17622e}
+dl.summary dt{color:#555}dl.summary dd{margin:0}.badges{margin:14px 0}
+.badge{display:inline-block;padding:4px 10px;margin:0 8px 6px 0;border-radius:12px;
+background:#eef2f7;font-weight:600}.badge.bad{background:#fde8e8;color:#a3161a}
+.badge.warn{background:#fff1e0;color:#8a4b00}.badge.good{background:#e6f4ea;color:#17622e}
 .notes{background:#fff8e1;border-left:4px solid #f0b400;padding:6px 12px}
 svg.chart{width:100%;height:auto;display:block;border:1px solid #e3e6ea;border-radius:6px}
-svg text{font:11px system-ui,sans-serif;fill:#444}
-.legend{margin:4px 0 0;color:#444;font-size:12px}
+svg text{font:11px system-ui,sans-serif;fill:#444}.legend{margin:4px 0 0;color:#444;font-size:12px}
 .legend span{display:inline-block;margin-right:16px}
 .sw{display:inline-block;width:18px;height:10px;margin-right:5px;vertical-align:middle;
-border-radius:2px}
-table{border-collapse:collapse;margin:4px 0 8px;font-size:13px}
+border-radius:2px}table{border-collapse:collapse;margin:4px 0 8px;font-size:13px}
 th,td{border-bottom:1px solid #e3e6ea;padding:4px 10px;text-align:left;vertical-align:top}
 th{background:#f6f8fa}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 td.id{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;word-break:break-all}
 tr.leak td{background:#fdecec}td.grew{color:#a3161a;font-weight:600}
-tr.wait-failed td{background:#fdecec}
-.ok{color:#17622e}.failed{color:#a3161a;font-weight:600}.skipped{color:#8a6d00}
-details summary{cursor:pointer;font-weight:600;margin:8px 0}
-footer{margin-top:32px;color:#777;font-size:12px}
-.scale{margin:6px 0 10px;color:#444}
-svg.chart.full-scale{display:none}
-#full-scale:checked~.charts svg.chart.fit-scale{display:none}
-#full-scale:checked~.charts svg.chart.full-scale{display:block}
-.peak{color:#444;font-weight:400}
+tr.wait-failed td{background:#fdecec}.ok{color:#17622e}.failed{color:#a3161a;font-weight:600}
+.skipped{color:#8a6d00}details summary{cursor:pointer;font-weight:600;margin:8px 0}
+footer{margin-top:32px;color:#777;font-size:12px}.scale{margin:6px 0 10px;color:#444}
+svg.chart.full-scale{display:none}#full-scale:checked~.charts svg.chart.fit-scale{display:none}
+#full-scale:checked~.charts svg.chart.full-scale{display:block}.peak{color:#444;font-weight:400}
 svg text.lane-label{font:10px ui-monospace,SFMono-Regular,Menlo,monospace;fill:#1d1d1f}
 svg text.peak-label{font:11px system-ui,sans-serif;font-weight:600;fill:#1d1d1f}
 """
@@ -278,19 +260,7 @@ def _envelope(
     return segments
 
 
-class _Layers:
-    """The parts of a device's chart that do not depend on its y-axis.
-
-    The test bands, the test lanes and the waits: drawn once for both the fitted and the
-    full-scale chart.
-    """
-
-    __slots__ = ("bands", "height", "lanes_and_waits")
-
-    def __init__(self, bands: str, lanes_and_waits: str, height: int) -> None:
-        self.bands = bands
-        self.lanes_and_waits = lanes_and_waits
-        self.height = height
+_Layers = tuple[str, str, int]  # bands, then lanes and waits, then the SVG height
 
 
 def _x_scale(end_t: float) -> Callable[[float], float]:
@@ -337,9 +307,9 @@ def _device_chart(
 
     scale = "full-scale" if full else "fit-scale"
     out: list[str] = [
-        f'<svg class="chart {scale}" viewBox="0 0 {_W} {layers.height}" role="img" '
+        f'<svg class="chart {scale}" viewBox="0 0 {_W} {layers[2]}" role="img" '
         f'data-device="{dev.index}" aria-label="Used memory of device {dev.index} over time">',
-        layers.bands,
+        layers[0],
     ]
 
     # grid and axes
@@ -427,7 +397,7 @@ def _device_chart(
             f"{dev.index}</title></g>"
         )
 
-    out.append(layers.lanes_and_waits)
+    out.append(layers[1])
     out.append("</svg>")
     return "".join(out)
 
@@ -442,38 +412,28 @@ def _chart_layers(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> _La
     waits_top = tests_top + max(1, n_lanes) * _LANE_H + 8
     height = waits_top + _LANE_H + 10
 
-    # test bands behind everything
-    band: list[str] = ['<g class="test-bands">']
-    for i, span in enumerate(trace.tests):
+    # test bands (behind everything) and test lanes (below the plot)
+    band = ['<g class="test-bands">']
+    body = [
+        f'<text x="{_LEFT - 6}" y="{tests_top + _LANE_H - 2}" text-anchor="end">tests</text>'
+        '<g class="test-lanes">'
+    ]
+    for i, (span, lane) in enumerate(zip(trace.tests, lanes, strict=True)):
         x0, x1 = x_of(span.start), x_of(span.end)
         is_leak = span.nodeid in leaked
         if x1 - x0 < 0.3 and not is_leak:
             continue
-        fill = "#fbd5d5" if is_leak else ("#eef3fa" if i % 2 == 0 else "#e2eaf5")
-        growth = trace.growth(span)[pos]
         tip = (
             f"{span.nodeid}\n{span.outcome or 'no outcome'}, {_fmt_s(span.duration)}, "
-            f"device {dev.index}: {_fmt_delta(growth)}"
+            f"device {dev.index}: {_fmt_delta(trace.growth(span)[pos])}"
         )
-        cls = "test-band leaked" if is_leak else "test-band"
         band.append(
-            f'<rect class="{cls}" data-nodeid="{_e(span.nodeid)}" x="{x0:.2f}" y="{_TOP}" '
+            f'<rect class="test-band{" leaked" if is_leak else ""}" '
+            f'data-nodeid="{_e(span.nodeid)}" x="{x0:.2f}" y="{_TOP}" '
             f'width="{max(x1 - x0, 1.5 if is_leak else 0.3):.2f}" height="{_PLOT_H}" '
-            f'fill="{fill}"><title>{_e(tip)}</title></rect>'
+            f'fill="{"#fbd5d5" if is_leak else ("#eef3fa", "#e2eaf5")[i % 2]}">'
+            f"<title>{_e(tip)}</title></rect>"
         )
-    band.append("</g>")
-
-    body: list[str] = []
-    # test lanes
-    body.append(
-        f'<text x="{_LEFT - 6}" y="{tests_top + _LANE_H - 2}" text-anchor="end">tests</text>'
-    )
-    body.append('<g class="test-lanes">')
-    for span, lane in zip(trace.tests, lanes, strict=True):
-        x0, x1 = x_of(span.start), x_of(span.end)
-        is_leak = span.nodeid in leaked
-        if x1 - x0 < 0.3 and not is_leak:
-            continue
         fill = _LEAK if is_leak else (_FAILED if span.outcome == "failed" else "#a9bcd6")
         y = tests_top + lane * _LANE_H
         body.append(
@@ -488,6 +448,7 @@ def _chart_layers(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> _La
                 f'<text class="lane-label" x="{x0 + 3:.2f}" y="{y + _LANE_H - 4}" '
                 f'style="fill:{colour}" data-nodeid="{_e(span.nodeid)}">{_e(label)}</text>'
             )
+    band.append("</g>")
     body.append("</g>")
 
     # waits
@@ -510,7 +471,7 @@ def _chart_layers(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> _La
             f'fill="{fill}" fill-opacity="0.12"/>'
         )
     body.append("</g>")
-    return _Layers("".join(band), "".join(body), height)
+    return "".join(band), "".join(body), height
 
 
 def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:

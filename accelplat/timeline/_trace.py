@@ -1,16 +1,10 @@
 """The memory-timeline data model and its versioned JSON form.
 
-A :class:`Trace` is what one recording produced: the sampled devices, the samples (used bytes per
-device over time), the spans of the tests that ran and the memory waits that happened. Times are
-seconds since the start of the recording (a monotonic clock); ``started_at`` anchors them to the
-wall clock.
-
-The JSON document (``format`` ``"accelplat.timeline"``, ``version`` 1) is described in
-``docs/timeline.md``. :func:`load_trace` treats its input as untrusted: it caps the size, rejects
-``NaN``/``Infinity``, checks every field's type and range, and turns anything malformed into a
-:class:`~accelplat.errors.ConfigurationError` naming the offending field.
-
-This module imports no framework and touches no device.
+A :class:`Trace` is what one recording produced: the sampled devices, the samples, the test
+spans and the memory waits. Times are seconds since the start of the recording (a monotonic
+clock); ``started_at`` anchors them to the wall clock. The JSON document is described in
+``docs/timeline.md``; :func:`load_trace` treats it as untrusted (size cap, no ``NaN``, every
+field's type and range checked) and names the offending field in a ``ConfigurationError``.
 """
 
 from __future__ import annotations
@@ -33,46 +27,17 @@ from accelplat._validate import JsonFields
 from accelplat.errors import ConfigurationError
 from accelplat.timeline._defaults import DEFAULT_LEAK_GRACE_S
 
-__all__ = [
-    "DEFAULT_LEAK_GRACE_S",
-    "DEFAULT_LEAK_TOLERANCE_BYTES",
-    "MAX_TRACE_BYTES",
-    "TRACE_FORMAT",
-    "TRACE_VERSION",
-    "DeviceTrack",
-    "Leak",
-    "Reading",
-    "Sample",
-    "TestSpan",
-    "Trace",
-    "WaitSpan",
-    "dumps_trace",
-    "load_trace",
-    "loads_trace",
-    "save_trace",
-]
-
-TRACE_FORMAT = "accelplat.timeline"
-"""Value of the ``format`` key of every trace document."""
-
-TRACE_VERSION = 1
-"""Version of the trace document this module writes and reads."""
-
-MAX_TRACE_BYTES = 256 * MIB
-"""Largest trace file :func:`load_trace` reads by default."""
-
+TRACE_FORMAT = "accelplat.timeline"  # the ``format`` key of every trace document
+TRACE_VERSION = 1  # the document version this module writes and reads
+MAX_TRACE_BYTES = 256 * MIB  # largest trace file load_trace reads by default
 
 _MAX_DEVICES = 4096
 _MAX_ITEMS = 10_000_000
 _MAX_TEXT = 65_536
-_MAX_INT = 2**63 - 1
-"""Largest byte count or index a trace may hold (what a signed 64-bit integer holds)."""
-_MAX_SECONDS = 1e9
-"""Largest time, duration or rate in a trace (about 31 years of seconds)."""
-_MAX_EPOCH = 253_402_300_799.0
-"""Largest ``started_at``: the last second of the year 9999, the last a date can show."""
-_EXIT_RANGE = (-(2**31), 2**31 - 1)
-"""Exit statuses a trace may hold (a C ``int``)."""
+_MAX_INT = 2**63 - 1  # a signed 64-bit integer
+_MAX_SECONDS = 1e9  # any time, duration or rate: about 31 years
+_MAX_EPOCH = 253_402_300_799.0  # the last second of the year 9999, the last a date can show
+_EXIT_RANGE = (-(2**31), 2**31 - 1)  # a C int
 
 Reading = tuple[int | None, ...]
 """Used bytes per sampled device, in :attr:`Trace.devices` order; ``None`` where a query failed."""
@@ -263,10 +228,9 @@ class Trace:
     def held_after(self, span: TestSpan, grace_s: float | None = None) -> Reading:
         """Return per device the least usage seen from the end of ``span`` to :meth:`judged_at`.
 
-        The reading taken as the test ended counts, and so does every sample up to that moment:
-        memory that comes back before the next test's body runs (lazy release, a child process
-        still exiting, a settle wait in the next set-up) is not held. Memory freed by a later
-        test's body does not excuse this one.
+        Memory that comes back before the next test's body runs (lazy release, a child process
+        exiting, a settle wait in the next set-up) is not held; memory a later body frees does
+        not excuse this test.
 
         Args:
             span: One of :attr:`tests`.
@@ -303,10 +267,8 @@ class Trace:
     def _held_after_all(self, grace_s: float) -> dict[int, tuple[int, Reading]]:
         """:meth:`held_after` of every test at once, in O(samples + tests) per device.
 
-        Taken in order of their ends, the tests' windows ``(end, judged_at]`` have
-        non-decreasing left and right edges (:meth:`judged_at` never decreases as ``end``
-        grows), so one sliding-window minimum per device (a deque of sample positions whose
-        values increase) answers them all in a single pass over the samples.
+        In order of their ends, the windows ``(end, judged_at]`` only move right (judged_at
+        grows with end), so one sliding-window minimum per device answers them all.
         """
         times = self._times
         samples = self.samples
@@ -319,9 +281,6 @@ class Trace:
             span = self.tests[i]
             lo = bisect.bisect_right(times, span.end)
             hi = bisect.bisect_right(times, self.judged_at(span, grace_s))
-            if hi < added:  # never, as judged_at grows with end; kept exact if it did
-                out[id(span)] = (i, self._held_after_one(span, grace_s))
-                continue
             for k in range(added, hi):
                 used = samples[k].used
                 for pos in range(min(width, len(used))):
@@ -367,10 +326,8 @@ class Trace:
     def leaks(self, tolerance_bytes: int | None = None, grace_s: float | None = None) -> list[Leak]:
         """Return every (test, device) whose usage grew by more than the tolerance, largest first.
 
-        A test leaks on a device when :meth:`growth` exceeds the tolerance: when the device still
-        holds more than it held before the test, at the moment the next test's body begins (or
-        ``grace_s`` after the test, when no body follows). With tests running in parallel
-        (pytest-xdist), a neighbour's memory counts too.
+        A test leaks on a device when :meth:`growth` exceeds the tolerance. With tests running
+        in parallel (pytest-xdist), a neighbour's memory counts too.
 
         Args:
             tolerance_bytes: Growth allowed; ``None`` uses :attr:`leak_tolerance_bytes`.

@@ -5,8 +5,8 @@ Run on a machine with a CUDA (or ROCm) GPU and torch installed::
     pytest benchmarks/timeline_demo -p no:cacheprovider \\
         --accelplat-timeline=timeline.html --accelplat-timeline-json=timeline.json
 
-(add ``-p accelplat.pytest_plugin -p accelplat.pytest_plugin._timeline`` when accelplat is not
-installed, so its entry points are not registered: the demo uses the plugin's
+(add ``-p accelplat.pytest_plugin`` when accelplat is not installed, so its entry point is not
+registered: the demo uses the plugin's
 ``settled_device_memory`` fixture). Open ``timeline.html``: it shows the CUDA context of the
 first test, a ramp to 24 GiB and back, a child process whose memory comes back only after it
 exits, a settle wait, and one planted leak of 4 GiB that a later test frees. Without a GPU every

@@ -12,8 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import accelplat
-from accelplat import GIB, MIB, BackendError, DeviceNotFoundError, Platform
+import accelplat.types
+from accelplat import GIB, MIB, Platform
 from accelplat._backends.cpu import CpuPlatform, utilization_with_margin
+from accelplat.errors import BackendError, DeviceNotFoundError
 from tests.fakes.hostfs import V1_UNLIMITED, HostFS
 
 
@@ -34,7 +36,7 @@ def test_identity_and_static_properties(fs: HostFS) -> None:
     assert (p.name, p.device_type, p.visible_devices_env) == ("cpu", "cpu", None)
     assert p.preferred_start_method == "fork"
     assert p.context_free is True
-    assert p.release == accelplat.ReleaseProfile(False, 0.0, 120.0, 0)
+    assert p.release == accelplat.types.ReleaseProfile(False, 0.0, 120.0, 0)
     assert p.graph.available is False
     assert p.graph.api is None
     assert p.graph.reason == "CPU has no graph capture"
@@ -67,7 +69,7 @@ def test_querying_memory_does_not_import_torch(fs: HostFS) -> None:
 
 def test_meminfo_without_cgroup_file(fs: HostFS) -> None:
     info = fs.platform().memory_info(0)
-    assert info == accelplat.MemoryInfo(
+    assert info == accelplat.types.MemoryInfo(
         free=30 * GIB, total=32 * GIB, used=2 * GIB, source="meminfo"
     )
 
@@ -108,7 +110,7 @@ def test_v2_limit_on_an_ancestor_bounds_total(fs: HostFS) -> None:
     fs.v2_level("/kubepods/pod1/ctr", max="max", current=2 * GIB)
     info = fs.platform().memory_info(0)
     # charge = memory.current - inactive_file = 3 - 1 GiB at the limited level
-    assert info == accelplat.MemoryInfo(
+    assert info == accelplat.types.MemoryInfo(
         free=6 * GIB, total=8 * GIB, used=2 * GIB, source="cgroup-v2"
     )
 
@@ -223,7 +225,7 @@ def test_v1_limit_and_usage_less_inactive_file(fs: HostFS) -> None:
     fs.v1_level("/docker", limit=V1_UNLIMITED, usage=10 * GIB)
     fs.v1_level("/docker/abc", limit=2 * GIB, usage=1536 * MIB, total_inactive_file=512 * MIB)
     info = fs.platform().memory_info(0)
-    assert info == accelplat.MemoryInfo(free=GIB, total=2 * GIB, used=GIB, source="cgroup-v1")
+    assert info == accelplat.types.MemoryInfo(free=GIB, total=2 * GIB, used=GIB, source="cgroup-v1")
 
 
 def test_v1_unlimited_reads_meminfo(fs: HostFS) -> None:
@@ -283,7 +285,7 @@ def test_several_numa_nodes_are_devices(fs: HostFS) -> None:
     # available as vLLM's CPU worker counts it:
     # MemFree + Active(file) + Inactive(file) + SReclaimable
     n0 = p.memory_info(0)
-    assert n0 == accelplat.MemoryInfo(
+    assert n0 == accelplat.types.MemoryInfo(
         free=4 * GIB + GIB + 2 * GIB + 512 * MIB,
         total=16 * GIB,
         used=16 * GIB - (7 * GIB + 512 * MIB),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.metadata
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -18,8 +19,7 @@ import pytest
 from accelplat import _registry as registry
 from accelplat._backends.cuda import CudaPlatform, cuda_order_uuids
 from accelplat._platform import Platform
-from accelplat._types import GraphSupport, MemoryInfo, ReleaseProfile
-from accelplat._usage import HolderState
+from accelplat._types import GraphSupport, HolderState, MemoryInfo, ReleaseProfile
 from accelplat._vendor import nvml as _nvml
 from accelplat.errors import AccelplatError, BackendError, DeviceNotFoundError
 from tests.conftest import Install
@@ -407,6 +407,27 @@ def test_v1_only_driver(install: Install) -> None:
     assert p.memory_info(0) == first
     # the missing v2 function is not asked for again: one call per query from now on
     assert fake.calls["nvmlDeviceGetMemoryInfo"] == calls_before + 1
+
+
+def test_the_step_down_is_decided_once_per_session_and_logged_once(
+    install: Install, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = install(FakeNvml([h200(0), h200(1)], memory_v2=False))
+    with caplog.at_level(logging.INFO, logger="accelplat._vendor.nvml"):
+        first, second = CudaPlatform(), CudaPlatform()
+        for _ in range(3):
+            assert first.memory_info(0).source == "nvml-v1"
+            assert second.memory_info(0).source == "nvml-v1"  # one decision for the process
+    steps = [r.getMessage() for r in caplog.records]
+    assert len(steps) == 1
+    assert "cuda device 0" in steps[0]
+    assert "FunctionNotFound" in steps[0]
+    assert "nvml-v1" in steps[0]
+    assert fake.calls["nvmlDeviceGetMemoryInfo"] == 7  # v2 once, then v1 for each reading
+    _nvml.shutdown()  # a new session decides afresh
+    fake.calls.clear()
+    assert CudaPlatform().memory_info(0).source == "nvml-v1"
+    assert fake.calls["nvmlDeviceGetMemoryInfo"] == 2
 
 
 def test_unknown_from_v2_falls_back_to_v1_and_v2_is_tried_again(install: Install) -> None:
@@ -962,15 +983,12 @@ def test_fake_errors_behave_like_nvidia_ml_py() -> None:
     assert type(NVMLError(4242)) is NVMLError
 
 
-# -- reading the v2 result's fields through nvidia-ml-py's public attributes ----------------
+# -- the memory ladder reads nvidia-ml-py's own v2 structure through its public fields ---------
 
 
-def test_v2_fields_read_from_the_buffer_match_the_real_structure() -> None:
-    """The reader agrees with nvidia-ml-py's own structure class, field by field."""
+def test_v2_fields_of_the_real_structure_are_read_as_nvml_reports_them() -> None:
     import importlib.machinery
     import importlib.util
-
-    from accelplat._vendor.nvml import memory_v2_figures
 
     # The installed nvidia-ml-py, loaded from its file: sys.modules may hold a fake.
     spec = importlib.machinery.PathFinder.find_spec("pynvml")
@@ -983,17 +1001,12 @@ def test_v2_fields_read_from_the_buffer_match_the_real_structure() -> None:
     mem.version = real.nvmlMemory_v2
     mem.total, mem.reserved = 150_754_820_096, 644_939_776
     mem.free, mem.used = 149_000_000_000, 2**40 + 12345
-    assert memory_v2_figures(mem) == (mem.free, mem.total, mem.used, mem.reserved)
-    assert memory_v2_figures(mem) == (149_000_000_000, 150_754_820_096, 2**40 + 12345, 644_939_776)
-
-
-def test_v2_fields_of_an_object_without_a_buffer_are_read_as_attributes() -> None:
-    from types import SimpleNamespace
-
-    from accelplat._vendor.nvml import memory_v2_figures
-
-    mem = SimpleNamespace(free=1, total=4, used=2, reserved=1)
-    assert memory_v2_figures(mem) == (1, 4, 2, 1)
+    nv = types.SimpleNamespace(
+        nvmlMemory_v2=real.nvmlMemory_v2, nvmlDeviceGetMemoryInfo=lambda handle, version: mem
+    )
+    figures = _nvml.memory(nv, object(), "GPU-real-structure", "cuda device 0")
+    total = 150_754_820_096 - 644_939_776
+    assert figures == (149_000_000_000, total, 2**40 + 12345, 644_939_776, "nvml-v2")
 
 
 # -- without the driver's library, nvidia-ml-py is not even imported ---------------------------

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import accelplat
-from accelplat._backends._readings import MAX_PLAUSIBLE_BYTES, checked_memory, implausible
+from accelplat._backends._common import MAX_PLAUSIBLE_BYTES, checked_memory, implausible
 from accelplat._backends.cuda import CudaPlatform
 from accelplat._backends.simulated import SimulatedClock, SimulatedPlatform
 from accelplat._types import GIB, MemoryInfo

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from accelplat._backends import _presence
+from accelplat._backends import _common
 from accelplat._backends.rocm import RocmPlatform
 from accelplat._backends.xpu import XpuPlatform
 from accelplat._vendor import levelzero as _levelzero
@@ -24,7 +24,6 @@ HEAVY = (
     "torch",
     "secrets",
     "accelplat._vendor.levelzero",
-    "accelplat._usage",
     "accelplat._backends.cuda",
     "accelplat._backends.rocm",
     "accelplat._backends.xpu",
@@ -38,8 +37,8 @@ HEAVY = (
 @pytest.fixture
 def fs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSysfs:
     tree = FakeSysfs(tmp_path)
-    monkeypatch.setenv(_presence.ENV_SYSFS_ROOT, str(tree.sys))
-    monkeypatch.setenv(_presence.ENV_LEVEL_ZERO_LIB, str(tmp_path / "no-libze_loader.so.1"))
+    monkeypatch.setenv(_common.ENV_SYSFS_ROOT, str(tree.sys))
+    monkeypatch.setenv(_common.ENV_LEVEL_ZERO_LIB, str(tmp_path / "no-libze_loader.so.1"))
     monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     return tree
@@ -49,59 +48,59 @@ def _same_as_probes() -> None:
     rocm, xpu = RocmPlatform.probe(), XpuPlatform.probe()
     assert not rocm.available
     assert not xpu.available
-    assert _presence.rocm() == rocm.reason
-    assert _presence.xpu() == xpu.reason
+    assert _common.rocm_absent() == rocm.reason
+    assert _common.xpu_absent() == xpu.reason
 
 
 def test_no_drm_directory_gives_the_probes_reasons(fs: FakeSysfs) -> None:
     (fs.sys / "class" / "drm").rmdir()
     _same_as_probes()
-    assert "does not exist" in (_presence.xpu() or "")
+    assert "does not exist" in (_common.xpu_absent() or "")
 
 
 def test_cards_of_other_vendors_give_the_probes_reasons(fs: FakeSysfs) -> None:
     fs.add_other_gpu(0, pci="0000:01:00.0")
     fs.add_connector("card0-DP-1")
     _same_as_probes()
-    assert "no AMD GPU with VRAM files" in (_presence.rocm() or "")
+    assert "no AMD GPU with VRAM files" in (_common.rocm_absent() or "")
 
 
 def test_a_vendor_card_defers_to_the_full_probe(fs: FakeSysfs) -> None:
     fs.add_amd_gpu(0, pci="0000:03:00.0", vram_total=1 << 30)
     fs.add_intel_gpu(1, pci="0000:8c:00.0")
-    assert _presence.rocm() is None
-    assert _presence.xpu() is None
+    assert _common.rocm_absent() is None
+    assert _common.xpu_absent() is None
 
 
 def test_an_unreadable_vendor_file_defers_to_the_full_probe(fs: FakeSysfs) -> None:
     fs.add_other_gpu(0, pci="0000:01:00.0")
     fs.write_attr(0, "vendor", "not hex\n")
-    assert _presence.rocm() is None
-    assert _presence.xpu() is None
+    assert _common.rocm_absent() is None
+    assert _common.xpu_absent() is None
 
 
 def test_torch_or_amdsmi_imported_defers_rocm_to_its_probe(
     fs: FakeSysfs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert _presence.rocm() is not None
+    assert _common.rocm_absent() is not None
     monkeypatch.setitem(sys.modules, "torch", object())
-    assert _presence.rocm() is None
+    assert _common.rocm_absent() is None
     monkeypatch.delitem(sys.modules, "torch")
     monkeypatch.setitem(sys.modules, "amdsmi", None)  # blocked: the probe says so itself
-    assert _presence.rocm() is None
+    assert _common.rocm_absent() is None
 
 
 def test_a_loadable_level_zero_loader_defers_xpu_to_its_probe(
     fs: FakeSysfs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(_presence.ENV_LEVEL_ZERO_LIB, "libc.so.6")  # loads: may list a GPU
-    assert _presence.xpu() is None
+    monkeypatch.setenv(_common.ENV_LEVEL_ZERO_LIB, "libc.so.6")  # loads: may list a GPU
+    assert _common.xpu_absent() is None
 
 
 def test_the_loader_name_is_the_bindings_default() -> None:
-    assert _presence.LEVEL_ZERO_LOADER == _levelzero.LOADER_NAME
+    assert _common.LEVEL_ZERO_LOADER == _levelzero.LOADER_NAME
     # the binding sits below the backends, so it keeps its own copy of Intel's vendor id
-    assert _presence.INTEL_VENDOR_ID == _levelzero.INTEL_VENDOR_ID
+    assert _common.INTEL_VENDOR_ID == _levelzero.INTEL_VENDOR_ID
 
 
 def test_cuda_check_is_nvmls_own_and_defers_once_pynvml_is_imported(
@@ -109,9 +108,9 @@ def test_cuda_check_is_nvmls_own_and_defers_once_pynvml_is_imported(
 ) -> None:
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     monkeypatch.setattr(_nvml, "library_missing", lambda: "no library here")
-    assert _presence.cuda() == "no library here"
+    assert _common.cuda_absent() == "no library here"
     monkeypatch.setitem(sys.modules, "pynvml", object())
-    assert _presence.cuda() is None
+    assert _common.cuda_absent() is None
 
 
 _DETECT = """
@@ -138,8 +137,8 @@ def test_detection_without_a_driver_loads_no_gpu_backend(tmp_path: Path) -> None
     if _nvml.library_missing() is None:
         pytest.skip("NVML's library loads on this host")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
-    env[_presence.ENV_SYSFS_ROOT] = str(tmp_path)  # no class/drm: no AMD or Intel card
-    env[_presence.ENV_LEVEL_ZERO_LIB] = str(tmp_path / "no-libze_loader.so.1")
+    env[_common.ENV_SYSFS_ROOT] = str(tmp_path)  # no class/drm: no AMD or Intel card
+    env[_common.ENV_LEVEL_ZERO_LIB] = str(tmp_path / "no-libze_loader.so.1")
     done = subprocess.run(
         [sys.executable, "-c", _DETECT, json.dumps(HEAVY)],
         env=env,
@@ -154,28 +153,3 @@ def test_detection_without_a_driver_loads_no_gpu_backend(tmp_path: Path) -> None
     assert seen["heavy"] == []
     # the quick checks said what the probes say
     assert seen["reasons"] == seen["probes"]
-
-
-_QUERY = """
-import json, sys
-at_start = "pathlib" in sys.modules  # an editable install's path hook may import it
-import accelplat
-platform = accelplat.current_platform()
-platform.memory_info(0)
-print(json.dumps({"platform": platform.name, "modules": sorted(sys.modules), "at_start": at_start}))
-"""
-
-
-def test_a_bare_host_detects_and_reads_memory_without_pathlib() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
-    done = subprocess.run(
-        [sys.executable, "-c", _QUERY], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
-    loaded = set(seen["modules"])
-    if seen["platform"] != "cpu" or loaded & set(HEAVY):
-        pytest.skip("this host has an accelerator, or something a backend's probe must check")
-    if seen["at_start"]:
-        pytest.skip("the interpreter imports pathlib at start-up here")
-    assert "pathlib" not in loaded

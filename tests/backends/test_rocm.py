@@ -16,8 +16,7 @@ import pytest
 from accelplat import _registry as registry
 from accelplat._backends.rocm import RocmPlatform
 from accelplat._platform import Platform
-from accelplat._types import GIB, MIB
-from accelplat._usage import HolderState
+from accelplat._types import GIB, MIB, HolderState
 from accelplat.errors import (
     BackendError,
     ConfigurationError,
@@ -736,7 +735,7 @@ def test_registry_loads_rocm(two_gpus, monkeypatch):
 
 
 def test_amdsmi_is_initialised_once_per_process_and_again_after_fork(fs, monkeypatch):
-    from accelplat._backends import rocm
+    from accelplat._backends.rocm import _sources as rocm
 
     module = _install_amdsmi(monkeypatch, [FakeAmdGpu("0000:03:00.0", 8 * GIB)])
     RocmPlatform().devices()

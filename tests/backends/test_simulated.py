@@ -26,8 +26,7 @@ from accelplat._backends.simulated import (
     load_spec,
 )
 from accelplat._platform import Platform
-from accelplat._types import GIB, MIB, GraphSupport, ReleaseProfile
-from accelplat._usage import HolderState, MemoryHolder
+from accelplat._types import GIB, MIB, GraphSupport, HolderState, MemoryHolder, ReleaseProfile
 from accelplat.errors import ConfigurationError, DeviceNotFoundError, PlatformNotAvailableError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "simulated"

@@ -22,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import accelplat
+import accelplat.errors
 from accelplat import _files
 from accelplat._backends.simulated import (
     MAX_DEVICES,
@@ -171,7 +172,7 @@ def test_a_hostile_spec_named_by_the_variable_makes_the_platform_unavailable(
     result = SimulatedPlatform.probe()
     assert not result.available
     monkeypatch.setenv("ACCELPLAT_PLATFORM", "simulated")
-    with pytest.raises(accelplat.PlatformNotAvailableError, match="nested too deeply"):
+    with pytest.raises(accelplat.errors.PlatformNotAvailableError, match="nested too deeply"):
         accelplat.current_platform()
 
 

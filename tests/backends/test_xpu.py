@@ -13,8 +13,7 @@ import pytest
 from accelplat import _registry as registry
 from accelplat._backends.xpu import XpuPlatform, usage_visible_to_this_process
 from accelplat._platform import Platform
-from accelplat._types import GIB
-from accelplat._usage import HolderState
+from accelplat._types import GIB, HolderState
 from accelplat._vendor import levelzero as lz
 from accelplat.errors import BackendError, ConfigurationError, DeviceNotFoundError
 from tests.fakes.imports import TorchBlocker, forbid_torch

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from accelplat._cli import main
-from accelplat._cli.info import INFO_SCHEMA_VERSION
+from accelplat._cli._errors import SCHEMA_VERSION
 
 JSON_KEYS = {
     "schema",
@@ -38,7 +38,7 @@ def test_info_json_has_stable_keys_on_cpu(
     assert main(["info", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == JSON_KEYS
-    assert doc["schema"] == INFO_SCHEMA_VERSION
+    assert doc["schema"] == SCHEMA_VERSION
     assert doc["platform"] == "cpu"
     assert doc["forced"] == "cpu"
     assert doc["candidates"][0]["chosen"] is True

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from accelplat._cli._json import SCHEMA_VERSION, dumps, versioned
+from accelplat._cli._errors import SCHEMA_VERSION, dumps, versioned
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
-from accelplat._cli import _live
-from accelplat._cli._live import BAR_WIDTH, Keys, ViewState, bar, colour_for, render
-from accelplat._types import GIB, MemoryInfo
-from accelplat._usage import HolderState, MemoryHolder, UsageSnapshot
+from accelplat._cli import stats as stats_cli
+from accelplat._cli.stats import BAR_WIDTH, Keys, ViewState, bar, colour_for, render
+from accelplat._types import GIB, HolderState, MemoryHolder, MemoryInfo, UsageSnapshot
 
 pytest.importorskip("rich")
 
@@ -122,7 +121,7 @@ def test_keys_toggle_holders_and_quit_on_a_real_terminal(monkeypatch: pytest.Mon
         waits.append((timeout, bool(ready[0])))
         return ready
 
-    monkeypatch.setattr(_live, "select", types.SimpleNamespace(select=counting_select))
+    monkeypatch.setattr(stats_cli, "select", types.SimpleNamespace(select=counting_select))
     master, slave = pty.openpty()
     try:
         before = termios.tcgetattr(slave)

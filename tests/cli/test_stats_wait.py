@@ -12,14 +12,13 @@ from typing import Any
 
 import pytest
 
-from accelplat._cli import main
+from accelplat._cli import build_parser, main
 from accelplat._cli import stats as stats_cli
-from accelplat._cli._args import parse_devices, parse_size_arg
+from accelplat._cli._args import parse_devices
 from accelplat._cli.stats import use_rich
 from accelplat._cli.wait import Progress
 from accelplat._memory import PollPolicy
-from accelplat._types import GIB, MemoryInfo
-from accelplat._usage import UsageSnapshot
+from accelplat._types import GIB, MemoryInfo, UsageSnapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,14 +92,43 @@ def test_parse_devices() -> None:
             parse_devices(bad)
 
 
-def test_parse_size_arg() -> None:
-    assert parse_size_arg("4GiB") == 4 * GIB
-    assert parse_size_arg("512MiB") == 512 * 1024**2
-    assert parse_size_arg("8GB") == 8 * 10**9
-    assert parse_size_arg("1024") == 1024
-    for bad in ("4XB", "-1GiB", "", "lots"):
-        with pytest.raises(Exception, match="size"):
-            parse_size_arg(bad)
+@pytest.mark.parametrize(
+    ("flag", "text", "expected"),
+    [
+        ("--threshold-bytes", "4GiB", 4 * GIB),
+        ("--threshold-bytes", "512MiB", 512 * 1024**2),
+        ("--threshold-bytes", "8GB", 8 * 10**9),
+        ("--threshold-bytes", "1024B", 1024),
+        ("--threshold-bytes", "0", 0),  # nothing: the one bare number that reads one way
+        ("--tolerance", " 64 MiB ", 64 * 1024**2),
+    ],
+)
+def test_size_options_take_a_unit(flag: str, text: str, expected: int) -> None:
+    parser = build_parser()
+    args = parser.parse_args(["wait", f"{flag}={text}"])
+    assert getattr(args, flag[2:].replace("-", "_")) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["shm", "--require", "4"], '--require: "4" has no unit; write 4GiB, 4GB or 4B'),
+        (["wait", "--threshold-bytes", "1024"], '--threshold-bytes: "1024" has no unit'),
+        (["lease", "--min-free", "40", "--", "true"], '--min-free: "40" has no unit'),
+        (["kv", "--layers", "1", "--kv-heads", "1", "--head-size", "8", "--dtype", "2",
+          "--max-model-len", "4", "--available", "1.5"], '--available: "1.5" has no unit'),
+        (["wait", "--threshold-bytes", "4XB"], "--threshold-bytes must be a non-negative size"),
+        (["wait", "--threshold-bytes=-4GiB"], "--threshold-bytes must be a non-negative size"),
+        (["wait", "--threshold-bytes", ""], "--threshold-bytes must be a non-negative size"),
+    ],
+)  # fmt: skip
+def test_a_size_without_a_unit_is_refused_naming_the_option(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert f"accelplat {argv[0]}: error: {message}" in err
+    assert out == ""
 
 
 class FakeTTY(io.StringIO):
@@ -226,13 +254,30 @@ def test_stats_rich_table(
 ) -> None:
     pytest.importorskip("rich")
     use_spec(RELEASING)
-    monkeypatch.setattr(stats_cli, "use_rich", lambda stream: True)
+    monkeypatch.setattr(stats_cli, "use_rich", lambda stream, watch: True)
     monkeypatch.setenv("COLUMNS", "160")
     code, out, _ = run_cli(capsys, "stats", "--watch", "0.5", "--count", "2")
     assert code == 0
     assert "platform simulated · 2 device(s) · every 0.5 s" in out
     assert "60.00 GiB / 80.00 GiB" in out  # the second refresh
     assert "DEV  NAME" in out
+
+
+def test_without_rich_the_live_view_exits_2_and_the_rest_works(
+    use_spec: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_spec(RELEASING)
+    monkeypatch.setitem(sys.modules, "rich", None)  # `import rich` raises ImportError
+    monkeypatch.delenv("TERM", raising=False)
+    monkeypatch.setattr(sys, "stdout", FakeTTY())
+    code = main(["stats", "--watch", "0.5", "--count", "2"])
+    assert code == 2
+    assert "the live view needs rich: pip install 'accelplat[cli]'" in capsys.readouterr().err
+    assert main(["stats"]) == 0  # a single table on a terminal: plain text
+    assert sys.stdout.getvalue().startswith("platform: simulated")
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    assert main(["stats", "--watch", "0.5", "--count", "2"]) == 0  # not a terminal: plain
+    assert main(["info"]) == 0
 
 
 def test_stats_bad_input(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:

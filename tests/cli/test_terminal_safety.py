@@ -185,7 +185,7 @@ def test_a_pynvml_that_prints_on_import_is_silenced(
 def test_an_amdsmi_that_prints_and_fails_is_silenced_and_quoted(
     printing_module: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from accelplat._backends import rocm
+    from accelplat._backends.rocm import _sources as rocm
 
     printing_module("amdsmi", "raise KeyError('libamd_smi.so')\n")
     module, why = rocm._import_amdsmi_live()

@@ -30,8 +30,7 @@ from accelplat import _registry as registry
 from accelplat._backends.simulated import SimulatedClock
 from accelplat._memory import PollPolicy
 from accelplat._platform import Platform
-from accelplat._types import GIB, MemoryInfo
-from accelplat._usage import HolderState
+from accelplat._types import GIB, HolderState, MemoryInfo
 from accelplat._vendor import nvml as _nvml
 from accelplat._vendor.procs import classify_pid
 from accelplat.errors import MemoryNotSettledError

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 
 import accelplat
+import accelplat.errors
 from accelplat import _registry as registry
 from accelplat._backends import cpu as cpu_backend
 from accelplat._backends.cuda import CudaPlatform
 from accelplat._backends.simulated import SimulatedClock
-from accelplat._types import GIB
-from accelplat._usage import UsageSnapshot
+from accelplat._types import GIB, UsageSnapshot
 from accelplat._vendor import nvml as _nvml
 from accelplat.errors import AccelplatError, BackendError, MemoryNotSettledError
 from tests.conftest import Install
@@ -387,7 +387,7 @@ def test_import_and_detection_survive_a_hostile_environment(tmp_path: Path) -> N
         out["detect_error"] = report.error
         try:
             accelplat.current_platform()
-        except accelplat.AccelplatError as exc:
+        except accelplat.errors.AccelplatError as exc:
             out["current"] = type(exc).__name__
         del os.environ["ACCELPLAT_PLATFORM"], os.environ["ACCELPLAT_PROBE_TIMEOUT_S"]
         accelplat._registry.reset()

@@ -75,7 +75,7 @@ def test_single_gpu_test_runs_on_the_leased_gpu(i: int) -> None:
     assert uuids == [leased]
 
 
-@pytest.mark.accelplat_requires_devices(2)
+@pytest.mark.accelplat_requires(devices=2)
 def test_two_gpu_test_gets_both_gpus_for_its_duration() -> None:
     start = time.time()
     leased = os.environ["CUDA_VISIBLE_DEVICES"].split(",")

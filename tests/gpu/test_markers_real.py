@@ -20,23 +20,23 @@ SUITE = textwrap.dedent(
     """
     import pytest
 
-    @pytest.mark.accelplat_platforms("cuda")
+    @pytest.mark.accelplat_requires(platforms="cuda")
     def test_runs_on_cuda(accel_platform):
         assert accel_platform.name == "cuda"
 
-    @pytest.mark.accelplat_platforms("rocm", "xpu")
+    @pytest.mark.accelplat_requires(platforms=["rocm", "xpu"])
     def test_skips_off_rocm_and_xpu():
         raise AssertionError("must be skipped on CUDA")
 
-    @pytest.mark.accelplat_requires_graph
+    @pytest.mark.accelplat_requires("graphs")
     def test_graph_capable(accel_platform):
         assert accel_platform.graph.available
 
-    @pytest.mark.accelplat_requires_device_memory(10_000)
+    @pytest.mark.accelplat_requires(device_memory="10000GiB")
     def test_needs_ten_thousand_gib():
         raise AssertionError("must be skipped: no GPU has 10,000 GiB")
 
-    @pytest.mark.accelplat_requires_devices(64)
+    @pytest.mark.accelplat_requires(devices=64)
     def test_needs_64_devices():
         raise AssertionError("must be skipped")
 

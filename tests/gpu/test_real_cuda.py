@@ -32,8 +32,7 @@ import pynvml  # noqa: E402
 
 from accelplat import _registry as registry  # noqa: E402
 from accelplat._backends.cuda import CudaPlatform, cuda_order_uuids  # noqa: E402
-from accelplat._types import GIB, MIB  # noqa: E402
-from accelplat._usage import HolderState  # noqa: E402
+from accelplat._types import GIB, MIB, HolderState  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

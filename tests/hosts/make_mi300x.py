@@ -22,8 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from accelplat._capture import bundle_contents, capture
 from accelplat._describe import collect_info
-from accelplat.replay import capture, describe, parse_bundle, replaying
+from accelplat.replay import parse_bundle, replaying
 from accelplat.replay._bundle import bundle_bytes
 from tests.fakes.sysfs import FakeSysfs
 
@@ -120,7 +121,7 @@ def build() -> bytes:
         system="Linux",
     )
     host["summary"]["versions"].update(torch=TORCH, accelplat=host["accelplat_version"])
-    contents = describe(host)
+    contents = bundle_contents(host)
     with replaying(parse_bundle(bundle_bytes(host, None, contents), source=OUT.name)):
         info = collect_info()
     return bundle_bytes(host, info, contents)

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from accelplat import current_platform
-from accelplat._usage import SettleResult
+from accelplat._types import SettleResult
 from accelplat.integrations.vllm import after_engine_shutdown, before_engine_start, engine_kwargs
 
 from .tiny_model import PROMPTS, write_tiny_llama

@@ -19,8 +19,14 @@ import accelplat
 from accelplat import _registry as registry
 from accelplat._backends.simulated import SimulatedClock, SimulatedPlatform
 from accelplat._types import GIB
-from accelplat.errors import ConfigurationError, DeviceNotFoundError, MemoryNotSettledError
+from accelplat.errors import (
+    ConfigurationError,
+    DeviceNotFoundError,
+    MemoryNotSettledError,
+    VllmMemoryNotFreeError,
+)
 from accelplat.integrations import vllm as av
+from accelplat.integrations._vllm import EAGER_START_GRACE_S
 from tests.fakes.hostfs import HostFS
 
 pytest_plugins = ["pytester"]
@@ -140,7 +146,7 @@ def test_timeout_raises_value_error_in_vllm_032_shape_with_physical_indices(
     platform, clock = make_platform([device("80GiB", "0GiB", timeline=[stuck]), device()])
     physical = [replace(d, physical_index=7 - d.index) for d in platform.devices()]
     monkeypatch.setattr(platform, "devices", lambda: physical)
-    with pytest.raises(av.VllmMemoryNotFreeError) as info:
+    with pytest.raises(VllmMemoryNotFreeError) as info:
         av.wait_for_gpu_memory_to_clear(devices=[0], threshold_bytes=2 * GIB, timeout_s=3)
     err = info.value
     assert isinstance(err, ValueError)
@@ -170,7 +176,7 @@ def test_threshold_text_follows_vllm_032_for_ratio_and_both() -> None:
 def test_thresholds_are_judged_on_vllms_accounting() -> None:
     # 1.5 GiB allocated + 0.6 GiB reserved: vLLM sees 2.1 GiB used, above a 2 GiB threshold.
     make_platform([device("79GiB", "1536MiB", reserved="614MiB")])
-    with pytest.raises(av.VllmMemoryNotFreeError):
+    with pytest.raises(VllmMemoryNotFreeError):
         av.wait_for_gpu_memory_to_clear(devices=[0], threshold_bytes=2 * GIB, timeout_s=0)
     accelplat.wait_for_memory_to_clear([0], threshold_bytes=2 * GIB, timeout_s=0)
 
@@ -353,9 +359,9 @@ def test_before_start_gives_an_eager_platform_a_short_grace() -> None:
 
 def test_before_start_reports_memory_still_held_after_the_grace() -> None:
     _, clock = make_platform([device("80GiB", "10GiB")], release=EAGER)
-    with pytest.raises(av.VllmMemoryNotFreeError, match=r"not free after dur_s=2\.00"):
+    with pytest.raises(VllmMemoryNotFreeError, match=r"not free after dur_s=2\.00"):
         av.before_engine_start({"gpu_memory_utilization": 0.92})
-    assert clock.monotonic() == pytest.approx(av.EAGER_START_GRACE_S)
+    assert clock.monotonic() == pytest.approx(EAGER_START_GRACE_S)
 
 
 def test_before_start_does_nothing_without_an_accelerator() -> None:
@@ -364,7 +370,7 @@ def test_before_start_does_nothing_without_an_accelerator() -> None:
     result = av.before_engine_start({"gpu_memory_utilization": 0.99})
     assert result.polls == 0
     assert clock.sleeps == []
-    with pytest.raises(av.VllmMemoryNotFreeError):
+    with pytest.raises(VllmMemoryNotFreeError):
         av.before_engine_start({"gpu_memory_utilization": 0.99}, strict=True)
 
 
@@ -488,10 +494,10 @@ def test_memory_baseline_rejects_a_bad_tolerance(bad: object) -> None:
 
 def test_not_free_error_survives_pickling() -> None:
     make_platform([device("80GiB", "70GiB")])
-    with pytest.raises(av.VllmMemoryNotFreeError) as info:
+    with pytest.raises(VllmMemoryNotFreeError) as info:
         av.wait_for_gpu_memory_to_clear(devices=[0], threshold_ratio=0.1, timeout_s=0)
     copy = pickle.loads(pickle.dumps(info.value))
-    assert type(copy) is av.VllmMemoryNotFreeError
+    assert type(copy) is VllmMemoryNotFreeError
     assert str(copy) == str(info.value)
     assert copy.targets == info.value.targets
     assert copy.snapshot == info.value.snapshot

@@ -47,11 +47,11 @@ TESTS = textwrap.dedent(
         log(f"single{i}")
         time.sleep(0.2)
 
-    @pytest.mark.accelplat_requires_devices(2)
+    @pytest.mark.accelplat_requires(devices=2)
     def test_two():
         log("two")
 
-    @pytest.mark.accelplat_requires_devices(5)
+    @pytest.mark.accelplat_requires(devices=5)
     def test_five():
         log("five")
     """
@@ -65,7 +65,8 @@ def run(tmp_path: Path, *options: str) -> tuple[subprocess.CompletedProcess[str]
     spec.write_text(json.dumps({"devices": [{"total": "80GiB"}] * 3}))
     log = tmp_path / "log.jsonl"
     log.unlink(missing_ok=True)
-    env = dict(os.environ)
+    # an outer xdist worker's variables would make the inner pytest act as a worker (issue 23)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     env.update(
         {
             "ACCELPLAT_PLATFORM": "simulated",

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from accelplat.pytest_plugin import MARKERS
+from accelplat.pytest_plugin._requires import MARKER
 
 pytest_plugins = ["pytester"]
 
-BASE_ARGS = ("-p", "no:cacheprovider", "-p", "no:accelplat_timeline", "--strict-markers", "-rs")
+BASE_ARGS = ("-p", "no:cacheprovider", "--strict-markers", "-rs")
 
 
 def write_spec(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, **spec: Any) -> Path:
@@ -32,11 +32,9 @@ def skip_lines(result: pytest.RunResult) -> list[str]:
     return [line for line in result.outlines if line.startswith("SKIPPED")]
 
 
-def test_markers_are_registered(pytester: pytest.Pytester) -> None:
+def test_the_marker_is_registered(pytester: pytest.Pytester) -> None:
     config = pytester.parseconfigure("-p", "no:cacheprovider")
-    registered = config.getini("markers")
-    for line in MARKERS.values():
-        assert line in registered
+    assert MARKER in config.getini("markers")
 
 
 SIMULATED_TESTS = """
@@ -47,22 +45,22 @@ import pytest
 from accelplat.integrations.vllm import large_gpu_mark
 
 
-@pytest.mark.accelplat_requires_graph
+@pytest.mark.accelplat_requires("graphs")
 def test_graph():
     pass
 
 
-@pytest.mark.accelplat_requires_device_memory(24)
+@pytest.mark.accelplat_requires(device_memory="24GiB")
 def test_memory_24():
     pass
 
 
-@pytest.mark.accelplat_requires_device_memory(16)
+@pytest.mark.accelplat_requires(device_memory="16GiB")
 def test_memory_16():
     pass
 
 
-@pytest.mark.accelplat_requires_device_memory(gib=20, devices=3)
+@pytest.mark.accelplat_requires(device_memory="20GiB", devices=3)
 def test_memory_on_three():
     pass
 
@@ -77,47 +75,47 @@ def test_large_18_gb():
     pass
 
 
-@pytest.mark.accelplat_requires_devices(2)
+@pytest.mark.accelplat_requires(devices=2)
 def test_two_devices():
     pass
 
 
-@pytest.mark.accelplat_requires_devices(3)
+@pytest.mark.accelplat_requires(devices=3)
 def test_three_devices():
     pass
 
 
-@pytest.mark.accelplat_platforms("cuda", "rocm")
+@pytest.mark.accelplat_requires(platforms=["cuda", "rocm"])
 def test_cuda_or_rocm():
     pass
 
 
-@pytest.mark.accelplat_platforms("simulated")
+@pytest.mark.accelplat_requires(platforms="simulated")
 def test_on_simulated():
     pass
 
 
-@pytest.mark.accelplat_requires_shm(0.0001, path=os.environ["SHM_PATH"])
+@pytest.mark.accelplat_requires(shm="0.0001GiB", shm_path=os.environ["SHM_PATH"])
 def test_small_shm():
     pass
 
 
-@pytest.mark.accelplat_requires_shm(1000000, path=os.environ["SHM_PATH"])
+@pytest.mark.accelplat_requires(shm="1000000GiB", shm_path=os.environ["SHM_PATH"])
 def test_huge_shm():
     pass
 
 
-@pytest.mark.accelplat_requires_shm(1, path="/no/such/mount")
+@pytest.mark.accelplat_requires(shm="1GiB", shm_path="/no/such/mount")
 def test_missing_mount():
     pass
 
 
-@pytest.mark.accelplat_requires_devices(3)
+@pytest.mark.accelplat_requires(devices=3)
 class TestNeedsThree:
     def test_inherits_the_class_mark(self):
         pass
 
-    @pytest.mark.accelplat_requires_devices(1)
+    @pytest.mark.accelplat_requires(devices=1)
     def test_every_mark_must_hold(self):
         pass
 
@@ -149,9 +147,10 @@ def test_markers_on_the_simulated_platform(
     result.assert_outcomes(passed=7, skipped=10)
     skipped = "\n".join(skip_lines(result))
     expected = [
-        "test_sim.py:8: needs device graph capture; simulated has none: graphs are off in this",
+        "test_sim.py:8: needs graphs: graphs are off in this spec",
         "test_sim.py:13: needs 24.0 GiB device memory, simulated device 0 has 16.0 GiB total",
-        "test_sim.py:23: needs 20.0 GiB device memory on 3 devices, simulated has 2 visible",
+        "test_sim.py:23: needs 3 devices, simulated has 2 visible; needs 20.0 GiB device memory "
+        "on 3 devices, simulated has 2 visible",
         # vLLM's large_gpu_mark: a plain skipif, decimal GB, vLLM's reason text
         "test_sim.py:33: Need at least 18GB GPU memory to run the test (found 17.179869184GB).",
         "test_sim.py:43: needs 3 devices, simulated has 2 visible",
@@ -161,29 +160,30 @@ def test_markers_on_the_simulated_platform(
     ]
     for text in expected:
         assert text in skipped, text
-    assert skipped.count("needs 3 devices, simulated has 2 visible") == 3  # + both class tests
+    # test_memory_on_three, test_three_devices and both tests of the class
+    assert skipped.count("needs 3 devices, simulated has 2 visible") == 4
 
 
 CPU_TESTS = """
 import pytest
 
 
-@pytest.mark.accelplat_requires_graph
+@pytest.mark.accelplat_requires("graphs")
 def test_graph():
     pass
 
 
-@pytest.mark.accelplat_requires_device_memory(1000000)
+@pytest.mark.accelplat_requires(device_memory="1000000GiB")
 def test_memory():
     pass
 
 
-@pytest.mark.accelplat_requires_devices(1000)
+@pytest.mark.accelplat_requires(devices=1000)
 def test_devices():
     pass
 
 
-@pytest.mark.accelplat_platforms("cpu")
+@pytest.mark.accelplat_requires(platforms=["cpu"])
 def test_cpu_only(accel_platform):
     assert accel_platform.name == "cpu"
 """
@@ -194,39 +194,74 @@ def test_markers_on_the_cpu_platform(pytester: pytest.Pytester) -> None:
     result = run(pytester, "--accelplat-platform", "cpu")
     result.assert_outcomes(passed=1, skipped=3)
     skipped = "\n".join(skip_lines(result))
-    assert "needs device graph capture; cpu has none: CPU has no graph capture" in skipped
+    assert "needs graphs: CPU has no graph capture" in skipped
     assert "needs 1000000.0 GiB device memory, cpu device 0 has " in skipped
     assert "needs 1000 devices, cpu has " in skipped
 
 
-def test_malformed_marker_arguments_are_errors_naming_the_marker(pytester: pytest.Pytester) -> None:
+def test_malformed_marker_arguments_stop_the_session_naming_each_test(
+    pytester: pytest.Pytester,
+) -> None:
     pytester.makepyfile(
         test_bad="""
         import pytest
 
-        @pytest.mark.accelplat_requires_devices("two")
+        @pytest.mark.accelplat_requires(devices="two")
         def test_count():
             pass
 
-        @pytest.mark.accelplat_requires_device_memory(-1)
+        @pytest.mark.accelplat_requires(device_memory="-1GiB")
         def test_memory():
             pass
 
-        @pytest.mark.accelplat_platforms()
+        @pytest.mark.accelplat_requires(platforms=[])
         def test_platforms():
+            pass
+
+        @pytest.mark.accelplat_requires(gpus=2)
+        def test_keyword():
+            pass
+
+        @pytest.mark.accelplat_requires()
+        def test_nothing():
             pass
         """
     )
     result = run(pytester, "--accelplat-platform", "cpu")
-    result.assert_outcomes(errors=3)
-    result.stdout.fnmatch_lines(
-        [
-            "*accelplat_requires_devices(n) must be an int >= 1, got 'two'*",
-            "*accelplat_requires_device_memory(gib) must be a finite number >= 0, got -1*",
-            "*accelplat_platforms takes one or more platform names*",
-        ],
-        consecutive=False,
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = "\n".join(result.errlines)
+    for text in (
+        "test_bad.py::test_count: accelplat_requires(devices=) must be an int >= 1, got ",
+        "test_bad.py::test_memory: accelplat_requires(device_memory=)",
+        "test_bad.py::test_platforms: accelplat_requires(platforms=) takes one or more platform",
+        "test_bad.py::test_keyword: unknown keyword(s) gpus; known: devices, device_memory",
+        "test_bad.py::test_nothing: accelplat_requires needs at least one",
+    ):
+        assert text in err, err
+
+
+@pytest.mark.parametrize("value", ["80", 80, 80.0, 0], ids=["text", "int", "float", "zero"])
+@pytest.mark.parametrize("keyword", ["device_memory", "shm"])
+def test_a_size_without_a_unit_is_refused_naming_the_keyword_and_the_units(
+    pytester: pytest.Pytester, keyword: str, value: object
+) -> None:
+    """``device_memory=80`` once meant 80 bytes; a size a person types must carry its unit."""
+    pytester.makepyfile(
+        test_bare=f"""
+        import pytest
+
+        @pytest.mark.accelplat_requires({keyword}={value!r})
+        def test_bare():
+            pass
+        """
     )
+    result = run(pytester, "--accelplat-platform", "cpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = "\n".join(result.errlines)
+    assert f"test_bare.py::test_bare: accelplat_requires({keyword}=)" in err, err
+    assert "has no unit" in err, err
+    assert "GiB" in err, err
+    assert "GB" in err, err
 
 
 def test_an_unknown_or_unavailable_platform_is_a_usage_error(
@@ -266,7 +301,7 @@ def test_the_forced_platform_survives_a_registry_reset_in_a_fixture(
         def test_body_sees_it():
             assert registry.current_platform().name == "simulated"
 
-        @pytest.mark.accelplat_requires_devices(2)
+        @pytest.mark.accelplat_requires(devices=2)
         def test_markers_see_it():
             pass
 
@@ -420,7 +455,7 @@ class _CountingPlatform:
         return 2
 
     def memory_info(self, device: int) -> Any:
-        from accelplat import MemoryInfo
+        from accelplat.types import MemoryInfo
 
         self.reads += 1
         return MemoryInfo(free=10 - device, total=10, used=device)
@@ -441,15 +476,15 @@ def _tracks(*indices: int) -> list[Any]:
 
 
 def test_the_leak_check_takes_the_timelines_reading_of_the_same_moment() -> None:
-    from accelplat.pytest_plugin import _used_after_teardown, share_after_teardown
+    from accelplat.pytest_plugin._shared import share_after_teardown, used_after_teardown
 
     platform = _CountingPlatform()
     item = _item(with_leak_check=True)
     share_after_teardown(item, _tracks(0, 1), (7, 8))
-    assert _used_after_teardown(item, platform) == {0: 7, 1: 8}  # type: ignore[arg-type]
+    assert used_after_teardown(item, platform) == {0: 7, 1: 8}  # type: ignore[arg-type]
     assert platform.reads == 0
     # consumed: the next teardown reads again
-    assert _used_after_teardown(item, platform) == {0: 0, 1: 1}  # type: ignore[arg-type]
+    assert used_after_teardown(item, platform) == {0: 0, 1: 1}  # type: ignore[arg-type]
     assert platform.reads == 2
 
 
@@ -461,29 +496,29 @@ def test_the_leak_check_takes_the_timelines_reading_of_the_same_moment() -> None
 def test_a_reading_that_misses_a_device_is_not_taken(
     tracks: tuple[int, ...], reading: tuple[int | None, ...]
 ) -> None:
-    from accelplat.pytest_plugin import _used_after_teardown, share_after_teardown
+    from accelplat.pytest_plugin._shared import share_after_teardown, used_after_teardown
 
     platform = _CountingPlatform()
     item = _item(with_leak_check=True)
     share_after_teardown(item, _tracks(*tracks), reading)
-    assert _used_after_teardown(item, platform) == {0: 0, 1: 1}  # type: ignore[arg-type]
+    assert used_after_teardown(item, platform) == {0: 0, 1: 1}  # type: ignore[arg-type]
     assert platform.reads == 2
 
 
 def test_nothing_is_kept_for_the_leak_check_when_it_is_off() -> None:
-    from accelplat.pytest_plugin import _AFTER_TEARDOWN_KEY, share_after_teardown
+    from accelplat.pytest_plugin._shared import _AFTER_TEARDOWN_KEY, share_after_teardown
 
     item = _item(with_leak_check=False)
     share_after_teardown(item, _tracks(0, 1), (7, 8))
     assert _AFTER_TEARDOWN_KEY not in item.stash
 
 
-def _timeline_plugin() -> list[str]:
-    """Load the timeline plugin where the checkout is not installed (no entry point)."""
+def _plugin() -> list[str]:
+    """Load the plugin where the checkout is not installed (no entry point)."""
     from importlib.metadata import entry_points
 
-    installed = any(ep.name == "accelplat_timeline" for ep in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "accelplat.pytest_plugin._timeline"]
+    installed = any(ep.name == "accelplat" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "accelplat.pytest_plugin"]
 
 
 READ_COUNTING_CONFTEST = """
@@ -533,7 +568,7 @@ def test_readings_per_test_with_the_leak_check_and_the_timeline(
         body = "\n".join(f"def test_{i}():\n    pass\n" for i in range(tests))
         pytester.makepyfile(test_some=body)
         result = pytester.runpytest_subprocess(
-            "-p", "no:cacheprovider", *_timeline_plugin(), "--accelplat-platform", "simulated",
+            "-p", "no:cacheprovider", *_plugin(), "--accelplat-platform", "simulated",
             *options,
         )  # fmt: skip
         result.assert_outcomes(passed=tests)
@@ -545,20 +580,20 @@ def test_readings_per_test_with_the_leak_check_and_the_timeline(
 MIXED_MARKS = """
 import pytest
 
-pytestmark = pytest.mark.accelplat_requires_devices(9)
+pytestmark = pytest.mark.accelplat_requires(devices=9)
 
 
-@pytest.mark.accelplat_requires_devices(5)
-@pytest.mark.accelplat_platforms("rocm")
+@pytest.mark.accelplat_requires(devices=5)
+@pytest.mark.accelplat_requires(platforms=["rocm"])
 def test_mixed():
     pass
 """
 
 
-def test_unmet_marks_are_reported_by_kind_then_closest_first(
+def test_unmet_marks_are_reported_closest_first(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Reasons follow the order of the marker kinds; within one kind the closest mark first."""
+    """Every mark must hold; the reasons of the closest mark come first."""
     write_spec(pytester, monkeypatch, devices=[{"total": "16GiB", "used": "1GiB"}])
     pytester.makepyfile(test_mixed=MIXED_MARKS)
     result = run(pytester, "--accelplat-platform", "simulated")
@@ -568,3 +603,15 @@ def test_unmet_marks_are_reported_by_kind_then_closest_first(
         "runs only on rocm; the current platform is simulated; "
         "needs 5 devices, simulated has 1 visible; needs 9 devices, simulated has 1 visible"
     ), line
+
+
+def test_one_entry_point_and_one_option_group(pytester: pytest.Pytester) -> None:
+    """The leak check, the timeline and the leases are parts of one plugin, with one group."""
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    section = pyproject.split("[project.entry-points.pytest11]\n", 1)[1].split("\n\n", 1)[0]
+    assert section.strip() == 'accelplat = "accelplat.pytest_plugin"'
+    out = pytester.runpytest_subprocess(*_plugin(), "--help").stdout.str()
+    assert out.count("accelplat accelerator platform:") == 1
+    group = out.split("accelplat accelerator platform:")[1].split("\n\n")[0]
+    for option in ("--accelplat-leak-check", "--accelplat-timeline-hz", "--accelplat-lease-count"):
+        assert option in group

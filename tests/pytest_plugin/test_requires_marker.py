@@ -6,11 +6,11 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-BASE_ARGS = ("-p", "no:cacheprovider", "-p", "no:accelplat_timeline", "--strict-markers", "-rs")
+BASE_ARGS = ("-p", "no:cacheprovider", "--strict-markers", "-rs")
 
 CONFTEST = """
 from accelplat import register_platform
-from accelplat._types import DeviceInfo, FeatureRule, MemoryInfo
+from accelplat._types import DeviceInfo, FeatureRule, MemoryInfo, ProbeResult
 from accelplat._capabilities import define_capability
 from accelplat._platform import BasePlatform
 
@@ -24,6 +24,10 @@ class FakeGpus(BasePlatform):
         "bf16": (FeatureRule(min_compute_capability=(8, 0)),),
         "fp8": (FeatureRule(min_compute_capability=(8, 9), value="e4m3fn"),),
     }
+
+    @classmethod
+    def probe(cls):
+        return ProbeResult(True, "fake")
 
     def devices(self):
         return (
@@ -63,9 +67,9 @@ def test_rocm_only():
     pass
 
 
-@pytest.mark.accelplat_requires_devices(2)
+@pytest.mark.accelplat_requires(devices=2)
 @pytest.mark.accelplat_requires("flash-attn")
-def test_old_and_new_together():
+def test_two_marks_together():
     pass
 """
 

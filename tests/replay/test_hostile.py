@@ -18,9 +18,7 @@ from accelplat._cli import main
 from accelplat.errors import AccelplatError, BundleError
 from accelplat.replay import load_bundle, parse_bundle
 from accelplat.replay._bundle import Bundle, bundle_bytes
-
-HOSTS = Path(__file__).resolve().parents[1] / "hosts"
-BUNDLES = sorted(HOSTS.glob("*.tar.gz"))
+from tests._hosts import BUNDLES
 
 _ODD_VALUES: list[Any] = [
     None,

@@ -20,22 +20,7 @@ from accelplat._describe import collect_info
 from accelplat._registry import current_platform
 from accelplat.replay import compare_info, load_bundle, replaying
 from accelplat.testing import run_conformance
-
-HOSTS = Path(__file__).resolve().parents[1] / "hosts"
-BUNDLES = sorted(HOSTS.glob("*.tar.gz"))
-
-
-class VirtualClock:
-    """Settle waits of lazy platforms run in virtual time."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += max(0.0, seconds)
+from tests._hosts import BUNDLES, HOSTS, VirtualClock
 
 
 @pytest.fixture(autouse=True)

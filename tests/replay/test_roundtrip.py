@@ -14,13 +14,12 @@ import pytest
 from accelplat import _boundary
 from accelplat._describe import collect_info
 from accelplat._registry import current_platform
-from accelplat._usage import HolderState
+from accelplat._types import HolderState
 from accelplat.replay import Capture, capture, compare_info, parse_bundle, replaying
+from tests._hosts import HOSTS, clear_vendor_variables
 from tests.conftest import Install
 from tests.fakes.levelzero import arc, build_c_library, c_compiler, pvc
 from tests.fakes.nvml import GIB, FakeNvml, h200
-
-HOSTS = Path(__file__).resolve().parents[1] / "hosts"
 
 
 def no_sleep(_: float) -> None:
@@ -29,18 +28,7 @@ def no_sleep(_: float) -> None:
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (
-        "CUDA_VISIBLE_DEVICES",
-        "CUDA_DEVICE_ORDER",
-        "HIP_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-        "ZE_AFFINITY_MASK",
-        "ONEAPI_DEVICE_SELECTOR",
-        "ZE_FLAT_DEVICE_HIERARCHY",
-        "ACCELPLAT_PLATFORM",
-        "ACCELPLAT_REPLAY",
-    ):
-        monkeypatch.delenv(name, raising=False)
+    clear_vendor_variables(monkeypatch, "ACCELPLAT_PLATFORM", "ACCELPLAT_REPLAY")
     monkeypatch.setitem(sys.modules, "amdsmi", None)
     monkeypatch.setitem(sys.modules, "torch", None)
 
@@ -227,3 +215,37 @@ def test_a_replay_answers_host_files_from_the_bundle_and_user_files_from_this_ma
         with pytest.raises(FileNotFoundError, match="not in the capture bundle"):
             _files.read_text("/proc/self/never-read")
         assert not _files.exists("/sys/class/never-looked-at")
+
+
+def test_caches_registered_with_on_reset_are_dropped_when_a_replay_starts_and_ends() -> None:
+    calls: list[object] = []
+    _boundary.on_reset(lambda: calls.append(_boundary.active()))
+    try:
+        with replaying(HOSTS / "cpu-x86_64.tar.gz") as replayer:
+            assert calls == [replayer]
+        assert calls == [replayer, None]
+    finally:
+        _boundary._on_reset.pop()
+
+
+def test_the_variable_is_applied_only_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accelplat.replay import activate_from_environment
+
+    monkeypatch.setenv("ACCELPLAT_REPLAY", "  ")
+    assert activate_from_environment() is None
+    assert _boundary.active() is None
+
+
+def test_the_replay_formats_import_no_detection_and_capture_is_loaded_on_first_use() -> None:
+    import subprocess
+
+    code = (
+        "import sys, accelplat.replay as r\n"
+        "above = ('accelplat._capture', 'accelplat._registry')\n"
+        "print(sorted(m for m in above if m in sys.modules))\n"
+        "print(r.capture.__module__, r.compare_info.__module__, r.Capture.__name__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split("\n")[:2] == ["[]", "accelplat._capture accelplat._capture Capture"]

@@ -24,18 +24,24 @@ import pytest
 
 from accelplat import _registry as registry
 from accelplat._platform import BasePlatform
-from accelplat._types import DeviceInfo, GraphSupport, MemoryInfo, ProbeResult, ReleaseProfile
-from accelplat._usage import HolderState, MemoryHolder
+from accelplat._types import (
+    DeviceInfo,
+    GraphSupport,
+    HolderState,
+    MemoryHolder,
+    MemoryInfo,
+    ProbeResult,
+    ReleaseProfile,
+)
 from accelplat.errors import ConfigurationError, DeviceNotFoundError
 from accelplat.testing import (
     CHECK_NAMES,
-    SUM_TOLERANCE,
     CheckResult,
     ConformanceReport,
-    Tolerance,
     make_conformance_test,
     run_conformance,
 )
+from accelplat.testing._kit import SUM_TOLERANCE, Tolerance
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1024**3
@@ -385,6 +391,12 @@ def test_class_instead_of_instance_fails_protocol() -> None:
     assert "got the class GoodPlatform, not an instance" in detail(report, "protocol")
 
 
+def test_optional_is_accelerator_must_be_a_bool() -> None:
+    bad = type("SaysYes", (GoodPlatform,), {"is_accelerator": "yes"})
+    report = run_conformance(bad(), checks=["protocol"])
+    assert "is_accelerator is 'yes', not a bool" in detail(report, "protocol")
+
+
 # -- settle ---------------------------------------------------------------------------------------
 
 
@@ -641,7 +653,8 @@ def test_make_conformance_test_reports_each_check() -> None:
 
 
 PLUGIN_SOURCE = """
-    from accelplat import BasePlatform, DeviceInfo, MemoryInfo, ProbeResult
+    from accelplat import BasePlatform
+    from accelplat.types import DeviceInfo, MemoryInfo, ProbeResult
 
     class BadNpu(BasePlatform):
         name = "kit-bad"

@@ -21,21 +21,9 @@ from typing import Any
 import pytest
 
 from accelplat.testing import ConformanceReport, run_conformance
+from tests._hosts import VirtualClock, clear_vendor_variables
 
 GIB = 1024**3
-
-
-class VirtualClock:
-    """Settle waits on lazy platforms (2 s windows) run in virtual time."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += max(0.0, seconds)
 
 
 def assert_conforms(report: ConformanceReport, *, isolated: bool) -> None:
@@ -49,16 +37,7 @@ def assert_conforms(report: ConformanceReport, *, isolated: bool) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_vendor_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (
-        "CUDA_VISIBLE_DEVICES",
-        "CUDA_DEVICE_ORDER",
-        "HIP_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-        "ZE_AFFINITY_MASK",
-        "ONEAPI_DEVICE_SELECTOR",
-        "ZE_FLAT_DEVICE_HIERARCHY",
-    ):
-        monkeypatch.delenv(name, raising=False)
+    clear_vendor_variables(monkeypatch)
 
 
 # -- cpu and simulated -------------------------------------------------------------------------

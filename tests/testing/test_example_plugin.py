@@ -204,10 +204,10 @@ def test_accelplat_info_shows_why_the_broken_plugin_is_skipped(venv: Venv) -> No
 
 def test_forcing_the_broken_plugin_raises_with_its_reason(venv: Venv) -> None:
     out = venv.py(
-        "import accelplat\n"
+        "import accelplat.errors\n"
         "try:\n"
         "    accelplat.current_platform()\n"
-        "except accelplat.PlatformNotAvailableError as exc:\n"
+        "except accelplat.errors.PlatformNotAvailableError as exc:\n"
         "    print(exc.platform, '|', exc.reason)",
         ACCELPLAT_PLATFORM="example-npu-broken",
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from accelplat._platform import BasePlatform
-from accelplat._types import GIB, DeviceInfo, MemoryInfo
+from accelplat._types import GIB, DeviceInfo, MemoryInfo, ProbeResult
 from accelplat.timeline import Recorder, Trace, write_report
 
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -61,6 +61,10 @@ class ScriptedGpu(BasePlatform):
     def __init__(self, usage: Callable[[int, float], float], clock: Callable[[], float]) -> None:
         self._usage = usage
         self._clock = clock
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        return ProbeResult(True, "scripted")
 
     def devices(self) -> Sequence[DeviceInfo]:
         return [DeviceInfo(i, i, "Simulated H200") for i in range(2)]

@@ -17,31 +17,27 @@ from pathlib import Path
 import pytest
 
 from accelplat._cli import main as cli_main
-from accelplat._leaks import parse_leak_tolerance
+from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, parse_leak_tolerance
 from accelplat._platform import BasePlatform
 from accelplat._registry import set_current_platform
-from accelplat._types import GIB, MIB, DeviceInfo, MemoryInfo
+from accelplat._types import GIB, MIB, DeviceInfo, MemoryInfo, ProbeResult
 from accelplat.errors import BackendError, ConfigurationError
 from accelplat.pytest_plugin._timeline import WAIT_EVENT_ATTRIBUTE, WAIT_LOGGER, WaitEventTap
 from accelplat.timeline import (
-    DEFAULT_LEAK_TOLERANCE_BYTES,
     DeviceTrack,
     Recorder,
     Sample,
-    SampleBuffer,
     Sampler,
     TestSpan,
     Trace,
     WaitSpan,
-    dumps_trace,
     load_trace,
-    loads_trace,
-    platform_reader,
     render_html,
     save_trace,
     write_report,
 )
-from accelplat.timeline._sampler import validate_hz
+from accelplat.timeline._sampler import SampleBuffer, platform_reader, validate_hz
+from accelplat.timeline._trace import dumps_trace, loads_trace
 
 pytest_plugins = ["pytester"]
 
@@ -64,6 +60,10 @@ class FakeGpu(BasePlatform):
         self.used = [0] * n
         self.total = total
         self.failing: set[int] = set()
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        return ProbeResult(True, "fake")
 
     def devices(self) -> Sequence[DeviceInfo]:
         return [DeviceInfo(i, i, f"Fake GPU {i}") for i in range(len(self.used))]
@@ -381,7 +381,7 @@ def test_older_optional_fields_have_defaults() -> None:
     ("text", "expected"),
     [
         ("0", 0),
-        ("1048576", MIB),
+        ("1048576B", MIB),
         ("64MiB", 64 * MIB),
         ("64 mib", 64 * MIB),
         ("1.5GiB", int(1.5 * GIB)),
@@ -394,9 +394,11 @@ def test_parse_size(text: str, expected: int) -> None:
     assert parse_leak_tolerance(text, argument="size") == expected
 
 
-@pytest.mark.parametrize("text", ["", "x", "-1", "1e5", "5 parsecs", "9" * 400, "1.2.3MiB"])
+@pytest.mark.parametrize(
+    "text", ["", "x", "-1", "1e5", "5 parsecs", "9" * 400, "1.2.3MiB", "1048576"]
+)
 def test_parse_size_rejects(text: str) -> None:
-    with pytest.raises(ConfigurationError, match=r"--tol (must be|has more than)"):
+    with pytest.raises(ConfigurationError, match=r"--tol(:| must be| has more than)"):
         parse_leak_tolerance(text, argument="--tol")
 
 
@@ -841,13 +843,13 @@ def test_wait_event_tap_yields_to_a_level_set_later(caplog: pytest.LogCaptureFix
 
 
 def _plugin_args() -> list[str]:
-    installed = any(ep.name == "accelplat_timeline" for ep in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "accelplat.pytest_plugin._timeline"]
+    installed = any(ep.name == "accelplat" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "accelplat.pytest_plugin"]
 
 
 _INNER_CONFTEST = """
 import pytest
-from accelplat._types import GIB, DeviceInfo, MemoryInfo
+from accelplat._types import GIB, DeviceInfo, MemoryInfo, ProbeResult
 from accelplat._platform import BasePlatform
 from accelplat._registry import set_current_platform
 
@@ -858,6 +860,10 @@ class InnerGpu(BasePlatform):
 
     def __init__(self):
         self.used = [GIB // 2]
+
+    @classmethod
+    def probe(cls):
+        return ProbeResult(True, "inner")
 
     def devices(self):
         return [DeviceInfo(0, 0, "Inner GPU")]
@@ -971,7 +977,7 @@ def test_a_session_without_the_option_loads_no_recorder(pytester: pytest.Pyteste
         test_inner=(
             "import sys\n"
             "def test_nothing_of_the_recorder_is_loaded():\n"
-            "    assert 'accelplat.pytest_plugin._timeline' in sys.modules\n"
+            "    assert 'accelplat.pytest_plugin' in sys.modules\n"
             "    loaded = [m for m in ('accelplat.timeline._sampler', 'accelplat.timeline._trace',"
             " 'accelplat._leaks', 'accelplat._types') if m in sys.modules]\n"
             "    assert loaded == []\n"
@@ -1054,7 +1060,10 @@ def test_record_missing_program_is_127_and_still_writes(tmp_path: Path, fake_gpu
         (["record", "--out", "{tmp}/t.json", "--"], "needs a command"),
         (["record", "--out", "{tmp}/t.json", "--hz", "0", "--", "true"], "--hz must be"),
         (["record", "--out", "{tmp}/nodir/t.json", "--", "true"], "does not exist"),
-        (["record", "--out", "{tmp}/t.json", "--leak-tolerance", "x", "--", "true"], "byte count"),
+        (
+            ["record", "--out", "{tmp}/t.json", "--leak-tolerance", "x", "--", "true"],
+            "non-negative size",
+        ),
         (["record", "--out", "{tmp}/t.json", "--leak-grace", "-2", "--", "true"], "--leak-grace"),
     ],
 )

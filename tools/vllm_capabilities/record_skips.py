@@ -29,7 +29,8 @@ def _decide(item: pytest.Item) -> str:
         return f"error: {type(exc).__name__}"
     if skipped is not None:
         return f"skip: {skipped.reason}"
-    from accelplat.pytest_plugin import MarkerError, skip_reason
+    from accelplat.errors import MarkerError
+    from accelplat.pytest_plugin._requires import skip_reason
 
     try:
         reason = skip_reason(item)

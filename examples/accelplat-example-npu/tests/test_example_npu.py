@@ -10,6 +10,7 @@ import pytest
 from accelplat_example_npu import ExampleNpuPlatform
 
 import accelplat
+import accelplat.errors
 from accelplat.testing import make_conformance_test
 
 GIB = 1024**3
@@ -50,7 +51,7 @@ def test_visible_devices_select_and_order(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_bad_visible_value_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EXAMPLE_NPU_VISIBLE_DEVICES", "0,0")
-    with pytest.raises(accelplat.ConfigurationError, match="twice"):
+    with pytest.raises(accelplat.errors.ConfigurationError, match="twice"):
         ExampleNpuPlatform().device_count()
     assert not ExampleNpuPlatform.probe().available
 

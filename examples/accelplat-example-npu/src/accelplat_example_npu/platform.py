@@ -18,7 +18,7 @@ physical devices, numbered from 0 in file order.
 ``EXAMPLE_NPU_VISIBLE_DEVICES`` selects and orders visible devices, like ``CUDA_VISIBLE_DEVICES``:
 unset means all, ``"2,0"`` makes physical 2 visible as 0 and physical 0 visible as 1, and an
 empty value hides every device. An entry that is not a physical index, or a repeated one, is an
-error (:class:`accelplat.ConfigurationError`) naming the variable.
+error (:class:`accelplat.errors.ConfigurationError`) naming the variable.
 
 Nothing here imports a framework or creates any context: every answer is a small file read.
 """
@@ -32,10 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from accelplat import (
-    ConfigurationError,
+from accelplat.errors import ConfigurationError, DeviceNotFoundError
+from accelplat.types import (
     DeviceInfo,
-    DeviceNotFoundError,
     GraphSupport,
     HolderState,
     MemoryHolder,

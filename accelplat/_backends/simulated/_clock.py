@@ -1,7 +1,4 @@
-"""The simulated platform's virtual clock: sleeps advance time at once, deterministically.
-
-Imports no framework; touches no device.
-"""
+"""The simulated platform's virtual clock: sleeps advance time at once, deterministically."""
 
 from __future__ import annotations
 
@@ -9,17 +6,11 @@ import threading
 
 from accelplat import _validate
 
-__all__ = []
-
-# --------------------------------------------------------------------------------------------
-# clocks
-
 
 class SimulatedClock:
     """A virtual clock: :meth:`sleep` advances time instantly, so waits take no real time.
 
-    Thread-safe. Every reading is deterministic: time only moves through :meth:`sleep` and
-    :meth:`advance`.
+    Thread-safe; time only moves through :meth:`sleep` and :meth:`advance`.
 
     Args:
         start: The initial reading of :meth:`monotonic`.
@@ -48,10 +39,7 @@ class SimulatedClock:
             return self._now + self._offset
 
     def sleep(self, seconds: float) -> None:
-        """Advance virtual time by ``seconds`` at once, and record the call in :attr:`sleeps`.
-
-        Args:
-            seconds: A finite duration ``>= 0``.
+        """Advance virtual time by ``seconds`` (finite, ``>= 0``) and record it in :attr:`sleeps`.
 
         Raises:
             ConfigurationError: For a negative, non-finite or non-numeric duration.
@@ -61,10 +49,7 @@ class SimulatedClock:
             self.sleeps.append(float(seconds))
 
     def advance(self, seconds: float) -> None:
-        """Move virtual time forward by ``seconds`` without recording a sleep.
-
-        Args:
-            seconds: A finite duration ``>= 0``.
+        """Move virtual time forward by ``seconds`` (finite, ``>= 0``) without recording a sleep.
 
         Raises:
             ConfigurationError: For a negative, non-finite or non-numeric duration.

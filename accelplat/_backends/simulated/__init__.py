@@ -1,35 +1,14 @@
 """The ``simulated`` platform: devices whose used memory follows a scripted timeline.
 
-It exists for tests and demos of everything that waits on memory: a timeline says how a device's
-usage moves over time (a step, a linear release, a lazy release with an exponential tail, a holder
-that never lets go), the release profile and graph capability make it behave like an eager
-CUDA-like or a lazy ROCm-like platform, and an injectable clock makes every wait instantaneous and
-deterministic.
+For tests and demos of everything that waits on memory: the timeline (steps, linear and lazy
+releases, stuck holders), release profile and graph capability make it imitate an eager
+CUDA-like or a lazy ROCm-like platform, and a :class:`SimulatedClock` makes waits instantaneous
+and deterministic. Select it with ``ACCELPLAT_PLATFORM=simulated`` and
+``ACCELPLAT_SIMULATED_SPEC=<file>``; the spec format is in ``docs/memory.md``. Timeline time is
+seconds on the platform's clock since construction.
 
-Select it with ``ACCELPLAT_PLATFORM=simulated`` and ``ACCELPLAT_SIMULATED_SPEC=<file>`` (JSON, or
-TOML when the name ends in ``.toml``); :meth:`SimulatedPlatform.probe` is available exactly when
-that variable names a readable, valid spec. In Python, build it from a mapping, a file or a
-:class:`SimulatedSpec`::
-
-    clock = SimulatedClock()
-    platform = SimulatedPlatform.from_spec(
-        {"devices": [{"total": "80GiB", "used": "60GiB",
-                      "timeline": [{"at": 1.0, "used": "2GiB"}]}]},
-        clock=clock,
-    )
-
-The spec format is described in ``docs/memory.md``. Specs are treated as untrusted input: files
-over :data:`MAX_SPEC_BYTES`, deep nesting, unknown keys, non-finite or enormous numbers, negative
-sizes and timelines that would use more than a device's total are rejected with a
-:class:`~accelplat.errors.ConfigurationError` naming the offending field.
-
-Time on a timeline is seconds since the platform was constructed, read from its clock (the real
-clock by default, so demos unfold in real time). Imports no framework; touches no device.
-
-The code is split by job: the virtual clock (:mod:`accelplat._backends._sim_clock`), the model of
-segments, holders, devices and specs with their checks (:mod:`accelplat._backends._sim_model`),
-reading spec files and mappings (:mod:`accelplat._backends._sim_spec`), and the platform here,
-which re-exports the public names.
+The package is split by job: the virtual clock (``_clock``), the model and its checks
+(``_model``), reading spec files and mappings (``_spec``), and the platform here.
 """
 
 from __future__ import annotations
@@ -41,43 +20,30 @@ from typing import Any, ClassVar
 
 from typing_extensions import override
 
-from accelplat._backends._readings import checked_memory
-from accelplat._backends._sim_clock import SimulatedClock
-from accelplat._backends._sim_model import (
-    MAX_DEVICES,
-    MAX_SPEC_BYTES,
-    LazyRelease,
-    Linear,
-    Segment,
-    SimulatedDevice,
-    SimulatedHolder,
-    SimulatedSpec,
-    Step,
-)
-from accelplat._backends._sim_spec import load_spec, spec_from_mapping
+from accelplat._backends._common import checked_memory
+from accelplat._backends.simulated._clock import SimulatedClock as SimulatedClock
+from accelplat._backends.simulated._model import MAX_DEVICES as MAX_DEVICES
+from accelplat._backends.simulated._model import MAX_SPEC_BYTES as MAX_SPEC_BYTES
+from accelplat._backends.simulated._model import LazyRelease as LazyRelease
+from accelplat._backends.simulated._model import Linear as Linear
+from accelplat._backends.simulated._model import Segment as Segment
+from accelplat._backends.simulated._model import SimulatedDevice as SimulatedDevice
+from accelplat._backends.simulated._model import SimulatedHolder as SimulatedHolder
+from accelplat._backends.simulated._model import SimulatedSpec as SimulatedSpec
+from accelplat._backends.simulated._model import Step as Step
+from accelplat._backends.simulated._spec import load_spec as load_spec
+from accelplat._backends.simulated._spec import spec_from_mapping as spec_from_mapping
 from accelplat._platform import BasePlatform, StartMethod
-from accelplat._types import DeviceInfo, GraphSupport, MemoryInfo, ProbeResult, ReleaseProfile
-from accelplat._usage import MemoryHolder
+from accelplat._types import (
+    DeviceInfo,
+    GraphSupport,
+    MemoryHolder,
+    MemoryInfo,
+    ProbeResult,
+    ReleaseProfile,
+)
 from accelplat._util import Clock, RealClock
 from accelplat.errors import ConfigurationError
-
-__all__ = [
-    "ENV_SPEC",
-    "ENV_VISIBLE",
-    "MAX_DEVICES",
-    "MAX_SPEC_BYTES",
-    "LazyRelease",
-    "Linear",
-    "RealClock",
-    "Segment",
-    "SimulatedClock",
-    "SimulatedDevice",
-    "SimulatedHolder",
-    "SimulatedPlatform",
-    "SimulatedSpec",
-    "Step",
-    "load_spec",
-]
 
 ENV_SPEC = "ACCELPLAT_SIMULATED_SPEC"
 """Variable naming the spec file that ``SimulatedPlatform()`` and its probe load."""
@@ -86,21 +52,16 @@ ENV_VISIBLE = "ACCELPLAT_SIMULATED_VISIBLE_DEVICES"
 """Comma-separated UUIDs (``SIM-0`` …) or spec indices of the devices this process sees; unset
 means all of them. Parsed like ``CUDA_VISIBLE_DEVICES``: an unknown entry ends the list."""
 
-
 _SPEC_CACHE_SIZE = 16
 _spec_cache: dict[str, tuple[tuple[int, int, int], SimulatedSpec]] = {}
 _spec_cache_lock = threading.Lock()
 
 
 def _load_spec_once(path: str | os.PathLike[str]) -> SimulatedSpec:
-    """Return :func:`load_spec` of ``path``, reading and validating each version of a file once.
+    """Return :func:`load_spec` of ``path``, reading each version of a file once.
 
-    Detection probes the spec named by ``ACCELPLAT_SIMULATED_SPEC`` and then constructs the
-    platform from it; both get the one validated :class:`SimulatedSpec` (it is immutable). A file
-    whose inode, size or modification time changed is read again.
-
-    Raises:
-        ConfigurationError: As :func:`load_spec`.
+    Detection probes the spec and then constructs the platform from it: both get the same
+    immutable spec. A file whose inode, size or modification time changed is read again.
     """
     name = os.fspath(path)
     try:
@@ -120,10 +81,6 @@ def _load_spec_once(path: str | os.PathLike[str]) -> SimulatedSpec:
     return spec
 
 
-# --------------------------------------------------------------------------------------------
-# the platform
-
-
 class SimulatedPlatform(BasePlatform):
     """A platform of scripted devices, for tests and demos.
 
@@ -136,9 +93,6 @@ class SimulatedPlatform(BasePlatform):
 
     Raises:
         ConfigurationError: For an invalid spec, or ``spec=None`` without the variable.
-
-    Side effects:
-        Reads the spec file; imports no framework; touches no device.
     """
 
     context_free: ClassVar[bool] = True
@@ -191,14 +145,7 @@ class SimulatedPlatform(BasePlatform):
     @classmethod
     @override
     def probe(cls) -> ProbeResult:
-        """Say whether ``ACCELPLAT_SIMULATED_SPEC`` names a readable, valid spec.
-
-        Returns:
-            Available with the device count, or unavailable with the reason.
-
-        Side effects:
-            Reads and validates the spec file.
-        """
+        """Say whether ``ACCELPLAT_SIMULATED_SPEC`` names a readable, valid spec (reads it)."""
         path = os.environ.get(ENV_SPEC, "").strip()
         if not path:
             return ProbeResult(
@@ -215,9 +162,11 @@ class SimulatedPlatform(BasePlatform):
         """The spec this platform follows."""
         return self._spec
 
+    # Identity and behaviour come from the spec.
+
     @property
     def name(self) -> str:  # type: ignore[override]
-        """Platform name from the spec (``"simulated"`` by default)."""
+        """Platform name (``"simulated"`` by default)."""
         return self._spec.name
 
     @property
@@ -226,35 +175,40 @@ class SimulatedPlatform(BasePlatform):
         return self._spec.device_type
 
     @property
+    def is_accelerator(self) -> bool:  # type: ignore[override]
+        """Whether the devices are accelerators: all but a simulated ``"cpu"`` host's."""
+        return self._spec.device_type != "cpu"
+
+    @property
     def default_memory_utilization(self) -> float:  # type: ignore[override]
-        """Default engine memory utilization from the spec."""
+        """Default engine memory utilization."""
         return self._spec.default_memory_utilization
 
     @property
     def preferred_start_method(self) -> StartMethod:  # type: ignore[override]
-        """Process start method from the spec."""
+        """Process start method."""
         return self._spec.preferred_start_method
 
     @property
     @override
     def release(self) -> ReleaseProfile:
-        """Release profile from the spec."""
+        """Release profile."""
         return self._spec.release
 
     @property
     @override
     def graph(self) -> GraphSupport:
-        """Graph capability from the spec."""
+        """Graph capability."""
         return self._spec.graph
-
-    def elapsed(self) -> float:
-        """Return timeline time: seconds on :attr:`clock` since construction."""
-        return self.clock.monotonic() - self._t0
 
     @property
     def visible_devices_env(self) -> str | None:  # type: ignore[override]
         """``ACCELPLAT_SIMULATED_VISIBLE_DEVICES``: the simulated devices this process sees."""
         return ENV_VISIBLE
+
+    def elapsed(self) -> float:
+        """Return timeline time: seconds on :attr:`clock` since construction."""
+        return self.clock.monotonic() - self._t0
 
     def _visible(self) -> list[int]:
         """Spec indices of the visible devices, in visible-index order (see :data:`ENV_VISIBLE`)."""
@@ -282,13 +236,10 @@ class SimulatedPlatform(BasePlatform):
 
     @override
     def devices(self) -> Sequence[DeviceInfo]:
-        """Return the visible simulated devices in visible-index order.
-
-        Every device of the spec is visible unless ``ACCELPLAT_SIMULATED_VISIBLE_DEVICES`` lists
-        some, by UUID or spec index; ``physical_index`` is the index in the spec.
+        """Return the visible simulated devices; ``physical_index`` is the index in the spec.
 
         Raises:
-            ConfigurationError: When the variable names a device twice.
+            ConfigurationError: When ``ACCELPLAT_SIMULATED_VISIBLE_DEVICES`` names a device twice.
         """
         return [
             DeviceInfo(
@@ -310,8 +261,8 @@ class SimulatedPlatform(BasePlatform):
         index = self._visible()[device]
         dev = self._spec.devices[index]
         used = dev.used_at(self.elapsed())
-        # The same rule as every driver's answer: a spec can describe a device no driver could
-        # report (a total of zero), and a wait must not take that as a fact.
+        # The rule of every driver's answer: a spec can describe a device no driver could report
+        # (a total of zero), and a wait must not take that as a fact.
         return checked_memory(
             "simulated",
             f"simulated device {device} ({self._uuid(index)})",
@@ -325,9 +276,6 @@ class SimulatedPlatform(BasePlatform):
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
         """Return the holders active now, or ``None`` when the spec does not report holders.
-
-        Args:
-            device: Visible device index.
 
         Raises:
             DeviceNotFoundError: For an index that is not visible.

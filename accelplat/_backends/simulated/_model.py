@@ -1,25 +1,19 @@
 """The simulated platform's model: timeline segments, holders, devices and the spec.
 
-With their limits and value checks (each value is checked when its object is built).
-
-Imports no framework; touches no device.
+Each value is checked when its object is built; the limits bound what a spec may ask for.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from accelplat import _validate
 from accelplat._platform import StartMethod
-from accelplat._types import MIB, GraphSupport, ReleaseProfile
-from accelplat._usage import HolderState, MemoryHolder
+from accelplat._types import MIB, GraphSupport, HolderState, MemoryHolder, ReleaseProfile
 from accelplat.errors import ConfigurationError
-
-__all__ = []
 
 MAX_SPEC_BYTES = 1 * MIB
 """Largest spec file accepted."""
@@ -28,33 +22,14 @@ MAX_DEVICES = 256
 """Most devices a spec may declare (after ``count`` replication)."""
 
 MAX_SEGMENTS = 10_000
-"""Most timeline segments per device."""
-
 MAX_HOLDERS = 1_000
-"""Most holders per device."""
-
-MAX_DEVICE_BYTES = 2**50
-"""Largest size accepted anywhere in a spec (1 PiB)."""
-
-MAX_TIME_S = 1e9
-"""Largest time or duration accepted in a spec (about 31 years)."""
-
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-MAX_TEXT = 256
-
-
-# --------------------------------------------------------------------------------------------
-# timeline segments
+MAX_DEVICE_BYTES = 2**50  # 1 PiB: the largest size accepted anywhere in a spec
+MAX_TIME_S = 1e9  # about 31 years: the largest time or duration accepted
 
 
 @dataclass(frozen=True)
 class Step:
-    """From ``at`` on, the device uses ``used`` bytes.
-
-    Attributes:
-        at: Seconds since the platform started.
-        used: Bytes in use from then on.
-    """
+    """From ``at`` (seconds since the platform started) on, the device uses ``used`` bytes."""
 
     at: float
     used: int
@@ -75,13 +50,9 @@ class Step:
 
 @dataclass(frozen=True)
 class Linear:
-    """A linear release (or growth) from ``from_`` at ``start`` to ``to`` at ``end``.
+    """A straight line from ``from_`` at ``start`` to ``to`` at ``end``, then ``to``.
 
-    Attributes:
-        start: Seconds since the platform started.
-        end: When ``to`` is reached (``>= start``); usage stays at ``to`` afterwards.
-        to: Bytes in use at ``end``.
-        from_: Bytes in use at ``start``; ``None`` means the usage just before ``start``.
+    ``from_=None`` means the usage just before ``start``.
     """
 
     start: float
@@ -106,17 +77,10 @@ class Linear:
 class LazyRelease:
     """A lazy release: usage holds for ``delay_s``, then decays exponentially towards ``to``.
 
-    Usage at ``t`` is ``to + trunc((from - to) * exp(-(t - start - delay_s) / tau_s))``, truncated
-    to whole multiples of ``granularity`` bytes, so the tail reaches ``to`` exactly, at
-    ``start + delay_s + tau_s * ln(|from - to| / granularity)``.
-
-    Attributes:
-        start: Seconds since the platform started.
-        to: Bytes in use once the release is complete.
-        tau_s: Time constant of the exponential, ``> 0``.
-        from_: Bytes in use at ``start``; ``None`` means the usage just before ``start``.
-        delay_s: Seconds before the release begins (deferred teardown).
-        granularity: Size of the chunks memory returns in, ``>= 1`` byte.
+    Usage at ``t`` is ``to + trunc((from - to) * exp(-(t - start - delay_s) / tau_s))`` in whole
+    ``granularity`` chunks, so the tail reaches ``to`` exactly, at
+    ``start + delay_s + tau_s * ln(|from - to| / granularity)``. ``from_=None`` means the usage
+    just before ``start``.
     """
 
     start: float
@@ -133,15 +97,10 @@ class LazyRelease:
         if elapsed <= 0:
             return origin
         remaining = (origin - self.to) * math.exp(-elapsed / self.tau_s)
-        chunks = int(remaining / self.granularity)
-        return self.to + chunks * self.granularity
+        return self.to + int(remaining / self.granularity) * self.granularity
 
     def quiet_after(self, before: int | None = None) -> float:
-        """Return the time from which usage equals ``to``.
-
-        Args:
-            before: Usage just before ``start``, needed when ``from_`` is ``None``.
-        """
+        """Return the time from which usage equals ``to`` (``before`` as in :meth:`value`)."""
         origin = self.from_ if self.from_ is not None else before
         begin = self.start + self.delay_s
         if origin is None:
@@ -158,16 +117,10 @@ Segment = Step | Linear | LazyRelease
 
 @dataclass(frozen=True)
 class SimulatedHolder:
-    """A process holding ``used`` bytes on top of the timeline between ``start`` and ``end``.
+    """A process holding ``used`` bytes on top of the timeline from ``start`` until ``end``.
 
-    Attributes:
-        used: Bytes it holds while active.
-        start: When it starts holding them.
-        end: When it lets go; ``None`` means never (a stuck holder).
-        pid: Process id reported by ``memory_holders``; ``None`` keeps it anonymous (its bytes
-            still count).
-        name: Process name reported with it.
-        state: What ``memory_holders`` says about the pid.
+    ``end=None`` never lets go (a stuck holder); ``pid=None`` keeps it anonymous (its bytes still
+    count); ``name`` and ``state`` are what ``memory_holders`` reports with the pid.
     """
 
     used: int
@@ -184,22 +137,11 @@ class SimulatedHolder:
 
 @dataclass(frozen=True)
 class SimulatedDevice:
-    """One simulated device.
+    """One simulated device: usage at ``t`` is the timeline's value plus every active holder.
 
-    Usage at time ``t`` is the timeline's value (``used`` before the first segment; each segment
-    takes over at its start and rules until the next one starts) plus the bytes of every active
-    holder.
-
-    Attributes:
-        total: Bytes usable by applications.
-        used: Bytes in use before the first segment.
-        timeline: Segments in order of their start times.
-        holders: Processes holding memory on top of the timeline.
-        name: Device name.
-        reserved: Bytes the simulated driver keeps for itself (reported only).
-        report_holders: Whether ``memory_holders`` answers; ``None`` means "when some holder has
-            a pid". When ``False`` it returns ``None`` (unknown).
-        uuid: Device UUID; ``None`` gives ``SIM-<index>``.
+    ``used`` applies before the first segment; each segment rules from its start until the next
+    one starts. ``reserved`` is reported only. ``report_holders=None`` means "when some holder has
+    a pid" (``False``: ``memory_holders`` returns ``None``). ``uuid=None`` gives ``SIM-<index>``.
 
     Raises:
         ConfigurationError: For out-of-order segments, negative sizes, or a timeline whose peak
@@ -220,13 +162,11 @@ class SimulatedDevice:
     def __post_init__(self) -> None:
         object.__setattr__(self, "timeline", tuple(self.timeline))
         object.__setattr__(self, "holders", tuple(self.holders))
-        check_size(self.total, "total")
-        check_size(self.used, "used")
-        check_size(self.reserved, "reserved")
+        for name in ("total", "used", "reserved"):
+            check_size(getattr(self, name), name)
         starts: list[float] = []
         before: list[int] = []
-        level = self.used
-        peak = level
+        level = peak = self.used
         for i, seg in enumerate(self.timeline):
             if not isinstance(seg, (Step, Linear, LazyRelease)):
                 raise ConfigurationError(f"timeline[{i}] is not a Step, Linear or LazyRelease")
@@ -241,16 +181,12 @@ class SimulatedDevice:
             starts.append(seg.start)
             before.append(level)
             origin = getattr(seg, "from_", None)
-            highest = max(level, seg.used if isinstance(seg, Step) else seg.to)
-            if origin is not None:
-                highest = max(highest, origin)
-            peak = max(peak, highest)
-        held = 0
+            peak = max(peak, level, seg.used if isinstance(seg, Step) else seg.to, origin or 0)
         for i, holder in enumerate(self.holders):
             if not isinstance(holder, SimulatedHolder):
                 raise ConfigurationError(f"holders[{i}] is not a SimulatedHolder")
             check_holder(holder, f"holders[{i}]")
-            held += holder.used
+        held = sum(h.used for h in self.holders)
         if peak + held > self.total:
             raise ConfigurationError(
                 f"used memory would exceed total ({self.total} bytes): the timeline peaks at "
@@ -262,9 +198,7 @@ class SimulatedDevice:
     def base_at(self, t: float) -> int:
         """Return the timeline's usage at ``t`` (holders not included)."""
         i = bisect.bisect_right(self._starts, t) - 1
-        if i < 0:
-            return self.used
-        return self.timeline[i].value(t, self._before[i])
+        return self.used if i < 0 else self.timeline[i].value(t, self._before[i])
 
     def used_at(self, t: float) -> int:
         """Return bytes in use at ``t``: the timeline plus every active holder."""
@@ -289,40 +223,34 @@ class SimulatedDevice:
         last = 0.0
         if self.timeline:
             seg = self.timeline[-1]
-            if isinstance(seg, LazyRelease):
-                last = seg.quiet_after(self._before[-1])
-            else:
-                last = seg.quiet_after()
+            last = (
+                seg.quiet_after(self._before[-1])
+                if isinstance(seg, LazyRelease)
+                else seg.quiet_after()
+            )
         for h in self.holders:
             last = max(last, h.start if h.end is None else h.end)
         return last
 
 
-DEFAULT_RELEASE = ReleaseProfile(lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0)
-DEFAULT_GRAPH = GraphSupport(False, None, "the simulated platform captures no graphs")
+_EAGER = ReleaseProfile(lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0)
+_NO_GRAPHS = GraphSupport(False, None, "the simulated platform captures no graphs")
 
 
 @dataclass(frozen=True)
 class SimulatedSpec:
-    """Everything a simulated platform is made of.
+    """Everything a simulated platform is made of (the fields of the spec format).
 
-    Attributes:
-        devices: The devices, in visible-index order.
-        name: Platform name reported by ``Platform.name``.
-        device_type: Torch device type it pretends to be.
-        release: Release profile (lazy or not, window, timeout, idle floor).
-        graph: Graph capability.
-        default_memory_utilization: In ``(0, 1]``.
-        preferred_start_method: ``"fork"``, ``"spawn"`` or ``"forkserver"``.
-        clock: ``"real"`` (time passes) or ``"virtual"`` (a fresh :class:`SimulatedClock`, so
-            waits finish instantly, even across a subprocess boundary such as the CLI).
+    ``devices`` are in visible-index order; ``name`` is ``Platform.name``; ``clock`` is
+    ``"real"`` (time passes) or ``"virtual"`` (a fresh :class:`SimulatedClock`, so waits finish
+    instantly, even across a subprocess boundary such as the CLI).
     """
 
     devices: tuple[SimulatedDevice, ...]
     name: str = "simulated"
     device_type: str = "cuda"
-    release: ReleaseProfile = DEFAULT_RELEASE
-    graph: GraphSupport = DEFAULT_GRAPH
+    release: ReleaseProfile = _EAGER
+    graph: GraphSupport = _NO_GRAPHS
     default_memory_utilization: float = 0.92
     preferred_start_method: StartMethod = "fork"
     clock: Literal["real", "virtual"] = "real"
@@ -336,7 +264,7 @@ class SimulatedSpec:
         for i, dev in enumerate(self.devices):
             if not isinstance(dev, SimulatedDevice):
                 raise ConfigurationError(f"devices[{i}] is not a SimulatedDevice")
-        if not isinstance(self.name, str) or not NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not _validate.NAME_RE.match(self.name):
             raise ConfigurationError(
                 f"name must be 1-64 characters of a-z, 0-9, '_', '-', '.', got {self.name!r}"
             )
@@ -345,13 +273,7 @@ class SimulatedSpec:
             raise ConfigurationError("release must be a ReleaseProfile")
         if not isinstance(self.graph, GraphSupport):
             raise ConfigurationError("graph must be a GraphSupport")
-        _validate.number(
-            self.default_memory_utilization,
-            "default_memory_utilization",
-            above=0,
-            maximum=1,
-            expected="in (0, 1]",
-        )
+        check_utilization(self.default_memory_utilization)
         if self.preferred_start_method not in ("fork", "spawn", "forkserver"):
             raise ConfigurationError(
                 "preferred_start_method must be 'fork', 'spawn' or 'forkserver', got "
@@ -361,56 +283,49 @@ class SimulatedSpec:
             raise ConfigurationError(f"clock must be 'real' or 'virtual', got {self.clock!r}")
 
 
-# --------------------------------------------------------------------------------------------
-# value checks shared by Python construction and spec parsing
+# Value checks shared by Python construction and spec parsing; each raises a ConfigurationError
+# naming ``where``.
+
+FIELDS = _validate.JsonFields(
+    "",
+    max_items=MAX_SEGMENTS,
+    max_text=256,
+    wording="must be",
+    object_noun="a table/object",  # a spec is JSON or TOML
+    array_noun="a list",
+)
+check_text = FIELDS.text
 
 
 def check_size(value: object, where: str) -> int:
-    """Return ``value`` if it is an int number of bytes in ``[0, 1 PiB]``.
-
-    Raises:
-        ConfigurationError: Naming ``where``.
-    """
-    _validate.integer(
-        value, where, minimum=0, expected=">= 0 bytes", not_an_int="a whole number of bytes"
-    )
+    """Return ``value`` if it is an int number of bytes in ``[0, 1 PiB]``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(f"{where} must be a whole number of bytes, got {value!r}")
+    _validate.integer(value, where, minimum=0, expected=">= 0 bytes")
     return _validate.integer(value, where, maximum=MAX_DEVICE_BYTES, expected="at most 1 PiB")
 
 
 def check_time(value: object, where: str, *, positive: bool = False) -> float:
-    """Return ``value`` as seconds in ``[0, MAX_TIME_S]`` (``> 0`` when ``positive``).
-
-    Raises:
-        ConfigurationError: Naming ``where``.
-    """
+    """Return ``value`` as seconds in ``[0, MAX_TIME_S]`` (``> 0`` when ``positive``)."""
     number = _validate.number(
         value,
         where,
         minimum=0,
         maximum=MAX_TIME_S,
         expected=f"finite, in [0, {MAX_TIME_S:g}] s",
-        not_a_number="a number of seconds",
     )
     if positive:
         _validate.number(value, where, above=0, expected="> 0 s")
     return number
 
 
-FIELDS = _validate.JsonFields(
-    "",
-    max_items=MAX_SEGMENTS,
-    max_text=MAX_TEXT,
-    wording="must be",
-    object_noun="a table/object",
-    array_noun="a list",
-)
-"""Field checks of specs and of the model's own values (a spec is JSON or TOML, hence
-"table/object" and "list")."""
-
-check_text = FIELDS.text
+def check_utilization(value: object) -> float:
+    """Return ``default_memory_utilization`` if it is in ``(0, 1]``."""
+    return _validate.number(value, "default_memory_utilization", above=0, maximum=1)
 
 
 def check_segment(seg: Segment, where: str) -> None:
+    """Check a segment's fields."""
     if isinstance(seg, Step):
         check_time(seg.at, f"{where}.at")
         check_size(seg.used, f"{where}.used")
@@ -425,15 +340,16 @@ def check_segment(seg: Segment, where: str) -> None:
             raise ConfigurationError(
                 f"{where}.end ({seg.end:g} s) must not be before start ({seg.start:g} s)"
             )
-    else:
-        check_time(seg.tau_s, f"{where}.tau", positive=True)
-        check_time(seg.delay_s, f"{where}.delay")
-        check_size(seg.granularity, f"{where}.granularity")
-        if seg.granularity < 1:
-            raise ConfigurationError(f"{where}.granularity must be >= 1 byte")
+        return
+    check_time(seg.tau_s, f"{where}.tau", positive=True)
+    check_time(seg.delay_s, f"{where}.delay")
+    check_size(seg.granularity, f"{where}.granularity")
+    if seg.granularity < 1:
+        raise ConfigurationError(f"{where}.granularity must be >= 1 byte")
 
 
 def check_holder(holder: SimulatedHolder, where: str) -> None:
+    """Check a holder's fields."""
     check_size(holder.used, f"{where}.used")
     check_time(holder.start, f"{where}.start")
     if holder.end is not None:

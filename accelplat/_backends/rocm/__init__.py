@@ -1,0 +1,304 @@
+"""The ``rocm`` platform: AMD GPUs through sysfs, amdsmi, or (last) an already-imported torch.
+
+:mod:`._topology` scans the KFD topology into GPUs in HIP's order, :mod:`._sources` reads their
+memory; ``ROCR_VISIBLE_DEVICES`` and ``HIP_VISIBLE_DEVICES`` / ``CUDA_VISIBLE_DEVICES`` then pick
+the visible ones (:mod:`accelplat._visible.rocm`). Roots: ``ACCELPLAT_SYSFS_ROOT`` and
+``ACCELPLAT_DEV_ROOT``, read on every query. ``docs/backends/rocm.md`` has the rules and sources.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import ClassVar
+
+from typing_extensions import override
+
+from accelplat._backends._common import ENV_SYSFS_ROOT, ReadText, SysfsReader, no_amd_gpu
+from accelplat._backends.rocm import _sources, _topology
+from accelplat._platform import BasePlatform, StartMethod
+from accelplat._types import (
+    GIB,
+    DeviceInfo,
+    FeatureRule,
+    GraphSupport,
+    MemoryHolder,
+    MemoryInfo,
+    ProbeResult,
+    ReleaseProfile,
+)
+from accelplat._vendor.versions import graph_support
+from accelplat._visible.rocm import (
+    ENV_CUDA_VISIBLE_DEVICES,
+    ENV_HIP_VISIBLE_DEVICES,
+    visible_physical_indices,
+)
+from accelplat.errors import AccelplatError, BackendError
+
+ENV_DEV_ROOT = "ACCELPLAT_DEV_ROOT"
+
+
+class RocmPlatform(BasePlatform):
+    """AMD GPUs under ROCm (``docs/backends/rocm.md``).
+
+    Args:
+        sysfs_root: The sysfs root; default ``ACCELPLAT_SYSFS_ROOT`` or ``/sys``.
+        dev_root: The ``/dev`` root for render-node checks; default ``ACCELPLAT_DEV_ROOT`` or
+            ``/dev`` (skipped when only the sysfs root is moved).
+        read_text: How sysfs files are read (for tests).
+        allow_amdsmi: Whether amdsmi may be used when sysfs has no AMD card.
+        open_device: How a ``/dev`` node is checked, raising the ``OSError`` opening it gives
+            (for tests and replayed hosts).
+    """
+
+    name: ClassVar[str] = "rocm"
+    device_type: ClassVar[str] = "cuda"
+    FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
+        "bf16": (FeatureRule(archs=("gfx908", "gfx90a", "gfx94*", "gfx95*", "gfx11*", "gfx12*")),),
+        "fp8": (
+            FeatureRule(archs=("gfx950", "gfx12*"), value="e4m3fn"),  # OCP formats
+            FeatureRule(archs=("gfx94*",), value="e4m3fnuz"),  # MI300's own formats
+        ),
+        "fp4": (FeatureRule(archs=("gfx950",), value="mxfp4"),),  # MI350/MI355
+        "mxfp4": (FeatureRule(archs=("gfx950",)),),
+    }
+    """Matrix-core formats by LLVM target, from AMD's CDNA/RDNA instruction-set documentation."""
+    # vLLM's device_control_env_var on ROCm; HIP reads it when HIP_VISIBLE_DEVICES is empty or
+    # unset (ROCm/clr rocdevice.cpp), so whoever sets it should set HIP_VISIBLE_DEVICES to "".
+    visible_devices_env: ClassVar[str | None] = ENV_CUDA_VISIBLE_DEVICES
+    visible_devices_shadowed_by: ClassVar[tuple[str, ...]] = (ENV_HIP_VISIBLE_DEVICES,)
+    # A forked child of a process that initialised HIP breaks: vLLM's test helper spawns on ROCm
+    # (requires_spawn_multiprocessing); accelplat's own queries create no HIP context.
+    preferred_start_method: ClassVar[StartMethod] = "spawn"
+    # KFD frees a process's buffers from kfd_process_wq work after it exits, so memory returns
+    # over seconds: vLLM's ROCm helper waits for 2 s of stability, up to 240 s. An idle MI300 keeps
+    # ~2.5 GiB resident, so ratio thresholds below 5 % are floored at 4 GiB, as vLLM does
+    # (tests/utils.py wait_for_gpu_memory_to_clear, vLLM 0.33).
+    RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(
+        lazy=True, stable_duration_s=2.0, settle_timeout_s=240.0, idle_floor_bytes=4 * GIB
+    )
+
+    def __init__(
+        self,
+        *,
+        sysfs_root: str | os.PathLike[str] | None = None,
+        dev_root: str | os.PathLike[str] | None = None,
+        read_text: ReadText | None = None,
+        allow_amdsmi: bool = True,
+        open_device: _topology.OpenDevice | None = None,
+    ) -> None:
+        self._open_device = open_device or _topology.open_node
+        self._sysfs_arg = None if sysfs_root is None else Path(sysfs_root)
+        self._dev_arg = None if dev_root is None else Path(dev_root)
+        self._reader = SysfsReader("rocm", read_text)
+        self._allow_amdsmi = allow_amdsmi
+        self._lock = threading.RLock()
+        self._cache_key: tuple[Path, Path | None] | None = None
+        self._source: _sources.Source | None = None
+        self._reasons: list[str] = []
+        self._notes: list[str] = []
+        self._amdsmi_failure: str | None = None
+
+    @override
+    def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
+        """Return ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` naming exactly ``devices``.
+
+        Both carry the same text (vLLM rejects them when they differ): the GPUs' UUIDs, else HIP
+        indices. GPUs sharing a UUID (partitions may share their card's ``unique_id``; HIP would
+        take the first) are named by index. ``ROCR_VISIBLE_DEVICES`` is kept: the subset lies
+        inside it.
+
+        Args:
+            devices: Devices as :meth:`devices` returned them.
+
+        Returns:
+            The two variables and their common value.
+        """
+        known: list[str | None] = [d.uuid for d in devices]
+        with contextlib.suppress(AccelplatError):
+            source = self._select()
+            every = source.uuids() if source is not None else None
+            if every is not None:
+                known = every
+        counts = Counter(u for u in known if u)
+        text = ",".join(d.uuid if d.uuid and counts[d.uuid] <= 1 else str(d.index) for d in devices)
+        return {ENV_HIP_VISIBLE_DEVICES: text, ENV_CUDA_VISIBLE_DEVICES: text}
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def _roots(self) -> tuple[Path, Path | None]:
+        env_sysfs = os.environ.get(ENV_SYSFS_ROOT)
+        env_dev = os.environ.get(ENV_DEV_ROOT)
+        sysfs = self._sysfs_arg or Path(env_sysfs or "/sys")
+        if self._dev_arg is not None:
+            dev: Path | None = self._dev_arg
+        elif env_dev:
+            dev = Path(env_dev)
+        elif self._sysfs_arg is None and not env_sysfs:
+            dev = Path("/dev")
+        else:
+            dev = None  # a moved sysfs tree says nothing about this process's /dev
+        return sysfs, dev
+
+    def refresh(self) -> None:
+        """Forget the cached topology and source, so the next query scans again."""
+        with self._lock:
+            self._cache_key = None
+            self._source = None
+
+    def _select(self) -> _sources.Source | None:
+        key = self._roots()
+        with self._lock:
+            if self._cache_key == key and self._source is not None:
+                return self._source
+            sysfs, dev = key
+            reasons: list[str] = []
+            source: _sources.Source | None = None
+            topology = _topology.scan_topology(sysfs, dev, self._reader, self._open_device)
+            self._notes = topology.notes
+            if topology.cards:
+                source = _sources.SysfsSource(sysfs, topology, self._reader)
+            else:
+                reasons.append(no_amd_gpu(sysfs / "class" / "drm"))
+                reasons.extend(topology.notes[:3])
+            if source is None and self._allow_amdsmi:
+                if self._amdsmi_failure is None:
+                    source = self._try_amdsmi()
+                if source is None:
+                    reasons.append(self._amdsmi_failure or "amdsmi failed")
+            if source is None:
+                torch, why = _sources.torch_if_imported()
+                if torch is None:
+                    reasons.append(why)
+                else:
+                    source = _sources.TorchSource(torch)
+            self._reasons = reasons
+            if source is not None:
+                self._cache_key, self._source = key, source
+            return source
+
+    def _try_amdsmi(self) -> _sources.Source | None:
+        module, why = _sources.import_amdsmi()
+        if module is None:
+            self._amdsmi_failure = why
+            return None
+        try:
+            _sources.amdsmi_init(module)
+            candidate = _sources.AmdSmiSource(module)
+            if candidate.gpus():
+                return candidate
+            self._amdsmi_failure = "amdsmi reports no GPU"
+        except Exception as exc:
+            self._amdsmi_failure = f"amdsmi failed: {type(exc).__name__}: {exc}"
+        return None
+
+    def _require(self) -> _sources.Source:
+        source = self._select()
+        if source is None:
+            raise BackendError("rocm", "no memory source: " + "; ".join(self._reasons))
+        return source
+
+    def _visible(self) -> tuple[_sources.Source, list[_topology.Gpu]]:
+        source = self._require()  # once per query: it scans, and the variables are parsed once
+        gpus = source.gpus()
+        if source.visible_applied:
+            return source, list(gpus)
+        order = visible_physical_indices(len(gpus), os.environ, source.uuids())
+        return source, [gpus[i] for i in order]
+
+    # -- Platform -----------------------------------------------------------------------------
+
+    @property
+    def context_free(self) -> bool:  # type: ignore[override]
+        """``False`` only when memory comes from an already-imported torch."""
+        source = self._select()
+        return True if source is None else source.context_free
+
+    @property
+    @override
+    def graph(self) -> GraphSupport:
+        """HIP graphs through ``torch.cuda.CUDAGraph`` with a (ROCm) torch 2.0 or later."""
+        # ROCm builds could not capture before hipGraph support (pytorch PR 88202, Feb 2023).
+        return graph_support("torch.cuda.CUDAGraph", (2, 0), label="HIP graphs", flavour="rocm")
+
+    @property
+    def memory_source(self) -> str:
+        """The source queries use now (``"sysfs"``, ``"amdsmi"``, the torch one), or ``""``."""
+        source = self._select()
+        return "" if source is None else source.name
+
+    @override
+    def devices(self) -> Sequence[DeviceInfo]:
+        """Return the visible GPUs, in torch's order.
+
+        Raises:
+            BackendError: When no source can enumerate GPUs.
+            ConfigurationError: For malformed or conflicting visible-devices variables.
+        """
+        return [
+            DeviceInfo(i, g.physical_index, g.name, g.uuid, g.pci_bus_id, arch=g.arch)
+            for i, g in enumerate(self._visible()[1])
+        ]
+
+    @override
+    def _memory_info(self, device: int) -> MemoryInfo:
+        source, gpus = self._visible()
+        gpu = gpus[device]
+        try:
+            return source.memory(gpu)
+        except BackendError:
+            self.refresh()  # a card may have gone; scan again next time
+            raise
+
+    @override
+    def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
+        """Return the processes holding VRAM on ``device``, or ``None`` when unknown.
+
+        Raises:
+            DeviceNotFoundError: For an index that is not visible.
+        """
+        index = self.check_device(device)
+        source, gpus = self._visible()
+        return source.holders(gpus[index])
+
+    @classmethod
+    @override
+    def probe(cls) -> ProbeResult:
+        """Return whether ROCm GPUs are visible here; never raises.
+
+        Side effects:
+            Reads sysfs; when sysfs shows no AMD GPU, may import amdsmi (stdout swallowed).
+        """
+        try:
+            platform = cls()
+            source = platform._select()
+            if source is None:
+                return ProbeResult(False, "; ".join(platform._reasons) or "no AMD GPU found")
+            count = len(platform._visible()[1])
+            gpus = source.gpus()
+            total = len(gpus)
+        except AccelplatError as exc:
+            return ProbeResult(False, str(exc))
+        except Exception as exc:  # a probe must never raise
+            return ProbeResult(False, f"probe failed: {type(exc).__name__}: {exc}")
+        if total == 0:
+            notes = "; ".join(platform._notes[:3])
+            return ProbeResult(False, f"no GPU usable by the ROCm runtime ({notes or 'none'})")
+        if count == 0:
+            return ProbeResult(
+                False, f"{total} AMD GPU(s) found, but the visible-devices variables hide all"
+            )
+        cards = {g.card.name for g in gpus if g.card is not None and g.partitions > 1}
+        note = ""
+        if cards:
+            note = (
+                f"; compute partitions on {len(cards)} card(s): each reports its KFD share of "
+                f"the card's memory"
+            )
+        return ProbeResult(
+            True, f"{count} of {total} AMD GPU(s) visible (source: {source.name}){note}"
+        )

@@ -1,0 +1,384 @@
+"""Where the ``rocm`` platform's device lists and memory figures come from: sysfs, amdsmi, torch.
+
+Sysfs ``mem_info_vram_*`` (or, for a compute partition or a GTT-backed APU, the KFD memory bank and
+per-process ``vram_<gpu_id>`` files); amdsmi only when sysfs shows no AMD card; torch only when the
+caller already imported a ROCm build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from accelplat import _boundary, _files
+from accelplat._backends._common import (
+    AMDSMI_NOT_INSTALLED,
+    ROCM_TORCH_NOT_IMPORTED,
+    SysfsReader,
+    checked_memory,
+    pci_sort_key,
+)
+from accelplat._backends.rocm._topology import Gpu, Topology
+from accelplat._types import MemoryHolder, MemoryInfo
+from accelplat._vendor import import_quietly
+from accelplat._vendor.procs import make_holder
+from accelplat.errors import BackendError
+
+SOURCE_SYSFS = "sysfs"
+SOURCE_PARTITION = (
+    "sysfs kfd (partition {k} of {n}: total = its share of the card, as HIP reports it; "
+    "used = KFD allocations on it)"
+)
+SOURCE_APU = (
+    "sysfs kfd (APU, memory from system RAM: total = KFD's limit, as HIP reports it; "
+    "used = KFD allocations; host memory pressure not counted)"
+)
+SOURCE_AMDSMI = "amdsmi"
+SOURCE_TORCH = "torch.cuda (creates a device context)"
+
+_GFX_RE = re.compile(r"^gfx[0-9a-f]{3,4}$")
+
+
+def _reading(where: str, *, total: int, used: int, source: str) -> MemoryInfo:
+    # Every ROCm source reports only total and used; free is derived. Raises
+    # ImplausibleReadingError naming ``where`` for impossible figures.
+    return checked_memory(
+        "rocm", where, free=max(0, total - used), total=total, used=used, source=source
+    )
+
+
+class Source:
+    """Where device lists and memory figures come from."""
+
+    name: str = ""
+    context_free: bool = True
+    visible_applied: bool = False
+
+    def gpus(self) -> list[Gpu]:
+        raise NotImplementedError
+
+    def uuids(self) -> list[str | None] | None:
+        return [g.uuid for g in self.gpus()]
+
+    def memory(self, gpu: Gpu) -> MemoryInfo:
+        raise NotImplementedError
+
+    def holders(self, gpu: Gpu) -> list[MemoryHolder] | None:
+        return None
+
+
+class SysfsSource(Source):
+    name = SOURCE_SYSFS
+
+    def __init__(self, sysfs: Path, topology: Topology, reader: SysfsReader) -> None:
+        self._sysfs = sysfs
+        self._topology = topology
+        self._reader = reader
+
+    def gpus(self) -> list[Gpu]:
+        return self._topology.gpus
+
+    def uuids(self) -> list[str | None] | None:
+        return [g.uuid for g in self.gpus()] if self._topology.uuids_known else None
+
+    def memory(self, gpu: Gpu) -> MemoryInfo:
+        if gpu.card is None:
+            raise BackendError(
+                "rocm",
+                f"GPU {gpu.physical_index} (KFD node {gpu.node.node if gpu.node else '?'}) "
+                f"matches no card under {self._sysfs / 'class' / 'drm'}; its memory is unknown",
+            )
+        device = gpu.card.path / "device"
+        total = self._reader.integer(device / "mem_info_vram_total")
+        used = self._reader.integer(device / "mem_info_vram_used")
+        if used > total:
+            raise BackendError(
+                "rocm",
+                f"{device / 'mem_info_vram_used'} ({used}) exceeds "
+                f"{device / 'mem_info_vram_total'} ({total})",
+            )
+        node = gpu.node
+        bank = node.bank_bytes if node is not None else None
+        # An APU with apu_prefer_gtt (VRAM carve-out smaller than GTT, amdgpu_ttm.c) gives KFD the
+        # TTM page limit, not VRAM (amdgpu_amdkfd_get_local_mem_info): its bank exceeds the
+        # carve-out that mem_info_vram_* show, and used there does not move while torch allocates.
+        apu = gpu.partitions == 1 and bank is not None and bank > total
+        where = f"GPU {gpu.physical_index} ({device}/mem_info_vram_{{total,used}})"
+        if gpu.partitions == 1 and not apu:
+            return _reading(where, total=total, used=used, source=SOURCE_SYSFS)
+        # A partition gets mem_partition.size / num_xcp_per_mem_partition (CAPPING_EVEN,
+        # amdgpu_amdkfd_xcp_memory_size): its KFD bank, which HIP reports; sysfs and amdsmi give
+        # every partition the whole card (ROCm/amdsmi#97, ROCm/ROCm#4750).
+        kfd_used = self._kfd_used(node.gpu_id) if node is not None else None
+        if bank is None or kfd_used is None:
+            if apu:
+                raise BackendError(
+                    "rocm",
+                    f"GPU {gpu.physical_index} is an APU whose KFD memory comes from system RAM "
+                    f"(GTT): sysfs VRAM is only the carve-out, and the KFD process files under "
+                    f"{self._sysfs / 'class' / 'kfd' / 'kfd' / 'proc'} are unreadable",
+                )
+            why = "no KFD memory bank" if bank is None else "KFD process files unreadable"
+            source = (
+                f"sysfs (whole card, shared by {gpu.partitions} partitions; this partition's "
+                f"share unknown: {why})"
+            )
+            return _reading(where, total=total, used=used, source=source)
+        if kfd_used > bank:
+            raise BackendError(
+                "rocm",
+                f"KFD allocations on GPU {gpu.physical_index} ({kfd_used} bytes) exceed its KFD "
+                f"memory bank ({bank} bytes)",
+            )
+        source = (
+            SOURCE_APU if apu else SOURCE_PARTITION.format(k=gpu.partition or 0, n=gpu.partitions)
+        )
+        return _reading(
+            f"GPU {gpu.physical_index} (KFD memory bank)", total=bank, used=kfd_used, source=source
+        )
+
+    def _kfd_vram(self, gpu_id: int) -> dict[int, int] | None:
+        """Bytes of VRAM per process on ``gpu_id`` from KFD's process files; ``None`` if absent."""
+        proc = self._sysfs / "class" / "kfd" / "kfd" / "proc"
+        try:
+            pids = [int(p) for p in _files.listdir(proc) if p.isdigit()]
+        except OSError:
+            return None
+        out: dict[int, int] = {}
+        for pid in sorted(pids):
+            try:
+                out[pid] = self._reader.integer(proc / str(pid) / f"vram_{gpu_id}")
+            except BackendError:
+                continue  # the process exited, or does not use this GPU
+        return out
+
+    def _kfd_used(self, gpu_id: int) -> int | None:
+        by_pid = self._kfd_vram(gpu_id)
+        return None if by_pid is None else sum(by_pid.values())
+
+    def holders(self, gpu: Gpu) -> list[MemoryHolder] | None:
+        if gpu.node is None:
+            return None
+        by_pid = self._kfd_vram(gpu.node.gpu_id)
+        if by_pid is None:
+            return None
+        return [make_holder(pid, used) for pid, used in by_pid.items() if used > 0]
+
+
+_amdsmi_lock = threading.Lock()
+_amdsmi_initialised: object | None = None
+
+
+def _after_fork() -> None:
+    global _amdsmi_lock, _amdsmi_initialised
+    _amdsmi_lock = threading.Lock()
+    _amdsmi_initialised = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+_boundary.on_reset(_after_fork)  # amdsmi comes through the boundary: initialise it afresh
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:160]
+    return ""
+
+
+def import_amdsmi() -> tuple[Any, str]:
+    """Import ``amdsmi`` defensively, through the vendor boundary; never raises.
+
+    Returns:
+        ``(module, "")`` on success, ``(None, reason)`` otherwise.
+
+    Side effects:
+        Imports ``amdsmi`` (which loads ``libamd_smi.so``), with what it prints swallowed.
+    """
+    module, why, _ = _boundary.vendor("amdsmi", lambda: (*_import_amdsmi_live(), ""))
+    return module, why
+
+
+def _import_amdsmi_live() -> tuple[Any, str]:
+    if "amdsmi" in sys.modules:
+        module = sys.modules["amdsmi"]
+        if module is None:
+            return None, "amdsmi is blocked (sys.modules['amdsmi'] is None)"
+        return module, ""
+    try:
+        if importlib.util.find_spec("amdsmi") is None:
+            return None, AMDSMI_NOT_INSTALLED
+    except (ImportError, ValueError) as exc:
+        return None, f"amdsmi cannot be located: {type(exc).__name__}: {exc}"
+    printed: list[str] = []
+    try:
+        module = import_quietly("amdsmi", printed)
+    except Exception as exc:
+        said = _first_line("".join(printed))
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        hint = ""
+        if isinstance(exc, KeyError):  # the PyPI wheel without ROCm prints, then raises KeyError
+            hint = " (ROCm's libamd_smi.so is missing)"
+        elif isinstance(exc, AttributeError):
+            hint = " (the installed ROCm is older than this amdsmi)"
+        suffix = f"; it said {said!r}" if said else ""
+        return None, f"import amdsmi failed{hint}: {detail}{suffix}"
+    return module, ""
+
+
+def amdsmi_init(module: Any) -> None:
+    global _amdsmi_initialised
+    with _amdsmi_lock:
+        if _amdsmi_initialised is module:
+            return
+        module.amdsmi_init()
+        _amdsmi_initialised = module
+
+
+class AmdSmiSource(Source):
+    name = SOURCE_AMDSMI
+
+    def __init__(self, module: Any) -> None:
+        self._m = module
+        self._gpus: list[Gpu] | None = None
+
+    def gpus(self) -> list[Gpu]:
+        if self._gpus is None:
+            self._gpus = self._enumerate()
+        return self._gpus
+
+    def _enumerate(self) -> list[Gpu]:
+        m = self._m
+        try:
+            handles = list(m.amdsmi_get_processor_handles())
+        except Exception as exc:
+            raise BackendError(
+                "rocm", f"amdsmi_get_processor_handles failed: {exc}", type(exc).__name__
+            ) from exc
+        rows: list[tuple[tuple[int, ...], Any, str | None, str | None]] = []
+        for position, handle in enumerate(handles):
+            hip_id: int | None = None
+            uuid: str | None = None
+            try:
+                info = m.amdsmi_get_gpu_enumeration_info(handle)
+                raw = info.get("hip_id")
+                hip_id = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+                text = info.get("hip_uuid")
+                uuid = text if isinstance(text, str) and text.startswith("GPU-") else None
+            except Exception:
+                pass  # older amdsmi: no enumeration info
+            try:
+                bdf: str | None = str(m.amdsmi_get_gpu_device_bdf(handle)).lower()
+            except Exception:
+                bdf = None
+            rows.append(
+                ((0 if hip_id is not None else 1, hip_id or 0, position), handle, uuid, bdf)
+            )
+        # amdsmi's handle order may differ from HIP's, hence its hip_id; without one somewhere,
+        # PCI order for all.
+        if any(key[0] for key, *_ in rows):
+            rows.sort(key=lambda r: (pci_sort_key(r[3]), r[0][2]))
+        else:
+            rows.sort(key=lambda r: r[0])
+        gpus = []
+        for i, (_, handle, uuid, bdf) in enumerate(rows):
+            name = "AMD GPU"
+            arch: str | None = None
+            with contextlib.suppress(Exception):
+                asic = m.amdsmi_get_gpu_asic_info(handle)
+                name = str(asic.get("market_name") or name)
+                target = str(asic.get("target_graphics_version") or "").strip().lower()
+                arch = target if _GFX_RE.match(target) else None
+            gpus.append(Gpu(i, name, uuid, bdf, handle=handle, arch=arch))
+        return gpus
+
+    def memory(self, gpu: Gpu) -> MemoryInfo:
+        m = self._m
+        # Bytes (they wrap the sysfs files). Never amdsmi_get_gpu_vram_usage: MB, and seen stale
+        # on MI355X with ROCm 7.0 (ROCm/amdsmi#175).
+        try:
+            vram = m.AmdSmiMemoryType.VRAM
+            total = int(m.amdsmi_get_gpu_memory_total(gpu.handle, vram))
+            used = int(m.amdsmi_get_gpu_memory_usage(gpu.handle, vram))
+        except Exception as exc:
+            raise BackendError(
+                "rocm",
+                f"amdsmi memory query for GPU {gpu.physical_index} failed: {exc}",
+                type(exc).__name__,
+            ) from exc
+        return _reading(f"GPU {gpu.physical_index}", total=total, used=used, source=SOURCE_AMDSMI)
+
+    def holders(self, gpu: Gpu) -> list[MemoryHolder] | None:
+        try:
+            processes = list(self._m.amdsmi_get_gpu_process_list(gpu.handle))
+        except Exception:
+            return None
+        holders: list[MemoryHolder] = []
+        for entry in processes:
+            if not isinstance(entry, Mapping):
+                return None  # an older amdsmi returns opaque handles
+            pid = entry.get("pid")
+            usage = entry.get("memory_usage")
+            vram = usage.get("vram_mem") if isinstance(usage, Mapping) else None
+            if not isinstance(pid, int):
+                continue
+            if isinstance(vram, int) and vram > 0:
+                holders.append(make_holder(pid, vram))
+        return holders
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class TorchSource(Source):
+    name = SOURCE_TORCH
+    context_free = False
+    visible_applied = True
+
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+
+    def gpus(self) -> list[Gpu]:
+        try:
+            count = int(self._torch.cuda.device_count())
+        except Exception as exc:
+            raise BackendError("rocm", f"torch.cuda.device_count() failed: {exc}") from exc
+        return [Gpu(i, "AMD GPU", None, None) for i in range(count)]
+
+    def uuids(self) -> list[str | None] | None:
+        return None
+
+    def memory(self, gpu: Gpu) -> MemoryInfo:
+        try:
+            free, total = self._torch.cuda.mem_get_info(gpu.physical_index)
+        except Exception as exc:
+            raise BackendError(
+                "rocm", f"torch.cuda.mem_get_info({gpu.physical_index}) failed: {exc}"
+            ) from exc
+        free, total = int(free), int(total)
+        return checked_memory(
+            "rocm",
+            f"GPU {gpu.physical_index}",
+            free=free,
+            total=total,
+            used=max(0, total - free),  # derived: the rule judges what was read
+            source=SOURCE_TORCH,
+        )
+
+
+def torch_if_imported() -> tuple[Any, str]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None, ROCM_TORCH_NOT_IMPORTED
+    hip = getattr(getattr(torch, "version", None), "hip", None)
+    if not hip:
+        return None, "the imported torch is not a ROCm build (torch.version.hip is unset)"
+    return torch, ""

@@ -1,0 +1,412 @@
+"""The KFD topology scan: AMD GPUs of a sysfs tree in ROCr's order, with partitions and APUs.
+
+Devices are numbered as HIP numbers them: the KFD topology's GPU nodes in ROCr's order, filtered by
+the render nodes the ROCm thunk can open; without KFD, the cards in PCI order.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accelplat import _boundary, _files
+from accelplat._backends._common import (
+    AMD_VENDOR_ID,
+    SysfsReader,
+    drm_cards,
+    parse_int_values,
+    parse_key_values,
+    pci_address,
+    pci_sort_key,
+)
+from accelplat._visible.rocm import hip_uuid
+from accelplat.errors import BackendError
+
+_RENDER_RE = re.compile(r"^renderD(\d+)$")
+
+OpenDevice = Callable[[Path], None]
+
+_HEAP_FB = (1, 2)  # HSA_MEM_HEAP_TYPE_FB_PUBLIC/PRIVATE: a KFD memory bank of GPU-local memory
+
+
+def open_node(path: Path) -> None:
+    """Check ``path`` as the ROCm thunk opens it, through the boundary; raise its ``OSError``."""
+    _boundary.call("device", ("open", str(path)), lambda: _open_device_live(path))
+
+
+def _open_device_live(path: Path) -> None:
+    if path.name == "kfd":  # access() only: opening /dev/kfd would register us with KFD
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return
+    # Read-write, as the thunk opens it: a DRM client for an instant, no HIP context.
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    os.close(fd)
+
+
+@dataclass(frozen=True)
+class _Card:
+    name: str
+    path: Path
+    pci_bus_id: str | None
+    render_minors: frozenset[int]
+    label: str
+
+
+@dataclass(frozen=True)
+class _Node:
+    node: int
+    gpu_id: int
+    unique_id: int
+    render_minor: int | None
+    pci_bus_id: str | None
+    label: str
+    domain: int = 0
+    location_id: int | None = None
+    bank_bytes: int | None = None  # the KFD memory banks: what ROCr and HIP call its memory
+    arch: str | None = None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU in ROCr's order, whatever the source."""
+
+    physical_index: int
+    name: str
+    uuid: str | None
+    pci_bus_id: str | None
+    card: _Card | None = None
+    node: _Node | None = None
+    partitions: int = 1
+    partition: int | None = None
+    handle: Any = None
+    arch: str | None = None
+
+
+@dataclass
+class Topology:
+    gpus: list[Gpu]
+    uuids_known: bool
+    cards: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _parse_properties(text: str) -> dict[str, int]:
+    # KFD writes "key value" lines; the thunk reads them the same way (libhsakmt topology.c).
+    return parse_int_values(parse_key_values(text))
+
+
+def gfx_arch(target_version: int | None) -> str | None:
+    """Return the LLVM target name of a KFD ``gfx_target_version`` (``90402`` -> ``"gfx942"``).
+
+    KFD encodes ``major * 10000 + minor * 100 + stepping``; LLVM writes minor and stepping as one
+    hex digit each (``90010`` -> ``"gfx90a"``).
+
+    Returns:
+        The ``gfx…`` name, or ``None`` for a missing, zero or out-of-range value.
+    """
+    if target_version is None or target_version <= 0:
+        return None
+    major, rest = divmod(target_version, 10000)
+    minor, stepping = divmod(rest, 100)
+    if not (1 <= major <= 99 and minor < 16 and stepping < 16):
+        return None
+    return f"gfx{major}{minor:x}{stepping:x}"
+
+
+def _card_pci(reader: SysfsReader, device: Path) -> str | None:
+    # The directory the card's device link points to is its PCI address; else PCI_SLOT_NAME.
+    try:
+        name = os.path.basename(_files.realpath(device))
+    except OSError:
+        name = ""
+    if pci_address(name):
+        return pci_address(name)
+    try:
+        return pci_address(
+            parse_key_values(reader.text(device / "uevent"), sep="=").get("PCI_SLOT_NAME")
+        )
+    except BackendError:
+        return None
+
+
+def _label(reader: SysfsReader, path: Path) -> str:
+    try:
+        return reader.text(path)
+    except BackendError:
+        return ""
+
+
+def _scan_cards(reader: SysfsReader, sysfs: Path, notes: list[str]) -> list[_Card]:
+    drm = sysfs / "class" / "drm"
+    entries, note = drm_cards(drm)  # connectors (card0-DP-1), render nodes are left out
+    if note:
+        notes.append(note)
+        return []
+    cards: list[_Card] = []
+    for entry in entries:
+        device = drm / entry / "device"
+        try:
+            vendor = reader.integer(device / "vendor", base=16)
+        except BackendError:
+            continue
+        if vendor != AMD_VENDOR_ID:
+            continue
+        if not _files.exists(device / "mem_info_vram_total"):
+            notes.append(f"{entry} is an AMD GPU without mem_info_vram_total")
+            continue
+        try:
+            minors = frozenset(
+                int(m.group(1))
+                for m in (_RENDER_RE.match(n) for n in _files.listdir(device / "drm"))
+                if m is not None
+            )
+        except OSError:
+            minors = frozenset()
+        device_id = _label(reader, device / "device")
+        label = _label(reader, device / "product_name") or f"AMD GPU {device_id}".strip()
+        cards.append(_Card(entry, drm / entry, _card_pci(reader, device), minors, label))
+    return cards
+
+
+def _node_pci(props: Mapping[str, int]) -> str | None:
+    location = props.get("location_id")
+    if location is None:
+        return None
+    domain = props.get("domain", 0)
+    # location_id = pci_dev_id() (kfd_topology.c kfd_topology_add_device; HIP decodes it so too)
+    bus, dev, fn = (location >> 8) & 0xFF, (location >> 3) & 0x1F, location & 0x7
+    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
+
+
+def _bank_bytes(reader: SysfsReader, node: Path) -> int | None:
+    """Sum ``size_in_bytes`` of the node's GPU-local memory banks; ``None`` when it lists none."""
+    banks = node / "mem_banks"
+    try:
+        names = sorted(n for n in _files.listdir(banks) if n.isdigit())
+    except OSError:
+        return None
+    total: int | None = None
+    for name in names:
+        try:
+            props = _parse_properties(reader.text(banks / name / "properties"))
+        except BackendError:
+            continue
+        size = props.get("size_in_bytes")
+        if props.get("heap_type") in _HEAP_FB and size is not None:
+            total = (total or 0) + max(0, size)
+    return total
+
+
+class _TopologyFailedError(Exception):
+    """The ROCm thunk would fail the whole topology (so ROCm sees no GPU)."""
+
+
+def _render_node_usable(dev: Path, name: str, minor: int | None, open_device: OpenDevice) -> bool:
+    """Apply the thunk's rule for one GPU node's render device: ``False`` drops the node.
+
+    Raises:
+        _TopologyFailedError: When the thunk would fail the whole topology.
+    """
+    # ROCR-Runtime libhsakmt/src/topology.c:636-712 and fmm.c:2079-2106: a GPU node without
+    # drm_render_minor is an error; ENOENT or EPERM (absent, or denied by the device cgroup: how
+    # a container given some GPUs sees only those) drops the node; any other errno fails all.
+    if minor is None:
+        raise _TopologyFailedError(
+            f"KFD node {name} is a GPU without drm_render_minor; the ROCm runtime fails its "
+            f"whole topology on that"
+        )
+    path = dev / "dri" / f"renderD{minor}"
+    try:
+        open_device(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.EPERM):
+            return False
+        code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        hint = ""
+        if exc.errno == errno.EACCES:
+            hint = " (add the user to the 'render' and 'video' groups)"
+        raise _TopologyFailedError(
+            f"cannot open {path}: {exc.strerror or exc} ({code}){hint}; the ROCm runtime then "
+            f"fails its whole topology, so it sees no GPU"
+        ) from None
+    return True
+
+
+def _scan_nodes(
+    reader: SysfsReader,
+    sysfs: Path,
+    dev: Path | None,
+    notes: list[str],
+    open_device: OpenDevice,
+) -> list[_Node] | None:
+    """Return the KFD GPU nodes ROCr enumerates, or ``None`` without a KFD topology.
+
+    Raises:
+        _TopologyFailedError: When the ROCm thunk would fail the whole topology.
+    """
+    # ROCr surfaces GPU agents in KFD node order (amd_topology.cpp BuildTopology) and HIP numbers
+    # what ROCr surfaced (rocdevice.cpp iterateAgentCallback): that order is the physical one.
+    nodes_dir = sysfs / "class" / "kfd" / "kfd" / "topology" / "nodes"
+    try:
+        names = _files.listdir(nodes_dir)
+    except OSError:
+        return None
+    nodes: list[_Node] = []
+    for name in sorted((n for n in names if n.isdigit()), key=int):
+        path = nodes_dir / name
+        try:
+            gpu_id = reader.integer(path / "gpu_id")
+            props = _parse_properties(reader.text(path / "properties"))
+        except BackendError as exc:
+            notes.append(f"KFD node {name} skipped: {exc}")
+            continue
+        if gpu_id == 0 or props.get("simd_count", 1) == 0:
+            continue  # a CPU node: the thunk reads simd_count 0 as "no GPU" (topology.c)
+        minor = props.get("drm_render_minor")
+        if dev is not None and not _render_node_usable(dev, name, minor, open_device):
+            notes.append(
+                f"KFD node {name} skipped: its render node {dev / 'dri'}/renderD{minor} is absent "
+                f"or denied (ENOENT/EPERM), as the ROCm runtime skips it"
+            )
+            continue
+        label = _label(reader, path / "name")
+        nodes.append(
+            _Node(
+                int(name),
+                gpu_id,
+                props.get("unique_id", 0),
+                minor,
+                _node_pci(props),
+                label,
+                domain=props.get("domain", 0),
+                location_id=props.get("location_id"),
+                bank_bytes=_bank_bytes(reader, path),
+                arch=gfx_arch(props.get("gfx_target_version")),
+            )
+        )
+    return nodes
+
+
+def _card_location(card: _Card) -> tuple[int, int] | None:
+    """``(domain, bus << 8 | device << 3 | function)`` of a card's PCI address."""
+    key = pci_sort_key(card.pci_bus_id)
+    if len(key) != 4:  # not a PCI address
+        return None
+    domain, bus, dev, fn = key
+    return domain, (bus << 8) | (dev << 3) | fn
+
+
+def _card_of_partition(node: _Node, cards: Sequence[_Card]) -> tuple[_Card, int] | None:
+    """The card a compute partition belongs to, and the partition id, from ``location_id``."""
+    # amdkfd kfd_topology.c kfd_topology_add_device: "if (gpu->kfd->num_nodes > 1) location_id
+    # |= dev->gpu->node_id", so partition k decodes to PCI function k, which is no card; the
+    # card's own location is a bit-subset of the node's on the same bus, the closest one wins.
+    if node.location_id is None:
+        return None
+    best: tuple[_Card, int] | None = None
+    for card in cards:
+        where = _card_location(card)
+        if where is None:
+            continue
+        domain, location = where
+        if domain != node.domain or location >> 8 != node.location_id >> 8:
+            continue
+        if location & node.location_id != location:
+            continue
+        if best is None or location > (_card_location(best[0]) or (0, -1))[1]:
+            best = (card, node.location_id ^ location)
+    return best
+
+
+def scan_topology(
+    sysfs: Path, dev: Path | None, reader: SysfsReader, open_device: OpenDevice = open_node
+) -> Topology:
+    """Return the AMD GPUs of ``sysfs`` in ROCr's order.
+
+    Args:
+        sysfs: The sysfs root.
+        dev: The ``/dev`` root to check render nodes and ``kfd`` in, or ``None`` to skip that.
+        reader: Reads the attribute files.
+        open_device: How a device node is checked (raises the ``OSError`` opening it gives).
+
+    Returns:
+        The topology; ``gpus`` is empty when no AMD card with VRAM files exists, or when the ROCm
+        runtime could use none (the notes say why).
+    """
+    notes: list[str] = []
+    cards = _scan_cards(reader, sysfs, notes)
+    if not cards:
+        return Topology([], uuids_known=False, notes=notes)
+    try:
+        nodes = _scan_nodes(reader, sysfs, dev, notes, open_device)
+    except _TopologyFailedError as exc:
+        notes.insert(0, str(exc))
+        return Topology([], uuids_known=True, cards=len(cards), notes=notes)
+    if nodes is None:  # no KFD: the order the driver probes cards in on ordinary machines
+        ordered = sorted(cards, key=lambda c: (pci_sort_key(c.pci_bus_id), c.name))
+        notes.append("no KFD topology: cards ordered by PCI address")
+        gpus = [Gpu(i, c.label, None, c.pci_bus_id, card=c) for i, c in enumerate(ordered)]
+        return Topology(gpus, uuids_known=False, cards=len(cards), notes=notes)
+    if dev is not None:
+        try:
+            open_device(dev / "kfd")
+        except OSError as exc:
+            what = (
+                "is missing"
+                if isinstance(exc, FileNotFoundError)
+                else f"cannot be opened ({exc.strerror or exc})"
+            )
+            notes.insert(0, f"{dev / 'kfd'} {what}: the ROCm runtime cannot open any GPU")
+            return Topology([], uuids_known=True, cards=len(cards), notes=notes)
+    # A node is tied to its card by drm_render_minor: partition 0 "shares drm device setting
+    # with adev" (amdgpu_xcp.c amdgpu_xcp_dev_alloc), so its renderD is under the card's
+    # device/drm. Partitions 1..N-1 have DRM devices on amdgpu_xcp platform devices, with no PCI
+    # parent (amdxcp/amdgpu_xcp_drv.c): only their location_id ties them to the card.
+    by_minor = {m: c for c in cards for m in c.render_minors}
+    by_pci = {c.pci_bus_id: c for c in cards if c.pci_bus_id}
+    matched: list[tuple[_Node, _Card | None, int | None]] = []
+    for node in nodes:
+        card = by_minor.get(node.render_minor) if node.render_minor is not None else None
+        partition: int | None = None
+        if card is None and node.pci_bus_id is not None:
+            card = by_pci.get(node.pci_bus_id)
+        if card is None:
+            found = _card_of_partition(node, cards)
+            if found is not None:
+                card, partition = found
+        if card is None:
+            notes.append(f"KFD node {node.node} matches no AMD card; its memory is unknown")
+        matched.append((node, card, partition))
+    shares = Counter(card.name for _, card, _ in matched if card is not None)
+    seen: Counter[str] = Counter()
+    found_gpus: list[Gpu] = []
+    for i, (node, card, from_location) in enumerate(matched):
+        count = shares[card.name] if card is not None else 1
+        partition = from_location
+        if card is not None:
+            if count > 1 and partition is None:  # partitions in node order
+                partition = seen[card.name]
+            seen[card.name] += 1
+        found_gpus.append(
+            Gpu(
+                i,
+                (card.label if card is not None else "") or node.label or "AMD GPU",
+                hip_uuid(node.unique_id),
+                (card.pci_bus_id if card is not None else None) or node.pci_bus_id,
+                card=card,
+                node=node,
+                partitions=count,
+                partition=partition if count > 1 else None,
+                arch=node.arch,
+            )
+        )
+    return Topology(found_gpus, uuids_known=True, cards=len(cards), notes=notes)

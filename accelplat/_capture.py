@@ -1,0 +1,270 @@
+"""``accelplat capture``: record this host's answers into a bundle that replays anywhere.
+
+A capture runs what ``accelplat info`` runs, then asks what replays will ask beyond it (memory
+holders, memory over time), while :func:`accelplat.replay.recording` keeps every answer given at
+the vendor boundary. The bundle's format is :mod:`accelplat.replay._bundle`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import platform as _platform
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from accelplat import __version__, _files
+from accelplat._describe import collect_info
+from accelplat._registry import current_platform
+from accelplat._vendor.versions import distribution_version
+from accelplat.errors import AccelplatError
+from accelplat.replay._bundle import FORMAT_NAME, FORMAT_VERSION, bundle_bytes
+from accelplat.replay._install import recording, relevant
+from accelplat.replay._record import Recorder
+
+VERSION_DISTRIBUTIONS = ("accelplat", "torch", "nvidia-ml-py", "amdsmi", "vllm")
+"""Distributions whose installed versions a capture's summary names."""
+
+_DRIVER_MODULES = ("amdgpu",)
+"""Kernel modules whose ``/sys/module/NAME/version`` names the driver where no library says."""
+
+_TIME_KEYS = frozenset({"timestamp", "wall_time", "created", "generated", "generated_at"})
+
+_CHANNEL_TITLES = {
+    "file": "Host files read (sysfs, procfs, cgroup)",
+    "nvml": "NVML calls",
+    "levelzero": "Level Zero Sysman calls",
+    "amdsmi": "amdsmi calls",
+    "dist": "Installed versions asked",
+    "proc": "Processes classified (pid: state and name)",
+    "device": "Device nodes checked (/dev/kfd, render nodes: whether they open)",
+    "host": "Host facts (the machine name, as uname -m)",
+}
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A finished capture.
+
+    Attributes:
+        data: The bundle's ``.tar.gz`` bytes.
+        host: The ``host.json`` document.
+        info: ``accelplat info --json`` as this host printed it while recording.
+        contents: ``CONTENTS.txt``: what is inside, in words.
+    """
+
+    data: bytes
+    host: Mapping[str, Any]
+    info: Mapping[str, Any]
+    contents: str
+
+
+def _exercise(
+    platform: Any, samples: int, interval_s: float, sleep: Callable[[float], None]
+) -> None:
+    """Ask what replays will ask beyond ``info``: holders and memory over time."""
+    try:
+        devices = list(platform.devices())
+    except AccelplatError:
+        return
+    # A failing query is recorded like any answer; the capture goes on with the next one.
+    for dev in devices:
+        with contextlib.suppress(Exception):
+            platform.memory_holders(dev.index)
+    for _ in range(samples):
+        sleep(interval_s)
+        for dev in devices:
+            with contextlib.suppress(Exception):
+                platform.memory_info(dev.index)
+
+
+@contextmanager
+def _outside_any_project() -> Iterator[None]:
+    """Run the block in an empty directory: a project's ``pyproject.toml`` is no host fact."""
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="accelplat-capture-") as empty:
+        os.chdir(empty)
+        try:
+            yield
+        finally:
+            os.chdir(here)
+
+
+def _driver(info: Mapping[str, Any]) -> str | None:
+    """The driver version the platform reports, else the amdgpu kernel module's (recorded)."""
+    if info.get("platform"):
+        get_driver = getattr(current_platform(), "driver_version", None)
+        if callable(get_driver):
+            with contextlib.suppress(AccelplatError):
+                return str(get_driver())
+    sysfs = os.environ.get("ACCELPLAT_SYSFS_ROOT") or "/sys"
+    for module in _DRIVER_MODULES:
+        try:
+            text = _files.read_text(f"{sysfs}/module/{module}/version").strip()
+        except (OSError, AccelplatError):
+            continue
+        if text:
+            return f"{module} {text[:64]}"
+    return None
+
+
+def capture(
+    *,
+    processes: bool = True,
+    samples: int = 4,
+    interval_s: float = 0.4,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Capture:
+    """Record this host's answers into a bundle.
+
+    Runs what ``accelplat info`` runs (detection, every device, its memory), then asks each
+    device for its memory holders and samples its memory ``samples`` times, ``interval_s``
+    apart, recording every answer at the vendor boundary.
+
+    Args:
+        processes: Keep the pids and names of processes holding device memory;
+            ``False`` records every process list as empty.
+        samples: Memory samples after the first reading (0-100).
+        interval_s: Seconds between samples (0-10).
+        sleep: How to wait between samples (tests pass a fake).
+
+    Returns:
+        The :class:`Capture`.
+
+    Raises:
+        ValueError: For ``samples`` or ``interval_s`` out of range.
+
+    Side effects:
+        Probes every built-in platform and queries memory as ``accelplat info`` does; forgets
+        the detected platform before and after.
+    """
+    if not 0 <= samples <= 100:
+        raise ValueError(f"samples must be 0-100, got {samples}")
+    if not 0 <= interval_s <= 10:
+        raise ValueError(f"interval_s must be 0-10 seconds, got {interval_s}")
+    recorder = Recorder(processes=processes)
+    with recording(recorder), _outside_any_project():
+        env = {k: v for k, v in sorted(os.environ.items()) if relevant(k)}
+        info = collect_info()
+        if info.get("platform"):
+            _exercise(current_platform(), samples, interval_s, sleep)
+        driver = _driver(info)
+        versions = {name: distribution_version(name) for name in VERSION_DISTRIBUTIONS}
+    versions["accelplat"] = __version__
+    summary = {
+        "platform": info.get("platform"),
+        "devices": [
+            {"name": d.get("name"), "total": (d.get("memory") or {}).get("total")}
+            for d in info.get("devices") or []
+        ],
+        "driver": driver,
+        "versions": versions,
+        "python": _platform.python_version(),
+        "machine": _platform.machine(),
+        "system": _platform.system(),
+    }
+    host: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "accelplat_version": __version__,
+        "options": {"processes": processes, "samples": samples, "interval_s": interval_s},
+        "summary": summary,
+        "env": env,
+        "records": recorder.records(),
+    }
+    contents = bundle_contents(host)
+    return Capture(bundle_bytes(host, info, contents), host, info, contents)
+
+
+def bundle_contents(host: Mapping[str, Any]) -> str:
+    """Return, in words, everything a ``host.json`` document holds (the ``CONTENTS.txt`` text).
+
+    Args:
+        host: The document.
+    """
+    summary = host.get("summary", {})
+    env = host.get("env", {})
+    versions = summary.get("versions") or {}
+    processes = (
+        "Processes: INCLUDED - the pid and process name of each process holding device memory "
+        "(leave them out with --no-processes)."
+        if host.get("options", {}).get("processes")
+        else "Processes: left out (--no-processes): process lists are recorded empty."
+    )
+    lines = [
+        f"accelplat capture bundle, format version {host.get('format_version')}",
+        f"captured {host.get('created')} with accelplat {host.get('accelplat_version')}",
+        f"platform: {summary.get('platform')}; devices: {len(summary.get('devices') or [])}",
+        f"driver: {summary.get('driver')}",
+        "",
+        "Files in this bundle:",
+        "  host.json     every question accelplat asked at the vendor boundary, with the answers",
+        "  info.json     `accelplat info --json` as this host printed it",
+        "  CONTENTS.txt  this description",
+        "",
+        processes,
+        "Not included: host name, user names, command lines, anything outside the files and "
+        "calls listed below.",
+        "",
+        f"Environment variables ({len(env)}):",
+        *(f"  {k}={v}" for k, v in env.items()),
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        f"Python {summary.get('python')} on {summary.get('system')} {summary.get('machine')}",
+        "",
+    ]
+    by_channel: dict[str, list[str]] = {}
+    for rec in host.get("records", []):
+        count = len(rec.get("answers", []))
+        label = " ".join(str(k) for k in rec.get("key", []) if not isinstance(k, (list, dict)))
+        if count > 1:
+            label += f"  ({count} answers)"
+        by_channel.setdefault(str(rec.get("channel")), []).append(label)
+    for channel, labels in by_channel.items():
+        lines.append(f"{_CHANNEL_TITLES.get(channel, channel)} ({len(labels)}):")
+        lines.extend(f"  {label}" for label in labels)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def compare_info(recorded: Any, replayed: Any, where: str = "info") -> list[str]:
+    """Return how a replayed ``info --json`` differs from the recorded one (``[]``: it doesn't).
+
+    Every key the recorded document has must be present with an equal value; keys a newer
+    accelplat added are allowed; keys naming times (``timestamp``, ``created`` …) are skipped.
+
+    Args:
+        recorded: The recorded document (or part of it).
+        replayed: The replayed one.
+        where: Path of this part, for the messages.
+
+    Returns:
+        One line per difference.
+    """
+    if isinstance(recorded, dict):
+        if not isinstance(replayed, dict):
+            return [f"{where}: recorded an object, replay gave {type(replayed).__name__}"]
+        out: list[str] = []
+        for key, value in recorded.items():
+            if key in _TIME_KEYS:
+                continue
+            if key not in replayed:
+                out.append(f"{where}.{key}: missing from the replay")
+            else:
+                out.extend(compare_info(value, replayed[key], f"{where}.{key}"))
+        return out
+    if isinstance(recorded, list) and isinstance(replayed, list) and len(recorded) == len(replayed):
+        return [
+            line
+            for i, (a, b) in enumerate(zip(recorded, replayed, strict=True))
+            for line in compare_info(a, b, f"{where}[{i}]")
+        ]
+    if recorded != replayed or type(recorded) is not type(replayed):
+        return [f"{where}: recorded {recorded!r}, replay gave {replayed!r}"]
+    return []

@@ -1,0 +1,277 @@
+"""The conformance kit's harness: what one run shares between its checks.
+
+:class:`Kit` holds the platform under test and the options of :func:`run_conformance`, caches
+the shared facts (device count, devices), and rebuilds the platform in a fresh interpreter
+(:mod:`accelplat.testing._child`) for the checks that watch for side effects. When no fresh
+process reproduces the caller's devices (a backend built over a fake sysfs tree, say), those
+checks run in the caller's process and say so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from accelplat._types import MIB, DeviceInfo, MemoryInfo
+from accelplat.errors import ConfigurationError
+from accelplat.testing._child import BOOTSTRAP, describe
+
+Isolation = Literal["auto", "subprocess", "inprocess"]
+
+
+class CheckFailedError(Exception):
+    """Raised inside a check to fail it with a message."""
+
+
+class CheckSkippedError(Exception):
+    """Raised inside a check to skip it with a reason."""
+
+
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an ``int`` and not a ``bool``."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """An allowance in bytes that grows with the device: ``max(min_bytes, ratio × total)``.
+
+    Attributes:
+        min_bytes: The allowance for small devices.
+        ratio: The allowance as a fraction of the device's total.
+    """
+
+    min_bytes: int
+    ratio: float
+
+    def allowed(self, total: int) -> int:
+        """Return the allowance for a device of ``total`` bytes."""
+        return max(self.min_bytes, int(self.ratio * max(0, total)))
+
+
+# Some sources read used and total from separate counters (two sysfs files) or round to MiB;
+# a gap beyond this means the fields disagree in meaning.
+SUM_TOLERANCE = Tolerance(min_bytes=64 * MIB, ratio=0.005)
+"""How far ``used + free`` may be from ``total``: 64 MiB or 0.5 %, whichever is more."""
+
+STABILITY_TOLERANCE = Tolerance(min_bytes=256 * MIB, ratio=0.02)
+"""How much ``used``/``free`` may move between two back-to-back reads (other processes
+allocate meanwhile): 256 MiB or 2 %."""
+
+_env_lock = threading.Lock()
+
+
+@contextmanager
+def patched_env(changes: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables for the block (process-wide; not for concurrent tests)."""
+    with _env_lock:
+        saved = {name: os.environ.get(name) for name in changes}
+        os.environ.update(changes)
+        try:
+            yield
+        finally:
+            for name, old in saved.items():
+                if old is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = old
+
+
+@dataclass
+class ChildRun:
+    """A fresh process that reproduced the platform: how it was built, and its answer."""
+
+    spec: tuple[str, str]
+    answer: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        """How it was built, for details: ``name 'cuda'`` or ``ref 'pkg.mod:Cls'``."""
+        return f"{self.spec[0]} {self.spec[1]!r}"
+
+
+@dataclass
+class Kit:
+    """The platform under test, the run's options, and the facts its checks share."""
+
+    platform: Any
+    registered_name: str | None = None
+    factory: Callable[[], Any] | None = None
+    child: str | None = None
+    isolation: Isolation = "auto"
+    sum_tolerance: Tolerance = SUM_TOLERANCE
+    stability_tolerance: Tolerance = STABILITY_TOLERANCE
+    min_total_bytes: int = MIB
+    probe_budget_s: float = 2.0
+    settle_timeout_s: float | None = None
+    settle_clock: Any = None
+    empty_visible_hides_all: bool | None = None
+    subprocess_timeout_s: float = 60.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    baseline_note: str | None = None
+    _count: int | None = None
+    _devices: tuple[DeviceInfo, ...] | None = None
+    _baseline: ChildRun | None = None
+    _baseline_done: bool = False
+
+    # -- shared facts --------------------------------------------------------------------------
+
+    def count(self) -> int:
+        """Return ``device_count()``, checked and cached."""
+        if self._count is None:
+            try:
+                count = self.platform.device_count()
+            except Exception as exc:
+                raise CheckFailedError(f"device_count() raised {describe(exc)}") from None
+            if not is_int(count) or count < 0:
+                raise CheckFailedError(f"device_count() returned {count!r}, not an int >= 0")
+            self._count = count
+        return self._count
+
+    def devices(self) -> tuple[DeviceInfo, ...]:
+        """Return ``devices()``, checked to be a sequence and cached."""
+        if self._devices is None:
+            try:
+                devs = self.platform.devices()
+            except Exception as exc:
+                raise CheckFailedError(f"devices() raised {describe(exc)}") from None
+            if not isinstance(devs, Sequence) or isinstance(devs, str):
+                raise CheckFailedError(f"devices() returned {type(devs).__name__}, not a sequence")
+            self._devices = tuple(devs)
+        return self._devices
+
+    def need_devices(self) -> int:
+        """Return the device count; skip the check when there is no device."""
+        n = self.count()
+        if n == 0:
+            raise CheckSkippedError("no device is visible")
+        return n
+
+    def memory(self, device: int) -> MemoryInfo:
+        """Return ``memory_info(device)``, checked to be a :class:`MemoryInfo`."""
+        try:
+            info = self.platform.memory_info(device)
+        except Exception as exc:
+            raise CheckFailedError(f"memory_info({device}) raised {describe(exc)}") from None
+        if not isinstance(info, MemoryInfo):
+            raise CheckFailedError(
+                f"memory_info({device}) returned {type(info).__name__}, not MemoryInfo"
+            )
+        return info
+
+    def probe_owner(self) -> Any:
+        """Return the object whose ``probe`` the registry would call."""
+        if self.factory is not None and hasattr(self.factory, "probe"):
+            return self.factory
+        if self.registered_name is not None:
+            from accelplat import _registry as registry
+
+            with suppress(ConfigurationError):
+                return registry.factory_for(self.registered_name)
+        return type(self.platform)
+
+    def probe_describes_platform(self) -> bool:
+        """Whether the probe (which takes no arguments) speaks of the platform under test.
+
+        It does when the platform came by name, when ``factory`` has the probe, or when
+        building the class without arguments gives the same devices; not when the caller
+        built it with arguments (e.g. over a fake sysfs root).
+        """
+        if self.registered_name is not None:
+            return True
+        if self.factory is not None and hasattr(self.factory, "probe"):
+            return True
+        try:
+            got = [(d.name, d.physical_index) for d in type(self.platform)().devices()]
+        except Exception:
+            return False
+        return got == [(d.name, d.physical_index) for d in self.devices()]
+
+    # -- the subprocess --------------------------------------------------------------------------
+
+    def _child_specs(self) -> list[tuple[str, str]]:
+        if self.child is not None:
+            return [("ref" if ":" in self.child else "name", self.child)]
+        if self.isolation == "inprocess":
+            return []
+        specs = [] if self.registered_name is None else [("name", self.registered_name)]
+        cls = type(self.platform)
+        if cls.__module__ != "__main__" and "<" not in cls.__qualname__:
+            specs.append(("ref", f"{cls.__module__}:{cls.__qualname__}"))
+        return specs
+
+    def run_child(
+        self, spec: tuple[str, str], *, env: Mapping[str, str] | None = None, queries: bool = True
+    ) -> dict[str, Any]:
+        """Build the platform ``spec`` names in a fresh interpreter; return its JSON answer."""
+        fd, out = tempfile.mkstemp(prefix="accelplat-conformance-", suffix=".json")
+        os.close(fd)
+        job = {"kind": spec[0], "value": spec[1], "queries": queries, "out": out}
+        child_env = {**os.environ, **self.env, **(env or {})}
+        paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+        old = child_env.get("PYTHONPATH")
+        child_env["PYTHONPATH"] = os.pathsep.join([*paths, *([old] if old else [])])
+        proc = None
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-c", BOOTSTRAP, json.dumps(job)],
+                env=child_env,
+                capture_output=True,
+                text=True,
+                timeout=self.subprocess_timeout_s,
+                check=False,
+            )
+            try:
+                with open(out, encoding="utf-8") as f:
+                    text = f.read()
+                answer: dict[str, Any] = json.loads(text) if text else {}
+            except (OSError, ValueError):
+                answer = {}
+        except subprocess.TimeoutExpired:
+            answer = {"error": f"timed out after {self.subprocess_timeout_s:g} s"}
+        finally:
+            with suppress(OSError):
+                os.unlink(out)
+        if not answer:
+            tail = (proc.stderr if proc is not None else "").strip().splitlines()[-3:]
+            rc = proc.returncode if proc is not None else None
+            answer = {"ok": False, "error": f"the child exited {rc} without an answer: {tail}"}
+        return answer
+
+    def baseline(self) -> ChildRun | None:
+        """Return a subprocess run that reproduces the caller's platform, or ``None``."""
+        if self._baseline_done:
+            return self._baseline
+        self._baseline_done = True
+        tried: list[str] = []
+        want = [(d.name, d.physical_index) for d in self.devices()]
+        for spec in self._child_specs():
+            answer = self.run_child(spec)
+            label = ChildRun(spec, answer).label
+            if not answer.get("ok"):
+                tried.append(f"{label}: {answer.get('error')}")
+                continue
+            got = [(d["name"], d["physical_index"]) for d in answer.get("devices", [])]
+            if answer.get("device_count") != len(want) or got != want:
+                tried.append(f"{label}: sees {got} instead of {want}")
+                continue
+            self._baseline = ChildRun(spec, answer)
+            return self._baseline
+        self.baseline_note = (
+            f"a fresh process could not reproduce it ({'; '.join(tried)})"
+            if tried
+            else "no way to rebuild the platform in a subprocess"
+        )
+        return None
+
+    def inprocess_note(self) -> str:
+        """Say that a check ran in the caller's process, and why."""
+        return f"in-process: {self.baseline_note}; pass child='module:attr' to isolate"
