@@ -1,11 +1,8 @@
 """Capabilities: what a device can do, decided in one place from its identity facts.
 
-Built-ins (:data:`BUILTIN`) are decided by one evaluator from the device's facts
-(:class:`~accelplat._types.DeviceInfo` ``arch`` and ``compute_capability``) and each backend's
-``FEATURES`` rules (data, see :class:`~accelplat._types.FeatureRule`); project capabilities come
-from ``[tool.accelplat.capabilities]`` in ``pyproject.toml`` or :func:`define_capability`. Every
-:class:`Capability` carries a reason naming the fact, e.g. ``"needs sm_89+; this is NVIDIA
-A100-SXM4-80GB (sm_80)"``. See ``docs/capabilities.md``.
+Built-ins come from ``arch``, ``compute_capability`` and each backend's ``FEATURES``; project ones
+from ``[tool.accelplat.capabilities]`` or :func:`define_capability`. Each answer has a reason
+(``docs/capabilities.md``). The table is untrusted: every shape is checked, every pass is linear.
 """
 
 from __future__ import annotations
@@ -21,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from accelplat import _files
 from accelplat._platform import optional
 from accelplat._types import DeviceInfo, FeatureRule
+from accelplat._util import shorten
 from accelplat._validate import NAME_RE, device_index
 from accelplat._vendor.versions import distribution_version, satisfies
 from accelplat.errors import ConfigurationError
@@ -38,9 +37,7 @@ class Capability:
     Attributes:
         available: ``True`` when it can.
         reason: One sentence naming the fact the answer came from.
-        value: The variant where there are several: the fp8 format (``"e4m3fn"``, the OCP
-            format, or ``"e4m3fnuz"``), the graph API (``"torch.cuda.CUDAGraph"``), the fp4
-            formats; ``None`` otherwise or when unavailable.
+        value: The variant where there are several (fp8: ``"e4m3fn"``, ``"e4m3fnuz"``), or ``None``.
     """
 
     available: bool
@@ -59,18 +56,9 @@ BUILTIN: dict[str, str] = {
     "fp8": "8-bit floating point (e4m3) in hardware; value: e4m3fn (OCP) or e4m3fnuz",
     "graphs": "device graph capture; value: the torch API",
     "mxfp4": "OCP microscaling MXFP4 in hardware",
-}
-"""The built-in capability names and what each means."""
-
-_TORCH_NAMESPACES = {"cuda-api": "cuda"}
-"""Built-ins that ask for a torch device type: the platform's declared type must equal it."""
-
-# --------------------------------------------------------------------------------------------
-# arch patterns: one grammar for backend rules and project tables
-
+}  # the built-in capability names and what each means
 _SM_RE = re.compile(r"^sm_(\d{2,3})(\+?)$")
-_GFX_RE = re.compile(r"^gfx\d{1,2}[0-9a-f]{2}$")
-_GFX_FAMILY_RE = re.compile(r"^gfx\d{1,2}[0-9a-f]?\*$")
+_GFX_RE = re.compile(r"^gfx\d{1,2}([0-9a-f]{2}|[0-9a-f]?\*)$")  # gfx942, or a family: gfx9*
 _MAX_SM_MAJOR = 15  # 12 is Blackwell (2025); higher is a typo
 _KNOWN_OTHER_ARCHS = frozenset(
     {"pvc", "dg2", "bmg", "lnl", "mtl", "arl"}  # Intel GPUs (Level Zero device ids)
@@ -79,87 +67,58 @@ _KNOWN_OTHER_ARCHS = frozenset(
 )
 
 
-def _sm(digits: str) -> tuple[int, int]:
-    return int(digits[:-1]), int(digits[-1])
-
-
 def _arch_matches(pattern: str, info: DeviceInfo) -> bool:
     """The one arch grammar: ``sm_80+`` (that or newer), ``gfx9*`` (a family), else exact."""
     pattern = pattern.lower()
     m = _SM_RE.match(pattern)
     if m and m.group(2):
         cc = info.compute_capability
-        return cc is not None and cc >= _sm(m.group(1))
+        return cc is not None and cc >= (int(m.group(1)[:-1]), int(m.group(1)[-1]))
     arch = (info.arch or "").lower()
-    if pattern.endswith("*"):
-        return arch.startswith(pattern[:-1])
-    return arch == pattern
+    return arch.startswith(pattern[:-1]) if pattern.endswith("*") else arch == pattern
 
 
-def parse_arch_pattern(text: object, *, where: str = "arch") -> str:
-    """Check one arch pattern of a project capability and return it normalised.
+def _shown(value: object) -> str:
+    """``repr(value)`` for an error message: at most 80 characters, never a recursion."""
+    try:
+        return shorten(repr(value), 80)
+    except RecursionError:  # a list nested deeper than repr goes
+        return f"a deeply nested {type(value).__name__}"
 
-    Accepted: ``"sm_90"`` (exactly), ``"sm_80+"`` (compute capability 8.0 or newer),
-    ``"gfx942"``, ``"gfx9*"``/``"gfx94*"`` (a family), an Intel architecture (``"pvc"``,
-    ``"bmg"`` …) or a CPU instruction set (``"x86-64-v4"``, ``"aarch64"``).
 
-    Args:
-        text: The pattern.
-        where: Names the entry in error messages.
-
-    Returns:
-        The pattern, stripped and lower-cased.
-
-    Raises:
-        ConfigurationError: For anything else, including impossible values (``"sm_999"``,
-            ``"gfx"``).
-    """
+def _parse_arch(text: object, where: str) -> str:
+    """Return ``sm_90``, ``sm_80+``, ``gfx942``, ``gfx9*``, ``pvc``, ``x86-64-v4`` … lower-cased."""
     if not isinstance(text, str) or not text.strip():
-        raise ConfigurationError(f"{where}: an arch must be a non-empty string, got {text!r}")
+        raise ConfigurationError(f"{where}: an arch must be a non-empty string, got {_shown(text)}")
     t = text.strip().lower()
     m = _SM_RE.match(t)
     if m:
-        major, minor = _sm(m.group(1))
+        major, minor = int(m.group(1)[:-1]), int(m.group(1)[-1])
         if not 1 <= major <= _MAX_SM_MAJOR:
             raise ConfigurationError(
                 f"{where}: {text!r} is no NVIDIA architecture (compute capability "
                 f"{major}.{minor}; majors run from 1 to {_MAX_SM_MAJOR})"
             )
         return t
-    if _GFX_RE.match(t) or _GFX_FAMILY_RE.match(t) or t in _KNOWN_OTHER_ARCHS:
+    if _GFX_RE.match(t) or t in _KNOWN_OTHER_ARCHS:
         return t
     raise ConfigurationError(
-        f"{where}: unknown arch {text!r}; use sm_XY or sm_XY+ (NVIDIA), gfxNNN or gfxN* (AMD), "
-        f"or one of {', '.join(sorted(_KNOWN_OTHER_ARCHS))}"
+        f"{where}: unknown arch {_shown(text)}; use sm_XY or sm_XY+ (NVIDIA), gfxNNN or gfxN* "
+        f"(AMD), or one of {', '.join(sorted(_KNOWN_OTHER_ARCHS))}"
     )
 
 
 def _this(info: DeviceInfo | None) -> str:
-    if info is None:
-        return "no device is visible"
-    return f"this is {_named(info)}"
+    return "no device is visible" if info is None else f"this is {_named(info)}"
 
 
 def _named(info: DeviceInfo) -> str:
     return f"{info.name} ({info.arch or 'architecture unknown'})"
 
 
-# --------------------------------------------------------------------------------------------
-# built-in capabilities
-
-
-def _rule_matches(rule: FeatureRule, info: DeviceInfo) -> bool:
-    cc = info.compute_capability
-    if rule.min_compute_capability is not None and (cc is None or cc < rule.min_compute_capability):
-        return False
-    return not rule.archs or any(_arch_matches(a, info) for a in rule.archs)
-
-
 def _rule_need(rule: FeatureRule) -> str:
-    parts = []
-    if rule.min_compute_capability is not None:
-        major, minor = rule.min_compute_capability
-        parts.append(f"sm_{major}{minor}+")
+    cc = rule.min_compute_capability
+    parts = [] if cc is None else [f"sm_{cc[0]}{cc[1]}+"]
     if rule.archs:
         parts.append(" or ".join(rule.archs))
     return " ".join(parts) or "any device"
@@ -172,12 +131,21 @@ def _from_rules(
         return Capability(False, f"the {platform.name} platform has no {name} support")
     if info is None:
         return Capability(False, f"needs a device; {platform.name} has none visible")
+    cc = info.compute_capability
     for rule in rules:
-        if _rule_matches(rule, info):
+        low = rule.min_compute_capability
+        if low is not None and (cc is None or cc < low):
+            continue
+        if not rule.archs or any(_arch_matches(a, info) for a in rule.archs):
             how = f" ({rule.note})" if rule.note else ""
             return Capability(True, f"{_named(info)} has {name}{how}", rule.value)
     needs = "; or ".join(_rule_need(r) + (f" ({r.value})" if r.value else "") for r in rules)
     return Capability(False, f"needs {needs}; {_this(info)}")
+
+
+# Capabilities that mean "torch addresses these devices under this device type" (torch.cuda
+# serves CUDA and ROCm alike): decided by the platform's device_type, which is backend data.
+_DEVICE_TYPE_APIS = {"cuda-api": "cuda"}
 
 
 def _builtin(platform: Platform, info: DeviceInfo | None) -> dict[str, Capability]:
@@ -188,15 +156,13 @@ def _builtin(platform: Platform, info: DeviceInfo | None) -> dict[str, Capabilit
         name: _from_rules(name, platform, info, tuple(features.get(name, ())))
         for name in ("bf16", "fp8", "fp4", "mxfp4")
     }
-    graph = platform.graph
-    out["graphs"] = Capability(
-        graph.available, graph.reason, graph.api if graph.available else None
-    )
+    g = platform.graph
+    out["graphs"] = Capability(g.available, g.reason, g.api if g.available else None)
     device_type = platform.device_type
     says = f"the {platform.name} platform's torch device type is {device_type!r}"
-    for name, wanted in _TORCH_NAMESPACES.items():
-        ok = device_type == wanted
-        out[name] = Capability(ok, says, f"torch.{wanted}" if ok else None)
+    for name, wanted in _DEVICE_TYPE_APIS.items():
+        offered = device_type == wanted
+        out[name] = Capability(offered, says, f"torch.{wanted}" if offered else None)
     if optional(platform, "is_accelerator") is False:
         out["accelerator"] = Capability(False, f"the {platform.name} platform is the host CPU")
     elif info is None:
@@ -206,12 +172,9 @@ def _builtin(platform: Platform, info: DeviceInfo | None) -> dict[str, Capabilit
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# project capabilities
-
-_PYPROJECT_LIMIT = 1024**2
-"""Largest ``pyproject.toml`` (or table file) read, in bytes."""
-
+_PYPROJECT_LIMIT = 1024**2  # bytes of pyproject.toml read at most
+_REQUIRED_REASON = 120  # characters of a requirement's own reason quoted: no growth along chains
+_DIST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _CONDITION_KEYS = frozenset(
     {"platforms", "arch", "min_compute_capability", "requires", "packages", "reason"}
 )
@@ -224,42 +187,39 @@ class _PackageNeed:
     text: str
 
 
-def _specifier(name: str, spec: str, where: str) -> str:
-    from packaging.specifiers import InvalidSpecifier, Specifier
-
-    clauses = []
-    for clause in (c.strip() for c in spec.split(",") if c.strip()):
-        try:  # a bare version means ==, as it always has here
-            clauses.append(str(Specifier("==" + clause if clause[0].isdigit() else clause)))
-        except InvalidSpecifier:
-            raise ConfigurationError(
-                f"{where}: package {name!r}: malformed version condition {clause!r} "
-                "(use >=, <=, ==, !=, >, <, ~= and a PEP 440 version)"
-            ) from None
-    return ",".join(clauses)
-
-
 def _parse_packages(value: object, where: str) -> tuple[_PackageNeed, ...]:
     if isinstance(value, (list, tuple)):
         items: dict[object, object] = {}
         for entry in value:
             if not isinstance(entry, str):
                 raise ConfigurationError(f"{where}: packages entries must be strings")
-            m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9_.\-]*)\s*(.*)$", entry)
+            text = entry.strip()
+            m = _DIST_RE.match(text)  # no backtracking: a greedy name, then the rest as is
             if m is None:
-                raise ConfigurationError(f"{where}: malformed package requirement {entry!r}")
-            items[m.group(1)] = m.group(2)
+                raise ConfigurationError(f"{where}: malformed package requirement {_shown(entry)}")
+            items[m.group()] = text[m.end() :]
     elif isinstance(value, Mapping):
         items = dict(value)
     else:
         raise ConfigurationError(
-            f"{where}: packages must be a table {{name = '>=1.2'}} or a list, got {value!r}"
+            f"{where}: packages must be a table {{name = '>=1.2'}} or a list, got {_shown(value)}"
         )
+    from packaging.specifiers import InvalidSpecifier, Specifier
+
     needs = []
     for name, spec in items.items():
         if not isinstance(name, str) or not isinstance(spec, str):
-            raise ConfigurationError(f"{where}: package {name!r} needs a version string")
-        needs.append(_PackageNeed(name, _specifier(name, spec, where), f"{name}{spec.strip()}"))
+            raise ConfigurationError(f"{where}: package {_shown(name)} needs a version string")
+        clauses = []
+        for clause in (c.strip() for c in spec.split(",") if c.strip()):
+            try:  # a bare version means ==, as it always has here
+                clauses.append(str(Specifier("==" + clause if clause[0].isdigit() else clause)))
+            except InvalidSpecifier:
+                raise ConfigurationError(
+                    f"{where}: package {_shown(name)}: malformed version condition "
+                    f"{_shown(clause)} (use >=, <=, ==, !=, >, <, ~= and a PEP 440 version)"
+                ) from None
+        needs.append(_PackageNeed(name, ",".join(clauses), f"{name}{spec.strip()}"))
     return tuple(needs)
 
 
@@ -270,7 +230,7 @@ def _parse_cc(value: object, where: str) -> tuple[int, int]:
     m = re.match(r"^(\d{1,2})\.(\d)$", text) or re.match(r"^(\d{1,2})(\d)$", text)
     if isinstance(value, bool) or m is None:
         raise ConfigurationError(
-            f"{where}: min_compute_capability must be like '8.0' or 89, got {value!r}"
+            f"{where}: min_compute_capability must be like '8.0' or 89, got {_shown(value)}"
         )
     major, minor = int(m.group(1)), int(m.group(2))
     if not 1 <= major <= _MAX_SM_MAJOR:
@@ -293,15 +253,10 @@ def _str_list(value: object, key: str, where: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class ProjectCapability:
-    """A capability a project defines, as conditions that must all hold.
-
-    The fields are :func:`define_capability`'s arguments (empty or ``None``: no condition),
-    parsed, plus ``source``: where it was defined (``"conftest.py:12"``, ``"pyproject.toml:
-    [tool.accelplat.capabilities] flash-attn"``), for error messages.
-    """
+    """A project capability: :func:`define_capability`'s arguments parsed (empty: no condition)."""
 
     name: str
-    source: str
+    source: str  # where it was defined: "conftest.py:12"
     platforms: tuple[str, ...] = ()
     arch: tuple[str, ...] = ()
     min_compute_capability: tuple[int, int] | None = None
@@ -317,7 +272,7 @@ _generation = 0
 
 
 def _build(name: object, conditions: Mapping[str, object], source: str) -> ProjectCapability:
-    where = f"{source}: capability {name!r}"
+    where = f"{source}: capability {_shown(name)}"
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise ConfigurationError(
             f"{where}: a capability name is lower case letters, digits, '-', '_', '.' "
@@ -346,7 +301,7 @@ def _build(name: object, conditions: Mapping[str, object], source: str) -> Proje
         name,
         source,
         platforms=strings("platforms"),
-        arch=tuple(parse_arch_pattern(a, where=where) for a in strings("arch")),
+        arch=tuple(_parse_arch(a, where) for a in strings("arch")),
         min_compute_capability=None if cc is None else _parse_cc(cc, where),
         requires=requires,
         packages=_parse_packages(conditions["packages"], where) if "packages" in conditions else (),
@@ -354,16 +309,15 @@ def _build(name: object, conditions: Mapping[str, object], source: str) -> Proje
     )
 
 
-def _register(capability: ProjectCapability) -> None:
+def _register(cap: ProjectCapability) -> None:
     global _generation
     with _lock:
-        old = _project.get(capability.name)
-        if old is not None and old.source != capability.source:
+        old = _project.get(cap.name)
+        if old is not None and old.source != cap.source:
             raise ConfigurationError(
-                f"{capability.source}: capability {capability.name!r} is already defined at "
-                f"{old.source}"
+                f"{cap.source}: capability {cap.name!r} is already defined at {old.source}"
             )
-        _project[capability.name] = capability
+        _project[cap.name] = cap
         _generation += 1
 
 
@@ -378,39 +332,27 @@ def define_capability(
     check: Callable[[Any, DeviceInfo | None], bool | str] | None = None,
     reason: str = "",
 ) -> ProjectCapability:
-    """Define a project capability, typically in a ``conftest.py``.
+    """Define and register a project capability, typically in a ``conftest.py``.
 
     Args:
-        name: The capability's name, used by ``accelplat_requires`` and :func:`has`.
+        name: Used by ``accelplat_requires`` and :func:`has`.
         platforms: Platform names it is limited to.
         arch: Arch patterns (``"sm_80+"``, ``"gfx942"``, ``"gfx9*"``, ``"pvc"`` …).
         min_compute_capability: Lowest NVIDIA compute capability (``"8.9"``).
         requires: Other capabilities that must be available.
-        packages: Distributions that must be installed, with PEP 440 version conditions
-            (``{"flash-attn": ">=2.5"}`` or ``["flash-attn>=2.5"]``).
-        check: Escape hatch, ``check(platform, device_info) -> bool | str``; a string is the
-            reason it is unavailable (an empty string means available).
+        packages: Distributions with PEP 440 conditions: ``{"flash-attn": ">=2.5"}`` or a list.
+        check: ``check(platform, device_info) -> bool | str``; a non-empty string is why not.
         reason: A sentence added when unavailable.
 
-    Returns:
-        The registered :class:`ProjectCapability`.
-
     Raises:
-        ConfigurationError: For a malformed name or condition, an impossible arch, or a name
-            already defined elsewhere; the message names the caller's file and line.
+        ConfigurationError: A malformed name or condition, or one defined elsewhere (file:line).
     """
     frame = inspect.stack(context=0)[1]
     source = f"{Path(frame.filename).name}:{frame.lineno}"
-    given = {
-        "platforms": platforms,
-        "arch": arch,
-        "min_compute_capability": min_compute_capability,
-        "requires": requires,
-        "packages": packages,
-    }
+    given = {"platforms": platforms, "arch": arch, "requires": requires, "packages": packages}
     conditions: dict[str, object] = {
         key: value if isinstance(value, (str, Mapping)) else list(value)
-        for key, value in given.items()
+        for key, value in {**given, "min_compute_capability": min_compute_capability}.items()
         if value is not None
     }
     capability = _build(name, {**conditions, "reason": reason}, source)
@@ -423,30 +365,11 @@ def define_capability(
 
 
 def load_pyproject(path: str | Path) -> list[ProjectCapability]:
-    """Register the capabilities of a ``pyproject.toml``'s ``[tool.accelplat.capabilities]``.
-
-    Each entry is a table of conditions (``flash-attn = { platforms = ["cuda"], arch =
-    ["sm_80+"] }``); the file is untrusted input, checked entry by entry.
-
-    Args:
-        path: The file; one without the table registers nothing.
-
-    Returns:
-        The capabilities registered.
-
-    Raises:
-        ConfigurationError: For unreadable TOML, a malformed table or entry, an impossible arch
-            or a ``requires`` naming no known capability, naming the file and entry.
-
-    Side effects:
-        Reads the file through accelplat's one bounded reader (a regular file, at most 1 MiB).
-    """
+    """Register and return a ``pyproject.toml``'s ``[tool.accelplat.capabilities]`` entries."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib
-
-    from accelplat import _files
 
     p = Path(path)
     try:
@@ -455,17 +378,21 @@ def load_pyproject(path: str | Path) -> list[ProjectCapability]:
     except OSError as exc:  # missing, unreadable, not a regular file, too large
         raise ConfigurationError(f"{p}: cannot read the capability table: {exc}") from None
     try:
-        doc = tomllib.loads(data.decode("utf-8"))
+        table: dict[str, Any] = tomllib.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigurationError(f"{p}: not valid TOML: {exc}") from None
-    table = doc.get("tool", {}).get("accelplat", {}).get("capabilities")
-    if table is None:
-        return []
-    if not isinstance(table, dict):
-        raise ConfigurationError(f"{p}: [tool.accelplat.capabilities] must be a table")
+    except RecursionError:  # tomllib recurses once per level of nesting
+        raise ConfigurationError(f"{p}: not valid TOML: nested too deeply") from None
+    for key in ("tool", "tool.accelplat", "tool.accelplat.capabilities"):
+        value = table.get(key.rpartition(".")[2])
+        if value is None:
+            return []
+        if not isinstance(value, dict):
+            raise ConfigurationError(f"{p}: [{key}] must be a table, not {_shown(value)}")
+        table = value
     out = []
     for name, conditions in table.items():
-        source = f"{p.name}: [tool.accelplat.capabilities] {name}"
+        source = f"{p.name}: [tool.accelplat.capabilities] {shorten(name, 64)}"
         if not isinstance(conditions, dict):
             raise ConfigurationError(f"{source}: must be a table of conditions")
         out.append(_build(name, conditions, source))
@@ -476,7 +403,6 @@ def load_pyproject(path: str | Path) -> list[ProjectCapability]:
 
 
 def clear_project_capabilities() -> None:
-    """Forget every project capability (for tests and between pytest sessions)."""
     global _generation
     with _lock:
         _project.clear()
@@ -489,64 +415,49 @@ def generation() -> int:
 
 
 def project_capabilities() -> dict[str, ProjectCapability]:
-    """Return the project capabilities defined so far, by name."""
     with _lock:
         return dict(_project)
 
 
 def known_names() -> list[str]:
-    """Return every capability name known now: the built-ins, then the project's, sorted."""
     return sorted(BUILTIN) + sorted(project_capabilities())
 
 
-def _unknown(name: str) -> ConfigurationError:
-    return ConfigurationError(f"unknown capability {name!r} (known: {', '.join(known_names())})")
+def _unknown(name: str, where: str = "") -> ConfigurationError:
+    known = shorten(", ".join(known_names()), 400)
+    return ConfigurationError(f"{where}unknown capability {_shown(name)} (known: {known})")
 
 
-def validate() -> None:
-    """Check that every ``requires`` names a known capability and that none forms a cycle.
-
-    Raises:
-        ConfigurationError: Naming the entry and the unknown name or the cycle.
-    """
+def validate() -> list[str]:
+    """Check every ``requires`` is known and acyclic; return the names, each after its needs."""
     table = project_capabilities()
     for cap in table.values():
         for other in cap.requires:
             if other not in BUILTIN and other not in table:
-                raise ConfigurationError(
-                    f"{cap.source}: requires unknown capability {other!r} (known: "
-                    f"{', '.join(known_names())})"
-                )
-
+                raise _unknown(other, f"{cap.source}: requires ")
     try:
-        graphlib.TopologicalSorter({n: c.requires for n, c in table.items()}).prepare()
+        order = graphlib.TopologicalSorter({n: c.requires for n, c in table.items()})
+        return [n for n in order.static_order() if n in table]
     except graphlib.CycleError as exc:
         cycle = [str(n) for n in exc.args[1]][::-1]  # graphlib lists it against the arrows
-        raise ConfigurationError(
-            f"{table[cycle[0]].source}: requirement cycle {' -> '.join(cycle)}"
-        ) from None
+        source = table[cycle[0]].source
+        raise ConfigurationError(f"{source}: requirement cycle {' -> '.join(cycle)}") from None
 
 
 def _evaluate_project(
-    cap: ProjectCapability,
-    platform: Platform,
-    info: DeviceInfo | None,
-    resolve: Callable[[str], Capability],
+    cap: ProjectCapability, platform: Platform, info: DeviceInfo | None, done: dict[str, Capability]
 ) -> Capability:
     unmet: list[str] = []
     if cap.platforms and platform.name not in cap.platforms:
         unmet.append(f"runs on {', '.join(cap.platforms)}; this is {platform.name}")
-    if cap.min_compute_capability is not None:
-        cc = info.compute_capability if info is not None else None
-        if cc is None or cc < cap.min_compute_capability:
-            major, minor = cap.min_compute_capability
-            unmet.append(f"needs sm_{major}{minor}+; {_this(info)}")
+    low = cap.min_compute_capability
+    cc = info.compute_capability if info is not None else None
+    if low is not None and (cc is None or cc < low):
+        unmet.append(f"needs sm_{low[0]}{low[1]}+; {_this(info)}")
     if cap.arch and (info is None or not any(_arch_matches(p, info) for p in cap.arch)):
         unmet.append(f"needs {' or '.join(cap.arch)}; {_this(info)}")
-    for other in cap.requires:
-        got = resolve(other)
-        if not got.available:
-            unmet.append(f"needs {other}: {got.reason}")
+    for other in (name for name in cap.requires if not done[name].available):
+        unmet.append(f"needs {other}: {shorten(done[other].reason, _REQUIRED_REASON)}")
     for need in cap.packages:
         version = distribution_version(need.name)
         if version is None:
@@ -566,27 +477,12 @@ def _evaluate_project(
     return Capability(True, f"all conditions hold on {_named(info) if info else platform.name}")
 
 
-# --------------------------------------------------------------------------------------------
-# public API
-
-
 def capabilities(device: int = 0, *, platform: Platform | None = None) -> Mapping[str, Capability]:
-    """Return every capability (built-in and project) of one visible device.
-
-    Args:
-        device: Visible device index.
-        platform: The platform to ask; the current one by default.
-
-    Returns:
-        Capability name to :class:`Capability`, built-ins first, each sorted by name.
+    """Return every capability of one visible device: the built-ins, then the project's, sorted.
 
     Raises:
-        DeviceNotFoundError: For an index that is not visible (a platform with no device at all
-            answers "unavailable, no device" instead).
+        DeviceNotFoundError: For an index not visible (with no device at all: all unavailable).
         ConfigurationError: When the project capabilities are inconsistent.
-
-    Side effects:
-        Detects the platform if needed and lists its devices.
     """
     if platform is None:
         from accelplat._registry import current_platform
@@ -596,30 +492,14 @@ def capabilities(device: int = 0, *, platform: Platform | None = None) -> Mappin
     info = devices[device_index(device, len(devices), platform.name)] if devices else None
     out = _builtin(platform, info)
     table = project_capabilities()
-
-    def resolve(name: str) -> Capability:
-        if name not in out:
-            if name not in table:
-                raise _unknown(name)
-            out[name] = _evaluate_project(table[name], platform, info, resolve)
-        return out[name]
-
-    validate()
-    for name in sorted(table):
-        resolve(name)
-    return out
+    decided = dict(out)
+    for name in validate():  # each after what it requires
+        decided[name] = _evaluate_project(table[name], platform, info, decided)
+    return {**out, **{name: decided[name] for name in sorted(table)}}
 
 
 def has(name: str, device: int = 0, *, platform: Platform | None = None) -> bool:
-    """Return whether ``device`` has capability ``name``.
-
-    Args:
-        name: A built-in or project capability name.
-        device: Visible device index.
-        platform: The platform to ask; the current one by default.
-
-    Returns:
-        ``True`` when available.
+    """Return whether ``device`` has capability ``name`` (built-in or project).
 
     Raises:
         ConfigurationError: For an unknown name.
@@ -631,14 +511,7 @@ def has(name: str, device: int = 0, *, platform: Platform | None = None) -> bool
 
 
 def table_lines(table: Mapping[str, Capability]) -> list[str]:
-    """Render a capability table as aligned text lines, one per capability.
-
-    Args:
-        table: What :func:`capabilities` returned.
-
-    Returns:
-        Lines such as ``"fp8          yes  e4m3fn  NVIDIA H200 (sm_90) has fp8"``.
-    """
+    """Return aligned lines, ``"fp8          yes  e4m3fn  NVIDIA H200 (sm_90) has fp8"``."""
     width = max((len(n) for n in table), default=0)
     values = {n: c.value or "" for n, c in table.items()}
     vwidth = max((len(v) for v in values.values()), default=0)

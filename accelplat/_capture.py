@@ -1,8 +1,7 @@
 """``accelplat capture``: record this host's answers into a bundle that replays anywhere.
 
-A capture runs what ``accelplat info`` runs, then asks what replays will ask beyond it (memory
-holders, memory over time), while :func:`accelplat.replay.recording` keeps every answer given at
-the vendor boundary. The bundle's format is :mod:`accelplat.replay._bundle`'s.
+A capture runs what ``accelplat info`` runs, then what replays ask beyond it (memory holders,
+memory over time), while :func:`accelplat.replay.recording` keeps every boundary answer.
 """
 
 from __future__ import annotations
@@ -28,10 +27,6 @@ from accelplat.replay._install import recording, relevant
 from accelplat.replay._record import Recorder
 
 VERSION_DISTRIBUTIONS = ("accelplat", "torch", "nvidia-ml-py", "amdsmi", "vllm")
-"""Distributions whose installed versions a capture's summary names."""
-
-_DRIVER_MODULES = ("amdgpu",)
-"""Kernel modules whose ``/sys/module/NAME/version`` names the driver where no library says."""
 
 _TIME_KEYS = frozenset({"timestamp", "wall_time", "created", "generated", "generated_at"})
 
@@ -49,14 +44,7 @@ _CHANNEL_TITLES = {
 
 @dataclass(frozen=True)
 class Capture:
-    """A finished capture.
-
-    Attributes:
-        data: The bundle's ``.tar.gz`` bytes.
-        host: The ``host.json`` document.
-        info: ``accelplat info --json`` as this host printed it while recording.
-        contents: ``CONTENTS.txt``: what is inside, in words.
-    """
+    """A finished capture: the bundle's bytes, its documents and ``CONTENTS.txt`` in words."""
 
     data: bytes
     host: Mapping[str, Any]
@@ -67,7 +55,6 @@ class Capture:
 def _exercise(
     platform: Any, samples: int, interval_s: float, sleep: Callable[[float], None]
 ) -> None:
-    """Ask what replays will ask beyond ``info``: holders and memory over time."""
     try:
         devices = list(platform.devices())
     except AccelplatError:
@@ -85,7 +72,7 @@ def _exercise(
 
 @contextmanager
 def _outside_any_project() -> Iterator[None]:
-    """Run the block in an empty directory: a project's ``pyproject.toml`` is no host fact."""
+    # An empty directory: a project's pyproject.toml is no host fact.
     here = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="accelplat-capture-") as empty:
         os.chdir(empty)
@@ -96,21 +83,19 @@ def _outside_any_project() -> Iterator[None]:
 
 
 def _driver(info: Mapping[str, Any]) -> str | None:
-    """The driver version the platform reports, else the amdgpu kernel module's (recorded)."""
+    # The driver version the platform reports, else (where no library says) the amdgpu kernel
+    # module's /sys/module/amdgpu/version, read through the boundary so it is recorded.
     if info.get("platform"):
         get_driver = getattr(current_platform(), "driver_version", None)
         if callable(get_driver):
             with contextlib.suppress(AccelplatError):
                 return str(get_driver())
     sysfs = os.environ.get("ACCELPLAT_SYSFS_ROOT") or "/sys"
-    for module in _DRIVER_MODULES:
-        try:
-            text = _files.read_text(f"{sysfs}/module/{module}/version").strip()
-        except (OSError, AccelplatError):
-            continue
-        if text:
-            return f"{module} {text[:64]}"
-    return None
+    try:
+        text = _files.read_text(f"{sysfs}/module/amdgpu/version").strip()
+    except (OSError, AccelplatError):
+        return None
+    return f"amdgpu {text[:64]}" if text else None
 
 
 def capture(
@@ -122,26 +107,16 @@ def capture(
 ) -> Capture:
     """Record this host's answers into a bundle.
 
-    Runs what ``accelplat info`` runs (detection, every device, its memory), then asks each
-    device for its memory holders and samples its memory ``samples`` times, ``interval_s``
-    apart, recording every answer at the vendor boundary.
-
-    Args:
-        processes: Keep the pids and names of processes holding device memory;
-            ``False`` records every process list as empty.
-        samples: Memory samples after the first reading (0-100).
-        interval_s: Seconds between samples (0-10).
-        sleep: How to wait between samples (tests pass a fake).
-
-    Returns:
-        The :class:`Capture`.
+    Runs what ``accelplat info`` runs, then asks each device for its memory holders and samples
+    its memory ``samples`` times (0-100), ``interval_s`` (0-10) apart, waiting with ``sleep``.
+    ``processes=False`` records every process list empty.
 
     Raises:
         ValueError: For ``samples`` or ``interval_s`` out of range.
 
     Side effects:
-        Probes every built-in platform and queries memory as ``accelplat info`` does; forgets
-        the detected platform before and after.
+        Probes every built-in platform and queries memory; forgets the detected platform
+        before and after.
     """
     if not 0 <= samples <= 100:
         raise ValueError(f"samples must be 0-100, got {samples}")
@@ -183,11 +158,7 @@ def capture(
 
 
 def bundle_contents(host: Mapping[str, Any]) -> str:
-    """Return, in words, everything a ``host.json`` document holds (the ``CONTENTS.txt`` text).
-
-    Args:
-        host: The document.
-    """
+    """Return the ``CONTENTS.txt`` text: everything a ``host.json`` document holds, in words."""
     summary = host.get("summary", {})
     env = host.get("env", {})
     versions = summary.get("versions") or {}
@@ -236,16 +207,8 @@ def bundle_contents(host: Mapping[str, Any]) -> str:
 def compare_info(recorded: Any, replayed: Any, where: str = "info") -> list[str]:
     """Return how a replayed ``info --json`` differs from the recorded one (``[]``: it doesn't).
 
-    Every key the recorded document has must be present with an equal value; keys a newer
-    accelplat added are allowed; keys naming times (``timestamp``, ``created`` …) are skipped.
-
-    Args:
-        recorded: The recorded document (or part of it).
-        replayed: The replayed one.
-        where: Path of this part, for the messages.
-
-    Returns:
-        One line per difference.
+    Every recorded key must be present with an equal value; keys a newer accelplat added are
+    allowed, keys naming times (``timestamp`` …) skipped. One line per difference, from ``where``.
     """
     if isinstance(recorded, dict):
         if not isinstance(replayed, dict):

@@ -1,9 +1,7 @@
 """The description of this machine that ``accelplat info`` prints and a capture records.
 
-The platform chosen and why (every candidate's reason), its data (release profile, graphs,
-defaults, visible-devices variable), every visible device with identity and memory, and device
-0's capability table: one JSON-ready dictionary (keys in ``docs/cli.md``). It lives below the
-command line so that capture and replay record and compare the same document.
+One JSON-ready dictionary (keys in ``docs/cli.md``): the platform chosen and why, its data, every
+visible device and device 0's capabilities. Below the CLI so capture and replay share it.
 """
 
 from __future__ import annotations
@@ -17,56 +15,26 @@ from accelplat.errors import AccelplatError
 if TYPE_CHECKING:
     from accelplat._platform import Platform
 
+# Version of every JSON document accelplat prints: a new key keeps it, a changed or removed one
+# bumps it.
 SCHEMA_VERSION = 1
-"""Version of the JSON documents accelplat prints (``accelplat info``'s and every ``--json``
-output): adding a key keeps it, a key that changes meaning or disappears bumps it."""
 
 
 def _device_entries(platform: Platform) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = []
     for dev in platform.devices():
-        entry: dict[str, Any] = {
-            "index": dev.index,
-            "physical_index": dev.physical_index,
-            "name": dev.name,
-            "uuid": dev.uuid,
-            "pci_bus_id": dev.pci_bus_id,
-            "arch": dev.arch,
-            "compute_capability": list(dev.compute_capability) if dev.compute_capability else None,
-            "memory": None,
-            "error": None,
-        }
+        cc = dev.compute_capability
+        entry = {**asdict(dev), "compute_capability": list(cc) if cc else None}
         try:
-            mem = platform.memory_info(dev.index)
+            entry.update(memory=asdict(platform.memory_info(dev.index)), error=None)
         except AccelplatError as exc:
-            entry["error"] = str(exc)
-        else:
-            entry["memory"] = {
-                "free": mem.free,
-                "used": mem.used,
-                "total": mem.total,
-                "reserved": mem.reserved,
-                "source": mem.source,
-            }
+            entry.update(memory=None, error=str(exc))
         entries.append(entry)
     return entries
 
 
 def collect_info() -> dict[str, Any]:
-    """Gather everything ``accelplat info`` shows, as a JSON-ready dictionary.
-
-    A capture (:mod:`accelplat.replay`) records this document; a replay answers it again.
-
-    Returns:
-        A dictionary with the keys documented in ``docs/cli.md``.
-
-    Raises:
-        AccelplatError: When detection itself fails (e.g. an unknown ``ACCELPLAT_PLATFORM``).
-
-    Side effects:
-        Probes every platform, queries memory, and loads ``./pyproject.toml``'s capability
-        table if there is one.
-    """
+    """Gather what ``accelplat info`` shows; probes everything, loads ./pyproject.toml's table."""
     from accelplat._registry import current_platform, detect
 
     report = detect()

@@ -1,48 +1,35 @@
-"""The one reader of files that come from the operating system or a user.
+"""The one reader of files that come from the operating system or a user, as untrusted input.
 
-Every sysfs, procfs and cgroup file, simulated spec and timeline trace is read here, as untrusted
-input: a hostile tree can put a FIFO where an attribute should be (a plain read blocks for ever),
-link it to ``/dev/zero`` (an unbounded read ends in ``MemoryError``), or write an id range with
-ten billion members. So: regular files only (``stat``, then ``open`` with ``O_NONBLOCK``, then
-``fstat``), reads bounded by a limit, id lists bounded by the kernel's own limits, and errors
-(:class:`~accelplat.errors.NotARegularFileError`, :class:`~accelplat.errors.FileTooLargeError`,
-both also ``OSError``) that name the path.
-
-Host files go through the current :class:`HostFiles`, which a capture or a replay replaces
-(:func:`set_host_files`); project and user files (:func:`read_live`) never do.
+A hostile tree can put a FIFO where an attribute should be (a read blocks for ever), link it to
+``/dev/zero`` (``MemoryError``) or write an id range of ten billion: so regular files only
+(``stat``, ``open`` with ``O_NONBLOCK``, ``fstat``), bounded reads and id lists, errors naming the
+path. Host files go through the current :class:`HostFiles` (a capture or a replay replaces it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from accelplat.errors import ConfigurationError, FileTooLargeError, NotARegularFileError
+
+if TYPE_CHECKING:
+    from pathlib import Path  # imported when writing: it costs detection ~5 ms
 
 PathLike = str | os.PathLike[str]
 Kind = Literal["file", "dir", "other"]
 
-ATTRIBUTE_LIMIT = 64 * 1024
-"""Bytes a sysfs attribute may hold: one page (4 KiB on x86, up to 64 KiB on arm64/ppc64)."""
-
-PROC_LIMIT = 16 * 1024 * 1024
-"""Bytes a procfs or cgroup file may hold (``/proc/cpuinfo`` of 1,024 CPUs is ~1.5 MiB)."""
-
-MAX_NUMA_NODES = 1 << 10
-"""The kernel's largest node count (``NODES_SHIFT`` is at most 10)."""
-
-MAX_CPUS = 1 << 13
-"""The kernel's largest CPU count (``NR_CPUS`` is at most 8192)."""
-
-KEPT_OPEN = frozenset({"/proc/meminfo"})
-"""Files read many times a second (every host memory reading): read through a descriptor kept
-open, from offset 0 each time, as ``free`` and ``top`` do."""
+ATTRIBUTE_LIMIT = 64 * 1024  # bytes of a sysfs attribute: one page (4 KiB x86, 64 KiB arm64/ppc64)
+PROC_LIMIT = 16 * 1024 * 1024  # bytes of a procfs or cgroup file (1,024 CPUs' cpuinfo: ~1.5 MiB)
+MAX_NUMA_NODES = 1 << 10  # the kernel's largest node count (NODES_SHIFT is at most 10)
+MAX_CPUS = 1 << 13  # the kernel's largest CPU count (NR_CPUS is at most 8192)
+KEPT_OPEN = frozenset({"/proc/meminfo"})  # read many times a second: kept open, as free/top do
 
 _CHUNK = 64 * 1024
 _FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -62,7 +49,6 @@ def _not_regular(path: str, mode: int) -> NotARegularFileError:
 
 
 def _open_regular(path: str, *, follow_links: bool) -> tuple[int, os.stat_result]:
-    """Open the regular file ``path``; return the descriptor and its ``fstat``."""
     before = os.stat(path, follow_symlinks=follow_links)
     if not stat.S_ISREG(before.st_mode):
         raise _not_regular(path, before.st_mode)
@@ -83,7 +69,6 @@ def _open_regular(path: str, *, follow_links: bool) -> tuple[int, os.stat_result
 
 
 def _read_open(path: str, fd: int, limit: int, *, at_offsets: bool) -> bytes:
-    """Read all of ``fd`` (from its start with ``pread`` when ``at_offsets``), at most ``limit``."""
     chunks: list[bytes] = []
     size = 0
     while size <= limit:  # never more than limit + 1 bytes
@@ -107,12 +92,9 @@ def _read_regular(path: str, limit: int, *, follow_links: bool) -> bytes:
 
 
 class _KeptOpen:
-    """The descriptors of :data:`KEPT_OPEN` files, one per file and process.
-
-    Before each read ``fstat`` confirms the descriptor still names the file it was opened for: a
-    number closed and reused by someone else is forgotten (never closed) and the file opened
-    again. A forked child opens its own (sharing one would share the kernel's read position).
-    """
+    # Before each read fstat confirms the descriptor still names its file: a number closed and
+    # reused by someone else is forgotten (never closed). A forked child opens its own (sharing
+    # one would share the kernel's read position).
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -150,13 +132,9 @@ if hasattr(os, "register_at_fork"):
 
 
 class HostFiles:
-    """The host's files: the four primitives every host read goes through.
-
-    This one reads the real file system; a capture or a replay subclasses it.
-    """
+    """The four primitives every host read goes through, on the real file system."""
 
     def read_bytes(self, path: str, limit: int) -> bytes:
-        """Return the contents of the regular file ``path`` (see :func:`read_bytes`)."""
         if path in KEPT_OPEN:
             return _kept_open.read(path, limit)
         return _read_regular(path, limit, follow_links=True)
@@ -166,7 +144,6 @@ class HostFiles:
         return os.listdir(path)
 
     def realpath(self, path: str) -> str:
-        """Return ``path`` with every symbolic link resolved."""
         return os.path.realpath(path)
 
     def kind(self, path: str) -> Kind | None:
@@ -182,16 +159,11 @@ _current = HostFiles()
 
 
 def host_files() -> HostFiles:
-    """Return the :class:`HostFiles` every host read goes through now."""
     return _current
 
 
 def set_host_files(files: HostFiles | None) -> HostFiles:
-    """Install ``files`` as the process's reader of host files (``None``: the real ones).
-
-    Returns:
-        The reader it replaces.
-    """
+    """Install ``files`` (``None``: the real ones) as the reader of host files; return the old."""
     global _current
     previous, _current = _current, files or HostFiles()
     return previous
@@ -199,7 +171,6 @@ def set_host_files(files: HostFiles | None) -> HostFiles:
 
 @contextmanager
 def use_host_files(files: HostFiles) -> Iterator[HostFiles]:
-    """Install ``files`` as the reader of host files within a ``with`` block."""
     previous = set_host_files(files)
     try:
         yield files
@@ -208,16 +179,9 @@ def use_host_files(files: HostFiles) -> Iterator[HostFiles]:
 
 
 def read_bytes(path: PathLike, *, limit: int = ATTRIBUTE_LIMIT) -> bytes:
-    """Return the bytes of the regular host file ``path``.
+    """Return the bytes of the regular host file ``path`` (``OSError`` subtypes name it).
 
-    Args:
-        path: The file.
-        limit: The most bytes it may hold; by default one sysfs attribute.
-
-    Raises:
-        NotARegularFileError: A FIFO, device, socket or directory (never read).
-        FileTooLargeError: More than ``limit`` bytes.
-        OSError: Missing or unreadable; the error names the path.
+    Raises ``NotARegularFileError`` (never read) or ``FileTooLargeError`` (over ``limit``).
     """
     return _current.read_bytes(os.fspath(path), limit)
 
@@ -228,18 +192,7 @@ def read_text(path: PathLike, *, limit: int = ATTRIBUTE_LIMIT) -> str:
 
 
 def read_document(path: PathLike, *, limit: int, what: str, limit_text: str | None = None) -> bytes:
-    """Read a file a user names (a simulated spec, a timeline trace), as :func:`read_bytes`.
-
-    Args:
-        path: The file.
-        limit: The most bytes it may hold.
-        what: What the file is, for the message (``"trace"``).
-        limit_text: The limit as the documentation states it (``"1 MiB"``).
-
-    Raises:
-        ConfigurationError: ``"cannot read <what> '<path>': <why>"`` for a file that is
-            missing, unreadable, not a regular file, or larger than ``limit``.
-    """
+    """Read a user's file (``what``: ``"trace"``); ``ConfigurationError`` names it and why."""
     where = f"cannot read {what} {os.fspath(path)!r}"
     try:
         return read_bytes(path, limit=limit)
@@ -251,62 +204,35 @@ def read_document(path: PathLike, *, limit: int, what: str, limit_text: str | No
 
 
 def read_live(path: PathLike, *, limit: int, follow_links: bool = True) -> bytes:
-    """Read a project or user file (a capability table, lease metadata) from this machine.
+    """Read a project or user file (no part of a replayed host) as :func:`read_bytes` does.
 
-    Such a file is not part of the host a replay stands in for, so it never goes through the
-    current :class:`HostFiles`; the rules are the same.
-
-    Args:
-        path: The file.
-        limit: The most bytes it may hold.
-        follow_links: ``False`` refuses a symbolic link (``ELOOP``), for directories that other
-            users may write.
-
-    Raises:
-        NotARegularFileError: A FIFO, device, socket or directory (never read).
-        FileTooLargeError: More than ``limit`` bytes.
-        OSError: Missing, unreadable or a refused link; the error names it.
+    ``follow_links=False`` refuses a symbolic link (``ELOOP``), for directories others may write.
     """
     return _read_regular(os.fspath(path), limit, follow_links=follow_links)
 
 
-def listdir(path: PathLike) -> list[str]:
-    """Return the names in the host directory ``path``; ``OSError`` if there is none."""
+def listdir(path: PathLike) -> list[str]:  # OSError if there is no such directory
     return _current.listdir(os.fspath(path))
 
 
 def realpath(path: PathLike) -> str:
-    """Return the host path ``path`` with its symbolic links resolved."""
     return _current.realpath(os.fspath(path))
 
 
-def exists(path: PathLike) -> bool:
-    """Return whether the host path ``path`` exists (following links)."""
+def exists(path: PathLike) -> bool:  # these three follow links
     return _current.kind(os.fspath(path)) is not None
 
 
 def is_file(path: PathLike) -> bool:
-    """Return whether the host path ``path`` is a regular file (following links)."""
     return _current.kind(os.fspath(path)) == "file"
 
 
 def is_dir(path: PathLike) -> bool:
-    """Return whether the host path ``path`` is a directory (following links)."""
     return _current.kind(os.fspath(path)) == "dir"
 
 
 def parse_id_list(text: str, *, limit: int, what: str = "id list") -> set[int]:
-    """Parse a kernel id list such as ``0-3,8`` into ``{0, 1, 2, 3, 8}``.
-
-    Args:
-        text: The list (``Mems_allowed_list``, ``cpulist`` …); blanks around items are ignored.
-        limit: Ids must be below this (:data:`MAX_NUMA_NODES`, :data:`MAX_CPUS`).
-        what: What the list is, for the message.
-
-    Raises:
-        ConfigurationError: For a malformed item, a reversed range or an id at or above
-            ``limit``; the message names ``what`` and the item.
-    """
+    """Parse ``0-3,8`` into ``{0, 1, 2, 3, 8}``, ids below ``limit`` (``ConfigurationError``)."""
     ids: set[int] = set()
     for raw in text.strip().split(","):
         part = raw.strip()
@@ -334,25 +260,26 @@ def _id(text: str, limit: int) -> int:
     return value
 
 
-def write_text_atomic(path: PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to a new file beside ``path``, then rename it over ``path``.
+def write_text_atomic(path: PathLike, text: str | bytes) -> Path:
+    """Write ``text`` beside ``path``, then rename it over ``path``; return ``Path(path)``.
 
-    A reader never sees a half-written file; on failure ``path`` is left as it was. The new
-    file's permissions follow the umask.
-
-    Returns:
-        ``path`` as a :class:`~pathlib.Path`.
-
-    Raises:
-        OSError: When the directory is not writable or the disk is full.
+    A reader never sees half a file; a ``path`` that is not a regular file (a FIFO, ``/dev/null``)
+    raises ``NotARegularFileError`` and is never replaced.
     """
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    from pathlib import Path
+
+    target = os.fspath(path)
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(os.stat(target).st_mode):
+            raise NotARegularFileError(target, "exists and is not a regular file; not replaced")
+    head, name = os.path.split(target)
+    tmp = os.path.join(head, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
-        with open(tmp, "x", encoding="utf-8") as fh:
-            fh.write(text)
+        with open(tmp, "xb") as fh:
+            fh.write(text.encode("utf-8") if isinstance(text, str) else text)
         os.replace(tmp, target)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
-    return target
+    return Path(target)

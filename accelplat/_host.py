@@ -1,23 +1,24 @@
 """Shared-memory (``/dev/shm``) budgets on the host.
 
-Engines put inter-process buffers in ``/dev/shm``: vLLM's multiprocess executor its broadcast
-queue, its CPU KV offload the whole offloaded cache. Containers start with a small ``/dev/shm``
-(Docker's default is 64 MiB) and shared CI workers fill it, so a test asks first: how much is
-free (:func:`shm_info`), does my budget fit (:func:`require_shm`), and if not, what is the
-largest of my candidate budgets that does (:func:`largest_shm_budget`).
+Engines put inter-process buffers there (vLLM's broadcast queue, its CPU KV offload), while
+containers start with a small one (Docker: 64 MiB) and CI workers fill it: :func:`shm_info`,
+:func:`require_shm` and :func:`largest_shm_budget` ask first.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from accelplat._types import MIB
+from accelplat._util import printable
 from accelplat._validate import byte_int
 from accelplat.errors import ConfigurationError, InsufficientSharedMemoryError
 
 DEFAULT_SHM_PATH = "/dev/shm"  # the POSIX shared-memory mount on Linux
+MAX_CANDIDATES = 10_000  # largest_shm_budget reads no more: an endless iterable must not hang
 
 
 @dataclass(frozen=True)
@@ -41,46 +42,35 @@ class ShmInfo:
         return required_bytes + headroom_bytes <= self.free
 
 
-def _check_path(path: object) -> str:
-    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
-        raise ConfigurationError(f"path must be a str or os.PathLike, got {path!r}")
-    text = os.fspath(path)
-    if not isinstance(text, str) or not text:
-        raise ConfigurationError(f"path must be a non-empty path, got {path!r}")
-    if "\0" in text:
-        raise ConfigurationError(f"path must not contain a NUL character, got {path!r}")
-    return text
-
-
 def _mib(n: int) -> str:
-    if n >= 2**1000:  # beyond a float: whole MiB, exactly
-        return str(n // MIB)
+    if n >= 2**1000:  # beyond a float: whole MiB, exactly, while str() can write them
+        whole = n // MIB
+        return str(whole) if whole.bit_length() < 14_000 else f"more than 2**{14_000 - 1}"
     return f"{n / MIB:.0f}" if n >= 10 * MIB else f"{n / MIB:.2f}"
 
 
 def shm_info(path: str | os.PathLike[str] = DEFAULT_SHM_PATH) -> ShmInfo:
-    """Return the size, free and used space of a shared-memory mount.
+    """Return the size, free and used space of a shared-memory mount (one ``os.statvfs``).
 
     Args:
-        path: The mount, or any existing path on it; default ``/dev/shm``.
-
-    Returns:
-        A :class:`ShmInfo` in bytes.
+        path: The mount, or any existing path on it.
 
     Raises:
-        ConfigurationError: When ``path`` is not a path, does not exist or cannot be queried
-            (the message names ``path``).
-
-    Side effects:
-        One ``os.statvfs`` call.
+        ConfigurationError: When ``path`` is not a path, does not exist or cannot be queried.
     """
-    text = _check_path(path)
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise ConfigurationError(f"path must be a str or os.PathLike, got {path!r:.200}")
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text:
+        raise ConfigurationError(f"path must be a non-empty path, got {path!r:.200}")
+    if "\0" in text:
+        raise ConfigurationError(f"path must not contain a NUL character, got {path!r:.200}")
     try:
         st = os.statvfs(text)
     except FileNotFoundError:
-        raise ConfigurationError(f"path {text!r} does not exist") from None
+        raise ConfigurationError(f"path {text!r:.200} does not exist") from None
     except (OSError, ValueError) as exc:
-        raise ConfigurationError(f"path {text!r} cannot be queried: {exc}") from None
+        raise ConfigurationError(f"path {text!r:.200} cannot be queried: {exc}"[:400]) from None
     return ShmInfo(
         path=text,
         total=st.f_blocks * st.f_frsize,
@@ -100,24 +90,18 @@ def require_shm(
     Args:
         required_bytes: Bytes the buffer needs (``int``, ``>= 0``).
         name: What the buffer is, for the message (e.g. ``"CPU KV offload shared region"``).
-        path: The mount; default ``/dev/shm``.
+        path: The mount.
 
     Returns:
-        The :class:`ShmInfo` read, when the budget fits.
+        The :class:`ShmInfo` read (one ``os.statvfs``; nothing is allocated).
 
     Raises:
-        InsufficientSharedMemoryError: When it does not fit, worded as vLLM words it:
-            ``"Insufficient space in /dev/shm for {name}: X MiB required, Y MiB free. Increase
-            /dev/shm (e.g. --shm-size or --ipc=host)."`` The container hint is given for
-            ``/dev/shm`` only.
+        InsufficientSharedMemoryError: When it does not fit, worded as vLLM's message.
         ConfigurationError: For a bad ``required_bytes``, ``name`` or ``path``.
-
-    Side effects:
-        One ``os.statvfs`` call; nothing is allocated.
     """
     required = byte_int(required_bytes, "required_bytes")
     if not isinstance(name, str) or not name.strip():
-        raise ConfigurationError(f"name must be a non-empty str, got {name!r}")
+        raise ConfigurationError(f"name must be a non-empty str, got {name!r:.200}")
     info = shm_info(path)
     if info.fits(required):
         return info
@@ -125,23 +109,15 @@ def require_shm(
 
 
 def shortage_error(info: ShmInfo, required_bytes: int, name: str) -> InsufficientSharedMemoryError:
-    """Return (not raise) the error :func:`require_shm` raises when ``required_bytes`` do not fit.
-
-    Args:
-        info: The mount as read.
-        required_bytes: Bytes asked for.
-        name: What the buffer is.
-
-    Returns:
-        An :class:`InsufficientSharedMemoryError` with vLLM's wording.
-    """
+    """Return (not raise) :func:`require_shm`'s error; path and name escaped, 200 characters."""
+    path = printable(info.path)[:200]
     if os.path.normpath(info.path) == DEFAULT_SHM_PATH:
-        advice = f"Increase {info.path} (e.g. --shm-size or --ipc=host)."
+        advice = f"Increase {path} (e.g. --shm-size or --ipc=host)."
     else:
-        advice = f"Free space on {info.path} or choose a larger mount."
+        advice = f"Free space on {path} or choose a larger mount."
     return InsufficientSharedMemoryError(
-        f"Insufficient space in {info.path} for {name}: {_mib(required_bytes)} MiB required, "
-        f"{_mib(info.free)} MiB free. {advice}",
+        f"Insufficient space in {path} for {printable(name)[:200]}: "
+        f"{_mib(required_bytes)} MiB required, {_mib(info.free)} MiB free. {advice}",
         required=required_bytes,
         free=info.free,
         path=info.path,
@@ -156,34 +132,27 @@ def largest_shm_budget(
 ) -> int | None:
     """Return the largest candidate budget that fits on a shared-memory mount now.
 
-    Typical use: a test wants a 4 GiB CPU KV offload region but shared CI workers have
-    1.4–2.1 GiB free; ``largest_shm_budget([4 * GIB, 2 * GIB, GIB])`` picks 1 GiB there (and
-    2 GiB on a worker with 2.1 GiB free), or ``None`` so the test can skip.
-
     Args:
-        candidates: Budgets in bytes, in any order (each an ``int > 0``; at least one).
-        path: The mount; default ``/dev/shm``.
+        candidates: Budgets in bytes, any order (each an ``int > 0``; 1 to :data:`MAX_CANDIDATES`).
+        path: The mount.
         headroom_bytes: Bytes to leave free besides the budget (``int >= 0``).
 
     Returns:
-        The largest candidate ``c`` with ``c + headroom_bytes <= free``, or ``None`` when none
-        fits.
+        The largest ``c`` with ``c + headroom_bytes <= free`` (one ``os.statvfs``), or ``None``.
 
     Raises:
-        ConfigurationError: For an empty or bad ``candidates``, a bad ``headroom_bytes`` or
-            ``path``; the message names the argument.
-
-    Side effects:
-        One ``os.statvfs`` call.
+        ConfigurationError: For empty or bad ``candidates``, a bad ``headroom_bytes`` or ``path``.
     """
     if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Iterable):
         raise ConfigurationError(
-            f"candidates must be an iterable of byte counts, got {candidates!r}"
+            f"candidates must be an iterable of byte counts, got {candidates!r:.200}"
         )
-    budgets = [byte_int(c, f"candidates[{i}]", positive=True) for i, c in enumerate(candidates)]
+    read = itertools.islice(candidates, MAX_CANDIDATES + 1)
+    budgets = [byte_int(c, f"candidates[{i}]", positive=True) for i, c in enumerate(read)]
     if not budgets:
         raise ConfigurationError("candidates must name at least one budget, got none")
+    if len(budgets) > MAX_CANDIDATES:
+        raise ConfigurationError(f"candidates must name at most {MAX_CANDIDATES} budgets")
     headroom = byte_int(headroom_bytes, "headroom_bytes")
     info = shm_info(path)
-    fitting = [b for b in budgets if info.fits(b, headroom_bytes=headroom)]
-    return max(fitting) if fitting else None
+    return max((b for b in budgets if info.fits(b, headroom_bytes=headroom)), default=None)

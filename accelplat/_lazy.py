@@ -1,7 +1,6 @@
 """Lazy package namespaces (PEP 562): each public name is imported from its module on first use.
 
-``accelplat`` and ``accelplat.timeline`` keep their import cheap this way: importing the package
-imports none of the modules behind its names (no backend, no vendor library, never torch).
+Importing ``accelplat`` thus imports no backend, no vendor library, never torch.
 """
 
 from __future__ import annotations
@@ -14,20 +13,7 @@ from typing import Any
 def lazy_namespace(
     package: str, exports: Mapping[str, str], namespace: dict[str, Any]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """Return a package's module-level ``__getattr__`` and ``__dir__``.
-
-    Args:
-        package: The package's name, for the error message.
-        exports: Each public name, mapped to the module that defines it.
-        namespace: The package's ``globals()``; a name is cached there once loaded, so the
-            next look-up does not reach ``__getattr__`` again.
-
-    Returns:
-        ``(__getattr__, __dir__)``, to assign at the package's top level.
-
-    Side effects:
-        ``__getattr__`` imports the module behind a name the first time it is asked for.
-    """
+    """Return a package's ``__getattr__`` and ``__dir__``; loaded names stay in ``namespace``."""
 
     def load(name: str) -> Any:
         module = exports.get(name)

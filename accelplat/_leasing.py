@@ -1,11 +1,4 @@
-"""Device leases: hand each process on a host its own devices, through OS file locks.
-
-``lease(count)`` claims ``count`` of the devices this process can see, exclusively among every
-process on the host that leases through the same lock directory: one ``flock(2)`` per stable
-device identity (dropped by the kernel when the holder dies), all or nothing (never sitting on
-part of a set), and the previous holder's memory back before hand-out. The design, the lock
-directory and the environment of each platform: docs/leasing.md.
-"""
+"""Device leases: a ``flock(2)`` per device identity, all or nothing, memory back first."""
 
 from __future__ import annotations
 
@@ -22,9 +15,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 from accelplat import _files, _validate
 from accelplat._memory import default_clock, wait_for_memory_to_clear
@@ -33,16 +25,10 @@ from accelplat._types import MIB, DeviceInfo, MemoryInfo
 from accelplat._util import Clock
 from accelplat.errors import ConfigurationError, LeaseTimeoutError, MemoryNotSettledError
 
-ENV_LEASE_DIR = "ACCELPLAT_LEASE_DIR"
-"""Variable naming the lock directory; overrides the per-user default."""
-
+ENV_LEASE_DIR = "ACCELPLAT_LEASE_DIR"  # a (possibly shared) lock directory instead of the default
 DEFAULT_TIMEOUT_S = 600.0
-
-RETURN_TOLERANCE_BYTES = 256 * MIB
-"""Usage above the previous holder's hand-out figure that still counts as "memory is back"."""
-
-MAX_METADATA_BYTES = 64 * 1024
-"""Largest lease metadata file read; a bigger one is ignored."""
+RETURN_TOLERANCE_BYTES = 256 * MIB  # above the last hand-out figure, still "memory is back"
+MAX_METADATA_BYTES = 64 * 1024  # a bigger metadata file is ignored
 
 _LOCK_SUFFIX = ".lock"
 _META_SUFFIX = ".json"
@@ -50,51 +36,30 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 _COMMAND_LIMIT = 1024
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _POLL_FIRST_S, _POLL_MAX_S = 0.005, 0.05  # lock attempts: 5 ms, growing 1.5x to 50 ms
+_PID_MAX = 2**22  # Linux's largest pid_max
+_LAST_SECOND = 253_402_300_799.0  # 9999-12-31 23:59:59 UTC: later times overflow localtime()
 
 
 @dataclass(frozen=True)
 class LeaseRecord:
-    """What a lock directory says about one device.
+    """What a lock directory says about one device; ``None`` fields: unknown or out of range."""
 
-    Attributes:
-        device_id: The stable device identity the lock is named after.
-        held: Whether some process holds the lock now.
-        pid: Process id of the last holder, or ``None`` when unknown.
-        command: That holder's command line, or ``""``.
-        since: Wall-clock time (seconds since 1970) it was handed out, or ``None``.
-        released: Whether the last holder let go itself; ``False`` with ``held=False`` means it
-            died holding it.
-        platform: Platform name recorded by the holder.
-        baseline_used_bytes: Used memory of the device when it was handed out, or ``None``.
-        path: The lock file.
-    """
-
-    device_id: str
-    held: bool
-    pid: int | None
-    command: str
-    since: float | None
-    released: bool
-    platform: str
-    baseline_used_bytes: int | None
-    path: str
-
-
-# -- the lock directory -----------------------------------------------------------------------
+    device_id: str  # the stable device identity the lock file is named after
+    held: bool  # some process holds the lock now
+    pid: int | None  # of the last holder
+    command: str  # that holder's command line, or ""
+    since: float | None  # when it was handed out, seconds since 1970
+    released: bool  # the last holder let go itself (False and not held: it died holding it)
+    platform: str  # recorded by the holder
+    baseline_used_bytes: int | None  # used memory of the device when it was handed out
+    path: str  # the lock file
 
 
 def default_lease_dir() -> Path:
-    """Return the lock directory leases use when none is given.
-
-    Returns:
-        ``$ACCELPLAT_LEASE_DIR`` when set, else ``$XDG_RUNTIME_DIR/accelplat/leases`` when that
-        runtime directory exists, else ``<tempdir>/accelplat-<uid>/leases``.
-    """
-    configured = os.environ.get(ENV_LEASE_DIR, "").strip()
-    if configured:
+    """``$ACCELPLAT_LEASE_DIR``, else ``$XDG_RUNTIME_DIR/accelplat/leases``, else a temp one."""
+    if configured := os.environ.get(ENV_LEASE_DIR, "").strip():
         return Path(configured)
-    runtime = os.environ.get("XDG_RUNTIME_DIR", "").strip()
-    if runtime and os.path.isdir(runtime):
+    if (runtime := os.environ.get("XDG_RUNTIME_DIR", "").strip()) and os.path.isdir(runtime):
         return Path(runtime) / "accelplat" / "leases"
     return Path(tempfile.gettempdir()) / f"accelplat-{os.getuid()}" / "leases"
 
@@ -103,9 +68,15 @@ def _prepare_dir(lock_dir: str | os.PathLike[str] | None) -> Path:
     """Create (if needed) and check the lock directory; raise ConfigurationError naming it."""
     if lock_dir is not None and not isinstance(lock_dir, (str, os.PathLike)):
         raise ConfigurationError(f"lock_dir must be a path or None, got {lock_dir!r}")
+    if lock_dir is not None and not os.fspath(lock_dir):
+        raise ConfigurationError("the lock directory must not be empty (it means the working one)")
     path = Path(lock_dir) if lock_dir is not None else default_lease_dir()
-    if str(path) == "":
-        raise ConfigurationError("lock_dir must not be empty")
+    if lock_dir is None and not os.environ.get(ENV_LEASE_DIR, "").strip():
+        # a given directory may be shared; the per-user default must be private: another user
+        # who made it first could read the holders' command lines, hold the locks, plant links
+        _private_dir(path.parent)
+        _private_dir(path)
+        return path
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         info = path.stat()
@@ -123,6 +94,33 @@ def _prepare_dir(lock_dir: str | os.PathLike[str] | None) -> Path:
     return path
 
 
+def _private_dir(path: Path) -> None:
+    """Create ``path`` 0700, or refuse one that is a link, another user's, or writable by others."""
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        info = os.lstat(path)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"lease lock directory {path} cannot be created: {exc.strerror or exc}"
+        ) from None
+    if stat.S_ISLNK(info.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "is not a directory"
+    elif info.st_uid != os.geteuid():
+        problem = f"is owned by uid {info.st_uid}, not this user ({os.geteuid()})"
+    elif info.st_mode & 0o022:
+        problem = f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
+    else:
+        return
+    raise ConfigurationError(
+        f"lease lock directory {path} {problem}: the per-user default must be a directory of "
+        f"this user that no one else can write; remove it, or set {ENV_LEASE_DIR} to a lock "
+        "directory to share"
+    )
+
+
 def _device_key(platform: str, device: DeviceInfo, seen: dict[str, int]) -> str:
     """File-name-safe identity of ``device`` (stable id, else physical index)."""
     raw = f"{platform}.{device.stable_id or f'physical-{device.physical_index}'}"
@@ -137,24 +135,21 @@ def _device_key(platform: str, device: DeviceInfo, seen: dict[str, int]) -> str:
 
 
 def _try_lock(path: Path, *, shared: bool = False) -> int | None:
-    """Return a descriptor holding the lock, or ``None`` when another holder has it."""
+    """A descriptor holding the lock, or ``None`` when held; OSError for what cannot be a lock."""
+    flags = os.O_CLOEXEC | os.O_NONBLOCK | _NOFOLLOW  # O_NONBLOCK: a planted FIFO never blocks
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | _NOFOLLOW, 0o666)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o666)
     except PermissionError:  # another user's lock file in a shared directory: flock needs no write
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | _NOFOLLOW)
-    except OSError as exc:
-        raise ConfigurationError(
-            f"lease lock {path} cannot be opened: {exc.strerror or exc}"
-        ) from None
+        fd = os.open(path, os.O_RDONLY | flags)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except OSError as exc:
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             return None
-        raise ConfigurationError(
-            f"lease lock {path} cannot be locked: {exc.strerror or exc}"
-        ) from None
+        raise
     return fd
 
 
@@ -163,11 +158,8 @@ def _unlock(fd: int) -> None:
         os.close(fd)  # closing the last descriptor drops the flock
 
 
-# -- metadata (untrusted: another user's process may have written it) -------------------------
-
-
 def _read_metadata(path: Path) -> dict[str, object]:
-    """Read a metadata file: regular files only, bounded; anything odd reads as ``{}``."""
+    """Read a metadata file (untrusted: maybe another user's); anything odd reads as ``{}``."""
     try:
         raw = _files.read_live(path, limit=MAX_METADATA_BYTES, follow_links=False)
         data = json.loads(raw.decode("utf-8"))
@@ -176,25 +168,16 @@ def _read_metadata(path: Path) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
-def _int_field(data: Mapping[str, object], key: str) -> int | None:
-    try:
-        return _validate.integer(data.get(key), key, minimum=0, maximum=2**63 - 1)
-    except ConfigurationError:
-        return None
-
-
-def _float_field(data: Mapping[str, object], key: str) -> float | None:
-    try:
-        return _validate.number(data.get(key), key, minimum=0)
-    except ConfigurationError:
-        return None
+def _int_field(data: Mapping[str, object], key: str, maximum: int = 2**63 - 1) -> int | None:
+    with contextlib.suppress(ConfigurationError):
+        return _validate.integer(data.get(key), key, minimum=0, maximum=maximum)
+    return None
 
 
 def _str_field(data: Mapping[str, object], key: str) -> str:
     value = data.get(key)
-    if not isinstance(value, str):
-        return ""
-    return "".join(c if c.isprintable() else "?" for c in value[:_COMMAND_LIMIT])
+    text = value[:_COMMAND_LIMIT] if isinstance(value, str) else ""
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _write_metadata(path: Path, data: Mapping[str, object]) -> None:
@@ -210,75 +193,33 @@ def _write_metadata(path: Path, data: Mapping[str, object]) -> None:
             tmp.unlink()
 
 
-def _command_line() -> str:
-    """This process's command line (read live, bounded), else ``sys.argv``; shortened."""
-    try:
-        raw = _files.read_live(f"/proc/{os.getpid()}/cmdline", limit=_files.PROC_LIMIT)
-        text = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
-        text = " ".join(sys.argv)
-    return text[:_COMMAND_LIMIT]
-
-
-def _needed_used(info: MemoryInfo, min_free: int | None, ratio: float | None) -> int | None:
-    """Largest usage at which ``info``'s device meets the free-memory minimums, or ``None``."""
-    limits: list[int] = []
-    if min_free is not None:
-        limits.append(info.total - min_free)
-    if ratio is not None:
-        limits.append(info.total - math.ceil(ratio * info.total))
-    return min(limits) if limits else None
-
-
-# -- the lease --------------------------------------------------------------------------------
-
-
+@dataclass(eq=False, repr=False)
 class Lease:
     """Devices held exclusively by this process, and the environment that shows them.
 
     Made by :func:`lease`; acquired on ``with`` entry (or :meth:`acquire`) and released on exit
     (or :meth:`release`, or when the process ends however it ends).
-
-    Attributes:
-        count: Devices asked for.
-        platform: The platform the devices belong to.
-        lock_dir: The lock directory.
-        devices: The leased devices (visible indices of this process), most free memory first;
-            empty until acquired.
-        environ: Variables to apply in a child (``None`` values mean "remove"); empty until
-            acquired.
-        device_ids: The stable identities the locks are named after.
-        waited_s: Seconds :meth:`acquire` took.
     """
 
-    def __init__(
-        self,
-        count: int,
-        *,
-        platform: Platform,
-        lock_dir: Path,
-        min_free_bytes: int | None,
-        min_free_ratio: float | None,
-        timeout_s: float,
-        clock: Clock,
-        prefer: Sequence[str] = (),
-    ) -> None:
-        self.count = count
-        self.platform = platform
-        self.lock_dir = lock_dir
-        self.min_free_bytes = min_free_bytes
-        self.min_free_ratio = min_free_ratio
-        self.timeout_s = timeout_s
-        self.devices: tuple[DeviceInfo, ...] = ()
-        self.environ: dict[str, str | None] = {}
-        self.device_ids: tuple[str, ...] = ()
-        self.waited_s = 0.0
-        self._clock = clock
-        self._prefer = tuple(prefer)
-        self._fds: list[int] = []
-        self._paths: list[Path] = []
-        self._meta: list[dict[str, object]] = []
-        self._carried: dict[str, int] = {}
+    count: int  # devices asked for
+    _: KW_ONLY
+    platform: Platform
+    lock_dir: Path
+    min_free_bytes: int | None
+    min_free_ratio: float | None
+    timeout_s: float
+    clock: Clock
+    prefer: tuple[str, ...] = ()
+    # once held: the devices (visible indices, most free memory first), the variables to apply
+    # in a child (None: remove it), the identities the locks are named after, seconds waited
+    devices: tuple[DeviceInfo, ...] = field(default=(), init=False)
+    environ: dict[str, str | None] = field(default_factory=dict, init=False)
+    device_ids: tuple[str, ...] = field(default=(), init=False)
+    waited_s: float = field(default=0.0, init=False)
+    _fds: list[int] = field(default_factory=list, init=False)
+    _meta: list[tuple[Path, dict[str, object]]] = field(default_factory=list, init=False)
+    _carried: dict[str, int] = field(default_factory=dict, init=False)
+    _unusable: dict[str, str] = field(default_factory=dict, init=False)  # lock key -> why not
 
     @property
     def held(self) -> bool:
@@ -291,26 +232,13 @@ class Lease:
         return tuple(self._fds)
 
     def child_environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """Return ``base`` (default ``os.environ``) with the lease's variables applied.
-
-        Args:
-            base: The environment to start from.
-
-        Returns:
-            A new mapping for ``subprocess`` ``env=``.
-        """
+        """Return a copy of ``base`` (default ``os.environ``) with the lease's variables applied."""
         env = dict(os.environ if base is None else base)
         self.apply(env)
         return env
 
     def apply(self, environ: MutableMapping[str, str] | None = None) -> Callable[[], None]:
-        """Apply the lease's variables to ``environ`` (default ``os.environ``) in place.
-
-        Do this before anything in the process starts a device runtime, which reads the
-        variables once.
-
-        Args:
-            environ: The mapping to change.
+        """Apply the variables to ``environ`` (default ``os.environ``) before any runtime starts.
 
         Returns:
             A function that puts the previous values back.
@@ -335,43 +263,42 @@ class Lease:
             ``self``, holding the devices.
 
         Raises:
-            ConfigurationError: When fewer than ``count`` devices are visible, or fewer than
-                ``count`` could ever meet the free-memory minimums, or the lease is held already.
-            LeaseTimeoutError: When the timeout passes first; the message says what was in the
-                way (holders of the locks, or memory that did not come back).
-
-        Side effects:
-            Creates lock and metadata files in the lock directory; sleeps while waiting.
+            ConfigurationError: Fewer than ``count`` devices visible or meeting the minimums; held.
+            LeaseTimeoutError: The timeout passed first; the message says what was in the way.
         """
         if self._fds:
             raise ConfigurationError("this lease is held already; release it first")
-        clock = self._clock
+        clock, delay = self.clock, _POLL_FIRST_S
         start = clock.monotonic()
         deadline = start + self.timeout_s
-        delay = _POLL_FIRST_S
         while True:
             candidates = self._candidates()
             got = self._lock_some(candidates)
-            if got is None:
-                reason = self._busy_reason(candidates)
-            else:
-                outcome = self._wait_for_memory(got, max(0.0, deadline - clock.monotonic()))
-                if outcome is None:
+            if got is not None:
+                reason = self._wait_for_memory(got, max(0.0, deadline - clock.monotonic()))
+                if reason is None:
                     self._take(got, start)
                     return self
-                reason = outcome
                 for _, _, fd in got:
                     _unlock(fd)
+            else:
+                reason = self._busy_reason(candidates)
             now = clock.monotonic()
             if now >= deadline:
                 raise LeaseTimeoutError(self.count, self.timeout_s, reason)
             clock.sleep(min(delay, deadline - now))
             delay = min(delay * 1.5, _POLL_MAX_S)
 
+    def _limits(self, info: MemoryInfo) -> list[int]:
+        """The largest usage at which ``info``'s device meets each free-memory minimum given."""
+        limits = [] if self.min_free_bytes is None else [info.total - self.min_free_bytes]
+        if self.min_free_ratio is not None:
+            limits.append(info.total - math.ceil(self.min_free_ratio * info.total))
+        return limits
+
     def _candidates(self) -> list[tuple[DeviceInfo, str, MemoryInfo]]:
         """Visible devices that can meet the minimums, best first, with their lock keys."""
-        devices = list(self.platform.devices())
-        name = self.platform.name
+        devices, name = list(self.platform.devices()), self.platform.name
         if self.count > len(devices):
             raise ConfigurationError(
                 f"cannot lease {self.count} device(s): {name} shows this process only "
@@ -382,8 +309,7 @@ class Lease:
         for device in devices:
             key = _device_key(name, device, seen)
             info = self.platform.memory_info(device.index)
-            limit = _needed_used(info, self.min_free_bytes, self.min_free_ratio)
-            if limit is None or limit >= 0:
+            if all(limit >= 0 for limit in self._limits(info)):
                 rows.append((device, key, info))
         if len(rows) < self.count:
             minimums = []
@@ -395,7 +321,7 @@ class Lease:
                 f"{name}: only {len(rows)} of {len(devices)} visible device(s) have enough "
                 f"memory in total for {' and '.join(minimums)}; {self.count} asked for"
             )
-        preferred = {key: rank for rank, key in enumerate(self._prefer)}
+        preferred = {key: rank for rank, key in enumerate(self.prefer)}
         rows.sort(key=lambda r: (preferred.get(r[1], len(preferred)), -r[2].free, r[0].index))
         return rows
 
@@ -404,10 +330,14 @@ class Lease:
     ) -> list[tuple[DeviceInfo, str, int]] | None:
         got: list[tuple[DeviceInfo, str, int]] = []
         for device, key, _ in candidates:
-            fd = _try_lock(self.lock_dir / (key + _LOCK_SUFFIX))
-            if fd is None:
+            try:
+                fd = _try_lock(self.lock_dir / (key + _LOCK_SUFFIX))
+            except OSError as exc:  # another user's 0600 file, a link, a directory: skip it
+                self._unusable[key] = exc.strerror or str(exc)
                 continue
-            got.append((device, key, fd))
+            self._unusable.pop(key, None)
+            if fd is not None:
+                got.append((device, key, fd))
             if len(got) == self.count:
                 return got
         for _, _, fd in got:  # all or nothing: never sit on part of a set
@@ -417,7 +347,11 @@ class Lease:
     def _busy_reason(self, candidates: Sequence[tuple[DeviceInfo, str, MemoryInfo]]) -> str:
         held = []
         for device, key, _ in candidates:
-            pid = _int_field(_read_metadata(self.lock_dir / (key + _META_SUFFIX)), "pid")
+            if key in self._unusable:
+                lock, why = self.lock_dir / (key + _LOCK_SUFFIX), self._unusable[key]
+                held.append(f"device {device.index} cannot be locked ({lock}: {why})")
+                continue
+            pid = _int_field(_read_metadata(self.lock_dir / (key + _META_SUFFIX)), "pid", _PID_MAX)
             who = f"pid {pid}" if pid is not None else "another process"
             held.append(f"device {device.index} ({key}) held by {who}")
         return (
@@ -431,12 +365,10 @@ class Lease:
         """Wait until the locked devices' memory is back; return why not, or ``None``."""
         targets: dict[int, int] = {}
         for device, key, _ in got:
-            info = self.platform.memory_info(device.index)
-            needed = _needed_used(info, self.min_free_bytes, self.min_free_ratio)
-            limits = [] if needed is None else [needed]
+            limits = self._limits(self.platform.memory_info(device.index))
             meta = _read_metadata(self.lock_dir / (key + _META_SUFFIX))
             previous = _int_field(meta, "baseline_used_bytes")
-            ours = key in self._prefer and _int_field(meta, "pid") == os.getpid()
+            ours = key in self.prefer and _int_field(meta, "pid", _PID_MAX) == os.getpid()
             if previous is not None and ours:  # its own memory is not returning; keep the
                 self._carried[key] = previous  # idle figure for whoever comes next
             elif previous is not None:
@@ -453,7 +385,7 @@ class Lease:
                 timeout_s=remaining,
                 stable_duration_s=profile.stable_duration_s if profile.lazy else 0.0,
                 platform=self.platform,
-                clock=self._clock,
+                clock=self.clock,
             )
         except MemoryNotSettledError as exc:
             return f"device memory did not come back: {exc}"
@@ -464,11 +396,16 @@ class Lease:
         self.environ = subset_environment(self.platform, self.devices)
         self.device_ids = tuple(k for _, k, _ in got)
         self._fds = [fd for _, _, fd in got]
-        self._paths = [self.lock_dir / (k + _META_SUFFIX) for _, k, _ in got]
-        self.waited_s = self._clock.monotonic() - start
-        command, since = _command_line(), time.time()
+        self.waited_s = self.clock.monotonic() - start
+        try:  # this process's command line, read live, bounded
+            raw = _files.read_live(f"/proc/{os.getpid()}/cmdline", limit=_files.PROC_LIMIT)
+            command = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            command = " ".join(sys.argv)
+        command, since = command[:_COMMAND_LIMIT], time.time()
         self._meta = []
-        for (device, key, _), path in zip(got, self._paths, strict=True):
+        for device, key, _ in got:
+            used = self._carried.get(key, self.platform.memory_info(device.index).used)
             meta: dict[str, object] = {
                 "version": 1,
                 "device_id": key,
@@ -477,17 +414,16 @@ class Lease:
                 "command": command,
                 "since": since,
                 "released": False,
-                "baseline_used_bytes": self._carried.get(
-                    key, self.platform.memory_info(device.index).used
-                ),
+                "baseline_used_bytes": used,
             }
-            self._meta.append(meta)
+            path = self.lock_dir / (key + _META_SUFFIX)
+            self._meta.append((path, meta))
             _write_metadata(path, meta)
 
     def release(self) -> None:
         """Let the devices go (idempotent); their metadata says they were released."""
         fds, self._fds = self._fds, []
-        for path, meta in zip(self._paths, self._meta, strict=True):
+        for path, meta in self._meta:
             _write_metadata(path, {**meta, "released": True, "released_at": time.time()})
         for fd in fds:
             _unlock(fd)
@@ -495,12 +431,7 @@ class Lease:
     def __enter__(self) -> Lease:
         return self.acquire()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
     def __repr__(self) -> str:
@@ -521,11 +452,6 @@ def lease(
 ) -> Lease:
     """Claim ``count`` visible devices exclusively across the host's processes.
 
-    Use it as a context manager; the devices are taken on entry and let go on exit::
-
-        with accelplat.lease(2, min_free_bytes=40 * GIB, timeout_s=600) as held:
-            subprocess.run(cmd, env=held.child_environ(), check=True)
-
     Args:
         count: Devices wanted, ``>= 1`` and at most the number visible.
         min_free_bytes: Each device must have at least this much free memory when handed out.
@@ -534,21 +460,15 @@ def lease(
         lock_dir: The lock directory; ``None`` means :func:`default_lease_dir`.
         platform: The platform; ``None`` means the current one.
         clock: Time source and sleeper; ``None`` means the platform's.
-        prefer: Device identities (:attr:`Lease.device_ids` of an earlier lease) to take first
-            when free. Such a device that this process held last is not waited on for the memory
-            it used: that memory is this process's own and will not come back while it runs.
+        prefer: :attr:`Lease.device_ids` to take first when free; one this process held last is
+            not waited on for its memory (this process's own: it will not come back meanwhile).
 
     Returns:
         A :class:`Lease`, not yet acquired.
 
     Raises:
-        ConfigurationError: At once, before any waiting: for a ``count`` that is not a whole
-            number ``>= 1`` or exceeds the visible devices, negative or malformed minimums,
-            minimums no ``count`` visible devices could meet even when empty, a bad timeout, or
-            a lock directory that cannot be created or written (the message names it).
-
-    Side effects:
-        Detects the platform and reads device memory; creates the lock directory.
+        ConfigurationError: At once: bad arguments, more devices than visible or able to meet the
+            minimums, or a lock directory that is empty, unwritable or (the default) not private.
     """
     wanted = _validate.integer(count, "count", minimum=1)
     if min_free_bytes is not None:
@@ -571,7 +491,7 @@ def lease(
         min_free_ratio=None if min_free_ratio is None else float(min_free_ratio),
         timeout_s=timeout,
         clock=clock if clock is not None else default_clock(platform),
-        prefer=prefer,
+        prefer=tuple(prefer),
     )
     held._candidates()  # count and minimums against the visible devices, at once
     return held
@@ -580,14 +500,11 @@ def lease(
 def lease_status(lock_dir: str | os.PathLike[str] | None = None) -> list[LeaseRecord]:
     """Say, for every device the lock directory knows, who holds it (or held it last).
 
-    Args:
-        lock_dir: The lock directory; ``None`` means :func:`default_lease_dir`.
-
     Returns:
-        One :class:`LeaseRecord` per lock file, sorted by device identity.
+        One :class:`LeaseRecord` per lock file that can be locked, sorted by device identity.
 
     Raises:
-        ConfigurationError: When the directory cannot be created or written.
+        ConfigurationError: As :func:`lease`, for the lock directory.
 
     Side effects:
         Takes each free lock for an instant (a shared lock) to learn whether it is held.
@@ -597,21 +514,21 @@ def lease_status(lock_dir: str | os.PathLike[str] | None = None) -> list[LeaseRe
     for entry in sorted(directory.glob("*" + _LOCK_SUFFIX)):
         key = entry.name[: -len(_LOCK_SUFFIX)]
         try:
-            if not stat.S_ISREG(entry.lstat().st_mode):
-                continue
             probe = _try_lock(entry, shared=True)
-        except (OSError, ConfigurationError):
+        except OSError:
             continue
         if probe is not None:
             _unlock(probe)
-        meta = _read_metadata(directory / (key + _META_SUFFIX))
+        meta, since = _read_metadata(directory / (key + _META_SUFFIX)), None
+        with contextlib.suppress(ConfigurationError):
+            since = _validate.number(meta.get("since"), "since", minimum=0, maximum=_LAST_SECOND)
         records.append(
             LeaseRecord(
-                device_id=_str_field(meta, "device_id") or key,
+                device_id=key,  # the file's name, not what its metadata claims
                 held=probe is None,
-                pid=_int_field(meta, "pid"),
+                pid=_int_field(meta, "pid", _PID_MAX),
                 command=_str_field(meta, "command"),
-                since=_float_field(meta, "since"),
+                since=since,
                 released=meta.get("released") is True,
                 platform=_str_field(meta, "platform"),
                 baseline_used_bytes=_int_field(meta, "baseline_used_bytes"),

@@ -11,6 +11,7 @@ import itertools
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -26,7 +27,7 @@ from accelplat._types import (
     UsageSnapshot,
 )
 from accelplat._util import REAL_CLOCK, Clock
-from accelplat._validate import byte_count, device_index, duration, finite_number, ratio
+from accelplat._validate import byte_count, device_index, duration, finite_number, number, ratio
 from accelplat.errors import AccelplatError, ConfigurationError, MemoryNotSettledError
 
 logger = logging.getLogger("accelplat._memory")
@@ -36,6 +37,7 @@ IDLE_FLOOR_MAX_RATIO = 0.05  # vLLM floors only ratios under 5 % (tests/utils.py
 
 _EVENT = "accelplat_wait"
 _EPSILON_S = 1e-9  # slack for comparing clock readings: float rounding makes no 0-length sleeps
+_MAX_STALLS = 1000  # sleeps in a row after which a clock that never moves on ends the wait
 
 OnPoll = Callable[[UsageSnapshot, Mapping[int, int]], None]  # (sample, per-device targets)
 Reader = Callable[[int], MemoryInfo]  # reads one visible device (platform.memory_info)
@@ -49,22 +51,18 @@ def default_clock(platform: object) -> Clock:
 
 @dataclass(frozen=True)
 class PollPolicy:
-    """How often a wait samples device memory.
-
-    The defaults poll at 5, 7.5, 11, 17, 25, 38 and then every 40 ms: a release is never noticed
-    more than 40 ms late, at under 1 % of one core on NVML (5-8 µs a query). A backend whose
-    query is slow (a subprocess, a framework call) may deserve a longer ``max_s``.
+    """How often a wait samples device memory: 5, 7.5, 11, 17, 25, 38, then every 40 ms by default.
 
     Attributes:
         initial_s: First sleep, and the sleep after usage moved by more than the tolerance.
-        factor: Growth of the sleep after each poll where usage stayed put (``>= 1``; ``1`` polls
-            at a fixed interval).
+        factor: Growth of the sleep after each poll where usage stayed put (``>= 1``).
         max_s: Longest sleep between two samples (``>= initial_s``).
 
     Raises:
         ConfigurationError: On construction, for non-finite, non-positive or inconsistent values.
     """
 
+    # a release is noticed at most 40 ms late, at under 1 % of a core on NVML (5-8 µs a query)
     initial_s: float = 0.005
     factor: float = 1.5
     max_s: float = 0.04
@@ -84,7 +82,7 @@ class PollPolicy:
 
     @classmethod
     def fixed(cls, interval_s: float) -> PollPolicy:
-        """Return a policy that polls every ``interval_s`` seconds (``> 0``), never adapting."""
+        """Return a policy that polls every ``interval_s`` seconds, never adapting."""
         return cls(initial_s=interval_s, factor=1.0, max_s=interval_s)
 
     def next_interval(self, current_s: float, *, changed: bool) -> float:
@@ -95,11 +93,13 @@ class PollPolicy:
 
 
 def _resolve_platform(platform: Platform | None) -> Platform:
-    if platform is not None:
-        return platform
-    from accelplat._registry import current_platform
+    if platform is None:
+        from accelplat._registry import current_platform
 
-    return current_platform()
+        return current_platform()
+    if isinstance(platform, type) or not isinstance(platform, Platform):
+        raise ConfigurationError(f"platform must be a Platform or None, got {platform!r:.200}")
+    return platform
 
 
 def _resolve_devices(devices: Sequence[int] | None, platform: Platform) -> list[int]:
@@ -108,14 +108,12 @@ def _resolve_devices(devices: Sequence[int] | None, platform: Platform) -> list[
         return list(range(count))
     if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
         raise ConfigurationError(
-            f"devices must be a sequence of visible device indices or None, got {devices!r}"
+            f"devices must be a sequence of visible device indices or None, got {devices!r:.200}"
         )
     if len(devices) == 0:
-        raise ConfigurationError(
-            "devices must name at least one visible device (None means all of them)"
-        )
+        raise ConfigurationError("devices must name at least one visible device (None: all)")
     resolved = [device_index(item, count, platform.name) for item in devices]
-    duplicates = sorted({d for d in resolved if resolved.count(d) > 1})
+    duplicates = sorted(d for d, n in Counter(resolved).items() if n > 1)
     if duplicates:
         raise ConfigurationError(f"devices lists device(s) {duplicates} more than once")
     return resolved
@@ -125,14 +123,22 @@ def _check_reader(read: object, platform: Platform) -> Reader:
     if read is None:
         return platform.memory_info
     if not callable(read):
-        raise ConfigurationError(f"read must be callable or None, got {read!r}")
-    return cast(Reader, read)
+        raise ConfigurationError(f"read must be callable or None, got {read!r:.200}")
+
+    def checked(device: int) -> MemoryInfo:
+        info = read(device)
+        if not isinstance(info, MemoryInfo):
+            raise ConfigurationError(
+                f"read({device}) must return a MemoryInfo, got {type(info).__name__}"
+            )
+        return info
+
+    return checked
 
 
 def _per_device(
     value: object, devices: Sequence[int], argument: str, check: Callable[[object, str], float]
 ) -> dict[int, float] | None:
-    """Expand a scalar or a per-device mapping into a dict over exactly ``devices``."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -143,7 +149,7 @@ def _per_device(
         if missing := sorted(wanted - keys):
             parts.append(f"missing {missing}")
         if extra := sorted(keys - wanted, key=repr):
-            parts.append(f"not waited on {extra}")
+            parts.append(f"not waited on {extra[:10]}" + (" …" if len(extra) > 10 else ""))
         raise ConfigurationError(
             f"{argument} as a mapping must name exactly the devices waited on "
             f"{sorted(wanted)}: {'; '.join(parts)}"
@@ -171,20 +177,20 @@ class _Wait:
 
 def _check_wait(
     kind: str,
-    devices: Sequence[int] | None,
     *,
-    threshold_bytes: object,
+    devices: Sequence[int] | None,
     threshold_ratio: object,
     timeout_s: object,
     stable_duration_s: object,
-    stable_tolerance_bytes: object,
     poll: object,
     on_poll: object,
     platform: Platform | None,
     clock: object,
-    read: object,
+    threshold_bytes: object = None,
+    stable_tolerance_bytes: object = DEFAULT_STABLE_TOLERANCE_BYTES,
+    read: object = None,
 ) -> _Wait:
-    """Validate a wait's arguments (sampling nothing) and fill in the platform's defaults."""
+    """Validate a public wait's own parameters (sampling nothing); fill in the defaults."""
     if threshold_bytes is None and threshold_ratio is None:
         raise ConfigurationError(
             f"wait_for_memory_to_{kind} needs threshold_bytes or threshold_ratio (or both)"
@@ -193,25 +199,20 @@ def _check_wait(
     window = None if stable_duration_s is None else duration(stable_duration_s, "stable_duration_s")
     tolerance = byte_count(stable_tolerance_bytes, "stable_tolerance_bytes")
     if poll is not None and not isinstance(poll, PollPolicy):
-        raise ConfigurationError(f"poll must be a PollPolicy or None, got {poll!r}")
+        raise ConfigurationError(f"poll must be a PollPolicy or None, got {poll!r:.200}")
     if on_poll is not None and not callable(on_poll):
-        raise ConfigurationError(f"on_poll must be callable or None, got {on_poll!r}")
-    if threshold_bytes is not None and not isinstance(threshold_bytes, Mapping):
-        byte_count(threshold_bytes, "threshold_bytes")
-    if threshold_ratio is not None and not isinstance(threshold_ratio, Mapping):
-        ratio(threshold_ratio, "threshold_ratio")
+        raise ConfigurationError(f"on_poll must be callable or None, got {on_poll!r:.200}")
     plat = _resolve_platform(platform)
     if clock is not None and not isinstance(clock, Clock):
         raise ConfigurationError(
-            f"clock must have monotonic() and sleep(seconds) methods, got {clock!r}"
+            f"clock must have monotonic() and sleep(seconds) methods, got {clock!r:.200}"
         )
-    reader = _check_reader(read, plat)
     resolved = _resolve_devices(devices, plat)
     profile = plat.release
     return _Wait(
         kind=kind,
         platform=plat,
-        read=reader,
+        read=_check_reader(read, plat),
         clock=default_clock(plat) if clock is None else clock,
         devices=resolved,
         threshold_bytes=_per_device(threshold_bytes, resolved, "threshold_bytes", byte_count),
@@ -248,9 +249,9 @@ def _compute_targets(
     return targets, raised
 
 
-def _wall_time(clock: Clock) -> float:
-    wall = getattr(clock, "time", None)  # the simulated clock has a virtual wall time
-    return float(wall()) if callable(wall) else time.time()
+def _now(clock: Clock) -> float:
+    """Read ``clock.monotonic()``: a reading that is no finite number would stall the wait."""
+    return number(clock.monotonic(), "clock.monotonic()")
 
 
 def _query_holders(
@@ -270,7 +271,10 @@ def _query_holders(
 
 def _sample(read: Reader, devices: Sequence[int], clock: Clock) -> UsageSnapshot:
     memory = {d: read(d) for d in devices}
-    return UsageSnapshot(timestamp=clock.monotonic(), wall_time=_wall_time(clock), memory=memory)
+    timestamp = _now(clock)
+    wall = getattr(clock, "time", None)  # the simulated clock has a virtual wall time
+    wall_time = number(wall(), "clock.time()") if callable(wall) else time.time()
+    return UsageSnapshot(timestamp=timestamp, wall_time=wall_time, memory=memory)
 
 
 def snapshot(
@@ -280,21 +284,13 @@ def snapshot(
     holders: bool = True,
     read: Reader | None = None,
 ) -> UsageSnapshot:
-    """Sample memory of several devices together.
+    """Sample memory of several devices together, timed by :func:`default_clock`.
 
-    Args:
-        devices: Visible device indices; ``None`` means every visible device.
-        platform: The platform to ask; ``None`` means :func:`~accelplat.current_platform`.
-        holders: Also ask which processes hold memory (a device whose platform cannot tell is
-            absent from :attr:`UsageSnapshot.holders`).
-        read: How to read one device's memory; ``None`` means ``platform.memory_info``.
-
-    Returns:
-        A :class:`~accelplat._types.UsageSnapshot` timed by :func:`default_clock`.
+    ``devices``, ``platform`` and ``read`` are :func:`wait_for_memory_to_clear`'s; ``holders``
+    also asks which processes hold memory (where the platform can tell).
 
     Raises:
-        ConfigurationError: For an empty or malformed device list, or a duplicate index.
-        DeviceNotFoundError: For an index that is not visible.
+        ConfigurationError: For a malformed device list or ``read``; ``DeviceNotFoundError``.
     """
     plat = _resolve_platform(platform)
     reader = _check_reader(read, plat)
@@ -306,14 +302,9 @@ def snapshot(
 
 
 def record_usage_stats(
-    devices: Sequence[int] | None = None,
-    *,
-    platform: Platform | None = None,
+    devices: Sequence[int] | None = None, *, platform: Platform | None = None
 ) -> dict[int, tuple[float, float]]:
-    """Return ``{device: (used GiB, total GiB)}``, the shape vLLM's test helpers use.
-
-    Args and Raises are :func:`snapshot`'s.
-    """
+    """Return ``{device: (used GiB, total GiB)}`` (vLLM's helpers' shape); as :func:`snapshot`."""
     return snapshot(devices, platform=platform, holders=False).used_gib()
 
 
@@ -389,7 +380,7 @@ def _wait(w: _Wait) -> SettleResult:
     what = f"wait_for_memory_to_{w.kind}"
     devices, clock, poll, tolerance = w.devices, w.clock, w.poll, w.stable_tolerance_bytes
     debug = logger.isEnabledFor(logging.DEBUG)  # the f-strings below format only when shown
-    start = clock.monotonic()
+    start = _now(clock)
     deadline = start + w.timeout_s
     snap = _sample(w.read, devices, clock)
     polls = 1
@@ -400,10 +391,10 @@ def _wait(w: _Wait) -> SettleResult:
     used = {d: snap.memory[d].used for d in devices}
     history: dict[int, _History] = {d: (u, u, u, u) for d, u in used.items()}
     if debug:
+        shown = {d: _gib(t) for d, t in targets.items()}
         logger.debug(
-            f"{what} on {w.platform.name}: devices {devices}, targets "
-            f"{ {d: _gib(t) for d, t in targets.items()} }, timeout {w.timeout_s:.3g} s, "
-            f"window {w.stable_duration_s:.3g} s; now {snap.describe()}"
+            f"{what} on {w.platform.name}: devices {devices}, targets {shown}, timeout "
+            f"{w.timeout_s:.3g} s, window {w.stable_duration_s:.3g} s; now {snap.describe()}"
         )
     if w.on_poll is not None:
         w.on_poll(snap, targets)
@@ -412,14 +403,13 @@ def _wait(w: _Wait) -> SettleResult:
         return all(values[d] <= targets[d] for d in devices)
 
     if met(used) and w.stable_duration_s <= 0:
-        waited = max(0.0, clock.monotonic() - start)
+        waited = max(0.0, _now(clock) - start)
         logger.debug("%s: already settled", what)
         return SettleResult(waited, polls, snap, True, targets, raised)
 
     window_start: float | None = snap.timestamp if met(used) else None
-    window_base = dict(used)
-    interval = poll.initial_s
-    previous = dict(used)
+    window_base, previous = dict(used), dict(used)
+    interval, stalls = poll.initial_s, 0
     while True:
         if (
             window_start is not None
@@ -428,7 +418,7 @@ def _wait(w: _Wait) -> SettleResult:
             waited = max(0.0, snap.timestamp - start)
             logger.debug("%s: settled after %.3f s and %d polls", what, waited, polls)
             return SettleResult(waited, polls, snap, False, targets, raised)
-        now = clock.monotonic()
+        now = _now(clock)
         if now >= deadline - _EPSILON_S:
             break
         pause = min(interval, deadline - now)
@@ -437,6 +427,12 @@ def _wait(w: _Wait) -> SettleResult:
         clock.sleep(max(0.0, pause))
         snap = _sample(w.read, devices, clock)
         polls += 1
+        stalls = stalls + 1 if snap.timestamp <= now else 0
+        if stalls >= _MAX_STALLS:
+            raise ConfigurationError(
+                f"clock {clock!r:.200} did not move on in {stalls} sleeps: its sleep() must "
+                "advance monotonic(), or the wait never ends"
+            )
         used = {d: snap.memory[d].used for d in devices}
         for d, (first, low, high, _) in history.items():
             history[d] = (first, min(low, used[d]), max(high, used[d]), used[d])
@@ -452,7 +448,7 @@ def _wait(w: _Wait) -> SettleResult:
             window_base = dict(used)
         if debug:
             window = (
-                "closed" if window_start is None else f"open {snap.timestamp - window_start:.3f} s"
+                "closed" if window_start is None else f"open {snap.timestamp - window_start:.3f}"
             )
             logger.debug(
                 f"{what}: poll {polls} at {snap.timestamp - start:.3f} s: {snap.describe()} "
@@ -463,10 +459,8 @@ def _wait(w: _Wait) -> SettleResult:
 
     waited = max(0.0, now - start)
     final = dataclasses.replace(snap, holders=_query_holders(w.platform, devices))
-    window_open = None if window_start is None else snap.timestamp - window_start
-    message = _timeout_message(
-        w, final, targets, history, waited_s=waited, window_open_s=window_open
-    )
+    opened = None if window_start is None else snap.timestamp - window_start
+    message = _timeout_message(w, final, targets, history, waited_s=waited, window_open_s=opened)
     logger.debug("%s: timed out: %s", what, message)
     raise MemoryNotSettledError(
         message,
@@ -490,10 +484,10 @@ def _run(w: _Wait) -> SettleResult:
     try:
         result = _wait(w)
         ok = True
-        return result
     finally:
         end = {"event": "end", "id": wait_id, "ok": ok}
         logger.debug("%s wait %d ends (ok=%s)", w.kind, wait_id, ok, extra={_EVENT: end})
+    return result
 
 
 def wait_for_memory_to_clear(
@@ -512,56 +506,28 @@ def wait_for_memory_to_clear(
 ) -> SettleResult:
     """Wait until used memory of every device is at or below its target, and stays there.
 
-    A device's target is ``threshold_bytes``, ``threshold_ratio × total``, or the larger of the
-    two; a ratio under 5 % is raised to the platform's idle floor (docs/memory.md, "Targets").
+    A target is ``threshold_bytes``, ``threshold_ratio × total`` or the larger of the two; a ratio
+    under 5 % is raised to the platform's idle floor (docs/memory.md, "Targets").
 
     Args:
-        devices: Visible device indices; ``None`` means every visible device (with none visible,
-            the wait returns at once).
-        threshold_bytes: Used bytes at or below which a device is clear; an int, or a mapping
-            naming exactly the devices waited on. A value too large for a float is refused.
+        devices: Visible device indices; ``None``: every visible one (none visible: no wait).
+        threshold_bytes: Used bytes at or below which a device is clear; an int or a mapping.
         threshold_ratio: Fraction of each device's total, in ``[0, 1]``; a float or a mapping.
-        timeout_s: Give up after this many seconds (``0`` samples once); ``None`` means the
-            platform's ``release.settle_timeout_s``.
-        stable_duration_s: How long every device must stay at or below its target, within
-            ``stable_tolerance_bytes``; ``None`` means ``release.stable_duration_s``.
-        stable_tolerance_bytes: Movement that still counts as stable, and after which polling
-            speeds up again.
-        poll: Polling intervals; ``None`` means :class:`PollPolicy()`.
-        on_poll: Called after every sample, the first included, with the sample and the targets;
-            what it raises propagates.
-        platform: The platform to ask; ``None`` means :func:`~accelplat.current_platform`.
-        clock: Time source and sleeper; ``None`` means :func:`default_clock` of the platform.
-        read: How to read one device's memory; ``None`` means ``platform.memory_info``.
-
-    Returns:
-        A :class:`~accelplat._types.SettleResult`.
+        timeout_s: Give up after this many seconds (``0`` samples once); ``None``: the profile's.
+        stable_duration_s: How long devices must stay at or below target; ``None``: the profile's.
+        stable_tolerance_bytes: Movement that still counts as stable (and speeds polling up).
+        poll: Polling intervals; ``None``: :class:`PollPolicy()`.
+        on_poll: Called with each sample, the first included, and the targets; errors propagate.
+        platform: The platform to ask; ``None``: :func:`~accelplat.current_platform`.
+        clock: Time source and sleeper; ``None``: :func:`default_clock` of the platform.
+        read: How to read one device's memory; ``None``: ``platform.memory_info``.
 
     Raises:
-        ConfigurationError: Naming a malformed argument (docs/memory.md, "Bad input").
+        ConfigurationError: Naming a malformed argument, or for a clock that never moves on.
         DeviceNotFoundError: For a device index that is not visible.
-        MemoryNotSettledError: When the timeout passes first; its message names each device that
-            missed its target, how its usage moved, and the processes holding the memory.
-
-    Side effects:
-        Sleeps on ``clock``; logs to the ``accelplat._memory`` logger at DEBUG level.
+        MemoryNotSettledError: On timeout, naming the devices that missed, their usage, holders.
     """
-    return _run(
-        _check_wait(
-            "clear",
-            devices,
-            threshold_bytes=threshold_bytes,
-            threshold_ratio=threshold_ratio,
-            timeout_s=timeout_s,
-            stable_duration_s=stable_duration_s,
-            stable_tolerance_bytes=stable_tolerance_bytes,
-            poll=poll,
-            on_poll=on_poll,
-            platform=platform,
-            clock=clock,
-            read=read,
-        )
-    )
+    return _run(_check_wait("clear", **locals()))  # every parameter, by name
 
 
 def wait_for_memory_to_settle(
@@ -577,23 +543,9 @@ def wait_for_memory_to_settle(
 ) -> SettleResult:
     """Wait until memory freed by a previous engine has come back, as the platform releases it.
 
-    On lazy platforms (``release.lazy``), and on every platform with ``force=True``, every
-    device must stay at or below ``threshold_ratio`` of its total for the profile's stability
-    window; on eager ones it waits without a window (docs/memory.md).
-
-    Args:
-        threshold_ratio: Fraction of each device's total, in ``[0, 1]``, or a mapping naming
-            exactly the devices waited on.
-        timeout_s: Give up after this many seconds; ``None`` means ``release.settle_timeout_s``.
-        devices: Visible device indices; ``None`` means every visible device.
-        force: Apply the stability window even on an eager platform.
-        platform: The platform to ask; ``None`` means :func:`~accelplat.current_platform`.
-        clock: Time source and sleeper; ``None`` means :func:`default_clock` of the platform.
-        poll: Polling intervals; ``None`` means :class:`PollPolicy()`.
-        on_poll: Called after every sample with the sample and the targets.
-
-    Returns and Raises are :func:`wait_for_memory_to_clear`'s (``threshold_ratio=None`` raises
-    ``ConfigurationError``).
+    On lazy platforms (or with ``force=True``) devices must stay at or below ``threshold_ratio``
+    (not ``None``) for the profile's window; on eager ones without a window. The rest is
+    :func:`wait_for_memory_to_clear`'s.
     """
     if threshold_ratio is None:
         raise ConfigurationError(
@@ -601,22 +553,19 @@ def wait_for_memory_to_settle(
             "use wait_for_memory_to_clear for a byte threshold"
         )
     if not isinstance(force, bool):
-        raise ConfigurationError(f"force must be True or False, got {force!r}")
+        raise ConfigurationError(f"force must be True or False, got {force!r:.200}")
     plat = _resolve_platform(platform)
     profile = plat.release
     return _run(
         _check_wait(
             "settle",
-            devices,
-            threshold_bytes=None,
+            devices=devices,
             threshold_ratio=threshold_ratio,
             timeout_s=timeout_s,
             stable_duration_s=profile.stable_duration_s if (profile.lazy or force) else 0.0,
-            stable_tolerance_bytes=DEFAULT_STABLE_TOLERANCE_BYTES,
             poll=poll,
             on_poll=on_poll,
             platform=plat,
             clock=clock,
-            read=None,
         )
     )

@@ -1,24 +1,22 @@
 """The :class:`Platform` protocol every backend satisfies, and the :class:`BasePlatform` ABC.
 
-A platform answers, for one kind of accelerator, the questions ML test suites ask: which devices
-this process sees, how much memory each has, whether memory returns lazily, whether graphs can be
-captured, what memory utilization to default to and which process start method is safe. Built-in
-backends subclass :class:`BasePlatform`; plugins may instead satisfy :class:`Platform` alone. The
-members a plugin may leave out are listed once, with their defaults, in :data:`OPTIONAL_MEMBERS`;
-read them with :func:`optional`.
+Built-in backends subclass :class:`BasePlatform`; plugins may satisfy :class:`Platform` alone.
+The members a plugin may leave out are listed once, with their defaults, in
+:data:`OPTIONAL_MEMBERS`; read them with :func:`optional`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from accelplat import _validate
 from accelplat._types import (
     DeviceInfo,
     FeatureRule,
     GraphSupport,
+    MemoryHolder,
     MemoryInfo,
     ProbeResult,
     ReleaseProfile,
@@ -26,46 +24,23 @@ from accelplat._types import (
 from accelplat._util import Clock
 from accelplat.errors import ConfigurationError
 
-if TYPE_CHECKING:
-    from accelplat._types import MemoryHolder
-
 StartMethod = Literal["fork", "spawn", "forkserver"]
 
+# Members of a platform beyond Platform, each with the value meant when it is absent.
 OPTIONAL_MEMBERS: Mapping[str, Any] = {
-    "is_accelerator": True,
-    "clock": None,
-    "FEATURES": {},
-    "driver_version": None,
-    "visible_devices_empty_hides_all": None,
+    "is_accelerator": True,  # the devices are accelerators, not the host CPU
+    "clock": None,  # the Clock waits read and sleep on; None: real time
+    "FEATURES": {},  # per built-in capability, its FeatureRules (docs/capabilities.md)
+    "driver_version": None,  # a method returning the vendor driver's version
+    "visible_devices_empty_hides_all": None,  # an empty variable hides all (CUDA's does)?
+    # (devices) -> {variable: value or None}, showing a child exactly those devices
     "visible_devices_environment": None,
-    "visible_devices_shadowed_by": (),
+    "visible_devices_shadowed_by": (),  # variables that win when set (ROCm: HIP_VISIBLE_DEVICES)
 }
-"""Members of a platform beyond :class:`Platform`, each with the value meant when it is absent:
-
-* ``is_accelerator``: the platform's devices are accelerators, not the host CPU.
-* ``clock``: the :class:`~accelplat._util.Clock` waits read and sleep on; ``None``: real time.
-* ``FEATURES``: per built-in capability, the :class:`~accelplat._types.FeatureRule` s under
-  which a device has it (see docs/capabilities.md); a capability missing is unavailable.
-* ``driver_version``: a method returning the vendor driver's version (``None``: unknown).
-* ``visible_devices_empty_hides_all``: whether an empty :attr:`Platform.visible_devices_env`
-  hides every device (CUDA's does); ``None``: not known.
-* ``visible_devices_environment``: a method ``(devices) -> {variable: value or None}`` making
-  exactly ``devices`` visible to a child; absent: :func:`default_subset_environment`.
-* ``visible_devices_shadowed_by``: variables that take precedence over
-  ``visible_devices_env`` when set (ROCm: ``HIP_VISIBLE_DEVICES``).
-"""
 
 
 def optional(platform: object, name: str) -> Any:
-    """Return the optional member ``name`` of ``platform``, or its default when it has none.
-
-    Args:
-        platform: Any platform object (a :class:`BasePlatform` or a plugin's).
-        name: A key of :data:`OPTIONAL_MEMBERS`.
-
-    Returns:
-        ``getattr(platform, name)``, else ``OPTIONAL_MEMBERS[name]``.
-    """
+    """Return the optional member ``name`` of ``platform``, or its default when it has none."""
     return getattr(platform, name, OPTIONAL_MEMBERS[name])
 
 
@@ -73,10 +48,8 @@ def optional(platform: object, name: str) -> Any:
 class Platform(Protocol):
     """What every accelplat backend provides.
 
-    Device arguments are *visible* (logical) indices, numbered as torch numbers them in this
-    process; backends map them to physical devices themselves. Every method taking ``device``
-    raises :class:`~accelplat.errors.DeviceNotFoundError` for an index that is not visible.
-    Optional members are listed in :data:`OPTIONAL_MEMBERS`.
+    Devices are *visible* indices, numbered as torch numbers them in this process; a method given
+    one that is not visible raises :class:`~accelplat.errors.DeviceNotFoundError`.
 
     Attributes:
         name: Registered name, e.g. ``"cuda"``, ``"rocm"``, ``"xpu"``, ``"cpu"``.
@@ -86,8 +59,7 @@ class Platform(Protocol):
         graph: Whether graph capture is possible, decided without importing torch.
         default_memory_utilization: Fraction of device memory an engine should aim to use.
         preferred_start_method: ``"fork"`` where forking after device use is safe, else ``"spawn"``.
-        context_free: ``False`` when the backend must create a device context or import a
-            framework to answer memory queries (the conformance kit then skips that check).
+        context_free: ``False`` when memory queries need a device context or a framework.
     """
 
     @property
@@ -134,12 +106,8 @@ class Platform(Protocol):
 class BasePlatform(ABC):
     """Base class of accelplat's backends: the protocol, its optional members and their defaults.
 
-    A subclass sets the class attributes (``RELEASE`` and ``GRAPH`` give ``release`` and
-    ``graph``) and implements :meth:`probe`, :meth:`devices` and :meth:`_memory_info`; one that
-    misses any of them cannot be instantiated. :meth:`memory_info` checks the index once, then
-    calls :meth:`_memory_info`, so every backend raises the same
-    :class:`~accelplat.errors.DeviceNotFoundError`; a backend that can count its devices more
-    cheaply than :meth:`devices` overrides :meth:`device_count`, which that check calls.
+    A subclass sets the class attributes (``RELEASE``, ``GRAPH``) and implements :meth:`probe`,
+    :meth:`devices` and :meth:`_memory_info`, which :meth:`memory_info` calls with a checked index.
     """
 
     name: ClassVar[str] = "base"
@@ -190,17 +158,7 @@ class BasePlatform(ABC):
         return len(self.devices())
 
     def check_device(self, device: object) -> int:
-        """Validate a visible device index.
-
-        Args:
-            device: The index a caller passed; ``bool`` and non-integers are rejected.
-
-        Returns:
-            The index as an ``int``.
-
-        Raises:
-            DeviceNotFoundError: If it is not an integer in ``range(device_count())``.
-        """
+        """Return ``device`` as an ``int``; DeviceNotFoundError unless it is a visible index."""
         return _validate.device_index(device, self.device_count(), self.name)
 
     def memory_info(self, device: int) -> MemoryInfo:
@@ -221,18 +179,7 @@ class BasePlatform(ABC):
         return None
 
     def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
-        """Return the environment that makes exactly ``devices`` visible to a child process.
-
-        The default names each device in :attr:`visible_devices_env`
-        (:func:`default_subset_environment`); a vendor that stacks several variables overrides
-        this.
-
-        Args:
-            devices: Devices of this platform, as :meth:`devices` returned them.
-
-        Returns:
-            Variable name to value; ``None`` means "remove the variable".
-        """
+        """Return the environment (``None``: unset) showing a child only ``devices``."""
         return default_subset_environment(self.visible_devices_env, devices)
 
     def __repr__(self) -> str:
@@ -242,35 +189,14 @@ class BasePlatform(ABC):
 def default_subset_environment(
     variable: str | None, devices: Sequence[DeviceInfo]
 ) -> dict[str, str | None]:
-    """Name ``devices`` in one visible-devices variable: by UUID, else by physical index.
-
-    Args:
-        variable: The platform's visible-devices variable; ``None`` gives an empty mapping (a
-            platform without one, such as the CPU, cannot hide devices from a child).
-        devices: The devices to make visible, in the order wanted.
-
-    Returns:
-        ``{variable: "id,id,…"}``, or ``{}``.
-    """
+    """Name ``devices`` in ``variable`` by UUID, else physical index; ``{}`` without a variable."""
     if variable is None:
         return {}
     return {variable: ",".join(d.uuid or str(d.physical_index) for d in devices)}
 
 
 def subset_environment(platform: Platform, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
-    """Return the environment that shows a child process exactly ``devices`` of ``platform``.
-
-    Args:
-        platform: The platform the devices belong to.
-        devices: The devices, as ``platform.devices()`` returned them.
-
-    Returns:
-        Variable name to value; ``None`` means "remove the variable".
-
-    Raises:
-        ConfigurationError: When the platform's ``visible_devices_environment`` answers
-            something other than a mapping of names to text or ``None``.
-    """
+    """Return the environment (``None``: unset) showing a child only ``devices`` of ``platform``."""
     method = optional(platform, "visible_devices_environment")
     if method is None:
         return default_subset_environment(platform.visible_devices_env, devices)
@@ -286,16 +212,5 @@ def subset_environment(platform: Platform, devices: Sequence[DeviceInfo]) -> dic
 
 
 def validate_utilization(value: float, *, argument: str = "gpu_memory_utilization") -> float:
-    """Check that a memory utilization is a finite number in ``(0, 1]``.
-
-    Args:
-        value: The utilization to check.
-        argument: The argument name used in the error message.
-
-    Returns:
-        ``value`` as a float.
-
-    Raises:
-        ValueError: Naming ``argument`` and the accepted range.
-    """
+    """Return a memory utilization as a float, raising ValueError unless it is in ``(0, 1]``."""
     return _validate.number(value, argument, above=0, maximum=1, error=ValueError)

@@ -1,12 +1,9 @@
 """Platform discovery: built-in backends, entry-point plugins, overrides and detection.
 
-Forcing (``ACCELPLAT_PLATFORM`` or :func:`set_current_platform`) beats a single available
-third-party platform (entry points of ``accelplat.platforms`` and :func:`register_platform`),
-which beats the built-ins, probed in ``BUILTIN_ORDER``. Every load and probe that may talk to a
-driver runs in a worker thread bounded by ``ACCELPLAT_PROBE_TIMEOUT_S``; untrusted platforms are
-also constructed there and checked against the protocol. The rules, the variables and what is
-loaded when are described in docs/writing-a-backend.md ("Registry rules"). State is guarded by
-one lock; a forked child forgets cached instances (forcing and registrations stay).
+Forcing beats a single available third-party platform, which beats the built-ins in
+``BUILTIN_ORDER``. Loads and probes that may talk to a driver (and construction of untrusted
+platforms) run in a worker thread bounded by ``ACCELPLAT_PROBE_TIMEOUT_S``; the rules are in
+docs/writing-a-backend.md ("Registry rules"). A forked child forgets cached instances.
 """
 
 from __future__ import annotations
@@ -33,13 +30,11 @@ from accelplat.errors import (
 
 ENTRY_POINT_GROUP = "accelplat.platforms"
 ENV_PLATFORM = "ACCELPLAT_PLATFORM"
-ENV_PLUGINS = "ACCELPLAT_PLUGINS"
-"""Entry-point plugins allowed to load (comma-separated; empty: none; unset: all)."""
+ENV_PLUGINS = "ACCELPLAT_PLUGINS"  # loadable plugins (comma-separated; empty: none; unset: all)
 ENV_PROBE_TIMEOUT = "ACCELPLAT_PROBE_TIMEOUT_S"
 DEFAULT_PROBE_TIMEOUT_S = 10.0
 
-BUILTIN_ORDER: tuple[str, ...] = ("cuda", "rocm", "xpu", "cpu")
-"""Order in which built-in platforms are probed when nothing is forced."""
+BUILTIN_ORDER: tuple[str, ...] = ("cuda", "rocm", "xpu", "cpu")  # probe order when not forced
 
 _BUILTINS: dict[str, str] = {
     "cuda": "accelplat._backends.cuda:CudaPlatform",
@@ -49,22 +44,19 @@ _BUILTINS: dict[str, str] = {
     "simulated": "accelplat._backends.simulated:SimulatedPlatform",
 }
 
+# Per built-in, why it is certainly absent (None: it may be present). These list directories and
+# ask the loader for a library, talking to no driver, so they run in the caller's thread first.
 _QUICK_ABSENCE: dict[str, str] = {
     "cuda": "accelplat._backends._common:cuda_absent",
     "rocm": "accelplat._backends._common:rocm_absent",
     "xpu": "accelplat._backends._common:xpu_absent",
 }
-"""Per built-in, a function saying why it is certainly absent (``None``: it may be present). It
-lists directories and asks the loader for a library, talking to no driver, so it runs in the
-caller's thread before the backend module is imported."""
 
-_IN_CALLER: frozenset[str] = frozenset({"cpu"})
-"""Built-ins loaded and probed in the caller's thread: they read host files only."""
+_IN_CALLER: frozenset[str] = frozenset({"cpu"})  # read host files only: no worker thread
 
 _NAME_RE = _validate.NAME_RE
 
-PlatformFactory = Callable[[], Any]
-"""A platform class or a zero-argument callable returning a platform instance."""
+PlatformFactory = Callable[[], Any]  # a platform class or a zero-argument factory
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +65,8 @@ class DetectionReport:
 
     Attributes:
         chosen: Name of the platform detection selects, or ``None`` when detection fails.
-        candidates: One entry per platform considered, in probe order; plugins that could not be
-            used (and discovery problems such as a malformed entry point) are listed with
-            ``available=False`` and the reason.
+        candidates: Each platform considered, in probe order; unusable plugins and discovery
+            problems (a malformed entry point) are listed with ``available=False`` and the reason.
         forced: The forced name (``ACCELPLAT_PLATFORM`` or :func:`set_current_platform`), if any.
         error: Why detection failed, when ``chosen`` is ``None``.
     """
@@ -88,23 +79,17 @@ class DetectionReport:
 
 @dataclass(slots=True)
 class _Entry:
-    """One registered platform and what is known about loading it.
-
-    ``shipped`` marks accelplat's own backends: trusted, so constructed only when chosen and
-    not evaluated against the protocol. ``ordered`` entries take part in the built-in order (a
-    built-in, or an override of one). ``absence`` names a quick absence check, ``in_caller``
-    a built-in probed without a worker thread.
-    """
+    """One registered platform and what is known about loading it."""
 
     name: str
-    shipped: bool
-    ordered: bool
+    shipped: bool  # accelplat's own: trusted, built only when chosen, not checked against protocol
+    ordered: bool  # takes part in the built-in order (a built-in, or an override of one)
     target: str | None = None
     obj: PlatformFactory | None = None
     entry_point: Any = None
     origin: str = ""
-    absence: str | None = None
-    in_caller: bool = False
+    absence: str | None = None  # a quick absence check, "module:function"
+    in_caller: bool = False  # probed without a worker thread
     loaded: PlatformFactory | None = None
     pending: threading.Thread | None = None
 
@@ -125,9 +110,6 @@ _entry_points_loaded = False
 _current: Platform | None = None
 _forced_override: str | Platform | None = None
 _instances: dict[str, Platform] = {}
-
-
-# -- names, variables -----------------------------------------------------------------------
 
 
 def _plugin_filter() -> frozenset[str] | None:
@@ -151,29 +133,19 @@ def _forced_name() -> str | None:
     return raw or None
 
 
-# -- the table of registered platforms ----------------------------------------------------------
-
-
 def _builtin_entry(name: str) -> _Entry:
-    return _Entry(
-        name,
-        shipped=True,
-        ordered=True,
-        target=_BUILTINS[name],
-        origin="built-in",
-        absence=_QUICK_ABSENCE.get(name),
-        in_caller=name in _IN_CALLER,
-    )
+    entry = _Entry(name, shipped=True, ordered=True, target=_BUILTINS[name], origin="built-in")
+    entry.absence, entry.in_caller = _QUICK_ABSENCE.get(name), name in _IN_CALLER
+    return entry
 
 
 def _may_declare_platforms() -> bool:
     """Return ``False`` only when no distribution on ``sys.path`` can declare a platform.
 
     Importing ``importlib.metadata`` costs about 27 ms, a third of detection on a CPU host, so
-    the ``entry_points.txt`` files of ``*.dist-info``/``*.egg-info`` folders are read first
-    (regular files only, bounded: a FIFO there is passed over unread). What this cannot see
-    through (an archive on ``sys.path``, a custom distribution finder, an unreadable file)
-    answers ``True``, and ``importlib.metadata`` decides.
+    the ``entry_points.txt`` of ``*.dist-info``/``*.egg-info`` folders are read first (regular
+    files only, bounded). What this cannot see through (an archive, a custom finder, an
+    unreadable file) answers ``True``, and ``importlib.metadata`` decides.
     """
     header = f"[{ENTRY_POINT_GROUP}]".encode()
     standard = {"BuiltinImporter", "FrozenImporter", "PathFinder"}
@@ -289,9 +261,6 @@ def _lookup_error(name: str) -> ConfigurationError:
     )
 
 
-# -- loading, probing, constructing ------------------------------------------------------------
-
-
 def _describe_failure(exc: BaseException) -> str:
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
@@ -356,17 +325,7 @@ def _protocol_members() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def protocol_problems(obj: object) -> tuple[str, ...]:
-    """Say how ``obj`` fails the :class:`~accelplat._platform.Platform` protocol, never raising.
-
-    Every member is read once (properties run: one that raises is a problem); types and values
-    are the conformance kit's job.
-
-    Args:
-        obj: A platform instance (not a class).
-
-    Returns:
-        One line per problem, e.g. ``"missing: memory_holders"``; empty when none.
-    """
+    """Say how instance ``obj`` fails the Platform protocol (members read once); never raises."""
     props, methods = _protocol_members()
     missing: list[str] = []
     problems: list[str] = []
@@ -435,11 +394,7 @@ def _run_bounded(entry: _Entry, work: Callable[[], _Outcome], timeout: float) ->
 
 
 def _consider(entry: _Entry, timeout: float) -> _Outcome:
-    """Load and probe one platform; every failure becomes an unavailable candidate.
-
-    The quick absence check runs first, in the caller's thread. Untrusted platforms are also
-    constructed (when their probe says available) and checked against the protocol.
-    """
+    """Load and probe one platform (untrusted ones built and checked too); failures: unavailable."""
     name, builtin = entry.name, entry.ordered
     absent = _certainly_absent(entry)
     if absent is not None:
@@ -500,16 +455,8 @@ def _instance_for(name: str, outcome: _Outcome) -> Platform:
     return instance
 
 
-# -- detection ------------------------------------------------------------------------------
-
-
 def _detect(*, exhaustive: bool) -> tuple[DetectionReport, _Outcome | None]:
-    """Apply the detection rules; return the report and the chosen outcome (or ``None``).
-
-    Raises:
-        ConfigurationError: Unknown or excluded forced name, bad timeout, several plugins.
-        PlatformNotAvailableError: A forced platform that cannot be used here.
-    """
+    """Apply the detection rules; return the report and the chosen outcome (or ``None``)."""
     timeout = _probe_timeout()
     entries = _entries()
     forced = _forced_name()
@@ -607,6 +554,7 @@ def current_platform() -> Platform:
         if _forced_override is not None and not isinstance(_forced_override, str):
             _current = _forced_override
             return _current
+        _boundary.check()  # a replay bundle that could not load: its error, not a CPU fallback
         report, outcome = _detect(exhaustive=False)
         if outcome is None or report.chosen is None:
             details = "; ".join(f"{c.name}: {c.reason}" for c in report.candidates)
@@ -696,11 +644,7 @@ def register_platform(
 
 
 def unregister_platform(name: str) -> None:
-    """Remove a platform; a built-in's name goes back to the built-in backend.
-
-    Raises:
-        ConfigurationError: If nothing is registered under ``name``.
-    """
+    """Remove a platform; a built-in's name goes back to the built-in backend."""
     global _current
     with _lock:
         if name not in _all_entries():
@@ -714,13 +658,7 @@ def unregister_platform(name: str) -> None:
 
 
 def set_current_platform(platform: str | Platform | None) -> None:
-    """Force the current platform (a name or an instance) over ``ACCELPLAT_PLATFORM``.
-
-    ``None`` undoes it.
-
-    Raises:
-        ConfigurationError: For an unknown name or an object that is not a Platform.
-    """
+    """Force the current platform (a name or an instance) over the variable; ``None`` undoes it."""
     global _forced_override, _current
     with _lock:
         if isinstance(platform, str):
@@ -766,10 +704,7 @@ def use_platform(platform: str | Platform) -> Iterator[Platform]:
 
 
 def reset() -> None:
-    """Forget the detected platform, instances, registrations and discovered plugins (tests).
-
-    A plugin probe still running in its worker thread is abandoned, not stopped.
-    """
+    """Forget detection, instances, registrations, plugins (tests); running probes are abandoned."""
     global _current, _forced_override, _entry_points_loaded
     with _lock:
         _current = None
@@ -799,13 +734,7 @@ if hasattr(os, "register_at_fork"):
 
 
 def factory_for(name: str) -> PlatformFactory:
-    """Return the loaded class or factory registered as ``name``, without probing or building it.
-
-    Unbounded: the caller (:mod:`accelplat.testing`) accepts a plugin import that hangs.
-
-    Raises:
-        ConfigurationError: For an unknown or excluded name, or a target that is not callable.
-    """
+    """Return the loaded factory registered as ``name``, unprobed and unbounded (for the kit)."""
     with _lock:
         entries = _entries()
         if name not in entries:

@@ -1,9 +1,8 @@
 """KV-cache sizing: how many bytes a request needs, and the longest one that fits.
 
-The arithmetic mirrors vLLM's paged KV cache (see ``docs/sizing.md``): per attention layer one
-page holds ``block_size`` tokens of keys and values, and a request of ``max_model_len`` tokens
-needs ``ceil(max_model_len / block_size)`` pages in every layer. :func:`check_kv_cache_fits`
-raises the engine's start-up complaint before an expensive start-up.
+The arithmetic mirrors vLLM's paged KV cache (``docs/sizing.md``): per attention layer a page
+holds ``block_size`` tokens of keys and values, and a request needs ``ceil(max_model_len /
+block_size)`` pages in every layer. :func:`check_kv_cache_fits` raises the engine's complaint.
 """
 
 from __future__ import annotations
@@ -14,47 +13,28 @@ from accelplat import _validate
 from accelplat._util import gib_digits
 from accelplat.errors import ConfigurationError, KVCacheTooSmallError
 
+_MAX_BITS = 2000  # each count below 2**2000 keeps every figure in a message printable
+
 _DTYPE_BYTES: dict[str, int] = {
     **dict.fromkeys(("float64", "fp64", "f64", "double"), 8),
     **dict.fromkeys(("float32", "fp32", "f32", "float", "int32"), 4),
     **dict.fromkeys(("bfloat16", "bf16", "float16", "fp16", "f16", "half", "int16"), 2),
-    **dict.fromkeys(
-        (
-            "fp8",
-            "fp8_e4m3",
-            "fp8_e5m2",
-            "fp8_inc",
-            "float8_e4m3fn",
-            "float8_e4m3fnuz",
-            "float8_e5m2",
-            "float8_e5m2fnuz",
-            "int8",
-            "uint8",
-        ),
-        1,
-    ),
+    **dict.fromkeys(("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "int8", "uint8"), 1),
+    **dict.fromkeys(("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"), 1),
 }
 
 
 def dtype_bytes(dtype: str) -> int:
-    """Return the bytes per element of a dtype name.
+    """Return the bytes per element (1, 2, 4 or 8) of a dtype name.
 
     Args:
-        dtype: A name as torch, vLLM's ``--dtype`` / ``--kv-cache-dtype`` or common shorthand
-            spell it, case-insensitive, with or without ``torch.``: ``"bf16"``, ``"bfloat16"``,
-            ``"fp16"``, ``"float16"``, ``"half"``, ``"fp32"``, ``"float32"``, ``"float"``,
-            ``"fp8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"float8_e4m3fn"``, ``"int8"``,
-            ``"fp64"`` …
-
-    Returns:
-        1, 2, 4 or 8.
+        dtype: As torch, vLLM or shorthand spell it, any case: ``"bf16"``, ``"torch.half"`` …
 
     Raises:
-        ConfigurationError: For ``"auto"`` (the model's dtype: pass it explicitly), a sub-byte
-            type, or an unknown name; the message lists the accepted names.
+        ConfigurationError: For ``"auto"`` (pass the model's dtype), a sub-byte or unknown name.
     """
     if not isinstance(dtype, str):
-        raise ConfigurationError(f"dtype must be a str such as 'bf16', got {dtype!r}")
+        raise ConfigurationError(f"dtype must be a str such as 'bf16', got {dtype!r:.200}")
     key = dtype.strip().lower().removeprefix("torch.")
     if key in _DTYPE_BYTES:
         return _DTYPE_BYTES[key]
@@ -64,7 +44,7 @@ def dtype_bytes(dtype: str) -> int:
             "pass it explicitly (e.g. 'bf16')"
         )
     raise ConfigurationError(
-        f"unknown dtype {dtype!r}; accepted: {', '.join(sorted(_DTYPE_BYTES))}"
+        f"unknown dtype {dtype!r:.200}; accepted: {', '.join(sorted(_DTYPE_BYTES))}"
     )
 
 
@@ -78,12 +58,11 @@ class KVCacheShape:
         head_size: Width of a key head (for MLA: the latent width, e.g. 512 + 64).
         dtype_bytes: Bytes per element of the KV cache, or a dtype name (``"bf16"``).
         block_size: Tokens per page (vLLM's ``--block-size``, default 16).
-        head_size_v: Width of a value head; ``None`` means ``head_size``, ``0`` for MLA (one
-            latent vector per token).
+        head_size_v: Width of a value head; ``None``: ``head_size``; ``0`` for MLA.
 
     Raises:
-        ConfigurationError: For a field that is not an int ``>= 1`` (``head_size_v >= 0``;
-            ``bool`` rejected) or an unknown dtype name, naming it.
+        ConfigurationError: For a field not an int ``>= 1`` (``head_size_v``: ``>= 0``) below
+            ``2**2000``, or an unknown dtype name, naming it.
     """
 
     num_layers: int
@@ -94,18 +73,16 @@ class KVCacheShape:
     head_size_v: int | None = None
 
     def __post_init__(self) -> None:
-        _int_arg(self.num_layers, "num_layers", minimum=1)
-        _int_arg(self.num_kv_heads, "num_kv_heads", minimum=1)
-        _int_arg(self.head_size, "head_size", minimum=1)
+        for name in ("num_layers", "num_kv_heads", "head_size", "block_size"):
+            _count(getattr(self, name), name, minimum=1)
         if self.head_size_v is not None:
-            _int_arg(self.head_size_v, "head_size_v", minimum=0)
-        _int_arg(self.block_size, "block_size", minimum=1)
+            _count(self.head_size_v, "head_size_v", minimum=0)
         self._element_bytes()
 
     def _element_bytes(self) -> int:
         if isinstance(self.dtype_bytes, str):
             return dtype_bytes(self.dtype_bytes)
-        return _int_arg(self.dtype_bytes, "dtype_bytes", minimum=1)
+        return _count(self.dtype_bytes, "dtype_bytes", minimum=1)
 
     @property
     def page_bytes(self) -> int:
@@ -115,23 +92,23 @@ class KVCacheShape:
 
     def bytes_for(self, max_model_len: int) -> int:
         """Return ``num_layers × ceil(max_model_len / block_size) × page_bytes``."""
-        length = _int_arg(max_model_len, "max_model_len", minimum=1)
+        length = _count(max_model_len, "max_model_len", minimum=1)
         pages = -(-length // self.block_size)  # ceil without floats
         return self.num_layers * pages * self.page_bytes
 
     def longest_that_fits(self, available_bytes: int) -> int:
-        """Return the longest request length whose cache fits (a multiple of ``block_size``).
-
-        Every length in ``((p − 1) × block_size, p × block_size]`` needs ``p`` pages per layer,
-        so the longest is ``p × block_size`` for the largest ``p`` whose pages fit; ``0`` when
-        not even one page per layer does.
-        """
-        available = _int_arg(available_bytes, "available_bytes", minimum=0)
+        """Return the longest request whose cache fits: whole pages, ``0`` when not even one."""
+        available = _count(available_bytes, "available_bytes", minimum=0)
         return (available // (self.num_layers * self.page_bytes)) * self.block_size
 
 
-def _int_arg(value: object, argument: str, *, minimum: int) -> int:
-    return _validate.integer(value, argument, minimum=minimum)
+def _count(value: object, argument: str, *, minimum: int) -> int:
+    number = _validate.integer(value, argument, minimum=minimum)
+    if number.bit_length() > _MAX_BITS:
+        raise ConfigurationError(
+            f"{argument} must be an int below 2**{_MAX_BITS}, got one of {number.bit_length()} bits"
+        )
+    return number
 
 
 def kv_cache_page_bytes(
@@ -142,21 +119,7 @@ def kv_cache_page_bytes(
     block_size: int = 16,
     head_size_v: int | None = None,
 ) -> int:
-    """Return the bytes of one KV-cache page (``block_size`` tokens) of one layer.
-
-    Args:
-        num_kv_heads: Key/value heads per layer (see :class:`KVCacheShape`).
-        head_size: Width of a key head.
-        dtype_bytes: Bytes per element, or a dtype name for :func:`dtype_bytes`.
-        block_size: Tokens per page.
-        head_size_v: Width of a value head; ``None`` means ``head_size``, ``0`` for MLA.
-
-    Returns:
-        ``num_kv_heads × block_size × (head_size + head_size_v) × dtype_bytes``.
-
-    Raises:
-        ConfigurationError: For an argument that is not an int ``>= 1`` (``head_size_v >= 0``).
-    """
+    """Return the bytes of one KV-cache page (:attr:`KVCacheShape.page_bytes`)."""
     return KVCacheShape(1, num_kv_heads, head_size, dtype_bytes, block_size, head_size_v).page_bytes
 
 
@@ -170,28 +133,12 @@ def kv_cache_bytes(
     block_size: int = 16,
     head_size_v: int | None = None,
 ) -> int:
-    """Return the KV-cache bytes one request of ``max_model_len`` tokens needs.
+    """Return the KV-cache bytes one request of ``max_model_len`` tokens (prompt and output) needs.
 
-    Args:
-        num_layers: Attention layers that keep a KV cache (see :class:`KVCacheShape`).
-        num_kv_heads: Key/value heads per layer.
-        head_size: Width of a key head.
-        max_model_len: Tokens of the request (prompt and output).
-        dtype_bytes: Bytes per element of the KV cache, or a dtype name (``"bf16"``).
-        block_size: Tokens per page.
-        head_size_v: Width of a value head; ``None`` means ``head_size``, ``0`` for MLA.
-
-    Returns:
-        ``num_layers × ceil(max_model_len / block_size) × page_bytes``.
+    ``num_layers × ceil(max_model_len / block_size) × page_bytes``; see :class:`KVCacheShape`.
 
     Raises:
-        ConfigurationError: For an argument that is not a positive int (``bool`` rejected),
-            naming it.
-
-    Example:
-        >>> kv_cache_bytes(num_layers=32, num_kv_heads=8, head_size=128,
-        ...                max_model_len=8192, dtype_bytes=2) == 1024**3
-        True
+        ConfigurationError: For a bad argument, naming it.
     """
     shape = KVCacheShape(num_layers, num_kv_heads, head_size, dtype_bytes, block_size, head_size_v)
     return shape.bytes_for(max_model_len)
@@ -207,25 +154,14 @@ def max_model_len_that_fits(
     block_size: int = 16,
     head_size_v: int | None = None,
 ) -> int:
-    """Return the longest request whose KV cache fits in ``available_bytes``.
+    """Return the longest request whose KV cache fits in ``available_bytes`` (an int ``>= 0``).
 
-    Args:
-        available_bytes: Bytes available for the KV cache (int ``>= 0``).
-        num_layers: Attention layers that keep a KV cache (see :class:`KVCacheShape`).
-        num_kv_heads: Key/value heads per layer.
-        head_size: Width of a key head.
-        dtype_bytes: Bytes per element, or a dtype name.
-        block_size: Tokens per page.
-        head_size_v: Width of a value head; ``None`` means ``head_size``, ``0`` for MLA.
-
-    Returns:
-        ``floor(available_bytes / (num_layers × page_bytes)) × block_size`` (a length needs whole
-        pages); ``0`` when not even one page per layer fits.
+    ``floor(available_bytes / (num_layers × page_bytes)) × block_size``; ``0``: not one page.
 
     Raises:
         ConfigurationError: For a bad argument, naming it.
     """
-    available = _int_arg(available_bytes, "available_bytes", minimum=0)
+    available = _count(available_bytes, "available_bytes", minimum=0)
     shape = KVCacheShape(num_layers, num_kv_heads, head_size, dtype_bytes, block_size, head_size_v)
     return shape.longest_that_fits(available)
 
@@ -243,28 +179,16 @@ def check_kv_cache_fits(
 ) -> int:
     """Check that one request of ``max_model_len`` tokens fits, as the engine checks at start.
 
-    Args:
-        available_bytes: Bytes available for the KV cache (int ``>= 0``): device memory ×
-            utilization, less weights, activations and graph reservations.
-        num_layers: Attention layers that keep a KV cache (see :class:`KVCacheShape`).
-        num_kv_heads: Key/value heads per layer.
-        head_size: Width of a key head.
-        max_model_len: Tokens of the request.
-        dtype_bytes: Bytes per element, or a dtype name.
-        block_size: Tokens per page.
-        head_size_v: Width of a value head; ``None`` means ``head_size``, ``0`` for MLA.
+    ``available_bytes`` is device memory × utilization, less weights, activations and graphs.
 
     Returns:
         The bytes needed (:func:`kv_cache_bytes`), when they fit.
 
     Raises:
-        KVCacheTooSmallError: An :class:`~accelplat.errors.InsufficientMemoryError` worded like
-            the engine's: ``"… (X GiB KV cache is needed, which is larger than the available
-            KV cache memory (Y GiB). Based on the available memory, the estimated maximum model
-            length is M. …"``
+        KVCacheTooSmallError: An ``InsufficientMemoryError`` worded like the engine's.
         ConfigurationError: For a bad argument, naming it.
     """
-    available = _int_arg(available_bytes, "available_bytes", minimum=0)
+    available = _count(available_bytes, "available_bytes", minimum=0)
     shape = KVCacheShape(num_layers, num_kv_heads, head_size, dtype_bytes, block_size, head_size_v)
     needed = shape.bytes_for(max_model_len)
     if needed <= available:

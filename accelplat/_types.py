@@ -1,8 +1,7 @@
 """Value types shared by every layer of accelplat: devices, memory, holders, probe outcomes.
 
-All sizes are in bytes and all durations in seconds. Every type is a frozen dataclass, so values
-can be shared between threads, cached and compared freely. This module imports nothing from the
-rest of the package.
+Sizes are in bytes, durations in seconds; every type is a frozen dataclass (shared between
+threads, cached, compared freely). This module imports nothing from the rest of the package.
 """
 
 from __future__ import annotations
@@ -13,10 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 MIB = 1024**2
-"""Bytes in one mebibyte."""
-
 GIB = 1024**3
-"""Bytes in one gibibyte."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,11 +21,9 @@ class MemoryInfo:
 
     Attributes:
         free: Bytes a new allocation could still obtain.
-        total: Bytes usable by applications (for NVIDIA: the NVML total less the driver's
-            reserved memory, which equals what ``torch.cuda.mem_get_info`` calls total).
+        total: Bytes usable by applications (NVIDIA: NVML's total less reserved, as torch's).
         used: Bytes held by applications and their contexts.
-        reserved: Bytes the driver or firmware keeps for itself and never hands out; ``0`` where
-            the vendor does not report it.
+        reserved: Bytes the driver or firmware keeps and never hands out; ``0`` where unreported.
         source: Where the figures came from, e.g. ``"nvml-v2"``, ``"sysfs"``, ``"cgroup-v2"``.
     """
 
@@ -53,17 +47,12 @@ class DeviceInfo:
 
     Attributes:
         index: The visible (logical) index, as torch numbers devices in this process.
-        physical_index: The index the vendor's management library uses (NVML, sysfs card,
-            Level Zero), after the visible-devices variable has been applied.
+        physical_index: The index the vendor's management library (NVML, sysfs, Level Zero) uses.
         name: Marketing name as the vendor reports it.
         uuid: Stable identifier where the vendor has one (``GPU-…``, ``MIG-…``), else ``None``.
         pci_bus_id: PCI bus address (``0000:3b:00.0``) where known, else ``None``.
-        arch: Hardware architecture as its vendor's compilers name it: ``"sm_90"`` (NVIDIA),
-            ``"gfx942"`` (AMD), an Intel GPU architecture (``"pvc"``, ``"bmg"``), or the
-            CPU's instruction set (``"x86_64"``, ``"aarch64"``); ``None`` where it could not be
-            read. Read without a device context.
-        compute_capability: ``(major, minor)`` of an NVIDIA GPU (``(9, 0)`` on an H100/H200),
-            ``None`` on every other platform or where unknown.
+        arch: As compilers name it (``"sm_90"``, ``"gfx942"``, ``"pvc"``, ``"x86_64"``) or ``None``.
+        compute_capability: ``(major, minor)`` of an NVIDIA GPU (``(9, 0)``: H100), else ``None``.
     """
 
     index: int
@@ -76,12 +65,7 @@ class DeviceInfo:
 
     @property
     def stable_id(self) -> str | None:
-        """An identity that no visible-devices variable or enumeration order can change.
-
-        Returns:
-            The UUID where the vendor has one, else the PCI bus address, else ``None`` (then
-            only ``physical_index`` identifies the device, which is stable for one machine).
-        """
+        """An identity no visible-devices variable changes: UUID, else PCI address, else None."""
         return self.uuid or self.pci_bus_id or None
 
 
@@ -89,9 +73,7 @@ class DeviceInfo:
 class FeatureRule:
     """One condition under which a platform's device has a built-in capability, as data.
 
-    A backend lists, per capability name, the rules under which its devices have it (its
-    ``FEATURES`` table); the first rule a device meets decides, and a device that meets none
-    lacks it. All set conditions must hold; a rule with none holds for every device.
+    In a backend's ``FEATURES``, the first rule a device meets decides (none met: it lacks it).
 
     Attributes:
         min_compute_capability: Lowest NVIDIA compute capability, e.g. ``(8, 9)``.
@@ -111,12 +93,10 @@ class ReleaseProfile:
     """How a platform gives device memory back, used by the settle algorithm as data.
 
     Attributes:
-        lazy: ``True`` when memory returns some time after the holder released it (ROCm's
-            deferred teardown, Level Zero's deferred frees), so the next user must wait.
+        lazy: ``True`` when memory returns some time after its release (ROCm, Level Zero).
         stable_duration_s: How long usage must stay within tolerance before it counts as settled.
         settle_timeout_s: Default time limit for a settle wait.
-        idle_floor_bytes: Usage an idle device never drops below (firmware, display, runtime); a
-            ratio threshold below this is raised to it.
+        idle_floor_bytes: Usage an idle device never drops below; lower thresholds are raised.
 
     Raises:
         ValueError: For a negative or non-finite duration, or a negative floor.
@@ -140,10 +120,7 @@ class ReleaseProfile:
 
 @dataclass(frozen=True, slots=True)
 class GraphSupport:
-    """Whether the platform can capture and replay device graphs.
-
-    This is *capability*, decided from installed versions without importing torch. Whether an
-    engine has graphs *enabled* (vLLM's ``enforce_eager``) is a separate question.
+    """Whether the platform can capture and replay device graphs (not whether an engine does).
 
     Attributes:
         available: ``True`` when graph capture can work here.
@@ -192,15 +169,10 @@ class HolderState(str, enum.Enum):
     """What is known about a process that holds device memory."""
 
     SELF = "self"
-    """The calling process itself."""
-    CHILD = "child"
-    """A live descendant of the calling process."""
+    CHILD = "child"  # a live descendant of the calling process
     ALIVE = "alive"
-    """Some other live process."""
-    ZOMBIE = "zombie"
-    """Exited but not yet reaped; its memory may still be held."""
-    GONE = "gone"
-    """No such process any more (the driver still lists it, or its pid is in another namespace)."""
+    ZOMBIE = "zombie"  # exited, not yet reaped: its memory may still be held
+    GONE = "gone"  # the driver still lists it, or its pid is in another namespace
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,8 +200,7 @@ class UsageSnapshot:
         timestamp: ``time.monotonic()`` when the sample was taken.
         wall_time: ``time.time()`` of the same moment, for logs.
         memory: Per visible device index, its ``MemoryInfo``.
-        holders: Per visible device index, the processes holding memory there; a device missing
-            from this mapping means the vendor cannot tell. Empty when not given.
+        holders: Per visible device index, the processes holding memory (missing: cannot tell).
     """
 
     timestamp: float
@@ -258,10 +229,8 @@ class SettleResult:
         polls: Number of samples taken, the first included.
         snapshot: The last sample, which met the target.
         already_settled: ``True`` when the first sample met the target and no waiting happened.
-        targets: Per device, the usage in bytes at or below which it counts as clear; empty
-            when not given.
-        raised_targets: The targets the platform's idle floor raised above what the thresholds
-            asked for, per device (a subset of ``targets``).
+        targets: Per device, the usage in bytes at or below which it counts as clear.
+        raised_targets: The ``targets`` the platform's idle floor raised, per device.
     """
 
     waited_s: float

@@ -9,10 +9,9 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Clock(Protocol):
-    """A source of monotonic time that can also sleep (a virtual clock's ``sleep`` advances it).
+    """Monotonic time that can also sleep (a virtual clock's ``sleep`` advances it).
 
-    A clock may also offer ``time() -> float`` (seconds since the epoch) for
-    :attr:`~accelplat.types.UsageSnapshot.wall_time`; without it :func:`time.time` is used.
+    It may also offer ``time()`` (epoch seconds) for ``UsageSnapshot.wall_time``, else time.time.
     """
 
     def monotonic(self) -> float:
@@ -45,20 +44,12 @@ class RealClock:
 
 
 REAL_CLOCK: Clock = RealClock()
-"""The process's real clock."""
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 def format_bytes(n: int | float | None) -> str:
-    """Format a byte count with a binary unit, e.g. ``format_bytes(1536 * 1024**2) == "1.50 GiB"``.
-
-    Args:
-        n: Bytes; ``None`` or a non-finite value formats as ``"?"``.
-
-    Returns:
-        The count with two decimals in the largest unit that keeps it ≥ 1 (bytes are whole).
-    """
+    """Format bytes with a binary unit (``"1.50 GiB"``, ``"12 B"``); None or non-finite: ``"?"``."""
     if n is None or not math.isfinite(n):
         return "?"
     sign = "-" if n < 0 else ""
@@ -80,18 +71,10 @@ def gib_digits(n: int) -> str:
 
 
 def printable(text: object, *, keep_newlines: bool = False) -> str:
-    r"""Return ``text`` safe to show on a terminal: control characters escaped, as ``repr`` does.
+    r"""Return ``str(text)`` safe for a terminal: non-printables escaped as ``repr`` does.
 
     A device, process or driver name can hold escape sequences (``"\x1b]0;…"`` retitles a
-    terminal) or bidirectional overrides. Every character Python does not call printable is
-    written as its escape: ``\x1b``, ``\u202e``.
-
-    Args:
-        text: What to show (``str()`` is applied first).
-        keep_newlines: Keep ``"\n"`` as a line break (for multi-line messages).
-
-    Returns:
-        The text, unchanged when it was already printable.
+    terminal) or bidirectional overrides; ``keep_newlines`` keeps ``"\n"`` as a line break.
     """
     shown = str(text)
     if shown.isprintable():
@@ -109,3 +92,12 @@ def printable(text: object, *, keep_newlines: bool = False) -> str:
         else:
             out.append(f"\\U{code:08x}")
     return "".join(out)
+
+
+def shorten(text: object, limit: int = 200) -> str:
+    """Return ``text`` cut to ``limit`` characters and ``… (N characters)`` when it is longer.
+
+    For values echoed in messages: an environment variable can hold 100 KB.
+    """
+    shown = str(text)
+    return shown if len(shown) <= limit else f"{shown[:limit]}… ({len(shown)} characters)"

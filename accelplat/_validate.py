@@ -1,12 +1,9 @@
 """The one module that checks numbers, sizes and fields that come from users or untrusted files.
 
-* **Numbers** (:func:`number`, :func:`integer` and the shorthands :func:`duration`,
-  :func:`byte_count`, :func:`ratio`, :func:`byte_int`): one rule (``bool`` is never a number;
-  NaN, infinities and ints beyond any float are refused) and one message shape,
-  ``"<argument> must be <expected>, got <value>"``; the caller may say which error class to raise.
-* **Sizes** written as text: :func:`parse_size`, the one size grammar (docs/concepts.md, "Sizes").
-* **Fields of untrusted JSON documents** (traces, simulated specs, capture bundles):
-  :class:`JsonFields` names each bad field by its path (``tests[3].end``).
+Numbers (:func:`number`, :func:`integer` and shorthands): ``bool``, NaN, infinities and ints beyond
+any float are refused, worded ``"<argument> must be <expected>, got <value>"``. Sizes as text:
+:func:`parse_size`, the one size grammar. Fields of untrusted JSON documents: :class:`JsonFields`
+names each bad field by its path (``tests[3].end``).
 """
 
 from __future__ import annotations
@@ -17,13 +14,12 @@ import re
 from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any, Literal, SupportsFloat, TypeGuard
 
+from accelplat._util import shorten
 from accelplat.errors import ConfigurationError, DeviceNotFoundError
 
-ErrorType = Callable[[str], Exception]
-"""What a check raises: an exception class (or factory) taking the message."""
+ErrorType = Callable[[str], Exception]  # an exception class (or factory) taking the message
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-"""A platform or capability name: lower case letters, digits, ``_ . -``; at most 64 characters."""
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")  # a platform or capability name
 
 
 def _is_real(value: object) -> TypeGuard[SupportsFloat]:
@@ -46,7 +42,7 @@ def _must(argument: str, expected: str, shown: str) -> str:
 def _shown(value: object) -> str:
     if isinstance(value, int) and value.bit_length() >= 4000:
         return "an int of more than 1200 digits"  # an int of more than 4300 digits has no repr
-    return repr(value)
+    return shorten(repr(value))  # a variable can hold 100 KB: echo a bounded part
 
 
 def _range_words(minimum: float | None, maximum: float | None, above: float | None) -> str:
@@ -80,29 +76,10 @@ def number(
     from_text: bool = False,
     error: ErrorType = ConfigurationError,
 ) -> float:
-    """Return ``value`` as a float if it is a finite real number in the given range.
+    """Return ``value`` as a float, raising ``error`` unless it is a finite real number in range.
 
-    The message names the condition that failed: ``"timeout_s must be a number, got 'x'"``,
-    ``"… must be finite, got nan"``, ``"… must be in (0, 1], got 2"``.
-
-    Args:
-        value: A real number (``bool`` refused); with ``from_text``, text to parse.
-        argument: Its name, for the message (``""``: the message starts with ``expected``).
-        minimum: Smallest accepted value (inclusive).
-        maximum: Largest accepted value (inclusive).
-        above: Exclusive lower bound.
-        expected: Words for what is accepted, replacing the three above, only where the caller
-            accepts more than a number (``"'auto' or seconds >= 0"``).
-        from_text: ``value`` is text from an option or an environment variable: parsed as a
-            Python ``float`` literal (blanks around it ignored), quoted as given in the message.
-        error: The exception class to raise.
-
-    Returns:
-        The number as a float.
-
-    Raises:
-        ConfigurationError: (or ``error``) For a non-number, NaN, an infinity, an int beyond
-            any float or a value out of range.
+    ``above`` is an exclusive lower bound; ``expected`` replaces the range's words where the caller
+    accepts more than a number; ``from_text`` parses text as a ``float`` literal.
     """
     shown = _shown(value)
     if from_text:
@@ -134,27 +111,9 @@ def integer(
     from_text: bool = False,
     error: ErrorType = ConfigurationError,
 ) -> int:
-    """Return ``value`` if it is an ``int`` (``bool`` and floats refused) in range.
+    """Return ``value`` if it is an ``int`` in range (not ``bool``, not a float), else raise.
 
-    The message is ``"<argument> must be an int <range>, got <value>"``; a value of another
-    type is shown with its type (``"got float 128.0"``).
-
-    Args:
-        value: The value to check.
-        argument: Its name, for the message (``""``: the message starts with ``expected``).
-        minimum: Smallest accepted value (inclusive).
-        maximum: Largest accepted value (inclusive).
-        expected: Words for what is accepted, replacing ``"an int <range>"``, only where the
-            caller accepts more than an int.
-        from_text: ``value`` is text from an option: ASCII digits only (no sign, at most 18),
-            blanks around them ignored, quoted as given in the message.
-        error: The exception class to raise.
-
-    Returns:
-        The int.
-
-    Raises:
-        ConfigurationError: (or ``error``) For a non-int or a value out of range.
+    ``from_text``: text of at most 18 ASCII digits (no sign), blanks around them ignored.
     """
     words = expected or f"an int {_range_words(minimum, maximum, None)}".rstrip()
     if from_text:
@@ -165,75 +124,39 @@ def integer(
             raise error(_must(argument, words, repr(value)))
         return int(text)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise error(_must(argument, words, f"{type(value).__name__} {value!r}"))
+        raise error(_must(argument, words, f"{type(value).__name__} {_shown(value)}"))
     if not _in_range(value, minimum, maximum, None):
         raise error(_must(argument, words, _shown(value)))
     return value
 
 
 def finite_number(value: object, argument: str) -> float:
-    """Return ``value`` as a finite float (``bool`` refused).
-
-    Raises:
-        ConfigurationError: Naming ``argument``.
-    """
+    """Return ``value`` as a finite float (``bool`` refused)."""
     return number(value, argument)
 
 
 def duration(value: object, argument: str) -> float:
-    """Return a finite number of seconds ``>= 0``.
-
-    Raises:
-        ConfigurationError: Naming ``argument``.
-    """
+    """Return a finite number of seconds ``>= 0``."""
     return number(value, argument, minimum=0)
 
 
 def byte_count(value: object, argument: str) -> int:
-    """Return a finite number of bytes ``>= 0``, a float rounded down.
-
-    Raises:
-        ConfigurationError: Naming ``argument``.
-    """
+    """Return a finite number of bytes ``>= 0``, a float rounded down."""
     return math.floor(number(value, argument, minimum=0))
 
 
 def ratio(value: object, argument: str) -> float:
-    """Return a fraction in ``[0, 1]``.
-
-    Raises:
-        ConfigurationError: Naming ``argument``.
-    """
+    """Return a fraction in ``[0, 1]``."""
     return number(value, argument, minimum=0, maximum=1)
 
 
 def byte_int(value: object, argument: str, *, positive: bool = False) -> int:
-    """Return an exact ``int`` number of bytes, ``>= 0`` (or ``> 0``); floats are refused.
-
-    Raises:
-        ConfigurationError: Naming ``argument``, for a non-int (``bool`` included) or a value
-            out of range.
-    """
+    """Return an exact ``int`` number of bytes, ``>= 0`` (or ``> 0``); floats are refused."""
     return integer(value, argument, minimum=1 if positive else 0)
 
 
 def device_index(value: object, count: int, platform: str) -> int:
-    """Return ``value`` as the index of one of ``count`` visible devices.
-
-    Any integer type (``operator.index``: numpy integers too) is accepted; ``bool`` is not.
-
-    Args:
-        value: The index a caller passed.
-        count: How many devices are visible.
-        platform: The platform's name, for the error.
-
-    Returns:
-        The index as an ``int`` in ``range(count)``.
-
-    Raises:
-        DeviceNotFoundError: For a non-integer or an index out of range (also an
-            ``IndexError``).
-    """
+    """Return ``value`` (any integer type but ``bool``) as an index in ``range(count)``."""
     if not isinstance(value, bool):
         try:
             index = operator.index(value)  # type: ignore[arg-type]
@@ -253,12 +176,10 @@ _UNITS: dict[str, int] = {
     **{p + "b": 1000**i for i, p in enumerate("kmgtp", 1)},
 }
 
+# ASCII digits, an optional fraction, an optional unit; no sign, no exponent. Compiled by
+# re.match on first use (the size grammar is not on the detection path).
 _SIZE = r"^[ \t]*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)[ \t]*([A-Za-z]*)[ \t]*$"
-"""ASCII digits, an optional fraction, an optional unit; no sign, no exponent. Compiled by
-:func:`re.match` on first use (the size grammar is not on the detection path)."""
-
-_MAX_SIZE_DIGITS = 1000
-"""Most digits :func:`parse_size` reads (far beyond any real size; bounds the work it does)."""
+_MAX_SIZE_DIGITS = 1000  # far beyond any real size; bounds the work
 
 
 def parse_size(
@@ -270,31 +191,26 @@ def parse_size(
 ) -> int:
     """Parse a byte size such as ``"4GiB"``, ``"512MiB"``, ``"1.5G"``, ``"8GB"`` or ``"100B"``.
 
-    The one size grammar (docs/concepts.md, "Sizes"): ASCII digits with an optional fraction,
-    then a unit, case-insensitive, with or without a blank: binary ``K``/``Ki``/``KiB`` (2**10)
-    up to ``P``/``Pi``/``PiB`` (a bare letter is binary, as ``docker --shm-size 2g`` reads it),
-    decimal ``KB`` (10**3) up to ``PB`` (``"24GB"`` is 24 * 10**9 bytes, as vLLM's
-    ``large_gpu_mark(min_gb)`` counts), or ``B``. Text without a unit is refused unless it is
-    ``"0"``; an ``int`` is bytes. Fractions are rounded down to whole bytes.
+    Units are case-insensitive: binary ``K``/``Ki``/``KiB`` up to ``PiB`` (a bare letter is
+    binary, as docker's ``--shm-size 2g``), decimal ``KB`` up to ``PB`` (``"24GB"`` is 24 * 10**9,
+    as vLLM's ``large_gpu_mark`` counts), or ``B``; fractions round down (docs/concepts.md).
 
     Args:
         value: The text, or a non-negative ``int`` of bytes.
         argument: The name used in error messages (e.g. ``"--available"``).
-        maximum: The largest size accepted; ``None``: no bound (the result is exact).
-        bare_bytes: Accept text without a unit as bytes, for an option documented as a
-            number of bytes (``--dtype 2``).
+        maximum: The largest size accepted; ``None``: no bound.
+        bare_bytes: Accept text without a unit as bytes (otherwise only ``"0"`` may omit it).
 
     Returns:
         Bytes, ``>= 0``.
 
     Raises:
-        ConfigurationError: Naming ``argument``, for a negative or malformed value, text
-            without a unit, more than 1000 digits, or a size above ``maximum``.
+        ConfigurationError: For a malformed value, no unit, over 1000 digits, or above ``maximum``.
     """
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigurationError(
             f"{argument} must be a size such as '4GiB' or an int of bytes, "
-            f"got {type(value).__name__} {value!r}"
+            f"got {type(value).__name__} {_shown(value)}"
         )
     if isinstance(value, int):
         size = integer(value, argument, minimum=0)
@@ -304,7 +220,7 @@ def parse_size(
         if m is None or (unit and unit not in _UNITS):
             raise ConfigurationError(
                 f"{argument} must be a non-negative size: a number with a unit ('4GiB', "
-                f"'512MiB', '1.5G', '8GB', '100B'); got {value!r}"
+                f"'512MiB', '1.5G', '8GB', '100B'); got {_shown(value)}"
             )
         whole, _, fraction = str(m.group(1)).partition(".")
         whole = whole.lstrip("0")
@@ -330,23 +246,9 @@ def parse_size(
 class JsonFields:
     """Type and range checks for the fields of one kind of untrusted JSON (or TOML) document.
 
-    Every failure is a :class:`~accelplat.errors.ConfigurationError` naming the field by its
-    path, worded ``"<prefix> <path>: expected <what>, got <value>"`` or, with
-    ``wording="must be"``, ``"<path> must be <what>, got <value>"``; the value is shortened to
-    60 characters.
-
-    Args:
-        prefix: How the document names its fields, e.g. ``"trace field"`` (may be empty).
-        max_items: Default bound on array lengths.
-        max_text: Bound on string lengths.
-        wording: Which of the two message forms above the document's errors use.
-        object_noun: The document's word for an object (``"a table/object"`` where TOML is
-            read too).
-        array_noun: The document's word for an array.
-        error_type: Builds the error from the field's path and the words describing the
-            problem, for documents with their own error type (a capture bundle's
-            :class:`~accelplat.errors.BundleError`); by default a ``ConfigurationError``
-            worded as above.
+    Each failure names the field by its path: ``"<prefix> <path>: expected <what>, got <value>"``
+    or (``wording="must be"``) ``"<path> must be <what>, got <value>"``. ``error_type`` builds the
+    error from path and words, for documents with their own (a bundle's ``BundleError``).
     """
 
     def __init__(
@@ -391,21 +293,14 @@ class JsonFields:
         allowed: Set[str] | None = None,
         required: Set[str] = frozenset(),
     ) -> Mapping[str, Any]:
-        """Return ``value`` if it is an object whose keys are all ``allowed`` and ``required``.
-
-        Args:
-            value: The field.
-            where: Its path.
-            allowed: The keys it may have (``None``: any key).
-            required: The keys it must have.
-        """
+        """Return ``value`` if it is an object of ``allowed`` keys (None: any) with ``required``."""
         if not isinstance(value, Mapping):
             raise self.error(where, self.object_noun, value)
         if allowed is not None:
             for key in value:
                 if not isinstance(key, str) or key not in allowed:
                     names = ", ".join(sorted(allowed))
-                    raise self.problem(where, f"unknown key {key!r} (allowed: {names})")
+                    raise self.problem(where, f"unknown key {_shown(key)} (allowed: {names})")
         for key in sorted(required):
             if key not in value:
                 raise self.problem(where, f"missing required key {key!r}")

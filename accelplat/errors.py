@@ -2,7 +2,7 @@
 
 Errors a caller may already catch under a builtin name keep that name too; vendor exceptions are
 wrapped in :class:`BackendError`, which names the vendor error and keeps it as ``__cause__``.
-Every error pickles (a test run in a child process sends it back to the parent)::
+Every error pickles (a test run in a child process sends it back)::
 
     AccelplatError
     ├── ConfigurationError (ValueError)
@@ -26,6 +26,8 @@ Every error pickles (a test run in a child process sends it back to the parent):
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from accelplat import _util
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -104,7 +106,8 @@ class DeviceNotFoundError(AccelplatError, IndexError):
     def __init__(self, device: object, count: int, platform: str) -> None:
         valid = f"0..{count - 1}" if count > 0 else "none: no device is visible"
         super().__init__(
-            f"device {device!r} is not a visible {platform} device (valid indices: {valid})"
+            f"device {_util.shorten(repr(device))} is not a visible {platform} device "
+            f"(valid indices: {valid})"
         )
         self.device = device
         self.count = count
@@ -134,8 +137,7 @@ class ImplausibleReadingError(BackendError):
     Attributes:
         platform: The platform whose backend read them.
         where: What was read (the device).
-        reason: What is impossible, e.g. ``"free is above 8 EiB (a wrapped-around unsigned
-            counter)"``.
+        reason: What is impossible, e.g. ``"free is above 8 EiB (a wrapped-around counter)"``.
         figures: Every figure read, by name (``free``, ``total``, ``used``, ``reserved``).
         source: The memory source that gave them (``MemoryInfo.source``).
         vendor_error: ``"implausible reading"``.
@@ -159,9 +161,7 @@ class ImplausibleReadingError(BackendError):
 class UnreadableFileError(AccelplatError, OSError):
     """A file accelplat reads (sysfs, procfs, cgroup, a spec, a trace) was refused.
 
-    It is an ``OSError`` too, so code that already treats an unreadable file as "no
-    information" keeps doing so; the message and :attr:`filename` name the path, and
-    ``strerror`` is the reason alone (as for the builtin ``OSError`` subclasses).
+    An ``OSError`` too, so code treating an unreadable file as "no information" keeps doing so.
 
     Attributes:
         filename: The path refused.
@@ -207,10 +207,7 @@ class FileTooLargeError(UnreadableFileError):
 
 
 class MemoryNotSettledError(AccelplatError, TimeoutError):
-    """Device memory did not reach its target before the timeout.
-
-    The message names each device that missed its target, how its usage moved during the wait
-    and, where the vendor can tell, which processes held the memory.
+    """Device memory did not reach its target before the timeout (the message names who held it).
 
     Attributes:
         snapshot: The last sample taken.
@@ -261,9 +258,7 @@ class InsufficientSharedMemoryError(AccelplatError, RuntimeError):
 class BundleError(ConfigurationError):
     """A capture bundle (``accelplat capture``) cannot be used: unreadable, malformed, too large.
 
-    Bundles are untrusted input; every problem the loader finds raises this type, never a
-    ``KeyError`` or a ``tarfile`` error from deep inside. A
-    :class:`ConfigurationError` (so a ``ValueError``): the input file is wrong.
+    Every problem the loader finds raises this type, never a ``KeyError`` or a ``tarfile`` error.
 
     Attributes:
         source: The bundle's path (or ``"<bytes>"``).
@@ -305,8 +300,7 @@ class NvmlUnavailableError(BackendError):
 
     Attributes:
         reason: One sentence saying why, for probe results and ``accelplat info``.
-        vendor_error: The vendor's error name (``"NVMLError_DriverNotLoaded"``), ``"ImportError"``
-            or ``"AttributeError"``.
+        vendor_error: The vendor's error name, ``"ImportError"`` or ``"AttributeError"``.
     """
 
     def __init__(self, reason: str, vendor_error: str = "") -> None:
@@ -323,12 +317,7 @@ class LevelZeroError(BackendError):
     """
 
     def __init__(
-        self,
-        function: str,
-        code: int | None,
-        message: str | None = None,
-        *,
-        vendor_error: str = "",
+        self, function: str, code: int | None, message: str | None = None, *, vendor_error: str = ""
     ) -> None:
         fallback = "missing function" if code is None else f"ze_result_t 0x{code:08x}"
         super().__init__(
@@ -343,17 +332,15 @@ class LevelZeroError(BackendError):
 class VllmMemoryNotFreeError(MemoryNotSettledError, ValueError):
     """Device memory did not come back in time; raised where vLLM's helpers raise ``ValueError``.
 
-    A :class:`MemoryNotSettledError` (so a ``TimeoutError``) and a ``ValueError``, so that vLLM's
-    ``except ValueError`` blocks keep working. The first line of the message is vLLM 0.32's:
-    ``Memory of devices devices=[…] not free after dur_s=… (threshold='device=0: …')``.
+    Also a ``ValueError``, so vLLM's ``except ValueError`` blocks keep working; the message's first
+    line is vLLM 0.32's: ``Memory of devices devices=[…] not free after dur_s=… (threshold=…)``.
     """
 
 
 class VllmArgumentError(AccelplatError, AssertionError):
     """An argument vLLM's helpers check with ``assert``: raised where they raise AssertionError.
 
-    Not a ``ValueError``: vLLM's clean-up fixture swallows ``ValueError`` (a timeout), and a
-    wrong call must not be swallowed with it.
+    Not a ``ValueError``: vLLM's clean-up fixture swallows those (timeouts), not wrong calls.
     """
 
 
@@ -380,8 +367,7 @@ class KVCacheTooSmallError(InsufficientMemoryError):
         needed: Bytes one request of ``max_model_len`` needs.
         available: Bytes available for the KV cache.
         max_model_len: The length asked for.
-        estimated_max_model_len: The largest length that fits (a multiple of the block size,
-            ``0`` when not even one block fits).
+        estimated_max_model_len: The largest length that fits (whole blocks; ``0``: none fits).
     """
 
     def __init__(
@@ -403,7 +389,6 @@ class KVCacheTooSmallError(InsufficientMemoryError):
 class ChildTestError(AccelplatError, AssertionError):
     """A function run in a new process failed in a way that cannot be re-raised as is.
 
-    Raised when the child's exception could not be pickled, or when the child died without
-    reporting (a signal, ``os._exit``, a crash in native code). The child's traceback, when
-    there is one, is chained as ``__cause__``.
+    Its exception did not pickle, or it died without reporting (a signal, ``os._exit``, a native
+    crash); the child's traceback, when there is one, is the ``__cause__``.
     """

@@ -362,3 +362,166 @@ def test_pyproject_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None
         caps.load_pyproject(tmp_path / "pyproject.toml")
     with pytest.raises(ConfigurationError, match="cannot read the capability table"):
         caps.load_pyproject(tmp_path / "missing.toml")
+
+
+# -- hostile tables (issue 23): shapes, depth, long chains, linear work ---------------------------
+
+
+def _load(tmp_path: Path, text: str) -> list[caps.ProjectCapability]:
+    path = tmp_path / "pyproject.toml"
+    path.write_text(text)
+    return caps.load_pyproject(path)
+
+
+TABLE = "[tool.accelplat.capabilities]\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("tool = 1\n", r"\[tool\] must be a table"),
+        ('tool = "accelplat"\n', r"\[tool\] must be a table"),
+        ("tool = [1, 2]\n", r"\[tool\] must be a table"),
+        ("[[tool]]\nx = 1\n", r"\[tool\] must be a table"),
+        ("[tool]\naccelplat = 1\n", r"\[tool.accelplat\] must be a table"),
+        ("[tool]\naccelplat = []\n", r"\[tool.accelplat\] must be a table"),
+        ("[tool.accelplat]\ncapabilities = 'x'\n", r"\[tool.accelplat.capabilities\] must be"),
+        ("[[tool.accelplat.capabilities]]\n", r"\[tool.accelplat.capabilities\] must be"),
+        (TABLE + "fa = []\n", "must be a table of conditions"),
+        (TABLE + "fa = { platforms = 1 }\n", "platforms must be a non-empty list"),
+        (TABLE + "fa = { platforms = [1] }\n", "platforms entries must be non-empty strings"),
+        (TABLE + "fa = { arch = { a = 1 } }\n", "arch must be a non-empty list"),
+        (TABLE + "fa = { arch = [[]] }\n", "arch entries must be"),
+        (TABLE + "fa = { min_compute_capability = true }\n", "min_compute_capability must"),
+        (TABLE + "fa = { min_compute_capability = [[[8]], 0] }\n", "min_compute_capability"),
+        (TABLE + "fa = { min_compute_capability = nan }\n", "min_compute_capability must"),
+        (TABLE + "fa = { requires = 5 }\n", "requires must be a non-empty list"),
+        (TABLE + "fa = { requires = [{}] }\n", "requires entries must be"),
+        (TABLE + "fa = { packages = 5 }\n", "packages must be a table"),
+        (TABLE + "fa = { packages = [1] }\n", "packages entries must be strings"),
+        (TABLE + "fa = { packages = { torch = 1 } }\n", "needs a version string"),
+        (TABLE + "fa = { packages = ['-torch'] }\n", "malformed package requirement"),
+        (TABLE + "fa = { reason = 1 }\n", "reason must be a string"),
+        (TABLE + f"{'a' * 100_000} = {{}}\n", "lower case letters"),
+        (TABLE + "fa = { arch = ['" + "x" * 100_000 + "'] }\n", r"unknown arch 'xxx.*characters"),
+    ],
+)
+def test_every_table_shape_is_checked_and_named(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message) as info:
+        _load(tmp_path, text)
+    assert "pyproject.toml" in str(info.value)
+    assert len(str(info.value)) < 1_000  # a 100 KB value is not echoed in full
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x = " + "[" * 5_000 + "]" * 5_000 + "\n",
+        "x = " + "{ a = " * 5_000 + "1" + " }" * 5_000 + "\n",
+        "tool = " + "[" * 5_000 + "]" * 5_000 + "\n",
+        TABLE + "fa = { platforms = " + "[" * 5_000 + "]" * 5_000 + " }\n",
+        TABLE + "fa = { arch = " + "[" * 200 + "'sm_80'" + "]" * 200 + " }\n",
+        TABLE + "fa = { min_compute_capability = " + "[" * 200 + "]" * 200 + " }\n",
+        "[" + ".".join(["tool", "accelplat", "capabilities", "fa"] + ["a"] * 5_000) + "]\n",
+    ],
+)
+def test_deep_toml_is_a_configuration_error(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"pyproject\.toml"):  # never a RecursionError
+        _load(tmp_path, text)
+
+
+@pytest.mark.parametrize(
+    ("n", "each"),
+    [
+        (3_000, '"c{i_1}"'),  # a chain 3,000 long
+        (200, '"c{i_1}"'),
+        (60, '"c{i_1}", "c{i_2}"'),  # each needs the two before: reasons used to double
+        (200, "all before"),  # a wide DAG, 19,900 edges
+    ],
+)
+def test_long_chains_and_wide_tables_are_linear(
+    tmp_path: Path, cuda: CudaPlatform, monkeypatch: pytest.MonkeyPatch, n: int, each: str
+) -> None:
+    evaluated: list[str] = []
+    real = caps._evaluate_project
+
+    def counting(cap: caps.ProjectCapability, *args: object) -> caps.Capability:
+        evaluated.append(cap.name)
+        return real(cap, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(caps, "_evaluate_project", counting)
+    lines = [TABLE, 'c0 = { platforms = ["rocm"], reason = "' + "r" * 500 + '" }\n']
+    for i in range(1, n):
+        if each == "all before":
+            needs = ", ".join(f'"c{j}"' for j in range(i))
+        else:
+            needs = each.replace("{i_1}", str(i - 1)).replace("{i_2}", str(max(i - 2, 0)))
+        lines.append(f"c{i} = {{ requires = [{needs}] }}\n")
+    _load(tmp_path, "".join(lines))
+    table = caps.capabilities(0, platform=cuda)  # no RecursionError, no exponential reason
+    assert len(evaluated) == n  # each entry once
+    assert not table[f"c{n - 1}"].available
+    assert len(table[f"c{n - 1}"].reason) <= n * 200
+    assert list(table)[-n:] == sorted(f"c{i}" for i in range(n))
+
+
+def test_a_wide_table_does_not_hang_info_or_pytest(tmp_path: Path) -> None:
+    import subprocess
+
+    names = [f"c{i}" for i in range(200)]
+    body = 'c0 = { platforms = ["rocm"] }\n' + "".join(
+        f"{n} = {{ requires = [{', '.join(repr(m) for m in names[:i][-60:])}] }}\n"
+        for i, n in enumerate(names)
+        if i
+    )
+    (tmp_path / "pyproject.toml").write_text(TABLE + body)
+    env = {**__import__("os").environ, "ACCELPLAT_PLATFORM": "cpu"}
+    done = subprocess.run(  # a generous bound: it used to never finish
+        [sys.executable, "-m", "accelplat", "info"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "c199" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "a" + " " * 100_000 + "x\ny",
+        " " * 100_000 + "torch>=1",
+        "torch" + " " * 100_000 + ">=1",
+        "torch>=" + " " * 100_000 + "1",
+        "torch>=1" + " " * 100_000,
+        "torch" + " " * 100_000 + "\n>=1\nx",
+        "torch" + "," * 100_000 + ">=1",
+        "torch>=1" + ", " * 50_000 + "x",
+    ],
+)
+def test_version_conditions_parse_in_linear_time(entry: str) -> None:
+    try:
+        cap = caps.define_capability("pkg", packages=[entry])
+    except ConfigurationError as exc:
+        message = str(exc)
+    else:
+        message = cap.packages[0].name
+    assert message in ("torch", "a") or "malformed" in message
+    assert len(message) < 1_000
+
+
+def test_info_names_a_broken_table_instead_of_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelplat._cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ACCELPLAT_PLATFORM", "cpu")
+    for text in ("tool = 1\n", "[tool]\naccelplat = 'x'\n", "x = " + "[" * 5_000 + "]" * 5_000):
+        (tmp_path / "pyproject.toml").write_text(text)
+        assert main(["info"]) == 2
+        err = capsys.readouterr().err
+        assert "pyproject.toml" in err
+        assert "Traceback" not in err

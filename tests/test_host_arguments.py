@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -55,3 +56,46 @@ def test_an_enormous_shared_memory_budget_is_a_typed_shortage() -> None:
         accelplat.require_shm(HUGE)
     assert info.value.required == HUGE
     assert accelplat.largest_shm_budget([HUGE]) is None
+
+
+@pytest.mark.parametrize("required", [10**5000, 2**14_100 * 2**20], ids=["10**5000", "2**14120"])
+def test_a_budget_beyond_printing_is_still_a_typed_shortage(required: int) -> None:
+    with pytest.raises(InsufficientSharedMemoryError, match="MiB required"):
+        accelplat.require_shm(required)
+    assert accelplat.largest_shm_budget([required]) is None
+
+
+@pytest.mark.parametrize(
+    "endless",
+    [
+        lambda: itertools.count(1),
+        lambda: itertools.repeat(2**60),
+        lambda: (2**60 + i for i in itertools.count()),
+    ],
+    ids=["count", "repeat", "generator"],
+)
+def test_an_endless_list_of_candidates_is_refused(endless: Callable[[], Any]) -> None:
+    rejects(lambda: accelplat.largest_shm_budget(endless()), "candidates")
+
+
+def test_the_most_candidates_are_accepted() -> None:
+    assert accelplat.largest_shm_budget([1] * 10_000) == 1
+
+
+@pytest.mark.parametrize(
+    "name", ["\x1b]0;owned\x07", "\u202etxt.exe", "a\rb", "x" * 100_000, "\x9b2J"], ids=repr
+)
+def test_a_shortage_message_escapes_and_caps_the_name(name: str) -> None:
+    with pytest.raises(InsufficientSharedMemoryError) as info:
+        accelplat.require_shm(HUGE, name)
+    text = str(info.value)
+    assert text.isprintable()
+    assert len(text) < 800
+    assert info.value.required == HUGE
+
+
+@pytest.mark.parametrize("path", ["/no/such/\x1b[2J", "/no/such/" + "x" * 100_000], ids=repr)
+def test_a_bad_path_is_escaped_and_capped(path: str) -> None:
+    exc = rejects(lambda: accelplat.require_shm(1, path=path), "path")
+    assert str(exc).isprintable()
+    assert len(str(exc)) < 800

@@ -5,9 +5,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 from pathlib import Path
@@ -19,7 +22,6 @@ from accelplat._backends.simulated import ENV_SPEC, ENV_VISIBLE, SimulatedClock,
 from accelplat._leasing import (
     ENV_LEASE_DIR,
     RETURN_TOLERANCE_BYTES,
-    LeaseTimeoutError,
     default_lease_dir,
     lease,
     lease_status,
@@ -27,7 +29,7 @@ from accelplat._leasing import (
 from accelplat._platform import default_subset_environment, subset_environment
 from accelplat._types import GIB, DeviceInfo
 from accelplat._visible.oneapi import Hierarchy, affinity_mask_for, visible_targets
-from accelplat.errors import ConfigurationError
+from accelplat.errors import ConfigurationError, LeaseTimeoutError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -468,3 +470,267 @@ def test_metadata_behind_a_link_is_not_followed(tmp_path: Path) -> None:
     reader.start()
     reader.join(30)  # a FIFO without a writer would block a plain open() for ever
     assert box == [{}]
+
+
+# --------------------------------------------------------------------------------------------
+# hostile lock directories and metadata (issue 23)
+
+OTHER_UID = 4242  # no account needed: os.chown to it stands for another user
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="only root can chown to another uid")
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary directory for ``<tmp>/accelplat-<uid>/leases``, and no variable set."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    return tmp_path / f"accelplat-{os.getuid()}"
+
+
+def test_the_private_default_is_created_0700(private_tmp: Path) -> None:
+    with lease(1, platform=sim()):
+        pass
+    for level in (private_tmp, private_tmp / "leases"):
+        assert stat.S_IMODE(level.lstat().st_mode) == 0o700
+    assert [r.device_id for r in lease_status()] == ["simulated.SIM-1"]
+
+
+def _plant(kind: str, path: Path, tmp_path: Path) -> None:
+    if kind == "link to a directory of ours":
+        (tmp_path / "real").mkdir(mode=0o700)
+        path.symlink_to(tmp_path / "real")
+    elif kind == "dangling link":
+        path.symlink_to(tmp_path / "nowhere")
+    elif kind == "file":
+        path.write_text("x")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "other owner":
+        path.mkdir(mode=0o700)
+        os.chown(path, OTHER_UID, -1)
+    else:  # a mode
+        path.mkdir()
+        path.chmod(int(kind, 8))
+
+
+PLANTED = [
+    "link to a directory of ours",
+    "dangling link",
+    "file",
+    "fifo",
+    pytest.param("other owner", marks=as_root),
+    "770",
+    "720",
+    "707",
+    "777",
+    "1777",
+]
+
+
+@pytest.mark.parametrize("level", ["base", "leases"])
+@pytest.mark.parametrize("kind", PLANTED)
+def test_a_planted_private_default_is_refused_naming_it(
+    private_tmp: Path, tmp_path: Path, level: str, kind: str
+) -> None:
+    target = private_tmp if level == "base" else private_tmp / "leases"
+    if level == "leases":
+        private_tmp.mkdir(mode=0o700)
+    _plant(kind, target, tmp_path)
+    for call in (lambda: lease(1, platform=sim()), lease_status):
+        with pytest.raises(ConfigurationError, match=f"{target} (is|cannot)") as info:
+            call()
+        assert "ACCELPLAT_LEASE_DIR" in str(info.value) or "cannot be created" in str(info.value)
+    assert not (tmp_path / "real" / "leases").exists()  # nothing made through the link
+
+
+@as_root
+def test_a_shared_directory_named_by_the_variable_may_belong_to_another_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    os.chown(shared, OTHER_UID, -1)
+    monkeypatch.setenv(ENV_LEASE_DIR, str(shared))
+    with lease(1, platform=sim()) as held:
+        assert held.lock_dir == shared
+
+
+class _EmptyPath(os.PathLike[str]):
+    def __fspath__(self) -> str:
+        return ""
+
+
+@pytest.mark.parametrize("empty", ["", _EmptyPath()], ids=["''", "PathLike ''"])
+def test_an_empty_lock_dir_is_refused(empty: Any) -> None:
+    with pytest.raises(ConfigurationError, match="must not be empty"):
+        lease(platform=sim(), lock_dir=empty)
+    with pytest.raises(ConfigurationError, match="must not be empty"):
+        lease_status(empty)
+
+
+@pytest.mark.parametrize("args", [["--", "true"], ["--status"], ["--status", "--json"]])
+def test_the_cli_refuses_an_empty_lock_dir(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelplat._cli import main
+
+    assert main(["lease", "--lock-dir", "", *args]) == 2
+    assert "must not be empty" in capsys.readouterr().err
+
+
+def _unlockable(kind: str, path: Path, tmp_path: Path) -> None:
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "link to a file":
+        (tmp_path / "target").write_text("")
+        path.symlink_to(tmp_path / "target")
+    elif kind == "dangling link":
+        path.symlink_to(tmp_path / "nowhere")
+    elif kind == "link to a directory":
+        path.symlink_to(tmp_path)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        import socket
+
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        sock.close()
+
+
+UNLOCKABLE = ["directory", "link to a file", "dangling link", "link to a directory", "fifo"]
+UNLOCKABLE += ["socket", "permission denied"]
+
+
+@pytest.mark.parametrize("kind", UNLOCKABLE)
+def test_a_device_that_cannot_be_locked_is_skipped_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    bad = locks / "simulated.SIM-1.lock"  # the device with the most free memory
+    if kind == "permission denied":  # another user's 0600 file, as a non-root user sees it
+        bad.touch(mode=0o600)
+        real_open = os.open
+
+        def refuse(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            if Path(path) == bad:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(path, flags, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refuse)
+    else:
+        _unlockable(kind, bad, tmp_path)
+    plat = sim()
+    with lease(1, platform=plat, lock_dir=locks, timeout_s=0) as held:
+        assert held.device_ids == ("simulated.SIM-0",)  # the next best, not a traceback
+        with lease(1, platform=plat, lock_dir=locks, timeout_s=0) as other:
+            assert other.device_ids == ("simulated.SIM-2",)
+    with pytest.raises(LeaseTimeoutError, match=f"device 1 cannot be locked \\({bad}: "):
+        lease(3, platform=plat, lock_dir=locks, timeout_s=0).acquire()
+    assert "simulated.SIM-1" not in {r.device_id for r in lease_status(locks)}
+    if kind == "link to a file":
+        assert (tmp_path / "target").read_text() == ""  # nothing written through the link
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a child as another uid")
+def test_another_users_0600_lock_file_is_skipped_by_the_others() -> None:
+    shared = Path(tempfile.mkdtemp(prefix="accelplat-shared-", dir="/tmp"))
+    try:
+        shared.chmod(0o1777)
+        spec = shared / "spec.json"
+        spec.write_text(json.dumps(THREE))
+        spec.chmod(0o644)
+        (shared / "simulated.SIM-1.lock").touch(mode=0o600)  # root's, unreadable to the child
+        # the interpreter lives under /root (0700): import as root, then become uid 65534
+        script = textwrap.dedent(
+            f"""
+            import os, sys, tempfile, accelplat
+            from accelplat.errors import LeaseTimeoutError
+            def attempt(where):
+                with accelplat.lease(1, timeout_s=0, lock_dir=where) as held:
+                    first = held.device_ids[0]
+                try:
+                    accelplat.lease(3, timeout_s=0, lock_dir=where).acquire()
+                except LeaseTimeoutError as exc:
+                    return first, str(exc)
+            attempt(tempfile.mkdtemp())  # every import made while still root
+            os.setegid(65534)
+            os.seteuid(65534)
+            print(*attempt({str(shared)!r}), sep="\\n")
+            """
+        )
+        env = {**_env(shared), ENV_SPEC: str(spec)}
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        first, message = done.stdout.splitlines()
+        assert first == "simulated.SIM-0"
+        assert "device 1 cannot be locked" in message
+        assert "Permission denied" in message
+    finally:
+        shutil.rmtree(shared)
+
+
+HOSTILE_SINCE = [1e18, 1e300, 253_402_300_800, -1, "2024", True, None, [], 10**400]
+HOSTILE_SINCE_TEXT = ["NaN", "Infinity", "-Infinity", "1e400"]  # JSON Python reads anyway
+
+
+@pytest.mark.parametrize("since", [json.dumps(s) for s in HOSTILE_SINCE] + HOSTILE_SINCE_TEXT)
+def test_status_shows_an_out_of_range_time_as_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], since: str
+) -> None:
+    from accelplat._cli import main
+
+    (tmp_path / "simulated.SIM-0.lock").touch()
+    (tmp_path / "simulated.SIM-0.json").write_text(f'{{"pid": 5, "since": {since}}}')
+    (record,) = lease_status(tmp_path)
+    assert record.since is None
+    assert main(["lease", "--status", "--lock-dir", str(tmp_path)]) == 0
+    assert "pid 5 since ?" in capsys.readouterr().out
+    assert main(["lease", "--status", "--json", "--lock-dir", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["devices"][0]["since"] is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("pid", 0),
+        ("pid", -1),
+        ("pid", 2**22 + 1),
+        ("pid", 2**63),
+        ("pid", 1.5),
+        ("pid", True),
+        ("pid", "5"),
+        ("baseline_used_bytes", -5),
+        ("baseline_used_bytes", 2**63),
+        ("baseline_used_bytes", 1e30),
+        ("baseline_used_bytes", False),
+        ("command", 5),
+        ("command", ["x"]),
+        ("platform", {"a": 1}),
+        ("released", "yes"),
+        ("device_id", "simulated.SIM-2"),
+    ],
+)
+def test_every_metadata_field_is_range_checked(tmp_path: Path, field: str, value: Any) -> None:
+    (tmp_path / "simulated.SIM-0.lock").touch()
+    (tmp_path / "simulated.SIM-0.json").write_text(json.dumps({field: value}))
+    (record,) = lease_status(tmp_path)
+    assert record.device_id == "simulated.SIM-0"  # the file's name, whatever the metadata says
+    assert record.pid in (None, 0)[: 1 + (value == 0)]
+    assert record.baseline_used_bytes is None
+    assert (record.command, record.platform, record.released) == ("", "", False)
+    with lease(3, platform=sim(), lock_dir=tmp_path, timeout_s=0):
+        pass  # a lease through it neither crashes nor waits
+
+
+def test_metadata_text_is_bounded_and_escaped(tmp_path: Path) -> None:
+    (tmp_path / "simulated.SIM-0.lock").touch()
+    meta = {"command": "\x1b]0;owned\x07" + "x" * 5000, "platform": "\x1b[2J"}
+    (tmp_path / "simulated.SIM-0.json").write_text(json.dumps(meta))
+    (record,) = lease_status(tmp_path)
+    assert record.command.startswith("?]0;owned?x")
+    assert len(record.command) == 1024
+    assert record.platform == "?[2J"

@@ -124,3 +124,93 @@ def test_memory_info_rejects_what_is_not_a_visible_index(
 ) -> None:
     exc = rejects(lambda: sim.memory_info(device), "device")
     assert isinstance(exc, DeviceNotFoundError)
+
+
+class _Clock:
+    """A virtual clock whose readings come from ``readings`` (then repeat the last)."""
+
+    def __init__(self, *readings: Any) -> None:
+        self.readings = list(readings)
+
+    def monotonic(self) -> Any:
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+    def sleep(self, seconds: float) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "clock",
+    [
+        pytest.param(_Clock(math.nan), id="nan"),
+        pytest.param(_Clock(math.inf), id="inf"),
+        pytest.param(_Clock(-math.inf), id="-inf"),
+        pytest.param(_Clock("1"), id="str"),
+        pytest.param(_Clock(None), id="None"),
+        pytest.param(_Clock(0.0, 0.5, math.nan), id="nan-later"),
+        pytest.param(_Clock(1.0), id="stuck"),
+        pytest.param(_Clock(*[10.0 - i * 1e-3 for i in range(2000)]), id="backwards"),
+    ],
+)
+def test_a_clock_that_cannot_end_the_wait_is_refused(sim: SimulatedPlatform, clock: Any) -> None:
+    # used stays above 0, so only the clock could end the wait: it must not hang
+    exc = rejects(
+        lambda: accelplat.wait_for_memory_to_clear(threshold_bytes=0, timeout_s=1, clock=clock),
+        "clock",
+    )
+    assert isinstance(exc, ConfigurationError)
+
+
+def test_a_clock_wall_time_that_is_no_number_is_refused(sim: SimulatedPlatform) -> None:
+    clock = _Clock(0.0)
+    clock.time = lambda: math.nan  # type: ignore[attr-defined]
+    with pytest.raises(ConfigurationError, match=r"clock\.time\(\)"):
+        accelplat.wait_for_memory_to_clear(threshold_ratio=1.0, clock=clock)
+
+
+@pytest.mark.parametrize("answer", [None, {}, 5, (1, 2, 3, 4), "used", math.nan], ids=repr)
+def test_a_reader_that_returns_no_memory_info_is_named(sim: SimulatedPlatform, answer: Any) -> None:
+    with pytest.raises(ConfigurationError, match=r"read\(0\) must return a MemoryInfo"):
+        accelplat.wait_for_memory_to_clear([0], threshold_ratio=1.0, read=lambda d: answer)
+    with pytest.raises(ConfigurationError, match=r"read\(0\) must return a MemoryInfo"):
+        accelplat.snapshot([0], read=lambda d: answer)
+
+
+@pytest.mark.parametrize("platform", [5, "cuda", object(), SimulatedPlatform], ids=repr)
+def test_a_platform_that_is_no_platform_is_named(platform: Any) -> None:
+    rejects(lambda: accelplat.snapshot(platform=platform), "platform")
+    rejects(
+        lambda: accelplat.wait_for_memory_to_clear(threshold_ratio=1.0, platform=platform),
+        "platform",
+    )
+    rejects(lambda: accelplat.wait_for_memory_to_settle(platform=platform), "platform")
+
+
+@pytest.mark.parametrize(
+    "devices",
+    [[0, 1] * 20_000, [1] * 40_000, [*range(2), *[0] * 39_998]],
+    ids=["alternating", "one-repeated", "tail-repeated"],
+)
+def test_long_device_lists_are_checked_in_linear_time(sim: SimulatedPlatform, devices: Any) -> None:
+    # a quadratic duplicate check takes minutes on 40,000 entries; this one, milliseconds
+    exc = rejects(lambda: accelplat.snapshot(devices), "more than once")
+    assert len(str(exc)) < 200
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [
+        ("devices", "x" * 100_000),
+        ("poll", "p" * 100_000),
+        ("on_poll", ["x" * 100_000]),
+        ("clock", {"x" * 100_000: 1}),
+        ("read", "r" * 100_000),
+        ("threshold_bytes", dict.fromkeys([*(f"k{i}" for i in range(10_000)), 0, 1], 1)),
+    ],
+)
+def test_long_values_are_not_echoed_in_full(
+    sim: SimulatedPlatform, argument: str, value: Any
+) -> None:
+    kwargs: dict[str, Any] = {"threshold_ratio": 1.0, argument: value}
+    exc = rejects(lambda: accelplat.wait_for_memory_to_clear(**kwargs), argument)
+    assert len(str(exc)) < 600

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -126,8 +129,6 @@ def test_cli_json_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_oversized_and_special_files_are_listed_not_read(tmp_path: Path) -> None:
-    import os
-
     from accelplat import _scan as scan
 
     (tmp_path / "test_big.py").write_text("x = 1\n" * (scan.MAX_FILE_BYTES // 6 + 10))
@@ -136,3 +137,156 @@ def test_oversized_and_special_files_are_listed_not_read(tmp_path: Path) -> None
     assert report.files_scanned == 0
     assert report.errors[0] == f"test_big.py: larger than {scan.MAX_FILE_BYTES} bytes"
     assert report.errors[1].startswith("test_fifo.py: ")
+
+
+# -- hostile input (issue 23): linear work, deep nesting, deep trees, names -----------------------
+
+
+def _steps(source: str) -> int:
+    """Python line events while scanning ``source``: a work count, not a clock."""
+    import sys
+    from types import FrameType
+
+    count = 0
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Callable[..., object]:
+        nonlocal count
+        count += 1
+        return tracer
+
+    sys.settrace(tracer)  # type: ignore[arg-type]
+    try:
+        scan_source(source)
+    finally:
+        sys.settrace(None)
+    return count
+
+
+LINEAR_SHAPES: dict[str, Callable[[int], str]] = {
+    "if blocks": lambda n: "if current_platform.is_rocm():\n    x = 1\n" * n,
+    "assignments": lambda n: "x = current_platform.is_rocm()\n" * n,
+    "skipifs": lambda n: "@pytest.mark.skipif(is_rocm(), reason='fp8')\ndef t(): pass\n" * n,
+    "skips in ifs": lambda n: "if is_cuda():\n    pytest.skip('needs 2 GPUs')\n" * n,
+    "elif chain": lambda n: "if is_rocm(): pass\n" + "elif is_cuda(): x = 'fp8'\n" * n,
+    "wide if test": lambda n: f"if {' or '.join(['is_rocm()'] * n)}:\n    pass\n",
+    "one big list": lambda n: "x = [" + ",\n".join(["is_rocm()"] * n) + "]\n",
+    "nested ifs, big body": lambda n: (
+        "".join(f"{' ' * i}if is_rocm():\n" for i in range(40))
+        + "".join(f"{' ' * 40}y = 'atol {i}'\n" for i in range(n))
+    ),
+    "attribute chain": lambda n: "x = torch" + ".hip" * n + "\n",
+    "many decorators": lambda n: "@is_rocm()\n" * n + "def f():\n" + "    x = 1\n" * n,
+    "one long line": lambda n: "; ".join(["x = is_rocm()"] * n) + "\n",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(LINEAR_SHAPES))
+def test_scan_work_grows_linearly_with_the_file(shape: str) -> None:
+    make = LINEAR_SHAPES[shape]
+    small, large = _steps(make(100)), _steps(make(400))
+    assert large <= 5 * small, f"{shape}: 4x the input took {large / small:.1f}x the work"
+
+
+DEEP = {
+    "binop chain": "x = " + "is_rocm() + " * 50_000 + "1\n",
+    "unary chain": "x = " + "-" * 100_000 + "1\n",
+    "parentheses": "x = " + "(" * 5_000 + "1" + ")" * 5_000 + "\n",
+    "lists": "x = " + "[" * 5_000 + "]" * 5_000 + "\n",
+    "calls": "x = f" + "()" * 100_000 + "\n",
+    "attributes": "x = a" + ".b" * 100_000 + "\n",
+    "lambdas": "x = " + "lambda: " * 20_000 + "1\n",
+    "elif chain": "if a: pass\n" + "elif is_rocm(): pass\n" * 10_000,
+    "boolean chain": "x = " + " or ".join(["not is_rocm()"] * 50_000) + "\n",
+}
+
+
+def test_deep_nesting_is_reported_per_file_never_raised(tmp_path: Path) -> None:
+    for i, source in enumerate(DEEP.values()):
+        (tmp_path / f"test_{i}.py").write_text(source)
+    report = scan_path(tmp_path)  # no RecursionError, no MemoryError
+    failed = {e.split(":", 1)[0] for e in report.errors}
+    assert report.files_scanned + len(failed) == len(DEEP)
+    assert all("does not parse (" in e for e in report.errors), report.errors
+    assert any("nested too deeply" in e for e in report.errors)
+
+
+def _deep_tree(root: Path, depth: int, name: str = "d") -> None:
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        for level in range(depth):  # by descriptor: the whole path may pass PATH_MAX
+            os.mkdir(name, dir_fd=fd)
+            inner = os.open(name, os.O_RDONLY, dir_fd=fd)
+            if level in (0, depth - 1):
+                os.close(os.open("test_x.py", os.O_WRONLY | os.O_CREAT, dir_fd=inner))
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+
+
+def _remove_deep_tree(root: Path, depth: int, name: str) -> None:
+    fds = [os.open(root, os.O_RDONLY)]
+    try:
+        for _ in range(depth):  # down by descriptor, then up: no path, no recursion
+            fds.append(os.open(name, os.O_RDONLY, dir_fd=fds[-1]))
+        for level in range(depth, 0, -1):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink("test_x.py", dir_fd=fds[level])
+            os.close(fds.pop())
+            os.rmdir(name, dir_fd=fds[-1])
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@pytest.mark.parametrize(
+    ("depth", "name", "skipped"),
+    [
+        (1_000, "d", "more than 64 directories deep"),
+        (64, "d", None),
+        (65, "d", "more than 64 directories deep"),
+        (40, "n" * 200, "unreadable"),  # 8,000 characters: past PATH_MAX
+    ],
+)
+def test_deep_trees_are_bounded_and_reported(
+    tmp_path: Path, depth: int, name: str, skipped: str | None, request: pytest.FixtureRequest
+) -> None:
+    _deep_tree(tmp_path, depth, name)
+    # shutil.rmtree recurses (and pytest's clean-up of old temporary folders with it): a tree
+    # this deep, or this long, left behind breaks every later session's clean-up.
+    request.addfinalizer(lambda: _remove_deep_tree(tmp_path, depth, name))
+    (tmp_path / "loop").symlink_to(tmp_path)  # a link to a directory is not entered
+    report = scan_path(tmp_path)
+    assert report.files_scanned >= 1
+    if skipped is None:
+        assert (report.files_scanned, report.errors) == (2, [])
+    else:
+        assert len(report.errors) == 1
+        assert skipped in report.errors[0]
+
+
+NAMES = ["\x1b]0;owned\x07", "a\nb", "a\rb", "\u202eyp.", "bell\x07", "tab\tx", "\x9b31m"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_file_names_are_escaped_in_every_text_form(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / f"root{name}"
+    root.mkdir()
+    (root / f"test_{name}.py").write_text("x = is_rocm()\n")
+    (root / f"bad_{name}.py").write_text("def f(:\n")
+    for flags in ([], ["--files"], ["--markdown"]):
+        assert main(["scan", str(root), *flags]) == 0
+        out = capsys.readouterr().out
+        assert all(line.isprintable() for line in out.split("\n")), out
+    assert main(["scan", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["findings"][0]["path"] == f"test_{name}.py"
+
+
+def test_undecodable_file_name_is_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / os.fsdecode(b"test_\xff.py")).write_text("x = is_rocm()\n")
+    assert main(["scan", str(tmp_path), "--files"]) == 0
+    assert "test_\\udcff.py:1: is_rocm()" in capsys.readouterr().out

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import accelplat
 import accelplat.errors
+import accelplat.types
 from accelplat._types import GIB
 from accelplat._validate import parse_size
 from accelplat.errors import (
@@ -136,3 +137,47 @@ def test_parse_size_of_any_text_is_bytes_or_a_configuration_error(text: str) -> 
         return
     assert type(value) is int
     assert value >= 0
+
+
+_BEYOND_STR = 10**5000
+"""An int with more digits than ``str()`` writes (4300): no message may try to print it."""
+
+_SHAPE = {"num_layers": 32, "num_kv_heads": 8, "head_size": 128, "dtype_bytes": 2}
+
+
+@pytest.mark.parametrize(
+    "argument",
+    ["num_layers", "num_kv_heads", "head_size", "block_size", "head_size_v", "dtype_bytes"],
+)
+@pytest.mark.parametrize("value", [2**2001, _BEYOND_STR], ids=["2**2001", "10**5000"])
+def test_counts_beyond_printing_are_named_not_crashes(argument: str, value: int) -> None:
+    kwargs: dict[str, Any] = {**_SHAPE, argument: value}
+    rejects(lambda: accelplat.types.KVCacheShape(**kwargs), argument)
+    rejects(lambda: accelplat.kv_cache_bytes(max_model_len=16, **kwargs), argument)
+    rejects(lambda: accelplat.check_kv_cache_fits(GIB, max_model_len=16, **kwargs), argument)
+
+
+@pytest.mark.parametrize("value", [2**2001, _BEYOND_STR], ids=["2**2001", "10**5000"])
+def test_lengths_and_budgets_beyond_printing_are_named(value: int) -> None:
+    rejects(
+        lambda: accelplat.check_kv_cache_fits(GIB, max_model_len=value, **_SHAPE), "max_model_len"
+    )
+    rejects(
+        lambda: accelplat.check_kv_cache_fits(value, max_model_len=16, **_SHAPE), "available_bytes"
+    )
+    rejects(lambda: accelplat.max_model_len_that_fits(value, **_SHAPE), "available_bytes")
+
+
+def test_the_largest_accepted_counts_still_give_a_printable_message() -> None:
+    edge = 2**2000 - 1
+    kwargs = dict.fromkeys(("num_layers", "num_kv_heads", "head_size", "block_size"), edge)
+    with pytest.raises(accelplat.errors.KVCacheTooSmallError) as info:
+        accelplat.check_kv_cache_fits(0, max_model_len=edge, dtype_bytes=8, **kwargs)
+    assert "GiB KV cache is needed" in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", ["x" * 100_000, "\x1b[2J" * 1000], ids=["long", "escapes"])
+def test_long_dtype_names_are_not_echoed_in_full(dtype: str) -> None:
+    exc = rejects(lambda: accelplat.dtype_bytes(dtype), "dtype")
+    assert len(str(exc)) < 1000
+    assert "\x1b" not in str(exc)

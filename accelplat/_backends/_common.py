@@ -1,74 +1,52 @@
 """What the built-in backends share: host-file readers, quick absence checks, plausibility.
 
-* Readers of sysfs attributes, ``/proc`` tables and PCI addresses, all through
-  :mod:`accelplat._files` (a FIFO or ``/dev/zero`` in a tree is an error naming it, not a hang).
-* Quick answers to "is this accelerator certainly absent?", asked by the registry before it
-  imports a GPU backend (:func:`cuda_absent`, :func:`rocm_absent`, :func:`xpu_absent`); the
-  reasons are the backends' own probe sentences, defined here once.
-* One plausibility rule for every memory reading (:func:`checked_memory`).
+Files are read through :mod:`accelplat._files` (a FIFO in a tree is an error, not a hang);
+:func:`checked_memory` is the one plausibility rule of every memory reading.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from accelplat import _boundary, _files
-from accelplat._types import MemoryInfo
-from accelplat.errors import BackendError, ImplausibleReadingError
+from accelplat._types import MemoryInfo, ProbeResult
+from accelplat._vendor import clip, vendor_int
+from accelplat.errors import AccelplatError, BackendError, ImplausibleReadingError
 
-ENV_PROC_ROOT = "ACCELPLAT_PROC_ROOT"
-"""Variable that moves ``/proc`` (tests, chroots)."""
+if TYPE_CHECKING:
+    from pathlib import Path
 
-ENV_SYSFS_ROOT = "ACCELPLAT_SYSFS_ROOT"
-"""Variable that moves ``/sys`` (tests, chroots) for the CPU, ROCm and XPU backends."""
+ENV_PROC_ROOT = "ACCELPLAT_PROC_ROOT"  # moves /proc (tests, chroots)
+ENV_SYSFS_ROOT = "ACCELPLAT_SYSFS_ROOT"  # moves /sys for the CPU, ROCm and XPU backends
 
 _KIB = 1024
 _U64_MAX = 2**64 - 1
 _U64_DIGITS = len(str(_U64_MAX))
-_BDF = r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$"
-"""A PCI address, ``domain:bus:device.function``."""
+_BDF = r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$"  # domain:bus:dev.fn
 _UNKNOWN_PCI = (1 << 32,)
 
-ReadText = Callable[[str], str]
-"""How a backend reads one sysfs attribute's text (injectable for tests)."""
-
-
-# -- host files --------------------------------------------------------------------------------
+ReadText = Callable[[str], str]  # how a backend reads one attribute's text (tests inject one)
 
 
 def read_attribute(path: str) -> str:
-    """Return the text of one sysfs attribute (at most a page, regular files only).
-
-    Raises:
-        OSError: Missing, unreadable, not a regular file, or more than a page; naming the path.
-    """
+    """Return the text of one sysfs attribute (at most a page, regular files only; else OSError)."""
     return _files.read_text(path, limit=_files.ATTRIBUTE_LIMIT)
 
 
 class SysfsReader:
-    """Reads sysfs attribute files, turning every failure into a ``BackendError`` naming the file.
-
-    Args:
-        platform: The backend's platform name, for the errors.
-        read_text: How to read a file's text; default :func:`read_attribute`.
-    """
+    """Reads sysfs attributes (default :func:`read_attribute`); failures are ``BackendError``."""
 
     def __init__(self, platform: str, read_text: ReadText | None = None) -> None:
         self._platform = platform
         self._read = read_text or read_attribute
 
     def text(self, path: Path) -> str:
-        """Return the stripped text of ``path``.
-
-        Raises:
-            BackendError: When the file is missing, unreadable, not a regular file, too large
-                for an attribute, or fails to read.
-        """
+        """Return the stripped text of ``path``."""
         name = str(path)
         try:
             return self._read(name).strip()
@@ -83,12 +61,7 @@ class SysfsReader:
         raise BackendError(self._platform, why) from None
 
     def integer(self, path: Path, *, base: int = 10) -> int:
-        """Return the non-negative integer held in ``path``.
-
-        Raises:
-            BackendError: When the file cannot be read, is empty (a truncated read), or does not
-                hold a non-negative integer.
-        """
+        """Return the non-negative integer held in ``path``."""
         text = self.text(path)
         if not text:
             raise BackendError(self._platform, f"{path} is empty (truncated read?)")
@@ -106,19 +79,7 @@ class SysfsReader:
 def parse_kb_table(
     text: str, *, skip: int = 0, keys: frozenset[str] | None = None
 ) -> dict[str, int]:
-    """Parse ``Key: value [kB]`` lines (``/proc/meminfo``, node meminfo) into bytes.
-
-    Args:
-        text: File contents.
-        skip: Leading words to drop from each line (2 for ``Node 0 MemTotal: …``).
-        keys: Only these keys (names without a colon) are wanted; other lines are not split.
-
-    Returns:
-        Key to bytes; lines that do not parse, and negative values, are left out. A number of
-        more than 20 digits saturates at ``2**64 - 1``, as the kernel's ``strtoull`` reads it,
-        so the plausibility rule refuses it by name instead of ``int()`` parsing thousands of
-        digits.
-    """
+    """Parse ``Key: value [kB]`` lines into bytes, less ``skip`` leading words; only ``keys``."""
     table: dict[str, int] = {}
     for line in text.splitlines():
         if keys is not None:
@@ -132,21 +93,15 @@ def parse_kb_table(
         if not (number.isascii() and number.isdigit()):
             continue
         unit = words[2].lower() if len(words) > 2 else ""
+        # Over 20 digits saturates at 2**64 - 1 as the kernel's strtoull reads it: the
+        # plausibility rule refuses it by name instead of int() parsing thousands of digits.
         value = int(number) if len(number) <= _U64_DIGITS else _U64_MAX
         table[words[0][:-1]] = value * _KIB if unit == "kb" else value
     return table
 
 
 def parse_key_values(text: str, *, sep: str | None = None) -> dict[str, str]:
-    """Parse one ``key<sep>value`` pair a line (``uevent``: ``=``; ``memory.stat``: blanks).
-
-    Args:
-        text: File contents.
-        sep: The separator; ``None`` splits on blanks and keeps lines of exactly two words.
-
-    Returns:
-        Key to value, both stripped; the first occurrence of a key wins.
-    """
+    """Parse ``key<sep>value`` lines (``sep=None``: two blank-separated words); first key wins."""
     table: dict[str, str] = {}
     for line in text.splitlines():
         if sep is None:
@@ -191,14 +146,7 @@ def meminfo_path(root: str | os.PathLike[str] | None = None) -> str:
 
 
 def host_meminfo(root: str | os.PathLike[str] | None = None) -> HostMemInfo | None:
-    """Read ``MemTotal``/``MemAvailable`` from :func:`meminfo_path`.
-
-    Returns:
-        The figures, or ``None`` when the file has no positive ``MemTotal``.
-
-    Raises:
-        OSError: When the file cannot be read; the error names the path.
-    """
+    """Read :func:`meminfo_path` (OSError naming it); ``None`` without a positive ``MemTotal``."""
     path = meminfo_path(root)
     table = parse_kb_table(_files.read_text(path, limit=_files.PROC_LIMIT), keys=_MEMINFO_KEYS)
     total = table.get("MemTotal", 0)
@@ -224,13 +172,82 @@ def pci_sort_key(bus_id: str | None) -> tuple[int, ...]:
     return tuple(int(g, 16) for g in match.groups())
 
 
-# -- quick absence checks ----------------------------------------------------------------------
+_Cls = TypeVar("_Cls")
+_REASON_LIMIT = 2000
+
+
+def never_raises(probe: Callable[[_Cls], ProbeResult]) -> Callable[[_Cls], ProbeResult]:
+    """Wrap a backend's ``probe`` (under ``@classmethod``) so that no error escapes it."""
+
+    @functools.wraps(probe)
+    def guarded(cls: _Cls) -> ProbeResult:
+        try:
+            return probe(cls)
+        except AccelplatError as exc:
+            return ProbeResult(False, clip(str(exc), _REASON_LIMIT))
+        except Exception as exc:  # a probe never raises
+            why = f"probe failed: {type(exc).__name__}: {exc}"
+            return ProbeResult(False, clip(why, _REASON_LIMIT))
+
+    return guarded
+
+
+def torch_reading(
+    platform: str, fn: Callable[[int], Any], device: int, source: str, where: str
+) -> MemoryInfo:
+    """Return the checked reading of a framework's ``free, total = fn(device)`` (mem_get_info)."""
+    name = source.partition(" (")[0]
+    try:
+        free, total = fn(device)
+    except Exception as exc:
+        why = f"{name} memory query for device {device} failed: {clip(str(exc), 400)}"
+        raise BackendError(platform, why, type(exc).__name__) from exc
+    free = vendor_int(platform, where, "free", free)
+    total = vendor_int(platform, where, "total", total)
+    return checked_memory(
+        platform, where, free=free, total=total, used=max(0, total - free), source=source
+    )
+
+
+class VendorCard(NamedTuple):
+    """One ``cardN`` of a DRM class directory, its ``device`` directory and PCI address."""
+
+    entry: str
+    device: Path
+    pci: str | None
+
+
+def vendor_cards(drm: Path, vendor: int, read: ReadText) -> tuple[list[VendorCard], str]:
+    """List ``drm``'s cards whose ``device/vendor`` is ``vendor``, and :func:`drm_cards`' note."""
+    entries, note = drm_cards(drm)
+    cards: list[VendorCard] = []
+    for entry in entries:
+        device = drm / entry / "device"
+        try:
+            found = int(read(str(device / "vendor")).strip(), 16)
+        except (OSError, ValueError):
+            continue
+        if found == vendor:
+            cards.append(VendorCard(entry, device, _card_pci(device, read)))
+    return cards, note
+
+
+def _card_pci(device: Path, read: ReadText) -> str | None:
+    try:
+        pci = pci_address(os.path.basename(_files.realpath(device)))
+        if pci is None:
+            slot = parse_key_values(read(str(device / "uevent")), sep="=").get("PCI_SLOT_NAME")
+            pci = pci_address(slot)
+    except OSError:
+        return None
+    return pci
+
+
 # Each returns the reason the backend's own probe() gives, word for word, or None whenever
 # anything could make the backend available (then the registry loads it and runs its probe).
 # While a capture records or a replay answers, each returns None: the captured host decides.
 
-ENV_LEVEL_ZERO_LIB = "ACCELPLAT_LEVEL_ZERO_LIB"
-"""Variable naming the Level Zero loader library to load instead of :data:`LEVEL_ZERO_LOADER`."""
+ENV_LEVEL_ZERO_LIB = "ACCELPLAT_LEVEL_ZERO_LIB"  # a loader to load instead of the standard one
 
 LEVEL_ZERO_LOADER = "libze_loader.so.1"
 AMDSMI_NOT_INSTALLED = "amdsmi is not installed"
@@ -264,12 +281,7 @@ def level_zero_not_found(name: str, exc: BaseException) -> str:
 
 
 def drm_cards(drm: DrmPath) -> tuple[list[str], str]:
-    """List the ``cardN`` entries of a DRM class directory, sorted.
-
-    Returns:
-        The entries (connectors such as ``card0-DP-1`` and render nodes left out) and ``""``;
-        or no entries and a note saying why none could be listed (missing, unreadable).
-    """
+    """List the ``cardN`` entries of ``drm`` (no connectors), sorted, and ``""``; or why not."""
     try:
         entries = sorted(_files.listdir(drm))
     except FileNotFoundError:
@@ -280,7 +292,8 @@ def drm_cards(drm: DrmPath) -> tuple[list[str], str]:
 
 
 def _sysfs_drm() -> DrmPath:
-    return Path(os.environ.get(ENV_SYSFS_ROOT) or "/sys") / "class" / "drm"
+    # os.path, not pathlib: pathlib pulls in urllib and ipaddress (~4 ms) on every detection
+    return os.path.join(os.environ.get(ENV_SYSFS_ROOT) or "/sys", "class", "drm")
 
 
 def _may_hold_vendor(drm: DrmPath, cards: list[str], vendor: int) -> bool:
@@ -296,23 +309,14 @@ def _may_hold_vendor(drm: DrmPath, cards: list[str], vendor: int) -> bool:
 
 
 def cuda_absent() -> str | None:
-    """Return why CUDA is certainly unavailable here (NVML's library does not load), or ``None``.
-
-    Side effects:
-        May load ``libnvidia-ml.so.1`` (see :func:`accelplat._vendor.nvml.library_missing`).
-    """
+    """Return why CUDA is certainly unavailable (NVML's library does not load), or ``None``."""
     from accelplat._vendor import nvml
 
     return nvml.unavailable_before_import()
 
 
 def rocm_absent() -> str | None:
-    """Return why ROCm is certainly unavailable here, or ``None`` when only its probe can tell.
-
-    Side effects:
-        Lists ``<sysfs>/class/drm``, reads its cards' ``vendor`` files and asks the import system
-        whether ``amdsmi`` is installed (without importing it).
-    """
+    """Return why ROCm is certainly unavailable (no AMD card, no ``amdsmi`` spec), or ``None``."""
     if _boundary.active() is not None or "amdsmi" in sys.modules or "torch" in sys.modules:
         return None
     drm = _sysfs_drm()
@@ -331,12 +335,7 @@ def rocm_absent() -> str | None:
 
 
 def xpu_absent() -> str | None:
-    """Return why XPU is certainly unavailable here, or ``None`` when only its probe can tell.
-
-    Side effects:
-        Lists ``<sysfs>/class/drm``, reads its cards' ``vendor`` files and loads the Level Zero
-        loader when present (the backend would load it next).
-    """
+    """Return why XPU is certainly unavailable (no Intel card, no Level Zero loader) or ``None``."""
     if _boundary.active() is not None:
         return None
     drm = _sysfs_drm()
@@ -353,22 +352,16 @@ def xpu_absent() -> str | None:
     return None
 
 
-# -- plausibility ------------------------------------------------------------------------------
 # A driver that answers can still answer nonsense: a u64 counter wrapped below zero (~16 EiB),
 # reserved above total, more free than there is. Every backend's figures go through
 # checked_memory as the source gave them, before anything bounds them, so a clamp never hides
 # an impossible one.
 
-MAX_PLAUSIBLE_BYTES = 2**63 - 1
-"""The largest byte count taken as real (8 EiB): above it, an unsigned counter has wrapped."""
+MAX_PLAUSIBLE_BYTES = 2**63 - 1  # 8 EiB: above it, an unsigned counter has wrapped
 
 
 def implausible(free: int, total: int, used: int, reserved: int = 0) -> str | None:
-    """Return a phrase naming the first impossible figure of a reading, or ``None``.
-
-    The rule: every figure lies in ``[0, MAX_PLAUSIBLE_BYTES]``; ``total`` (already less
-    ``reserved``) is above zero; ``free`` and ``used`` are each at most ``total``.
-    """
+    """Return a phrase naming the first impossible figure of a reading, or ``None``."""
     for name, value in (("total", total), ("used", used), ("reserved", reserved)):
         why = _out_of_range(name, value)
         if why is not None:
@@ -394,33 +387,9 @@ def _out_of_range(name: str, value: int) -> str | None:
 
 
 def require_plausible(
-    platform: str,
-    where: str,
-    *,
-    free: int,
-    total: int,
-    used: int,
-    reserved: int = 0,
-    source: str,
+    platform: str, where: str, *, free: int, total: int, used: int, reserved: int = 0, source: str
 ) -> None:
-    """Check that these figures are possible, building nothing (pure arithmetic: hot path).
-
-    For figures judged as read but not returned as they are (a host's own figures before a
-    cgroup limit bounds them); :func:`checked_memory` checks and builds in one step.
-
-    Args:
-        platform: The platform's name, for the error.
-        where: What was read, e.g. ``"cuda device 0 (GPU-…)"``, for the error.
-        free: Bytes free.
-        total: Bytes usable by applications (less ``reserved``).
-        used: Bytes in use.
-        reserved: Bytes the driver keeps for itself.
-        source: ``MemoryInfo.source``.
-
-    Raises:
-        ImplausibleReadingError: When :func:`implausible` finds something impossible; the
-            message names every figure and the source.
-    """
+    """Raise ``ImplausibleReadingError`` for impossible figures, building nothing (hot path)."""
     # One chained comparison on the hot path; the explanation is built only on failure.
     why = (
         None
@@ -441,14 +410,7 @@ def require_plausible(
 
 
 def checked_memory(
-    platform: str,
-    where: str,
-    *,
-    free: int,
-    total: int,
-    used: int,
-    reserved: int = 0,
-    source: str,
+    platform: str, where: str, *, free: int, total: int, used: int, reserved: int = 0, source: str
 ) -> MemoryInfo:
     """Return a :class:`MemoryInfo` of these figures, after :func:`require_plausible`."""
     require_plausible(

@@ -1,10 +1,7 @@
-"""The ``cpu`` platform: host memory, aware of cgroup limits and NUMA nodes.
+"""The ``cpu`` platform: host memory, aware of cgroup limits and NUMA nodes; it never fails to load.
 
-Every machine without an accelerator detects it, so it never fails to load. The host is one
-device, or each NUMA node this process may allocate from is one (vLLM's CPU worker binds to a
-node); host memory is bounded by the smallest cgroup limit on this process's path (v2 or v1).
-``/proc``, ``/sys`` and the cgroup mount can be moved (``ACCELPLAT_PROC_ROOT``,
-``ACCELPLAT_SYSFS_ROOT``, ``ACCELPLAT_CGROUP_ROOT``). The rules: docs/backends/cpu.md.
+One device, or one per NUMA node this process may allocate from (vLLM's CPU worker binds to one);
+memory is bounded by the smallest cgroup limit (v2 or v1) on this process's path.
 """
 
 from __future__ import annotations
@@ -36,8 +33,7 @@ _join = os.path.join
 
 ENV_CGROUP_ROOT = "ACCELPLAT_CGROUP_ROOT"
 
-_V1_UNLIMITED = 1 << 62
-"""cgroup v1 reports "no limit" as a page-aligned value near ``2**63``; anything this big is it."""
+_V1_UNLIMITED = 1 << 62  # cgroup v1's "no limit" is a page-aligned value near 2**63
 
 _UTILIZATION_CAP_PERCENT = 92
 _UTILIZATION_FLOOR_PERCENT = 5
@@ -48,13 +44,12 @@ _MEMTOTAL = frozenset({"MemTotal"})
 _CPU_MODEL_KEYS = ("model name", "Model", "Hardware", "cpu model", "cpu", "uarch")
 _CPU_FLAG_KEYS = ("flags", "Features")  # x86 and Arm spellings in /proc/cpuinfo
 
+# The x86-64 psABI levels, highest first, and the /proc/cpuinfo flags each adds to the lower.
 X86_64_LEVELS: tuple[tuple[str, frozenset[str]], ...] = (
     ("x86-64-v4", frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})),
     ("x86-64-v3", frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe"})),
     ("x86-64-v2", frozenset({"cx16", "popcnt", "sse4_1", "sse4_2", "ssse3"})),
 )
-"""The x86-64 psABI micro-architecture levels, highest first, and the ``/proc/cpuinfo`` flags
-each adds (a level also needs every lower level's flags)."""
 
 
 def _machine() -> str:
@@ -78,16 +73,7 @@ def _uname_machine() -> str:
 
 
 def cpu_isa(machine: str, flags: frozenset[str] | None) -> str | None:
-    """Return the CPU's instruction-set name: an x86-64 level, or the machine name.
-
-    Args:
-        machine: ``platform.machine()`` (``"x86_64"``, ``"aarch64"`` …).
-        flags: The ``flags``/``Features`` line of ``/proc/cpuinfo``, or ``None`` if unread.
-
-    Returns:
-        ``"x86-64-v4"`` … ``"x86-64-v2"`` on x86 when the flags show that level, else the
-        machine name (``"x86_64"``, ``"aarch64"``); ``None`` when even that is unknown.
-    """
+    """Return the x86-64 level ``/proc/cpuinfo``'s ``flags`` show, else ``machine``, or ``None``."""
     name = machine.strip().lower()
     if name in ("x86_64", "amd64") and flags is not None:
         have = True
@@ -105,8 +91,6 @@ class _CgroupUnusableError(Exception):
 
 
 class _CgroupLimit(NamedTuple):
-    """The binding cgroup figures for this process."""
-
     version: str  # "cgroup-v2" or "cgroup-v1"
     limit: int  # the smallest limit on the path
     headroom: int  # the smallest limit - charge over every limited level, at least 0
@@ -124,16 +108,8 @@ def utilization_with_margin(free: int, total: int) -> float:
     """Return the memory utilization an engine can ask for now and still start.
 
     vLLM's CPU worker refuses to start when ``ceil(total × utilization)`` exceeds the available
-    memory. The rule: 90 % of ``free / total`` (a margin for what the worker allocates before it
-    checks), rounded *down* to a hundredth, capped at 0.92 (the engine's general default) and
-    never below 0.05 (below that no engine is useful; it will refuse to start anyway).
-
-    Args:
-        free: Available bytes now (at least 0).
-        total: Total bytes (a non-positive total gives the floor, 0.05).
-
-    Returns:
-        A utilization in ``[0.05, 0.92]`` with two decimals.
+    memory: 90 % of ``free / total`` (a margin for what it allocates before it checks), rounded
+    *down* to a hundredth, in [0.05, 0.92] (the engine's default; below 0.05 no engine is useful).
     """
     if total <= 0:
         return _UTILIZATION_FLOOR_PERCENT / 100
@@ -143,7 +119,6 @@ def utilization_with_margin(free: int, total: int) -> float:
 
 
 def _read_text(path: str) -> str:
-    """Read a procfs, sysfs or cgroup file (regular files only, bounded)."""
     return _files.read_text(path, limit=_files.PROC_LIMIT)
 
 
@@ -166,25 +141,15 @@ def _parse_nonnegative(path: str, text: str) -> int:
 
 
 class CpuPlatform(BasePlatform):
-    """Host memory as a platform: cgroup-aware, one device per NUMA node where there are several.
-
-    Args:
-        proc_root: Where ``/proc`` is; default ``ACCELPLAT_PROC_ROOT`` or ``/proc``.
-        cgroup_root: Where the cgroup file systems are mounted; default
-            ``ACCELPLAT_CGROUP_ROOT`` or ``<sysfs root>/fs/cgroup``.
-        sysfs_root: Where ``/sys`` is; default ``ACCELPLAT_SYSFS_ROOT`` or ``/sys``.
-
-    The roots' variables are read on every query, so they may change after construction.
-    """
+    """Host memory: cgroup-aware, one device per NUMA node; roots not given are read per query."""
 
     name: ClassVar[str] = "cpu"
     device_type: ClassVar[str] = "cpu"
     is_accelerator: ClassVar[bool] = False
     GRAPH: ClassVar[GraphSupport] = GraphSupport(False, None, "CPU has no graph capture")
+    # Seconds the NUMA nodes and the limited cgroup levels (which files to read) are reused;
+    # memory figures are read on every query.
     STRUCTURE_TTL_S: ClassVar[float] = 1.0
-    """Seconds the NUMA node list and the set of limited cgroup levels are reused before they
-    are looked up again. Memory figures are read on every query; what is reused is only which
-    files to read, which changes when nodes come online or a cgroup limit is set or moved."""
     FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
         "bf16": (FeatureRule(note="computed by torch on any CPU"),),
     }
@@ -199,9 +164,8 @@ class CpuPlatform(BasePlatform):
         self._proc_root = proc_root
         self._cgroup_root = cgroup_root
         self._sysfs_root = sysfs_root
-        # Structure reused between readings (see STRUCTURE_TTL_S): the roots (by the values
-        # that name them), the NUMA nodes, where this process's cgroup levels are (by the text
-        # of /proc/self/cgroup) and which of them carry a limit. Figures are read every time.
+        # Reused (STRUCTURE_TTL_S): the roots (by the values naming them), the NUMA nodes, the
+        # cgroup levels (by /proc/self/cgroup's text) and which carry a limit; never figures.
         self._roots_cache: tuple[object, _Roots] | None = None
         self._nodes_seen: tuple[_Roots, float, tuple[int, ...]] | None = None
         self._limited_seen: tuple[_Roots, float, tuple[str, tuple[str, ...]] | None] | None = None
@@ -212,8 +176,6 @@ class CpuPlatform(BasePlatform):
     def probe(cls) -> ProbeResult:
         """Return available: every machine has host memory."""
         return ProbeResult(True, "host memory is always available (cgroup- and NUMA-aware)")
-
-    # -- roots ---------------------------------------------------------------------------
 
     def _roots(self) -> _Roots:
         proc = self._proc_root or os.environ.get(ENV_PROC_ROOT) or "/proc"
@@ -228,13 +190,8 @@ class CpuPlatform(BasePlatform):
         self._roots_cache = (key, roots)
         return roots
 
-    # -- devices ---------------------------------------------------------------------------
-
     def _numa_nodes(self, roots: _Roots) -> list[int]:
-        """Return the NUMA nodes to show as devices, or ``[]`` for "the host is one device".
-
-        Re-scanned at most every :attr:`STRUCTURE_TTL_S` seconds (per roots).
-        """
+        """Return the NUMA nodes to show as devices, or ``[]`` for "the host is one device"."""
         now = _monotonic()
         cached = self._nodes_seen
         if cached is not None and cached[0] is roots and now < cached[1]:
@@ -315,14 +272,7 @@ class CpuPlatform(BasePlatform):
 
     @override
     def devices(self) -> Sequence[DeviceInfo]:
-        """Return the host as device 0, or one device per allowed NUMA node.
-
-        Returns:
-            Devices in visible-index order; ``physical_index`` is the NUMA node id.
-
-        Side effects:
-            Reads ``/proc/cpuinfo``, ``/proc/self/status`` and the sysfs node directory.
-        """
+        """Return the host as device 0, or one per allowed NUMA node (``physical_index``)."""
         roots = self._roots()
         model, arch = self._cpu_identity(roots)
         nodes = self._numa_nodes(roots)
@@ -337,8 +287,6 @@ class CpuPlatform(BasePlatform):
     def device_count(self) -> int:
         """Return 1, or the number of allowed NUMA nodes on a multi-node machine."""
         return max(1, len(self._numa_nodes(self._roots())))
-
-    # -- memory ------------------------------------------------------------------------------
 
     @override
     def _memory_info(self, device: int) -> MemoryInfo:
@@ -385,13 +333,9 @@ class CpuPlatform(BasePlatform):
         total, mem_free = table["MemTotal"], table["MemFree"]
         where = f"NUMA node {node} ({path})"
         # The node's own figures, as read, must be possible (the one rule) ...
+        source = "numa-node"
         require_plausible(
-            "cpu",
-            where,
-            free=mem_free,
-            total=total,
-            used=max(0, total - mem_free),
-            source="numa-node",
+            "cpu", where, free=mem_free, total=total, used=max(0, total - mem_free), source=source
         )
         if "Active(file)" in table and "Inactive(file)" in table:
             available = mem_free + table["Active(file)"] + table["Inactive(file)"]
@@ -399,7 +343,6 @@ class CpuPlatform(BasePlatform):
             available = mem_free + max(0, table.get("FilePages", 0) - table.get("Shmem", 0))
         available += table.get("SReclaimable", 0)
         free = min(available, total)  # an estimate of what could be freed, at most the node
-        source = "numa-node"
         if cgroup is not None:
             total = min(total, cgroup.limit)
             free = min(free, cgroup.headroom, total)
@@ -430,14 +373,8 @@ class CpuPlatform(BasePlatform):
             )
         return answer[0], answer[1], "psutil", "psutil.virtual_memory()"
 
-    # -- cgroups --------------------------------------------------------------------------
-
     def _cgroup_limit(self, roots: _Roots) -> _CgroupLimit | None:
-        """Return the binding cgroup limit, or ``None`` when unlimited or unusable.
-
-        Which cgroup levels carry a limit is found at most every :attr:`STRUCTURE_TTL_S`
-        seconds (per roots); in between only those levels' limits and charges are read.
-        """
+        """Return the binding cgroup limit, or ``None`` when unlimited or unusable."""
         now = _monotonic()
         seen = self._limited_seen
         if seen is not None and seen[0] is roots and now < seen[1]:
@@ -448,14 +385,11 @@ class CpuPlatform(BasePlatform):
                 return self._limit_over(limited, version=version)[0]
             except _CgroupUnusableError:
                 return None
-        result: tuple[str, tuple[str, ...]] | None = None
         try:
             found = self._cgroup_limit_scan(roots)
         except _CgroupUnusableError:
             found = None
-        limit = None
-        if found is not None:
-            limit, result = found
+        limit, result = found or (None, None)
         self._limited_seen = (roots, now + self.STRUCTURE_TTL_S, result)
         return limit
 
@@ -520,12 +454,9 @@ class CpuPlatform(BasePlatform):
 
     @staticmethod
     def _resolve(mount: str, cgroup_path: str) -> str:
-        """Find this process's cgroup directory under ``mount``.
-
-        Inside a cgroup namespace, or when a container sees only its own subtree mounted, the
-        path in ``/proc/self/cgroup`` names directories above the mount; drop leading parts
-        until a directory exists (at worst the mount itself).
-        """
+        """Find this process's cgroup directory under ``mount``."""
+        # Inside a cgroup namespace, or when a container sees only its own subtree mounted, the
+        # path in /proc/self/cgroup names directories above the mount: drop leading parts.
         parts = [p for p in cgroup_path.split("/") if p and p != "."]
         if ".." in parts:
             return mount
@@ -598,16 +529,9 @@ class CpuPlatform(BasePlatform):
                 return max(0, usage - max(0, stat[key]))
         raise _CgroupUnusableError(f"{stat_path} has no {keys[0]} line")
 
-    # -- platform properties --------------------------------------------------------------
-
     @property
     def default_memory_utilization(self) -> float:  # type: ignore[override]
-        """Utilization an engine can ask for now: the smallest :func:`utilization_with_margin`.
-
-        Taken over the visible devices and, on a machine shown as one host device, over the
-        NUMA node files vLLM's CPU worker reads. Read afresh on every access; 0.92 when memory
-        cannot be read at all.
-        """
+        """The smallest :func:`utilization_with_margin` of the devices and vLLM's node files."""
         values: list[float] = []
         for device in range(self.device_count()):
             try:
@@ -619,13 +543,10 @@ class CpuPlatform(BasePlatform):
         return min(values) if values else _UTILIZATION_CAP_PERCENT / 100
 
     def _engine_node_views(self) -> list[MemoryInfo]:
-        """Node memory as vLLM's CPU worker reads it on a machine shown as one host device.
-
-        vLLM reads ``<sysfs>/devices/system/node/node<N>/meminfo`` whenever it exists, even on a
-        single-node machine, where it can disagree with ``/proc/meminfo`` (seen in virtual
-        machines whose node 0 reports less than the host). The default utilization must pass
-        the engine's check on that reading too, so it takes the smaller of both.
-        """
+        """Node memory as vLLM's CPU worker reads it on a machine shown as one host device."""
+        # vLLM reads <sysfs>/devices/system/node/node<N>/meminfo whenever it exists, even on a
+        # single-node machine, where it can disagree with /proc/meminfo (seen in virtual machines
+        # whose node 0 reports less than the host): the default utilization must pass both.
         roots = self._roots()
         if self._numa_nodes(roots):
             return []  # already the devices themselves

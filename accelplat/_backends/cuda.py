@@ -1,11 +1,8 @@
 """The ``cuda`` platform: NVIDIA GPUs, read through NVML, never through a CUDA context.
 
-Identity (names, UUIDs, PCI bus ids, MIG devices, compute capability) is enumerated once per
-NVML session; memory (the ladder in :func:`accelplat._vendor.nvml.memory`) and the
-compute-process list are read on every query. Visible indices follow ``CUDA_VISIBLE_DEVICES``
-and ``CUDA_DEVICE_ORDER`` exactly as the CUDA driver applies them (:mod:`accelplat._visible.cuda`),
-both read on every call; for GPUs of different models CUDA's fastest-first order is read once
-in a throw-away subprocess (:func:`cuda_order_uuids`). See docs/backends/cuda.md.
+Identity (names, UUIDs, bus ids, MIG devices) is enumerated once per NVML session; memory and
+processes on every query. ``CUDA_VISIBLE_DEVICES``/``CUDA_DEVICE_ORDER`` apply as the driver
+applies them; CUDA's fastest-first order is read in a subprocess (:func:`cuda_order_uuids`).
 """
 
 from __future__ import annotations
@@ -20,7 +17,13 @@ from typing import Any, ClassVar, NamedTuple
 from typing_extensions import override
 
 from accelplat import _boundary
-from accelplat._backends._common import checked_memory, host_meminfo, meminfo_path, pci_sort_key
+from accelplat._backends._common import (
+    checked_memory,
+    host_meminfo,
+    meminfo_path,
+    never_raises,
+    pci_sort_key,
+)
 from accelplat._platform import BasePlatform
 from accelplat._types import (
     DeviceInfo,
@@ -30,6 +33,7 @@ from accelplat._types import (
     MemoryInfo,
     ProbeResult,
 )
+from accelplat._vendor import clip, vendor_int
 from accelplat._vendor import nvml as _nvml
 from accelplat._vendor.versions import graph_support
 from accelplat._visible.cuda import (
@@ -45,14 +49,17 @@ from accelplat._visible.cuda import (
 )
 from accelplat.errors import BackendError, DeviceNotFoundError, NvmlUnavailableError
 
-OrderResolver = Callable[[Mapping[str, str]], Sequence[str]]
-"""Returns the UUIDs of all GPUs in CUDA's enumeration order, given the environment to use."""
+OrderResolver = Callable[[Mapping[str, str]], Sequence[str]]  # env -> all UUIDs in CUDA's order
 
 _HOLDERS_UNKNOWN_ERRORS = ("NotSupported", "NoPermission")
 # A GPU without MIG (pre-Ampere, consumer boards) or a driver before R450 answers any of these.
 _MIG_ABSENT_ERRORS = ("NotSupported", "FunctionNotFound", "InvalidArgument", "NotFound")
 _FULL_MIG_DIGITS = len("MIG-") + 32
 _NVML_VALUE_NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE, a process's unknown memory
+# Bounds on counts NVML (or a replay bundle) answers, so that a wild one cannot start a loop
+# of 2**63 queries: NVML numbers GPUs in an unsigned int, MIG allows 7 instances per GPU.
+_MAX_GPUS = 4096
+_MAX_MIG_SLOTS = 64
 
 _CUDA_ORDER_SCRIPT = r"""
 import ctypes, sys
@@ -82,24 +89,7 @@ for ordinal in range(count.value):
 
 
 def cuda_order_uuids(env: Mapping[str, str]) -> list[str]:
-    """Return every GPU's UUID in the CUDA driver's enumeration order.
-
-    A throw-away subprocess calls ``cuInit``, ``cuDeviceGetCount``, ``cuDeviceGet`` and
-    ``cuDeviceGetUuid`` through ctypes: no context is created in either process.
-
-    Args:
-        env: The subprocess's environment: without ``CUDA_VISIBLE_DEVICES`` every GPU is listed;
-            ``CUDA_DEVICE_ORDER`` as the caller has it.
-
-    Returns:
-        ``GPU-…`` UUIDs, CUDA ordinal 0 first; empty when CUDA sees no device.
-
-    Raises:
-        RuntimeError: When the subprocess fails (no ``libcuda``, a CUDA error, a timeout).
-
-    Side effects:
-        Asked through the vendor boundary: a replay gives the captured host's order.
-    """
+    """Return every GPU's UUID in CUDA's order, from a ctypes subprocess in ``env`` (no context)."""
     answer = _boundary.call(
         "cuda", ("order", env.get(ENV_CUDA_DEVICE_ORDER)), lambda: _cuda_order_live(env)
     )
@@ -164,11 +154,8 @@ class _View(NamedTuple):
 
 
 _table_lock = threading.Lock()
-_table: tuple[int, tuple[_Gpu, ...]] | None = None
-"""``(NVML session generation, GPUs in NVML order)``, shared by the probe and every instance."""
-
-_instances: weakref.WeakSet[CudaPlatform] = weakref.WeakSet()
-"""Every live :class:`CudaPlatform`, so that a forked child can give each a fresh lock."""
+_table: tuple[int, tuple[_Gpu, ...]] | None = None  # (NVML generation, GPUs in NVML order)
+_instances: weakref.WeakSet[CudaPlatform] = weakref.WeakSet()  # a forked child resets their locks
 
 
 def _text(value: object) -> str:
@@ -210,13 +197,17 @@ def _mig_devices(nv: Any, handle: Any, index: int) -> tuple[bool, tuple[_Mig, ..
         if _nvml.is_error(exc, *_MIG_ABSENT_ERRORS, "AttributeError"):
             return False, ()
         raise _nvml.translate(exc, f"reading the MIG mode of GPU {index}") from exc
-    if int(current) != int(getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)):
+    what = f"MIG of GPU {index}"
+    if vendor_int("cuda", what, "the mode", current) != getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
         return False, ()
-    slots = _call(
-        nv, f"counting MIG devices of GPU {index}", "nvmlDeviceGetMaxMigDeviceCount", handle
+    slots = _count(
+        _call(nv, f"counting MIG devices of GPU {index}", "nvmlDeviceGetMaxMigDeviceCount", handle),
+        what,
+        "the MIG device count",
+        _MAX_MIG_SLOTS,
     )
     migs: list[_Mig] = []
-    for slot in range(int(slots)):
+    for slot in range(slots):
         try:
             mig_handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
         except Exception as exc:
@@ -239,8 +230,17 @@ def _describe_mig(nv: Any, mig_handle: Any, what: str) -> _Mig:
     return _Mig(mig_handle, uuid, name, ids[0], ids[1])
 
 
+def _count(value: object, where: str, name: str, limit: int) -> int:
+    count = vendor_int("cuda", where, name, value)
+    if not 0 <= count <= limit:
+        raise BackendError("cuda", f"{where}: {name} is {count}, not in [0, {limit}]")
+    return count
+
+
 def _enumerate(nv: Any) -> tuple[_Gpu, ...]:
-    count = int(_call(nv, "counting GPUs", "nvmlDeviceGetCount"))
+    count = _count(
+        _call(nv, "counting GPUs", "nvmlDeviceGetCount"), "NVML", "the GPU count", _MAX_GPUS
+    )
     gpus: list[_Gpu] = []
     for index in range(count):
         handle = _call(nv, f"opening GPU {index}", "nvmlDeviceGetHandleByIndex", index)
@@ -257,26 +257,19 @@ def _enumerate(nv: Any) -> tuple[_Gpu, ...]:
 
 
 def _compute_capability(nv: Any, handle: Any) -> tuple[int, int] | None:
-    """Return ``nvmlDeviceGetCudaComputeCapability`` as ``(major, minor)``, or ``None``.
-
-    ``None`` when the driver or binding lacks the call or answers other than two small integers.
-    """
     try:
         major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
     except Exception:  # an identity fact is optional: no capability rather than no GPU
         return None
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (major, minor)):
-        return None
-    if not (0 <= major < 100 and 0 <= minor < 10):
-        return None
-    return int(major), int(minor)
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (major, minor))
+    if ints and 0 <= major < 100 and 0 <= minor < 10:
+        return int(major), int(minor)
+    return None
 
 
 def sm_arch(capability: tuple[int, int] | None) -> str | None:
     """Return the ``sm_XY`` name of a compute capability (``(9, 0)`` -> ``"sm_90"``)."""
-    if capability is None:
-        return None
-    return f"sm_{capability[0]}{capability[1]}"
+    return None if capability is None else f"sm_{capability[0]}{capability[1]}"
 
 
 def _physical_gpus(nv: Any) -> tuple[_Gpu, ...]:
@@ -311,28 +304,20 @@ def _driver_version(nv: Any) -> str:
 class CudaPlatform(BasePlatform):
     """NVIDIA GPUs through NVML: memory, holders and visible devices without a CUDA context.
 
-    Forking stays safe (the base's ``"fork"``): the NVML session, the GPU table and every
-    instance's lock are reset in the child, even when another thread of the parent was inside a
-    query at fork time. Memory is released eagerly (the base's profile): NVML shows freed memory
-    within a second (0.2-0.9 s measured on an H200), so waits use no stability window.
-
-    Args:
-        proc_root: Where ``/proc`` is, for the host memory of unified-memory GPUs; defaults to
-            ``ACCELPLAT_PROC_ROOT`` or ``/proc``.
-        order_resolver: Returns all GPU UUIDs in CUDA's order, for machines with different GPU
-            models; defaults to :func:`cuda_order_uuids` (a throw-away subprocess).
+    Fork-safe (session, table and locks reset in the child). Memory is released eagerly: NVML
+    shows freed memory within 0.2-0.9 s (measured on an H200), so waits use no stability window.
     """
 
     name: ClassVar[str] = "cuda"
     device_type: ClassVar[str] = "cuda"
     visible_devices_env: ClassVar[str | None] = ENV_CUDA_VISIBLE_DEVICES
+    # Tensor-core formats by compute capability, from NVIDIA's architecture documentation.
     FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
         "bf16": (FeatureRule(min_compute_capability=(8, 0)),),  # Ampere
         "fp8": (FeatureRule(min_compute_capability=(8, 9), value="e4m3fn"),),  # Ada, Hopper
         "fp4": (FeatureRule(min_compute_capability=(10, 0), value="nvfp4,mxfp4"),),  # Blackwell
         "mxfp4": (FeatureRule(min_compute_capability=(10, 0)),),
     }
-    """Tensor-core formats by compute capability, from NVIDIA's architecture documentation."""
 
     def __init__(
         self,
@@ -348,57 +333,46 @@ class CudaPlatform(BasePlatform):
         self._order_cache: dict[tuple[str | None, tuple[str, ...]], tuple[list[str], str]] = {}
         self._graph: GraphSupport | None = None
 
-    # -- detection -------------------------------------------------------------------------
-
     @classmethod
     @override
+    @never_raises
     def probe(cls) -> ProbeResult:
-        """Return whether NVML works here and shows at least one visible GPU; never raises.
-
-        Side effects:
-            Imports ``pynvml`` and initialises NVML once per process; no subprocess (ordinals
-            are counted in PCI order, which cannot change the count).
-        """
+        """Return whether NVML works and shows a visible GPU (in PCI order; no subprocess)."""
         try:
             with _nvml.session() as nv:
                 gpus = _physical_gpus(nv)
                 driver = _driver_version(nv)
-            if not gpus:
-                return ProbeResult(False, f"NVML (driver {driver}) found no NVIDIA GPU")
-            value = os.environ.get(ENV_CUDA_VISIBLE_DEVICES)
-            resolution = resolve_cuda_visible_devices(value, _records(_pci_order(gpus)))
-            if not resolution.targets:
-                why = f"; {resolution.notes[0]}" if resolution.notes else ""
-                return ProbeResult(
-                    False,
-                    f"NVML (driver {driver}) sees {len(gpus)} NVIDIA GPU(s), but "
-                    f"{ENV_CUDA_VISIBLE_DEVICES}={value!r} leaves none visible{why}",
-                )
-            names = sorted({g.name for g in gpus})
-            return ProbeResult(
-                True,
-                f"NVML (driver {driver}): {len(resolution.targets)} of {len(gpus)} NVIDIA GPU(s) "
-                f"visible ({', '.join(names)})",
-            )
         except NvmlUnavailableError as exc:
             return ProbeResult(False, exc.reason)
         except BackendError as exc:
             return ProbeResult(False, f"NVML query failed: {exc}")
-        except Exception as exc:  # a probe never raises
-            return ProbeResult(False, f"NVML probe failed: {type(exc).__name__}: {exc}")
-
-    # -- properties ------------------------------------------------------------------------
+        if not gpus:
+            return ProbeResult(False, f"NVML (driver {driver}) found no NVIDIA GPU")
+        value = os.environ.get(ENV_CUDA_VISIBLE_DEVICES)
+        resolution = resolve_cuda_visible_devices(value, _records(_pci_order(gpus)))
+        if not resolution.targets:
+            why = f"; {resolution.notes[0]}" if resolution.notes else ""
+            return ProbeResult(
+                False,
+                f"NVML (driver {driver}) sees {len(gpus)} NVIDIA GPU(s), but "
+                f"{ENV_CUDA_VISIBLE_DEVICES}={clip(repr(value))} leaves none visible{why}",
+            )
+        names = sorted({g.name for g in gpus})
+        return ProbeResult(
+            True,
+            f"NVML (driver {driver}): {len(resolution.targets)} of {len(gpus)} NVIDIA GPU(s) "
+            f"visible ({', '.join(names)})",
+        )
 
     @property
     @override
     def graph(self) -> GraphSupport:
         """CUDA graphs: ``torch.cuda.CUDAGraph`` from torch 1.10, in a build for CUDA (or any)."""
-        graph = self._graph
-        if graph is None:
-            graph = self._graph = graph_support(
+        if self._graph is None:
+            self._graph = graph_support(
                 "torch.cuda.CUDAGraph", (1, 10), label="CUDA graphs", flavour="cu"
             )
-        return graph
+        return self._graph
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -411,21 +385,9 @@ class CudaPlatform(BasePlatform):
         with _nvml.session() as nv:
             return _driver_version(nv)
 
-    # -- devices ---------------------------------------------------------------------------
-
     @override
     def devices(self) -> Sequence[DeviceInfo]:
-        """Return the visible GPUs (or MIG devices) in visible-index order.
-
-        ``physical_index`` is the NVML index (of the parent GPU for a MIG device).
-
-        Raises:
-            BackendError: When NVML is unavailable or fails.
-
-        Side effects:
-            Reads both variables on every call. For GPUs of different models without
-            ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, the first call per order runs a subprocess.
-        """
+        """Return the visible GPUs or MIG devices; ``physical_index``: NVML's (a MIG's parent's)."""
         return self._view().devices
 
     def _view(self) -> _View:
@@ -512,8 +474,6 @@ class CudaPlatform(BasePlatform):
             and len(e.uuid_prefix) == _FULL_MIG_DIGITS
             and e.uuid_prefix not in known
         ]
-        if not extra:
-            return gpus
         result = list(gpus)
         for uuid in extra:
             try:
@@ -528,8 +488,6 @@ class CudaPlatform(BasePlatform):
                     result[pos] = gpu._replace(mig_enabled=True, migs=(*gpu.migs, mig))
         return result
 
-    # -- memory ----------------------------------------------------------------------------
-
     def _target(self, index: int) -> _Target:
         # memory_info checked the index against a view built from this call's variables:
         # reuse it rather than read them again (a newer view from another thread is as good).
@@ -542,10 +500,18 @@ class CudaPlatform(BasePlatform):
         return targets[index]
 
     @override
+    def device_count(self) -> int:
+        """Return the number of visible GPUs (or MIG devices)."""
+        return len(self._view().targets)
+
+    @override
     def _memory_info(self, device: int) -> MemoryInfo:
         info, handle, where = self._target(device)
-        with _nvml.session() as nv:
+        nv = _nvml.acquire()  # not session(): the polling path of every wait
+        try:
             figures = _nvml.memory(nv, handle, info.uuid or "", where)
+        finally:
+            _nvml.release()
         if figures is None:
             return self._host_memory(where)
         free, total, used, reserved, source = figures
@@ -580,19 +546,7 @@ class CudaPlatform(BasePlatform):
 
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
-        """Return the processes holding memory on ``device``, from NVML's compute-process list.
-
-        Returns:
-            One :class:`MemoryHolder` per process (host PIDs, even inside a container), or
-            ``None`` when NVML cannot tell (``NotSupported``, ``NoPermission``).
-
-        Raises:
-            DeviceNotFoundError: For an index that is not visible.
-            BackendError: For other NVML failures, and for a malformed process entry.
-
-        Side effects:
-            One NVML call, then ``/proc`` reads (psutil) to classify each PID.
-        """
+        """Return NVML's compute processes on ``device`` (host PIDs), ``None`` if it cannot tell."""
         _, handle, where = self._target(self.check_device(device))
         with _nvml.session() as nv:
             try:

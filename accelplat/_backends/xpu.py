@@ -1,9 +1,8 @@
 """The ``xpu`` platform: Intel GPUs through Level Zero Sysman, or torch.xpu when allowed.
 
-Memory comes from Sysman (:mod:`accelplat._vendor.levelzero`): the card's memory modules, summed
-over a device's tiles; torch only when the caller imported it or ``ACCELPLAT_XPU_ALLOW_TORCH=1``.
-Cards come from Sysman, or sysfs without Level Zero, in Level Zero core's order; then the oneAPI
-variables apply (:mod:`accelplat._visible.oneapi`). ``docs/backends/xpu.md`` has the rules.
+Memory: Sysman's memory modules summed over a device's tiles; torch only when the caller imported
+it or ``ACCELPLAT_XPU_ALLOW_TORCH=1``. Cards: Sysman (or sysfs) in Level Zero core's order, then the
+oneAPI variables (:mod:`accelplat._visible.oneapi`). ``docs/backends/xpu.md`` has the rules.
 """
 
 from __future__ import annotations
@@ -27,14 +26,15 @@ from accelplat._backends._common import (
     INTEL_VENDOR_ID,
     ReadText,
     checked_memory,
-    drm_cards,
     level_zero_loader_name,
     level_zero_not_found,
+    never_raises,
     no_intel_gpu,
     parse_key_values,
-    pci_address,
     pci_sort_key,
     read_attribute,
+    torch_reading,
+    vendor_cards,
 )
 from accelplat._platform import BasePlatform, StartMethod
 from accelplat._types import (
@@ -60,7 +60,7 @@ from accelplat._visible.oneapi import (
     parse_hierarchy,
     visible_targets,
 )
-from accelplat.errors import AccelplatError, BackendError, LevelZeroError
+from accelplat.errors import BackendError, LevelZeroError
 
 ENV_ALLOW_TORCH = "ACCELPLAT_XPU_ALLOW_TORCH"
 ENV_INTEGRATED = "ACCELPLAT_XPU_INTEGRATED"
@@ -72,7 +72,6 @@ SOURCE_ACCELERATOR = "torch.accelerator (creates a device context)"
 SOURCE_IPEX = "ipex xpu.mem_get_info (creates a device context)"
 
 _TOTAL_TOLERANCE_DIVISOR = 256  # a torch total 0.4 % off total_memory is a shifted total
-
 _DRIVERS = ("xe", "i915")
 _INTEGRATED_SLOT = "0000:00:02.0"  # where Intel integrated GPUs sit on the PCI bus
 _TILE_RE = re.compile(r"^tile(\d+)$")
@@ -88,17 +87,7 @@ def _flag(name: str) -> bool:
 
 
 def usage_visible_to_this_process(status_text: str, uid_map_text: str) -> bool:
-    """Return whether the kernel's ``perfmon_capable()`` check passes for this process.
-
-    Args:
-        status_text: The text of ``/proc/self/status`` (``""`` when unreadable).
-        uid_map_text: The text of ``/proc/self/uid_map`` (``""``, when unreadable, counts as the
-            initial namespace).
-
-    Returns:
-        ``True`` when the effective capabilities include ``CAP_PERFMON`` or ``CAP_SYS_ADMIN`` and
-        the process is in the initial user namespace; without ``CapEff``, whether it is root.
-    """
+    """Whether ``perfmon_capable()`` passes: CapEff (else root) and the initial user namespace."""
     # i915 (i915_query.c query_memregion_info), and xe before upstream 4d0b035fd6da (stable
     # 6.8+ from late 2025), show real usage only if perfmon_capable(): capable(CAP_PERFMON) ||
     # capable(CAP_SYS_ADMIN), which checks the *initial* user namespace (linux/capability.h).
@@ -125,17 +114,11 @@ XE_ARCH_BY_DEVICE_ID: tuple[tuple[int, int, str], ...] = (
     (0x7D40, 0x7D4F, "mtl"),  # Xe-LPG: Core Ultra 100 (Meteor Lake)
     (0x7D50, 0x7D6F, "mtl"),
     (0x7DD0, 0x7DDF, "mtl"),
-)
-"""Inclusive PCI device-id ranges (the kernel's Intel PCI id tables) and their architecture, as
-``ocloc -device`` and torch's XPU builds name it."""
+)  # inclusive ranges from the kernel's Intel PCI id tables; arch as ocloc -device and torch name it
 
 
 def xe_arch(device_id: int) -> str | None:
-    """Return the Intel GPU architecture of a PCI device id (``0x0BD5`` -> ``"pvc"``), or ``None``.
-
-    Args:
-        device_id: The PCI device id from Level Zero (``deviceId``) or sysfs (``device``).
-    """
+    """Return the Intel GPU architecture of a PCI device id (``0x0BD5`` -> ``"pvc"``) or None."""
     for low, high, arch in XE_ARCH_BY_DEVICE_ID:
         if low <= device_id <= high:
             return arch
@@ -164,9 +147,7 @@ def _hidden_usage(driver: str) -> str:
 
 
 @dataclass(frozen=True)
-class _Card:
-    """One Intel GPU in Level Zero's order."""
-
+class _Card:  # one Intel GPU, in Level Zero's order
     pci_bus_id: str | None
     name: str
     uuid: str | None
@@ -175,18 +156,7 @@ class _Card:
     driver: str
     sysman: lz.SysmanDevice | None = None
     arch: str | None = None
-    device_id: int | None = None
     kernel_driver: str = ""  # xe or i915 when sysfs shows the card
-
-    @property
-    def xe_hpc(self) -> bool:
-        """Whether this is a Data Center GPU Max (Xe HPC)."""
-        return self.arch == "pvc" or "Data Center GPU Max" in self.name
-
-
-def _pci_order() -> bool:
-    # The loader's getenv_tobool (source/inc/ze_util.h) accepts only "1"; the spec lists {0, 1}.
-    return os.environ.get(ENV_PCI_ORDER) == "1"
 
 
 def _default_hierarchy(cards: Sequence[_Card]) -> tuple[Hierarchy, str]:
@@ -194,7 +164,7 @@ def _default_hierarchy(cards: Sequence[_Card]) -> tuple[Hierarchy, str]:
     # compute-runtime: COMPOSITE (the spec's default, gfx_core_helper_base.inl), except FLAT on
     # Xe HPC (gfx_core_helper_xe_hpc_core.cpp) from 23.43.27642 (commit 3fdcf049bf, Oct 2023).
     # The driver version needs Level Zero's core API, so on a Max FLAT is assumed, and said.
-    if cards and cards[0].xe_hpc:
+    if cards and (cards[0].arch == "pvc" or "Data Center GPU Max" in cards[0].name):  # Xe HPC
         return Hierarchy.FLAT, (
             f"{ENV_FLAT_DEVICE_HIERARCHY} unset: FLAT assumed (the default on Data Center GPU "
             f"Max from driver 23.43; older drivers default to COMPOSITE), set it to be sure"
@@ -205,7 +175,8 @@ def _default_hierarchy(cards: Sequence[_Card]) -> tuple[Hierarchy, str]:
 def _order(cards: list[_Card]) -> list[_Card]:
     # Level Zero core's order, which Sysman does not follow: discrete first, then PCI address;
     # sorting precedes the mask (execution_environment.cpp comparePciIdBusNumber).
-    if _pci_order():
+    # The loader's getenv_tobool (source/inc/ze_util.h) accepts only "1"; the spec lists {0, 1}.
+    if os.environ.get(ENV_PCI_ORDER) == "1":
         return sorted(cards, key=lambda c: pci_sort_key(c.pci_bus_id))
     return sorted(cards, key=lambda c: (c.integrated, pci_sort_key(c.pci_bus_id)))
 
@@ -213,53 +184,32 @@ def _order(cards: list[_Card]) -> list[_Card]:
 def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
     """Return the Intel GPUs bound to xe/i915 under ``sysfs``, and a note when there are none."""
     drm = sysfs / "class" / "drm"
-    entries, note = drm_cards(drm)
+    found, note = vendor_cards(drm, INTEL_VENDOR_ID, read)
     if note:
         return [], note
     cards: list[_Card] = []
     others: list[str] = []
-    for entry in entries:
-        device = drm / entry / "device"
-        try:
-            vendor = int(read(str(device / "vendor")).strip(), 16)
-        except (OSError, ValueError):
-            continue
-        if vendor != INTEL_VENDOR_ID:
-            continue
+    for entry, device, pci in found:
         driver = _driver(device, read)
         if driver not in _DRIVERS:
             others.append(f"{entry} ({driver or 'no driver'})")
             continue
-        pci = pci_address(os.path.basename(_files.realpath(device)))
         integrated = pci == _INTEGRATED_SLOT
         tiles = 1
         with contextlib.suppress(OSError):
             if driver == "xe":  # device/tile<N>
                 tiles = max(1, sum(1 for n in _files.listdir(device) if _TILE_RE.match(n)))
             elif not integrated:  # an integrated i915 GPU lists its media GT as gt1
-                tiles = max(
-                    1, sum(1 for n in _files.listdir(drm / entry / "gt") if _GT_RE.match(n))
-                )
+                gts = _files.listdir(drm / entry / "gt")
+                tiles = max(1, sum(1 for n in gts if _GT_RE.match(n)))
         device_id = ""
         with contextlib.suppress(OSError):
             device_id = read(str(device / "device")).strip()
-        name = f"Intel GPU {device_id}".strip()
-        number: int | None = None
+        arch: str | None = None
         with contextlib.suppress(ValueError):
-            number = int(device_id, 16)
-        cards.append(
-            _Card(
-                pci,
-                name,
-                None,
-                integrated,
-                tiles,
-                driver,
-                device_id=number,
-                kernel_driver=driver,
-                arch=xe_arch(number) if number is not None else None,
-            )
-        )
+            arch = xe_arch(int(device_id, 16))
+        name = f"Intel GPU {device_id}".strip()
+        cards.append(_Card(pci, name, None, integrated, tiles, driver, None, arch, driver))
     note = "" if cards else no_intel_gpu(drm)
     if others and not cards:
         note += f" (Intel devices with other drivers: {', '.join(others)})"
@@ -289,28 +239,13 @@ if hasattr(os, "register_at_fork"):
 
 
 class XpuPlatform(BasePlatform):
-    """Intel GPUs through Level Zero (``docs/backends/xpu.md``).
-
-    Args:
-        sysfs_root: The sysfs root; default ``ACCELPLAT_SYSFS_ROOT`` or ``/sys``.
-        level_zero: A Level Zero library object to use instead of loading
-            ``libze_loader.so.1`` (or the path in ``ACCELPLAT_LEVEL_ZERO_LIB``); ``False``
-            disables Level Zero.
-        read_text: How sysfs files are read (for tests).
-        allow_torch: Let accelplat import torch for memory queries; default
-            ``ACCELPLAT_XPU_ALLOW_TORCH``. A torch the caller already imported is always used when
-            Level Zero cannot answer.
-        usage_visible: Whether the kernel shows this process memory usage; detected from the
-            process's capabilities and user namespace (under ``proc_root``) when ``None``.
-        proc_root: Where ``self/status`` and ``self/uid_map`` are read (default ``/proc``).
-    """
+    """Intel GPUs through Level Zero (``docs/backends/xpu.md``); ``None`` arguments: detected."""
 
     name: ClassVar[str] = "xpu"
     device_type: ClassVar[str] = "xpu"
     FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
         "bf16": (FeatureRule(archs=("pvc", "dg2", "bmg", "lnl", "mtl", "arl")),),
-    }
-    """bfloat16 on every Xe architecture torch's XPU builds target; no fp8/fp4 hardware rule."""
+    }  # bfloat16 on every Xe architecture torch's XPU builds target; no fp8/fp4 hardware rule
     visible_devices_env: ClassVar[str | None] = ENV_AFFINITY_MASK  # vLLM's device_control_env_var
     default_memory_utilization: ClassVar[float] = 0.9  # vLLM's test runner on XPU (conftest.py)
     preferred_start_method: ClassVar[StartMethod] = "spawn"  # vLLM: the only one XPU supports
@@ -323,12 +258,12 @@ class XpuPlatform(BasePlatform):
     def __init__(
         self,
         *,
-        sysfs_root: str | os.PathLike[str] | None = None,
-        level_zero: Any = None,
+        sysfs_root: str | os.PathLike[str] | None = None,  # default ACCELPLAT_SYSFS_ROOT or /sys
+        level_zero: Any = None,  # a library object instead of libze_loader.so.1; False: none
         read_text: ReadText | None = None,
-        allow_torch: bool | None = None,
-        usage_visible: bool | None = None,
-        proc_root: str | os.PathLike[str] | None = None,
+        allow_torch: bool | None = None,  # may accelplat import torch (an imported one is used)
+        usage_visible: bool | None = None,  # does the kernel show usage (None: from proc_root)
+        proc_root: str | os.PathLike[str] | None = None,  # self/status and self/uid_map
     ) -> None:
         self._sysfs_arg = None if sysfs_root is None else Path(sysfs_root)
         self._lz_arg = level_zero
@@ -350,8 +285,6 @@ class XpuPlatform(BasePlatform):
         self._sysman_cards = None
         self._torch_totals = {}
 
-    # -- sources ------------------------------------------------------------------------------
-
     def _sysfs(self) -> Path:
         return self._sysfs_arg or Path(os.environ.get(ENV_SYSFS_ROOT) or "/sys")
 
@@ -359,7 +292,7 @@ class XpuPlatform(BasePlatform):
         return self._allow_torch if self._allow_torch is not None else _flag(ENV_ALLOW_TORCH)
 
     def _level_zero(self) -> lz.Sysman | None:
-        """Return an initialised Sysman, or ``None`` (the reason is kept)."""
+        # An initialised Sysman, or None (the reason is kept in _sysman_failure).
         with self._lock:
             if self._sysman is not None or self._sysman_failure is not None:
                 return self._sysman
@@ -395,9 +328,8 @@ class XpuPlatform(BasePlatform):
                     self._sysman_failure = f"Level Zero device enumeration failed: {exc}"
                     self._sysman = None
                     return None
-                drivers = {
-                    c.pci_bus_id: c.driver for c in _scan_sysfs(self._sysfs(), self._read)[0]
-                }
+                in_sysfs = _scan_sysfs(self._sysfs(), self._read)[0]
+                drivers = {c.pci_bus_id: c.driver for c in in_sysfs}
                 self._sysman_cards = [
                     _Card(
                         d.pci_bus_id,
@@ -408,22 +340,12 @@ class XpuPlatform(BasePlatform):
                         "level-zero",
                         d,
                         xe_arch(d.device_id),
-                        device_id=d.device_id,
                         kernel_driver=drivers.get(d.pci_bus_id, ""),
                     )
                     for d in found
                     if d.is_intel_gpu
                 ]
             return _order(self._sysman_cards)  # the order variable is read on every query
-
-    def _cards(self) -> tuple[list[_Card], str]:
-        cards = self._cards_from_level_zero()
-        if cards:
-            return cards, ""
-        found, note = _scan_sysfs(self._sysfs(), self._read)
-        if not found and self._sysman_failure:
-            note = f"{note}; {self._sysman_failure}"
-        return found, note
 
     def _torch(self) -> tuple[Any, str]:
         torch = sys.modules.get("torch")
@@ -442,8 +364,7 @@ class XpuPlatform(BasePlatform):
                 return None, self._torch_import_failure
         xpu = getattr(torch, "xpu", None)
         if xpu is None:
-            version = getattr(torch, "__version__", "?")
-            return None, f"torch {version} has no torch.xpu"
+            return None, f"torch {getattr(torch, '__version__', '?')} has no torch.xpu"
         try:
             available = bool(xpu.is_available())
         except Exception as exc:
@@ -455,10 +376,8 @@ class XpuPlatform(BasePlatform):
     def _uses_torch(self) -> bool:
         return not self._cards_from_level_zero()
 
-    # -- queries ------------------------------------------------------------------------------
-
     def _targets(self) -> tuple[list[_Card], list[XpuTarget]]:
-        cards, _ = self._cards()
+        cards = self._cards_from_level_zero() or _scan_sysfs(self._sysfs(), self._read)[0]
         if not cards:
             return [], []
         default, _ = _default_hierarchy(cards)
@@ -466,19 +385,21 @@ class XpuPlatform(BasePlatform):
 
     @override
     def devices(self) -> Sequence[DeviceInfo]:
-        """Return the visible devices, in torch's order (``torch.xpu``'s when torch is the source).
-
-        Raises:
-            ConfigurationError: For malformed or unsupported visible-devices variables.
-            BackendError: When torch is the only source and fails.
-
-        Side effects:
-            Reads sysfs and Level Zero Sysman; imports torch only when allowed and needed.
-        """
+        """Return the visible devices in torch's order (``torch.xpu``'s when torch answers)."""
         if self._uses_torch():
             torch, _ = self._torch()
             if torch is not None:
-                return self._torch_devices(torch)
+                try:
+                    count = int(torch.xpu.device_count())
+                except Exception as exc:
+                    raise BackendError("xpu", f"torch.xpu.device_count() failed: {exc}") from exc
+                found = []
+                for i in range(count):
+                    name = "Intel GPU"
+                    with contextlib.suppress(Exception):
+                        name = str(torch.xpu.get_device_properties(i).name)
+                    found.append(DeviceInfo(i, i, name))
+                return found
         cards, targets = self._targets()
         out: list[DeviceInfo] = []
         for index, target in enumerate(targets):
@@ -494,15 +415,7 @@ class XpuPlatform(BasePlatform):
 
     @override
     def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
-        """Return ``ZE_AFFINITY_MASK`` for exactly ``devices``, and no ``ONEAPI_DEVICE_SELECTOR``.
-
-        The mask is written in the device model in force (card or tile entries under
-        ``COMPOSITE``, flat indices otherwise); the SYCL selector is removed because it would
-        index the masked list. Without a card table (torch only), card indices are used.
-
-        Args:
-            devices: Devices as :meth:`devices` returned them.
-        """
+        """Return ``ZE_AFFINITY_MASK`` for ``devices``, without the selector (it would index it)."""
         cards, targets = self._targets()
         if not cards or len(targets) < len(devices):
             mask = ",".join(str(d.physical_index) for d in devices)
@@ -512,19 +425,6 @@ class XpuPlatform(BasePlatform):
             chosen = [targets[d.index] for d in devices]
             mask = affinity_mask_for(chosen, [c.tiles for c in cards], hierarchy)
         return {ENV_AFFINITY_MASK: mask, ENV_DEVICE_SELECTOR: None}
-
-    def _torch_devices(self, torch: Any) -> list[DeviceInfo]:
-        try:
-            count = int(torch.xpu.device_count())
-        except Exception as exc:
-            raise BackendError("xpu", f"torch.xpu.device_count() failed: {exc}") from exc
-        out = []
-        for i in range(count):
-            name = "Intel GPU"
-            with contextlib.suppress(Exception):
-                name = str(torch.xpu.get_device_properties(i).name)
-            out.append(DeviceInfo(i, i, name))
-        return out
 
     @override
     def _memory_info(self, device: int) -> MemoryInfo:
@@ -560,13 +460,9 @@ class XpuPlatform(BasePlatform):
             if used == 0 and not self._kernel_shows_usage():
                 why = _hidden_usage(card.kernel_driver)
                 return self._torch_memory(device, why=why, zero_is_suspect=True)
+            where = f"xpu device {device} (Level Zero Sysman)"
             return checked_memory(
-                "xpu",
-                f"xpu device {device} (Level Zero Sysman)",
-                free=free,
-                total=total,
-                used=used,
-                source=SOURCE_SYSMAN,
+                "xpu", where, free=free, total=total, used=used, source=SOURCE_SYSMAN
             )
         return self._torch_memory(device, why=self._sysman_failure or "no Intel GPU in Level Zero")
 
@@ -586,15 +482,12 @@ class XpuPlatform(BasePlatform):
             raise BackendError("xpu", f"no memory source for device {device}: {why}; {reason}")
         # What vLLM 0.33 trusts: torch.accelerator.get_memory_info, which it routes to its own
         # op because torch.xpu.mem_get_info "returns wrong memory info with latest UMD".
-        accelerator = getattr(torch, "accelerator", None)
-        fn: Any = getattr(accelerator, "get_memory_info", None)
+        fn: Any = getattr(getattr(torch, "accelerator", None), "get_memory_info", None)
         source = SOURCE_ACCELERATOR
         if fn is None:
-            fn = getattr(torch.xpu, "mem_get_info", None)
-            source = SOURCE_TORCH
+            fn, source = getattr(torch.xpu, "mem_get_info", None), SOURCE_TORCH
         if fn is None:
-            fn = self._ipex_mem_get_info(torch)
-            source = SOURCE_IPEX
+            fn, source = self._ipex_mem_get_info(torch), SOURCE_IPEX
         if fn is None:
             version = getattr(torch, "__version__", "?")
             raise BackendError(
@@ -604,25 +497,9 @@ class XpuPlatform(BasePlatform):
                 f"intel-extension-for-pytorch offers one to older stacks)",
             )
         name = source.split(" (")[0]
-        try:
-            free, total = fn(device)
-        except Exception as exc:
-            raise BackendError(
-                "xpu",
-                f"{name} memory query for device {device} failed: {exc}",
-                type(exc).__name__,
-            ) from exc
-        free, total = int(free), int(total)
-        info = checked_memory(
-            "xpu",
-            f"xpu device {device}",
-            free=free,
-            total=total,
-            used=max(0, total - free),
-            source=source,
-        )
-        self._check_torch_reading(torch, device, free, total, name)
-        if zero_is_suspect and free == total:
+        info = torch_reading("xpu", fn, device, source, f"xpu device {device}")
+        self._check_torch_reading(torch, device, info.total, name)
+        if zero_is_suspect and info.free == info.total:
             raise BackendError(
                 "xpu",
                 f"{why}. {name} reports no usage either, and it reads the same kernel figure "
@@ -630,14 +507,8 @@ class XpuPlatform(BasePlatform):
             )
         return info
 
-    def _check_torch_reading(
-        self, torch: Any, device: int, free: int, total: int, name: str
-    ) -> None:
-        """Reject a shifted total, which the shared plausibility rule cannot see.
-
-        Raises:
-            BackendError: Naming the figures, when the total is shifted.
-        """
+    def _check_torch_reading(self, torch: Any, device: int, total: int, name: str) -> None:
+        """Reject a shifted total, which the shared plausibility rule cannot see."""
         # With some Intel user-mode drivers the total jumped (24385683456 to 25669140480 bytes on
         # BMG, vllm-xpu-kernels tests/test_get_memory_info.py) while free stayed below it.
         references: list[tuple[str, int]] = []
@@ -668,14 +539,7 @@ class XpuPlatform(BasePlatform):
 
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
-        """Return the processes using the card of ``device`` (per card, not per tile).
-
-        Returns:
-            Holders with their device memory, or ``None`` when Level Zero cannot tell.
-
-        Raises:
-            DeviceNotFoundError: For an index that is not visible.
-        """
+        """Return the processes using the card of ``device`` (not per tile), or ``None``."""
         index = self.check_device(device)
         sysman = self._level_zero()
         cards = self._cards_from_level_zero()
@@ -690,20 +554,13 @@ class XpuPlatform(BasePlatform):
             return None
         return [make_holder(p.pid, p.mem_bytes) for p in processes if p.mem_bytes > 0]
 
-    # -- Platform properties ------------------------------------------------------------------
-
     @property
     def context_free(self) -> bool:  # type: ignore[override]
-        """``True`` when Level Zero Sysman answers memory queries; ``False`` when torch must."""
-        return not self._uses_torch()
+        return not self._uses_torch()  # False when torch must answer
 
     @property
     def memory_source(self) -> str:
-        """The memory source queries use: Level Zero Sysman, torch, or ``""`` for none.
-
-        Side effects:
-            May load Level Zero; never imports torch.
-        """
+        """The memory source queries use: Level Zero Sysman, torch, or ``""`` (loads no torch)."""
         if not self._uses_torch():
             return SOURCE_SYSMAN
         torch = sys.modules.get("torch")
@@ -722,39 +579,28 @@ class XpuPlatform(BasePlatform):
 
     @classmethod
     @override
+    @never_raises
     def probe(cls) -> ProbeResult:
-        """Return whether an Intel GPU is usable here; never raises, never imports torch.
-
-        Side effects:
-            Reads sysfs; when sysfs shows no Intel GPU, loads Level Zero and initialises Sysman.
-        """
-        try:
-            platform = cls(allow_torch=False)
-            found, note = _scan_sysfs(platform._sysfs(), platform._read)
-            origin = "sysfs"
+        """Say whether an Intel GPU is usable here (sysfs, else Level Zero); never imports torch."""
+        platform = cls(allow_torch=False)
+        found, note = _scan_sysfs(platform._sysfs(), platform._read)
+        origin = "sysfs"
+        if not found:
+            found, origin = platform._cards_from_level_zero() or [], "Level Zero"
             if not found:
-                found = platform._cards_from_level_zero() or []
-                origin = "Level Zero"
-                if not found:
-                    why = note
-                    if platform._sysman_failure:
-                        why += f"; {platform._sysman_failure}"
-                    return ProbeResult(False, why)
-            # Nearly every Intel laptop and desktop has an integrated GPU: not alone, unless asked.
-            if not _flag(ENV_INTEGRATED) and all(c.integrated for c in found):
-                return ProbeResult(
-                    False,
-                    f"only integrated Intel GPU(s) found ({origin}); set {ENV_INTEGRATED}=1 to "
-                    f"use them as the xpu platform",
-                )
-            default, assumed = _default_hierarchy(found)
-            if os.environ.get(ENV_FLAT_DEVICE_HIERARCHY) in {h.value for h in Hierarchy}:
-                assumed = ""  # the variable names the model
-            targets = visible_targets([c.tiles for c in found], os.environ, default)
-        except AccelplatError as exc:
-            return ProbeResult(False, str(exc))
-        except Exception as exc:  # a probe must never raise
-            return ProbeResult(False, f"probe failed: {type(exc).__name__}: {exc}")
+                failure = platform._sysman_failure
+                return ProbeResult(False, f"{note}; {failure}" if failure else note)
+        # Nearly every Intel laptop and desktop has an integrated GPU: not alone, unless asked.
+        if not _flag(ENV_INTEGRATED) and all(c.integrated for c in found):
+            return ProbeResult(
+                False,
+                f"only integrated Intel GPU(s) found ({origin}); set {ENV_INTEGRATED}=1 to use "
+                f"them as the xpu platform",
+            )
+        default, assumed = _default_hierarchy(found)
+        if os.environ.get(ENV_FLAT_DEVICE_HIERARCHY) in {h.value for h in Hierarchy}:
+            assumed = ""  # the variable names the model
+        targets = visible_targets([c.tiles for c in found], os.environ, default)
         if not targets:
             return ProbeResult(
                 False,

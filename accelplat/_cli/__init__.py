@@ -1,7 +1,7 @@
 """The ``accelplat`` command line (``docs/cli.md``).
 
-Each sub-command's module has ``register(sub)``, which adds its parser with ``func``: a callable
-taking the parsed arguments and returning the exit status (:mod:`accelplat._cli._errors`).
+Each sub-command's module has ``register(sub)``, adding a parser whose ``func(args)`` returns the
+exit status (:mod:`accelplat._cli._errors`).
 """
 
 from __future__ import annotations
@@ -9,49 +9,65 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from accelplat._cli import capture, info, lease, scan, sizing, stats, timeline, wait
 from accelplat._cli._args import Subcommands, command
 from accelplat._cli._errors import (
     EXIT_BROKEN_PIPE,
+    EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    ClosedStdout,
     fail,
+    say,
+    shown,
     silence_stdout,
 )
 from accelplat.errors import AccelplatError
 
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
 SHELLS = ("bash", "zsh", "fish")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Help that fails loudly: argparse drops an ``OSError`` of standard output (``/dev/full``)."""
+
+    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+        (sys.stdout if file is None else file).write(self.format_help())
+
+
+class _Version(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from accelplat import __version__
+
+        sys.stdout.write(f"accelplat {__version__}\n")
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser with every sub-command registered."""
-    from accelplat import __version__
-
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="accelplat",
         description="Accelerator facts for ML test suites: platform, memory, waits, sizing.",
     )
-    parser.add_argument("--version", action="version", version=f"accelplat {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
+    sub: Subcommands[Any] = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (info, stats, wait, sizing, timeline, lease, scan, capture):
         module.register(sub)
-    _register_completion(sub)
-    return parser
-
-
-def _register_completion(sub: Subcommands[argparse.ArgumentParser]) -> None:
-    parser = command(
+    completion = command(
         sub,
         "completion",
         _completion,
         help="print a shell completion script (bash, zsh or fish)",
-        description="Print a completion script for SHELL, generated from this command line's "
-        "own parser, on standard output. Load it with e.g. "
-        "`source <(accelplat completion bash)` or save it where the shell looks for "
-        "completions.",
+        description="Print a completion script for SHELL, generated from this command line's own "
+        "parser, on standard output. Load it with e.g. `source <(accelplat completion bash)` or "
+        "save it where the shell looks for completions.",
     )
-    parser.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh or fish")
+    completion.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh or fish")
+    return parser
 
 
 def _completion(args: argparse.Namespace) -> int:
@@ -62,29 +78,42 @@ def _completion(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line.
+    """Run the command line on ``argv`` (``None``: ``sys.argv[1:]``); return the exit status.
 
-    Args:
-        argv: Arguments without the program name; ``None`` means ``sys.argv[1:]``.
-
-    Returns:
-        The exit status, the same mapping for every sub-command (:mod:`accelplat._cli._errors`).
+    A standard output that cannot be written (full, closed) ends any command with 1 and a message,
+    one closed by its reader (``| head``) with 141 and nothing.
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return EXIT_USAGE
+    closed = sys.stdout is None
+    if closed:
+        sys.stdout = ClosedStdout()
+    args: argparse.Namespace | None = None
     try:
         try:
-            status: int = func(args)
-        except AccelplatError as exc:
-            status = fail(exc, command=args.command, json_output=getattr(args, "json", False))
-        sys.stdout.flush()
+            parser = build_parser()
+            args = parser.parse_args(argv)  # --help prints, then raises SystemExit
+            func = getattr(args, "func", None)
+            if func is None:
+                parser.print_help()
+                return EXIT_USAGE
+            try:
+                return int(func(args))
+            except AccelplatError as exc:
+                return fail(exc, command=args.command, json_output=getattr(args, "json", False))
+        finally:
+            sys.stdout.flush()  # a failure here replaces what was returned or raised
     except BrokenPipeError:  # `accelplat info | head -1`: the reader has gone, not an error
         silence_stdout()
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    return status
+    except OSError as exc:
+        prefix = f"accelplat {args.command}" if args is not None else "accelplat"
+        if exc.filename is None:  # standard output: writes name no file, other failures do
+            silence_stdout()
+            say(f"{prefix}: error: cannot write standard output: {exc.strerror or exc}")
+        else:
+            say(f"{prefix}: error: {shown(exc, keep_newlines=True)}")
+        return EXIT_FAILED
+    finally:
+        if closed:
+            sys.stdout = None

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import os
+import stat
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,6 +13,7 @@ from accelplat import _validate
 from accelplat.errors import ConfigurationError
 
 Subcommands = argparse._SubParsersAction  # argparse's sub-command container has no public name
+_TEXT: dict[str, Any] = {"argument": "", "from_text": True, "error": argparse.ArgumentTypeError}
 
 
 def command(
@@ -34,14 +38,7 @@ def add_common(
     devices: bool = False,
     quiet: bool = False,
 ) -> None:
-    """Add the options several sub-commands share, each with one spelling.
-
-    Args:
-        parser: The sub-command's parser.
-        json: Add ``--json``; a string is its help text.
-        devices: Add ``--devices LIST`` (:func:`parse_devices`).
-        quiet: Add ``--quiet``/``-q``.
-    """
+    """Add the options several sub-commands share, each with one spelling (``json``: its help)."""
     if json:
         help_text = json if isinstance(json, str) else "print machine-readable JSON"
         parser.add_argument("--json", action="store_true", help=help_text)
@@ -57,21 +54,46 @@ def add_common(
 
 
 def path(action: argparse.Action, *, directory: bool = False) -> argparse.Action:
-    """Mark ``action`` as taking a file (or directory) name, for shell completion.
-
-    shtab reads ``complete``; its names ``"file"``/``"directory"`` spare every command the
-    import of shtab (80 ms, mostly ``importlib.metadata``).
-    """
+    """Mark ``action`` as taking a file (or directory) name, for shell completion."""
+    # shtab reads ``complete``; its names spare every command importing shtab (80 ms)
     action.complete = "directory" if directory else "file"  # type: ignore[attr-defined]
     return action
 
 
-def parse_devices(text: str) -> list[int] | None:
-    """Parse ``--devices``: comma-separated visible indices; ``all`` or ``""`` means all (None).
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+)
 
-    Raises:
-        argparse.ArgumentTypeError: For anything but integers >= 0 without duplicates.
-    """
+
+def output_file(text: str) -> str:
+    """Parse a file to write (``--out``): absent, or an existing regular file (or a link to one)."""
+    # The writers rename a new file over the name: a FIFO, a device (/dev/null), a socket or a
+    # directory there would be replaced, or block, so it is refused before anything runs.
+    if not text or "\0" in text:
+        raise argparse.ArgumentTypeError(f"needs a file name (without NUL), got {text!r}")
+    try:
+        mode = os.stat(text).st_mode
+    except FileNotFoundError:
+        return text
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc.strerror or exc}") from None
+    if stat.S_ISREG(mode):
+        return text
+    kind = next((k for test, k in _KINDS if test(mode)), "a special file")
+    raise argparse.ArgumentTypeError(f"{text!r} is {kind}, not a regular file; not replaced")
+
+
+def output_option(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
+    """Add ``flag`` naming a file to write (:func:`output_file`), marked for completion."""
+    path(parser.add_argument(flag, type=output_file, **kwargs))
+
+
+def parse_devices(text: str) -> list[int] | None:
+    """Parse ``--devices``: comma-separated visible indices; ``all`` or ``""`` means all (None)."""
     stripped = text.strip()
     if stripped.lower() in ("", "all"):
         return None
@@ -90,10 +112,10 @@ def parse_devices(text: str) -> list[int] | None:
 
 
 class Size(argparse.Action):
-    """``action=Size``: a size with a unit (``4GiB``, ``8GB``, ``100B``; ``parse_size``).
+    """``action=Size``: a size with a unit (``4GiB``, ``100B``); a refusal names the option."""
 
-    A refusal names the option (``--require: "4" has no unit; …``) and exits 2.
-    """
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"metavar": "SIZE", **kwargs})
 
     def __call__(
         self,
@@ -114,47 +136,20 @@ def seconds_arg(*, allow_zero: bool, maximum: float | None = None) -> Callable[[
     bound = ">= 0" if allow_zero else "> 0"
     if maximum is not None:
         bound = f"in {'[' if allow_zero else '('}0, {maximum:g}]"
-
-    def parse(text: str) -> float:
-        return _validate.number(
-            text,
-            "",
-            minimum=0 if allow_zero else None,
-            above=None if allow_zero else 0,
-            maximum=maximum,
-            expected=f"a finite number of seconds {bound}",
-            from_text=True,
-            error=argparse.ArgumentTypeError,
-        )
-
-    return parse
+    minimum, above = (0, None) if allow_zero else (None, 0)
+    expected = f"a finite number of seconds {bound}"
+    return functools.partial(
+        _validate.number, minimum=minimum, above=above, maximum=maximum, expected=expected, **_TEXT
+    )
 
 
 def ratio_arg(text: str) -> float:
     """Parse a fraction in ``[0, 1]`` (``--threshold-ratio``, ``--min-free-ratio``)."""
-    return _validate.number(
-        text,
-        "",
-        minimum=0,
-        maximum=1,
-        expected="a fraction in [0, 1]",
-        from_text=True,
-        error=argparse.ArgumentTypeError,
-    )
+    return _validate.number(text, minimum=0, maximum=1, expected="a fraction in [0, 1]", **_TEXT)
 
 
 def count_arg(*, minimum: int, maximum: int | None = None, what: str) -> Callable[[str], int]:
     """Return an argparse type for a whole number in ``minimum..maximum``, described by ``what``."""
-
-    def parse(text: str) -> int:
-        return _validate.integer(
-            text,
-            "",
-            minimum=minimum,
-            maximum=maximum,
-            expected=what,
-            from_text=True,
-            error=argparse.ArgumentTypeError,
-        )
-
-    return parse
+    return functools.partial(
+        _validate.integer, minimum=minimum, maximum=maximum, expected=what, **_TEXT
+    )

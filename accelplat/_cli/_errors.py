@@ -1,29 +1,34 @@
 """How every sub-command ends: one exit status mapping, one JSON shape (``docs/cli.md``).
 
 0 success; 1 a check or wait that did not pass, or a runtime failure (no platform, a backend
-error, a file that cannot be written); 2 bad usage or configuration; 130 after Ctrl-C; 141 when
-standard output was closed early. Every ``--json`` document starts with ``"schema"``; under
-``--json`` an error also prints a JSON error object on standard output.
+error, a file or standard output that cannot be written); 2 bad usage or configuration; 130
+after Ctrl-C; 141 when standard output was closed early. Every ``--json`` document starts with
+``"schema"``; under ``--json`` an error also prints a JSON error object on standard output.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from accelplat._describe import SCHEMA_VERSION
 from accelplat._types import MemoryHolder
-from accelplat._util import printable
+from accelplat._util import printable, shorten
 from accelplat.errors import BackendError, ConfigurationError, DeviceNotFoundError
 
-EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
+
+_LONG_RUN = re.compile(r"\S{201,}")
 
 
 def versioned(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -32,15 +37,7 @@ def versioned(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def dumps(doc: Mapping[str, Any], *, indent: int | None = None) -> str:
-    """Serialise ``doc`` as the command line prints it: versioned, strict JSON.
-
-    Args:
-        doc: The document's own keys.
-        indent: As for :func:`json.dumps`; ``None`` prints one line (streams need that).
-
-    Raises:
-        ValueError: For a float that is not finite (JSON has no NaN or infinity).
-    """
+    """Serialise ``doc`` versioned, as strict JSON (a NaN raises ``ValueError``)."""
     return json.dumps(versioned(doc), indent=indent, allow_nan=False)
 
 
@@ -49,19 +46,23 @@ def holder_json(h: MemoryHolder) -> dict[str, Any]:
     return {"pid": h.pid, "used_bytes": h.used_bytes, "state": h.state.value, "name": h.name}
 
 
+def shown(text: object, *, keep_newlines: bool = False) -> str:
+    """Return ``text`` for a terminal: escaped (``printable``), and shortened."""
+    # A value echoed back can hold 100 KB: runs of 200+ non-blanks are cut (``shorten``), then a
+    # text still over 4,000 characters to its first 2,000 and last 1,000.
+    capped = _LONG_RUN.sub(lambda m: shorten(m.group()), str(text))
+    if len(capped) > 4000:
+        capped = f"{capped[:2000]}… ({len(capped)} characters) …{capped[-1000:]}"
+    return printable(capped, keep_newlines=keep_newlines)
+
+
 def exit_status(exc: BaseException) -> int:
     """Return 2 for bad usage or configuration (an unknown device too), 1 for anything else."""
-    if isinstance(exc, (ConfigurationError, DeviceNotFoundError)):
-        return EXIT_USAGE
-    return EXIT_FAILED
+    return EXIT_USAGE if isinstance(exc, (ConfigurationError, DeviceNotFoundError)) else EXIT_FAILED
 
 
 def error_document(exc: BaseException, status: int | None = None) -> dict[str, Any]:
-    """Return ``{"status": "error", "exit_status": N, "error": {"type", "message", …}}``.
-
-    ``error`` also has ``vendor_error`` for backend errors and ``platform`` where the error
-    names one; ``status`` defaults to :func:`exit_status`.
-    """
+    """Return ``{"status": "error", "exit_status": N, "error": {"type", "message", …}}``."""
     error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
     if isinstance(exc, BackendError):
         error["vendor_error"] = exc.vendor_error
@@ -72,25 +73,32 @@ def error_document(exc: BaseException, status: int | None = None) -> dict[str, A
     return {"status": "error", "exit_status": status, "error": error}
 
 
-def fail(exc: BaseException, *, command: str, json_output: bool) -> int:
-    """Report ``exc`` as the end of ``command``: message on stderr, JSON on stdout if asked.
+def say(message: str) -> None:
+    """Print ``message`` on standard error, where a failing standard error is no new error."""
+    with contextlib.suppress(OSError, ValueError):
+        print(message, file=sys.stderr)
 
-    Returns:
-        The exit status (:func:`exit_status`).
-    """
+
+def fail(exc: BaseException, *, command: str, json_output: bool) -> int:
+    """Report ``exc`` on stderr (and as JSON on stdout if asked); return the exit status."""
     status = exit_status(exc)
     prefix = f"accelplat {command}" if command else "accelplat"
-    print(f"{prefix}: error: {printable(exc, keep_newlines=True)}", file=sys.stderr)
+    say(f"{prefix}: error: {shown(exc, keep_newlines=True)}")
     if json_output:
         print(dumps(error_document(exc, status)))
     return status
 
 
-def silence_stdout() -> None:
-    """Point standard output at ``/dev/null`` after its reader went away (``| head``).
+class ClosedStdout(io.TextIOBase):
+    """Standard output when descriptor 1 was closed (``>&-``): refuses the first write."""
 
-    Python would otherwise report a ``BrokenPipeError`` when it flushes standard output at exit.
-    """
+    # Python sets sys.stdout to None then, and print drops everything: the answer would be lost.
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+
+def silence_stdout() -> None:
+    """Point stdout at ``/dev/null`` after a failed write, or Python reports it again at exit."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -7,15 +7,13 @@ here and nothing else; the command prints exactly what went in.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-import tempfile
 
-from accelplat._cli._args import command, count_arg, path, seconds_arg
+from accelplat._cli._args import command, count_arg, output_option, seconds_arg
+from accelplat._cli._errors import EXIT_FAILED, say, shown
+from accelplat._files import write_text_atomic
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``capture`` sub-command to ``sub``."""
     parser = command(
         sub,
         "capture",
@@ -27,7 +25,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "that `accelplat info --replay BUNDLE` (or ACCELPLAT_REPLAY=BUNDLE) replays anywhere. "
         "No host name or user name is recorded. Creates no device context.",
     )
-    path(parser.add_argument("--out", required=True, help="bundle file to write: host.tar.gz"))
+    output_option(parser, "--out", required=True, help="bundle file to write: host.tar.gz")
     parser.add_argument(
         "--no-processes",
         action="store_true",
@@ -50,21 +48,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
 
 
-def _write(path: str, data: bytes) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".accelplat-capture-", dir=folder)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def _run(args: argparse.Namespace) -> int:
     from accelplat.replay import capture
 
@@ -72,11 +55,13 @@ def _run(args: argparse.Namespace) -> int:
         processes=not args.no_processes, samples=args.samples, interval_s=args.interval
     )
     try:
-        _write(args.out, result.data)
+        write_text_atomic(args.out, result.data)
     except OSError as exc:
-        print(f"accelplat: error: cannot write {args.out}: {exc}", file=sys.stderr)
-        return 1
+        say(f"accelplat capture: error: cannot write {shown(repr(args.out))}: {shown(exc)}")
+        return EXIT_FAILED
     if not args.quiet:
         print(result.contents)
-    print(f"wrote {args.out} ({len(result.data)} bytes); this is everything it holds (above).")
+    print(
+        f"wrote {shown(args.out)} ({len(result.data)} bytes); this is everything it holds (above)."
+    )
     return 0

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from accelplat._cli._args import add_common, command, path
+from accelplat._cli._errors import EXIT_FAILED, EXIT_USAGE, shown
 from accelplat._describe import collect_info
-from accelplat._util import format_bytes, printable
+from accelplat._util import format_bytes
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``info`` sub-command to ``sub``."""
     parser = command(
         sub,
         "info",
@@ -36,9 +35,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _render_text(info: dict[str, Any]) -> str:
-    lines: list[str] = []
     chosen = info["platform"]
-    lines.append(f"platform: {chosen if chosen else 'none'}")
+    lines = [f"platform: {chosen if chosen else 'none'}"]
     if info.get("error"):
         lines.append(f"  error: {info['error']}")
     lines.append("detection:")
@@ -47,7 +45,7 @@ def _render_text(info: dict[str, Any]) -> str:
         origin = "" if cand["builtin"] else " (plugin)"
         lines.append(f"  {mark} {cand['name']}{origin}: {cand['reason']}")
     if chosen is None:
-        return "\n".join(printable(line) for line in lines)
+        return "\n".join(shown(line) for line in lines)
     env = info["visible_devices_env"]
     if env:
         value = info["visible_devices"]
@@ -69,12 +67,8 @@ def _render_text(info: dict[str, Any]) -> str:
     devices = info["devices"]
     lines.append(f"devices: {len(devices)}")
     for dev in devices:
-        ident = f"  [{dev['index']}] {dev['name']} (physical {dev['physical_index']}"
-        if dev["arch"]:
-            ident += f", {dev['arch']}"
-        if dev["uuid"]:
-            ident += f", {dev['uuid']}"
-        lines.append(ident + ")")
+        extra = "".join(f", {dev[key]}" for key in ("arch", "uuid") if dev[key])
+        lines.append(f"  [{dev['index']}] {dev['name']} (physical {dev['physical_index']}{extra})")
         mem = dev["memory"]
         if mem is None:
             lines.append(f"      memory: unavailable: {dev['error']}")
@@ -84,14 +78,13 @@ def _render_text(info: dict[str, Any]) -> str:
             f"free {format_bytes(mem['free'])}, reserved {format_bytes(mem['reserved'])} "
             f"[{mem['source']}]"
         )
-    table = info.get("capabilities") or {}
-    if table:
+    if table := info.get("capabilities"):
         from accelplat._capabilities import Capability, table_lines
 
         lines.append("capabilities (device 0):")
         rows = table_lines({n: Capability(**c) for n, c in table.items()})
         lines.extend(f"  {row}" for row in rows)
-    return "\n".join(printable(line) for line in lines)
+    return "\n".join(shown(line) for line in lines)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -102,15 +95,15 @@ def _run(args: argparse.Namespace) -> int:
             info = collect_info()
         if not args.json:
             bundle = replayer.bundle
-            print(
-                f"replaying {bundle.source} (captured {bundle.created}, accelplat "
-                f"{bundle.accelplat_version})"
-            )
+            source, created, version = bundle.source, bundle.created, bundle.accelplat_version
+            print(shown(f"replaying {source} (captured {created}, accelplat {version})"))
     else:
         info = collect_info()
     if args.json:
-        json.dump(info, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print(json.dumps(info, indent=2, sort_keys=True))
     else:
         print(_render_text(info))
-    return 0 if info["platform"] else 1
+    if info["platform"]:
+        return 0
+    # Detection reports a configuration error (ACCELPLAT_PLATFORM=bogus) with no candidates.
+    return EXIT_FAILED if info["candidates"] else EXIT_USAGE

@@ -1,11 +1,9 @@
 """``accelplat lease``: run a command on devices leased for it alone, or show who holds what.
 
-``accelplat lease -n 2 [--min-free 40GiB] -- CMD ARGS…`` waits until two visible devices are
-free (no other lease, memory back), runs CMD with only them visible, forwards signals to it and
-exits with its status (``128 + N`` after signal ``N``; 1 when the devices did not become free in
-time; 2 for bad input; 127 when CMD cannot start). CMD inherits the lock descriptors, so the
-devices stay held until it exits even if this process is killed. ``--status [--json]`` lists
-each device the lock directory knows: held or free, and the holder's pid, command and start.
+``lease -n 2 -- CMD`` waits until two visible devices are free (no other lease, memory back), runs
+CMD with only them visible, forwards signals and exits with its status (``128 + N`` after signal
+``N``; 1 when the devices stayed busy; 2 for bad input; 127 when CMD cannot start). CMD inherits
+the lock descriptors: the devices stay held until it exits, even if this process is killed.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from accelplat._cli._args import Size, add_common, command, count_arg, path, ratio_arg, seconds_arg
-from accelplat._cli._errors import dumps
+from accelplat._cli._errors import dumps, shown
 from accelplat._leasing import (
     DEFAULT_TIMEOUT_S,
     LeaseRecord,
@@ -29,7 +27,7 @@ from accelplat._leasing import (
     lease,
     lease_status,
 )
-from accelplat._util import format_bytes, printable
+from accelplat._util import format_bytes
 from accelplat.errors import ConfigurationError
 
 _FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
@@ -60,7 +58,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--min-free",
         action=Size,
-        metavar="SIZE",
         help="each device must have SIZE free (e.g. 40GiB) when handed out",
     )
     parser.add_argument(
@@ -88,9 +85,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else list(args.cmd)
     if args.status:
         if cmd:
             raise ConfigurationError("--status takes no command")
@@ -107,13 +102,8 @@ def _run(args: argparse.Namespace) -> int:
     with held:
         if not args.quiet:
             names = ", ".join(f"{d.index} ({d.stable_id or d.name})" for d in held.devices)
-            env = " ".join(
-                f"{k}={v if v is not None else '(unset)'}" for k, v in held.environ.items()
-            )
-            print(
-                f"accelplat: leased {names} after {held.waited_s:.2f} s; {env}",
-                file=sys.stderr,
-            )
+            env = " ".join(f"{k}={'(unset)' if v is None else v}" for k, v in held.environ.items())
+            print(f"accelplat: leased {names} after {held.waited_s:.2f} s; {env}", file=sys.stderr)
         return _run_child(cmd, held.child_environ(), held.lock_fds)
 
 
@@ -123,7 +113,10 @@ def _run_child(cmd: Sequence[str], env: dict[str, str], fds: Sequence[int]) -> i
     except OSError as exc:
         print(f"accelplat: error: cannot run {cmd[0]!r}: {exc.strerror or exc}", file=sys.stderr)
         return 127
-    foreground = _in_terminal_foreground()
+    try:
+        foreground = os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        foreground = False
 
     def forward(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and foreground:
@@ -131,29 +124,14 @@ def _run_child(cmd: Sequence[str], env: dict[str, str], fds: Sequence[int]) -> i
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(signum)
 
-    previous = {}
-    for name in _FORWARDED:
-        signum = getattr(signal, name, None)
-        if signum is not None:
-            previous[signum] = signal.signal(signum, forward)
+    signums = [getattr(signal, name) for name in _FORWARDED if hasattr(signal, name)]
+    previous = {signum: signal.signal(signum, forward) for signum in signums}
     try:
-        while True:
-            try:
-                code = child.wait()
-                break
-            except KeyboardInterrupt:  # pragma: no cover - handlers replace the default
-                continue
+        code = child.wait()  # SIGINT is forwarded by the handler, never raised
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return 128 - code if code < 0 else code
-
-
-def _in_terminal_foreground() -> bool:
-    try:
-        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _state(record: LeaseRecord) -> str:
@@ -165,39 +143,25 @@ def _state(record: LeaseRecord) -> str:
 
 
 def _status(args: argparse.Namespace) -> int:
-    directory = args.lock_dir or str(default_lease_dir())
-    records = lease_status(directory)
+    records = lease_status(args.lock_dir)  # None: the private default, checked as such
+    directory = str(default_lease_dir()) if args.lock_dir is None else args.lock_dir
     if args.json:
-        doc = {
-            "lock_dir": directory,
-            "devices": [
-                {
-                    "device_id": r.device_id,
-                    "state": _state(r),
-                    "held": r.held,
-                    "pid": r.pid,
-                    "command": r.command,
-                    "since": r.since,
-                    "released": r.released,
-                    "platform": r.platform,
-                    "baseline_used_bytes": r.baseline_used_bytes,
-                }
-                for r in records
-            ],
-        }
-        print(dumps(doc))
+        keys = ("held", "pid", "command", "since", "released", "platform", "baseline_used_bytes")
+        devices = [
+            {"device_id": r.device_id, "state": _state(r), **{k: getattr(r, k) for k in keys}}
+            for r in records
+        ]
+        print(dumps({"lock_dir": directory, "devices": devices}))
         return 0
     if not records:
-        print(f"no leases recorded in {directory}")
+        print(shown(f"no leases recorded in {directory}"))
         return 0
-    print(f"leases in {directory}:")
+    print(shown(f"leases in {directory}:"))
     for r in records:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.since)) if r.since else "?"
         who = f"pid {r.pid} since {since}: {r.command}" if r.pid is not None else "no holder"
-        base = (
-            f" (handed out at {format_bytes(r.baseline_used_bytes)} used)"
-            if r.held and r.baseline_used_bytes is not None
-            else ""
-        )
-        print(printable(f"  {r.device_id}  {_state(r)}  {who}{base}"))  # a command: escaped
+        base = ""
+        if r.held and r.baseline_used_bytes is not None:
+            base = f" (handed out at {format_bytes(r.baseline_used_bytes)} used)"
+        print(shown(f"  {r.device_id}  {_state(r)}  {who}{base}"))  # a command: escaped
     return 0

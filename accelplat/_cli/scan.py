@@ -1,7 +1,7 @@
 """``accelplat scan PATH``: inventory a test tree's platform predicates for a migration.
 
-``--json`` prints ``schema``, the summary of :meth:`accelplat._scan.ScanReport.summary` and
-every finding.
+``--json`` prints ``schema``, :meth:`accelplat._scan.ScanReport.summary` and every finding. File
+names come from the scanned tree: the text and Markdown forms escape them (``printable``).
 """
 
 from __future__ import annotations
@@ -10,26 +10,24 @@ import argparse
 
 from accelplat._cli._args import add_common, command, path
 from accelplat._cli._errors import dumps
-from accelplat._scan import GROUPS, ScanReport, scan_path
+from accelplat._scan import ScanReport, scan_path
+from accelplat._util import printable
+
+_HELP = "inventory a test tree's platform predicates and what replaces each"
+_DESCRIPTION = (
+    "Walk the Python files under PATH (with the ast module), list every "
+    "platform predicate (is_rocm(), torch.cuda.is_available(), torch.version.hip, "
+    "has_device_capability(...), on_gfx9() ...), group them by what they ask and name the "
+    "accelplat requirement or drop-in that replaces each. Imports nothing it scans."
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``scan`` sub-command to ``sub``."""
-    parser = command(
-        sub,
-        "scan",
-        _run,
-        help="inventory a test tree's platform predicates and what replaces each",
-        description="Walk the Python files under PATH (with the ast module), list every "
-        "platform predicate (is_rocm(), torch.cuda.is_available(), torch.version.hip, "
-        "has_device_capability(...), on_gfx9() ...), group them by what they ask and name the "
-        "accelplat requirement or drop-in that replaces each. Imports nothing it scans.",
-    )
+    parser = command(sub, "scan", _run, help=_HELP, description=_DESCRIPTION)
     path(parser.add_argument("path", help="a test directory or a .py file"))
     add_common(parser, json=True)
-    parser.add_argument(
-        "--markdown", action="store_true", help="print the summary as Markdown tables"
-    )
+    parser.add_argument("--markdown", action="store_true", help="print the summary as Markdown")
     parser.add_argument(
         "--files", action="store_true", help="also list every finding (file:line predicate)"
     )
@@ -43,11 +41,7 @@ def _rows(title: str, counts: dict[str, int], total: int) -> list[str]:
 
 
 def render_markdown(report: ScanReport) -> str:
-    """Return the scan's summary as Markdown (what ``docs/capabilities.md`` shows).
-
-    Args:
-        report: A finished scan.
-    """
+    """Return the scan's summary as Markdown (what ``docs/capabilities.md`` shows)."""
     s = report.summary()
     total = s["predicates"]
     lines = [
@@ -57,52 +51,41 @@ def render_markdown(report: ScanReport) -> str:
         "",
         "| What it asks | predicates | replaceable |",
         "| --- | ---: | ---: |",
+        *(f"| {g} | {n} | {s['by_group_replaceable'][g]} |" for g, n in s["by_group"].items()),
+        "",
+        *_rows("Predicate", s["by_predicate"], total),
+        "",
+        *_rows("Replaced by", s["by_replacement"], total),
     ]
-    for group in GROUPS:
-        if group in s["by_group"]:
-            lines.append(
-                f"| {group} | {s['by_group'][group]} | {s['by_group_replaceable'][group]} |"
-            )
-    lines += ["", *_rows("Predicate", s["by_predicate"], total), ""]
-    lines += _rows("Replaced by", s["by_replacement"], total)
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def _text(report: ScanReport, files: bool) -> str:
     s = report.summary()
-    total = s["predicates"]
     lines = [
-        f"{report.root}: {total} platform predicates in {s['files_with_predicates']} of "
-        f"{s['files_scanned']} files; {s['replaceable']} replaceable",
+        f"{report.root}: {s['predicates']} platform predicates in {s['files_with_predicates']} "
+        f"of {s['files_scanned']} files; {s['replaceable']} replaceable",
         "by what they ask (predicates / replaceable):",
+        *(f"  {g:<30} {n:>6} {s['by_group_replaceable'][g]:>6}" for g, n in s["by_group"].items()),
+        "by predicate:",
+        *(f"  {k:<40} {n:>6}" for k, n in s["by_predicate"].items()),
+        "replaced by:",
+        *(f"  {k:<40} {n:>6}" for k, n in s["by_replacement"].items()),
     ]
-    for group in GROUPS:
-        if group in s["by_group"]:
-            lines.append(
-                f"  {group:<30} {s['by_group'][group]:>6} {s['by_group_replaceable'][group]:>6}"
-            )
-    lines.append("by predicate:")
-    lines += [f"  {k:<40} {n:>6}" for k, n in s["by_predicate"].items()]
-    lines.append("replaced by:")
-    lines += [f"  {k:<40} {n:>6}" for k, n in s["by_replacement"].items()]
     if files:
-        lines.append("findings:")
-        for f in report.findings:
-            lines.append(
-                f"  {f.path}:{f.line}: {f.predicate} [{f.use}, {f.group}] -> "
-                f"{f.replacement or 'no replacement'}"
-            )
-    for error in report.errors:
-        lines.append(f"skipped {error}")
-    return "\n".join(lines)
+        lines += ["findings:"] + [
+            f"  {f.path}:{f.line}: {f.predicate} [{f.use}, {f.group}] -> "
+            f"{f.replacement or 'no replacement'}"
+            for f in report.findings
+        ]
+    lines += [f"skipped {error}" for error in report.errors]
+    return "\n".join(printable(line) for line in lines)
 
 
 def _run(args: argparse.Namespace) -> int:
     report = scan_path(args.path)
     if args.json:
         print(dumps(report.to_json(), indent=2))
-    elif args.markdown:
-        print(render_markdown(report))
     else:
-        print(_text(report, args.files))
+        print(render_markdown(report) if args.markdown else _text(report, args.files))
     return 0

@@ -34,8 +34,6 @@ _KV_FLAGS = {
     "block_size": "--block-size",
     "dtype_bytes": "--dtype",
 }
-
-
 _MAX_KV_INT = 2**63 - 1  # engines hold these in int64; products stay below 4300 digits
 
 
@@ -50,7 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "check that a budget fits (exit 1 and a message on stderr when it does not).",
     )
     path(shm.add_argument("--path", default=DEFAULT_SHM_PATH, help="mount to check (/dev/shm)"))
-    shm.add_argument("--require", action=Size, metavar="SIZE", help="budget that must fit: 4GiB")
+    shm.add_argument("--require", action=Size, help="budget that must fit: 4GiB")
     shm.add_argument(
         "--name", default="shared-memory buffer", help="what the budget is, for the message"
     )
@@ -79,9 +77,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     kv.add_argument("--max-model-len", type=int, required=True, help="tokens of one request")
     kv.add_argument("--block-size", type=int, default=16, help="tokens per page (16)")
-    kv.add_argument(
-        "--available", action=Size, metavar="SIZE", help="memory left for the KV cache: 0.64GiB"
-    )
+    kv.add_argument("--available", action=Size, help="memory left for the KV cache: 0.64GiB")
     add_common(kv, json=True)
 
 
@@ -153,13 +149,7 @@ def _run_kv(args: argparse.Namespace) -> int:
     available: int | None = args.available
     try:
         needed = kv_cache_bytes(**dims, max_model_len=args.max_model_len)
-        page = kv_cache_page_bytes(
-            num_kv_heads=args.kv_heads,
-            head_size=args.head_size,
-            head_size_v=args.head_size_v,
-            block_size=args.block_size,
-            dtype_bytes=dims["dtype_bytes"],
-        )
+        page = kv_cache_page_bytes(**{k: v for k, v in dims.items() if k != "num_layers"})
     except ConfigurationError as exc:
         raise _flag_names(exc) from None
     per_token = args.layers * page // args.block_size

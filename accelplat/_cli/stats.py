@@ -12,11 +12,14 @@ import argparse
 import contextlib
 import os
 import select
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import FrameType
 from typing import IO, Any
 
 from typing_extensions import Self
@@ -66,13 +69,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def use_rich(stream: IO[str], *, watch: bool = False) -> bool:
-    """Whether to draw the live view: a terminal that is not ``TERM=dumb``, and ``rich``.
-
-    Raises:
-        ConfigurationError: When ``watch`` asks for the live view and ``rich`` is missing.
-    """
-    isatty = getattr(stream, "isatty", None)
-    if os.environ.get("TERM") == "dumb" or not (callable(isatty) and isatty()):
+    """Whether to draw the live view: a terminal but ``TERM=dumb``, and ``rich`` (for ``watch``)."""
+    if os.environ.get("TERM") == "dumb" or not stream.isatty():
         return False
     try:
         import rich  # noqa: F401
@@ -115,9 +113,8 @@ def _plain(platform: Platform, snap: UsageSnapshot, names: dict[int, str], holde
     rows: list[tuple[str, ...]] = [_COLUMNS]
     for index, m in sorted(snap.memory.items()):
         sizes = (format_bytes(n) for n in (m.used, m.free, m.total, m.reserved))
-        rows.append(
-            (str(index), names.get(index, ""), *sizes, f"{100 * m.used_ratio:.1f}%", m.source)
-        )
+        use = f"{100 * m.used_ratio:.1f}%"
+        rows.append((str(index), names.get(index, ""), *sizes, use, m.source))
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
     lines = [f"platform: {platform.name} ({len(snap.memory)} device(s))"]
     for n, row in enumerate(rows):
@@ -134,9 +131,8 @@ def _plain(platform: Platform, snap: UsageSnapshot, names: dict[int, str], holde
             lines.append(f"device {index}: no process holds memory")
         for h in held or ():
             label = f" {printable(h.name)}" if h.name else ""
-            lines.append(
-                f"device {index}: pid {h.pid}{label} ({h.state.value}) {format_bytes(h.used_bytes)}"
-            )
+            used = format_bytes(h.used_bytes)
+            lines.append(f"device {index}: pid {h.pid}{label} ({h.state.value}) {used}")
     return "\n".join(lines)
 
 
@@ -151,28 +147,60 @@ def _run(args: argparse.Namespace) -> int:
     live = not args.json and use_rich(out, watch=args.watch is not None)
     clock = default_clock(platform)
     state = ViewState(holders=args.holders)
-    with contextlib.suppress(KeyboardInterrupt), contextlib.ExitStack() as stack:  # Ctrl-C: done
-        keys = stack.enter_context(Keys(sleep=clock.sleep)) if live and args.watch else None
-        draw = _live_view(stack, platform.name, shown, state, args.watch) if live else None
-        n = 0
-        while not state.quit:
-            snap = snapshot(args.devices, platform=platform, holders=state.holders)
-            if draw is not None:
-                draw(snap)
-            elif args.json:
-                out.write(dumps(snapshot_to_json(platform, snap, names, holders=state.holders)))
-                out.write("\n")
-            else:
-                out.write(("\n" if n else "") + _plain(platform, snap, shown, state.holders) + "\n")
-            out.flush()
-            n += 1
-            if args.watch is None or (args.count is not None and n >= args.count):
-                break
-            if keys is not None:
-                keys.wait(args.watch, state)
-            else:
-                clock.sleep(args.watch)
+    try:
+        with contextlib.suppress(KeyboardInterrupt), contextlib.ExitStack() as stack:  # Ctrl-C
+            if live and args.watch:  # SIGTERM, SIGHUP: end as Ctrl-C does, terminal restored
+                stack.enter_context(_ended_by(signal.SIGTERM, signal.SIGHUP))  # undone last
+            keys = stack.enter_context(Keys(sleep=clock.sleep)) if live and args.watch else None
+            draw = _live_view(stack, platform.name, shown, state, args.watch) if live else None
+            n = 0
+            while not state.quit:
+                snap = snapshot(args.devices, platform=platform, holders=state.holders)
+                if draw is not None:
+                    draw(snap)
+                elif args.json:
+                    doc = snapshot_to_json(platform, snap, names, holders=state.holders)
+                    out.write(dumps(doc) + "\n")
+                else:
+                    out.write(("\n" if n else "") + _plain(platform, snap, shown, state.holders))
+                    out.write("\n")
+                out.flush()
+                n += 1
+                if args.watch is None or (args.count is not None and n >= args.count):
+                    break
+                if keys is not None:
+                    keys.wait(args.watch, state)
+                else:
+                    clock.sleep(args.watch)
+    except _EndedError as ended:
+        return 128 + ended.signum
     return 0
+
+
+class _EndedError(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _ended_by(*signums: int) -> Iterator[None]:
+    """Raise :class:`_EndedError` on any of ``signums``, ignoring repeats while it unwinds."""
+
+    def end(signum: int, frame: FrameType | None) -> None:
+        for other in signums:
+            signal.signal(other, signal.SIG_IGN)
+        raise _EndedError(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers
+        return
+    previous = {signum: signal.signal(signum, end) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _live_view(
@@ -182,7 +210,6 @@ def _live_view(
     state: ViewState,
     watch: float | None,
 ) -> Callable[[UsageSnapshot], None]:
-    """Return what draws one sample: printed once, or redrawn in place under ``--watch``."""
     from rich.console import Console
     from rich.live import Live
 
@@ -198,9 +225,6 @@ def _live_view(
     live = Live(console=console, auto_refresh=False, transient=False, redirect_stdout=False)
     view = stack.enter_context(live)
     return lambda snap: view.update(frame(snap), refresh=True)
-
-
-# -- the live view -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -227,23 +251,6 @@ def bar(ratio: float, width: int = BAR_WIDTH) -> str:
     return "█" * cells + "░" * (width - cells)
 
 
-def _holder_rows(
-    snap: UsageSnapshot, details: Callable[[int], tuple[str, str]]
-) -> Iterator[tuple[str, ...]]:
-    for index in sorted(snap.memory):
-        held = snap.holders.get(index)
-        if held is None:
-            yield (str(index), "", "", "(the platform cannot tell who holds memory)", "", "")
-            continue
-        if not held:
-            yield (str(index), "", "", "(no process holds memory)", "", "")
-        for h in sorted(held, key=lambda h: -(h.used_bytes or 0)):
-            user, cmdline = details(h.pid)
-            used = "?" if h.used_bytes is None else format_bytes(h.used_bytes)
-            who = (str(h.pid), printable(user), printable(cmdline or h.name))
-            yield (str(index), *who, used, h.state.value)
-
-
 def render(
     platform: str,
     snap: UsageSnapshot,
@@ -255,19 +262,8 @@ def render(
     host: str | None = None,
     now: float | None = None,
 ) -> Any:
-    """Build one frame of the live view, a ``rich`` renderable.
-
-    Args:
-        platform: The platform's name.
-        snap: The sample to show.
-        names: Device names by visible index.
-        state: Whether holders are shown.
-        interval: Seconds between refreshes, or ``None`` for a single frame (no key hints).
-        details: Returns ``(user, command line)`` of a pid (``("", "")`` when unknown).
-        host: Host name shown in the header (default: this host's).
-        now: Wall time shown in the header (default: now).
-    """
-    from rich.console import Group
+    """Build one frame of the live view (``interval=None``: one frame, no key hints)."""
+    from rich.console import Group, JustifyMethod
     from rich.table import Table
     from rich.text import Text
 
@@ -285,12 +281,10 @@ def render(
         out = Table(box=None, pad_edge=False, header_style="bold", expand=False)
         for spec in columns:  # "NAME", ">NAME" right-justified, "NAME:28" at most 28 wide
             name, _, width = spec.lstrip(">").partition(":")
+            justify: JustifyMethod = "right" if spec.startswith(">") else "left"
+            limit = int(width) if width else None
             out.add_column(
-                name,
-                justify="right" if spec.startswith(">") else "left",
-                no_wrap=True,
-                overflow="ellipsis",
-                max_width=int(width) if width else None,
+                name, justify=justify, no_wrap=True, overflow="ellipsis", max_width=limit
             )
         return out
 
@@ -309,24 +303,27 @@ def render(
         )
     parts: list[Any] = [header, Text(""), devices]
     if state.holders:
-        held = table(">DEV", ">PID", "USER:16", "COMMAND:60", ">MEMORY", "STATE")
-        for row in _holder_rows(snap, details):
-            held.add_row(*(Text(cell) for cell in row))
-        parts += [Text(""), held]
+        rows = table(">DEV", ">PID", "USER:16", "COMMAND:60", ">MEMORY", "STATE")
+        for index in sorted(snap.memory):
+            held = snap.holders.get(index)
+            cells = []
+            if not held:
+                unknown = "the platform cannot tell who holds memory"
+                note = unknown if held is None else "no process holds memory"
+                cells.append((str(index), "", "", f"({note})", "", ""))
+            for h in sorted(held or (), key=lambda h: -(h.used_bytes or 0)):
+                user, cmdline = details(h.pid)
+                used = "?" if h.used_bytes is None else format_bytes(h.used_bytes)
+                who = (str(h.pid), printable(user), printable(cmdline or h.name))
+                cells.append((str(index), *who, used, h.state.value))
+            for row in cells:
+                rows.add_row(*(Text(cell) for cell in row))
+        parts += [Text(""), rows]
     return Group(*parts)
 
 
 class Keys:
-    """Single key presses from a terminal on standard input (``h`` holders, ``q`` quit).
-
-    A context manager: puts the terminal in cbreak mode (keys unbuffered and unechoed, Ctrl-C
-    still interrupts) and always restores it. Outside a terminal it reads nothing and
-    :meth:`wait` only sleeps.
-
-    Args:
-        stream: The input stream (default ``sys.stdin``).
-        sleep: What to call to wait when there is no terminal to read from.
-    """
+    """Key presses on a terminal (``h`` holders, ``q`` quit), in cbreak mode until exit."""
 
     def __init__(
         self, stream: IO[str] | None = None, sleep: Callable[[float], None] = time.sleep
@@ -338,7 +335,7 @@ class Keys:
         self._saved: Any = None
 
     def __enter__(self) -> Self:
-        try:
+        with contextlib.suppress(ImportError, OSError, ValueError, AttributeError):
             import termios
             import tty
 
@@ -347,8 +344,6 @@ class Keys:
                 self._saved = termios.tcgetattr(fd)
                 tty.setcbreak(fd)
                 self._fd = self._restore_fd = fd
-        except (ImportError, OSError, ValueError, AttributeError):
-            self._fd = None
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -361,7 +356,6 @@ class Keys:
 
     @property
     def active(self) -> bool:
-        """Whether key presses are being read."""
         return self._fd is not None
 
     def wait(self, timeout: float, state: ViewState) -> None:

@@ -1,16 +1,15 @@
 """``accelplat record`` and ``accelplat report``: a memory timeline of any command.
 
-``record --out trace.json -- COMMAND …`` runs the command (no shell) while sampling device
-memory, saves the trace and exits with the command's status (``128 + N`` after signal ``N``,
-127 when it could not start). ``SIGINT``, ``SIGTERM`` and ``SIGHUP`` are forwarded to it, then
-escalated to ``SIGTERM`` and ``SIGKILL`` after ``--kill-after``; the command is always reaped
-and the trace always kept, marked partial (``docs/cli.md``). ``report`` renders a trace as the
-page the pytest plugin writes.
+``record`` runs COMMAND (no shell) while sampling memory and exits with its status (``128 + N``
+after signal ``N``, 127 when it could not start). SIGINT, SIGTERM, SIGHUP and SIGQUIT are
+forwarded (the keyboard's not again when the terminal signalled the group), then escalated after
+``--kill-after``; COMMAND is always reaped, the trace kept, marked partial. ``report`` renders it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import signal
@@ -21,16 +20,17 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from accelplat._cli._args import command, path
+from accelplat._cli._args import command, output_option, path
 from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, parse_leak_tolerance
 from accelplat.errors import ConfigurationError
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
 from accelplat.timeline._render import write_report
 from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
-from accelplat.timeline._trace import Trace, load_trace, save_trace
+from accelplat.timeline._trace import Trace, clip, load_trace, save_trace
 
 DEFAULT_KILL_AFTER_S = 5.0  # seconds to exit after a forwarded signal, then SIGTERM, SIGKILL
-_CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_KEYBOARD = (signal.SIGINT, signal.SIGQUIT)  # Ctrl-C, Ctrl-\: the terminal signals the group
 
 
 class _StopLingeringError(Exception):
@@ -49,10 +49,9 @@ def _terminal_interrupts_reach_the_child() -> bool:
 
 
 class _Signals:
-    """Catches the signals that would end ``record`` and deals with the child.
+    """Catches the signals that would end ``record``: the handler notes and forwards them only.
 
-    The handler notes the signal and signals the child; the main thread waits, escalates and
-    saves the trace, so a signal never interrupts the saving.
+    The main thread waits, escalates and saves the trace, so a signal never interrupts the saving.
     """
 
     def __init__(self, kill_after: float) -> None:
@@ -78,11 +77,8 @@ class _Signals:
         self._previous.clear()
 
     def attach(self, proc: subprocess.Popen[bytes]) -> None:
-        """Note the started command; forward what arrived while it was starting.
-
-        Handlers run on the main thread between the steps here, so each signal is forwarded
-        exactly once: by the handler once ``proc`` is set, else here.
-        """
+        """Note the started command; forward what arrived while it was starting."""
+        # Handlers run on the main thread between these steps: each signal is forwarded once.
         self.proc = proc
         while self._early:
             self._forward(proc, self._early.pop(0), early=True)
@@ -105,7 +101,7 @@ class _Signals:
             return
         if self._deadline is None:
             self._deadline = time.monotonic() + self._kill_after
-        if signum == signal.SIGINT and not early and _terminal_interrupts_reach_the_child():
+        if signum in _KEYBOARD and not early and _terminal_interrupts_reach_the_child():
             return  # the terminal sent it to the child's process group already
         proc.send_signal(signum)
 
@@ -145,7 +141,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "device; save the trace as JSON and exit with COMMAND's exit status. Render the trace "
         "with `accelplat report`. Creates no device context on context-free platforms.",
     )
-    path(rec.add_argument("--out", required=True, metavar="TRACE.json", help="trace to write"))
+    output_option(rec, "--out", required=True, metavar="TRACE.json", help="trace to write")
     rec.add_argument(
         "--hz",
         type=float,
@@ -153,7 +149,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help=f"samples per second (default {DEFAULT_HZ:g})",
     )
-    path(rec.add_argument("--html", metavar="REPORT.html", help="also render the report here"))
+    output_option(rec, "--html", metavar="REPORT.html", help="also render the report here")
     rec.add_argument(
         "--leak-tolerance",
         metavar="SIZE",
@@ -188,16 +184,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--accelplat-timeline-json as one self-contained HTML page.",
     )
     path(rep.add_argument("trace", metavar="TRACE.json", help="the trace to render"))
-    path(rep.add_argument("--out", required=True, metavar="REPORT.html", help="page to write"))
+    output_option(rep, "--out", required=True, metavar="REPORT.html", help="page to write")
     rep.add_argument("--title", help="page heading")
     rep.add_argument(
         "--leak-tolerance", metavar="SIZE", help="override the trace's leak tolerance: 256MiB"
     )
     rep.add_argument(
-        "--leak-grace",
-        type=float,
-        metavar="SECONDS",
-        help="override the trace's leak grace period",
+        "--leak-grace", type=float, metavar="SECONDS", help="override the trace's leak grace period"
     )
 
 
@@ -205,23 +198,9 @@ def _tolerance(raw: str | None) -> int | None:
     return None if raw is None else parse_leak_tolerance(raw, argument="--leak-tolerance")
 
 
-def _exit_status(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def run_record(args: argparse.Namespace) -> int:
-    """Run ``args.command`` while recording; return its exit status (module docstring).
-
-    Raises:
-        ConfigurationError: For a missing command, a bad rate, tolerance or grace period.
-
-    Side effects:
-        Starts the command as a child process; writes the trace (and the page with ``--html``),
-        even when the command fails.
-    """
-    argv: list[str] = list(args.command)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
+    """Run ``args.command`` while recording; write the trace (and ``--html``) even on failure."""
+    argv: list[str] = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
     if not argv:
         raise ConfigurationError("accelplat record needs a command after `--`")
     hz = validate_hz(args.hz, argument="--hz")
@@ -232,52 +211,38 @@ def run_record(args: argparse.Namespace) -> int:
     for target in (out, Path(args.html) if args.html else None):
         if target is not None and not target.resolve().parent.is_dir():
             raise ConfigurationError(f"the directory of {os.fspath(target)!r} does not exist")
-    recorder = Recorder.of_current_platform(
-        hz=hz,
-        leak_tolerance_bytes=DEFAULT_LEAK_TOLERANCE_BYTES if tolerance is None else tolerance,
-        leak_grace_s=grace,
-    )
-    label = " ".join(argv)
+    leak = DEFAULT_LEAK_TOLERANCE_BYTES if tolerance is None else tolerance
+    recorder = Recorder.of_current_platform(hz=hz, leak_tolerance_bytes=leak, leak_grace_s=grace)
+    label = clip(" ".join(argv))
     signals = _Signals(kill_after)
     signals.install()
     try:
         recorder.start()
         recorder.begin_test(label)
-        status: int
         try:
             proc = subprocess.Popen(argv)  # no shell: the arguments reach it as given
         except OSError as exc:
-            print(
-                f"accelplat record: cannot run {argv[0]!r}: {exc.strerror or exc}",
-                file=sys.stderr,
-            )
-            recorder.add_note(f"The command could not be started: {exc.strerror or exc}")
+            why = exc.strerror or exc
+            print(f"accelplat record: cannot run {argv[0]!r}: {why}", file=sys.stderr)
+            recorder.add_note(f"The command could not be started: {why}")
             status = 127
         else:
             signals.attach(proc)
-            status = _exit_status(_reap(proc, signals))
+            code = _reap(proc, signals)
+            status = 128 - code if code < 0 else code
             signals.child_done = True
         recorder.end_test(label, f"exit {status}")
         during = signals.during
-        try:
-            if not during:
+        if not during:
+            with contextlib.suppress(_StopLingeringError):
                 recorder.linger(sleep=signals.sleep)
-        except _StopLingeringError:
-            pass
         recorder.stop()
         trace = recorder.trace(command=argv, exit_code=status)
         if signals.received:
             when = "while the command ran" if during else "after the command finished"
-            trace = dataclasses.replace(
-                trace,
-                partial=True,
-                notes=(
-                    *trace.notes,
-                    f"Partial recording: {signals.describe()} arrived {when}"
-                    + ("" if during else "; the leak grace period was cut short")
-                    + ".",
-                ),
-            )
+            cut = "" if during else "; the leak grace period was cut short"
+            note = f"Partial recording: {signals.describe()} arrived {when}{cut}."
+            trace = dataclasses.replace(trace, partial=True, notes=(*trace.notes, note))
             status = 128 + signals.received[0]
         return _save(trace, out, args.html, status)
     finally:
@@ -285,7 +250,6 @@ def run_record(args: argparse.Namespace) -> int:
 
 
 def _reap(proc: subprocess.Popen[bytes], signals: _Signals) -> int:
-    """Wait for the child, escalating after a forwarded signal; return its return code."""
     while True:
         try:
             return proc.wait(timeout=0.1)
@@ -303,33 +267,26 @@ def _save(trace: Trace, out: Path, html_path: str | None, status: int) -> int:
         print(f"accelplat record: cannot write the trace: {exc}", file=sys.stderr)
         return status or 1
     leaks = trace.leaks()
-    print(
-        f"accelplat record: {len(trace.samples)} samples of {len(trace.devices)} device(s) in "
-        f"{trace.duration:.2f} s -> {', '.join(written)}"
-        + (f"; {len(leaks)} device(s) left memory held" if leaks else ""),
-        file=sys.stderr,
-    )
+    held = f"; {len(leaks)} device(s) left memory held" if leaks else ""
+    what = f"{len(trace.samples)} samples of {len(trace.devices)} device(s)"
+    done = f"{what} in {trace.duration:.2f} s -> {', '.join(written)}{held}"
+    print(f"accelplat record: {done}", file=sys.stderr)
     return status
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """Render the trace ``args.trace`` to ``args.out``; return 0.
-
-    Raises:
-        ConfigurationError: For an unreadable, oversized or malformed trace, or a bad tolerance.
-    """
+    """Render the trace ``args.trace`` to ``args.out``; return 0, or 1 when it cannot be written."""
     tolerance = _tolerance(args.leak_tolerance)
-    grace = (
-        None
-        if args.leak_grace is None
-        else validate_grace(args.leak_grace, argument="--leak-grace")
-    )
+    grace = args.leak_grace
+    if grace is not None:
+        grace = validate_grace(grace, argument="--leak-grace")
     trace = load_trace(args.trace)
     try:
         page = write_report(
             trace, args.out, title=args.title, leak_tolerance_bytes=tolerance, leak_grace_s=grace
         )
-    except OSError as exc:
-        raise ConfigurationError(f"cannot write {os.fspath(args.out)!r}: {exc}") from None
+    except OSError as exc:  # a runtime failure, not bad usage
+        print(f"accelplat report: error: cannot write {args.out!r}: {exc}", file=sys.stderr)
+        return 1
     print(f"accelplat report: wrote {page}", file=sys.stderr)
     return 0

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 from accelplat._cli._args import Size, add_common, command, ratio_arg, seconds_arg
-from accelplat._cli._errors import dumps, holder_json
+from accelplat._cli._errors import dumps, holder_json, say
 from accelplat._memory import (
     DEFAULT_STABLE_TOLERANCE_BYTES,
     wait_for_memory_to_clear,
@@ -46,10 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="clear when used <= R x total (in [0, 1]; raised to the platform's idle floor)",
     )
     parser.add_argument(
-        "--threshold-bytes",
-        action=Size,
-        metavar="SIZE",
-        help="clear when used <= SIZE (e.g. 4GiB, 512MiB, 8GB, 0)",
+        "--threshold-bytes", action=Size, help="clear when used <= SIZE (e.g. 4GiB, 512MiB, 8GB, 0)"
     )
     parser.add_argument(
         "--timeout",
@@ -74,22 +71,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="usage must stay clear for S seconds (default: the platform's window)",
     )
     parser.add_argument(
-        "--tolerance",
-        action=Size,
-        metavar="SIZE",
-        help="movement that still counts as stable (default 512MiB)",
+        "--tolerance", action=Size, help="movement that still counts as stable (default 512MiB)"
     )
     add_common(parser, quiet=True, json="print the outcome as JSON on stdout")
 
 
 class Progress:
-    """Draws one self-overwriting progress line on a terminal; does nothing elsewhere.
-
-    Args:
-        stream: Where to draw (standard error).
-        enabled: Draw at all (``False`` for ``--quiet`` or when ``stream`` is not a terminal).
-        min_interval_s: Redraw at most this often, in real seconds.
-    """
+    """One self-overwriting progress line when ``enabled`` (a terminal, no ``--quiet``)."""
 
     def __init__(self, stream: IO[str], *, enabled: bool, min_interval_s: float = 0.1) -> None:
         self._stream = stream
@@ -100,7 +88,7 @@ class Progress:
         self._drawn = False
 
     def __call__(self, snap: UsageSnapshot, targets: Mapping[int, int]) -> None:
-        """Record one sample; redraw when enough real time passed (an ``on_poll`` callback)."""
+        """Record one sample (an ``on_poll`` callback); redraw when enough real time passed."""
         if self._first is None:
             self._first = snap.timestamp
         if not self._enabled:
@@ -112,17 +100,14 @@ class Progress:
         parts = []
         for device, info in sorted(snap.memory.items()):
             mark = "ok" if info.used <= targets.get(device, -1) else "wait"
-            parts.append(
-                f"{device}={format_bytes(info.used)} (<= {format_bytes(targets.get(device))} "
-                f"{mark})"
-            )
+            target = format_bytes(targets.get(device))
+            parts.append(f"{device}={format_bytes(info.used)} (<= {target} {mark})")
         waited = snap.timestamp - self._first
         self._stream.write(f"\r\x1b[Kwaiting {waited:6.1f} s: " + ", ".join(parts))
         self._stream.flush()
         self._drawn = True
 
     def finish(self) -> None:
-        """End the progress line, so that what follows starts on a fresh line."""
         if self._drawn:
             self._stream.write("\r\x1b[K")
             self._stream.flush()
@@ -151,64 +136,53 @@ def _outcome_json(outcome: SettleResult | MemoryNotSettledError) -> dict[str, An
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.settle and args.threshold_bytes is not None:
-        raise ConfigurationError(
-            "--settle takes --threshold-ratio only; for a byte threshold use "
-            "--threshold-bytes SIZE with --stable S"
-        )
-    if args.settle and args.stable is not None:
-        raise ConfigurationError(
-            "--settle uses the platform's stability window; drop --stable or --settle"
-        )
-    if args.settle and args.tolerance is not None:
-        raise ConfigurationError(
-            "--settle uses the default tolerance; drop --tolerance or --settle"
-        )
+    conflicts = {
+        "threshold_bytes": "--settle takes --threshold-ratio only; for a byte threshold use "
+        "--threshold-bytes SIZE with --stable S",
+        "stable": "--settle uses the platform's stability window; drop --stable or --settle",
+        "tolerance": "--settle uses the default tolerance; drop --tolerance or --settle",
+    }
+    for name, message in conflicts.items():
+        if args.settle and getattr(args, name) is not None:
+            raise ConfigurationError(message)
     if args.force and not args.settle:
         raise ConfigurationError("--force only applies with --settle")
     if not args.settle and args.threshold_ratio is None and args.threshold_bytes is None:
         raise ConfigurationError("give --threshold-ratio R or --threshold-bytes SIZE (or --settle)")
 
     progress = Progress(sys.stderr, enabled=not args.quiet and sys.stderr.isatty())
+    common: dict[str, Any] = {
+        "devices": args.devices,
+        "timeout_s": args.timeout,
+        "on_poll": progress,
+    }
     try:
-        platform = current_platform()
+        common["platform"] = current_platform()
         if args.settle:
-            result = wait_for_memory_to_settle(
-                threshold_ratio=0.1 if args.threshold_ratio is None else args.threshold_ratio,
-                timeout_s=args.timeout,
-                devices=args.devices,
-                force=args.force,
-                platform=platform,
-                on_poll=progress,
-            )
+            ratio = 0.1 if args.threshold_ratio is None else args.threshold_ratio
+            result = wait_for_memory_to_settle(threshold_ratio=ratio, force=args.force, **common)
         else:
             tolerance = DEFAULT_STABLE_TOLERANCE_BYTES if args.tolerance is None else args.tolerance
             result = wait_for_memory_to_clear(
-                args.devices,
                 threshold_bytes=args.threshold_bytes,
                 threshold_ratio=args.threshold_ratio,
-                timeout_s=args.timeout,
                 stable_duration_s=args.stable,
                 stable_tolerance_bytes=tolerance,
-                platform=platform,
-                on_poll=progress,
+                **common,
             )
-    except MemoryNotSettledError as exc:
+    except AccelplatError as exc:
         progress.finish()
-        print(f"accelplat wait: {printable(exc, keep_newlines=True)}", file=sys.stderr)
+        if not isinstance(exc, MemoryNotSettledError):
+            raise  # the command line's one mapping: 2 for bad arguments, 1 for the rest
+        say(f"accelplat wait: {printable(exc, keep_newlines=True)}")
         if args.json:
             print(dumps(_outcome_json(exc)))
         return 1
-    except AccelplatError:
-        progress.finish()
-        raise  # the command line's one mapping: 2 for bad arguments, 1 for the rest
     progress.finish()
     if args.json:
         print(dumps(_outcome_json(result)))
     elif not args.quiet:
         how = "already clear" if result.already_settled else f"clear after {result.waited_s:.2f} s"
-        print(
-            f"accelplat wait: {how} ({result.polls} poll(s)): {result.snapshot.describe()}",
-            file=sys.stderr,
-        )
+        detail = f"({result.polls} poll(s)): {result.snapshot.describe()}"
+        print(f"accelplat wait: {how} {detail}", file=sys.stderr)
     return 0

@@ -1,10 +1,7 @@
-"""Importing a vendor library without letting it write to standard output.
+"""Vendor libraries: importing one without letting it write to standard output, and its numbers.
 
-Some vendor packages print when imported (``amdsmi`` does when ROCm's library is missing; a
-``pynvml`` fork may print anything), and one stray line makes ``accelplat info --json``
-unreadable. Every vendor import goes through :func:`import_quietly`, which captures what the
-import prints to ``sys.stdout`` (as :func:`contextlib.redirect_stdout` does) and keeps it for
-error messages.
+One line printed on import (``amdsmi``'s without ROCm's library, a ``pynvml`` fork's) makes
+``accelplat info --json`` unreadable: every vendor import goes through :func:`import_quietly`.
 """
 
 from __future__ import annotations
@@ -12,28 +9,19 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import math
+import operator
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-_lock = threading.RLock()
-"""Serialises the swap of ``sys.stdout``, so two imports in two threads restore it correctly."""
+from accelplat.errors import BackendError
+
+_lock = threading.RLock()  # serialises the swap of sys.stdout, so two threads restore it right
 
 
 def import_quietly(name: str, printed: list[str] | None = None) -> Any:
-    """Import the module ``name`` with anything it prints to standard output captured.
-
-    Args:
-        name: The module, e.g. ``"pynvml"``.
-        printed: When given, what the import printed is appended to it (one string, possibly
-            empty), also when the import raises.
-
-    Returns:
-        The module (from ``sys.modules`` when already imported).
-
-    Raises:
-        Exception: Whatever the import raises, unchanged.
-    """
+    """Import ``name`` with its standard output captured; appended to ``printed``, also on error."""
     with quiet_stdout() as captured:
         try:
             return importlib.import_module(name)
@@ -44,11 +32,28 @@ def import_quietly(name: str, printed: list[str] | None = None) -> Any:
 
 @contextlib.contextmanager
 def quiet_stdout() -> Iterator[io.StringIO]:
-    """Capture what is printed to ``sys.stdout`` inside the block (for loading plugins too).
-
-    Yields:
-        The buffer that received it.
-    """
+    """Capture what is printed to ``sys.stdout`` inside the block into the buffer yielded."""
     captured = io.StringIO()
     with _lock, contextlib.redirect_stdout(captured):
         yield captured
+
+
+def clip(text: str, limit: int = 80) -> str:
+    """Return ``text`` cut to ``limit`` characters, ending in ``…`` when cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def vendor_int(platform: str, where: str, name: str, value: object) -> int:
+    """Return a vendor's number as an ``int`` (numpy's, integral floats); ``BackendError`` else."""
+    if type(value) is int:
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value) and value.is_integer():
+            return int(value)
+    elif not isinstance(value, bool):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    shown = clip(repr(value), 40)
+    raise BackendError(platform, f"{where}: {name} is {shown}, not an integer", "malformed reading")

@@ -1,11 +1,7 @@
-"""A small, context-free reader of Level Zero Sysman through ctypes.
+"""A small, context-free reader of Level Zero Sysman through ctypes (layouts from ``zes_api.h``).
 
-``zesInit`` starts Sysman alone (no ``zeInit``, no context, no queue); ``zesDriverGet`` and
-``zesDeviceGet`` enumerate the physical cards, and per card ``zesDeviceEnumMemoryModules`` and
-``zesMemoryGetState`` give each module's free and total bytes (one module per tile on a
-multi-tile card). :class:`Sysman` takes any object whose attributes are the ``zes*`` functions (a
-``ctypes.CDLL`` of ``libze_loader.so.1``, or a fake); out-parameters are ``ctypes.pointer``
-objects and arrays, so a fake in Python can fill them. Layouts follow ``zes_api.h``/``ze_api.h``.
+``zesInit`` starts Sysman alone (no ``zeInit``, no context, no queue); ``zesMemoryGetState`` gives
+each memory module's (each tile's) free and total bytes. A fake fills the pointer out-parameters.
 """
 
 from __future__ import annotations
@@ -197,21 +193,17 @@ _SIGNATURES: dict[str, tuple[Any, ...]] = {
 
 @dataclass(frozen=True)
 class SysmanDevice:
-    """One physical device as Sysman enumerates it (``handle`` is its ``zes_device_handle_t``).
+    """One physical device as Sysman enumerates it."""
 
-    ``pci_bus_id`` is ``None`` when the PCI properties could not be read; ``num_subdevices`` is
-    the number of tiles (``0``: none); ``device_id`` is the PCI device id (``0``: unknown).
-    """
-
-    handle: int
-    pci_bus_id: str | None
+    handle: int  # zes_device_handle_t
+    pci_bus_id: str | None  # None when the PCI properties could not be read
     name: str
     uuid: str
     vendor_id: int
     device_type: int
     integrated: bool
-    num_subdevices: int
-    device_id: int = 0
+    num_subdevices: int  # tiles (0: none)
+    device_id: int = 0  # the PCI device id (0: unknown)
 
     @property
     def is_intel_gpu(self) -> bool:
@@ -221,18 +213,14 @@ class SysmanDevice:
 
 @dataclass(frozen=True)
 class MemoryModule:
-    """One memory module's state: ``location`` is ``"device"`` (local) or ``"system"``.
+    """One memory module's state, in bytes."""
 
-    ``subdevice_id`` is its tile when ``on_subdevice``; ``free`` and ``size`` are bytes
-    (``size`` is ``physical_size`` when the driver reports 0); ``physical_size`` 0 is unknown.
-    """
-
-    location: str
+    location: str  # "device" (local) or "system"
     on_subdevice: bool
-    subdevice_id: int
+    subdevice_id: int  # its tile when on_subdevice
     free: int
-    size: int
-    physical_size: int
+    size: int  # physical_size when the driver reports 0
+    physical_size: int  # 0: unknown
 
 
 @dataclass(frozen=True)
@@ -244,15 +232,7 @@ class ProcessUsage:
 
 
 def load_loader(name: str = LOADER_NAME) -> Any:
-    """Load the Level Zero loader (a name or path) through the vendor boundary.
-
-    Returns:
-        The :class:`ctypes.CDLL` (a recording proxy or a replayed stand-in while a capture or a
-        replay is installed).
-
-    Raises:
-        OSError: When the library cannot be loaded (not installed).
-    """
+    """Load the Level Zero loader (a name or path) through the vendor boundary; else ``OSError``."""
 
     def live() -> _boundary.Loaded:
         try:
@@ -267,15 +247,7 @@ def load_loader(name: str = LOADER_NAME) -> Any:
 
 
 class Sysman:
-    """Level Zero Sysman queries over an injectable library handle.
-
-    Args:
-        lib: An object whose attributes are the ``zes*`` functions (a ``ctypes.CDLL``, or a fake).
-            For ctypes function objects, argument and result types are set here.
-
-    Calls are serialised by a lock. In a forked child every instance forgets that it was
-    initialised, so its next query calls ``zesInit`` again.
-    """
+    """Serialised Sysman queries over ``lib``: a ``ctypes.CDLL`` (signatures set here) or a fake."""
 
     def __init__(self, lib: Any) -> None:
         self._lib = lib
@@ -305,11 +277,7 @@ class Sysman:
             raise LevelZeroError(name, code, vendor_error=result_name(code))
 
     def init(self) -> None:
-        """Initialise Sysman once (``zesInit(0)``; it loads the drivers); later calls do nothing.
-
-        Raises:
-            LevelZeroError: When ``zesInit`` is missing or fails (no driver, no device).
-        """
+        """Initialise Sysman once (``zesInit(0)``; it loads the drivers); later calls do nothing."""
         with self._lock:
             if self._initialised:
                 return
@@ -326,14 +294,9 @@ class Sysman:
         return [int(array[i] or 0) for i in range(count.value)]
 
     def devices(self) -> list[SysmanDevice]:
-        """Return every device of every Sysman driver, in enumeration order.
-
-        That order "is NOT affected by ZE_AFFINITY_MASK, ZE_ENABLE_PCI_ID_DEVICE_ORDER, or
-        ZE_FLAT_DEVICE_HIERARCHY" (zes_api.h): the caller applies them.
-
-        Raises:
-            LevelZeroError: When an enumeration or property call fails.
-        """
+        """Return every device of every Sysman driver, in enumeration order."""
+        # That order "is NOT affected by ZE_AFFINITY_MASK, ZE_ENABLE_PCI_ID_DEVICE_ORDER, or
+        # ZE_FLAT_DEVICE_HIERARCHY" (zes_api.h): the caller applies them.
         self.init()
         with self._lock:
             out: list[SysmanDevice] = []
@@ -349,13 +312,12 @@ class Sysman:
         props.stype = ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES
         props.core.stype = 0x3  # ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES
         self._call("zesDeviceGetProperties", ctypes.c_void_p(handle), ctypes.pointer(props))
-        pci_bus_id: str | None = None
         pci = ZesPciProperties()
         pci.stype = ZES_STRUCTURE_TYPE_PCI_PROPERTIES
         try:
             self._call("zesDevicePciGetProperties", ctypes.c_void_p(handle), ctypes.pointer(pci))
         except LevelZeroError:
-            pci_bus_id = None
+            pci_bus_id: str | None = None
         else:
             a = pci.address
             pci_bus_id = f"{a.domain:04x}:{a.bus:02x}:{a.device:02x}.{a.function:x}"
@@ -373,11 +335,7 @@ class Sysman:
         )
 
     def memory_modules(self, device: SysmanDevice) -> list[MemoryModule]:
-        """Return the state of each memory module of ``device``.
-
-        Raises:
-            LevelZeroError: When a call fails (e.g. the device was lost).
-        """
+        """Return the state of each memory module of ``device``."""
         with self._lock:
             modules: list[MemoryModule] = []
             for mem in self._handles("zesDeviceEnumMemoryModules", ctypes.c_void_p(device.handle)):
@@ -403,16 +361,14 @@ class Sysman:
             return modules
 
     def processes(self, device: SysmanDevice) -> list[ProcessUsage]:
-        """Return the processes using ``device`` and the device memory each allocated.
-
-        Raises:
-            LevelZeroError: When the call fails (``INSUFFICIENT_PERMISSIONS`` for another user's
-                processes without privileges, ``UNSUPPORTED_FEATURE`` on some drivers).
-        """
+        """Return the processes using ``device`` and the device memory each allocated."""
+        # Fails with INSUFFICIENT_PERMISSIONS for another user's processes without privileges,
+        # UNSUPPORTED_FEATURE on some drivers.
+        name = "zesDeviceProcessesGetState"
         with self._lock:
             handle = ctypes.c_void_p(device.handle)
             count = ctypes.c_uint32(0)
-            self._call("zesDeviceProcessesGetState", handle, ctypes.pointer(count), None)
+            self._call(name, handle, ctypes.pointer(count), None)
             # Processes may attach between the two calls: INVALID_SIZE then (zes_api.h).
             for _ in range(4):
                 if count.value == 0:
@@ -420,21 +376,13 @@ class Sysman:
                 array = (ZesProcessState * count.value)()
                 for item in array:
                     item.stype = ZES_STRUCTURE_TYPE_PROCESS_STATE
-                code = int(
-                    self._fn("zesDeviceProcessesGetState")(handle, ctypes.pointer(count), array)
-                )
+                code = int(self._fn(name)(handle, ctypes.pointer(count), array))
                 if code == ZE_RESULT_SUCCESS:
                     return [ProcessUsage(int(p.processId), int(p.memSize)) for p in array]
                 if code != ZE_RESULT_ERROR_INVALID_SIZE:
-                    raise LevelZeroError(
-                        "zesDeviceProcessesGetState", code, vendor_error=result_name(code)
-                    )
+                    break
                 count = ctypes.c_uint32(count.value * 2 + 4)
-            raise LevelZeroError(
-                "zesDeviceProcessesGetState",
-                ZE_RESULT_ERROR_INVALID_SIZE,
-                vendor_error=result_name(ZE_RESULT_ERROR_INVALID_SIZE),
-            )
+            raise LevelZeroError(name, code, vendor_error=result_name(code))
 
 
 _INSTANCES: weakref.WeakSet[Sysman] = weakref.WeakSet()
@@ -451,19 +399,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def sum_modules(modules: Sequence[MemoryModule], tiles: Sequence[int] | None) -> tuple[int, int]:
-    """Return ``(free, size)`` summed over the modules that belong to ``tiles``.
-
-    Local (``device``) memory counts when a card has any, else the system modules (an integrated
-    GPU: compute-runtime reports the host's ``MemFree``/``MemAvailable``, not GPU memory). With
-    ``tiles``, only modules on those tiles count, unless no module is tile-specific.
-
-    Args:
-        modules: The card's memory modules.
-        tiles: The tiles a device spans, or ``None`` for the whole card.
-
-    Returns:
-        ``(free bytes, total bytes)``.
-    """
+    """Return ``(free, size)`` in bytes over the modules of ``tiles`` (``None``: the whole card)."""
+    # Local (device) memory counts when a card has any, else the system modules (an integrated
+    # GPU: compute-runtime reports the host's MemFree/MemAvailable, not GPU memory). With tiles,
+    # only modules on those tiles count, unless no module is tile-specific.
     local = [m for m in modules if m.location == "device"]
     pool = local or list(modules)
     if tiles is not None and any(m.on_subdevice for m in pool):

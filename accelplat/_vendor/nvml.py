@@ -1,32 +1,25 @@
 """One NVML session per process, shared by every user of the CUDA backend, and its memory ladder.
 
-``pynvml`` (nvidia-ml-py) is imported on first use, ``nvmlInit`` runs once per process under a
-lock, and every call runs inside :func:`session`, which :func:`shutdown` waits for (accelplat
-never shuts NVML down itself). A ``fork()``-ed child starts a new session. NVML failures become
-:class:`~accelplat.errors.BackendError` naming the vendor error (:func:`translate`); a missing or
-broken library is :class:`~accelplat.errors.NvmlUnavailableError`. :func:`memory` reads a
-device's memory through the v2 -> v1 -> host-unified ladder, decided once per device and session.
+``nvmlInit`` runs once per process; every call runs inside :func:`session`, which :func:`shutdown`
+waits for (accelplat never shuts NVML down itself); a forked child starts a new session.
 """
 
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import sys
 import threading
 import warnings
-from types import TracebackType
 from typing import Any
 
 from accelplat import _boundary
-from accelplat._vendor import import_quietly
+from accelplat._vendor import import_quietly, vendor_int
 from accelplat.errors import BackendError, NvmlUnavailableError
 
-MODULE_NAME = "pynvml"
-"""The module nvidia-ml-py installs."""
-
+MODULE_NAME = "pynvml"  # the module nvidia-ml-py installs
 PLATFORM = "cuda"
-
 _DEPRECATED_PACKAGE_WARNING = r"The pynvml package is deprecated"
 
 _HINTS: dict[str, str] = {
@@ -66,22 +59,11 @@ class _State:
 
 
 _state = _State()
-_generation = 0
-"""Bumped on every ``nvmlInit`` and every fork: caches of NVML handles compare it."""
+_generation = 0  # bumped on every nvmlInit and fork: caches of NVML handles compare it
 
 
 def import_pynvml() -> Any:
-    """Return the ``pynvml`` module (``sys.modules``' when imported, so tests can install a fake).
-
-    While a capture records or a replay answers, it comes through the vendor boundary.
-
-    Raises:
-        NvmlUnavailableError: When the module cannot be imported.
-
-    Side effects:
-        Imports ``pynvml`` (pure ctypes: no library until ``nvmlInit``) with anything it prints
-        kept off standard output.
-    """
+    """Return ``pynvml`` (``sys.modules``' first, or the vendor boundary's); loads no library."""
     if _boundary.active() is None:
         return _import_live()
     module, reason, vendor_error = _boundary.vendor("nvml", _load_live)
@@ -127,10 +109,7 @@ def _import_live() -> Any:
 
 
 def error_name(exc: BaseException) -> str:
-    """Return the vendor's name for an NVML exception (``"NVMLError_GpuIsLost"``).
-
-    A bare ``NVMLError`` whose value has no subclass is ``"NVMLError(<value>)"``.
-    """
+    """Return the vendor's name of an NVML error: ``NVMLError_GpuIsLost``, ``NVMLError(3)``."""
     name = type(exc).__name__
     value = getattr(exc, "value", None)
     if name == "NVMLError" and value is not None:
@@ -139,10 +118,7 @@ def error_name(exc: BaseException) -> str:
 
 
 def is_error(exc: BaseException, *names: str) -> bool:
-    """Return whether ``exc``'s class is named ``NVMLError_<name>`` or ``<name>`` for a name.
-
-    By name, not class: it works across module objects (a fake, a reloaded ``pynvml``).
-    """
+    """Whether ``exc``'s class is ``NVMLError_<name>`` or ``<name>`` (by name: fakes, reloads)."""
     cls_name = type(exc).__name__
     return any(cls_name in (n, f"NVMLError_{n}") for n in names)
 
@@ -157,12 +133,7 @@ def _vendor_exceptions(module: Any) -> tuple[type[BaseException], ...]:
 
 
 def translate(exc: BaseException, action: str) -> BackendError:
-    """Return the :class:`~accelplat.errors.BackendError` for an NVML failure during ``action``.
-
-    Args:
-        exc: The exception a ``pynvml`` call raised.
-        action: What was being done, e.g. ``"reading memory of GPU 0 (GPU-…)"``.
-    """
+    """Return the ``BackendError`` for an NVML failure during ``action`` (``"reading …"``)."""
     name = error_name(exc)
     hint = _HINTS.get(name)
     detail = str(exc) or name
@@ -170,10 +141,7 @@ def translate(exc: BaseException, action: str) -> BackendError:
     return BackendError(PLATFORM, message, vendor_error=name)
 
 
-SOURCE_V2 = "nvml-v2"
-SOURCE_V1 = "nvml-v1"
-SOURCE_HOST = "host-unified"
-
+SOURCE_V2, SOURCE_V1, SOURCE_HOST = "nvml-v2", "nvml-v1", "host-unified"
 _V2_UNUSABLE = (
     "FunctionNotFound",  # drivers before R510 lack nvmlDeviceGetMemoryInfo_v2
     "ArgumentVersionMismatch",  # a driver that knows the function but not this struct version
@@ -185,25 +153,8 @@ _V2_UNUSABLE = (
 
 
 def memory(nv: Any, handle: Any, key: str, where: str) -> tuple[int, int, int, int, str] | None:
-    """Read one device's memory: v2, else v1, else "no memory of its own" (host-unified).
-
-    The rung that works is remembered per device for the session and each step logged once.
-    A ``NotSupported`` from a device that has answered before is an error, never a step down:
-    host memory would say nothing about that GPU.
-
-    Args:
-        nv: The ``pynvml`` module of the current :func:`session`.
-        handle: The device's NVML handle.
-        key: The device's UUID (what the ladder is remembered by).
-        where: The device as messages name it, e.g. ``"cuda device 0 (GPU-…)"``.
-
-    Returns:
-        ``(free, total, used, reserved, source)`` as ``MemoryInfo`` takes them (unchecked), or
-        ``None`` when the device has no memory of its own (the caller reads the host's).
-
-    Raises:
-        BackendError: For an NVML failure, naming the vendor error.
-    """
+    """Return ``(free, total, used, reserved, source)`` of v2, else v1; ``None``: host-unified."""
+    # The rung that works is remembered per device (key: its UUID), each step logged once.
     st = _state
     rung = st.rungs.get(key, SOURCE_V2)
     if rung == SOURCE_V2:
@@ -212,21 +163,40 @@ def memory(nv: Any, handle: Any, key: str, where: str) -> tuple[int, int, int, i
         except Exception as exc:
             rung = _step_down(exc, _V2_UNUSABLE, key, where, SOURCE_V1)
         else:
-            st.reported.add(key)
             # v2 keeps the driver's reserved memory (~615 MiB on an H200) out of used; total less
             # reserved is what cuMemGetInfo and torch.cuda.mem_get_info call total.
-            reserved = int(mem.reserved)
-            return int(mem.free), int(mem.total) - reserved, int(mem.used), reserved, SOURCE_V2
+            free, total, used, reserved = _fields(mem, where, _read_v2)
+            st.reported.add(key)
+            return free, total - reserved, used, reserved, SOURCE_V2
     if rung == SOURCE_V1:
         try:
             mem = nv.nvmlDeviceGetMemoryInfo(handle)
         except Exception as exc:
             _step_down(exc, ("NotSupported",), key, where, SOURCE_HOST)
         else:
-            st.reported.add(key)
             # v1 counts reserved as used (v1 used = v2 used + reserved); total is NVML's total.
-            return int(mem.free), int(mem.total), int(mem.used), 0, SOURCE_V1
+            free, total, used = _fields(mem, where, _read_v1)
+            st.reported.add(key)
+            return free, total, used, 0, SOURCE_V1
     return None
+
+
+_V2_FIELDS = ("free", "total", "used", "reserved")
+_read_v2 = operator.attrgetter(*_V2_FIELDS)
+_read_v1 = operator.attrgetter(*_V2_FIELDS[:3])
+
+
+def _fields(mem: Any, where: str, read: operator.attrgetter[Any]) -> tuple[int, ...]:
+    """Read a memory structure's fields (a replay bundle's may be missing or hold anything)."""
+    try:
+        values: tuple[Any, ...] = read(mem)
+    except AttributeError:
+        values = ()
+    if not values or set(map(type, values)) != {int}:
+        names = _V2_FIELDS[: 3 if read is _read_v1 else 4]
+        what = f"the memory NVML reported for {where}"
+        values = tuple(vendor_int(PLATFORM, what, n, getattr(mem, n, None)) for n in names)
+    return values
 
 
 def _step_down(exc: Exception, expected: tuple[str, ...], key: str, where: str, lower: str) -> str:
@@ -255,11 +225,7 @@ def _step_down(exc: Exception, expected: tuple[str, ...], key: str, where: str, 
 
 
 def unavailable_reason(exc: BaseException) -> str:
-    """Return one sentence saying why NVML is unusable, for probe results.
-
-    Args:
-        exc: What ``nvmlInit`` (or an early query) raised.
-    """
+    """Return one sentence saying why NVML is unusable after ``exc`` (from ``nvmlInit``)."""
     name = error_name(exc)
     hint = _HINTS.get(name)
     if hint is not None:
@@ -267,23 +233,11 @@ def unavailable_reason(exc: BaseException) -> str:
     return f"NVML unavailable: {exc or name} ({name})"
 
 
-LIBRARY = "libnvidia-ml.so.1"
-"""The library nvidia-ml-py loads on Linux (``CDLL("libnvidia-ml.so.1")``, no other path)."""
+LIBRARY = "libnvidia-ml.so.1"  # what nvidia-ml-py loads on Linux, by this name only
 
 
 def library_missing() -> str | None:
-    """Say why NVML's library cannot be loaded, asking the loader as nvidia-ml-py would.
-
-    Importing nvidia-ml-py (tens of milliseconds) only to learn that its library is absent
-    would dominate detection on a host without the driver.
-
-    Returns:
-        The reason, worded as for ``NVMLError_LibraryNotFound``; ``None`` when the library loads
-        or off Linux (where nvidia-ml-py looks elsewhere).
-
-    Side effects:
-        Loads ``libnvidia-ml.so.1`` when present (``pynvml`` would next).
-    """
+    """Say why NVML's library cannot load; ``None`` if it does (it stays loaded) or off Linux."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -297,20 +251,14 @@ def library_missing() -> str | None:
 
 
 def unavailable_before_import() -> str | None:
-    """Return :func:`library_missing` while ``pynvml`` is unimported and no replay is active.
-
-    The first :func:`session` fails with this same reason, so the probe gives it too.
-    """
+    """Return :func:`library_missing` while ``pynvml`` is unimported and no replay is active."""
     if MODULE_NAME in sys.modules or _boundary.active() is not None:
         return None
     return library_missing()
 
 
 def _initialize_locked(st: _State) -> None:
-    """Import pynvml and run ``nvmlInit``; ``st.cond`` is held.
-
-    When ``pynvml`` is not imported yet and its library cannot load, fails without importing it.
-    """
+    """Import pynvml (not when its library cannot load) and run ``nvmlInit``; ``st.cond`` held."""
     global _generation
     missing = unavailable_before_import()
     if missing is not None:
@@ -347,13 +295,7 @@ def _initialize_locked(st: _State) -> None:
 
 
 def acquire() -> Any:
-    """Mark one call in flight and return the initialised ``pynvml`` module.
-
-    Pair every call with :func:`release` (``try``/``finally``); :func:`session` does both.
-
-    Raises:
-        NvmlUnavailableError: When ``pynvml`` is missing or broken or ``nvmlInit`` fails.
-    """
+    """Mark one call in flight (pair with :func:`release`) and return ``pynvml``, initialised."""
     st = _state
     with st.lock:  # the common case: initialised, not closing
         if st.initialized and not st.closing and sys.modules.get(MODULE_NAME) is st.origin:
@@ -373,41 +315,23 @@ def release() -> None:
     """End one call started with :func:`acquire`."""
     st = _state
     with st.lock:
-        st.active -= 1
-        if st.active <= 0:
-            st.active = 0
-            if st.closing:
-                st.cond.notify_all()
+        st.active = max(0, st.active - 1)
+        if st.active == 0 and st.closing:
+            st.cond.notify_all()
 
 
 class _Session:
-    """Context manager returned by :func:`session`: one call (or a few) in flight."""
-
     __slots__ = ()
 
     def __enter__(self) -> Any:
         return acquire()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         release()
 
 
 def session() -> _Session:
-    """Return a context manager yielding the initialised ``pynvml`` module, around every call.
-
-    Sessions nest and may be entered from any thread; :func:`shutdown` waits for them.
-
-    Raises:
-        NvmlUnavailableError: On entry, when ``pynvml`` is missing or broken or ``nvmlInit`` fails.
-
-    Side effects:
-        The first entry in a process imports ``pynvml`` and calls ``nvmlInit`` (once).
-    """
+    """Return a context manager around :func:`acquire` and :func:`release` (nests, any thread)."""
     return _Session()
 
 
@@ -422,14 +346,7 @@ def generation() -> int:
 
 
 def shutdown() -> bool:
-    """Shut NVML down once no call is in flight (for embedders and tests; accelplat never does).
-
-    Returns:
-        ``True`` when ``nvmlShutdown`` was called, ``False`` when NVML was not initialised.
-
-    Side effects:
-        Blocks new sessions until done; an error from ``nvmlShutdown`` is ignored.
-    """
+    """Shut NVML down once no call is in flight (embedders, tests); ``False``: not initialised."""
     global _generation
     st = _state
     with st.cond:
@@ -453,11 +370,7 @@ def shutdown() -> bool:
 
 
 def forget() -> None:
-    """Drop this process's NVML session without shutting NVML down; cached handles go stale.
-
-    Called when a capture or replay starts or stops, and in a forked child (where the parent's
-    lock may be held by a thread that does not exist and its handles are not to be trusted).
-    """
+    """Drop the NVML session without shutting NVML down (capture/replay changes, forked child)."""
     global _state, _generation
     _state = _State()
     _generation += 1

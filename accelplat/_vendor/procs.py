@@ -18,15 +18,7 @@ if TYPE_CHECKING:
 
 
 def classify_pid(pid: int) -> tuple[HolderState, str]:
-    """Return what ``pid`` (a host pid, as a driver reports it) is to this process, and its name.
-
-    Returns:
-        ``(state, name)``: ``SELF``, ``CHILD`` (a live descendant), ``ZOMBIE`` (exited, unreaped),
-        ``ALIVE`` (any other live process) or ``GONE`` (not visible; ``name`` is ``""``).
-
-    Side effects:
-        Reads ``/proc`` through psutil, asked through the vendor boundary (a replay answers).
-    """
+    """Return what host ``pid`` is to this process (``CHILD``: a live descendant) and its name."""
     answer: object = _boundary.call("proc", ("classify", pid), lambda: _classify_live(pid))
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
         return HolderState.GONE, ""
@@ -55,8 +47,7 @@ def _classify_live(pid: int) -> tuple[HolderState, str]:
         parents = proc.parents()
     except (psutil.Error, OSError):
         parents = []
-    me = os.getpid()
-    if any(p.pid == me for p in parents):
+    if any(p.pid == os.getpid() for p in parents):
         return HolderState.CHILD, name
     return HolderState.ALIVE, name
 
@@ -77,20 +68,7 @@ _BYTES_MAX = 2**63 - 1  # above it, an unsigned counter wrapped (MAX_PLAUSIBLE_B
 def driver_holder(
     platform: str, where: str, pid: object, used_bytes: object, *, not_available: int | None = None
 ) -> MemoryHolder:
-    """Build a :class:`MemoryHolder` from one process entry a driver returned, checking it.
-
-    Args:
-        platform: The platform's name, for the error.
-        where: The device, for the error.
-        pid: The entry's process id.
-        used_bytes: Its memory in bytes, or ``None`` when the driver does not say.
-        not_available: The driver's "value not available" marker for ``used_bytes`` (NVML's is
-            2**64 - 1), read as ``None``.
-
-    Raises:
-        BackendError: For a process id that is not a positive integer of a ``pid_t``, or a
-            byte count that is not an integer in ``[0, 2**63 - 1]``; the message shows the entry.
-    """
+    """Build a :class:`MemoryHolder` of a driver's process entry; ``BackendError`` if malformed."""
     if used_bytes is not None and used_bytes == not_available:
         used_bytes = None
     bad_pid = isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= _PID_MAX
@@ -118,16 +96,7 @@ def make_holder(pid: int, used_bytes: int | None) -> MemoryHolder:
 
 
 def process_details(pid: int, *, width: int = 200) -> tuple[str, str]:
-    """Return the user and the command line of ``pid``, for people reading a holder list.
-
-    Args:
-        pid: A process id.
-        width: Longest command line returned (longer ones end in ``…``).
-
-    Returns:
-        ``(user, command)``; an item that cannot be read (gone, another namespace, denied) is
-        ``""``.
-    """
+    """Return ``(user, command line)`` of ``pid`` (``""`` when unreadable), cut to ``width``."""
     import psutil
 
     try:

@@ -1,4 +1,8 @@
-"""Pure parsers of each vendor's visible-devices variables: ``cuda``, ``rocm``, ``oneapi``.
+"""Pure parsers of the vendors' visible-devices variables: no environment, no vendor library."""
 
-They read no environment and import no vendor library, so they can be tested exhaustively.
-"""
+from accelplat._util import shorten
+
+
+def shown(value: str) -> str:
+    """Return ``repr(value)`` for a message, shortened: a variable may hold 100 KB."""
+    return shorten(repr(value))

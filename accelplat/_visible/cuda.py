@@ -1,13 +1,9 @@
 """``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``, as the CUDA driver reads them.
 
-:func:`parse_cuda_visible_devices` turns the variable's text into entries, and
-:func:`resolve_cuda_visible_devices` matches them against the machine's GPUs (in CUDA's order)
-and returns the visible devices; both are pure and never raise. The rules (``docs/backends/
-cuda.md``) were checked form by form against ``cuInit`` on driver 580:
-``tools/record_cuda_visible.py`` records the driver's answers into
-``tests/data/cuda_visible_ground_truth.json``, which ``tests/visible/test_cuda_ground_truth.py``
-replays through these functions. The value types are ``NamedTuple``s: this module is on the
-detection path, where a frozen dataclass costs about a millisecond to create at import.
+:func:`parse_cuda_visible_devices` reads the variable, :func:`resolve_cuda_visible_devices`
+matches it against the GPUs; both never raise. The rules (``docs/backends/cuda.md``) were checked
+against ``cuInit`` on driver 580 (``tools/record_cuda_visible.py``). Values are ``NamedTuple``s:
+this module is on the detection path, where a frozen dataclass costs about a millisecond at import.
 """
 
 from __future__ import annotations
@@ -16,9 +12,10 @@ import enum
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from accelplat._visible import shown
+
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 ENV_CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
-
 _GPU_PREFIX = "GPU-"
 _MIG_PREFIX = "MIG-"
 _WHITESPACE = " \t\n\r\v\f"
@@ -26,88 +23,58 @@ _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 _UUID_DIGITS = 32
 
 
-class EntryKind(str, enum.Enum):
-    """What one entry of ``CUDA_VISIBLE_DEVICES`` names."""
-
+class EntryKind(str, enum.Enum):  # what one entry of CUDA_VISIBLE_DEVICES names
     ORDINAL = "ordinal"  # an index into CUDA's enumeration of the machine's GPUs
     GPU_UUID = "gpu-uuid"  # GPU-…, possibly abbreviated
     MIG_UUID = "mig-uuid"  # MIG-…, possibly abbreviated (drivers R470 and later)
     MIG_LEGACY = "mig-legacy"  # MIG-GPU-<uuid>/<gpu instance id>/<compute instance id>
 
 
-class VisibleEntry(NamedTuple):
-    """One valid entry of ``CUDA_VISIBLE_DEVICES``, as written (``text``) and as read.
-
-    ``uuid_prefix`` is the (possibly abbreviated) UUID as CUDA reads it: the ``GPU-``/``MIG-``
-    prefix and up to 32 lower-case hex digits without dashes (``"GPU-8932f937d72c"``); for
-    ``MIG_LEGACY``, the parent GPU's, with the two instance ids.
-    """
-
+class VisibleEntry(NamedTuple):  # one valid entry, as written (text) and as read
     kind: EntryKind
     text: str
     ordinal: int | None = None
-    uuid_prefix: str | None = None
+    uuid_prefix: str | None = None  # GPU-/MIG- and <= 32 lower-case hex digits (MIG_LEGACY: GPU's)
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
 
 
-class CudaVisibleSpec(NamedTuple):
-    """``CUDA_VISIBLE_DEVICES`` parsed: the valid entries before ``stopped_at``, the first invalid.
-
-    ``raw`` is ``None`` when the variable is unset.
-    """
-
+class CudaVisibleSpec(NamedTuple):  # the variable (raw; None: unset): entries before stopped_at
     raw: str | None
     entries: tuple[VisibleEntry, ...]
     stopped_at: str | None = None
 
     @property
-    def unset(self) -> bool:
-        """``True`` when the variable is unset, so every GPU is visible."""
+    def unset(self) -> bool:  # every GPU is visible
         return self.raw is None
 
 
-class MigRecord(NamedTuple):
-    """One MIG device of a GPU (instance ids where known, for the legacy form)."""
-
+class MigRecord(NamedTuple):  # one MIG device of a GPU (instance ids for the legacy form)
     uuid: str
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
 
 
-class GpuRecord(NamedTuple):
-    """One physical GPU: its NVML index, ``GPU-…`` UUID and MIG devices in MIG index order."""
-
+class GpuRecord(NamedTuple):  # one physical GPU, its MIG devices in MIG index order
     nvml_index: int
     uuid: str
     mig_enabled: bool = False
     mig_devices: tuple[MigRecord, ...] = ()
 
 
-class VisibleTarget(NamedTuple):
-    """One visible device: its GPU's NVML index (a MIG device's parent) and its own UUID."""
-
+class VisibleTarget(NamedTuple):  # one visible device: its GPU's NVML index, its own UUID
     nvml_index: int
     uuid: str
     mig: bool = False
 
 
-class Resolution(NamedTuple):
-    """The visible devices (position ``i`` is visible index ``i``) and what was noticed.
-
-    ``notes`` are sentences about entries that ended the list, duplicates or MIG rules, for
-    ``accelplat info`` and error messages; empty when the variable was applied plainly.
-    """
-
+class Resolution(NamedTuple):  # the visible devices (position i is visible index i), and notes
     targets: tuple[VisibleTarget, ...]
     notes: tuple[str, ...] = ()
 
 
 def is_pci_bus_order(order: str | None) -> bool:
-    """Return whether ``CUDA_DEVICE_ORDER`` (``None``: unset) selects PCI bus order.
-
-    Only ``"PCI_BUS_ID"`` does (CUDA compares exactly); anything else means ``FASTEST_FIRST``.
-    """
+    """Return whether ``CUDA_DEVICE_ORDER`` is exactly ``"PCI_BUS_ID"`` (else fastest first)."""
     return order == "PCI_BUS_ID"
 
 
@@ -130,10 +97,7 @@ def _parse_ordinal(text: str) -> int | None:
     """Read ``text`` as the driver does (``strtoul``, low 32 bits); ``None`` without digits."""
     # Leading white space (stripped by the caller), an optional sign, the leading digits; the
     # rest is ignored ("1abc" is 1). "4294967297" and "-4294967295" are 1, "-1" is invalid.
-    sign = ""
-    body = text
-    if body[:1] in ("+", "-"):
-        sign, body = body[0], body[1:]
+    sign, body = (text[0], text[1:]) if text[:1] in ("+", "-") else ("", text)
     end = 0
     while end < len(body) and "0" <= body[end] <= "9":
         end += 1
@@ -165,11 +129,7 @@ def _read_uuid_digits(body: str) -> str | None:
 
 
 def uuid_digits(uuid: str) -> str:
-    """Return a UUID (``GPU-…``/``MIG-…``) as its prefix and 32 lower-case digits, no dashes.
-
-    ``"GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"`` gives ``"GPU-8932f937d72c4106c12f20bd9faed9f6"``,
-    the form ``VisibleEntry.uuid_prefix`` is compared with.
-    """
+    """Return a ``GPU-``/``MIG-`` UUID as ``VisibleEntry.uuid_prefix`` writes it."""
     head = len(_GPU_PREFIX)
     return uuid[:head] + uuid[head:].replace("-", "").lower()
 
@@ -177,46 +137,27 @@ def uuid_digits(uuid: str) -> str:
 def _parse_uuid_entry(text: str) -> VisibleEntry | None:
     # Exactly "GPU-" or "MIG-": no white space before it, no lower case.
     head = len(_GPU_PREFIX)
-    if text.startswith(_GPU_PREFIX):
-        digits = _read_uuid_digits(text[head:])
-        if digits is None:
-            return None
-        return VisibleEntry(EntryKind.GPU_UUID, text, uuid_prefix=_GPU_PREFIX + digits)
-    if not text.startswith(_MIG_PREFIX):
+    prefix, rest = text[:head], text[head:]
+    if prefix not in (_GPU_PREFIX, _MIG_PREFIX):
         return None
-    rest = text[head:]
-    if rest.startswith(_GPU_PREFIX) and "/" in rest:
+    if prefix == _MIG_PREFIX and rest.startswith(_GPU_PREFIX) and "/" in rest:
         parts = rest.split("/")
         if len(parts) != 3 or not all(p.isdigit() and p.isascii() for p in parts[1:]):
             return None
         digits = _read_uuid_digits(parts[0][head:])
-        gpu_instance_id, compute_instance_id = _decimal(parts[1]), _decimal(parts[2])
-        if digits is None or gpu_instance_id is None or compute_instance_id is None:
+        gi, ci = _decimal(parts[1]), _decimal(parts[2])  # the GPU and compute instance ids
+        if digits is None or gi is None or ci is None:
             return None  # an instance id that overflows names no MIG device
-        return VisibleEntry(
-            EntryKind.MIG_LEGACY,
-            text,
-            uuid_prefix=_GPU_PREFIX + digits,
-            gpu_instance_id=gpu_instance_id,
-            compute_instance_id=compute_instance_id,
-        )
+        return VisibleEntry(EntryKind.MIG_LEGACY, text, None, _GPU_PREFIX + digits, gi, ci)
     digits = _read_uuid_digits(rest)
     if digits is None:
         return None
-    return VisibleEntry(EntryKind.MIG_UUID, text, uuid_prefix=_MIG_PREFIX + digits)
+    kind = EntryKind.GPU_UUID if prefix == _GPU_PREFIX else EntryKind.MIG_UUID
+    return VisibleEntry(kind, text, uuid_prefix=prefix + digits)
 
 
 def parse_cuda_visible_devices(value: str | None) -> CudaVisibleSpec:
-    """Parse the text of ``CUDA_VISIBLE_DEVICES`` (``None``: unset) into entries; never raises.
-
-    Whether an ordinal is in range, a UUID prefix unique, or a device named twice is decided by
-    :func:`resolve_cuda_visible_devices`.
-
-    Example:
-        >>> spec = parse_cuda_visible_devices("1abc, 0,GPU-8932f937")
-        >>> [e.ordinal for e in spec.entries], spec.stopped_at
-        ([1, 0], 'GPU-8932f937')
-    """
+    """Parse the text of ``CUDA_VISIBLE_DEVICES`` (``None``: unset) into entries; never raises."""
     if value is None:
         return CudaVisibleSpec(None, ())
     entries: list[VisibleEntry] = []
@@ -237,23 +178,14 @@ def parse_cuda_visible_devices(value: str | None) -> CudaVisibleSpec:
 
 
 def _match_prefix(prefix: str, uuids: Sequence[str]) -> tuple[int | None, int]:
-    """Return ``(position of the single match or None, number of matches)``.
-
-    ``prefix`` is in :func:`uuid_digits` form; each UUID is brought to it before comparing.
-    """
-    found: int | None = None
-    count = 0
-    for pos, uuid in enumerate(uuids):
-        if uuid_digits(uuid).startswith(prefix):
-            count += 1
-            found = pos
-    return (found if count == 1 else None), count
+    """Return the position of the one UUID starting with ``prefix`` (or ``None``) and the count."""
+    hits = [pos for pos, uuid in enumerate(uuids) if uuid_digits(uuid).startswith(prefix)]
+    return (hits[0] if len(hits) == 1 else None), len(hits)
 
 
 def _resolve_entry(
     entry: VisibleEntry, gpus: Sequence[GpuRecord]
 ) -> tuple[VisibleTarget | None, str]:
-    """Match one entry; on failure return ``(None, why)``."""
     if entry.kind is EntryKind.ORDINAL:
         assert entry.ordinal is not None
         if entry.ordinal >= len(gpus):
@@ -261,11 +193,6 @@ def _resolve_entry(
         gpu = gpus[entry.ordinal]
         return VisibleTarget(gpu.nvml_index, gpu.uuid), ""
     assert entry.uuid_prefix is not None
-    if entry.kind is EntryKind.GPU_UUID:
-        pos, count = _match_prefix(entry.uuid_prefix, [g.uuid for g in gpus])
-        if pos is None:
-            return None, _no_unique("GPU", entry.text, count)
-        return VisibleTarget(gpus[pos].nvml_index, gpus[pos].uuid), ""
     if entry.kind is EntryKind.MIG_UUID:
         # The driver matches a MIG- entry's digits against MIG devices and GPUs alike.
         named = [(g, m.uuid) for g in gpus for m in g.mig_devices] + [(g, g.uuid) for g in gpus]
@@ -276,13 +203,14 @@ def _resolve_entry(
         gpu, uuid = named[pos]
         return VisibleTarget(gpu.nvml_index, uuid, mig=uuid.startswith(_MIG_PREFIX)), ""
     pos, count = _match_prefix(entry.uuid_prefix, [g.uuid for g in gpus])
+    legacy = entry.kind is EntryKind.MIG_LEGACY
     if pos is None:
-        return None, _no_unique("GPU", entry.uuid_prefix, count)
+        return None, _no_unique("GPU", entry.uuid_prefix if legacy else entry.text, count)
+    if not legacy:
+        return VisibleTarget(gpus[pos].nvml_index, gpus[pos].uuid), ""
+    wanted = (entry.gpu_instance_id, entry.compute_instance_id)
     for mig in gpus[pos].mig_devices:
-        if (mig.gpu_instance_id, mig.compute_instance_id) == (
-            entry.gpu_instance_id,
-            entry.compute_instance_id,
-        ):
+        if (mig.gpu_instance_id, mig.compute_instance_id) == wanted:
             return VisibleTarget(gpus[pos].nvml_index, mig.uuid, mig=True), ""
     return None, (
         f"GPU {gpus[pos].uuid} has no MIG device with GPU instance {entry.gpu_instance_id} "
@@ -292,8 +220,8 @@ def _resolve_entry(
 
 def _no_unique(what: str, text: str, count: int) -> str:
     if count == 0:
-        return f"{text!r} matches no {what}"
-    return f"{text!r} is ambiguous: it is a prefix of {count} {what} UUIDs"
+        return f"{shown(text)} matches no {what}"
+    return f"{shown(text)} is ambiguous: it is a prefix of {count} {what} UUIDs"
 
 
 def _apply_mig_rule(
@@ -332,18 +260,7 @@ def _apply_mig_rule(
 def resolve_cuda_visible_devices(
     spec: CudaVisibleSpec | str | None, gpus: Sequence[GpuRecord]
 ) -> Resolution:
-    """Match ``CUDA_VISIBLE_DEVICES`` against the machine's GPUs, as the driver does; never raises.
-
-    Args:
-        spec: A parsed spec, or the variable's text (``None`` when unset).
-        gpus: Every GPU in CUDA's enumeration order (ordinal ``i`` is ``gpus[i]``; PCI bus order
-            under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), with their MIG devices.
-
-    Example:
-        >>> gpus = [GpuRecord(0, "GPU-aa11"), GpuRecord(1, "GPU-bb22")]
-        >>> [t.nvml_index for t in resolve_cuda_visible_devices("1", gpus).targets]
-        [1]
-    """
+    """Match ``CUDA_VISIBLE_DEVICES`` (parsed, or its text) against ``gpus`` in CUDA's order."""
     if not isinstance(spec, CudaVisibleSpec):
         spec = parse_cuda_visible_devices(spec)
     notes: list[str] = []
@@ -356,15 +273,15 @@ def resolve_cuda_visible_devices(
             target, why = _resolve_entry(entry, gpus)
             if target is None:
                 notes.append(
-                    f"CUDA_VISIBLE_DEVICES entry {entry.text!r} is invalid ({why}); "
+                    f"CUDA_VISIBLE_DEVICES entry {shown(entry.text)} is invalid ({why}); "
                     f"the list ends before it"
                 )
                 break
             key = (target.nvml_index, target.uuid)
             if key in seen:  # cuInit then fails with CUDA_ERROR_INVALID_DEVICE
                 notes.append(
-                    f"CUDA_VISIBLE_DEVICES names {target.uuid} twice ({seen[key]!r} and "
-                    f"{entry.text!r}), which makes the whole variable invalid: no device "
+                    f"CUDA_VISIBLE_DEVICES names {target.uuid} twice ({shown(seen[key])} and "
+                    f"{shown(entry.text)}), which makes the whole variable invalid: no device "
                     f"is visible"
                 )
                 return Resolution((), tuple(notes))
@@ -373,7 +290,7 @@ def resolve_cuda_visible_devices(
         else:
             if spec.stopped_at is not None:
                 notes.append(
-                    f"CUDA_VISIBLE_DEVICES entry {spec.stopped_at!r} is invalid; "
+                    f"CUDA_VISIBLE_DEVICES entry {shown(spec.stopped_at)} is invalid; "
                     f"the list ends before it"
                 )
     return Resolution(tuple(_apply_mig_rule(targets, gpus, notes)), tuple(notes))

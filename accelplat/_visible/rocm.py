@@ -1,10 +1,8 @@
 """``ROCR_VISIBLE_DEVICES``, ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` on ROCm.
 
-The ROCm stack filters devices twice: ROCr (the HSA runtime) applies ``ROCR_VISIBLE_DEVICES`` to
-its enumeration (KFD GPU nodes in node order), then HIP applies ``HIP_VISIBLE_DEVICES`` or, when
-that is empty or unset, ``CUDA_VISIBLE_DEVICES`` to what ROCr left. These pure functions follow
-both as the runtime libraries implement them (ROCr ``amd_filter_device.cpp``, ROCm/clr
-``rocdevice.cpp``); ``docs/backends/rocm.md`` lists the rules.
+ROCr applies ``ROCR_VISIBLE_DEVICES`` to its enumeration (KFD GPU nodes in node order), then HIP
+applies ``HIP_VISIBLE_DEVICES`` (when empty or unset, ``CUDA_VISIBLE_DEVICES``) to what ROCr left,
+as ROCr ``amd_filter_device.cpp`` and ROCm/clr ``rocdevice.cpp`` do (``docs/backends/rocm.md``).
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from accelplat._visible import shown
 from accelplat.errors import ConfigurationError
 
 ENV_ROCR_VISIBLE_DEVICES = "ROCR_VISIBLE_DEVICES"
@@ -26,20 +25,14 @@ _MAX_INDEX_DIGITS = 18  # longer decimal text is out of range anyway
 
 
 def hip_uuid(unique_id: int) -> str | None:
-    """Return the UUID ROCm reports for a KFD ``unique_id``: ``"GPU-"`` and 16 hex digits.
-
-    ``None`` for ``0``: a GPU without a UUID, which HIP reports as ``"GPU-XX"``.
-    """
+    """Return the UUID ROCm reports for a KFD ``unique_id`` (``GPU-``, 16 hex digits), or None."""
     if unique_id <= 0:
         return None
     return f"GPU-{unique_id & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def _strtol(token: str) -> int | None:
-    """Read ``token`` like ``strtol(token, &end, 0)`` that must consume it all; else ``None``.
-
-    ``0x1f`` is hex, ``010`` octal; beyond a C ``long`` it saturates, as ``strtol`` does.
-    """
+    """Read ``token`` like ``strtol(token, &end, 0)`` (saturating) that must consume it all."""
     if not _STRTOL_RE.match(token):
         return None
     sign = -1 if token.startswith("-") else 1
@@ -61,38 +54,16 @@ def _rocr_uuid_match(token: str, uuids: Sequence[str | None]) -> int:
     # A prefix of 5 to 20 characters; a GPU whose unique_id is 0 ("Invalid-UUID") matches none.
     if not 5 <= len(token) <= 20:
         return -1
-    found = -1
-    for index, uuid in enumerate(uuids):
-        if uuid is None:
-            continue
-        if uuid.upper().startswith(token):
-            if found != -1:
-                return -1
-            found = index
-    return found
+    hits = [i for i, u in enumerate(uuids) if u is not None and u.upper().startswith(token)]
+    return hits[0] if len(hits) == 1 else -1
 
 
 def parse_rocr_visible_devices(
     value: str | None, count: int, uuids: Sequence[str | None] | None = None
 ) -> list[int]:
-    """Apply ``ROCR_VISIBLE_DEVICES`` to the machine's GPUs, as ROCr does.
-
-    Args:
-        value: The variable's text, or ``None`` when it is unset.
-        count: Number of GPUs in ROCr's enumeration.
-        uuids: Per GPU, its UUID or ``None``; ``None`` when the UUIDs are unknown.
-
-    Returns:
-        Indices into the enumeration, in visible order.
-
-    Raises:
-        ConfigurationError: For an empty token between commas (ROCr throws on it), or for a UUID
-            token when ``uuids`` is ``None``.
-    """
-    if value is None:  # unset: every GPU; empty: none (amd_filter_device.cpp, flag.h)
-        return list(range(count))
-    if value == "":
-        return []
+    """Return the indices ``ROCR_VISIBLE_DEVICES`` surfaces from ROCr's enumeration, in order."""
+    if not value:  # unset: every GPU; empty: none (amd_filter_device.cpp, flag.h)
+        return list(range(count)) if value is None else []
     if uuids is not None and len(uuids) != count:
         raise ValueError(f"uuids has {len(uuids)} entries for {count} GPUs")
     # C++ getline on a stringstream yields no empty token after a trailing comma.
@@ -104,13 +75,13 @@ def parse_rocr_visible_devices(
         token = raw.strip().upper()
         if token == "":  # token.at(0) throws in ROCr
             raise ConfigurationError(
-                f"{ENV_ROCR_VISIBLE_DEVICES}={value!r} has an empty entry; the ROCm runtime "
+                f"{ENV_ROCR_VISIBLE_DEVICES}={shown(value)} has an empty entry; the ROCm runtime "
                 f"cannot parse it"
             )
         if token.startswith("G"):  # a UUID: GPU- and the hex digits of unique_id, or a prefix
             if uuids is None:
                 raise ConfigurationError(
-                    f"{ENV_ROCR_VISIBLE_DEVICES}={value!r} names a GPU by UUID, but the GPUs' "
+                    f"{ENV_ROCR_VISIBLE_DEVICES}={shown(value)} names a GPU by UUID, but the GPUs' "
                     f"UUIDs are unknown here (no KFD topology)"
                 )
             index = _rocr_uuid_match(token, uuids)
@@ -126,20 +97,7 @@ def parse_rocr_visible_devices(
 def parse_hip_visible_devices(
     value: str | None, count: int, uuids: Sequence[str | None] | None = None
 ) -> list[int] | None:
-    """Apply HIP's device list (``HIP_VISIBLE_DEVICES`` or ``CUDA_VISIBLE_DEVICES``), as HIP does.
-
-    Args:
-        value: The variable's text, or ``None`` when it is unset.
-        count: Number of GPUs ROCr surfaced.
-        uuids: Per surfaced GPU, its UUID or ``None``; ``None`` when unknown.
-
-    Returns:
-        Indices into ROCr's surfaced list in visible order, or ``None`` (no filter) when the
-        value is unset or empty.
-
-    Raises:
-        ConfigurationError: For a UUID token when ``uuids`` is ``None``.
-    """
+    """Return the indices HIP's device list picks from ROCr's, or ``None`` when empty or unset."""
     if not value:
         return None
     if uuids is not None and len(uuids) != count:
@@ -152,13 +110,11 @@ def parse_hip_visible_devices(
         if "GPU-" in token:  # the first GPU whose UUID contains it, case-sensitively
             if uuids is None:
                 raise ConfigurationError(
-                    f"HIP device list {value!r} names a GPU by UUID, but the GPUs' UUIDs are "
+                    f"HIP device list {shown(value)} names a GPU by UUID, but the GPUs' UUIDs are "
                     f"unknown here (no KFD topology)"
                 )
-            index = next(
-                (i for i, u in enumerate(uuids) if token in (u if u is not None else _NO_UUID)),
-                -1,
-            )
+            names = [u if u is not None else _NO_UUID for u in uuids]
+            index = next((i for i, u in enumerate(names) if token in u), -1)
         elif token.isascii() and token.isdigit() and (token == "0" or token[0] != "0"):
             # Canonical decimal (str_id == to_string(atoi)); a longer one is out of range anyway.
             index = int(token) if len(token) <= _MAX_INDEX_DIGITS else count
@@ -172,20 +128,16 @@ def parse_hip_visible_devices(
 
 
 def select_hip_variable(env: Mapping[str, str]) -> tuple[str, str] | None:
-    """Return ``(name, value)`` of the variable HIP takes its device list from, or ``None``.
-
-    Raises:
-        ConfigurationError: When both are non-empty and different, which vLLM rejects as
-            ambiguous (HIP alone would silently prefer ``HIP_VISIBLE_DEVICES``).
-    """
+    """Return ``(name, value)`` of the variable HIP takes its device list from, or ``None``."""
     # HIP reads HIP_VISIBLE_DEVICES when non-empty, else CUDA_VISIBLE_DEVICES (rocdevice.cpp:496);
-    # vLLM's _sync_hip_cuda_env_vars treats empty as unset too, and Ray sets
-    # HIP_VISIBLE_DEVICES="" while it starts an actor (vllm/triton_utils/importing.py).
+    # vLLM's _sync_hip_cuda_env_vars treats empty as unset too, and rejects two different values
+    # (HIP alone would prefer HIP_VISIBLE_DEVICES); Ray sets HIP_VISIBLE_DEVICES="" while it
+    # starts an actor (vllm/triton_utils/importing.py).
     hip = env.get(ENV_HIP_VISIBLE_DEVICES) or None
     cuda = env.get(ENV_CUDA_VISIBLE_DEVICES) or None
     if hip is not None and cuda is not None and hip != cuda:
         raise ConfigurationError(
-            f"{ENV_HIP_VISIBLE_DEVICES}={hip!r} and {ENV_CUDA_VISIBLE_DEVICES}={cuda!r} "
+            f"{ENV_HIP_VISIBLE_DEVICES}={shown(hip)} and {ENV_CUDA_VISIBLE_DEVICES}={shown(cuda)} "
             f"disagree; set only one of them, or set both to the same value"
         )
     if hip is not None:
@@ -198,27 +150,11 @@ def select_hip_variable(env: Mapping[str, str]) -> tuple[str, str] | None:
 def visible_physical_indices(
     count: int, env: Mapping[str, str], uuids: Sequence[str | None] | None = None
 ) -> list[int]:
-    """Apply ROCr's and then HIP's filter to the machine's GPUs.
-
-    Args:
-        count: Number of GPUs in ROCr's enumeration (physical indices ``0 .. count - 1``).
-        env: The environment to read the three variables from.
-        uuids: Per GPU, its UUID or ``None``; ``None`` when unknown.
-
-    Returns:
-        Physical indices in visible order: element ``i`` is torch's device ``i``.
-
-    Raises:
-        ConfigurationError: For conflicting HIP/CUDA variables, an empty ROCr entry, or a UUID
-            entry without UUIDs to match it against.
-    """
+    """Return physical indices in visible order (ROCr's, then HIP's filter): ``[i]`` is torch's."""
     surfaced = parse_rocr_visible_devices(env.get(ENV_ROCR_VISIBLE_DEVICES), count, uuids)
     selected = select_hip_variable(env)
     if selected is None:
         return surfaced
-    _, value = selected
     sub_uuids = None if uuids is None else [uuids[i] for i in surfaced]
-    picked = parse_hip_visible_devices(value, len(surfaced), sub_uuids)
-    if picked is None:
-        return surfaced
-    return [surfaced[i] for i in picked]
+    picked = parse_hip_visible_devices(selected[1], len(surfaced), sub_uuids)
+    return surfaced if picked is None else [surfaced[i] for i in picked]

@@ -1,33 +1,23 @@
 """Drop-in replacements for vLLM's test helpers (``tests/utils.py``), and hooks for its runners.
 
 Everything under a vLLM name accepts the same calls and behaves as vLLM 0.32/0.33 does wherever a
-passing vLLM test could notice (accounting, arguments, messages, printed progress), so a suite
-switches with an import change; platform differences are read from the platform's data, never
-branched on. What is kept, what is better and ``strict=True`` are in
-``docs/migrating-vllm-tests.md``. pytest is imported only by the functions that need it.
+passing test could notice, so a suite switches with an import change; platform differences are
+data, never branches (docs/migrating-vllm-tests.md). pytest is imported only where needed.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import numbers
 import signal
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from accelplat import _validate
 from accelplat._platform import Platform, StartMethod, optional, validate_utilization
-from accelplat._types import (
-    GIB,
-    MIB,
-    MemoryInfo,
-    SettleResult,
-    UsageSnapshot,
-)
+from accelplat._types import GIB, MIB, MemoryInfo, SettleResult, UsageSnapshot
 from accelplat.errors import (
     AccelplatError,
     ChildTestError,
@@ -36,29 +26,21 @@ from accelplat.errors import (
     VllmArgumentError,
     VllmMemoryNotFreeError,
 )
-from accelplat.testing._isolation import (
-    ChildResult,
-    ChildTracebackError,
-    mark_isolated,
-    run_child,
-)
+from accelplat.testing._isolation import ChildResult, ChildTracebackError, mark_isolated, run_child
 
 if TYPE_CHECKING:
     import pytest
 
 DEFAULT_HF_TOLERANCE = 0.05  # memory a HF-style runner may leave above its baseline (vLLM's)
-# before_engine_start's grace on eager platforms: NVML shows an exited group's memory 0.2-0.9 s on
+# before_engine_start's grace on eager platforms: NVML shows an exited group's memory back
+# 0.2-0.9 s after the exit (measured on an H200)
 EAGER_START_GRACE_S = 2.0
 _VLLM_SETTLE_WINDOW_S = 2.0  # stability window of vLLM's wait_for_memory_to_settle
 
 _UTILIZATION_KEY = "gpu_memory_utilization"
 _PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
-_DECIMAL_GB = 10**9
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-
-# --- platform views
 
 
 def _platform(platform: Platform | None) -> Platform:
@@ -103,27 +85,16 @@ def _physical(platform: Platform, devices: Sequence[int]) -> list[int]:
         return list(devices)
 
 
-# --- vLLM's tests/utils.py helpers
-
-
 def record_gpu_memory_usage_stats(*, devices: Sequence[int]) -> dict[int, tuple[float, float]]:
     """Return per visible device ``(used GiB, total GiB)`` as vLLM's helper measures them.
 
-    On NVIDIA driver-reserved memory counts as used and as total (NVML v1, as vLLM reads it);
-    :func:`accelplat.record_usage_stats` leaves it out.
-
-    Args:
-        devices: Visible (logical) device indices; an empty list gives ``{}``.
-
-    Returns:
-        ``{device: (used / 2**30, total / 2**30)}``.
+    Driver-reserved memory counts as used and total (NVML v1, as vLLM reads it).
 
     Raises:
         DeviceNotFoundError: For an index that is not visible (an ``IndexError``).
     """
     read = _vllm_reader(_platform(None))
-    infos = {d: read(d) for d in devices}
-    return {d: (m.used / GIB, m.total / GIB) for d, m in infos.items()}
+    return {d: (m.used / GIB, m.total / GIB) for d, m in ((d, read(d)) for d in devices)}
 
 
 def _keyed(value: object, devices: Sequence[int], physical: Sequence[int], argument: str) -> Any:
@@ -135,10 +106,11 @@ def _keyed(value: object, devices: Sequence[int], physical: Sequence[int], argum
         return dict(value)
     if keys == set(physical):
         return {d: value[p] for d, p in zip(devices, physical, strict=True)}
+    shown = sorted(keys, key=repr)
     raise VllmArgumentError(
         f"{argument} as a mapping must name exactly the devices waited on "
         f"(visible {sorted(devices)} or physical {sorted(physical)}), got keys "
-        f"{sorted(keys, key=repr)}"
+        f"{shown[:10]}" + (f" … ({len(shown)} keys)" if len(shown) > 10 else "")
     )
 
 
@@ -161,9 +133,7 @@ def _describe_threshold(
     """Return vLLM 0.32's ``threshold`` text: ``device=0: 2.00 GiB``, ``device=0: 0.100``."""
 
     def pick(value: object, device: int) -> float:
-        if isinstance(value, Mapping):
-            return float(value[device])
-        return float(cast(float, value))
+        return float(value[device] if isinstance(value, Mapping) else cast(float, value))
 
     parts: list[str] = []
     for device, phys in zip(devices, physical, strict=True):
@@ -181,37 +151,6 @@ def _describe_threshold(
     return "; ".join(parts)
 
 
-def _printer(
-    physical: Mapping[int, int], every_s: float
-) -> Callable[[UsageSnapshot, Mapping[int, int]], None]:
-    """Return an ``on_poll`` callback printing vLLM's progress line at most once per ``every_s``."""
-    last: list[float] = []
-
-    def on_poll(snap: UsageSnapshot, targets: Mapping[int, int]) -> None:
-        if last and snap.timestamp - last[0] < every_s:
-            return
-        last[:] = [snap.timestamp]
-        line = "".join(
-            f"{physical.get(d, d)}={m.used / GIB:.02f}/{m.total / GIB:.02f}; "
-            for d, m in snap.memory.items()
-        )
-        print(f"gpu memory used/total (GiB): {line}", flush=True)
-
-    return on_poll
-
-
-def _poll_policy(poll_interval_s: object) -> tuple[Any, float]:
-    """The sampling policy and the print cadence for vLLM's ``poll_interval_s``."""
-    from accelplat._memory import PollPolicy
-
-    expected = "a finite number of seconds >= 0"
-    cadence = _validate.number(poll_interval_s, "poll_interval_s", minimum=0, expected=expected)
-    default = PollPolicy()
-    if 0 < cadence < default.max_s:
-        return PollPolicy(initial_s=min(default.initial_s, cadence), max_s=cadence), cadence
-    return default, cadence
-
-
 def wait_for_gpu_memory_to_clear(
     *,
     devices: Sequence[int],
@@ -224,31 +163,15 @@ def wait_for_gpu_memory_to_clear(
 ) -> None:
     """Wait until used memory of ``devices`` is at or below a threshold, as vLLM's helper does.
 
-    Used memory is vLLM's accounting (:func:`record_gpu_memory_usage_stats`); with both
-    thresholds the larger wins. vLLM's progress line is printed once per ``poll_interval_s``.
-
-    Args:
-        devices: Visible (logical) device indices; ``[]`` returns at once.
-        threshold_bytes: Used bytes at or below which a device is clear; an int, or a mapping
-            naming exactly ``devices`` (by visible or by physical index).
-        threshold_ratio: Fraction of total; a float, or a mapping naming exactly ``devices``.
-            A ratio above 1 is met by any usage, as in vLLM.
-        timeout_s: Give up after this many seconds.
-        stable_duration_s: How long usage must stay clear and steady.
-        stable_tolerance_bytes: Movement that still counts as steady.
-        poll_interval_s: How often progress is printed (vLLM also sleeps this long; here it
-            only caps the 5-40 ms sampling interval).
+    vLLM's accounting, thresholds and progress line (docs/migrating-vllm-tests.md); a mapping
+    threshold may name physical indices; ``poll_interval_s`` only caps the sampling interval.
 
     Raises:
-        VllmArgumentError: For no threshold, or a mapping whose keys are not the devices (an
-            ``AssertionError``, as vLLM's ``assert``).
+        VllmArgumentError: For no threshold, or mapping keys that are not the devices.
         VllmMemoryNotFreeError: On timeout (a ``ValueError``), with vLLM 0.32's first line.
         ConfigurationError: For a malformed argument; ``DeviceNotFoundError`` for a bad index.
-
-    Side effects:
-        Sleeps; prints progress to stdout.
     """
-    from accelplat._memory import wait_for_memory_to_clear
+    from accelplat._memory import PollPolicy
 
     if threshold_bytes is None and threshold_ratio is None:
         raise VllmArgumentError(
@@ -256,10 +179,14 @@ def wait_for_gpu_memory_to_clear(
         )
     if devices is None or isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
         raise ConfigurationError(
-            f"devices must be a list of visible device indices, got {devices!r} "
+            f"devices must be a list of visible device indices, got {devices!r:.200} "
             "(vLLM's helper has no default: name the devices to wait on)"
         )
-    poll, cadence = _poll_policy(poll_interval_s)
+    expected = "a finite number of seconds >= 0"
+    cadence = _validate.number(poll_interval_s, "poll_interval_s", minimum=0, expected=expected)
+    poll = PollPolicy()
+    if 0 < cadence < poll.max_s:
+        poll = PollPolicy(initial_s=min(poll.initial_s, cadence), max_s=cadence)
     platform = _platform(None)
     wanted = list(devices)
     physical = _physical(platform, wanted) if wanted else []
@@ -271,21 +198,19 @@ def wait_for_gpu_memory_to_clear(
             flush=True,
         )
         return
-    try:
-        result = wait_for_memory_to_clear(
-            wanted,
-            threshold_bytes=by_bytes,
-            threshold_ratio=by_ratio,
-            timeout_s=timeout_s,
-            stable_duration_s=stable_duration_s,
-            stable_tolerance_bytes=stable_tolerance_bytes,
-            poll=poll,
-            on_poll=_printer(dict(zip(wanted, physical, strict=True)), cadence),
-            platform=platform,
-            read=_vllm_reader(platform),
-        )
-    except MemoryNotSettledError as exc:  # raised only after every argument was validated
-        raise _not_free(exc, wanted, physical, by_bytes, by_ratio) from None
+    result = _clear(
+        platform,
+        wanted,
+        physical,
+        cadence,
+        threshold_bytes=by_bytes,
+        threshold_ratio=by_ratio,
+        timeout_s=timeout_s,
+        stable_duration_s=stable_duration_s,
+        stable_tolerance_bytes=stable_tolerance_bytes,
+        poll=poll,
+        read=_vllm_reader(platform),
+    )
     threshold = _describe_threshold(wanted, physical, by_bytes, by_ratio, result.raised_targets)
     stable = "stable " if float(stable_duration_s) > 0 else ""
     print(
@@ -295,59 +220,66 @@ def wait_for_gpu_memory_to_clear(
     )
 
 
-def _not_free(
-    exc: MemoryNotSettledError,
-    devices: Sequence[int],
-    physical: Sequence[int],
-    threshold_bytes: object,
-    threshold_ratio: object,
-) -> VllmMemoryNotFreeError:
-    """Return the timeout error of vLLM's helpers: vLLM 0.32's first line, then the diagnosis."""
-    threshold = _describe_threshold(
-        devices, physical, threshold_bytes, threshold_ratio, exc.raised_targets
-    )
-    head = (
-        f"Memory of devices devices={list(physical)!r} not free after "
-        f"dur_s={exc.waited_s:.02f} (threshold={threshold!r})"
-    )
-    return VllmMemoryNotFreeError(
-        f"{head}\n{exc}",
-        snapshot=exc.snapshot,
-        targets=exc.targets,
-        waited_s=exc.waited_s,
-        history=exc.history,
-        raised_targets=exc.raised_targets,
-    )
+def _clear(
+    p: Platform,
+    devices: list[int],
+    physical: list[int],
+    every_s: float = 1.0,
+    *,
+    settle: bool = False,
+    **wait: Any,
+) -> SettleResult:
+    """Run accelplat's clear (or settle) wait printing vLLM's progress line, raising its error."""
+    from accelplat._memory import wait_for_memory_to_clear, wait_for_memory_to_settle
+
+    names = dict(zip(devices, physical, strict=True))
+    last: list[float] = []
+
+    def on_poll(snap: UsageSnapshot, targets: Mapping[int, int]) -> None:
+        if last and snap.timestamp - last[0] < every_s:  # at most once per every_s
+            return
+        last[:] = [snap.timestamp]
+        line = "".join(
+            f"{names.get(d, d)}={m.used / GIB:.02f}/{m.total / GIB:.02f}; "
+            for d, m in snap.memory.items()
+        )
+        print(f"gpu memory used/total (GiB): {line}", flush=True)
+
+    try:
+        if settle:
+            return wait_for_memory_to_settle(on_poll=on_poll, platform=p, **wait)
+        return wait_for_memory_to_clear(devices, on_poll=on_poll, platform=p, **wait)
+    except MemoryNotSettledError as exc:  # raised only after every argument was validated
+        by_bytes, by_ratio = wait.get("threshold_bytes"), wait.get("threshold_ratio")
+        threshold = _describe_threshold(devices, physical, by_bytes, by_ratio, exc.raised_targets)
+        head = (  # vLLM 0.32's first line, then accelplat's diagnosis
+            f"Memory of devices devices={list(physical)!r} not free after "
+            f"dur_s={exc.waited_s:.02f} (threshold={threshold!r})"
+        )
+        raise VllmMemoryNotFreeError(
+            f"{head}\n{exc}",
+            snapshot=exc.snapshot,
+            targets=exc.targets,
+            waited_s=exc.waited_s,
+            history=exc.history,
+            raised_targets=exc.raised_targets,
+        ) from None
 
 
 def wait_for_memory_to_settle(
-    *,
-    threshold_ratio: float | Mapping[int, float] | None = 0.1,
-    timeout_s: float = 240,
+    *, threshold_ratio: float | Mapping[int, float] | None = 0.1, timeout_s: float = 240
 ) -> None:
     """Wait for lazily released memory to come back on every device, as vLLM's helper does.
 
-    On an eager platform (vLLM: all but ROCm and XPU), or with no accelerator, this returns at
-    once without looking at its arguments, as vLLM's does. On a lazy one every visible device
-    must stay at or below ``threshold_ratio`` of its total for 2 s (or the profile's window).
-
-    Args:
-        threshold_ratio: Fraction of total, or a mapping naming every visible device; ``None``
-            means ``0.1`` (vLLM's ``HfRunner.__exit__`` passes ``None`` on CUDA and CPU).
-        timeout_s: Give up after this many seconds.
+    Returns at once on an eager platform (vLLM: all but ROCm and XPU) or with no accelerator;
+    on a lazy one waits for a 2 s window at ``threshold_ratio`` (``None``: ``0.1``).
 
     Raises:
         VllmMemoryNotFreeError: On timeout (a ``ValueError``).
         VllmArgumentError: For a mapping whose keys are not the devices (lazy platforms only).
-
-    Side effects:
-        On lazy platforms sleeps and prints progress once a second.
     """
     platform = _platform(None)
-    if not platform.release.lazy:
-        return
-    count = _accelerator_count(platform)
-    if count == 0:
+    if not platform.release.lazy or (count := _accelerator_count(platform)) == 0:
         return
     wait_for_gpu_memory_to_clear(
         devices=list(range(count)),
@@ -356,9 +288,6 @@ def wait_for_memory_to_settle(
         stable_duration_s=min(_VLLM_SETTLE_WINDOW_S, platform.release.stable_duration_s),
         poll_interval_s=1.0,
     )
-
-
-# --- runner hooks (VllmRunner / HfRunner)
 
 
 def _utilization(kwargs: Mapping[str, Any], platform: Platform) -> float:
@@ -380,18 +309,7 @@ def _free_ratio(kwargs: Mapping[str, Any], platform: Platform) -> float:
     return max(0.0, round(1.0 - _utilization(kwargs, platform), 12))
 
 
-def _engine_devices(kwargs: Mapping[str, Any], platform: Platform) -> list[int]:
-    world = 1
-    for key in _PARALLEL_KEYS:
-        value = kwargs.get(key)
-        if value is None:
-            continue
-        world *= _validate.integer(value, key, minimum=1)
-    return list(range(min(world, platform.device_count())))
-
-
 def _nothing_to_do() -> SettleResult:
-    """The result of a hook that had nothing to check: no sample, no wait."""
     return SettleResult(0.0, 0, UsageSnapshot(time.monotonic(), time.time(), {}), True, {})
 
 
@@ -402,25 +320,12 @@ def _check_strict(strict: object) -> bool:
 
 
 def engine_kwargs(kwargs: Mapping[str, Any], *, platform: Platform | None = None) -> dict[str, Any]:
-    """Return engine keyword arguments with a memory utilization that suits this platform.
+    """Return a new dict of engine keyword arguments with a utilization that suits this platform.
 
-    Replaces the XPU branch of vLLM's ``VllmRunner``: a missing (or ``None``)
-    ``gpu_memory_utilization`` becomes the platform's ``default_memory_utilization`` (on CPU
-    computed from the memory available now); a given value is validated.
-
-    Args:
-        kwargs: The keyword arguments meant for ``vllm.LLM``; not modified.
-        platform: The platform; ``None`` means the current one.
-
-    Returns:
-        A new dict: ``kwargs`` with ``gpu_memory_utilization`` set.
+    A missing ``gpu_memory_utilization`` becomes ``default_memory_utilization`` (vLLM's XPU branch).
 
     Raises:
-        ValueError: When ``gpu_memory_utilization`` is not a number in ``(0, 1]``, or ``kwargs``
-            is not a mapping (a ``ConfigurationError``).
-
-    Side effects:
-        Reads the platform's default (on CPU that reads host memory figures).
+        ValueError: For a utilization not in ``(0, 1]`` or a ``kwargs`` that is no mapping.
     """
     utilization = _utilization(kwargs, _platform(platform))  # refuses a kwargs that is no mapping
     return {**kwargs, _UTILIZATION_KEY: utilization}
@@ -431,18 +336,8 @@ def before_engine_start(
 ) -> SettleResult:
     """Make sure the engine's devices have the free memory its start-up check will ask for.
 
-    Each device the engine uses (the product of its parallel sizes, from index 0) must be at or
-    below ``(1 − utilization) × total`` used, vLLM's accounting. Lazy platforms wait with the
-    profile's window and timeout, as vLLM's runner does; eager ones check and give an exiting
-    process :data:`EAGER_START_GRACE_S`; without an accelerator nothing is checked
-    (docs/migrating-vllm-tests.md).
-
-    Args:
-        kwargs: The engine keyword arguments; ``gpu_memory_utilization`` defaults to the
-            platform's.
-        platform: The platform; ``None`` means the current one.
-        strict: Check on every platform, CPU included, with accelplat's accounting, and on eager
-            platforms wait up to the profile's timeout.
+    Lazy platforms wait as vLLM's runner does; eager ones give an exiting process
+    :data:`EAGER_START_GRACE_S`; ``strict=True`` checks everywhere (docs/migrating-vllm-tests.md).
 
     Returns:
         The wait's :class:`~accelplat._types.SettleResult` (``polls == 0``: nothing checked).
@@ -450,15 +345,14 @@ def before_engine_start(
     Raises:
         VllmMemoryNotFreeError: When the devices do not have the room (a ``ValueError``).
         ValueError: For a bad utilization or parallel size.
-
-    Side effects:
-        May sleep.
     """
-    from accelplat._memory import wait_for_memory_to_clear
-
     p = _platform(platform)
     ratio = _free_ratio(kwargs, p)
-    devices = _engine_devices(kwargs, p)
+    world = 1  # the engine uses the product of its parallel sizes, from device 0
+    for key in _PARALLEL_KEYS:
+        if (value := kwargs.get(key)) is not None:
+            world *= _validate.integer(value, key, minimum=1)
+    devices = list(range(min(world, p.device_count())))
     if not _check_strict(strict) and not _is_accelerator(p):
         return _nothing_to_do()
     if not devices:
@@ -466,25 +360,19 @@ def before_engine_start(
             raise ConfigurationError(f"the {p.name} platform has no visible device to start on")
         return _nothing_to_do()
     profile = p.release
-    if profile.lazy:
-        timeout, window = profile.settle_timeout_s, profile.stable_duration_s
-    elif strict:
-        timeout, window = profile.settle_timeout_s, 0.0
-    else:
-        timeout, window = min(EAGER_START_GRACE_S, profile.settle_timeout_s), 0.0
-    physical = _physical(p, devices)
-    try:
-        return wait_for_memory_to_clear(
-            devices,
-            threshold_ratio=ratio,
-            timeout_s=timeout,
-            stable_duration_s=window,
-            on_poll=_printer(dict(zip(devices, physical, strict=True)), 1.0),
-            platform=p,
-            read=None if strict else _vllm_reader(p),
-        )
-    except MemoryNotSettledError as exc:
-        raise _not_free(exc, devices, physical, None, ratio) from None
+    timeout = profile.settle_timeout_s
+    window = profile.stable_duration_s if profile.lazy else 0.0
+    if not profile.lazy and not strict:
+        timeout = min(EAGER_START_GRACE_S, timeout)
+    return _clear(
+        p,
+        devices,
+        _physical(p, devices),
+        threshold_ratio=ratio,
+        timeout_s=timeout,
+        stable_duration_s=window,
+        read=None if strict else _vllm_reader(p),
+    )
 
 
 def after_engine_shutdown(
@@ -492,48 +380,31 @@ def after_engine_shutdown(
 ) -> SettleResult:
     """After an engine shut down, wait where vLLM's runner waits for its memory to come back.
 
-    On lazy platforms every device must get to ``1 − utilization`` used, with the platform's
-    stability window, as in vLLM's ``VllmRunner.__exit__``; elsewhere nothing happens.
-
-    Args:
-        kwargs: The engine keyword arguments the engine was started with.
-        platform: The platform; ``None`` means the current one.
-        strict: Opt in to accelplat's semantics: :func:`accelplat.wait_for_memory_to_settle` on
-            every platform (on eager ones it waits, without a window, for the exiting process).
+    Lazy platforms only, as vLLM's ``VllmRunner.__exit__``; ``strict=True`` settles everywhere.
 
     Returns:
         The :class:`~accelplat._types.SettleResult` (``polls == 0`` when nothing was waited for).
 
     Raises:
         VllmMemoryNotFreeError: When memory is not back by the settle timeout (a ``ValueError``).
-
-    Side effects:
-        May sleep.
     """
-    from accelplat._memory import wait_for_memory_to_clear
-    from accelplat._memory import wait_for_memory_to_settle as settle
-
     p = _platform(platform)
     ratio = _free_ratio(kwargs, p)
     devices = list(range(p.device_count()))
     physical = _physical(p, devices)
-    printer = _printer(dict(zip(devices, physical, strict=True)), 1.0)
-    try:
-        if _check_strict(strict):
-            return settle(threshold_ratio=ratio, platform=p, on_poll=printer)
-        if not p.release.lazy or _accelerator_count(p) == 0:
-            return _nothing_to_do()
-        return wait_for_memory_to_clear(
-            devices,
-            threshold_ratio=ratio,
-            timeout_s=p.release.settle_timeout_s,
-            stable_duration_s=p.release.stable_duration_s,
-            on_poll=printer,
-            platform=p,
-            read=_vllm_reader(p),
-        )
-    except MemoryNotSettledError as exc:
-        raise _not_free(exc, devices, physical, None, ratio) from None
+    if _check_strict(strict):
+        return _clear(p, devices, physical, settle=True, threshold_ratio=ratio)
+    if not p.release.lazy or _accelerator_count(p) == 0:
+        return _nothing_to_do()
+    return _clear(
+        p,
+        devices,
+        physical,
+        threshold_ratio=ratio,
+        timeout_s=p.release.settle_timeout_s,
+        stable_duration_s=p.release.stable_duration_s,
+        read=_vllm_reader(p),
+    )
 
 
 @contextmanager
@@ -546,28 +417,17 @@ def memory_baseline(
 ) -> Iterator[UsageSnapshot]:
     """Record device usage on entry and, on exit, wait until it is back near that baseline.
 
-    Replaces vLLM's ``HfRunner`` branch that waits, on exit, until usage is at most ``baseline +
-    tolerance × total``: on lazy platforms, with their stability window; on eager ones nothing
-    is waited for (as in vLLM). When the body raises, no wait happens.
-
-    Args:
-        tolerance: Fraction of each device's total usage may stay above the baseline.
-        devices: Visible device indices; ``None`` means every visible device.
-        timeout_s: Limit of the exit wait; ``None`` means the platform's settle timeout.
-        platform: The platform; ``None`` means the current one.
+    vLLM's ``HfRunner`` wait for ``baseline + tolerance × total``: on lazy platforms only, and
+    not when the body raised.
 
     Yields:
         The baseline :class:`~accelplat._types.UsageSnapshot` (empty without an accelerator).
 
     Raises:
         VllmMemoryNotFreeError: On exit, when usage does not come back in time.
-        ConfigurationError: On entry (on every platform), for a tolerance outside ``[0, 1]`` or
-            a bad ``timeout_s``.
-
-    Side effects:
-        Samples memory on entry; may sleep on exit.
+        ConfigurationError: On entry, for a tolerance outside ``[0, 1]`` or a bad ``timeout_s``.
     """
-    from accelplat._memory import snapshot, wait_for_memory_to_clear
+    from accelplat._memory import snapshot
 
     fraction = _validate.ratio(tolerance, "tolerance")
     if timeout_s is not None:  # checked here, as the exit wait would, even if it never runs
@@ -585,42 +445,12 @@ def memory_baseline(
         d: info.used + math.floor(fraction * info.total) for d, info in baseline.memory.items()
     }
     wanted = list(targets)
-    physical = _physical(p, wanted)
-    try:
-        wait_for_memory_to_clear(
-            wanted,
-            threshold_bytes=targets,
-            timeout_s=timeout_s,
-            on_poll=_printer(dict(zip(wanted, physical, strict=True)), 1.0),
-            platform=p,
-            read=read,
-        )
-    except MemoryNotSettledError as exc:
-        raise _not_free(exc, wanted, physical, targets, None) from None
-
-
-# --- process isolation (vLLM's names on top of accelplat.testing._isolation)
+    _clear(p, wanted, _physical(p, wanted), threshold_bytes=targets, timeout_s=timeout_s, read=read)
 
 
 def requires_spawn_multiprocessing() -> bool:
-    """Whether test processes must be spawned rather than forked here (vLLM: ROCm and XPU).
-
-    Returns:
-        ``True`` when the current platform's ``preferred_start_method`` is not ``"fork"``.
-    """
+    """Whether the platform's ``preferred_start_method`` is not ``"fork"`` (vLLM: ROCm, XPU)."""
     return _platform(None).preferred_start_method != "fork"
-
-
-def _format_exit(code: int | None) -> str:
-    """Render a child's exit as vLLM does: ``exit code 1``, ``killed by SIGKILL (-9)``."""
-    if code is None:
-        return "exit code None"
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by {signal.Signals(-code).name} ({code})"
-    except ValueError:
-        return f"exit code {code}"
 
 
 def _failed(result: ChildResult) -> bool:
@@ -633,19 +463,10 @@ def _failed(result: ChildResult) -> bool:
 def fork_new_process_for_each_test(func: _F) -> _F:
     """Run each call of a test in a forked child, as vLLM's decorator of this name does.
 
-    The child leads its own process group (what it leaves running is sent ``SIGTERM``). A
-    failure comes back as the child's own exception when it pickles, else as a
-    :class:`~accelplat.errors.ChildTestError` (an ``AssertionError``) with the child's traceback.
-    pytest's skip, xfail and fail in the child keep their meaning (vLLM's fork passes a skip).
-
-    Args:
-        func: The test function.
-
-    Returns:
-        The wrapper; it keeps the test's name and signature, so pytest still injects fixtures.
+    A failure comes back as the child's exception when it pickles, else as a ``ChildTestError``
+    (an ``AssertionError``) with its traceback; pytest's skip, xfail and fail keep their meaning.
     """
 
-    @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         result = run_child(func, args, kwargs, method="fork")
         if not _failed(result):
@@ -661,53 +482,35 @@ def fork_new_process_for_each_test(func: _F) -> _F:
         silent = f"; the child {result.describe_exit()} without reporting)"
         raise ChildTestError(f"function {call}{silent}") from None
 
-    mark_isolated(wrapper, func)
-    return cast(_F, wrapper)
+    return mark_isolated(wrapper, func)
 
 
 def spawn_new_process_for_each_test(func: _F) -> _F:
     """Run each call of a test in a fresh interpreter, as vLLM's decorator of this name does.
 
-    The child imports the test by module and qualified name; a failure comes back as
-    ``RuntimeError("Test subprocess '<name>' failed (exit code N):``, then the child's traceback.
-
-    Args:
-        func: The test function, defined at module or class level.
-
-    Returns:
-        The wrapper; it keeps the test's name and signature.
+    A failure comes back as vLLM's ``RuntimeError("Test subprocess '<name>' failed …")``.
 
     Raises:
-        ConfigurationError: When the test is called, for a function a fresh interpreter cannot
-            import or arguments that cannot be pickled.
+        ConfigurationError: On a call, for a function that cannot be imported or unpicklable args.
     """
 
-    @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         result = run_child(func, args, kwargs, method="spawn")
         if _failed(result):
             name = getattr(func, "__name__", repr(func))
             text = result.traceback or "<no Python traceback; see subprocess output above>"
-            exit_ = _format_exit(result.exitcode)
+            code = result.exitcode
+            exit_ = f"exit code {code}"  # vLLM's: exit code 1, killed by SIGKILL (-9)
+            if code is not None and code < 0:
+                with suppress(ValueError):
+                    exit_ = f"killed by {signal.Signals(-code).name} ({code})"
             raise RuntimeError(f"Test subprocess '{name}' failed ({exit_}):\n{text}")
 
-    mark_isolated(wrapper, func)
-    return cast(_F, wrapper)
+    return mark_isolated(wrapper, func)
 
 
-def create_new_process_for_each_test(
-    method: StartMethod | None = None,
-) -> Callable[[_F], _F]:
-    """Return vLLM's fork or spawn decorator (see the two functions above).
-
-    With ``None`` the method is chosen when the test runs, from the platform's
-    ``preferred_start_method``, so ``--accelplat-platform`` and ``ACCELPLAT_PLATFORM`` apply.
-
-    Args:
-        method: ``"fork"``, ``"spawn"`` or ``None``.
-
-    Returns:
-        A decorator.
+def create_new_process_for_each_test(method: StartMethod | None = None) -> Callable[[_F], _F]:
+    """Return vLLM's fork or spawn decorator; ``None``: the platform's choice, at each call.
 
     Raises:
         VllmArgumentError: For another method (an ``AssertionError``, as vLLM's ``assert``).
@@ -723,56 +526,34 @@ def create_new_process_for_each_test(
         forked = fork_new_process_for_each_test(func)
         spawned = spawn_new_process_for_each_test(func)
 
-        @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> None:
             chosen = spawned if requires_spawn_multiprocessing() else forked
             chosen(*args, **kwargs)
 
-        mark_isolated(wrapper, func)
-        return cast(_F, wrapper)
+        return mark_isolated(wrapper, func)
 
     return decorator
 
 
-# --- marks (plain skipif marks, decided when built: they need no plugin)
-
-
-def _device_zero_gb() -> float:
-    """Return device 0's total memory in decimal GB as vLLM reads it; 0 without an accelerator."""
-    try:
-        platform = _platform(None)
-        if _accelerator_count(platform) == 0:
-            return 0
-        return platform.memory_info(0).total / _DECIMAL_GB
-    except AccelplatError as exc:
-        warnings.warn(f"An error occurred when finding the available memory: {exc}", stacklevel=3)
-        return 0
-
-
 def large_gpu_mark(min_gb: float) -> pytest.MarkDecorator:
-    """Return a ``skipif`` mark: skip unless device 0 has at least ``min_gb`` GB of memory.
+    """Return a ``skipif`` mark: skip unless device 0 has at least ``min_gb`` (decimal) GB.
 
-    As in vLLM, ``min_gb`` is decimal (``10**9`` bytes), the decision is taken when the mark is
-    built, and a host without an accelerator has 0 GB. The plugin marker
-    ``accelplat_requires(device_memory="24GB")`` decides at set-up instead.
-
-    Args:
-        min_gb: Minimum total memory of device 0, in GB.
-
-    Returns:
-        A ``pytest.MarkDecorator``.
+    As in vLLM, device 0 is read when the mark is built; no accelerator means 0 GB.
 
     Raises:
-        ConfigurationError: For a ``min_gb`` that is not a number, or is NaN.
-
-    Side effects:
-        Reads device 0's memory once.
+        ConfigurationError: For a ``min_gb`` that is not a number, is NaN or beyond any float.
     """
     import pytest
 
-    if isinstance(min_gb, bool) or not isinstance(min_gb, numbers.Real) or math.isnan(min_gb):
-        raise ConfigurationError(f"min_gb must be a number of GB, got {min_gb!r}")
-    memory_gb = _device_zero_gb()
+    if min_gb not in (math.inf, -math.inf):  # vLLM compares an infinite minimum too
+        _validate.number(min_gb, "min_gb", expected="a number of GB")
+    memory_gb: float = 0
+    try:
+        platform = _platform(None)
+        if _accelerator_count(platform) > 0:
+            memory_gb = platform.memory_info(0).total / 10**9  # decimal GB, as vLLM's
+    except AccelplatError as exc:
+        warnings.warn(f"An error occurred when finding the available memory: {exc}", stacklevel=2)
     return pytest.mark.skipif(
         memory_gb < min_gb,
         reason=f"Need at least {min_gb}GB GPU memory to run the test (found {memory_gb}GB).",
@@ -780,36 +561,21 @@ def large_gpu_mark(min_gb: float) -> pytest.MarkDecorator:
 
 
 def large_gpu_test(*, min_gb: float) -> Callable[[_F], _F]:
-    """Return a decorator applying :func:`large_gpu_mark` (vLLM's ``large_gpu_test``).
-
-    Args:
-        min_gb: Minimum total memory of device 0 in decimal GB.
-    """
-    mark = large_gpu_mark(min_gb)
-
-    def decorator(func: _F) -> _F:
-        return cast(_F, mark(func))
-
-    return decorator
+    """Return a decorator applying :func:`large_gpu_mark` (vLLM's ``large_gpu_test``)."""
+    return cast(Callable[[_F], _F], large_gpu_mark(min_gb))
 
 
 def multi_gpu_marks(*, num_gpus: int) -> list[pytest.MarkDecorator]:
-    """Return the marks of vLLM's ``multi_gpu_test``: a selector and a ``skipif``.
+    """Return the marks of vLLM's ``multi_gpu_test``: ``distributed(num_gpus=…)`` and a ``skipif``.
 
-    Args:
-        num_gpus: Devices the test needs.
-
-    Returns:
-        ``[pytest.mark.distributed(num_gpus=…), pytest.mark.skipif(count < num_gpus, …)]``
-        over visible accelerator devices; ``distributed`` is left out under
-        ``--strict-markers`` when it is not registered.
+    ``distributed`` is left out when ``--strict-markers`` does not know it.
 
     Raises:
-        ConfigurationError: For a count that is not an int.
+        ConfigurationError: For a count that is not an int below 2**63.
     """
     import pytest
 
-    _validate.integer(num_gpus, "num_gpus", expected="an int")
+    _validate.integer(num_gpus, "num_gpus", maximum=2**63 - 1, expected="an int below 2**63")
     try:
         count = _accelerator_count(_platform(None))
     except AccelplatError as exc:
@@ -826,15 +592,7 @@ def multi_gpu_marks(*, num_gpus: int) -> list[pytest.MarkDecorator]:
 
 
 def multi_gpu_test(*, num_gpus: int) -> Callable[[_F], _F]:
-    """Return a decorator like vLLM's ``multi_gpu_test``: marks plus a new process per call.
-
-    Args:
-        num_gpus: Devices the test needs.
-
-    Returns:
-        A decorator that applies :func:`multi_gpu_marks` and
-        :func:`create_new_process_for_each_test`.
-    """
+    """Return vLLM's ``multi_gpu_test``: :func:`multi_gpu_marks` plus a new process per call."""
     marks = multi_gpu_marks(num_gpus=num_gpus)
     isolate = create_new_process_for_each_test()
 

@@ -1,25 +1,17 @@
 """accelplat's pytest plugin, the ``pytest11`` entry point ``accelplat`` (docs/pytest-plugin.md).
 
-* the marker ``accelplat_requires(*capabilities, devices=, device_memory=, platforms=, shm=,
-  shm_path=)`` skips a test the machine cannot run, with every unmet requirement as the reason;
-* the fixtures ``accel_platform`` and ``settled_device_memory``;
-* the options of one group: ``--accelplat-platform``, ``--accelplat-capabilities``, the leak
-  check (:mod:`._leaks`), the memory timeline (:mod:`._timeline`) and device leases per worker
-  (:mod:`._lease`), each registered only when its option is on.
-
-A session that uses none of them never detects a platform.
+Its parts register only when their option is on: a session using none never detects a platform.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from accelplat.errors import MarkerError
-from accelplat.pytest_plugin._requires import MARKER, parse, skip_reason
+from accelplat.errors import AccelplatError, ConfigurationError, MarkerError
+from accelplat.pytest_plugin._requires import _TABLES, MARKER, parse, skip_reason
 from accelplat.pytest_plugin._shared import (
     DEFAULT_LEAK_TOLERANCE,
     FORCED_KEY,
@@ -85,9 +77,7 @@ def _lease_count(text: str) -> int:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(
-    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
-) -> None:
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     """With ``--accelplat-lease``, lease this process's devices before conftests are imported."""
     namespace = early_config.known_args_namespace
     if getattr(namespace, "accelplat_lease", False):
@@ -99,12 +89,20 @@ def pytest_load_initial_conftests(
 def pytest_configure(config: pytest.Config) -> None:
     """Register the marker; apply ``--accelplat-platform``; start the parts that are on."""
     config.addinivalue_line("markers", MARKER)
-    name = config.getoption("--accelplat-platform")
-    if name:
+    if name := config.getoption("--accelplat-platform"):
         _force_platform(config, str(name))
+    if config.getoption("--accelplat-lease"):
+        from accelplat.pytest_plugin._lease import check_workers
+
+        check_workers(config)
     path = config.rootpath / "pyproject.toml"
-    if path.is_file():
-        _load_project_capabilities(path)
+    if path.is_file():  # [tool.accelplat.capabilities]
+        from accelplat._capabilities import load_pyproject
+
+        try:
+            load_pyproject(path)
+        except ConfigurationError as exc:
+            raise pytest.UsageError(f"accelplat capabilities: {exc}") from None
     flag = config.getoption("--accelplat-leak-check")
     if config.getini("accelplat_leak_check") if flag is None else flag:
         from accelplat.pytest_plugin import _leaks
@@ -116,21 +114,9 @@ def pytest_configure(config: pytest.Config) -> None:
         _timeline.configure(config)
 
 
-def _load_project_capabilities(path: Path) -> None:
-    """Register ``[tool.accelplat.capabilities]`` of the rootdir's ``pyproject.toml``."""
-    from accelplat._capabilities import load_pyproject
-    from accelplat.errors import ConfigurationError
-
-    try:
-        load_pyproject(path)
-    except ConfigurationError as exc:
-        raise pytest.UsageError(f"accelplat capabilities: {exc}") from None
-
-
 def _force_platform(config: pytest.Config, raw: str) -> None:
     """Force the platform for the session and export it; undone when the session ends."""
     from accelplat import _registry as registry
-    from accelplat.errors import AccelplatError
 
     name = raw.strip().lower()
     try:
@@ -155,7 +141,6 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     if not config.getoption("--accelplat-capabilities"):
         return None
     from accelplat._capabilities import capabilities, table_lines
-    from accelplat.errors import AccelplatError
 
     try:
         platform = current(config)
@@ -169,15 +154,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     return [head + ":", *("  " + line for line in table_lines(table))]
 
 
-def pytest_collection_modifyitems(
-    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-) -> None:
-    """Check every ``accelplat_requires`` marker at collection, so a typo is never a skip.
-
-    Raises:
-        pytest.UsageError: Listing each test with an unknown capability name or malformed
-            arguments.
-    """
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Check every ``accelplat_requires`` marker at collection, so a typo is never a skip."""
     errors: list[str] = []
     for item in items:
         for mark in item.iter_markers("accelplat_requires"):
@@ -192,13 +170,9 @@ def pytest_collection_modifyitems(
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Forget the capability tables and project capabilities of this session."""
-    from accelplat.pytest_plugin._requires import _TABLES
-
     _TABLES.clear()
-    if "accelplat._capabilities" in sys.modules:
-        from accelplat._capabilities import clear_project_capabilities
-
-        clear_project_capabilities()
+    if "accelplat._capabilities" in sys.modules:  # else it has nothing to forget
+        sys.modules["accelplat._capabilities"].clear_project_capabilities()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -225,23 +199,13 @@ def pytest_runtest_call(item: pytest.Item) -> None:
 
 @pytest.fixture
 def accel_platform(request: pytest.FixtureRequest) -> Platform:
-    """The current accelplat platform (``--accelplat-platform`` when given, else detected).
-
-    Returns:
-        The :class:`~accelplat._platform.Platform` instance.
-    """
+    """The current accelplat platform (``--accelplat-platform`` when given, else detected)."""
     return current(request.config)
 
 
 @pytest.fixture
 def settled_device_memory(request: pytest.FixtureRequest) -> SettleResult:
-    """Wait before the test until device memory freed by earlier tests has come back.
-
-    Calls :func:`accelplat._memory.wait_for_memory_to_settle` with its defaults.
-
-    Returns:
-        The :class:`~accelplat._types.SettleResult`.
-    """
+    """Wait before the test until device memory freed by earlier tests has come back."""
     from accelplat._memory import wait_for_memory_to_settle
 
     return wait_for_memory_to_settle(platform=current(request.config))

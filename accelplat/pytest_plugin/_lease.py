@@ -1,76 +1,48 @@
-"""``--accelplat-lease``: each pytest process (each pytest-xdist worker) gets its own devices.
-
-Each process that runs tests leases ``--accelplat-lease-count`` devices before its initial
-conftests are imported and applies the lease's environment to its own ``os.environ``; the xdist
-controller leases nothing. A test that declares more devices (``accelplat_requires(devices=n)``)
-gets ``n`` for its duration (all or nothing, its own first), and its body runs in a new process
-with that environment unless it isolates itself. See docs/leasing.md.
-"""
+"""``--accelplat-lease``: each pytest process, each xdist worker, leases its own devices."""
 
 from __future__ import annotations
 
 import inspect
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from accelplat._leasing import Lease, lease
 from accelplat.errors import AccelplatError, ConfigurationError
+from accelplat.pytest_plugin._shared import current
 
 PLUGIN_NAME = "accelplat-worker-lease"
 
 
-def _runs_tests(namespace: Any) -> bool:
-    """Whether this process runs tests (an xdist worker, or a run without workers)."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return True
-    return not getattr(namespace, "numprocesses", None) and not getattr(namespace, "tx", None)
-
-
+@dataclass(eq=False)  # a plugin object: pluggy keys it by identity
 class WorkerLease:
-    """The devices one pytest process holds, and the per-test widening for multi-device tests.
+    """The devices one pytest process holds between tests, and the widening for bigger tests."""
 
-    Args:
-        count: Devices the process holds between tests.
-        timeout_s: How long each lease may wait.
-        min_free_bytes: Free memory each leased device must have.
-        platform_name: A platform forced with ``--accelplat-platform``, or ``None``.
-    """
+    count: int
+    timeout_s: float
+    min_free_bytes: int | None
+    platform_name: str | None  # --accelplat-platform
+    current: Lease | None = None
+    home: tuple[str, ...] = ()  # the identities of the process's own devices
+    _restore: Callable[[], None] | None = None
+    _widened: bool = False
 
-    def __init__(
-        self,
-        count: int,
-        *,
-        timeout_s: float,
-        min_free_bytes: int | None,
-        platform_name: str | None,
-    ) -> None:
-        self.count = count
-        self.timeout_s = timeout_s
-        self.min_free_bytes = min_free_bytes
-        self.platform_name = platform_name
-        self.current: Lease | None = None
-        self.home: tuple[str, ...] = ()
-        self._restore: Callable[[], None] | None = None
-        self._widened = False
+    def _take(self, count: int, prefer: tuple[str, ...]) -> Lease:
+        from accelplat._registry import get_platform
 
-    def _take(self, count: int, prefer: tuple[str, ...]) -> None:
-        platform = None
-        if self.platform_name:
-            from accelplat._registry import get_platform
-
-            platform = get_platform(self.platform_name)
         held = lease(
             count,
             timeout_s=self.timeout_s,
             min_free_bytes=self.min_free_bytes,
-            platform=platform,
+            platform=get_platform(self.platform_name) if self.platform_name else None,
             prefer=prefer,
         ).acquire()
         self.current = held
         self._restore = held.apply()
+        return held
 
     def _drop(self) -> None:
         if self._restore is not None:
@@ -80,21 +52,16 @@ class WorkerLease:
             self.current.release()
             self.current = None
 
-    def start(self) -> None:
-        """Lease the process's own devices and apply their environment.
-
-        Raises:
-            ConfigurationError: For bad input (more devices than visible …).
-            LeaseTimeoutError: When they do not become free in time.
-        """
-        self._take(self.count, ())
-        assert self.current is not None
-        self.home = self.current.device_ids
+    def _back_home(self) -> None:
+        self._widened = False
+        self._drop()
+        self._take(self.count, self.home)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Widen the lease for a test that declares more devices (before the marker checks)."""
-        wanted = _declared_devices(item)
+        declared = [mark.kwargs.get("devices") for mark in item.iter_markers("accelplat_requires")]
+        wanted = max([1, *(n for n in declared if isinstance(n, int) and not isinstance(n, bool))])
         if wanted <= self.count:
             return
         self._drop()
@@ -110,16 +77,13 @@ class WorkerLease:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
-        """Run a widened test's body in a new process with the lease's environment.
-
-        A test that isolates itself (``isolate``, vLLM's ``create_new_process_for_each_test``)
-        is left to do so; its child inherits the environment applied in setup.
-        """
+        """Run a widened test's body in a new process with the lease's environment."""
         if not self._widened or self.current is None:
             return None
         from accelplat.testing._isolation import is_isolated, run_in_new_process
 
         func = pyfuncitem.obj
+        # one isolating itself (isolate, vLLM's create_new_process_for_each_test) keeps setup's env
         if is_isolated(func) or not callable(func):
             return None
         if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
@@ -131,51 +95,89 @@ class WorkerLease:
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
-        """Go back to the process's own devices after a widened test."""
         if self._widened:
             self._back_home()
 
-    def _back_home(self) -> None:
-        self._widened = False
-        self._drop()
-        self._take(self.count, self.home)
-
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        """Release the devices at the end of the session."""
         self._drop()
 
 
-def _declared_devices(item: pytest.Item) -> int:
-    """The most devices an ``accelplat_requires`` marker of ``item`` asks for (at least 1)."""
-    wanted = [mark.kwargs.get("devices") for mark in item.iter_markers("accelplat_requires")]
-    return max([1, *(n for n in wanted if isinstance(n, int) and not isinstance(n, bool))])
+@dataclass(eq=False)
+class FailedLease:
+    """An xdist worker whose lease failed: it collects and runs nothing and stops the session.
+
+    Raising instead makes xdist restart it, each waiting out the timeout, then exit 0 (issue 23).
+    """
+
+    message: str
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> bool:
+        """Collect nothing: test modules would see every device."""
+        session.items = []
+        return True
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        """Stop the whole session (the controller stops on a worker's ``shouldfail``)."""
+        session.shouldfail = self.message
+        return True
 
 
 def start(config: pytest.Config, namespace: Any) -> None:
-    """Lease this process's devices if it runs tests, and register the worker lease.
-
-    Args:
-        config: The (early) pytest config.
-        namespace: The parsed options (``early_config.known_args_namespace``).
-
-    Raises:
-        pytest.UsageError: For bad option values, or devices that did not become free.
-    """
-    if not _runs_tests(namespace):
-        return
+    """Check the options (``namespace``: the early ones); lease the devices if it runs tests."""
     from accelplat._validate import parse_size
 
     raw = namespace.accelplat_lease_min_free
     try:
-        worker = WorkerLease(
-            namespace.accelplat_lease_count,
-            timeout_s=namespace.accelplat_lease_timeout,
-            min_free_bytes=None
-            if raw is None
-            else parse_size(raw, argument="--accelplat-lease-min-free"),
-            platform_name=namespace.accelplat_platform,
-        )
-        worker.start()
+        min_free = None if raw is None else parse_size(raw, argument="--accelplat-lease-min-free")
     except (AccelplatError, ValueError) as exc:
         raise pytest.UsageError(f"--accelplat-lease: {exc}") from None
-    config.pluginmanager.register(worker, PLUGIN_NAME)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    dist = getattr(namespace, "dist", "no") != "no" or getattr(namespace, "distload", False)
+    numprocesses, tx = getattr(namespace, "numprocesses", None), getattr(namespace, "tx", None)
+    if not worker and (numprocesses or (tx and dist)):
+        return  # the xdist controller: it runs no test (pytest_configure checks the numbers)
+    held = WorkerLease(
+        namespace.accelplat_lease_count,
+        timeout_s=namespace.accelplat_lease_timeout,
+        min_free_bytes=min_free,
+        platform_name=namespace.accelplat_platform,
+    )
+    try:
+        held.home = held._take(held.count, ()).device_ids
+    except AccelplatError as exc:
+        if not worker:
+            raise pytest.UsageError(f"--accelplat-lease: {exc}") from None
+        config.pluginmanager.register(FailedLease(f"--accelplat-lease on {worker}: {exc}"))
+        return
+    config.pluginmanager.register(held, PLUGIN_NAME)
+
+
+def check_workers(config: pytest.Config) -> None:
+    """On the xdist controller, before it starts them, refuse more workers than devices serve."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or config.getoption("dist", "no") == "no":
+        return
+    workers = 0
+    for spec in config.getoption("tx", None) or []:  # xdist's own reading of "3*popen"
+        times, star, _ = str(spec).partition("*")
+        workers += int(times) if star and times.isdigit() else 1
+    if not workers:
+        return
+    try:
+        platform = current(config)
+        visible = platform.device_count()
+    except AccelplatError as exc:
+        raise pytest.UsageError(f"--accelplat-lease: {exc}") from None
+    each = int(config.getoption("accelplat_lease_count"))
+    if workers * each <= visible:
+        return
+    fixes = [f"-n {visible // each}"] if visible >= each else []
+    if each > 1 and visible >= workers:
+        fixes.append(f"--accelplat-lease-count {visible // workers}")
+    raise pytest.UsageError(
+        f"--accelplat-lease: {workers} xdist workers x {each} device(s) each "
+        f"(--accelplat-lease-count) need {workers * each}, but {platform.name} shows this "
+        f"process {visible}; the extra workers would wait out the timeout. Use "
+        + (" or ".join(fixes) or f"-n {visible} --accelplat-lease-count 1")
+    )

@@ -1,12 +1,4 @@
-"""``--accelplat-timeline=PATH``: record device memory across the session into an HTML report.
-
-A background thread samples used memory of every visible device; every test is a span from the
-start of its setup to the end of its teardown, sampled at both ends; memory waits come from the
-events :mod:`accelplat._memory` logs (:class:`WaitEventTap`) and from the set-up time of the
-``accelplat_timeline_wait_fixtures``. ``SIGTERM``/``SIGHUP`` end the session like Ctrl-C so the
-report is still written, marked partial. Under pytest-xdist only the controller records, so
-spans of tests running in parallel overlap. See docs/timeline.md.
-"""
+"""``--accelplat-timeline=PATH``: record device memory across the session (docs/timeline.md)."""
 
 from __future__ import annotations
 
@@ -27,80 +19,34 @@ from accelplat.timeline._render import write_report
 from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
 from accelplat.timeline._trace import Reading, Trace, save_trace
 
+# The log-record attribute (logging's extra=) of a wait event: {"event": "start", "id": <int>,
+# "kind": "settle", "devices": [0, 1]} as a wait begins, {"event": "end", "id": <same>, "ok":
+# <bool>} as it ends. Ids need only be unique among waits in flight.
 WAIT_EVENT_ATTRIBUTE = "accelplat_wait"
-"""Log-record attribute carrying a wait event, set through ``logging``'s ``extra=``.
-
-Its value is a mapping: ``{"event": "start", "id": <int>, "kind": "settle", "devices": [0, 1]}``
-when a wait begins and ``{"event": "end", "id": <same int>, "ok": <bool>}`` when it returns or
-raises. Ids need only be unique among waits in flight.
-"""
-
 WAIT_LOGGER = "accelplat._memory"
-"""Logger whose records :class:`WaitEventTap` watches for wait events."""
-
 _PLUGIN_NAME = "accelplat-timeline-recorder"
-
-_ENDING_SIGNALS = tuple(
-    sig for sig in (getattr(signal, n, None) for n in ("SIGTERM", "SIGHUP")) if sig
-)
-"""Signals that would kill the session without a trace; caught while recording."""
+# caught while recording, so that the trace is still written (marked partial)
+_ENDING_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 class SessionTerminatedError(KeyboardInterrupt):
     """``SIGTERM``/``SIGHUP`` ended the session: unwound like Ctrl-C so the trace is written."""
 
 
-_TAP_LEVEL = 1
-"""Level the watched logger gets while tapped: below ``DEBUG``, so that any level set by someone
-else afterwards (``caplog.set_level(logging.DEBUG, …)`` included) can be told apart from ours."""
+_TAP_LEVEL = 1  # below DEBUG: a level set later (caplog.set_level) can be told apart from ours
 
 
 def configure(config: pytest.Config) -> None:
-    """Start recording when ``--accelplat-timeline`` is given (on the xdist controller only).
-
-    Raises:
-        pytest.UsageError: For a bad rate, tolerance or grace period.
-    """
-    path = config.getoption("--accelplat-timeline")
-    if not path or hasattr(config, "workerinput"):
-        return
-    tolerance = leak_tolerance(
-        config, "--accelplat-timeline-leak-tolerance", "--accelplat-leak-tolerance"
-    )
-    try:
-        hz = validate_hz(
-            config.getoption("--accelplat-timeline-hz"), argument="--accelplat-timeline-hz"
-        )
-        grace = validate_grace(
-            config.getoption("--accelplat-timeline-leak-grace"),
-            argument="--accelplat-timeline-leak-grace",
-        )
-    except ConfigurationError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    base = config.invocation_params.dir
-    json_path = config.getoption("--accelplat-timeline-json")
-    plugin = TimelinePlugin(
-        html_path=base / path,
-        json_path=None if not json_path else base / json_path,
-        hz=hz,
-        leak_tolerance_bytes=tolerance,
-        leak_grace_s=grace,
-        wait_fixtures=tuple(config.getini("accelplat_timeline_wait_fixtures")),
-    )
-    config.pluginmanager.register(plugin, _PLUGIN_NAME)
+    """Start recording when ``--accelplat-timeline`` is given (on the xdist controller only)."""
+    if config.getoption("--accelplat-timeline") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(TimelinePlugin(config), _PLUGIN_NAME)
 
 
 class WaitEventTap(logging.Filter):
     """Turns wait events logged at ``accelplat._memory`` into wait spans of a recorder.
 
-    A *filter* of the logger, whose level is lowered below ``DEBUG`` so that the events reach
-    it; it passes on only the records that would have passed before (until someone else sets
-    the level), so what users see from logging stays as it was. Malformed events are ignored:
-    observing must never break the code observed.
-
-    Args:
-        recorder: Where the waits go.
-        logger_name: The logger to watch.
+    It lowers the logger's level below ``DEBUG`` to see them, passing on only what passed before;
+    malformed events are ignored: observing must never break the code observed.
     """
 
     def __init__(self, recorder: Recorder, logger_name: str = WAIT_LOGGER) -> None:
@@ -109,8 +55,7 @@ class WaitEventTap(logging.Filter):
         self._logger = logging.getLogger(logger_name)
         self._own_level = self._logger.level
         self._tokens: dict[object, int] = {}
-        self.started = 0
-        """Number of waits seen starting so far."""
+        self.started = 0  # waits seen starting
 
     def install(self) -> None:
         """Start watching: add the filter and let ``DEBUG`` records reach it."""
@@ -124,20 +69,17 @@ class WaitEventTap(logging.Filter):
         if self._logger.level == _TAP_LEVEL:
             self._logger.setLevel(self._own_level)
 
-    def _passes(self, record: logging.LogRecord) -> bool:
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Record a wait event carried by ``record``; pass on what would have passed anyway."""
+        event = getattr(record, WAIT_EVENT_ATTRIBUTE, None)
+        if isinstance(event, dict):
+            self._observe(event)
         if self._logger.level != _TAP_LEVEL:  # changed since install (caplog.set_level, say)
             return record.levelno >= self._logger.getEffectiveLevel()
         if self._own_level != logging.NOTSET:
             return record.levelno >= self._own_level
         parent = self._logger.parent
         return record.levelno >= (parent.getEffectiveLevel() if parent else logging.WARNING)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """Record a wait event carried by ``record``; pass on what would have passed anyway."""
-        event = getattr(record, WAIT_EVENT_ATTRIBUTE, None)
-        if isinstance(event, dict):
-            self._observe(event)
-        return self._passes(record)
 
     def _observe(self, event: dict[Any, Any]) -> None:
         key = event.get("id")
@@ -148,9 +90,8 @@ class WaitEventTap(logging.Filter):
             raw = event.get("devices") or ()
             if isinstance(raw, (list, tuple)):
                 devices = tuple(d for d in raw if isinstance(d, int) and not isinstance(d, bool))
-                self._tokens[key] = self._recorder.begin_wait(
-                    kind if isinstance(kind, str) else "wait", devices
-                )
+                kind = kind if isinstance(kind, str) else "wait"
+                self._tokens[key] = self._recorder.begin_wait(kind, devices)
                 self.started += 1
         elif event.get("event") == "end":
             token = self._tokens.pop(key, None)
@@ -159,33 +100,23 @@ class WaitEventTap(logging.Filter):
 
 
 class TimelinePlugin:
-    """The recorder of one session, registered by :func:`configure`.
+    """The recorder of one session, registered by :func:`configure`."""
 
-    Args:
-        html_path: Where the report goes.
-        json_path: Where the raw trace goes, or ``None``.
-        hz: Samples per second.
-        leak_tolerance_bytes: Growth across a test that is not a leak.
-        leak_grace_s: Seconds after the last test during which memory may still come back.
-        wait_fixtures: Fixtures whose set-up counts as a memory wait.
-    """
-
-    def __init__(
-        self,
-        *,
-        html_path: Path,
-        json_path: Path | None,
-        hz: float,
-        leak_tolerance_bytes: int,
-        leak_grace_s: float,
-        wait_fixtures: tuple[str, ...],
-    ) -> None:
-        self.html_path = html_path
-        self.json_path = json_path
-        self._hz = hz
-        self._tolerance = leak_tolerance_bytes
-        self._grace = leak_grace_s
-        self._wait_fixtures = frozenset(wait_fixtures)
+    def __init__(self, config: pytest.Config) -> None:
+        """Read the options; raise pytest.UsageError for a bad rate, tolerance or grace period."""
+        hz, grace = "--accelplat-timeline-hz", "--accelplat-timeline-leak-grace"
+        tolerance = ("--accelplat-timeline-leak-tolerance", "--accelplat-leak-tolerance")
+        self._tolerance = leak_tolerance(config, *tolerance)
+        try:
+            self._hz = validate_hz(config.getoption(hz), argument=hz)
+            self._grace = validate_grace(config.getoption(grace), argument=grace)
+        except ConfigurationError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        base = config.invocation_params.dir
+        json_path = config.getoption("--accelplat-timeline-json")
+        self.html_path = base / config.getoption("--accelplat-timeline")
+        self.json_path = base / json_path if json_path else None
+        self._wait_fixtures = frozenset(config.getini("accelplat_timeline_wait_fixtures"))
         self.recorder: Recorder | None = None
         self.trace: Trace | None = None
         self._tap: WaitEventTap | None = None
@@ -194,20 +125,7 @@ class TimelinePlugin:
         self._written: list[Path] = []
         self._error: str | None = None
         self._signals: list[int] = []
-        self._previous: dict[int, Any] = {}
-
-    def _catch_ending_signals(self) -> None:
-        """Make SIGTERM/SIGHUP unwind like Ctrl-C (only unhandled ones, from the main thread)."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in _ENDING_SIGNALS:
-            if signal.getsignal(sig) is signal.SIG_DFL:
-                self._previous[sig] = signal.signal(sig, self._on_signal)
-
-    def _release_ending_signals(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
+        self._previous: dict[int, Any] = {}  # the ending signals' handlers before ours
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append(signum)
@@ -219,17 +137,19 @@ class TimelinePlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """Detect the platform and start sampling."""
         self.recorder = Recorder.of_current_platform(
             hz=self._hz, leak_tolerance_bytes=self._tolerance, leak_grace_s=self._grace
         )
         self._tap = WaitEventTap(self.recorder)
         self._tap.install()
         self.recorder.start()
-        self._catch_ending_signals()
+        # SIGTERM/SIGHUP unwind like Ctrl-C: only unhandled ones, and only from the main thread
+        if threading.current_thread() is threading.main_thread():
+            for sig in _ENDING_SIGNALS:
+                if signal.getsignal(sig) is signal.SIG_DFL:
+                    self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
-        """Open the span of a test as its setup begins."""
         if self.recorder is not None:
             self.recorder.begin_test(nodeid)
 
@@ -238,28 +158,22 @@ class TimelinePlugin:
         if report.when == "setup" and report.passed and self.recorder is not None:
             self.recorder.begin_body(report.nodeid)
         if report.when == "call" or report.outcome != "passed":
-            previous = self._outcomes.get(report.nodeid)
-            if previous != "failed":
+            if self._outcomes.get(report.nodeid) != "failed":
                 self._outcomes[report.nodeid] = report.outcome
         else:
             self._outcomes.setdefault(report.nodeid, "passed")
 
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside the leak check's, whatever the order
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        """Sample memory as a test's teardown ends, closing its span; the leak check shares it.
-
-        ``tryfirst`` puts this wrapper outside the leak check's, whatever the order registered.
-        """
+        """Sample memory as a test's teardown ends, closing its span; the leak check shares it."""
         if call.when == "teardown" and self.recorder is not None:
-            sample = self.recorder.sampler.sample()
-            self._ended[item.nodeid] = sample
+            self._ended[item.nodeid] = sample = self.recorder.sampler.sample()
             share_after_teardown(item, self.recorder.devices, sample[1])
         return (yield)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
-        """Close the span of a test with the sample taken as its teardown ended."""
         if self.recorder is not None:
             sample = self._ended.pop(nodeid, None)
             self.recorder.end_test(nodeid, self._outcomes.pop(nodeid, ""), sample=sample)
@@ -275,13 +189,11 @@ class TimelinePlugin:
         token = self.recorder.begin_wait(f"fixture:{fixturedef.argname}")
         seen = self._tap.started if self._tap is not None else 0
         outcome = yield
-        # A fixture that waits through accelplat._memory is already on the timeline, precisely.
-        inner = self._tap is not None and self._tap.started > seen
+        inner = self._tap is not None and self._tap.started > seen  # logged its own, precise wait
         self.recorder.end_wait(token, ok=outcome.exception is None, keep=not inner)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        """Stop sampling and write the report (and the JSON trace when asked)."""
         recorder = self.recorder
         if recorder is None:
             return
@@ -293,27 +205,22 @@ class TimelinePlugin:
         trace = recorder.trace(exit_code=int(exitstatus))
         if self._signals:
             names = ", ".join(dict.fromkeys(signal.Signals(s).name for s in self._signals))
-            trace = replace(
-                trace,
-                partial=True,
-                notes=(*trace.notes, f"Partial recording: {names} ended the session."),
-            )
+            note = f"Partial recording: {names} ended the session."
+            trace = replace(trace, partial=True, notes=(*trace.notes, note))
         self.trace = trace
         try:
-            self.html_path.parent.mkdir(parents=True, exist_ok=True)
-            self._written.append(write_report(trace, self.html_path))
-            if self.json_path is not None:
-                self.json_path.parent.mkdir(parents=True, exist_ok=True)
-                self._written.append(save_trace(trace, self.json_path))
+            for path, write in ((self.html_path, write_report), (self.json_path, save_trace)):
+                if path is not None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    self._written.append(write(trace, path))
         except OSError as exc:
             self._error = f"could not write the timeline report: {exc}"
         finally:
-            self._release_ending_signals()
+            for sig, previous in self._previous.items():
+                signal.signal(sig, previous)
+            self._previous.clear()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        """Say where the report went, and how many tests leaked."""
-        if self.recorder is None:
-            return
         if self._error:
             terminalreporter.write_line(f"accelplat timeline: {self._error}", red=True)
             return

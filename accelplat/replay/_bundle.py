@@ -1,11 +1,9 @@
 """The capture bundle: its format, a writer, and a loader for untrusted bundles.
 
-A bundle is a ``.tar.gz`` holding ``host.json`` (the format marker and version, options,
-summary, environment and the *records*: every question asked at the vendor boundary with its
-answers, in order), and optionally ``info.json`` (the captured ``accelplat info --json``) and
-``CONTENTS.txt`` (the same in words). Loading extracts nothing to disk, bounds every size and
-count, accepts only those three regular files, and checks every field: any problem is a
-:class:`~accelplat.errors.BundleError` naming the member and field.
+A ``.tar.gz`` of ``host.json`` (format, options, summary, environment and the *records*: every
+question asked at the vendor boundary with its answers, in order), optionally ``info.json`` and
+``CONTENTS.txt``. Loading extracts nothing, bounds every size and count, and checks every field
+(and the shape of answers the backends turn into numbers): a problem is a ``BundleError``.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import os
 import re
 import tarfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,13 +27,10 @@ from accelplat.errors import (
     FileTooLargeError,
     NotARegularFileError,
 )
-from accelplat.replay._codec import MAX_DEPTH, Handle, decode, key_text
+from accelplat.replay._codec import MAX_DEPTH, Handle, Record, decode, key_text
 
 FORMAT_NAME = "accelplat-capture"
-"""The value of ``host.json``'s ``format`` field."""
-
-FORMAT_VERSION = 1
-"""The bundle format version this accelplat writes and the highest it reads."""
+FORMAT_VERSION = 1  # the version this accelplat writes and the highest it reads
 
 HOST_MEMBER = "host.json"
 INFO_MEMBER = "info.json"
@@ -45,28 +40,21 @@ _MEMBERS = (HOST_MEMBER, INFO_MEMBER, CONTENTS_MEMBER)
 _CHANNEL_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _MIB = 1024 * 1024
+_MAX_TEXT = 4096  # characters of a text field (a version, an error message, a file name)
+_Handles = Callable[[str], Handle]  # one Handle object per token
+_Seen = set[tuple[str, str]]  # (channel, key text) of the records so far
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds the loader enforces; the defaults fit any real host with a wide margin.
-
-    Attributes:
-        compressed_bytes: Largest bundle file.
-        uncompressed_bytes: Largest archive after decompression.
-        members: Most archive members (including any a tar writer adds).
-        member_bytes: Largest single member.
-        records: Most records in ``host.json``.
-        answers: Most answers per record.
-        env_vars: Most recorded environment variables.
-    """
+    """Bounds the loader enforces; the defaults fit any real host with a wide margin."""
 
     compressed_bytes: int = 32 * _MIB
     uncompressed_bytes: int = 96 * _MIB
-    members: int = 8
+    members: int = 8  # any member a tar writer adds counts
     member_bytes: int = 64 * _MIB
     records: int = 200_000
-    answers: int = 4096
+    answers: int = 4096  # per record
     env_vars: int = 256
 
 
@@ -75,28 +63,15 @@ DEFAULT_LIMITS = Limits()
 
 @dataclass(frozen=True)
 class Answer:
-    """One recorded answer: a value, or the exception the call raised.
-
-    Attributes:
-        value: The decoded value (``None`` when the call raised).
-        error: ``None``, or the raised exception's description: ``type`` (its class name),
-            ``message``, and, where they apply, ``errno`` and ``value`` (a vendor error code).
-    """
+    """One recorded answer: a ``value``, or the ``error`` the call raised."""
 
     value: Any = None
-    error: Mapping[str, Any] | None = None
+    error: Mapping[str, Any] | None = None  # type, message; errno, filename, value where apply
 
 
 @dataclass(frozen=True)
 class RecordEntry:
-    """Every answer one question got, in the order they were given.
-
-    Attributes:
-        channel: The seam (``"file"``, ``"nvml"``, ``"levelzero"``, ``"amdsmi"``, ``"dist"``,
-            ``"proc"``).
-        key: The question, as recorded (JSON data).
-        answers: The answers, oldest first.
-    """
+    """Every answer (oldest first) one question (``key``, JSON data) of a ``channel`` got."""
 
     channel: str
     key: Any
@@ -104,50 +79,27 @@ class RecordEntry:
 
     @property
     def key_text(self) -> str:
-        """The canonical text of :attr:`key`."""
         return key_text(self.key)
 
 
 @dataclass(frozen=True)
 class Bundle:
-    """A loaded (and checked) capture.
-
-    Attributes:
-        source: Where it was loaded from.
-        format_version: The format version it declares.
-        created: When it was captured (ISO 8601, UTC), as recorded.
-        accelplat_version: The accelplat that captured it.
-        options: Capture options (``{"processes": bool}``).
-        summary: What the capture found (platform, device count, versions), for people.
-        env: The relevant environment variables on the captured host.
-        records: Every recorded question and its answers.
-        info: ``accelplat info --json`` as the captured host printed it, or ``None``.
-        contents: ``CONTENTS.txt``, or ``""``.
-    """
+    """A loaded (and checked) capture."""
 
     source: str
     format_version: int
-    created: str
+    created: str  # as recorded: ISO 8601, UTC
     accelplat_version: str
-    options: Mapping[str, Any]
-    summary: Mapping[str, Any]
-    env: Mapping[str, str]
+    options: Mapping[str, Any]  # {"processes": bool, ...}
+    summary: Mapping[str, Any]  # what the capture found, for people
+    env: Mapping[str, str]  # the relevant variables on the captured host
     records: tuple[RecordEntry, ...]
-    info: Mapping[str, Any] | None = None
-    contents: str = ""
+    info: Mapping[str, Any] | None = None  # the captured ``accelplat info --json``
+    contents: str = ""  # CONTENTS.txt ("" without one)
 
 
 def bundle_bytes(host: Mapping[str, Any], info: Mapping[str, Any] | None, contents: str) -> bytes:
-    """Return a reproducible bundle (no owners, ids, times or file names in the archive).
-
-    Args:
-        host: The ``host.json`` document.
-        info: The ``info.json`` document, or ``None`` to leave it out.
-        contents: The text of ``CONTENTS.txt``.
-
-    Returns:
-        The ``.tar.gz`` bytes.
-    """
+    """Return a reproducible ``.tar.gz`` (no owners, ids, times or names); ``info=None``: none."""
     members = [(HOST_MEMBER, _json_bytes(host))]
     if info is not None:
         members.append((INFO_MEMBER, _json_bytes(info)))
@@ -169,18 +121,10 @@ def _json_bytes(doc: Mapping[str, Any]) -> bytes:
 
 
 def load_bundle(path: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS) -> Bundle:
-    """Read and check a bundle file (read into memory; nothing is extracted).
-
-    Args:
-        path: The ``.tar.gz`` file.
-        limits: Size and count bounds.
-
-    Returns:
-        The checked :class:`Bundle`.
+    """Read and check the bundle file at ``path`` (read into memory; nothing is extracted).
 
     Raises:
-        BundleError: When the file is missing, not a regular file, too large, not a gzip'd tar,
-            holds unexpected members, or any field is malformed.
+        BundleError: Missing, not a regular file, too large, not a gzip'd tar, other members.
         BundleVersionError: For a bundle of a newer format version.
     """
     source = os.fspath(path)
@@ -198,12 +142,10 @@ def load_bundle(path: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS
 def parse_bundle(
     data: bytes, *, source: str = "<bytes>", limits: Limits = DEFAULT_LIMITS
 ) -> Bundle:
-    """Check and decode a bundle held in memory, as :func:`load_bundle` does.
+    """Check and decode the bundle bytes ``data`` as :func:`load_bundle` does.
 
-    Args:
-        data: The ``.tar.gz`` bytes.
-        source: Name used in error messages.
-        limits: Size and count bounds.
+    Raises:
+        BundleError: As :func:`load_bundle`; ``source`` names the bundle in the message.
     """
     if len(data) > limits.compressed_bytes:
         raise BundleError(source, f"over the limit of {limits.compressed_bytes} bytes")
@@ -211,9 +153,8 @@ def parse_bundle(
     if HOST_MEMBER not in members:
         raise BundleError(source, f"the archive has no {HOST_MEMBER}")
     host = _parse_json(members[HOST_MEMBER], source, HOST_MEMBER)
-    info = (
-        _parse_json(members[INFO_MEMBER], source, INFO_MEMBER) if INFO_MEMBER in members else None
-    )
+    raw_info = members.get(INFO_MEMBER)
+    info = None if raw_info is None else _parse_json(raw_info, source, INFO_MEMBER)
     contents = members.get(CONTENTS_MEMBER, b"").decode("utf-8", "replace")
     return _check_host(host, info, contents, source, limits)
 
@@ -227,9 +168,8 @@ def _gunzip(data: bytes, source: str, limits: Limits) -> bytes:
     except zlib.error as exc:
         raise BundleError(source, f"corrupt gzip data: {exc}") from None
     if len(out) > limits.uncompressed_bytes or inflater.unconsumed_tail:
-        raise BundleError(
-            source, f"decompresses to more than the limit of {limits.uncompressed_bytes} bytes"
-        )
+        why = f"decompresses to more than the limit of {limits.uncompressed_bytes} bytes"
+        raise BundleError(source, why)
     if not inflater.eof:
         raise BundleError(source, "truncated gzip data")
     return out
@@ -287,12 +227,8 @@ def _parse_json(data: bytes, source: str, member: str) -> dict[str, Any]:
     return doc
 
 
-_MAX_TEXT = 4096
-"""Characters a bundle's text field (a version, an error message, a file name) may hold."""
-
-
 def fields_of(source: str) -> JsonFields:
-    """Field checks of the bundle at ``source``: a failure is a ``BundleError`` naming the field."""
+    """Field checks whose failure is a ``BundleError`` of ``source`` naming the field."""
     return JsonFields(
         "",
         max_items=0,  # every array passes its own limit
@@ -303,20 +239,13 @@ def fields_of(source: str) -> JsonFields:
 
 
 def _check_host(
-    host: dict[str, Any],
-    info: dict[str, Any] | None,
-    contents: str,
-    source: str,
-    limits: Limits,
+    host: dict[str, Any], info: dict[str, Any] | None, contents: str, source: str, limits: Limits
 ) -> Bundle:
-    if host.get("format") != FORMAT_NAME:
-        raise BundleError(
-            source,
-            f"not an accelplat capture (format must be {FORMAT_NAME!r})",
-            field=f"{HOST_MEMBER}: format",
-        )
-    fields = fields_of(source)
     at = f"{HOST_MEMBER}: "
+    if host.get("format") != FORMAT_NAME:
+        why = f"not an accelplat capture (format must be {FORMAT_NAME!r})"
+        raise BundleError(source, why, field=at + "format")
+    fields = fields_of(source)
     version = fields.integer(
         host.get("format_version"), at + "format_version", minimum=1, maximum=2**31 - 1
     )
@@ -333,20 +262,19 @@ def _check_host(
     for name, value in env.items():
         text = isinstance(value, str) and len(value) <= 65536 and "\0" not in value
         if not (_ENV_NAME_RE.match(name) and text):
-            raise BundleError(
-                source, "must map variable names to text", field=f"{at}env.{name[:40]}"
-            )
+            why = "must map variable names to text"
+            raise BundleError(source, why, field=f"{at}env.{name[:40]}")
     raw_records = fields.array(host.get("records"), at + "records", limits.records)
     handles: dict[str, Handle] = {}
 
     def handle(token: str) -> Handle:  # one object per token: a replayed call's key uses it
         return handles.setdefault(token, Handle(token))
 
-    records: list[RecordEntry] = []
     seen: set[tuple[str, str]] = set()
-    for i, raw in enumerate(raw_records):
-        where = f"{HOST_MEMBER}: records[{i}]"
-        records.append(_check_record(raw, where, source, limits=limits, handle=handle, seen=seen))
+    records = tuple(
+        _check_record(raw, f"{at}records[{i}]", source, limits=limits, handle=handle, seen=seen)
+        for i, raw in enumerate(raw_records)
+    )
     return Bundle(
         source=source,
         format_version=version,
@@ -355,38 +283,72 @@ def _check_host(
         options=dict(options),
         summary=dict(summary),
         env=dict(env),
-        records=tuple(records),
+        records=records,
         info=info,
         contents=contents,
     )
 
 
-def _check_key(key: object, where: str, depth: int = 0) -> None:
+_U32, _U64 = 2**32 - 1, 2**64 - 1
+_MEMORY = {"free": _U64, "total": _U64, "used": _U64, "reserved?": _U64, "version?": _U32}
+_SHAPES: dict[tuple[str, str], object] = {
+    ("nvml", "nvmlMemory_v2"): _U32,
+    ("nvml", "NVML_DEVICE_MIG_ENABLE"): _U32,
+    ("nvml", "nvmlDeviceGetCount"): _U32,
+    ("nvml", "nvmlDeviceGetName"): str,
+    ("nvml", "nvmlDeviceGetUUID"): str,
+    ("nvml", "nvmlSystemGetDriverVersion"): str,
+    ("nvml", "nvmlDeviceGetMemoryInfo"): _MEMORY,
+    ("nvml", "nvmlDeviceGetMigMode"): [_U32],
+    ("nvml", "nvmlDeviceGetMaxMigDeviceCount"): _U32,
+    ("nvml", "nvmlDeviceGetGpuInstanceId"): _U32,
+    ("nvml", "nvmlDeviceGetComputeInstanceId"): _U32,
+    ("nvml", "nvmlDeviceGetCudaComputeCapability"): [_U32],
+    ("amdsmi", "amdsmi_get_gpu_memory_total"): _U64,
+    ("amdsmi", "amdsmi_get_gpu_memory_usage"): _U64,
+}  # an int: 0 to it; str: text or bytes; [shape]: a list of it; a dict: fields (x?: optional)
+
+
+def _check_shape(value: object, shape: object, where: str, source: str) -> None:
+    if isinstance(shape, int):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= shape:
+            why = f"must be an integer from 0 to {shape}, not {value!r:.40}"
+            raise BundleError(source, why, field=where)
+    elif shape is str:
+        if not isinstance(value, (str, bytes)):
+            raise BundleError(source, f"must be text, not {value!r:.40}", field=where)
+    elif isinstance(shape, list):
+        if not isinstance(value, (list, tuple)):
+            raise BundleError(source, f"must be a list, not {value!r:.40}", field=where)
+        for i, item in enumerate(value):
+            _check_shape(item, shape[0], f"{where}[{i}]", source)
+    else:
+        assert isinstance(shape, dict)
+        if not isinstance(value, Record):
+            raise BundleError(source, f"must be a structure, not {value!r:.40}", field=where)
+        for spelled, field_shape in shape.items():
+            name = spelled.rstrip("?")
+            if not (spelled.endswith("?") and not hasattr(value, name)):
+                _check_shape(getattr(value, name, None), field_shape, f"{where}.{name}", source)
+
+
+def _check_key(key: object, where: str, source: str, depth: int = 0) -> None:
     if depth > 8:
-        raise ValueError(f"{where}: nested deeper than 8 levels")
+        raise BundleError(source, f"{where}: nested deeper than 8 levels")
     if isinstance(key, float):
-        raise ValueError(f"{where}: keys hold no floating-point numbers")
-    if isinstance(key, (str, int, bool)) or key is None:
-        return
+        raise BundleError(source, f"{where}: keys hold no floating-point numbers")
     if isinstance(key, list):
         for i, item in enumerate(key):
-            _check_key(item, f"{where}[{i}]", depth + 1)
-        return
-    if isinstance(key, dict):
+            _check_key(item, f"{where}[{i}]", source, depth + 1)
+    elif isinstance(key, dict):
         for name, item in key.items():
-            _check_key(item, f"{where}.{name}", depth + 1)
-        return
-    raise ValueError(f"{where}: unexpected {type(key).__name__}")
+            _check_key(item, f"{where}.{name}", source, depth + 1)
+    elif not (isinstance(key, (str, int, bool)) or key is None):
+        raise BundleError(source, f"{where}: unexpected {type(key).__name__}")
 
 
 def _check_record(
-    raw: object,
-    where: str,
-    source: str,
-    *,
-    limits: Limits,
-    handle: Any,
-    seen: set[tuple[str, str]],
+    raw: object, where: str, source: str, *, limits: Limits, handle: _Handles, seen: _Seen
 ) -> RecordEntry:
     if not isinstance(raw, dict) or set(raw) != {"channel", "key", "answers"}:
         raise BundleError(source, "must hold exactly channel, key and answers", field=where)
@@ -395,25 +357,25 @@ def _check_record(
         raise BundleError(source, "must be a short lower-case name", field=f"{where}.channel")
     if not isinstance(key, list) or not key:
         raise BundleError(source, "must be a non-empty list", field=f"{where}.key")
-    try:
-        _check_key(key, f"{where}.key")
-    except ValueError as exc:
-        raise BundleError(source, str(exc)) from None
+    _check_key(key, f"{where}.key", source)
     text = key_text(key)
     if (channel, text) in seen:
         raise BundleError(source, "repeats an earlier record's key", field=f"{where}.key")
     seen.add((channel, text))
     if not isinstance(answers, list) or not answers or len(answers) > limits.answers:
-        raise BundleError(
-            source, f"must be a list of 1 to {limits.answers} answers", field=f"{where}.answers"
-        )
-    checked = tuple(
-        _check_answer(a, f"{where}.answers[{j}]", source, handle) for j, a in enumerate(answers)
-    )
-    return RecordEntry(channel, key, checked)
+        why = f"must be a list of 1 to {limits.answers} answers"
+        raise BundleError(source, why, field=f"{where}.answers")
+    shape = _SHAPES.get((channel, key[1])) if len(key) > 1 and isinstance(key[1], str) else None
+    checked = []
+    for j, raw_answer in enumerate(answers):
+        answer = _check_answer(raw_answer, f"{where}.answers[{j}]", source, handle)
+        if shape is not None and answer.error is None:
+            _check_shape(answer.value, shape, f"{where}.answers[{j}].v", source)
+        checked.append(answer)
+    return RecordEntry(channel, key, tuple(checked))
 
 
-def _check_answer(raw: object, where: str, source: str, handle: Any) -> Answer:
+def _check_answer(raw: object, where: str, source: str, handle: _Handles) -> Answer:
     if not isinstance(raw, dict) or len(raw) != 1 or not ({"v", "raise"} >= set(raw)):
         raise BundleError(source, 'must be {"v": value} or {"raise": error}', field=where)
     if "v" in raw:
@@ -422,27 +384,25 @@ def _check_answer(raw: object, where: str, source: str, handle: Any) -> Answer:
         except ValueError as exc:
             raise BundleError(source, str(exc)) from None
         except RecursionError:
-            raise BundleError(
-                source, f"nested deeper than {MAX_DEPTH} levels", field=where
-            ) from None
+            why = f"nested deeper than {MAX_DEPTH} levels"
+            raise BundleError(source, why, field=where) from None
     fields = fields_of(source)
-    error = fields.mapping(raw["raise"], f"{where}.raise")
+    error = fields.mapping(
+        raw["raise"], f"{where}.raise", allowed={"type", "message", "errno", "value", "filename"}
+    )
     type_name = error.get("type")
     if not isinstance(type_name, str) or not type_name.isidentifier() or len(type_name) > 64:
-        raise BundleError(
-            source, "must be an identifier of at most 64 characters", field=f"{where}.raise.type"
-        )
-    message = fields.text(error.get("message", ""), f"{where}.raise.message")
-    checked: dict[str, Any] = {"type": type_name, "message": message}
-    for name in ("errno", "value"):
-        item = error.get(name)
-        if item is not None:  # a C int or an unsigned 64-bit return value
-            where_item = f"{where}.raise.{name}"
-            checked[name] = fields.integer(item, where_item, minimum=-(2**63), maximum=2**64 - 1)
-    filename = error.get("filename")
-    if filename is not None:
-        checked["filename"] = fields.text(filename, f"{where}.raise.filename")
-    unknown = set(error) - {"type", "message", "errno", "value", "filename"}
-    if unknown:
-        raise BundleError(source, f"unknown fields {sorted(unknown)[:3]}", field=f"{where}.raise")
+        why = "must be an identifier of at most 64 characters"
+        raise BundleError(source, why, field=f"{where}.raise.type")
+    checked: dict[str, Any] = {
+        "type": type_name,
+        "message": fields.text(error.get("message", ""), f"{where}.raise.message"),
+    }
+    for name in ("errno", "value"):  # a C int or an unsigned 64-bit return value
+        if error.get(name) is not None:
+            checked[name] = fields.integer(
+                error[name], f"{where}.raise.{name}", minimum=-(2**63), maximum=2**64 - 1
+            )
+    if error.get("filename") is not None:
+        checked["filename"] = fields.text(error["filename"], f"{where}.raise.filename")
     return Answer(error=checked)

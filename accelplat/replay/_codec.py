@@ -1,17 +1,16 @@
 """JSON encoding of what vendor libraries answer, and its checked decoding.
 
-Scalars stay as they are; what JSON cannot say is tagged: ``{"$tuple": [...]}``, ``{"$utf8":
-"text"}`` (bytes that are readable text), ``{"$bytes": "<base64>"}``, ``{"$map": {...}}``,
-``{"$float": "nan"}``, ``{"$record": {"type": …, "fields": {...}}}`` (a ctypes structure or an
-object with attributes) and ``{"$handle": "nvml-3"}`` (an opaque handle: the same handle always
-gets the same token, so a replayed call taking it finds its answer). Decoding is the untrusted
-side: every shape, type and depth is checked, and a problem is a ``ValueError`` naming where.
+What JSON cannot say is tagged: ``$tuple``, ``$utf8`` (readable bytes), ``$bytes`` (base64),
+``$map``, ``$float`` (``"nan"``), ``$record`` (a structure: ``type`` and ``fields``) and
+``$handle`` (an opaque handle's token: the same handle, the same token). Decoding is untrusted:
+every shape, type and depth is checked, and a problem is a ``ValueError`` naming where.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import ctypes
 import enum
 import json
@@ -19,18 +18,13 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-MAX_DEPTH = 32
-"""Deepest nesting of a recorded value that decoding accepts."""
+MAX_DEPTH = 32  # deepest nesting of a recorded value that decoding accepts
 
 _SCALARS = (str, int, bool, type(None))
 
 
 class Handle:
-    """An opaque vendor handle replayed from a capture; only its token matters.
-
-    Attributes:
-        token: The name the capture gave the handle (``"nvml-0"``).
-    """
+    """An opaque vendor handle replayed from a capture: only its ``token`` (``"nvml-0"``)."""
 
     __slots__ = ("token",)
 
@@ -45,11 +39,7 @@ class Handle:
 
 
 class Record:
-    """A replayed structure or object: its recorded fields as attributes.
-
-    Attributes:
-        _type: The recorded type name (e.g. ``"c_nvmlMemory_v2_t"``).
-    """
+    """A replayed structure or object: its recorded fields as attributes, its type in ``_type``."""
 
     def __init__(self, type_name: str, fields: Mapping[str, Any]) -> None:
         self._type = type_name
@@ -60,16 +50,10 @@ class Record:
         return f"<replayed {self._type}: {fields}>"
 
 
-HandleToken = Callable[[object], str]
-"""Gives an opaque object its token (the recorder's handle table)."""
-
-
-def _is_opaque_ctypes(value: object) -> bool:
-    return isinstance(value, (ctypes._Pointer, ctypes.c_void_p))
+HandleToken = Callable[[object], str]  # gives an opaque object its token (the recorder's table)
 
 
 def _public_fields(value: object) -> tuple[str, dict[str, object]] | None:
-    """The type name and public fields of a structure or plain object, ``None`` for others."""
     if isinstance(value, Record):
         return value._type, {k: v for k, v in vars(value).items() if k != "_type"}
     if isinstance(value, (ctypes.Structure, ctypes.Union)):
@@ -83,16 +67,7 @@ def _public_fields(value: object) -> tuple[str, dict[str, object]] | None:
 
 
 def encode(value: object, token: HandleToken, depth: int = 0) -> object:
-    """Return the JSON form of a vendor answer.
-
-    Args:
-        value: What the vendor function returned (or an argument it was given).
-        token: Names an opaque handle.
-        depth: Current nesting (recursion guard).
-
-    Returns:
-        JSON-ready data (see the module docstring).
-    """
+    """Return the JSON form (see the module docstring) of a vendor answer or argument."""
     if depth > MAX_DEPTH:
         return {"$handle": token(value)}
     if isinstance(value, enum.Enum):
@@ -104,16 +79,15 @@ def encode(value: object, token: HandleToken, depth: int = 0) -> object:
     if isinstance(value, float):
         return value if math.isfinite(value) else {"$float": repr(value)}
     if isinstance(value, (bytes, bytearray)):
-        try:
+        with contextlib.suppress(UnicodeDecodeError):
             text = bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
-        if text is not None and text.replace("\n", "").replace("\t", "").isprintable():
-            return {"$utf8": text}
+            if text.replace("\n", "").replace("\t", "").isprintable():
+                return {"$utf8": text}
         return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, Handle):
         return {"$handle": value.token}
-    if _is_opaque_ctypes(value) or type(value).__name__.lower().endswith("handle"):
+    opaque = isinstance(value, (ctypes._Pointer, ctypes.c_void_p))
+    if opaque or type(value).__name__.lower().endswith("handle"):
         return {"$handle": token(value)}
     if isinstance(value, ctypes._SimpleCData):
         return encode(value.value, token, depth + 1)
@@ -127,12 +101,8 @@ def encode(value: object, token: HandleToken, depth: int = 0) -> object:
         return {"$handle": token(value)}
     public = _public_fields(value)
     if public is not None:
-        return {
-            "$record": {
-                "type": public[0],
-                "fields": {k: encode(v, token, depth + 1) for k, v in public[1].items()},
-            }
-        }
+        fields = {k: encode(v, token, depth + 1) for k, v in public[1].items()}
+        return {"$record": {"type": public[0], "fields": fields}}
     return {"$handle": token(value)}
 
 
@@ -154,24 +124,12 @@ def _fail(where: str, message: str) -> ValueError:
 
 
 def decode(data: object, handle: Callable[[str], Handle], where: str, depth: int = 0) -> Any:
-    """Return the value an encoded answer stands for, checking its shape.
-
-    Args:
-        data: Parsed JSON from a bundle (untrusted).
-        handle: Returns the one :class:`Handle` object for a token.
-        where: Where ``data`` sits in the bundle, for error messages.
-        depth: Current nesting.
-
-    Returns:
-        Scalars, lists, tuples, bytes, dicts, :class:`Record` and :class:`Handle` objects.
-
-    Raises:
-        ValueError: For an unknown tag, a wrong type, bad base64 or nesting deeper than
-            :data:`MAX_DEPTH`, naming ``where``.
-    """
+    """Return what untrusted ``data`` stands for; ``ValueError`` naming ``where`` if malformed."""
     if depth > MAX_DEPTH:
         raise _fail(where, f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(data, _SCALARS):
+        if isinstance(data, int) and not -(2**63) <= data < 2**64:  # no C type holds it
+            raise _fail(where, "an integer wider than 64 bits")
         return data
     if isinstance(data, float):
         if not math.isfinite(data):

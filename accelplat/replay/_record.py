@@ -1,12 +1,9 @@
 """Recording the vendor boundary: every question accelplat asks, and every answer it gets.
 
-Host questions (``file``, ``dist``, ``proc`` …) are kept as the seam asked them. A vendor Python
-module is wrapped in a proxy that records every call by name and arguments, every constant read
-and every exception, so a function a backend starts calling tomorrow needs no change here. A
-ctypes library (Level Zero) is wrapped in a proxy that records, per call, the scalar arguments
-and a digest of each buffer's input bytes, and the result code with every buffer's bytes after
-the call (the library's out-parameters). With ``processes=False`` every answer naming processes
-is recorded empty, and the capturing process sees it empty too.
+Host questions are kept as the seam asked them. A vendor module's proxy records every call by
+name and arguments, constant and exception (a new function needs no change here); a ctypes
+library's, per call, the scalars and input bytes, the result code and the out-parameters' bytes.
+``processes=False`` records, and shows the capturing process, every process list empty.
 """
 
 from __future__ import annotations
@@ -19,10 +16,10 @@ import types
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from accelplat._boundary import Loaded
 from accelplat.replay._codec import call_key, encode, key_text
 
-CTYPES_CHANNELS = frozenset({"levelzero"})
-"""Channels whose vendor object is a ctypes library with out-parameters."""
+CTYPES_CHANNELS = frozenset({"levelzero"})  # a ctypes library with out-parameters
 
 
 def describe_error(exc: BaseException) -> dict[str, Any]:
@@ -42,18 +39,13 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
 
 
 def buffer_of(arg: object) -> Any:
-    """Return the ctypes object an out-parameter argument points at, or ``None``.
-
-    A ``ctypes.pointer(x)`` gives ``x``; a ctypes array gives itself; anything else ``None``.
-    """
+    """Return what an out-parameter points at: ``x`` of ``pointer(x)``, an array, else ``None``."""
     if isinstance(arg, ctypes._Pointer):
         try:
             return arg.contents
         except ValueError:  # a NULL pointer
             return None
-    if isinstance(arg, ctypes.Array):
-        return arg
-    return None
+    return arg if isinstance(arg, ctypes.Array) else None
 
 
 def _bytes_of(obj: Any) -> bytes:
@@ -61,17 +53,13 @@ def _bytes_of(obj: Any) -> bytes:
 
 
 def ctypes_key(args: tuple[Any, ...]) -> list[object]:
-    """Return the key form of a ctypes call's arguments (one JSON-able item per argument).
-
-    Scalars stand for themselves; a buffer stands for its size and its input bytes (in hex up to
-    32 bytes, else a SHA-256 prefix).
-    """
+    """Return the key of a ctypes call's arguments; a buffer is its size and its input bytes."""
     out: list[object] = []
     for arg in args:
         target = buffer_of(arg)
         if target is not None:
             data = _bytes_of(target)
-            digest = (
+            digest = (  # hex up to 32 bytes, else a SHA-256 prefix
                 data.hex() if len(data) <= 32 else "sha256:" + hashlib.sha256(data).hexdigest()[:32]
             )
             out.append({"buf": len(data), "in": digest})
@@ -86,12 +74,7 @@ def ctypes_key(args: tuple[Any, ...]) -> list[object]:
 
 
 class Recorder:
-    """Records every answer given at the vendor boundary (see the module docstring).
-
-    Args:
-        processes: Whether process lists and identities are kept (``accelplat capture
-            --no-processes`` sets ``False``).
-    """
+    """Records every answer at the vendor boundary (``processes=False``: no process lists)."""
 
     def __init__(self, *, processes: bool = True) -> None:
         self.processes = processes
@@ -129,33 +112,17 @@ class Recorder:
     def add(
         self, channel: str, key: list[Any], answer: dict[str, Any], *, once: bool = False
     ) -> None:
-        """Append one answer to the record of ``(channel, key)``.
-
-        Args:
-            channel: The seam.
-            key: The question (JSON data).
-            answer: ``{"v": encoded}`` or ``{"raise": description}``.
-            once: Keep only the first answer (constants).
-        """
-        text = key_text(key)
+        """Append ``{"v": encoded}`` or ``{"raise": error}``; ``once``: keep the first only."""
+        ident = (channel, key_text(key))
         with self._lock:
-            rec = self._records.get((channel, text))
-            if rec is None:
-                self._records[(channel, text)] = {
-                    "channel": channel,
-                    "key": key,
-                    "answers": [answer],
-                }
-            elif not once:
+            rec = self._records.setdefault(ident, {"channel": channel, "key": key, "answers": []})
+            if not once or not rec["answers"]:
                 rec["answers"].append(answer)
 
     def records(self) -> list[dict[str, Any]]:
         """Return every record, in the order questions were first asked."""
         with self._lock:
-            return [
-                {"channel": r["channel"], "key": r["key"], "answers": list(r["answers"])}
-                for r in self._records.values()
-            ]
+            return [{**r, "answers": list(r["answers"])} for r in self._records.values()]
 
     def withheld(self, channel: str, key: tuple[Hashable, ...]) -> bool:
         """Whether ``(channel, key)`` names processes that ``processes=False`` leaves out."""
@@ -184,9 +151,7 @@ class Recorder:
         self.add(channel, parts, {"v": encode(value, self.token_for(channel))})
         return value
 
-    def vendor(
-        self, channel: str, live: Callable[[], tuple[Any, str, str]]
-    ) -> tuple[Any, str, str]:
+    def vendor(self, channel: str, live: Callable[[], Loaded]) -> Loaded:
         """Load the vendor module or library live, record the outcome, return a recording proxy."""
         obj, reason, vendor_error = live()
         loaded = {"present": obj is not None, "reason": reason, "vendor_error": vendor_error}
@@ -268,17 +233,12 @@ class _RecordingCFunction:
         rec, channel, name = self._rec, self._channel, self._name
         key = ["call", name, ctypes_key(args)]
         rc = self._fn(*args)
-        outs: list[object] = []
-        for arg in args:
-            target = buffer_of(arg)
-            outs.append(None if target is None else _bytes_of(target))
+        targets = [buffer_of(arg) for arg in args]
         if not rec.processes and "process" in name.lower():
-            outs = [b"\0" * len(o) if isinstance(o, bytes) else None for o in outs]
-            for arg in args:  # the caller sees no process either
-                target = buffer_of(arg)
+            for target in targets:  # neither the bundle nor the caller sees a process
                 if target is not None:
                     ctypes.memset(ctypes.addressof(target), 0, ctypes.sizeof(target))
-        value = {"rc": int(rc), "out": outs}
+        value = {"rc": int(rc), "out": [None if t is None else _bytes_of(t) for t in targets]}
         rec.add(channel, key, {"v": encode(value, rec.token_for(channel))})
         return rc
 

@@ -1,11 +1,9 @@
 """Answering the vendor boundary from a capture bundle.
 
-A key recorded several times (memory sampled over time) gives its answers in order and then
-keeps giving the last. A question the capture never asked gets what an absent thing gives on a
-real host: a host file (under ``/sys``, ``/proc``, ``/dev`` or a captured root) is missing, a
-distribution is not installed, a process is gone, an NVML call is ``NVMLError_NotSupported``,
-a Level Zero call ``ZE_RESULT_ERROR_UNSUPPORTED_FEATURE``. Any other file (a user's trace or
-spec) is not part of the host and is read from this machine.
+A key recorded several times gives its answers in order, then keeps giving the last. A question
+never asked gets what an absent thing gives on a real host: a host file (under ``/sys``,
+``/proc``, ``/dev`` or a captured root) is missing, a process gone, an NVML call
+``NVMLError_NotSupported``, a Level Zero call unsupported. Any other file is read from here.
 """
 
 from __future__ import annotations
@@ -24,42 +22,30 @@ from accelplat.replay._bundle import Answer, Bundle, fields_of
 from accelplat.replay._codec import Handle, call_key, key_text
 from accelplat.replay._record import CTYPES_CHANNELS, buffer_of, ctypes_key
 
-_BUILTIN_ERRORS = frozenset(
-    {
-        *("AttributeError", "ImportError", "IndexError", "KeyError", "LookupError"),
-        *("ModuleNotFoundError", "NotImplementedError", "OSError", "RuntimeError"),
-        *("TimeoutError", "TypeError", "ValueError"),
-    }
+_BUILTIN_ERRORS = frozenset(  # builtin exceptions a recorded answer raises again as themselves
+    {"AttributeError", "ImportError", "IndexError", "KeyError", "LookupError", "OSError"}
+    | {"ModuleNotFoundError", "NotImplementedError", "RuntimeError", "TimeoutError"}
+    | {"TypeError", "ValueError"}
 )
-"""Builtin exception types a recorded answer may raise again as themselves."""
-
+# Per channel, (name prefix, base class): a replayed vendor error derives from its base.
 _VENDOR_BASES: dict[str, tuple[tuple[str, str], ...]] = {
     "nvml": (("NVMLLibraryMismatchError", "NVMLLibraryMismatchError"), ("NVMLError", "NVMLError")),
     "amdsmi": (("AmdSmi", "AmdSmiException"),),
 }
-"""Per channel, ``(name prefix, base class)``: a replayed vendor error derives from its base."""
-
-_MISSING_CALL: dict[str, tuple[str, int | None, str]] = {
+_MISSING_CALL: dict[str, tuple[str, int | None, str]] = {  # what a call never made raises
     "nvml": ("NVMLError_NotSupported", 3, "Not Supported"),
     "amdsmi": ("AmdSmiLibraryException", None, "not supported"),
 }
-"""Per channel, the error a call the capture never made raises."""
 
 _MISSING_RC = {"levelzero": 0x78000003}  # ZE_RESULT_ERROR_UNSUPPORTED_FEATURE
 
-_HOST_ROOT_VARIABLES = frozenset(
+_HOST_ROOT_VARIABLES = frozenset(  # they move the host's file systems (a capture of a fake tree)
     {"ACCELPLAT_SYSFS_ROOT", "ACCELPLAT_PROC_ROOT", "ACCELPLAT_CGROUP_ROOT", "ACCELPLAT_DEV_ROOT"}
 )
-"""Variables that move the host's file systems elsewhere (a capture of a fake tree)."""
 
 
 class ReplayedError(Exception):
-    """A recorded exception a replay raises again; base of the vendor errors it makes up.
-
-    Attributes:
-        value: The recorded vendor code, if any.
-        type_name: The recorded exception's class name.
-    """
+    """A recorded exception raised again; the base of the vendor errors a replay makes up."""
 
     def __init__(self, message: str = "", value: int | None = None, type_name: str = "") -> None:
         super().__init__(message)
@@ -71,11 +57,7 @@ class ReplayedError(Exception):
 
 
 class Replayer:
-    """Answers the vendor boundary from a bundle (an :class:`accelplat._boundary.Interceptor`).
-
-    Args:
-        bundle: The loaded bundle.
-    """
+    """Answers the vendor boundary (an :class:`~accelplat._boundary.Interceptor`) from a bundle."""
 
     def __init__(self, bundle: Bundle) -> None:
         self.bundle = bundle
@@ -119,11 +101,8 @@ class Replayer:
         type_name = str(description.get("type", "Exception"))
         message = str(description.get("message", ""))
         code = description.get("errno")
-        if isinstance(code, int):
-            filename = description.get("filename")
-            if isinstance(filename, str):
-                return OSError(code, message, filename)
-            return OSError(code, message)
+        if isinstance(code, int):  # the loader checked filename: text or None
+            return OSError(code, message, description.get("filename"))
         value = description.get("value")
         if type_name in _BUILTIN_ERRORS:
             exc: BaseException = getattr(builtins, type_name)(message)
@@ -144,9 +123,7 @@ class Replayer:
         if found is not None:
             return self.answer(channel, found)
         path = str(key[-1]) if key else ""
-        if channel == "file" and not any(
-            path == r or path.startswith(r + "/") for r in self._roots
-        ):
+        if channel == "file" and not any(f"{path}/".startswith(f"{r}/") for r in self._roots):
             return live()  # a user's own file (a trace, a spec): not part of the host
         if channel in ("file", "device"):
             raise FileNotFoundError(errno.ENOENT, "not in the capture bundle", path)
@@ -186,11 +163,7 @@ class _ReplayedVendor:
 
 
 class ReplayModule(_ReplayedVendor):
-    """A vendor Python module (``pynvml``, ``amdsmi``) answering from a bundle.
-
-    Attributes are recorded constants, the channel's error classes (``NVMLError`` …), or
-    functions whose calls are looked up by name and arguments.
-    """
+    """A vendor Python module: recorded constants, error classes, calls by name and arguments."""
 
     def __getattr__(self, name: str) -> Any:
         found = self._recorded_attribute(name)
@@ -198,7 +171,7 @@ class ReplayModule(_ReplayedVendor):
         if found is not None:
             return copy.deepcopy(found.value)
         for _, base in _VENDOR_BASES.get(channel, ()):
-            if name == base or (name.startswith(base) and name[len(base) : len(base) + 1] == "_"):
+            if name == base or name.startswith(f"{base}_"):
                 return replayer.vendor_class(channel, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -216,11 +189,7 @@ class ReplayModule(_ReplayedVendor):
 
 
 class ReplayLibrary(_ReplayedVendor):
-    """A ctypes library (the Level Zero loader) answering from a bundle.
-
-    A call is looked up by function, scalar arguments and the input bytes of its buffers; the
-    recorded output bytes are copied into buffers of exactly the recorded size.
-    """
+    """A ctypes library: calls by scalars and input bytes; output bytes copied into buffers."""
 
     def __getattr__(self, name: str) -> Any:
         self._recorded_attribute(name)
@@ -253,11 +222,7 @@ def _apply(source: str, channel: str, name: str, value: Any, args: tuple[Any, ..
         if not isinstance(out, bytes) or target is None:
             raise BundleError(source, f"argument {position} is not a buffer", field=where)
         if len(out) != ctypes.sizeof(target):
-            raise BundleError(
-                source,
-                f"argument {position} holds {len(out)} bytes; this accelplat's structure has "
-                f"{ctypes.sizeof(target)}",
-                field=where,
-            )
+            why = f"argument {position} holds {len(out)} bytes; this accelplat's structure has "
+            raise BundleError(source, f"{why}{ctypes.sizeof(target)}", field=where)
         ctypes.memmove(ctypes.addressof(target), out, len(out))
     return rc

@@ -1,14 +1,8 @@
 """Testing tools: the conformance kit for backends, process isolation, the simulated platform.
 
-* ``accelplat.testing.run_conformance("my-npu")`` runs the kit's checks and returns a
-  :class:`ConformanceReport`; ``pytest --pyargs accelplat.testing._conformance
-  --accelplat-platform my-npu`` runs them as tests, and ``test_conformance =
-  make_conformance_test("my-npu")`` puts them in a plugin's own suite.
-* :func:`run_in_new_process` and :func:`isolate` run a test in a process of its own.
-* :class:`SimulatedPlatform` answers from a :class:`SimulatedSpec` (:func:`load_spec`).
-
-``make_conformance_test`` and ``conformance_platform`` import pytest, on first use; the rest of
-this package does not. ``import accelplat`` does not import this package.
+:func:`run_conformance` runs the kit's checks (:func:`make_conformance_test`: as pytest tests);
+:func:`run_in_new_process` and :func:`isolate` run a test in a process of its own. Only the two
+pytest helpers import pytest; ``import accelplat`` does not import this package.
 """
 
 from __future__ import annotations
@@ -16,13 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from accelplat._backends.simulated import SimulatedPlatform, SimulatedSpec, load_spec
-from accelplat.testing._checks import (
-    CHECK_NAMES,
-    CheckResult,
-    ConformanceReport,
-    run_conformance,
-)
+from accelplat.testing._checks import CHECK_NAMES, CheckResult, ConformanceReport, run_conformance
 from accelplat.testing._isolation import isolate, run_in_new_process
+from accelplat.testing._kit import Tolerance
 
 if TYPE_CHECKING:
     from accelplat.testing._conformance import conformance_platform, make_conformance_test
@@ -33,6 +23,7 @@ __all__ = [
     "ConformanceReport",
     "SimulatedPlatform",
     "SimulatedSpec",
+    "Tolerance",
     "conformance_platform",
     "isolate",
     "load_spec",

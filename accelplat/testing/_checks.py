@@ -1,10 +1,8 @@
 """The conformance checks: what every accelplat backend, built-in or third-party, must do.
 
-The kit is behavioural: it calls the platform the way accelplat's memory waits, sizing helpers
-and ``accelplat info`` will, and judges the answers. :func:`run_conformance` runs every check
-(:data:`CHECK_NAMES`) and returns a :class:`ConformanceReport`; no check raises: a failure is a
-``"fail"`` verdict whose detail says what was expected and what came back. What each check
-asks, and why its tolerances, is in ``docs/writing-a-backend.md``.
+The kit calls the platform the way accelplat's waits, sizing helpers and ``accelplat info`` will,
+and judges the answers. No check raises: a failure is a ``"fail"`` verdict whose detail says what
+was expected and what came back. ``docs/writing-a-backend.md`` explains each check.
 """
 
 from __future__ import annotations
@@ -117,7 +115,9 @@ class ConformanceReport:
             raise AssertionError(self.summary())
 
 
-# -- the checks ------------------------------------------------------------------------------
+def _fail_on(problems: list[str], prefix: str = "", suffix: str = "") -> None:
+    if problems:
+        raise CheckFailedError(prefix + "; ".join(problems) + suffix)
 
 
 def _check_protocol(kit: Kit) -> str:
@@ -127,8 +127,7 @@ def _check_protocol(kit: Kit) -> str:
     if isinstance(p, type):
         raise CheckFailedError(f"got the class {p.__qualname__}, not an instance")
     problems = list(protocol_problems(p))
-    if problems:
-        raise CheckFailedError("does not satisfy the Platform protocol: " + "; ".join(problems))
+    _fail_on(problems, "does not satisfy the Platform protocol: ")
     if not isinstance(p, Platform):
         raise CheckFailedError("isinstance(platform, Platform) is False")
     name = p.name
@@ -138,22 +137,20 @@ def _check_protocol(kit: Kit) -> str:
         problems.append(f"name is {name!r} but it is registered as {kit.registered_name!r}")
     if not isinstance(p.device_type, str) or not p.device_type:
         problems.append(f"device_type is {p.device_type!r}, not a non-empty str")
-    env = p.visible_devices_env
-    if env is not None and (not isinstance(env, str) or not env):
+    if (env := p.visible_devices_env) is not None and (not isinstance(env, str) or not env):
         problems.append(f"visible_devices_env is {env!r}, not None or a non-empty str")
     if not isinstance(p.context_free, bool):
         problems.append(f"context_free is {p.context_free!r}, not a bool")
     if not isinstance(accelerator := optional(p, "is_accelerator"), bool):
         problems.append(f"is_accelerator is {accelerator!r}, not a bool")
-    if problems:
-        raise CheckFailedError("; ".join(problems))
+    _fail_on(problems)
     return f"name={name!r}, device_type={p.device_type!r}, context_free={p.context_free}"
 
 
 def _check_probe(kit: Kit) -> str:
     owner = kit.probe_owner()
     probe = getattr(owner, "probe", None)
-    if probe is None or not callable(probe):
+    if not callable(probe):
         raise CheckFailedError(
             f"{getattr(owner, '__qualname__', owner)!r} offers no callable probe()"
         )
@@ -203,8 +200,7 @@ def _check_devices(kit: Kit) -> str:
         if not isinstance(d.name, str) or not d.name:
             problems.append(f"device {i}: name {d.name!r} is not a non-empty str")
         for attr in ("uuid", "pci_bus_id"):
-            value = getattr(d, attr)
-            if value is not None and not isinstance(value, str):
+            if (value := getattr(d, attr)) is not None and not isinstance(value, str):
                 problems.append(f"device {i}: {attr} {value!r} is neither None nor a str")
     try:
         again = kit.platform.device_count()
@@ -212,8 +208,7 @@ def _check_devices(kit: Kit) -> str:
         raise CheckFailedError(f"a second device_count() raised {describe(exc)}") from None
     if again != n:
         problems.append(f"device_count() changed between two calls: {n} then {again}")
-    if problems:
-        raise CheckFailedError("; ".join(problems))
+    _fail_on(problems)
     return f"{n} device(s): " + ", ".join(f"{d.index}={d.name}" for d in devs)
 
 
@@ -251,8 +246,7 @@ def _check_memory_values(kit: Kit) -> str:
                 f"tolerance of {allowed} bytes"
             )
         shown.append(f"{d}: used={m.used} free={m.free} total={m.total} [{m.source}]")
-    if problems:
-        raise CheckFailedError("; ".join(problems))
+    _fail_on(problems)
     return "; ".join(shown)
 
 
@@ -260,8 +254,7 @@ def _check_memory_stable(kit: Kit) -> str:
     n = kit.need_devices()
     problems: list[str] = []
     for d in range(n):
-        a = kit.memory(d)
-        b = kit.memory(d)
+        a, b = kit.memory(d), kit.memory(d)
         if a.total != b.total:
             problems.append(f"device {d}: total changed from {a.total} to {b.total}")
         if a.reserved != b.reserved:
@@ -274,21 +267,17 @@ def _check_memory_stable(kit: Kit) -> str:
                     f"device {d}: {attr} moved {y - x:+d} bytes between two back-to-back reads "
                     f"(tolerance {allowed})"
                 )
-    if problems:
-        raise CheckFailedError("; ".join(problems))
+    _fail_on(problems)
     return f"{n} device(s) stable across two reads"
-
-
-def _bad_indices(n: int) -> list[object]:
-    return [-1, n, n + 1, "0", True, False, 1.5, None]
 
 
 def _check_bad_index(kit: Kit) -> str:
     n = kit.count()
+    bad_indices: list[object] = [-1, n, n + 1, "0", True, False, 1.5, None]
     problems: list[str] = []
     for method in ("memory_info", "memory_holders"):
         fn = getattr(kit.platform, method)
-        for bad in _bad_indices(n):
+        for bad in bad_indices:
             try:
                 got = fn(bad)
             except DeviceNotFoundError:
@@ -297,9 +286,8 @@ def _check_bad_index(kit: Kit) -> str:
                 problems.append(f"{method}({bad!r}) raised {describe(exc)}")
                 continue
             problems.append(f"{method}({bad!r}) returned {got!r}")
-    if problems:
-        raise CheckFailedError("expected DeviceNotFoundError: " + "; ".join(problems))
-    return f"{len(_bad_indices(n)) * 2} bad calls raised DeviceNotFoundError"
+    _fail_on(problems, "expected DeviceNotFoundError: ")
+    return f"{len(bad_indices) * 2} bad calls raised DeviceNotFoundError"
 
 
 def _check_memory_holders(kit: Kit) -> str:
@@ -329,8 +317,7 @@ def _check_memory_holders(kit: Kit) -> str:
             if not isinstance(h.state, HolderState):
                 problems.append(f"device {d}: state {h.state!r} is not a HolderState")
         shown.append(f"{d}: {len(holders)} holder(s)")
-    if problems:
-        raise CheckFailedError("; ".join(problems))
+    _fail_on(problems)
     return "; ".join(shown)
 
 
@@ -363,8 +350,7 @@ def _check_release(kit: Kit) -> str:
                 f"idle_floor_bytes={r.idle_floor_bytes} exceeds every device's total "
                 f"(largest {max(totals)})"
             )
-    if problems:
-        raise CheckFailedError("; ".join(problems))
+    _fail_on(problems)
     return repr(r)
 
 
@@ -381,8 +367,7 @@ def _check_graph(kit: Kit) -> str:
         problems.append(f"api is {g.api!r}, not None or a non-empty str")
     if g.available is True and g.api is None:
         problems.append("available is True but api is None: name the capture API")
-    if problems:
-        raise CheckFailedError("; ".join(problems))
+    _fail_on(problems)
     return repr(g)
 
 
@@ -419,8 +404,7 @@ def _check_no_framework_import(kit: Kit) -> str:
         return f"fresh process ({run.label}): {scope} imported no framework{note}"
     before = set(sys.modules)
     masked = frameworks_in(before)
-    owner = kit.probe_owner()
-    probe = getattr(owner, "probe", None)
+    probe = getattr(kit.probe_owner(), "probe", None)
     if callable(probe):
         probe()
     after_probe = set(sys.modules)
@@ -458,14 +442,11 @@ def _check_no_device_context(kit: Kit) -> str:
         libraries = run.answer.get("libraries")
         loaded = f"; mapped {libraries} without holding memory" if libraries else ""
         return f"fresh process ({run.label}): not a memory holder{loaded}"
-    me = os.getpid()
-    held = [
-        d
-        for d in range(kit.count())
-        if any(
-            h.pid == me or h.state == HolderState.SELF for h in kit.platform.memory_holders(d) or ()
-        )
-    ]
+    me, held = os.getpid(), []
+    for d in range(kit.count()):
+        holders = kit.platform.memory_holders(d) or ()
+        if any(h.pid == me or h.state == HolderState.SELF for h in holders):
+            held.append(d)
     if held:
         raise CheckFailedError(
             f"{kit.inprocess_note()}: this process holds memory on device(s) {held} (if an "
@@ -503,27 +484,17 @@ def _check_settle_idle(kit: Kit) -> str:
             f"took {result.waited_s:.2f} s ({elapsed:.2f} s real) on an idle device; expected "
             f"at most {limit:.2f} s"
         )
-    if problems:
-        raise CheckFailedError("; ".join(problems))
+    _fail_on(problems)
     return f"settled in {result.waited_s:.3f} s after {result.polls} poll(s)"
-
-
-def _visible_env(kit: Kit, env_name: str, value: str) -> dict[str, str]:
-    """The variables to set so that ``env_name=value`` decides visibility.
-
-    A platform may name variables that take precedence over its own when non-empty (ROCm:
-    ``HIP_VISIBLE_DEVICES`` over ``CUDA_VISIBLE_DEVICES``) in ``visible_devices_shadowed_by``;
-    they are set to ``""``, which the runtime reads as unset.
-    """
-    shadows = optional(kit.platform, "visible_devices_shadowed_by")
-    changes = {name: "" for name in shadows if isinstance(name, str) and name != env_name}
-    changes[env_name] = value
-    return changes
 
 
 def _count_with_env(kit: Kit, env_name: str, value: str) -> tuple[int | None, str]:
     """Return the device count a fresh platform sees with ``env_name=value``, and how."""
-    changes = _visible_env(kit, env_name, value)
+    # visible_devices_shadowed_by names variables that win over env_name when non-empty (ROCm:
+    # HIP_VISIBLE_DEVICES over CUDA_VISIBLE_DEVICES); "" reads as unset to the runtime
+    shadows = optional(kit.platform, "visible_devices_shadowed_by")
+    changes = {name: "" for name in shadows if isinstance(name, str) and name != env_name}
+    changes[env_name] = value
     run = kit.baseline()
     if run is not None:
         answer = kit.run_child(run.spec, env=changes, queries=False)
@@ -550,8 +521,7 @@ def _count_with_env(kit: Kit, env_name: str, value: str) -> tuple[int | None, st
                 result = probe()
                 if isinstance(result, ProbeResult) and not result.available:
                     return 0, "in-process (probe says unavailable)"
-            fresh = factory()
-            return int(fresh.device_count()), "in-process"
+            return int(factory().device_count()), "in-process"
         except PlatformNotAvailableError:
             return 0, "in-process (not available)"
         except Exception as exc:
@@ -580,8 +550,7 @@ def _check_visible_devices(kit: Kit) -> str:
         seen.append(f"{env_name}={value!r} -> {got} ({how})")
         if got != expected:
             problems.append(f"{env_name}={value!r} gave {got} device(s), expected {expected}")
-    if problems:
-        raise CheckFailedError("; ".join(problems) + f" [{'; '.join(seen)}]")
+    _fail_on(problems, suffix=f" [{'; '.join(seen)}]")
     return "; ".join(seen)
 
 
@@ -604,19 +573,7 @@ _CHECKS: dict[str, Callable[[Kit], str]] = {
 }
 
 CHECK_NAMES: tuple[str, ...] = tuple(_CHECKS)
-"""Every check, in the order :func:`run_conformance` runs them (the keys of the one table)."""
-
-
-def _run_one(kit: Kit, name: str) -> CheckResult:
-    try:
-        detail = _CHECKS[name](kit)
-    except CheckFailedError as exc:
-        return CheckResult(name, "fail", str(exc))
-    except CheckSkippedError as exc:
-        return CheckResult(name, "skip", str(exc))
-    except Exception as exc:
-        return CheckResult(name, "fail", f"raised {describe(exc)}")
-    return CheckResult(name, "pass", detail)
+"""Every check, in the order :func:`run_conformance` runs them."""
 
 
 def run_conformance(
@@ -638,47 +595,23 @@ def run_conformance(
 ) -> ConformanceReport:
     """Run the conformance checks against a platform and report every verdict.
 
-    Args:
-        platform: A platform instance, or a registered name (resolved with
-            :func:`accelplat.get_platform`; the name is then also used to rebuild it in a
-            subprocess and must equal ``platform.name``).
-        checks: Names from :data:`CHECK_NAMES` to run; ``None`` runs all.
-        factory: Zero-argument callable building a fresh, equivalent platform; used for the
-            in-process fallbacks (a fresh instance for the import check, rebuilding it with the
-            visible-devices variable changed) and, when it has ``probe``, for the probe check.
-        child: How a fresh process rebuilds the platform: a registered name, or a
-            ``"module:attr"`` reference to a class or zero-argument factory. By default the
-            registered name, then the instance's class.
-        isolation: ``"auto"`` uses a subprocess when one reproduces the platform, else the
-            caller's process; ``"inprocess"`` never starts one; ``"subprocess"`` fails the
-            subprocess checks when none can be started.
-        sum_tolerance: Allowed gap between ``used + free`` and ``total``.
-        stability_tolerance: Allowed movement of ``used``/``free`` between two reads.
-        min_total_bytes: Smallest plausible ``total``; smaller suggests a unit other than bytes.
-        probe_budget_s: Longest a probe may take.
-        settle_timeout_s: Timeout passed to the settle wait; default: the platform's stability
-            window (lazy platforms) plus 5 s.
-        settle_clock: A clock (``monotonic()``, ``sleep()``) for the settle wait, so tests of
-            lazy platforms need not sleep for real.
-        empty_visible_hides_all: ``True`` where the vendor documents that an empty
-            visible-devices variable hides every device (CUDA does); that case is then checked.
-            ``None`` reads the platform's optional ``visible_devices_empty_hides_all``
-            attribute (not part of the protocol), and skips the case without it.
-        subprocess_timeout_s: Limit for each child process.
-        env: Extra environment variables for child processes.
+    ``platform``: an instance or a registered name (also used to rebuild it in a subprocess);
+    ``checks``: names from :data:`CHECK_NAMES` (``None``: all); ``factory``: builds an
+    equivalent platform for the in-process fallbacks; ``child``: how a fresh process rebuilds it
+    (a name or ``"module:attr"``); ``isolation``: ``"auto"``, ``"inprocess"`` or
+    ``"subprocess"``; the rest tune single checks (docs/writing-a-backend.md). Calls every query
+    a few times, starts short-lived processes, may change ``os.environ`` for a moment.
 
     Returns:
-        A :class:`ConformanceReport`; :attr:`ConformanceReport.passed` is ``False`` when a
-        check failed.
+        A :class:`ConformanceReport` (``passed`` is ``False`` when a check failed).
 
     Raises:
-        ConfigurationError: For an unknown check name or a name that is not registered.
+        ConfigurationError: For a bad option (naming it), an unknown check or platform name.
         PlatformNotAvailableError: When ``platform`` names a platform unavailable here.
-
-    Side effects:
-        Calls every query of the platform (a few times); starts a few short-lived Python
-        processes; the in-process visible-devices fallback changes ``os.environ`` for a moment.
     """
+    options = dict(locals())  # every keyword option, by name, for the Kit
+    del options["platform"], options["checks"]
+    options["env"] = {} if env is None else env
     registered: str | None = None
     if isinstance(platform, str):
         from accelplat._registry import get_platform
@@ -687,35 +620,28 @@ def run_conformance(
         instance: Any = get_platform(platform)
     else:
         instance = platform
+    if checks is not None and (
+        isinstance(checks, (str, bytes)) or not isinstance(checks, Iterable)
+    ):
+        raise ConfigurationError(f"checks must be an iterable of check names, got {checks!r:.200}")
     names = CHECK_NAMES if checks is None else tuple(checks)
-    unknown = [n for n in names if n not in _CHECKS]
+    unknown = [n for n in names if not isinstance(n, str) or n not in _CHECKS]
     if unknown:
         raise ConfigurationError(
-            f"unknown conformance check(s) {unknown}; valid: {', '.join(CHECK_NAMES)}"
+            f"checks: unknown conformance check(s) {unknown!r:.200}; valid: "
+            f"{', '.join(CHECK_NAMES)}"
         )
-    if isolation not in get_args(Isolation):
-        raise ConfigurationError(
-            f"isolation must be 'auto', 'subprocess' or 'inprocess', got {isolation!r}"
-        )
-    kit = Kit(
-        instance,
-        registered_name=registered,
-        factory=factory,
-        child=child,
-        isolation=isolation,
-        sum_tolerance=sum_tolerance,
-        stability_tolerance=stability_tolerance,
-        min_total_bytes=min_total_bytes,
-        probe_budget_s=probe_budget_s,
-        settle_timeout_s=settle_timeout_s,
-        settle_clock=settle_clock,
-        empty_visible_hides_all=empty_visible_hides_all,
-        subprocess_timeout_s=subprocess_timeout_s,
-        env=dict(env or {}),
-    )
+    kit = Kit(instance, registered_name=registered, **options)
     results = []
     for name in names:
-        result = _run_one(kit, name)
+        try:
+            result = CheckResult(name, "pass", _CHECKS[name](kit))
+        except CheckFailedError as exc:
+            result = CheckResult(name, "fail", str(exc))
+        except CheckSkippedError as exc:
+            result = CheckResult(name, "skip", str(exc))
+        except Exception as exc:
+            result = CheckResult(name, "fail", f"raised {describe(exc)}")
         if (
             isolation == "subprocess"
             and name in _SUBPROCESS_CHECKS

@@ -1,11 +1,8 @@
 """The fresh process in which the conformance kit watches a platform for side effects.
 
-The parent (:class:`accelplat.testing._kit.Kit`) runs ``python -c BOOTSTRAP JOB`` with a JSON
-job (how to build the platform, whether to query it, where to write the answer). The bootstrap
-records ``sys.modules`` before accelplat is imported, so a framework imported at any stage
-(``import``, ``probe``, ``construct``, ``queries``) shows up even when the parent had imported
-it already. The answer (a JSON file) also names newly mapped runtime libraries and the devices
-whose ``memory_holders`` list this process (see :func:`main`).
+``python -c BOOTSTRAP JOB`` records ``sys.modules`` before accelplat is imported, so a framework
+imported at any stage shows up even when the parent had it; the JSON answer also names newly
+mapped runtime libraries and the devices whose ``memory_holders`` list this process.
 """
 
 from __future__ import annotations
@@ -20,54 +17,30 @@ from typing import Any
 
 from accelplat import _files
 
-_MAPS_LIMIT = 256 * 1024 * 1024
-"""``/proc/self/maps`` of a large process is a few MiB; this bounds a hostile one."""
+_MAPS_LIMIT = 256 * 1024 * 1024  # /proc/self/maps of a large process is a few MiB
 
-BOOTSTRAP = (
+BOOTSTRAP = (  # run with python -c; its single argument is the JSON job
     "import sys; _before = set(sys.modules); "
     "from accelplat.testing._child import main; main(_before, sys.argv[1])"
 )
-"""Code run with ``python -c``; its single argument is the JSON job."""
 
+# Modules whose import a context-free backend must not cause (a prefix match on dotted names).
 FRAMEWORK_MODULES: tuple[str, ...] = (
-    "torch",
-    "jax",
-    "jaxlib",
-    "tensorflow",
-    "paddle",
-    "mxnet",
-    "cupy",
-    "pycuda",
-    "numba.cuda",
-    "intel_extension_for_pytorch",
-    "oneflow",
-    "mindspore",
-    "triton",
-    "dpctl",
+    *("torch", "jax", "jaxlib", "tensorflow", "paddle", "mxnet", "cupy", "pycuda", "numba.cuda"),
+    *("intel_extension_for_pytorch", "oneflow", "mindspore", "triton", "dpctl"),
 )
-"""Modules whose import a context-free backend must not cause (a prefix match on dotted names)."""
 
+# Runtime libraries whose mapping the kit reports, but does not fail: mapping is no context
+# (nvmlInit maps libcuda.so on R580 drivers, taking no device memory).
 RUNTIME_LIBRARIES: tuple[str, ...] = ("libcuda.so", "libcudart.so", "libamdhip64.so", "libsycl.so")
-"""Device runtime libraries whose mapping the kit reports, but does not fail: mapping is no
-context (``nvmlInit`` maps ``libcuda.so`` on R580 drivers, taking no device memory)."""
 
 
 def frameworks_in(modules: Iterable[str]) -> list[str]:
-    """Return the framework module names among ``modules``, sorted, top-level entries only.
-
-    Args:
-        modules: Module names, as in ``sys.modules``.
-
-    Returns:
-        Each name of :data:`FRAMEWORK_MODULES` that one of ``modules`` equals or lies under.
-    """
+    """Return the names of :data:`FRAMEWORK_MODULES` that one of ``modules`` is or lies under."""
     names = set(modules)
-    found = []
-    for fw in FRAMEWORK_MODULES:
-        prefix = fw + "."
-        if fw in names or any(n.startswith(prefix) for n in names):
-            found.append(fw)
-    return found
+    return [
+        fw for fw in FRAMEWORK_MODULES if fw in names or any(n.startswith(f"{fw}.") for n in names)
+    ]
 
 
 def mapped_runtime_libraries() -> set[str]:
@@ -76,25 +49,8 @@ def mapped_runtime_libraries() -> set[str]:
         text = _files.read_text("/proc/self/maps", limit=_MAPS_LIMIT)
     except OSError:
         return set()
-    found: set[str] = set()
-    for line in text.splitlines():
-        path = line.rpartition(" ")[2]
-        base = os.path.basename(path)
-        for lib in RUNTIME_LIBRARIES:
-            if base.startswith(lib):
-                found.add(lib)
-    return found
-
-
-def _resolve_ref(ref: str) -> Callable[[], Any]:
-    module_name, _, attr = ref.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split(".") if attr else []:
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise TypeError(f"{ref} is not callable")
-    factory: Callable[[], Any] = obj
-    return factory
+    bases = {os.path.basename(line.rpartition(" ")[2]) for line in text.splitlines()}
+    return {lib for lib in RUNTIME_LIBRARIES for base in bases if base.startswith(lib)}
 
 
 def describe(exc: BaseException) -> str:
@@ -104,14 +60,7 @@ def describe(exc: BaseException) -> str:
 
 
 def query(platform: Any) -> list[int]:
-    """Ask ``platform`` every query the kit watches; return the devices listing this process.
-
-    Args:
-        platform: The platform under test.
-
-    Returns:
-        The indices of the devices whose ``memory_holders`` include this process.
-    """
+    """Ask ``platform`` every query the kit watches; return the devices listing this process."""
     from accelplat._types import HolderState
 
     me, held = os.getpid(), []
@@ -129,12 +78,18 @@ def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], Non
     kind, value = job["kind"], job["value"]
     from accelplat._types import ProbeResult
 
+    factory: Any
     if kind == "name":
         from accelplat import _registry as registry
 
         factory = registry.factory_for(value)
     else:
-        factory = _resolve_ref(value)
+        module_name, _, attr = value.partition(":")
+        factory = importlib.import_module(module_name)
+        for part in attr.split(".") if attr else []:
+            factory = getattr(factory, part)
+        if not callable(factory):
+            raise TypeError(f"{value} is not callable")
     stage("import")
     probe = getattr(factory, "probe", None)
     if probe is not None:
@@ -145,9 +100,7 @@ def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], Non
             answer["available"], answer["reason"] = bool(result), repr(result)
     stage("probe")
     if not answer["available"]:
-        answer["device_count"] = 0
-        answer["devices"] = []
-        answer["ok"] = True
+        answer.update(device_count=0, devices=[], ok=True)
         return
     if kind == "name":
         from accelplat import _registry as registry
@@ -156,8 +109,7 @@ def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], Non
     else:
         platform = factory()
     stage("construct")
-    count = platform.device_count()
-    answer["device_count"] = count
+    answer["device_count"] = platform.device_count()
     answer["devices"] = [
         {"index": d.index, "physical_index": d.physical_index, "name": d.name, "uuid": d.uuid}
         for d in platform.devices()
@@ -170,18 +122,7 @@ def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], Non
 
 
 def main(before: set[str], job_text: str) -> None:
-    """Build the platform the job names, query it, and write what it did to ``job["out"]``.
-
-    Args:
-        before: ``sys.modules`` keys recorded before accelplat was imported.
-        job_text: The JSON job: ``kind`` (``"name"`` or ``"ref"``), ``value``, ``queries``,
-            ``out``.
-
-    Side effects:
-        Writes the answer: ``ok``/``error``, the probe's ``available``/``reason``,
-        ``device_count`` and ``devices``, ``context_free``, ``frameworks`` newly imported per
-        stage, runtime ``libraries`` newly mapped, and ``self_holders``.
-    """
+    """Build and query the job's platform; write the answer (keys below) to ``job["out"]``."""
     job = json.loads(job_text)
     libs_before = mapped_runtime_libraries()
     seen = set(before)

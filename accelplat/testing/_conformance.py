@@ -1,17 +1,15 @@
 """The conformance kit as pytest tests: one test per check.
 
-Run it against any registered platform with ``pytest --pyargs accelplat.testing._conformance
---accelplat-platform NAME`` (the option comes from accelplat's pytest plugin; without the plugin,
-``ACCELPLAT_PLATFORM=NAME``; with neither, the detected platform is tested). In a plugin's own
-suite, ``test_conformance = make_conformance_test("my-npu")``, or import the fixtures
-``conformance_platform``, ``conformance_options`` and ``conformance_report`` (and
-``test_conformance``) and override the first two.
+``pytest --pyargs accelplat.testing._conformance --accelplat-platform NAME`` (else
+``ACCELPLAT_PLATFORM``, else the detected platform); in a plugin's suite,
+``make_conformance_test``, or these fixtures with the platform and options ones overridden.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 import pytest
@@ -19,37 +17,23 @@ import pytest
 from accelplat._platform import Platform
 from accelplat.testing._checks import CHECK_NAMES, ConformanceReport, run_conformance
 
-OPTION = "--accelplat-platform"
-"""The pytest option (added by accelplat's pytest plugin) that names the platform to test."""
+OPTION = "--accelplat-platform"  # added by accelplat's pytest plugin
 
 
 def requested_platform_name(config: pytest.Config) -> str | None:
-    """Return the platform the session asks for: ``--accelplat-platform``, else the variable.
-
-    Args:
-        config: The pytest configuration.
-
-    Returns:
-        The lower-cased name, or ``None`` when neither the option (if registered) nor
-        ``ACCELPLAT_PLATFORM`` names one.
-    """
-    value: Any = None
+    """Return the lower-cased ``--accelplat-platform``, else ``ACCELPLAT_PLATFORM``, or ``None``."""
     try:
-        value = config.getoption(OPTION, default=None)
+        value: Any = config.getoption(OPTION, default=None)
     except ValueError:  # the option is not registered: accelplat's plugin is not loaded
         value = None
     if not isinstance(value, str) or not value.strip():
         value = os.environ.get("ACCELPLAT_PLATFORM", "")
-    value = value.strip().lower()
-    return value or None
+    return value.strip().lower() or None
 
 
 @pytest.fixture(scope="session")
 def conformance_platform(request: pytest.FixtureRequest) -> Platform:
-    """The platform under test: the requested name, else the detected platform.
-
-    Override this fixture in a plugin's test suite to test an instance built another way.
-    """
+    """The platform under test (the requested name, else detected); override to build another."""
     from accelplat._registry import current_platform, get_platform
 
     name = requested_platform_name(request.config)
@@ -74,12 +58,9 @@ def conformance_report(
     target: Platform | str = conformance_platform
     name = getattr(conformance_platform, "name", None)
     if isinstance(name, str) and name in registry.available_platforms():
-        try:
-            same = registry.get_platform(name) is conformance_platform
-        except Exception:
-            same = False
-        if same:  # registered under its name: a fresh process can rebuild it by name
-            target = name
+        with suppress(Exception):
+            if registry.get_platform(name) is conformance_platform:  # a child rebuilds it by name
+                target = name
     return run_conformance(target, **conformance_options)
 
 
@@ -96,15 +77,12 @@ def _judge(report: ConformanceReport, check: str) -> None:
 
 @pytest.mark.parametrize("check", CHECK_NAMES)
 def test_conformance(check: str, conformance_report: ConformanceReport) -> None:
-    """One conformance check of the platform under test."""
     _judge(conformance_report, check)
 
 
 def _is_factory(target: object) -> bool:
-    if isinstance(target, str):
-        return False
-    if isinstance(target, type):
-        return True
+    if isinstance(target, (str, type)):
+        return isinstance(target, type)
     from accelplat._registry import protocol_problems
 
     return callable(target) and bool(protocol_problems(target))
@@ -115,21 +93,14 @@ def make_conformance_test(
 ) -> Callable[[str], None]:
     """Return a pytest test function, parametrized over every check, for one platform.
 
-    Example::
-
-        # tests/testing/test_conformance.py of a plugin
-        from accelplat.testing import make_conformance_test
-
-        test_conformance = make_conformance_test("my-npu")
+    E.g. ``test_conformance = make_conformance_test("my-npu")`` in a plugin's test module.
 
     Args:
-        platform: A registered name, a platform instance, or a class / zero-argument factory
-            (built on the first test; also passed as ``factory=`` for the in-process fallbacks).
+        platform: A registered name, an instance, or a class / factory (built on the first test).
         **options: Keyword arguments for :func:`~accelplat.testing.run_conformance`.
 
     Returns:
-        A test function taking the check name; assign it to a ``test_*`` name. The checks run
-        once, on the first test, and every test reports one verdict.
+        A test function taking the check name; the checks run once, on the first test.
     """
     cache: dict[str, ConformanceReport] = {}
 

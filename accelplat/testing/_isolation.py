@@ -1,12 +1,8 @@
 """Run a function (typically a test) in a new process and bring its outcome back.
 
-:func:`run_child` returns what happened as data (:class:`ChildResult`); :func:`run_in_new_process`
-re-raises the child's own exception here; :func:`isolate` is the decorator form. vLLM's drop-ins
-(:mod:`accelplat.integrations.vllm`) build their conventions on :func:`run_child`. The child
-leads its own process group, and what it leaves running there gets ``SIGTERM`` once it exits.
-``"spawn"``/``"forkserver"`` children import the function by module and qualified name and get
-the arguments pickled (with ``cloudpickle`` when installed); pytest's skip/xfail/fail/exit
-outcomes, which do not pickle, travel as plain data.
+:func:`run_child` returns what happened as data (vLLM's drop-ins build on it); :func:`isolate`
+and :func:`run_in_new_process` re-raise the child's exception here. The child leads its own
+process group; spawned ones import the function by name and get the arguments pickled.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ from accelplat._platform import Platform, StartMethod
 from accelplat.errors import ChildTestError, ConfigurationError
 
 _START_METHODS: tuple[str, ...] = get_args(StartMethod)
-_ISOLATED_ATTR = "_accelplat_isolated"
-"""Attribute a decorated wrapper carries: the function it runs in a new process."""
+_ISOLATED_ATTR = "_accelplat_isolated"  # on a decorated wrapper: the function it isolates
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -41,11 +36,7 @@ Status = Literal["ok", "outcome", "error", "silent"]
 
 
 class ChildTracebackError(Exception):
-    """Carries a child process's formatted traceback as the ``__cause__`` of what is re-raised.
-
-    Args:
-        text: The traceback as the child formatted it.
-    """
+    """Carries a child process's formatted traceback as the ``__cause__`` of what is re-raised."""
 
     def __init__(self, text: str) -> None:
         super().__init__(text)
@@ -57,57 +48,32 @@ class ChildTracebackError(Exception):
 
 @dataclass(frozen=True)
 class ChildResult:
-    """What happened to a function run in a new process.
+    """What happened to a function run in a new process."""
 
-    Attributes:
-        name: The function's qualified name.
-        method: The start method used.
-        exitcode: The child's exit status (``0`` after a success or a pytest outcome, ``1``
-            after an exception, ``-N`` when killed by signal ``N``).
-        status: ``"ok"``; ``"outcome"`` (a pytest skip, xfail, fail or exit: see
-            :attr:`outcome`); ``"error"`` (an exception: see :attr:`exception`,
-            :attr:`exception_type`, :attr:`message`, :attr:`traceback`); ``"silent"`` (the
-            child ended without reporting).
-        exception: The child's exception rebuilt here, or ``None`` when it could not be pickled
-            (or there was none).
-        exception_type: The qualified name of the child's exception type, or ``""``.
-        message: ``str()`` of the child's exception, or the pytest outcome's message.
-        traceback: The child's formatted traceback, or ``""``.
-        outcome: For ``"outcome"``: ``(kind, message, pytrace, returncode)`` with ``kind`` one
-            of ``"skip"``, ``"xfail"``, ``"fail"``, ``"exit"``.
-    """
-
-    name: str
+    name: str  # the function's qualified name
     method: StartMethod
-    exitcode: int | None
-    status: Status
-    exception: BaseException | None = None
-    exception_type: str = ""
-    message: str = ""
+    exitcode: int | None  # 0 after a success or a pytest outcome, 1 after an exception, -signal
+    status: Status  # "outcome": a pytest skip/xfail/fail/exit; "silent": ended without reporting
+    exception: BaseException | None = None  # rebuilt here; None when it did not unpickle
+    exception_type: str = ""  # qualified name
+    message: str = ""  # str() of the exception, or the pytest outcome's message
     traceback: str = ""
-    outcome: tuple[str, str, bool, int] | None = None
+    outcome: tuple[str, str, bool, int] | None = None  # (kind, message, pytrace, returncode)
 
     def describe_exit(self) -> str:
         """Return how the child ended: ``"exited with code 3"``, ``"was killed by SIGKILL"``."""
         code = self.exitcode
         if code is None:
             return "did not exit"
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return f"was killed by {name}"
-        return f"exited with code {code}"
+        if code >= 0:
+            return f"exited with code {code}"
+        name = f"signal {-code}"
+        with suppress(ValueError):
+            name = signal.Signals(-code).name
+        return f"was killed by {name}"
 
     def raise_pytest_outcome(self) -> None:
-        """Raise the pytest outcome the child reported (skip, xfail, fail or exit) here.
-
-        Raises:
-            BaseException: The outcome (``pytest.skip.Exception``, ``pytest.xfail.Exception``,
-                ``pytest.fail.Exception`` or ``pytest.exit.Exception``). Does nothing when
-                :attr:`status` is not ``"outcome"``.
-        """
+        """Raise the pytest skip, xfail, fail or exit the child reported; else do nothing."""
         if self.outcome is None:
             return
         import pytest
@@ -123,14 +89,7 @@ class ChildResult:
 
 
 def start_method(platform: Platform | None = None) -> StartMethod:
-    """Return the platform's ``preferred_start_method``: the start method that is safe there.
-
-    Args:
-        platform: The platform; ``None`` means the current one.
-
-    Returns:
-        ``"fork"``, ``"spawn"`` or ``"forkserver"``.
-    """
+    """Return the (``None``: current) platform's ``preferred_start_method``, safe there."""
     if platform is None:
         from accelplat._registry import current_platform
 
@@ -139,7 +98,6 @@ def start_method(platform: Platform | None = None) -> StartMethod:
 
 
 def _pickler() -> ModuleType:
-    """Return ``cloudpickle`` when it is installed, else :mod:`pickle`."""
     try:
         import cloudpickle  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError:
@@ -191,18 +149,12 @@ def _resolve_function(ref: _FunctionRef) -> Callable[..., Any]:
         obj = getattr(obj, part)
     # The module attribute is the decorated wrapper; unwrap to the function it isolates.
     for _ in range(100):
-        target = getattr(obj, _ISOLATED_ATTR, None)
-        if target is not None:
+        if (target := getattr(obj, _ISOLATED_ATTR, None)) is not None:
             return cast(Callable[..., Any], target)
-        inner = getattr(obj, "__wrapped__", None)
-        if inner is None:
+        if (inner := getattr(obj, "__wrapped__", None)) is None:
             break
         obj = inner
     return cast(Callable[..., Any], obj)
-
-
-# --------------------------------------------------------------------------------------------
-# the child
 
 
 def _pytest_outcome(exc: BaseException) -> tuple[str, str, bool, int] | None:
@@ -210,14 +162,8 @@ def _pytest_outcome(exc: BaseException) -> tuple[str, str, bool, int] | None:
     pytest_module = sys.modules.get("pytest")
     if pytest_module is None:
         return None
-    kinds: list[tuple[str, Any]] = [
-        ("xfail", pytest_module.xfail),  # before "fail": an XFailed is a Failed
-        ("skip", pytest_module.skip),
-        ("fail", pytest_module.fail),
-        ("exit", pytest_module.exit),
-    ]
-    for kind, function in kinds:
-        if isinstance(exc, function.Exception):
+    for kind in ("xfail", "skip", "fail", "exit"):  # xfail before fail: an XFailed is a Failed
+        if isinstance(exc, getattr(pytest_module, kind).Exception):
             message = str(getattr(exc, "msg", None) or "")
             returncode = getattr(exc, "returncode", None)
             code = returncode if isinstance(returncode, int) else 1
@@ -230,14 +176,6 @@ def _report(result_path: str, payload: tuple[Any, ...]) -> None:
         pickle.dump(payload, f)
 
 
-def _apply_env(env: Mapping[str, str | None]) -> None:
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
 def _child_main(
     target: Callable[..., Any] | _FunctionRef,
     call: tuple[tuple[Any, ...], dict[str, Any]] | bytes,
@@ -248,7 +186,11 @@ def _child_main(
     with suppress(OSError):  # own process group: what the function leaves behind ends with it
         os.setpgrp()
     try:
-        _apply_env(env)
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         args, kwargs = pickle.loads(call) if isinstance(call, bytes) else call
         func = _resolve_function(target) if isinstance(target, _FunctionRef) else target
         func(*args, **kwargs)
@@ -270,18 +212,6 @@ def _child_main(
         _report(result_path, ("ok",))
 
 
-def _end_group(pgid: int) -> None:
-    """Send SIGTERM to what is left of the child's process group (its own descendants)."""
-    if pgid <= 0 or pgid == os.getpgrp():
-        return
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGTERM)
-
-
-# --------------------------------------------------------------------------------------------
-# the parent
-
-
 def run_child(
     func: Callable[..., Any],
     args: Sequence[Any] = (),
@@ -290,43 +220,18 @@ def run_child(
     method: StartMethod | None = None,
     env: Mapping[str, str | None] | None = None,
 ) -> ChildResult:
-    """Run ``func(*args, **kwargs)`` in a new process and return what happened.
-
-    Args:
-        func: The function; its return value is discarded. With ``"spawn"`` or
-            ``"forkserver"`` it must be importable by module and qualified name.
-        args: Positional arguments (picklable with ``"spawn"``/``"forkserver"``).
-        kwargs: Keyword arguments (likewise).
-        method: ``"fork"``, ``"spawn"`` or ``"forkserver"``; ``None`` means
-            :func:`start_method` of the current platform.
-        env: Environment variables to set in the child before ``func`` is looked up; a value of
-            ``None`` removes the variable. The parent's environment is not changed.
-
-    Returns:
-        A :class:`ChildResult`.
-
-    Raises:
-        ConfigurationError: For an unknown method, a malformed ``env``, a function a fresh
-            interpreter cannot import, or arguments that cannot be pickled.
-
-    Side effects:
-        Starts one process and waits for it (an interrupt while waiting terminates it); sends
-        ``SIGTERM`` to what the child left in its process group; a temporary file carries the
-        outcome back. Imports neither torch nor a vendor library.
-    """
+    """Run ``func(*args, **kwargs)`` in a new process (:func:`run_in_new_process`'s arguments)."""
     chosen = method if method is not None else start_method()
     if chosen not in _START_METHODS:
         raise ConfigurationError(f"method must be one of {_START_METHODS}, got {chosen!r}")
     child_env = _check_env(env)
-    call_args = tuple(args)
-    call_kwargs = dict(kwargs or {})
     name = getattr(func, "__qualname__", repr(func))
     target: Callable[..., Any] | _FunctionRef = func
-    call: tuple[tuple[Any, ...], dict[str, Any]] | bytes = (call_args, call_kwargs)
+    call: tuple[tuple[Any, ...], dict[str, Any]] | bytes = (tuple(args), dict(kwargs or {}))
     if chosen != "fork":
         target = _function_ref(func, chosen)
         try:
-            call = _pickler().dumps((call_args, call_kwargs))
+            call = _pickler().dumps(call)
         except Exception as exc:
             raise ConfigurationError(
                 f"cannot run {name} in a {chosen}ed process: its arguments (for a test, its "
@@ -352,8 +257,11 @@ def run_child(
                 process.kill()
             raise
         finally:
-            # The exited child is not reaped yet, so its pid still names its process group.
-            _end_group(pid)
+            # The exited child is not reaped yet, so its pid still names its process group:
+            # SIGTERM what is left of it (the child's own descendants).
+            if pid > 0 and pid != os.getpgrp():
+                with suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGTERM)
             process.join()
         with open(result_path, "rb") as f:
             data = f.read()
@@ -378,16 +286,7 @@ def run_child(
             rebuilt = pickle.loads(blob)
             if isinstance(rebuilt, BaseException):
                 exception = rebuilt
-    return ChildResult(
-        name,
-        chosen,
-        exitcode,
-        "error",
-        exception=exception,
-        exception_type=type_name,
-        message=message,
-        traceback=text,
-    )
+    return ChildResult(name, chosen, exitcode, "error", exception, type_name, message, text)
 
 
 def _check_env(env: object) -> dict[str, str | None]:
@@ -415,26 +314,20 @@ def run_in_new_process(
 ) -> None:
     """Run ``func(*args, **kwargs)`` in a new process and re-raise its failure here.
 
-    A child's exception is re-raised here as the same exception (pytest's skip, xfail, fail and
-    exit outcomes included), chained to the child's formatted traceback. A spawned child sees
-    the environment but not changes made to modules in the parent (``monkeypatch.setattr``).
+    The child's exception (pytest outcomes included) is re-raised, chained to its traceback; a
+    spawned child sees the environment, not module changes. Its process group gets ``SIGTERM``.
 
     Args:
-        func: The function; its return value is discarded.
-        args: Positional arguments.
-        kwargs: Keyword arguments.
-        method: ``"fork"``, ``"spawn"`` or ``"forkserver"``; ``None`` means
-            :func:`start_method` of the current platform.
-        env: Environment variables for the child (see :func:`run_child`).
+        func: The function; for ``"spawn"``/``"forkserver"`` importable by module and name.
+        args: Positional arguments (picklable for ``"spawn"``/``"forkserver"``).
+        kwargs: Keyword arguments (likewise).
+        method: ``"fork"``, ``"spawn"`` or ``"forkserver"``; ``None``: the platform's choice.
+        env: Variables to set in the child before ``func`` is looked up (``None`` removes one).
 
     Raises:
-        ConfigurationError: As :func:`run_child`.
-        ChildTestError: When the child fails in a way that cannot be re-raised as is (an
-            exception that does not pickle, a child killed or exiting without reporting).
+        ConfigurationError: For an unknown method, a bad ``env``, what cannot import or pickle.
+        ChildTestError: For a failure that cannot be re-raised as is (unpicklable, or no report).
         BaseException: Whatever the child raised.
-
-    Side effects:
-        As :func:`run_child`.
     """
     result = run_child(func, args, kwargs, method=method, env=env)
     if result.status == "ok":
@@ -455,51 +348,27 @@ def run_in_new_process(
     ) from cause
 
 
-def mark_isolated(wrapper: Callable[..., Any], func: Callable[..., Any]) -> None:
-    """Record on ``wrapper`` the function it runs in a new process.
-
-    A fresh interpreter looks the test up by name, finds the decorated wrapper, and must run the
-    function itself rather than start yet another process; decorators built on :func:`run_child`
-    call this on their wrapper.
-
-    Args:
-        wrapper: The decorated function.
-        func: The function it isolates.
-    """
+def mark_isolated(wrapper: Callable[..., Any], func: _F) -> _F:
+    """Dress ``wrapper`` as ``func`` and record that it isolates it (a spawned child runs that)."""
+    functools.update_wrapper(wrapper, func)
     setattr(wrapper, _ISOLATED_ATTR, func)
+    return cast(_F, wrapper)
 
 
 def is_isolated(func: object) -> bool:
-    """Say whether ``func`` is a wrapper that runs its function in a new process.
-
-    Args:
-        func: Any object, typically a test function.
-
-    Returns:
-        ``True`` for wrappers recorded with :func:`mark_isolated` (:func:`isolate`, vLLM's
-        ``create_new_process_for_each_test``).
-    """
     return getattr(func, _ISOLATED_ATTR, None) is not None
 
 
 def isolate(
-    method: StartMethod | None = None,
-    *,
-    env: Mapping[str, str | None] | None = None,
+    method: StartMethod | None = None, *, env: Mapping[str, str | None] | None = None
 ) -> Callable[[_F], _F]:
     """Return a decorator that runs each call of a function in a new process.
 
-    The start method is chosen when the function is called, not at import: ``None`` means the
-    platform's :func:`start_method`, so ``--accelplat-platform`` and ``ACCELPLAT_PLATFORM``
-    apply. Failures come back as :func:`run_in_new_process` raises them.
+    Failures come back as :func:`run_in_new_process` raises them; the wrapper keeps the signature.
 
     Args:
-        method: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None``.
-        env: Environment variables for the child (see :func:`run_child`).
-
-    Returns:
-        A decorator; the wrapped function keeps the name and signature, so pytest still injects
-        a test's fixtures.
+        method: ``"fork"``, ``"spawn"``, ``"forkserver"``, or ``None``: the platform's, per call.
+        env: Environment variables for the child (see :func:`run_in_new_process`).
 
     Raises:
         ConfigurationError: For an unknown method or a malformed ``env`` (at decoration time).
@@ -509,11 +378,9 @@ def isolate(
     child_env = _check_env(env)
 
     def decorator(func: _F) -> _F:
-        @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> None:
             run_in_new_process(func, args, kwargs, method=method, env=child_env)
 
-        mark_isolated(wrapper, func)
-        return cast(_F, wrapper)
+        return mark_isolated(wrapper, func)
 
     return decorator

@@ -1,10 +1,8 @@
 """The conformance kit's harness: what one run shares between its checks.
 
-:class:`Kit` holds the platform under test and the options of :func:`run_conformance`, caches
-the shared facts (device count, devices), and rebuilds the platform in a fresh interpreter
-(:mod:`accelplat.testing._child`) for the checks that watch for side effects. When no fresh
-process reproduces the caller's devices (a backend built over a fake sysfs tree, say), those
-checks run in the caller's process and say so.
+:class:`Kit` holds the platform and :func:`run_conformance`'s options, caches shared facts, and
+rebuilds the platform in a fresh interpreter (``_child``) for the side-effect checks; when none
+reproduces the caller's devices (a fake sysfs tree, say) they run in-process and say so.
 """
 
 from __future__ import annotations
@@ -18,9 +16,12 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from fractions import Fraction
+from typing import Any, Literal, get_args
 
+from accelplat import _validate
 from accelplat._types import MIB, DeviceInfo, MemoryInfo
+from accelplat._util import Clock
 from accelplat.errors import ConfigurationError
 from accelplat.testing._child import BOOTSTRAP, describe
 
@@ -45,26 +46,30 @@ class Tolerance:
     """An allowance in bytes that grows with the device: ``max(min_bytes, ratio × total)``.
 
     Attributes:
-        min_bytes: The allowance for small devices.
-        ratio: The allowance as a fraction of the device's total.
+        min_bytes: The allowance for small devices (an int ``>= 0``).
+        ratio: The allowance as a fraction of the device's total, in ``[0, 1]``.
+
+    Raises:
+        ConfigurationError: On construction, for a field out of its range, naming it.
     """
 
     min_bytes: int
     ratio: float
 
+    def __post_init__(self) -> None:
+        _validate.byte_int(self.min_bytes, "Tolerance.min_bytes")
+        _validate.ratio(self.ratio, "Tolerance.ratio")
+
     def allowed(self, total: int) -> int:
-        """Return the allowance for a device of ``total`` bytes."""
-        return max(self.min_bytes, int(self.ratio * max(0, total)))
+        """Return the allowance for a device of ``total`` bytes (exact for any int)."""
+        return max(self.min_bytes, int(Fraction(self.ratio) * max(0, total)))
 
 
-# Some sources read used and total from separate counters (two sysfs files) or round to MiB;
-# a gap beyond this means the fields disagree in meaning.
+# How far used + free may be from total. Some sources read used and total from separate counters
+# (two sysfs files) or round to MiB; a gap beyond this means the fields disagree in meaning.
 SUM_TOLERANCE = Tolerance(min_bytes=64 * MIB, ratio=0.005)
-"""How far ``used + free`` may be from ``total``: 64 MiB or 0.5 %, whichever is more."""
-
+# How much used/free may move between two back-to-back reads (other processes allocate meanwhile).
 STABILITY_TOLERANCE = Tolerance(min_bytes=256 * MIB, ratio=0.02)
-"""How much ``used``/``free`` may move between two back-to-back reads (other processes
-allocate meanwhile): 256 MiB or 2 %."""
 
 _env_lock = threading.Lock()
 
@@ -122,7 +127,39 @@ class Kit:
     _baseline: ChildRun | None = None
     _baseline_done: bool = False
 
-    # -- shared facts --------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        """Refuse an option a check would otherwise blame on the platform."""
+        if self.isolation not in get_args(Isolation):
+            raise ConfigurationError(
+                "isolation must be 'auto', 'subprocess' or 'inprocess', got "
+                f"{self.isolation!r:.200}"
+            )
+        if self.factory is not None and not callable(self.factory):
+            raise ConfigurationError(f"factory must be callable or None, got {self.factory!r:.200}")
+        if self.child is not None and (not isinstance(self.child, str) or not self.child.strip()):
+            raise ConfigurationError(
+                f"child must be a platform name or 'module:attr', got {self.child!r:.200}"
+            )
+        for name in ("sum_tolerance", "stability_tolerance"):
+            if not isinstance(value := getattr(self, name), Tolerance):
+                raise ConfigurationError(f"{name} must be a Tolerance, got {value!r:.200}")
+        _validate.byte_int(self.min_total_bytes, "min_total_bytes")
+        _validate.number(self.probe_budget_s, "probe_budget_s", above=0)
+        _validate.number(self.subprocess_timeout_s, "subprocess_timeout_s", above=0)
+        if self.settle_timeout_s is not None:
+            _validate.duration(self.settle_timeout_s, "settle_timeout_s")
+        if (clock := self.settle_clock) is not None and not isinstance(clock, Clock):
+            raise ConfigurationError(
+                f"settle_clock must have monotonic() and sleep(seconds), got {clock!r:.200}"
+            )
+        if (hides := self.empty_visible_hides_all) is not None and not isinstance(hides, bool):
+            raise ConfigurationError(
+                f"empty_visible_hides_all must be True, False or None, got {hides!r:.200}"
+            )
+        if not isinstance(self.env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
+        ):
+            raise ConfigurationError(f"env must map str names to str values, got {self.env!r:.200}")
 
     def count(self) -> int:
         """Return ``device_count()``, checked and cached."""
@@ -179,23 +216,14 @@ class Kit:
         return type(self.platform)
 
     def probe_describes_platform(self) -> bool:
-        """Whether the probe (which takes no arguments) speaks of the platform under test.
-
-        It does when the platform came by name, when ``factory`` has the probe, or when
-        building the class without arguments gives the same devices; not when the caller
-        built it with arguments (e.g. over a fake sysfs root).
-        """
-        if self.registered_name is not None:
-            return True
-        if self.factory is not None and hasattr(self.factory, "probe"):
+        """Whether the argument-less probe speaks of this platform, not of one built with args."""
+        if self.registered_name is not None or hasattr(self.factory, "probe"):
             return True
         try:
             got = [(d.name, d.physical_index) for d in type(self.platform)().devices()]
         except Exception:
             return False
         return got == [(d.name, d.physical_index) for d in self.devices()]
-
-    # -- the subprocess --------------------------------------------------------------------------
 
     def _child_specs(self) -> list[tuple[str, str]]:
         if self.child is not None:
@@ -254,22 +282,19 @@ class Kit:
         tried: list[str] = []
         want = [(d.name, d.physical_index) for d in self.devices()]
         for spec in self._child_specs():
-            answer = self.run_child(spec)
-            label = ChildRun(spec, answer).label
-            if not answer.get("ok"):
-                tried.append(f"{label}: {answer.get('error')}")
+            run = ChildRun(spec, self.run_child(spec))
+            if not run.answer.get("ok"):
+                tried.append(f"{run.label}: {run.answer.get('error')}")
                 continue
-            got = [(d["name"], d["physical_index"]) for d in answer.get("devices", [])]
-            if answer.get("device_count") != len(want) or got != want:
-                tried.append(f"{label}: sees {got} instead of {want}")
+            got = [(d["name"], d["physical_index"]) for d in run.answer.get("devices", [])]
+            if run.answer.get("device_count") != len(want) or got != want:
+                tried.append(f"{run.label}: sees {got} instead of {want}")
                 continue
-            self._baseline = ChildRun(spec, answer)
-            return self._baseline
-        self.baseline_note = (
-            f"a fresh process could not reproduce it ({'; '.join(tried)})"
-            if tried
-            else "no way to rebuild the platform in a subprocess"
-        )
+            self._baseline = run
+            return run
+        self.baseline_note = "no way to rebuild the platform in a subprocess"
+        if tried:
+            self.baseline_note = f"a fresh process could not reproduce it ({'; '.join(tried)})"
         return None
 
     def inprocess_note(self) -> str:

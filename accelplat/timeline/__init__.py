@@ -1,9 +1,7 @@
 """Device-memory timelines: sample memory while tests or a command run, then render a report.
 
-``pytest --accelplat-timeline=report.html`` samples every visible device during the session and
-writes one self-contained HTML page; ``accelplat record --out trace.json -- COMMAND …`` samples
-while a command runs and ``accelplat report trace.json --out report.html`` renders the same page.
-The names below build the same thing from Python: see ``docs/timeline.md``.
+``pytest --accelplat-timeline=report.html``, or ``accelplat record`` then ``accelplat report``,
+write one self-contained HTML page; the names below do it from Python (``docs/timeline.md``).
 """
 
 from __future__ import annotations

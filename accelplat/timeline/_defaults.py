@@ -1,7 +1,4 @@
-"""The timeline's defaults, in a module that imports nothing.
-
-The plugin's option help (built in every session) names them without importing the sampler.
-"""
+"""The timeline's defaults, importing nothing: the plugin's option help names them every session."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Render a :class:`~accelplat.timeline._trace.Trace` as one self-contained HTML page.
 
-No scripts, fonts, style sheets or images to fetch: charts are inline SVG drawn here, with
-``<title>`` tooltips, and every string from the trace is HTML-escaped. Per device, used memory
-over time with each test as a band (leaking tests in red), each wait as an orange bar and the
-peak marked; then tables of leaks, the slowest waits and every test. The y-axis is fitted to
-the memory used; a checkbox switches every chart to 0..total with CSS alone (each chart is
-drawn at both scales, the y-independent layers once).
+Charts are inline SVG; trace strings are escaped. A checkbox switches the fitted y-axes to
+0..total with CSS alone: each chart is drawn at both scales, the y-independent layers once.
 """
 
 from __future__ import annotations
@@ -18,27 +14,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 from accelplat import _files
 from accelplat._types import GIB, MIB
 from accelplat._util import format_bytes
-from accelplat.timeline._trace import Leak, Sample, TestSpan, Trace, WaitSpan
+from accelplat.timeline._trace import Leak, Reading, Sample, TestSpan, Trace, WaitSpan
 
 _PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
-_LEAK = "#d62728"
-_WAIT = "#ff7f0e"
-_WAIT_FAILED = "#b30000"
-_FAILED = "#4b5563"
+_LEAK, _WAIT, _WAIT_FAILED, _FAILED = "#d62728", "#ff7f0e", "#b30000", "#4b5563"
+_CONTEXT_NOTE = "This platform's memory queries create a device context in the sampling process."
 
-# chart geometry, in SVG user units
-_W = 1200
-_LEFT = 78
-_RIGHT = 16
-_TOP = 12
-_PLOT_H = 220
-_AXIS_H = 30
-_LANE_H = 16
-_MAX_LANES = 6
+# chart geometry, in SVG user units: the width and the plot's margins, heights, test lanes
+_W, _LEFT, _RIGHT, _TOP = 1200, 78, 16, 12
+_PLOT_H, _AXIS_H, _LANE_H, _MAX_LANES = 220, 30, 16, 6
 _PLOT_W = _W - _LEFT - _RIGHT
 
 _CSS = """
@@ -90,9 +79,7 @@ def _plural(n: int, word: str) -> str:
 
 
 def _fmt_delta(n: int | None) -> str:
-    if n is None:
-        return "?"
-    return ("+" if n > 0 else "") + format_bytes(n)
+    return "?" if n is None else ("+" if n > 0 else "") + format_bytes(n)
 
 
 def _nice_step(span: float, target: int) -> float:
@@ -100,18 +87,7 @@ def _nice_step(span: float, target: int) -> float:
     if raw <= 0 or not math.isfinite(raw):
         return 1.0
     mag = 10.0 ** math.floor(math.log10(raw))
-    for m in (1, 2, 2.5, 5, 10):
-        if raw <= m * mag:
-            return m * mag
-    return 10 * mag
-
-
-def _time_step(span: float) -> float:
-    for step in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60,
-                 120, 300, 600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400):  # fmt: skip
-        if span / step <= 10:
-            return step
-    return _nice_step(span, 10)
+    return next((m * mag for m in (1, 2, 2.5, 5, 10) if raw <= m * mag), 10 * mag)
 
 
 def _time_label(t: float, step: float) -> str:
@@ -123,29 +99,22 @@ def _time_label(t: float, step: float) -> str:
     return f"{t:.{decimals}f} s"
 
 
-def _lanes(spans: Sequence[TestSpan]) -> list[int]:
-    """Assign each span (in start order) the first lane free at its start."""
+def _lanes(spans: Sequence[TestSpan]) -> list[int]:  # the first lane free at each start
     ends: list[float] = []
     out: list[int] = []
     for span in spans:
-        for lane, end in enumerate(ends):
-            if end <= span.start:
-                ends[lane] = span.end
-                out.append(lane)
-                break
-        else:
-            if len(ends) < _MAX_LANES:
-                ends.append(span.end)
-                out.append(len(ends) - 1)
-            else:  # too many in parallel: share the lane that frees first
-                lane = min(range(len(ends)), key=ends.__getitem__)
-                ends[lane] = max(ends[lane], span.end)
-                out.append(lane)
+        lane = next((k for k, end in enumerate(ends) if end <= span.start), None)
+        if lane is None and len(ends) < _MAX_LANES:
+            lane = len(ends)
+            ends.append(span.end)
+        elif lane is None:  # too many in parallel: share the lane that frees first
+            lane = min(range(len(ends)), key=ends.__getitem__)
+        ends[lane] = max(ends[lane], span.end)
+        out.append(lane)
     return out
 
 
 def _peak_of(trace: Trace, pos: int) -> tuple[int, float] | None:
-    """Return ``(bytes, seconds)`` of device ``pos``'s highest reading, or ``None`` if none."""
     best: tuple[int, float] | None = None
     for s in trace.samples:
         value = s.used[pos] if pos < len(s.used) else None
@@ -158,39 +127,29 @@ def _peak_of(trace: Trace, pos: int) -> tuple[int, float] | None:
     return best
 
 
-def peaks_per_test(trace: Trace) -> list[tuple[int | None, ...]]:
-    """Return, per test (in :attr:`Trace.tests` order), the highest usage per device during it.
-
-    Every sample from the test's start to its end counts, and so do the readings taken as it
-    began and ended. Sequential tests cost one pass over the samples; parallel ones add the
-    samples they share.
-    """
+def peaks_per_test(trace: Trace) -> list[Reading]:
+    """Return per test the highest usage per device from its start to its end, both included."""
     times = [s.t for s in trace.samples]
-    n_dev = len(trace.devices)
-    out: list[tuple[int | None, ...]] = []
+    out: list[Reading] = []
     for span in trace.tests:
         lo = bisect.bisect_left(times, span.start)
         hi = bisect.bisect_right(times, span.end)
         peaks: list[int | None] = []
-        for pos in range(n_dev):
+        for pos in range(len(trace.devices)):
             values = [span.used_before[pos], span.used_after[pos]]
             values += [s.used[pos] for s in trace.samples[lo:hi] if pos < len(s.used)]
-            known = [v for v in values if v is not None]
-            peaks.append(max(known) if known else None)
+            peaks.append(max((v for v in values if v is not None), default=None))
         out.append(tuple(peaks))
     return out
 
 
 def _axis(lo: int, hi: int, total: int, *, full: bool) -> tuple[float, float]:
-    """Return ``(ymin, ymax)`` in bytes for readings from ``lo`` to ``hi``.
-
-    ``full``: 0 to the total (or the peak, if higher). Otherwise fitted: a margin of a tenth of
-    the range (at least 1 MiB) around the readings, down to 0 when the readings come close to it.
-    """
+    # full: 0 to the total (or the peak, if higher). Fitted: a margin of a tenth of the range (at
+    # least 1 MiB; a tenth of the reading for a flat series), down to 0 when the readings near it.
     if full:
         top = float(max(total, hi, 1))
         return 0.0, top if total > 0 else top * 1.1
-    pad = max((hi - lo) * 0.1, float(MIB))
+    pad = max((hi - lo) * 0.1 if hi > lo else hi * 0.1, float(MIB))
     ymax = hi + pad
     if total > 0 and ymax > total >= hi:
         ymax = float(total)
@@ -200,52 +159,40 @@ def _axis(lo: int, hi: int, total: int, *, full: bool) -> tuple[float, float]:
     return ymin, ymax
 
 
-def _short_name(nodeid: str) -> str:
-    """The part of a node id worth a lane label: after the last ``::`` (or the file name)."""
+def _short_name(nodeid: str) -> str:  # the part worth a lane label: after the last ``::``
     name = nodeid.rsplit("::", 1)[-1]
     return name.rsplit("/", 1)[-1] or nodeid
 
 
-def _fit_label(text: str, width: float) -> str:
-    """Return ``text`` cut to fit ``width`` SVG units at 10 px monospace, or ``""``."""
+def _fit_label(text: str, width: float) -> str:  # cut to ``width`` SVG units at 10 px monospace
     capacity = int((width - 6) / 6.1)
     if capacity >= len(text):
         return text
-    if capacity < 6:
-        return ""
-    return text[: capacity - 1] + "…"
+    return text[: capacity - 1] + "…" if capacity >= 6 else ""
 
 
 def _envelope(
     samples: Sequence[Sample], pos: int, x_of: Callable[[float], float], width: int
 ) -> list[list[tuple[float, int]]]:
-    """Return polyline segments of (x, used), at most two points per pixel column.
-
-    A ``None`` reading ends a segment. Within one column the minimum and maximum are kept in time
-    order, so spikes survive any amount of thinning.
-    """
-    segments: list[list[tuple[float, int]]] = []
-    current: list[tuple[float, int]] = []
+    # Polyline segments of (x, used), a None reading ending one; per pixel column the first,
+    # last, minimum and maximum are kept in time order, so spikes survive any thinning.
+    segments: list[list[tuple[float, int]]] = [[]]
     column: list[tuple[float, int]] = []
     column_x: int | None = None
 
     def flush() -> None:
-        if not column:
-            return
-        lo = min(column, key=lambda p: p[1])
-        hi = max(column, key=lambda p: p[1])
-        first, last = column[0], column[-1]
-        keep = sorted({first, lo, hi, last}, key=lambda p: p[0])
-        current.extend(keep)
-        column.clear()
+        if column:
+            lo = min(column, key=lambda p: p[1])
+            hi = max(column, key=lambda p: p[1])
+            segments[-1].extend(sorted({column[0], lo, hi, column[-1]}, key=lambda p: p[0]))
+            column.clear()
 
     for s in samples:
         value = s.used[pos] if pos < len(s.used) else None
         if value is None:
             flush()
-            if current:
-                segments.append(current)
-                current = []
+            if segments[-1]:
+                segments.append([])
             column_x = None
             continue
         x = x_of(s.t)
@@ -255,12 +202,15 @@ def _envelope(
         column_x = col
         column.append((x, value))
     flush()
-    if current:
-        segments.append(current)
-    return segments
+    return [seg for seg in segments if seg]
 
 
-_Layers = tuple[str, str, int]  # bands, then lanes and waits, then the SVG height
+class _Layers(NamedTuple):  # what both scales of a device's chart share
+    band: str  # the test bands, drawn first
+    body: str  # the test lanes and waits, drawn last
+    height: int  # of the SVG
+    peak: tuple[int, float] | None  # (bytes, seconds) of the highest reading
+    low: int  # the lowest sampled reading
 
 
 def _x_scale(end_t: float) -> Callable[[float], float]:
@@ -271,33 +221,14 @@ def _x_scale(end_t: float) -> Callable[[float], float]:
 
 
 def _device_chart(
-    trace: Trace,
-    pos: int,
-    end_t: float,
-    leaked: set[str],
-    *,
-    full: bool = False,
-    peak: tuple[int, float] | None = None,
-    low: int = 0,
-    layers: _Layers,
+    trace: Trace, pos: int, end_t: float, leaked: set[str], layers: _Layers, *, full: bool
 ) -> str:
-    """Return the SVG chart of device ``pos``; ``leaked`` names the tests leaking on it.
-
-    Args:
-        trace: The recording.
-        pos: The device's position in :attr:`Trace.devices`.
-        end_t: Seconds the time axis spans.
-        leaked: Node ids of the tests that leaked on this device.
-        full: Draw the y-axis from 0 to the device's total instead of fitting it to the data.
-        peak: ``(bytes, seconds)`` of the highest reading, marked on the chart.
-        low: The lowest reading (fits the axis).
-        layers: The y-independent layers from :func:`_chart_layers` (same arguments), drawn
-            once for both scales.
-    """
+    # ``leaked`` names the tests leaking on device ``pos``
     dev = trace.devices[pos]
     color = _PALETTE[pos % len(_PALETTE)]
+    peak = layers.peak
     high = peak[0] if peak is not None else 0
-    ymin, ymax = _axis(min(low, high), high, dev.total, full=full)
+    ymin, ymax = _axis(min(layers.low, high), high, dev.total, full=full)
     span_y = max(ymax - ymin, 1.0)
     unit, unit_name = (GIB, "GiB") if ymax >= GIB else (MIB, "MiB")
     x_of = _x_scale(end_t)
@@ -307,67 +238,64 @@ def _device_chart(
 
     scale = "full-scale" if full else "fit-scale"
     out: list[str] = [
-        f'<svg class="chart {scale}" viewBox="0 0 {_W} {layers[2]}" role="img" '
+        f'<svg class="chart {scale}" viewBox="0 0 {_W} {layers.height}" role="img" '
         f'data-device="{dev.index}" aria-label="Used memory of device {dev.index} over time">',
-        layers[0],
+        layers.band,
     ]
-
-    # grid and axes
     step = _nice_step(span_y / unit, 5)
     decimals = max(0, -math.floor(math.log10(step))) if step < 1 else 0
-    grid = ['<g class="grid">']
-    v = math.ceil(ymin / unit / step - 1e-9) * step
-    while v * unit <= ymax * 1.0001:
+    out.append('<g class="grid">')  # the grid and axes
+    # Ticks are counted, never stepped up to the top: at 2**55 bytes a float step is too fine
+    # to reach a tolerance relative to the value, and that loop ran for hours.
+    first = math.ceil(ymin / unit / step - 1e-9)
+    last = math.floor(ymax / unit / step + 1e-9)
+    for k in range(first, min(last, first + 10) + 1):
+        v = k * step
         y = y_of(v * unit)
         label = f"{v:.{decimals}f} {unit_name}"
-        grid.append(
+        out.append(
             f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.2f}" y2="{y:.2f}" '
             f'stroke="#d0d5db" stroke-width="0.6"/>'
             f'<text x="{_LEFT - 6}" y="{y + 4:.2f}" text-anchor="end">{_e(label)}</text>'
         )
-        v += step
-    tstep = _time_step(end_t)
-    t = 0.0
-    while t <= end_t * 1.0001:
+    for tstep in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60,
+                  120, 300, 600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400):  # fmt: skip
+        if end_t / tstep <= 10:
+            break
+    else:
+        tstep = _nice_step(end_t, 10)
+    for k in range(min(int(end_t / tstep * 1.0001), 20) + 1):
+        t = k * tstep
         x = x_of(t)
-        grid.append(
+        out.append(
             f'<line x1="{x:.2f}" x2="{x:.2f}" y1="{_TOP}" y2="{_TOP + _PLOT_H}" '
             f'stroke="#e6e9ed" stroke-width="0.6"/>'
             f'<text x="{x:.2f}" y="{_TOP + _PLOT_H + 16}" text-anchor="middle">'
             f"{_e(_time_label(t, tstep))}</text>"
         )
-        t += tstep
     if 0 < dev.total <= ymax * 1.0001:
         y = y_of(dev.total)
-        grid.append(
+        out.append(
             f'<line class="total" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.2f}" y2="{y:.2f}" '
             f'stroke="#555" stroke-dasharray="4 3" stroke-width="0.8"/>'
             f'<text x="{_W - _RIGHT - 4}" y="{y + 12:.2f}" text-anchor="end">total '
             f"{_e(format_bytes(dev.total))}</text>"
         )
-    grid.append(
+    out.append(
         f'<rect x="{_LEFT}" y="{_TOP}" width="{_PLOT_W}" height="{_PLOT_H}" fill="none" '
-        f'stroke="#9aa3ad" stroke-width="0.8"/>'
+        f'stroke="#9aa3ad" stroke-width="0.8"/></g>'
     )
-    grid.append("</g>")
-    out.extend(grid)
-
-    # used memory
-    segments = _envelope(trace.samples, pos, x_of, _W)
     paths = []
-    for seg in segments:
+    for seg in _envelope(trace.samples, pos, x_of, _W):
         points = seg if len(seg) > 1 else [seg[0], (seg[0][0] + 1.0, seg[0][1])]
-        d = "M" + " L".join(f"{x:.2f},{y_of(v):.2f}" for x, v in points)
-        paths.append(d)
+        paths.append("M" + " L".join(f"{x:.2f},{y_of(v):.2f}" for x, v in points))
     if paths:
         out.append(
             f'<path class="used" d="{" ".join(paths)}" fill="none" stroke="{color}" '
             f'stroke-width="1.8" stroke-linejoin="round"><title>used memory, device '
             f"{dev.index}</title></path>"
         )
-
-    # the peak: a marker and its figure
-    if peak is not None:
+    if peak is not None:  # the peak: a marker and its figure
         px, py = x_of(peak[1]), y_of(peak[0])
         anchor = "end" if px > _LEFT + _PLOT_W * 0.8 else "start"
         dx = -7 if anchor == "end" else 7
@@ -379,15 +307,13 @@ def _device_chart(
             f"peak {_e(format_bytes(peak[0]))}</text>"
             f"<title>peak {_e(format_bytes(peak[0]))} at {_e(_fmt_s(peak[1]))}</title></g>"
         )
-
-    # leak markers: a red bracket from before to after at the test's end
     for span in trace.tests:
         if span.nodeid not in leaked:
             continue
         before, after = span.used_before[pos], trace.held_after(span)[pos]
         if before is None or after is None or after <= before:
             continue
-        x = x_of(span.end)
+        x = x_of(span.end)  # a red bracket from before to after at the test's end
         out.append(
             f'<g class="leak-marker" data-nodeid="{_e(span.nodeid)}">'
             f'<line x1="{x:.2f}" x2="{x:.2f}" y1="{y_of(before):.2f}" y2="{y_of(after):.2f}" '
@@ -396,24 +322,17 @@ def _device_chart(
             f"<title>{_e(span.nodeid)} left {_e(_fmt_delta(after - before))} held on device "
             f"{dev.index}</title></g>"
         )
-
-    out.append(layers[1])
-    out.append("</svg>")
-    return "".join(out)
+    return "".join(out) + layers.body + "</svg>"
 
 
 def _chart_layers(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> _Layers:
-    """Draw the layers of device ``pos``'s chart that do not depend on its y-axis."""
+    # the layers of device ``pos``'s chart that do not depend on its y-axis
     dev = trace.devices[pos]
     x_of = _x_scale(end_t)
     lanes = _lanes(trace.tests)
-    n_lanes = max(lanes, default=-1) + 1
     tests_top = _TOP + _PLOT_H + _AXIS_H
-    waits_top = tests_top + max(1, n_lanes) * _LANE_H + 8
-    height = waits_top + _LANE_H + 10
-
-    # test bands (behind everything) and test lanes (below the plot)
-    band = ['<g class="test-bands">']
+    waits_top = tests_top + (max(lanes, default=0) + 1) * _LANE_H + 8
+    band = ['<g class="test-bands">']  # behind everything; the test lanes go below the plot
     body = [
         f'<text x="{_LEFT - 6}" y="{tests_top + _LANE_H - 2}" text-anchor="end">tests</text>'
         '<g class="test-lanes">'
@@ -449,13 +368,10 @@ def _chart_layers(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> _La
                 f'style="fill:{colour}" data-nodeid="{_e(span.nodeid)}">{_e(label)}</text>'
             )
     band.append("</g>")
-    body.append("</g>")
-
-    # waits
     body.append(
-        f'<text x="{_LEFT - 6}" y="{waits_top + _LANE_H - 2}" text-anchor="end">waits</text>'
+        f'</g><text x="{_LEFT - 6}" y="{waits_top + _LANE_H - 2}" text-anchor="end">waits</text>'
+        '<g class="waits">'
     )
-    body.append('<g class="waits">')
     for w in trace.waits:
         if w.devices and dev.index not in w.devices:
             continue
@@ -471,30 +387,25 @@ def _chart_layers(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> _La
             f'fill="{fill}" fill-opacity="0.12"/>'
         )
     body.append("</g>")
-    return "".join(band), "".join(body), height
+    peak = _peak_of(trace, pos)
+    low = min((u for s in trace.samples if (u := s.used[pos]) is not None), default=0)
+    return _Layers("".join(band), "".join(body), waits_top + _LANE_H + 10, peak, low)
 
 
 def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:
     started = datetime.fromtimestamp(trace.started_at, tz=timezone.utc)
     interval = (2**trace.decimation) / trace.sample_hz if trace.sample_hz > 0 else 0.0
+    sampling = f"{trace.sample_hz:g} samples/s requested; {len(trace.samples)} samples kept"
+    if trace.decimation:
+        sampling += f", halved {trace.decimation}× to one per {_fmt_s(interval)} (peaks kept)"
+    rule = f"more than {format_bytes(trace.leak_tolerance_bytes)} still held when the next test's"
+    rule += f" body begins ({trace.leak_grace_s:g} s after the last test)"
     rows = [
         ("Platform", trace.platform or "none detected"),
         ("Started", started.strftime("%Y-%m-%d %H:%M:%S UTC")),
         ("Duration", _fmt_s(end_t)),
-        (
-            "Sampling",
-            f"{trace.sample_hz:g} samples/s requested; {len(trace.samples)} samples kept"
-            + (
-                f", halved {trace.decimation}× to one per {_fmt_s(interval)} (peaks kept)"
-                if trace.decimation
-                else ""
-            ),
-        ),
-        (
-            "Leak rule",
-            f"more than {format_bytes(trace.leak_tolerance_bytes)} still held when the next "
-            f"test's body begins ({trace.leak_grace_s:g} s after the last test)",
-        ),
+        ("Sampling", sampling),
+        ("Leak rule", rule),
     ]
     if trace.command is not None:
         rows.append(("Command", " ".join(trace.command)))
@@ -513,19 +424,11 @@ def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:
     ]
     if failed_waits:
         badges.append(f'<span class="badge bad">{_plural(failed_waits, "wait")} failed</span>')
-    return f'<dl class="summary">{body}</dl><div class="badges">{"".join(badges)}</div>' + (
-        '<div class="notes">'
-        + "".join(f"<p>{_e(n)}</p>" for n in trace.notes)
-        + (
-            ""
-            if trace.context_free
-            else "<p>This platform's memory queries create a device context in the sampling "
-            "process.</p>"
-        )
-        + "</div>"
-        if trace.notes or not trace.context_free
-        else ""
-    )
+    notes = [_e(n) for n in trace.notes]
+    if not trace.context_free:
+        notes.append(_CONTEXT_NOTE)
+    shown = f'<div class="notes">{"".join(f"<p>{n}</p>" for n in notes)}</div>' if notes else ""
+    return f'<dl class="summary">{body}</dl><div class="badges">{"".join(badges)}</div>{shown}'
 
 
 def _leak_table(trace: Trace, leaks: Sequence[Leak], limit: int) -> str:
@@ -571,14 +474,13 @@ def _wait_table(waits: Sequence[WaitSpan]) -> str:
     )
 
 
-def _test_table(trace: Trace, leaked: set[str], limit: int) -> str:
+def _test_table(trace: Trace, leaked: set[str], limit: int, peaks: list[Reading]) -> str:
     if not trace.tests:
         return '<p id="no-tests">No test ran while recording.</p>'
     heads = "".join(f'<th class="num">Δ dev {d.index}</th>' for d in trace.devices)
     heads += "".join(f'<th class="num">Peak dev {d.index}</th>' for d in trace.devices)
     rows = []
     tol = trace.leak_tolerance_bytes
-    peaks = peaks_per_test(trace)
     for i, span in enumerate(trace.tests[:limit]):
         deltas = "".join(
             f'<td class="num{" grew" if g is not None and g > tol else ""}">'
@@ -589,12 +491,11 @@ def _test_table(trace: Trace, leaked: set[str], limit: int) -> str:
             f'<td class="num peak">{_e("?" if p is None else format_bytes(p))}</td>'
             for p in peaks[i]
         )
-        outcome = span.outcome or ""
-        cls = {"passed": "ok", "failed": "failed", "skipped": "skipped"}.get(outcome, "")
+        cls = {"passed": "ok", "failed": "failed", "skipped": "skipped"}.get(span.outcome, "")
         rows.append(
             f'<tr class="{"leak" if span.nodeid in leaked else "test"}">'
             f'<td class="num">{i + 1}</td><td class="id">{_e(span.nodeid)}</td>'
-            f'<td class="{cls}">{_e(outcome)}</td><td class="num">{span.start:.2f} s</td>'
+            f'<td class="{cls}">{_e(span.outcome)}</td><td class="num">{span.start:.2f} s</td>'
             f'<td class="num">{_e(_fmt_s(span.duration))}</td>{deltas}</tr>'
         )
     more = f"<p>… and {len(trace.tests) - limit} more.</p>" if len(trace.tests) > limit else ""
@@ -615,18 +516,10 @@ def render_html(
     leak_grace_s: float | None = None,
     max_rows: int = 5000,
 ) -> str:
-    """Return the report page for ``trace`` as one self-contained HTML document.
+    """Return the report page for ``trace``: one HTML document that fetches nothing.
 
-    Args:
-        trace: What was recorded.
-        title: Page heading; defaults to "Device memory timeline".
-        leak_tolerance_bytes: Growth across a test that is not a leak; ``None`` uses the trace's.
-        leak_grace_s: Seconds memory may take to come back after a test; ``None`` uses the
-            trace's.
-        max_rows: Rows shown at most in the leak and test tables.
-
-    Returns:
-        The HTML text. It references no external resource.
+    ``leak_tolerance_bytes`` and ``leak_grace_s`` override the trace's; ``max_rows`` bounds the
+    leak and test tables.
     """
     if leak_tolerance_bytes is not None:
         trace = replace(trace, leak_tolerance_bytes=leak_tolerance_bytes)
@@ -650,8 +543,9 @@ def render_html(
     for pos, dev in enumerate(trace.devices):
         color = _PALETTE[pos % len(_PALETTE)]
         total = format_bytes(dev.total) if dev.total > 0 else "unknown"
-        peak = _peak_of(trace, pos)
-        low = min((u for s in trace.samples if (u := s.used[pos]) is not None), default=0)
+        leaked_here = leaked_on[dev.index]
+        layers = _chart_layers(trace, pos, end_t, leaked_here)
+        peak = layers.peak
         peak_text = ""
         if peak is not None:
             during = [
@@ -664,18 +558,11 @@ def render_html(
                 f' <span class="peak" data-peak="{peak[0]}">— peak '
                 f"{_e(format_bytes(peak[0]))} at {_e(_fmt_s(peak[1]))}{_e(where)}</span>"
             )
-        leaked_here = leaked_on[dev.index]
-        layers = _chart_layers(trace, pos, end_t, leaked_here)
-        fitted, full_scale = (
-            _device_chart(
-                trace, pos, end_t, leaked_here, full=full, peak=peak, low=low, layers=layers
-            )
-            for full in (False, True)
-        )
         charts.append(
             f'<section class="device"><h3>Device {dev.index}: {_e(dev.name)} '
             f"({_e(total)}){peak_text}</h3>"
-            f"{fitted}{full_scale}"
+            f"{_device_chart(trace, pos, end_t, leaked_here, layers, full=False)}"
+            f"{_device_chart(trace, pos, end_t, leaked_here, layers, full=True)}"
             '<div class="legend">'
             f'<span><i class="sw" style="background:{color}"></i>used memory</span>'
             '<span><i class="sw" style="background:#e2eaf5"></i>test span</span>'
@@ -703,7 +590,7 @@ def render_html(
         f'<div class="charts">{"".join(charts)}</div>'
         f"<h2>Tests that left memory held</h2>{_leak_table(trace, leaks, max_rows)}"
         f"<h2>Slowest memory waits</h2>{_wait_table(trace.slowest_waits(20))}"
-        f"<h2>Tests</h2>{_test_table(trace, leaked, max_rows)}"
+        f"<h2>Tests</h2>{_test_table(trace, leaked, max_rows, per_test)}"
         "<footer>A test leaks on a device when the device still holds more than the tolerance "
         "beyond what it held before the test's set-up, at the lowest point between the end of "
         "the test's teardown and the start of the next test's body (after the last test: the "
@@ -721,17 +608,7 @@ def write_report(
     leak_tolerance_bytes: int | None = None,
     leak_grace_s: float | None = None,
 ) -> Path:
-    """Render ``trace`` and write the page to ``path`` atomically.
-
-    Args:
-        trace: What was recorded.
-        path: Destination HTML file; its directory must exist.
-        title: Page heading.
-        leak_tolerance_bytes: Overrides the trace's leak tolerance.
-        leak_grace_s: Overrides the trace's leak grace period.
-
-    Returns:
-        The path written.
+    """Write :func:`render_html`'s page to ``path`` (its directory must exist) atomically.
 
     Raises:
         OSError: When the file cannot be written.

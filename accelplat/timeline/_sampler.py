@@ -1,28 +1,26 @@
 """Background sampling of device memory, with bounded storage, and the recorder built on it.
 
-:class:`Sampler` reads used memory of every sampled device at a fixed rate on a daemon thread
-into a :class:`SampleBuffer` of at most ``capacity`` samples: when full, neighbouring samples
-merge pairwise (keeping the larger reading, so peaks survive) and the resolution halves. At
-20 Hz and 16,384 samples that is full resolution for 13.6 minutes, 0.1 s for the next 13.6, …
-:class:`Recorder` ties a sampler to a platform and collects test spans and memory waits into a
-:class:`~accelplat.timeline._trace.Trace`; the pytest plugin and ``accelplat record`` use it.
+A full :class:`SampleBuffer` merges neighbours pairwise (the larger reading, so peaks survive):
+at 20 Hz and 16,384 samples, full resolution for 13.6 minutes, 0.1 s for the next 13.6, …
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from accelplat import _validate
 from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES
 from accelplat.errors import AccelplatError, ConfigurationError
+from accelplat.timeline import _trace
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
-from accelplat.timeline._trace import DeviceTrack, Reading, Sample, TestSpan, Trace, WaitSpan
+from accelplat.timeline._trace import MAX_INT, MAX_SECONDS, Reading, Sample, Trace, WaitSpan, clip
 
 if TYPE_CHECKING:
     from accelplat._platform import Platform
@@ -34,43 +32,15 @@ Clock = Callable[[], float]
 
 
 def validate_hz(hz: object, *, argument: str = "hz") -> float:
-    """Check a sampling rate.
-
-    Args:
-        hz: Samples per second.
-        argument: Name used in the error message.
-
-    Returns:
-        The rate as a float.
-
-    Raises:
-        ConfigurationError: Unless it is a finite number in ``(0, MAX_HZ]``.
-    """
-    return _validate.number(
-        hz,
-        argument,
-        above=0,
-        maximum=MAX_HZ,
-        expected=f"in (0, {MAX_HZ:g}] samples/s",
-    )
+    """Return the sampling rate ``hz`` as a float; ConfigurationError unless in ``(0, MAX_HZ]``."""
+    expected = f"in (0, {MAX_HZ:g}] samples/s"
+    return _validate.number(hz, argument, above=0, maximum=MAX_HZ, expected=expected)
 
 
 def validate_grace(seconds: object, *, argument: str = "leak_grace_s") -> float:
-    """Check a leak grace period.
-
-    Args:
-        seconds: Seconds after the last test during which memory may still come back.
-        argument: Name used in the error message.
-
-    Returns:
-        The period as a float.
-
-    Raises:
-        ConfigurationError: Unless it is a finite number >= 0.
-    """
-    return _validate.number(
-        seconds, argument, minimum=0, expected="a finite number of seconds >= 0"
-    )
+    """Return the leak grace period as a float; ConfigurationError unless in ``0..1e9``."""
+    expected = "a finite number of seconds in 0..1e9"  # what a trace holds
+    return _validate.number(seconds, argument, minimum=0, maximum=MAX_SECONDS, expected=expected)
 
 
 def _merge(a: Reading, b: Reading) -> Reading:
@@ -80,16 +50,7 @@ def _merge(a: Reading, b: Reading) -> Reading:
 
 
 class SampleBuffer:
-    """A fixed-capacity store of samples that halves its resolution when full.
-
-    Not thread-safe on its own; :class:`Sampler` guards it with a lock.
-
-    Args:
-        capacity: Samples kept at most; an even number >= 2.
-
-    Raises:
-        ConfigurationError: For a capacity that is not an even integer >= 2.
-    """
+    """At most ``capacity`` (even, >= 2) samples; when full, resolution halves. Not thread-safe."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         _validate.integer(capacity, "capacity", minimum=2, expected="an even integer >= 2")
@@ -99,31 +60,16 @@ class SampleBuffer:
         self._samples: list[Sample] = []
         self._pending: Sample | None = None
         self._pending_count = 0
-        self._decimation = 0
-
-    @property
-    def capacity(self) -> int:
-        """Samples kept at most."""
-        return self._capacity
-
-    @property
-    def decimation(self) -> int:
-        """Times the buffer has halved; each stored sample spans ``2**decimation`` ticks."""
-        return self._decimation
+        self.decimation = 0  # times halved: each stored sample spans 2**decimation ticks
 
     def add(self, t: float, used: Reading) -> None:
-        """Add one tick's reading.
-
-        Args:
-            t: Seconds since the start of the recording; not earlier than the previous tick.
-            used: Used bytes per device; ``None`` where the query failed.
-        """
+        """Add the reading of the tick at ``t`` (not earlier than the previous one)."""
         if self._pending is None:
             self._pending = Sample(t, tuple(used))
         else:
             self._pending = Sample(self._pending.t, _merge(self._pending.used, tuple(used)))
         self._pending_count += 1
-        if self._pending_count < (1 << self._decimation):
+        if self._pending_count < (1 << self.decimation):
             return
         self._samples.append(self._pending)
         self._pending = None
@@ -134,7 +80,7 @@ class SampleBuffer:
                 Sample(old[i].t, _merge(old[i].used, old[i + 1].used))
                 for i in range(0, len(old) - 1, 2)
             ]
-            self._decimation += 1
+            self.decimation += 1
 
     def samples(self) -> tuple[Sample, ...]:
         """Return the stored samples in time order, a partly filled last one included."""
@@ -149,20 +95,20 @@ class SampleBuffer:
 _running: weakref.WeakSet[Sampler] = weakref.WeakSet()  # samplers whose thread runs
 
 
-def _before_fork() -> None:
+def _lock_all() -> None:
     # No sampling thread may be inside a vendor library call when the process forks, or the
     # child could inherit a lock held by a thread that does not exist there.
     for sampler in list(_running):
         sampler._lock.acquire()
 
 
-def _after_fork_in_parent() -> None:
+def _unlock_all() -> None:
     for sampler in list(_running):
         if sampler._lock.locked():
             sampler._lock.release()
 
 
-def _after_fork_in_child() -> None:
+def _forget_all() -> None:
     # The child has no sampling thread: forget it, with fresh synchronisation objects.
     for sampler in list(_running):
         sampler._lock = threading.Lock()
@@ -173,26 +119,14 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=_before_fork,
-        after_in_parent=_after_fork_in_parent,
-        after_in_child=_after_fork_in_child,
-    )
+    os.register_at_fork(before=_lock_all, after_in_parent=_unlock_all, after_in_child=_forget_all)
 
 
 class Sampler:
-    """Reads device memory at a fixed rate into a :class:`SampleBuffer`.
+    """Reads device memory at a fixed rate into a :class:`SampleBuffer`, on a daemon thread.
 
-    Call :meth:`sample` to take one sample now (from any thread), or :meth:`start` to sample on a
-    daemon thread until :meth:`stop`. A process that forks while the thread runs waits for the
-    read in progress to finish first, so the child never inherits a vendor library mid-call;
-    the child has no sampling thread.
-
-    Args:
-        read: Returns used bytes per device (``None`` where a query failed); must not raise.
-        hz: Samples per second.
-        capacity: Samples kept before the resolution halves.
-        clock: Monotonic clock in seconds (inject a fake one in tests).
+    ``read`` returns used bytes per device (``None`` where a query failed) and must not raise.
+    A fork waits for the read in progress; the child has no sampling thread.
 
     Raises:
         ConfigurationError: For a rate outside ``(0, MAX_HZ]`` or a bad capacity.
@@ -220,11 +154,7 @@ class Sampler:
         return self._clock() - self.t0
 
     def sample(self) -> tuple[float, Reading]:
-        """Read every device now and store the reading.
-
-        Returns:
-            ``(t, reading)``: seconds since the start, and used bytes per device.
-        """
+        """Read every device now, store the reading and return ``(t, reading)``."""
         with self._lock:
             reading = tuple(self._read())
             t = self.now()
@@ -274,76 +204,38 @@ class Sampler:
             return self._buffer.samples()
 
 
-def platform_reader(platform: Platform) -> tuple[tuple[DeviceTrack, ...], Callable[[], Reading]]:
-    """Describe a platform's visible devices and return a reader of their used memory.
+def platform_reader(
+    platform: Platform, on_error: Callable[[int, Exception], None] | None = None
+) -> tuple[tuple[_trace.DeviceTrack, ...], Callable[[], Reading]]:
+    """Return the platform's devices (totals ``0`` where unknown) and a reader of used memory."""
+    # on_error(index, exc) hears of every query that raised or returned more than a trace holds.
 
-    Args:
-        platform: The platform to sample.
-
-    Returns:
-        ``(devices, read)``: the devices (with totals from a first query, ``0`` where it failed)
-        and a function returning used bytes per device, ``None`` for a device whose query raised.
-
-    Side effects:
-        Calls ``devices()`` and ``memory_info()`` once per device; on context-free platforms this
-        creates no device context.
-    """
-    tracks: list[DeviceTrack] = []
-    for dev in platform.devices():
+    def query(index: int, field: str) -> int | None:
         try:
-            total = max(0, int(platform.memory_info(dev.index).total))
-        except Exception:  # a device that cannot be read still gets a track
-            total = 0
-        tracks.append(DeviceTrack(dev.index, dev.name, total))
-    indices = tuple(t.index for t in tracks)
+            value = max(0, int(getattr(platform.memory_info(index), field)))
+            if value > MAX_INT:
+                raise ValueError(f"{field} of {value} bytes is more than a trace holds")
+        except Exception as exc:  # the sampler must never break the session it watches
+            if on_error is not None:
+                on_error(index, exc)
+            return None
+        return value
 
-    def read() -> Reading:
-        values: list[int | None] = []
-        for index in indices:
-            try:
-                values.append(max(0, int(platform.memory_info(index).used)))
-            except Exception:  # the sampler must never break the session it watches
-                values.append(None)
-        return tuple(values)
-
-    return tuple(tracks), read
-
-
-@dataclass
-class _OpenTest:
-    start: float
-    used_before: Reading
-    body_start: float | None = None
-
-
-@dataclass
-class _OpenWait:
-    start: float
-    kind: str
-    devices: tuple[int, ...]
-    test: str | None
+    tracks = tuple(
+        _trace.DeviceTrack(dev.index, clip(dev.name), query(dev.index, "total") or 0)
+        for dev in platform.devices()
+    )
+    return tracks, lambda: tuple(query(t.index, "used") for t in tracks)
 
 
 class Recorder:
     """Samples a platform's memory and collects test spans and memory waits into a trace.
 
-    Thread-safe: tests, waits and the sampling thread may report concurrently.
-
-    Args:
-        platform: The platform to sample; ``None`` records spans and waits without memory.
-        hz: Samples per second.
-        capacity: Samples kept before the resolution halves.
-        leak_tolerance_bytes: Growth across a test that is not yet a leak.
-        leak_grace_s: Seconds after the last test during which memory may still come back.
-        clock: Monotonic clock in seconds.
-        wall_clock: Wall clock, for the trace's ``started_at``.
-        notes: Remarks to carry into the trace.
+    Thread-safe; ``platform=None`` records no memory. Queries the devices once on creation, cuts
+    text too long for a trace, and notes once each device whose query fails.
 
     Raises:
         ConfigurationError: For a bad rate, capacity, tolerance or grace period.
-
-    Side effects:
-        Queries the platform's devices once on construction; see :func:`platform_reader`.
     """
 
     @classmethod
@@ -354,39 +246,20 @@ class Recorder:
         leak_tolerance_bytes: int = DEFAULT_LEAK_TOLERANCE_BYTES,
         leak_grace_s: float = DEFAULT_LEAK_GRACE_S,
     ) -> Recorder:
-        """Return a recorder of the current platform; without one, a recorder of spans only.
-
-        Args:
-            hz: Samples per second.
-            leak_tolerance_bytes: Growth across a test that is not yet a leak.
-            leak_grace_s: Seconds after the last test during which memory may still come back.
-
-        Returns:
-            The recorder; when detection fails its trace carries a note saying why nothing
-            was sampled.
+        """Return a recorder of the current platform (detected, cached); without one, of spans.
 
         Raises:
             ConfigurationError: For a bad rate, tolerance or grace period.
-
-        Side effects:
-            Detects the platform (cached) and queries its devices once.
         """
         from accelplat._registry import current_platform
 
-        notes: list[str] = []
         platform: Platform | None
         try:
-            platform = current_platform()
+            platform, notes = current_platform(), []
         except AccelplatError as exc:
-            platform = None
-            notes.append(f"No platform was sampled: {exc}")
-        return cls(
-            platform,
-            hz=hz,
-            leak_tolerance_bytes=leak_tolerance_bytes,
-            leak_grace_s=leak_grace_s,
-            notes=notes,
-        )
+            platform, notes = None, [f"No platform was sampled: {exc}"]
+        tolerance, grace = leak_tolerance_bytes, leak_grace_s
+        return cls(platform, hz=hz, leak_tolerance_bytes=tolerance, leak_grace_s=grace, notes=notes)
 
     def __init__(
         self,
@@ -400,27 +273,26 @@ class Recorder:
         wall_clock: Clock = time.time,
         notes: Sequence[str] = (),
     ) -> None:
-        _validate.integer(
-            leak_tolerance_bytes, "leak_tolerance_bytes", minimum=0, expected="an integer >= 0"
-        )
+        _validate.integer(leak_tolerance_bytes, "leak_tolerance_bytes", minimum=0, maximum=MAX_INT)
         self._leak_grace = validate_grace(leak_grace_s)
         self._platform_name = "" if platform is None else platform.name
         self._context_free = True if platform is None else bool(platform.context_free)
+        self._lock = threading.Lock()
+        self._failures: dict[int, tuple[float | None, str, int]] = {}  # first t, error, count
         if platform is None:
-            self.devices: tuple[DeviceTrack, ...] = ()
+            self.devices: tuple[_trace.DeviceTrack, ...] = ()
             read: Callable[[], Reading] = tuple
         else:
-            self.devices, read = platform_reader(platform)
+            self.devices, read = platform_reader(platform, self._failed)
         self._leak_tolerance = leak_tolerance_bytes
-        self._notes = list(notes)
-        self._started_at = wall_clock()
+        self._notes = [clip(note) for note in notes]
+        self._started_at = min(max(wall_clock(), 0.0), _trace.MAX_EPOCH)  # a trace holds no other
         self.sampler = Sampler(read, hz=hz, capacity=capacity, clock=clock)
-        self._lock = threading.Lock()
-        self._open_tests: dict[str, _OpenTest] = {}
-        self._tests: list[TestSpan] = []
-        self._open_waits: dict[int, _OpenWait] = {}
+        self._open_tests: dict[str, _trace.TestSpan] = {}  # spans still ending as they began
+        self._tests: list[_trace.TestSpan] = []
+        self._open_waits: dict[int, WaitSpan] = {}
         self._waits: list[WaitSpan] = []
-        self._next_token = 0
+        self._tokens = itertools.count()
         self._current_test: str | None = None
         self._end: float | None = None
 
@@ -432,7 +304,15 @@ class Recorder:
     def add_note(self, note: str) -> None:
         """Add a remark shown on the report."""
         with self._lock:
-            self._notes.append(note)
+            self._notes.append(clip(note))
+
+    def _failed(self, index: int, exc: Exception) -> None:
+        # The first queries (the totals) run before the sampler exists: at no time yet.
+        t = self.sampler.now() if hasattr(self, "sampler") else None
+        with self._lock:
+            first_t, error, count = self._failures.get(index, (t, "", 0))
+            error = error or clip(f"{type(exc).__name__}: {exc}", 500)
+            self._failures[index] = (first_t, error, count + 1)
 
     def start(self) -> None:
         """Take a first sample and start the sampling thread."""
@@ -440,39 +320,29 @@ class Recorder:
         self.sampler.start()
 
     def begin_test(self, nodeid: str) -> None:
-        """Mark the start of a test, sampling memory now as its baseline.
-
-        Args:
-            nodeid: The test's id.
-        """
+        """Mark the start of a test, sampling memory now as its baseline."""
         t, reading = self.sampler.sample()
         with self._lock:
-            self._open_tests[nodeid] = _OpenTest(t, reading)
+            self._open_tests[nodeid] = _trace.TestSpan(clip(nodeid), t, t, reading, ())
             self._current_test = nodeid
 
     def begin_body(self, nodeid: str) -> None:
-        """Mark the start of a test's body (pytest's call phase), after its set-up.
-
-        Args:
-            nodeid: The id given to :meth:`begin_test`; an unknown id is ignored.
-        """
+        """Mark the start of a test's body (pytest's call phase); an unknown id is ignored."""
         t = self.sampler.now()
         with self._lock:
             opened = self._open_tests.get(nodeid)
             if opened is not None and opened.body_start is None:
-                opened.body_start = t
+                self._open_tests[nodeid] = replace(opened, body_start=t)
 
     def end_test(
         self, nodeid: str, outcome: str = "", *, sample: tuple[float, Reading] | None = None
-    ) -> TestSpan | None:
+    ) -> _trace.TestSpan | None:
         """Mark the end of a test, sampling memory now to compare with its baseline.
 
         Args:
             nodeid: The id given to :meth:`begin_test`.
             outcome: ``"passed"``, ``"failed"``, ``"skipped"`` or any short word.
-            sample: A ``(t, reading)`` from :meth:`Sampler.sample` taken when the test's
-                teardown ended, to close the span with instead of sampling now (pytest's
-                reporting of the teardown runs in between).
+            sample: A :meth:`Sampler.sample` from the teardown's end, to use instead of one now.
 
         Returns:
             The finished span, or ``None`` when the test was never begun.
@@ -484,27 +354,17 @@ class Recorder:
                 self._current_test = next(reversed(self._open_tests), None)
             if opened is None:
                 return None
-            span = TestSpan(
-                nodeid, opened.start, t, opened.used_before, reading, outcome, opened.body_start
-            )
+            span = replace(opened, end=t, used_after=reading, outcome=clip(outcome))
             self._tests.append(span)
             return span
 
     def begin_wait(self, kind: str, devices: Sequence[int] = ()) -> int:
-        """Mark the start of a memory wait.
-
-        Args:
-            kind: What waits, e.g. ``"settle"`` or ``"fixture:settled_device_memory"``.
-            devices: Device indices waited on, when known.
-
-        Returns:
-            A token for :meth:`end_wait`.
-        """
+        """Mark the start of a memory wait; return a token for :meth:`end_wait`."""
         t = self.sampler.now()
         with self._lock:
-            token = self._next_token
-            self._next_token += 1
-            self._open_waits[token] = _OpenWait(t, kind, tuple(devices), self._current_test)
+            token = next(self._tokens)
+            test = None if self._current_test is None else clip(self._current_test)
+            self._open_waits[token] = WaitSpan(t, t, clip(kind), tuple(devices), True, test)
             return token
 
     def end_wait(self, token: int, *, ok: bool = True, keep: bool = True) -> WaitSpan | None:
@@ -513,8 +373,7 @@ class Recorder:
         Args:
             token: What :meth:`begin_wait` returned.
             ok: ``False`` when the wait raised (a timeout included).
-            keep: ``False`` drops the wait instead of recording it (e.g. a fixture whose wait
-                was already recorded, more precisely, from the waiting function itself).
+            keep: ``False`` drops the wait (a fixture's, already recorded by the wait itself).
 
         Returns:
             The finished span, or ``None`` for an unknown token or a dropped wait.
@@ -524,19 +383,12 @@ class Recorder:
             opened = self._open_waits.pop(token, None)
             if opened is None or not keep:
                 return None
-            span = WaitSpan(opened.start, t, opened.kind, opened.devices, ok, opened.test)
+            span = replace(opened, end=t, ok=ok)
             self._waits.append(span)
             return span
 
     def linger(self, sleep: Callable[[float], None] = time.sleep) -> None:
-        """Keep sampling while the last test still holds memory, up to the leak grace period.
-
-        The last test is then judged like every other one. Returns at once when no test ran or
-        every device is back within the tolerance.
-
-        Args:
-            sleep: Sleeps between samples (inject a fake one in tests).
-        """
+        """Sample while the last test holds memory, up to the grace, to judge it like the rest."""
         with self._lock:
             if not self._tests:
                 return
@@ -552,14 +404,10 @@ class Recorder:
             sleep(1.0 / self.sampler.hz)
 
     def stop(self) -> Trace:
-        """Stop sampling, take a last sample and return the trace; later calls return it again.
-
-        Tests or waits still open are closed at the stop time.
-        """
+        """Stop sampling, sample once more, close what is open and return the trace (then again)."""
         if self._end is None:
             self.sampler.stop()
-            t, _ = self.sampler.sample()
-            self._end = t
+            self._end, _ = self.sampler.sample()
             for nodeid in list(self._open_tests):
                 self.end_test(nodeid, "unfinished")
             for token in list(self._open_waits):
@@ -567,15 +415,15 @@ class Recorder:
         return self.trace()
 
     def trace(self, *, command: Sequence[str] | None = None, exit_code: int | None = None) -> Trace:
-        """Return what was recorded so far as a :class:`~accelplat.timeline._trace.Trace`.
-
-        Args:
-            command: The command that ran, for ``accelplat record``.
-            exit_code: Its exit status.
-        """
-        samples = self.sampler.samples()
-        with self._lock:
+        """Return what was recorded so far; ``command`` and ``exit_code`` are for ``record``."""
+        samples, decimation = self.sampler.samples(), self.sampler.decimation
+        with self._lock:  # never wait for the sampler's lock here: _failed runs under it
             end = self._end if self._end is not None else self.sampler.now()
+            failures = []
+            for index, (t, error, count) in sorted(self._failures.items()):
+                when = "as recording began" if t is None else f"at {t:.3f} s"
+                more = f" ({count} failed queries in all)" if count > 1 else ""
+                failures.append(f"Device {index} could not be read {when}{more}: {error}")
             return Trace(
                 devices=self.devices,
                 samples=samples,
@@ -585,11 +433,11 @@ class Recorder:
                 started_at=self._started_at,
                 duration=max(end, samples[-1].t if samples else 0.0),
                 sample_hz=self.sampler.hz,
-                decimation=self.sampler.decimation,
+                decimation=decimation,
                 leak_tolerance_bytes=self._leak_tolerance,
                 leak_grace_s=self._leak_grace,
                 context_free=self._context_free,
-                command=None if command is None else tuple(command),
+                command=None if command is None else tuple(clip(c) for c in command),
                 exit_code=exit_code,
-                notes=tuple(self._notes),
+                notes=(*self._notes, *failures),
             )

@@ -6,6 +6,7 @@ import errno
 import importlib.abc
 import importlib.metadata
 import importlib.util
+import math
 import os
 import shutil
 import sys
@@ -747,3 +748,56 @@ def test_amdsmi_is_initialised_once_per_process_and_again_after_fork(fs, monkeyp
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert rocm._amdsmi_initialised is module
+
+
+# -- hostile vendor answers ---------------------------------------------------------------------
+
+NOT_INTEGERS = [math.nan, math.inf, -math.inf, 1.5, "1024", b"12", None, True, [1], object()]
+"""What a broken library, a fake or a replay bundle may answer where a byte count belongs."""
+NOT_INTEGER_IDS = ["nan", "inf", "-inf", "1.5", "text", "bytes", "None", "True", "list", "object"]
+
+
+@pytest.mark.parametrize("value", NOT_INTEGERS, ids=NOT_INTEGER_IDS)
+@pytest.mark.parametrize("field", ["vram_total", "vram_used"])
+def test_amdsmi_memory_that_is_not_an_integer_is_a_backend_error(fs, monkeypatch, field, value):
+    gpu = FakeAmdGpu("0000:03:00.0", 8 * GIB, GIB)
+    setattr(gpu, field, value)
+    _install_amdsmi(monkeypatch, [gpu])
+    with pytest.raises(BackendError, match="not an integer"):
+        RocmPlatform().memory_info(0)
+
+
+@pytest.mark.parametrize("value", NOT_INTEGERS, ids=NOT_INTEGER_IDS)
+@pytest.mark.parametrize("field", ["free", "total"])
+def test_torch_memory_that_is_not_an_integer_is_a_backend_error(fs, monkeypatch, field, value):
+    card = FakeXpuDevice(total=192 * GIB, free=150 * GIB)
+    setattr(card, field, value)
+    install_fake_torch(monkeypatch, make_fake_torch(hip="6.2.41133", cuda_devices=[card]))
+    with pytest.raises(BackendError, match="not an integer"):
+        RocmPlatform().memory_info(0)
+
+
+@pytest.mark.parametrize("pid", [True, False, 0, -1, "42", 4.0, None])
+def test_amdsmi_holders_with_impossible_pids_are_left_out(fs, monkeypatch, pid):
+    gpu = FakeAmdGpu("0000:03:00.0", 8 * GIB, processes=[(pid, GIB), (os.getpid(), GIB)])
+    _install_amdsmi(monkeypatch, [gpu])
+    assert [h.pid for h in RocmPlatform().memory_holders(0) or ()] == [os.getpid()]
+
+
+@pytest.mark.parametrize("name", ["\u00b3", "\u0663", "\uff11", "\u0967", "1\u0663"])
+def test_sysfs_entries_named_with_non_ascii_digits_are_ignored(fs, name):
+    # str.isdigit() takes these for digits; int() refuses some and reads others as another number
+    gpu = fs.add_amd_gpu(0, pci="0000:03:00.0", vram_total=8 * GIB, vram_used=GIB, partitions=2)
+    fs.add_kfd_process(4242, {gpu.gpu_ids[1]: GIB})
+    kfd = fs.sys / "class" / "kfd" / "kfd"
+    for fake in (kfd / "topology" / "nodes" / name, kfd / "proc" / name):
+        fake.mkdir()
+        for gid in gpu.gpu_ids:
+            (fake / f"vram_{gid}").write_text(f"{GIB}\n")
+    bank = kfd / "topology" / "nodes" / "1" / "mem_banks" / name
+    bank.mkdir(parents=True)
+    (bank / "properties").write_text(f"heap_type 1\nsize_in_bytes {GIB}\n")
+    p = RocmPlatform()
+    assert len(p.devices()) == 2
+    assert [i.used for i in (p.memory_info(0), p.memory_info(1))] == [0, GIB]
+    assert [h.pid for h in p.memory_holders(1) or ()] == [4242]

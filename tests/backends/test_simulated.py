@@ -531,3 +531,87 @@ def test_a_spec_file_is_read_and_validated_once_for_probe_and_construction(
     path.write_text('{"devices": [{"total": "8GiB"}, {"total": "16GiB"}]}')  # a new version
     assert simulated.SimulatedPlatform().device_count() == 2
     assert loads == [str(path), str(path)]
+
+
+# A field holding 100 KB of text, or a long list, is refused with its value shortened.
+_HUGE_TEXT = "9" * 100_000
+_LONG_LIST = list(range(20_000))
+_FIELD_PATHS = [
+    ("devices", 0, "total"),
+    ("devices", 0, "used"),
+    ("devices", 0, "reserved"),
+    ("devices", 0, "name"),
+    ("devices", 0, "uuid"),
+    ("devices", 0, "count"),
+    ("devices", 0, "report_holders"),
+    ("devices", 0, "timeline", 0, "at"),
+    ("devices", 0, "timeline", 0, "used"),
+    ("devices", 0, "timeline", 1, "linear", "start"),
+    ("devices", 0, "timeline", 1, "linear", "end"),
+    ("devices", 0, "timeline", 1, "linear", "to"),
+    ("devices", 0, "timeline", 2, "lazy", "tau"),
+    ("devices", 0, "timeline", 2, "lazy", "delay"),
+    ("devices", 0, "timeline", 2, "lazy", "granularity"),
+    ("devices", 0, "timeline", 2, "lazy", "from"),
+    ("devices", 0, "timeline", 3, "stuck", "at"),
+    ("devices", 0, "timeline", 3, "stuck", "pid"),
+    ("devices", 0, "holders", 0, "start"),
+    ("devices", 0, "holders", 0, "end"),
+    ("devices", 0, "holders", 0, "pid"),
+    ("devices", 0, "holders", 0, "name"),
+    ("devices", 0, "holders", 0, "state"),
+    ("version",),
+    ("name",),
+    ("device_type",),
+    ("clock",),
+    ("preferred_start_method",),
+    ("default_memory_utilization",),
+    ("release", "lazy"),
+    ("release", "stable_duration_s"),
+    ("release", "idle_floor"),
+    ("graph", "available"),
+    ("graph", "reason"),
+]
+
+
+def _full_spec() -> dict[str, Any]:
+    return {
+        "release": {},
+        "graph": {},
+        "devices": [
+            {
+                "total": "80GiB",
+                "timeline": [
+                    {"at": 0.5, "used": "1GiB"},
+                    {"linear": {"start": 1, "end": 2, "to": 0}},
+                    {"lazy": {"start": 3, "tau": 1, "to": 0}},
+                    {"stuck": {"at": 4, "used": 1, "pid": 7}},
+                ],
+                "holders": [{"used": 1, "start": 0, "end": 5, "pid": 8}],
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize("bad", [_HUGE_TEXT, _LONG_LIST], ids=["text", "list"])
+@pytest.mark.parametrize("path", _FIELD_PATHS, ids=lambda p: ".".join(map(str, p)))
+def test_a_huge_field_value_is_refused_and_shown_shortened(path: tuple[Any, ...], bad: Any) -> None:
+    spec = _full_spec()
+    target: Any = spec
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = bad
+    with pytest.raises(ConfigurationError) as info:
+        SimulatedPlatform.from_spec(spec)
+    message = str(info.value)
+    assert str(path[-1]) in message
+    assert len(message) < 500, f"{len(message)} characters"
+
+
+@pytest.mark.parametrize("granularity", [-1, -MIB, "-1MiB", -0.5])
+def test_a_negative_granularity_is_refused(granularity: Any) -> None:
+    spec = one_device(
+        timeline=[{"lazy": {"start": 0, "tau": 1, "to": 0, "granularity": granularity}}]
+    )
+    with pytest.raises(ConfigurationError, match="granularity"):
+        SimulatedPlatform.from_spec(spec)

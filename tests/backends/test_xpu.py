@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import importlib.abc
 import importlib.metadata
+import math
 import os
 from pathlib import Path
 
@@ -675,3 +676,18 @@ def test_forked_child_initialises_sysman_again_and_drops_parent_handles():
     assert os.waitstatus_to_exitcode(status) == 0
     p.memory_info(0)
     assert fake.calls.count("zesInit") == inits  # the parent keeps its initialisation
+
+
+NOT_INTEGERS = [math.nan, math.inf, -math.inf, 1.5, "1024", b"12", None, True, [1], object()]
+"""What a broken library, a fake or a replay bundle may answer where a byte count belongs."""
+NOT_INTEGER_IDS = ["nan", "inf", "-inf", "1.5", "text", "bytes", "None", "True", "list", "object"]
+
+
+@pytest.mark.parametrize("value", NOT_INTEGERS, ids=NOT_INTEGER_IDS)
+@pytest.mark.parametrize("field", ["free", "total"])
+def test_torch_memory_that_is_not_an_integer_is_a_backend_error(monkeypatch, field, value):
+    card = FakeXpuDevice(total=24 * GIB, free=20 * GIB)
+    setattr(card, field, value)
+    install_fake_torch(monkeypatch, make_fake_torch([card]))
+    with pytest.raises(BackendError, match="not an integer"):
+        XpuPlatform(level_zero=False).memory_info(0)

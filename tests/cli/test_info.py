@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +116,90 @@ def test_python_m_accelplat_runs_and_never_imports_torch() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("platform: ")
+
+
+HOSTILE_TEXT = {
+    "csi-clear": "\x1b[2J\x1b[H",
+    "osc-retitle": "\x1b]0;owned\x07",
+    "c1-csi": "\x9b31m",
+    "bidi-override": "2026\u202e-01-01",
+    "bidi-isolate": "\u2066x\u2069",
+    "forged-line": "1.0\nplatform: cuda",
+    "nul-bell": "\x00\x07\x08",
+    "long": "9" * 4000,  # the bundle's own limit is 4096
+}
+
+
+@pytest.mark.parametrize("field", ["created", "accelplat_version"])
+@pytest.mark.parametrize("value", HOSTILE_TEXT.values(), ids=HOSTILE_TEXT.keys())
+def test_info_replay_escapes_what_the_bundle_says_of_itself(
+    field: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelplat.replay import load_bundle
+    from accelplat.replay._bundle import bundle_bytes
+    from tests._hosts import BUNDLES
+
+    source = next(p for p in BUNDLES if p.name.startswith("cpu"))
+    bundle = load_bundle(source)
+    with tarfile.open(source) as tar:
+        member = tar.extractfile("host.json")
+        assert member is not None
+        host = json.loads(member.read())
+    host[field] = value
+    path = tmp_path / "hostile.tar.gz"
+    path.write_bytes(bundle_bytes(host, bundle.info, bundle.contents))
+    assert main(["info", "--replay", str(path)]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("replaying ")
+    assert "platform: cuda" not in out.splitlines()  # no forged line
+    for line in out.splitlines():
+        assert line.isprintable(), repr(line)
+    assert len(first) < 1000
+
+
+@pytest.mark.parametrize("value", ["bogus", "no such platform!", "a b", "x" * 100_000, "\x1b[2J"])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_info_exits_2_for_a_bad_platform_variable_as_stats_does(
+    value: str,
+    as_json: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("ACCELPLAT_PLATFORM", value)
+    assert main(["info", *(["--json"] if as_json else [])]) == 2
+    out = capsys.readouterr().out
+    if as_json:
+        assert json.loads(out)["platform"] is None
+    else:
+        assert out.startswith("platform: none")
+    monkeypatch.setenv("ACCELPLAT_PLATFORM", "simulated")  # a known platform not available: 1
+    monkeypatch.delenv("ACCELPLAT_SIMULATED_SPEC", raising=False)
+    assert main(["info"]) == 1
+
+
+@pytest.mark.parametrize("bundle", ["missing.tar.gz", "not-a-bundle.tar.gz"])
+def test_an_unloadable_replay_bundle_is_one_line_and_exit_2_not_an_import_traceback(
+    tmp_path: Path, bundle: str
+) -> None:
+    path = tmp_path / bundle
+    if bundle.startswith("not-"):
+        path.write_bytes(b"junk")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
+    env["ACCELPLAT_REPLAY"] = str(path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "accelplat", "info"], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith(f"accelplat info: error: {path}: ")
+    code = (
+        "import accelplat\n"
+        "from accelplat.errors import BundleError\n"
+        "try:\n"
+        "    accelplat.current_platform().devices()\n"
+        "except BundleError as exc:\n"
+        "    print(exc.source)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"{path}\n", "")

@@ -206,3 +206,50 @@ def test_ctrl_c_ends_the_live_view_cleanly(tmp_path: Path) -> None:
     assert b"Traceback" not in seen
     assert b"KeyboardInterrupt" not in seen
     assert b"\x1b[?25h" in seen  # the cursor is shown again
+
+
+@pytest.mark.usefixtures("signals_not_ignored")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_terminating_signal_gives_the_terminal_back(tmp_path: Path, signum: int) -> None:
+    """``timeout 10 accelplat stats --watch 1`` sends SIGTERM: echo and the cursor come back."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"devices": [{"name": "Sim", "total": "80GiB", "used": "1GiB"}]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELPLAT_", "NO_COLOR"))}
+    env.update(
+        ACCELPLAT_PLATFORM="simulated",
+        ACCELPLAT_SIMULATED_SPEC=str(spec),
+        TERM="xterm-256color",
+        COLUMNS="140",
+        PYTHONPATH=str(REPO),
+    )
+    master, slave = pty.openpty()
+    before = termios.tcgetattr(slave)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accelplat", "stats", "--watch", "0.2"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+    )
+    seen = b""
+    try:
+        while seen.count(b"platform simulated") < 2:  # two frames: the view is up, in cbreak
+            ready, _, _ = select.select([master], [], [], 60)
+            assert ready, seen[-2000:]
+            seen += os.read(master, 65536)
+        assert not termios.tcgetattr(slave)[3] & termios.ECHO
+        proc.send_signal(signum)
+        code = proc.wait(timeout=60)
+        while select.select([master], [], [], 0)[0]:  # what it wrote on the way out
+            seen += os.read(master, 65536)
+        after = termios.tcgetattr(slave)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(slave)
+        os.close(master)
+    assert code == 128 + signum
+    assert after == before  # echo and line mode are back
+    assert b"\x1b[?25h" in seen  # the cursor is shown again
+    assert b"Traceback" not in seen

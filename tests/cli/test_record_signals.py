@@ -3,8 +3,8 @@
 Real processes and real signals: ``python -m accelplat record`` (and a pytest session recording
 its timeline) is started on a simulated platform, signalled, and must save a trace marked
 partial, forward the signal, reap its command and exit with ``128 + N``. Classes: a signal while
-the command runs (SIGTERM, SIGHUP, SIGINT), a command that ignores it (escalation), a second
-Ctrl-C, a signal after the command finished, and a pytest session ended by SIGTERM/SIGHUP.
+the command runs (SIGTERM, SIGHUP, SIGINT, SIGQUIT), a command that ignores it (escalation), a
+second Ctrl-C, a signal after the command finished, and a pytest session ended by SIGTERM/SIGHUP.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent(
     """
-    import os, signal, sys, time
+    import os, resource, signal, sys, time
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGQUIT would dump one
     pidfile, ignore, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
     for name in filter(None, ignore.split(",")):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
@@ -108,6 +109,7 @@ def _record(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # no terminal: as under CI
+        cwd=tmp_path,
     )
     return proc, _wait_for(pidfile), trace
 
@@ -129,7 +131,7 @@ def _partial(trace: Path, word: str) -> dict[str, Any]:
     return doc
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT"])
 def test_a_signal_while_the_command_runs_is_forwarded_and_the_trace_kept(
     tmp_path: Path, sig: str
 ) -> None:
@@ -244,7 +246,7 @@ def _sleeper() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT"])
 def test_a_signal_while_the_command_is_starting_is_forwarded_once_it_has_started(
     sig: str,
 ) -> None:

@@ -57,6 +57,11 @@ def _layer_of(module: str) -> int:
     return best[1]
 
 
+def _is_module(dotted: str) -> bool:
+    relative = Path(*dotted.split(".")[1:])
+    return (PACKAGE / relative).with_suffix(".py").is_file() or (PACKAGE / relative).is_dir()
+
+
 def _imports(path: Path) -> set[str]:
     module = _module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -74,10 +79,12 @@ def _imports_of_source(path: Path, *, package: str) -> set[str]:
                 target = f"accelplat.{target}" if target else "accelplat"
             else:
                 target = node.module or ""
-            if target == "accelplat":
-                found.update(f"accelplat.{alias.name}" for alias in node.names)
-            elif target.startswith("accelplat."):
-                found.add(target)
+            if target == "accelplat" or target.startswith("accelplat."):
+                # ``from package import module`` imports that module; a name of the package
+                # itself stands for the package.
+                for alias in node.names:
+                    named = f"{target}.{alias.name}"
+                    found.add(named if _is_module(named) or target == "accelplat" else target)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("accelplat."))
         # A module named in a string is imported too: import_module("accelplat.x"), the

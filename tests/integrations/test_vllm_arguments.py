@@ -117,3 +117,47 @@ def test_vllm_helpers_name_bad_arguments(
     sim: SimulatedPlatform, argument: str, call: Callable[[], Any]
 ) -> None:
     rejects(call, argument)
+
+
+_BEYOND = [10**400, 10**5000, -(10**5000)]
+"""Ints beyond any float, and beyond what ``str()`` writes: no message may try to print them."""
+
+
+@pytest.mark.parametrize("value", _BEYOND, ids=["10**400", "10**5000", "-10**5000"])
+def test_marks_name_counts_beyond_printing(sim: SimulatedPlatform, value: int) -> None:
+    rejects(lambda: vllm.large_gpu_mark(value), "min_gb")
+    rejects(lambda: vllm.large_gpu_test(min_gb=value), "min_gb")
+    if value > 0:
+        rejects(lambda: vllm.multi_gpu_marks(num_gpus=value), "num_gpus")
+        rejects(lambda: vllm.multi_gpu_test(num_gpus=value), "num_gpus")
+
+
+def test_marks_still_take_what_vllm_compares(sim: SimulatedPlatform) -> None:
+    for value in (math.inf, -math.inf):
+        vllm.large_gpu_mark(value)
+    vllm.multi_gpu_marks(num_gpus=2**63 - 1)
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [
+        ("threshold_bytes", dict.fromkeys(range(20000), 1)),
+        ("threshold_ratio", {f"device{i}": 0.5 for i in range(20_000)}),
+        ("devices", "x" * 100_000),
+    ],
+    ids=["bytes-keys", "ratio-keys", "devices-str"],
+)
+def test_long_values_are_not_echoed_in_full(
+    sim: SimulatedPlatform, argument: str, value: Any
+) -> None:
+    kwargs: dict[str, Any] = {"devices": [0], "threshold_ratio": 0.5, argument: value}
+    with pytest.raises((ValueError, AssertionError), match=argument) as info:
+        vllm.wait_for_gpu_memory_to_clear(**kwargs)
+    assert len(str(info.value)) < 600
+
+
+def test_a_long_repeated_device_list_is_refused_in_linear_time(sim: SimulatedPlatform) -> None:
+    rejects(
+        lambda: vllm.wait_for_gpu_memory_to_clear(devices=[0, 1] * 20_000, threshold_ratio=1.0),
+        "more than once",
+    )

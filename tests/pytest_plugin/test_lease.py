@@ -133,8 +133,9 @@ def test_a_multi_device_test_gets_that_many_for_its_duration(
     assert all(r["count"] == 1 for r in after)  # back to one device afterwards
 
 
-def test_without_workers_the_single_process_leases(tmp_path: Path) -> None:
-    done, rows = run(tmp_path, "--accelplat-lease", "--accelplat-lease-count", "2")
+@pytest.mark.parametrize("options", [[], ["-n", "0"], ["--tx", "2*popen"]], ids=str)
+def test_without_workers_the_single_process_leases(tmp_path: Path, options: list[str]) -> None:
+    done, rows = run(tmp_path, *options, "--accelplat-lease", "--accelplat-lease-count", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     singles = [r for r in rows if r.get("test", "").startswith("single")]
     assert {r["count"] for r in singles} == {2}
@@ -163,3 +164,66 @@ def test_isolated_tests_are_recognised_and_left_to_isolate_themselves() -> None:
 
     assert not is_isolated(body)
     assert is_isolated(isolate("fork")(body))
+
+
+@pytest.mark.parametrize(
+    ("options", "numbers", "fix"),
+    [
+        (["-n", "4"], "4 xdist workers x 1 device(s) each", "Use -n 3"),
+        (
+            ["-n", "2", "--accelplat-lease-count", "2"],
+            "need 4",
+            "-n 1 or --accelplat-lease-count 1",
+        ),
+        (["--tx", "3*popen", "--tx", "popen", "--dist", "load"], "4 xdist workers", "Use -n 3"),
+        (
+            ["-n", "1", "--accelplat-lease-count", "4"],
+            "need 4",
+            "Use --accelplat-lease-count 3",
+        ),
+    ],
+    ids=["-n 4", "2 x 2", "--tx", "count > visible"],
+)
+def test_more_workers_than_devices_fail_the_session_before_any_worker_starts(
+    tmp_path: Path, options: list[str], numbers: str, fix: str
+) -> None:
+    done, rows = run(tmp_path, *options, "--accelplat-lease")
+    assert done.returncode == 4, done.stdout + done.stderr  # a usage error
+    assert numbers in done.stderr
+    assert "shows this process 3" in done.stderr
+    assert fix in done.stderr
+    assert [r["conftest"] for r in rows] == ["main"]  # refused before any worker started
+
+
+def test_a_worker_whose_lease_fails_stops_the_session_loudly(tmp_path: Path) -> None:
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    holder = textwrap.dedent(
+        """
+        import sys, accelplat
+        with accelplat.lease(3, timeout_s=60):
+            print("held", flush=True)
+            sys.stdin.read()
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"devices": [{"total": "80GiB"}] * 3}))
+    env.update({ENV_SPEC: str(spec), ENV_LEASE_DIR: str(locks), "PYTHONPATH": str(ROOT)})
+    env.update({"ACCELPLAT_PLATFORM": "simulated"})
+    env.pop(ENV_VISIBLE, None)
+    other = subprocess.Popen(
+        [sys.executable, "-c", holder], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert other.stdout is not None
+        assert other.stdout.readline() == b"held\n"
+        done, rows = run(tmp_path, "-n", "2", "--accelplat-lease", "--accelplat-lease-timeout=0")
+    finally:
+        other.communicate(b"", timeout=60)
+    output = done.stdout + done.stderr
+    assert done.returncode not in (0, 4), output
+    assert "--accelplat-lease on gw" in output
+    assert "could not lease 1 device(s)" in output
+    assert "replacing crashed worker" not in output  # never restarted
+    assert not [r for r in rows if "test" in r]  # no test ran

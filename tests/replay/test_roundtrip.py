@@ -236,6 +236,31 @@ def test_the_variable_is_applied_only_when_set(monkeypatch: pytest.MonkeyPatch) 
     assert _boundary.active() is None
 
 
+def test_a_bundle_that_cannot_load_raises_its_error_at_every_question_not_at_activation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelplat import _files
+    from accelplat.errors import BundleError
+    from accelplat.replay import activate_from_environment
+
+    monkeypatch.setenv("ACCELPLAT_REPLAY", str(tmp_path / "missing.tar.gz"))
+    try:
+        assert activate_from_environment() is None
+        with pytest.raises(BundleError, match=r"missing\.tar\.gz: cannot open") as first:
+            _files.read_text("/proc/meminfo")
+        with pytest.raises(BundleError) as again:
+            _boundary.vendor("nvml", lambda: (None, "", ""))
+        assert again.value is first.value
+        with pytest.raises(BundleError) as checked:
+            _boundary.check()
+        assert checked.value is first.value
+        with pytest.raises(BundleError):
+            current_platform().devices()
+    finally:
+        _files.set_host_files(None)
+        _boundary.install(None)
+
+
 def test_the_replay_formats_import_no_detection_and_capture_is_loaded_on_first_use() -> None:
     import subprocess
 

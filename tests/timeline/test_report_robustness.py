@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accelplat._cli import main
+from accelplat._types import GIB, MIB
 from accelplat.errors import ConfigurationError
 from accelplat.timeline._render import render_html
 from accelplat.timeline._trace import (
@@ -279,3 +280,89 @@ def test_a_span_from_elsewhere_is_judged_by_the_plain_scan() -> None:
     trace = _trace(100, 5, bodies=True, grace=1.0)
     stranger = replace(trace.tests[2], nodeid="elsewhere")
     assert trace.held_after(stranger) == trace._held_after_one(stranger, 1.0)
+
+
+# -- huge but accepted readings: the page's size follows the trace's, never the values ----------
+
+_BIG = [0, 1, 2**20, 2**50, 2**55, 2**62, 2**63 - 2, 2**63 - 1]
+_SHAPES = {
+    "constant": lambda v: [v, v, v, v],
+    "from-zero": lambda v: [0, v, v // 2, v],
+    "one-byte-apart": lambda v: [max(v - 1, 0), v, v, max(v - 1, 0)],
+    "single": lambda v: [v],
+}
+
+
+def _readings_trace(values: list[int], total: int, duration: float = 3.0) -> Trace:
+    step = duration / max(1, len(values) - 1)
+    samples = tuple(Sample(i * step, (v,)) for i, v in enumerate(values))
+    tests = (TestSpan("t::a", 0.0, duration, (values[0],), (values[-1],), "passed", 0.0),)
+    return Trace(
+        devices=(DeviceTrack(0, "GPU 0", total),),
+        samples=samples,
+        tests=tests,
+        duration=duration,
+        sample_hz=20.0,
+    )
+
+
+def _chart_ticks(page: str) -> list[tuple[int, int, list[str]]]:
+    """Per chart: y grid lines, time grid lines, and the y labels."""
+    out = []
+    for part in page.split('<svg class="chart')[1:]:
+        chart = part.split("</svg>")[0]
+        labels = re.findall(r'text-anchor="end">([0-9.]+ [MG]iB)</text>', chart)
+        out.append((chart.count('stroke="#d0d5db"'), chart.count('stroke="#e6e9ed"'), labels))
+    return out
+
+
+@pytest.mark.parametrize("shape", sorted(_SHAPES))
+@pytest.mark.parametrize("value", _BIG, ids=[f"2**{v.bit_length()}~{v % 7}" for v in _BIG])
+@pytest.mark.parametrize("total", ["none", "equal", "smaller"])
+def test_huge_readings_render_a_small_page_with_a_few_ticks(
+    shape: str, value: int, total: str
+) -> None:
+    values = _SHAPES[shape](value)
+    device_total = {"none": 0, "equal": value, "smaller": value // 3}[total]
+    trace = loads_trace(json.dumps(_readings_trace(values, device_total).to_json()))  # accepted
+    page = render_html(trace)
+    assert len(page) < 60_000  # 2**50 wrote 77 MB; 2**55 and up never finished
+    for y_lines, t_lines, labels in _chart_ticks(page):
+        assert 2 <= y_lines <= 11
+        assert 2 <= t_lines <= 21
+        assert len(labels) == len(set(labels)) == y_lines  # distinct, one per line
+
+
+@pytest.mark.parametrize("value", [10 * MIB, GIB, 40 * GIB, 2**50, 2**63 - 1])
+def test_a_constant_series_gets_an_axis_of_a_tenth_of_its_value(value: int) -> None:
+    """Not a ±1 MiB window that labels 40 GiB as 39.999, 40.000, 40.001 GiB."""
+    page = render_html(_readings_trace([value] * 5, 0))
+    _, _, labels = _chart_ticks(page)[0]  # the fitted chart
+    unit = GIB if labels[0].endswith("GiB") else MIB
+    numbers = [float(label.split()[0]) * unit for label in labels]
+    assert max(numbers) - min(numbers) >= value * 0.1
+    assert min(numbers) <= value <= max(numbers)
+
+
+@pytest.mark.parametrize("duration", [0.0, 1e-6, 1e-3, 0.5, 59.9, 3600.0, 86_400.0 * 3, 1e9])
+def test_any_accepted_duration_gets_a_bounded_time_axis(duration: float) -> None:
+    trace = loads_trace(json.dumps(_readings_trace([1, 2**63 - 1], 0, duration).to_json()))
+    for _, t_lines, _ in _chart_ticks(render_html(trace)):
+        assert 1 <= t_lines <= 21
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), st.integers(0, 2**63 - 1)), min_size=1, max_size=30),
+    st.integers(0, 2**63 - 1),
+)
+def test_any_accepted_readings_give_a_page_linear_in_the_samples(
+    values: list[int | None], total: int
+) -> None:
+    samples = tuple(Sample(i * 0.1, (v,)) for i, v in enumerate(values))
+    trace = Trace(devices=(DeviceTrack(0, "GPU 0", total),), samples=samples, duration=3.0)
+    page = render_html(trace)
+    assert len(page) < 30_000 + 400 * len(values)
+    for y_lines, t_lines, _ in _chart_ticks(page):
+        assert y_lines <= 11
+        assert t_lines <= 21

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, parse_leak_tolerance
 from accelplat._platform import BasePlatform
 from accelplat._registry import set_current_platform
 from accelplat._types import GIB, MIB, DeviceInfo, MemoryInfo, ProbeResult
-from accelplat.errors import BackendError, ConfigurationError
+from accelplat.errors import BackendError, ConfigurationError, NotARegularFileError
 from accelplat.pytest_plugin._timeline import WAIT_EVENT_ATTRIBUTE, WAIT_LOGGER, WaitEventTap
 from accelplat.timeline import (
     DeviceTrack,
@@ -303,7 +304,7 @@ _DELETE = object()
         ("exit_code", 1.5, "exit_code"),
         ("decimation", 10**9, "decimation"),
         ("command", "rm -rf /", "command"),
-        ("notes", ["x" * 70_000], "notes[0]"),
+        ("notes", ["x" * 131_073], "notes[0]"),
         ("samples", _DELETE, "samples"),
     ],
 )
@@ -1195,7 +1196,8 @@ def test_test_names_are_written_where_they_fit() -> None:
         (0, 60 * GIB, 80 * GIB, False, (0.0, 66 * GIB)),  # near zero: from zero
         (0, 78 * GIB, 80 * GIB, False, (0.0, 80 * GIB)),  # never above the total it reaches
         (GIB, 2 * GIB, 80 * GIB, True, (0.0, 80 * GIB)),
-        (5 * GIB, 5 * GIB, 0, False, (5 * GIB - MIB, 5 * GIB + MIB)),  # flat: a 1 MiB margin
+        (5 * GIB, 5 * GIB, 0, False, (4.5 * GIB, 5.5 * GIB)),  # flat: a tenth of the reading
+        (0, 0, 0, False, (0.0, float(MIB))),  # flat at zero: at least 1 MiB
     ],
 )
 def test_axis_range(
@@ -1204,3 +1206,40 @@ def test_axis_range(
     from accelplat.timeline._render import _axis
 
     assert _axis(lo, hi, total, full=full) == pytest.approx(expected)
+
+
+_WRITE_ERRORS = {
+    "disk-full": OSError(errno.ENOSPC, "No space left on device"),
+    "quota": OSError(errno.EDQUOT, "Disk quota exceeded"),
+    "read-only": OSError(errno.EROFS, "Read-only file system"),
+    "permission": PermissionError(errno.EACCES, "Permission denied"),
+    "io-error": OSError(errno.EIO, "Input/output error"),
+    "is-a-dir": IsADirectoryError(errno.EISDIR, "Is a directory"),
+    "not-a-dir": NotADirectoryError(errno.ENOTDIR, "Not a directory"),
+    "name-too-long": OSError(errno.ENAMETOOLONG, "File name too long"),
+    "directory-gone": FileNotFoundError(errno.ENOENT, "No such file or directory"),
+    "not-regular": NotARegularFileError("r.html", "is a device, not a regular file"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(_WRITE_ERRORS))
+def test_report_exits_1_when_the_page_cannot_be_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A runtime failure (1), not bad usage (2): the trace and the arguments were fine.
+
+    The failures come when the page is written (a target refused up front, when the command
+    starts, is bad usage: the argument checks' own tests).
+    """
+    src = save_trace(_story(), tmp_path / "t.json")
+    out = tmp_path / "r.html"
+
+    def refuse(path: object, text: str) -> Path:
+        raise _WRITE_ERRORS[how]
+
+    monkeypatch.setattr("accelplat._files.write_text_atomic", refuse)
+    assert cli_main(["report", str(src), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("accelplat report: error: cannot write ")
+    assert "Traceback" not in err
+    assert not os.path.isfile(out)

@@ -1,9 +1,7 @@
 """The ``rocm`` platform: AMD GPUs through sysfs, amdsmi, or (last) an already-imported torch.
 
-:mod:`._topology` scans the KFD topology into GPUs in HIP's order, :mod:`._sources` reads their
-memory; ``ROCR_VISIBLE_DEVICES`` and ``HIP_VISIBLE_DEVICES`` / ``CUDA_VISIBLE_DEVICES`` then pick
-the visible ones (:mod:`accelplat._visible.rocm`). Roots: ``ACCELPLAT_SYSFS_ROOT`` and
-``ACCELPLAT_DEV_ROOT``, read on every query. ``docs/backends/rocm.md`` has the rules and sources.
+GPUs in HIP's order (:mod:`._topology`), their memory (:mod:`._sources`), the visible ones
+(:mod:`accelplat._visible.rocm`). The sysfs and ``/dev`` roots are read again on every query.
 """
 
 from __future__ import annotations
@@ -18,7 +16,14 @@ from typing import ClassVar
 
 from typing_extensions import override
 
-from accelplat._backends._common import ENV_SYSFS_ROOT, ReadText, SysfsReader, no_amd_gpu
+from accelplat._backends._common import (
+    ENV_SYSFS_ROOT,
+    ReadText,
+    SysfsReader,
+    never_raises,
+    no_amd_gpu,
+    read_attribute,
+)
 from accelplat._backends.rocm import _sources, _topology
 from accelplat._platform import BasePlatform, StartMethod
 from accelplat._types import (
@@ -43,17 +48,7 @@ ENV_DEV_ROOT = "ACCELPLAT_DEV_ROOT"
 
 
 class RocmPlatform(BasePlatform):
-    """AMD GPUs under ROCm (``docs/backends/rocm.md``).
-
-    Args:
-        sysfs_root: The sysfs root; default ``ACCELPLAT_SYSFS_ROOT`` or ``/sys``.
-        dev_root: The ``/dev`` root for render-node checks; default ``ACCELPLAT_DEV_ROOT`` or
-            ``/dev`` (skipped when only the sysfs root is moved).
-        read_text: How sysfs files are read (for tests).
-        allow_amdsmi: Whether amdsmi may be used when sysfs has no AMD card.
-        open_device: How a ``/dev`` node is checked, raising the ``OSError`` opening it gives
-            (for tests and replayed hosts).
-    """
+    """AMD GPUs under ROCm (``docs/backends/rocm.md``)."""
 
     name: ClassVar[str] = "rocm"
     device_type: ClassVar[str] = "cuda"
@@ -65,8 +60,7 @@ class RocmPlatform(BasePlatform):
         ),
         "fp4": (FeatureRule(archs=("gfx950",), value="mxfp4"),),  # MI350/MI355
         "mxfp4": (FeatureRule(archs=("gfx950",)),),
-    }
-    """Matrix-core formats by LLVM target, from AMD's CDNA/RDNA instruction-set documentation."""
+    }  # matrix-core formats by LLVM target, from AMD's CDNA/RDNA instruction-set documentation
     # vLLM's device_control_env_var on ROCm; HIP reads it when HIP_VISIBLE_DEVICES is empty or
     # unset (ROCm/clr rocdevice.cpp), so whoever sets it should set HIP_VISIBLE_DEVICES to "".
     visible_devices_env: ClassVar[str | None] = ENV_CUDA_VISIBLE_DEVICES
@@ -85,16 +79,17 @@ class RocmPlatform(BasePlatform):
     def __init__(
         self,
         *,
-        sysfs_root: str | os.PathLike[str] | None = None,
-        dev_root: str | os.PathLike[str] | None = None,
+        sysfs_root: str | os.PathLike[str] | None = None,  # default ACCELPLAT_SYSFS_ROOT or /sys
+        dev_root: str | os.PathLike[str] | None = None,  # None: ACCELPLAT_DEV_ROOT, /dev or none
         read_text: ReadText | None = None,
-        allow_amdsmi: bool = True,
-        open_device: _topology.OpenDevice | None = None,
+        allow_amdsmi: bool = True,  # when sysfs has no AMD card
+        open_device: _topology.OpenDevice | None = None,  # raises the OSError opening a node gives
     ) -> None:
         self._open_device = open_device or _topology.open_node
         self._sysfs_arg = None if sysfs_root is None else Path(sysfs_root)
         self._dev_arg = None if dev_root is None else Path(dev_root)
-        self._reader = SysfsReader("rocm", read_text)
+        self._read = read_text or read_attribute
+        self._reader = SysfsReader("rocm", self._read)
         self._allow_amdsmi = allow_amdsmi
         self._lock = threading.RLock()
         self._cache_key: tuple[Path, Path | None] | None = None
@@ -105,30 +100,17 @@ class RocmPlatform(BasePlatform):
 
     @override
     def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
-        """Return ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` naming exactly ``devices``.
-
-        Both carry the same text (vLLM rejects them when they differ): the GPUs' UUIDs, else HIP
-        indices. GPUs sharing a UUID (partitions may share their card's ``unique_id``; HIP would
-        take the first) are named by index. ``ROCR_VISIBLE_DEVICES`` is kept: the subset lies
-        inside it.
-
-        Args:
-            devices: Devices as :meth:`devices` returned them.
-
-        Returns:
-            The two variables and their common value.
-        """
+        """Return ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES``, naming ``devices``."""
+        # The same text in both (vLLM rejects them differing): UUIDs, but indices for GPUs sharing
+        # one (partitions may share the card's unique_id; HIP takes the first). ROCR_* is kept.
         known: list[str | None] = [d.uuid for d in devices]
         with contextlib.suppress(AccelplatError):
             source = self._select()
             every = source.uuids() if source is not None else None
-            if every is not None:
-                known = every
+            known = every if every is not None else known
         counts = Counter(u for u in known if u)
         text = ",".join(d.uuid if d.uuid and counts[d.uuid] <= 1 else str(d.index) for d in devices)
         return {ENV_HIP_VISIBLE_DEVICES: text, ENV_CUDA_VISIBLE_DEVICES: text}
-
-    # -- configuration ------------------------------------------------------------------------
 
     def _roots(self) -> tuple[Path, Path | None]:
         env_sysfs = os.environ.get(ENV_SYSFS_ROOT)
@@ -145,10 +127,9 @@ class RocmPlatform(BasePlatform):
         return sysfs, dev
 
     def refresh(self) -> None:
-        """Forget the cached topology and source, so the next query scans again."""
+        """Forget the cached topology and source: the next query scans again."""
         with self._lock:
-            self._cache_key = None
-            self._source = None
+            self._cache_key, self._source = None, None
 
     def _select(self) -> _sources.Source | None:
         key = self._roots()
@@ -158,13 +139,12 @@ class RocmPlatform(BasePlatform):
             sysfs, dev = key
             reasons: list[str] = []
             source: _sources.Source | None = None
-            topology = _topology.scan_topology(sysfs, dev, self._reader, self._open_device)
+            topology = _topology.scan_topology(sysfs, dev, self._read, self._open_device)
             self._notes = topology.notes
             if topology.cards:
                 source = _sources.SysfsSource(sysfs, topology, self._reader)
             else:
-                reasons.append(no_amd_gpu(sysfs / "class" / "drm"))
-                reasons.extend(topology.notes[:3])
+                reasons.extend([no_amd_gpu(sysfs / "class" / "drm"), *topology.notes[:3]])
             if source is None and self._allow_amdsmi:
                 if self._amdsmi_failure is None:
                     source = self._try_amdsmi()
@@ -196,21 +176,15 @@ class RocmPlatform(BasePlatform):
             self._amdsmi_failure = f"amdsmi failed: {type(exc).__name__}: {exc}"
         return None
 
-    def _require(self) -> _sources.Source:
-        source = self._select()
+    def _visible(self) -> tuple[_sources.Source, list[_topology.Gpu]]:
+        source = self._select()  # once per query: it scans, and the variables are parsed once
         if source is None:
             raise BackendError("rocm", "no memory source: " + "; ".join(self._reasons))
-        return source
-
-    def _visible(self) -> tuple[_sources.Source, list[_topology.Gpu]]:
-        source = self._require()  # once per query: it scans, and the variables are parsed once
         gpus = source.gpus()
         if source.visible_applied:
             return source, list(gpus)
         order = visible_physical_indices(len(gpus), os.environ, source.uuids())
         return source, [gpus[i] for i in order]
-
-    # -- Platform -----------------------------------------------------------------------------
 
     @property
     def context_free(self) -> bool:  # type: ignore[override]
@@ -233,12 +207,6 @@ class RocmPlatform(BasePlatform):
 
     @override
     def devices(self) -> Sequence[DeviceInfo]:
-        """Return the visible GPUs, in torch's order.
-
-        Raises:
-            BackendError: When no source can enumerate GPUs.
-            ConfigurationError: For malformed or conflicting visible-devices variables.
-        """
         return [
             DeviceInfo(i, g.physical_index, g.name, g.uuid, g.pci_bus_id, arch=g.arch)
             for i, g in enumerate(self._visible()[1])
@@ -256,35 +224,22 @@ class RocmPlatform(BasePlatform):
 
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
-        """Return the processes holding VRAM on ``device``, or ``None`` when unknown.
-
-        Raises:
-            DeviceNotFoundError: For an index that is not visible.
-        """
         index = self.check_device(device)
         source, gpus = self._visible()
         return source.holders(gpus[index])
 
     @classmethod
     @override
+    @never_raises
     def probe(cls) -> ProbeResult:
-        """Return whether ROCm GPUs are visible here; never raises.
-
-        Side effects:
-            Reads sysfs; when sysfs shows no AMD GPU, may import amdsmi (stdout swallowed).
-        """
-        try:
-            platform = cls()
-            source = platform._select()
-            if source is None:
-                return ProbeResult(False, "; ".join(platform._reasons) or "no AMD GPU found")
-            count = len(platform._visible()[1])
-            gpus = source.gpus()
-            total = len(gpus)
-        except AccelplatError as exc:
-            return ProbeResult(False, str(exc))
-        except Exception as exc:  # a probe must never raise
-            return ProbeResult(False, f"probe failed: {type(exc).__name__}: {exc}")
+        """Say whether ROCm GPUs are visible here (sysfs, else amdsmi with its output swallowed)."""
+        platform = cls()
+        source = platform._select()
+        if source is None:
+            return ProbeResult(False, "; ".join(platform._reasons) or "no AMD GPU found")
+        count = len(platform._visible()[1])
+        gpus = source.gpus()
+        total = len(gpus)
         if total == 0:
             notes = "; ".join(platform._notes[:3])
             return ProbeResult(False, f"no GPU usable by the ROCm runtime ({notes or 'none'})")
@@ -293,12 +248,8 @@ class RocmPlatform(BasePlatform):
                 False, f"{total} AMD GPU(s) found, but the visible-devices variables hide all"
             )
         cards = {g.card.name for g in gpus if g.card is not None and g.partitions > 1}
-        note = ""
-        if cards:
-            note = (
-                f"; compute partitions on {len(cards)} card(s): each reports its KFD share of "
-                f"the card's memory"
-            )
+        share = "each reports its KFD share of the card's memory"
+        note = f"; compute partitions on {len(cards)} card(s): {share}" if cards else ""
         return ProbeResult(
             True, f"{count} of {total} AMD GPU(s) visible (source: {source.name}){note}"
         )

@@ -1,8 +1,7 @@
 """Where the ``rocm`` platform's device lists and memory figures come from: sysfs, amdsmi, torch.
 
-Sysfs ``mem_info_vram_*`` (or, for a compute partition or a GTT-backed APU, the KFD memory bank and
-per-process ``vram_<gpu_id>`` files); amdsmi only when sysfs shows no AMD card; torch only when the
-caller already imported a ROCm build.
+Sysfs ``mem_info_vram_*`` (a partition or GTT-backed APU: the KFD bank and ``vram_<gpu_id>``
+files); amdsmi only when sysfs shows no AMD card; torch only when the caller imported a ROCm build.
 """
 
 from __future__ import annotations
@@ -24,10 +23,11 @@ from accelplat._backends._common import (
     SysfsReader,
     checked_memory,
     pci_sort_key,
+    torch_reading,
 )
 from accelplat._backends.rocm._topology import Gpu, Topology
 from accelplat._types import MemoryHolder, MemoryInfo
-from accelplat._vendor import import_quietly
+from accelplat._vendor import clip, import_quietly, vendor_int
 from accelplat._vendor.procs import make_holder
 from accelplat.errors import BackendError
 
@@ -47,16 +47,13 @@ _GFX_RE = re.compile(r"^gfx[0-9a-f]{3,4}$")
 
 
 def _reading(where: str, *, total: int, used: int, source: str) -> MemoryInfo:
-    # Every ROCm source reports only total and used; free is derived. Raises
-    # ImplausibleReadingError naming ``where`` for impossible figures.
+    # sysfs and amdsmi report only total and used; free is derived.
     return checked_memory(
         "rocm", where, free=max(0, total - used), total=total, used=used, source=source
     )
 
 
-class Source:
-    """Where device lists and memory figures come from."""
-
+class Source:  # where device lists and memory figures come from
     name: str = ""
     context_free: bool = True
     visible_applied: bool = False
@@ -116,7 +113,8 @@ class SysfsSource(Source):
         # A partition gets mem_partition.size / num_xcp_per_mem_partition (CAPPING_EVEN,
         # amdgpu_amdkfd_xcp_memory_size): its KFD bank, which HIP reports; sysfs and amdsmi give
         # every partition the whole card (ROCm/amdsmi#97, ROCm/ROCm#4750).
-        kfd_used = self._kfd_used(node.gpu_id) if node is not None else None
+        by_pid = self._kfd_vram(node.gpu_id) if node is not None else None
+        kfd_used = None if by_pid is None else sum(by_pid.values())
         if bank is None or kfd_used is None:
             if apu:
                 raise BackendError(
@@ -137,18 +135,15 @@ class SysfsSource(Source):
                 f"KFD allocations on GPU {gpu.physical_index} ({kfd_used} bytes) exceed its KFD "
                 f"memory bank ({bank} bytes)",
             )
-        source = (
-            SOURCE_APU if apu else SOURCE_PARTITION.format(k=gpu.partition or 0, n=gpu.partitions)
-        )
-        return _reading(
-            f"GPU {gpu.physical_index} (KFD memory bank)", total=bank, used=kfd_used, source=source
-        )
+        source = SOURCE_PARTITION.format(k=gpu.partition or 0, n=gpu.partitions)
+        where = f"GPU {gpu.physical_index} (KFD memory bank)"
+        return _reading(where, total=bank, used=kfd_used, source=SOURCE_APU if apu else source)
 
     def _kfd_vram(self, gpu_id: int) -> dict[int, int] | None:
-        """Bytes of VRAM per process on ``gpu_id`` from KFD's process files; ``None`` if absent."""
+        # Bytes of VRAM per process on gpu_id from KFD's process files; None if absent.
         proc = self._sysfs / "class" / "kfd" / "kfd" / "proc"
         try:
-            pids = [int(p) for p in _files.listdir(proc) if p.isdigit()]
+            pids = [int(p) for p in _files.listdir(proc) if p.isascii() and p.isdigit()]
         except OSError:
             return None
         out: dict[int, int] = {}
@@ -159,14 +154,8 @@ class SysfsSource(Source):
                 continue  # the process exited, or does not use this GPU
         return out
 
-    def _kfd_used(self, gpu_id: int) -> int | None:
-        by_pid = self._kfd_vram(gpu_id)
-        return None if by_pid is None else sum(by_pid.values())
-
     def holders(self, gpu: Gpu) -> list[MemoryHolder] | None:
-        if gpu.node is None:
-            return None
-        by_pid = self._kfd_vram(gpu.node.gpu_id)
+        by_pid = self._kfd_vram(gpu.node.gpu_id) if gpu.node is not None else None
         if by_pid is None:
             return None
         return [make_holder(pid, used) for pid, used in by_pid.items() if used > 0]
@@ -187,22 +176,8 @@ if hasattr(os, "register_at_fork"):
 _boundary.on_reset(_after_fork)  # amdsmi comes through the boundary: initialise it afresh
 
 
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()[:160]
-    return ""
-
-
 def import_amdsmi() -> tuple[Any, str]:
-    """Import ``amdsmi`` defensively, through the vendor boundary; never raises.
-
-    Returns:
-        ``(module, "")`` on success, ``(None, reason)`` otherwise.
-
-    Side effects:
-        Imports ``amdsmi`` (which loads ``libamd_smi.so``), with what it prints swallowed.
-    """
+    """Return ``(amdsmi, "")`` or ``(None, why)``, through the boundary, its output swallowed."""
     module, why, _ = _boundary.vendor("amdsmi", lambda: (*_import_amdsmi_live(), ""))
     return module, why
 
@@ -222,7 +197,7 @@ def _import_amdsmi_live() -> tuple[Any, str]:
     try:
         module = import_quietly("amdsmi", printed)
     except Exception as exc:
-        said = _first_line("".join(printed))
+        said = next((s.strip()[:160] for s in "".join(printed).splitlines() if s.strip()), "")
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         hint = ""
         if isinstance(exc, KeyError):  # the PyPI wheel without ROCm prints, then raises KeyError
@@ -267,23 +242,18 @@ class AmdSmiSource(Source):
         for position, handle in enumerate(handles):
             hip_id: int | None = None
             uuid: str | None = None
-            try:
+            bdf: str | None = None
+            with contextlib.suppress(Exception):  # older amdsmi: no enumeration info
                 info = m.amdsmi_get_gpu_enumeration_info(handle)
                 raw = info.get("hip_id")
                 hip_id = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
                 text = info.get("hip_uuid")
                 uuid = text if isinstance(text, str) and text.startswith("GPU-") else None
-            except Exception:
-                pass  # older amdsmi: no enumeration info
-            try:
-                bdf: str | None = str(m.amdsmi_get_gpu_device_bdf(handle)).lower()
-            except Exception:
-                bdf = None
-            rows.append(
-                ((0 if hip_id is not None else 1, hip_id or 0, position), handle, uuid, bdf)
-            )
-        # amdsmi's handle order may differ from HIP's, hence its hip_id; without one somewhere,
-        # PCI order for all.
+            with contextlib.suppress(Exception):
+                bdf = str(m.amdsmi_get_gpu_device_bdf(handle)).lower()
+            key = (0 if hip_id is not None else 1, hip_id or 0, position)
+            rows.append((key, handle, uuid, bdf))
+        # amdsmi's handle order may differ from HIP's, hence hip_id; one missing: PCI order for all
         if any(key[0] for key, *_ in rows):
             rows.sort(key=lambda r: (pci_sort_key(r[3]), r[0][2]))
         else:
@@ -304,17 +274,17 @@ class AmdSmiSource(Source):
         m = self._m
         # Bytes (they wrap the sysfs files). Never amdsmi_get_gpu_vram_usage: MB, and seen stale
         # on MI355X with ROCm 7.0 (ROCm/amdsmi#175).
+        where = f"GPU {gpu.physical_index}"
         try:
             vram = m.AmdSmiMemoryType.VRAM
-            total = int(m.amdsmi_get_gpu_memory_total(gpu.handle, vram))
-            used = int(m.amdsmi_get_gpu_memory_usage(gpu.handle, vram))
+            total = m.amdsmi_get_gpu_memory_total(gpu.handle, vram)
+            used = m.amdsmi_get_gpu_memory_usage(gpu.handle, vram)
         except Exception as exc:
-            raise BackendError(
-                "rocm",
-                f"amdsmi memory query for GPU {gpu.physical_index} failed: {exc}",
-                type(exc).__name__,
-            ) from exc
-        return _reading(f"GPU {gpu.physical_index}", total=total, used=used, source=SOURCE_AMDSMI)
+            why = f"amdsmi memory query for {where} failed: {clip(str(exc), 400)}"
+            raise BackendError("rocm", why, type(exc).__name__) from exc
+        total = vendor_int("rocm", where, "total", total)
+        used = vendor_int("rocm", where, "used", used)
+        return _reading(where, total=total, used=used, source=SOURCE_AMDSMI)
 
     def holders(self, gpu: Gpu) -> list[MemoryHolder] | None:
         try:
@@ -328,14 +298,9 @@ class AmdSmiSource(Source):
             pid = entry.get("pid")
             usage = entry.get("memory_usage")
             vram = usage.get("vram_mem") if isinstance(usage, Mapping) else None
-            if not isinstance(pid, int):
-                continue
-            if isinstance(vram, int) and vram > 0:
+            if type(pid) is int and pid > 0 and type(vram) is int and vram > 0:
                 holders.append(make_holder(pid, vram))
         return holders
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 class TorchSource(Source):
@@ -357,21 +322,9 @@ class TorchSource(Source):
         return None
 
     def memory(self, gpu: Gpu) -> MemoryInfo:
-        try:
-            free, total = self._torch.cuda.mem_get_info(gpu.physical_index)
-        except Exception as exc:
-            raise BackendError(
-                "rocm", f"torch.cuda.mem_get_info({gpu.physical_index}) failed: {exc}"
-            ) from exc
-        free, total = int(free), int(total)
-        return checked_memory(
-            "rocm",
-            f"GPU {gpu.physical_index}",
-            free=free,
-            total=total,
-            used=max(0, total - free),  # derived: the rule judges what was read
-            source=SOURCE_TORCH,
-        )
+        index = gpu.physical_index
+        fn = self._torch.cuda.mem_get_info
+        return torch_reading("rocm", fn, index, SOURCE_TORCH, f"GPU {index}")
 
 
 def torch_if_imported() -> tuple[Any, str]:

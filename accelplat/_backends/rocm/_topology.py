@@ -1,7 +1,6 @@
 """The KFD topology scan: AMD GPUs of a sysfs tree in ROCr's order, with partitions and APUs.
 
-Devices are numbered as HIP numbers them: the KFD topology's GPU nodes in ROCr's order, filtered by
-the render nodes the ROCm thunk can open; without KFD, the cards in PCI order.
+HIP's numbering: KFD GPU nodes whose render nodes the ROCm thunk can open; without KFD, PCI order.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ import errno
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,20 +17,18 @@ from typing import Any
 from accelplat import _boundary, _files
 from accelplat._backends._common import (
     AMD_VENDOR_ID,
+    ReadText,
     SysfsReader,
-    drm_cards,
     parse_int_values,
     parse_key_values,
-    pci_address,
     pci_sort_key,
+    vendor_cards,
 )
 from accelplat._visible.rocm import hip_uuid
 from accelplat.errors import BackendError
 
 _RENDER_RE = re.compile(r"^renderD(\d+)$")
-
 OpenDevice = Callable[[Path], None]
-
 _HEAP_FB = (1, 2)  # HSA_MEM_HEAP_TYPE_FB_PUBLIC/PRIVATE: a KFD memory bank of GPU-local memory
 
 
@@ -67,18 +64,24 @@ class _Node:
     gpu_id: int
     unique_id: int
     render_minor: int | None
-    pci_bus_id: str | None
     label: str
     domain: int = 0
     location_id: int | None = None
     bank_bytes: int | None = None  # the KFD memory banks: what ROCr and HIP call its memory
     arch: str | None = None
 
+    @property
+    def pci_bus_id(self) -> str | None:
+        # location_id = pci_dev_id() (kfd_topology.c kfd_topology_add_device; HIP decodes it so too)
+        location = self.location_id
+        if location is None:
+            return None
+        bus, dev, fn = (location >> 8) & 0xFF, (location >> 3) & 0x1F, location & 0x7
+        return f"{self.domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
+
 
 @dataclass(frozen=True)
-class Gpu:
-    """One GPU in ROCr's order, whatever the source."""
-
+class Gpu:  # one GPU in ROCr's order, whatever the source
     physical_index: int
     name: str
     uuid: str | None
@@ -105,14 +108,8 @@ def _parse_properties(text: str) -> dict[str, int]:
 
 
 def gfx_arch(target_version: int | None) -> str | None:
-    """Return the LLVM target name of a KFD ``gfx_target_version`` (``90402`` -> ``"gfx942"``).
-
-    KFD encodes ``major * 10000 + minor * 100 + stepping``; LLVM writes minor and stepping as one
-    hex digit each (``90010`` -> ``"gfx90a"``).
-
-    Returns:
-        The ``gfx…`` name, or ``None`` for a missing, zero or out-of-range value.
-    """
+    """Return the LLVM target of a KFD ``gfx_target_version`` (``90402`` -> ``"gfx942"``)."""
+    # KFD encodes major * 10000 + minor * 100 + stepping; LLVM writes minor and stepping in hex.
     if target_version is None or target_version <= 0:
         return None
     major, rest = divmod(target_version, 10000)
@@ -122,22 +119,6 @@ def gfx_arch(target_version: int | None) -> str | None:
     return f"gfx{major}{minor:x}{stepping:x}"
 
 
-def _card_pci(reader: SysfsReader, device: Path) -> str | None:
-    # The directory the card's device link points to is its PCI address; else PCI_SLOT_NAME.
-    try:
-        name = os.path.basename(_files.realpath(device))
-    except OSError:
-        name = ""
-    if pci_address(name):
-        return pci_address(name)
-    try:
-        return pci_address(
-            parse_key_values(reader.text(device / "uevent"), sep="=").get("PCI_SLOT_NAME")
-        )
-    except BackendError:
-        return None
-
-
 def _label(reader: SysfsReader, path: Path) -> str:
     try:
         return reader.text(path)
@@ -145,53 +126,31 @@ def _label(reader: SysfsReader, path: Path) -> str:
         return ""
 
 
-def _scan_cards(reader: SysfsReader, sysfs: Path, notes: list[str]) -> list[_Card]:
-    drm = sysfs / "class" / "drm"
-    entries, note = drm_cards(drm)  # connectors (card0-DP-1), render nodes are left out
+def _scan_cards(reader: SysfsReader, read: ReadText, sysfs: Path, notes: list[str]) -> list[_Card]:
+    found, note = vendor_cards(sysfs / "class" / "drm", AMD_VENDOR_ID, read)
     if note:
         notes.append(note)
-        return []
     cards: list[_Card] = []
-    for entry in entries:
-        device = drm / entry / "device"
-        try:
-            vendor = reader.integer(device / "vendor", base=16)
-        except BackendError:
-            continue
-        if vendor != AMD_VENDOR_ID:
-            continue
+    for entry, device, pci in found:
         if not _files.exists(device / "mem_info_vram_total"):
             notes.append(f"{entry} is an AMD GPU without mem_info_vram_total")
             continue
         try:
-            minors = frozenset(
-                int(m.group(1))
-                for m in (_RENDER_RE.match(n) for n in _files.listdir(device / "drm"))
-                if m is not None
-            )
+            names = _files.listdir(device / "drm")
         except OSError:
-            minors = frozenset()
+            names = []
+        minors = frozenset(int(m.group(1)) for m in map(_RENDER_RE.match, names) if m is not None)
         device_id = _label(reader, device / "device")
         label = _label(reader, device / "product_name") or f"AMD GPU {device_id}".strip()
-        cards.append(_Card(entry, drm / entry, _card_pci(reader, device), minors, label))
+        cards.append(_Card(entry, device.parent, pci, minors, label))
     return cards
-
-
-def _node_pci(props: Mapping[str, int]) -> str | None:
-    location = props.get("location_id")
-    if location is None:
-        return None
-    domain = props.get("domain", 0)
-    # location_id = pci_dev_id() (kfd_topology.c kfd_topology_add_device; HIP decodes it so too)
-    bus, dev, fn = (location >> 8) & 0xFF, (location >> 3) & 0x1F, location & 0x7
-    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
 
 
 def _bank_bytes(reader: SysfsReader, node: Path) -> int | None:
     """Sum ``size_in_bytes`` of the node's GPU-local memory banks; ``None`` when it lists none."""
     banks = node / "mem_banks"
     try:
-        names = sorted(n for n in _files.listdir(banks) if n.isdigit())
+        names = sorted(n for n in _files.listdir(banks) if n.isascii() and n.isdigit())
     except OSError:
         return None
     total: int | None = None
@@ -211,11 +170,7 @@ class _TopologyFailedError(Exception):
 
 
 def _render_node_usable(dev: Path, name: str, minor: int | None, open_device: OpenDevice) -> bool:
-    """Apply the thunk's rule for one GPU node's render device: ``False`` drops the node.
-
-    Raises:
-        _TopologyFailedError: When the thunk would fail the whole topology.
-    """
+    """Apply the thunk's rule for one GPU node's render device: ``False`` drops the node."""
     # ROCR-Runtime libhsakmt/src/topology.c:636-712 and fmm.c:2079-2106: a GPU node without
     # drm_render_minor is an error; ENOENT or EPERM (absent, or denied by the device cgroup: how
     # a container given some GPUs sees only those) drops the node; any other errno fails all.
@@ -242,17 +197,9 @@ def _render_node_usable(dev: Path, name: str, minor: int | None, open_device: Op
 
 
 def _scan_nodes(
-    reader: SysfsReader,
-    sysfs: Path,
-    dev: Path | None,
-    notes: list[str],
-    open_device: OpenDevice,
+    reader: SysfsReader, sysfs: Path, dev: Path | None, notes: list[str], open_device: OpenDevice
 ) -> list[_Node] | None:
-    """Return the KFD GPU nodes ROCr enumerates, or ``None`` without a KFD topology.
-
-    Raises:
-        _TopologyFailedError: When the ROCm thunk would fail the whole topology.
-    """
+    """Return the KFD GPU nodes ROCr enumerates, or ``None`` without a KFD topology."""
     # ROCr surfaces GPU agents in KFD node order (amd_topology.cpp BuildTopology) and HIP numbers
     # what ROCr surfaced (rocdevice.cpp iterateAgentCallback): that order is the physical one.
     nodes_dir = sysfs / "class" / "kfd" / "kfd" / "topology" / "nodes"
@@ -261,7 +208,7 @@ def _scan_nodes(
     except OSError:
         return None
     nodes: list[_Node] = []
-    for name in sorted((n for n in names if n.isdigit()), key=int):
+    for name in sorted((n for n in names if n.isascii() and n.isdigit()), key=int):
         path = nodes_dir / name
         try:
             gpu_id = reader.integer(path / "gpu_id")
@@ -278,15 +225,13 @@ def _scan_nodes(
                 f"or denied (ENOENT/EPERM), as the ROCm runtime skips it"
             )
             continue
-        label = _label(reader, path / "name")
         nodes.append(
             _Node(
                 int(name),
                 gpu_id,
                 props.get("unique_id", 0),
                 minor,
-                _node_pci(props),
-                label,
+                _label(reader, path / "name"),
                 domain=props.get("domain", 0),
                 location_id=props.get("location_id"),
                 bank_bytes=_bank_bytes(reader, path),
@@ -328,22 +273,12 @@ def _card_of_partition(node: _Node, cards: Sequence[_Card]) -> tuple[_Card, int]
 
 
 def scan_topology(
-    sysfs: Path, dev: Path | None, reader: SysfsReader, open_device: OpenDevice = open_node
+    sysfs: Path, dev: Path | None, read: ReadText, open_device: OpenDevice = open_node
 ) -> Topology:
-    """Return the AMD GPUs of ``sysfs`` in ROCr's order.
-
-    Args:
-        sysfs: The sysfs root.
-        dev: The ``/dev`` root to check render nodes and ``kfd`` in, or ``None`` to skip that.
-        reader: Reads the attribute files.
-        open_device: How a device node is checked (raises the ``OSError`` opening it gives).
-
-    Returns:
-        The topology; ``gpus`` is empty when no AMD card with VRAM files exists, or when the ROCm
-        runtime could use none (the notes say why).
-    """
+    """Return the AMD GPUs of ``sysfs`` in ROCr's order; none usable: the notes say why."""
     notes: list[str] = []
-    cards = _scan_cards(reader, sysfs, notes)
+    reader = SysfsReader("rocm", read)
+    cards = _scan_cards(reader, read, sysfs, notes)
     if not cards:
         return Topology([], uuids_known=False, notes=notes)
     try:
@@ -360,11 +295,9 @@ def scan_topology(
         try:
             open_device(dev / "kfd")
         except OSError as exc:
-            what = (
-                "is missing"
-                if isinstance(exc, FileNotFoundError)
-                else f"cannot be opened ({exc.strerror or exc})"
-            )
+            what = f"cannot be opened ({exc.strerror or exc})"
+            if isinstance(exc, FileNotFoundError):
+                what = "is missing"
             notes.insert(0, f"{dev / 'kfd'} {what}: the ROCm runtime cannot open any GPU")
             return Topology([], uuids_known=True, cards=len(cards), notes=notes)
     # A node is tied to its card by drm_render_minor: partition 0 "shares drm device setting
@@ -380,9 +313,7 @@ def scan_topology(
         if card is None and node.pci_bus_id is not None:
             card = by_pci.get(node.pci_bus_id)
         if card is None:
-            found = _card_of_partition(node, cards)
-            if found is not None:
-                card, partition = found
+            card, partition = _card_of_partition(node, cards) or (None, None)
         if card is None:
             notes.append(f"KFD node {node.node} matches no AMD card; its memory is unknown")
         matched.append((node, card, partition))
@@ -390,23 +321,15 @@ def scan_topology(
     seen: Counter[str] = Counter()
     found_gpus: list[Gpu] = []
     for i, (node, card, from_location) in enumerate(matched):
-        count = shares[card.name] if card is not None else 1
-        partition = from_location
+        label, pci = node.label, node.pci_bus_id
+        count, partition = 1, None
         if card is not None:
-            if count > 1 and partition is None:  # partitions in node order
-                partition = seen[card.name]
+            count = shares[card.name]
+            if count > 1:  # from location_id, else partitions in node order
+                partition = seen[card.name] if from_location is None else from_location
             seen[card.name] += 1
-        found_gpus.append(
-            Gpu(
-                i,
-                (card.label if card is not None else "") or node.label or "AMD GPU",
-                hip_uuid(node.unique_id),
-                (card.pci_bus_id if card is not None else None) or node.pci_bus_id,
-                card=card,
-                node=node,
-                partitions=count,
-                partition=partition if count > 1 else None,
-                arch=node.arch,
-            )
-        )
+            label, pci = card.label or label, card.pci_bus_id or pci
+        uuid = hip_uuid(node.unique_id)
+        gpu = Gpu(i, label or "AMD GPU", uuid, pci, card, node, count, partition, arch=node.arch)
+        found_gpus.append(gpu)
     return Topology(found_gpus, uuids_known=True, cards=len(cards), notes=notes)

@@ -1,14 +1,7 @@
 """The ``simulated`` platform: devices whose used memory follows a scripted timeline.
 
-For tests and demos of everything that waits on memory: the timeline (steps, linear and lazy
-releases, stuck holders), release profile and graph capability make it imitate an eager
-CUDA-like or a lazy ROCm-like platform, and a :class:`SimulatedClock` makes waits instantaneous
-and deterministic. Select it with ``ACCELPLAT_PLATFORM=simulated`` and
-``ACCELPLAT_SIMULATED_SPEC=<file>``; the spec format is in ``docs/memory.md``. Timeline time is
-seconds on the platform's clock since construction.
-
-The package is split by job: the virtual clock (``_clock``), the model and its checks
-(``_model``), reading spec files and mappings (``_spec``), and the platform here.
+An eager CUDA-like or a lazy ROCm-like platform; a :class:`SimulatedClock` (``_clock``) makes waits
+instant. The model is in ``_model``, the spec reader in ``_spec``; the format in ``docs/memory.md``.
 """
 
 from __future__ import annotations
@@ -43,26 +36,18 @@ from accelplat._types import (
     ReleaseProfile,
 )
 from accelplat._util import Clock, RealClock
+from accelplat._visible import shown
 from accelplat.errors import ConfigurationError
 
-ENV_SPEC = "ACCELPLAT_SIMULATED_SPEC"
-"""Variable naming the spec file that ``SimulatedPlatform()`` and its probe load."""
-
-ENV_VISIBLE = "ACCELPLAT_SIMULATED_VISIBLE_DEVICES"
-"""Comma-separated UUIDs (``SIM-0`` …) or spec indices of the devices this process sees; unset
-means all of them. Parsed like ``CUDA_VISIBLE_DEVICES``: an unknown entry ends the list."""
-
+ENV_SPEC = "ACCELPLAT_SIMULATED_SPEC"  # the spec file SimulatedPlatform() and its probe load
+ENV_VISIBLE = "ACCELPLAT_SIMULATED_VISIBLE_DEVICES"  # UUIDs (SIM-0 …) or spec indices, CUDA-style
 _SPEC_CACHE_SIZE = 16
 _spec_cache: dict[str, tuple[tuple[int, int, int], SimulatedSpec]] = {}
 _spec_cache_lock = threading.Lock()
 
 
 def _load_spec_once(path: str | os.PathLike[str]) -> SimulatedSpec:
-    """Return :func:`load_spec` of ``path``, reading each version of a file once.
-
-    Detection probes the spec and then constructs the platform from it: both get the same
-    immutable spec. A file whose inode, size or modification time changed is read again.
-    """
+    """Return :func:`load_spec` of ``path``, reading each version (inode, size, mtime) once."""
     name = os.fspath(path)
     try:
         st = os.stat(name)
@@ -85,17 +70,17 @@ class SimulatedPlatform(BasePlatform):
     """A platform of scripted devices, for tests and demos.
 
     Args:
-        spec: A :class:`SimulatedSpec`, a mapping in the spec format, or a path to a spec file;
-            ``None`` loads the file named by ``ACCELPLAT_SIMULATED_SPEC``.
-        clock: The clock timelines run on and waits sleep on (exposed as :attr:`clock`);
-            ``None`` means the spec's choice (a :class:`RealClock` or a fresh
-            :class:`SimulatedClock`). Timeline time 0 is the clock's reading at construction.
+        spec: A :class:`SimulatedSpec`, a spec mapping or a spec file's path; ``None``: the file
+            ``ACCELPLAT_SIMULATED_SPEC`` names.
+        clock: What timelines run and waits sleep on (:attr:`clock`); ``None``: the spec's choice.
+            Timeline time 0 is its reading at construction.
 
     Raises:
         ConfigurationError: For an invalid spec, or ``spec=None`` without the variable.
     """
 
     context_free: ClassVar[bool] = True
+    visible_devices_env: ClassVar[str | None] = ENV_VISIBLE
 
     def __init__(
         self,
@@ -123,13 +108,10 @@ class SimulatedPlatform(BasePlatform):
             )
         if clock is None:
             clock = SimulatedClock() if resolved.clock == "virtual" else RealClock()
-        elif not (
-            callable(getattr(clock, "monotonic", None)) and callable(getattr(clock, "sleep", None))
-        ):
+        elif not all(callable(getattr(clock, m, None)) for m in ("monotonic", "sleep")):
             raise ConfigurationError(f"clock must have monotonic() and sleep(), got {clock!r}")
         self._spec = resolved
         self.clock: Clock = clock
-        """The clock of the timelines; memory waits sleep on it by default."""
         self._t0 = clock.monotonic()
 
     @classmethod
@@ -162,16 +144,12 @@ class SimulatedPlatform(BasePlatform):
         """The spec this platform follows."""
         return self._spec
 
-    # Identity and behaviour come from the spec.
-
     @property
     def name(self) -> str:  # type: ignore[override]
-        """Platform name (``"simulated"`` by default)."""
         return self._spec.name
 
     @property
     def device_type(self) -> str:  # type: ignore[override]
-        """Torch device type the spec pretends to be."""
         return self._spec.device_type
 
     @property
@@ -181,37 +159,27 @@ class SimulatedPlatform(BasePlatform):
 
     @property
     def default_memory_utilization(self) -> float:  # type: ignore[override]
-        """Default engine memory utilization."""
         return self._spec.default_memory_utilization
 
     @property
     def preferred_start_method(self) -> StartMethod:  # type: ignore[override]
-        """Process start method."""
         return self._spec.preferred_start_method
 
     @property
     @override
     def release(self) -> ReleaseProfile:
-        """Release profile."""
         return self._spec.release
 
     @property
     @override
     def graph(self) -> GraphSupport:
-        """Graph capability."""
         return self._spec.graph
-
-    @property
-    def visible_devices_env(self) -> str | None:  # type: ignore[override]
-        """``ACCELPLAT_SIMULATED_VISIBLE_DEVICES``: the simulated devices this process sees."""
-        return ENV_VISIBLE
 
     def elapsed(self) -> float:
         """Return timeline time: seconds on :attr:`clock` since construction."""
         return self.clock.monotonic() - self._t0
 
     def _visible(self) -> list[int]:
-        """Spec indices of the visible devices, in visible-index order (see :data:`ENV_VISIBLE`)."""
         everything = list(range(len(self._spec.devices)))
         raw = os.environ.get(ENV_VISIBLE)
         if raw is None:
@@ -221,12 +189,14 @@ class SimulatedPlatform(BasePlatform):
         for token in (t.strip() for t in raw.split(",")):
             if token in uuids:
                 index = uuids.index(token)
-            elif token.isdecimal() and len(token) <= 6 and int(token) < len(uuids):
+            elif (
+                token.isascii() and token.isdigit() and len(token) <= 6 and int(token) < len(uuids)
+            ):
                 index = int(token)
             else:  # as CUDA does: an unknown entry ends the list
                 break
             if index in chosen:
-                raise ConfigurationError(f"{ENV_VISIBLE}={raw!r} names device {token} twice")
+                raise ConfigurationError(f"{ENV_VISIBLE}={shown(raw)} names device {token} twice")
             chosen.append(index)
         return chosen
 
@@ -239,21 +209,15 @@ class SimulatedPlatform(BasePlatform):
         """Return the visible simulated devices; ``physical_index`` is the index in the spec.
 
         Raises:
-            ConfigurationError: When ``ACCELPLAT_SIMULATED_VISIBLE_DEVICES`` names a device twice.
+            ConfigurationError: When ``ACCELPLAT_SIMULATED_VISIBLE_DEVICES`` names one twice.
         """
         return [
-            DeviceInfo(
-                index=i,
-                physical_index=spec_index,
-                name=self._spec.devices[spec_index].name,
-                uuid=self._uuid(spec_index),
-            )
-            for i, spec_index in enumerate(self._visible())
+            DeviceInfo(i, index, self._spec.devices[index].name, self._uuid(index))
+            for i, index in enumerate(self._visible())
         ]
 
     @override
     def device_count(self) -> int:
-        """Return the number of visible simulated devices."""
         return len(self._visible())
 
     @override
@@ -261,8 +225,7 @@ class SimulatedPlatform(BasePlatform):
         index = self._visible()[device]
         dev = self._spec.devices[index]
         used = dev.used_at(self.elapsed())
-        # The rule of every driver's answer: a spec can describe a device no driver could report
-        # (a total of zero), and a wait must not take that as a fact.
+        # Checked as a driver's answer: a spec may describe what no driver reports (a zero total).
         return checked_memory(
             "simulated",
             f"simulated device {device} ({self._uuid(index)})",
@@ -275,11 +238,7 @@ class SimulatedPlatform(BasePlatform):
 
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
-        """Return the holders active now, or ``None`` when the spec does not report holders.
-
-        Raises:
-            DeviceNotFoundError: For an index that is not visible.
-        """
+        """Return the holders active now, or ``None`` when the spec does not report holders."""
         index = self.check_device(device)
         return self._spec.devices[self._visible()[index]].holders_at(self.elapsed())
 
