@@ -34,6 +34,7 @@ from accelplat._types import GIB, HolderState, MemoryInfo
 from accelplat._vendor import nvml as _nvml
 from accelplat._vendor.procs import classify_pid
 from accelplat.errors import MemoryNotSettledError
+from tests._proc import run_python
 from tests.conftest import Install
 from tests.fakes.nvml import FakeNvml, h200
 
@@ -273,15 +274,7 @@ _EXIT_SCRIPT = textwrap.dedent(
 def test_process_exit_never_shuts_nvml_down_under_a_call(case: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELPLAT_", "CUDA_"))}
     env["PYTHONPATH"] = str(REPO)
-    done = subprocess.run(
-        [sys.executable, "-c", _EXIT_SCRIPT, case],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_python(_EXIT_SCRIPT, case, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     in_flight = 1 if case == "in-flight" else 0

@@ -13,7 +13,6 @@ import importlib
 import json
 import logging
 import os
-import subprocess
 import sys
 import textwrap
 import types
@@ -33,6 +32,7 @@ from accelplat._backends.simulated import SimulatedClock
 from accelplat._types import GIB, UsageSnapshot
 from accelplat._vendor import nvml as _nvml
 from accelplat.errors import AccelplatError, BackendError, MemoryNotSettledError
+from tests._proc import run_python
 from tests.conftest import Install
 from tests.fakes.hostfs import HostFS
 from tests.fakes.nvml import FakeNvml, NVMLLibraryMismatchError, h200
@@ -345,15 +345,7 @@ def test_deprecated_package_under_w_error_in_a_fresh_interpreter(tmp_path: Path)
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELPLAT_", "CUDA_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(REPO)])
-    done = subprocess.run(
-        [sys.executable, "-W", "error", "-c", script],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_python(script, env=env, timeout=120, flags=["-W", "error"])
     assert done.returncode == 0, done.stderr
     assert "Warning" not in done.stderr
     assert "Traceback" not in done.stderr
@@ -411,15 +403,7 @@ def test_import_and_detection_survive_a_hostile_environment(tmp_path: Path) -> N
         ONEAPI_DEVICE_SELECTOR="opencl:;level_zero",
         ACCELPLAT_XPU_ALLOW_TORCH="1",
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_python(script, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     (line,) = done.stdout.strip().splitlines()  # what amdsmi printed was held back

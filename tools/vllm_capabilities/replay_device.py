@@ -31,7 +31,7 @@ import pytest
 
 from accelplat._backends.cuda import CudaPlatform
 from accelplat._platform import BasePlatform
-from accelplat._types import DeviceInfo, GraphSupport, MemoryInfo
+from accelplat._types import DeviceInfo, GraphSupport, MemoryInfo, ProbeResult
 
 
 def _from_tests(depth: int = 2) -> bool:
@@ -114,6 +114,10 @@ def _replay_class(facts: dict[str, Any]) -> type[BasePlatform]:
         device_type = "cuda"
         FEATURES = CudaPlatform.FEATURES
         GRAPH = GraphSupport(graph["available"], graph["api"], graph["reason"])
+
+        @classmethod
+        def probe(cls) -> ProbeResult:
+            return ProbeResult(True, "the recorded machine's devices")
 
         def devices(self) -> Sequence[DeviceInfo]:
             return tuple(
