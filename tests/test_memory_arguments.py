@@ -176,7 +176,9 @@ def test_a_reader_that_returns_no_memory_info_is_named(sim: SimulatedPlatform, a
         accelplat.snapshot([0], read=lambda d: answer)
 
 
-@pytest.mark.parametrize("platform", [5, "cuda", object(), SimulatedPlatform], ids=repr)
+@pytest.mark.parametrize(
+    "platform", [5, "cuda", object(), SimulatedPlatform], ids=["int", "str", "object", "class"]
+)
 def test_a_platform_that_is_no_platform_is_named(platform: Any) -> None:
     rejects(lambda: accelplat.snapshot(platform=platform), "platform")
     rejects(
