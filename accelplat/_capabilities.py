@@ -8,6 +8,7 @@ from ``[tool.accelplat.capabilities]`` or :func:`define_capability`. Each answer
 from __future__ import annotations
 
 import dataclasses
+import functools
 import graphlib
 import inspect
 import re
@@ -21,13 +22,15 @@ from typing import TYPE_CHECKING, Any
 from accelplat import _files
 from accelplat._platform import optional
 from accelplat._types import DeviceInfo, FeatureRule
-from accelplat._util import shorten
+from accelplat._util import shorten, shown
 from accelplat._validate import NAME_RE, device_index
 from accelplat._vendor.versions import distribution_version, satisfies
 from accelplat.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from accelplat._platform import Platform
+
+_shown = functools.partial(shown, limit=80)  # a table's values, quoted briefly
 
 
 @dataclass(frozen=True)
@@ -76,14 +79,6 @@ def _arch_matches(pattern: str, info: DeviceInfo) -> bool:
         return cc is not None and cc >= (int(m.group(1)[:-1]), int(m.group(1)[-1]))
     arch = (info.arch or "").lower()
     return arch.startswith(pattern[:-1]) if pattern.endswith("*") else arch == pattern
-
-
-def _shown(value: object) -> str:
-    """``repr(value)`` for an error message: at most 80 characters, never a recursion."""
-    try:
-        return shorten(repr(value), 80)
-    except RecursionError:  # a list nested deeper than repr goes
-        return f"a deeply nested {type(value).__name__}"
 
 
 def _parse_arch(text: object, where: str) -> str:

@@ -94,6 +94,21 @@ def printable(text: object, *, keep_newlines: bool = False) -> str:
     return "".join(out)
 
 
+def clip(text: str, limit: int) -> str:
+    """Return ``text`` cut to ``limit`` characters, the last one ``…``, when it is longer."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def shown(value: object, limit: int = 200) -> str:
+    """``repr(value)`` for a message: bounded (a variable may hold 100 KB), never an error."""
+    if isinstance(value, int) and value.bit_length() >= 4000:
+        return "an int of more than 1200 digits"  # an int of more than 4300 digits has no repr
+    try:
+        return shorten(repr(value), limit)
+    except RecursionError:  # a list nested deeper than repr goes
+        return f"a deeply nested {type(value).__name__}"
+
+
 def shorten(text: object, limit: int = 200) -> str:
     """Return ``text`` cut to ``limit`` characters and ``… (N characters)`` when it is longer.
 

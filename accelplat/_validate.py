@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any, Literal, SupportsFloat, TypeGuard
 
-from accelplat._util import shorten
+from accelplat import _util
 from accelplat.errors import ConfigurationError, DeviceNotFoundError
 
 ErrorType = Callable[[str], Exception]  # an exception class (or factory) taking the message
@@ -37,12 +37,6 @@ def _must(argument: str, expected: str, shown: str) -> str:
     if argument:
         return f"{argument} must be {expected}, got {shown}"
     return f"expected {expected}, got {shown}"
-
-
-def _shown(value: object) -> str:
-    if isinstance(value, int) and value.bit_length() >= 4000:
-        return "an int of more than 1200 digits"  # an int of more than 4300 digits has no repr
-    return shorten(repr(value))  # a variable can hold 100 KB: echo a bounded part
 
 
 def _range_words(minimum: float | None, maximum: float | None, above: float | None) -> str:
@@ -81,7 +75,7 @@ def number(
     ``above`` is an exclusive lower bound; ``expected`` replaces the range's words where the caller
     accepts more than a number; ``from_text`` parses text as a ``float`` literal.
     """
-    shown = _shown(value)
+    shown = _util.shown(value)
     if from_text:
         try:
             value = float(value)  # type: ignore[arg-type]
@@ -124,9 +118,9 @@ def integer(
             raise error(_must(argument, words, repr(value)))
         return int(text)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise error(_must(argument, words, f"{type(value).__name__} {_shown(value)}"))
+        raise error(_must(argument, words, f"{type(value).__name__} {_util.shown(value)}"))
     if not _in_range(value, minimum, maximum, None):
-        raise error(_must(argument, words, _shown(value)))
+        raise error(_must(argument, words, _util.shown(value)))
     return value
 
 
@@ -210,7 +204,7 @@ def parse_size(
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigurationError(
             f"{argument} must be a size such as '4GiB' or an int of bytes, "
-            f"got {type(value).__name__} {_shown(value)}"
+            f"got {type(value).__name__} {_util.shown(value)}"
         )
     if isinstance(value, int):
         size = integer(value, argument, minimum=0)
@@ -220,7 +214,7 @@ def parse_size(
         if m is None or (unit and unit not in _UNITS):
             raise ConfigurationError(
                 f"{argument} must be a non-negative size: a number with a unit ('4GiB', "
-                f"'512MiB', '1.5G', '8GB', '100B'); got {_shown(value)}"
+                f"'512MiB', '1.5G', '8GB', '100B'); got {_util.shown(value)}"
             )
         whole, _, fraction = str(m.group(1)).partition(".")
         whole = whole.lstrip("0")
@@ -300,7 +294,7 @@ class JsonFields:
             for key in value:
                 if not isinstance(key, str) or key not in allowed:
                     names = ", ".join(sorted(allowed))
-                    raise self.problem(where, f"unknown key {_shown(key)} (allowed: {names})")
+                    raise self.problem(where, f"unknown key {_util.shown(key)} (allowed: {names})")
         for key in sorted(required):
             if key not in value:
                 raise self.problem(where, f"missing required key {key!r}")

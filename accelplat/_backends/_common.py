@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from accelplat import _boundary, _files
 from accelplat._types import MemoryInfo, ProbeResult
-from accelplat._vendor import clip, vendor_int
+from accelplat._util import clip
+from accelplat._vendor import vendor_int
 from accelplat.errors import AccelplatError, BackendError, ImplausibleReadingError
 
 if TYPE_CHECKING:

@@ -33,8 +33,9 @@ from accelplat._types import (
     MemoryInfo,
     ProbeResult,
 )
-from accelplat._vendor import clip, vendor_int
+from accelplat._util import clip
 from accelplat._vendor import nvml as _nvml
+from accelplat._vendor import vendor_int
 from accelplat._vendor.versions import graph_support
 from accelplat._visible.cuda import (
     ENV_CUDA_DEVICE_ORDER,
@@ -355,7 +356,7 @@ class CudaPlatform(BasePlatform):
             return ProbeResult(
                 False,
                 f"NVML (driver {driver}) sees {len(gpus)} NVIDIA GPU(s), but "
-                f"{ENV_CUDA_VISIBLE_DEVICES}={clip(repr(value))} leaves none visible{why}",
+                f"{ENV_CUDA_VISIBLE_DEVICES}={clip(repr(value), 80)} leaves none visible{why}",
             )
         names = sorted({g.name for g in gpus})
         return ProbeResult(

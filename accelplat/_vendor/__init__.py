@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from accelplat import _util
 from accelplat.errors import BackendError
 
 _lock = threading.RLock()  # serialises the swap of sys.stdout, so two threads restore it right
@@ -38,11 +39,6 @@ def quiet_stdout() -> Iterator[io.StringIO]:
         yield captured
 
 
-def clip(text: str, limit: int = 80) -> str:
-    """Return ``text`` cut to ``limit`` characters, ending in ``…`` when cut."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def vendor_int(platform: str, where: str, name: str, value: object) -> int:
     """Return a vendor's number as an ``int`` (numpy's, integral floats); ``BackendError`` else."""
     if type(value) is int:
@@ -55,5 +51,5 @@ def vendor_int(platform: str, where: str, name: str, value: object) -> int:
             return operator.index(value)  # type: ignore[arg-type]
         except TypeError:
             pass
-    shown = clip(repr(value), 40)
+    shown = _util.clip(repr(value), 40)
     raise BackendError(platform, f"{where}: {name} is {shown}, not an integer", "malformed reading")

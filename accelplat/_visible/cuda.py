@@ -12,7 +12,7 @@ import enum
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from accelplat._visible import shown
+from accelplat._util import shown
 
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 ENV_CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"

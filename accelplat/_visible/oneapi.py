@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from accelplat._visible import shown
+from accelplat._util import shown
 from accelplat.errors import ConfigurationError
 
 ENV_AFFINITY_MASK = "ZE_AFFINITY_MASK"

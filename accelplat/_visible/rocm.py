@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from accelplat._visible import shown
+from accelplat._util import shown
 from accelplat.errors import ConfigurationError
 
 ENV_ROCR_VISIBLE_DEVICES = "ROCR_VISIBLE_DEVICES"

@@ -17,7 +17,7 @@ from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
-from accelplat import _files
+from accelplat import _files, _util
 from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, is_leak, leaked_bytes
 from accelplat._types import MIB
 from accelplat._validate import JsonFields
@@ -287,8 +287,8 @@ def _r(t: float) -> float:
 
 
 def clip(text: str, limit: int = MAX_TEXT) -> str:
-    """Return ``text`` cut to ``limit`` characters (the last one an ellipsis) if longer."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """:func:`accelplat._util.clip` at the longest text a trace holds."""
+    return _util.clip(text, limit)
 
 
 def dumps_trace(trace: Trace) -> str:

@@ -16,8 +16,9 @@ import pytest
 from accelplat._backends._common import never_raises, torch_reading, vendor_cards
 from accelplat._backends.cuda import CudaPlatform
 from accelplat._types import GIB, ProbeResult
-from accelplat._vendor import clip, vendor_int
+from accelplat._util import clip
 from accelplat._vendor import nvml as _nvml
+from accelplat._vendor import vendor_int
 from accelplat.errors import BackendError, ConfigurationError, ImplausibleReadingError
 from tests.conftest import Install
 from tests.fakes.nvml import FakeNvml, h200

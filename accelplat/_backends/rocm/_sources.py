@@ -27,7 +27,8 @@ from accelplat._backends._common import (
 )
 from accelplat._backends.rocm._topology import Gpu, Topology
 from accelplat._types import MemoryHolder, MemoryInfo
-from accelplat._vendor import clip, import_quietly, vendor_int
+from accelplat._util import clip
+from accelplat._vendor import import_quietly, vendor_int
 from accelplat._vendor.procs import make_holder
 from accelplat.errors import BackendError
 

@@ -35,8 +35,7 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
-from accelplat._util import Clock, RealClock
-from accelplat._visible import shown
+from accelplat._util import Clock, RealClock, shown
 from accelplat.errors import ConfigurationError
 
 ENV_SPEC = "ACCELPLAT_SIMULATED_SPEC"  # the spec file SimulatedPlatform() and its probe load
