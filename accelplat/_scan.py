@@ -1,8 +1,11 @@
-"""Inventory a test tree's platform predicates, and name what replaces each.
+"""Inventory a test tree's platform predicates, and name the exact replacement of each.
 
-``accelplat scan PATH`` parses each ``*.py`` under ``PATH`` with :mod:`ast` (importing nothing),
-finds predicates (``is_rocm()``, ``on_gfx9()`` …) and, from where each sits and the words around
-it, what it asks and what replaces it. Every pass is linear in the file's size.
+``accelplat scan PATH`` parses each ``*.py`` under ``PATH`` with :mod:`ast` (importing nothing)
+and finds platform predicates (``is_rocm()``, ``on_gfx9()`` …). A predicate inside a condition
+that decides whether tests run (a ``skipif``, an ``if`` that skips) is replaced by the
+requirement :mod:`accelplat._translate` computes from the condition's syntax tree — true exactly
+where the original is — or is listed with the kind of knowledge that has no exact replacement.
+Nothing is chosen from the words around it. Every pass is linear in the file's size.
 """
 
 from __future__ import annotations
@@ -10,37 +13,30 @@ from __future__ import annotations
 import ast
 import os
 import re
-from bisect import bisect_left
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelplat import _files
+from accelplat import _files, _translate
 from accelplat.errors import ConfigurationError, FileTooLargeError
 
 MAX_FILE_BYTES = 2 * 1024**2  # larger files are listed as skipped, not parsed
 MAX_DEPTH = 64  # directories deeper below the root are listed as skipped, not walked
-_FEATURE = "feature/kernel/dtype support"
-GROUPS = (  # what a predicate asks, in report order
-    _FEATURE, "device count", "large memory", "memory waits", "graphs", "start method",
-    "utilization", "tolerances", "other",
-)  # fmt: skip
 _PLATFORM_METHODS = frozenset({"is_rocm", "is_cuda", "is_cuda_alike", "is_xpu", "is_cpu", "is_tpu"})
 _TORCH_DEVICE_MODULES = frozenset({"xpu", "hpu", "npu"})  # hasattr(torch, "xpu") in scanned code
 _CAPABILITY_METHODS = frozenset(
     {"has_device_capability", "is_device_capability", "is_device_capability_family"}
     | {"get_device_capability"}
 )
-_DTYPE_METHODS = {
-    "supports_fp8": "fp8", "is_fp8_fnuz": "fp8", "fp8_dtype": "fp8", "supports_mx": "mxfp4"
-}  # fmt: skip
+_DTYPE_METHODS = frozenset({"supports_fp8", "is_fp8_fnuz", "fp8_dtype", "supports_mx"})
 _COUNT_FUNCTIONS = frozenset({"cuda_device_count_stateless", "device_count"})
 _MARKER_HELPERS = frozenset({"multi_gpu_test", "large_gpu_mark"})
 _DOTTED_CALLS = {  # a dotted call -> its kind
-    "torch.cuda.is_available": "platform", "torch.cuda.get_device_capability": "arch",
-    "torch.cuda.device_count": "count", "torch.xpu.device_count": "count",
+    "torch.cuda.is_available": "platform", "torch.xpu.is_available": "platform",
+    "torch.cuda.get_device_capability": "arch", "torch.cuda.device_count": "count",
+    "torch.xpu.device_count": "count",
 }  # fmt: skip
 _CALLS = {  # a call by its own name -> its kind
     **dict.fromkeys(_PLATFORM_METHODS, "platform"),
@@ -50,11 +46,11 @@ _CALLS = {  # a call by its own name -> its kind
     "is_quant_method_supported": "quant", "multi_gpu_test": "count", "large_gpu_mark": "memory",
 }  # fmt: skip
 _WITH_ARGS = _CAPABILITY_METHODS | _MARKER_HELPERS | {"is_quant_method_supported"}  # with arguments
-_ROCM_ARCH_RE = re.compile(r"^on_(gfx\w+|mi\d\w*|cdna\d*)$")  # these are "arch" too
-_SKIPPING = ("skipif", "skip", "marker")
+_ROCM_ARCH_RE = re.compile(r"^on_(gfx\w+|mi\d\w*|cdna\d*|rdna\d*)$")  # these are "arch" too
 _MAX_DOTTED = 32  # parts of a dotted name looked at: bounds the walk down an attribute chain
 _MAX_LITERAL = 40  # longer literal arguments are shown as "…"
 _Where = tuple[str, ast.AST] | None  # ("skipif"|"if"|"marker"|"expression", node), or None
+FORMS = ("requires", "skip_module_unless", "has")  # the replacements, in report order
 
 
 @dataclass(frozen=True)
@@ -64,8 +60,9 @@ class Finding:  # one platform predicate in one file
     predicate: str  # normalised: "is_rocm()", "has_device_capability(90)"
     kind: str  # platform, arch, dtype, count, memory or quant
     use: str  # skipif, skip, branch, expression or marker
-    group: str  # what it asks: one of GROUPS
-    replacement: str | None  # the accelplat requirement or drop-in that replaces it
+    replacement: str | None  # accelplat.testing.requires("…"), accelplat.has("…") …, or None
+    missing: str | None = None  # without a replacement: the kind of knowledge that has none
+    source: str = ""  # the line, whitespace collapsed: what --diff compares
 
 
 @dataclass
@@ -76,21 +73,19 @@ class ScanReport:
     errors: list[str] = field(default_factory=list)  # "path: why", files or directories
 
     def summary(self) -> dict[str, Any]:
-        """Return counts by predicate, group and replacement kind, JSON-ready."""
+        """Return counts by predicate, use, replacement and missing kind, JSON-ready."""
         found = self.findings
-        by_group = Counter(f.group for f in found)
-        replaceable = Counter(f.group for f in found if f.replacement)
-        how = ("none" if f.replacement is None else f.replacement.split(":", 1)[0] for f in found)
+        forms = Counter(f.replacement.partition("(")[0].rpartition(".")[2] for f in found if f.replacement)
         return {
             "root": self.root,
             "files_scanned": self.files_scanned,
             "files_with_predicates": len({f.path for f in found}),
             "predicates": len(found),
-            "replaceable": replaceable.total(),
+            "replaceable": sum(forms.values()),
             "by_predicate": dict(Counter(_family(f.predicate) for f in found).most_common()),
-            "by_group": {g: by_group[g] for g in GROUPS if by_group[g]},
-            "by_group_replaceable": {g: replaceable[g] for g in GROUPS if by_group[g]},
-            "by_replacement": dict(Counter(how).most_common()),
+            "by_use": dict(Counter(f.use for f in found).most_common()),
+            "by_replacement": {form: forms[form] for form in FORMS if forms[form]},
+            "without_replacement": dict(Counter(f.missing for f in found if f.missing).most_common()),
             "errors": list(self.errors),
         }
 
@@ -147,65 +142,20 @@ def _predicate(node: ast.AST) -> tuple[str, str] | None:
     return f"{name}({', '.join(args)})", kind
 
 
-_WORDS: dict[str, re.Pattern[bytes]] = {  # one search per file each, on its UTF-8 bytes
-    "memory waits": re.compile(rb"wait_for_gpu_memory|wait_for_memory|memory_to_clear", re.I),
-    "utilization": re.compile(rb"gpu_memory_utilization", re.I),
-    "start method": re.compile(rb"\bspawn\b|\bfork\b|start_method|multiproc_method", re.I),
-    "graphs": re.compile(rb"cuda ?graph|cudagraph|\bgraphs?\b|enforce_eager", re.I),
-    "tolerances": re.compile(rb"\batol\b|\brtol\b|toleran|assert_close|allclose", re.I),
-    "device count": re.compile(rb"\b(\d+|two|four|eight|multiple|multi)[- ]?gpus?\b|"
-                               rb"device_count|num_gpus|tensor_parallel", re.I),
-    "large memory": re.compile(rb"\b\d+ ?gi?b\b|large gpu|not enough memory|\bOOM\b", re.I),
-    "mxfp4": re.compile(rb"mxfp4|\bmx\b|microscal", re.I),
-    "fp4": re.compile(rb"nvfp4|\bfp4\b|float4", re.I),
-    "fp8": re.compile(rb"\bfp8|float8|e4m3|e5m2", re.I),
-    "bf16": re.compile(rb"bf16|bfloat16", re.I),
-}  # fmt: skip
-_TEXT_GROUPS = tuple(_WORDS)[:7]  # tried in this order: the first match wins
-_DTYPES = ("mxfp4", "fp4", "fp8", "bf16")
-
-
-class _Source:
-    """A file's bytes with each word pattern's matches, for "does it occur in this span"."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.lines = [0] + [m.end() for m in re.finditer(rb"\r\n|\r|\n", data)]
-        self._found: dict[str, tuple[list[int], list[int]]] = {}
-
-    def words(self, nodes: Iterable[ast.AST]) -> frozenset[str]:
-        """Return the names in :data:`_WORDS` whose pattern occurs wholly inside one node."""
-        spans = []
-        for node in nodes:  # the parser's columns are UTF-8 offsets
-            end_line = getattr(node, "end_lineno", None)
-            end_col = getattr(node, "end_col_offset", None)
-            if end_line is not None and end_col is not None:
-                start = self.lines[getattr(node, "lineno", 1) - 1] + getattr(node, "col_offset", 0)
-                spans.append((start, self.lines[end_line - 1] + end_col))
-        out = set()
-        for name, pattern in _WORDS.items():
-            if name not in self._found:
-                hits = list(pattern.finditer(self.data))
-                self._found[name] = [m.start() for m in hits], [m.end() for m in hits]
-            starts, ends = self._found[name]
-            for start, end in spans:
-                i = bisect_left(starts, start)  # matches do not overlap: the first inside decides
-                if i < len(starts) and ends[i] <= end:
-                    out.add(name)
-                    break
-        return frozenset(out)
-
-
 def _is_skip_call(node: ast.AST, names: tuple[str, ...]) -> bool:  # pytest.skip(), skip() …
     return isinstance(node, ast.Call) and (_dotted(node.func) or "").rpartition(".")[2] in names
 
 
-def _arg_words(call: ast.Call) -> frozenset[str]:  # words in its literal arguments, f-strings too
-    args = (*call.args, *(k.value for k in call.keywords))
-    parts = [v for a in args for v in (a.values if isinstance(a, ast.JoinedStr) else [a])]
-    texts = [v.value for v in parts if isinstance(v, ast.Constant) and isinstance(v.value, str)]
-    data = " ".join(texts).encode("utf-8", "replace")
-    return frozenset(name for name, pattern in _WORDS.items() if pattern.search(data))
+_SKIPS = ("skip", "SkipTest")
+
+
+def _skips(block: list[ast.stmt]) -> ast.Call | None:
+    """The skip call a block makes at its own level (``pytest.skip(...)``, ``raise SkipTest``)."""
+    for stmt in block:
+        call = stmt.value if isinstance(stmt, ast.Expr) else getattr(stmt, "exc", None)
+        if call is not None and _is_skip_call(call, _SKIPS):
+            return call  # type: ignore[no-any-return]
+    return None
 
 
 def _walk(tree: ast.AST) -> Iterator[tuple[ast.AST, ast.AST | None, _Where]]:
@@ -214,7 +164,7 @@ def _walk(tree: ast.AST) -> Iterator[tuple[ast.AST, ast.AST | None, _Where]]:
     while todo:
         node, parent, where = todo.popleft()
         yield node, parent, where
-        if _is_skip_call(node, ("skipif",)):
+        if _is_skip_call(node, ("skipif", "xfail")) and getattr(node, "args", None):
             where = ("skipif", node)
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.Return, ast.Expr)):
             where = ("expression", node)
@@ -226,89 +176,160 @@ def _walk(tree: ast.AST) -> Iterator[tuple[ast.AST, ast.AST | None, _Where]]:
         todo.extend((c, node, apart.get(id(c), where)) for c in ast.iter_child_nodes(node))
 
 
-def _why(where: _Where, text: _Source, skips: dict[ast.AST, ast.AST]) -> tuple[str, frozenset[str]]:
-    """Return how a predicate is used and the words around it that say why."""
-    if where is None:
-        return "expression", frozenset()
-    use, node = where
-    if isinstance(node, ast.Call) and use == "skipif":
-        return "skipif", _arg_words(node)
-    if isinstance(node, ast.If) and use == "if":
-        skip = next((skips[s] for s in node.body if s in skips), None)
-        if isinstance(skip, ast.Call):
-            return "skip", _arg_words(skip)
-        return "branch", text.words((*node.body, *node.orelse))
-    return use, text.words([node])
+# Kinds of a predicate that decides nothing about running (it picks a value or a path): no
+# requirement replaces it, whatever it asks.
+TOLERANCES = "tolerances chosen by platform"
+VALUE_LISTS = "backend/kernel lists chosen by platform"
+VALUES = "value chosen by platform"
+CODE_PATH = "platform-specific code path"
+COUNT = "device count or memory (requires(devices=…, device_memory=…))"
+QUANT = "quantization-method support (project knowledge)"
+_TOLERANCE_NAMES = ("atol", "rtol", "tol", "tolerance")
 
 
-_KIND_GROUPS = {  # what a predicate of this kind asks, whatever the words say
-    "count": "device count", "memory": "large memory", "arch": _FEATURE, "dtype": _FEATURE,
-    "quant": _FEATURE,
-}  # fmt: skip
-_FIXED = {  # the groups whose replacement the predicate does not change
-    "device count": "requirement: accelplat_requires(devices=N)",
-    "large memory": "requirement: accelplat_requires(device_memory=…)",
-    "memory waits": "drop-in: accelplat.integrations.vllm.wait_for_gpu_memory_to_clear",
-    "utilization": "drop-in: platform.default_memory_utilization",
-    "start method": "drop-in: platform.preferred_start_method",
-    "tolerances": None,
-}
+def _constant_like(node: ast.AST | None) -> bool:  # "FLASH_ATTN", ["A", "B"], ("x",) …
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return all(_constant_like(e) for e in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
 
-def _classify(kind: str, use: str, words: frozenset[str], pred: str) -> tuple[str, str | None]:
-    """Return what a predicate asks and what replaces it (``"builtin: …"``, ``"drop-in: …"`` …)."""
-    skip = use in _SKIPPING
-    default = _FEATURE if skip else "other"
-    group = _KIND_GROUPS.get(kind) or next((g for g in _TEXT_GROUPS if g in words), default)
-    if group == "graphs":
-        return group, 'builtin: accelplat_requires("graphs")' if skip else 'builtin: has("graphs")'
-    if group in _FIXED:
-        return group, _FIXED[group]
-    dtype = next((d for d in _DTYPES if d in words), _DTYPE_METHODS.get(pred.partition("(")[0]))
-    if kind == "dtype" and not skip:
-        return group, f'builtin: capabilities()["{dtype or "fp8"}"].value'
-    if dtype is not None and (skip or kind in ("arch", "dtype")):
-        return group, f'builtin: accelplat_requires("{dtype}")'
-    if group != _FEATURE:
-        return group, None
-    if kind == "arch":
-        m = re.search(r"\((\d+)\)", pred)
-        arch = "gfx…" if m is None else f"sm_{m.group(1)}+"
-        return group, f"project: capability with arch {arch}"
-    if kind == "quant":
-        return group, "project: capability per quantization method"
-    if pred in ("torch.cuda.is_available()", "is_cuda_alike()"):
-        return group, 'builtin: accelplat_requires("cuda-api")'
-    if pred == "is_cpu()":
-        return group, 'builtin: accelplat_requires("accelerator")'
-    return group, "project: capability with platforms=[…]"
+def _context_kind(use: str, node: ast.AST) -> str:
+    """Why a predicate outside a skip decision has no replacement, from what its place does."""
+    if use == "branch" and isinstance(node, ast.If):
+        stores = [s for s in (*node.body, *node.orelse) if isinstance(s, (ast.Assign, ast.AugAssign))]
+        names = [
+            _dotted(t) or ""
+            for s in stores
+            for t in (s.targets if isinstance(s, ast.Assign) else [s.target])
+        ]
+        if any(n.rpartition(".")[2].lower().endswith(_TOLERANCE_NAMES) for n in names):
+            return TOLERANCES
+        if stores and all(_constant_like(s.value) for s in stores):
+            return VALUE_LISTS
+        return CODE_PATH
+    values = [n for n in ast.walk(node) if isinstance(n, ast.IfExp)]
+    if values and all(_constant_like(v.body) and _constant_like(v.orelse) for v in values):
+        return VALUE_LISTS
+    return VALUES
+
+
+def _own_kind(predicate: ast.AST) -> str | None:
+    """The kind when the predicate alone has no replacement (a value, a torch build …)."""
+    try:
+        _translate.translate(predicate)
+    except _translate.Unexpressible as exc:
+        return None if exc.kind == _translate.NOT_A_PLATFORM else exc.kind
+    return None
+
+
+@dataclass(frozen=True)
+class _Decision:  # a condition that decides whether tests run
+    condition: ast.AST
+    form: str  # "requires" (a skipif), "skip_module_unless" (a module-level skip) or "has"
+    sites: list[_translate.Site]
+    kinds: dict[int, str]
+
+
+def _decision(use: str, node: ast.AST, parents: dict[ast.AST, ast.AST | None]) -> _Decision | None:
+    if use == "skipif" and isinstance(node, ast.Call) and node.args:
+        skipif = _is_skip_call(node, ("skipif",)) and len(node.args) == 1
+        found, kinds = _translate.sites(node.args[0])
+        return _Decision(node.args[0], "requires" if skipif else "has", found, kinds)
+    if use == "if" and isinstance(node, ast.If):
+        skip = _skips(node.body)
+        if skip is None and _skips(node.orelse) is None:
+            return None
+        found, kinds = _translate.sites(node.test)
+        module = isinstance(parents.get(node), ast.Module) and not node.orelse
+        whole_skip = module and skip is not None and len(node.body) == 1
+        allowed = any(k.arg == "allow_module_level" for k in getattr(skip, "keywords", ()))
+        return _Decision(node.test, "skip_module_unless" if whole_skip and allowed else "has", found, kinds)
+    return None
+
+
+def site_of(decision: _Decision, predicate: ast.AST) -> _translate.Site | None:
+    """The translated part of ``decision`` that holds ``predicate``, if any."""
+    for site in decision.sites:
+        first, last = site.span
+        parts = [first] if first is last else _run(site)
+        if any(predicate is n for part in parts for n in ast.walk(part)):
+            return site
+    return None
+
+
+def _run(site: _translate.Site) -> list[ast.expr]:
+    assert isinstance(site.node, ast.BoolOp)  # a run is always a BoolOp's operands
+    return site.node.values[site.first : site.last + 1]
+
+
+def replacement(decision: _Decision, site: _translate.Site) -> str:
+    """The code that replaces ``site`` of ``decision`` (a mark, a module skip or a ``has``)."""
+    if site.whole and decision.form == "requires":
+        return f'accelplat.testing.requires("{site.run_if}")'
+    if site.whole and decision.form == "skip_module_unless":
+        return f'accelplat.testing.skip_module_unless("{site.run_if}")'
+    return f'accelplat.has("{site.requirement}")'
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One predicate with where it sits: what scan reports and the migration rewrites."""
+
+    node: ast.AST
+    predicate: str
+    kind: str
+    use: str
+    place: ast.AST  # the skipif call, the if, the statement … it sits in
+    decision: _Decision | None
+    site: _translate.Site | None
+
+
+def placed(tree: ast.Module) -> list[Placed]:
+    """Every predicate of a parsed file, in :func:`ast.walk` order, with its decision and site."""
+    parents: dict[ast.AST, ast.AST | None] = {}
+    hits: list[tuple[ast.AST, str, str, _Where]] = []
+    for node, parent, where in _walk(tree):
+        parents[node] = parent
+        if (hit := _predicate(node)) is not None:
+            hits.append((node, *hit, where))
+    decided: dict[int, _Decision | None] = {}  # per place (by node identity)
+    out = []
+    for node, predicate, kind, where in hits:
+        use, place = where if where is not None else ("expression", tree)
+        if id(place) not in decided:
+            decided[id(place)] = _decision(use, place, parents)
+        decision = decided[id(place)]
+        if use == "if":
+            use = "branch" if decision is None else "skip"
+        site = None
+        if decision is not None and kind not in ("count", "memory", "quant"):
+            site = site_of(decision, node)
+        out.append(Placed(node, predicate, kind, use, place, decision, site))
+    return out
+
+
+def _source_line(lines: list[str], line: int) -> str:
+    return " ".join(lines[line - 1].split()) if 0 < line <= len(lines) else ""
 
 
 def scan_source(source: str, path: str = "<source>") -> list[Finding]:
     """Return one file's platform predicates in line order (``SyntaxError``, ``RecursionError``)."""
     tree = ast.parse(source, filename=path)
-    text = _Source(source.encode("utf-8", "surrogatepass"))
-    parents: dict[ast.AST, ast.AST | None] = {}
-    skips: dict[ast.AST, ast.AST] = {}  # each node -> the first skip call under it
-    hits: list[tuple[ast.AST, str, str, _Where]] = []
-    for node, parent, where in _walk(tree):
-        parents[node] = parent
-        if _is_skip_call(node, ("skip", "xfail", "SkipTest")):
-            up: ast.AST | None = node
-            while up is not None and up not in skips:  # breadth first: the first one met wins
-                skips[up] = node
-                up = parents[up]
-        if (hit := _predicate(node)) is not None:
-            hits.append((node, *hit, where))
-    said: dict[_Where, tuple[str, frozenset[str]]] = {}  # per place: use and words
+    lines = source.splitlines()
     found: list[Finding] = []
-    for node, predicate, kind, where in hits:
-        if where not in said:  # an AST node hashes and compares by identity
-            said[where] = _why(where, text, skips)
-        use, words = said[where]
-        group, replacement = _classify(kind, use, words, predicate)
-        line = getattr(node, "lineno", 0)
-        found.append(Finding(path, line, predicate, kind, use, group, replacement))
+    for p in placed(tree):
+        text, missing = None, None
+        if p.kind in ("count", "memory", "quant"):
+            missing = QUANT if p.kind == "quant" else COUNT
+        elif p.decision is not None and p.site is not None:
+            text = replacement(p.decision, p.site)
+        elif p.decision is not None:
+            missing = p.decision.kinds.get(id(p.node), _translate.NOT_A_PLATFORM)
+        else:
+            missing = _own_kind(p.node) or _context_kind(p.use, p.place)
+        line = getattr(p.node, "lineno", 0)
+        source_line = _source_line(lines, line)
+        found.append(Finding(path, line, p.predicate, p.kind, p.use, text, missing, source_line))
     return sorted(found, key=lambda f: f.line)
 
 

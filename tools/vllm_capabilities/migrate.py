@@ -1,19 +1,24 @@
-"""Rewrite vLLM test files' platform skip conditions as declared accelplat requirements.
+"""Rewrite vLLM test files' platform skip conditions as accelplat requirements.
 
 Usage::
 
     python tools/vllm_capabilities/migrate.py VLLM_SOURCE_ROOT [--files LIST | --all] [--dry-run]
 
-For every ``pytest.mark.skipif(<condition>, reason=...)`` whose condition is one of the platform
-predicates in :data:`RULES`, the call (and only its lines) becomes
-``pytest.mark.accelplat_requires(...)`` naming what the test needs; nothing else in the file
-changes. The project capabilities the requirements use are appended, once, to vLLM's
-``pyproject.toml`` from ``capabilities.toml`` next to this script. The files are edited in
-place, so run it on a copy of the source distribution.
+Every condition is translated by ``accelplat/_translate.py``, the translator ``accelplat scan``
+uses, so a rewrite is made only where the requirement is true exactly where the condition is:
 
-``--all`` rewrites every test file (the whole-tree projection); ``--files`` takes a list such as
-``files.txt`` (paths relative to ``tests/``, ``#`` comments allowed). Prints one line per file:
-how many conditions it rewrote.
+* ``pytest.mark.skipif(<condition>, reason=...)`` whose whole condition translates becomes
+  ``accelplat.testing.requires("<run if>")``, a plain skipif mark decided when the module is
+  imported (it skips correctly with or without accelplat's pytest plugin);
+* a module-level ``if <condition>: pytest.skip(..., allow_module_level=True)`` becomes
+  ``accelplat.testing.skip_module_unless("<run if>")``;
+* in any other skip decision (a ``skipif`` or ``xfail`` condition, an ``if`` that skips) the
+  widest part that translates becomes ``accelplat.has("<requirement>")``, the rest unchanged.
+
+Nothing else changes, except one ``import accelplat.testing`` line; no capability table is
+needed (the built-in vocabulary expresses every rewrite). Files are edited in place: run it on a
+copy. ``--all`` rewrites every test file; ``--files`` takes a list such as ``files.txt`` (paths
+relative to ``tests/``, ``#`` comments allowed). Prints one line per file rewritten.
 """
 
 from __future__ import annotations
@@ -24,85 +29,68 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent))
 
-RULES: dict[str, tuple[str, ...]] = {
-    "not torch.cuda.is_available()": ("cuda-api",),
-    "not current_platform.is_cuda_alike()": ("cuda-api",),
-    "not (current_platform.is_cuda() or current_platform.is_rocm())": ("cuda-api",),
-    "not current_platform.is_cuda()": ("cuda-kernels",),
-    "not current_platform.is_rocm()": ("rocm-kernels",),
-    "not current_platform.is_cpu()": ("cpu-kernels",),
-    "current_platform.is_cpu()": ("accelerator",),
-    "not (current_platform.is_cuda_alike() or current_platform.is_xpu())": ("triton-gpu",),
-    "not current_platform.has_device_capability(90)": ("sm90",),
-    "not current_platform.has_device_capability(100)": ("sm100",),
-    "not current_platform.is_device_capability(100)": ("sm100-only",),
-    "not current_platform.supports_fp8()": ("fp8",),
-    "not on_gfx950()": ("gfx950",),
-    "not (current_platform.is_rocm() and current_platform.supports_fp8())": (
-        "rocm-kernels",
-        "fp8",
-    ),
-    "not current_platform.is_rocm() or not current_platform.supports_mx()": (
-        "rocm-kernels",
-        "mxfp4",
-    ),
-}
-"""Skip condition (as ``ast.unparse`` spells it) -> the capabilities a test needs instead."""
+from accelplat import _scan  # noqa: E402  (the checkout's accelplat, next to this tool)
 
-SKIP_ON_ROCM: dict[str, str] = {
-    "TileLang JIT monitoring is disabled on ROCm": "tilelang-jit-monitor",
-    "Xformers backend is not supported on ROCm.": "xformers",
-    "check_moe_marlin_supports_config rejects every config on ROCm": "moe-marlin",
-}
-"""``skipif(current_platform.is_rocm(), reason=R)``: the capability each reason describes."""
+IMPORT = "import accelplat.testing  # migrated to accelplat requirements\n"
 
 
-def _reason(call: ast.Call) -> str | None:
-    for kw in call.keywords:
-        if kw.arg == "reason" and isinstance(kw.value, ast.Constant):
-            return str(kw.value.value)
-    return None
+def edits(tree: ast.Module) -> list[tuple[ast.AST, ast.AST, str]]:
+    """``(first node, last node, replacement text)`` for every rewrite of a parsed file."""
+    out: list[tuple[ast.AST, ast.AST, str]] = []
+    seen: set[int] = set()
+    for p in _scan.placed(tree):
+        if p.decision is None or p.site is None or id(p.site) in seen:
+            continue
+        seen.add(id(p.site))
+        text = _scan.replacement(p.decision, p.site)
+        if p.site.whole and p.decision.form in ("requires", "skip_module_unless"):
+            out.append((p.place, p.place, text))  # the skipif call, or the whole if statement
+        else:
+            first, last = p.site.span
+            out.append((first, last, text))
+    return out
 
 
-def _requirement(call: ast.Call) -> tuple[str, ...] | None:
-    func = ast.unparse(call.func)
-    if not func.endswith("mark.skipif") or len(call.args) != 1:
-        return None
-    condition = ast.unparse(call.args[0])
-    if condition in RULES:
-        return RULES[condition]
-    if condition == "current_platform.is_rocm()":
-        name = SKIP_ON_ROCM.get(_reason(call) or "")
-        return (name,) if name else None
-    return None
+def _offsets(source: bytes) -> list[int]:
+    starts = [0]
+    for i, byte in enumerate(source):
+        if byte == 0x0A:
+            starts.append(i + 1)
+    return starts
+
+
+def _insert_at(tree: ast.Module) -> int:
+    """The line before which the import goes: after the docstring and ``__future__`` imports."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and stmt is tree.body[0]:
+            continue
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+            continue
+        return stmt.lineno
+    return len(tree.body) and (tree.body[-1].end_lineno or 0) + 1 or 1
 
 
 def rewrite(source: str) -> tuple[str, int]:
-    """Return ``source`` with every recognised skip condition rewritten, and how many.
-
-    Only the lines of each rewritten ``skipif(...)`` call change: the call becomes
-    ``<same prefix>.accelplat_requires("name", ...)`` on its first line.
-    """
+    """Return ``source`` with every translatable skip condition rewritten, and how many."""
     tree = ast.parse(source)
-    lines = source.splitlines(keepends=True)
-    edits: list[tuple[int, int, int, int, str]] = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        needs = _requirement(node)
-        if needs is None or node.end_lineno is None or node.end_col_offset is None:
-            continue
-        prefix = ast.unparse(node.func)[: -len("skipif")]
-        text = f"{prefix}accelplat_requires({', '.join(repr(n) for n in needs)})"
-        text = text.replace("'", '"')
-        edits.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, text))
-    for start, col, end, end_col, text in sorted(edits, reverse=True):
-        first, last = lines[start - 1], lines[end - 1]
-        head = first.encode()[:col].decode()
-        tail = last.encode()[end_col:].decode()
-        lines[start - 1 : end] = [head + text + tail]
-    return "".join(lines), len(edits)
+    changes = edits(tree)
+    if not changes:
+        return source, 0
+    data = source.encode("utf-8")
+    starts = _offsets(data)
+    spans = []
+    for first, last, text in changes:
+        begin = starts[first.lineno - 1] + first.col_offset  # type: ignore[attr-defined]
+        end = starts[last.end_lineno - 1] + last.end_col_offset  # type: ignore[attr-defined]
+        spans.append((begin, end, text.encode("utf-8")))
+    for begin, end, text in sorted(spans, reverse=True):
+        data = data[:begin] + text + data[end:]
+    lines = data.decode("utf-8").splitlines(keepends=True)
+    at = _insert_at(tree) - 1
+    lines[at:at] = [IMPORT]
+    return "".join(lines), len(changes)
 
 
 def _files(tests: Path, listing: Path | None) -> list[Path]:
@@ -118,8 +106,8 @@ def _files(tests: Path, listing: Path | None) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the migration; see the module docstring."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("root", type=Path, help="vLLM source root (holds tests/, pyproject.toml)")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("root", type=Path, help="vLLM source root (holds tests/)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--files", type=Path, default=HERE / "files.txt")
     group.add_argument("--all", action="store_true", help="every test file")
@@ -139,11 +127,6 @@ def main(argv: list[str] | None = None) -> int:
         if count or not args.all:
             print(f"{path.relative_to(tests)}: {count} condition(s) rewritten")
         total += count
-    pyproject = args.root / "pyproject.toml"
-    table = (HERE / "capabilities.toml").read_text(encoding="utf-8")
-    if not args.dry_run and "[tool.accelplat.capabilities]" not in pyproject.read_text():
-        with open(pyproject, "a", encoding="utf-8") as f:
-            f.write("\n" + table)
     print(f"total: {total} condition(s) rewritten")
     return 0
 

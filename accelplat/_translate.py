@@ -1,0 +1,424 @@
+"""Translate a vLLM platform condition into the accelplat requirement with the same truth.
+
+One translator, read by ``accelplat scan`` and by the vLLM migration tool: from a condition's
+syntax tree (``not``/``and``/``or`` over vLLM's platform predicates) it builds the requirement
+expression (``docs/capabilities.md``) that is true on exactly the hosts where the condition is,
+or says which kind of knowledge has no exact replacement. It never guesses: a predicate whose
+vLLM meaning differs from every accelplat word on some host is refused, with the reason.
+
+The meaning of each predicate is vLLM 0.33's (``vllm/platforms/interface.py``, ``cuda.py``,
+``rocm.py``, ``xpu.py``, ``cpu.py``); ``docs/migrating-vllm-tests.md`` lists each mapping.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+# -- a boolean tree over requirement atoms ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Atom:
+    text: str  # one requirement word: "rocm", "capability>=90", "gfx942"
+
+
+@dataclass(frozen=True, slots=True)
+class _Not:
+    operand: _Tree
+
+
+@dataclass(frozen=True, slots=True)
+class _And:
+    operands: tuple[_Tree, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Or:
+    operands: tuple[_Tree, ...]
+
+
+_Tree = _Atom | _Not | _And | _Or
+
+
+def _negate(tree: _Tree) -> _Tree:
+    """``not tree``, pushed down to the atoms (De Morgan); an atom's ``not`` stays a ``not``.
+
+    A comparison is never flipped: ``not capability>=90`` is true on a CPU host, where
+    ``capability<90`` is false (vLLM's ``None`` capability fails every comparison).
+    """
+    if isinstance(tree, _Not):
+        return tree.operand
+    if isinstance(tree, _And):
+        return _Or(tuple(_negate(o) for o in tree.operands))
+    if isinstance(tree, _Or):
+        return _And(tuple(_negate(o) for o in tree.operands))
+    return _Not(tree)
+
+
+def _flat(kind: type[_And] | type[_Or], operands: Iterator[_Tree]) -> _Tree:
+    out: list[_Tree] = []
+    for operand in operands:  # (a and b) and c -> a and b and c
+        out.extend(operand.operands if isinstance(operand, kind) else (operand,))
+    unique = tuple(dict.fromkeys(out))
+    return unique[0] if len(unique) == 1 else kind(unique)
+
+
+def render(tree: _Tree, outer: int = 0) -> str:
+    """Write ``tree`` in the requirement grammar, with only the parentheses it needs."""
+    if isinstance(tree, _Atom):
+        return tree.text
+    if isinstance(tree, _Not):
+        return f"not {render(tree.operand, 3)}"
+    level, word = (2, " and ") if isinstance(tree, _And) else (1, " or ")
+    text = word.join(render(o, level) for o in tree.operands)
+    return f"({text})" if outer > level else text
+
+
+# -- what is translated ------------------------------------------------------------------------
+
+
+class Unexpressible(Exception):
+    """A condition (or part) with no exact accelplat replacement; ``kind`` says why."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+# Kinds of knowledge with no exact replacement (``Unexpressible.kind``), one spelling each.
+CAPABILITY_VALUE = "device-capability value"
+FP8_DTYPE_VALUE = "fp8 dtype value"
+TORCH_BUILD = "torch build (torch.version.*), not the device"
+LIBRARY_PROBE = "library probe stricter than an install check"
+NOT_A_PLATFORM = "a condition on something other than the platform"
+UNMODELLED_PLATFORM = "a platform accelplat has no model of"
+
+_PLATFORM_METHODS = {  # current_platform.<m>(): vllm/platforms/interface.py:196-229
+    "is_cuda": "cuda",
+    "is_rocm": "rocm",
+    "is_xpu": "xpu",
+    "is_cpu": "cpu",
+    "is_tpu": "tpu",
+    "is_cuda_alike": "cuda-api",  # CUDA or ROCm (interface.py:227)
+    "supports_fp8": "fp8",  # cuda.py:587, rocm.py:1255, xpu.py:574; False elsewhere
+    "is_fp8_fnuz": "fp8-fnuz",  # rocm.py:1259 ("gfx94" in the arch); False elsewhere
+    # rocm.py:1251: "gfx95" or "gfx1250" in the arch; interface.py:1248: False elsewhere
+    "supports_mx": "(gfx95* or gfx1250)",
+}
+_CDNA = "(gfx9* or gfx1250)"  # rocm.py:230: "gfx9" or "gfx1250" in the arch
+_GFX1X = "(gfx11* or gfx12*)"  # rocm.py:217
+_ROCM_ARCH = {  # vllm.platforms.rocm.on_*(): substring tests of the arch (rocm.py:217-356)
+    "on_gfx1x": f"{_GFX1X} and not gfx1250",
+    "on_rdna": f"{_GFX1X} and not gfx1250",
+    "on_gfx11": "gfx11*",
+    "on_gfx1100": "gfx1100",
+    "on_gfx1151": "gfx1151",
+    "on_gfx115x": "gfx115*",
+    "on_gfx12x": "gfx12* and not gfx1250",
+    "on_gfx1250": "gfx1250",
+    "on_rdna4": "(gfx1200 or gfx1201)",
+    "on_mi3xx": "(gfx942 or gfx950)",
+    "on_gfx9": "(gfx90a or gfx942 or gfx950)",
+    "on_gfx90a": "gfx90a",
+    "on_gfx942": "gfx942",
+    "on_gfx950": "gfx950",
+    "on_cdna": _CDNA,
+}
+_CAPABILITY_CALLS = frozenset(
+    {"has_device_capability", "is_device_capability", "is_device_capability_family"}
+)
+_LIBRARY_PROBES = frozenset(  # vLLM probes that import, or check more than the install
+    {"has_flashinfer", "has_deep_gemm", "has_deep_ep", "has_helion", "HAS_TRITON", "has_triton"}
+    | {"has_tilelang", "has_aiter", "is_aiter_found", "has_flash_attn"}
+)
+_CAPABILITY_VALUE_CALLS = frozenset(
+    {"torch.cuda.get_device_capability", "current_platform.get_device_capability"}
+)
+_OPS: dict[type[ast.cmpop], str] = {
+    ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
+}  # fmt: skip
+_FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute) and len(parts) < 16:
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def _platform_call(node: ast.AST) -> str | None:
+    """``is_rocm`` for ``current_platform.is_rocm()`` (any ``….current_platform``), else None."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+        return None
+    owner = _dotted(node.func.value) or ""
+    return node.func.attr if owner.rpartition(".")[2] == "current_platform" else None
+
+
+def _int(node: ast.AST) -> int | None:
+    if isinstance(node, ast.Constant) and type(node.value) is int and 0 <= node.value < 10_000:
+        return node.value
+    return None
+
+
+def _capability_number(node: ast.AST) -> int | None:
+    """vLLM's ``<major><minor>`` from ``90`` or ``(9, 0)`` (``DeviceCapability.to_int``)."""
+    if isinstance(node, ast.Tuple) and len(node.elts) == 2:
+        major, minor = (_int(e) for e in node.elts)
+        if major is not None and minor is not None and minor < 10:
+            return major * 10 + minor
+        return None
+    return _int(node)
+
+
+def _capability_value(node: ast.AST) -> tuple[str, bool] | None:
+    """``(form, torch)`` when ``node`` reads the capability: form ``tuple``, ``major`` or ``int``.
+
+    ``torch`` is True for ``torch.cuda.get_device_capability()``, which raises off CUDA and ROCm
+    (vLLM's ``current_platform.get_device_capability()`` is ``None`` there instead).
+    """
+    form = "tuple"
+    if isinstance(node, ast.Subscript) and _int(node.slice) == 0:
+        form, node = "major", node.value
+    elif isinstance(node, ast.Attribute) and node.attr == "major":
+        form, node = "major", node.value
+    elif (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "to_int"
+        and not node.args
+    ):
+        form, node = "int", node.func.value
+    if not isinstance(node, ast.Call) or node.args or node.keywords:
+        return None
+    dotted = _dotted(node.func) or ""
+    if dotted == "torch.cuda.get_device_capability":
+        return form, True
+    if _platform_call(node) == "get_device_capability":
+        return form, False
+    return None
+
+
+def _compare_atom(op: str, number: int) -> _Tree:
+    # vLLM's comparisons are integer ones on major * 10 + minor: > n is >= n + 1
+    if op == ">":
+        return _Atom(f"capability>={number + 1}")
+    if op == "<=":
+        return _Atom(f"capability<{number + 1}")
+    return _Atom(f"capability{op}{number}")
+
+
+def _major_atom(op: str, major: int) -> _Tree:
+    if op in ("==", "!="):
+        family = _Atom(f"capability=={major}x")  # vLLM's is_device_capability_family
+        return family if op == "==" else _Not(family)
+    return _compare_atom(op, major * 10 + (9 if op in (">", "<=") else 0))
+
+
+def _implies_capability(guard: _Tree | None) -> bool:
+    """Whether ``guard`` holding means the device has a capability number (CUDA or ROCm)."""
+    if guard is None:
+        return False
+    if isinstance(guard, _Atom):
+        return guard.text in ("cuda", "rocm", "cuda-api") or guard.text.startswith(
+            ("capability>=", "capability==")
+        )
+    if isinstance(guard, _And):
+        return any(_implies_capability(o) for o in guard.operands)
+    if isinstance(guard, _Or):
+        return all(_implies_capability(o) for o in guard.operands)
+    return False
+
+
+class _Translator:
+    """Turns one expression into a tree; ``guard`` is what is known to hold when it runs."""
+
+    def tree(self, node: ast.AST, guard: _Tree | None = None) -> _Tree:
+        if isinstance(node, ast.BoolOp):
+            parts: list[_Tree] = []
+            is_and = isinstance(node.op, ast.And)
+            for value in node.values:  # each operand runs only when the ones before allow
+                known = _flat(_And, iter(parts)) if is_and and parts else None
+                if not is_and and parts:
+                    known = _negate(_flat(_Or, iter(parts)))
+                both = [t for t in (guard, known) if t is not None]
+                parts.append(self.tree(value, _flat(_And, iter(both)) if both else None))
+            return _flat(_And if is_and else _Or, iter(parts))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return _negate(self.tree(node.operand, guard))
+        if isinstance(node, ast.Compare):
+            return self._compare(node, guard)
+        if isinstance(node, ast.Call):
+            return self._call(node)
+        if isinstance(node, ast.Name) and node.id in _LIBRARY_PROBES:
+            raise Unexpressible(LIBRARY_PROBE)
+        if isinstance(node, ast.Attribute) and _dotted(node) in ("torch.version.hip", "torch.version.cuda"):
+            raise Unexpressible(TORCH_BUILD)
+        raise Unexpressible(NOT_A_PLATFORM)
+
+    def _call(self, node: ast.Call) -> _Tree:
+        method = _platform_call(node)
+        name = method or (node.func.id if isinstance(node.func, ast.Name) else None)
+        dotted = _dotted(node.func) or ""
+        if method in _PLATFORM_METHODS and not node.args and not node.keywords:
+            word = _PLATFORM_METHODS[method]
+            return _Atom(word)
+        if method in _CAPABILITY_CALLS and len(node.args) == 1 and not node.keywords:
+            number = _capability_number(node.args[0])
+            if number is None:
+                raise Unexpressible(CAPABILITY_VALUE)  # a variable: the value decides
+            if method == "has_device_capability":
+                return _Atom(f"capability>={number}")  # interface.py:531
+            if method == "is_device_capability":
+                return _Atom(f"capability=={number}")  # interface.py:554
+            return _Atom(f"capability=={number // 10}x")  # interface.py:577: same major
+        if method in ("get_device_capability", "fp8_dtype"):
+            raise Unexpressible(CAPABILITY_VALUE if method != "fp8_dtype" else FP8_DTYPE_VALUE)
+        if method == "is_out_of_tree":
+            raise Unexpressible(UNMODELLED_PLATFORM)
+        bare = name if name is not None else dotted.rpartition(".")[2]
+        if bare in _ROCM_ARCH and not node.args and not node.keywords:
+            if method is None and (dotted == bare or dotted.endswith(f"rocm.{bare}")):
+                return _Atom(_ROCM_ARCH[bare])
+        if dotted == "torch.cuda.is_available" and not node.args:
+            return _Atom("cuda-api")  # torch.cuda drives CUDA and ROCm devices
+        if dotted == "torch.xpu.is_available" and not node.args:
+            return _Atom("xpu")
+        if dotted == "hasattr" and len(node.args) == 2 and _dotted(node.args[0]) == "torch":
+            # torch.xpu exists in every torch build since 2.4 (CPU and CUDA builds too), so
+            # hasattr(torch, "xpu") says nothing about the device
+            raise Unexpressible(TORCH_BUILD)
+        if bare in _LIBRARY_PROBES:
+            raise Unexpressible(LIBRARY_PROBE)
+        if dotted in _CAPABILITY_VALUE_CALLS:
+            raise Unexpressible(CAPABILITY_VALUE)
+        raise Unexpressible(NOT_A_PLATFORM)
+
+    def _compare(self, node: ast.Compare, guard: _Tree | None) -> _Tree:
+        if len(node.ops) != 1:
+            raise Unexpressible(NOT_A_PLATFORM)
+        left, op, right = node.left, node.ops[0], node.comparators[0]
+        if isinstance(op, (ast.Is, ast.IsNot)) and isinstance(right, ast.Constant):
+            if right.value is None and _dotted(left) in ("torch.version.hip", "torch.version.cuda"):
+                raise Unexpressible(TORCH_BUILD)
+        if type(op) not in _OPS:
+            raise Unexpressible(NOT_A_PLATFORM)
+        sign = _OPS[type(op)]
+        value = _capability_value(left)
+        other = right
+        if value is None:
+            value, other, sign = _capability_value(right), left, _FLIPPED[sign]
+        if value is None:
+            if self._mentions_fp8_dtype(node):
+                raise Unexpressible(FP8_DTYPE_VALUE)
+            raise Unexpressible(NOT_A_PLATFORM)
+        form, _ = value
+        # Off CUDA and ROCm the value is None (vLLM) or an exception (torch): a comparison is
+        # exact only where what runs before it has made sure the device has a number.
+        if not _implies_capability(guard):
+            raise Unexpressible(CAPABILITY_VALUE)
+        if form == "major":
+            major = _int(other)
+            if major is None:
+                raise Unexpressible(CAPABILITY_VALUE)
+            return _major_atom(sign, major)
+        number = _capability_number(other) if form == "tuple" else _int(other)
+        if number is None or (form == "tuple" and not isinstance(other, ast.Tuple)):
+            raise Unexpressible(CAPABILITY_VALUE)
+        return _compare_atom(sign, number)
+
+    @staticmethod
+    def _mentions_fp8_dtype(node: ast.AST) -> bool:
+        return any(_platform_call(n) == "fp8_dtype" for n in ast.walk(node))
+
+
+def translate(node: ast.AST) -> str:
+    """Return the requirement that is true exactly where the condition ``node`` is.
+
+    Raises:
+        Unexpressible: Some part has no exact replacement; ``kind`` names the knowledge.
+    """
+    return render(_Translator().tree(node))
+
+
+def translate_negated(node: ast.AST) -> str:
+    """Return the requirement that is true exactly where ``node`` is false (a skip's "run if").
+
+    Raises:
+        Unexpressible: As :func:`translate`.
+    """
+    return render(_negate(_Translator().tree(node)))
+
+
+@dataclass(frozen=True)
+class Site:
+    """The widest part of a condition that translates: ``node`` (or ``operands`` of a run)."""
+
+    node: ast.AST  # the translated expression, or the BoolOp whose operand run it is
+    first: int  # the run's operands [first, last] of a BoolOp; 0, 0 for a whole node
+    last: int
+    requirement: str  # true exactly where the translated part is
+    run_if: str  # true exactly where it is false: a skip's "run if"
+    whole: bool  # the whole condition translated
+
+    @property
+    def span(self) -> tuple[ast.AST, ast.AST]:
+        """The first and last AST nodes of the translated source text."""
+        if isinstance(self.node, ast.BoolOp) and not (self.first == 0 and self.last == -1):
+            return self.node.values[self.first], self.node.values[self.last]
+        return self.node, self.node
+
+
+def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
+    """Split ``condition`` into its widest translatable parts and the kinds of the rest.
+
+    Returns:
+        The sites, and for each untranslatable predicate call (by ``id`` of its node) the kind
+        that stopped it.
+    """
+    found: list[Site] = []
+    kinds: dict[int, str] = {}
+    translator = _Translator()
+
+    def visit(node: ast.AST, guard: _Tree | None, whole: bool) -> None:
+        try:
+            tree = translator.tree(node, guard)
+        except Unexpressible as exc:
+            if isinstance(node, ast.BoolOp):
+                _runs(node, guard)
+            elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+                visit(node.operand, guard, False)
+            else:
+                for inner in ast.walk(node):
+                    kinds.setdefault(id(inner), exc.kind)
+            return
+        found.append(Site(node, 0, -1, render(tree), render(_negate(tree)), whole))
+
+    def _runs(node: ast.BoolOp, guard: _Tree | None) -> None:
+        is_and = isinstance(node.op, ast.And)
+        i = 0
+        while i < len(node.values):
+            parts: list[_Tree] = []
+            j = i
+            while j < len(node.values):
+                known = _flat(_And if is_and else _Or, iter(parts)) if parts else None
+                if known is not None and not is_and:  # a later operand runs when these are false
+                    known = _negate(known)
+                try:
+                    parts.append(translator.tree(node.values[j], known))
+                except Unexpressible:
+                    break
+                j += 1
+            if j == i:  # this operand alone does not translate: look inside it
+                visit(node.values[i], None, False)
+                i += 1
+                continue
+            tree = _flat(_And if is_and else _Or, iter(parts))
+            found.append(Site(node, i, j - 1, render(tree), render(_negate(tree)), False))
+            i = j
+
+    visit(condition, None, True)
+    return found, kinds
