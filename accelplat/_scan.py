@@ -13,13 +13,14 @@ from __future__ import annotations
 import ast
 import os
 import re
+import subprocess
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelplat import _files, _translate
+from accelplat import _files, _translate, _util
 from accelplat.errors import ConfigurationError, FileTooLargeError
 
 MAX_FILE_BYTES = 2 * 1024**2  # larger files are listed as skipped, not parsed
@@ -50,6 +51,7 @@ _ROCM_ARCH_RE = re.compile(r"^on_(gfx\w+|mi\d\w*|cdna\d*|rdna\d*)$")  # these ar
 _MAX_DOTTED = 32  # parts of a dotted name looked at: bounds the walk down an attribute chain
 _MAX_LITERAL = 40  # longer literal arguments are shown as "…"
 _Where = tuple[str, ast.AST] | None  # ("skipif"|"if"|"marker"|"expression", node), or None
+_GIT_TIMEOUT_S = 120  # one git call; a huge history reads a tree in seconds
 FORMS = ("requires", "skip_module_unless", "has")  # the replacements, in report order
 
 
@@ -75,7 +77,9 @@ class ScanReport:
     def summary(self) -> dict[str, Any]:
         """Return counts by predicate, use, replacement and missing kind, JSON-ready."""
         found = self.findings
-        forms = Counter(f.replacement.partition("(")[0].rpartition(".")[2] for f in found if f.replacement)
+        forms = Counter(
+            f.replacement.partition("(")[0].rpartition(".")[2] for f in found if f.replacement
+        )
         return {
             "root": self.root,
             "files_scanned": self.files_scanned,
@@ -85,7 +89,9 @@ class ScanReport:
             "by_predicate": dict(Counter(_family(f.predicate) for f in found).most_common()),
             "by_use": dict(Counter(f.use for f in found).most_common()),
             "by_replacement": {form: forms[form] for form in FORMS if forms[form]},
-            "without_replacement": dict(Counter(f.missing for f in found if f.missing).most_common()),
+            "without_replacement": dict(
+                Counter(f.missing for f in found if f.missing).most_common()
+            ),
             "errors": list(self.errors),
         }
 
@@ -153,8 +159,8 @@ def _skips(block: list[ast.stmt]) -> ast.Call | None:
     """The skip call a block makes at its own level (``pytest.skip(...)``, ``raise SkipTest``)."""
     for stmt in block:
         call = stmt.value if isinstance(stmt, ast.Expr) else getattr(stmt, "exc", None)
-        if call is not None and _is_skip_call(call, _SKIPS):
-            return call  # type: ignore[no-any-return]
+        if isinstance(call, ast.Call) and _is_skip_call(call, _SKIPS):
+            return call
     return None
 
 
@@ -196,7 +202,9 @@ def _constant_like(node: ast.AST | None) -> bool:  # "FLASH_ATTN", ["A", "B"], (
 def _context_kind(use: str, node: ast.AST) -> str:
     """Why a predicate outside a skip decision has no replacement, from what its place does."""
     if use == "branch" and isinstance(node, ast.If):
-        stores = [s for s in (*node.body, *node.orelse) if isinstance(s, (ast.Assign, ast.AugAssign))]
+        stores = [
+            s for s in (*node.body, *node.orelse) if isinstance(s, (ast.Assign, ast.AugAssign))
+        ]
         names = [
             _dotted(t) or ""
             for s in stores
@@ -217,7 +225,7 @@ def _own_kind(predicate: ast.AST) -> str | None:
     """The kind when the predicate alone has no replacement (a value, a torch build …)."""
     try:
         _translate.translate(predicate)
-    except _translate.Unexpressible as exc:
+    except _translate.UnexpressibleError as exc:
         return None if exc.kind == _translate.NOT_A_PLATFORM else exc.kind
     return None
 
@@ -227,14 +235,16 @@ class _Decision:  # a condition that decides whether tests run
     condition: ast.AST
     form: str  # "requires" (a skipif), "skip_module_unless" (a module-level skip) or "has"
     sites: list[_translate.Site]
-    kinds: dict[int, str]
+    kinds: dict[int, str]  # an untranslated predicate (by identity) -> why
+    owners: dict[int, _translate.Site]  # a node inside a site (by identity) -> the site
 
 
 def _decision(use: str, node: ast.AST, parents: dict[ast.AST, ast.AST | None]) -> _Decision | None:
     if use == "skipif" and isinstance(node, ast.Call) and node.args:
         skipif = _is_skip_call(node, ("skipif",)) and len(node.args) == 1
         found, kinds = _translate.sites(node.args[0])
-        return _Decision(node.args[0], "requires" if skipif else "has", found, kinds)
+        form = "requires" if skipif else "has"
+        return _Decision(node.args[0], form, found, kinds, _owners(found))
     if use == "if" and isinstance(node, ast.If):
         skip = _skips(node.body)
         if skip is None and _skips(node.orelse) is None:
@@ -243,23 +253,27 @@ def _decision(use: str, node: ast.AST, parents: dict[ast.AST, ast.AST | None]) -
         module = isinstance(parents.get(node), ast.Module) and not node.orelse
         whole_skip = module and skip is not None and len(node.body) == 1
         allowed = any(k.arg == "allow_module_level" for k in getattr(skip, "keywords", ()))
-        return _Decision(node.test, "skip_module_unless" if whole_skip and allowed else "has", found, kinds)
+        form = "skip_module_unless" if whole_skip and allowed else "has"
+        return _Decision(node.test, form, found, kinds, _owners(found))
     return None
 
 
 def site_of(decision: _Decision, predicate: ast.AST) -> _translate.Site | None:
     """The translated part of ``decision`` that holds ``predicate``, if any."""
-    for site in decision.sites:
+    return decision.owners.get(id(predicate))
+
+
+def _owners(found: list[_translate.Site]) -> dict[int, _translate.Site]:
+    """Each node inside a site (by identity) -> that site: one walk of each."""
+    owners: dict[int, _translate.Site] = {}
+    for site in found:
         first, last = site.span
-        parts = [first] if first is last else _run(site)
-        if any(predicate is n for part in parts for n in ast.walk(part)):
-            return site
-    return None
-
-
-def _run(site: _translate.Site) -> list[ast.expr]:
-    assert isinstance(site.node, ast.BoolOp)  # a run is always a BoolOp's operands
-    return site.node.values[site.first : site.last + 1]
+        parts: list[ast.AST] = [first]
+        if first is not last:
+            assert isinstance(site.node, ast.BoolOp)  # a run is always a BoolOp's operands
+            parts = list(site.node.values[site.first : site.last + 1])
+        owners.update((id(n), site) for part in parts for n in ast.walk(part))
+    return owners
 
 
 def replacement(decision: _Decision, site: _translate.Site) -> str:
@@ -308,8 +322,11 @@ def placed(tree: ast.Module) -> list[Placed]:
     return out
 
 
+_MAX_SOURCE = 240  # characters of a finding's line kept (what --diff compares)
+
+
 def _source_line(lines: list[str], line: int) -> str:
-    return " ".join(lines[line - 1].split()) if 0 < line <= len(lines) else ""
+    return " ".join(_util.clip(lines[line - 1], 4 * _MAX_SOURCE).split())[:_MAX_SOURCE]
 
 
 def scan_source(source: str, path: str = "<source>") -> list[Finding]:
@@ -317,6 +334,8 @@ def scan_source(source: str, path: str = "<source>") -> list[Finding]:
     tree = ast.parse(source, filename=path)
     lines = source.splitlines()
     found: list[Finding] = []
+    contexts: dict[tuple[int, str], str] = {}  # per place: what it does, computed once
+    said: dict[int, str] = {}  # per line: its text
     for p in placed(tree):
         text, missing = None, None
         if p.kind in ("count", "memory", "quant"):
@@ -326,9 +345,14 @@ def scan_source(source: str, path: str = "<source>") -> list[Finding]:
         elif p.decision is not None:
             missing = p.decision.kinds.get(id(p.node), _translate.NOT_A_PLATFORM)
         else:
-            missing = _own_kind(p.node) or _context_kind(p.use, p.place)
+            key = (id(p.place), p.use)
+            if key not in contexts:
+                contexts[key] = _context_kind(p.use, p.place)
+            missing = _own_kind(p.node) or contexts[key]
         line = getattr(p.node, "lineno", 0)
-        source_line = _source_line(lines, line)
+        if line not in said:
+            said[line] = _source_line(lines, line) if 0 < line <= len(lines) else ""
+        source_line = said[line]
         found.append(Finding(path, line, p.predicate, p.kind, p.use, text, missing, source_line))
     return sorted(found, key=lambda f: f.line)
 
@@ -389,3 +413,72 @@ def scan_path(root: str | os.PathLike[str]) -> ScanReport:
             report.files_scanned += 1
             report.findings.extend(found)
     return report
+
+
+def _git(root: Path, *args: str, data: bytes | None = None) -> bytes:
+    try:
+        done = subprocess.run(  # no shell; the revision is one argument, never a pathspec
+            ["git", "-C", str(root), *args], input=data, capture_output=True, check=False,
+            timeout=_GIT_TIMEOUT_S,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigurationError(f"scan --diff: git could not run ({exc})") from exc
+    if done.returncode != 0:
+        why = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["failed"]
+        raise ConfigurationError(f"scan --diff: git {args[0]}: {why[0]}")
+    return done.stdout
+
+
+def _revision_sources(root: Path, base: str) -> Iterator[tuple[str, str]]:
+    """``(path relative to root, text)`` of every ``*.py`` under ``root`` in revision ``base``."""
+    directory = root if root.is_dir() else root.parent
+    prefix = _git(directory, "rev-parse", "--show-prefix").decode().strip()
+    where = prefix + ("" if root.is_dir() else root.name)
+    listing = _git(directory, "ls-tree", "-r", "-z", "--full-name", "--name-only", base, "--", ".")
+    names = [n for n in listing.decode("utf-8", "surrogateescape").split("\0") if n]
+    names = [n for n in names if n.endswith(".py") and n.startswith(where)]
+    if not names:
+        return
+    batch = "".join(f"{base}:{n}\n" for n in names).encode("utf-8", "surrogateescape")
+    out = _git(directory, "cat-file", "--batch", data=batch)
+    at = 0
+    for name in names:
+        end = out.index(b"\n", at)
+        header = out[at:end].split()
+        at = end + 1
+        if len(header) != 3 or header[1] != b"blob":
+            continue  # a link or a submodule: not a file of the tree
+        size = int(header[2])
+        blob, at = out[at : at + size], at + size + 1
+        if size <= MAX_FILE_BYTES:
+            rel = name[len(prefix) :] if root.is_dir() else root.name
+            yield rel, blob.decode("utf-8", "replace")
+
+
+def added_since(root: str | os.PathLike[str], base: str) -> tuple[ScanReport, list[Finding]]:
+    """Scan ``root`` and return the predicates added since git revision ``base``.
+
+    A predicate counts as added when its (predicate, source line) pair occurs more often now
+    than in ``base``'s files under the same path, wherever in the tree: a moved line, or a
+    file renamed, adds nothing. ``base`` is read with ``git cat-file``; nothing is checked out.
+
+    Raises:
+        ConfigurationError: ``root`` is not in a git work tree, or ``base`` is not a revision.
+    """
+    report = scan_path(root)
+    if base.startswith("-"):
+        raise ConfigurationError(f"scan --diff: {base!r} is not a revision")
+    before: Counter[tuple[str, str]] = Counter()
+    for rel, text in _revision_sources(Path(root), base):
+        try:
+            before.update((f.predicate, f.source) for f in scan_source(text, rel))
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue  # a file that did not parse then adds nothing now
+    added = []
+    for finding in report.findings:
+        key = (finding.predicate, finding.source)
+        if before[key] > 0:
+            before[key] -= 1
+        else:
+            added.append(finding)
+    return report, added

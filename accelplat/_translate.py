@@ -22,6 +22,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class _Atom:
     text: str  # one requirement word: "rocm", "capability>=90", "gfx942"
+    numbered: bool = False  # true only where the device has a capability number (CUDA, ROCm)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +74,14 @@ def render(tree: _Tree, outer: int = 0) -> str:
         return f"not {render(tree.operand, 3)}"
     level, word = (2, " and ") if isinstance(tree, _And) else (1, " or ")
     text = word.join(render(o, level) for o in tree.operands)
-    return f"({text})" if outer > level else text
+    # an "and" inside an "or" gets parentheses too, for the reader: a or (b and c)
+    return f"({text})" if outer > level or (outer == 1 and level == 2) else text
 
 
 # -- what is translated ------------------------------------------------------------------------
 
 
-class Unexpressible(Exception):
+class UnexpressibleError(Exception):
     """A condition (or part) with no exact accelplat replacement; ``kind`` says why."""
 
     def __init__(self, kind: str) -> None:
@@ -87,7 +89,7 @@ class Unexpressible(Exception):
         self.kind = kind
 
 
-# Kinds of knowledge with no exact replacement (``Unexpressible.kind``), one spelling each.
+# Kinds of knowledge with no exact replacement (``UnexpressibleError.kind``), one spelling each.
 CAPABILITY_VALUE = "device-capability value"
 FP8_DTYPE_VALUE = "fp8 dtype value"
 TORCH_BUILD = "torch build (torch.version.*), not the device"
@@ -95,35 +97,40 @@ LIBRARY_PROBE = "library probe stricter than an install check"
 NOT_A_PLATFORM = "a condition on something other than the platform"
 UNMODELLED_PLATFORM = "a platform accelplat has no model of"
 
-_PLATFORM_METHODS = {  # current_platform.<m>(): vllm/platforms/interface.py:196-229
-    "is_cuda": "cuda",
-    "is_rocm": "rocm",
-    "is_xpu": "xpu",
-    "is_cpu": "cpu",
-    "is_tpu": "tpu",
-    "is_cuda_alike": "cuda-api",  # CUDA or ROCm (interface.py:227)
-    "supports_fp8": "fp8",  # cuda.py:587, rocm.py:1255, xpu.py:574; False elsewhere
-    "is_fp8_fnuz": "fp8-fnuz",  # rocm.py:1259 ("gfx94" in the arch); False elsewhere
+
+def _any(*words: str) -> _Tree:
+    return _Or(tuple(_Atom(w) for w in words))
+
+
+_CDNA = _any("gfx9*", "gfx1250")  # rocm.py:230: "gfx9" or "gfx1250" in the arch
+_RDNA = _And((_any("gfx11*", "gfx12*"), _Not(_Atom("gfx1250"))))  # rocm.py:217, 232
+_PLATFORM_METHODS: dict[str, _Tree] = {  # current_platform.<m>(): interface.py:196-229
+    "is_cuda": _Atom("cuda", numbered=True),
+    "is_rocm": _Atom("rocm", numbered=True),
+    "is_xpu": _Atom("xpu"),
+    "is_cpu": _Atom("cpu"),
+    "is_tpu": _Atom("tpu"),
+    "is_cuda_alike": _Atom("cuda-api", numbered=True),  # CUDA or ROCm (interface.py:227)
+    "supports_fp8": _Atom("fp8"),  # cuda.py:587, rocm.py:1255, xpu.py:574; False elsewhere
+    "is_fp8_fnuz": _Atom("fp8-fnuz"),  # rocm.py:1259 ("gfx94" in the arch); False elsewhere
     # rocm.py:1251: "gfx95" or "gfx1250" in the arch; interface.py:1248: False elsewhere
-    "supports_mx": "(gfx95* or gfx1250)",
+    "supports_mx": _any("gfx95*", "gfx1250"),
 }
-_CDNA = "(gfx9* or gfx1250)"  # rocm.py:230: "gfx9" or "gfx1250" in the arch
-_GFX1X = "(gfx11* or gfx12*)"  # rocm.py:217
-_ROCM_ARCH = {  # vllm.platforms.rocm.on_*(): substring tests of the arch (rocm.py:217-356)
-    "on_gfx1x": f"{_GFX1X} and not gfx1250",
-    "on_rdna": f"{_GFX1X} and not gfx1250",
-    "on_gfx11": "gfx11*",
-    "on_gfx1100": "gfx1100",
-    "on_gfx1151": "gfx1151",
-    "on_gfx115x": "gfx115*",
-    "on_gfx12x": "gfx12* and not gfx1250",
-    "on_gfx1250": "gfx1250",
-    "on_rdna4": "(gfx1200 or gfx1201)",
-    "on_mi3xx": "(gfx942 or gfx950)",
-    "on_gfx9": "(gfx90a or gfx942 or gfx950)",
-    "on_gfx90a": "gfx90a",
-    "on_gfx942": "gfx942",
-    "on_gfx950": "gfx950",
+_ROCM_ARCH: dict[str, _Tree] = {  # vllm.platforms.rocm.on_*(): substring tests (rocm.py:217-356)
+    "on_gfx1x": _RDNA,
+    "on_rdna": _RDNA,
+    "on_gfx11": _Atom("gfx11*"),
+    "on_gfx1100": _Atom("gfx1100"),
+    "on_gfx1151": _Atom("gfx1151"),
+    "on_gfx115x": _Atom("gfx115*"),
+    "on_gfx12x": _And((_Atom("gfx12*"), _Not(_Atom("gfx1250")))),
+    "on_gfx1250": _Atom("gfx1250"),
+    "on_rdna4": _any("gfx1200", "gfx1201"),
+    "on_mi3xx": _any("gfx942", "gfx950"),
+    "on_gfx9": _any("gfx90a", "gfx942", "gfx950"),
+    "on_gfx90a": _Atom("gfx90a"),
+    "on_gfx942": _Atom("gfx942"),
+    "on_gfx950": _Atom("gfx950"),
     "on_cdna": _CDNA,
 }
 _CAPABILITY_CALLS = frozenset(
@@ -165,7 +172,7 @@ def _int(node: ast.AST) -> int | None:
 
 
 def _capability_number(node: ast.AST) -> int | None:
-    """vLLM's ``<major><minor>`` from ``90`` or ``(9, 0)`` (``DeviceCapability.to_int``)."""
+    """VLLM's ``<major><minor>`` from ``90`` or ``(9, 0)`` (``DeviceCapability.to_int``)."""
     if isinstance(node, ast.Tuple) and len(node.elts) == 2:
         major, minor = (_int(e) for e in node.elts)
         if major is not None and minor is not None and minor < 10:
@@ -181,9 +188,9 @@ def _capability_value(node: ast.AST) -> tuple[str, bool] | None:
     (vLLM's ``current_platform.get_device_capability()`` is ``None`` there instead).
     """
     form = "tuple"
-    if isinstance(node, ast.Subscript) and _int(node.slice) == 0:
-        form, node = "major", node.value
-    elif isinstance(node, ast.Attribute) and node.attr == "major":
+    if (isinstance(node, ast.Subscript) and _int(node.slice) == 0) or (
+        isinstance(node, ast.Attribute) and node.attr == "major"
+    ):
         form, node = "major", node.value
     elif (
         isinstance(node, ast.Call)
@@ -205,107 +212,112 @@ def _capability_value(node: ast.AST) -> tuple[str, bool] | None:
 def _compare_atom(op: str, number: int) -> _Tree:
     # vLLM's comparisons are integer ones on major * 10 + minor: > n is >= n + 1
     if op == ">":
-        return _Atom(f"capability>={number + 1}")
+        return _Atom(f"capability>={number + 1}", numbered=True)
     if op == "<=":
-        return _Atom(f"capability<{number + 1}")
-    return _Atom(f"capability{op}{number}")
+        return _Atom(f"capability<{number + 1}", numbered=True)
+    return _Atom(f"capability{op}{number}", numbered=True)
 
 
 def _major_atom(op: str, major: int) -> _Tree:
     if op in ("==", "!="):
-        family = _Atom(f"capability=={major}x")  # vLLM's is_device_capability_family
+        family = _Atom(f"capability=={major}x", numbered=True)  # vLLM's is_device_capability_family
         return family if op == "==" else _Not(family)
     return _compare_atom(op, major * 10 + (9 if op in (">", "<=") else 0))
 
 
-def _implies_capability(guard: _Tree | None) -> bool:
-    """Whether ``guard`` holding means the device has a capability number (CUDA or ROCm)."""
-    if guard is None:
-        return False
-    if isinstance(guard, _Atom):
-        return guard.text in ("cuda", "rocm", "cuda-api") or guard.text.startswith(
-            ("capability>=", "capability==")
-        )
-    if isinstance(guard, _And):
-        return any(_implies_capability(o) for o in guard.operands)
-    if isinstance(guard, _Or):
-        return all(_implies_capability(o) for o in guard.operands)
+def _implies_capability(tree: _Tree) -> bool:
+    """Whether ``tree`` holding means the device has a capability number (CUDA or ROCm)."""
+    if isinstance(tree, _Atom):
+        return tree.numbered
+    if isinstance(tree, _And):
+        return any(_implies_capability(o) for o in tree.operands)
+    if isinstance(tree, _Or):
+        return all(_implies_capability(o) for o in tree.operands)
     return False
 
 
-class _Translator:
-    """Turns one expression into a tree; ``guard`` is what is known to hold when it runs."""
+def _known(tree: _Tree, is_and: bool) -> bool:
+    """Whether an operand that ran before a later one of an and (or) makes a number sure."""
+    return _implies_capability(tree if is_and else _negate(tree))
 
-    def tree(self, node: ast.AST, guard: _Tree | None = None) -> _Tree:
+
+class _Translator:
+    """Turns one expression into a tree; ``sure`` says the device is known to have a number.
+
+    ``sure`` is what the operands that run before an expression established (``is_cuda() and
+    get_device_capability() < (9, 0)``), kept as one flag so that a wide ``and`` stays linear.
+    """
+
+    def tree(self, node: ast.AST, sure: bool = False) -> _Tree:
         if isinstance(node, ast.BoolOp):
             parts: list[_Tree] = []
             is_and = isinstance(node.op, ast.And)
+            known = sure
             for value in node.values:  # each operand runs only when the ones before allow
-                known = _flat(_And, iter(parts)) if is_and and parts else None
-                if not is_and and parts:
-                    known = _negate(_flat(_Or, iter(parts)))
-                both = [t for t in (guard, known) if t is not None]
-                parts.append(self.tree(value, _flat(_And, iter(both)) if both else None))
+                parts.append(self.tree(value, known))
+                known = known or _known(parts[-1], is_and)
             return _flat(_And if is_and else _Or, iter(parts))
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            return _negate(self.tree(node.operand, guard))
+            return _negate(self.tree(node.operand, sure))
         if isinstance(node, ast.Compare):
-            return self._compare(node, guard)
+            return self._compare(node, sure)
         if isinstance(node, ast.Call):
             return self._call(node)
         if isinstance(node, ast.Name) and node.id in _LIBRARY_PROBES:
-            raise Unexpressible(LIBRARY_PROBE)
-        if isinstance(node, ast.Attribute) and _dotted(node) in ("torch.version.hip", "torch.version.cuda"):
-            raise Unexpressible(TORCH_BUILD)
-        raise Unexpressible(NOT_A_PLATFORM)
+            raise UnexpressibleError(LIBRARY_PROBE)
+        if isinstance(node, ast.Attribute) and _dotted(node) in (
+            "torch.version.hip",
+            "torch.version.cuda",
+        ):
+            raise UnexpressibleError(TORCH_BUILD)
+        raise UnexpressibleError(NOT_A_PLATFORM)
 
     def _call(self, node: ast.Call) -> _Tree:
         method = _platform_call(node)
         name = method or (node.func.id if isinstance(node.func, ast.Name) else None)
         dotted = _dotted(node.func) or ""
         if method in _PLATFORM_METHODS and not node.args and not node.keywords:
-            word = _PLATFORM_METHODS[method]
-            return _Atom(word)
+            return _PLATFORM_METHODS[method]
         if method in _CAPABILITY_CALLS and len(node.args) == 1 and not node.keywords:
             number = _capability_number(node.args[0])
             if number is None:
-                raise Unexpressible(CAPABILITY_VALUE)  # a variable: the value decides
+                raise UnexpressibleError(CAPABILITY_VALUE)  # a variable: the value decides
             if method == "has_device_capability":
-                return _Atom(f"capability>={number}")  # interface.py:531
+                return _Atom(f"capability>={number}", numbered=True)  # interface.py:531
             if method == "is_device_capability":
-                return _Atom(f"capability=={number}")  # interface.py:554
-            return _Atom(f"capability=={number // 10}x")  # interface.py:577: same major
+                return _Atom(f"capability=={number}", numbered=True)  # interface.py:554
+            family = f"capability=={number // 10}x"  # interface.py:577: the same major
+            return _Atom(family, numbered=True)
         if method in ("get_device_capability", "fp8_dtype"):
-            raise Unexpressible(CAPABILITY_VALUE if method != "fp8_dtype" else FP8_DTYPE_VALUE)
+            raise UnexpressibleError(CAPABILITY_VALUE if method != "fp8_dtype" else FP8_DTYPE_VALUE)
         if method == "is_out_of_tree":
-            raise Unexpressible(UNMODELLED_PLATFORM)
+            raise UnexpressibleError(UNMODELLED_PLATFORM)
         bare = name if name is not None else dotted.rpartition(".")[2]
-        if bare in _ROCM_ARCH and not node.args and not node.keywords:
-            if method is None and (dotted == bare or dotted.endswith(f"rocm.{bare}")):
-                return _Atom(_ROCM_ARCH[bare])
+        arch_call = method is None and (dotted == bare or dotted.endswith(f"rocm.{bare}"))
+        if bare in _ROCM_ARCH and arch_call and not node.args and not node.keywords:
+            return _ROCM_ARCH[bare]
         if dotted == "torch.cuda.is_available" and not node.args:
-            return _Atom("cuda-api")  # torch.cuda drives CUDA and ROCm devices
+            return _Atom("cuda-api", numbered=True)  # torch.cuda drives CUDA and ROCm devices
         if dotted == "torch.xpu.is_available" and not node.args:
             return _Atom("xpu")
         if dotted == "hasattr" and len(node.args) == 2 and _dotted(node.args[0]) == "torch":
             # torch.xpu exists in every torch build since 2.4 (CPU and CUDA builds too), so
             # hasattr(torch, "xpu") says nothing about the device
-            raise Unexpressible(TORCH_BUILD)
+            raise UnexpressibleError(TORCH_BUILD)
         if bare in _LIBRARY_PROBES:
-            raise Unexpressible(LIBRARY_PROBE)
+            raise UnexpressibleError(LIBRARY_PROBE)
         if dotted in _CAPABILITY_VALUE_CALLS:
-            raise Unexpressible(CAPABILITY_VALUE)
-        raise Unexpressible(NOT_A_PLATFORM)
+            raise UnexpressibleError(CAPABILITY_VALUE)
+        raise UnexpressibleError(NOT_A_PLATFORM)
 
-    def _compare(self, node: ast.Compare, guard: _Tree | None) -> _Tree:
+    def _compare(self, node: ast.Compare, sure: bool) -> _Tree:
         if len(node.ops) != 1:
-            raise Unexpressible(NOT_A_PLATFORM)
+            raise UnexpressibleError(NOT_A_PLATFORM)
         left, op, right = node.left, node.ops[0], node.comparators[0]
-        if isinstance(op, (ast.Is, ast.IsNot)) and isinstance(right, ast.Constant):
-            if right.value is None and _dotted(left) in ("torch.version.hip", "torch.version.cuda"):
-                raise Unexpressible(TORCH_BUILD)
+        if _dotted(left) in ("torch.version.hip", "torch.version.cuda"):
+            raise UnexpressibleError(TORCH_BUILD)
         if type(op) not in _OPS:
-            raise Unexpressible(NOT_A_PLATFORM)
+            raise UnexpressibleError(NOT_A_PLATFORM)
         sign = _OPS[type(op)]
         value = _capability_value(left)
         other = right
@@ -313,21 +325,21 @@ class _Translator:
             value, other, sign = _capability_value(right), left, _FLIPPED[sign]
         if value is None:
             if self._mentions_fp8_dtype(node):
-                raise Unexpressible(FP8_DTYPE_VALUE)
-            raise Unexpressible(NOT_A_PLATFORM)
+                raise UnexpressibleError(FP8_DTYPE_VALUE)
+            raise UnexpressibleError(NOT_A_PLATFORM)
         form, _ = value
         # Off CUDA and ROCm the value is None (vLLM) or an exception (torch): a comparison is
         # exact only where what runs before it has made sure the device has a number.
-        if not _implies_capability(guard):
-            raise Unexpressible(CAPABILITY_VALUE)
+        if not sure:
+            raise UnexpressibleError(CAPABILITY_VALUE)
         if form == "major":
             major = _int(other)
             if major is None:
-                raise Unexpressible(CAPABILITY_VALUE)
+                raise UnexpressibleError(CAPABILITY_VALUE)
             return _major_atom(sign, major)
         number = _capability_number(other) if form == "tuple" else _int(other)
         if number is None or (form == "tuple" and not isinstance(other, ast.Tuple)):
-            raise Unexpressible(CAPABILITY_VALUE)
+            raise UnexpressibleError(CAPABILITY_VALUE)
         return _compare_atom(sign, number)
 
     @staticmethod
@@ -339,7 +351,7 @@ def translate(node: ast.AST) -> str:
     """Return the requirement that is true exactly where the condition ``node`` is.
 
     Raises:
-        Unexpressible: Some part has no exact replacement; ``kind`` names the knowledge.
+        UnexpressibleError: Some part has no exact replacement; ``kind`` names the knowledge.
     """
     return render(_Translator().tree(node))
 
@@ -348,7 +360,7 @@ def translate_negated(node: ast.AST) -> str:
     """Return the requirement that is true exactly where ``node`` is false (a skip's "run if").
 
     Raises:
-        Unexpressible: As :func:`translate`.
+        UnexpressibleError: As :func:`translate`.
     """
     return render(_negate(_Translator().tree(node)))
 
@@ -383,42 +395,41 @@ def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
     kinds: dict[int, str] = {}
     translator = _Translator()
 
-    def visit(node: ast.AST, guard: _Tree | None, whole: bool) -> None:
+    def visit(node: ast.AST, whole: bool) -> None:
         try:
-            tree = translator.tree(node, guard)
-        except Unexpressible as exc:
+            tree = translator.tree(node)
+        except UnexpressibleError as exc:
             if isinstance(node, ast.BoolOp):
-                _runs(node, guard)
+                runs(node)
             elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-                visit(node.operand, guard, False)
+                visit(node.operand, False)
             else:
                 for inner in ast.walk(node):
                     kinds.setdefault(id(inner), exc.kind)
             return
         found.append(Site(node, 0, -1, render(tree), render(_negate(tree)), whole))
 
-    def _runs(node: ast.BoolOp, guard: _Tree | None) -> None:
+    def runs(node: ast.BoolOp) -> None:  # the widest runs of operands that translate
         is_and = isinstance(node.op, ast.And)
         i = 0
         while i < len(node.values):
             parts: list[_Tree] = []
+            known = False
             j = i
             while j < len(node.values):
-                known = _flat(_And if is_and else _Or, iter(parts)) if parts else None
-                if known is not None and not is_and:  # a later operand runs when these are false
-                    known = _negate(known)
                 try:
                     parts.append(translator.tree(node.values[j], known))
-                except Unexpressible:
+                except UnexpressibleError:
                     break
+                known = known or _known(parts[-1], is_and)
                 j += 1
             if j == i:  # this operand alone does not translate: look inside it
-                visit(node.values[i], None, False)
+                visit(node.values[i], False)
                 i += 1
                 continue
             tree = _flat(_And if is_and else _Or, iter(parts))
             found.append(Site(node, i, j - 1, render(tree), render(_negate(tree)), False))
             i = j
 
-    visit(condition, None, True)
+    visit(condition, True)
     return found, kinds

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from accelplat import _scan as scan
 from accelplat._cli import main
 from accelplat._scan import scan_path, scan_source
 from accelplat.errors import ConfigurationError
@@ -51,35 +52,62 @@ SOURCE = textwrap.dedent(
 )
 
 
-def by_line() -> dict[tuple[int, str], tuple[str, str, str | None]]:
+def by_line() -> dict[tuple[int, str], tuple[str, str | None, str | None]]:
     return {
-        (f.line, f.predicate): (f.use, f.group, f.replacement) for f in scan_source(SOURCE, "t.py")
+        (f.line, f.predicate): (f.use, f.replacement, f.missing)
+        for f in scan_source(SOURCE, "t.py")
     }
 
 
-FEATURE = "feature/kernel/dtype support"
+TORCH_BUILD = "torch build (torch.version.*), not the device"
 
 
-def test_predicates_are_found_in_code_only_and_classified() -> None:
-    found = by_line()
-    assert found == {
-        (10, "is_cuda()"): ("skipif", FEATURE, 'builtin: accelplat_requires("fp8")'),
+def test_predicates_are_found_in_code_only_and_replaced_from_the_condition() -> None:
+    # the reasons' words ("fp8", "graphs") choose nothing: the condition's syntax tree does
+    assert by_line() == {
+        (10, "is_cuda()"): ("skipif", 'accelplat.testing.requires("cuda")', None),
         (14, "has_device_capability(90)"): (
             "skipif",
-            FEATURE,
-            "project: capability with arch sm_90+",
+            'accelplat.testing.requires("capability>=90")',
+            None,
         ),
-        (18, "torch.cuda.device_count()"): (
-            "skipif",
-            "device count",
-            "requirement: accelplat_requires(devices=N)",
-        ),
-        (23, "is_rocm()"): ("skip", "graphs", 'builtin: accelplat_requires("graphs")'),
-        (25, "torch.version.hip"): ("branch", "tolerances", None),
-        (25, "on_gfx9()"): ("branch", FEATURE, "project: capability with arch gfx…"),
-        (29, "fp8_dtype()"): ("expression", FEATURE, 'builtin: capabilities()["fp8"].value'),
-        (30, 'hasattr(torch, "xpu")'): ("branch", "other", None),
+        (18, "torch.cuda.device_count()"): ("skipif", None, scan.COUNT),
+        (23, "is_rocm()"): ("skip", 'accelplat.has("rocm")', None),
+        (25, "torch.version.hip"): ("branch", None, TORCH_BUILD),
+        (25, "on_gfx9()"): ("branch", None, scan.TOLERANCES),
+        (29, "fp8_dtype()"): ("expression", None, "fp8 dtype value"),
+        (30, 'hasattr(torch, "xpu")'): ("branch", None, TORCH_BUILD),
     }
+
+
+MODULE = textwrap.dedent(
+    """
+    import pytest
+    from vllm.platforms import current_platform
+
+    if not (current_platform.is_cuda() or current_platform.is_xpu()):
+        pytest.skip("CUDA or XPU only", allow_module_level=True)
+
+    @pytest.mark.skipif(current_platform.is_cpu(), reason="CPU only")
+    def test_a(dtype):
+        if current_platform.is_rocm() and dtype == "fp8":
+            pytest.skip("no fp8 here")
+        if current_platform.is_cuda() and torch.cuda.get_device_capability() < (9, 0):
+            pytest.skip("Hopper")
+    """
+)
+
+
+def test_module_skips_and_partial_conditions() -> None:
+    found = [(f.line, f.replacement) for f in scan_source(MODULE)]
+    assert found == [
+        (5, 'accelplat.testing.skip_module_unless("cuda or xpu")'),
+        (5, 'accelplat.testing.skip_module_unless("cuda or xpu")'),
+        (8, 'accelplat.testing.requires("not cpu")'),  # never "accelerator": not the inverse
+        (10, 'accelplat.has("rocm")'),  # the dtype part stays as it is
+        (12, 'accelplat.has("cuda and capability<90")'),
+        (12, 'accelplat.has("cuda and capability<90")'),
+    ]
 
 
 def test_tree_scan_counts_and_skips_what_it_cannot_parse(tmp_path: Path) -> None:
@@ -93,8 +121,9 @@ def test_tree_scan_counts_and_skips_what_it_cannot_parse(tmp_path: Path) -> None
     summary = report.summary()
     assert (summary["files_scanned"], summary["files_with_predicates"]) == (2, 1)
     assert summary["predicates"] == 8
-    assert summary["replaceable"] == 6
-    assert summary["by_group"]["feature/kernel/dtype support"] == 4
+    assert summary["replaceable"] == 3
+    assert summary["by_replacement"] == {"requires": 2, "has": 1}
+    assert summary["without_replacement"][scan.TOLERANCES] == 1
     assert report.errors == [
         "link.py: not a regular file",
         "test_broken.py: does not parse (SyntaxError)",
@@ -118,14 +147,49 @@ def test_cli_json_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str
         "predicate": "is_cuda()",
         "kind": "platform",
         "use": "skipif",
-        "group": "feature/kernel/dtype support",
-        "replacement": 'builtin: accelplat_requires("fp8")',
+        "replacement": 'accelplat.testing.requires("cuda")',
+        "missing": None,
+        "source": "@pytest.mark.skipif(not current_platform.is_cuda(), "
+        'reason="fp8 kernels need CUDA")',
     }
     assert main(["scan", str(tmp_path), "--markdown"]) == 0
     out = capsys.readouterr().out
-    assert "| feature/kernel/dtype support | 4 | 4 |" in out
+    assert "| `requires` | 2 | 25.0 % |" in out
     assert main(["scan", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def _git(repo: Path, *args: str) -> None:
+    import subprocess
+
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com"}
+    env |= {"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
+
+
+def test_diff_fails_only_on_added_predicates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_a.py").write_text("x = is_rocm()\ny = is_cuda()\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "base")
+    # moved within the file and into another file: nothing added
+    (tests / "test_a.py").write_text("\n\ny = is_cuda()\n")
+    (tests / "test_b.py").write_text("z = 1\nx = is_rocm()\n")
+    assert main(["scan", str(tests), "--diff", "HEAD"]) == 0
+    assert capsys.readouterr().out.startswith("0 platform predicate(s) added since HEAD")
+    (tests / "test_b.py").write_text(
+        "x = is_rocm()\nif current_platform.is_xpu():\n    pytest.skip('no')\n"
+    )
+    assert main(["scan", str(tests), "--diff", "HEAD"]) == 1
+    out = capsys.readouterr().out
+    assert "1 platform predicate(s) added since HEAD" in out
+    assert 'test_b.py:2: is_xpu() [skip] -> accelplat.has("xpu")' in out
+    assert main(["scan", str(tests), "--diff", "no-such-revision"]) == 2
+    assert main(["scan", str(tests), "--diff=-x"]) == 2  # never an option of git's
 
 
 def test_oversized_and_special_files_are_listed_not_read(tmp_path: Path) -> None:

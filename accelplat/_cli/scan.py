@@ -1,16 +1,18 @@
 """``accelplat scan PATH``: inventory a test tree's platform predicates for a migration.
 
-``--json`` prints ``schema``, :meth:`accelplat._scan.ScanReport.summary` and every finding. File
-names come from the scanned tree: the text and Markdown forms escape them (``printable``).
+``--json`` prints ``schema``, :meth:`accelplat._scan.ScanReport.summary` and every finding.
+``--diff BASE`` exits 1 when platform predicates were added since git revision ``BASE`` (a
+ratchet). File names come from the scanned tree: the text and Markdown forms escape them.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 
 from accelplat._cli._args import add_common, command, path
 from accelplat._cli._errors import dumps
-from accelplat._scan import ScanReport, scan_path
+from accelplat._scan import Finding, ScanReport, added_since, scan_path
 from accelplat._util import printable
 
 _HELP = "inventory a test tree's platform predicates and what replaces each"
@@ -18,7 +20,9 @@ _DESCRIPTION = (
     "Walk the Python files under PATH (with the ast module), list every "
     "platform predicate (is_rocm(), torch.cuda.is_available(), torch.version.hip, "
     "has_device_capability(...), on_gfx9() ...), group them by what they ask and name the "
-    "accelplat requirement or drop-in that replaces each. Imports nothing it scans."
+    "exact accelplat requirement that replaces each, translated from the condition's syntax "
+    "tree, or the kind of knowledge that has none. With --diff BASE, fail (exit 1) when "
+    "platform predicates were added since the git revision BASE. Imports nothing it scans."
 )
 
 
@@ -31,6 +35,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--files", action="store_true", help="also list every finding (file:line predicate)"
     )
+    parser.add_argument(
+        "--diff",
+        metavar="BASE",
+        help="exit 1 if platform predicates were added since git revision BASE (moved lines "
+        "are not added); lists them",
+    )
 
 
 def _rows(title: str, counts: dict[str, int], total: int) -> list[str]:
@@ -41,48 +51,56 @@ def _rows(title: str, counts: dict[str, int], total: int) -> list[str]:
 
 
 def render_markdown(report: ScanReport) -> str:
-    """Return the scan's summary as Markdown (what ``docs/capabilities.md`` shows)."""
+    """Return the scan's summary as Markdown (what ``docs/migrating-vllm-tests.md`` shows)."""
     s = report.summary()
     total = s["predicates"]
     lines = [
         f"{total} platform predicates in {s['files_with_predicates']} of {s['files_scanned']} "
         f"files; {s['replaceable']} ({100 * s['replaceable'] / max(1, total):.1f} %) have an "
-        "accelplat replacement.",
-        "",
-        "| What it asks | predicates | replaceable |",
-        "| --- | ---: | ---: |",
-        *(f"| {g} | {n} | {s['by_group_replaceable'][g]} |" for g, n in s["by_group"].items()),
+        "exact accelplat replacement.",
         "",
         *_rows("Predicate", s["by_predicate"], total),
         "",
         *_rows("Replaced by", s["by_replacement"], total),
+        "",
+        *_rows("No exact replacement", s["without_replacement"], total),
     ]
     return "\n".join(printable(line) for line in lines)
+
+
+def _line(f: Finding) -> str:
+    said = f.replacement or f"no exact replacement: {f.missing}"
+    return f"  {f.path}:{f.line}: {f.predicate} [{f.use}] -> {said}"
 
 
 def _text(report: ScanReport, files: bool) -> str:
     s = report.summary()
     lines = [
         f"{report.root}: {s['predicates']} platform predicates in {s['files_with_predicates']} "
-        f"of {s['files_scanned']} files; {s['replaceable']} replaceable",
-        "by what they ask (predicates / replaceable):",
-        *(f"  {g:<30} {n:>6} {s['by_group_replaceable'][g]:>6}" for g, n in s["by_group"].items()),
+        f"of {s['files_scanned']} files; {s['replaceable']} with an exact replacement",
         "by predicate:",
         *(f"  {k:<40} {n:>6}" for k, n in s["by_predicate"].items()),
         "replaced by:",
         *(f"  {k:<40} {n:>6}" for k, n in s["by_replacement"].items()),
+        "no exact replacement:",
+        *(f"  {k:<64} {n:>6}" for k, n in s["without_replacement"].items()),
     ]
     if files:
-        lines += ["findings:"] + [
-            f"  {f.path}:{f.line}: {f.predicate} [{f.use}, {f.group}] -> "
-            f"{f.replacement or 'no replacement'}"
-            for f in report.findings
-        ]
+        lines += ["findings:"] + [_line(f) for f in report.findings]
     lines += [f"skipped {error}" for error in report.errors]
     return "\n".join(printable(line) for line in lines)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.diff is not None:
+        report, added = added_since(args.path, args.diff)
+        if args.json:
+            doc = {**report.to_json(), "base": args.diff, "added": [asdict(f) for f in added]}
+            print(dumps(doc, indent=2))
+        else:
+            head = f"{len(added)} platform predicate(s) added since {args.diff}"
+            print("\n".join(printable(line) for line in [head, *(_line(f) for f in added)]))
+        return 1 if added else 0
     report = scan_path(args.path)
     if args.json:
         print(dumps(report.to_json(), indent=2))

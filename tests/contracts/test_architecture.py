@@ -26,7 +26,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("backends", ("_backends",)),
     ("discovery", ("_registry",)),
     ("features", ("_memory", "_host", "_sizing", "_leaks", "_capabilities", "_describe",
-                  "_leasing", "_scan", "_capture", "timeline", "testing", "integrations")),
+                  "_leasing", "_scan", "_translate", "_capture", "timeline", "testing",
+                  "integrations")),
     ("faces", ("", "types", "replay")),
     ("front ends", ("_cli", "pytest_plugin", "__main__")),
 )  # fmt: skip

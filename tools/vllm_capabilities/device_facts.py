@@ -10,12 +10,10 @@ It writes, as JSON:
   ``torch.version.cuda``/``hip``, ``hasattr(torch, "xpu")``, the device count, and per device
   its name, compute capability and total memory;
 * ``accelplat``: the platform, each device's ``DeviceInfo`` (arch, compute capability) and
-  memory total, the graph support, and each device's capability table with the migration's
-  ``capabilities.toml`` loaded;
-* ``rules``: for every rewrite rule of ``migrate.py``, the original condition's value (computed
-  from the live torch answers the way vLLM's CUDA platform computes it) next to the value of the
-  requirement that replaces it (from accelplat) — equal on every row when the rewrite is
-  decision-preserving on this machine.
+  memory total, the graph support, and each device's capability table.
+
+The static proof (``prove.py``) checks its host model of this machine against these facts
+(``tests/integrations/test_vllm_capability_migration.py``).
 
 Every section is written as soon as it is known, so a failure later loses nothing before it.
 """
@@ -63,9 +61,7 @@ def torch_facts() -> dict[str, Any]:
 def accelplat_facts() -> dict[str, Any]:
     """Return accelplat's view: devices, graphs and capability tables (no device context)."""
     import accelplat
-    from accelplat._capabilities import load_pyproject
 
-    load_pyproject(HERE / "capabilities.toml")
     platform = accelplat.current_platform()
     devices = platform.devices()
     return {
@@ -97,72 +93,6 @@ def accelplat_facts() -> dict[str, Any]:
     }
 
 
-def vllm_cuda_predicates(facts: dict[str, Any]) -> dict[str, Any]:
-    """The values vLLM's predicates take on a CUDA machine with these torch facts.
-
-    vLLM picks its CUDA platform when torch is a CUDA build and a GPU is present; its
-    ``has_device_capability(n)`` compares ``major * 10 + minor`` of device 0 with ``n``.
-    """
-    cuda = bool(facts["cuda_is_available"]) and facts["version_cuda"] is not None
-    rocm = facts["version_hip"] is not None
-    cap = facts["devices"][0]["capability"] if facts["devices"] else None
-    cap_int = cap[0] * 10 + cap[1] if cap else None
-    return {
-        "torch.cuda.is_available()": bool(facts["cuda_is_available"]),
-        "current_platform.is_cuda()": cuda,
-        "current_platform.is_rocm()": rocm,
-        "current_platform.is_cuda_alike()": cuda or rocm,
-        "current_platform.is_xpu()": False,
-        "current_platform.is_cpu()": not (cuda or rocm),
-        "current_platform.has_device_capability(90)": cap_int is not None and cap_int >= 90,
-        "current_platform.has_device_capability(100)": cap_int is not None and cap_int >= 100,
-        "current_platform.is_device_capability(100)": cap_int == 100,
-        "current_platform.supports_fp8()": cuda and cap_int is not None and cap_int >= 89,
-        "current_platform.supports_mx()": False,
-        "on_gfx950()": False,
-    }
-
-
-def rule_rows(values: dict[str, Any], table: dict[str, Any]) -> list[dict[str, Any]]:
-    """Evaluate every rewrite rule's condition and its replacement on one device."""
-    import ast
-
-    from migrate import RULES, SKIP_ON_ROCM
-
-    def evaluate(node: ast.AST) -> bool:
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            return not evaluate(node.operand)
-        if isinstance(node, ast.BoolOp):
-            parts = [evaluate(v) for v in node.values]
-            return all(parts) if isinstance(node.op, ast.And) else any(parts)
-        return bool(values[ast.unparse(node)])
-
-    rows = []
-    for condition, needs in RULES.items():
-        skip_before = evaluate(ast.parse(condition, mode="eval").body)
-        skip_after = not all(table[n]["available"] for n in needs)
-        rows.append(
-            {
-                "condition": condition,
-                "requires": list(needs),
-                "skip_before": skip_before,
-                "skip_after": skip_after,
-            }
-        )
-    for reason, name in SKIP_ON_ROCM.items():
-        skip_before = bool(values["current_platform.is_rocm()"])
-        skip_after = not table[name]["available"]
-        rows.append(
-            {
-                "condition": f"current_platform.is_rocm()  # {reason}",
-                "requires": [name],
-                "skip_before": skip_before,
-                "skip_after": skip_after,
-            }
-        )
-    return rows
-
-
 def main() -> int:
     """Write the facts file named on the command line."""
     out = Path(sys.argv[1])
@@ -173,15 +103,6 @@ def main() -> int:
         except Exception:
             doc[key] = {"error": traceback.format_exc()}
         _write(out, doc)
-    try:
-        values = vllm_cuda_predicates(doc["torch"])
-        doc["vllm_predicates"] = values
-        doc["rules"] = rule_rows(values, doc["accelplat"]["capabilities"][0])
-        doc["rules_equal"] = all(r["skip_before"] == r["skip_after"] for r in doc["rules"])
-    except Exception:
-        doc["rules"] = {"error": traceback.format_exc()}
-    _write(out, doc)
-    print(json.dumps(doc.get("rules_equal")), file=sys.stderr)
     return 0
 
 

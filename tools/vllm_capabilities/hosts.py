@@ -28,21 +28,37 @@ HOSTS = (
     Host("nvidia-sm90", "cuda", "H200", "sm_90", (9, 0), bundles=("nvidia-h200-x1*", "*sm90*")),
     Host("nvidia-sm100", "cuda", "B200", "sm_100", (10, 0), bundles=("nvidia-b200*", "*sm100*")),
     Host(
-        "amd-gfx90a", "rocm", "MI250X", "gfx90a", gcn_arch="gfx90a:sramecc+:xnack-",
+        "amd-gfx90a",
+        "rocm",
+        "MI250X",
+        "gfx90a",
+        gcn_arch="gfx90a:sramecc+:xnack-",
         bundles=("amd-mi250*", "*gfx90a*"),
-    ),  # fmt: skip
+    ),
     Host(
-        "amd-gfx942", "rocm", "MI300X", "gfx942", gcn_arch="gfx942:sramecc+:xnack-",
+        "amd-gfx942",
+        "rocm",
+        "MI300X",
+        "gfx942",
+        gcn_arch="gfx942:sramecc+:xnack-",
         bundles=("amd-mi300x-x2*", "*gfx942*"),
-    ),  # fmt: skip
+    ),
     Host(
-        "amd-gfx950", "rocm", "MI355X", "gfx950", gcn_arch="gfx950:sramecc+:xnack-",
+        "amd-gfx950",
+        "rocm",
+        "MI355X",
+        "gfx950",
+        gcn_arch="gfx950:sramecc+:xnack-",
         bundles=("amd-mi355*", "amd-mi350*", "*gfx950*"),
-    ),  # fmt: skip
+    ),
     Host(
-        "amd-gfx1100", "rocm", "Radeon RX 7900 XTX", "gfx1100", gcn_arch="gfx1100",
+        "amd-gfx1100",
+        "rocm",
+        "Radeon RX 7900 XTX",
+        "gfx1100",
+        gcn_arch="gfx1100",
         bundles=("amd-rx7900*", "*gfx1100*"),
-    ),  # fmt: skip
+    ),
     Host("intel-max", "xpu", "Intel Data Center GPU Max 1550", "pvc", bundles=("intel-max*",)),
     Host("intel-bmg", "xpu", "Intel Arc B580", "bmg", bundles=("intel-arc-b*", "intel-bmg*")),
     Host("cpu", "cpu", "x86_64 CPU", "x86_64", bundles=("cpu-x86_64*",)),
@@ -52,7 +68,9 @@ HOSTS = (
 def bundle(host: Host) -> Path | None:
     """The host's replay bundle in ``tests/hosts``, if one is there."""
     for pattern in host.bundles:
-        found = sorted(BUNDLES.glob(pattern if pattern.endswith(".tar.gz") else pattern + ".tar.gz"))
+        found = sorted(
+            BUNDLES.glob(pattern if pattern.endswith(".tar.gz") else pattern + ".tar.gz")
+        )
         if found:
             return found[0]
     return None
@@ -67,7 +85,7 @@ print(json.dumps({t: bool(accelplat.has(t)) for t in texts}))
 
 
 def replayed_answers(path: Path, texts: list[str]) -> dict[str, bool]:
-    """accelplat's answer to each requirement on the host replayed from ``path``."""
+    """Accelplat's answer to each requirement on the host replayed from ``path``."""
     env = {k: v for k, v in os.environ.items() if not k.endswith("VISIBLE_DEVICES")}
     env.update(ACCELPLAT_REPLAY=str(path), PYTHONPATH=str(REPO))
     done = subprocess.run(
@@ -177,7 +195,7 @@ def spec_answer(host: Host, text: str) -> bool:
 
 
 def answers(host: Host, texts: list[str]) -> tuple[dict[str, bool], str]:
-    """accelplat's answers on ``host`` and where they came from (a bundle, or the spec)."""
+    """Accelplat's answers on ``host`` and where they came from (a bundle, or the spec)."""
     path = bundle(host)
     if path is not None and can_replay_requirements():
         return replayed_answers(path, texts), f"replayed {path.name}"

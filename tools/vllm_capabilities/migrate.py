@@ -64,12 +64,16 @@ def _offsets(source: bytes) -> list[int]:
 def _insert_at(tree: ast.Module) -> int:
     """The line before which the import goes: after the docstring and ``__future__`` imports."""
     for stmt in tree.body:
-        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and stmt is tree.body[0]:
+        if (
+            isinstance(stmt, ast.Expr)
+            and isinstance(stmt.value, ast.Constant)
+            and stmt is tree.body[0]
+        ):
             continue
         if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
             continue
         return stmt.lineno
-    return len(tree.body) and (tree.body[-1].end_lineno or 0) + 1 or 1
+    return (len(tree.body) and (tree.body[-1].end_lineno or 0) + 1) or 1
 
 
 def rewrite(source: str) -> tuple[str, int]:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent.parent))
 
 import hosts as modelled  # noqa: E402
 import migrate  # noqa: E402
-from vllm_model import RAISES, Host, Unmodelled, evaluate  # noqa: E402
+from vllm_model import RAISES, UnmodelledError, evaluate  # noqa: E402
 
 from accelplat import _scan, _translate  # noqa: E402
 
@@ -71,7 +71,8 @@ def _migrated_requirements(source: str) -> list[str]:
             "accelplat.has", "accelplat.testing.requires", "accelplat.testing.skip_module_unless",
         ):  # fmt: skip
             arg = node.args[0]
-            assert isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+            assert isinstance(arg, ast.Constant)
+            assert isinstance(arg.value, str)
             found.append((node.lineno, node.col_offset, ast.unparse(node.func), arg.value))
     return [f"{kind}:{text}" for _, _, kind, text in sorted(found)]
 
@@ -97,10 +98,15 @@ def collect(tests: Path) -> tuple[list[_scan.Finding], list[_Check], dict[int, i
             index = len(findings)
             findings.append(
                 _scan.Finding(
-                    rel, getattr(p.node, "lineno", 0), p.predicate, p.kind, p.use,
-                    None if p.site is None or p.decision is None
+                    rel,
+                    getattr(p.node, "lineno", 0),
+                    p.predicate,
+                    p.kind,
+                    p.use,
+                    None
+                    if p.site is None or p.decision is None
                     else _scan.replacement(p.decision, p.site),
-                )  # fmt: skip
+                )
             )
             if p.site is None or p.decision is None:
                 continue
@@ -113,9 +119,7 @@ def collect(tests: Path) -> tuple[list[_scan.Finding], list[_Check], dict[int, i
             check_of[index] = by_site[id(p.site)]
         if expected:  # the migration writes exactly these, nothing else
             new, _ = migrate.rewrite(source)
-            want = sorted(
-                f"{t.partition('(')[0]}:{t.partition('(')[2][1:-2]}" for _, t in expected
-            )
+            want = sorted(f"{t.partition('(')[0]}:{t.partition('(')[2][1:-2]}" for _, t in expected)
             if sorted(_migrated_requirements(new)) != want:
                 mismatches.append(rel)
     return findings, checks, check_of, mismatches
@@ -138,7 +142,7 @@ def prove(tests: Path) -> dict[str, object]:
         for host in modelled.HOSTS:
             try:
                 original = evaluate(check.original, host)
-            except Unmodelled as exc:
+            except UnmodelledError as exc:
                 unmodelled.append(f"{check.where}: {exc}")
                 bad_checks.add(i)
                 break

@@ -3,7 +3,7 @@
 :func:`evaluate` decides a condition's syntax tree on a :class:`Host` the way vLLM would there:
 each predicate is written from the vLLM 0.33.0 source line cited next to it, independently of
 ``accelplat/_translate.py`` (which it checks). A predicate it does not know raises
-:class:`Unmodelled`; a call that raises in vLLM or torch on that host yields :data:`RAISES`.
+:class:`UnmodelledError`; a call that raises in vLLM or torch on that host yields :data:`RAISES`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 
-class Unmodelled(Exception):
+class UnmodelledError(Exception):
     """The condition holds something this model does not know."""
 
 
@@ -68,8 +68,10 @@ def capability(host: Host) -> tuple[int, int] | None:
 
 
 def _torch_capability(host: Host) -> Value:
-    """``torch.cuda.get_device_capability()``: HIP fills major/minor from the gfx target on ROCm
-    (the layout rocm.py:236's docstring mirrors); with no CUDA/HIP device torch raises."""
+    """``torch.cuda.get_device_capability()``: on ROCm, HIP's major/minor from the gfx target.
+
+    rocm.py:236's docstring mirrors that layout; with no CUDA/HIP device torch raises.
+    """
     if host.platform in ("cuda", "rocm"):
         return capability(host)
     return RAISES
@@ -141,7 +143,7 @@ def _platform_method(host: Host, name: str, args: list[ast.expr]) -> Value:
             return (cap[0] * 10 + cap[1]) // 10 == want // 10
         have: object = cap if isinstance(want, tuple) else cap[0] * 10 + cap[1]
         return have >= want if name == "has_device_capability" else have == want  # type: ignore[operator]
-    raise Unmodelled(f"current_platform.{name}")
+    raise UnmodelledError(f"current_platform.{name}")
 
 
 def _call(host: Host, node: ast.Call) -> Value:
@@ -170,7 +172,7 @@ def _call(host: Host, node: ast.Call) -> Value:
         name = func.id if isinstance(func, ast.Name) else ""
     if name in _ROCM_FUNCTIONS and not node.args:
         return _ROCM_FUNCTIONS[name](host)
-    raise Unmodelled(ast.unparse(node))
+    raise UnmodelledError(ast.unparse(node))
 
 
 _COMPARE = {
@@ -192,7 +194,7 @@ def evaluate_value(node: ast.AST, host: Host) -> Value:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         value = evaluate_value(node.operand, host)
         return value if value is RAISES else not value
-    if isinstance(node, ast.Constant) or isinstance(node, ast.Tuple):
+    if isinstance(node, (ast.Constant, ast.Tuple)):
         return ast.literal_eval(node)
     if isinstance(node, ast.Call):
         return _call(host, node)
@@ -215,7 +217,7 @@ def evaluate_value(node: ast.AST, host: Host) -> Value:
             return _COMPARE[type(node.ops[0])](left, right)
         except TypeError:  # None < (9, 0)
             return RAISES
-    raise Unmodelled(ast.unparse(node))
+    raise UnmodelledError(ast.unparse(node))
 
 
 def evaluate(node: ast.AST, host: Host) -> bool | _Raises:
