@@ -245,7 +245,10 @@ class XpuPlatform(BasePlatform):
     device_type: ClassVar[str] = "xpu"
     FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
         "bf16": (FeatureRule(archs=("pvc", "dg2", "bmg", "lnl", "mtl", "arl")),),
-    }  # bfloat16 on every Xe architecture torch's XPU builds target; no fp8/fp4 hardware rule
+        # vLLM's supports_fp8() is true on every XPU (vllm/platforms/xpu.py); no Xe matrix
+        # engine of these has fp8, so it is emulated, and there is no fp8-native rule.
+        "fp8": (FeatureRule(value="e4m3fn", note="emulated"),),
+    }  # bfloat16 on every Xe architecture torch's XPU builds target; no fp4 hardware rule
     visible_devices_env: ClassVar[str | None] = ENV_AFFINITY_MASK  # vLLM's device_control_env_var
     default_memory_utilization: ClassVar[float] = 0.9  # vLLM's test runner on XPU (conftest.py)
     preferred_start_method: ClassVar[StartMethod] = "spawn"  # vLLM: the only one XPU supports
