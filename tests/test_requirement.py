@@ -38,6 +38,7 @@ def _fresh_project() -> Iterator[None]:
     yield
     caps.clear_project_capabilities()
 
+
 PLATFORMS = frozenset({"cuda", "rocm", "xpu", "cpu", "tpu"})
 
 
