@@ -239,6 +239,49 @@ class FakeSysfs:
             )
         return node
 
+    def add_kfd_node_raw(
+        self,
+        properties: str,
+        *,
+        gpu_id: int,
+        name: str = "",
+        banks: tuple[str, ...] = (),
+        used_memory: int | None = None,
+    ) -> int:
+        """A KFD topology node whose files hold the given text verbatim (a public dump's).
+
+        Args:
+            properties: The node's ``properties`` file, as dumped.
+            gpu_id: Its ``gpu_id`` (0 for a CPU node).
+            name: Its ``name`` file (``"ip discovery"`` on MI300-class GPU nodes).
+            banks: The ``mem_banks/<i>/properties`` files, in order.
+            used_memory: ``mem_banks/0/used_memory``, when the dump has one.
+        """
+        node = self._next_node
+        self._next_node += 1
+        d = self._topology() / str(node)
+        _write(d / "gpu_id", f"{gpu_id}\n")
+        _write(d / "properties", properties if properties.endswith("\n") else properties + "\n")
+        _write(d / "name", f"{name}\n")
+        for i, bank in enumerate(banks):
+            _write(d / "mem_banks" / str(i) / "properties", bank)
+        if used_memory is not None and banks:
+            _write(d / "mem_banks" / "0" / "used_memory", f"{used_memory}\n")
+        return node
+
+    def add_xcp_device(self, index: int, card: int, minor: int) -> None:
+        """A compute partition's DRM device ``cardN``/``renderD<minor>`` on platform device
+        ``amdgpu_xcp.<index>`` (numbers as a dump shows them)."""
+        platform = self.sys / "devices" / "platform" / f"amdgpu_xcp.{index}"
+        (platform / "drm" / f"card{card}").mkdir(parents=True, exist_ok=True)
+        (platform / "drm" / f"renderD{minor}").mkdir(parents=True, exist_ok=True)
+        _write(platform / "uevent", "DRIVER=amdgpu_xcp_drv\nMODALIAS=platform:amdgpu_xcp\n")
+        card_dir = self.card_dir(card)
+        card_dir.mkdir(parents=True, exist_ok=True)
+        os.symlink(platform, card_dir / "device")
+        _write(card_dir / "dev", f"226:{card}\n")
+        self.add_render_entry(minor)
+
     def _add_xcp_device(self) -> tuple[int, int]:
         """A DRM device on an ``amdgpu_xcp`` platform device; returns (card, render minor)."""
         index = self._next_xcp

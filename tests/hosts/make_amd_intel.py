@@ -1,0 +1,374 @@
+"""Build the AMD and Intel bundles of ``tests/hosts/`` from public dumps and vendor facts.
+
+No AMD or Intel GPU is at hand, so these hosts are shaped, not captured: each writes a fake
+``/sys`` and ``/dev`` (and, for Intel, a fake Level Zero loader compiled from C) whose files are
+public dumps where one exists, and vendor facts where none does, then records it with accelplat's
+own capture (:mod:`tests.hosts._shape`). ``CONTENTS.txt`` in each bundle and ``tests/hosts/README``
+say where every file came from. Run it again after a change to a backend's reads (the goldens
+are what replay prints then)::
+
+    python -m tests.hosts.make_amd_intel            # every AMD and Intel bundle
+    python -m tests.hosts.make_amd_intel NAME ...   # some of them (file names without .tar.gz)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.fakes import levelzero as lz
+from tests.fakes.sysfs import FakeSysfs
+from tests.hosts import _dumps as dumps
+from tests.hosts import make_mi300x
+from tests.hosts._shape import build_bundle
+
+HERE = Path(__file__).resolve().parent
+GIB = 1024**3
+MIB = 1024**2
+ROCM_TORCH = "2.7.1+rocm6.3"
+XPU_TORCH = "2.8.0+xpu"
+ISSUES = "https://github.com/ROCm/ROCm/issues"
+K8S_157 = "https://github.com/ROCm/k8s-device-plugin/issues/157"
+K8S_108 = "https://github.com/ROCm/k8s-device-plugin/pull/108"
+ROCM_4750 = f"{ISSUES}/4750"
+SHAPED = "shaped from a public dump"
+BUILT = "built from vendor facts"
+
+
+@dataclass(frozen=True)
+class Host:
+    """One bundle: its file name, how it is made, and where each of its files came from."""
+
+    name: str
+    label: str  # SHAPED or BUILT
+    populate: Callable[[Path], Mapping[str, str]]
+    torch: str
+    driver: str
+    sources: tuple[str, ...]  # "what: where (date)" lines
+
+    def provenance(self) -> str:
+        lines = [f"How this host was made: {self.label} (not captured on the machine).", ""]
+        lines += ["Where its files come from:", *(f"  * {s}" for s in self.sources)]
+        return "\n".join(lines)
+
+
+def _cards_with_partitions(
+    fs: FakeSysfs,
+    cards: list[tuple[str, int]],
+    *,
+    device_id: int,
+    product: str,
+    vram_total: int,
+    vram_used: list[int],
+    partitions: int,
+) -> list[int]:
+    """The PCI cards (and their ``amdgpu_xcp`` partition devices) of a partitioned host.
+
+    ``cards`` are (PCI address, first render minor). amdgpu gives every card MAX_XCP = 8 DRM
+    devices whatever the mode (amdgpu_xcp.c): the card's own and seven ``amdgpu_xcp.K``
+    platform devices, which is why each card's render minors step by 8 in the dumps. Card
+    numbers follow ROCm/k8s-device-plugin#157 (``amdgpu_xcp.39`` is ``card46``: card 0 is the
+    board's display adapter, each GPU takes eight).
+    """
+    minors: list[int] = []
+    for c, (pci, first) in enumerate(cards):
+        card = 8 * c + 1
+        fs.add_amd_gpu(
+            card,
+            pci=pci,
+            vram_total=vram_total,
+            vram_used=vram_used[c],
+            render_minor=first,
+            product_name=product,
+            device_id=device_id,
+            kfd=False,
+        )
+        mode = {2: "DPX", 4: "QPX", 8: "CPX"}[partitions]
+        fs.write_attr(card, "current_compute_partition", f"{mode}\n")
+        fs.write_attr(card, "current_memory_partition", "NPS1\n")
+        fs.add_render_entry(first)
+        minors.append(first)
+        for j in range(1, 8):
+            fs.add_xcp_device(7 * c + j - 1, card + j, first + j)
+            minors.append(first + j)
+    return minors
+
+
+def _bmc_display(fs: FakeSysfs) -> None:
+    # card0 of a GPU server: the BMC's display adapter (ASPEED, 0x1a03), which is no GPU.
+    fs.add_other_gpu(0, pci="0000:02:00.0", vendor=0x1A03, driver="ast")
+
+
+def _mi300x_cpx(root: Path) -> Mapping[str, str]:
+    fs = FakeSysfs(root)
+    _bmc_display(fs)
+    for cpu in dumps.MI300X_CPX_CPU_NODES:
+        fs.add_kfd_node_raw(dumps.MI300X_CPX_CPU.format(**cpu), gpu_id=0)
+    minors = _cards_with_partitions(
+        fs,
+        [("0000:05:00.0", 128), ("0000:27:00.0", 136)],
+        device_id=0x74A1,
+        product="AMD Instinct MI300X",
+        vram_total=206141652992,
+        vram_used=[297771008, 297771008],
+        partitions=8,
+    )
+    for i, node in enumerate(dumps.MI300X_CPX_NODES):
+        # The dump keeps only properties: gpu_id, name and the bank are written from facts.
+        k = i % 8
+        bank = 24 * GIB - (16 * MIB if k == 7 else 0)
+        fs.add_kfd_node_raw(
+            dumps.properties(dumps.MI300X_CPX_GPU, node),
+            gpu_id=40000 + 977 * i,
+            name="ip discovery",
+            banks=(dumps.MI308X_BANK.format(size=bank),),
+        )
+    fs.add_dev_nodes(minors)
+    _amdgpu_version(root)
+    return {}
+
+
+def _mi308x_cpx(root: Path) -> Mapping[str, str]:
+    fs = FakeSysfs(root)
+    _bmc_display(fs)
+    for i, bank in enumerate(dumps.MI308X_CPX_CPU_BANKS):
+        cpu = dumps.MI308X_CPX_CPU.format(core_base=128 * i)
+        fs.add_kfd_node_raw(cpu, gpu_id=0, banks=(bank,))
+    used = [n.used_memory for n in dumps.MI308X_CPX_NODES[::4]]
+    minors = _cards_with_partitions(
+        fs,
+        [("0000:0a:00.0", 128), ("0000:80:00.0", 136)],
+        device_id=0x74A2,
+        product="AMD Instinct MI308X",
+        vram_total=206141652992,
+        vram_used=used,
+        partitions=4,
+    )
+    for node in dumps.MI308X_CPX_NODES:
+        fs.add_kfd_node_raw(
+            dumps.properties(dumps.MI308X_CPX_GPU, node.lines),
+            gpu_id=node.gpu_id,
+            name="ip discovery",
+            banks=(dumps.MI308X_BANK.format(size=node.bank),),
+            used_memory=node.used_memory,
+        )
+    # Card 0 uses 2,607,050,752 bytes more than the idle cards (used_memory): one process.
+    first = dumps.MI308X_CPX_NODES[0]
+    fs.add_kfd_process(4242, {first.gpu_id: first.used_memory - used[1]})
+    fs.add_dev_nodes(minors)
+    _amdgpu_version(root)
+    return {}
+
+
+def _strix_halo(root: Path) -> Mapping[str, str]:
+    fs = FakeSysfs(root)
+    fs.add_kfd_node_raw("cpu_cores_count 32\nsimd_count 0\nlocation_id 0\ndomain 0\n", gpu_id=0)
+    fs.add_amd_gpu(
+        1,
+        pci="0000:c6:00.0",
+        vram_total=536870912,
+        vram_used=128 * MIB,
+        render_minor=128,
+        product_name=None,
+        device_id=0x1586,
+        kfd=False,
+        gtt_total=118111600640,
+    )
+    fs.add_kfd_node_raw(
+        "\n".join(
+            [
+                "cpu_cores_count 0",
+                "simd_count 80",
+                "mem_banks_count 1",
+                "wave_front_size 32",
+                "simd_per_cu 2",
+                "gfx_target_version 110501",
+                "vendor_id 4098",
+                "device_id 5510",
+                f"location_id {0xC6 << 8}",
+                "domain 0",
+                "drm_render_minor 128",
+                "unique_id 0",
+                "num_xcc 1",
+            ]
+        ),
+        gpu_id=6412,
+        name="ip discovery",
+        banks=("heap_type 1\nsize_in_bytes 118111600640\nflags 0\nwidth 256\nmem_clk_max 8000\n",),
+    )
+    fs.add_kfd_process(4242, {6412: 6 * GIB})
+    fs.add_dev_nodes([128])
+    _amdgpu_version(root)
+    return {}
+
+
+def _rx7900xtx(root: Path) -> Mapping[str, str]:
+    fs = FakeSysfs(root)
+    fs.add_kfd_node_raw("cpu_cores_count 16\nsimd_count 0\nlocation_id 0\ndomain 0\n", gpu_id=0)
+    fs.add_amd_gpu(
+        1,
+        pci="0000:86:00.0",
+        vram_total=25753026560,
+        vram_used=1207959552,
+        render_minor=128,
+        product_name="AMD Radeon RX 7900 XTX",
+        device_id=0x744C,
+        kfd=False,
+    )
+    fs.add_kfd_node_raw(
+        dumps.RX7900XTX_GPU,
+        gpu_id=4660,
+        name="ip discovery",
+        banks=("heap_type 1\nsize_in_bytes 25753026560\nflags 0\nwidth 384\nmem_clk_max 1250\n",),
+    )
+    fs.add_kfd_process(4242, {4660: 900 * MIB})
+    fs.add_dev_nodes([128])
+    _amdgpu_version(root)
+    return {}
+
+
+def _amdgpu_version(root: Path) -> None:
+    version = root / "sys" / "module" / "amdgpu" / "version"
+    version.parent.mkdir(parents=True, exist_ok=True)
+    version.write_text(f"{make_mi300x.AMDGPU}\n")
+
+
+def _level_zero(root: Path, devices: list[lz.FakeZesDevice]) -> str:
+    return str(lz.build_c_library(devices, root / "lz"))
+
+
+def _max1550(root: Path) -> Mapping[str, str]:
+    # Two of the host's Max 1550 cards (buses 0x1a and 0x2c, as their UUIDs in the dump say),
+    # i915, two tiles of 64 GiB each; FLAT mode, the default on Max: four XPU devices.
+    fs = FakeSysfs(root)
+    devices = []
+    for bus, used in ((0x1A, (3 * GIB, 512 * MIB)), (0x2C, (512 * MIB, 512 * MIB))):
+        fs.add_intel_gpu(
+            bus // 0x10, pci=f"0000:{bus:02x}:00.0", driver="i915", tiles=2, device_id=0x0BD5
+        )
+        device = lz.pvc(bus, used=used)
+        device.uuid = bytes([0x86, 0x80, 0xD5, 0x0B, 0x2F, 0, 0, 0, bus, 0, 0, 0, 0, 0, 0, 0])
+        device.processes = [(4242, 3 * GIB - 512 * MIB)] if bus == 0x1A else []
+        devices.append(device)
+    return {"ACCELPLAT_LEVEL_ZERO_LIB": _level_zero(root, devices)}
+
+
+HOSTS: tuple[Host, ...] = (
+    Host(
+        "amd-mi300x-cpx",
+        SHAPED,
+        _mi300x_cpx,
+        ROCM_TORCH,
+        f"amdgpu {make_mi300x.AMDGPU} ({SHAPED})",
+        (
+            "KFD topology properties of every node (two CPU nodes, 16 partitions = the first two "
+            f"of eight MI300X cards in CPX mode): {dumps.MI300X_CPX_SOURCE} (2025-04-29), "
+            "verbatim",
+            "partition memory banks: 24 GiB each, the last of a card 16 MiB less "
+            f"(CAPPING_EVEN share of 192 GiB - 16 MiB, the pattern of the MI308X dump); the "
+            f"24G per partition amdgpu labels from mem_banks: {K8S_108} (2025-02-26); {BUILT}",
+            f"mem_info_vram_total 206141652992 and mem_info_vram_used 297771008 of each card: "
+            f"rocm-smi on a partitioned MI300X, {ROCM_4750} (2025)",
+            f"amdgpu_xcp platform devices and their card/renderD numbering: {K8S_157} (2025-12-12)",
+            f"gpu_id values, the 'ip discovery' node name, product_name, PCI device id 0x74a1, "
+            f"current_*_partition files, the BMC display adapter, amdgpu version: {BUILT}",
+        ),
+    ),
+    Host(
+        "amd-mi308x-cpx",
+        SHAPED,
+        _mi308x_cpx,
+        ROCM_TORCH,
+        f"amdgpu {make_mi300x.AMDGPU} ({SHAPED})",
+        (
+            "KFD topology (gpu_id, name, properties, mem_banks/0/properties and used_memory) of "
+            f"nodes 0-9 (two CPU nodes, the first two of eight MI308X cards in CPX mode, four "
+            f"partitions each): {dumps.MI308X_CPX_SOURCE} (2024-09-10), verbatim",
+            f"mem_info_vram_total 206141652992 (= the sum of a card's banks): {ROCM_4750}; "
+            "mem_info_vram_used = the card's used_memory in the dump",
+            "one KFD process holding card 0's usage above the idle cards' (2,607,050,752 bytes "
+            f"on partition 0): {BUILT}",
+            f"amdgpu_xcp devices and numbering: {K8S_157}; product_name, the BMC display "
+            f"adapter, amdgpu version: {BUILT}",
+        ),
+    ),
+    Host(
+        "amd-strix-halo-apu",
+        SHAPED,
+        _strix_halo,
+        "2.9.0+rocm7.0",
+        f"amdgpu {make_mi300x.AMDGPU} ({SHAPED})",
+        (
+            "memory figures of a Ryzen AI MAX+ 395 (Radeon 8060S, gfx1151): mem_info_vram_total "
+            "536870912 (the BIOS carve-out), GTT and KFD mem_banks/0 size_in_bytes "
+            "118111600640, which HIP reports as the device total: "
+            "https://github.com/ROCm/rocm-systems/pull/8475 (2026-07-13), and the same split "
+            "in https://github.com/ROCm/rocm-systems/pull/8419 (2026-07-10)",
+            "rocminfo of a Strix Halo: Uuid GPU-XX (unique_id 0), Chip ID 0x1586, GPU node 1: "
+            "https://github.com/antirez/ds4/issues/475; PCI address 0000:c6:00.0: dmesg in "
+            "https://github.com/ROCm/ROCm/issues/5595",
+            "the rest of the KFD properties (gfx_target_version 110501, simd_count 80), gpu_id, "
+            f"one process holding 6 GiB, carve-out usage: {BUILT}",
+        ),
+    ),
+    Host(
+        "amd-rx7900xtx",
+        SHAPED,
+        _rx7900xtx,
+        ROCM_TORCH,
+        f"amdgpu {make_mi300x.AMDGPU} ({SHAPED})",
+        (
+            f"KFD properties of the RX 7900 XTX node: {dumps.RX7900XTX_SOURCE}, verbatim",
+            "VRAM 24560 MiB (25753026560 bytes), resizable BAR on (so one FB_PUBLIC bank): "
+            "`lact cli info` in https://github.com/ilya-zlobintsev/LACT/pull/533 (2025-04-06); "
+            "rocminfo (Chip ID 0x744c, 96 CUs): https://github.com/ollama/ollama/issues/3158",
+            f"gpu_id, usage, one process, product_name: {BUILT}",
+        ),
+    ),
+    Host(
+        "intel-max1550-x2",
+        SHAPED,
+        _max1550,
+        XPU_TORCH,
+        f"i915, Level Zero 1.6.33578 ({SHAPED})",
+        (
+            "names, PCI device id 0x0bd5, tile count, UUIDs (so PCI buses 0x1a and 0x2c) of a "
+            "Data Center GPU Max 1550 host in FLAT mode, as torch.xpu lists them in a CI log: "
+            "https://github.com/intel/torch-xpu-ops/issues/3585 (2026-05-06)",
+            "Sysman memory modules (one 64 GiB module per tile, 128 GB HBM2e a card) and usage, "
+            f"the i915 sysfs entries, one process: {BUILT} (Intel Data Center GPU Max Series "
+            "product brief; torch reports 65520 MiB a tile, Sysman's deprecated size is the "
+            "probed size)",
+        ),
+    ),
+)
+
+
+def build(host: Host) -> bytes:
+    """Return ``host``'s bundle bytes (reproducible)."""
+    return build_bundle(
+        host.populate,
+        source=f"{host.name}.tar.gz",
+        torch=host.torch,
+        driver=host.driver,
+        provenance=host.provenance(),
+    )
+
+
+def main(names: list[str]) -> None:
+    chosen = [h for h in HOSTS if not names or h.name in names]
+    if not names or "amd-mi300x-x2" in names:
+        data = make_mi300x.build()
+        make_mi300x.OUT.write_bytes(data)
+        print(f"wrote {make_mi300x.OUT.name} ({len(data)} bytes)")
+    for host in chosen:
+        data = build(host)
+        out = HERE / f"{host.name}.tar.gz"
+        out.write_bytes(data)
+        print(f"wrote {out.name} ({len(data)} bytes)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

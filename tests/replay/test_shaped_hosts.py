@@ -1,0 +1,127 @@
+"""The AMD and Intel hosts shaped from public dumps replay with the facts those dumps show.
+
+Each bundle (``python -m tests.hosts.make_amd_intel``) is a host nobody here owns; its
+``CONTENTS.txt`` names the dump behind each file. These tests pin what the dumps say the
+runtime sees: partitions tied to their card with a capped share of its memory, the card's
+``unique_id`` shared by its partitions, an APU's memory from GTT, a Max in FLAT mode.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from accelplat._registry import current_platform
+from accelplat.replay import load_bundle, replaying
+from tests._hosts import HOSTS, clear_vendor_variables
+
+GIB = 1024**3
+MIB = 1024**2
+CARD_VRAM = 206141652992  # mem_info_vram_total of a partitioned MI300X (ROCm/ROCm#4750)
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ACCELPLAT_REPLAY", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    clear_vendor_variables(monkeypatch)
+
+
+def test_each_shaped_bundle_says_where_its_files_came_from() -> None:
+    names = ["amd-mi300x-cpx", "amd-mi308x-cpx", "amd-strix-halo-apu", "amd-rx7900xtx"]
+    for name in [*names, "intel-max1550-x2"]:
+        contents = load_bundle(HOSTS / f"{name}.tar.gz").contents
+        assert contents.startswith("How this host was made: shaped from a public dump"), name
+        assert "https://github.com/" in contents, name
+
+
+def test_mi308x_cpx_partitions_belong_to_their_card_with_a_capped_share() -> None:
+    with replaying(HOSTS / "amd-mi308x-cpx.tar.gz"):
+        platform = current_platform()
+        devices = list(platform.devices())
+        memory = [platform.memory_info(d.index) for d in devices]
+    assert platform.name == "rocm"
+    assert [d.pci_bus_id for d in devices] == ["0000:0a:00.0"] * 4 + ["0000:80:00.0"] * 4
+    assert {d.arch for d in devices} == {"gfx942"}
+    # The dump's KFD banks: 48 GiB a partition, the card's last 16 MiB less; the four add up
+    # to the card's sysfs total, which every partition would otherwise report.
+    assert [m.total for m in memory[:4]] == [48 * GIB] * 3 + [48 * GIB - 16 * MIB]
+    assert sum(m.total for m in memory[:4]) == CARD_VRAM
+    assert [m.used for m in memory] == [2607050752] + [0] * 7
+    assert all(m.source.startswith("sysfs kfd (partition") for m in memory)
+
+
+def test_mi300x_cpx_has_eight_partitions_a_card_that_share_its_uuid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with replaying(HOSTS / "amd-mi300x-cpx.tar.gz"):
+        platform = current_platform()
+        devices = list(platform.devices())
+        totals = [platform.memory_info(d.index).total for d in devices]
+        # Every partition carries its card's unique_id (the dump): HIP takes the first GPU
+        # whose UUID contains the token, so a UUID names partition 0 only, and accelplat
+        # names partitions by index.
+        card1 = devices[8].uuid
+        assert card1 is not None
+        monkeypatch.setenv("HIP_VISIBLE_DEVICES", card1)
+        by_uuid = [d.physical_index for d in platform.devices()]
+        monkeypatch.setenv("HIP_VISIBLE_DEVICES", "9,3")
+        by_index = [d.physical_index for d in platform.devices()]
+        env = platform.visible_devices_environment([devices[9]])
+    assert len(devices) == 16
+    assert len({d.uuid for d in devices[:8]}) == 1
+    assert devices[0].uuid != card1
+    assert totals.count(24 * GIB) == 14
+    assert sum(totals[8:]) == CARD_VRAM
+    assert by_uuid == [8]
+    assert by_index == [9, 3]
+    assert env["HIP_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == "9"
+
+
+def test_strix_halo_reports_the_kfd_gtt_pool_not_the_carve_out() -> None:
+    with replaying(HOSTS / "amd-strix-halo-apu.tar.gz"):
+        platform = current_platform()
+        (device,) = platform.devices()
+        memory = platform.memory_info(0)
+    assert device.arch == "gfx1151"
+    assert device.uuid is None  # unique_id 0: HIP calls it GPU-XX (rocminfo in antirez/ds4#475)
+    assert memory.total == 118111600640  # what HIP reports (ROCm/rocm-systems#8475), not 512 MiB
+    assert memory.used == 6 * GIB
+    assert "APU" in memory.source
+
+
+def test_rx7900xtx_is_one_gfx1100_card_with_its_sysfs_vram() -> None:
+    with replaying(HOSTS / "amd-rx7900xtx.tar.gz"):
+        platform = current_platform()
+        (device,) = platform.devices()
+        memory = platform.memory_info(0)
+    assert (device.name, device.arch) == ("AMD Radeon RX 7900 XTX", "gfx1100")
+    assert memory.total == 25753026560  # 24560 MiB (LACT#533)
+    assert memory.source == "sysfs"
+
+
+def test_max1550_in_flat_mode_lists_each_tile_as_torch_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with replaying(HOSTS / "intel-max1550-x2.tar.gz"):
+        platform = current_platform()
+        devices = list(platform.devices())
+        memory = [platform.memory_info(d.index) for d in devices]
+        monkeypatch.setenv("ZE_AFFINITY_MASK", "2")
+        masked = [(d.physical_index, d.uuid) for d in platform.devices()]
+        monkeypatch.delenv("ZE_AFFINITY_MASK")
+        monkeypatch.setenv("ZE_FLAT_DEVICE_HIERARCHY", "COMPOSITE")
+        cards = [platform.memory_info(d.index).total for d in platform.devices()]
+    assert platform.name == "xpu"
+    assert [d.physical_index for d in devices] == [0, 1, 2, 3]
+    # The UUIDs torch.xpu printed for these tiles (intel/torch-xpu-ops#3585).
+    assert [d.uuid for d in devices] == [
+        "8680d50b-2f00-0000-1a00-000000000001",
+        "8680d50b-2f00-0000-1a00-000000000002",
+        "8680d50b-2f00-0000-2c00-000000000001",
+        "8680d50b-2f00-0000-2c00-000000000002",
+    ]
+    assert [m.total for m in memory] == [64 * GIB] * 4
+    assert masked == [(2, "8680d50b-2f00-0000-2c00-000000000001")]
+    assert cards == [128 * GIB] * 2
