@@ -285,3 +285,53 @@ unique_id 11673270660693242239
 num_xcc 1
 max_engine_clk_ccompute 2400
 """
+
+# ROCm/k8s-device-plugin testdata/topo-mi210-xgmi-pcie (commit 4e0e694, 2025-04-29): an
+# eight-GPU MI210 host (gfx90a); nodes 2-3 (the first two GPUs in KFD order) are used.
+MI210_SOURCE = (
+    f"{K8S_PLUGIN}/tree/4e0e694ea6f66054db36cda86ba80410c6cec067/testdata/topo-mi210-xgmi-pcie"
+)
+MI210_GPU = """\
+cpu_cores_count 0
+simd_count 416
+mem_banks_count 1
+caches_count 217
+io_links_count 4
+p2p_links_count 5
+cpu_core_id_base 0
+simd_id_base 2147487744
+max_waves_per_simd 8
+lds_size_in_kb 64
+gds_size_in_kb 0
+num_gws 64
+wave_front_size 64
+array_count 8
+simd_arrays_per_engine 1
+cu_per_simd_array 14
+simd_per_cu 4
+max_slots_scratch_cu 32
+gfx_target_version 90010
+vendor_id 4098
+device_id 29711
+location_id 25344
+domain 0
+drm_render_minor 128
+hive_id 12609507387757274807
+num_sdma_engines 2
+num_sdma_xgmi_engines 3
+num_sdma_queues_per_engine 8
+num_cp_queues 24
+max_engine_clk_fcompute 1700
+local_mem_size 0
+fw_version 92
+capability 746037888
+debug_prop 470
+sdma_fw_version 9
+unique_id 1801979520617338022
+num_xcc 1
+max_engine_clk_ccompute 2450
+"""
+MI210_NODES = (
+    NodeLines(25344, 128, 1801979520617338022, 2147487744),
+    NodeLines(17152, 129, 5847760019078012339, 2147487856),
+)  # KFD order is not PCI order: 0000:63:00.0, then 0000:43:00.0

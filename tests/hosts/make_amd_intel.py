@@ -229,6 +229,66 @@ def _rx7900xtx(root: Path) -> Mapping[str, str]:
     return {}
 
 
+def _mi210(root: Path) -> Mapping[str, str]:
+    fs = FakeSysfs(root)
+    fs.add_kfd_node_raw("cpu_cores_count 64\nsimd_count 0\nlocation_id 0\ndomain 0\n", gpu_id=0)
+    fs.add_kfd_node_raw("cpu_cores_count 64\nsimd_count 0\nlocation_id 0\ndomain 0\n", gpu_id=0)
+    for i, (node, pci) in enumerate(
+        zip(dumps.MI210_NODES, ("0000:63:00.0", "0000:43:00.0"), strict=True)
+    ):
+        # card numbers in probe (PCI) order, render minors as KFD gives them in the dump
+        fs.add_amd_gpu(
+            2 - i,
+            pci=pci,
+            vram_total=64 * GIB,
+            vram_used=(10 if i == 0 else 0) * MIB + 290 * MIB,
+            render_minor=node.drm_render_minor,
+            product_name="AMD Instinct MI210",
+            device_id=0x740F,
+            kfd=False,
+        )
+        fs.add_kfd_node_raw(
+            dumps.properties(dumps.MI210_GPU, node),
+            gpu_id=50000 + 1103 * i,
+            name="gfx90a",
+            banks=(dumps.MI308X_BANK.format(size=64 * GIB),),
+        )
+    fs.add_dev_nodes([128, 129])
+    _amdgpu_version(root)
+    return {}
+
+
+def _mi355x(root: Path) -> Mapping[str, str]:
+    fs = FakeSysfs(root)
+    fs.add_kfd_cpu_node()
+    for c, pci in enumerate(("0000:05:00.0", "0000:15:00.0")):
+        gpu = fs.add_amd_gpu(
+            c + 1,
+            pci=pci,
+            vram_total=288 * GIB,
+            vram_used=300 * MIB,
+            render_minor=128 + 8 * c,
+            product_name="AMD Instinct MI355X",
+            device_id=0x75A3,
+            gfx_target_version=90500,
+        )
+        if c == 0:
+            fs.add_kfd_process(4242, {gpu.gpu_id: 20 * GIB})
+    fs.add_dev_nodes([128, 136])
+    _amdgpu_version(root)
+    return {}
+
+
+def _arc_b580(root: Path) -> Mapping[str, str]:
+    fs = FakeSysfs(root)
+    fs.add_intel_gpu(1, pci="0000:03:00.0", driver="xe", tiles=1, device_id=0xE20B)
+    card = lz.arc(0x03, used=1 * GIB)
+    # compute-runtime's UUID layout: vendor, device (little-endian), revision, domain, bus
+    card.uuid = bytes([0x86, 0x80, 0x0B, 0xE2, 0, 0, 0, 0, 0x03, 0, 0, 0, 0, 0, 0, 0])
+    card.processes = [(4242, 1 * GIB)]
+    return {"ACCELPLAT_LEVEL_ZERO_LIB": _level_zero(root, [card])}
+
+
 def _amdgpu_version(root: Path) -> None:
     version = root / "sys" / "module" / "amdgpu" / "version"
     version.parent.mkdir(parents=True, exist_ok=True)
@@ -341,6 +401,50 @@ HOSTS: tuple[Host, ...] = (
             f"the i915 sysfs entries, one process: {BUILT} (Intel Data Center GPU Max Series "
             "product brief; torch reports 65520 MiB a tile, Sysman's deprecated size is the "
             "probed size)",
+        ),
+    ),
+)
+
+
+HOSTS += (
+    Host(
+        "amd-mi210-x2",
+        SHAPED,
+        _mi210,
+        ROCM_TORCH,
+        f"amdgpu {make_mi300x.AMDGPU} ({SHAPED})",
+        (
+            "KFD properties of the first two GPU nodes (gfx90a, MI210, in KFD order 0000:63:00.0 "
+            f"then 0000:43:00.0) of an eight-GPU host: {dumps.MI210_SOURCE} (2025-04-29), verbatim",
+            f"64 GiB of HBM2e a card, banks, gpu_ids, node names, usage, product_name: {BUILT} "
+            "(AMD Instinct MI210 data sheet)",
+        ),
+    ),
+    Host(
+        "amd-mi355x-x2",
+        BUILT,
+        _mi355x,
+        "2.9.0+rocm7.0",
+        f"amdgpu {make_mi300x.AMDGPU} ({BUILT})",
+        (
+            "two MI355X (gfx950: KFD gfx_target_version 90500, as MI350-series hosts report it "
+            "in https://github.com/ROCm/hip-ep's build notes), 288 GB of HBM3E each (AMD "
+            "Instinct MI355X data sheet), PCI device id 0x75a3 (the kernel's amdgpu PCI table), "
+            f"SPX mode, one process holding 20 GiB: {BUILT}; no public dump was found",
+        ),
+    ),
+    Host(
+        "intel-arc-b580",
+        BUILT,
+        _arc_b580,
+        XPU_TORCH,
+        f"xe ({BUILT})",
+        (
+            "one Arc B580 (Battlemage, PCI device id 0xe20b at 0000:03:00.0 as the xe driver "
+            "logs it in https://github.com/geerlingguy/raspberry-pi-pcie-devices/issues/695, "
+            "2025-01-28; the name as Windows lists it in "
+            "https://github.com/IGCIT/Intel-GPU-Community-Issue-Tracker-IGCIT/issues/1370), "
+            f"12 GiB GDDR6 in one Sysman module, 1 GiB held by one process: {BUILT}",
         ),
     ),
 )

@@ -125,3 +125,22 @@ def test_max1550_in_flat_mode_lists_each_tile_as_torch_does(
     assert [m.total for m in memory] == [64 * GIB] * 4
     assert masked == [(2, "8680d50b-2f00-0000-2c00-000000000001")]
     assert cards == [128 * GIB] * 2
+
+
+def test_mi210_devices_follow_kfd_order_not_pci_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    with replaying(HOSTS / "amd-mi210-x2.tar.gz"):
+        platform = current_platform()
+        devices = list(platform.devices())
+        monkeypatch.setenv("ROCR_VISIBLE_DEVICES", "1")
+        (only,) = platform.devices()
+    assert [(d.pci_bus_id, d.arch) for d in devices] == [
+        ("0000:63:00.0", "gfx90a"),
+        ("0000:43:00.0", "gfx90a"),
+    ]
+    assert only.pci_bus_id == "0000:43:00.0"
+
+
+def test_the_built_hosts_say_they_were_built() -> None:
+    for name in ("amd-mi355x-x2", "intel-arc-b580"):
+        contents = load_bundle(HOSTS / f"{name}.tar.gz").contents
+        assert contents.startswith("How this host was made: built from vendor facts"), name
