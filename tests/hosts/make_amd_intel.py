@@ -315,6 +315,28 @@ def _max1550(root: Path) -> Mapping[str, str]:
     return {"ACCELPLAT_LEVEL_ZERO_LIB": _level_zero(root, devices)}
 
 
+def _arc_a770_igpu(root: Path) -> Mapping[str, str]:
+    # A desktop: Arc A770 at 0000:03:00.0 and the CPU's UHD Graphics 770 at 0000:00:02.0, both
+    # on i915. Level Zero lists the discrete card first; the run selects it, as such hosts do.
+    fs = FakeSysfs(root)
+    fs.add_intel_gpu(0, pci="0000:00:02.0", driver="i915", device_id=0xA780)
+    fs.add_intel_gpu(1, pci="0000:03:00.0", driver="i915", device_id=0x56A0)
+    arc = lz.arc(0x03, used=1 * GIB, name="Intel(R) Arc(TM) A770 Graphics")
+    arc.device_id = 0x56A0
+    arc.modules = [lz.FakeModule(16 * GIB, 15 * GIB)]
+    # xpu-smi's SOC UUID 00000000-0000-0003-0000-000856a08086, read as compute-runtime lays
+    # it out: vendor, device, revision 0x08, domain, bus 0x03
+    arc.uuid = bytes([0x86, 0x80, 0xA0, 0x56, 0x08, 0, 0, 0, 0x03, 0, 0, 0, 0, 0, 0, 0])
+    arc.processes = [(4242, 1 * GIB)]
+    igpu = lz.igpu(mem_free=20 * GIB, mem_available=28 * GIB, name="Intel(R) UHD Graphics 770")
+    igpu.device_id = 0xA780
+    igpu.uuid = bytes([0x86, 0x80, 0x80, 0xA7, 0x0C, 0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0])
+    return {
+        "ACCELPLAT_LEVEL_ZERO_LIB": _level_zero(root, [igpu, arc]),
+        "ONEAPI_DEVICE_SELECTOR": "level_zero:0",
+    }
+
+
 HOSTS: tuple[Host, ...] = (
     Host(
         "amd-mi300x-cpx",
@@ -445,6 +467,31 @@ HOSTS += (
             "2025-01-28; the name as Windows lists it in "
             "https://github.com/IGCIT/Intel-GPU-Community-Issue-Tracker-IGCIT/issues/1370), "
             f"12 GiB GDDR6 in one Sysman module, 1 GiB held by one process: {BUILT}",
+        ),
+    ),
+)
+
+
+HOSTS += (
+    Host(
+        "intel-arc-a770-igpu",
+        SHAPED,
+        _arc_a770_igpu,
+        XPU_TORCH,
+        f"i915 ({SHAPED})",
+        (
+            "an Arc A770 and a UHD Graphics 770 on one desktop (i9-12900K), Level Zero listing "
+            "the A770 as device 0 and the UHD 770 as device 1: sycl-ls in "
+            "https://github.com/intel/intel-extension-for-pytorch/issues/702 (2024-09-11)",
+            "the A770's PCI device id 0x56a0 and SOC UUID (PCI bus 0x03, revision 0x08): "
+            "xpu-smi discovery in https://github.com/ggml-org/llama.cpp/pull/28725 (2026-09-12)",
+            "torch.xpu counting the UHD Graphics 770 as a device (it warns that it is not "
+            "officially supported): "
+            "https://github.com/intel/intel-xpu-backend-for-triton/issues/5616 (2025-12-07)",
+            "ONEAPI_DEVICE_SELECTOR=level_zero:0 recorded (the A770 alone, as Intel's guides "
+            "advise on such hosts), Sysman memory (16 GiB on the A770; the host's MemFree and "
+            "MemAvailable for the iGPU), the iGPU's UUID, usage, one process, the i915 sysfs "
+            f"entries: {BUILT}",
         ),
     ),
 )

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from accelplat._registry import current_platform
+from accelplat.errors import BackendError
 from accelplat.replay import load_bundle, replaying
 from tests._hosts import HOSTS, clear_vendor_variables
 
@@ -144,3 +145,21 @@ def test_the_built_hosts_say_they_were_built() -> None:
     for name in ("amd-mi355x-x2", "intel-arc-b580"):
         contents = load_bundle(HOSTS / f"{name}.tar.gz").contents
         assert contents.startswith("How this host was made: built from vendor facts"), name
+
+
+def test_arc_with_an_igpu_lists_the_igpu_second_and_refuses_its_host_ram_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with replaying(HOSTS / "intel-arc-a770-igpu.tar.gz"):
+        platform = current_platform()
+        selected = [(d.name, d.arch) for d in platform.devices()]
+        # Without the recorded selector, Level Zero's (and torch's) order: discrete first.
+        monkeypatch.delenv("ONEAPI_DEVICE_SELECTOR")
+        both = [(d.physical_index, d.name, d.pci_bus_id) for d in platform.devices()]
+        with pytest.raises(BackendError, match="integrated GPU"):
+            platform.memory_info(1)
+    assert selected == [("Intel(R) Arc(TM) A770 Graphics", "dg2")]
+    assert both == [
+        (0, "Intel(R) Arc(TM) A770 Graphics", "0000:03:00.0"),
+        (1, "Intel(R) UHD Graphics 770", "0000:00:02.0"),
+    ]
