@@ -28,6 +28,8 @@ of their own on ``amdgpu_xcp`` platform devices, which have no PCI parent and no
 The KFD memory bank of each partition (``mem_banks/0/properties`` ``size_in_bytes``) is what
 ``amdgpu_amdkfd_xcp_memory_size`` gives it: the memory partition's size divided by the compute
 partitions sharing it (the default CAPPING_EVEN mode); sysfs ``mem_info_vram_*`` stay card-wide.
+Every partition carries the card's ``unique_id``, and the banks are heap type 1 (FB_PUBLIC), as
+the public KFD dumps of MI300X and MI308X hosts in CPX mode show (``tests/hosts/_dumps.py``).
 
 APUs whose kernel prefers GTT for KFD (``apu_prefer_gtt``: VRAM carve-out smaller than GTT,
 amdgpu_ttm.c): ``mem_info_vram_total`` is the BIOS carve-out while the KFD bank reports the TTM
@@ -318,7 +320,7 @@ class FakeSysfs:
         bank_bytes: int | None = None,
         gtt_total: int | None = None,
         gfx_target_version: int | None = 90402,
-        shared_unique_id: bool = False,
+        shared_unique_id: bool = True,
     ) -> AmdGpu:
         """An amdgpu card with VRAM files and (unless ``kfd=False``) its KFD node(s).
 
@@ -330,8 +332,9 @@ class FakeSysfs:
             bank_bytes: The KFD bank size of an unpartitioned card (default ``vram_total``); an
                 APU that prefers GTT reports its TTM limit here.
             gtt_total: Writes ``mem_info_gtt_total``/``_used`` when given.
-            shared_unique_id: Every partition carries the card's ``unique_id`` (whether real
-                partitions do is not confirmed; by default each gets its own).
+            shared_unique_id: Every partition carries the card's ``unique_id``, as the KFD
+                topologies of MI300X and MI308X hosts in CPX mode show (ROCm/k8s-device-plugin
+                test data); ``False`` gives each its own.
         """
         minor = 128 + card if render_minor is None else render_minor
         pci_dir = self._pci_device(pci, vendor=AMD, device_id=device_id, driver="amdgpu", card=card)
@@ -370,7 +373,7 @@ class FakeSysfs:
                     unique_id=uid,
                     partition=p if partitions > 1 else None,
                     bank_bytes=share,
-                    private_heap=partitions > 1,
+                    private_heap=False,  # FB_PUBLIC on large-BAR cards, as dumped
                     gfx_target_version=gfx_target_version,
                 )
             )
