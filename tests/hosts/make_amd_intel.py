@@ -258,6 +258,51 @@ def _mi210(root: Path) -> Mapping[str, str]:
     return {}
 
 
+def _mi250x(root: Path) -> Mapping[str, str]:
+    # One MI250X: two GCDs, each its own PCI device, KFD node and HIP device (64 GiB each).
+    fs = FakeSysfs(root)
+    fs.add_kfd_node_raw("cpu_cores_count 64\nsimd_count 0\nlocation_id 0\ndomain 0\n", gpu_id=0)
+    gcds = (("0000:93:00.0", 0x124D13CCD7B050E5), ("0000:96:00.0", 0x5E0C3A1B2D4F6071))
+    for i, (pci, unique_id) in enumerate(gcds):
+        fs.add_amd_gpu(
+            i + 1,
+            pci=pci,
+            vram_total=64 * GIB,
+            vram_used=(4 * GIB if i == 0 else 0) + 12 * MIB,
+            render_minor=128 + i,
+            product_name="AMD Instinct MI250X",
+            device_id=0x740C,
+            kfd=False,
+        )
+        bus = int(pci[5:7], 16)
+        lines = [
+            "cpu_cores_count 0",
+            "simd_count 440",
+            "mem_banks_count 1",
+            "wave_front_size 64",
+            "simd_per_cu 4",
+            "gfx_target_version 90010",
+            "vendor_id 4098",
+            "device_id 29708",
+            f"location_id {bus << 8}",
+            "domain 0",
+            f"drm_render_minor {128 + i}",
+            f"unique_id {unique_id}",
+            "num_xcc 1",
+        ]
+        fs.add_kfd_node_raw(
+            "\n".join(lines),
+            gpu_id=61000 + 211 * i,
+            name="gfx90a",
+            banks=(dumps.MI308X_BANK.format(size=64 * GIB),),
+        )
+        if i == 0:
+            fs.add_kfd_process(4242, {61000: 4 * GIB})
+    fs.add_dev_nodes([128, 129])
+    _amdgpu_version(root)
+    return {}
+
+
 def _mi355x(root: Path) -> Mapping[str, str]:
     fs = FakeSysfs(root)
     fs.add_kfd_cpu_node()
@@ -440,6 +485,21 @@ HOSTS += (
             f"then 0000:43:00.0) of an eight-GPU host: {dumps.MI210_SOURCE} (2025-04-29), verbatim",
             f"64 GiB of HBM2e a card, banks, gpu_ids, node names, usage, product_name: {BUILT} "
             "(AMD Instinct MI210 data sheet)",
+        ),
+    ),
+    Host(
+        "amd-mi250x",
+        SHAPED,
+        _mi250x,
+        ROCM_TORCH,
+        f"amdgpu {make_mi300x.AMDGPU} ({SHAPED})",
+        (
+            "the first GCD as rocminfo shows an MI250X GCD: Uuid GPU-124d13ccd7b050e5, "
+            "Marketing Name 'AMD Instinct MI250X/MI250', Chip ID 0x740c, BDFID 37632 "
+            "(0000:93:00.0), gfx90a: https://github.com/ROCm/aiter/issues/179",
+            "the second GCD (another PCI device on the same package, 0000:96:00.0), 64 GiB of "
+            "HBM2e a GCD, 110 CUs a GCD, banks, gpu_ids, usage, one process, product_name: "
+            f"{BUILT} (AMD Instinct MI250X data sheet: 128 GB, 220 CUs over two GCDs)",
         ),
     ),
     Host(

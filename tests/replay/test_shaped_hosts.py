@@ -163,3 +163,19 @@ def test_arc_with_an_igpu_lists_the_igpu_second_and_refuses_its_host_ram_figures
         (0, "Intel(R) Arc(TM) A770 Graphics", "0000:03:00.0"),
         (1, "Intel(R) UHD Graphics 770", "0000:00:02.0"),
     ]
+
+
+def test_mi250x_gcds_are_two_gpus_and_the_first_has_the_uuid_rocminfo_printed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with replaying(HOSTS / "amd-mi250x.tar.gz"):
+        platform = current_platform()
+        devices = list(platform.devices())
+        monkeypatch.setenv("HIP_VISIBLE_DEVICES", "GPU-124d13ccd7b050e5")
+        (chosen,) = platform.devices()
+    assert [(d.arch, d.pci_bus_id) for d in devices] == [
+        ("gfx90a", "0000:93:00.0"),
+        ("gfx90a", "0000:96:00.0"),
+    ]
+    assert devices[0].uuid == "GPU-124d13ccd7b050e5"  # rocminfo in ROCm/aiter#179
+    assert chosen.physical_index == 0
