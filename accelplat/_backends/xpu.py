@@ -57,6 +57,7 @@ from accelplat._visible.oneapi import (
     Hierarchy,
     XpuTarget,
     affinity_mask_for,
+    default_devices,
     parse_hierarchy,
     visible_targets,
 )
@@ -170,6 +171,16 @@ def _default_hierarchy(cards: Sequence[_Card]) -> tuple[Hierarchy, str]:
             f"Max from driver 23.43; older drivers default to COMPOSITE), set it to be sure"
         )
     return Hierarchy.COMPOSITE, ""
+
+
+def _tile_uuid(card_uuid: str | None, tiles: tuple[int, ...] | None) -> str | None:
+    """The UUID the driver gives a device that is one tile of a card, else the card's."""
+    # compute-runtime builds UUIDs from PCI bus info with the sub-device id in the last byte: 0
+    # for the card, tile + 1 for a tile. torch.xpu lists the tiles of a Max 1550 at bus 0x1a as
+    # 8680d50b-2f00-0000-1a00-000000000001 and ...-000000000002 (intel/torch-xpu-ops#3585).
+    if card_uuid is None or tiles is None or len(tiles) != 1 or not card_uuid.endswith("00"):
+        return card_uuid
+    return f"{card_uuid[:-2]}{tiles[0] + 1:02x}"
 
 
 def _order(cards: list[_Card]) -> list[_Card]:
@@ -404,6 +415,12 @@ class XpuPlatform(BasePlatform):
                     found.append(DeviceInfo(i, i, name))
                 return found
         cards, targets = self._targets()
+        default, _ = _default_hierarchy(cards)
+        hierarchy = parse_hierarchy(os.environ.get(ENV_FLAT_DEVICE_HIERARCHY), default)
+        # Unmasked, the driver lists one device per tile in FLAT/COMBINED mode: a tile's
+        # physical index is its place in that list, as ZE_AFFINITY_MASK counts it. torch lists a
+        # Max 1550 host in FLAT mode as one device per tile (intel/torch-xpu-ops#3585).
+        unmasked = default_devices([c.tiles for c in cards], hierarchy)
         out: list[DeviceInfo] = []
         for index, target in enumerate(targets):
             card = cards[target.card]
@@ -411,9 +428,9 @@ class XpuPlatform(BasePlatform):
             if target.tiles is not None:
                 name += f" (tile{'s' if len(target.tiles) > 1 else ''} "
                 name += ", ".join(str(t) for t in target.tiles) + ")"
-            out.append(
-                DeviceInfo(index, target.card, name, card.uuid, card.pci_bus_id, arch=card.arch)
-            )
+            physical = unmasked.index(target) if target in unmasked else target.card
+            uuid = _tile_uuid(card.uuid, target.tiles)
+            out.append(DeviceInfo(index, physical, name, uuid, card.pci_bus_id, arch=card.arch))
         return out
 
     @override
