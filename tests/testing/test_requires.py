@@ -124,3 +124,35 @@ def test_bad_requirements_are_errors_at_import() -> None:
         requires("cdua")
     with pytest.raises(ConfigurationError, match="has no unit"):
         requires("cpu", device_memory=4)  # type: ignore[arg-type]
+
+
+ISOLATED = """
+import os
+from accelplat.testing import isolate, requires
+
+PARENT = os.getpid()
+
+
+@requires("cpu")
+@isolate()
+def test_runs_in_a_child():
+    assert os.getpid() != PARENT
+
+
+@requires("cpu", devices=2)
+@isolate()
+def test_skipped_before_any_child_starts():
+    raise AssertionError("unreachable")
+"""
+
+
+def test_requires_stacks_over_process_isolation(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCELPLAT_PLATFORM", "cpu")
+    pytester.makepyfile(test_iso=ISOLATED)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+    assert outcomes(result) == {
+        "test_iso.py::test_runs_in_a_child": "PASSED",
+        "test_iso.py::test_skipped_before_any_child_starts": "SKIPPED",
+    }
