@@ -22,6 +22,7 @@ from typing_extensions import override
 
 from accelplat import _files
 from accelplat._backends._common import (
+    EMULATED_FP8,
     ENV_SYSFS_ROOT,
     INTEL_VENDOR_ID,
     ReadText,
@@ -258,7 +259,7 @@ class XpuPlatform(BasePlatform):
         "bf16": (FeatureRule(archs=("pvc", "dg2", "bmg", "lnl", "mtl", "arl")),),
         # vLLM's supports_fp8() is true on every XPU (vllm/platforms/xpu.py); no Xe matrix
         # engine of these has fp8, so it is emulated, and there is no fp8-native rule.
-        "fp8": (FeatureRule(value="e4m3fn", note="emulated"),),
+        "fp8": (FeatureRule(value="e4m3fn", note=EMULATED_FP8),),
     }  # bfloat16 on every Xe architecture torch's XPU builds target; no fp4 hardware rule
     visible_devices_env: ClassVar[str | None] = ENV_AFFINITY_MASK  # vLLM's device_control_env_var
     default_memory_utilization: ClassVar[float] = 0.9  # vLLM's test runner on XPU (conftest.py)

@@ -17,6 +17,7 @@ from typing import ClassVar
 from typing_extensions import override
 
 from accelplat._backends._common import (
+    EMULATED_FP8,
     ENV_SYSFS_ROOT,
     ReadText,
     SysfsReader,
@@ -59,7 +60,7 @@ class RocmPlatform(BasePlatform):
         "fp8": (
             FeatureRule(archs=("gfx94*",), value="e4m3fnuz", note="native"),  # MI300's format
             FeatureRule(archs=("gfx950", "gfx12*"), value="e4m3fn", note="native"),  # OCP
-            FeatureRule(archs=("gfx9*", "gfx11*"), value="e4m3fn", note="emulated"),
+            FeatureRule(archs=("gfx9*", "gfx11*"), value="e4m3fn", note=EMULATED_FP8),
         ),
         "fp8-native": (
             FeatureRule(archs=("gfx94*",), value="e4m3fnuz"),
