@@ -270,9 +270,11 @@ def test_browser_dom_lists_tests_and_highlights_the_leak(report: Path, tmp_path:
     assert done.returncode == 0, done.stderr[-2000:]
     dom = _Dom()
     dom.feed(done.stdout)
-    assert len(dom.classes.get("fit-scale", [])) == 2  # one chart per device (fitted axis)
-    assert len(dom.classes.get("full-scale", [])) == 2  # and one at full scale, hidden
-    assert len(dom.classes.get("used", [])) == 4  # with a drawn memory line each
+    # per device a chart for desktops and one for phones (CSS shows one), each at two scales
+    assert len(dom.classes.get("fit-scale", [])) == 4
+    assert len(dom.classes.get("full-scale", [])) == 4  # the full scale hidden
+    assert len(dom.classes.get("phone", [])) == 4
+    assert len(dom.classes.get("used", [])) == 8  # with a drawn memory line each
     peaks = [a["data-peak"] for a in dom.classes.get("peak", []) if "data-peak" in a]
     assert peaks == [str(124 * GIB + IDLE), str(108 * GIB + IDLE)]  # named per device
     labels = {a["data-nodeid"] for a in dom.classes.get("lane-label", [])}
@@ -286,7 +288,7 @@ def test_browser_dom_lists_tests_and_highlights_the_leak(report: Path, tmp_path:
     for nodeid, *_ in TESTS:
         assert nodeid in listed
     leaked_bands = [a["data-nodeid"] for a in dom.classes.get("leaked", [])]
-    assert leaked_bands == [LEAKY, LEAKY]  # on the device it leaked on only, at both scales
+    assert leaked_bands == [LEAKY] * 4  # on the device it leaked on only, in all four charts
     wait_rows = [text for cls, text in dom.rows if cls == "wait"]
     assert len(wait_rows) == 1
     assert "1.55 s" in wait_rows[0]
