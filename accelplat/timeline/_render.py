@@ -89,7 +89,7 @@ svg.phone text.peak-label{font-size:19px}h3,dd{overflow-wrap:anywhere}.scroll{ov
 .charts svg.chart.phone.fit-scale{display:block}
 #full-scale:checked~.charts svg.chart.phone.fit-scale{display:none}
 #full-scale:checked~.charts svg.chart.phone.full-scale{display:block}
-dl.summary{grid-template-columns:1fr}dl.summary dd{margin:0 0 6px}
+dl.summary{gap:2px 10px}
 table.stack,table.stack tbody,table.stack tr,table.stack td{display:block}
 table.stack thead{display:none}table.stack tr{border:1px solid #e3e6ea;border-radius:6px;
 margin:0 0 8px;padding:4px 0}table.stack td{border:0;padding:2px 10px;text-align:left}
