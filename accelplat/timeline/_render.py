@@ -11,7 +11,7 @@ import html
 import itertools
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -227,7 +227,7 @@ def _fit_label(text: str, width: float, font: float = 10) -> str:  # at ``font``
 
 
 def _envelope(
-    samples: Sequence[Sample], pos: int, x_of: Callable[[float], float], width: int
+    samples: Sequence[Sample], pos: int, xs: Sequence[float], width: int
 ) -> list[list[tuple[float, int]]]:
     # Polyline segments of (x, used), a None reading ending one; per pixel column the first,
     # last, minimum and maximum are kept in time order, so spikes survive any thinning.
@@ -242,7 +242,7 @@ def _envelope(
             segments[-1].extend(sorted({column[0], lo, hi, column[-1]}, key=lambda p: p[0]))
             column.clear()
 
-    for s in samples:
+    for s, x in zip(samples, xs, strict=True):  # ``xs``: each sample's x
         value = s.used[pos] if pos < len(s.used) else None
         if value is None:
             flush()
@@ -250,7 +250,6 @@ def _envelope(
                 segments.append([])
             column_x = None
             continue
-        x = x_of(s.t)
         col = min(width, int(x))
         if column_x is not None and col != column_x:
             flush()
@@ -266,6 +265,7 @@ class _Layers(NamedTuple):  # what both scales of a device's chart share
     height: int  # of the SVG
     peak: tuple[int, float] | None  # (bytes, seconds) of the highest reading
     low: int  # the lowest sampled reading
+    envelope: list[list[tuple[float, int]]]  # the memory line's points (x, bytes)
 
 
 _STEPS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300,
@@ -283,7 +283,7 @@ def _folds(trace: Trace, end_t: float) -> list[tuple[float, float]]:
     events.update(t for span in trace.tests for t in (span.start, span.end))
     events.update(t for w in trace.waits for t in (w.start, w.end))
     for pos, dev in enumerate(trace.devices):
-        peak = _peak_of(trace, pos)
+        peak = _peak_of(trace, pos) if dev.total <= 0 else None
         scale = dev.total if dev.total > 0 else (peak[0] if peak else 0)
         threshold = max(0.01 * scale, float(MIB))
         before: Sample | None = None
@@ -330,6 +330,18 @@ class _TimeAxis:
         k = min(max(bisect.bisect_right(self._t, t) - 1, 0), len(self._t) - 2)
         t0, t1, x0, x1 = self._t[k], self._t[k + 1], self._x[k], self._x[k + 1]
         return x0 if t1 <= t0 else x0 + (x1 - x0) * (min(max(t, t0), t1) - t0) / (t1 - t0)
+
+    def many(self, times: Sequence[float]) -> list[float]:
+        """Return the x of each of ``times``: one pass when they ascend, as samples do."""
+        out: list[float] = []
+        k, last = 0, len(self._t) - 2
+        for t in times:
+            if not self._t[k] <= t <= self._t[k + 1]:
+                k = min(max(bisect.bisect_right(self._t, t) - 1, 0), last)
+            t0, t1, x0, x1 = self._t[k], self._t[k + 1], self._x[k], self._x[k + 1]
+            clamped = t0 if t < t0 else t1 if t > t1 else t
+            out.append(x0 if t1 <= t0 else x0 + (x1 - x0) * (clamped - t0) / (t1 - t0))
+        return out
 
     def ticks(self) -> list[tuple[float, str]]:
         """Return the time labels ``(x, text)``: nice steps per linear stretch, never crowded."""
@@ -423,7 +435,7 @@ def _device_chart(
         f'stroke="#9aa3ad" stroke-width="0.8"/></g>'
     )
     paths = []
-    for seg in _envelope(trace.samples, pos, x_of, geo.w):
+    for seg in layers.envelope:
         points = seg if len(seg) > 1 else [seg[0], (seg[0][0] + 1.0, seg[0][1])]
         paths.append("M" + " L".join(f"{x:.2f},{y_of(v):.2f}" for x, v in points))
     if paths:
@@ -463,10 +475,17 @@ def _device_chart(
 
 
 def _chart_layers(
-    trace: Trace, pos: int, x_of: _TimeAxis, leaked: set[str], *, lanes: Sequence[int], what: str
+    trace: Trace,
+    pos: int,
+    x_of: _TimeAxis,
+    leaked: set[str],
+    *,
+    lanes: Sequence[int],
+    what: str,
+    xs: Sequence[float],
 ) -> _Layers:
     # the layers of device ``pos``'s chart that do not depend on its y-axis; ``what`` names the
-    # lane of the tests ("tests", or "command" for a recorded command)
+    # lane of the tests ("tests", or "command" for a recorded command), ``xs`` the samples' x
     dev = trace.devices[pos]
     geo = x_of.geo
     lane_h, top, plot_h = geo.lane_h, geo.top, geo.plot_h
@@ -530,7 +549,8 @@ def _chart_layers(
     body.append("</g>")
     peak = _peak_of(trace, pos)
     low = min((u for s in trace.samples if (u := s.used[pos]) is not None), default=0)
-    return _Layers("".join(band), "".join(body), waits_top + lane_h + 10, peak, low)
+    envelope = _envelope(trace.samples, pos, xs, geo.w)
+    return _Layers("".join(band), "".join(body), waits_top + lane_h + 10, peak, low, envelope)
 
 
 def _legend(color: str, *, recorded: bool, folded: bool) -> str:
@@ -770,6 +790,8 @@ def render_html(
     per_test = peaks_per_test(trace)
     folds = _folds(trace, end_t)
     axes = [_TimeAxis(end_t, folds, geo) for geo in (_WIDE, _PHONE)]
+    times = [s.t for s in trace.samples]
+    xs_of = [x_of.many(times) for x_of in axes]
     lanes = _lanes(trace.tests)
     recorded = trace.command is not None  # one span: the command ``accelplat record`` ran
     what = "command" if recorded else "tests"
@@ -778,8 +800,8 @@ def render_html(
         total = format_bytes(dev.total) if dev.total > 0 else "unknown"
         leaked_here = leaked_on[dev.index]
         drawn = []
-        for x_of in axes:  # each geometry at both scales; the y-independent layers once
-            layers = _chart_layers(trace, pos, x_of, leaked_here, lanes=lanes, what=what)
+        for x_of, xs in zip(axes, xs_of, strict=True):  # each geometry at both scales
+            layers = _chart_layers(trace, pos, x_of, leaked_here, lanes=lanes, what=what, xs=xs)
             for full in (False, True):
                 drawn.append(_device_chart(trace, pos, x_of, leaked_here, layers, full=full))
         peak = layers.peak
