@@ -219,6 +219,10 @@ def _program(command: Sequence[str]) -> str:  # a recorded command's lane label:
     return command[0].rsplit("/", 1)[-1] if command else ""
 
 
+def _text_w(text: str, font: float) -> float:  # about, in a proportional font
+    return 0.62 * font * len(text)
+
+
 def _fit_label(text: str, width: float, font: float = 10) -> str:  # at ``font`` monospace
     capacity = int((width - 6) / (0.61 * font))
     if capacity >= len(text):
@@ -422,8 +426,11 @@ def _device_chart(
             f'<text x="{x:.2f}" y="{top + plot_h + geo.font + 5}" text-anchor="middle">'
             f"{_e(label)}</text>"
         )
+    total_box: tuple[float, float, float] | None = None  # the total's label: x0, x1, baseline
     if 0 < dev.total <= ymax * 1.0001:
         y = y_of(dev.total)
+        total_text = f"total {format_bytes(dev.total)}"
+        total_box = (right - 4 - _text_w(total_text, geo.font), right - 4, y + geo.font + 1)
         out.append(
             f'<line class="total" x1="{left}" x2="{right}" y1="{y:.2f}" y2="{y:.2f}" '
             f'stroke="#555" stroke-dasharray="4 3" stroke-width="0.8"/>'
@@ -448,7 +455,17 @@ def _device_chart(
         px, py = x_of(peak[1]), y_of(peak[0])
         anchor = "end" if px > left + geo.plot_w * 0.8 else "start"
         dx = -7 if anchor == "end" else 7
-        ty = py + geo.font + 3 if py < top + geo.font + 3 else py - 6
+        below = py < top + geo.font + 3
+        text = f"peak {format_bytes(peak[0])}"
+        w = _text_w(text, geo.font)
+        x0 = px + dx - (w if anchor == "end" else 0)
+        for _ in range(2):  # off the total's label: to the other side of the marker
+            ty = py + geo.font + 3 if below else py - 6
+            if total_box is None or not (
+                x0 < total_box[1] and total_box[0] < x0 + w and abs(ty - total_box[2]) < geo.font
+            ):
+                break
+            below = not below
         out.append(
             f'<g class="peak-marker"><circle cx="{px:.2f}" cy="{py:.2f}" r="4.5" fill="#fff" '
             f'stroke="{color}" stroke-width="2"/>'

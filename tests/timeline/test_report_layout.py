@@ -202,3 +202,28 @@ def test_a_recorded_command_is_called_a_command_and_named_once(leaks: bool) -> N
         assert "The command did not leave more than 256.00 MiB held" in text
     lanes = re.findall(r'<text class="lane-label"[^>]*>([^<]*)</text>', page)
     assert set(lanes) == {"python"}  # the program, not the whole command line
+
+
+@pytest.mark.parametrize("at", [0.2, 9.8], ids=["left", "right"])
+def test_the_peak_label_keeps_off_the_total_label(at: float) -> None:
+    """A device filled to its total near the right edge: both labels would sit on one line."""
+    samples = tuple(Sample(t / 10, (H200 if abs(t / 10 - at) < 0.15 else GIB,)) for t in range(101))
+    trace = Trace(devices=(DeviceTrack(0, "H200", H200),), samples=samples, duration=10.0)
+    page = render_html(trace)
+    for head in ('<svg class="chart ', '<svg class="phone chart '):
+        for chart in [part.split("</svg>")[0] for part in page.split(head)[1:]]:
+            total = re.search(r'<text x="([0-9.]+)" y="([0-9.]+)" text-anchor="end">total ', chart)
+            peak = re.search(
+                r'class="peak-label" x="([0-9.]+)" y="([0-9.]+)" text-anchor="(\w+)">([^<]*)<',
+                chart,
+            )
+            assert peak is not None
+            if total is None:
+                continue  # the fitted axis may stop short of the total
+            font = 19 if "phone" in head else 11
+            tx1, ty = float(total.group(1)), float(total.group(2))
+            tx0 = tx1 - 0.62 * font * len(f"total {'140.00 GiB'}")
+            px, py, width = float(peak.group(1)), float(peak.group(2)), 0.62 * font * 15
+            px0 = px - width if peak.group(3) == "end" else px
+            apart = abs(py - ty) >= font or px0 + width <= tx0 or tx1 <= px0
+            assert apart, (head, peak.groups(), total.groups())
