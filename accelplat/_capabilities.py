@@ -1,8 +1,10 @@
 """Capabilities: what a device can do, decided in one place from its identity facts.
 
-Built-ins come from ``arch``, ``compute_capability`` and each backend's ``FEATURES``; project ones
-from ``[tool.accelplat.capabilities]`` or :func:`define_capability`. Each answer has a reason
-(``docs/capabilities.md``). The table is untrusted: every shape is checked, every pass is linear.
+Built-ins come from ``arch``, ``compute_capability``, each backend's ``FEATURES`` and the
+installed kernel libraries; project ones from ``[tool.accelplat.capabilities]`` or
+:func:`define_capability`. Each answer has a reason (``docs/capabilities.md`` also says which
+vLLM predicate each built-in equals). The table is untrusted: every shape is checked, every pass
+is linear.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from accelplat import _files
 from accelplat._platform import optional
-from accelplat._types import DeviceInfo, FeatureRule
+from accelplat._requirement import (
+    MAX_SM_MAJOR,
+    OTHER_PLATFORMS,
+    Requirement,
+    parse_arch,
+)
+from accelplat._requirement import parse as parse_requirement
+from accelplat._types import Capability, DeviceInfo, FeatureRule
 from accelplat._util import shorten, shown
 from accelplat._validate import NAME_RE, device_index
 from accelplat._vendor.versions import distribution_version, satisfies
@@ -33,74 +42,45 @@ if TYPE_CHECKING:
 _shown = functools.partial(shown, limit=80)  # a table's values, quoted briefly
 
 
-@dataclass(frozen=True)
-class Capability:
-    """Whether a device can do one thing, and why.
-
-    Attributes:
-        available: ``True`` when it can.
-        reason: One sentence naming the fact the answer came from.
-        value: The variant where there are several (fp8: ``"e4m3fn"``, ``"e4m3fnuz"``), or ``None``.
-    """
-
-    available: bool
-    reason: str
-    value: str | None = None
-
-    def __bool__(self) -> bool:
-        return self.available
-
-
 BUILTIN: dict[str, str] = {
-    "accelerator": "a device other than the host CPU",
+    "accelerator": "a device other than the host CPU (vLLM: not is_cpu())",
     "bf16": "bfloat16 arithmetic on the device",
-    "cuda-api": "torch's torch.cuda namespace drives the device (CUDA and ROCm)",
+    "cuda-api": "torch's torch.cuda namespace drives the device (vLLM: is_cuda_alike())",
     "fp4": "4-bit floating point (NVFP4/MXFP4) in hardware",
-    "fp8": "8-bit floating point (e4m3) in hardware; value: e4m3fn (OCP) or e4m3fnuz",
-    "graphs": "device graph capture; value: the torch API",
-    "mxfp4": "OCP microscaling MXFP4 in hardware",
-}  # the built-in capability names and what each means
-_SM_RE = re.compile(r"^sm_(\d{2,3})(\+?)$")
-_GFX_RE = re.compile(r"^gfx\d{1,2}([0-9a-f]{2}|[0-9a-f]?\*)$")  # gfx942, or a family: gfx9*
-_MAX_SM_MAJOR = 15  # 12 is Blackwell (2025); higher is a typo
-_KNOWN_OTHER_ARCHS = frozenset(
-    {"pvc", "dg2", "bmg", "lnl", "mtl", "arl"}  # Intel GPUs (Level Zero device ids)
-    | {"x86_64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "aarch64", "arm64", "ppc64le", "s390x"}
-    | {"riscv64"}
+    "fp8": "fp8 tensors, native or emulated (vLLM: supports_fp8()); value: fp8_dtype()",
+    "fp8-fnuz": "the device's fp8 is e4m3fnuz (vLLM: is_fp8_fnuz())",
+    "fp8-native": "8-bit floating point matrix hardware; value: e4m3fn (OCP) or e4m3fnuz",
+    "graphs": "device graph capture (vLLM: support_static_graph_mode()); value: the torch API",
+    "mxfp4": "OCP microscaling MXFP4 in hardware (vLLM on ROCm: supports_mx())",
+}  # the built-in capability names and what each means; the kernel libraries follow
+_FEATURE_NAMES = ("bf16", "fp8", "fp8-native", "fp4", "mxfp4")  # decided by backend FEATURES
+
+# Optional kernel libraries vLLM's tests probe, by capability name: the distributions that
+# provide each (the first installed one answers) and vLLM's probe. Decided from installed
+# metadata, never by importing them: some initialise a device when imported.
+LIBRARIES: dict[str, tuple[tuple[str, ...], str]] = {
+    "aiter": (("amd-aiter", "aiter"), "rocm_aiter_ops availability"),
+    "deep-ep": (("deep-ep",), "has_deep_ep()"),
+    "deep-gemm": (("deep-gemm",), "has_deep_gemm()"),
+    "flash-attn": (("flash-attn",), "find_spec('flash_attn')"),
+    "flashinfer": (("flashinfer-python", "flashinfer"), "has_flashinfer()"),
+    "helion": (("helion",), "has_helion()"),
+    "triton": (
+        ("triton", "pytorch-triton-rocm", "pytorch-triton-xpu", "triton-xpu"),
+        "HAS_TRITON",
+    ),
+}
+BUILTIN.update(
+    {
+        name: f"the {name} kernel library is installed (vLLM: {probe})"
+        for name, (_, probe) in LIBRARIES.items()
+    }
 )
 
 
 def _arch_matches(pattern: str, info: DeviceInfo) -> bool:
-    """The one arch grammar: ``sm_80+`` (that or newer), ``gfx9*`` (a family), else exact."""
-    pattern = pattern.lower()
-    m = _SM_RE.match(pattern)
-    if m and m.group(2):
-        cc = info.compute_capability
-        return cc is not None and cc >= (int(m.group(1)[:-1]), int(m.group(1)[-1]))
-    arch = (info.arch or "").lower()
-    return arch.startswith(pattern[:-1]) if pattern.endswith("*") else arch == pattern
-
-
-def _parse_arch(text: object, where: str) -> str:
-    """Return ``sm_90``, ``sm_80+``, ``gfx942``, ``gfx9*``, ``pvc``, ``x86-64-v4`` … lower-cased."""
-    if not isinstance(text, str) or not text.strip():
-        raise ConfigurationError(f"{where}: an arch must be a non-empty string, got {_shown(text)}")
-    t = text.strip().lower()
-    m = _SM_RE.match(t)
-    if m:
-        major, minor = int(m.group(1)[:-1]), int(m.group(1)[-1])
-        if not 1 <= major <= _MAX_SM_MAJOR:
-            raise ConfigurationError(
-                f"{where}: {text!r} is no NVIDIA architecture (compute capability "
-                f"{major}.{minor}; majors run from 1 to {_MAX_SM_MAJOR})"
-            )
-        return t
-    if _GFX_RE.match(t) or t in _KNOWN_OTHER_ARCHS:
-        return t
-    raise ConfigurationError(
-        f"{where}: unknown arch {_shown(text)}; use sm_XY or sm_XY+ (NVIDIA), gfxNNN or gfxN* "
-        f"(AMD), or one of {', '.join(sorted(_KNOWN_OTHER_ARCHS))}"
-    )
+    """Whether ``info`` is ``pattern`` (the one arch grammar: :func:`_requirement.parse_arch`)."""
+    return parse_arch(pattern).matches(info)
 
 
 def _this(info: DeviceInfo | None) -> str:
@@ -143,14 +123,32 @@ def _from_rules(
 _DEVICE_TYPE_APIS = {"cuda-api": "cuda"}
 
 
+def _library(name: str) -> Capability:
+    distributions, probe = LIBRARIES[name]
+    for dist in distributions:
+        version = distribution_version(dist)
+        if version is not None:
+            return Capability(True, f"{dist} {version} is installed (vLLM: {probe})", version)
+    looked = f" (looked for {', '.join(distributions)})" if len(distributions) > 1 else ""
+    return Capability(False, f"{name} is not installed{looked}; vLLM: {probe}")
+
+
 def _builtin(platform: Platform, info: DeviceInfo | None) -> dict[str, Capability]:
     features = optional(platform, "FEATURES")
     if not isinstance(features, Mapping):
         features = {}
     out = {
         name: _from_rules(name, platform, info, tuple(features.get(name, ())))
-        for name in ("bf16", "fp8", "fp4", "mxfp4")
+        for name in _FEATURE_NAMES
     }
+    fp8 = out["fp8"]
+    # vLLM's is_fp8_fnuz(): the device's fp8 is e4m3fnuz (MI300's own format)
+    fnuz = fp8.available and fp8.value == "e4m3fnuz"
+    out["fp8-fnuz"] = Capability(
+        fnuz,
+        fp8.reason if fnuz else f"its fp8 is not e4m3fnuz: {fp8.reason}",
+        fp8.value if fnuz else None,
+    )
     g = platform.graph
     out["graphs"] = Capability(g.available, g.reason, g.api if g.available else None)
     device_type = platform.device_type
@@ -164,7 +162,8 @@ def _builtin(platform: Platform, info: DeviceInfo | None) -> dict[str, Capabilit
         out["accelerator"] = Capability(False, f"{platform.name} has no visible device")
     else:
         out["accelerator"] = Capability(True, f"{info.name} ({platform.name})", device_type)
-    return out
+    hardware = {name: out[name] for name in sorted(out)}
+    return {**hardware, **{name: _library(name) for name in sorted(LIBRARIES)}}
 
 
 _PYPROJECT_LIMIT = 1024**2  # bytes of pyproject.toml read at most
@@ -228,10 +227,10 @@ def _parse_cc(value: object, where: str) -> tuple[int, int]:
             f"{where}: min_compute_capability must be like '8.0' or 89, got {_shown(value)}"
         )
     major, minor = int(m.group(1)), int(m.group(2))
-    if not 1 <= major <= _MAX_SM_MAJOR:
+    if not 1 <= major <= MAX_SM_MAJOR:
         raise ConfigurationError(
             f"{where}: compute capability {major}.{minor} does not exist "
-            f"(majors run from 1 to {_MAX_SM_MAJOR})"
+            f"(majors run from 1 to {MAX_SM_MAJOR})"
         )
     return major, minor
 
@@ -275,6 +274,14 @@ def _build(name: object, conditions: Mapping[str, object], source: str) -> Proje
         )
     if name in BUILTIN:
         raise ConfigurationError(f"{where}: {name!r} is a built-in capability")
+    if name in platform_words():  # a requirement's word must mean one thing
+        raise ConfigurationError(f"{where}: {name!r} is a platform name")
+    try:
+        parse_arch(name)
+    except ConfigurationError:
+        pass
+    else:
+        raise ConfigurationError(f"{where}: {name!r} is an arch pattern")
     unknown = sorted(set(conditions) - _CONDITION_KEYS)
     if unknown:
         raise ConfigurationError(
@@ -296,7 +303,7 @@ def _build(name: object, conditions: Mapping[str, object], source: str) -> Proje
         name,
         source,
         platforms=strings("platforms"),
-        arch=tuple(_parse_arch(a, where) for a in strings("arch")),
+        arch=tuple(parse_arch(a, f"{where}: ").text for a in strings("arch")),
         min_compute_capability=None if cc is None else _parse_cc(cc, where),
         requires=requires,
         packages=_parse_packages(conditions["packages"], where) if "packages" in conditions else (),
@@ -418,20 +425,39 @@ def known_names() -> list[str]:
     return sorted(BUILTIN) + sorted(project_capabilities())
 
 
-def _unknown(name: str, where: str = "") -> ConfigurationError:
-    known = shorten(", ".join(known_names()), 400)
-    return ConfigurationError(f"{where}unknown capability {_shown(name)} (known: {known})")
+def platform_words() -> frozenset[str]:
+    """The platform names a requirement may use: every usable platform and vLLM's others."""
+    from accelplat._registry import available_platforms
+
+    return frozenset(available_platforms()) | OTHER_PLATFORMS
+
+
+def requirement(text: object) -> Requirement:
+    """Parse a requirement (``"xpu or (cuda and capability>=90)"``) against the known names.
+
+    Raises:
+        ConfigurationError: Malformed, or a word that is no capability, platform or arch.
+    """
+    names = frozenset(BUILTIN) | frozenset(project_capabilities())
+    return parse_requirement(text, capabilities=names, platforms=platform_words())
+
+
+def _parsed_requires(cap: ProjectCapability) -> list[Requirement]:
+    try:
+        return [requirement(text) for text in cap.requires]
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{cap.source}: requires: {exc}") from None
 
 
 def validate() -> list[str]:
     """Check every ``requires`` is known and acyclic; return the names, each after its needs."""
     table = project_capabilities()
-    for cap in table.values():
-        for other in cap.requires:
-            if other not in BUILTIN and other not in table:
-                raise _unknown(other, f"{cap.source}: requires ")
+    needs = {
+        name: set().union(*(r.capability_names() for r in _parsed_requires(cap))) & set(table)
+        for name, cap in table.items()
+    }
     try:
-        order = graphlib.TopologicalSorter({n: c.requires for n, c in table.items()})
+        order = graphlib.TopologicalSorter(needs)
         return [n for n in order.static_order() if n in table]
     except graphlib.CycleError as exc:
         cycle = [str(n) for n in exc.args[1]][::-1]  # graphlib lists it against the arrows
@@ -447,12 +473,14 @@ def _evaluate_project(
         unmet.append(f"runs on {', '.join(cap.platforms)}; this is {platform.name}")
     low = cap.min_compute_capability
     cc = info.compute_capability if info is not None else None
-    if low is not None and (cc is None or cc < low):
-        unmet.append(f"needs sm_{low[0]}{low[1]}+; {_this(info)}")
+    if low is not None and (cc is None or cc < low):  # vLLM's has_device_capability()
+        unmet.append(f"needs capability>={low[0]}{low[1]}; {_this(info)}")
     if cap.arch and (info is None or not any(_arch_matches(p, info) for p in cap.arch)):
         unmet.append(f"needs {' or '.join(cap.arch)}; {_this(info)}")
-    for other in (name for name in cap.requires if not done[name].available):
-        unmet.append(f"needs {other}: {shorten(done[other].reason, _REQUIRED_REASON)}")
+    for required in _parsed_requires(cap):
+        held, why = required.evaluate(platform, info, done)
+        if not held:
+            unmet.append(f"needs {required.text}: {shorten(why, _REQUIRED_REASON)}")
     for need in cap.packages:
         version = distribution_version(need.name)
         if version is None:
@@ -494,15 +522,23 @@ def capabilities(device: int = 0, *, platform: Platform | None = None) -> Mappin
 
 
 def has(name: str, device: int = 0, *, platform: Platform | None = None) -> bool:
-    """Return whether ``device`` has capability ``name`` (built-in or project).
+    """Return whether ``device`` meets a requirement: a capability name or an expression.
+
+    ``has("fp8")``, ``has("xpu or (cuda and capability>=90)")``; the words are in
+    ``docs/capabilities.md``. Creates no device context.
 
     Raises:
-        ConfigurationError: For an unknown name.
+        ConfigurationError: For a malformed requirement or an unknown word.
         DeviceNotFoundError: For an index that is not visible.
     """
-    if name not in BUILTIN and name not in project_capabilities():
-        raise _unknown(name)
-    return capabilities(device, platform=platform)[name].available
+    need = requirement(name)
+    if platform is None:
+        from accelplat._registry import current_platform
+
+        platform = current_platform()
+    devices = platform.devices()
+    info = devices[device_index(device, len(devices), platform.name)] if devices else None
+    return need.evaluate(platform, info, capabilities(device, platform=platform))[0]
 
 
 def table_lines(table: Mapping[str, Capability]) -> list[str]:

@@ -52,7 +52,9 @@ class DeviceInfo:
         uuid: Stable identifier where the vendor has one (``GPU-…``, ``MIG-…``), else ``None``.
         pci_bus_id: PCI bus address (``0000:3b:00.0``) where known, else ``None``.
         arch: As compilers name it (``"sm_90"``, ``"gfx942"``, ``"pvc"``, ``"x86_64"``) or ``None``.
-        compute_capability: ``(major, minor)`` of an NVIDIA GPU (``(9, 0)``: H100), else ``None``.
+        compute_capability: ``(major, minor)`` as torch reports it: NVIDIA's (``(9, 0)``: H100),
+            or on ROCm the one HIP derives from the gfx target (``(9, 4)``: gfx942); ``None``
+            elsewhere (XPU, CPU), as vLLM's ``get_device_capability()``.
     """
 
     index: int
@@ -76,7 +78,7 @@ class FeatureRule:
     In a backend's ``FEATURES``, the first rule a device meets decides (none met: it lacks it).
 
     Attributes:
-        min_compute_capability: Lowest NVIDIA compute capability, e.g. ``(8, 9)``.
+        min_compute_capability: Lowest compute capability (:attr:`DeviceInfo.compute_capability`).
         archs: Architectures (``"gfx942"``) or families (``"gfx12*"``) the device must be.
         value: The variant the rule gives, e.g. the fp8 format ``"e4m3fnuz"``.
         note: How it is provided, when worth saying (``"computed by torch on any CPU"``).
@@ -86,6 +88,24 @@ class FeatureRule:
     archs: tuple[str, ...] = ()
     value: str | None = None
     note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Capability:
+    """Whether a device can do one thing, and why.
+
+    Attributes:
+        available: ``True`` when it can.
+        reason: One sentence naming the fact the answer came from.
+        value: The variant where there are several (fp8: ``"e4m3fn"``, ``"e4m3fnuz"``), or ``None``.
+    """
+
+    available: bool
+    reason: str
+    value: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.available
 
 
 @dataclass(frozen=True, slots=True)

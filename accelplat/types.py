@@ -23,7 +23,7 @@ _EXPORTS: dict[str, str] = {
     "UsageSnapshot": "accelplat._types",
     "DetectionReport": "accelplat._registry",
     "PollPolicy": "accelplat._memory",
-    "Capability": "accelplat._capabilities",
+    "Capability": "accelplat._types",
     "Lease": "accelplat._leasing",
     "LeaseRecord": "accelplat._leasing",
     "ShmInfo": "accelplat._host",
@@ -38,7 +38,6 @@ __getattr__, __dir__ = _lazy.lazy_namespace(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:  # the same names, for type checkers (tests/contracts keeps the two equal)
-    from accelplat._capabilities import Capability as Capability
     from accelplat._host import ShmInfo as ShmInfo
     from accelplat._leasing import Lease as Lease
     from accelplat._leasing import LeaseRecord as LeaseRecord
@@ -46,6 +45,7 @@ if TYPE_CHECKING:  # the same names, for type checkers (tests/contracts keeps th
     from accelplat._registry import DetectionReport as DetectionReport
     from accelplat._sizing import KVCacheShape as KVCacheShape
     from accelplat._types import Candidate as Candidate
+    from accelplat._types import Capability as Capability
     from accelplat._types import DeviceInfo as DeviceInfo
     from accelplat._types import FeatureRule as FeatureRule
     from accelplat._types import GraphSupport as GraphSupport

@@ -89,7 +89,10 @@ def test_rocm_arch_comes_from_the_kfd_topology(amd: FakeSysfs) -> None:
         1, pci="0000:83:00.0", vram_total=64 * GIB, gfx_target_version=90010, product_name="MI210"
     )
     devices = RocmPlatform().devices()
-    assert [(d.arch, d.compute_capability) for d in devices] == [("gfx942", None), ("gfx90a", None)]
+    assert [(d.arch, d.compute_capability) for d in devices] == [
+        ("gfx942", (9, 4)),
+        ("gfx90a", (9, 0)),
+    ]
 
 
 def test_rocm_node_without_the_property_has_no_arch(amd: FakeSysfs) -> None:
@@ -162,9 +165,16 @@ def test_mi300_fp8_is_fnuz_and_mi350_is_ocp(amd: FakeSysfs) -> None:
     assert (mi300["fp8"].value, mi350["fp8"].value) == ("e4m3fnuz", "e4m3fn")
     assert not mi300["mxfp4"].available
     assert mi350["mxfp4"].available
-    assert not mi210["fp8"].available
-    assert mi210["bf16"].available
+    # vLLM's supports_fp8() is true on every CDNA part; MI210 emulates it (no fp8 hardware)
+    assert mi210["fp8"].available
+    assert mi210["fp8"].value == "e4m3fn"
+    assert "emulated" in mi210["fp8"].reason
     assert "gfx90a" in mi210["fp8"].reason
+    assert not mi210["fp8-native"].available
+    assert "gfx90a" in mi210["fp8-native"].reason
+    assert [t["fp8-native"].available for t in (mi300, mi350)] == [True, True]
+    assert [t["fp8-fnuz"].available for t in (mi300, mi350, mi210)] == [True, False, False]
+    assert mi210["bf16"].available
     assert mi300["cuda-api"].available
 
 
@@ -192,7 +202,7 @@ def test_bad_device_index_is_an_error(cuda: CudaPlatform) -> None:
 
 
 def test_unknown_name_is_an_error(cuda: CudaPlatform) -> None:
-    with pytest.raises(ConfigurationError, match="unknown capability 'fp9'"):
+    with pytest.raises(ConfigurationError, match="unknown word 'fp9'"):
         caps.has("fp9", platform=cuda)
 
 
@@ -236,13 +246,13 @@ def test_capability_names_are_platform_names(cuda: CudaPlatform) -> None:
 
 
 def test_define_capability_with_arch_requires_and_packages(cuda: CudaPlatform) -> None:
-    caps.define_capability("flash-attn", platforms=["cuda"], arch=["sm_80+"], requires=["bf16"])
-    caps.define_capability("hopper-kernels", arch=["sm_90"], requires=["flash-attn"])
+    caps.define_capability("fa2-kernels", platforms=["cuda"], arch=["sm_80+"], requires=["bf16"])
+    caps.define_capability("hopper-kernels", arch=["sm_90"], requires=["fa2-kernels"])
     caps.define_capability("needs-pkg", packages={"pytest": ">=1.0", "no-such-dist-xyz": ">=1"})
     caps.define_capability("old-pytest", packages=["pytest<1.0"])
     h, a = caps.capabilities(0, platform=cuda), caps.capabilities(1, platform=cuda)
-    assert h["flash-attn"].available
-    assert a["flash-attn"].available
+    assert h["fa2-kernels"].available
+    assert a["fa2-kernels"].available
     assert h["hopper-kernels"].available
     assert not a["hopper-kernels"].available
     assert "needs sm_90; this is NVIDIA A100-SXM4-80GB (sm_80)" in a["hopper-kernels"].reason
@@ -251,8 +261,8 @@ def test_define_capability_with_arch_requires_and_packages(cuda: CudaPlatform) -
 
 
 def test_every_unmet_condition_is_in_the_reason(cuda: CudaPlatform) -> None:
-    caps.define_capability("aiter", platforms=["rocm"], arch=["gfx942", "gfx950"], reason="AMD")
-    reason = caps.capabilities(0, platform=cuda)["aiter"].reason
+    caps.define_capability("aiter-moe", platforms=["rocm"], arch=["gfx942", "gfx950"], reason="AMD")
+    reason = caps.capabilities(0, platform=cuda)["aiter-moe"].reason
     assert reason == (
         "runs on rocm; this is cuda; needs gfx942 or gfx950; this is NVIDIA H200 (sm_90) (AMD)"
     )
@@ -292,7 +302,7 @@ def test_names_are_checked(cuda: CudaPlatform) -> None:
     with pytest.raises(ConfigurationError, match="lower case"):
         caps.define_capability("Flash Attn")
     caps.define_capability("a", requires=["nope"])
-    with pytest.raises(ConfigurationError, match="requires unknown capability 'nope'"):
+    with pytest.raises(ConfigurationError, match="requires: unknown word 'nope'"):
         caps.capabilities(platform=cuda)
 
 
@@ -300,11 +310,11 @@ def test_pyproject_table(tmp_path: Path, cuda: CudaPlatform) -> None:
     path = tmp_path / "pyproject.toml"
     path.write_text(
         "[tool.accelplat.capabilities]\n"
-        'flash-attn = { platforms = ["cuda"], min_compute_capability = "8.0" }\n'
-        'fa3 = { arch = ["sm_90"], requires = ["flash-attn"] }\n'
+        'fa2-kernels = { platforms = ["cuda"], min_compute_capability = "8.0" }\n'
+        'fa3 = { arch = ["sm_90"], requires = ["fa2-kernels"] }\n'
     )
     loaded = caps.load_pyproject(path)
-    assert [c.name for c in loaded] == ["flash-attn", "fa3"]
+    assert [c.name for c in loaded] == ["fa2-kernels", "fa3"]
     assert caps.has("fa3", 0, platform=cuda)
     assert not caps.has("fa3", 1, platform=cuda)
 

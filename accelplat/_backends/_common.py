@@ -33,6 +33,11 @@ _UNKNOWN_PCI = (1 << 32,)
 
 ReadText = Callable[[str], str]  # how a backend reads one attribute's text (tests inject one)
 
+# The note of an fp8 rule where vLLM says "supported" and no fp8 hardware exists: vLLM 0.33's
+# supports_fp8() is true on every gfx9/RDNA ROCm target and every XPU (vllm/platforms/rocm.py,
+# xpu.py). Not confirmed on those devices by accelplat (docs/report-your-hardware.md).
+EMULATED_FP8 = "emulated: vLLM 0.33's supports_fp8(), not confirmed on hardware"
+
 
 def read_attribute(path: str) -> str:
     """Return the text of one sysfs attribute (at most a page, regular files only; else OSError)."""

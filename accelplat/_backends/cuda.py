@@ -315,7 +315,8 @@ class CudaPlatform(BasePlatform):
     # Tensor-core formats by compute capability, from NVIDIA's architecture documentation.
     FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
         "bf16": (FeatureRule(min_compute_capability=(8, 0)),),  # Ampere
-        "fp8": (FeatureRule(min_compute_capability=(8, 9), value="e4m3fn"),),  # Ada, Hopper
+        "fp8": (FeatureRule(min_compute_capability=(8, 9), value="e4m3fn", note="native"),),
+        "fp8-native": (FeatureRule(min_compute_capability=(8, 9), value="e4m3fn"),),  # Ada+
         "fp4": (FeatureRule(min_compute_capability=(10, 0), value="nvfp4,mxfp4"),),  # Blackwell
         "mxfp4": (FeatureRule(min_compute_capability=(10, 0)),),
     }

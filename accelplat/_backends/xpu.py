@@ -22,6 +22,7 @@ from typing_extensions import override
 
 from accelplat import _files
 from accelplat._backends._common import (
+    EMULATED_FP8,
     ENV_SYSFS_ROOT,
     INTEL_VENDOR_ID,
     ReadText,
@@ -57,6 +58,7 @@ from accelplat._visible.oneapi import (
     Hierarchy,
     XpuTarget,
     affinity_mask_for,
+    default_devices,
     parse_hierarchy,
     visible_targets,
 )
@@ -172,6 +174,16 @@ def _default_hierarchy(cards: Sequence[_Card]) -> tuple[Hierarchy, str]:
     return Hierarchy.COMPOSITE, ""
 
 
+def _tile_uuid(card_uuid: str | None, tiles: tuple[int, ...] | None) -> str | None:
+    """The UUID the driver gives a device that is one tile of a card, else the card's."""
+    # compute-runtime builds UUIDs from PCI bus info with the sub-device id in the last byte: 0
+    # for the card, tile + 1 for a tile. torch.xpu lists the tiles of a Max 1550 at bus 0x1a as
+    # 8680d50b-2f00-0000-1a00-000000000001 and ...-000000000002 (intel/torch-xpu-ops#3585).
+    if card_uuid is None or tiles is None or len(tiles) != 1 or not card_uuid.endswith("00"):
+        return card_uuid
+    return f"{card_uuid[:-2]}{tiles[0] + 1:02x}"
+
+
 def _order(cards: list[_Card]) -> list[_Card]:
     # Level Zero core's order, which Sysman does not follow: discrete first, then PCI address;
     # sorting precedes the mask (execution_environment.cpp comparePciIdBusNumber).
@@ -245,7 +257,10 @@ class XpuPlatform(BasePlatform):
     device_type: ClassVar[str] = "xpu"
     FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
         "bf16": (FeatureRule(archs=("pvc", "dg2", "bmg", "lnl", "mtl", "arl")),),
-    }  # bfloat16 on every Xe architecture torch's XPU builds target; no fp8/fp4 hardware rule
+        # vLLM's supports_fp8() is true on every XPU (vllm/platforms/xpu.py); no Xe matrix
+        # engine of these has fp8, so it is emulated, and there is no fp8-native rule.
+        "fp8": (FeatureRule(value="e4m3fn", note=EMULATED_FP8),),
+    }  # bfloat16 on every Xe architecture torch's XPU builds target; no fp4 hardware rule
     visible_devices_env: ClassVar[str | None] = ENV_AFFINITY_MASK  # vLLM's device_control_env_var
     default_memory_utilization: ClassVar[float] = 0.9  # vLLM's test runner on XPU (conftest.py)
     preferred_start_method: ClassVar[StartMethod] = "spawn"  # vLLM: the only one XPU supports
@@ -401,6 +416,12 @@ class XpuPlatform(BasePlatform):
                     found.append(DeviceInfo(i, i, name))
                 return found
         cards, targets = self._targets()
+        default, _ = _default_hierarchy(cards)
+        hierarchy = parse_hierarchy(os.environ.get(ENV_FLAT_DEVICE_HIERARCHY), default)
+        # Unmasked, the driver lists one device per tile in FLAT/COMBINED mode: a tile's
+        # physical index is its place in that list, as ZE_AFFINITY_MASK counts it. torch lists a
+        # Max 1550 host in FLAT mode as one device per tile (intel/torch-xpu-ops#3585).
+        unmasked = default_devices([c.tiles for c in cards], hierarchy)
         out: list[DeviceInfo] = []
         for index, target in enumerate(targets):
             card = cards[target.card]
@@ -408,9 +429,9 @@ class XpuPlatform(BasePlatform):
             if target.tiles is not None:
                 name += f" (tile{'s' if len(target.tiles) > 1 else ''} "
                 name += ", ".join(str(t) for t in target.tiles) + ")"
-            out.append(
-                DeviceInfo(index, target.card, name, card.uuid, card.pci_bus_id, arch=card.arch)
-            )
+            physical = unmasked.index(target) if target in unmasked else target.card
+            uuid = _tile_uuid(card.uuid, target.tiles)
+            out.append(DeviceInfo(index, physical, name, uuid, card.pci_bus_id, arch=card.arch))
         return out
 
     @override

@@ -79,7 +79,8 @@ def _render_text(info: dict[str, Any]) -> str:
             f"[{mem['source']}]"
         )
     if table := info.get("capabilities"):
-        from accelplat._capabilities import Capability, table_lines
+        from accelplat._capabilities import table_lines
+        from accelplat._types import Capability
 
         lines.append("capabilities (device 0):")
         rows = table_lines({n: Capability(**c) for n, c in table.items()})

@@ -23,6 +23,7 @@ from types import FrameType
 from accelplat._cli._args import command, output_option, path
 from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, parse_leak_tolerance
 from accelplat.errors import ConfigurationError
+from accelplat.timeline._chrome import write_chrome_trace
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
 from accelplat.timeline._render import write_report
 from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
@@ -179,12 +180,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         sub,
         "report",
         run_report,
-        help="render a trace file as a self-contained HTML timeline",
+        help="render a trace file as a self-contained HTML timeline (or a Chrome trace)",
         description="Render a trace saved by `accelplat record` or by pytest's "
-        "--accelplat-timeline-json as one self-contained HTML page.",
+        "--accelplat-timeline-json as one self-contained HTML page, and/or as Chrome "
+        "trace-event JSON for Perfetto or chrome://tracing.",
     )
     path(rep.add_argument("trace", metavar="TRACE.json", help="the trace to render"))
-    output_option(rep, "--out", required=True, metavar="REPORT.html", help="page to write")
+    output_option(rep, "--out", metavar="REPORT.html", help="page to write")
+    output_option(
+        rep,
+        "--chrome-trace",
+        metavar="OUT.json",
+        help="also (or only) write Chrome trace-event JSON: memory counters, test and wait "
+        "slices, for ui.perfetto.dev or chrome://tracing",
+    )
     rep.add_argument("--title", help="page heading")
     rep.add_argument(
         "--leak-tolerance", metavar="SIZE", help="override the trace's leak tolerance: 256MiB"
@@ -276,17 +285,29 @@ def _save(trace: Trace, out: Path, html_path: str | None, status: int) -> int:
 
 def run_report(args: argparse.Namespace) -> int:
     """Render the trace ``args.trace`` to ``args.out``; return 0, or 1 when it cannot be written."""
+    if args.out is None and args.chrome_trace is None:
+        raise ConfigurationError("accelplat report needs --out REPORT.html or --chrome-trace OUT")
     tolerance = _tolerance(args.leak_tolerance)
     grace = args.leak_grace
     if grace is not None:
         grace = validate_grace(grace, argument="--leak-grace")
     trace = load_trace(args.trace)
-    try:
-        page = write_report(
-            trace, args.out, title=args.title, leak_tolerance_bytes=tolerance, leak_grace_s=grace
+    if tolerance is not None or grace is not None:  # the Chrome trace's leaks follow them too
+        trace = dataclasses.replace(
+            trace,
+            leak_tolerance_bytes=trace.leak_tolerance_bytes if tolerance is None else tolerance,
+            leak_grace_s=trace.leak_grace_s if grace is None else grace,
         )
+    target = args.out
+    try:
+        if args.out is not None:
+            page = write_report(trace, args.out, title=args.title)
+            print(f"accelplat report: wrote {page}", file=sys.stderr)
+        if args.chrome_trace is not None:
+            target = args.chrome_trace
+            written = write_chrome_trace(trace, args.chrome_trace)
+            print(f"accelplat report: wrote {written}", file=sys.stderr)
     except OSError as exc:  # a runtime failure, not bad usage
-        print(f"accelplat report: error: cannot write {args.out!r}: {exc}", file=sys.stderr)
+        print(f"accelplat report: error: cannot write {target!r}: {exc}", file=sys.stderr)
         return 1
-    print(f"accelplat report: wrote {page}", file=sys.stderr)
     return 0

@@ -1,8 +1,9 @@
 """Testing tools: the conformance kit for backends, process isolation, the simulated platform.
 
 :func:`run_conformance` runs the kit's checks (:func:`make_conformance_test`: as pytest tests);
-:func:`run_in_new_process` and :func:`isolate` run a test in a process of its own. Only the two
-pytest helpers import pytest; ``import accelplat`` does not import this package.
+:func:`run_in_new_process` and :func:`isolate` run a test in a process of its own;
+:func:`requires` and :func:`skip_module_unless` decide requirements as plain pytest skips. Only
+the pytest helpers import pytest; ``import accelplat`` does not import this package.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from accelplat.testing._kit import Tolerance
 
 if TYPE_CHECKING:
     from accelplat.testing._conformance import conformance_platform, make_conformance_test
+    from accelplat.testing._requires import requires, skip_module_unless
 
 __all__ = [
     "CHECK_NAMES",
@@ -28,19 +30,25 @@ __all__ = [
     "isolate",
     "load_spec",
     "make_conformance_test",
+    "requires",
     "run_conformance",
     "run_in_new_process",
+    "skip_module_unless",
 ]
 
-_PYTEST_NAMES = ("conformance_platform", "make_conformance_test")
+_PYTEST_NAMES = ("conformance_platform", "make_conformance_test", "requires", "skip_module_unless")
 
 
 def __getattr__(name: str) -> Any:
     # pytest costs ~120 ms to import, and the kit's fresh processes import this package
-    if name in _PYTEST_NAMES:
+    if name in ("conformance_platform", "make_conformance_test"):
         from accelplat.testing import _conformance
 
         return getattr(_conformance, name)
+    if name in ("requires", "skip_module_unless"):
+        from accelplat.testing import _requires
+
+        return getattr(_requires, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

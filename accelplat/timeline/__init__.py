@@ -1,7 +1,8 @@
 """Device-memory timelines: sample memory while tests or a command run, then render a report.
 
 ``pytest --accelplat-timeline=report.html``, or ``accelplat record`` then ``accelplat report``,
-write one self-contained HTML page; the names below do it from Python (``docs/timeline.md``).
+write one self-contained HTML page (or Chrome trace-event JSON for Perfetto); the names below
+do it from Python (``docs/timeline.md``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ _EXPORTS: dict[str, str] = {
     "Trace": "accelplat.timeline._trace",
     "WaitSpan": "accelplat.timeline._trace",
     "load_trace": "accelplat.timeline._trace",
+    "render_chrome_trace": "accelplat.timeline._chrome",
     "render_html": "accelplat.timeline._render",
     "save_trace": "accelplat.timeline._trace",
+    "write_chrome_trace": "accelplat.timeline._chrome",
     "write_report": "accelplat.timeline._render",
 }
 
@@ -30,6 +33,8 @@ __all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the names are _EXPORTS' keys, one l
 __getattr__, __dir__ = _lazy.lazy_namespace(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
+    from accelplat.timeline._chrome import render_chrome_trace as render_chrome_trace
+    from accelplat.timeline._chrome import write_chrome_trace as write_chrome_trace
     from accelplat.timeline._render import render_html as render_html
     from accelplat.timeline._render import write_report as write_report
     from accelplat.timeline._sampler import Recorder as Recorder

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import bisect
 import html
+import itertools
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,11 +26,33 @@ _PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#
 _LEAK, _WAIT, _WAIT_FAILED, _FAILED = "#d62728", "#ff7f0e", "#b30000", "#4b5563"
 _CONTEXT_NOTE = "This platform's memory queries create a device context in the sampling process."
 
-# chart geometry, in SVG user units: the width and the plot's margins, heights, test lanes
-_W, _LEFT, _RIGHT, _TOP = 1200, 78, 16, 12
-_PLOT_H, _AXIS_H, _LANE_H, _MAX_LANES = 220, 30, 16, 6
-_PLOT_W = _W - _LEFT - _RIGHT
 
+class _Geometry(NamedTuple):
+    """A chart's drawing, in SVG user units: one for desktops, one for phones (CSS picks)."""
+
+    cls: str  # "" or "phone", a class of the <svg>
+    w: int  # the width
+    left: int  # the margins of the plot
+    right: int
+    top: int
+    plot_h: int
+    axis_h: int  # the time axis' labels, below the plot
+    lane_h: int  # a test lane
+    font: int  # of axis labels
+    lane_font: int  # of a test's name in its lane
+    tick_gap: int  # the least distance between two time labels
+
+    @property
+    def plot_w(self) -> int:
+        return self.w - self.left - self.right
+
+
+# At 1240 CSS px a desktop chart draws 11-unit text at 11 px; a phone (390 px wide, 350 px for
+# the chart) draws the 600-unit chart at 0.58: 19 units make 11 px, as on the desktop.
+_WIDE = _Geometry("", 1200, 78, 16, 12, 220, 30, 16, 11, 10, 100)
+_PHONE = _Geometry("phone", 600, 104, 26, 20, 260, 40, 26, 19, 16, 110)
+_MAX_LANES = 6
+_FOLDS = 4  # at most this many stretches without change are folded
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#1d1d1f;
 background:#fff}h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px}
@@ -47,15 +70,31 @@ svg text{font:11px system-ui,sans-serif;fill:#444}.legend{margin:4px 0 0;color:#
 border-radius:2px}table{border-collapse:collapse;margin:4px 0 8px;font-size:13px}
 th,td{border-bottom:1px solid #e3e6ea;padding:4px 10px;text-align:left;vertical-align:top}
 th{background:#f6f8fa}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
-td.id{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;word-break:break-all}
+td.id{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;overflow-wrap:anywhere}
 tr.leak td{background:#fdecec}td.grew{color:#a3161a;font-weight:600}
 tr.wait-failed td{background:#fdecec}.ok{color:#17622e}.failed{color:#a3161a;font-weight:600}
 .skipped{color:#8a6d00}details summary{cursor:pointer;font-weight:600;margin:8px 0}
 footer{margin-top:32px;color:#777;font-size:12px}.scale{margin:6px 0 10px;color:#444}
-svg.chart.full-scale{display:none}#full-scale:checked~.charts svg.chart.fit-scale{display:none}
-#full-scale:checked~.charts svg.chart.full-scale{display:block}.peak{color:#444;font-weight:400}
+svg.chart{display:none}.charts svg.chart.fit-scale{display:block}.peak{color:#444;font-weight:400}
+#full-scale:checked~.charts svg.chart.fit-scale{display:none}
+#full-scale:checked~.charts svg.chart.full-scale{display:block}
+.charts svg.chart.phone.fit-scale,
+#full-scale:checked~.charts svg.chart.phone.full-scale{display:none}
 svg text.lane-label{font:10px ui-monospace,SFMono-Regular,Menlo,monospace;fill:#1d1d1f}
 svg text.peak-label{font:11px system-ui,sans-serif;font-weight:600;fill:#1d1d1f}
+svg.phone text{font-size:19px}svg.phone text.lane-label{font-size:16px}
+svg.phone text.peak-label{font-size:19px}h3,dd{overflow-wrap:anywhere}.scroll{overflow-x:auto}
+@media (max-width:700px){body{margin:14px}
+.charts svg.chart.fit-scale,#full-scale:checked~.charts svg.chart.full-scale{display:none}
+.charts svg.chart.phone.fit-scale{display:block}
+#full-scale:checked~.charts svg.chart.phone.fit-scale{display:none}
+#full-scale:checked~.charts svg.chart.phone.full-scale{display:block}
+dl.summary{gap:2px 10px}
+table.stack,table.stack tbody,table.stack tr,table.stack td{display:block}
+table.stack thead{display:none}table.stack tr{border:1px solid #e3e6ea;border-radius:6px;
+margin:0 0 8px;padding:4px 0}table.stack td{border:0;padding:2px 10px;text-align:left}
+table.stack td[data-label]::before{content:attr(data-label);display:inline-block;width:7.5em;
+color:#555;font-family:system-ui,sans-serif}#tests td.id{min-width:16em}}
 """
 
 
@@ -72,6 +111,12 @@ def _fmt_s(seconds: float) -> str:
     if minutes < 120:
         return f"{int(minutes)} min {rest:.0f} s"
     return f"{minutes / 60:.1f} h"
+
+
+def _fmt_short(seconds: float) -> str:  # a folded stretch's length, in few characters
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.0f} h"
 
 
 def _plural(n: int, word: str) -> str:
@@ -95,8 +140,11 @@ def _time_label(t: float, step: float) -> str:
         h, rem = divmod(round(t), 3600)
         m, s = divmod(rem, 60)
         return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-    decimals = 0 if step >= 1 else max(0, -math.floor(math.log10(step)))
-    return f"{t:.{decimals}f} s"
+    return f"{t:.{_decimals(step)}f} s"
+
+
+def _decimals(step: float) -> int:  # what shows each multiple of ``step``: 2 for 0.25, 1 for 2.5
+    return next((d for d in range(9) if abs(round(step, d) - step) <= step * 1e-6), 9)
 
 
 def _lanes(spans: Sequence[TestSpan]) -> list[int]:  # the first lane free at each start
@@ -145,11 +193,14 @@ def peaks_per_test(trace: Trace) -> list[Reading]:
 
 def _axis(lo: int, hi: int, total: int, *, full: bool) -> tuple[float, float]:
     # full: 0 to the total (or the peak, if higher). Fitted: a margin of a tenth of the range (at
-    # least 1 MiB; a tenth of the reading for a flat series), down to 0 when the readings near it.
+    # least 1 MiB), down to 0 when the readings near it. A flat series (moving less than 2 % of
+    # its reading) gets a tenth of the reading, or of a hundredth of the total: never a
+    # ±1 MiB window that labels 20 GiB as 19.999, 20.000 and 20.001 GiB.
     if full:
         top = float(max(total, hi, 1))
         return 0.0, top if total > 0 else top * 1.1
-    pad = max((hi - lo) * 0.1 if hi > lo else hi * 0.1, float(MIB))
+    flat = hi - lo <= 0.02 * hi
+    pad = max(hi * 0.1 if flat else (hi - lo) * 0.1, total * 0.01 if flat else 0.0, float(MIB))
     ymax = hi + pad
     if total > 0 and ymax > total >= hi:
         ymax = float(total)
@@ -164,15 +215,23 @@ def _short_name(nodeid: str) -> str:  # the part worth a lane label: after the l
     return name.rsplit("/", 1)[-1] or nodeid
 
 
-def _fit_label(text: str, width: float) -> str:  # cut to ``width`` SVG units at 10 px monospace
-    capacity = int((width - 6) / 6.1)
+def _program(command: Sequence[str]) -> str:  # a recorded command's lane label: its program
+    return command[0].rsplit("/", 1)[-1] if command else ""
+
+
+def _text_w(text: str, font: float) -> float:  # about, in a proportional font
+    return 0.62 * font * len(text)
+
+
+def _fit_label(text: str, width: float, font: float = 10) -> str:  # at ``font`` monospace
+    capacity = int((width - 6) / (0.61 * font))
     if capacity >= len(text):
         return text
     return text[: capacity - 1] + "…" if capacity >= 6 else ""
 
 
 def _envelope(
-    samples: Sequence[Sample], pos: int, x_of: Callable[[float], float], width: int
+    samples: Sequence[Sample], pos: int, xs: Sequence[float], width: int
 ) -> list[list[tuple[float, int]]]:
     # Polyline segments of (x, used), a None reading ending one; per pixel column the first,
     # last, minimum and maximum are kept in time order, so spikes survive any thinning.
@@ -187,7 +246,7 @@ def _envelope(
             segments[-1].extend(sorted({column[0], lo, hi, column[-1]}, key=lambda p: p[0]))
             column.clear()
 
-    for s in samples:
+    for s, x in zip(samples, xs, strict=True):  # ``xs``: each sample's x
         value = s.used[pos] if pos < len(s.used) else None
         if value is None:
             flush()
@@ -195,7 +254,6 @@ def _envelope(
                 segments.append([])
             column_x = None
             continue
-        x = x_of(s.t)
         col = min(width, int(x))
         if column_x is not None and col != column_x:
             flush()
@@ -211,17 +269,108 @@ class _Layers(NamedTuple):  # what both scales of a device's chart share
     height: int  # of the SVG
     peak: tuple[int, float] | None  # (bytes, seconds) of the highest reading
     low: int  # the lowest sampled reading
+    envelope: list[list[tuple[float, int]]]  # the memory line's points (x, bytes)
 
 
-def _x_scale(end_t: float) -> Callable[[float], float]:
-    def x_of(t: float) -> float:
-        return _LEFT + _PLOT_W * (t / end_t)
+_STEPS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300,
+          600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400)  # fmt: skip
 
-    return x_of
+
+def _folds(trace: Trace, end_t: float) -> list[tuple[float, float]]:
+    """Return the stretches worth folding: long, with no test or wait edge and no change.
+
+    A stretch qualifies when it lasts a fifth of the recording and 5 s or more, while no
+    device's reading moves by more than 1 % of its total (or peak); a twentieth of it stays
+    drawn at each end. A two-minute idle wait after 6 busy seconds folds to a narrow band.
+    """
+    events = {0.0, end_t}
+    events.update(t for span in trace.tests for t in (span.start, span.end))
+    events.update(t for w in trace.waits for t in (w.start, w.end))
+    for pos, dev in enumerate(trace.devices):
+        peak = _peak_of(trace, pos) if dev.total <= 0 else None
+        scale = dev.total if dev.total > 0 else (peak[0] if peak else 0)
+        threshold = max(0.01 * scale, float(MIB))
+        before: Sample | None = None
+        for s in trace.samples:
+            value = s.used[pos] if pos < len(s.used) else None
+            last = before.used[pos] if before is not None and pos < len(before.used) else None
+            if before is not None and (
+                value is None or last is None or abs(value - last) > threshold
+            ):
+                events.update((before.t, s.t))
+            before = s
+    times = sorted(t for t in events if 0.0 <= t <= end_t)
+    least = max(0.2 * end_t, 5.0)
+    gaps = sorted(
+        ((b - a, a, b) for a, b in itertools.pairwise(times) if b - a >= least), reverse=True
+    )
+    return sorted((a + 0.05 * gap, b - 0.05 * gap) for gap, a, b in gaps[:_FOLDS])
+
+
+class _TimeAxis:
+    """Seconds to x for one geometry: linear, but each folded stretch drawn narrow."""
+
+    def __init__(self, end_t: float, folds: Sequence[tuple[float, float]], geo: _Geometry) -> None:
+        self.geo = geo
+        self.folds = list(folds)
+        self.fold_w = max(0.06 * geo.plot_w, 3.0 * geo.font)
+        linear = end_t - sum(b - a for a, b in folds)
+        per_s = (geo.plot_w - self.fold_w * len(folds)) / max(linear, 1e-12)
+        t, x = 0.0, float(geo.left)
+        self._t, self._x = [t], [x]
+        for a, b in folds:
+            x += (a - t) * per_s
+            self._t.append(a)
+            self._x.append(x)
+            x += self.fold_w
+            self._t.append(b)
+            self._x.append(x)
+            t = b
+        self._t.append(end_t)
+        self._x.append(float(geo.left + geo.plot_w))
+        self.linear = [(self._t[k], self._t[k + 1]) for k in range(0, len(self._t), 2)]
+
+    def __call__(self, t: float) -> float:
+        k = min(max(bisect.bisect_right(self._t, t) - 1, 0), len(self._t) - 2)
+        t0, t1, x0, x1 = self._t[k], self._t[k + 1], self._x[k], self._x[k + 1]
+        return x0 if t1 <= t0 else x0 + (x1 - x0) * (min(max(t, t0), t1) - t0) / (t1 - t0)
+
+    def many(self, times: Sequence[float]) -> list[float]:
+        """Return the x of each of ``times``: one pass when they ascend, as samples do."""
+        out: list[float] = []
+        k, last = 0, len(self._t) - 2
+        for t in times:
+            if not self._t[k] <= t <= self._t[k + 1]:
+                k = min(max(bisect.bisect_right(self._t, t) - 1, 0), last)
+            t0, t1, x0, x1 = self._t[k], self._t[k + 1], self._x[k], self._x[k + 1]
+            clamped = t0 if t < t0 else t1 if t > t1 else t
+            out.append(x0 if t1 <= t0 else x0 + (x1 - x0) * (clamped - t0) / (t1 - t0))
+        return out
+
+    def ticks(self) -> list[tuple[float, str]]:
+        """Return the time labels ``(x, text)``: nice steps per linear stretch, never crowded."""
+        gap = self.geo.tick_gap
+        folds = [(self(a) + self(b)) / 2 for a, b in self.folds]  # the folds' own labels
+        placed: list[float] = []
+        out: list[tuple[float, str]] = []
+        for t0, t1 in self.linear:
+            room = max(1, int((self(t1) - self(t0)) / gap) + 1)  # labels, the first included
+            step = next((s for s in _STEPS if (t1 - t0) / s <= room), None)
+            step = step if step is not None else _nice_step(t1 - t0, room)
+            first = math.ceil(t0 / step - 1e-9)
+            for k in range(first, first + min(room, 20) + 1):
+                x = self(k * step)
+                if k * step > t1 * 1.0001 or len(out) >= 20:
+                    break
+                crowded = any(abs(x - p) < 0.6 * gap for p in placed)
+                if not crowded and all(abs(x - p) >= 0.9 * gap for p in folds):
+                    placed.append(x)
+                    out.append((x, _time_label(k * step, step)))
+        return out
 
 
 def _device_chart(
-    trace: Trace, pos: int, end_t: float, leaked: set[str], layers: _Layers, *, full: bool
+    trace: Trace, pos: int, x_of: _TimeAxis, leaked: set[str], layers: _Layers, *, full: bool
 ) -> str:
     # ``leaked`` names the tests leaking on device ``pos``
     dev = trace.devices[pos]
@@ -231,19 +380,20 @@ def _device_chart(
     ymin, ymax = _axis(min(layers.low, high), high, dev.total, full=full)
     span_y = max(ymax - ymin, 1.0)
     unit, unit_name = (GIB, "GiB") if ymax >= GIB else (MIB, "MiB")
-    x_of = _x_scale(end_t)
+    geo = x_of.geo
+    left, right, top, plot_h = geo.left, geo.w - geo.right, geo.top, geo.plot_h
 
     def y_of(v: float) -> float:
-        return _TOP + _PLOT_H * (1 - (min(max(v, ymin), ymax) - ymin) / span_y)
+        return top + plot_h * (1 - (min(max(v, ymin), ymax) - ymin) / span_y)
 
-    scale = "full-scale" if full else "fit-scale"
+    scale = f"{geo.cls} chart {'full-scale' if full else 'fit-scale'}".lstrip()
     out: list[str] = [
-        f'<svg class="chart {scale}" viewBox="0 0 {_W} {layers.height}" role="img" '
+        f'<svg class="{scale}" viewBox="0 0 {geo.w} {layers.height}" role="img" '
         f'data-device="{dev.index}" aria-label="Used memory of device {dev.index} over time">',
         layers.band,
     ]
-    step = _nice_step(span_y / unit, 5)
-    decimals = max(0, -math.floor(math.log10(step))) if step < 1 else 0
+    step = _nice_step(span_y / unit, 5 if plot_h * geo.font <= 260 * 11 else 4)
+    decimals = _decimals(step)
     out.append('<g class="grid">')  # the grid and axes
     # Ticks are counted, never stepped up to the top: at 2**55 bytes a float step is too fine
     # to reach a tolerance relative to the value, and that loop ran for hours.
@@ -254,39 +404,45 @@ def _device_chart(
         y = y_of(v * unit)
         label = f"{v:.{decimals}f} {unit_name}"
         out.append(
-            f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.2f}" y2="{y:.2f}" '
+            f'<line x1="{left}" x2="{right}" y1="{y:.2f}" y2="{y:.2f}" '
             f'stroke="#d0d5db" stroke-width="0.6"/>'
-            f'<text x="{_LEFT - 6}" y="{y + 4:.2f}" text-anchor="end">{_e(label)}</text>'
+            f'<text x="{left - 6}" y="{y + geo.font * 0.35:.2f}" text-anchor="end">'
+            f"{_e(label)}</text>"
         )
-    for tstep in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60,
-                  120, 300, 600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400):  # fmt: skip
-        if end_t / tstep <= 10:
-            break
-    else:
-        tstep = _nice_step(end_t, 10)
-    for k in range(min(int(end_t / tstep * 1.0001), 20) + 1):
-        t = k * tstep
-        x = x_of(t)
+    for a, b in x_of.folds:  # a stretch without change, drawn narrow: a grey band, its length
+        x0, x1 = x_of(a), x_of(b)
         out.append(
-            f'<line x1="{x:.2f}" x2="{x:.2f}" y1="{_TOP}" y2="{_TOP + _PLOT_H}" '
-            f'stroke="#e6e9ed" stroke-width="0.6"/>'
-            f'<text x="{x:.2f}" y="{_TOP + _PLOT_H + 16}" text-anchor="middle">'
-            f"{_e(_time_label(t, tstep))}</text>"
+            f'<g class="fold"><rect x="{x0:.2f}" y="{top}" width="{x1 - x0:.2f}" '
+            f'height="{plot_h}" fill="#eceef1"/><path d="M{x0:.2f},{top}V{top + plot_h}'
+            f'M{x1:.2f},{top}V{top + plot_h}" stroke="#9aa3ad" stroke-dasharray="3 3"/>'
+            f'<text x="{(x0 + x1) / 2:.2f}" y="{top + plot_h + geo.font + 5}" '
+            f'text-anchor="middle">⋯{_e(_fmt_short(b - a))}⋯</text><title>{_e(_fmt_s(b - a))} '
+            f"without a change, a test or a wait, drawn narrow</title></g>"
         )
+    for x, label in x_of.ticks():
+        out.append(
+            f'<line x1="{x:.2f}" x2="{x:.2f}" y1="{top}" y2="{top + plot_h}" '
+            f'stroke="#e6e9ed" stroke-width="0.6"/>'
+            f'<text x="{x:.2f}" y="{top + plot_h + geo.font + 5}" text-anchor="middle">'
+            f"{_e(label)}</text>"
+        )
+    total_box: tuple[float, float, float] | None = None  # the total's label: x0, x1, baseline
     if 0 < dev.total <= ymax * 1.0001:
         y = y_of(dev.total)
+        total_text = f"total {format_bytes(dev.total)}"
+        total_box = (right - 4 - _text_w(total_text, geo.font), right - 4, y + geo.font + 1)
         out.append(
-            f'<line class="total" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.2f}" y2="{y:.2f}" '
+            f'<line class="total" x1="{left}" x2="{right}" y1="{y:.2f}" y2="{y:.2f}" '
             f'stroke="#555" stroke-dasharray="4 3" stroke-width="0.8"/>'
-            f'<text x="{_W - _RIGHT - 4}" y="{y + 12:.2f}" text-anchor="end">total '
+            f'<text x="{right - 4}" y="{y + geo.font + 1:.2f}" text-anchor="end">total '
             f"{_e(format_bytes(dev.total))}</text>"
         )
     out.append(
-        f'<rect x="{_LEFT}" y="{_TOP}" width="{_PLOT_W}" height="{_PLOT_H}" fill="none" '
+        f'<rect x="{left}" y="{top}" width="{geo.plot_w}" height="{plot_h}" fill="none" '
         f'stroke="#9aa3ad" stroke-width="0.8"/></g>'
     )
     paths = []
-    for seg in _envelope(trace.samples, pos, x_of, _W):
+    for seg in layers.envelope:
         points = seg if len(seg) > 1 else [seg[0], (seg[0][0] + 1.0, seg[0][1])]
         paths.append("M" + " L".join(f"{x:.2f},{y_of(v):.2f}" for x, v in points))
     if paths:
@@ -297,9 +453,19 @@ def _device_chart(
         )
     if peak is not None:  # the peak: a marker and its figure
         px, py = x_of(peak[1]), y_of(peak[0])
-        anchor = "end" if px > _LEFT + _PLOT_W * 0.8 else "start"
+        anchor = "end" if px > left + geo.plot_w * 0.8 else "start"
         dx = -7 if anchor == "end" else 7
-        ty = py + 14 if py < _TOP + 14 else py - 6
+        below = py < top + geo.font + 3
+        text = f"peak {format_bytes(peak[0])}"
+        w = _text_w(text, geo.font)
+        x0 = px + dx - (w if anchor == "end" else 0)
+        for _ in range(2):  # off the total's label: to the other side of the marker
+            ty = py + geo.font + 3 if below else py - 6
+            if total_box is None or not (
+                x0 < total_box[1] and total_box[0] < x0 + w and abs(ty - total_box[2]) < geo.font
+            ):
+                break
+            below = not below
         out.append(
             f'<g class="peak-marker"><circle cx="{px:.2f}" cy="{py:.2f}" r="4.5" fill="#fff" '
             f'stroke="{color}" stroke-width="2"/>'
@@ -325,16 +491,26 @@ def _device_chart(
     return "".join(out) + layers.body + "</svg>"
 
 
-def _chart_layers(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> _Layers:
-    # the layers of device ``pos``'s chart that do not depend on its y-axis
+def _chart_layers(
+    trace: Trace,
+    pos: int,
+    x_of: _TimeAxis,
+    leaked: set[str],
+    *,
+    lanes: Sequence[int],
+    what: str,
+    xs: Sequence[float],
+) -> _Layers:
+    # the layers of device ``pos``'s chart that do not depend on its y-axis; ``what`` names the
+    # lane of the tests ("tests", or "command" for a recorded command), ``xs`` the samples' x
     dev = trace.devices[pos]
-    x_of = _x_scale(end_t)
-    lanes = _lanes(trace.tests)
-    tests_top = _TOP + _PLOT_H + _AXIS_H
-    waits_top = tests_top + (max(lanes, default=0) + 1) * _LANE_H + 8
+    geo = x_of.geo
+    lane_h, top, plot_h = geo.lane_h, geo.top, geo.plot_h
+    tests_top = top + plot_h + geo.axis_h
+    waits_top = tests_top + (max(lanes, default=0) + 1) * lane_h + 8
     band = ['<g class="test-bands">']  # behind everything; the test lanes go below the plot
     body = [
-        f'<text x="{_LEFT - 6}" y="{tests_top + _LANE_H - 2}" text-anchor="end">tests</text>'
+        f'<text x="{geo.left - 6}" y="{tests_top + lane_h - 4}" text-anchor="end">{what}</text>'
         '<g class="test-lanes">'
     ]
     for i, (span, lane) in enumerate(zip(trace.tests, lanes, strict=True)):
@@ -348,28 +524,29 @@ def _chart_layers(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> _La
         )
         band.append(
             f'<rect class="test-band{" leaked" if is_leak else ""}" '
-            f'data-nodeid="{_e(span.nodeid)}" x="{x0:.2f}" y="{_TOP}" '
-            f'width="{max(x1 - x0, 1.5 if is_leak else 0.3):.2f}" height="{_PLOT_H}" '
+            f'data-nodeid="{_e(span.nodeid)}" x="{x0:.2f}" y="{top}" '
+            f'width="{max(x1 - x0, 1.5 if is_leak else 0.3):.2f}" height="{plot_h}" '
             f'fill="{"#fbd5d5" if is_leak else ("#eef3fa", "#e2eaf5")[i % 2]}">'
             f"<title>{_e(tip)}</title></rect>"
         )
         fill = _LEAK if is_leak else (_FAILED if span.outcome == "failed" else "#a9bcd6")
-        y = tests_top + lane * _LANE_H
+        y = tests_top + lane * lane_h
         body.append(
             f'<rect x="{x0:.2f}" y="{y + 1}" width="{max(x1 - x0, 1.5):.2f}" '
-            f'height="{_LANE_H - 2}" fill="{fill}" stroke="#fff" stroke-width="0.5">'
+            f'height="{lane_h - 2}" fill="{fill}" stroke="#fff" stroke-width="0.5">'
             f"<title>{_e(span.nodeid)} ({_e(_fmt_s(span.duration))})</title></rect>"
         )
-        label = _fit_label(_short_name(span.nodeid), x1 - x0)
+        name = _program(trace.command) if trace.command else _short_name(span.nodeid)
+        label = _fit_label(name, x1 - x0, geo.lane_font)
         if label:
             colour = "#fff" if fill in (_LEAK, _FAILED) else "#1d1d1f"
             body.append(
-                f'<text class="lane-label" x="{x0 + 3:.2f}" y="{y + _LANE_H - 4}" '
+                f'<text class="lane-label" x="{x0 + 3:.2f}" y="{y + lane_h - 0.3 * lane_h:.1f}" '
                 f'style="fill:{colour}" data-nodeid="{_e(span.nodeid)}">{_e(label)}</text>'
             )
     band.append("</g>")
     body.append(
-        f'</g><text x="{_LEFT - 6}" y="{waits_top + _LANE_H - 2}" text-anchor="end">waits</text>'
+        f'</g><text x="{geo.left - 6}" y="{waits_top + lane_h - 4}" text-anchor="end">waits</text>'
         '<g class="waits">'
     )
     for w in trace.waits:
@@ -382,14 +559,37 @@ def _chart_layers(trace: Trace, pos: int, end_t: float, leaked: set[str]) -> _La
             tip += f"\nin {w.test}"
         body.append(
             f'<rect class="wait" x="{x0:.2f}" y="{waits_top + 1}" width="{max(x1 - x0, 2):.2f}" '
-            f'height="{_LANE_H - 2}" fill="{fill}"><title>{_e(tip)}</title></rect>'
-            f'<rect x="{x0:.2f}" y="{_TOP}" width="{max(x1 - x0, 0.5):.2f}" height="{_PLOT_H}" '
+            f'height="{lane_h - 2}" fill="{fill}"><title>{_e(tip)}</title></rect>'
+            f'<rect x="{x0:.2f}" y="{top}" width="{max(x1 - x0, 0.5):.2f}" height="{plot_h}" '
             f'fill="{fill}" fill-opacity="0.12"/>'
         )
     body.append("</g>")
     peak = _peak_of(trace, pos)
     low = min((u for s in trace.samples if (u := s.used[pos]) is not None), default=0)
-    return _Layers("".join(band), "".join(body), waits_top + _LANE_H + 10, peak, low)
+    envelope = _envelope(trace.samples, pos, xs, geo.w)
+    return _Layers("".join(band), "".join(body), waits_top + lane_h + 10, peak, low, envelope)
+
+
+def _legend(color: str, *, recorded: bool, folded: bool) -> str:
+    keys = [(f"background:{color}", "used memory")]
+    if recorded:
+        keys += [("background:#a9bcd6", "the command"), (f"background:{_LEAK}", "left memory held")]
+    else:
+        keys += [
+            ("background:#e2eaf5", "test span"),
+            (f"background:{_LEAK}", "test that left memory held"),
+            (f"background:{_FAILED}", "failed test"),
+        ]
+    keys += [
+        (f"background:{_WAIT}", "memory wait"),
+        ("border-top:2px dashed #555;height:0", "total"),
+    ]
+    if folded:
+        keys.append(("background:#eceef1", "a stretch without change, drawn narrow"))
+    spans = "".join(
+        f'<span><i class="sw" style="{style}"></i>{text}</span>' for style, text in keys
+    )
+    return f'<div class="legend">{spans}</div>'
 
 
 def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:
@@ -398,8 +598,12 @@ def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:
     sampling = f"{trace.sample_hz:g} samples/s requested; {len(trace.samples)} samples kept"
     if trace.decimation:
         sampling += f", halved {trace.decimation}× to one per {_fmt_s(interval)} (peaks kept)"
-    rule = f"more than {format_bytes(trace.leak_tolerance_bytes)} still held when the next test's"
-    rule += f" body begins ({trace.leak_grace_s:g} s after the last test)"
+    recorded = trace.command is not None
+    rule = f"more than {format_bytes(trace.leak_tolerance_bytes)} still held "
+    if recorded:
+        rule += f"at the lowest point in the {trace.leak_grace_s:g} s after the command exits"
+    else:
+        rule += f"when the next test's body begins ({trace.leak_grace_s:g} s after the last test)"
     rows = [
         ("Platform", trace.platform or "none detected"),
         ("Started", started.strftime("%Y-%m-%d %H:%M:%S UTC")),
@@ -415,13 +619,31 @@ def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:
     leaked_tests = len({leak.nodeid for leak in leaks})
     wait_total = sum(w.duration for w in trace.waits)
     failed_waits = sum(not w.ok for w in trace.waits)
-    badges = [
-        f'<span class="badge">{_plural(len(trace.tests), "test")}</span>',
-        f'<span class="badge {"bad" if leaked_tests else "good"}" id="leak-count">'
-        f"{leaked_tests} leaking</span>",
-        f'<span class="badge {"warn" if trace.waits else ""}">'
-        f"{_plural(len(trace.waits), 'wait')}, {_e(_fmt_s(wait_total))} in total</span>",
-    ]
+    if recorded:
+        code = trace.exit_code
+        held_on = sorted({leak.device for leak in leaks})
+        badges = [
+            f'<span class="badge {"good" if code == 0 else "bad"}">'
+            f"{'not finished' if code is None else f'exit status {code}'}</span>",
+            f'<span class="badge {"bad" if held_on else "good"}" id="leak-count">'
+            + (
+                f"left memory held on {_plural(len(held_on), 'device')}"
+                if held_on
+                else "no memory left held"
+            )
+            + "</span>",
+        ]
+    else:
+        badges = [
+            f'<span class="badge">{_plural(len(trace.tests), "test")}</span>',
+            f'<span class="badge {"bad" if leaked_tests else "good"}" id="leak-count">'
+            f"{leaked_tests} leaking</span>",
+        ]
+    if trace.waits or not recorded:  # a recorded command's own waits are not seen
+        badges.append(
+            f'<span class="badge {"warn" if trace.waits else ""}">'
+            f"{_plural(len(trace.waits), 'wait')}, {_e(_fmt_s(wait_total))} in total</span>"
+        )
     if failed_waits:
         badges.append(f'<span class="badge bad">{_plural(failed_waits, "wait")} failed</span>')
     notes = [_e(n) for n in trace.notes]
@@ -431,26 +653,63 @@ def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:
     return f'<dl class="summary">{body}</dl><div class="badges">{"".join(badges)}</div>{shown}'
 
 
-def _leak_table(trace: Trace, leaks: Sequence[Leak], limit: int) -> str:
+def _td(label: str, text: str, cls: str = "num") -> str:
+    # ``data-label`` heads the cell when a phone shows each row as a card (the CSS)
+    return f'<td class="{cls}" data-label="{label}">{text}</td>'
+
+
+def _leak_table(trace: Trace, leaks: Sequence[Leak], limit: int, *, recorded: bool) -> str:
     if not leaks:
+        what = "The command" if recorded else "No test"
+        held = "did not leave more than" if recorded else "left more than"
         return (
-            f'<p id="no-leaks">No test left more than '
+            f'<p id="no-leaks">{what} {held} '
             f"{_e(format_bytes(trace.leak_tolerance_bytes))} held on any device.</p>"
         )
     rows = "".join(
-        f'<tr class="leak"><td class="id">{_e(leak.nodeid)}</td><td class="num">{leak.device}</td>'
-        f'<td class="num">{_e(format_bytes(leak.before))}</td>'
-        f'<td class="num">{_e(format_bytes(leak.at_end))}</td>'
-        f'<td class="num">{_e(format_bytes(leak.after))}</td>'
-        f'<td class="num grew">{_e(_fmt_delta(leak.leaked))}</td></tr>'
+        '<tr class="leak">'
+        + ("" if recorded else _td("Test", _e(leak.nodeid), "id"))
+        + _td("Device", str(leak.device))
+        + _td("Before", _e(format_bytes(leak.before)))
+        + _td("At end", _e(format_bytes(leak.at_end)))
+        + _td("Lowest after", _e(format_bytes(leak.after)))
+        + _td("Left held", _e(_fmt_delta(leak.leaked)), "num grew")
+        + "</tr>"
         for leak in leaks[:limit]
     )
     more = f"<p>… and {len(leaks) - limit} more.</p>" if len(leaks) > limit else ""
     return (
-        '<table id="leaks"><thead><tr><th>Test</th><th class="num">Device</th>'
-        '<th class="num">Before</th><th class="num">At end</th>'
+        '<table id="leaks" class="stack"><thead><tr>'
+        + ("" if recorded else "<th>Test</th>")
+        + '<th class="num">Device</th><th class="num">Before</th><th class="num">At end</th>'
         '<th class="num">Lowest after</th><th class="num">Left held</th>'
         f"</tr></thead><tbody>{rows}</tbody></table>{more}"
+    )
+
+
+def _command_table(trace: Trace, peaks: list[Reading]) -> str:
+    # a recorded command is one span: per device, what it held before, after and at the peak
+    if not trace.tests:
+        return '<p id="no-tests">The command did not start.</p>'
+    span = trace.tests[0]
+    rows = []
+    for pos, dev in enumerate(trace.devices):
+        before, after = span.used_before[pos], trace.held_after(span)[pos]
+        growth = trace.growth(span)[pos]
+        grew = growth is not None and growth > trace.leak_tolerance_bytes
+        rows.append(
+            f'<tr class="{"leak" if grew else "test"}">'
+            + _td("Device", f"{dev.index}: {_e(dev.name)}", "")
+            + _td("Before", _e(format_bytes(before)))
+            + _td("Peak", _e(format_bytes(peaks[0][pos])), "num peak")
+            + _td("Lowest after", _e(format_bytes(after)))
+            + _td("Change", _e(_fmt_delta(growth)), "num grew" if grew else "num")
+            + "</tr>"
+        )
+    return (
+        '<table id="tests" class="stack"><thead><tr><th>Device</th><th class="num">Before</th>'
+        '<th class="num">Peak</th><th class="num">Lowest after</th><th class="num">Change</th>'
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
 
 
@@ -463,12 +722,17 @@ def _wait_table(waits: Sequence[WaitSpan]) -> str:
         result = '<span class="ok">settled</span>' if w.ok else '<span class="failed">failed</span>'
         rows.append(
             f'<tr class="{"wait" if w.ok else "wait-failed"}">'
-            f'<td class="num">{_e(_fmt_s(w.duration))}</td><td>{_e(w.kind)}</td>'
-            f'<td class="id">{_e(w.test or "(outside tests)")}</td><td>{_e(devices)}</td>'
-            f'<td>{result}</td><td class="num">{w.start:.2f} s</td></tr>'
+            + _td("Took", _e(_fmt_s(w.duration)))
+            + _td("Wait", _e(w.kind), "")
+            + _td("During", _e(w.test or "(outside tests)"), "id")
+            + _td("Devices", _e(devices), "")
+            + _td("Result", result, "")
+            + _td("At", f"{w.start:.2f} s")
+            + "</tr>"
         )
     return (
-        '<table id="waits"><thead><tr><th class="num">Took</th><th>Wait</th><th>During</th>'
+        '<table id="waits" class="stack"><thead><tr><th class="num">Took</th><th>Wait</th>'
+        "<th>During</th>"
         '<th>Devices</th><th>Result</th><th class="num">At</th></tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
@@ -502,9 +766,10 @@ def _test_table(trace: Trace, leaked: set[str], limit: int, peaks: list[Reading]
     open_attr = " open" if len(trace.tests) <= 300 else ""
     return (
         f"<details{open_attr}><summary>All {len(trace.tests)} tests</summary>"
-        '<table id="tests"><thead><tr><th class="num">#</th><th>Test</th><th>Outcome</th>'
+        '<div class="scroll"><table id="tests"><thead><tr><th class="num">#</th><th>Test</th>'
+        "<th>Outcome</th>"
         f'<th class="num">Start</th><th class="num">Took</th>{heads}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table>{more}</details>"
+        f"<tbody>{''.join(rows)}</tbody></table></div>{more}</details>"
     )
 
 
@@ -540,11 +805,22 @@ def render_html(
     for leak in leaks:
         leaked_on.setdefault(leak.device, set()).add(leak.nodeid)
     per_test = peaks_per_test(trace)
+    folds = _folds(trace, end_t)
+    axes = [_TimeAxis(end_t, folds, geo) for geo in (_WIDE, _PHONE)]
+    times = [s.t for s in trace.samples]
+    xs_of = [x_of.many(times) for x_of in axes]
+    lanes = _lanes(trace.tests)
+    recorded = trace.command is not None  # one span: the command ``accelplat record`` ran
+    what = "command" if recorded else "tests"
     for pos, dev in enumerate(trace.devices):
         color = _PALETTE[pos % len(_PALETTE)]
         total = format_bytes(dev.total) if dev.total > 0 else "unknown"
         leaked_here = leaked_on[dev.index]
-        layers = _chart_layers(trace, pos, end_t, leaked_here)
+        drawn = []
+        for x_of, xs in zip(axes, xs_of, strict=True):  # each geometry at both scales
+            layers = _chart_layers(trace, pos, x_of, leaked_here, lanes=lanes, what=what, xs=xs)
+            for full in (False, True):
+                drawn.append(_device_chart(trace, pos, x_of, leaked_here, layers, full=full))
         peak = layers.peak
         peak_text = ""
         if peak is not None:
@@ -553,7 +829,7 @@ def render_html(
                 for span, p in zip(trace.tests, per_test, strict=True)
                 if p[pos] == peak[0] and span.start <= peak[1] <= span.end
             ]
-            where = f" during {during[0]}" if during else ""
+            where = f" during {during[0]}" if during and not recorded else ""
             peak_text = (
                 f' <span class="peak" data-peak="{peak[0]}">— peak '
                 f"{_e(format_bytes(peak[0]))} at {_e(_fmt_s(peak[1]))}{_e(where)}</span>"
@@ -561,16 +837,8 @@ def render_html(
         charts.append(
             f'<section class="device"><h3>Device {dev.index}: {_e(dev.name)} '
             f"({_e(total)}){peak_text}</h3>"
-            f"{_device_chart(trace, pos, end_t, leaked_here, layers, full=False)}"
-            f"{_device_chart(trace, pos, end_t, leaked_here, layers, full=True)}"
-            '<div class="legend">'
-            f'<span><i class="sw" style="background:{color}"></i>used memory</span>'
-            '<span><i class="sw" style="background:#e2eaf5"></i>test span</span>'
-            f'<span><i class="sw" style="background:{_LEAK}"></i>test that left memory held</span>'
-            f'<span><i class="sw" style="background:{_FAILED}"></i>failed test</span>'
-            f'<span><i class="sw" style="background:{_WAIT}"></i>memory wait</span>'
-            '<span><i class="sw" style="border-top:2px dashed #555;height:0"></i>total</span>'
-            "</div></section>"
+            f"{''.join(drawn)}"
+            f"{_legend(color, recorded=recorded, folded=bool(folds))}</section>"
         )
     if not charts:
         charts.append('<p id="no-devices">No device was sampled.</p>')
@@ -580,24 +848,46 @@ def render_html(
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(heading)} — {_e(platform)}</title><style>{_CSS}</style></head><body>"
         f"<h1>{_e(heading)}</h1>"
-        f'<p class="sub">Used memory per device, the tests that ran and the memory waits, '
-        f"recorded by accelplat.</p>"
+        '<p class="sub">'
+        + (
+            "Used memory per device while a command ran, recorded by accelplat."
+            if recorded
+            else "Used memory per device, the tests that ran and the memory waits, recorded by "
+            "accelplat."
+        )
+        + "</p>"
         f"{_summary(trace, leaks, end_t)}"
         "<h2>Memory over time</h2>"
         '<input type="checkbox" id="full-scale"><label for="full-scale" class="scale"> '
         "Full scale: every y-axis from 0 to the device's total (otherwise fitted to the memory "
         "used)</label>"
         f'<div class="charts">{"".join(charts)}</div>'
-        f"<h2>Tests that left memory held</h2>{_leak_table(trace, leaks, max_rows)}"
+        f"<h2>{'Memory the command left held' if recorded else 'Tests that left memory held'}"
+        f"</h2>{_leak_table(trace, leaks, max_rows, recorded=recorded)}"
         f"<h2>Slowest memory waits</h2>{_wait_table(trace.slowest_waits(20))}"
-        f"<h2>Tests</h2>{_test_table(trace, leaked, max_rows, per_test)}"
-        "<footer>A test leaks on a device when the device still holds more than the tolerance "
-        "beyond what it held before the test's set-up, at the lowest point between the end of "
-        "the test's teardown and the start of the next test's body (after the last test: the "
-        "grace period). Memory that comes back late, during the next set-up or a settle wait, "
-        "is therefore not a leak. Hover over bands, bars and markers for details."
-        "</footer></body></html>\n"
+        + (
+            f"<h2>Memory per device</h2>{_command_table(trace, per_test)}"
+            if recorded
+            else f"<h2>Tests</h2>{_test_table(trace, leaked, max_rows, per_test)}"
+        )
+        + "<footer>"
+        + (_COMMAND_RULE if recorded else _TEST_RULE)
+        + " Hover over bands, bars and markers for details.</footer></body></html>\n"
     )
+
+
+_COMMAND_RULE = (
+    "The command leaks on a device when the device still holds more than the tolerance beyond "
+    "what it held when the command started, at the lowest point in the grace period after it "
+    "exited."
+)
+_TEST_RULE = (
+    "A test leaks on a device when the device still holds more than the tolerance "
+    "beyond what it held before the test's set-up, at the lowest point between the end of "
+    "the test's teardown and the start of the next test's body (after the last test: the "
+    "grace period). Memory that comes back late, during the next set-up or a settle wait, "
+    "is therefore not a leak."
+)
 
 
 def write_report(

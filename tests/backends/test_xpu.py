@@ -90,9 +90,15 @@ def test_flat_hierarchy_exposes_tiles_with_their_own_memory():
         "Intel(R) Data Center GPU Max 1550 (tile 1)",
         "Intel(R) Arc(TM) B580 Graphics",
     ]
-    assert [d.physical_index for d in devices] == [0, 0, 1]
+    # Unmasked, FLAT mode lists one device per tile: physical indices count tiles, as
+    # ZE_AFFINITY_MASK does, and each tile has its own UUID (sub-device id + 1 in the last byte,
+    # as torch.xpu lists a Max 1550 host in intel/torch-xpu-ops#3585).
+    assert [d.physical_index for d in devices] == [0, 1, 2]
     assert devices[0].pci_bus_id == "0000:3a:00.0"
-    assert devices[0].uuid == uuid_text(card)
+    card_uuid = uuid_text(card)
+    assert card_uuid.endswith("00")
+    assert [d.uuid for d in devices[:2]] == [card_uuid[:-2] + "01", card_uuid[:-2] + "02"]
+    assert devices[2].uuid == uuid_text(arc(0x8C))
     infos = [p.memory_info(i) for i in range(3)]
     assert [(i.used, i.total) for i in infos] == [
         (GIB, 64 * GIB),
@@ -114,6 +120,17 @@ def test_composite_hierarchy_sums_the_tiles(monkeypatch):
     monkeypatch.setenv("ZE_AFFINITY_MASK", "0.1")
     (only,) = p.devices()
     assert only.name.endswith("(tile 1)")
+    assert only.physical_index == 0  # COMPOSITE lists cards: the tile's card
+    assert p.memory_info(0).used == 3 * GIB
+
+
+def test_a_flat_mask_keeps_the_tile_physical_index_the_mask_named(monkeypatch):
+    card = pvc(0x3A, used=(GIB, 3 * GIB))
+    p, _ = lz_platform([card, pvc(0x9A)])
+    monkeypatch.setenv("ZE_AFFINITY_MASK", "3,1")
+    devices = p.devices()
+    assert [d.physical_index for d in devices] == [1, 3]  # the order is not the mask's
+    assert devices[0].uuid == uuid_text(card)[:-2] + "02"
     assert p.memory_info(0).used == 3 * GIB
 
 

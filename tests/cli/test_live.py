@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
 import pty
 import select
 import signal
+import struct
 import subprocess
 import sys
 import termios
@@ -253,3 +255,153 @@ def test_a_terminating_signal_gives_the_terminal_back(tmp_path: Path, signum: in
     assert after == before  # echo and line mode are back
     assert b"\x1b[?25h" in seen  # the cursor is shown again
     assert b"Traceback" not in seen
+
+
+def _h200s(n: int = 8) -> UsageSnapshot:
+    total, used = 150_754_820_096, 132_932_337_664  # an H200 as NVML reports it; 88 % used
+    info = MemoryInfo(free=total - used, total=total, used=used, source="nvml-v2")
+    held = {0: (MemoryHolder(4242, 63 * GIB, HolderState.ALIVE, "python"),)}
+    memory = dict.fromkeys(range(n), info)
+    return UsageSnapshot(timestamp=0.0, wall_time=0.0, memory=memory, holders=held)
+
+
+def _at(width: int, frame: object) -> list[str]:
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=width, force_terminal=True, color_system=None).print(frame)
+    return out.getvalue().splitlines()
+
+
+def _frame(snap: UsageSnapshot, *, holders: bool = False) -> object:
+    names = dict.fromkeys(snap.memory, "NVIDIA H200")
+    state = ViewState(holders=holders)
+    return render("cuda", snap, names, state=state, interval=2.0, details=_details, now=0.0)
+
+
+def test_at_80_columns_index_and_figures_stay_whole() -> None:
+    """The standard 80×24 terminal: eight H200s, each row whole; the bar gave way, not figures."""
+    lines = _at(80, _frame(_h200s(), holders=True))
+    assert max(len(line) for line in lines) <= 80
+    assert len(lines) <= 24
+    rows = [line for line in lines if "NVIDIA H200" in line]
+    assert len(rows) == 8
+    for index, row in enumerate(rows):
+        cells = row.split()
+        assert cells[0] == str(index)
+        assert "123.80 GiB / 140.40 GiB" in row
+        assert row.endswith("88.2%  16.60 GiB")  # USE% and FREE last: SOURCE gave way
+        assert "…" not in row
+        assert row.count("█") + row.count("░") == 19
+    heading = next(line for line in lines if line.startswith("DEV  NAME"))
+    assert heading.split() == ["DEV", "NAME", "MEMORY", "USED", "/", "TOTAL", "USE%", "FREE"]
+    assert "source nvml-v2" in "\n".join(lines[:3])  # one source for all: the header says it
+    holder = next(line for line in lines if "4242" in line)
+    assert holder.split()[:3] == ["0", "4242", "alice"]
+    assert holder.endswith("63.00 GiB  alive")  # the command line is what is cut
+
+
+@pytest.mark.parametrize(
+    ("width", "bar_cells", "source"),
+    [
+        (200, BAR_WIDTH, True),
+        (100, BAR_WIDTH, True),
+        (90, 20, True),
+        (85, 24, False),
+        (80, 19, False),
+    ],
+)
+def test_the_bar_shrinks_before_the_source_goes(width: int, bar_cells: int, source: bool) -> None:
+    lines = _at(width, _frame(_h200s(2)))
+    row = next(line for line in lines if line.startswith("  0"))
+    assert row.count("█") + row.count("░") == bar_cells
+    assert row.endswith("nvml-v2") is source
+    assert "NVIDIA H200" in row
+
+
+def test_below_the_figures_width_the_bar_and_name_go_first() -> None:
+    lines = _at(60, _frame(_h200s(2)))
+    row = next(line for line in lines if line.startswith("  0"))
+    assert "█" not in row
+    assert row.split()[:2] == ["0", "NVIDIA"]
+    assert "123.80 GiB / 140.40 GiB" in row
+    assert row.endswith("88.2%  16.60 GiB")
+    assert max(len(line) for line in lines) <= 60  # the header broke between its parts
+
+
+def test_a_resize_ends_the_wait_so_the_view_redraws(monkeypatch: pytest.MonkeyPatch) -> None:
+    master, slave = pty.openpty()
+    try:
+        state = ViewState()
+        with os.fdopen(os.dup(slave), "r") as stream, Keys(stream) as keys:
+            waited: list[float] = []
+            real_select = select.select
+
+            def select_once(r: Any, w: Any, x: Any, timeout: float) -> Any:
+                waited.append(timeout)
+                return real_select(r, w, x, 0)  # never block: the signal has been delivered
+
+            monkeypatch.setattr(stats_cli, "select", types.SimpleNamespace(select=select_once))
+            os.kill(os.getpid(), signal.SIGWINCH)  # the handler runs before the next line
+            keys.wait(600.0, state)
+            assert len(waited) == 1  # woken at once, not after 600 s
+        assert state == ViewState()  # a resize is no key
+        assert signal.getsignal(signal.SIGWINCH) in (signal.SIG_DFL, None)  # handler given back
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+@pytest.mark.usefixtures("signals_not_ignored")
+def test_the_live_view_redraws_whole_at_a_new_size(tmp_path: Path) -> None:
+    """80×24, then 160×40: the frame is drawn again at once, at the new width, from the top."""
+    spec = tmp_path / "spec.json"
+    devices = [{"name": "NVIDIA H200", "total": "140.4GiB", "used": "123.8GiB"}] * 2
+    spec.write_text(json.dumps({"devices": devices}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELPLAT_", "NO_COLOR"))}
+    env.pop("COLUMNS", None)
+    env.pop("LINES", None)
+    env.update(
+        ACCELPLAT_PLATFORM="simulated",
+        ACCELPLAT_SIMULATED_SPEC=str(spec),
+        TERM="xterm-256color",
+        PYTHONPATH=str(REPO),
+    )
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accelplat", "stats", "--watch", "600"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+    )
+    seen = b""
+
+    def read_until(needle: bytes) -> None:
+        nonlocal seen
+        while needle not in seen:
+            ready, _, _ = select.select([master], [], [], 60)
+            assert ready, seen[-2000:]
+            seen += os.read(master, 65536)
+
+    try:
+        read_until(b"USED / TOTAL")
+        read_until(b"16.60 GiB")
+        narrow = seen
+        assert b"\x1b[?1049h" in narrow  # the alternate screen: every frame starts at the top
+        assert b"SOURCE" not in narrow
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+        proc.send_signal(signal.SIGWINCH)
+        read_until(b"SOURCE")  # the wide layout, long before the 600 s refresh
+        wide = seen[len(narrow) :]
+        assert b"\x1b[H" in wide  # drawn from the top-left corner
+        os.write(master, b"q")
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(slave)
+        os.close(master)
+    assert code == 0

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import getpass
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -184,7 +186,10 @@ def test_stats_plain_table(use_spec: Any, capsys: pytest.CaptureFixture[str]) ->
     code, out, err = run_cli(capsys, "stats")
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0] == "platform: simulated (2 device(s))"
+    # the virtual clock's wall time, local (the JSON's wall_time)
+    assert re.fullmatch(
+        r"platform: simulated \(2 device\(s\)\) at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", lines[0]
+    )
     assert lines[1].split() == [
         "DEV",
         "NAME",
@@ -216,7 +221,34 @@ def test_stats_json_and_devices(use_spec: Any, capsys: pytest.CaptureFixture[str
     assert dev["free"] == 19 * GIB
     assert dev["total"] == 80 * GIB
     assert dev["source"] == "simulated"
-    assert dev["holders"] == [{"pid": 4242, "used_bytes": GIB, "state": "alive", "name": "engine"}]
+    (holder,) = dev["holders"]
+    assert {k: holder.pop(k) for k in ("user", "command")}.keys() == {"user", "command"}
+    assert holder == {"pid": 4242, "used_bytes": GIB, "state": "alive", "name": "engine"}
+
+
+def test_stats_holders_name_user_and_command_line(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real process holds the simulated memory: its user and command line are shown."""
+    marker = "accelplat-holder-marker"
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()", marker], stdin=subprocess.PIPE
+    )
+    try:
+        holder = {"used": "1GiB", "pid": child.pid, "name": "engine"}
+        use_spec({"clock": "virtual", "devices": [{"total": "80GiB", "holders": [holder]}]})
+        code, out, _ = run_cli(capsys, "stats", "--json", "--holders")
+        assert code == 0
+        (shown,) = json.loads(out)["devices"][0]["holders"]
+        code, plain, _ = run_cli(capsys, "stats", "--holders")
+        assert code == 0
+    finally:
+        child.communicate(b"")
+    assert shown["user"] == getpass.getuser()
+    assert shown["command"].endswith(f"import sys; sys.stdin.read() {marker}")
+    line = next(line for line in plain.splitlines() if f"pid {child.pid}" in line)
+    assert f", user {getpass.getuser()}: " in line
+    assert line.endswith(marker)
 
 
 def test_stats_watch_json_follows_timeline(

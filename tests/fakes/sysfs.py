@@ -28,6 +28,8 @@ of their own on ``amdgpu_xcp`` platform devices, which have no PCI parent and no
 The KFD memory bank of each partition (``mem_banks/0/properties`` ``size_in_bytes``) is what
 ``amdgpu_amdkfd_xcp_memory_size`` gives it: the memory partition's size divided by the compute
 partitions sharing it (the default CAPPING_EVEN mode); sysfs ``mem_info_vram_*`` stay card-wide.
+Every partition carries the card's ``unique_id``, and the banks are heap type 1 (FB_PUBLIC), as
+the public KFD dumps of MI300X and MI308X hosts in CPX mode show (``tests/hosts/_dumps.py``).
 
 APUs whose kernel prefers GTT for KFD (``apu_prefer_gtt``: VRAM carve-out smaller than GTT,
 amdgpu_ttm.c): ``mem_info_vram_total`` is the BIOS carve-out while the KFD bank reports the TTM
@@ -239,6 +241,49 @@ class FakeSysfs:
             )
         return node
 
+    def add_kfd_node_raw(
+        self,
+        properties: str,
+        *,
+        gpu_id: int,
+        name: str = "",
+        banks: tuple[str, ...] = (),
+        used_memory: int | None = None,
+    ) -> int:
+        """A KFD topology node whose files hold the given text verbatim (a public dump's).
+
+        Args:
+            properties: The node's ``properties`` file, as dumped.
+            gpu_id: Its ``gpu_id`` (0 for a CPU node).
+            name: Its ``name`` file (``"ip discovery"`` on MI300-class GPU nodes).
+            banks: The ``mem_banks/<i>/properties`` files, in order.
+            used_memory: ``mem_banks/0/used_memory``, when the dump has one.
+        """
+        node = self._next_node
+        self._next_node += 1
+        d = self._topology() / str(node)
+        _write(d / "gpu_id", f"{gpu_id}\n")
+        _write(d / "properties", properties if properties.endswith("\n") else properties + "\n")
+        _write(d / "name", f"{name}\n")
+        for i, bank in enumerate(banks):
+            _write(d / "mem_banks" / str(i) / "properties", bank)
+        if used_memory is not None and banks:
+            _write(d / "mem_banks" / "0" / "used_memory", f"{used_memory}\n")
+        return node
+
+    def add_xcp_device(self, index: int, card: int, minor: int) -> None:
+        """A compute partition's DRM device ``cardN``/``renderD<minor>`` on platform device
+        ``amdgpu_xcp.<index>`` (numbers as a dump shows them)."""
+        platform = self.sys / "devices" / "platform" / f"amdgpu_xcp.{index}"
+        (platform / "drm" / f"card{card}").mkdir(parents=True, exist_ok=True)
+        (platform / "drm" / f"renderD{minor}").mkdir(parents=True, exist_ok=True)
+        _write(platform / "uevent", "DRIVER=amdgpu_xcp_drv\nMODALIAS=platform:amdgpu_xcp\n")
+        card_dir = self.card_dir(card)
+        card_dir.mkdir(parents=True, exist_ok=True)
+        os.symlink(platform, card_dir / "device")
+        _write(card_dir / "dev", f"226:{card}\n")
+        self.add_render_entry(minor)
+
     def _add_xcp_device(self) -> tuple[int, int]:
         """A DRM device on an ``amdgpu_xcp`` platform device; returns (card, render minor)."""
         index = self._next_xcp
@@ -275,7 +320,7 @@ class FakeSysfs:
         bank_bytes: int | None = None,
         gtt_total: int | None = None,
         gfx_target_version: int | None = 90402,
-        shared_unique_id: bool = False,
+        shared_unique_id: bool = True,
     ) -> AmdGpu:
         """An amdgpu card with VRAM files and (unless ``kfd=False``) its KFD node(s).
 
@@ -287,8 +332,9 @@ class FakeSysfs:
             bank_bytes: The KFD bank size of an unpartitioned card (default ``vram_total``); an
                 APU that prefers GTT reports its TTM limit here.
             gtt_total: Writes ``mem_info_gtt_total``/``_used`` when given.
-            shared_unique_id: Every partition carries the card's ``unique_id`` (whether real
-                partitions do is not confirmed; by default each gets its own).
+            shared_unique_id: Every partition carries the card's ``unique_id``, as the KFD
+                topologies of MI300X and MI308X hosts in CPX mode show (ROCm/k8s-device-plugin
+                test data); ``False`` gives each its own.
         """
         minor = 128 + card if render_minor is None else render_minor
         pci_dir = self._pci_device(pci, vendor=AMD, device_id=device_id, driver="amdgpu", card=card)
@@ -327,7 +373,7 @@ class FakeSysfs:
                     unique_id=uid,
                     partition=p if partitions > 1 else None,
                     bank_bytes=share,
-                    private_heap=partitions > 1,
+                    private_heap=False,  # FB_PUBLIC on large-BAR cards, as dumped
                     gfx_target_version=gfx_target_version,
                 )
             )

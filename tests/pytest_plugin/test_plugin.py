@@ -148,20 +148,20 @@ def test_markers_on_the_simulated_platform(
     skipped = "\n".join(skip_lines(result))
     expected = [
         "test_sim.py:8: needs graphs: graphs are off in this spec",
-        "test_sim.py:13: needs 24.0 GiB device memory, simulated device 0 has 16.0 GiB total",
-        "test_sim.py:23: needs 3 devices, simulated has 2 visible; needs 20.0 GiB device memory "
-        "on 3 devices, simulated has 2 visible",
+        "test_sim.py:13: needs 24.00 GiB device memory, simulated device 0 has 16.00 GiB total",
+        "test_sim.py:23: needs 3 accelerators, simulated has 2 visible; needs 20.00 GiB device "
+        "memory on 3 accelerators, simulated has 2 visible",
         # vLLM's large_gpu_mark: a plain skipif, decimal GB, vLLM's reason text
         "test_sim.py:33: Need at least 18GB GPU memory to run the test (found 17.179869184GB).",
-        "test_sim.py:43: needs 3 devices, simulated has 2 visible",
+        "test_sim.py:43: needs 3 accelerators, simulated has 2 visible",
         "test_sim.py:48: runs only on cuda, rocm; the current platform is simulated",
-        "test_sim.py:63: needs 1000000.0 GiB free in",
-        "test_sim.py:68: needs 1.0 GiB free in /no/such/mount: path '/no/such/mount' does not",
+        "test_sim.py:63: needs 976.56 TiB free in",
+        "test_sim.py:68: needs 1.00 GiB free in /no/such/mount: path '/no/such/mount' does not",
     ]
     for text in expected:
         assert text in skipped, text
     # test_memory_on_three, test_three_devices and both tests of the class
-    assert skipped.count("needs 3 devices, simulated has 2 visible") == 4
+    assert skipped.count("needs 3 accelerators, simulated has 2 visible") == 4
 
 
 CPU_TESTS = """
@@ -195,8 +195,9 @@ def test_markers_on_the_cpu_platform(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1, skipped=3)
     skipped = "\n".join(skip_lines(result))
     assert "needs graphs: CPU has no graph capture" in skipped
-    assert "needs 1000000.0 GiB device memory, cpu device 0 has " in skipped
-    assert "needs 1000 devices, cpu has " in skipped
+    # the host CPU is never counted as a device (vLLM's large_gpu_mark skips there too)
+    assert "needs 976.56 TiB device memory on an accelerator, cpu has 0 visible" in skipped
+    assert "needs 1000 accelerators, cpu has 0 visible" in skipped
 
 
 def test_malformed_marker_arguments_stop_the_session_naming_each_test(
@@ -234,7 +235,8 @@ def test_malformed_marker_arguments_stop_the_session_naming_each_test(
         "test_bad.py::test_count: accelplat_requires(devices=) must be an int >= 1, got ",
         "test_bad.py::test_memory: accelplat_requires(device_memory=)",
         "test_bad.py::test_platforms: accelplat_requires(platforms=) takes one or more platform",
-        "test_bad.py::test_keyword: unknown keyword(s) gpus; known: devices, device_memory",
+        "test_bad.py::test_keyword: accelplat_requires: unknown keyword(s) gpus; known: devices, "
+        "device_memory",
         "test_bad.py::test_nothing: accelplat_requires needs at least one",
     ):
         assert text in err, err
@@ -313,7 +315,7 @@ def test_the_forced_platform_survives_a_registry_reset_in_a_fixture(
     )
     result = run(pytester, "--accelplat-platform", "simulated")
     result.assert_outcomes(passed=2, skipped=1)
-    assert "needs 2 devices, simulated has 1 visible" in "\n".join(skip_lines(result))
+    assert "needs 2 accelerators, simulated has 1 visible" in "\n".join(skip_lines(result))
 
 
 def test_a_session_that_uses_nothing_detects_nothing_and_imports_no_framework(
@@ -601,7 +603,8 @@ def test_unmet_marks_are_reported_closest_first(
     (line,) = skip_lines(result)
     assert line.endswith(
         "runs only on rocm; the current platform is simulated; "
-        "needs 5 devices, simulated has 1 visible; needs 9 devices, simulated has 1 visible"
+        "needs 5 accelerators, simulated has 1 visible; needs 9 accelerators, simulated has 1 "
+        "visible"
     ), line
 
 

@@ -40,14 +40,14 @@ class FakeGpus(BasePlatform):
 
 
 register_platform("fakegpu", FakeGpus)
-define_capability("flash-attn", platforms=["fakegpu", "rocm"], arch=["sm_80+"])
+define_capability("fa2-kernels", platforms=["fakegpu", "rocm"], arch=["sm_80+"])
 """
 
 TESTS = """
 import pytest
 
 
-@pytest.mark.accelplat_requires("bf16", "flash-attn", "cuda-api", devices=2, device_memory="40GiB")
+@pytest.mark.accelplat_requires("bf16", "fa2-kernels", "cuda-api", devices=2, device_memory="40GiB")
 def test_runs():
     pass
 
@@ -68,7 +68,7 @@ def test_rocm_only():
 
 
 @pytest.mark.accelplat_requires(devices=2)
-@pytest.mark.accelplat_requires("flash-attn")
+@pytest.mark.accelplat_requires("fa2-kernels")
 def test_two_marks_together():
     pass
 """
@@ -96,9 +96,10 @@ def test_requirements_skip_with_every_unmet_reason(pytester: pytest.Pytester) ->
     skipped = skip_lines(result)
     assert "test_req.py:9: needs fp8: needs sm_89+ (e4m3fn); this is Fake A100 (sm_80)" in skipped
     assert (
-        "test_req.py:14: needs 4 devices, fakegpu has 2 visible; needs fp8: needs sm_89+ "
+        "test_req.py:14: needs 4 accelerators, fakegpu has 2 visible; needs fp8: needs sm_89+ "
         "(e4m3fn); this is Fake A100 (sm_80); needs hopper-only: needs sm_90; this is Fake A100 "
-        "(sm_80) (uses wgmma); needs 100.0 GiB device memory on 4 devices, fakegpu has 2 visible"
+        "(sm_80) (uses wgmma); needs 100.00 GiB device memory on 4 accelerators, fakegpu has 2 "
+        "visible"
     ) in skipped
     assert "runs only on rocm; the current platform is fakegpu" in skipped
 
@@ -123,7 +124,7 @@ def test_bad_size():
     result = run(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = "\n".join(result.errlines)
-    assert "test_typo.py::test_typo: unknown capability 'fp9'" in err
+    assert "test_typo.py::test_typo: unknown word 'fp9'" in err
     assert "test_typo.py::test_bad_size: accelplat_requires(device_memory=)" in err
 
 
@@ -159,4 +160,4 @@ def test_capability_table_in_the_header(pytester: pytest.Pytester) -> None:
     out = result.stdout.str()
     assert "accelplat capabilities of fakegpu device 0 (Fake A100, sm_80):" in out
     result.stdout.re_match_lines([r"\s+fp8\s+no\s+needs sm_89\+ \(e4m3fn\); this is Fake A100"])
-    result.stdout.re_match_lines([r"\s+flash-attn\s+yes\s+all conditions hold on Fake A100"])
+    result.stdout.re_match_lines([r"\s+fa2-kernels\s+yes\s+all conditions hold on Fake A100"])

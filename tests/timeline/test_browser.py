@@ -135,6 +135,51 @@ def build_demo_trace() -> Trace:
     return rec.stop()
 
 
+def _long_wait_usage(device: int, t: float) -> float:
+    if device == 1:
+        return 20 * GIB  # flat all along
+    used = IDLE + _ramp(t, 0.3, 2.0, 0, 60 * GIB) - _ramp(t, 4.0, 5.0, 0, 40 * GIB)
+    used += _ramp(t, 5.2, 5.6, 0, 30 * GIB) - _ramp(t, 5.8, 6.0, 0, 30 * GIB)
+    return used - _ramp(t, 120.0, 125.0, 0, 20 * GIB)
+
+
+LONG_TESTS = (
+    (
+        "tests/entrypoints/openai/test_chat.py::test_stream[meta-llama/Llama-3.1-8B-Instruct]",
+        0.1,
+        3.0,
+    ),
+    ("tests/entrypoints/openai/test_chat.py::test_logprobs", 3.1, 5.9),
+    ("tests/v1/engine/test_engine_shutdown.py::test_shutdown_frees_memory[tp1-fp8]", 6.0, 128.0),
+)
+
+
+def build_long_wait_trace() -> Trace:
+    """Six busy seconds (the first test keeps 20 GiB), then a two-minute settle wait; 10 Hz."""
+    now = [0.0]
+    gpu = ScriptedGpu(_long_wait_usage, lambda: now[0])
+    rec = Recorder(gpu, hz=10, clock=lambda: now[0], wall_clock=lambda: 1_767_225_600.0)
+    events: list[tuple[float, int, Callable[[], None]]] = []
+    for nodeid, start, end in LONG_TESTS:
+        events.append((start, 0, lambda n=nodeid: rec.begin_test(n)))
+        events.append((start + 0.05, 1, lambda n=nodeid: rec.begin_body(n)))
+        events.append((end, 3, lambda n=nodeid: rec.end_test(n, "passed")))
+    token: list[int] = []
+    events.append((6.1, 2, lambda: token.append(rec.begin_wait("settle", [0]))))
+    events.append((126.0, 2, lambda: rec.end_wait(token[0])))
+    events.sort(key=lambda e: (e[0], e[1]))
+    rec.sampler.sample()
+    for i in range(1, 1301):
+        t = i * 0.1
+        while events and events[0][0] <= t:
+            when, _, action = events.pop(0)
+            now[0] = when
+            action()
+        now[0] = t
+        rec.sampler.sample()
+    return rec.stop()
+
+
 # --------------------------------------------------------------------------------------------
 # browser and image helpers
 
@@ -270,9 +315,11 @@ def test_browser_dom_lists_tests_and_highlights_the_leak(report: Path, tmp_path:
     assert done.returncode == 0, done.stderr[-2000:]
     dom = _Dom()
     dom.feed(done.stdout)
-    assert len(dom.classes.get("fit-scale", [])) == 2  # one chart per device (fitted axis)
-    assert len(dom.classes.get("full-scale", [])) == 2  # and one at full scale, hidden
-    assert len(dom.classes.get("used", [])) == 4  # with a drawn memory line each
+    # per device a chart for desktops and one for phones (CSS shows one), each at two scales
+    assert len(dom.classes.get("fit-scale", [])) == 4
+    assert len(dom.classes.get("full-scale", [])) == 4  # the full scale hidden
+    assert len(dom.classes.get("phone", [])) == 4
+    assert len(dom.classes.get("used", [])) == 8  # with a drawn memory line each
     peaks = [a["data-peak"] for a in dom.classes.get("peak", []) if "data-peak" in a]
     assert peaks == [str(124 * GIB + IDLE), str(108 * GIB + IDLE)]  # named per device
     labels = {a["data-nodeid"] for a in dom.classes.get("lane-label", [])}
@@ -286,7 +333,7 @@ def test_browser_dom_lists_tests_and_highlights_the_leak(report: Path, tmp_path:
     for nodeid, *_ in TESTS:
         assert nodeid in listed
     leaked_bands = [a["data-nodeid"] for a in dom.classes.get("leaked", [])]
-    assert leaked_bands == [LEAKY, LEAKY]  # on the device it leaked on only, at both scales
+    assert leaked_bands == [LEAKY] * 4  # on the device it leaked on only, in all four charts
     wait_rows = [text for cls, text in dom.rows if cls == "wait"]
     assert len(wait_rows) == 1
     assert "1.55 s" in wait_rows[0]
@@ -313,3 +360,34 @@ def test_browser_screenshot_shows_chart_and_leak(report: Path, tmp_path: Path) -
     assert white < width * height * 0.9  # something was drawn
     if KEEP_SCREENSHOT:
         shutil.copyfile(shot, KEEP_SCREENSHOT)
+
+
+@needs_browser
+@pytest.mark.parametrize(("width", "name"), [(390, "phone"), (1280, "desktop")])
+def test_browser_long_wait_is_folded_at_phone_and_desktop_width(
+    tmp_path: Path, width: int, name: str
+) -> None:
+    """A two-minute wait folds to a band; the phone gets its own chart, drawn across its width."""
+    report = write_report(build_long_wait_trace(), tmp_path / "long.html")
+    shot = tmp_path / f"long-{name}.png"
+    done = _run_browser(
+        [f"--screenshot={shot}", f"--window-size={width},1800", report.as_uri()],
+        tmp_path / "profile",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    shot_width, _, rows = _decode_png(shot.read_bytes())
+    assert shot_width == width
+    hist = _histogram(rows)
+    assert _count_colour(hist, (0x1F, 0x77, 0xB4), tol=20) > width // 2  # device 0's line
+
+    # The chart is drawn for the width: the desktop chart scaled down to a phone leaves device
+    # 0's line too thin to keep its colour (10 pixel rows show it: the legend's swatch); the
+    # phone's own chart shows it on 124 rows, the desktop on 220.
+    def near(pixel: bytes) -> bool:
+        return all(abs(pixel[k] - (0x1F, 0x77, 0xB4)[k]) <= 40 for k in range(3))
+
+    tall = sum(any(near(row[i : i + 3]) for i in range(0, len(row), 3)) for row in rows)
+    assert tall > 100, tall
+    # the folded band, where no wait tints it (device 1's chart)
+    assert _count_colour(hist, (0xEC, 0xEE, 0xF1), tol=1) > 1000
+    assert _count_colour(hist, (0xD6, 0x27, 0x28)) > 300  # the leaking test's lane and marker

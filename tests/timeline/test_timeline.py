@@ -962,7 +962,9 @@ def test_plugin_writes_report_and_trace(pytester: pytest.Pytester) -> None:
         assert span.start <= span.body_start <= span.end
     page = (pytester.path / "out" / "report.html").read_text(encoding="utf-8")
     assert "test_inner.py::test_fails" in page
-    assert '<tr class="leak"><td class="id">test_inner.py::test_keeps_memory' in page
+    assert (
+        '<tr class="leak"><td class="id" data-label="Test">test_inner.py::test_keeps_memory' in page
+    )
 
 
 def test_plugin_is_inert_without_the_option(pytester: pytest.Pytester) -> None:
@@ -1132,7 +1134,7 @@ def test_report_names_each_device_peak_and_each_test_peak() -> None:
         'data-peak="2147483648">— peak 2.00 GiB at 3.12 s during tests/test_a.py::test_leaky'
         in (page)
     )
-    assert page.count('class="peak-marker"') == 4  # one per chart, two scales per device
+    assert page.count('class="peak-marker"') == 8  # one per chart: 2 scales × desktop, phone
     table = page[page.index('<table id="tests"') :]
     head = table[: table.index("</thead>")]
     assert "Peak dev 0" in head

@@ -17,6 +17,7 @@ from typing import ClassVar
 from typing_extensions import override
 
 from accelplat._backends._common import (
+    EMULATED_FP8,
     ENV_SYSFS_ROOT,
     ReadText,
     SysfsReader,
@@ -54,12 +55,20 @@ class RocmPlatform(BasePlatform):
     device_type: ClassVar[str] = "cuda"
     FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
         "bf16": (FeatureRule(archs=("gfx908", "gfx90a", "gfx94*", "gfx95*", "gfx11*", "gfx12*")),),
+        # vLLM's supports_fp8() is on_cdna() or on_rdna(): every gfx9 and gfx1250 (CDNA), gfx11
+        # and gfx12 (RDNA); older targets emulate it (vllm/platforms/rocm.py, vLLM 0.33).
         "fp8": (
-            FeatureRule(archs=("gfx950", "gfx12*"), value="e4m3fn"),  # OCP formats
-            FeatureRule(archs=("gfx94*",), value="e4m3fnuz"),  # MI300's own formats
+            FeatureRule(archs=("gfx94*",), value="e4m3fnuz", note="native"),  # MI300's format
+            FeatureRule(archs=("gfx950", "gfx12*"), value="e4m3fn", note="native"),  # OCP
+            FeatureRule(archs=("gfx9*", "gfx11*"), value="e4m3fn", note=EMULATED_FP8),
+        ),
+        "fp8-native": (
+            FeatureRule(archs=("gfx94*",), value="e4m3fnuz"),
+            FeatureRule(archs=("gfx950", "gfx12*"), value="e4m3fn"),
         ),
         "fp4": (FeatureRule(archs=("gfx950",), value="mxfp4"),),  # MI350/MI355
-        "mxfp4": (FeatureRule(archs=("gfx950",)),),
+        # vLLM's supports_mx(): gfx95* or gfx1250
+        "mxfp4": (FeatureRule(archs=("gfx95*", "gfx1250")),),
     }  # matrix-core formats by LLVM target, from AMD's CDNA/RDNA instruction-set documentation
     # vLLM's device_control_env_var on ROCm; HIP reads it when HIP_VISIBLE_DEVICES is empty or
     # unset (ROCm/clr rocdevice.cpp), so whoever sets it should set HIP_VISIBLE_DEVICES to "".
@@ -208,7 +217,15 @@ class RocmPlatform(BasePlatform):
     @override
     def devices(self) -> Sequence[DeviceInfo]:
         return [
-            DeviceInfo(i, g.physical_index, g.name, g.uuid, g.pci_bus_id, arch=g.arch)
+            DeviceInfo(
+                i,
+                g.physical_index,
+                g.name,
+                g.uuid,
+                g.pci_bus_id,
+                arch=g.arch,
+                compute_capability=_topology.gfx_compute_capability(g.arch),
+            )
             for i, g in enumerate(self._visible()[1])
         ]
 

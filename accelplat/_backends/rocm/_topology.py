@@ -119,6 +119,18 @@ def gfx_arch(target_version: int | None) -> str | None:
     return f"gfx{major}{minor:x}{stepping:x}"
 
 
+def gfx_compute_capability(arch: str | None) -> tuple[int, int] | None:
+    """Return the ``(major, minor)`` HIP and torch report for an LLVM target (``gfx942`` -> 9.4).
+
+    ``None`` for anything that is not a ``gfx`` target.
+    """
+    # hipDeviceProp_t.major/minor are the ISA's major and minor version, the stepping dropped
+    # (ROCm/clr hip_device.cpp); vLLM reads them the same way from the target name
+    # (vllm/platforms/rocm.py _capability_from_gcn_arch): gfx90a -> 9.0, gfx1100 -> 11.0.
+    m = re.fullmatch(r"gfx(\d{1,2})([0-9a-f])[0-9a-f]", (arch or "").lower())
+    return None if m is None else (int(m.group(1)), int(m.group(2), 16))
+
+
 def _label(reader: SysfsReader, path: Path) -> str:
     try:
         return reader.text(path)

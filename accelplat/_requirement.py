@@ -1,0 +1,376 @@
+"""Requirement expressions: ``"xpu or (cuda and capability>=90)"``, parsed once, decided per device.
+
+The one grammar every requirement is written in (the marker, :func:`accelplat.has`,
+``accelplat.testing.requires``, project capabilities' ``requires``); ``docs/capabilities.md``
+has the vocabulary and the vLLM predicate each word equals. Parsing is linear in the text.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from accelplat._types import Capability, DeviceInfo
+from accelplat._util import shorten, shown
+from accelplat.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from accelplat._platform import Platform
+
+MAX_TEXT = 1000  # characters of one requirement; longer is refused, not parsed
+MAX_DEPTH = 32  # nested parentheses and "not"s
+_REASON = 160  # characters of one atom's reason quoted in a compound reason
+
+# Platform words besides the registered platforms: vLLM's other platforms, so that "not tpu"
+# reads as it does in vLLM's tests (true wherever accelplat runs on no such platform).
+OTHER_PLATFORMS = frozenset({"tpu", "hpu", "npu", "mps"})
+
+_TOKEN_RE = re.compile(
+    r"\s*(?:(?P<paren>[()])"
+    r"|(?P<cmp>capability)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<num>\d{1,4}x?)(?![\w.+*-])"
+    r"|(?P<word>[a-z0-9_][a-z0-9_.+*-]*))",
+    re.IGNORECASE,
+)
+_SM_RE = re.compile(r"^sm_(\d{1,2})(\d|x)(\+?)$")  # sm_90, sm_80+, sm_10x
+_SM_RANGE_RE = re.compile(r"^sm_(\d{2,3})\.\.sm_(\d{2,3})$")  # sm_80..sm_89
+_GFX_RE = re.compile(r"^gfx\d{1,2}(?:[0-9a-f]{2}|[0-9a-f]?\*)$")  # gfx942, gfx94*, gfx9*
+MAX_SM_MAJOR = 15  # 12 is Blackwell (2025); higher is a typo
+KNOWN_OTHER_ARCHS = frozenset(
+    {"pvc", "dg2", "bmg", "lnl", "mtl", "arl", "ptl"}  # Intel GPUs (Level Zero device ids)
+    | {"x86_64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "aarch64", "arm64", "ppc64le", "s390x"}
+    | {"riscv64"}
+)
+_KEYWORDS = frozenset({"and", "or", "not"})
+
+
+def _sm_number(text: str) -> tuple[int, int]:
+    major, minor = int(text[:-1]), int(text[-1])
+    if not 1 <= major <= MAX_SM_MAJOR:
+        raise ValueError(f"compute capability {major}.{minor} does not exist")
+    return major, minor
+
+
+@dataclass(frozen=True, slots=True)
+class Arch:
+    """An architecture pattern: exact, at least (``sm_80+``), a family, or a range."""
+
+    text: str
+    low: tuple[int, int] | None = None  # NVIDIA patterns: the compute capability bounds
+    high: tuple[int, int] | None = None
+
+    def matches(self, info: DeviceInfo) -> bool:
+        arch = (info.arch or "").lower()
+        if self.low is not None:  # an sm_ pattern: an NVIDIA arch within the bounds
+            cc = info.compute_capability
+            inside = cc is not None and cc >= self.low and (self.high is None or cc <= self.high)
+            return arch.startswith("sm_") and inside
+        if self.text.endswith("*"):
+            return arch.startswith(self.text[:-1])
+        return arch == self.text
+
+
+def parse_arch(text: object, where: str = "") -> Arch:
+    """Return an arch pattern: ``sm_90``, ``sm_80+``, ``sm_10x``, ``sm_80..sm_89``, ``gfx94*``….
+
+    Raises:
+        ConfigurationError: Not a known arch or pattern (the message lists the forms).
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigurationError(f"{where}an arch must be a non-empty string, got {shown(text)}")
+    return _parse_arch(text.strip().lower(), where)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_arch(t: str, where: str) -> Arch:
+    text = t
+    try:
+        if m := _SM_RANGE_RE.match(t):
+            low, high = _sm_number(m.group(1)), _sm_number(m.group(2))
+            if low > high:
+                raise ValueError(f"the range {t} is empty")
+            return Arch(t, low, high)
+        if m := _SM_RE.match(t):
+            major = m.group(1)
+            if m.group(2) == "x":  # a family: every minor of one major (CUDA 13's sm_10x)
+                if m.group(3):
+                    raise ValueError("a family takes no '+' (sm_100+ is 10.0 or newer)")
+                low = _sm_number(major + "0")
+                return Arch(t, low, (low[0], 9))
+            low = _sm_number(major + m.group(2))
+            return Arch(t, low, None if m.group(3) else low)
+    except ValueError as exc:
+        raise ConfigurationError(f"{where}{text!r} is no NVIDIA architecture: {exc}") from None
+    if _GFX_RE.match(t) or t in KNOWN_OTHER_ARCHS:
+        return Arch(t)
+    raise ConfigurationError(
+        f"{where}unknown arch {shown(text, 80)}; use sm_90, sm_80+, sm_10x or sm_80..sm_89 "
+        f"(NVIDIA), gfx942 or gfx94* (AMD), or one of {', '.join(sorted(KNOWN_OTHER_ARCHS))}"
+    )
+
+
+# -- the tree -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Capability:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Platform:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class _ArchAtom:
+    arch: Arch
+
+
+@dataclass(frozen=True, slots=True)
+class _Compare:  # capability>=90: vLLM's cross-vendor number, major * 10 + minor
+    op: str
+    number: int
+    family: bool  # capability==10x: vLLM's is_device_capability_family(100)
+
+    @property
+    def text(self) -> str:
+        return f"capability{self.op}{self.number // 10 if self.family else self.number}" + (
+            "x" if self.family else ""
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Not:
+    operand: _Node
+
+
+@dataclass(frozen=True, slots=True)
+class _All:  # "and"
+    operands: tuple[_Node, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Any:  # "or"
+    operands: tuple[_Node, ...]
+
+
+_Node = _Capability | _Platform | _ArchAtom | _Compare | _Not | _All | _Any
+_OPS: dict[str, Callable[[int, int], bool]] = {
+    ">=": lambda a, b: a >= b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    "<": lambda a, b: a < b,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+}
+
+
+def _text(node: _Node, outer: int = 0) -> str:
+    """The canonical text: lower case, single spaces, parentheses only where needed."""
+    if isinstance(node, _Capability | _Platform):
+        return node.name
+    if isinstance(node, _ArchAtom):
+        return node.arch.text
+    if isinstance(node, _Compare):
+        return node.text
+    if isinstance(node, _Not):
+        return f"not {_text(node.operand, 3)}"
+    level, word = (2, " and ") if isinstance(node, _All) else (1, " or ")
+    inner = word.join(_text(o, level) for o in node.operands)
+    return f"({inner})" if outer > level else inner
+
+
+# -- parsing --------------------------------------------------------------------------------
+
+
+class _Parser:
+    def __init__(self, text: str, classify: Callable[[str], _Node]) -> None:
+        self.text = text
+        self.tokens = list(self._tokens())
+        self.pos = 0
+        self.classify = classify
+
+    def _error(self, why: str) -> ConfigurationError:
+        return ConfigurationError(f"requirement {shown(self.text, 120)}: {why}")
+
+    def _tokens(self) -> Iterator[tuple[str, str]]:
+        pos, text = 0, self.text
+        while pos < len(text):
+            m = _TOKEN_RE.match(text, pos)
+            if m is None or m.end() == pos:
+                if text[pos:].strip() == "":
+                    return
+                raise self._error(f"unexpected {shown(text[pos:].strip()[:20])}")
+            pos = m.end()
+            if m.group("paren"):
+                yield "paren", m.group("paren")
+            elif m.group("cmp"):
+                yield "cmp", f"{m.group('op')} {m.group('num').lower()}"
+            else:
+                word = m.group("word").lower()
+                yield ("keyword" if word in _KEYWORDS else "word"), word
+
+    def _peek(self) -> tuple[str, str] | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def _take(self) -> tuple[str, str]:
+        token = self._peek()
+        if token is None:
+            raise self._error("ends too early")
+        self.pos += 1
+        return token
+
+    def parse(self) -> _Node:
+        if not self.tokens:
+            raise self._error("is empty")
+        node = self._or(0)
+        if (token := self._peek()) is not None:
+            raise self._error(f"unexpected {token[1]!r}")
+        return node
+
+    def _or(self, depth: int) -> _Node:
+        parts = [self._and(depth)]
+        while self._peek() == ("keyword", "or"):
+            self.pos += 1
+            parts.append(self._and(depth))
+        return parts[0] if len(parts) == 1 else _Any(tuple(parts))
+
+    def _and(self, depth: int) -> _Node:
+        parts = [self._not(depth)]
+        while self._peek() == ("keyword", "and"):
+            self.pos += 1
+            parts.append(self._not(depth))
+        return parts[0] if len(parts) == 1 else _All(tuple(parts))
+
+    def _not(self, depth: int) -> _Node:
+        if depth > MAX_DEPTH:
+            raise self._error(f"nests deeper than {MAX_DEPTH} levels")
+        kind, value = self._take()
+        if (kind, value) == ("keyword", "not"):
+            return _Not(self._not(depth + 1))
+        if (kind, value) == ("paren", "("):
+            node = self._or(depth + 1)
+            if self._take() != ("paren", ")"):
+                raise self._error("a '(' is not closed")
+            return node
+        if kind == "cmp":
+            op, num = value.split()
+            family = num.endswith("x")
+            if family and op not in ("==", "!="):
+                raise self._error(f"a family ({num}) compares only with == or !=")
+            number = int(num[:-1]) * 10 if family else int(num)
+            return _Compare(op, number, family)
+        if kind == "word":
+            return self.classify(value)
+        raise self._error(f"unexpected {value!r}")
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A parsed requirement: its canonical ``text``, and how to decide it on a device."""
+
+    text: str
+    node: _Node
+
+    def capability_names(self) -> frozenset[str]:
+        """The capability names it reads (built-in and project ones)."""
+        return frozenset(n.name for n in _walk(self.node) if isinstance(n, _Capability))
+
+    def evaluate(
+        self, platform: Platform, info: DeviceInfo | None, table: Mapping[str, Capability]
+    ) -> tuple[bool, str]:
+        """Return whether it holds on ``info`` (``None``: no device visible), and why.
+
+        ``table`` is the device's capability table (:func:`accelplat.capabilities`).
+        """
+        return _decide(self.node, platform, info, table)
+
+
+def _walk(node: _Node) -> Iterator[_Node]:
+    yield node
+    if isinstance(node, _Not):
+        yield from _walk(node.operand)
+    elif isinstance(node, _All | _Any):
+        for operand in node.operands:
+            yield from _walk(operand)
+
+
+def _named(info: DeviceInfo) -> str:
+    return f"{info.name} ({info.arch or 'architecture unknown'})"
+
+
+def _decide(
+    node: _Node, platform: Platform, info: DeviceInfo | None, table: Mapping[str, Capability]
+) -> tuple[bool, str]:
+    if isinstance(node, _Capability):
+        cap = table[node.name]
+        return cap.available, shorten(cap.reason, _REASON)
+    if isinstance(node, _Platform):
+        return platform.name == node.name, f"the current platform is {platform.name}"
+    if info is None:
+        return False, f"{platform.name} has no visible device"
+    if isinstance(node, _ArchAtom):
+        return node.arch.matches(info), f"this is {_named(info)}"
+    if isinstance(node, _Compare):
+        cc = info.compute_capability
+        if cc is None:  # vLLM's get_device_capability() is None here: every comparison fails
+            return False, f"{_named(info)} has no compute capability number"
+        number = cc[0] * 10 + cc[1]
+        if node.family:
+            number = number // 10 * 10
+        return _OPS[node.op](number, node.number), f"{_named(info)} has capability {cc[0]}{cc[1]}"
+    if isinstance(node, _Not):
+        held, why = _decide(node.operand, platform, info, table)
+        return not held, why
+    results = [_decide(o, platform, info, table) for o in node.operands]
+    if isinstance(node, _All):
+        failed = [why for held, why in results if not held]
+        return not failed, "; ".join(dict.fromkeys(failed)) or "; ".join(w for _, w in results)
+    passed = [why for ok, why in results if ok]
+    return bool(passed), "; ".join(dict.fromkeys(passed or [why for _, why in results]))
+
+
+def _classifier(capabilities: frozenset[str], platforms: frozenset[str]) -> Callable[[str], _Node]:
+    def classify(word: str) -> _Node:
+        if word in capabilities:
+            return _Capability(word)
+        if word in platforms:
+            return _Platform(word)
+        try:
+            return _ArchAtom(parse_arch(word))
+        except ConfigurationError:
+            pass
+        raise ConfigurationError(
+            f"unknown word {shown(word, 80)} in a requirement; a word is a capability "
+            f"({shorten(', '.join(sorted(capabilities)), 300)}), a platform "
+            f"({', '.join(sorted(platforms))}), an arch (sm_90+, gfx94*, pvc, …) or "
+            "capability>=NN"
+        )
+
+    return classify
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_cached(
+    text: str, capabilities: frozenset[str], platforms: frozenset[str]
+) -> Requirement:
+    node = _Parser(text, _classifier(capabilities, platforms)).parse()
+    return Requirement(_text(node), node)
+
+
+def parse(text: object, *, capabilities: frozenset[str], platforms: frozenset[str]) -> Requirement:
+    """Parse one requirement against the known capability and platform names.
+
+    Raises:
+        ConfigurationError: Not a string, too long, malformed, or an unknown word (named).
+    """
+    if not isinstance(text, str):
+        raise ConfigurationError(f"a requirement is a string, got {shown(text, 80)}")
+    if len(text) > MAX_TEXT:
+        raise ConfigurationError(
+            f"requirement {shown(text, 80)} is longer than {MAX_TEXT} characters"
+        )
+    return _parse_cached(text.strip(), capabilities, platforms)
