@@ -22,18 +22,25 @@ REPO = Path(__file__).resolve().parents[2]
 BUNDLES = REPO / "tests" / "hosts"
 
 HOSTS = (
-    Host("nvidia-sm75", "cuda", "Tesla T4", "sm_75", (7, 5), bundles=("nvidia-t4*", "*sm75*")),
-    Host("nvidia-sm80", "cuda", "A100", "sm_80", (8, 0), bundles=("nvidia-a100*", "*sm80*")),
-    Host("nvidia-sm89", "cuda", "L4", "sm_89", (8, 9), bundles=("nvidia-l4*", "*sm89*")),
-    Host("nvidia-sm90", "cuda", "H200", "sm_90", (9, 0), bundles=("nvidia-h200-x1*", "*sm90*")),
-    Host("nvidia-sm100", "cuda", "B200", "sm_100", (10, 0), bundles=("nvidia-b200*", "*sm100*")),
+    Host("nvidia-sm75", "cuda", "Tesla T4", "sm_75", (7, 5), bundles=("nvidia-t4*",)),
+    Host(
+        "nvidia-sm80",
+        "cuda",
+        "A100",
+        "sm_80",
+        (8, 0),
+        bundles=("nvidia-a100-x1*", "nvidia-a100-x8*"),
+    ),
+    Host("nvidia-sm89", "cuda", "L40S", "sm_89", (8, 9), bundles=("nvidia-l40s*", "nvidia-l4-*")),
+    Host("nvidia-sm90", "cuda", "H200", "sm_90", (9, 0), bundles=("nvidia-h200-x1*",)),
+    Host("nvidia-sm100", "cuda", "B200", "sm_100", (10, 0), bundles=("nvidia-b200*",)),
     Host(
         "amd-gfx90a",
         "rocm",
         "MI250X",
         "gfx90a",
         gcn_arch="gfx90a:sramecc+:xnack-",
-        bundles=("amd-mi250*", "*gfx90a*"),
+        bundles=("amd-mi250*",),
     ),
     Host(
         "amd-gfx942",
@@ -41,7 +48,7 @@ HOSTS = (
         "MI300X",
         "gfx942",
         gcn_arch="gfx942:sramecc+:xnack-",
-        bundles=("amd-mi300x-x2*", "*gfx942*"),
+        bundles=("amd-mi300x-x2*",),
     ),
     Host(
         "amd-gfx950",
@@ -49,7 +56,7 @@ HOSTS = (
         "MI355X",
         "gfx950",
         gcn_arch="gfx950:sramecc+:xnack-",
-        bundles=("amd-mi355*", "amd-mi350*", "*gfx950*"),
+        bundles=("amd-mi355*", "amd-mi350*"),
     ),
     Host(
         "amd-gfx1100",
@@ -57,20 +64,18 @@ HOSTS = (
         "Radeon RX 7900 XTX",
         "gfx1100",
         gcn_arch="gfx1100",
-        bundles=("amd-rx7900*", "*gfx1100*"),
+        bundles=("amd-rx7900*",),
     ),
     Host("intel-max", "xpu", "Intel Data Center GPU Max 1550", "pvc", bundles=("intel-max*",)),
-    Host("intel-bmg", "xpu", "Intel Arc B580", "bmg", bundles=("intel-arc-b*", "intel-bmg*")),
-    Host("cpu", "cpu", "x86_64 CPU", "x86_64", bundles=("cpu-x86_64*",)),
+    Host("intel-bmg", "xpu", "Intel Arc B580", "bmg", bundles=("intel-arc-b580*",)),
+    Host("cpu", "cpu", "x86_64 CPU", "x86-64-v4", bundles=("cpu-x86_64*",)),
 )
 
 
-def bundle(host: Host) -> Path | None:
-    """The host's replay bundle in ``tests/hosts``, if one is there."""
+def bundle(host: Host, directory: Path = BUNDLES) -> Path | None:
+    """The host's replay bundle in ``directory`` (``tests/hosts``), if one is there."""
     for pattern in host.bundles:
-        found = sorted(
-            BUNDLES.glob(pattern if pattern.endswith(".tar.gz") else pattern + ".tar.gz")
-        )
+        found = sorted(directory.glob(pattern + ".tar.gz"))
         if found:
             return found[0]
     return None
@@ -80,7 +85,10 @@ _CHILD = """
 import json, sys
 import accelplat
 texts = json.load(sys.stdin)
-print(json.dumps({t: bool(accelplat.has(t)) for t in texts}))
+platform = accelplat.current_platform()
+devices = platform.devices()
+facts = {"platform": platform.name, "arch": devices[0].arch if devices else None}
+print(json.dumps({"facts": facts, "answers": {t: bool(accelplat.has(t)) for t in texts}}))
 """
 
 
@@ -92,8 +100,8 @@ def replayed_answers(path: Path, texts: list[str]) -> dict[str, bool]:
         [sys.executable, "-c", _CHILD], input=json.dumps(texts), capture_output=True,
         text=True, env=env, check=True, timeout=300,
     )  # fmt: skip
-    answers: dict[str, bool] = json.loads(done.stdout.strip().splitlines()[-1])
-    return answers
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    return doc["facts"], doc["answers"]
 
 
 def can_replay_requirements() -> bool:
@@ -194,9 +202,12 @@ def spec_answer(host: Host, text: str) -> bool:
     return expr()
 
 
-def answers(host: Host, texts: list[str]) -> tuple[dict[str, bool], str]:
+def answers(host: Host, texts: list[str], directory: Path = BUNDLES) -> tuple[dict[str, bool], str]:
     """Accelplat's answers on ``host`` and where they came from (a bundle, or the spec)."""
-    path = bundle(host)
+    path = bundle(host, directory)
     if path is not None and can_replay_requirements():
-        return replayed_answers(path, texts), f"replayed {path.name}"
+        facts, said = replayed_answers(path, texts)
+        if facts != {"platform": host.platform, "arch": host.arch}:  # the wrong bundle
+            raise ValueError(f"{path.name} replays {facts}, not the facts of {host.name}")
+        return said, f"replayed {path.name}"
     return {t: spec_answer(host, t) for t in texts}, "spec model (no bundle yet)"

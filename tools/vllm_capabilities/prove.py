@@ -125,14 +125,14 @@ def collect(tests: Path) -> tuple[list[_scan.Finding], list[_Check], dict[int, i
     return findings, checks, check_of, mismatches
 
 
-def prove(tests: Path) -> dict[str, object]:
-    """Every figure, JSON-ready."""
+def prove(tests: Path, bundles: Path = modelled.BUNDLES) -> dict[str, object]:
+    """Every figure, JSON-ready; hosts replayed from ``bundles`` where a bundle is there."""
     findings, checks, check_of, mismatches = collect(tests)
     texts = sorted({t for c in checks for t in (c.requirement, c.run_if)})
     per_host: dict[str, dict[str, bool]] = {}
     sources: dict[str, str] = {}
     for host in modelled.HOSTS:
-        per_host[host.name], sources[host.name] = modelled.answers(host, texts)
+        per_host[host.name], sources[host.name] = modelled.answers(host, texts, bundles)
     changed: Counter[str] = Counter()
     raises: Counter[str] = Counter()
     unmodelled: list[str] = []
@@ -196,9 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("tests", type=Path, help="vLLM's tests/ directory")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--bundles", type=Path, default=modelled.BUNDLES, help="replay bundles (tests/hosts)"
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 below the bars")
     args = parser.parse_args(argv)
-    figures = prove(args.tests)
+    figures = prove(args.tests, args.bundles)
     if args.json:
         print(json.dumps(figures, indent=1))
     else:

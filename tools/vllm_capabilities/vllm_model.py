@@ -33,7 +33,7 @@ class Host:
     name: str
     platform: str  # vLLM's PlatformEnum, lower case: cuda, rocm, xpu, cpu
     device: str  # the marketing name
-    arch: str | None  # as accelplat names it: sm_90, gfx942, pvc, bmg, x86_64
+    arch: str | None  # as accelplat names it: sm_90, gfx942, pvc, bmg, x86-64-v4
     nvml_capability: tuple[int, int] | None = None  # nvmlDeviceGetCudaComputeCapability
     gcn_arch: str = ""  # amdsmi's / torch's gcnArchName, e.g. "gfx942:sramecc+:xnack-"
     torch: str = "2.11.0"
