@@ -6,7 +6,9 @@ carries the file's sha256 in its fragment, which is checked before anything is u
 ``tests/`` and ``pyproject.toml`` (pytest's markers) are extracted, as regular files and
 directories inside the destination.
 
-Usage: python fetch_sdist.py VERSION DEST   (prints the unpacked tree's path)
+Usage: python fetch_sdist.py VERSION DEST [SHA256]   (prints the unpacked tree's path)
+
+With ``SHA256`` the file must also have that digest (a pin: the index cannot change it).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ INDEX = "https://pypi.org/simple/vllm/"
 def main() -> None:
     """Fetch, check and unpack the sdist named on the command line."""
     version, dest = sys.argv[1], Path(sys.argv[2])
+    pinned = sys.argv[3] if len(sys.argv) > 3 else None
     name = f"vllm-{version}.tar.gz"
     with urllib.request.urlopen(INDEX, timeout=60) as response:
         page = response.read().decode("utf-8", "replace")
@@ -31,6 +34,8 @@ def main() -> None:
     if match is None:
         sys.exit(f"fetch_sdist: {name} with a sha256 is not listed on {INDEX}")
     url, expected = match.group(1), match.group(2)
+    if pinned is not None and pinned != expected:
+        sys.exit(f"fetch_sdist: the index lists {name} with sha256 {expected}, pinned {pinned}")
     dest.mkdir(parents=True, exist_ok=True)
     archive = dest / name
     digest = hashlib.sha256()
