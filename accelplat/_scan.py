@@ -215,6 +215,10 @@ def _context_kind(use: str, node: ast.AST) -> str:
         if stores and all(_constant_like(s.value) for s in stores):
             return VALUE_LISTS
         return CODE_PATH
+    names = [_dotted(t) or "" for t in getattr(node, "targets", [getattr(node, "target", None)])]
+    names += [k.arg or "" for k in ast.walk(node) if isinstance(k, ast.keyword)]
+    if any(n.rpartition(".")[2].lower().endswith(_TOLERANCE_NAMES) for n in names if n):
+        return TOLERANCES  # atol = 1e-2 if is_rocm() else 1e-3; assert_close(..., atol=...)
     values = [n for n in ast.walk(node) if isinstance(n, ast.IfExp)]
     if values and all(_constant_like(v.body) and _constant_like(v.orelse) for v in values):
         return VALUE_LISTS
