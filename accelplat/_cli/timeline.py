@@ -23,7 +23,6 @@ from types import FrameType
 from accelplat._cli._args import command, output_option, path
 from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, parse_leak_tolerance
 from accelplat.errors import ConfigurationError
-from accelplat.timeline._chrome import write_chrome_trace
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
 from accelplat.timeline._render import write_report
 from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
@@ -305,7 +304,7 @@ def run_report(args: argparse.Namespace) -> int:
             print(f"accelplat report: wrote {page}", file=sys.stderr)
         if args.chrome_trace is not None:
             target = args.chrome_trace
-            written = write_chrome_trace(trace, args.chrome_trace)
+            written = write_report(trace, args.chrome_trace, format="chrome")
             print(f"accelplat report: wrote {written}", file=sys.stderr)
     except OSError as exc:  # a runtime failure, not bad usage
         print(f"accelplat report: error: cannot write {target!r}: {exc}", file=sys.stderr)

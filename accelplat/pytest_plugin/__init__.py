@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from accelplat._needs import forget_tables
 from accelplat.errors import AccelplatError, ConfigurationError, MarkerError
 from accelplat.pytest_plugin._requires import MARKER, parse, skip_reason
 from accelplat.pytest_plugin._shared import (
@@ -171,7 +170,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Forget the capability tables and project capabilities of this session."""
-    forget_tables()
+    if "accelplat._needs" in sys.modules:  # else no table was decided
+        sys.modules["accelplat._needs"].forget_tables()
     if "accelplat._capabilities" in sys.modules:  # else it has nothing to forget
         sys.modules["accelplat._capabilities"].clear_project_capabilities()
 

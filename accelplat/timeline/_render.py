@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from accelplat import _files
 from accelplat._types import GIB, MIB
@@ -897,12 +897,30 @@ def write_report(
     title: str | None = None,
     leak_tolerance_bytes: int | None = None,
     leak_grace_s: float | None = None,
+    format: Literal["html", "chrome"] = "html",
 ) -> Path:
-    """Write :func:`render_html`'s page to ``path`` (its directory must exist) atomically.
+    """Write a report of ``trace`` to ``path`` (its directory must exist) atomically.
+
+    Args:
+        trace: The recorded session.
+        path: Where; a path that is not a regular file is never replaced.
+        title: The page's title (``html``).
+        leak_tolerance_bytes: What the leak rule tolerates (``html``).
+        leak_grace_s: How long after a test the leak rule waits (``html``).
+        format: ``"html"``, :func:`render_html`'s self-contained page, or ``"chrome"``, the
+            Chrome trace-event JSON that Perfetto and ``chrome://tracing`` open (memory as
+            counter tracks, tests and waits as slices).
 
     Raises:
         OSError: When the file cannot be written.
+        ValueError: For another ``format``.
     """
+    if format == "chrome":
+        from accelplat.timeline._chrome import chrome_trace_text
+
+        return _files.write_text_atomic(path, chrome_trace_text(trace))
+    if format != "html":
+        raise ValueError(f"format must be 'html' or 'chrome', got {format!r}")
     page = render_html(
         trace, title=title, leak_tolerance_bytes=leak_tolerance_bytes, leak_grace_s=leak_grace_s
     )
