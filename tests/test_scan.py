@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from accelplat._cli import main
+from accelplat._describe import SCHEMA_VERSION
 from accelplat._scan import scan_path, scan_source
 from accelplat.errors import ConfigurationError
 
@@ -110,7 +111,7 @@ def test_cli_json_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str
     (tmp_path / "test_a.py").write_text(SOURCE)
     assert main(["scan", str(tmp_path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema"] == 1
+    assert doc["schema"] == SCHEMA_VERSION
     assert doc["predicates"] == len(doc["findings"]) == 8
     assert doc["findings"][0] == {
         "path": "test_a.py",

@@ -25,7 +25,7 @@ from typing import IO, Any
 from typing_extensions import Self
 
 from accelplat._cli._args import add_common, command, count_arg, seconds_arg
-from accelplat._cli._errors import dumps, holder_json
+from accelplat._cli._errors import dumps, holder_json, host_json, time_json
 from accelplat._memory import default_clock, snapshot
 from accelplat._platform import Platform
 from accelplat._registry import current_platform
@@ -82,9 +82,17 @@ def use_rich(stream: IO[str], *, watch: bool = False) -> bool:
 
 
 def snapshot_to_json(
-    platform: Platform, snap: UsageSnapshot, names: dict[int, str], *, holders: bool
+    platform: Platform,
+    snap: UsageSnapshot,
+    names: dict[int, str],
+    *,
+    holders: bool,
+    host: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Return the document ``accelplat stats --json`` prints for one sample (``docs/cli.md``)."""
+    """Return the document ``accelplat stats --json`` prints for one sample (``docs/json.md``).
+
+    ``host`` is :func:`host_json`'s answer, asked once per run (``None``: asked now).
+    """
     devices: list[dict[str, Any]] = []
     for index, info in sorted(snap.memory.items()):
         entry: dict[str, Any] = {
@@ -102,9 +110,8 @@ def snapshot_to_json(
             entry["holders"] = None if held is None else [holder_json(h) for h in held]
         devices.append(entry)
     return {
-        "platform": platform.name,
-        "timestamp": snap.timestamp,
-        "wall_time": snap.wall_time,
+        **(host_json(platform) if host is None else host),
+        **time_json(snap.timestamp, snap.wall_time),
         "devices": devices,
     }
 
@@ -147,19 +154,21 @@ def _run(args: argparse.Namespace) -> int:
     live = not args.json and use_rich(out, watch=args.watch is not None)
     clock = default_clock(platform)
     state = ViewState(holders=args.holders)
+    host: dict[str, Any] | None
     try:
         with contextlib.suppress(KeyboardInterrupt), contextlib.ExitStack() as stack:  # Ctrl-C
             if live and args.watch:  # SIGTERM, SIGHUP: end as Ctrl-C does, terminal restored
                 stack.enter_context(_ended_by(signal.SIGTERM, signal.SIGHUP))  # undone last
             keys = stack.enter_context(Keys(sleep=clock.sleep)) if live and args.watch else None
             draw = _live_view(stack, platform.name, shown, state, args.watch) if live else None
-            n = 0
+            n, host = 0, None  # host: host_json(), asked once per run
             while not state.quit:
                 snap = snapshot(args.devices, platform=platform, holders=state.holders)
                 if draw is not None:
                     draw(snap)
                 elif args.json:
-                    doc = snapshot_to_json(platform, snap, names, holders=state.holders)
+                    host = host or host_json(platform)
+                    doc = snapshot_to_json(platform, snap, names, holders=state.holders, host=host)
                     out.write(dumps(doc) + "\n")
                 else:
                     out.write(("\n" if n else "") + _plain(platform, snap, shown, state.holders))

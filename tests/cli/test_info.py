@@ -20,6 +20,8 @@ JSON_KEYS = {
     "forced",
     "error",
     "candidates",
+    "hostname",
+    "driver_version",
     "device_type",
     "visible_devices_env",
     "visible_devices",

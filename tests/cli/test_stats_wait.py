@@ -323,8 +323,11 @@ def test_wait_json(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:
     doc = json.loads(out)
     assert doc["status"] == "clear"
     assert 1.5 <= doc["waited_s"] <= 1.6
-    assert doc["targets"] == {"0": 4 * GIB, "1": 4 * GIB}
-    assert doc["devices"]["0"]["used"] == GIB
+    assert [(d["index"], d["target"], d["cleared"]) for d in doc["devices"]] == [
+        (0, 4 * GIB, True),
+        (1, 4 * GIB, True),
+    ]
+    assert doc["devices"][0]["used"] == GIB
     assert doc["already_settled"] is False
 
 
@@ -347,7 +350,8 @@ def test_wait_timeout_json(use_spec: Any, capsys: pytest.CaptureFixture[str]) ->
     doc = json.loads(out)
     assert doc["status"] == "timeout"
     assert doc["waited_s"] == pytest.approx(1.0)
-    assert doc["holders"]["0"][0]["pid"] == 31337
+    assert doc["devices"][0]["holders"][0]["pid"] == 31337
+    assert doc["devices"][0]["cleared"] is False
     assert "leaky-worker" in doc["error"]
 
 
@@ -365,7 +369,7 @@ def test_wait_settle_on_lazy_platform(use_spec: Any, capsys: pytest.CaptureFixtu
     code, out, err = run_cli(capsys, "wait", "--settle", "--json")
     assert code == 0, err
     doc = json.loads(out)
-    assert doc["targets"] == {"0": 8 * GIB}
+    assert [(d["index"], d["target"]) for d in doc["devices"]] == [(0, 8 * GIB)]
     assert 2.25 <= doc["waited_s"] <= 2.25 + PollPolicy().max_s
 
 

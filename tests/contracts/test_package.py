@@ -116,6 +116,9 @@ def test_the_wheel_carries_the_license_and_no_tests(tmp_path: Path) -> None:
     assert "Version 2.0, January 2004" in license_text
     assert not [n for n in names if n.startswith(("tests/", "examples/", "benchmarks/"))]
     assert "accelplat/py.typed" in names
+    schemas = sorted(f"accelplat/schemas/{p.name}" for p in (REPO / "accelplat/schemas").iterdir())
+    assert schemas, "the JSON Schemas of the command line's --json documents"
+    assert [n for n in schemas if n not in names] == []
 
 
 def test_every_extra_is_documented_with_what_the_machine_needs() -> None:
