@@ -126,7 +126,9 @@ def test_cli_json_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str
     out = capsys.readouterr().out
     assert "| feature/kernel/dtype support | 4 | 4 |" in out
     assert main(["scan", str(tmp_path / "missing")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"accelplat scan: error: path '{tmp_path / 'missing'}' does not exist")
+    assert err.count("scan:") == 1
 
 
 def test_oversized_and_special_files_are_listed_not_read(tmp_path: Path) -> None:

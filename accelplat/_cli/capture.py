@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seconds between memory samples (default 0.4)",
     )
     parser.add_argument(
-        "--quiet", action="store_true", help="print only the bundle's path, not its contents"
+        "--quiet", "-q", action="store_true", help="print only the bundle's path, not its contents"
     )
 
 

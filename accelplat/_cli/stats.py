@@ -2,8 +2,9 @@
 
 One table, or with ``--watch SECONDS`` one per refresh. On a terminal the table is the live
 view, drawn with ``rich`` (the ``cli`` extra): a header, a bar per device coloured by how full it
-is, holders on ``h`` or with ``--holders``, ``q`` to quit. ``NO_COLOR`` drops the colour; off a
-terminal (or with ``TERM=dumb``) it is plain text; ``--json`` prints one object per refresh.
+is, holders on ``h`` or with ``--holders``, ``q`` to quit. ``--no-color`` or ``NO_COLOR`` drops
+the colour; off a terminal (or with ``TERM=dumb``) it is plain text unless ``--color`` or
+``FORCE_COLOR`` asks for colour; ``--json`` prints one object per refresh.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import IO, Any
 
 from typing_extensions import Self
 
-from accelplat._cli._args import add_common, command, count_arg, seconds_arg
+from accelplat._cli._args import add_common, color, color_options, command, count_arg, seconds_arg
 from accelplat._cli._errors import dumps, holder_json, host_json, time_json
 from accelplat._memory import default_clock, snapshot
 from accelplat._platform import Platform
@@ -49,6 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "platform's context-free query reports it. Creates no device context.",
     )
     add_common(parser, json="print JSON (one object per refresh)", devices=True)
+    color_options(parser)
     parser.add_argument(
         "--watch",
         type=seconds_arg(allow_zero=False),
@@ -68,9 +70,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
 
 
-def use_rich(stream: IO[str], *, watch: bool = False) -> bool:
-    """Whether to draw the live view: a terminal but ``TERM=dumb``, and ``rich`` (for ``watch``)."""
-    if os.environ.get("TERM") == "dumb" or not stream.isatty():
+def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None) -> bool:
+    """Whether to draw the live view: a terminal but ``TERM=dumb``, and ``rich`` (for ``watch``).
+
+    ``colour=True`` (``--color``, ``FORCE_COLOR``) draws it anywhere, a pipe too.
+    """
+    if colour is not True and (os.environ.get("TERM") == "dumb" or not stream.isatty()):
         return False
     try:
         import rich  # noqa: F401
@@ -151,7 +156,8 @@ def _run(args: argparse.Namespace) -> int:
     shown = {i: printable(n) for i, n in names.items()}  # for a terminal: escapes escaped
     snapshot(args.devices, platform=platform, holders=False)  # check the devices first
     out = sys.stdout
-    live = not args.json and use_rich(out, watch=args.watch is not None)
+    colour = color(args.color)
+    live = not args.json and use_rich(out, watch=args.watch is not None, colour=colour)
     clock = default_clock(platform)
     state = ViewState(holders=args.holders)
     host: dict[str, Any] | None
@@ -160,7 +166,11 @@ def _run(args: argparse.Namespace) -> int:
             if live and args.watch:  # SIGTERM, SIGHUP: end as Ctrl-C does, terminal restored
                 stack.enter_context(_ended_by(signal.SIGTERM, signal.SIGHUP))  # undone last
             keys = stack.enter_context(Keys(sleep=clock.sleep)) if live and args.watch else None
-            draw = _live_view(stack, platform.name, shown, state, args.watch) if live else None
+            draw = (
+                _live_view(stack, platform.name, shown, state, args.watch, colour=colour)
+                if live
+                else None
+            )
             n, host = 0, None  # host: host_json(), asked once per run
             while not state.quit:
                 snap = snapshot(args.devices, platform=platform, holders=state.holders)
@@ -218,18 +228,21 @@ def _live_view(
     names: dict[int, str],
     state: ViewState,
     watch: float | None,
+    *,
+    colour: bool | None = None,
 ) -> Callable[[UsageSnapshot], None]:
     from rich.console import Console
     from rich.live import Live
 
     from accelplat._vendor.procs import process_details
 
-    console = Console(no_color=bool(os.environ.get("NO_COLOR")) or None)
+    # colour() read NO_COLOR and FORCE_COLOR already; rich would read them again over a flag.
+    console = Console(no_color=colour is False, force_terminal=colour or None)
 
     def frame(snap: UsageSnapshot) -> Any:
         return render(platform, snap, names, state=state, interval=watch, details=process_details)
 
-    if watch is None:
+    if watch is None or not sys.stdout.isatty():  # a forced colour in a pipe: frame by frame
         return lambda snap: console.print(frame(snap))
     live = Live(console=console, auto_refresh=False, transient=False, redirect_stdout=False)
     view = stack.enter_context(live)

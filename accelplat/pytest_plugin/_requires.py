@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from accelplat._util import format_bytes
 from accelplat.errors import ConfigurationError, MarkerError
 from accelplat.pytest_plugin._shared import current
 
@@ -33,10 +34,6 @@ class Requires:  # what one marker asks for
     platforms: tuple[str, ...]
     shm: int | None
     shm_path: str | None
-
-
-def _gib(n: float) -> str:
-    return f"{n / 1024**3:.1f} GiB"
 
 
 def _size(value: object, keyword: str) -> int:
@@ -118,13 +115,14 @@ def _need_device_memory(platform: Platform, need: int, devices: int) -> str | No
     count = platform.device_count()
     if count < devices:
         what = "device" if devices == 1 else f"{devices} devices"
-        return f"needs {_gib(need)} device memory on {what}, {platform.name} has {count} visible"
+        need_text = format_bytes(need)
+        return f"needs {need_text} device memory on {what}, {platform.name} has {count} visible"
     for device in range(devices):
         total = platform.memory_info(device).total
         if total < need:
             return (
-                f"needs {_gib(need)} device memory, {platform.name} device {device} has "
-                f"{_gib(total)} total"
+                f"needs {format_bytes(need)} device memory, {platform.name} device {device} has "
+                f"{format_bytes(total)} total"
             )
     return None
 
@@ -136,12 +134,12 @@ def _need_shm(need: int, path: str | None) -> str | None:
     try:
         info = shm_info(path)
     except ConfigurationError as exc:
-        return f"needs {_gib(need)} free in {path}: {exc}"
+        return f"needs {format_bytes(need)} free in {path}: {exc}"
     if info.free >= need:
         return None
     return (
-        f"needs {_gib(need)} free in {info.path}, found {_gib(info.free)} free of "
-        f"{_gib(info.total)}"
+        f"needs {format_bytes(need)} free in {info.path}, found {format_bytes(info.free)} free of "
+        f"{format_bytes(info.total)}"
     )
 
 

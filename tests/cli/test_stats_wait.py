@@ -14,7 +14,7 @@ import pytest
 
 from accelplat._cli import build_parser, main
 from accelplat._cli import stats as stats_cli
-from accelplat._cli._args import parse_devices
+from accelplat._cli._args import color, parse_devices
 from accelplat._cli.stats import use_rich
 from accelplat._cli.wait import Progress
 from accelplat._memory import PollPolicy
@@ -149,6 +149,72 @@ def test_use_rich_only_on_capable_terminals(monkeypatch: pytest.MonkeyPatch) -> 
     assert not use_rich(FakeTTY())
 
 
+@pytest.mark.parametrize(
+    ("flag", "env", "expected"),
+    [
+        (None, {}, None),
+        (None, {"FORCE_COLOR": "1"}, True),
+        (None, {"NO_COLOR": "1"}, False),
+        (None, {"NO_COLOR": "1", "FORCE_COLOR": "1"}, False),
+        (None, {"NO_COLOR": "", "FORCE_COLOR": ""}, None),  # set but empty: not set
+        (True, {"NO_COLOR": "1"}, True),
+        (False, {"FORCE_COLOR": "1"}, False),
+    ],
+)
+def test_colour_is_the_flag_then_no_color_then_force_color(
+    flag: bool | None, env: dict[str, str], expected: bool | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("NO_COLOR", "FORCE_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert color(flag) is expected
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param((["--color"], {}, True), id="color"),
+        pytest.param(([], {"FORCE_COLOR": "1"}, True), id="FORCE_COLOR"),
+        pytest.param((["--no-color"], {"FORCE_COLOR": "1"}, False), id="no-color-wins"),
+        pytest.param(([], {"FORCE_COLOR": "1", "NO_COLOR": "1"}, False), id="NO_COLOR-wins"),
+        pytest.param(([], {}, False), id="piped"),
+    ],
+)
+def test_a_pipe_gets_colour_only_when_asked(
+    case: tuple[list[str], dict[str, str], bool],
+    use_spec: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("rich")
+    argv, env, coloured = case
+    use_spec(RELEASING)
+    for name in ("NO_COLOR", "FORCE_COLOR", "TERM"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("COLUMNS", "160")
+    code, out, err = run_cli(capsys, "stats", "--watch", "0.5", "--count", "2", *argv)
+    assert code == 0, err
+    assert ("\x1b[" in out) is coloured
+    if coloured:  # frame after frame, as a pipe reads them: no cursor moved back up
+        assert out.count("accelplat stats") == 2
+        assert "\x1b[1A" not in out
+        assert "60.00 GiB / 80.00 GiB" in out
+    else:
+        assert out.startswith("platform: simulated")
+
+
+def test_color_and_no_color_exclude_each_other(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_spec(RELEASING)
+    code, _, err = run_cli(capsys, "stats", "--color", "--no-color")
+    assert code == 2
+    assert "not allowed with argument" in err
+
+
 def snap_at(t: float, used: int) -> UsageSnapshot:
     info = MemoryInfo(free=80 * GIB - used, total=80 * GIB, used=used)
     return UsageSnapshot(timestamp=t, wall_time=0.0, memory={0: info})
@@ -254,7 +320,7 @@ def test_stats_rich_table(
 ) -> None:
     pytest.importorskip("rich")
     use_spec(RELEASING)
-    monkeypatch.setattr(stats_cli, "use_rich", lambda stream, watch: True)
+    monkeypatch.setattr(stats_cli, "use_rich", lambda stream, **_: True)
     monkeypatch.setenv("COLUMNS", "160")
     code, out, _ = run_cli(capsys, "stats", "--watch", "0.5", "--count", "2")
     assert code == 0

@@ -148,15 +148,15 @@ def test_markers_on_the_simulated_platform(
     skipped = "\n".join(skip_lines(result))
     expected = [
         "test_sim.py:8: needs graphs: graphs are off in this spec",
-        "test_sim.py:13: needs 24.0 GiB device memory, simulated device 0 has 16.0 GiB total",
-        "test_sim.py:23: needs 3 devices, simulated has 2 visible; needs 20.0 GiB device memory "
+        "test_sim.py:13: needs 24.00 GiB device memory, simulated device 0 has 16.00 GiB total",
+        "test_sim.py:23: needs 3 devices, simulated has 2 visible; needs 20.00 GiB device memory "
         "on 3 devices, simulated has 2 visible",
         # vLLM's large_gpu_mark: a plain skipif, decimal GB, vLLM's reason text
         "test_sim.py:33: Need at least 18GB GPU memory to run the test (found 17.179869184GB).",
         "test_sim.py:43: needs 3 devices, simulated has 2 visible",
         "test_sim.py:48: runs only on cuda, rocm; the current platform is simulated",
-        "test_sim.py:63: needs 1000000.0 GiB free in",
-        "test_sim.py:68: needs 1.0 GiB free in /no/such/mount: path '/no/such/mount' does not",
+        "test_sim.py:63: needs 976.56 TiB free in",
+        "test_sim.py:68: needs 1.00 GiB free in /no/such/mount: path '/no/such/mount' does not",
     ]
     for text in expected:
         assert text in skipped, text
@@ -195,7 +195,7 @@ def test_markers_on_the_cpu_platform(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1, skipped=3)
     skipped = "\n".join(skip_lines(result))
     assert "needs graphs: CPU has no graph capture" in skipped
-    assert "needs 1000000.0 GiB device memory, cpu device 0 has " in skipped
+    assert "needs 976.56 TiB device memory, cpu device 0 has " in skipped
     assert "needs 1000 devices, cpu has " in skipped
 
 
@@ -357,7 +357,7 @@ def test_leak_check_reports_tests_that_left_memory_held(
     result.stdout.fnmatch_lines(
         [
             "*= accelplat leak check =*",
-            "1 test(s) left device memory held beyond 256 MiB (2 checked):",
+            "1 test(s) left device memory held beyond 256.00 MiB (2 checked):",
             "  test_leak.py::test_leaks: device 0 +4.00 GiB (1.00 GiB -> 5.00 GiB used)",
         ]
     )

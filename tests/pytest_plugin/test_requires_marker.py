@@ -98,7 +98,7 @@ def test_requirements_skip_with_every_unmet_reason(pytester: pytest.Pytester) ->
     assert (
         "test_req.py:14: needs 4 devices, fakegpu has 2 visible; needs fp8: needs sm_89+ "
         "(e4m3fn); this is Fake A100 (sm_80); needs hopper-only: needs sm_90; this is Fake A100 "
-        "(sm_80) (uses wgmma); needs 100.0 GiB device memory on 4 devices, fakegpu has 2 visible"
+        "(sm_80) (uses wgmma); needs 100.00 GiB device memory on 4 devices, fakegpu has 2 visible"
     ) in skipped
     assert "runs only on rocm; the current platform is fakegpu" in skipped
 
