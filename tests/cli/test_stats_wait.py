@@ -5,8 +5,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import pty
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -525,3 +529,49 @@ def test_python_m_accelplat_wait_in_a_shell_script(tmp_path: Path) -> None:
     assert stuck.returncode == 1
     assert "pid 31337 'leaky-worker'" in stuck.stderr
     assert "Traceback" not in stuck.stderr
+
+
+@pytest.mark.usefixtures("signals_not_ignored")
+def test_ctrl_c_during_a_wait_leaves_a_clean_line(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"  # real time: the wait runs until interrupted
+    spec.write_text(json.dumps({"devices": [{"name": "Sim", "total": "80GiB", "used": "8GiB"}]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
+    env.update(
+        ACCELPLAT_PLATFORM="simulated",
+        ACCELPLAT_SIMULATED_SPEC=str(spec),
+        PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+    )
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accelplat", "wait", "--threshold-bytes", "1GiB", "--timeout", "60"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+    )
+    os.close(slave)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while seen.count(b"waiting") < 2 and time.monotonic() < deadline:
+            if select.select([master], [], [], 1.0)[0]:
+                seen += os.read(master, 65536)
+        assert seen.count(b"waiting") >= 2, seen[-2000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=30)
+        while select.select([master], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert code == 130
+    assert b"Traceback" not in seen
+    assert seen.endswith(b"\r\x1b[K"), seen[-200:]  # the progress line erased: the prompt is clean
