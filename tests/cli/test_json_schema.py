@@ -13,8 +13,12 @@ from typing import Any, cast
 
 import pytest
 
+from accelplat._cli import main
 from accelplat._cli._errors import SCHEMA_VERSION, dumps, versioned
+from accelplat._types import GIB
 from tests import _schema as _jsonschema
+from tests.conftest import Install
+from tests.fakes.nvml import FakeNvml, h200
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -147,6 +151,37 @@ def test_the_holders_and_timeout_documents_carry_what_the_schema_says(
         assert doc["hostname"] == socket.gethostname()
         moment = datetime.datetime.fromisoformat(doc["time"])
         assert moment.timestamp() == pytest.approx(doc["wall_time"], abs=0.001)
+
+
+@pytest.mark.parametrize(
+    ("argv", "schema"),
+    [
+        (["info", "--json"], "info"),
+        (["stats", "--json", "--holders"], "stats"),
+        (["wait", "--threshold-bytes", "100GiB", "--json"], "wait"),
+    ],
+)
+def test_on_cuda_the_documents_carry_the_driver_version(
+    argv: list[str],
+    schema: str,
+    install: Install,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    gpus = [h200(0, used=2 * GIB), h200(1)]
+    gpus[0].processes = [(4242, GIB)]
+    install(FakeNvml(gpus))
+    monkeypatch.setenv("ACCELPLAT_PLATFORM", "cuda")
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert _schema_errors(doc, schema) == []
+    assert doc["driver_version"] == "580.159.03"  # nvmlSystemGetDriverVersion, as gpustat shows
+    if schema != "info":
+        assert [d["index"] for d in doc["devices"]] == [0, 1]
+    if schema == "stats":
+        assert doc["devices"][0]["holders"][0]["pid"] == 4242
+    if schema == "wait":  # clear at once: holders were not asked for
+        assert [(d["cleared"], d["holders"]) for d in doc["devices"]] == [(True, None)] * 2
 
 
 def test_every_schema_uses_only_keywords_the_check_knows_and_matches_the_version() -> None:
