@@ -6,15 +6,18 @@ Its parts register only when their option is on: a session using none never dete
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import pytest
 
+from accelplat._util import format_bytes
 from accelplat.errors import AccelplatError, ConfigurationError, MarkerError
 from accelplat.pytest_plugin._requires import MARKER, parse, skip_reason
 from accelplat.pytest_plugin._shared import (
     DEFAULT_LEAK_TOLERANCE,
     FORCED_KEY,
+    LEAK_PLUGIN_NAME,
     current,
     reapply_forced,
 )
@@ -61,12 +64,39 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("--accelplat-lease-min-free", metavar="SIZE",
         help="free memory each leased device must have, e.g. 40GiB")
     ini = parser.addini
+    ini("accelplat_platform", "force the platform, as --accelplat-platform (which wins)")
     ini("accelplat_leak_check", "turn the leak check on", "bool", False)
     ini("accelplat_leak_tolerance", f"leak tolerance (default {tol})", default=tol)
     ini("accelplat_leak_wait", "seconds to wait before reporting a leak, or 'auto'", default="auto")
+    ini("accelplat_timeline", "write an HTML timeline there, as --accelplat-timeline; relative "
+        "to the ini file's directory")
+    ini("accelplat_timeline_json", "save the raw trace there too, as --accelplat-timeline-json")
     ini("accelplat_timeline_wait_fixtures", "fixtures the timeline shows as memory waits",
         "linelist", ["settled_device_memory"])
+    ini("accelplat_lease", "lease each test process its own devices, as --accelplat-lease",
+        "bool", False)
     # fmt: on
+
+
+# (option dest, ini name, a path relative to the ini file): the ini applies when the option is not
+# given on the command line, which always wins.
+_FROM_INI = (
+    ("accelplat_platform", "accelplat_platform", False),
+    ("accelplat_timeline", "accelplat_timeline", True),
+    ("accelplat_timeline_json", "accelplat_timeline_json", True),
+    ("accelplat_lease", "accelplat_lease", False),
+)
+
+
+def _apply_ini(config: pytest.Config, namespace: object) -> None:
+    """Fill the options not given on the command line in ``namespace`` from the ini file."""
+    for dest, name, is_path in _FROM_INI:
+        value = config.getini(name)
+        if getattr(namespace, dest, None) or not value:
+            continue
+        if is_path and config.inipath is not None:
+            value = str(config.inipath.parent / str(value))
+        setattr(namespace, dest, value)
 
 
 def _lease_count(text: str) -> int:
@@ -80,6 +110,7 @@ def _lease_count(text: str) -> int:
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     """With ``--accelplat-lease``, lease this process's devices before conftests are imported."""
     namespace = early_config.known_args_namespace
+    _apply_ini(early_config, namespace)
     if getattr(namespace, "accelplat_lease", False):
         from accelplat.pytest_plugin._lease import start
 
@@ -89,6 +120,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """Register the marker; apply ``--accelplat-platform``; start the parts that are on."""
     config.addinivalue_line("markers", MARKER)
+    _apply_ini(config, config.option)
     if name := config.getoption("--accelplat-platform"):
         _force_platform(config, str(name))
     if config.getoption("--accelplat-lease"):
@@ -136,10 +168,51 @@ def _force_platform(config: pytest.Config, raw: str) -> None:
             registry.set_current_platform(None)
 
 
-def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    """With ``--accelplat-capabilities``, the capability table of device 0."""
-    if not config.getoption("--accelplat-capabilities"):
-        return None
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """One line naming the platform, its devices and the parts that are on, when any is on.
+
+    With ``--accelplat-capabilities``, the capability table of device 0 follows it.
+    """
+    lines = [] if (line := _header_line(config)) is None else [line]
+    if config.getoption("--accelplat-capabilities"):
+        lines += _capability_lines(config)
+    return lines
+
+
+def _header_line(config: pytest.Config) -> str | None:
+    # Every part read from its option after _apply_ini, so the ini's parts are named too.
+    from accelplat import __version__
+    from accelplat.pytest_plugin._shared import leak_tolerance
+
+    parts = []
+    if config.pluginmanager.get_plugin(LEAK_PLUGIN_NAME) is not None:
+        tolerance = leak_tolerance(config, "--accelplat-leak-tolerance")
+        parts.append(f"leak check (beyond {format_bytes(tolerance)})")
+    if timeline := config.getoption("--accelplat-timeline"):
+        parts.append(f"timeline ({timeline})")
+    if config.getoption("--accelplat-lease"):
+        count = config.getoption("--accelplat-lease-count")
+        parts.append(f"lease ({count} device{'s' if count != 1 else ''} per test process)")
+    if config.getoption("--accelplat-capabilities"):
+        parts.append("capabilities")
+    forced = config.stash.get(FORCED_KEY, None)
+    if not parts and forced is None:
+        return None  # a session that uses no part detects no platform
+    try:
+        platform = current(config)
+        devices = platform.devices()
+    except AccelplatError as exc:
+        where = f"platform unavailable ({exc})"
+    else:
+        names = Counter(d.name for d in devices)
+        listed = ", ".join(name if n == 1 else f"{n} x {name}" for name, n in names.items())
+        count = f"{len(devices)} device{'s' if len(devices) != 1 else ''}"
+        where = f"platform {platform.name}{' (forced)' if forced else ''}, {count}"
+        where += f" ({listed})" if listed else ""
+    return f"accelplat {__version__}: {where}" + (f"; on: {', '.join(parts)}" if parts else "")
+
+
+def _capability_lines(config: pytest.Config) -> list[str]:
     from accelplat._capabilities import capabilities, table_lines
 
     try:

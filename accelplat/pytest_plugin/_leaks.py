@@ -8,7 +8,7 @@ from collections.abc import Generator
 import pytest
 
 from accelplat._leaks import is_leak
-from accelplat._types import GIB, MIB
+from accelplat._util import format_bytes
 from accelplat.errors import MemoryNotSettledError
 from accelplat.pytest_plugin import _shared
 
@@ -34,10 +34,6 @@ def _leak_wait(config: pytest.Config) -> float | None:
     if not (math.isfinite(seconds) and seconds >= 0):
         raise pytest.UsageError(f"{argument} must be 'auto' or seconds >= 0, got {raw!r}")
     return seconds
-
-
-def _fmt_size(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / MIB:.0f} MiB"
 
 
 class LeakChecker:
@@ -109,7 +105,7 @@ class LeakChecker:
                     self.leaks.append((report.nodeid, int(device), int(before), int(after)))
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        tolerance = _fmt_size(self.tolerance)
+        tolerance = format_bytes(self.tolerance)
         if not self.leaks:
             terminalreporter.write_line(
                 f"accelplat leak check: no test left device memory held beyond {tolerance} "
@@ -124,6 +120,6 @@ class LeakChecker:
         )
         for nodeid, device, before, after in self.leaks:
             terminalreporter.write_line(
-                f"  {nodeid}: device {device} +{_fmt_size(after - before)} "
-                f"({_fmt_size(before)} -> {_fmt_size(after)} used)"
+                f"  {nodeid}: device {device} +{format_bytes(after - before)} "
+                f"({format_bytes(before)} -> {format_bytes(after)} used)"
             )

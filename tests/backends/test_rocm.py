@@ -594,7 +594,8 @@ def test_amdsmi_init_failure_makes_the_platform_unavailable(fs, monkeypatch):
 @pytest.mark.parametrize(
     ("mode", "expected"),
     [
-        ("keyerror", "libamd_smi.so is missing"),
+        ("keyerror", "libamd_smi.so is missing: the PyPI amdsmi wheel, the `amd` extra, needs"),
+        ("keyerror-7.0.2", "KeyError: 'libamd_smi.so'"),
         ("attributeerror", "older than this amdsmi"),
     ],
 )

@@ -359,7 +359,7 @@ def test_leak_check_reports_tests_that_left_memory_held(
     result.stdout.fnmatch_lines(
         [
             "*= accelplat leak check =*",
-            "1 test(s) left device memory held beyond 256 MiB (2 checked):",
+            "1 test(s) left device memory held beyond 256.00 MiB (2 checked):",
             "  test_leak.py::test_leaks: device 0 +4.00 GiB (1.00 GiB -> 5.00 GiB used)",
         ]
     )
@@ -618,3 +618,96 @@ def test_one_entry_point_and_one_option_group(pytester: pytest.Pytester) -> None
     group = out.split("accelplat accelerator platform:")[1].split("\n\n")[0]
     for option in ("--accelplat-leak-check", "--accelplat-timeline-hz", "--accelplat-lease-count"):
         assert option in group
+
+
+# -- the header line and the ini options ----------------------------------------------------------
+
+HEADER_SPEC = {
+    "devices": [{"name": "Sim A", "total": "16GiB"}, {"name": "Sim A", "total": "16GiB"}]
+}
+
+
+def _header(result: pytest.RunResult) -> list[str]:
+    import accelplat
+
+    return [
+        line for line in result.outlines if line.startswith(f"accelplat {accelplat.__version__}:")
+    ]
+
+
+def test_no_header_line_when_no_part_is_on(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = run(pytester)
+    result.assert_outcomes(passed=1)
+    assert _header(result) == []
+
+
+def test_the_header_names_the_platform_its_devices_and_the_parts_that_are_on(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import accelplat
+
+    write_spec(pytester, monkeypatch, **HEADER_SPEC)
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.assert_outcomes(passed=1)
+    assert _header(result) == [
+        f"accelplat {accelplat.__version__}: platform simulated (forced), 2 devices (2 x Sim A)"
+    ]
+    result = run(
+        pytester,
+        "--accelplat-platform=simulated",
+        "--accelplat-leak-check",
+        "--accelplat-leak-tolerance=1GiB",
+        "--accelplat-timeline=report.html",
+    )
+    result.assert_outcomes(passed=1)
+    assert _header(result)[0].endswith(
+        "2 devices (2 x Sim A); on: leak check (beyond 1.00 GiB), timeline (report.html)"
+    )
+
+
+def test_ini_options_set_the_platform_the_timeline_and_the_leak_check(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(pytester, monkeypatch, **HEADER_SPEC)
+    pytester.makeini(
+        "[pytest]\n"
+        "accelplat_platform = simulated\n"
+        "accelplat_leak_check = true\n"
+        "accelplat_timeline = out/report.html\n"
+        "accelplat_timeline_json = out/trace.json\n"
+    )
+    (pytester.path / "out").mkdir()
+    pytester.makepyfile(
+        test_ok="import os\n\ndef test_ok():\n"
+        "    assert os.environ['ACCELPLAT_PLATFORM'] == 'simulated'\n"
+    )
+    sub = pytester.mkdir("sub")  # run from elsewhere: the ini's paths are relative to the ini
+    monkeypatch.chdir(sub)
+    ini, test = pytester.path / "tox.ini", pytester.path / "test_ok.py"
+    result = pytester.runpytest_subprocess(*BASE_ARGS, "-c", str(ini), str(test))
+    result.assert_outcomes(passed=1)
+    (line,) = _header(result)
+    assert "platform simulated (forced)" in line
+    assert f"timeline ({pytester.path / 'out' / 'report.html'})" in line
+    assert "leak check (beyond 256.00 MiB)" in line
+    assert (pytester.path / "out" / "report.html").is_file()
+    assert json.loads((pytester.path / "out" / "trace.json").read_text())
+    assert not (sub / "out").exists()
+
+
+def test_the_command_line_wins_over_the_ini(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(pytester, monkeypatch, **HEADER_SPEC)
+    pytester.makeini("[pytest]\naccelplat_platform = no-such-platform\n")
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = run(pytester, "--accelplat-platform", "cpu")
+    result.assert_outcomes(passed=1)
+    assert "platform cpu (forced)" in _header(result)[0]
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "no-such-platform" in result.stderr.str()
