@@ -141,6 +141,8 @@ def test_the_holders_and_timeout_documents_carry_what_the_schema_says(
         "used_bytes": 8 * 1024**3,
         "state": "alive",
         "name": "leaky-worker",
+        "user": "",  # a simulated holder: no such process to read
+        "command": "",
     }
     done = _run(["wait", "--threshold-bytes", "1GiB", "--timeout", "0.1", "--json"], env)
     wait = json.loads(done.stdout)
