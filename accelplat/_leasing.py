@@ -423,34 +423,48 @@ class Lease:
         deadline = start + self.timeout_s
         try:
             while True:
-                candidates = self._candidates()
-                reason = self._attempt(candidates, deadline)
+                reason = self._attempt(self._candidates(), deadline)
                 if reason is None:
                     self.waited_s = clock.monotonic() - start
                     return self
                 now = clock.monotonic()
                 if now >= deadline:
                     raise LeaseTimeoutError(self.count, self.timeout_s, reason)
-                if self._ticket is None:
-                    self._ticket = _enter_queue(
-                        self._queue_dir, self._platform_tag, self.memory_bytes, self.count
-                    )
+                self._queue_up()
                 clock.sleep(min(delay, deadline - now))
                 delay = min(delay * 1.5, _POLL_MAX_S)
         finally:
-            if self._ticket is not None:
-                _leave_queue(self._queue_dir, *self._ticket)
-                self._ticket = None
+            self._leave()
 
     def try_acquire(self) -> str | None:
-        """Try once, without waiting or queueing: ``None`` when taken, else what was in the way.
+        """Try once, without waiting: ``None`` when taken, else what was in the way.
+
+        A refused lease keeps its place in the queue, so that a later try is served before
+        newer requests, until it is taken or :meth:`release` is called. For schedulers that
+        poll many leases from one thread (``timeout_s`` is not used).
 
         Raises:
             ConfigurationError: As :meth:`acquire`.
         """
         if self._fds:
             raise ConfigurationError("this lease is held already; release it first")
-        return self._attempt(self._candidates(), self.clock.monotonic())
+        reason = self._attempt(self._candidates(), self.clock.monotonic())
+        if reason is None:
+            self._leave()
+        else:
+            self._queue_up()
+        return reason
+
+    def _queue_up(self) -> None:
+        if self._ticket is None:
+            self._ticket = _enter_queue(
+                self._queue_dir, self._platform_tag, self.memory_bytes, self.count
+            )
+
+    def _leave(self) -> None:
+        if self._ticket is not None:
+            _leave_queue(self._queue_dir, *self._ticket)
+            self._ticket = None
 
     @property
     def _platform_tag(self) -> str:
@@ -738,9 +752,14 @@ class Lease:
             _write_metadata(path, meta)
 
     def release(self) -> None:
-        """Let the devices go (idempotent); their metadata says they were released."""
+        """Let the devices go (idempotent); their metadata says they were released.
+
+        A lease still waiting (after :meth:`try_acquire`) leaves the queue.
+        """
+        self._leave()
         fds, self._fds = self._fds, []
-        for path, meta in self._meta:
+        written, self._meta = self._meta, []  # once: a later holder may have the file since
+        for path, meta in written:
             _write_metadata(path, {**meta, "released": True, "released_at": time.time()})
         for fd in fds:
             _unlock(fd)
