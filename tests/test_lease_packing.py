@@ -137,3 +137,10 @@ def test_the_command_prints_the_figures(tmp_path: Path, capsys: pytest.CaptureFi
     assert doc["ratio"] >= 3.0  # the target, on the simulated platform
     assert doc["packed"]["runs"] == 10
     assert doc["packed"]["ooms"] == doc["packed"]["over_budget"] == 0
+
+
+def test_the_real_test_body_compiles_and_names_its_opt_in() -> None:
+    body = bench.REAL_BODY.replace("__BODY__", repr(bench.REAL_BODY))
+    compile(body, "packed_suite test body", "exec")
+    assert "set_per_process_memory_fraction" in body
+    assert "ACCELPLAT_LEASE_MEMORY_FRACTION" in body
