@@ -3,8 +3,9 @@
 Slurm GRES sets ``CUDA_VISIBLE_DEVICES`` (and ``GPU_DEVICE_ORDINAL``; ``ROCR_VISIBLE_DEVICES`` on
 AMD, ``ZE_AFFINITY_MASK`` on Intel); Kubernetes' device plugin hands the container runtime
 ``NVIDIA_VISIBLE_DEVICES``, which shows the pod only those GPUs; Ray sets ``CUDA_VISIBLE_DEVICES``
-(NVIDIA), ``ROCR_VISIBLE_DEVICES`` (AMD, ray/_private/accelerators/amd_gpu.py) or
-``ONEAPI_DEVICE_SELECTOR`` (Intel). For each: whole-device leases and memory shares take only
+(NVIDIA), ``ROCR_VISIBLE_DEVICES`` (AMD; ``HIP_VISIBLE_DEVICES`` in older releases) or
+``ZE_AFFINITY_MASK`` (Intel; ``ONEAPI_DEVICE_SELECTOR`` in older releases), as its
+``ray/_private/accelerators/`` managers say. For each: whole-device leases and memory shares take only
 granted devices, a lease of more is refused, and a child under the lease's environment (with the
 scheduler's variables still set) sees exactly the leased devices.
 """
@@ -142,7 +143,7 @@ def test_kubernetes_pod_sees_and_leases_only_its_gpus(
     [
         ({"ROCR_VISIBLE_DEVICES": "3,1"}, [3, 1]),  # Slurm (AMD) and Ray (AMD)
         ({"ROCR_VISIBLE_DEVICES": "2", "GPU_DEVICE_ORDINAL": "2"}, [2]),  # Slurm sets both
-        ({"HIP_VISIBLE_DEVICES": "0,2"}, [0, 2]),
+        ({"HIP_VISIBLE_DEVICES": "0,2"}, [0, 2]),  # older Ray (AMD)
         # GPU_DEVICE_ORDINAL alone is OpenCL's: HIP reads HIP_VISIBLE_DEVICES, else
         # CUDA_VISIBLE_DEVICES, and not it (ROCm/clr rocdevice.cpp, Device::init)
         ({"GPU_DEVICE_ORDINAL": "1"}, [0, 1, 2, 3]),
@@ -165,8 +166,8 @@ def test_rocm_grants(
 @pytest.mark.parametrize(
     ("env", "granted"),
     [
-        ({"ZE_AFFINITY_MASK": "2,0"}, [2, 0]),  # Slurm (Intel)
-        ({"ONEAPI_DEVICE_SELECTOR": "level_zero:1,3"}, [1, 3]),  # Ray (Intel)
+        ({"ZE_AFFINITY_MASK": "2,0"}, [2, 0]),  # Slurm and Ray (Intel)
+        ({"ONEAPI_DEVICE_SELECTOR": "level_zero:1,3"}, [1, 3]),  # older Ray (Intel)
     ],
     ids=["affinity-mask", "selector"],
 )
