@@ -339,7 +339,7 @@ def _command_line() -> str:
 
 @dataclass(eq=False, repr=False)
 class Lease:
-    """Devices held exclusively by this process, and the environment that shows them.
+    """Devices held by this process (whole, or a share of their memory), and their environment.
 
     Made by :func:`lease`; acquired on ``with`` entry (or :meth:`acquire`) and released on exit
     (or :meth:`release`, or when the process ends however it ends).
@@ -366,6 +366,7 @@ class Lease:
     _carried: dict[str, int] = field(default_factory=dict, init=False)
     _unusable: dict[str, str] = field(default_factory=dict, init=False)  # lock key -> why not
     _ticket: tuple[Ticket, int] | None = field(default=None, init=False)  # while waiting
+    _queue: Path | None = field(default=None, init=False)  # lock_dir/queue, once made
 
     @property
     def held(self) -> bool:
@@ -472,7 +473,9 @@ class Lease:
 
     @property
     def _queue_dir(self) -> Path:
-        return _subdir(self.lock_dir, _QUEUE_DIR)
+        if self._queue is None:
+            self._queue = _subdir(self.lock_dir, _QUEUE_DIR)
+        return self._queue
 
     def _ahead(self) -> Ticket | None:
         """The oldest waiting request older than this one (any, when this one is not queued)."""
@@ -572,6 +575,11 @@ class Lease:
             if key in self._unusable:
                 lock, why = self.lock_dir / (key + _LOCK_SUFFIX), self._unusable[key]
                 held.append(f"device {device.index} cannot be locked ({lock}: {why})")
+                continue
+            shares = self.lock_dir / _SHARES_DIR
+            _, sharing = self._committed(shares, key, 0) if shares.is_dir() else (0, [])
+            if sharing:  # memory shares hold it shared
+                held.append(f"device {device.index} ({key}) shared by {', '.join(sharing)}")
                 continue
             pid = _int_field(_read_metadata(self.lock_dir / (key + _META_SUFFIX)), "pid", _PID_MAX)
             who = f"pid {pid}" if pid is not None else "another process"
@@ -872,13 +880,13 @@ def lease_status(lock_dir: str | os.PathLike[str] | None = None) -> list[LeaseRe
         Takes each free lock for an instant (a shared lock) to learn whether it is held.
     """
     directory = _prepare_dir(lock_dir)
-    records = _records(directory, directory, share=False)
+    records = _records(directory, share=False)
     if os.path.isdir(directory / _SHARES_DIR):
-        records += _records(directory / _SHARES_DIR, directory, share=True)
+        records += _records(directory / _SHARES_DIR, share=True)
     return sorted(records, key=lambda r: (r.device_id, r.budget_bytes is not None, r.path))
 
 
-def _records(where: Path, directory: Path, *, share: bool) -> list[LeaseRecord]:
+def _records(where: Path, *, share: bool) -> list[LeaseRecord]:
     records: list[LeaseRecord] = []
     for entry in sorted(where.glob("*" + _LOCK_SUFFIX)):
         key = entry.name[: -len(_LOCK_SUFFIX)]

@@ -5,9 +5,9 @@ AMD, ``ZE_AFFINITY_MASK`` on Intel); Kubernetes' device plugin hands the contain
 ``NVIDIA_VISIBLE_DEVICES``, which shows the pod only those GPUs; Ray sets ``CUDA_VISIBLE_DEVICES``
 (NVIDIA), ``ROCR_VISIBLE_DEVICES`` (AMD; ``HIP_VISIBLE_DEVICES`` in older releases) or
 ``ZE_AFFINITY_MASK`` (Intel; ``ONEAPI_DEVICE_SELECTOR`` in older releases), as its
-``ray/_private/accelerators/`` managers say. For each: whole-device leases and memory shares take only
-granted devices, a lease of more is refused, and a child under the lease's environment (with the
-scheduler's variables still set) sees exactly the leased devices.
+``ray/_private/accelerators/`` managers say. For each: whole-device leases and memory shares
+take only granted devices, a lease of more is refused, and a child under the lease's environment
+(with the scheduler's variables still set) sees exactly the leased devices.
 """
 
 from __future__ import annotations
