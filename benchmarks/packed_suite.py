@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -307,9 +308,12 @@ class RealExecutor:
     def start(self, shape: Shape, held: Lease) -> int:
         doc = {**asdict(shape), "iterations": max(0, round(shape.busy_s * self.rate))}
         body = REAL_BODY.replace("__BODY__", repr(REAL_BODY))
+        env = held.child_environ()
+        root = str(Path(__file__).resolve().parents[1])  # the test imports accelplat for its peak
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen(
             [sys.executable, "-c", body, json.dumps(doc), "main"],
-            env=held.child_environ(),
+            env=env,
             stdout=subprocess.PIPE,
             text=True,
         )
