@@ -36,7 +36,7 @@ ENV_LEASE_DIR = "ACCELPLAT_LEASE_DIR"  # a (possibly shared) lock directory inst
 # the smallest leased device's total (for torch.cuda.set_per_process_memory_fraction)
 ENV_MEMORY_BYTES = "ACCELPLAT_LEASE_MEMORY_BYTES"
 ENV_MEMORY_FRACTION = "ACCELPLAT_LEASE_MEMORY_FRACTION"
-MAX_SHARES = 64  # share slots per device
+MAX_SHARES = 64  # share slots per device and user
 MIN_SHARE_BYTES = MIB  # a smaller int budget is a unit mistake (12 meant 12 GiB)
 DEFAULT_TIMEOUT_S = 600.0
 RETURN_TOLERANCE_BYTES = 256 * MIB  # above the last hand-out figure, still "memory is back"
@@ -173,7 +173,14 @@ def _try_lock(path: Path, *, shared: bool = False) -> int | None:
 
 def _try_lock_blocking(path: Path) -> int:
     """A descriptor holding ``path``'s lock exclusively, waiting for it (held only briefly)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | _NOFOLLOW, 0o666)
+    flags = os.O_CLOEXEC | os.O_NONBLOCK | _NOFOLLOW
+    try:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o666)
+        except PermissionError:  # another user's, in a shared directory: flock needs no write
+            fd = os.open(path, os.O_RDONLY | flags)
+    except OSError as exc:
+        raise ConfigurationError(f"lease admission lock {path} cannot be opened: {exc}") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
@@ -324,7 +331,26 @@ def _leave_queue(queue: Path, ticket: Ticket, fd: int) -> None:
 
 
 def _share_key(key: str, slot: int) -> str:
-    return f"{key}.{slot}"
+    # each user has its own slots: in a shared (sticky) directory another user's metadata file
+    # could not be replaced, and its stale budget would be read for ours
+    return f"{key}.{os.geteuid()}-{slot}"
+
+
+_SLOT = re.compile(r"([0-9]{1,10})-([0-9]{1,6})")
+
+
+def _slot_files(shares: Path, key: str) -> list[str]:
+    """The names (without suffix) of every user's share slots of device ``key``."""
+    try:
+        names = os.listdir(shares)
+    except OSError:
+        return []
+    prefix, out = key + ".", []
+    for name in names:
+        stem = name[: -len(_LOCK_SUFFIX)] if name.endswith(_LOCK_SUFFIX) else ""
+        if stem.startswith(prefix) and _SLOT.fullmatch(stem[len(prefix) :]):
+            out.append(stem)
+    return sorted(out)[: MAX_SHARES * 64]
 
 
 def _command_line() -> str:
@@ -624,11 +650,10 @@ class Lease:
     def _committed(self, shares: Path, key: str, total: int) -> tuple[int, list[str]]:
         """The budgets promised on device ``key`` by live share holders, and who they are."""
         committed, holders = 0, []
-        for slot in range(MAX_SHARES):
-            lock = shares / (_share_key(key, slot) + _LOCK_SUFFIX)
-            if not os.path.lexists(lock) or not _held(lock):
-                continue  # never used, free (its holder let go or died), or not ours to tell
-            meta = _read_metadata(shares / (_share_key(key, slot) + _META_SUFFIX))
+        for stem in _slot_files(shares, key):
+            if not _held(shares / (stem + _LOCK_SUFFIX)):
+                continue  # free (its holder let go or died), or not a lock to tell
+            meta = _read_metadata(shares / (stem + _META_SUFFIX))
             budget = _int_field(meta, "budget_bytes")
             pid = _int_field(meta, "pid", _PID_MAX)
             if budget is None:  # a holder whose budget cannot be read: assume the whole device
@@ -900,9 +925,9 @@ def _records(where: Path, *, share: bool) -> list[LeaseRecord]:
         with contextlib.suppress(ConfigurationError):
             since = _validate.number(meta.get("since"), "since", minimum=0, maximum=_LAST_SECOND)
         budget = None
-        if share:  # a slot's name is the device's key and its number
+        if share:  # a slot's name is the device's key, its user and its number
             key, _, slot = key.rpartition(".")
-            if not slot.isdigit() or not key:
+            if not _SLOT.fullmatch(slot) or not key:
                 continue
             if not meta and probe is not None:
                 continue

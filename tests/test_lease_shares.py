@@ -265,3 +265,51 @@ def test_the_environment_grant_is_respected(
     monkeypatch.setenv(ENV_VISIBLE, "SIM-1")
     with share(sim(), tmp_path, "10GiB") as held:
         assert [d.uuid for d in held.devices] == ["SIM-1"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to act as a second user")
+def test_users_sharing_a_directory_count_each_others_shares() -> None:
+    import json
+    import shutil
+    import tempfile
+
+    from accelplat._backends.simulated import ENV_SPEC
+
+    shared = Path(tempfile.mkdtemp(prefix="accelplat-shared-", dir="/tmp"))
+    try:
+        shared.chmod(0o1777)
+        spec = shared / "spec.json"
+        spec.write_text(json.dumps({"devices": [{"total": "80GiB"}]}))
+        spec.chmod(0o644)
+        plat = SimulatedPlatform(spec)
+        mine = lease(memory="50GiB", platform=plat, lock_dir=shared, timeout_s=0).acquire()
+        script = textwrap.dedent(
+            f"""
+            import os, accelplat
+            from accelplat.errors import LeaseTimeoutError
+            accelplat.lease(memory="1GiB", timeout_s=0, lock_dir=os.environ["TMPDIR"])
+            os.setegid(65534)
+            os.seteuid(65534)
+            try:
+                accelplat.lease(memory="40GiB", timeout_s=0, lock_dir={str(shared)!r}).acquire()
+            except LeaseTimeoutError as exc:
+                print(exc)
+            with accelplat.lease(memory="30GiB", timeout_s=0, lock_dir={str(shared)!r}) as held:
+                print(held.environ["ACCELPLAT_LEASE_MEMORY_BYTES"])
+            """
+        )
+        env = {**os.environ, "ACCELPLAT_PLATFORM": "simulated", ENV_SPEC: str(spec)}
+        env.update({"PYTHONPATH": str(ROOT), "TMPDIR": tempfile.mkdtemp()})
+        env.pop(ENV_VISIBLE, None)
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+        )
+        mine.release()
+        assert done.returncode == 0, done.stderr
+        refused, granted = done.stdout.splitlines()
+        assert f"pid {os.getpid()}: 50.00 GiB" in refused  # root's share, read by another user
+        assert granted == str(30 * GIB)
+        owners = {p.stat().st_uid for p in (shared / "shares").glob("*.json")}
+        assert owners == {0, 65534}  # each user wrote its own slots
+    finally:
+        shutil.rmtree(shared)
