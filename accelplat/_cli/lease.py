@@ -149,7 +149,9 @@ def _run_child(cmd: Sequence[str], env: dict[str, str], fds: Sequence[int]) -> i
     return 128 - code if code < 0 else code
 
 
-def _state(record: LeaseRecord) -> str:
+def _state(record: LeaseRecord, shared: frozenset[str] = frozenset()) -> str:
+    if record.budget_bytes is None and record.device_id in shared:
+        return "shared"  # its memory shares hold the device's lock shared
     if record.held:
         return "held"
     if record.pid is not None and not record.released:
@@ -159,12 +161,17 @@ def _state(record: LeaseRecord) -> str:
 
 def _status(args: argparse.Namespace) -> int:
     records = lease_status(args.lock_dir)  # None: the private default, checked as such
+    shared = frozenset(r.device_id for r in records if r.budget_bytes is not None and r.held)
     directory = str(default_lease_dir()) if args.lock_dir is None else args.lock_dir
     if args.json:
         keys = ("held", "pid", "command", "since", "released", "platform", "baseline_used_bytes",
                 "budget_bytes")  # fmt: skip
         devices = [
-            {"device_id": r.device_id, "state": _state(r), **{k: getattr(r, k) for k in keys}}
+            {
+                "device_id": r.device_id,
+                "state": _state(r, shared),
+                **{k: getattr(r, k) for k in keys},
+            }
             for r in records
         ]
         print(dumps({"lock_dir": directory, "devices": devices}))
@@ -176,9 +183,11 @@ def _status(args: argparse.Namespace) -> int:
     for r in records:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.since)) if r.since else "?"
         who = f"pid {r.pid} since {since}: {r.command}" if r.pid is not None else "no holder"
+        if _state(r, shared) == "shared":
+            who = "by the memory shares below"
         base = ""
         if r.held and r.baseline_used_bytes is not None:
             base = f" (handed out at {format_bytes(r.baseline_used_bytes)} used)"
         share = "" if r.budget_bytes is None else f"  share of {format_bytes(r.budget_bytes)}"
-        print(shown(f"  {r.device_id}{share}  {_state(r)}  {who}{base}"))  # a command: escaped
+        print(shown(f"  {r.device_id}{share}  {_state(r, shared)}  {who}{base}"))  # escaped
     return 0

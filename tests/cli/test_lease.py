@@ -197,6 +197,22 @@ def test_memory_shares_run_side_by_side_on_one_device(env: dict[str, str]) -> No
     assert "(40.00 GiB of each)" in done.stderr
     status = cli("--status", env=env)
     assert "share of 40.00 GiB" in status.stdout
+    assert "held" not in status.stdout  # both released
+    inner = [sys.executable, "-m", "accelplat", "lease", "--status", "--json"]
+    script = (
+        f"import subprocess; print(subprocess.run({inner!r}, capture_output=True, "
+        "text=True).stdout)"
+    )
+    held = cli("--memory", "8GiB", "--", sys.executable, "-c", script, env=env)
+    rows = json.loads(held.stdout)["devices"]
+    assert {
+        (r["device_id"], r["state"], r["budget_bytes"])
+        for r in rows
+        if r["held"] or r["state"] == "shared"
+    } == {
+        ("simulated.SIM-0", "shared", None),
+        ("simulated.SIM-0", "held", 8 * 2**30),
+    }
 
 
 @pytest.mark.parametrize(
