@@ -739,10 +739,12 @@ class Lease:
         self.device_ids = tuple(k for _, k, *_ in got)
         self._fds = [fd for _, _, device_fd, slot_fd, _ in got for fd in (device_fd, slot_fd)]
         smallest = min(self.platform.memory_info(d.index).total for d in self.devices)
+        fraction = min(1.0, self.memory_bytes / max(smallest, 1))
         self.environ = {
             **subset_environment(self.platform, self.devices),
             ENV_MEMORY_BYTES: str(self.memory_bytes),
-            ENV_MEMORY_FRACTION: f"{min(1.0, self.memory_bytes / max(smallest, 1)):.6f}",
+            # rounded down: the fraction never allows more than the budget
+            ENV_MEMORY_FRACTION: f"{math.floor(fraction * 1e6) / 1e6:.6f}",
         }
         command, since = _command_line(), time.time()
         self._meta = []
