@@ -22,6 +22,7 @@ from accelplat._cli._args import Size, add_common, command, count_arg, path, rat
 from accelplat._cli._errors import dumps, shown
 from accelplat._leasing import (
     DEFAULT_TIMEOUT_S,
+    MIN_SHARE_BYTES,
     LeaseRecord,
     default_lease_dir,
     lease,
@@ -104,6 +105,8 @@ def _run(args: argparse.Namespace) -> int:
             "--memory leases a share of a device; --min-free and --min-free-ratio are for whole "
             "devices: give one or the other"
         )
+    if args.memory is not None and args.memory < MIN_SHARE_BYTES:
+        raise ConfigurationError(f"--memory must be at least 1MiB, got {format_bytes(args.memory)}")
     held = lease(
         args.count,
         memory=args.memory,

@@ -219,6 +219,7 @@ def test_memory_shares_run_side_by_side_on_one_device(env: dict[str, str]) -> No
     ("args", "message"),
     [
         (["--memory", "12", "--", "true"], "--memory"),
+        (["--memory", "100KiB", "--", "true"], "--memory must be at least 1MiB, got 100.00 KiB"),
         (["--memory", "81GiB", "--", "true"], "have memory=81.00 GiB in total"),
         (["--memory", "8GiB", "--min-free", "1GiB", "--", "true"], "one or the other"),
     ],
