@@ -178,3 +178,26 @@ def test_pack_and_per_process_leases_are_exclusive(tmp_path: Path) -> None:
     done, _ = run(tmp_path, "--accelplat-pack", "--accelplat-lease")
     assert done.returncode == 4
     assert "give one" in done.stderr
+
+
+def test_the_peak_counts_only_this_process_and_its_children() -> None:
+    from accelplat._types import HolderState, MemoryHolder
+    from accelplat.pytest_plugin._pack import PeakMonitor
+
+    readings = iter(
+        [
+            [
+                MemoryHolder(1, 4 * GIB, HolderState.CHILD),
+                MemoryHolder(2, 50 * GIB, HolderState.ALIVE),
+            ],
+            [MemoryHolder(1, 9 * GIB, HolderState.CHILD), MemoryHolder(3, GIB, HolderState.SELF)],
+            [MemoryHolder(1, 2 * GIB, HolderState.ZOMBIE)],
+        ]
+    )
+    monitor = PeakMonitor(lambda device: next(readings), [0])
+    for _ in range(3):
+        monitor.sample()
+    assert monitor.peak == 10 * GIB  # 9 GiB of a child and 1 GiB of its own; others never
+    silent = PeakMonitor(lambda device: None, [0])
+    silent.sample()
+    assert silent.peak is None  # a driver that cannot tell: no figure, no report
