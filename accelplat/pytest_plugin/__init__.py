@@ -63,6 +63,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="how long --accelplat-lease waits for devices (default 600)")
     add("--accelplat-lease-min-free", metavar="SIZE",
         help="free memory each leased device must have, e.g. 40GiB")
+    add("--accelplat-pack", action="store_true", help="lease each test the memory it needs "
+        "(accelplat_requires(device_memory=), else its recorded footprint, else a whole device), "
+        "so that xdist workers share devices; bodies run in new processes")
+    add("--accelplat-footprints", metavar="PATH", help="footprint store: the timeline writes "
+        "each test's peak memory there; --accelplat-pack reads its budgets from it")
     ini = parser.addini
     ini("accelplat_platform", "force the platform, as --accelplat-platform (which wins)")
     ini("accelplat_leak_check", "turn the leak check on", "bool", False)
@@ -127,6 +132,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from accelplat.pytest_plugin._lease import check_workers
 
         check_workers(config)
+    if config.getoption("--accelplat-pack"):
+        from accelplat.pytest_plugin import _pack
+
+        _pack.configure(config)
     path = config.rootpath / "pyproject.toml"
     if path.is_file():  # [tool.accelplat.capabilities]
         from accelplat._capabilities import load_pyproject

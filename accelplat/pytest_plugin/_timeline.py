@@ -15,6 +15,7 @@ import pytest
 
 from accelplat.errors import ConfigurationError
 from accelplat.pytest_plugin._shared import leak_tolerance, share_after_teardown
+from accelplat.timeline._footprints import footprints_of, save_footprints
 from accelplat.timeline._render import write_report
 from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
 from accelplat.timeline._trace import Reading, Trace, save_trace
@@ -116,6 +117,8 @@ class TimelinePlugin:
         json_path = config.getoption("--accelplat-timeline-json")
         self.html_path = base / config.getoption("--accelplat-timeline")
         self.json_path = base / json_path if json_path else None
+        footprints = config.getoption("--accelplat-footprints")
+        self.footprints_path = base / footprints if footprints else None
         self._wait_fixtures = frozenset(config.getini("accelplat_timeline_wait_fixtures"))
         self.recorder: Recorder | None = None
         self.trace: Trace | None = None
@@ -213,8 +216,13 @@ class TimelinePlugin:
                 if path is not None:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     self._written.append(write(trace, path))
+            if self.footprints_path is not None:
+                peaks = footprints_of(trace)
+                self._written.append(save_footprints(self.footprints_path, peaks))
         except OSError as exc:
             self._error = f"could not write the timeline report: {exc}"
+        except ConfigurationError as exc:  # the existing store is malformed: left as it is
+            self._error = f"could not update the footprint store: {exc}"
         finally:
             for sig, previous in self._previous.items():
                 signal.signal(sig, previous)
