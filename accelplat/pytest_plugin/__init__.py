@@ -64,6 +64,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     ini("accelplat_leak_check", "turn the leak check on", "bool", False)
     ini("accelplat_leak_tolerance", f"leak tolerance (default {tol})", default=tol)
     ini("accelplat_leak_wait", "seconds to wait before reporting a leak, or 'auto'", default="auto")
+    ini("accelplat_settle_timeout", "settled_device_memory's time limit in seconds, or 'auto' "
+        f"({FIXTURE_SETTLE_TIMEOUT_EAGER_S:g} s where release is eager, else the platform's "
+        f"settle timeout up to {FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S:g} s)", default="auto")
+    ini("accelplat_settle_owners", "whose memory settled_device_memory waits for: 'ours' (this "
+        "process and its descendants; co-tenants are named, not waited for) or 'all'",
+        default="ours")
     ini("accelplat_timeline_wait_fixtures", "fixtures the timeline shows as memory waits",
         "linelist", ["settled_device_memory"])
     # fmt: on
@@ -203,9 +209,43 @@ def accel_platform(request: pytest.FixtureRequest) -> Platform:
     return current(request.config)
 
 
+# Our own memory is back within a second where release is eager (NVML: 0.2-0.9 s after exit, on
+# an H200): a wait much longer than that waits for the wrong thing and should fail, naming whom.
+FIXTURE_SETTLE_TIMEOUT_EAGER_S = 15.0
+FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S = 120.0
+
+
+def _settle_options(config: pytest.Config, platform: Platform) -> tuple[float, str]:
+    raw = str(config.getini("accelplat_settle_timeout") or "auto").strip().lower()
+    owners = str(config.getini("accelplat_settle_owners") or "ours").strip().lower()
+    if owners not in ("ours", "all"):
+        raise pytest.UsageError(f"accelplat_settle_owners must be 'ours' or 'all', got {owners!r}")
+    if raw == "auto":
+        profile = platform.release
+        if not profile.lazy:
+            return min(profile.settle_timeout_s, FIXTURE_SETTLE_TIMEOUT_EAGER_S), owners
+        return min(profile.settle_timeout_s, FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S), owners
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not (0 <= seconds < float("inf")):
+        raise pytest.UsageError(
+            f"accelplat_settle_timeout must be 'auto' or seconds >= 0, got {raw!r}"
+        )
+    return seconds, owners
+
+
 @pytest.fixture
 def settled_device_memory(request: pytest.FixtureRequest) -> SettleResult:
-    """Wait before the test until device memory freed by earlier tests has come back."""
+    """Wait before the test until device memory our earlier tests and children held is back.
+
+    Co-tenants' memory is named in the result's ``note``, not waited for (ini
+    ``accelplat_settle_owners = all`` waits on whole devices); the time limit is short
+    (ini ``accelplat_settle_timeout``), and a timeout names the holders.
+    """
     from accelplat._memory import wait_for_memory_to_settle
 
-    return wait_for_memory_to_settle(platform=current(request.config))
+    platform = current(request.config)
+    timeout_s, owners = _settle_options(request.config, platform)
+    return wait_for_memory_to_settle(platform=platform, timeout_s=timeout_s, owners=owners)
