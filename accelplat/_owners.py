@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from accelplat._platform import Platform, optional
 from accelplat._types import (
+    GIB,
     MIB,
     Attribution,
     HolderState,
@@ -27,6 +28,14 @@ FOREIGN_NAMESPACE = (
     "this process runs in a pid namespace of its own (a container): the driver names holders by "
     "host pid, which match no process here"
 )
+UNLISTED = (
+    "the driver lists holders of {listed} of the {used} used on device {device}: the rest is held "
+    "by processes it does not list (in a container whose pid namespace hides them, NVML lists "
+    "none)"
+)
+# Used memory no listed process accounts for, beyond the platform's idle floor, that still lets
+# the list stand for the device: allocator slack, driver bookkeeping (vLLM's 512 MiB tolerance).
+UNLISTED_SLACK_BYTES = 512 * MIB
 BYTES_UNREPORTED = (
     "the driver lists the holders of device {device} but not their bytes (MIG without "
     "per-process accounting, or too little permission)"
@@ -35,6 +44,10 @@ BYTES_UNREPORTED = (
 # States of a holder that are this process's own without more ado (SELF is this process).
 _CHILD_STATES = frozenset({HolderState.CHILD})
 _EXITED_STATES = frozenset({HolderState.ZOMBIE, HolderState.GONE})
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
 
 
 def unavailable_reason(platform: Platform, device: int) -> str:
@@ -84,6 +97,10 @@ def attribute(
     listed = tuple(holders or ())
     if not why and any(h.used_bytes is None for h in listed):
         why = BYTES_UNREPORTED.format(device=device)
+    if not why:
+        held = sum(h.used_bytes or 0 for h in listed)
+        if used - held > platform.release.idle_floor_bytes + UNLISTED_SLACK_BYTES:
+            why = UNLISTED.format(listed=_gib(held), used=_gib(used), device=device)
     self_bytes = sum(h.used_bytes or 0 for h in listed if h.state is HolderState.SELF)
     children = tuple(h for h in listed if h.state is not HolderState.SELF and is_ours(h))
     others = tuple(h for h in listed if h.state is not HolderState.SELF and not is_ours(h))
@@ -104,19 +121,28 @@ class OwnedReading:
     read whole (``fallback`` says why). Used as a wait's ``read``; samples devices in order.
     """
 
-    def __init__(self, platform: Platform, devices: Sequence[int]) -> None:
+    def __init__(self, platform: Platform, devices: Sequence[int], *, decide: bool = False) -> None:
         self.platform = platform
         self.devices = tuple(devices)
         self.fallback: dict[int, str] = {}
-        for device in self.devices:
-            why = unavailable_reason(platform, device)
-            if not why and _holders(platform, device) is None:
-                why = attribute(platform, device, 0, None, reason="").reason
-            if why:
-                self.fallback[device] = why
+        self.decided: set[int] = set()
         self.info: dict[int, MemoryInfo] = {}
         self.holders: dict[int, tuple[MemoryHolder, ...]] = {}
         self.attribution: dict[int, Attribution] = {}
+        if decide:  # now, rather than at each device's first sample
+            for device in self.devices:
+                self.observe(device)
+
+    def _decide(self, device: int, used: int, found: Sequence[MemoryHolder] | None) -> None:
+        """Read ``device`` whole from now on unless its first sample attributes it."""
+        self.decided.add(device)
+        why = unavailable_reason(self.platform, device)
+        if not why:
+            why = attribute(self.platform, device, used, found, reason="").reason
+            if why == BYTES_UNREPORTED.format(device=device):
+                why = ""  # the list still names the holders: a wait on them holds
+        if why:
+            self.fallback[device] = why
 
     def observe(self, device: int) -> tuple[MemoryInfo, Attribution]:
         """Sample ``device``: its memory and, unless it is read whole, its holders."""
@@ -124,6 +150,9 @@ class OwnedReading:
         self.info[device] = info
         why = self.fallback.get(device)
         found = None if why else _holders(self.platform, device)
+        if device not in self.decided:
+            self._decide(device, info.used, found)
+            why = self.fallback.get(device)
         if found is not None:
             self.holders[device] = tuple(found)
         else:
@@ -180,12 +209,19 @@ class ReleaseReading(OwnedReading):
     def __init__(
         self, platform: Platform, devices: Sequence[int], pids: frozenset[int], *, lazy: bool
     ) -> None:
-        super().__init__(platform, devices)
+        super().__init__(platform, devices, decide=True)
         self.pids = pids
         self.lazy = lazy
-        self.listed: dict[int, dict[int, int]] = {d: {} for d in self.devices}
+        self.listed: dict[int, dict[int, int]] = {
+            d: {
+                h.pid: (h.used_bytes if h.used_bytes is not None else 1)
+                for h in self.holders.get(d, ())
+                if h.pid in pids
+            }
+            for d in self.devices
+        }
+        self.used_before: dict[int, int] = {d: i.used for d, i in self.info.items()}
         self.pending: dict[int, tuple[int, int]] = {}  # device: (bytes awaited, used before)
-        self.used_before: dict[int, int] = {}  # device: used bytes at the previous sample
         self.running = self.alive() if self.fallback else frozenset()
 
     def alive(self) -> frozenset[int]:

@@ -20,6 +20,7 @@ from accelplat._leaks import (
 from accelplat._types import GIB, MIB, MemoryInfo
 from accelplat.errors import MemoryNotSettledError
 from accelplat.pytest_plugin import _shared
+from accelplat.timeline._trace import holdings_json
 
 if TYPE_CHECKING:
     from accelplat._platform import Platform
@@ -32,9 +33,13 @@ HOLDINGS_PROPERTY = "accelplat_holdings"  # for the timeline: [[device, before, 
 CHILD_EXIT_WAIT_S = 2.0  # NVML lists an exited process 0.2-0.9 s more (H200, vendor facts)
 
 
-def configure(config: pytest.Config) -> None:
-    """Register the leak check (its option or ini is on); pytest.UsageError for bad values."""
-    config.pluginmanager.register(LeakChecker(config), _shared.LEAK_PLUGIN_NAME)
+def configure(config: pytest.Config, *, report: bool = True) -> None:
+    """Register the leak check; ``report=False``: only its readings, for the timeline.
+
+    Raises:
+        pytest.UsageError: For a bad tolerance or wait.
+    """
+    config.pluginmanager.register(LeakChecker(config, report=report), _shared.LEAK_PLUGIN_NAME)
 
 
 def _leak_wait(config: pytest.Config) -> float | None:
@@ -60,17 +65,6 @@ def _pairs(children: Mapping[int, int]) -> list[list[int]]:
     return [[pid, held] for pid, held in sorted(children.items())]
 
 
-def holdings_json(h: Holdings) -> dict[str, Any]:
-    """Return ``h`` as JSON-ready data (sent from xdist workers, kept in a timeline trace)."""
-    return {
-        "used": h.used,
-        "own": h.own,
-        "others": h.others,
-        "children": _pairs(h.children),
-        "judged": h.judged,
-    }
-
-
 class LeakChecker:
     """Compares what each device holds, by owner, before a test and after its teardown.
 
@@ -80,7 +74,8 @@ class LeakChecker:
     device context and co-tenants' memory are reported apart, never as leaks.
     """
 
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, *, report: bool = True) -> None:
+        self.report = report
         self.tolerance = _shared.leak_tolerance(config, "--accelplat-leak-tolerance")
         self.wait_s = _leak_wait(config)
         self.ledger = ContextLedger()
@@ -209,6 +204,8 @@ class LeakChecker:
                 self.unjudged |= any(isinstance(a, dict) and not a.get("judged") for a in after)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.report:
+            return
         write = terminalreporter.write_line
         tolerance = _fmt_size(self.tolerance)
         if not self.leaks:
