@@ -45,7 +45,8 @@ def test_a_snapshot_says_whose_memory_it_is() -> None:
         }
     )
     owners = accelplat.snapshot(platform=platform).attribution[0]
-    assert owners.available and owners.reason == ""
+    assert owners.available
+    assert owners.reason == ""
     assert owners.self_bytes == 527 * MIB
     assert [h.pid for h in owners.children] == [11]
     assert owners.children_bytes == 2 * GIB
@@ -78,7 +79,8 @@ def test_attribution_says_plainly_why_not(device: dict[str, Any], fragment: str)
     owners = accelplat.snapshot(platform=platform).attribution[0]
     assert not owners.available
     assert fragment in owners.reason
-    assert owners.self_bytes is None and owners.ours_bytes is None
+    assert owners.self_bytes is None
+    assert owners.ours_bytes is None
 
 
 def test_no_attribution_on_the_host_cpu() -> None:
@@ -154,7 +156,8 @@ def test_settle_on_ours_times_out_naming_our_holder_and_the_others() -> None:
         accelplat.wait_for_memory_to_settle(platform=platform, timeout_s=2)
     text = str(info.value)
     assert "this process and its descendants held did not come back" in text
-    assert "ours 30.00 GiB" in text and "pid 11 'engine' (child) 30.00 GiB" in text
+    assert "ours 30.00 GiB" in text
+    assert "pid 11 'engine' (child) 30.00 GiB" in text
     assert "others, not waited for: pid 12 (alive) 1.00 GiB" in text
     assert info.value.snapshot.memory[0].used == 31 * GIB  # the real reading
 
@@ -163,7 +166,8 @@ def test_settle_falls_back_to_the_whole_device_and_says_why() -> None:
     platform = make({"used": GIB, "report_holders": False})
     result = accelplat.wait_for_memory_to_settle(platform=platform)
     assert result.already_settled
-    assert "judged whole" in result.note and "cannot list" in result.note
+    assert "judged whole" in result.note
+    assert "cannot list" in result.note
 
 
 def test_settle_owners_must_be_ours_or_all() -> None:
@@ -185,7 +189,8 @@ def test_release_returns_at_the_first_sample_without_the_holder() -> None:
 def test_release_of_a_process_that_holds_nothing_is_immediate() -> None:
     platform = make({"holders": [holder(12, GIB)]})
     result = accelplat.wait_for_release([99], platform=platform, descendants=False)
-    assert result.already_settled and result.polls == 1
+    assert result.already_settled
+    assert result.polls == 1
 
 
 def test_a_dead_process_still_listed_is_still_holding() -> None:
