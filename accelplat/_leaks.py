@@ -13,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from accelplat._owners import attribute, unavailable_reason
+from accelplat._owners import attribute, read_owned, unavailable_reason
 from accelplat._platform import Platform, optional
 from accelplat._types import GIB, MIB, Attribution
 from accelplat._validate import parse_size
 from accelplat._vendor import procs
-from accelplat.errors import AccelplatError
 
 # allocator slack and runtime workspaces stay under it, a forgotten model or KV cache does not
 DEFAULT_LEAK_TOLERANCE_BYTES = 256 * MIB
@@ -179,13 +178,12 @@ def current_holdings(
 
 def device_holdings(platform: Platform, device: int, used: int | None = None) -> Holdings:
     """Return what ``device`` holds now (``used``: its used bytes, if already read)."""
-    now = platform.memory_info(device).used if used is None else used
     reason = unavailable_reason(platform, device)
     holders = None
-    if not reason:
-        try:
-            holders = platform.memory_holders(device)
-        except AccelplatError:  # no list now: the device is judged whole
-            holders = None
+    if reason:
+        now = platform.memory_info(device).used if used is None else used
+    else:
+        reading, holders = read_owned(platform, device, used)
+        now = reading if isinstance(reading, int) else reading.used
     judged = bool(optional(platform, "is_accelerator"))
     return Holdings.of(attribute(platform, device, now, holders, reason=reason), judged=judged)

@@ -97,10 +97,9 @@ def attribute(
     listed = tuple(holders or ())
     if not why and any(h.used_bytes is None for h in listed):
         why = BYTES_UNREPORTED.format(device=device)
-    if not why:
+    if not why and _unexplained(platform, used, listed):
         held = sum(h.used_bytes or 0 for h in listed)
-        if used - held > platform.release.idle_floor_bytes + UNLISTED_SLACK_BYTES:
-            why = UNLISTED.format(listed=_gib(held), used=_gib(used), device=device)
+        why = UNLISTED.format(listed=_gib(held), used=_gib(used), device=device)
     self_bytes = sum(h.used_bytes or 0 for h in listed if h.state is HolderState.SELF)
     children = tuple(h for h in listed if h.state is not HolderState.SELF and is_ours(h))
     others = tuple(h for h in listed if h.state is not HolderState.SELF and not is_ours(h))
@@ -147,9 +146,13 @@ class OwnedReading:
     def observe(self, device: int) -> tuple[MemoryInfo, Attribution]:
         """Sample ``device``: its memory and, unless it is read whole, its holders."""
         info = self.platform.memory_info(device)
-        self.info[device] = info
         why = self.fallback.get(device)
-        found = None if why else _holders(self.platform, device)
+        found = None
+        if not why:
+            reading, found = read_owned(self.platform, device, info)
+            assert isinstance(reading, MemoryInfo)
+            info = reading
+        self.info[device] = info
         if device not in self.decided:
             self._decide(device, info.used, found)
             why = self.fallback.get(device)
@@ -186,6 +189,44 @@ class OwnedReading:
         ]
         fell = [f"device {d} judged whole: {why}" for d, why in sorted(self.fallback.items())]
         return "; ".join([*(f"not waited for, {p}" for p in parts), *fell])
+
+
+_CONSISTENT_TRIES = 3
+
+
+def read_owned(
+    platform: Platform, device: int, used: int | MemoryInfo | None = None
+) -> tuple[MemoryInfo | int, Sequence[MemoryHolder] | None]:
+    """Read ``device``'s memory (unless given) and its holders, consistent with each other.
+
+    The two are separate driver calls: a co-tenant that frees memory between them leaves the
+    list short of the counter, which :func:`attribute` would take for unlisted holders. When the
+    list leaves memory unexplained, the counter is read again; if it moved, both are read anew.
+
+    Returns:
+        The reading the holders go with (``used`` as given, or a newer ``MemoryInfo``), and the
+        holders (``None``: the platform cannot tell).
+    """
+    now: MemoryInfo | int = platform.memory_info(device) if used is None else used
+    found = _holders(platform, device)
+    for _ in range(_CONSISTENT_TRIES):
+        # nothing listed: no co-tenant freed in between (the container case reads once)
+        if not found or not _unexplained(platform, _used(now), found):
+            break
+        again = platform.memory_info(device)
+        if abs(again.used - _used(now)) <= UNLISTED_SLACK_BYTES:
+            break  # the counter stood still: the unexplained memory is real
+        now, found = again, _holders(platform, device)
+    return now, found
+
+
+def _used(reading: MemoryInfo | int) -> int:
+    return reading.used if isinstance(reading, MemoryInfo) else reading
+
+
+def _unexplained(platform: Platform, used: int, holders: Sequence[MemoryHolder]) -> bool:
+    held = sum(h.used_bytes or 0 for h in holders)
+    return used - held > platform.release.idle_floor_bytes + UNLISTED_SLACK_BYTES
 
 
 def _holders(platform: Platform, device: int) -> Sequence[MemoryHolder] | None:

@@ -247,3 +247,31 @@ _FALLBACK = 1.0  # accelplat._memory.FALLBACK_RELEASE_WINDOW_S
 def test_release_arguments_are_checked(pids: Any, match: str) -> None:
     with pytest.raises(ConfigurationError, match=match):
         accelplat.wait_for_release(pids, platform=make({}))
+
+
+class _Racing:
+    """A device whose co-tenant frees 6 GiB between the counter and the process list."""
+
+    name = "racing"
+    release = accelplat.types.ReleaseProfile(lazy=False, stable_duration_s=0, settle_timeout_s=1)
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def memory_info(self, device: int) -> accelplat.types.MemoryInfo:
+        self.reads += 1
+        used = 7 * GIB if self.reads == 1 else GIB
+        return accelplat.types.MemoryInfo(free=TOTAL - used, total=TOTAL, used=used)
+
+    def memory_holders(self, device: int) -> list[MemoryHolder]:
+        return [MemoryHolder(pid=12, used_bytes=GIB, state=HolderState.ALIVE)]
+
+
+def test_a_co_tenant_freeing_between_two_driver_calls_is_read_again() -> None:
+    platform = _Racing()
+    reading, holders = _owners.read_owned(platform, 0)  # type: ignore[arg-type]
+    assert isinstance(reading, accelplat.types.MemoryInfo)
+    assert reading.used == GIB
+    assert platform.reads == 2
+    owners = _owners.attribute(platform, 0, reading.used, holders)  # type: ignore[arg-type]
+    assert owners.available
