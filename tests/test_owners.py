@@ -12,7 +12,7 @@ import pytest
 import accelplat
 from accelplat import _owners
 from accelplat._backends.simulated import SimulatedClock, SimulatedPlatform
-from accelplat._types import GIB, MIB, HolderState, MemoryHolder
+from accelplat._types import GIB, MIB, HolderState, MemoryHolder, MemoryInfo, ReleaseProfile
 from accelplat._vendor import procs
 from accelplat.errors import ConfigurationError, MemoryNotSettledError
 
@@ -253,15 +253,15 @@ class _Racing:
     """A device whose co-tenant frees 6 GiB between the counter and the process list."""
 
     name = "racing"
-    release = accelplat.types.ReleaseProfile(lazy=False, stable_duration_s=0, settle_timeout_s=1)
+    release = ReleaseProfile(lazy=False, stable_duration_s=0, settle_timeout_s=1)
 
     def __init__(self) -> None:
         self.reads = 0
 
-    def memory_info(self, device: int) -> accelplat.types.MemoryInfo:
+    def memory_info(self, device: int) -> MemoryInfo:
         self.reads += 1
         used = 7 * GIB if self.reads == 1 else GIB
-        return accelplat.types.MemoryInfo(free=TOTAL - used, total=TOTAL, used=used)
+        return MemoryInfo(free=TOTAL - used, total=TOTAL, used=used)
 
     def memory_holders(self, device: int) -> list[MemoryHolder]:
         return [MemoryHolder(pid=12, used_bytes=GIB, state=HolderState.ALIVE)]
@@ -270,7 +270,7 @@ class _Racing:
 def test_a_co_tenant_freeing_between_two_driver_calls_is_read_again() -> None:
     platform = _Racing()
     reading, holders = _owners.read_owned(platform, 0)  # type: ignore[arg-type]
-    assert isinstance(reading, accelplat.types.MemoryInfo)
+    assert isinstance(reading, MemoryInfo)
     assert reading.used == GIB
     assert platform.reads == 2
     owners = _owners.attribute(platform, 0, reading.used, holders)  # type: ignore[arg-type]
