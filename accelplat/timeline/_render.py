@@ -431,6 +431,18 @@ def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:
     return f'<dl class="summary">{body}</dl><div class="badges">{"".join(badges)}</div>{shown}'
 
 
+def _whose(leak: Leak) -> str:
+    """`` (held by this process, child pid 7 1.00 GiB)`` for a leak judged by owner, else ``""``."""
+    blame = leak.blame
+    if blame is None or not blame.attributed:
+        return ""
+    parts = []
+    if (blame.leaked or 0) - sum(blame.children.values()) > 0:
+        parts.append("this process")
+    parts += [f"child pid {p} {format_bytes(n)}" for p, n in sorted(blame.children.items())]
+    return f" (held by {', '.join(parts)})" if parts else ""
+
+
 def _leak_table(trace: Trace, leaks: Sequence[Leak], limit: int) -> str:
     if not leaks:
         return (
@@ -438,7 +450,8 @@ def _leak_table(trace: Trace, leaks: Sequence[Leak], limit: int) -> str:
             f"{_e(format_bytes(trace.leak_tolerance_bytes))} held on any device.</p>"
         )
     rows = "".join(
-        f'<tr class="leak"><td class="id">{_e(leak.nodeid)}</td><td class="num">{leak.device}</td>'
+        f'<tr class="leak"><td class="id">{_e(leak.nodeid)}{_e(_whose(leak))}</td>'
+        f'<td class="num">{leak.device}</td>'
         f'<td class="num">{_e(format_bytes(leak.before))}</td>'
         f'<td class="num">{_e(format_bytes(leak.at_end))}</td>'
         f'<td class="num">{_e(format_bytes(leak.after))}</td>'

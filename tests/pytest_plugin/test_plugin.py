@@ -685,6 +685,9 @@ def test_the_leak_check_blames_owners_not_the_context_nor_a_co_tenant(
 
     by_timeline = {leak.nodeid.rpartition("::")[2] for leak in load_trace(out).leaks()}
     assert by_timeline == {"test_keeps_memory", "test_a_child_outlives_it"}
+    page = (pytester.path / "r.html").read_text()
+    assert "test_a_child_outlives_it (held by child pid 300 1.00 GiB)" in page
+    assert "test_keeps_memory (held by this process)" in page
 
 
 SHARED_GPU_FIXTURE_TESTS = """
