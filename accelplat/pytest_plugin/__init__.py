@@ -6,6 +6,7 @@ Its parts register only when their option is on: a session using none never dete
 from __future__ import annotations
 
 import sys
+from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -162,8 +163,16 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     return [head + ":", *("  " + line for line in table_lines(table))]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+_SETTLING_KEY = pytest.StashKey[bool]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Check every ``accelplat_requires`` marker at collection, so a typo is never a skip."""
+    # settled_device_memory waits for the memory of our children, even those that exited
+    # before it ran: note them after each test body (below) where some test asks for it
+    config.stash[_SETTLING_KEY] = any(
+        "settled_device_memory" in getattr(item, "fixturenames", ()) for item in items
+    )
     errors: list[str] = []
     for item in items:
         for mark in item.iter_markers("accelplat_requires"):
@@ -203,6 +212,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_call(item: pytest.Item) -> None:
     """Put ``--accelplat-platform`` back before the test body if a fixture reset the registry."""
     reapply_forced(item.config)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    """Before teardown ends the test's engines, remember them as our children (see above)."""
+    if item.config.stash.get(_SETTLING_KEY, False):
+        from accelplat._vendor import procs
+
+        procs.descendants()
+    return (yield)
 
 
 @pytest.fixture

@@ -713,3 +713,49 @@ def test_settled_device_memory_does_not_wait_for_a_co_tenant(
     result = run(pytester, "--accelplat-platform", "simulated")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*did not clear within 2.00 s*", "*pid 200 'tenant'*"])
+
+
+ENGINE_CONFTEST = """
+import json, os, subprocess, sys
+from pathlib import Path
+
+import pytest
+
+ENGINE = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+# the driver keeps listing the killed engine, 30 GiB, until t = 2 s
+SPEC = {
+    "clock": "virtual",
+    "devices": [{
+        "total": "80GiB",
+        "holders": [{"pid": ENGINE.pid, "used": "30GiB", "state": "gone", "end": 2.0}],
+    }],
+}
+Path("spec.json").write_text(json.dumps(SPEC))
+os.environ["ACCELPLAT_SIMULATED_SPEC"] = str(Path("spec.json").resolve())
+
+
+@pytest.fixture
+def engine():
+    yield ENGINE
+    ENGINE.kill()
+    ENGINE.wait()
+"""
+
+ENGINE_TESTS = """
+def test_runs_an_engine(engine):
+    pass
+
+
+def test_next_engine(settled_device_memory):
+    assert settled_device_memory.waited_s >= 2.0, settled_device_memory
+"""
+
+
+def test_settled_device_memory_waits_for_an_engine_of_ours_that_exited_still_listed(
+    pytester: pytest.Pytester,
+) -> None:
+    """The engine was never seen holding memory; it is remembered as ours before teardown."""
+    pytester.makeconftest(ENGINE_CONFTEST)
+    pytester.makepyfile(test_engine=ENGINE_TESTS)
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.assert_outcomes(passed=2)
