@@ -65,6 +65,13 @@ def _pairs(children: Mapping[int, int]) -> list[list[int]]:
     return [[pid, held] for pid, held in sorted(children.items())]
 
 
+def _running(pid: int) -> bool:
+    from accelplat._types import HolderState
+    from accelplat._vendor.procs import classify_pid
+
+    return classify_pid(pid)[0] in (HolderState.CHILD, HolderState.ALIVE, HolderState.SELF)
+
+
 class LeakChecker:
     """Compares what each device holds, by owner, before a test and after its teardown.
 
@@ -149,7 +156,8 @@ class LeakChecker:
         if profile.lazy:
             return 4 * profile.stable_duration_s
         # a child the test started may be listed a little after it exits (eager release)
-        return CHILD_EXIT_WAIT_S if any(blames[d].children for d in over) else 0.0
+        exited = any(not _running(pid) for d in over for pid in blames[d].children)
+        return CHILD_EXIT_WAIT_S if exited else 0.0
 
     def _after_waiting(
         self,
