@@ -570,8 +570,9 @@ def wait_for_memory_to_settle(
     process and its descendants, alive or exited and still listed, where the driver attributes
     memory per process; co-tenants' memory is not waited for but named in the result's ``note``
     (and in the error). A device without attribution (the host CPU, a pid namespace, no process
-    list) is judged whole, the reason in ``note``. ``owners="all"`` judges whole devices. The
-    rest is :func:`wait_for_memory_to_clear`'s.
+    list) is judged whole, the reason in ``note``. ``owners="all"`` judges whole devices.
+    ``on_poll`` sees the bytes judged as ``used`` (ours, where attributed); the result's
+    ``snapshot`` is the real last sample. The rest is :func:`wait_for_memory_to_clear`'s.
 
     Raises:
         ConfigurationError: For a malformed argument; ``owners`` not ``"ours"`` or ``"all"``.

@@ -113,11 +113,11 @@ def attribute(
 
 
 class OwnedReading:
-    """Reads a device as a wait on owners sees it, keeping the real sample for the result.
+    """Reads a device as the settle wait on ``owners="ours"`` sees it, keeping the real sample.
 
-    ``mode="ours"``: the bytes of this process and its descendants; ``mode="release"``: the bytes
-    the processes ``pids`` hold (see :class:`ReleaseReading`). A device without attribution is
-    read whole (``fallback`` says why). Used as a wait's ``read``; samples devices in order.
+    Called as a wait's ``read``: the bytes of this process and its descendants, where the first
+    sample of the device attributes its memory; else the device whole (``fallback`` says why).
+    :class:`ReleaseReading` reads what given processes hold instead.
     """
 
     def __init__(self, platform: Platform, devices: Sequence[int], *, decide: bool = False) -> None:
