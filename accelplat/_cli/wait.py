@@ -1,4 +1,4 @@
-"""``accelplat wait``: block until device memory is clear (or settled), for shell scripts.
+"""``accelplat wait``: block until device memory is clear, settled or released, for scripts.
 
 Exit 0 when every device reached its target; 1 when the timeout passed first (the devices that
 missed and the processes holding their memory go to standard error) or the wait could not go
@@ -14,12 +14,13 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from accelplat._cli._args import Size, add_common, command, ratio_arg, seconds_arg
+from accelplat._cli._args import Size, add_common, command, count_arg, ratio_arg, seconds_arg
 from accelplat._cli._errors import dumps, holder_json, host_json, say, time_json
 from accelplat._memory import (
     DEFAULT_STABLE_TOLERANCE_BYTES,
     wait_for_memory_to_clear,
     wait_for_memory_to_settle,
+    wait_for_release,
 )
 from accelplat._registry import current_platform
 from accelplat._types import SettleResult, UsageSnapshot
@@ -63,6 +64,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--force", action="store_true", help="with --settle: use the window on eager platforms too"
+    )
+    parser.add_argument(
+        "--pid",
+        dest="pids",
+        action="append",
+        type=count_arg(minimum=1, maximum=2**31 - 1, what="a process id (1..2147483647)"),
+        metavar="PID",
+        help="wait until process PID (and its descendants) holds no device memory or is gone; "
+        "repeatable; no threshold",
     )
     parser.add_argument(
         "--stable",
@@ -150,10 +160,13 @@ def _outcome_json(
 def _wait(args: argparse.Namespace, progress: Progress, **common: Any) -> SettleResult:
     """Wait as ``args`` ask; the progress line is finished however it ends (Ctrl-C too)."""
     try:
+        if args.pids:  # no on_poll: its targets are no usage levels to draw
+            return wait_for_release(args.pids, **common)
         if args.settle:
             ratio = 0.1 if args.threshold_ratio is None else args.threshold_ratio
+            # whole devices: the engines a script started are not this command's children
             return wait_for_memory_to_settle(
-                threshold_ratio=ratio, force=args.force, on_poll=progress, **common
+                threshold_ratio=ratio, force=args.force, owners="all", on_poll=progress, **common
             )
         tolerance = DEFAULT_STABLE_TOLERANCE_BYTES if args.tolerance is None else args.tolerance
         return wait_for_memory_to_clear(
@@ -178,10 +191,25 @@ def _run(args: argparse.Namespace) -> int:
     for name, message in conflicts.items():
         if args.settle and getattr(args, name) is not None:
             raise ConfigurationError(message)
+    if args.pids and (
+        args.settle
+        or args.force
+        or any(getattr(args, n) is not None for n in ("threshold_ratio", *conflicts))
+    ):
+        raise ConfigurationError(
+            "--pid waits for those processes' memory: it takes no threshold, --stable, "
+            "--tolerance, --settle or --force"
+        )
     if args.force and not args.settle:
         raise ConfigurationError("--force only applies with --settle")
-    if not args.settle and args.threshold_ratio is None and args.threshold_bytes is None:
-        raise ConfigurationError("give --threshold-ratio R or --threshold-bytes SIZE (or --settle)")
+    if (
+        not (args.settle or args.pids)
+        and args.threshold_ratio is None
+        and args.threshold_bytes is None
+    ):
+        raise ConfigurationError(
+            "give --threshold-ratio R or --threshold-bytes SIZE (or --settle, or --pid PID)"
+        )
 
     progress = Progress(sys.stderr, enabled=not args.quiet and sys.stderr.isatty())
     platform = current_platform()

@@ -252,8 +252,8 @@ def _clear(
         print(f"gpu memory used/total (GiB): {line}", flush=True)
 
     try:
-        if settle:
-            return wait_for_memory_to_settle(on_poll=on_poll, platform=p, **wait)
+        if settle:  # whole devices, as vLLM judges them: the owner-aware rule is accelplat's
+            return wait_for_memory_to_settle(on_poll=on_poll, platform=p, owners="all", **wait)
         return wait_for_memory_to_clear(devices, on_poll=on_poll, platform=p, **wait)
     except MemoryNotSettledError as exc:  # raised only after every argument was validated
         by_bytes, by_ratio = wait.get("threshold_bytes"), wait.get("threshold_ratio")

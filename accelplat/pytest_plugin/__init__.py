@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -76,6 +77,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     ini("accelplat_timeline", "write an HTML timeline there, as --accelplat-timeline; relative "
         "to the ini file's directory")
     ini("accelplat_timeline_json", "save the raw trace there too, as --accelplat-timeline-json")
+    ini("accelplat_settle_timeout", "settled_device_memory's time limit in seconds, or 'auto' "
+        f"({FIXTURE_SETTLE_TIMEOUT_EAGER_S:g} s where release is eager, else the platform's "
+        f"settle timeout up to {FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S:g} s)", default="auto")
+    ini("accelplat_settle_owners", "whose memory settled_device_memory waits for: 'ours' (this "
+        "process and its descendants; co-tenants are named, not waited for) or 'all'",
+        default="ours")
     ini("accelplat_timeline_wait_fixtures", "fixtures the timeline shows as memory waits",
         "linelist", ["settled_device_memory"])
     ini("accelplat_lease", "lease each test process its own devices, as --accelplat-lease",
@@ -145,10 +152,12 @@ def pytest_configure(config: pytest.Config) -> None:
         except ConfigurationError as exc:
             raise pytest.UsageError(f"accelplat capabilities: {exc}") from None
     flag = config.getoption("--accelplat-leak-check")
-    if config.getini("accelplat_leak_check") if flag is None else flag:
+    checking = config.getini("accelplat_leak_check") if flag is None else flag
+    if checking or config.getoption("--accelplat-timeline"):
         from accelplat.pytest_plugin import _leaks
 
-        _leaks.configure(config)
+        # the timeline judges by the leak check's readings by owner (one rule): read them quietly
+        _leaks.configure(config, report=bool(checking))
     if config.getoption("--accelplat-timeline"):
         from accelplat.pytest_plugin import _timeline
 
@@ -236,8 +245,16 @@ def _capability_lines(config: pytest.Config) -> list[str]:
     return [head + ":", *("  " + line for line in table_lines(table))]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+_SETTLING_KEY = pytest.StashKey[bool]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Check every ``accelplat_requires`` marker at collection, so a typo is never a skip."""
+    # settled_device_memory waits for the memory of our children, even those that exited
+    # before it ran: note them after each test body (below) where some test asks for it
+    config.stash[_SETTLING_KEY] = any(
+        "settled_device_memory" in getattr(item, "fixturenames", ()) for item in items
+    )
     errors: list[str] = []
     for item in items:
         for mark in item.iter_markers("accelplat_requires"):
@@ -280,15 +297,59 @@ def pytest_runtest_call(item: pytest.Item) -> None:
     reapply_forced(item.config)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    """Before teardown ends the test's engines, remember them as our children (see above)."""
+    if item.config.stash.get(_SETTLING_KEY, False):
+        from accelplat._vendor import procs
+
+        procs.descendants()
+    return (yield)
+
+
 @pytest.fixture
 def accel_platform(request: pytest.FixtureRequest) -> Platform:
     """The current accelplat platform (``--accelplat-platform`` when given, else detected)."""
     return current(request.config)
 
 
+# Our own memory is back within a second where release is eager (NVML: 0.2-0.9 s after exit, on
+# an H200): a wait much longer than that waits for the wrong thing and should fail, naming whom.
+FIXTURE_SETTLE_TIMEOUT_EAGER_S = 15.0
+FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S = 120.0
+
+
+def _settle_options(config: pytest.Config, platform: Platform) -> tuple[float, str]:
+    raw = str(config.getini("accelplat_settle_timeout") or "auto").strip().lower()
+    owners = str(config.getini("accelplat_settle_owners") or "ours").strip().lower()
+    if owners not in ("ours", "all"):
+        raise pytest.UsageError(f"accelplat_settle_owners must be 'ours' or 'all', got {owners!r}")
+    if raw == "auto":
+        profile = platform.release
+        if not profile.lazy:
+            return min(profile.settle_timeout_s, FIXTURE_SETTLE_TIMEOUT_EAGER_S), owners
+        return min(profile.settle_timeout_s, FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S), owners
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not (0 <= seconds < float("inf")):
+        raise pytest.UsageError(
+            f"accelplat_settle_timeout must be 'auto' or seconds >= 0, got {raw!r}"
+        )
+    return seconds, owners
+
+
 @pytest.fixture
 def settled_device_memory(request: pytest.FixtureRequest) -> SettleResult:
-    """Wait before the test until device memory freed by earlier tests has come back."""
+    """Wait before the test until device memory our earlier tests and children held is back.
+
+    Co-tenants' memory is named in the result's ``note``, not waited for (ini
+    ``accelplat_settle_owners = all`` waits on whole devices); the time limit is short
+    (ini ``accelplat_settle_timeout``), and a timeout names the holders.
+    """
     from accelplat._memory import wait_for_memory_to_settle
 
-    return wait_for_memory_to_settle(platform=current(request.config))
+    platform = current(request.config)
+    timeout_s, owners = _settle_options(request.config, platform)
+    return wait_for_memory_to_settle(platform=platform, timeout_s=timeout_s, owners=owners)

@@ -507,6 +507,9 @@ def test_wait_stable_and_tolerance(use_spec: Any, capsys: pytest.CaptureFixture[
         (["wait", "--settle", "--threshold-bytes", "1GiB"], "--settle takes"),
         (["wait", "--settle", "--stable", "1"], "--settle uses"),
         (["wait", "--threshold-ratio", "0.1", "--force"], "--force only"),
+        (["wait", "--pid", "12", "--settle"], "--pid waits for those processes"),
+        (["wait", "--pid", "12", "--threshold-ratio", "0.1"], "--pid waits for those processes"),
+        (["wait", "--pid", "0"], "a process id"),
     ],
 )
 def test_wait_bad_input_exit_2(
@@ -607,3 +610,50 @@ def test_ctrl_c_during_a_wait_leaves_a_clean_line(tmp_path: Path) -> None:
     assert code == 130
     assert b"Traceback" not in seen
     assert seen.endswith(b"\r\x1b[K"), seen[-200:]  # the progress line erased: the prompt is clean
+
+
+SHARED = {
+    "clock": "virtual",
+    "release": {"lazy": False, "settle_timeout_s": 30.0},
+    "devices": [
+        {
+            "total": "80GiB",
+            "holders": [
+                {"used": "8GiB", "pid": 4242, "name": "engine", "end": 0.5},
+                {"used": "2GiB", "pid": 31337, "name": "leaky-worker"},
+            ],
+        }
+    ],
+}
+
+
+def test_wait_for_a_pid_to_release_its_memory(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_spec(SHARED)  # pid 4242 holds 8 GiB until 0.5 s
+    code, out, err = run_cli(capsys, "wait", "--pid", "4242", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert 0.5 <= doc["waited_s"] <= 0.55
+    assert [h["pid"] for h in doc["devices"][0]["holders"]] == [31337]
+
+
+def test_wait_for_a_pid_that_keeps_its_memory_times_out_naming_it(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_spec(SHARED)
+    code, _, err = run_cli(capsys, "wait", "--pid", "31337", "--timeout", "2")
+    assert code == 1
+    assert "processes 31337 did not release device memory within 2.00 s" in err
+    assert "pid 31337 'leaky-worker'" in err
+
+
+def test_wait_settle_judges_whole_devices_from_a_script(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_spec(STUCK)  # a stuck 8 GiB holder that is not this command's child
+    code, _, err = run_cli(
+        capsys, "wait", "--settle", "--threshold-ratio", "0.05", "--timeout", "2"
+    )
+    assert code == 1
+    assert "leaky-worker" in err
