@@ -7,17 +7,19 @@ from collections.abc import Iterator
 import pytest
 
 _ISOLATED_PREFIXES = ("ACCELPLAT_",)
+# A CI that sets FORCE_COLOR for its logs would turn `stats` into the coloured view in a pipe.
+_ISOLATED_NAMES = ("FORCE_COLOR", "NO_COLOR")
 
 
 @pytest.fixture(autouse=True)
 def _isolate_accelplat(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Clear ACCELPLAT_* variables and the registry's caches around every test."""
+    """Clear ACCELPLAT_* and colour variables and the registry's caches around every test."""
     import os
 
     from accelplat import _registry as registry
 
     for key in list(os.environ):
-        if key.startswith(_ISOLATED_PREFIXES):
+        if key.startswith(_ISOLATED_PREFIXES) or key in _ISOLATED_NAMES:
             monkeypatch.delenv(key, raising=False)
     registry.reset()
     yield

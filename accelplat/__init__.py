@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "snapshot": "accelplat._memory",
     "wait_for_memory_to_clear": "accelplat._memory",
     "wait_for_memory_to_settle": "accelplat._memory",
+    "wait_for_release": "accelplat._memory",
     "capabilities": "accelplat._capabilities",
     "define_capability": "accelplat._capabilities",
     "has": "accelplat._capabilities",
@@ -77,6 +78,7 @@ if TYPE_CHECKING:  # the same names, for type checkers (tests/contracts keeps th
     from accelplat._memory import snapshot as snapshot
     from accelplat._memory import wait_for_memory_to_clear as wait_for_memory_to_clear
     from accelplat._memory import wait_for_memory_to_settle as wait_for_memory_to_settle
+    from accelplat._memory import wait_for_release as wait_for_release
     from accelplat._platform import BasePlatform as BasePlatform
     from accelplat._platform import Platform as Platform
     from accelplat._registry import available_platforms as available_platforms

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelplat import __version__, _files
-from accelplat._describe import collect_info
+from accelplat._describe import collect_info, driver_version
 from accelplat._registry import current_platform
 from accelplat._vendor.versions import distribution_version
 from accelplat.errors import AccelplatError
@@ -29,6 +29,9 @@ from accelplat.replay._record import Recorder
 VERSION_DISTRIBUTIONS = ("accelplat", "torch", "nvidia-ml-py", "amdsmi", "vllm")
 
 _TIME_KEYS = frozenset({"timestamp", "wall_time", "created", "generated", "generated_at"})
+# The version of the document's shape is no host fact: a newer accelplat prints a newer one
+# (info's keys kept their meaning from schema 1 to 2).
+_SKIPPED_KEYS = _TIME_KEYS | {"schema"}
 
 _CHANNEL_TITLES = {
     "file": "Host files read (sysfs, procfs, cgroup)",
@@ -85,11 +88,8 @@ def _outside_any_project() -> Iterator[None]:
 def _driver(info: Mapping[str, Any]) -> str | None:
     # The driver version the platform reports, else (where no library says) the amdgpu kernel
     # module's /sys/module/amdgpu/version, read through the boundary so it is recorded.
-    if info.get("platform"):
-        get_driver = getattr(current_platform(), "driver_version", None)
-        if callable(get_driver):
-            with contextlib.suppress(AccelplatError):
-                return str(get_driver())
+    if info.get("platform") and (version := driver_version(current_platform())) is not None:
+        return version
     sysfs = os.environ.get("ACCELPLAT_SYSFS_ROOT") or "/sys"
     try:
         text = _files.read_text(f"{sysfs}/module/amdgpu/version").strip()
@@ -208,14 +208,15 @@ def compare_info(recorded: Any, replayed: Any, where: str = "info") -> list[str]
     """Return how a replayed ``info --json`` differs from the recorded one (``[]``: it doesn't).
 
     Every recorded key must be present with an equal value; keys a newer accelplat added are
-    allowed, keys naming times (``timestamp`` …) skipped. One line per difference, from ``where``.
+    allowed, keys naming times (``timestamp`` …) and the document's version skipped. One line
+    per difference, from ``where``.
     """
     if isinstance(recorded, dict):
         if not isinstance(replayed, dict):
             return [f"{where}: recorded an object, replay gave {type(replayed).__name__}"]
         out: list[str] = []
         for key, value in recorded.items():
-            if key in _TIME_KEYS:
+            if key in _SKIPPED_KEYS:
                 continue
             if key not in replayed:
                 out.append(f"{where}.{key}: missing from the replay")

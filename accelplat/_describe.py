@@ -10,14 +10,27 @@ import os
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from accelplat._platform import optional
 from accelplat.errors import AccelplatError
 
 if TYPE_CHECKING:
     from accelplat._platform import Platform
 
 # Version of every JSON document accelplat prints: a new key keeps it, a changed or removed one
-# bumps it.
-SCHEMA_VERSION = 1
+# bumps it (2: `wait` lists its devices as `stats` does; docs/json.md).
+SCHEMA_VERSION = 2
+
+
+def driver_version(platform: Platform) -> str | None:
+    """Return the vendor driver's version the platform reports, ``None`` when it cannot tell."""
+    get = optional(platform, "driver_version")
+    if not callable(get):
+        return None
+    try:
+        version = get()
+    except AccelplatError:
+        return None
+    return None if version is None else str(version)
 
 
 def _device_entries(platform: Platform) -> list[dict[str, Any]]:
@@ -51,6 +64,7 @@ def collect_info() -> dict[str, Any]:
     env = platform.visible_devices_env
     info.update(
         {
+            "driver_version": driver_version(platform),
             "device_type": platform.device_type,
             "visible_devices_env": env,
             "visible_devices": os.environ.get(env) if env else None,

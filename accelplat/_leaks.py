@@ -1,14 +1,23 @@
 """The one definition of a device-memory leak, shared by the leak check and the timeline.
 
-A test leaks on a device when ``held_after - before`` (used bytes once memory had its chance to
-come back, less those as it began) is **more than** the tolerance. Both plugin options judge
-with :func:`is_leak` and one ``--accelplat-leak-tolerance``, so they give the same verdict.
+A test leaks on a device when what :func:`judge` blames on it is **more than** the tolerance:
+where memory is attributed per process, this process's growth beyond its first device context
+plus what children started by the test still hold; elsewhere the device's growth (``held_after
+- before``: used bytes once memory had its chance to come back, less those as it began). Both
+plugin options judge with :func:`judge` and one ``--accelplat-leak-tolerance``, so they give
+the same verdict (docs/pytest-plugin.md, "Leaks with blame").
 """
 
 from __future__ import annotations
 
-from accelplat._types import MIB
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from accelplat._owners import attribute, read_owned, unavailable_reason
+from accelplat._platform import Platform, optional
+from accelplat._types import GIB, MIB, Attribution
 from accelplat._validate import parse_size
+from accelplat._vendor import procs
 
 # allocator slack and runtime workspaces stay under it, a forgotten model or KV cache does not
 DEFAULT_LEAK_TOLERANCE_BYTES = 256 * MIB
@@ -33,3 +42,148 @@ def parse_leak_tolerance(text: str | int, *, argument: str) -> int:
     if isinstance(text, str):
         text = text.strip()
     return parse_size(text, argument=argument, maximum=MAX_LEAK_TOLERANCE_BYTES)
+
+
+# A device context's first use costs ~527 MiB on an H200 (CUDA 13, lazy module loading) and ~1 GiB
+# on Intel's runtime; the first test that creates this process's context may own up to this much
+# as "context" — beyond it, its growth is judged as any test's.
+CONTEXT_ALLOWANCE_BYTES = 1 * GIB
+
+
+@dataclass(frozen=True, slots=True)
+class Holdings:
+    """What one device held at one moment, as the leak rule reads it.
+
+    Attributes:
+        used: The device's used bytes.
+        own: This process's bytes (its context included); ``None``: memory is not attributed.
+        children: Bytes per pid of this process's descendants the driver lists.
+        others: Bytes other processes hold; ``None``: not attributed.
+        judged: ``False`` where memory is not the test's to leak (the host CPU's memory).
+    """
+
+    used: int
+    own: int | None = None
+    children: Mapping[int, int] = field(default_factory=dict)
+    others: int | None = None
+    judged: bool = True
+
+    @classmethod
+    def of(cls, attribution: Attribution, *, judged: bool = True) -> Holdings:
+        """Return the holdings an :class:`~accelplat._types.Attribution` describes."""
+        if not attribution.available:
+            return cls(attribution.used, judged=judged)
+        return cls(
+            attribution.used,
+            own=attribution.self_bytes,
+            children={h.pid: h.used_bytes or 0 for h in attribution.children},
+            others=attribution.others_bytes,
+            judged=judged,
+        )
+
+    @property
+    def attributed(self) -> bool:
+        """Whether this process's own bytes are known."""
+        return self.own is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Blame:
+    """The leak rule's verdict on one test and one device.
+
+    Attributes:
+        leaked: Bytes blamed on the test (negative: it freed memory); ``None``: not judged.
+        context: Bytes of this process's device context, first seen in this test, not blamed.
+        children: Bytes per pid of descendants new since the test began that still hold memory.
+        others: How much co-tenants' memory changed during the test, not blamed; ``None``: unknown.
+        attributed: ``True`` when judged by owner, ``False`` when judged on the whole device.
+    """
+
+    leaked: int | None
+    context: int = 0
+    children: Mapping[int, int] = field(default_factory=dict)
+    others: int | None = None
+    attributed: bool = False
+
+    def is_leak(self, tolerance_bytes: int) -> bool:
+        """Whether the blamed growth is known and strictly above ``tolerance_bytes``."""
+        return self.leaked is not None and self.leaked > tolerance_bytes
+
+
+def judge(before: Holdings, after: Holdings, context: int = 0) -> Blame:
+    """The one leak rule: what a test is blamed for on one device, ``before`` to ``after`` it.
+
+    Attributed: this process's growth less ``context`` (its first device context), plus what
+    descendants new since ``before`` still hold; co-tenants' change is reported, not blamed.
+    Not attributed: the device's growth less ``context``. Not judged (the host's memory): none.
+    """
+    if not (before.judged and after.judged):
+        return Blame(None)
+    if before.own is not None and after.own is not None:
+        new = {p: b for p, b in after.children.items() if p not in before.children and b > 0}
+        others = None
+        if before.others is not None and after.others is not None:
+            others = after.others - before.others
+        leaked = after.own - before.own - context + sum(new.values())
+        return Blame(leaked, context, new, others, attributed=True)
+    grown = leaked_bytes(before.used, after.used)
+    return Blame(None if grown is None else grown - context, context)
+
+
+class ContextLedger:
+    """Decides once per device how much of this process's memory is its device context.
+
+    The first test after which this process holds memory of its own on a device, having held
+    none before it, is given up to ``allowance`` bytes of it as "context"; a context present
+    before the first judged test is noted as such and given to no test.
+    """
+
+    def __init__(self, allowance: int = CONTEXT_ALLOWANCE_BYTES) -> None:
+        self.allowance = allowance
+        self.seen: dict[int, tuple[int, str]] = {}  # device: (bytes, the test or "")
+
+    def context(self, device: int, before: Holdings, after: Holdings, test: str = "") -> int:
+        """Return the bytes of ``after.own`` that are the context, first seen in this test."""
+        if device in self.seen or before.own is None or after.own is None:
+            return 0
+        if before.own > 0:
+            self.seen[device] = (before.own, "")
+            return 0
+        if after.own <= 0:
+            return 0
+        context = min(after.own, self.allowance)
+        self.seen[device] = (context, test)
+        return context
+
+
+def current_holdings(
+    platform: Platform, used: Mapping[int, int] | None = None
+) -> dict[int, Holdings]:
+    """Return what every visible device holds now, by owner where the driver tells.
+
+    Args:
+        platform: The platform to ask.
+        used: Used bytes per device already read at this moment (``None``: read them here).
+
+    Returns:
+        Per visible device, its :class:`Holdings` (the host's memory: not judged).
+    """
+    if optional(platform, "is_accelerator"):
+        procs.descendants()  # remember this process's children before one of them exits
+    return {
+        d: device_holdings(platform, d, None if used is None else used[d])
+        for d in range(platform.device_count())
+    }
+
+
+def device_holdings(platform: Platform, device: int, used: int | None = None) -> Holdings:
+    """Return what ``device`` holds now (``used``: its used bytes, if already read)."""
+    reason = unavailable_reason(platform, device)
+    holders = None
+    if reason:
+        now = platform.memory_info(device).used if used is None else used
+    else:
+        reading, holders = read_owned(platform, device, used)
+        now = reading if isinstance(reading, int) else reading.used
+    judged = bool(optional(platform, "is_accelerator"))
+    return Holdings.of(attribute(platform, device, now, holders, reason=reason), judged=judged)

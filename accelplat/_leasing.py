@@ -1,4 +1,9 @@
-"""Device leases: a ``flock(2)`` per device identity, all or nothing, memory back first."""
+"""Device leases: a ``flock(2)`` per device identity, all or nothing, memory back first.
+
+A lease is a whole device (the device's lock held exclusively) or a share of its memory (the
+device's lock held shared, plus one share slot whose metadata carries the budget). Waiters queue
+as ticket files, each locked by its waiter, so the oldest is served first (docs/leasing.md).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -22,16 +28,27 @@ from accelplat import _files, _validate
 from accelplat._memory import default_clock, wait_for_memory_to_clear
 from accelplat._platform import Platform, subset_environment
 from accelplat._types import MIB, DeviceInfo, MemoryInfo
-from accelplat._util import Clock
+from accelplat._util import Clock, format_bytes, shown
 from accelplat.errors import ConfigurationError, LeaseTimeoutError, MemoryNotSettledError
 
 ENV_LEASE_DIR = "ACCELPLAT_LEASE_DIR"  # a (possibly shared) lock directory instead of the default
+# set in a memory share's environment: its budget per device, and that budget as a fraction of
+# the smallest leased device's total (for torch.cuda.set_per_process_memory_fraction)
+ENV_MEMORY_BYTES = "ACCELPLAT_LEASE_MEMORY_BYTES"
+ENV_MEMORY_FRACTION = "ACCELPLAT_LEASE_MEMORY_FRACTION"
+MAX_SHARES = 64  # share slots per device and user
+MIN_SHARE_BYTES = MIB  # a smaller int budget is a unit mistake (12 meant 12 GiB)
 DEFAULT_TIMEOUT_S = 600.0
 RETURN_TOLERANCE_BYTES = 256 * MIB  # above the last hand-out figure, still "memory is back"
 MAX_METADATA_BYTES = 64 * 1024  # a bigger metadata file is ignored
 
 _LOCK_SUFFIX = ".lock"
 _META_SUFFIX = ".json"
+_SHARES_DIR, _QUEUE_DIR = "shares", "queue"
+_TICKET = re.compile(
+    r"([A-Za-z0-9_.-]{1,64})~([0-9]{1,20})~([0-9]{1,7})~([0-9]{1,9})~([0-9]{1,20}|all)~([0-9]{1,6})\.ticket"
+)
+_MAX_TICKETS = 4096  # queue entries read per look; more are ignored
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 _COMMAND_LIMIT = 1024
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -53,6 +70,7 @@ class LeaseRecord:
     platform: str  # recorded by the holder
     baseline_used_bytes: int | None  # used memory of the device when it was handed out
     path: str  # the lock file
+    budget_bytes: int | None = None  # a memory share's budget; None: the whole device
 
 
 def default_lease_dir() -> Path:
@@ -153,6 +171,26 @@ def _try_lock(path: Path, *, shared: bool = False) -> int | None:
     return fd
 
 
+def _try_lock_blocking(path: Path) -> int:
+    """A descriptor holding ``path``'s lock exclusively, waiting for it (held only briefly)."""
+    flags = os.O_CLOEXEC | os.O_NONBLOCK | _NOFOLLOW
+    try:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o666)
+        except PermissionError:  # another user's, in a shared directory: flock needs no write
+            fd = os.open(path, os.O_RDONLY | flags)
+    except OSError as exc:
+        raise ConfigurationError(f"lease admission lock {path} cannot be opened: {exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        os.close(fd)
+        raise ConfigurationError(f"lease admission lock {path} cannot be locked: {exc}") from None
+    return fd
+
+
 def _unlock(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.close(fd)  # closing the last descriptor drops the flock
@@ -193,9 +231,141 @@ def _write_metadata(path: Path, data: Mapping[str, object]) -> None:
             tmp.unlink()
 
 
+def _subdir(parent: Path, name: str) -> Path:
+    """``parent/name``, made with ``parent``'s mode if missing; refuse a link or a non-directory."""
+    path = parent / name
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, stat.S_IMODE(os.stat(parent).st_mode))
+            os.chmod(path, stat.S_IMODE(os.stat(parent).st_mode))  # the umask took bits off
+        info = os.lstat(path)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"lease directory {path} cannot be created: {exc.strerror or exc}"
+        ) from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise ConfigurationError(f"lease directory {path} is not a directory (or is a link)")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigurationError(f"lease directory {path} is not writable by this user")
+    return path
+
+
+def _held(path: Path) -> bool | None:
+    """Whether some process holds ``path``'s lock; ``None`` when it cannot be told."""
+    try:
+        fd = _try_lock(path, shared=True)
+    except OSError:
+        return None
+    if fd is None:
+        return True
+    _unlock(fd)
+    return False
+
+
+@dataclass(frozen=True, order=True)
+class Ticket:
+    """A request waiting in the queue; older ones (smaller ``order``) are served first."""
+
+    order: tuple[int, int, int]  # time_ns of entry, pid, the pid's sequence number
+    budget_bytes: int | None  # per device; None: whole devices
+    count: int
+    name: str = field(compare=False)
+
+    def describe(self) -> str:
+        what = "whole device(s)" if self.budget_bytes is None else format_bytes(self.budget_bytes)
+        return f"pid {self.order[1]} waiting since earlier for {what} on {self.count} device(s)"
+
+
+_ticket_sequence = itertools.count()
+
+
+def _read_queue(queue: Path, platform: str) -> list[Ticket]:
+    """The live tickets of ``platform`` in ``queue``, oldest first; dead ones are removed."""
+    try:
+        names = sorted(os.listdir(queue))[:_MAX_TICKETS]
+    except OSError:
+        return []
+    tickets = []
+    for name in names:
+        match = _TICKET.fullmatch(name)
+        if match is None or match.group(1) != platform:
+            continue
+        held = _held(queue / name)
+        if held is False:  # its waiter died waiting: nobody will lock this name again
+            with contextlib.suppress(OSError):
+                os.unlink(queue / name)
+            continue
+        if held is None:
+            continue
+        raw_budget, count = match.group(5), int(match.group(6))
+        budget = None if raw_budget == "all" else int(raw_budget)
+        order = (int(match.group(2)), int(match.group(3)), int(match.group(4)))
+        if count >= 1 and (budget is None or budget >= 1):
+            tickets.append(Ticket(order, budget, count, name))
+    return sorted(tickets)
+
+
+def _enter_queue(queue: Path, platform: str, budget: int | None, count: int) -> tuple[Ticket, int]:
+    """Take a ticket: a file locked before it appears under its name (rename keeps the lock)."""
+    order = (time.time_ns(), os.getpid(), next(_ticket_sequence))
+    budget_text = "all" if budget is None else str(budget)
+    name = f"{platform}~{order[0]}~{order[1]}~{order[2]}~{budget_text}~{count}.ticket"
+    tmp = queue / f".{name}.tmp"
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | _NOFOLLOW
+    fd = os.open(tmp, flags, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(tmp, queue / name)
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return Ticket(order, budget, count, name), fd
+
+
+def _leave_queue(queue: Path, ticket: Ticket, fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(queue / ticket.name)
+    _unlock(fd)
+
+
+def _share_key(key: str, slot: int) -> str:
+    # each user has its own slots: in a shared (sticky) directory another user's metadata file
+    # could not be replaced, and its stale budget would be read for ours
+    return f"{key}.{os.geteuid()}-{slot}"
+
+
+_SLOT = re.compile(r"([0-9]{1,10})-([0-9]{1,6})")
+
+
+def _slot_files(shares: Path, key: str) -> list[str]:
+    """The names (without suffix) of every user's share slots of device ``key``."""
+    try:
+        names = os.listdir(shares)
+    except OSError:
+        return []
+    prefix, out = key + ".", []
+    for name in names:
+        stem = name[: -len(_LOCK_SUFFIX)] if name.endswith(_LOCK_SUFFIX) else ""
+        if stem.startswith(prefix) and _SLOT.fullmatch(stem[len(prefix) :]):
+            out.append(stem)
+    return sorted(out)[: MAX_SHARES * 64]
+
+
+def _command_line() -> str:
+    """This process's command line, read live and bounded."""
+    try:
+        raw = _files.read_live(f"/proc/{os.getpid()}/cmdline", limit=_files.PROC_LIMIT)
+        command = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        command = " ".join(sys.argv)
+    return command[:_COMMAND_LIMIT]
+
+
 @dataclass(eq=False, repr=False)
 class Lease:
-    """Devices held exclusively by this process, and the environment that shows them.
+    """Devices held by this process (whole, or a share of their memory), and their environment.
 
     Made by :func:`lease`; acquired on ``with`` entry (or :meth:`acquire`) and released on exit
     (or :meth:`release`, or when the process ends however it ends).
@@ -210,6 +380,7 @@ class Lease:
     timeout_s: float
     clock: Clock
     prefer: tuple[str, ...] = ()
+    memory_bytes: int | None = None  # a share of this much memory per device; None: whole devices
     # once held: the devices (visible indices, most free memory first), the variables to apply
     # in a child (None: remove it), the identities the locks are named after, seconds waited
     devices: tuple[DeviceInfo, ...] = field(default=(), init=False)
@@ -220,6 +391,8 @@ class Lease:
     _meta: list[tuple[Path, dict[str, object]]] = field(default_factory=list, init=False)
     _carried: dict[str, int] = field(default_factory=dict, init=False)
     _unusable: dict[str, str] = field(default_factory=dict, init=False)  # lock key -> why not
+    _ticket: tuple[Ticket, int] | None = field(default=None, init=False)  # while waiting
+    _queue: Path | None = field(default=None, init=False)  # lock_dir/queue, once made
 
     @property
     def held(self) -> bool:
@@ -257,7 +430,11 @@ class Lease:
         return lambda: put(previous)
 
     def acquire(self) -> Lease:
-        """Wait until ``count`` visible devices are free and their memory is back; take them.
+        """Wait until ``count`` visible devices (or shares of them) are free; take them.
+
+        A whole device must be free of other leases and shares, and its memory back; a share
+        needs room for its budget beside the other shares and the memory in use. The oldest
+        waiting request is served first: a newer one may not take the room it waits for.
 
         Returns:
             ``self``, holding the devices.
@@ -271,23 +448,90 @@ class Lease:
         clock, delay = self.clock, _POLL_FIRST_S
         start = clock.monotonic()
         deadline = start + self.timeout_s
-        while True:
-            candidates = self._candidates()
-            got = self._lock_some(candidates)
-            if got is not None:
-                reason = self._wait_for_memory(got, max(0.0, deadline - clock.monotonic()))
+        try:
+            while True:
+                reason = self._attempt(self._candidates(), deadline)
                 if reason is None:
-                    self._take(got, start)
+                    self.waited_s = clock.monotonic() - start
                     return self
-                for _, _, fd in got:
-                    _unlock(fd)
-            else:
-                reason = self._busy_reason(candidates)
-            now = clock.monotonic()
-            if now >= deadline:
-                raise LeaseTimeoutError(self.count, self.timeout_s, reason)
-            clock.sleep(min(delay, deadline - now))
-            delay = min(delay * 1.5, _POLL_MAX_S)
+                now = clock.monotonic()
+                if now >= deadline:
+                    raise LeaseTimeoutError(self.count, self.timeout_s, reason)
+                self._queue_up()
+                clock.sleep(min(delay, deadline - now))
+                delay = min(delay * 1.5, _POLL_MAX_S)
+        finally:
+            self._leave()
+
+    def try_acquire(self) -> str | None:
+        """Try once, without waiting: ``None`` when taken, else what was in the way.
+
+        A refused lease keeps its place in the queue, so that a later try is served before
+        newer requests, until it is taken or :meth:`release` is called. For schedulers that
+        poll many leases from one thread (``timeout_s`` is not used).
+
+        Raises:
+            ConfigurationError: As :meth:`acquire`.
+        """
+        if self._fds:
+            raise ConfigurationError("this lease is held already; release it first")
+        reason = self._attempt(self._candidates(), self.clock.monotonic())
+        if reason is None:
+            self._leave()
+        else:
+            self._queue_up()
+        return reason
+
+    def _queue_up(self) -> None:
+        if self._ticket is None:
+            self._ticket = _enter_queue(
+                self._queue_dir, self._platform_tag, self.memory_bytes, self.count
+            )
+
+    def _leave(self) -> None:
+        if self._ticket is not None:
+            _leave_queue(self._queue_dir, *self._ticket)
+            self._ticket = None
+
+    @property
+    def _platform_tag(self) -> str:
+        return _SAFE.sub("_", self.platform.name)[:64] or "_"
+
+    @property
+    def _queue_dir(self) -> Path:
+        if self._queue is None:
+            self._queue = _subdir(self.lock_dir, _QUEUE_DIR)
+        return self._queue
+
+    def _ahead(self) -> Ticket | None:
+        """The oldest waiting request older than this one (any, when this one is not queued)."""
+        mine = self._ticket[0] if self._ticket is not None else None
+        for ticket in _read_queue(self._queue_dir, self._platform_tag):
+            if mine is not None and ticket.name == mine.name:
+                return None
+            if mine is None or ticket < mine:
+                return ticket
+        return None
+
+    def _attempt(
+        self, candidates: Sequence[tuple[DeviceInfo, str, MemoryInfo]], deadline: float
+    ) -> str | None:
+        """One try to take what the lease asks for: ``None`` when taken, else why not."""
+        ahead = self._ahead()
+        if self.memory_bytes is not None:
+            return self._admit_share(candidates, ahead)
+        if ahead is not None:
+            return f"an older request goes first ({ahead.describe()})"
+        got = self._lock_some(candidates)
+        if got is None:
+            return self._busy_reason(candidates)
+        reason = self._wait_for_memory(got, max(0.0, deadline - self.clock.monotonic()))
+        if reason is None:
+            self._take(got)
+            return None
+        for _, _, fd in got:
+            _unlock(fd)
+        return reason
 
     def _limits(self, info: MemoryInfo) -> list[int]:
         """The largest usage at which ``info``'s device meets each free-memory minimum given."""
@@ -309,8 +553,15 @@ class Lease:
         for device in devices:
             key = _device_key(name, device, seen)
             info = self.platform.memory_info(device.index)
+            if self.memory_bytes is not None and info.total < self.memory_bytes:
+                continue
             if all(limit >= 0 for limit in self._limits(info)):
                 rows.append((device, key, info))
+        if len(rows) < self.count and self.memory_bytes is not None:
+            raise ConfigurationError(
+                f"{name}: only {len(rows)} of {len(devices)} visible device(s) have "
+                f"memory={format_bytes(self.memory_bytes)} in total; {self.count} asked for"
+            )
         if len(rows) < self.count:
             minimums = []
             if self.min_free_bytes is not None:
@@ -350,6 +601,11 @@ class Lease:
             if key in self._unusable:
                 lock, why = self.lock_dir / (key + _LOCK_SUFFIX), self._unusable[key]
                 held.append(f"device {device.index} cannot be locked ({lock}: {why})")
+                continue
+            shares = self.lock_dir / _SHARES_DIR
+            _, sharing = self._committed(shares, key, 0) if shares.is_dir() else (0, [])
+            if sharing:  # memory shares hold it shared
+                held.append(f"device {device.index} ({key}) shared by {', '.join(sharing)}")
                 continue
             pid = _int_field(_read_metadata(self.lock_dir / (key + _META_SUFFIX)), "pid", _PID_MAX)
             who = f"pid {pid}" if pid is not None else "another process"
@@ -391,18 +647,128 @@ class Lease:
             return f"device memory did not come back: {exc}"
         return None
 
-    def _take(self, got: Sequence[tuple[DeviceInfo, str, int]], start: float) -> None:
+    def _committed(self, shares: Path, key: str, total: int) -> tuple[int, list[str]]:
+        """The budgets promised on device ``key`` by live share holders, and who they are."""
+        committed, holders = 0, []
+        for stem in _slot_files(shares, key):
+            if not _held(shares / (stem + _LOCK_SUFFIX)):
+                continue  # free (its holder let go or died), or not a lock to tell
+            meta = _read_metadata(shares / (stem + _META_SUFFIX))
+            budget = _int_field(meta, "budget_bytes")
+            pid = _int_field(meta, "pid", _PID_MAX)
+            if budget is None:  # a holder whose budget cannot be read: assume the whole device
+                budget = total
+            committed += budget
+            holders.append(f"pid {pid if pid is not None else '?'}: {format_bytes(budget)}")
+        return committed, holders
+
+    def _admit_share(
+        self, candidates: Sequence[tuple[DeviceInfo, str, MemoryInfo]], ahead: Ticket | None
+    ) -> str | None:
+        """Take a share on ``count`` devices with room for the budget, or say why not."""
+        assert self.memory_bytes is not None
+        budget, shares = self.memory_bytes, _subdir(self.lock_dir, _SHARES_DIR)
+        admit = self._queue_dir / f"{self._platform_tag}.admit"
+        guard = _try_lock_blocking(admit)  # one admission at a time: budgets are read, then taken
+        try:
+            rows, why = [], []
+            for device, key, _ in candidates:
+                info = self.platform.memory_info(device.index)  # live, under the admission lock
+                committed, holders = self._committed(shares, key, info.total)
+                room = info.total - max(info.used, committed)
+                keep = 0
+                if ahead is not None:  # leave the oldest waiter's budget (a whole one: all)
+                    keep = info.total if ahead.budget_bytes is None else ahead.budget_bytes
+                if room - budget >= keep:
+                    rows.append((room, device, key))
+                    continue
+                detail = (
+                    f"device {device.index}: {format_bytes(max(room, 0))} room "
+                    f"({format_bytes(info.used)} used, {format_bytes(committed)} promised"
+                    + (f" to {', '.join(holders)}" if holders else "")
+                    + ")"
+                )
+                if ahead is not None and room >= budget:
+                    detail += f", kept for an older request ({ahead.describe()})"
+                why.append(detail)
+            rows.sort(key=lambda r: (-r[0], r[1].index))
+            got: list[tuple[DeviceInfo, str, int, int, int]] = []
+            for _, device, key in rows:
+                taken = self._take_slot(shares, device, key)
+                if taken is None:
+                    why.append(f"device {device.index}: leased whole, or all share slots held")
+                    continue
+                got.append((device, key, *taken))
+                if len(got) == self.count:
+                    self._take_share(shares, got)
+                    return None
+            for _, _, device_fd, slot_fd, _ in got:
+                _unlock(slot_fd)
+                _unlock(device_fd)
+        finally:
+            _unlock(guard)
+        return (
+            f"fewer than {self.count} device(s) had room for "
+            f"memory={format_bytes(budget)} at the last attempt ({'; '.join(why)})"
+        )
+
+    def _take_slot(self, shares: Path, device: DeviceInfo, key: str) -> tuple[int, int, int] | None:
+        """The device's lock held shared, a free share slot's lock and its number, or ``None``."""
+        try:
+            device_fd = _try_lock(self.lock_dir / (key + _LOCK_SUFFIX), shared=True)
+        except OSError as exc:
+            self._unusable[key] = exc.strerror or str(exc)
+            return None
+        if device_fd is None:
+            return None  # a whole-device lease holds it
+        for slot in range(MAX_SHARES):
+            try:
+                slot_fd = _try_lock(shares / (_share_key(key, slot) + _LOCK_SUFFIX))
+            except OSError:
+                continue
+            if slot_fd is not None:
+                return device_fd, slot_fd, slot
+        _unlock(device_fd)
+        return None
+
+    def _take_share(
+        self, shares: Path, got: Sequence[tuple[DeviceInfo, str, int, int, int]]
+    ) -> None:
+        assert self.memory_bytes is not None
+        self.devices = tuple(d for d, *_ in got)
+        self.device_ids = tuple(k for _, k, *_ in got)
+        self._fds = [fd for _, _, device_fd, slot_fd, _ in got for fd in (device_fd, slot_fd)]
+        smallest = min(self.platform.memory_info(d.index).total for d in self.devices)
+        fraction = min(1.0, self.memory_bytes / max(smallest, 1))
+        self.environ = {
+            **subset_environment(self.platform, self.devices),
+            ENV_MEMORY_BYTES: str(self.memory_bytes),
+            # rounded down: the fraction never allows more than the budget
+            ENV_MEMORY_FRACTION: f"{math.floor(fraction * 1e6) / 1e6:.6f}",
+        }
+        command, since = _command_line(), time.time()
+        self._meta = []
+        for _, key, _, _, slot in got:
+            meta: dict[str, object] = {
+                "version": 1,
+                "device_id": key,
+                "platform": self.platform.name,
+                "pid": os.getpid(),
+                "command": command,
+                "since": since,
+                "released": False,
+                "budget_bytes": self.memory_bytes,
+            }
+            path = shares / (_share_key(key, slot) + _META_SUFFIX)
+            self._meta.append((path, meta))
+            _write_metadata(path, meta)
+
+    def _take(self, got: Sequence[tuple[DeviceInfo, str, int]]) -> None:
         self.devices = tuple(d for d, _, _ in got)
         self.environ = subset_environment(self.platform, self.devices)
         self.device_ids = tuple(k for _, k, _ in got)
         self._fds = [fd for _, _, fd in got]
-        self.waited_s = self.clock.monotonic() - start
-        try:  # this process's command line, read live, bounded
-            raw = _files.read_live(f"/proc/{os.getpid()}/cmdline", limit=_files.PROC_LIMIT)
-            command = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
-        except OSError:
-            command = " ".join(sys.argv)
-        command, since = command[:_COMMAND_LIMIT], time.time()
+        command, since = _command_line(), time.time()
         self._meta = []
         for device, key, _ in got:
             used = self._carried.get(key, self.platform.memory_info(device.index).used)
@@ -421,9 +787,14 @@ class Lease:
             _write_metadata(path, meta)
 
     def release(self) -> None:
-        """Let the devices go (idempotent); their metadata says they were released."""
+        """Let the devices go (idempotent); their metadata says they were released.
+
+        A lease still waiting (after :meth:`try_acquire`) leaves the queue.
+        """
+        self._leave()
         fds, self._fds = self._fds, []
-        for path, meta in self._meta:
+        written, self._meta = self._meta, []  # once: a later holder may have the file since
+        for path, meta in written:
             _write_metadata(path, {**meta, "released": True, "released_at": time.time()})
         for fd in fds:
             _unlock(fd)
@@ -449,8 +820,9 @@ def lease(
     platform: Platform | None = None,
     clock: Clock | None = None,
     prefer: Sequence[str] = (),
+    memory: str | int | None = None,
 ) -> Lease:
-    """Claim ``count`` visible devices exclusively across the host's processes.
+    """Claim ``count`` visible devices, or a share of each one's memory, across the host.
 
     Args:
         count: Devices wanted, ``>= 1`` and at most the number visible.
@@ -462,14 +834,25 @@ def lease(
         clock: Time source and sleeper; ``None`` means the platform's.
         prefer: :attr:`Lease.device_ids` to take first when free; one this process held last is
             not waited on for its memory (this process's own: it will not come back meanwhile).
+        memory: A share of each device instead of the whole: a size with a unit (``"12GiB"``)
+            or an int of bytes (at least 1 MiB). Shares of several holders coexist on a device
+            while their budgets, and the memory used beyond them, fit in its total. The lease's
+            environment adds ``ACCELPLAT_LEASE_MEMORY_BYTES`` and ``..._FRACTION``.
 
     Returns:
         A :class:`Lease`, not yet acquired.
 
     Raises:
         ConfigurationError: At once: bad arguments, more devices than visible or able to meet the
-            minimums, or a lock directory that is empty, unwritable or (the default) not private.
+            minimums (or hold ``memory``), or a lock directory that is empty, unwritable or (the
+            default) not private.
     """
+    budget = None if memory is None else _memory_budget(memory)
+    if budget is not None and (min_free_bytes is not None or min_free_ratio is not None):
+        raise ConfigurationError(
+            "memory= leases a share of a device; min_free_bytes and min_free_ratio are for whole "
+            "devices: give one or the other"
+        )
     wanted = _validate.integer(count, "count", minimum=1)
     if min_free_bytes is not None:
         _validate.integer(min_free_bytes, "min_free_bytes", minimum=0)
@@ -492,9 +875,23 @@ def lease(
         timeout_s=timeout,
         clock=clock if clock is not None else default_clock(platform),
         prefer=tuple(prefer),
+        memory_bytes=budget,
     )
     held._candidates()  # count and minimums against the visible devices, at once
     return held
+
+
+def _memory_budget(memory: object) -> int:
+    """A share's budget in bytes: text with a unit, or an int of at least 1 MiB."""
+    if isinstance(memory, int) and not isinstance(memory, bool) and 0 <= memory < MIN_SHARE_BYTES:
+        raise ConfigurationError(
+            f"memory={memory} is {memory} bytes, below 1 MiB: give a size with a unit "
+            f"('{memory}GiB') or an int of bytes ({memory} * accelplat.GIB)"
+        )
+    budget = _validate.parse_size(memory, argument="memory")  # type: ignore[arg-type]
+    if budget < MIN_SHARE_BYTES:
+        raise ConfigurationError(f"memory must be at least 1MiB, got {shown(memory)}")
+    return budget
 
 
 def lease_status(lock_dir: str | os.PathLike[str] | None = None) -> list[LeaseRecord]:
@@ -510,8 +907,15 @@ def lease_status(lock_dir: str | os.PathLike[str] | None = None) -> list[LeaseRe
         Takes each free lock for an instant (a shared lock) to learn whether it is held.
     """
     directory = _prepare_dir(lock_dir)
+    records = _records(directory, share=False)
+    if os.path.isdir(directory / _SHARES_DIR):
+        records += _records(directory / _SHARES_DIR, share=True)
+    return sorted(records, key=lambda r: (r.device_id, r.budget_bytes is not None, r.path))
+
+
+def _records(where: Path, *, share: bool) -> list[LeaseRecord]:
     records: list[LeaseRecord] = []
-    for entry in sorted(directory.glob("*" + _LOCK_SUFFIX)):
+    for entry in sorted(where.glob("*" + _LOCK_SUFFIX)):
         key = entry.name[: -len(_LOCK_SUFFIX)]
         try:
             probe = _try_lock(entry, shared=True)
@@ -519,9 +923,17 @@ def lease_status(lock_dir: str | os.PathLike[str] | None = None) -> list[LeaseRe
             continue
         if probe is not None:
             _unlock(probe)
-        meta, since = _read_metadata(directory / (key + _META_SUFFIX)), None
+        meta, since = _read_metadata(where / (key + _META_SUFFIX)), None
         with contextlib.suppress(ConfigurationError):
             since = _validate.number(meta.get("since"), "since", minimum=0, maximum=_LAST_SECOND)
+        budget = None
+        if share:  # a slot's name is the device's key, its user and its number
+            key, _, slot = key.rpartition(".")
+            if not _SLOT.fullmatch(slot) or not key:
+                continue
+            if not meta and probe is not None:
+                continue
+            budget = _int_field(meta, "budget_bytes") or 0
         records.append(
             LeaseRecord(
                 device_id=key,  # the file's name, not what its metadata claims
@@ -533,6 +945,7 @@ def lease_status(lock_dir: str | os.PathLike[str] | None = None) -> list[LeaseRe
                 platform=_str_field(meta, "platform"),
                 baseline_used_bytes=_int_field(meta, "baseline_used_bytes"),
                 path=str(entry),
+                budget_bytes=budget,
             )
         )
     return records

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from accelplat._owners import OwnedReading, ReleaseReading, attribute
 from accelplat._platform import Platform, optional
 from accelplat._types import (
     GIB,
@@ -27,7 +28,16 @@ from accelplat._types import (
     UsageSnapshot,
 )
 from accelplat._util import REAL_CLOCK, Clock
-from accelplat._validate import byte_count, device_index, duration, finite_number, number, ratio
+from accelplat._validate import (
+    byte_count,
+    device_index,
+    duration,
+    finite_number,
+    integer,
+    number,
+    ratio,
+)
+from accelplat._vendor import procs
 from accelplat.errors import AccelplatError, ConfigurationError, MemoryNotSettledError
 
 logger = logging.getLogger("accelplat._memory")
@@ -287,7 +297,8 @@ def snapshot(
     """Sample memory of several devices together, timed by :func:`default_clock`.
 
     ``devices``, ``platform`` and ``read`` are :func:`wait_for_memory_to_clear`'s; ``holders``
-    also asks which processes hold memory (where the platform can tell).
+    also asks which processes hold memory and whose it is (``attribution``: this process, its
+    descendants, others; or why that cannot be told).
 
     Raises:
         ConfigurationError: For a malformed device list or ``read``; ``DeviceNotFoundError``.
@@ -297,7 +308,13 @@ def snapshot(
     resolved = _resolve_devices(devices, plat)
     snap = _sample(reader, resolved, default_clock(plat))
     if holders:
-        return dataclasses.replace(snap, holders=_query_holders(plat, resolved))
+        if optional(plat, "is_accelerator"):
+            procs.descendants()  # remember this process's children before one of them exits
+        found = _query_holders(plat, resolved)
+        owners = {
+            d: attribute(plat, d, snap.memory[d].used, found.get(d), reason=None) for d in resolved
+        }
+        return dataclasses.replace(snap, holders=found, attribution=owners)
     return snap
 
 
@@ -530,12 +547,16 @@ def wait_for_memory_to_clear(
     return _run(_check_wait("clear", **locals()))  # every parameter, by name
 
 
+OWNERS = ("ours", "all")
+
+
 def wait_for_memory_to_settle(
     *,
     threshold_ratio: float | Mapping[int, float] | None = 0.1,
     timeout_s: float | None = None,
     devices: Sequence[int] | None = None,
     force: bool = False,
+    owners: str = "ours",
     platform: Platform | None = None,
     clock: Clock | None = None,
     poll: PollPolicy | None = None,
@@ -543,9 +564,19 @@ def wait_for_memory_to_settle(
 ) -> SettleResult:
     """Wait until memory freed by a previous engine has come back, as the platform releases it.
 
-    On lazy platforms (or with ``force=True``) devices must stay at or below ``threshold_ratio``
-    (not ``None``) for the profile's window; on eager ones without a window. The rest is
-    :func:`wait_for_memory_to_clear`'s.
+    On lazy platforms (or with ``force=True``) the memory judged must stay at or below
+    ``threshold_ratio`` (not ``None``) of each device's total for the profile's window; on eager
+    ones without a window. ``owners="ours"`` (the default) judges only the memory of this
+    process and its descendants, alive or exited and still listed, where the driver attributes
+    memory per process; co-tenants' memory is not waited for but named in the result's ``note``
+    (and in the error). A device without attribution (the host CPU, a pid namespace, no process
+    list) is judged whole, the reason in ``note``. ``owners="all"`` judges whole devices.
+    ``on_poll`` sees the bytes judged as ``used`` (ours, where attributed); the result's
+    ``snapshot`` is the real last sample. The rest is :func:`wait_for_memory_to_clear`'s.
+
+    Raises:
+        ConfigurationError: For a malformed argument; ``owners`` not ``"ours"`` or ``"all"``.
+        MemoryNotSettledError: On timeout, naming whose memory was held.
     """
     if threshold_ratio is None:
         raise ConfigurationError(
@@ -554,18 +585,195 @@ def wait_for_memory_to_settle(
         )
     if not isinstance(force, bool):
         raise ConfigurationError(f"force must be True or False, got {force!r:.200}")
+    if owners not in OWNERS:
+        raise ConfigurationError(f"owners must be 'ours' or 'all', got {owners!r:.200}")
     plat = _resolve_platform(platform)
     profile = plat.release
-    return _run(
-        _check_wait(
-            "settle",
-            devices=devices,
-            threshold_ratio=threshold_ratio,
-            timeout_s=timeout_s,
-            stable_duration_s=profile.stable_duration_s if (profile.lazy or force) else 0.0,
-            poll=poll,
-            on_poll=on_poll,
-            platform=plat,
-            clock=clock,
+    reading = OwnedReading(plat, _resolve_devices(devices, plat)) if owners == "ours" else None
+    w = _check_wait(
+        "settle",
+        devices=devices,
+        threshold_ratio=threshold_ratio,
+        timeout_s=timeout_s,
+        stable_duration_s=profile.stable_duration_s if (profile.lazy or force) else 0.0,
+        poll=poll,
+        on_poll=on_poll,
+        platform=plat,
+        clock=clock,
+        read=reading,
+    )
+    if reading is None:
+        return _run(w)
+    try:
+        result = _run(w)
+    except MemoryNotSettledError as exc:
+        raise _owned_timeout(exc, reading, w, "this process and its descendants held") from None
+    note = reading.others_note()
+    if note:
+        logger.info("wait_for_memory_to_settle: %s", note)
+    return dataclasses.replace(
+        result, snapshot=reading.real(result.snapshot), owners="ours", note=note
+    )
+
+
+def _owned_timeout(
+    exc: MemoryNotSettledError, reading: OwnedReading, w: _Wait, what: str
+) -> MemoryNotSettledError:
+    """The timeout of a wait on owners, its message in owners' terms (holders named)."""
+    real = reading.real(exc.snapshot)
+    lines = [
+        f"device memory that {what} did not come back within {exc.waited_s:.2f} s "
+        f"(timeout_s={w.timeout_s:g}) on {w.platform.name}:"
+    ]
+    for device in sorted(exc.targets):
+        info = real.memory[device]
+        owned = exc.snapshot.memory[device].used
+        target = _gib(exc.targets[device])
+        attribution = real.attribution.get(device)
+        if device in reading.fallback or attribution is None or not attribution.available:
+            why = reading.fallback.get(device) or (attribution.reason if attribution else "")
+            held = real.holders.get(device)
+            names = ", ".join(_describe_holder(h) for h in held) if held else "unknown"
+            lines.append(
+                f"  device {device} (judged whole: {why}): used {_gib(info.used)}, "
+                f"target <= {target}; holders: {names}"
+            )
+            continue
+        shown = [h for h in real.holders.get(device, ()) if h.state is HolderState.SELF]
+        shown += list(attribution.children)
+        ours = ", ".join(_describe_holder(h) for h in shown) or "none listed"
+        others = ", ".join(_describe_holder(h) for h in attribution.others) or "none"
+        lines.append(
+            f"  device {device}: ours {_gib(owned)}, target <= {target} (used {_gib(info.used)} "
+            f"of {_gib(info.total)}); ours: {ours}; others, not waited for: {others}"
         )
+    return MemoryNotSettledError(
+        "\n".join(lines),
+        snapshot=real,
+        targets=exc.targets,
+        waited_s=exc.waited_s,
+        history=exc.history,
+        raised_targets=exc.raised_targets,
+    )
+
+
+FALLBACK_RELEASE_WINDOW_S = 1.0  # unattributed: the used counter must stop moving this long
+
+
+def wait_for_release(
+    pids: Sequence[int],
+    *,
+    timeout_s: float | None = None,
+    descendants: bool = True,
+    devices: Sequence[int] | None = None,
+    poll: PollPolicy | None = None,
+    platform: Platform | None = None,
+    clock: Clock | None = None,
+) -> SettleResult:
+    """Wait until the processes ``pids`` hold no device memory, or are gone.
+
+    Where the driver attributes memory per process (NVML, KFD, Level Zero Sysman), the wait
+    ends at the first sample in which the driver lists none of them (a process that exited but
+    is still listed is still holding); on a lazy platform a process the driver stopped listing
+    counts until the device's used memory has fallen by what it held, so a release is never
+    called done before the counter moved. A device without attribution is judged whole: the
+    processes must have exited, then its used memory must stay within the stability tolerance
+    for 1 s (or the platform's longer window); the result's ``note`` says so. Polls as every
+    wait does (:class:`PollPolicy`): at most 40 ms late by default.
+
+    Args:
+        pids: Process ids (as this process sees them), at least one.
+        timeout_s: Give up after this many seconds; ``None``: the platform's settle timeout.
+        descendants: Also wait for the processes' descendants, as they are at the call.
+        devices: Visible device indices; ``None``: every visible one.
+        poll: Polling intervals; ``None``: :class:`PollPolicy()`.
+        platform: The platform to ask; ``None``: :func:`~accelplat.current_platform`.
+        clock: Time source and sleeper; ``None``: :func:`default_clock` of the platform.
+
+    Returns:
+        A :class:`SettleResult` whose ``snapshot`` is the last real sample, with owners.
+
+    Raises:
+        ConfigurationError: For malformed arguments.
+        DeviceNotFoundError: For a device index that is not visible.
+        MemoryNotSettledError: On timeout, naming the processes that still held memory.
+    """
+    if isinstance(pids, (str, bytes)) or not isinstance(pids, Sequence) or not pids:
+        raise ConfigurationError(
+            f"pids must be a non-empty sequence of process ids, got {pids!r:.200}"
+        )
+    checked = frozenset(
+        integer(p, f"pids[{i}]", minimum=1, maximum=2**31 - 1) for i, p in enumerate(pids)
+    )
+    if not isinstance(descendants, bool):
+        raise ConfigurationError(f"descendants must be True or False, got {descendants!r:.200}")
+    tracked = set(checked)
+    if descendants:
+        for pid in checked:
+            tracked |= procs.descendants(pid)
+    plat = _resolve_platform(platform)
+    resolved = _resolve_devices(devices, plat)
+    reading = ReleaseReading(plat, resolved, frozenset(tracked), lazy=plat.release.lazy)
+    window = 0.0
+    thresholds: dict[int, int] = dict.fromkeys(resolved, 0)
+    if reading.fallback:
+        window = max(FALLBACK_RELEASE_WINDOW_S, plat.release.stable_duration_s)
+        for device in reading.fallback:
+            thresholds[device] = max(0, plat.memory_info(device).total)
+    w = _check_wait(
+        "release",
+        devices=resolved,
+        threshold_bytes=thresholds,
+        threshold_ratio=None,
+        timeout_s=timeout_s,
+        stable_duration_s=window,
+        poll=poll,
+        on_poll=None,
+        platform=plat,
+        clock=clock,
+        read=reading,
+    )
+    try:
+        result = _run(w)
+    except MemoryNotSettledError as exc:
+        raise _release_timeout(exc, reading, w) from None
+    fell = [f"device {d} judged whole: {why}" for d, why in sorted(reading.fallback.items())]
+    return dataclasses.replace(
+        result, snapshot=reading.real(result.snapshot), owners="ours", note="; ".join(fell)
+    )
+
+
+def _release_timeout(
+    exc: MemoryNotSettledError, reading: ReleaseReading, w: _Wait
+) -> MemoryNotSettledError:
+    real = reading.real(exc.snapshot)
+    shown = ", ".join(str(p) for p in sorted(reading.pids)[:20])
+    lines = [
+        f"processes {shown} did not release device memory within {exc.waited_s:.2f} s "
+        f"(timeout_s={w.timeout_s:g}) on {w.platform.name}:"
+    ]
+    for device, held in sorted(reading.still_holding().items()):
+        awaited = reading.pending.get(device, (0, 0))[0]
+        if held:
+            lines.append(
+                f"  device {device}: still listed: " + ", ".join(_describe_holder(h) for h in held)
+            )
+        elif awaited:
+            lines.append(
+                f"  device {device}: no longer listed, but the device's used memory has not "
+                f"fallen by the {_gib(awaited)} they held (lazy release)"
+            )
+    for device, why in sorted(reading.fallback.items()):
+        alive = ", ".join(str(p) for p in sorted(reading.running)) or "none"
+        lines.append(
+            f"  device {device} (judged whole: {why}): still running: {alive}; used "
+            f"{_gib(real.memory[device].used)}"
+        )
+    return MemoryNotSettledError(
+        "\n".join(lines),
+        snapshot=real,
+        targets=exc.targets,
+        waited_s=exc.waited_s,
+        history=exc.history,
+        raised_targets=exc.raised_targets,
     )

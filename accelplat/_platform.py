@@ -36,6 +36,9 @@ OPTIONAL_MEMBERS: Mapping[str, Any] = {
     # (devices) -> {variable: value or None}, showing a child exactly those devices
     "visible_devices_environment": None,
     "visible_devices_shadowed_by": (),  # variables that win when set (ROCm: HIP_VISIBLE_DEVICES)
+    # memory_holders names processes by host pid (drivers do): unmatched inside a pid namespace
+    "holder_pids_are_host_pids": False,
+    "holders_note": "",  # why memory_holders answers None here, when the backend knows better
 }
 
 
@@ -124,6 +127,8 @@ class BasePlatform(ABC):
     visible_devices_empty_hides_all: ClassVar[bool | None] = None
     visible_devices_shadowed_by: ClassVar[tuple[str, ...]] = ()
     clock: Clock | None = None
+    holder_pids_are_host_pids: ClassVar[bool] = False
+    holders_note: ClassVar[str] = ""
     FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {}
 
     @property

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from accelplat import _files, _translate, _util
+from accelplat._util import shown
 from accelplat.errors import ConfigurationError, FileTooLargeError
 
 MAX_FILE_BYTES = 2 * 1024**2  # larger files are listed as skipped, not parsed
@@ -392,9 +393,9 @@ def scan_path(root: str | os.PathLike[str]) -> ScanReport:
     """Scan a ``.py`` file or a directory tree (``ConfigurationError`` if it is neither)."""
     base = Path(root)
     if not base.exists():
-        raise ConfigurationError(f"scan: {base} does not exist")
+        raise ConfigurationError(f"path {shown(str(base))} does not exist")
     if not (base.is_dir() or base.is_file()):
-        raise ConfigurationError(f"scan: {base} is neither a file nor a directory")
+        raise ConfigurationError(f"path {shown(str(base))} is neither a file nor a directory")
     report = ScanReport(str(base))
     for path in [base] if base.is_file() else _python_files(base, report.errors):
         rel = str(path.relative_to(base)) if base.is_dir() else path.name

@@ -23,6 +23,8 @@ _DTYPE_BYTES: dict[str, int] = {
     **dict.fromkeys(("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"), 1),
 }
 
+DTYPE_NAMES = tuple(sorted(_DTYPE_BYTES))  # what ``dtype_bytes`` accepts (any case, torch. prefix)
+
 
 def dtype_bytes(dtype: str) -> int:
     """Return the bytes per element (1, 2, 4 or 8) of a dtype name.

@@ -213,6 +213,64 @@ class MemoryHolder:
 
 
 @dataclass(frozen=True, slots=True)
+class Attribution:
+    """Whose memory one device's used bytes are, where the driver tells per-process memory.
+
+    Attributes:
+        used: The device's used bytes (``MemoryInfo.used``) at the same sample.
+        self_bytes: Bytes this process holds (its device context included); ``None``: unknown.
+        children: Holders that are this process's descendants, alive or exited but still listed.
+        others: Every other holder: co-tenants, and exited processes not known to be ours.
+        reason: Empty when attributed; else why not (holders unlisted, bytes unreported, a pid
+            namespace, the host CPU), and the device-wide rules apply.
+    """
+
+    used: int
+    self_bytes: int | None
+    children: tuple[MemoryHolder, ...] = ()
+    others: tuple[MemoryHolder, ...] = ()
+    reason: str = ""
+
+    @property
+    def available(self) -> bool:
+        """Whether per-process attribution holds (``reason`` is empty)."""
+        return not self.reason
+
+    @property
+    def children_bytes(self) -> int:
+        """Bytes the listed descendants hold (``0`` for a holder whose bytes are unreported)."""
+        return sum(h.used_bytes or 0 for h in self.children)
+
+    @property
+    def others_bytes(self) -> int:
+        """Bytes other processes hold, as listed (unreported bytes count ``0``)."""
+        return sum(h.used_bytes or 0 for h in self.others)
+
+    @property
+    def ours_bytes(self) -> int | None:
+        """This process's bytes and its descendants'; ``None`` when not attributed."""
+        if not self.available or self.self_bytes is None:
+            return None
+        return self.self_bytes + self.children_bytes
+
+    def describe(self) -> str:
+        """Return one line: ``"self 0.51 GiB, children 0.00 GiB, others 20.50 GiB (pid 7 …)"``."""
+        if not self.available:
+            return f"attribution unavailable: {self.reason}"
+        shown = sorted(self.others, key=lambda h: -(h.used_bytes or 0))[:3]
+        names = ", ".join(
+            f"pid {h.pid}{f' {h.name!r}' if h.name else ''} {(h.used_bytes or 0) / GIB:.2f} GiB"
+            for h in shown
+        )
+        more = f", +{len(self.others) - 3} more" if len(self.others) > 3 else ""
+        return (
+            f"self {(self.self_bytes or 0) / GIB:.2f} GiB, children {self.children_bytes / GIB:.2f}"
+            f" GiB, others {self.others_bytes / GIB:.2f} GiB"
+            + (f" ({names}{more})" if names else "")
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class UsageSnapshot:
     """Memory of several devices sampled together.
 
@@ -221,12 +279,14 @@ class UsageSnapshot:
         wall_time: ``time.time()`` of the same moment, for logs.
         memory: Per visible device index, its ``MemoryInfo``.
         holders: Per visible device index, the processes holding memory (missing: cannot tell).
+        attribution: Per visible device index, whose memory it is (asked with holders).
     """
 
     timestamp: float
     wall_time: float
     memory: Mapping[int, MemoryInfo]
     holders: Mapping[int, tuple[MemoryHolder, ...]] = field(default_factory=dict)
+    attribution: Mapping[int, Attribution] = field(default_factory=dict)
 
     def used_gib(self) -> dict[int, tuple[float, float]]:
         """Return per device ``(used GiB, total GiB)``, the shape vLLM's test helpers use."""
@@ -251,6 +311,10 @@ class SettleResult:
         already_settled: ``True`` when the first sample met the target and no waiting happened.
         targets: Per device, the usage in bytes at or below which it counts as clear.
         raised_targets: The ``targets`` the platform's idle floor raised, per device.
+        owners: ``"all"`` when the wait judged whole devices; ``"ours"`` when it judged only the
+            memory of this process and its descendants (``snapshot.attribution`` says whose).
+        note: Why an owner-aware wait fell back to whole devices, or the co-tenants it did not
+            wait for; ``""`` when there is nothing to say.
     """
 
     waited_s: float
@@ -259,3 +323,5 @@ class SettleResult:
     already_settled: bool
     targets: Mapping[int, int] = field(default_factory=dict)
     raised_targets: Mapping[int, int] = field(default_factory=dict)
+    owners: str = "all"
+    note: str = ""

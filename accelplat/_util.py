@@ -49,13 +49,18 @@ _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 def format_bytes(n: int | float | None) -> str:
-    """Format bytes with a binary unit (``"1.50 GiB"``, ``"12 B"``); None or non-finite: ``"?"``."""
+    """Format bytes with a binary unit (``"1.50 GiB"``, ``"12 B"``); None or non-finite: ``"?"``.
+
+    The one size formatter for people: every message that shows a size goes through it, so one
+    size reads the same everywhere (``+1.00 GiB``, never ``+1024 MiB``).
+    """
     if n is None or not math.isfinite(n):
         return "?"
     sign = "-" if n < 0 else ""
     value = float(abs(n))
     unit = 0
-    while value >= 1024 and unit < len(_UNITS) - 1:
+    # 1023.999 MiB would print "1024.00 MiB": a value that rounds to 1024 takes the next unit
+    while (value >= 1024 or (unit and round(value, 2) >= 1024)) and unit < len(_UNITS) - 1:
         value /= 1024
         unit += 1
     if unit == 0:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from accelplat import _lazy
 
 _EXPORTS: dict[str, str] = {
+    "Attribution": "accelplat._types",
     "Candidate": "accelplat._types",
     "DeviceInfo": "accelplat._types",
     "FeatureRule": "accelplat._types",
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # the same names, for type checkers (tests/contracts keeps th
     from accelplat._memory import PollPolicy as PollPolicy
     from accelplat._registry import DetectionReport as DetectionReport
     from accelplat._sizing import KVCacheShape as KVCacheShape
+    from accelplat._types import Attribution as Attribution
     from accelplat._types import Candidate as Candidate
     from accelplat._types import Capability as Capability
     from accelplat._types import DeviceInfo as DeviceInfo

@@ -638,8 +638,21 @@ def test_settle_times_out_with_holders() -> None:
         release=LAZY,
     )
     with pytest.raises(MemoryNotSettledError, match="pid 77 'leak'") as info:
-        wait_for_memory_to_settle(platform=platform, timeout_s=3)
+        wait_for_memory_to_settle(platform=platform, timeout_s=3, owners="all")
     assert info.value.waited_s == pytest.approx(3.0)
+
+
+def test_settle_on_ours_names_a_stuck_co_tenant_and_does_not_wait_for_it() -> None:
+    platform = make(
+        {"used": 0, "timeline": [{"stuck": {"used": 20 * GIB, "pid": 77, "name": "leak"}}]},
+        release=LAZY,
+    )
+    result = wait_for_memory_to_settle(platform=platform, timeout_s=3)
+    assert result.owners == "ours"
+    assert result.waited_s == pytest.approx(LAZY["stable_duration_s"])
+    assert "pid 77 'leak' 20.00 GiB" in result.note
+    assert result.snapshot.memory[0].used == 20 * GIB  # the real reading, not ours
+    assert result.snapshot.attribution[0].others_bytes == 20 * GIB
 
 
 def test_settle_bad_input() -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from accelplat import _scan as scan
 from accelplat._cli import main
+from accelplat._describe import SCHEMA_VERSION
 from accelplat._scan import scan_path, scan_source
 from accelplat.errors import ConfigurationError
 
@@ -139,7 +140,7 @@ def test_cli_json_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str
     (tmp_path / "test_a.py").write_text(SOURCE)
     assert main(["scan", str(tmp_path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema"] == 1
+    assert doc["schema"] == SCHEMA_VERSION
     assert doc["predicates"] == len(doc["findings"]) == 8
     assert doc["findings"][0] == {
         "path": "test_a.py",
@@ -156,7 +157,9 @@ def test_cli_json_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str
     out = capsys.readouterr().out
     assert "| `requires` | 2 | 25.0 % |" in out
     assert main(["scan", str(tmp_path / "missing")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"accelplat scan: error: path '{tmp_path / 'missing'}' does not exist")
+    assert err.count("scan:") == 1
 
 
 def _git(repo: Path, *args: str) -> None:

@@ -312,6 +312,8 @@ class CudaPlatform(BasePlatform):
     name: ClassVar[str] = "cuda"
     device_type: ClassVar[str] = "cuda"
     visible_devices_env: ClassVar[str | None] = ENV_CUDA_VISIBLE_DEVICES
+    # NVML, KFD and Level Zero name processes by host pid: no pid-namespace support (NVML docs).
+    holder_pids_are_host_pids: ClassVar[bool] = True
     # Tensor-core formats by compute capability, from NVIDIA's architecture documentation.
     FEATURES: ClassVar[Mapping[str, tuple[FeatureRule, ...]]] = {
         "bf16": (FeatureRule(min_compute_capability=(8, 0)),),  # Ampere
@@ -548,40 +550,58 @@ class CudaPlatform(BasePlatform):
 
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
-        """Return NVML's compute processes on ``device`` (host PIDs), ``None`` if it cannot tell."""
+        """Return NVML's compute and graphics processes on ``device`` (host PIDs), or ``None``.
+
+        A process in both lists appears once, with the larger figure (NVML reports each
+        process's memory on the device, not per list).
+        """
         _, handle, where = self._target(self.check_device(device))
         with _nvml.session() as nv:
-            try:
-                procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
-            except Exception as exc:
-                if _nvml.is_error(exc, *_HOLDERS_UNKNOWN_ERRORS):
-                    return None
-                # nvidia-ml-py asks for the v3 list, which drivers before R510 lack.
-                if not _nvml.is_error(exc, "NVMLLibraryMismatchError"):
-                    raise _nvml.translate(exc, f"listing processes on {where}") from exc
-                procs = _older_process_list(nv, handle, where)
-                if procs is None:
-                    return None
+            compute = _process_list(nv, handle, where, "Compute")
+            if compute is None:
+                return None
+            graphics = _process_list(nv, handle, where, "Graphics") or []
         from accelplat._vendor.procs import driver_holder
 
-        try:
-            entries = list(procs)
-        except TypeError:  # not a list at all
-            entries = [procs]
-        return tuple(
-            driver_holder(
+        merged: dict[int, MemoryHolder] = {}
+        for proc in (*compute, *graphics):
+            holder = driver_holder(
                 "cuda",
                 where,
                 getattr(proc, "pid", None),
                 getattr(proc, "usedGpuMemory", None),
                 not_available=_NVML_VALUE_NOT_AVAILABLE,
             )
-            for proc in entries
-        )
+            seen = merged.get(holder.pid)
+            if seen is None or (holder.used_bytes or 0) > (seen.used_bytes or 0):
+                merged[holder.pid] = holder
+        return tuple(merged.values())
 
 
-def _older_process_list(nv: Any, handle: Any, where: str) -> Any:
-    older = getattr(nv, "nvmlDeviceGetComputeRunningProcesses_v2", None)
+def _process_list(nv: Any, handle: Any, where: str, kind: str) -> list[Any] | None:
+    """NVML's ``kind`` ("Compute", "Graphics") process list, ``None`` where it cannot tell."""
+    name = f"nvmlDeviceGet{kind}RunningProcesses"
+    try:
+        procs = getattr(nv, name)(handle)
+    except AttributeError:  # an nvidia-ml-py without this list
+        return None
+    except Exception as exc:
+        if _nvml.is_error(exc, *_HOLDERS_UNKNOWN_ERRORS):
+            return None
+        # nvidia-ml-py asks for the v3 list, which drivers before R510 lack.
+        if not _nvml.is_error(exc, "NVMLLibraryMismatchError"):
+            raise _nvml.translate(exc, f"listing processes on {where}") from exc
+        procs = _older_process_list(nv, handle, where, f"{name}_v2")
+        if procs is None:
+            return None
+    try:
+        return list(procs)
+    except TypeError:  # not a list at all
+        return [procs]
+
+
+def _older_process_list(nv: Any, handle: Any, where: str, name: str) -> Any:
+    older = getattr(nv, name, None)
     if older is None:
         return None
     try:

@@ -264,6 +264,8 @@ class XpuPlatform(BasePlatform):
     visible_devices_env: ClassVar[str | None] = ENV_AFFINITY_MASK  # vLLM's device_control_env_var
     default_memory_utilization: ClassVar[float] = 0.9  # vLLM's test runner on XPU (conftest.py)
     preferred_start_method: ClassVar[StartMethod] = "spawn"  # vLLM: the only one XPU supports
+    # Sysman's zesDeviceProcessesGetState names processes by host pid (no pid-namespace support).
+    holder_pids_are_host_pids: ClassVar[bool] = True
     # vLLM's helper waits on XPU as on ROCm ("reclaims GPU memory more lazily than CUDA"): 2 s of
     # stability, up to 240 s. No idle floor: vLLM applies none on XPU.
     RELEASE: ClassVar[ReleaseProfile] = ReleaseProfile(

@@ -6,7 +6,7 @@ import argparse
 import functools
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from accelplat import _validate
@@ -53,10 +53,58 @@ def add_common(
         parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
 
 
+def color_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--color`` and ``--no-color`` (``args.color``: True, False or None); see ``color``."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--color",
+        dest="color",
+        action="store_const",
+        const=True,
+        help="colour even when standard output is not a terminal (as FORCE_COLOR does)",
+    )
+    group.add_argument(
+        "--no-color",
+        dest="color",
+        action="store_const",
+        const=False,
+        help="no colour (as NO_COLOR does)",
+    )
+
+
+def color(flag: bool | None) -> bool | None:
+    """Return whether to colour: the flag, else ``NO_COLOR``, else ``FORCE_COLOR``, else None.
+
+    ``None`` leaves it to the output (a terminal gets colour). A variable counts when it is set
+    and not empty, as no-color.org and force-color.org say; ``NO_COLOR`` wins over
+    ``FORCE_COLOR``, a flag typed on the command line over both.
+    """
+    if flag is not None:
+        return flag
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return None
+
+
 def path(action: argparse.Action, *, directory: bool = False) -> argparse.Action:
     """Mark ``action`` as taking a file (or directory) name, for shell completion."""
     # shtab reads ``complete``; its names spare every command importing shtab (80 ms)
     action.complete = "directory" if directory else "file"  # type: ignore[attr-defined]
+    return action
+
+
+def words(action: argparse.Action, names: Iterable[str]) -> argparse.Action:
+    """Mark ``action`` as completing to ``names`` in every shell, never to file names."""
+    listed = " ".join(names)
+    func = f"_accelplat_{action.dest}_words"
+    action.complete = {  # type: ignore[attr-defined]
+        "bash": func,
+        "zsh": f"({listed})",
+        "fish": listed,
+        "preamble": {"bash": f'{func}() {{ compgen -W "{listed}" -- "$1"; }}'},
+    }
     return action
 
 

@@ -9,16 +9,19 @@ after Ctrl-C; 141 when standard output was closed early. Every ``--json`` docume
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import io
 import json
 import os
 import re
+import socket
 import sys
 from collections.abc import Mapping
 from typing import Any
 
-from accelplat._describe import SCHEMA_VERSION
+from accelplat._describe import SCHEMA_VERSION, driver_version
+from accelplat._platform import Platform
 from accelplat._types import MemoryHolder
 from accelplat._util import printable, shorten
 from accelplat.errors import BackendError, ConfigurationError, DeviceNotFoundError
@@ -44,6 +47,29 @@ def dumps(doc: Mapping[str, Any], *, indent: int | None = None) -> str:
 def holder_json(h: MemoryHolder) -> dict[str, Any]:
     """Return a process holding device memory as ``--json`` documents show it."""
     return {"pid": h.pid, "used_bytes": h.used_bytes, "state": h.state.value, "name": h.name}
+
+
+def host_json(platform: Platform) -> dict[str, Any]:
+    """Return ``{"platform", "hostname", "driver_version"}``, as gpustat's JSON names its host."""
+    return {
+        "platform": platform.name,
+        "hostname": socket.gethostname(),
+        "driver_version": driver_version(platform),
+    }
+
+
+def time_json(timestamp: float, wall_time: float) -> dict[str, Any]:
+    """Return a sample's moment: monotonic ``timestamp``, epoch ``wall_time``, ISO 8601 ``time``.
+
+    ``timestamp`` orders the samples of one run (:func:`time.monotonic`; meaningless across
+    processes or hosts); ``time`` is the wall-clock moment in local time with its UTC offset.
+    """
+    moment = datetime.datetime.fromtimestamp(wall_time, tz=datetime.timezone.utc).astimezone()
+    return {
+        "timestamp": timestamp,
+        "wall_time": wall_time,
+        "time": moment.isoformat(timespec="milliseconds"),
+    }
 
 
 def shown(text: object, *, keep_newlines: bool = False) -> str:

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seconds between memory samples (default 0.4)",
     )
     parser.add_argument(
-        "--quiet", action="store_true", help="print only the bundle's path, not its contents"
+        "--quiet", "-q", action="store_true", help="print only the bundle's path, not its contents"
     )
 
 
@@ -59,9 +59,10 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as exc:
         say(f"accelplat capture: error: cannot write {shown(repr(args.out))}: {shown(exc)}")
         return EXIT_FAILED
-    if not args.quiet:
+    wrote = f"wrote {shown(args.out)} ({len(result.data)} bytes)"
+    if args.quiet:  # what it holds is in the bundle's CONTENTS.txt
+        print(f"{wrote}; its CONTENTS.txt lists everything it holds.")
+    else:
         print(result.contents)
-    print(
-        f"wrote {shown(args.out)} ({len(result.data)} bytes); this is everything it holds (above)."
-    )
+        print(f"{wrote}; this is everything it holds (above).")
     return 0

@@ -1,16 +1,17 @@
 """``accelplat info``: which platform this is, why, and what its devices hold.
 
-The ``--json`` keys are documented in ``docs/cli.md``; they share ``SCHEMA_VERSION``.
+The ``--json`` keys are documented in ``docs/json.md`` (``accelplat/schemas/info.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
 from typing import Any
 
 from accelplat._cli._args import add_common, command, path
-from accelplat._cli._errors import EXIT_FAILED, EXIT_USAGE, shown
+from accelplat._cli._errors import EXIT_FAILED, EXIT_USAGE, say, shown
 from accelplat._describe import collect_info
 from accelplat._util import format_bytes
 
@@ -37,6 +38,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _render_text(info: dict[str, Any]) -> str:
     chosen = info["platform"]
     lines = [f"platform: {chosen if chosen else 'none'}"]
+    if info.get("driver_version"):
+        lines.append(f"driver: {info['driver_version']}")
     if info.get("error"):
         lines.append(f"  error: {info['error']}")
     lines.append("detection:")
@@ -100,11 +103,14 @@ def _run(args: argparse.Namespace) -> int:
             print(shown(f"replaying {source} (captured {created}, accelplat {version})"))
     else:
         info = collect_info()
+    # A capture records no host name, so a replayed description has none.
+    info["hostname"] = None if args.replay else socket.gethostname()
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
     else:
         print(_render_text(info))
     if info["platform"]:
         return 0
+    say(f"accelplat info: error: {shown(info['error'] or 'no platform detected')}")
     # Detection reports a configuration error (ACCELPLAT_PLATFORM=bogus) with no candidates.
     return EXIT_FAILED if info["candidates"] else EXIT_USAGE

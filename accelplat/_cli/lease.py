@@ -22,6 +22,7 @@ from accelplat._cli._args import Size, add_common, command, count_arg, path, rat
 from accelplat._cli._errors import dumps, shown
 from accelplat._leasing import (
     DEFAULT_TIMEOUT_S,
+    MIN_SHARE_BYTES,
     LeaseRecord,
     default_lease_dir,
     lease,
@@ -42,10 +43,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="run a command on devices leased for it alone; --status shows the holders",
         description="Lease devices exclusively among this host's processes (file locks keyed "
         "by device identity; a crashed holder frees them at once), wait until their memory is "
-        "back, and run CMD with only them visible. Leases stay inside the devices this process "
-        "can see.",
-        usage="accelplat lease [-n N] [--min-free SIZE] [--timeout S] -- CMD [ARGS ...]\n"
-        "       accelplat lease --status [--json]",
+        "back, and run CMD with only them visible; with --memory, lease a share of each "
+        "device's memory instead. Leases stay inside the devices this process can see.",
+        usage="accelplat lease [-n N] [--memory SIZE | --min-free SIZE] [--min-free-ratio R] "
+        "[--timeout S] [--lock-dir DIR] [-q] -- CMD [ARGS ...]\n"
+        "       accelplat lease --status [--json] [--lock-dir DIR]",
     )
     parser.add_argument(
         "-n",
@@ -54,6 +56,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=1,
         metavar="N",
         help="devices (default 1)",
+    )
+    parser.add_argument(
+        "--memory",
+        action=Size,
+        help="lease a share of SIZE (e.g. 12GiB) of each device's memory instead of the whole "
+        "device; shares coexist while their budgets and the memory in use fit",
     )
     parser.add_argument(
         "--min-free",
@@ -92,8 +100,16 @@ def _run(args: argparse.Namespace) -> int:
         return _status(args)
     if not cmd:
         raise ConfigurationError("give the command to run after --, e.g. lease -n 1 -- pytest")
+    if args.memory is not None and (args.min_free is not None or args.min_free_ratio is not None):
+        raise ConfigurationError(
+            "--memory leases a share of a device; --min-free and --min-free-ratio are for whole "
+            "devices: give one or the other"
+        )
+    if args.memory is not None and args.memory < MIN_SHARE_BYTES:
+        raise ConfigurationError(f"--memory must be at least 1MiB, got {format_bytes(args.memory)}")
     held = lease(
         args.count,
+        memory=args.memory,
         min_free_bytes=args.min_free,
         min_free_ratio=args.min_free_ratio,
         timeout_s=args.timeout,
@@ -103,7 +119,9 @@ def _run(args: argparse.Namespace) -> int:
         if not args.quiet:
             names = ", ".join(f"{d.index} ({d.stable_id or d.name})" for d in held.devices)
             env = " ".join(f"{k}={'(unset)' if v is None else v}" for k, v in held.environ.items())
-            print(f"accelplat: leased {names} after {held.waited_s:.2f} s; {env}", file=sys.stderr)
+            share = "" if args.memory is None else f" ({format_bytes(args.memory)} of each)"
+            line = f"accelplat: leased {names}{share} after {held.waited_s:.2f} s"
+            print(f"{line}; {env}" if env else line, file=sys.stderr)
         return _run_child(cmd, held.child_environ(), held.lock_fds)
 
 
@@ -134,7 +152,9 @@ def _run_child(cmd: Sequence[str], env: dict[str, str], fds: Sequence[int]) -> i
     return 128 - code if code < 0 else code
 
 
-def _state(record: LeaseRecord) -> str:
+def _state(record: LeaseRecord, shared: frozenset[str] = frozenset()) -> str:
+    if record.budget_bytes is None and record.device_id in shared:
+        return "shared"  # its memory shares hold the device's lock shared
     if record.held:
         return "held"
     if record.pid is not None and not record.released:
@@ -144,11 +164,17 @@ def _state(record: LeaseRecord) -> str:
 
 def _status(args: argparse.Namespace) -> int:
     records = lease_status(args.lock_dir)  # None: the private default, checked as such
+    shared = frozenset(r.device_id for r in records if r.budget_bytes is not None and r.held)
     directory = str(default_lease_dir()) if args.lock_dir is None else args.lock_dir
     if args.json:
-        keys = ("held", "pid", "command", "since", "released", "platform", "baseline_used_bytes")
+        keys = ("held", "pid", "command", "since", "released", "platform", "baseline_used_bytes",
+                "budget_bytes")  # fmt: skip
         devices = [
-            {"device_id": r.device_id, "state": _state(r), **{k: getattr(r, k) for k in keys}}
+            {
+                "device_id": r.device_id,
+                "state": _state(r, shared),
+                **{k: getattr(r, k) for k in keys},
+            }
             for r in records
         ]
         print(dumps({"lock_dir": directory, "devices": devices}))
@@ -160,8 +186,11 @@ def _status(args: argparse.Namespace) -> int:
     for r in records:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.since)) if r.since else "?"
         who = f"pid {r.pid} since {since}: {r.command}" if r.pid is not None else "no holder"
+        if _state(r, shared) == "shared":
+            who = "by the memory shares below"
         base = ""
         if r.held and r.baseline_used_bytes is not None:
             base = f" (handed out at {format_bytes(r.baseline_used_bytes)} used)"
-        print(shown(f"  {r.device_id}  {_state(r)}  {who}{base}"))  # a command: escaped
+        share = "" if r.budget_bytes is None else f"  share of {format_bytes(r.budget_bytes)}"
+        print(shown(f"  {r.device_id}{share}  {_state(r, shared)}  {who}{base}"))  # escaped
     return 0

@@ -10,10 +10,11 @@ import argparse
 import sys
 from typing import Any
 
-from accelplat._cli._args import Size, add_common, command, path
+from accelplat._cli._args import Size, add_common, command, path, words
 from accelplat._cli._errors import dumps
 from accelplat._host import DEFAULT_SHM_PATH, shm_info, shortage_error
 from accelplat._sizing import (
+    DTYPE_NAMES,
     check_kv_cache_fits,
     dtype_bytes,
     kv_cache_bytes,
@@ -72,9 +73,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="width of a value head (default: head size; 0 for MLA)",
     )
-    kv.add_argument(
+    dtype = kv.add_argument(
         "--dtype", required=True, help="KV-cache dtype: bf16, fp16, fp32, fp8 … or bytes: 2"
     )
+    words(dtype, DTYPE_NAMES)
     kv.add_argument("--max-model-len", type=int, required=True, help="tokens of one request")
     kv.add_argument("--block-size", type=int, default=16, help="tokens per page (16)")
     kv.add_argument("--available", action=Size, help="memory left for the KV cache: 0.64GiB")

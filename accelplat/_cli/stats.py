@@ -2,8 +2,9 @@
 
 One table, or with ``--watch SECONDS`` one per refresh. On a terminal the table is the live
 view, drawn with ``rich`` (the ``cli`` extra): a header, a bar per device coloured by how full it
-is, holders on ``h`` or with ``--holders``, ``q`` to quit. ``NO_COLOR`` drops the colour; off a
-terminal (or with ``TERM=dumb``) it is plain text; ``--json`` prints one object per refresh.
+is, holders on ``h`` or with ``--holders``, ``q`` to quit. ``--no-color`` or ``NO_COLOR`` drops
+the colour; off a terminal (or with ``TERM=dumb``) it is plain text unless ``--color`` or
+``FORCE_COLOR`` asks for colour; ``--json`` prints one object per refresh.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from typing import IO, Any
 
 from typing_extensions import Self
 
-from accelplat._cli._args import add_common, command, count_arg, seconds_arg
-from accelplat._cli._errors import dumps, holder_json
+from accelplat._cli._args import add_common, color, color_options, command, count_arg, seconds_arg
+from accelplat._cli._errors import dumps, holder_json, host_json, time_json
 from accelplat._memory import default_clock, snapshot
 from accelplat._platform import Platform
 from accelplat._registry import current_platform
@@ -53,6 +54,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "platform's context-free query reports it. Creates no device context.",
     )
     add_common(parser, json="print JSON (one object per refresh)", devices=True)
+    color_options(parser)
     parser.add_argument(
         "--watch",
         type=seconds_arg(allow_zero=False),
@@ -72,9 +74,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
 
 
-def use_rich(stream: IO[str], *, watch: bool = False) -> bool:
-    """Whether to draw the live view: a terminal but ``TERM=dumb``, and ``rich`` (for ``watch``)."""
-    if os.environ.get("TERM") == "dumb" or not stream.isatty():
+def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None) -> bool:
+    """Whether to draw the live view: a terminal but ``TERM=dumb``, and ``rich`` (for ``watch``).
+
+    ``colour=True`` (``--color``, ``FORCE_COLOR``) draws it anywhere, a pipe too.
+    """
+    if colour is not True and (os.environ.get("TERM") == "dumb" or not stream.isatty()):
         return False
     try:
         import rich  # noqa: F401
@@ -95,10 +100,12 @@ def snapshot_to_json(
     *,
     holders: bool,
     details: Details | None = None,
+    host: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Return the document ``accelplat stats --json`` prints for one sample (``docs/cli.md``).
+    """Return the document ``accelplat stats --json`` prints for one sample (``docs/json.md``).
 
-    ``details`` (default: read with psutil) gives each holder's user and command line.
+    ``details`` (default: read with psutil) gives each holder's user and command line; ``host``
+    is :func:`host_json`'s answer, asked once per run (``None``: asked now).
     """
     details = _process_details() if details is None and holders else details
     devices: list[dict[str, Any]] = []
@@ -118,9 +125,8 @@ def snapshot_to_json(
             entry["holders"] = None if held is None else [_holder(h, details) for h in held]
         devices.append(entry)
     return {
-        "platform": platform.name,
-        "timestamp": snap.timestamp,
-        "wall_time": snap.wall_time,
+        **(host_json(platform) if host is None else host),
+        **time_json(snap.timestamp, snap.wall_time),
         "devices": devices,
     }
 
@@ -181,22 +187,29 @@ def _run(args: argparse.Namespace) -> int:
     shown = {i: printable(n) for i, n in names.items()}  # for a terminal: escapes escaped
     snapshot(args.devices, platform=platform, holders=False)  # check the devices first
     out = sys.stdout
-    live = not args.json and use_rich(out, watch=args.watch is not None)
+    colour = color(args.color)
+    live = not args.json and use_rich(out, watch=args.watch is not None, colour=colour)
     clock = default_clock(platform)
     state = ViewState(holders=args.holders)
+    host: dict[str, Any] | None
     try:
         with contextlib.suppress(KeyboardInterrupt), contextlib.ExitStack() as stack:  # Ctrl-C
             if live and args.watch:  # SIGTERM, SIGHUP: end as Ctrl-C does, terminal restored
                 stack.enter_context(_ended_by(signal.SIGTERM, signal.SIGHUP))  # undone last
             keys = stack.enter_context(Keys(sleep=clock.sleep)) if live and args.watch else None
-            draw = _live_view(stack, platform.name, shown, state, args.watch) if live else None
-            n = 0
+            draw = (
+                _live_view(stack, platform.name, shown, state, args.watch, colour=colour)
+                if live
+                else None
+            )
+            n, host = 0, None  # host: host_json(), asked once per run
             while not state.quit:
                 snap = snapshot(args.devices, platform=platform, holders=state.holders)
                 if draw is not None:
                     draw(snap)
                 elif args.json:
-                    doc = snapshot_to_json(platform, snap, names, holders=state.holders)
+                    host = host or host_json(platform)
+                    doc = snapshot_to_json(platform, snap, names, holders=state.holders, host=host)
                     out.write(dumps(doc) + "\n")
                 else:
                     text = _plain(platform, snap, shown, state.holders, _process_details())
@@ -247,18 +260,21 @@ def _live_view(
     names: dict[int, str],
     state: ViewState,
     watch: float | None,
+    *,
+    colour: bool | None = None,
 ) -> Callable[[UsageSnapshot], None]:
     from rich.console import Console
     from rich.live import Live
 
-    console = Console(no_color=bool(os.environ.get("NO_COLOR")) or None)
+    # colour() read NO_COLOR and FORCE_COLOR already; rich would read them again over a flag.
+    console = Console(no_color=colour is False, force_terminal=colour or None)
 
     def frame(snap: UsageSnapshot) -> Any:
         return render(
             platform, snap, names, state=state, interval=watch, details=_process_details()
         )
 
-    if watch is None:
+    if watch is None or not sys.stdout.isatty():  # a forced colour in a pipe: frame by frame
         return lambda snap: console.print(frame(snap))
     # The alternate screen, as top and nvitop use: each refresh draws the whole screen from its
     # top-left corner, so a resized terminal (which reflows what it shows) keeps no stale line.

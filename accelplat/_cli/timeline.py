@@ -21,13 +21,18 @@ from pathlib import Path
 from types import FrameType
 
 from accelplat._cli._args import command, output_option, path
-from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, parse_leak_tolerance
-from accelplat.errors import ConfigurationError
-from accelplat.timeline._chrome import write_chrome_trace
+from accelplat._leaks import (
+    DEFAULT_LEAK_TOLERANCE_BYTES,
+    Holdings,
+    current_holdings,
+    parse_leak_tolerance,
+)
+from accelplat._vendor import procs
+from accelplat.errors import AccelplatError, ConfigurationError
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
 from accelplat.timeline._render import write_report
 from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
-from accelplat.timeline._trace import Trace, clip, load_trace, save_trace
+from accelplat.timeline._trace import SpanOwners, Trace, clip, load_trace, save_trace
 
 DEFAULT_KILL_AFTER_S = 5.0  # seconds to exit after a forwarded signal, then SIGTERM, SIGKILL
 _CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -227,6 +232,7 @@ def run_record(args: argparse.Namespace) -> int:
     signals.install()
     try:
         recorder.start()
+        before = _holdings(recorder)
         recorder.begin_test(label)
         try:
             proc = subprocess.Popen(argv)  # no shell: the arguments reach it as given
@@ -236,6 +242,7 @@ def run_record(args: argparse.Namespace) -> int:
             recorder.add_note(f"The command could not be started: {why}")
             status = 127
         else:
+            procs.remember({proc.pid})  # its memory is the command's even after it exits
             signals.attach(proc)
             code = _reap(proc, signals)
             status = 128 - code if code < 0 else code
@@ -246,6 +253,12 @@ def run_record(args: argparse.Namespace) -> int:
             with contextlib.suppress(_StopLingeringError):
                 recorder.linger(sleep=signals.sleep)
         recorder.stop()
+        after = _holdings(recorder)
+        if before and after:
+            recorder.add_owners(
+                label,
+                [SpanOwners(d, before[d], after[d]) for d in sorted(before) if d in after],
+            )
         trace = recorder.trace(command=argv, exit_code=status)
         if signals.received:
             when = "while the command ran" if during else "after the command finished"
@@ -256,6 +269,17 @@ def run_record(args: argparse.Namespace) -> int:
         return _save(trace, out, args.html, status)
     finally:
         signals.restore()
+
+
+def _holdings(recorder: Recorder) -> dict[int, Holdings]:
+    """What each device holds now, by owner (the command is a child): {} if it cannot be read."""
+    platform = recorder.platform
+    if platform is None:
+        return {}
+    try:
+        return current_holdings(platform)
+    except AccelplatError:
+        return {}
 
 
 def _reap(proc: subprocess.Popen[bytes], signals: _Signals) -> int:
@@ -305,7 +329,7 @@ def run_report(args: argparse.Namespace) -> int:
             print(f"accelplat report: wrote {page}", file=sys.stderr)
         if args.chrome_trace is not None:
             target = args.chrome_trace
-            written = write_chrome_trace(trace, args.chrome_trace)
+            written = write_report(trace, args.chrome_trace, format="chrome")
             print(f"accelplat report: wrote {written}", file=sys.stderr)
     except OSError as exc:  # a runtime failure, not bad usage
         print(f"accelplat report: error: cannot write {target!r}: {exc}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""``accelplat wait``: block until device memory is clear (or settled), for shell scripts.
+"""``accelplat wait``: block until device memory is clear, settled or released, for scripts.
 
 Exit 0 when every device reached its target; 1 when the timeout passed first (the devices that
 missed and the processes holding their memory go to standard error) or the wait could not go
@@ -14,17 +14,18 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from accelplat._cli._args import Size, add_common, command, ratio_arg, seconds_arg
-from accelplat._cli._errors import dumps, holder_json, say
+from accelplat._cli._args import Size, add_common, command, count_arg, ratio_arg, seconds_arg
+from accelplat._cli._errors import dumps, holder_json, host_json, say, time_json
 from accelplat._memory import (
     DEFAULT_STABLE_TOLERANCE_BYTES,
     wait_for_memory_to_clear,
     wait_for_memory_to_settle,
+    wait_for_release,
 )
 from accelplat._registry import current_platform
 from accelplat._types import SettleResult, UsageSnapshot
 from accelplat._util import format_bytes, printable
-from accelplat.errors import AccelplatError, ConfigurationError, MemoryNotSettledError
+from accelplat.errors import ConfigurationError, MemoryNotSettledError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,6 +64,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--force", action="store_true", help="with --settle: use the window on eager platforms too"
+    )
+    parser.add_argument(
+        "--pid",
+        dest="pids",
+        action="append",
+        type=count_arg(minimum=1, maximum=2**31 - 1, what="a process id (1..2147483647)"),
+        metavar="PID",
+        help="wait until process PID (and its descendants) holds no device memory or is gone; "
+        "repeatable; no threshold",
     )
     parser.add_argument(
         "--stable",
@@ -114,18 +124,30 @@ class Progress:
             self._drawn = False
 
 
-def _outcome_json(outcome: SettleResult | MemoryNotSettledError) -> dict[str, Any]:
+def _outcome_json(
+    outcome: SettleResult | MemoryNotSettledError, host: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Return the document ``wait --json`` prints (``docs/json.md``); ``host``: host_json()."""
     snap, timed_out = outcome.snapshot, isinstance(outcome, MemoryNotSettledError)
+    devices = []
+    for index, info in sorted(snap.memory.items()):
+        held = snap.holders.get(index)
+        devices.append(
+            {
+                "index": index,
+                "used": info.used,
+                "total": info.total,
+                "target": outcome.targets.get(index),
+                "cleared": info.used <= outcome.targets.get(index, -1),
+                "holders": None if held is None else [holder_json(h) for h in held],
+            }
+        )
     doc: dict[str, Any] = {
         "status": "timeout" if timed_out else "clear",
+        **host,
+        **time_json(snap.timestamp, snap.wall_time),
         "waited_s": outcome.waited_s,
-        "targets": {str(d): t for d, t in sorted(outcome.targets.items())},
-        "devices": {
-            str(d): {"used": m.used, "total": m.total} for d, m in sorted(snap.memory.items())
-        },
-        "holders": {
-            str(d): [holder_json(h) for h in held] for d, held in sorted(snap.holders.items())
-        },
+        "devices": devices,
     }
     if isinstance(outcome, SettleResult):
         doc["polls"] = outcome.polls
@@ -133,6 +155,30 @@ def _outcome_json(outcome: SettleResult | MemoryNotSettledError) -> dict[str, An
     else:
         doc["error"] = str(outcome)
     return doc
+
+
+def _wait(args: argparse.Namespace, progress: Progress, **common: Any) -> SettleResult:
+    """Wait as ``args`` ask; the progress line is finished however it ends (Ctrl-C too)."""
+    try:
+        if args.pids:  # no on_poll: its targets are no usage levels to draw
+            return wait_for_release(args.pids, **common)
+        if args.settle:
+            ratio = 0.1 if args.threshold_ratio is None else args.threshold_ratio
+            # whole devices: the engines a script started are not this command's children
+            return wait_for_memory_to_settle(
+                threshold_ratio=ratio, force=args.force, owners="all", on_poll=progress, **common
+            )
+        tolerance = DEFAULT_STABLE_TOLERANCE_BYTES if args.tolerance is None else args.tolerance
+        return wait_for_memory_to_clear(
+            threshold_bytes=args.threshold_bytes,
+            threshold_ratio=args.threshold_ratio,
+            stable_duration_s=args.stable,
+            stable_tolerance_bytes=tolerance,
+            on_poll=progress,
+            **common,
+        )
+    finally:  # the shell's prompt, or the message that follows, starts on a clean line
+        progress.finish()
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -145,42 +191,39 @@ def _run(args: argparse.Namespace) -> int:
     for name, message in conflicts.items():
         if args.settle and getattr(args, name) is not None:
             raise ConfigurationError(message)
+    if args.pids and (
+        args.settle
+        or args.force
+        or any(getattr(args, n) is not None for n in ("threshold_ratio", *conflicts))
+    ):
+        raise ConfigurationError(
+            "--pid waits for those processes' memory: it takes no threshold, --stable, "
+            "--tolerance, --settle or --force"
+        )
     if args.force and not args.settle:
         raise ConfigurationError("--force only applies with --settle")
-    if not args.settle and args.threshold_ratio is None and args.threshold_bytes is None:
-        raise ConfigurationError("give --threshold-ratio R or --threshold-bytes SIZE (or --settle)")
+    if (
+        not (args.settle or args.pids)
+        and args.threshold_ratio is None
+        and args.threshold_bytes is None
+    ):
+        raise ConfigurationError(
+            "give --threshold-ratio R or --threshold-bytes SIZE (or --settle, or --pid PID)"
+        )
 
     progress = Progress(sys.stderr, enabled=not args.quiet and sys.stderr.isatty())
-    common: dict[str, Any] = {
-        "devices": args.devices,
-        "timeout_s": args.timeout,
-        "on_poll": progress,
-    }
+    platform = current_platform()
     try:
-        common["platform"] = current_platform()
-        if args.settle:
-            ratio = 0.1 if args.threshold_ratio is None else args.threshold_ratio
-            result = wait_for_memory_to_settle(threshold_ratio=ratio, force=args.force, **common)
-        else:
-            tolerance = DEFAULT_STABLE_TOLERANCE_BYTES if args.tolerance is None else args.tolerance
-            result = wait_for_memory_to_clear(
-                threshold_bytes=args.threshold_bytes,
-                threshold_ratio=args.threshold_ratio,
-                stable_duration_s=args.stable,
-                stable_tolerance_bytes=tolerance,
-                **common,
-            )
-    except AccelplatError as exc:
-        progress.finish()
-        if not isinstance(exc, MemoryNotSettledError):
-            raise  # the command line's one mapping: 2 for bad arguments, 1 for the rest
+        result = _wait(
+            args, progress, platform=platform, devices=args.devices, timeout_s=args.timeout
+        )
+    except MemoryNotSettledError as exc:
         say(f"accelplat wait: {printable(exc, keep_newlines=True)}")
         if args.json:
-            print(dumps(_outcome_json(exc)))
+            print(dumps(_outcome_json(exc, host_json(platform))))
         return 1
-    progress.finish()
     if args.json:
-        print(dumps(_outcome_json(result)))
+        print(dumps(_outcome_json(result, host_json(platform))))
     elif not args.quiet:
         how = "already clear" if result.already_settled else f"clear after {result.waited_s:.2f} s"
         detail = f"({result.polls} poll(s)): {result.snapshot.describe()}"

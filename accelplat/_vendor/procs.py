@@ -41,15 +41,91 @@ def _classify_live(pid: int) -> tuple[HolderState, str]:
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError, OverflowError):
         return HolderState.GONE, ""
     name = _name(proc)
-    if status == psutil.STATUS_ZOMBIE:
-        return HolderState.ZOMBIE, name
     try:
         parents = proc.parents()
     except (psutil.Error, OSError):
         parents = []
-    if any(p.pid == os.getpid() for p in parents):
-        return HolderState.CHILD, name
-    return HolderState.ALIVE, name
+    ours = any(p.pid == os.getpid() for p in parents)
+    if ours:
+        _seen.add(pid)  # a descendant, even an unreaped one: its memory stays ours once it is gone
+    if status == psutil.STATUS_ZOMBIE:
+        return HolderState.ZOMBIE, name
+    return (HolderState.CHILD if ours else HolderState.ALIVE), name
+
+
+# Pids seen as descendants of this process: a child that exited but whose memory the driver still
+# lists (a killed engine, a dead parent whose fork()ed child keeps its memory) stays ours by them.
+_seen: set[int] = set()
+_SEEN_MAX = 65536  # a long session that starts many children forgets the oldest half
+
+
+def descendants(pid: int | None = None) -> frozenset[int]:
+    """Return the live descendants of ``pid`` (``None``: this process), zombies included.
+
+    Each is remembered as this process's own when ``pid`` is this process or one of its
+    descendants (see :func:`was_ours`). Returns an empty set where ``pid`` is gone.
+    """
+    target = os.getpid() if pid is None else pid
+    answer: object = _boundary.call("proc", ("descendants", target), lambda: _descendants(target))
+    if not isinstance(answer, (list, tuple)):  # a replay that was not told: none
+        return frozenset()
+    found = frozenset(p for p in answer if isinstance(p, int) and not isinstance(p, bool))
+    if target == os.getpid() or target in _seen:
+        remember(found)
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return sorted(p.pid for p in psutil.Process(pid).children(recursive=True))
+    except (psutil.Error, OSError, ValueError, OverflowError):
+        return []
+
+
+def remember(pids: frozenset[int] | set[int]) -> None:
+    """Note ``pids`` as descendants of this process (see :func:`was_ours`)."""
+    if len(_seen) + len(pids) > _SEEN_MAX:
+        for old in sorted(_seen)[: len(_seen) // 2]:
+            _seen.discard(old)
+    _seen.update(pids)
+
+
+def was_ours(pid: int) -> bool:
+    """Whether ``pid`` was seen as a descendant of this process (a later stranger may reuse it)."""
+    return pid in _seen
+
+
+# The kernel's initial pid namespace has this fixed inode (PROC_PID_INIT_INO, include/linux/
+# proc_ns.h); /proc/self/ns/pid names another in a container with its own pid namespace.
+_INIT_PID_NAMESPACE = "pid:[4026531836]"
+
+
+def foreign_pid_namespace() -> bool:
+    """Whether this process runs in a pid namespace of its own (a container's).
+
+    Drivers report host pids (NVML, KFD, Level Zero have no pid-namespace support), which then
+    name no process here, or the wrong one. ``False`` where it cannot be told (not Linux).
+    """
+    answer: object = _boundary.call("proc", ("pid-namespace",), _pid_namespace_live)
+    return answer is True
+
+
+def _pid_namespace_live() -> bool:
+    try:
+        link = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return False
+    return link != _INIT_PID_NAMESPACE
+
+
+def _forget_seen() -> None:
+    _seen.clear()
+
+
+if hasattr(os, "register_at_fork"):  # a forked child's descendants are not its parent's
+    os.register_at_fork(after_in_child=_forget_seen)
 
 
 def _name(proc: psutil.Process) -> str:

@@ -8,6 +8,7 @@ data, never branches (docs/migrating-vllm-tests.md). pytest is imported only whe
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 import warnings
@@ -16,12 +17,16 @@ from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from accelplat import _validate
+from accelplat._leasing import ENV_MEMORY_BYTES
 from accelplat._platform import Platform, StartMethod, optional, validate_utilization
+from accelplat._sizing import KVCacheShape
 from accelplat._types import GIB, MIB, MemoryInfo, SettleResult, UsageSnapshot
+from accelplat._util import format_bytes
 from accelplat.errors import (
     AccelplatError,
     ChildTestError,
     ConfigurationError,
+    KVCacheTooSmallError,
     MemoryNotSettledError,
     VllmArgumentError,
     VllmMemoryNotFreeError,
@@ -38,6 +43,7 @@ EAGER_START_GRACE_S = 2.0
 _VLLM_SETTLE_WINDOW_S = 2.0  # stability window of vLLM's wait_for_memory_to_settle
 
 _UTILIZATION_KEY = "gpu_memory_utilization"
+_KV_KEY = "kv_cache_memory_bytes"  # vLLM's fixed KV-cache size; it then ignores the utilization
 _PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -246,8 +252,8 @@ def _clear(
         print(f"gpu memory used/total (GiB): {line}", flush=True)
 
     try:
-        if settle:
-            return wait_for_memory_to_settle(on_poll=on_poll, platform=p, **wait)
+        if settle:  # whole devices, as vLLM judges them: the owner-aware rule is accelplat's
+            return wait_for_memory_to_settle(on_poll=on_poll, platform=p, owners="all", **wait)
         return wait_for_memory_to_clear(devices, on_poll=on_poll, platform=p, **wait)
     except MemoryNotSettledError as exc:  # raised only after every argument was validated
         by_bytes, by_ratio = wait.get("threshold_bytes"), wait.get("threshold_ratio")
@@ -319,16 +325,108 @@ def _check_strict(strict: object) -> bool:
     return strict
 
 
-def engine_kwargs(kwargs: Mapping[str, Any], *, platform: Platform | None = None) -> dict[str, Any]:
+def engine_kwargs(
+    kwargs: Mapping[str, Any],
+    *,
+    platform: Platform | None = None,
+    budget_bytes: int | None = None,
+    model_bytes: int | None = None,
+    kv_cache_shape: KVCacheShape | None = None,
+) -> dict[str, Any]:
     """Return a new dict of engine keyword arguments with a utilization that suits this platform.
 
     A missing ``gpu_memory_utilization`` becomes ``default_memory_utilization`` (vLLM's XPU branch).
+    Under a memory budget (a share lease: ``lease(memory=)``, ``--accelplat-pack``) the engine
+    is kept inside it instead: ``gpu_memory_utilization`` (vLLM's per-instance limit) becomes
+    the budget's fraction of device 0, and with ``model_bytes`` the rest of the budget becomes
+    ``kv_cache_memory_bytes``.
+
+    Args:
+        kwargs: The engine's keyword arguments (not changed).
+        platform: The platform; ``None``: the current one.
+        budget_bytes: Bytes the engine may use on each device; ``None``: the memory lease's
+            (``ACCELPLAT_LEASE_MEMORY_BYTES``), else no budget.
+        model_bytes: Under a budget: what the engine needs besides its KV cache (weights,
+            activations, graphs).
+        kv_cache_shape: Under a budget, with ``model_bytes``: the model's KV-cache shape, to
+            refuse a budget whose KV cache cannot hold one request of ``kwargs["max_model_len"]``.
 
     Raises:
-        ValueError: For a utilization not in ``(0, 1]`` or a ``kwargs`` that is no mapping.
+        ValueError: For a utilization not in ``(0, 1]`` or a ``kwargs`` that is no mapping; a
+            ``ConfigurationError`` for a bad budget, or a utilization above the budget.
+        KVCacheTooSmallError: When the budget's KV cache cannot hold ``max_model_len``; the
+            message says what budget would.
     """
-    utilization = _utilization(kwargs, _platform(platform))  # refuses a kwargs that is no mapping
-    return {**kwargs, _UTILIZATION_KEY: utilization}
+    p = _platform(platform)
+    utilization = _utilization(kwargs, p)  # refuses a kwargs that is no mapping
+    budget = _budget(budget_bytes)
+    if budget is None or p.device_count() == 0:
+        return {**kwargs, _UTILIZATION_KEY: utilization}
+    total = p.memory_info(0).total
+    if budget > total:
+        raise ConfigurationError(
+            f"the memory budget ({format_bytes(budget)}) is larger than {p.name} device 0 "
+            f"({format_bytes(total)})"
+        )
+    share = math.floor(budget / total * 10_000) / 10_000  # never above the budget
+    if kwargs.get(_UTILIZATION_KEY) is not None and utilization > share + 1e-9:
+        raise ConfigurationError(
+            f"{_UTILIZATION_KEY}={utilization:g} asks for {format_bytes(utilization * total)} of "
+            f"{p.name} device 0, beyond this test's memory budget of {format_bytes(budget)}: leave "
+            f"{_UTILIZATION_KEY} out (engine_kwargs sets {share:g} from the budget) or raise "
+            "the budget (accelplat_requires(device_memory=…), lease(memory=…))"
+        )
+    result = {**kwargs, _UTILIZATION_KEY: min(utilization, share)}
+    if model_bytes is None:
+        return result
+    model = _validate.integer(model_bytes, "model_bytes", minimum=0)
+    given = kwargs.get(_KV_KEY)
+    kv = budget - model if given is None else _validate.integer(given, _KV_KEY, minimum=0)
+    if kv_cache_shape is not None and kwargs.get("max_model_len") is not None:
+        _check_budget_kv(kv_cache_shape, kwargs["max_model_len"], kv, model, budget)
+    if model + kv > budget or kv <= 0:
+        raise ConfigurationError(
+            f"model_bytes ({format_bytes(model)}) and {_KV_KEY} ({format_bytes(max(kv, 0))}) do "
+            f"not fit in this test's memory budget of {format_bytes(budget)}: raise the budget "
+            "(accelplat_requires(device_memory=…), lease(memory=…))"
+        )
+    result[_KV_KEY] = kv
+    return result
+
+
+def _budget(budget_bytes: int | None) -> int | None:
+    """The engine's budget: the argument, else the memory lease's variable, else ``None``."""
+    if budget_bytes is not None:
+        return _validate.integer(budget_bytes, "budget_bytes", minimum=1)
+    raw = os.environ.get(ENV_MEMORY_BYTES, "").strip()
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 20):
+        raise ConfigurationError(f"{ENV_MEMORY_BYTES} must be a number of bytes, got {raw!r:.40}")
+    return _validate.integer(int(raw), ENV_MEMORY_BYTES, minimum=1)
+
+
+def _check_budget_kv(
+    shape: KVCacheShape, max_model_len: object, kv: int, model: int, budget: int
+) -> None:
+    """Refuse a KV cache of ``kv`` bytes that cannot hold one request of ``max_model_len``."""
+    length = _validate.integer(max_model_len, "max_model_len", minimum=1)
+    needed = shape.bytes_for(length)
+    if needed <= kv:
+        return
+    left = max(kv, 0)
+    estimate = shape.longest_that_fits(left)
+    raise KVCacheTooSmallError(
+        f"To serve one request at max_model_len={length}, {format_bytes(needed)} KV cache is "
+        f"needed, but this test's memory budget of {format_bytes(budget)} leaves "
+        f"{format_bytes(left)} for it after the model's {format_bytes(model)}. Raise the budget "
+        f"to at least {format_bytes(model + needed)} (accelplat_requires(device_memory=…), "
+        f"lease(memory=…)), or set max_model_len to at most {estimate}.",
+        needed=needed,
+        available=left,
+        max_model_len=length,
+        estimated_max_model_len=estimate,
+    )
 
 
 def before_engine_start(

@@ -6,16 +6,19 @@ Its parts register only when their option is on: a session using none never dete
 from __future__ import annotations
 
 import sys
+from collections import Counter
+from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 import pytest
 
-from accelplat._needs import forget_tables
+from accelplat._util import format_bytes
 from accelplat.errors import AccelplatError, ConfigurationError, MarkerError
 from accelplat.pytest_plugin._requires import MARKER, parse, skip_reason
 from accelplat.pytest_plugin._shared import (
     DEFAULT_LEAK_TOLERANCE,
     FORCED_KEY,
+    LEAK_PLUGIN_NAME,
     current,
     reapply_forced,
 )
@@ -61,13 +64,51 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="how long --accelplat-lease waits for devices (default 600)")
     add("--accelplat-lease-min-free", metavar="SIZE",
         help="free memory each leased device must have, e.g. 40GiB")
+    add("--accelplat-pack", action="store_true", help="lease each test the memory it needs "
+        "(accelplat_requires(device_memory=), else its recorded footprint, else a whole device), "
+        "so that xdist workers share devices; bodies run in new processes")
+    add("--accelplat-footprints", metavar="PATH", help="footprint store: the timeline writes "
+        "each test's peak memory there; --accelplat-pack reads its budgets from it")
     ini = parser.addini
+    ini("accelplat_platform", "force the platform, as --accelplat-platform (which wins)")
     ini("accelplat_leak_check", "turn the leak check on", "bool", False)
     ini("accelplat_leak_tolerance", f"leak tolerance (default {tol})", default=tol)
     ini("accelplat_leak_wait", "seconds to wait before reporting a leak, or 'auto'", default="auto")
+    ini("accelplat_timeline", "write an HTML timeline there, as --accelplat-timeline; relative "
+        "to the ini file's directory")
+    ini("accelplat_timeline_json", "save the raw trace there too, as --accelplat-timeline-json")
+    ini("accelplat_settle_timeout", "settled_device_memory's time limit in seconds, or 'auto' "
+        f"({FIXTURE_SETTLE_TIMEOUT_EAGER_S:g} s where release is eager, else the platform's "
+        f"settle timeout up to {FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S:g} s)", default="auto")
+    ini("accelplat_settle_owners", "whose memory settled_device_memory waits for: 'ours' (this "
+        "process and its descendants; co-tenants are named, not waited for) or 'all'",
+        default="ours")
     ini("accelplat_timeline_wait_fixtures", "fixtures the timeline shows as memory waits",
         "linelist", ["settled_device_memory"])
+    ini("accelplat_lease", "lease each test process its own devices, as --accelplat-lease",
+        "bool", False)
     # fmt: on
+
+
+# (option dest, ini name, a path relative to the ini file): the ini applies when the option is not
+# given on the command line, which always wins.
+_FROM_INI = (
+    ("accelplat_platform", "accelplat_platform", False),
+    ("accelplat_timeline", "accelplat_timeline", True),
+    ("accelplat_timeline_json", "accelplat_timeline_json", True),
+    ("accelplat_lease", "accelplat_lease", False),
+)
+
+
+def _apply_ini(config: pytest.Config, namespace: object) -> None:
+    """Fill the options not given on the command line in ``namespace`` from the ini file."""
+    for dest, name, is_path in _FROM_INI:
+        value = config.getini(name)
+        if getattr(namespace, dest, None) or not value:
+            continue
+        if is_path and config.inipath is not None:
+            value = str(config.inipath.parent / str(value))
+        setattr(namespace, dest, value)
 
 
 def _lease_count(text: str) -> int:
@@ -81,6 +122,7 @@ def _lease_count(text: str) -> int:
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     """With ``--accelplat-lease``, lease this process's devices before conftests are imported."""
     namespace = early_config.known_args_namespace
+    _apply_ini(early_config, namespace)
     if getattr(namespace, "accelplat_lease", False):
         from accelplat.pytest_plugin._lease import start
 
@@ -90,12 +132,17 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """Register the marker; apply ``--accelplat-platform``; start the parts that are on."""
     config.addinivalue_line("markers", MARKER)
+    _apply_ini(config, config.option)
     if name := config.getoption("--accelplat-platform"):
         _force_platform(config, str(name))
     if config.getoption("--accelplat-lease"):
         from accelplat.pytest_plugin._lease import check_workers
 
         check_workers(config)
+    if config.getoption("--accelplat-pack"):
+        from accelplat.pytest_plugin import _pack
+
+        _pack.configure(config)
     path = config.rootpath / "pyproject.toml"
     if path.is_file():  # [tool.accelplat.capabilities]
         from accelplat._capabilities import load_pyproject
@@ -105,10 +152,12 @@ def pytest_configure(config: pytest.Config) -> None:
         except ConfigurationError as exc:
             raise pytest.UsageError(f"accelplat capabilities: {exc}") from None
     flag = config.getoption("--accelplat-leak-check")
-    if config.getini("accelplat_leak_check") if flag is None else flag:
+    checking = config.getini("accelplat_leak_check") if flag is None else flag
+    if checking or config.getoption("--accelplat-timeline"):
         from accelplat.pytest_plugin import _leaks
 
-        _leaks.configure(config)
+        # the timeline judges by the leak check's readings by owner (one rule): read them quietly
+        _leaks.configure(config, report=bool(checking))
     if config.getoption("--accelplat-timeline"):
         from accelplat.pytest_plugin import _timeline
 
@@ -137,10 +186,51 @@ def _force_platform(config: pytest.Config, raw: str) -> None:
             registry.set_current_platform(None)
 
 
-def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    """With ``--accelplat-capabilities``, the capability table of device 0."""
-    if not config.getoption("--accelplat-capabilities"):
-        return None
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """One line naming the platform, its devices and the parts that are on, when any is on.
+
+    With ``--accelplat-capabilities``, the capability table of device 0 follows it.
+    """
+    lines = [] if (line := _header_line(config)) is None else [line]
+    if config.getoption("--accelplat-capabilities"):
+        lines += _capability_lines(config)
+    return lines
+
+
+def _header_line(config: pytest.Config) -> str | None:
+    # Every part read from its option after _apply_ini, so the ini's parts are named too.
+    from accelplat import __version__
+    from accelplat.pytest_plugin._shared import leak_tolerance
+
+    parts = []
+    if config.pluginmanager.get_plugin(LEAK_PLUGIN_NAME) is not None:
+        tolerance = leak_tolerance(config, "--accelplat-leak-tolerance")
+        parts.append(f"leak check (beyond {format_bytes(tolerance)})")
+    if timeline := config.getoption("--accelplat-timeline"):
+        parts.append(f"timeline ({timeline})")
+    if config.getoption("--accelplat-lease"):
+        count = config.getoption("--accelplat-lease-count")
+        parts.append(f"lease ({count} device{'s' if count != 1 else ''} per test process)")
+    if config.getoption("--accelplat-capabilities"):
+        parts.append("capabilities")
+    forced = config.stash.get(FORCED_KEY, None)
+    if not parts and forced is None:
+        return None  # a session that uses no part detects no platform
+    try:
+        platform = current(config)
+        devices = platform.devices()
+    except AccelplatError as exc:
+        where = f"platform unavailable ({exc})"
+    else:
+        names = Counter(d.name for d in devices)
+        listed = ", ".join(name if n == 1 else f"{n} x {name}" for name, n in names.items())
+        count = f"{len(devices)} device{'s' if len(devices) != 1 else ''}"
+        where = f"platform {platform.name}{' (forced)' if forced else ''}, {count}"
+        where += f" ({listed})" if listed else ""
+    return f"accelplat {__version__}: {where}" + (f"; on: {', '.join(parts)}" if parts else "")
+
+
+def _capability_lines(config: pytest.Config) -> list[str]:
     from accelplat._capabilities import capabilities, table_lines
 
     try:
@@ -155,8 +245,16 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     return [head + ":", *("  " + line for line in table_lines(table))]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+_SETTLING_KEY = pytest.StashKey[bool]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Check every ``accelplat_requires`` marker at collection, so a typo is never a skip."""
+    # settled_device_memory waits for the memory of our children, even those that exited
+    # before it ran: note them after each test body (below) where some test asks for it
+    config.stash[_SETTLING_KEY] = any(
+        "settled_device_memory" in getattr(item, "fixturenames", ()) for item in items
+    )
     errors: list[str] = []
     for item in items:
         for mark in item.iter_markers("accelplat_requires"):
@@ -171,7 +269,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Forget the capability tables and project capabilities of this session."""
-    forget_tables()
+    if "accelplat._needs" in sys.modules:  # else no table was decided
+        sys.modules["accelplat._needs"].forget_tables()
     if "accelplat._capabilities" in sys.modules:  # else it has nothing to forget
         sys.modules["accelplat._capabilities"].clear_project_capabilities()
 
@@ -198,15 +297,59 @@ def pytest_runtest_call(item: pytest.Item) -> None:
     reapply_forced(item.config)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    """Before teardown ends the test's engines, remember them as our children (see above)."""
+    if item.config.stash.get(_SETTLING_KEY, False):
+        from accelplat._vendor import procs
+
+        procs.descendants()
+    return (yield)
+
+
 @pytest.fixture
 def accel_platform(request: pytest.FixtureRequest) -> Platform:
     """The current accelplat platform (``--accelplat-platform`` when given, else detected)."""
     return current(request.config)
 
 
+# Our own memory is back within a second where release is eager (NVML: 0.2-0.9 s after exit, on
+# an H200): a wait much longer than that waits for the wrong thing and should fail, naming whom.
+FIXTURE_SETTLE_TIMEOUT_EAGER_S = 15.0
+FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S = 120.0
+
+
+def _settle_options(config: pytest.Config, platform: Platform) -> tuple[float, str]:
+    raw = str(config.getini("accelplat_settle_timeout") or "auto").strip().lower()
+    owners = str(config.getini("accelplat_settle_owners") or "ours").strip().lower()
+    if owners not in ("ours", "all"):
+        raise pytest.UsageError(f"accelplat_settle_owners must be 'ours' or 'all', got {owners!r}")
+    if raw == "auto":
+        profile = platform.release
+        if not profile.lazy:
+            return min(profile.settle_timeout_s, FIXTURE_SETTLE_TIMEOUT_EAGER_S), owners
+        return min(profile.settle_timeout_s, FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S), owners
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not (0 <= seconds < float("inf")):
+        raise pytest.UsageError(
+            f"accelplat_settle_timeout must be 'auto' or seconds >= 0, got {raw!r}"
+        )
+    return seconds, owners
+
+
 @pytest.fixture
 def settled_device_memory(request: pytest.FixtureRequest) -> SettleResult:
-    """Wait before the test until device memory freed by earlier tests has come back."""
+    """Wait before the test until device memory our earlier tests and children held is back.
+
+    Co-tenants' memory is named in the result's ``note``, not waited for (ini
+    ``accelplat_settle_owners = all`` waits on whole devices); the time limit is short
+    (ini ``accelplat_settle_timeout``), and a timeout names the holders.
+    """
     from accelplat._memory import wait_for_memory_to_settle
 
-    return wait_for_memory_to_settle(platform=current(request.config))
+    platform = current(request.config)
+    timeout_s, owners = _settle_options(request.config, platform)
+    return wait_for_memory_to_settle(platform=platform, timeout_s=timeout_s, owners=owners)

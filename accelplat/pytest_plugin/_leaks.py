@@ -1,24 +1,46 @@
-"""``--accelplat-leak-check``: report tests after which device memory stayed held."""
+"""``--accelplat-leak-check``: report tests after which device memory stayed held, with blame."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from accelplat._leaks import is_leak
-from accelplat._types import GIB, MIB
+from accelplat._leaks import (
+    Blame,
+    ContextLedger,
+    Holdings,
+    current_holdings,
+    device_holdings,
+    judge,
+)
+from accelplat._types import MemoryInfo
+from accelplat._util import format_bytes
 from accelplat.errors import MemoryNotSettledError
 from accelplat.pytest_plugin import _shared
+from accelplat.timeline._trace import holdings_json
 
-_BASELINE_KEY = pytest.StashKey[dict[int, int]]()
-_PROPERTY = "accelplat_leak"
+if TYPE_CHECKING:
+    from accelplat._platform import Platform
+
+_BASELINE_KEY = pytest.StashKey[dict[int, Holdings]]()
+_PROPERTY = "accelplat_leak"  # [[device, before, after, leaked, attributed, children]] per leak
+CONTEXT_PROPERTY = "accelplat_context"  # [[device, bytes]]: this process's context, first seen
+COTENANT_PROPERTY = "accelplat_cotenants"  # [[device, change]]: co-tenants' memory moved
+HOLDINGS_PROPERTY = "accelplat_holdings"  # for the timeline: [[device, before, after, context]]
+CHILD_EXIT_WAIT_S = 2.0  # NVML lists an exited process 0.2-0.9 s more (H200, vendor facts)
 
 
-def configure(config: pytest.Config) -> None:
-    """Register the leak check (its option or ini is on); pytest.UsageError for bad values."""
-    config.pluginmanager.register(LeakChecker(config), _shared.LEAK_PLUGIN_NAME)
+def configure(config: pytest.Config, *, report: bool = True) -> None:
+    """Register the leak check; ``report=False``: only its readings, for the timeline.
+
+    Raises:
+        pytest.UsageError: For a bad tolerance or wait.
+    """
+    config.pluginmanager.register(LeakChecker(config, report=report), _shared.LEAK_PLUGIN_NAME)
 
 
 def _leak_wait(config: pytest.Config) -> float | None:
@@ -36,94 +58,200 @@ def _leak_wait(config: pytest.Config) -> float | None:
     return seconds
 
 
-def _fmt_size(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / MIB:.0f} MiB"
+def _pairs(children: Mapping[int, int]) -> list[list[int]]:
+    return [[pid, held] for pid, held in sorted(children.items())]
+
+
+def _running(pid: int) -> bool:
+    from accelplat._types import HolderState
+    from accelplat._vendor.procs import classify_pid
+
+    return classify_pid(pid)[0] in (HolderState.CHILD, HolderState.ALIVE, HolderState.SELF)
 
 
 class LeakChecker:
-    """Compares used memory of every visible device before a test and after its teardown.
+    """Compares what each device holds, by owner, before a test and after its teardown.
 
-    Growth beyond ``tolerance`` after ``wait_s`` (``None``: 4 x a lazy platform's stability window)
-    goes in ``user_properties`` (xdist workers' too); a wider fixture's counts on its first test.
+    What :func:`~accelplat._leaks.judge` blames beyond ``tolerance`` after ``wait_s`` (``None``:
+    4 x a lazy platform's stability window; where a child the test started has exited but is
+    still listed, 2 s) goes in ``user_properties`` (xdist workers' too); this process's first
+    device context and co-tenants' memory are reported apart, never as leaks.
     """
 
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, *, report: bool = True) -> None:
+        self.report = report
         self.tolerance = _shared.leak_tolerance(config, "--accelplat-leak-tolerance")
         self.wait_s = _leak_wait(config)
-        self.leaks: list[tuple[str, int, int, int]] = []  # nodeid, device, used before, after
+        self.ledger = ContextLedger()
+        # nodeid, device, before, after, leaked, attributed, children [[pid, bytes]]
+        self.leaks: list[tuple[str, int, int, int, int, bool, list[list[int]]]] = []
+        self.contexts: list[tuple[str, int, int]] = []  # nodeid, device, bytes
+        self.cotenants: list[tuple[str, int, int]] = []  # nodeid, device, change
         self.checked = 0
+        self.unjudged = False
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Record the baseline (after the marker checks, which run first)."""
-        item.stash[_BASELINE_KEY] = _shared.used_bytes(_shared.current(item.config))
+        item.stash[_BASELINE_KEY] = current_holdings(_shared.current(item.config))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        """After teardown, compare device memory with the baseline and attach what leaked."""
+        """After teardown, judge what the test left held and attach it to the report."""
         baseline = item.stash.get(_BASELINE_KEY, None)
         if call.when == "teardown" and baseline is not None:
-            item.user_properties.append((_PROPERTY, self._leaks_after(item, baseline)))
+            self._judge(item, baseline)
         return (yield)
 
-    def _leaks_after(self, item: pytest.Item, baseline: dict[int, int]) -> list[list[int]]:
-        """``[device, before, after]`` for each device above baseline + tolerance."""
+    def _judge(self, item: pytest.Item, before: dict[int, Holdings]) -> None:
         platform = _shared.current(item.config)
-        after = _shared.used_after_teardown(item, platform)
+        after = current_holdings(platform, _shared.used_after_teardown(item, platform))
+        contexts = {
+            d: self.ledger.context(d, before[d], after[d], item.nodeid)
+            for d in sorted(after)
+            if d in before
+        }
 
-        def leaking() -> list[int]:
-            return [d for d in sorted(after) if is_leak(baseline.get(d), after[d], self.tolerance)]
+        def blame(d: int, now: Holdings) -> Blame:
+            return judge(before[d], now, contexts[d])
 
-        over = leaking()
-        if not over:
-            return []
-        wait_s = self.wait_s
-        if wait_s is None:
-            profile = platform.release
-            wait_s = 4 * profile.stable_duration_s if profile.lazy else 0.0
-        if wait_s > 0:
-            from accelplat._memory import wait_for_memory_to_clear
+        blames = {d: blame(d, after[d]) for d in contexts}
+        over = [d for d, b in blames.items() if b.is_leak(self.tolerance)]
+        wait_s = self._wait_for(platform, blames, over)
+        if over and wait_s > 0:
+            after = self._after_waiting(platform, over, wait_s, blame, after)
+            blames = {d: blame(d, after[d]) for d in contexts}
+        leaks = [
+            [d, before[d].used, after[d].used, b.leaked, b.attributed, _pairs(b.children)]
+            for d, b in sorted(blames.items())
+            if b.is_leak(self.tolerance)
+        ]
+        props = item.user_properties
+        props.append((_PROPERTY, leaks))
+        props.append((CONTEXT_PROPERTY, [[d, c] for d, c in contexts.items() if c > 0]))
+        moved = [
+            [d, b.others]
+            for d, b in sorted(blames.items())
+            if b.others is not None and abs(b.others) > self.tolerance
+        ]
+        props.append((COTENANT_PROPERTY, moved))
+        props.append(
+            (
+                HOLDINGS_PROPERTY,
+                [
+                    [d, holdings_json(before[d]), holdings_json(after[d]), contexts[d]]
+                    for d in sorted(contexts)
+                ],
+            )
+        )
 
-            try:
-                snap = wait_for_memory_to_clear(
-                    over,
-                    threshold_bytes={d: baseline[d] + self.tolerance for d in over},
-                    timeout_s=wait_s,
-                    stable_duration_s=0,
-                    platform=platform,
-                ).snapshot
-            except MemoryNotSettledError as exc:
-                snap = exc.snapshot
-            after.update({d: m.used for d, m in snap.memory.items()})
-        return [[d, baseline[d], after[d]] for d in leaking()]
+    def _wait_for(self, platform: Platform, blames: Mapping[int, Blame], over: list[int]) -> float:
+        if self.wait_s is not None:
+            return self.wait_s
+        profile = platform.release
+        if profile.lazy:
+            return 4 * profile.stable_duration_s
+        # a child the test started may be listed a little after it exits (eager release)
+        exited = any(not _running(pid) for d in over for pid in blames[d].children)
+        return CHILD_EXIT_WAIT_S if exited else 0.0
+
+    def _after_waiting(
+        self,
+        platform: Platform,
+        over: list[int],
+        wait_s: float,
+        blame: Any,
+        after: dict[int, Holdings],
+    ) -> dict[int, Holdings]:
+        """Wait (the one wait algorithm) until what is blamed drops within the tolerance."""
+        from accelplat._memory import wait_for_memory_to_clear
+
+        latest = dict(after)
+
+        def blamed(device: int) -> MemoryInfo:
+            now = device_holdings(platform, device)
+            latest[device] = now
+            leaked = blame(device, now).leaked
+            return MemoryInfo(free=0, total=now.used, used=max(0, leaked or 0), source="blamed")
+
+        with contextlib.suppress(MemoryNotSettledError):  # still held: the latest reading judges
+            wait_for_memory_to_clear(
+                over,
+                threshold_bytes=dict.fromkeys(over, self.tolerance),
+                timeout_s=wait_s,
+                stable_duration_s=0,
+                platform=platform,
+                read=blamed,
+            )
+        return latest
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Collect findings from teardown reports (also those sent back by xdist workers)."""
         if report.when != "teardown":
             return
         for key, value in report.user_properties:
+            if not isinstance(value, list):
+                continue
             if key == _PROPERTY:
                 self.checked += 1
-                for device, before, after in value if isinstance(value, list) else []:
-                    self.leaks.append((report.nodeid, int(device), int(before), int(after)))
+                for device, before, after, leaked, attributed, children in value:
+                    pairs = [[int(p), int(n)] for p, n in children]
+                    self.leaks.append(
+                        (report.nodeid, device, before, after, leaked, bool(attributed), pairs)
+                    )
+            elif key == CONTEXT_PROPERTY:
+                self.contexts.extend((report.nodeid, int(d), int(n)) for d, n in value)
+            elif key == COTENANT_PROPERTY:
+                self.cotenants.extend((report.nodeid, int(d), int(n)) for d, n in value)
+            elif key == HOLDINGS_PROPERTY:
+                after = [r[2] for r in value if isinstance(r, list) and len(r) == 4]
+                self.unjudged |= any(isinstance(a, dict) and not a.get("judged") for a in after)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        tolerance = _fmt_size(self.tolerance)
+        if not self.report:
+            return
+        write = terminalreporter.write_line
+        tolerance = format_bytes(self.tolerance)
         if not self.leaks:
-            terminalreporter.write_line(
+            write(
                 f"accelplat leak check: no test left device memory held beyond {tolerance} "
                 f"({self.checked} checked)"
             )
-            return
-        tests = {nodeid for nodeid, *_ in self.leaks}
-        terminalreporter.section("accelplat leak check", sep="=", yellow=True, bold=True)
-        terminalreporter.write_line(
-            f"{len(tests)} test(s) left device memory held beyond {tolerance} "
-            f"({self.checked} checked):"
-        )
-        for nodeid, device, before, after in self.leaks:
-            terminalreporter.write_line(
-                f"  {nodeid}: device {device} +{_fmt_size(after - before)} "
-                f"({_fmt_size(before)} -> {_fmt_size(after)} used)"
+        else:
+            tests = {nodeid for nodeid, *_ in self.leaks}
+            terminalreporter.section("accelplat leak check", sep="=", yellow=True, bold=True)
+            write(
+                f"{len(tests)} test(s) left device memory held beyond {tolerance} "
+                f"({self.checked} checked):"
+            )
+            for nodeid, device, before, after, leaked, attributed, children in self.leaks:
+                if not attributed:
+                    write(
+                        f"  {nodeid}: device {device} +{format_bytes(leaked)} "
+                        f"({format_bytes(before)} -> {format_bytes(after)} used)"
+                    )
+                    continue
+                kids = sum(n for _, n in children)
+                whose = f"this process +{format_bytes(leaked - kids)}"
+                if children:
+                    pids = ", ".join(f"pid {p} {format_bytes(n)}" for p, n in children)
+                    whose += f"; children it started, still holding: {pids}"
+                write(f"  {nodeid}: device {device} +{format_bytes(leaked)} ({whose})")
+        for nodeid, device, held in self.contexts:
+            write(
+                f"accelplat leak check: context: device {device} {format_bytes(held)} is this "
+                f"process's own device context, first used in {nodeid} (not a leak)"
+            )
+        if self.cotenants:
+            shown = "; ".join(
+                f"{nodeid}: device {d} {'+' if n > 0 else ''}{format_bytes(n)}"
+                for nodeid, d, n in self.cotenants[:10]
+            )
+            more = f" (+{len(self.cotenants) - 10} more)" if len(self.cotenants) > 10 else ""
+            write(f"accelplat leak check: other processes' memory moved, not blamed: {shown}{more}")
+        if self.unjudged:
+            write(
+                "accelplat leak check: the platform's memory is the host's, which moves for "
+                "reasons of its own: no leak is judged on it"
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,18 +80,7 @@ class WorkerLease:
         """Run a widened test's body in a new process with the lease's environment."""
         if not self._widened or self.current is None:
             return None
-        from accelplat.testing._isolation import is_isolated, run_in_new_process
-
-        func = pyfuncitem.obj
-        # one isolating itself (isolate, vLLM's create_new_process_for_each_test) keeps setup's env
-        if is_isolated(func) or not callable(func):
-            return None
-        if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
-            return None
-        args = pyfuncitem.funcargs
-        kwargs = {n: args[n] for n in inspect.signature(func).parameters if n in args}
-        run_in_new_process(func, (), kwargs, env=self.current.environ)
-        return True
+        return run_body_in_new_process(pyfuncitem, self.current.environ)
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
@@ -100,6 +89,24 @@ class WorkerLease:
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self._drop()
+
+
+def run_body_in_new_process(
+    pyfuncitem: pytest.Function, environ: Mapping[str, str | None]
+) -> bool | None:
+    """Run a test's body in a new process with ``environ`` applied; ``None``: left to pytest."""
+    from accelplat.testing._isolation import is_isolated, run_in_new_process
+
+    func = pyfuncitem.obj
+    # one isolating itself (isolate, vLLM's create_new_process_for_each_test) keeps setup's env
+    if is_isolated(func) or not callable(func):
+        return None
+    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+        return None
+    args = pyfuncitem.funcargs
+    kwargs = {n: args[n] for n in inspect.signature(func).parameters if n in args}
+    run_in_new_process(func, (), kwargs, env=environ)
+    return True
 
 
 @dataclass(eq=False)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
-from accelplat._needs import Needs, parse_needs, unmet
 from accelplat.errors import ConfigurationError, MarkerError
 from accelplat.pytest_plugin._shared import current
+
+if TYPE_CHECKING:
+    from accelplat._needs import Needs
 
 MARKER = (
     "accelplat_requires(*requirements, devices=None, device_memory=None, platforms=None, "
@@ -18,6 +22,8 @@ MARKER = (
 
 def parse(mark: pytest.Mark) -> Needs:
     """Check an ``accelplat_requires`` marker and return what it asks for, else MarkerError."""
+    from accelplat._needs import parse_needs  # on first use: a session without markers pays none
+
     try:
         return parse_needs(tuple(mark.args), mark.kwargs)
     except ConfigurationError as exc:
@@ -29,6 +35,8 @@ def skip_reason(item: pytest.Item) -> str | None:
     marks = list(item.iter_markers("accelplat_requires"))
     if not marks:
         return None
+    from accelplat._needs import unmet
+
     platform = current(item.config)
     reasons = [r for mark in marks for r in unmet(parse(mark), platform)]
     return "; ".join(dict.fromkeys(reasons)) or None

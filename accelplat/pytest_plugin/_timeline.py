@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 
 from accelplat.errors import ConfigurationError
+from accelplat.pytest_plugin._leaks import HOLDINGS_PROPERTY
 from accelplat.pytest_plugin._shared import leak_tolerance, share_after_teardown
+from accelplat.timeline._footprints import footprints_of, save_footprints
 from accelplat.timeline._render import write_report
 from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
-from accelplat.timeline._trace import Reading, Trace, save_trace
+from accelplat.timeline._trace import Reading, SpanOwners, Trace, save_trace, span_owners
 
 # The log-record attribute (logging's extra=) of a wait event: {"event": "start", "id": <int>,
 # "kind": "settle", "devices": [0, 1]} as a wait begins, {"event": "end", "id": <same>, "ok":
@@ -99,6 +101,24 @@ class WaitEventTap(logging.Filter):
                 self._recorder.end_wait(token, ok=event.get("ok", True) is not False)
 
 
+def _owners_of(report: pytest.TestReport) -> list[SpanOwners]:
+    """The leak check's readings by owner in ``report`` (an xdist worker's too); [] if none."""
+    for key, value in report.user_properties:
+        if key != HOLDINGS_PROPERTY or not isinstance(value, list):
+            continue
+        try:
+            return [
+                span_owners(
+                    {"device": r[0], "before": r[1], "after": r[2], "context": r[3]},
+                    f"{report.nodeid} readings[{i}]",
+                )
+                for i, r in enumerate(value)
+            ]
+        except (ConfigurationError, IndexError, TypeError, KeyError):
+            return []  # malformed: the test is judged on whole devices
+    return []
+
+
 class TimelinePlugin:
     """The recorder of one session, registered by :func:`configure`."""
 
@@ -116,12 +136,15 @@ class TimelinePlugin:
         json_path = config.getoption("--accelplat-timeline-json")
         self.html_path = base / config.getoption("--accelplat-timeline")
         self.json_path = base / json_path if json_path else None
+        footprints = config.getoption("--accelplat-footprints")
+        self.footprints_path = base / footprints if footprints else None
         self._wait_fixtures = frozenset(config.getini("accelplat_timeline_wait_fixtures"))
         self.recorder: Recorder | None = None
         self.trace: Trace | None = None
         self._tap: WaitEventTap | None = None
         self._outcomes: dict[str, str] = {}
         self._ended: dict[str, tuple[float, Reading]] = {}
+        self._owners: dict[str, list[SpanOwners]] = {}
         self._written: list[Path] = []
         self._error: str | None = None
         self._signals: list[int] = []
@@ -157,6 +180,10 @@ class TimelinePlugin:
         """Note when a test's body begins; remember its outcome (failed > skipped > passed)."""
         if report.when == "setup" and report.passed and self.recorder is not None:
             self.recorder.begin_body(report.nodeid)
+        if report.when == "teardown":
+            owners = _owners_of(report)
+            if owners:
+                self._owners[report.nodeid] = owners
         if report.when == "call" or report.outcome != "passed":
             if self._outcomes.get(report.nodeid) != "failed":
                 self._outcomes[report.nodeid] = report.outcome
@@ -176,7 +203,9 @@ class TimelinePlugin:
     def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
         if self.recorder is not None:
             sample = self._ended.pop(nodeid, None)
-            self.recorder.end_test(nodeid, self._outcomes.pop(nodeid, ""), sample=sample)
+            owners = self._owners.pop(nodeid, [])
+            outcome = self._outcomes.pop(nodeid, "")
+            self.recorder.end_test(nodeid, outcome, sample=sample, owners=owners)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_fixture_setup(
@@ -213,8 +242,13 @@ class TimelinePlugin:
                 if path is not None:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     self._written.append(write(trace, path))
+            if self.footprints_path is not None:
+                peaks = footprints_of(trace)
+                self._written.append(save_footprints(self.footprints_path, peaks))
         except OSError as exc:
             self._error = f"could not write the timeline report: {exc}"
+        except ConfigurationError as exc:  # the existing store is malformed: left as it is
+            self._error = f"could not update the footprint store: {exc}"
         finally:
             for sig, previous in self._previous.items():
                 signal.signal(sig, previous)

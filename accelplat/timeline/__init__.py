@@ -21,10 +21,8 @@ _EXPORTS: dict[str, str] = {
     "Trace": "accelplat.timeline._trace",
     "WaitSpan": "accelplat.timeline._trace",
     "load_trace": "accelplat.timeline._trace",
-    "render_chrome_trace": "accelplat.timeline._chrome",
     "render_html": "accelplat.timeline._render",
     "save_trace": "accelplat.timeline._trace",
-    "write_chrome_trace": "accelplat.timeline._chrome",
     "write_report": "accelplat.timeline._render",
 }
 
@@ -33,8 +31,6 @@ __all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the names are _EXPORTS' keys, one l
 __getattr__, __dir__ = _lazy.lazy_namespace(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
-    from accelplat.timeline._chrome import render_chrome_trace as render_chrome_trace
-    from accelplat.timeline._chrome import write_chrome_trace as write_chrome_trace
     from accelplat.timeline._render import render_html as render_html
     from accelplat.timeline._render import write_report as write_report
     from accelplat.timeline._sampler import Recorder as Recorder

@@ -10,12 +10,9 @@ same host's wall clock. The format is described in Google's "Trace Event Format"
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from accelplat import _files
 from accelplat.timeline._trace import TestSpan, Trace, WaitSpan
 
 PID = 1  # one process: the recording
@@ -117,13 +114,6 @@ def _slice(
     }
 
 
-def write_chrome_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
-    """Write :func:`render_chrome_trace`'s document to ``path`` (its directory must exist).
-
-    Written atomically; a ``path`` that is not a regular file is never replaced.
-
-    Raises:
-        OSError: When the file cannot be written (``NotARegularFileError`` for a special file).
-    """
-    text = json.dumps(render_chrome_trace(trace), allow_nan=False, separators=(",", ":"))
-    return _files.write_text_atomic(path, text + "\n")
+def chrome_trace_text(trace: Trace) -> str:
+    """Return :func:`render_chrome_trace`'s document as compact JSON text."""
+    return json.dumps(render_chrome_trace(trace), allow_nan=False, separators=(",", ":")) + "\n"

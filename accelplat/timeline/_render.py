@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from accelplat import _files
 from accelplat._types import GIB, MIB
@@ -658,6 +658,18 @@ def _td(label: str, text: str, cls: str = "num") -> str:
     return f'<td class="{cls}" data-label="{label}">{text}</td>'
 
 
+def _whose(leak: Leak) -> str:
+    """`` (held by this process, child pid 7 1.00 GiB)`` for a leak judged by owner, else ``""``."""
+    blame = leak.blame
+    if blame is None or not blame.attributed:
+        return ""
+    parts = []
+    if (blame.leaked or 0) - sum(blame.children.values()) > 0:
+        parts.append("this process")
+    parts += [f"child pid {p} {format_bytes(n)}" for p, n in sorted(blame.children.items())]
+    return f" (held by {', '.join(parts)})" if parts else ""
+
+
 def _leak_table(trace: Trace, leaks: Sequence[Leak], limit: int, *, recorded: bool) -> str:
     if not leaks:
         what = "The command" if recorded else "No test"
@@ -668,7 +680,7 @@ def _leak_table(trace: Trace, leaks: Sequence[Leak], limit: int, *, recorded: bo
         )
     rows = "".join(
         '<tr class="leak">'
-        + ("" if recorded else _td("Test", _e(leak.nodeid), "id"))
+        + ("" if recorded else _td("Test", _e(leak.nodeid) + _e(_whose(leak)), "id"))
         + _td("Device", str(leak.device))
         + _td("Before", _e(format_bytes(leak.before)))
         + _td("At end", _e(format_bytes(leak.at_end)))
@@ -897,12 +909,30 @@ def write_report(
     title: str | None = None,
     leak_tolerance_bytes: int | None = None,
     leak_grace_s: float | None = None,
+    format: Literal["html", "chrome"] = "html",
 ) -> Path:
-    """Write :func:`render_html`'s page to ``path`` (its directory must exist) atomically.
+    """Write a report of ``trace`` to ``path`` (its directory must exist) atomically.
+
+    Args:
+        trace: The recorded session.
+        path: Where; a path that is not a regular file is never replaced.
+        title: The page's title (``html``).
+        leak_tolerance_bytes: What the leak rule tolerates (``html``).
+        leak_grace_s: How long after a test the leak rule waits (``html``).
+        format: ``"html"``, :func:`render_html`'s self-contained page, or ``"chrome"``, the
+            Chrome trace-event JSON that Perfetto and ``chrome://tracing`` open (memory as
+            counter tracks, tests and waits as slices).
 
     Raises:
         OSError: When the file cannot be written.
+        ValueError: For another ``format``.
     """
+    if format == "chrome":
+        from accelplat.timeline._chrome import chrome_trace_text
+
+        return _files.write_text_atomic(path, chrome_trace_text(trace))
+    if format != "html":
+        raise ValueError(f"format must be 'html' or 'chrome', got {format!r}")
     page = render_html(
         trace, title=title, leak_tolerance_bytes=leak_tolerance_bytes, leak_grace_s=leak_grace_s
     )

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from accelplat import _validate
 from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES
+from accelplat._platform import optional
 from accelplat.errors import AccelplatError, ConfigurationError
 from accelplat.timeline import _trace
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
@@ -275,8 +276,10 @@ class Recorder:
     ) -> None:
         _validate.integer(leak_tolerance_bytes, "leak_tolerance_bytes", minimum=0, maximum=MAX_INT)
         self._leak_grace = validate_grace(leak_grace_s)
+        self.platform = platform  # what is sampled; None: nothing
         self._platform_name = "" if platform is None else platform.name
         self._context_free = True if platform is None else bool(platform.context_free)
+        self._accelerator = platform is None or bool(optional(platform, "is_accelerator"))
         self._lock = threading.Lock()
         self._failures: dict[int, tuple[float | None, str, int]] = {}  # first t, error, count
         if platform is None:
@@ -335,7 +338,12 @@ class Recorder:
                 self._open_tests[nodeid] = replace(opened, body_start=t)
 
     def end_test(
-        self, nodeid: str, outcome: str = "", *, sample: tuple[float, Reading] | None = None
+        self,
+        nodeid: str,
+        outcome: str = "",
+        *,
+        sample: tuple[float, Reading] | None = None,
+        owners: Sequence[_trace.SpanOwners] = (),
     ) -> _trace.TestSpan | None:
         """Mark the end of a test, sampling memory now to compare with its baseline.
 
@@ -343,6 +351,7 @@ class Recorder:
             nodeid: The id given to :meth:`begin_test`.
             outcome: ``"passed"``, ``"failed"``, ``"skipped"`` or any short word.
             sample: A :meth:`Sampler.sample` from the teardown's end, to use instead of one now.
+            owners: Whose memory each device held before and after it (the leak check's).
 
         Returns:
             The finished span, or ``None`` when the test was never begun.
@@ -354,9 +363,20 @@ class Recorder:
                 self._current_test = next(reversed(self._open_tests), None)
             if opened is None:
                 return None
-            span = replace(opened, end=t, used_after=reading, outcome=clip(outcome))
+            span = replace(
+                opened, end=t, used_after=reading, outcome=clip(outcome), owners=tuple(owners)
+            )
             self._tests.append(span)
             return span
+
+    def add_owners(self, nodeid: str, owners: Sequence[_trace.SpanOwners]) -> bool:
+        """Give the ended test ``nodeid`` its readings by owner; ``False`` if it is not found."""
+        with self._lock:
+            for pos in range(len(self._tests) - 1, -1, -1):
+                if self._tests[pos].nodeid == nodeid:
+                    self._tests[pos] = replace(self._tests[pos], owners=tuple(owners))
+                    return True
+        return False
 
     def begin_wait(self, kind: str, devices: Sequence[int] = ()) -> int:
         """Mark the start of a memory wait; return a token for :meth:`end_wait`."""
@@ -437,6 +457,7 @@ class Recorder:
                 leak_tolerance_bytes=self._leak_tolerance,
                 leak_grace_s=self._leak_grace,
                 context_free=self._context_free,
+                accelerator=self._accelerator,
                 command=None if command is None else tuple(clip(c) for c in command),
                 exit_code=exit_code,
                 notes=(*self._notes, *failures),

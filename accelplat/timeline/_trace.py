@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from accelplat import _files, _util
-from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, is_leak, leaked_bytes
+from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, Blame, Holdings, judge, leaked_bytes
 from accelplat._types import MIB
 from accelplat._validate import JsonFields
 from accelplat.errors import ConfigurationError
@@ -57,6 +57,16 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class SpanOwners:
+    """Whose memory one device held before and after one test, as the leak check read it."""
+
+    device: int  # the visible index (a DeviceTrack's)
+    before: Holdings
+    after: Holdings
+    context: int = 0  # bytes of the test process's first device context, first seen here
+
+
+@dataclass(frozen=True)
 class TestSpan:
     """One test, from the start of its set-up to the end of its teardown."""
 
@@ -69,6 +79,7 @@ class TestSpan:
     used_after: Reading
     outcome: str = ""  # "passed", "failed", "skipped", an exit status, or ""
     body_start: float | None = None  # when the body (pytest's call phase) began; None: never
+    owners: tuple[SpanOwners, ...] = ()  # per device, by owner; empty: judged on whole devices
 
     @property
     def duration(self) -> float:
@@ -102,10 +113,13 @@ class Leak:
     before: int
     at_end: int
     after: int  # the least from its end until the next test's body began (or the grace ran out)
+    blame: Blame | None = None  # the verdict by owner; None: judged on the whole device
 
     @property
     def leaked(self) -> int:
-        """Bytes still held beyond what was held before the test: ``after - before``."""
+        """Bytes blamed on the test: by owner where known, else ``after - before``."""
+        if self.blame is not None and self.blame.leaked is not None:
+            return self.blame.leaked
         return self.after - self.before
 
 
@@ -125,6 +139,7 @@ class Trace:
     leak_tolerance_bytes: int = DEFAULT_LEAK_TOLERANCE_BYTES  # growth that is not yet a leak
     leak_grace_s: float = DEFAULT_LEAK_GRACE_S  # s after the last test for memory to come back
     context_free: bool = True  # False when the memory queries create a device context
+    accelerator: bool = True  # False: the host's memory (the CPU platform), where none leaks
     command: tuple[str, ...] | None = None  # what ``accelplat record`` ran; None for pytest
     exit_code: int | None = None  # the command's (or session's) exit status, when known
     notes: tuple[str, ...] = field(default_factory=tuple)  # remarks shown on the report
@@ -217,15 +232,41 @@ class Trace:
         )
 
     def leaks(self, tolerance_bytes: int | None = None, grace_s: float | None = None) -> list[Leak]:
-        """Return every (test, device) whose :meth:`growth` exceeds the tolerance, largest first."""
+        """Return every (test, device) the leak rule blames beyond the tolerance, largest first.
+
+        The rule is :func:`accelplat._leaks.judge`, the leak check's: by owner where the span
+        has the test process's readings, else on the device's :meth:`growth`.
+        """
         tol = self.leak_tolerance_bytes if tolerance_bytes is None else tolerance_bytes
         found: list[Leak] = []
         for span in self.tests:
             held = self.held_after(span, grace_s)
+            owned = {o.device: o for o in span.owners}
             for dev, before, at_end, after in zip(
                 self.devices, span.used_before, span.used_after, held, strict=False
             ):
-                if before is not None and after is not None and is_leak(before, after, tol):
+                record = owned.get(dev.index)
+                if record is not None:
+                    blame = judge(record.before, record.after, record.context)
+                    if blame.is_leak(tol):
+                        found.append(
+                            Leak(
+                                span.nodeid,
+                                dev.index,
+                                record.before.used,
+                                record.after.used,
+                                record.after.used,
+                                blame,
+                            )
+                        )
+                    continue
+                if before is None or after is None:
+                    continue
+                whole = judge(
+                    Holdings(before, judged=self.accelerator),
+                    Holdings(after, judged=self.accelerator),
+                )
+                if whole.is_leak(tol):
                     end = after if at_end is None else at_end
                     found.append(Leak(span.nodeid, dev.index, before, end, after))
         found.sort(key=lambda leak: (-leak.leaked, leak.nodeid, leak.device))
@@ -248,6 +289,7 @@ class Trace:
             "leak_tolerance_bytes": self.leak_tolerance_bytes,
             "leak_grace_s": self.leak_grace_s,
             "context_free": self.context_free,
+            "accelerator": self.accelerator,
             "command": None if self.command is None else list(self.command),
             "exit_code": self.exit_code,
             "notes": list(self.notes),
@@ -263,6 +305,7 @@ class Trace:
                     "used_before": list(t.used_before),
                     "used_after": list(t.used_after),
                     "body_start": None if t.body_start is None else _r(t.body_start),
+                    **({"owners": [_owners_json(o) for o in t.owners]} if t.owners else {}),
                 }
                 for t in self.tests
             ],
@@ -284,6 +327,26 @@ class Trace:
 
 def _r(t: float) -> float:
     return round(t, 6)
+
+
+def holdings_json(h: Holdings) -> dict[str, Any]:
+    """Return ``h`` as JSON-ready data (a trace's, and what xdist workers send back)."""
+    return {
+        "used": h.used,
+        "own": h.own,
+        "others": h.others,
+        "children": [[pid, held] for pid, held in sorted(h.children.items())],
+        "judged": h.judged,
+    }
+
+
+def _owners_json(o: SpanOwners) -> dict[str, Any]:
+    return {
+        "device": o.device,
+        "before": holdings_json(o.before),
+        "after": holdings_json(o.after),
+        "context": o.context,
+    }
 
 
 def clip(text: str, limit: int = MAX_TEXT) -> str:
@@ -373,7 +436,49 @@ def _test(raw: object, i: int, n: int) -> TestSpan:
         body = _float(body, f"{where}.body_start")
         if not start <= body <= end:
             raise ConfigurationError(f"trace field {where}.body_start: outside the test's span")
-    return TestSpan(nodeid, start, end, before, after, outcome, body)
+    raw_owners = _list(s.get("owners", []), f"{where}.owners", _MAX_DEVICES)
+    owners = tuple(span_owners(o, f"{where}.owners[{j}]") for j, o in enumerate(raw_owners))
+    return TestSpan(nodeid, start, end, before, after, outcome, body, owners)
+
+
+def span_owners(raw: object, where: str, fields: JsonFields | None = None) -> SpanOwners:
+    """Parse one :class:`SpanOwners` of untrusted JSON; ``ConfigurationError`` names a bad field."""
+    f = _FIELDS if fields is None else fields
+    o = f.mapping(raw, where)
+    device = f.integer(o.get("device"), f"{where}.device", minimum=0, maximum=MAX_INT)
+    context = f.integer(o.get("context", 0), f"{where}.context", minimum=0, maximum=MAX_INT)
+    before = holdings(o.get("before"), f"{where}.before", f)
+    after = holdings(o.get("after"), f"{where}.after", f)
+    return SpanOwners(device, before, after, context)
+
+
+def holdings(raw: object, where: str, fields: JsonFields | None = None) -> Holdings:
+    """Parse one :class:`~accelplat._leaks.Holdings` of untrusted JSON (:func:`holdings_json`)."""
+    f = _FIELDS if fields is None else fields
+    h = f.mapping(raw, where)
+
+    def count(key: str, *, optional: bool) -> int | None:
+        value = h.get(key)
+        if value is None and optional:
+            return None
+        return f.integer(value, f"{where}.{key}", minimum=0, maximum=MAX_INT)
+
+    children: dict[int, int] = {}
+    for k, pair in enumerate(f.array(h.get("children", []), f"{where}.children", _MAX_DEVICES)):
+        item = f.array(pair, f"{where}.children[{k}]", 2)
+        if len(item) != 2:
+            raise f.error(f"{where}.children[{k}]", "[pid, bytes]", pair)
+        pid = f.integer(item[0], f"{where}.children[{k}][0]", minimum=1, maximum=2**31 - 1)
+        children[pid] = f.integer(item[1], f"{where}.children[{k}][1]", minimum=0, maximum=MAX_INT)
+    used = count("used", optional=False)
+    assert used is not None
+    return Holdings(
+        used=used,
+        own=count("own", optional=True),
+        children=children,
+        others=count("others", optional=True),
+        judged=f.boolean(h.get("judged", True), f"{where}.judged"),
+    )
 
 
 def _wait(raw: object, i: int) -> WaitSpan:
@@ -475,6 +580,7 @@ def _parse(doc: object) -> Trace:
         ),
         leak_grace_s=_float(top.get("leak_grace_s", DEFAULT_LEAK_GRACE_S), "leak_grace_s"),
         context_free=_FIELDS.boolean(top.get("context_free", True), "context_free"),
+        accelerator=_FIELDS.boolean(top.get("accelerator", True), "accelerator"),
         command=None
         if command is None
         else tuple(_text(c, f"command[{i}]") for i, c in enumerate(_list(command, "command"))),

@@ -1057,3 +1057,54 @@ def test_a_loadable_nvml_library_goes_on_to_import_pynvml(
     assert not result.available
     assert recorder.attempts == 1  # then nvidia-ml-py decides (here: not installed)
     assert "nvidia-ml-py" in result.reason
+
+
+# -- attribution --------------------------------------------------------------------------------
+
+
+def test_holders_merge_nvmls_compute_and_graphics_lists(install: Install) -> None:
+    gpu = h200(0, used=6 * GIB)
+    gpu.processes = [(os.getpid(), 4 * GIB)]
+    # a process in both lists reports its memory on the device in each: listed once
+    gpu.graphics = [(os.getpid(), 4 * GIB), (2**22 + 7, 2 * GIB)]
+    install(FakeNvml([gpu]))
+    holders = CudaPlatform().memory_holders(0)
+    assert holders is not None
+    assert sorted((h.pid, h.used_bytes) for h in holders) == [
+        (os.getpid(), 4 * GIB),
+        (2**22 + 7, 2 * GIB),
+    ]
+
+
+def test_an_h200_snapshot_splits_self_and_a_co_tenant(install: Install) -> None:
+    import accelplat
+
+    gpu = h200(0, used=527 * MIB + 20 * GIB)
+    gpu.processes = [(os.getpid(), 527 * MIB), (2**22 + 9, 20 * GIB)]
+    install(FakeNvml([gpu]))
+    owners = accelplat.snapshot(platform=CudaPlatform()).attribution[0]
+    assert owners.available
+    assert (owners.self_bytes, owners.others_bytes) == (527 * MIB, 20 * GIB)
+
+
+def test_mig_without_per_process_accounting_is_not_attributed(install: Install) -> None:
+    import accelplat
+
+    gpu = h200(0, used=3 * GIB)
+    gpu.processes = [(os.getpid(), None)]  # NVML_VALUE_NOT_AVAILABLE
+    install(FakeNvml([gpu]))
+    owners = accelplat.snapshot(platform=CudaPlatform()).attribution[0]
+    assert "not their bytes (MIG" in owners.reason
+
+
+def test_a_container_whose_nvml_lists_no_process_is_judged_whole(install: Install) -> None:
+    """What a user sees where NVML in a container reports no pids: the reason, device-wide."""
+    import accelplat
+
+    install(FakeNvml([h200(0, used=20 * GIB)]))  # 20 GiB used, no process listed
+    owners = accelplat.snapshot(platform=CudaPlatform()).attribution[0]
+    assert "lists holders of 0.00 GiB of the 20.00 GiB used" in owners.reason
+    with pytest.raises(accelplat.errors.MemoryNotSettledError):  # whole device: 20 GiB > 10 %?
+        accelplat.wait_for_memory_to_settle(
+            platform=CudaPlatform(), threshold_ratio=0.01, timeout_s=0
+        )

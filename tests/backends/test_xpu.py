@@ -708,3 +708,14 @@ def test_torch_memory_that_is_not_an_integer_is_a_backend_error(monkeypatch, fie
     install_fake_torch(monkeypatch, make_fake_torch([card]))
     with pytest.raises(BackendError, match="not an integer"):
         XpuPlatform(level_zero=False).memory_info(0)
+
+
+def test_sysman_processes_attribute_memory_by_owner():
+    import accelplat
+
+    card = arc(0x8C, used=3 * GIB)
+    card.processes = [(os.getpid(), GIB), (2**22 + 3, 2 * GIB)]
+    p, _ = lz_platform([card])
+    owners = accelplat.snapshot(platform=p).attribution[0]
+    assert owners.available
+    assert (owners.self_bytes, owners.others_bytes) == (GIB, 2 * GIB)

@@ -46,8 +46,10 @@ def test_no_processes_is_said_and_kept(
     two_gpus: FakeNvml, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "host.tar.gz"
-    assert main(["capture", "--out", str(out), "--no-processes", "--samples", "0", "--quiet"]) == 0
+    assert main(["capture", "--out", str(out), "--no-processes", "--samples", "0", "-q"]) == 0
     printed = capsys.readouterr().out
+    assert printed.count("\n") == 1
+    assert printed.endswith("; its CONTENTS.txt lists everything it holds.\n")
     assert "31337" not in out.read_bytes().decode("latin-1")
     assert printed.startswith("wrote ")
     assert load_bundle(out).options["processes"] is False

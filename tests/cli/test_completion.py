@@ -85,6 +85,15 @@ def test_bash_completes_file_names_where_a_path_goes(bash_script: str, tmp_path:
     ]
 
 
+def test_bash_completes_dtype_names_not_file_names(bash_script: str, tmp_path: Path) -> None:
+    (tmp_path / "bf16-notes.txt").write_text("")
+    words = ["accelplat", "kv", "--dtype"]
+    assert _bash_complete(bash_script, [*words, "bf"], tmp_path) == ["bf16", "bfloat16"]
+    offered = _bash_complete(bash_script, [*words, ""], tmp_path)
+    assert {"bf16", "fp8", "float32"} <= set(offered)
+    assert "bf16-notes.txt" not in offered
+
+
 def test_zsh_script_is_valid_zsh(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if shutil.which("zsh") is None:
         pytest.skip("zsh is not installed")
@@ -116,6 +125,7 @@ def test_fish_script_completes_in_fish(tmp_path: Path, capsys: pytest.CaptureFix
     assert complete("accelplat st") == ["stats"]
     assert sorted(complete("accelplat completion ")) == ["bash", "fish", "zsh"]
     assert "--holders" in complete("accelplat stats --")
+    assert complete("accelplat kv --dtype bf") == ["bf16", "bfloat16"]
 
 
 @pytest.mark.parametrize("shell", SHELLS)

@@ -19,6 +19,7 @@ import pytest
 from accelplat import _registry as registry
 from accelplat._cli import main
 from accelplat._cli._errors import error_document, exit_status
+from accelplat._describe import SCHEMA_VERSION
 from accelplat._types import GIB
 from accelplat.errors import (
     BackendError,
@@ -114,7 +115,7 @@ def test_a_backend_error_exits_1_with_a_json_error_object(
     code, out, err = run_cli(capsys, *argv, "--json")
     assert code == 1
     doc = json.loads(out)
-    assert doc["schema"] == 1
+    assert doc["schema"] == SCHEMA_VERSION
     assert doc["status"] == "error"
     assert doc["exit_status"] == 1
     assert doc["error"]["platform"] == "cuda"

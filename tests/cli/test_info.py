@@ -20,6 +20,8 @@ JSON_KEYS = {
     "forced",
     "error",
     "candidates",
+    "hostname",
+    "driver_version",
     "device_type",
     "visible_devices_env",
     "visible_devices",
@@ -168,7 +170,8 @@ def test_info_exits_2_for_a_bad_platform_variable_as_stats_does(
 ) -> None:
     monkeypatch.setenv("ACCELPLAT_PLATFORM", value)
     assert main(["info", *(["--json"] if as_json else [])]) == 2
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert err.startswith("accelplat info: error: unknown platform"), err[:200]
     if as_json:
         assert json.loads(out)["platform"] is None
     else:

@@ -175,3 +175,68 @@ def test_timeout_exits_1_naming_the_holder(env: dict[str, str]) -> None:
     finally:
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait(timeout=30)
+
+
+def test_memory_shares_run_side_by_side_on_one_device(env: dict[str, str]) -> None:
+    script = (
+        "import os, subprocess, sys\n"
+        f"print(os.environ['{ENV_VISIBLE}'], os.environ['ACCELPLAT_LEASE_MEMORY_BYTES'])\n"
+        "inner = [sys.executable, '-m', 'accelplat', 'lease', '--memory', '40GiB', '-n', '2', '--',"
+        f" sys.executable, '-c', 'import os; print(os.environ[\"{ENV_VISIBLE}\"])']\n"
+        "nested = subprocess.run(inner, capture_output=True, text=True)\n"
+        "print(nested.returncode, 'shows this process only 1' in nested.stderr)\n"
+        f"os.environ.pop('{ENV_VISIBLE}')  # another process, outside this grant\n"
+        "sys.exit(subprocess.run(inner).returncode)\n"
+    )
+    done = cli("--memory", "40GiB", "--", sys.executable, "-c", script, env=env)
+    assert done.returncode == 0, done.stderr
+    outer, nested, inner = done.stdout.split("\n")[:3]
+    assert nested == "2 True"  # a lease inside the grant stays inside it
+    assert outer == f"SIM-0 {40 * 2**30}"  # the share's budget reaches the command
+    assert inner == "SIM-1,SIM-0"  # most room first; 40 GiB left beside the outer share
+    assert "(40.00 GiB of each)" in done.stderr
+    status = cli("--status", env=env)
+    assert "share of 40.00 GiB" in status.stdout
+    assert "held" not in status.stdout  # both released
+    inner = [sys.executable, "-m", "accelplat", "lease", "--status", "--json"]
+    script = (
+        f"import subprocess; print(subprocess.run({inner!r}, capture_output=True, "
+        "text=True).stdout)"
+    )
+    held = cli("--memory", "8GiB", "--", sys.executable, "-c", script, env=env)
+    rows = json.loads(held.stdout)["devices"]
+    assert {
+        (r["device_id"], r["state"], r["budget_bytes"])
+        for r in rows
+        if r["held"] or r["state"] == "shared"
+    } == {
+        ("simulated.SIM-0", "shared", None),
+        ("simulated.SIM-0", "held", 8 * 2**30),
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--memory", "12", "--", "true"], "--memory"),
+        (["--memory", "100KiB", "--", "true"], "--memory must be at least 1MiB, got 100.00 KiB"),
+        (["--memory", "81GiB", "--", "true"], "have memory=81.00 GiB in total"),
+        (["--memory", "8GiB", "--min-free", "1GiB", "--", "true"], "one or the other"),
+    ],
+)
+def test_bad_memory_shares_exit_2_naming_the_option(
+    env: dict[str, str], args: list[str], message: str
+) -> None:
+    done = cli(*args, env=env)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
+def test_the_usage_names_every_option_and_the_message_ends_cleanly(env: dict[str, str]) -> None:
+    usage = cli("-n", "0", "--", "true", env=env).stderr
+    for option in ("--memory", "--min-free-ratio", "--lock-dir", "-q", "--timeout"):
+        assert option in usage
+    done = cli("--", "true", env={**env, "ACCELPLAT_PLATFORM": "cpu"})
+    assert done.returncode == 0, done.stderr
+    (line,) = [ln for ln in done.stderr.splitlines() if "leased" in ln]
+    assert not line.rstrip().endswith(";")

@@ -6,9 +6,13 @@ import getpass
 import io
 import json
 import os
+import pty
 import re
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +20,7 @@ import pytest
 
 from accelplat._cli import build_parser, main
 from accelplat._cli import stats as stats_cli
-from accelplat._cli._args import parse_devices
+from accelplat._cli._args import color, parse_devices
 from accelplat._cli.stats import use_rich
 from accelplat._cli.wait import Progress
 from accelplat._memory import PollPolicy
@@ -149,6 +153,72 @@ def test_use_rich_only_on_capable_terminals(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("NO_COLOR")
     monkeypatch.setenv("TERM", "dumb")
     assert not use_rich(FakeTTY())
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "expected"),
+    [
+        (None, {}, None),
+        (None, {"FORCE_COLOR": "1"}, True),
+        (None, {"NO_COLOR": "1"}, False),
+        (None, {"NO_COLOR": "1", "FORCE_COLOR": "1"}, False),
+        (None, {"NO_COLOR": "", "FORCE_COLOR": ""}, None),  # set but empty: not set
+        (True, {"NO_COLOR": "1"}, True),
+        (False, {"FORCE_COLOR": "1"}, False),
+    ],
+)
+def test_colour_is_the_flag_then_no_color_then_force_color(
+    flag: bool | None, env: dict[str, str], expected: bool | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("NO_COLOR", "FORCE_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert color(flag) is expected
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param((["--color"], {}, True), id="color"),
+        pytest.param(([], {"FORCE_COLOR": "1"}, True), id="FORCE_COLOR"),
+        pytest.param((["--no-color"], {"FORCE_COLOR": "1"}, False), id="no-color-wins"),
+        pytest.param(([], {"FORCE_COLOR": "1", "NO_COLOR": "1"}, False), id="NO_COLOR-wins"),
+        pytest.param(([], {}, False), id="piped"),
+    ],
+)
+def test_a_pipe_gets_colour_only_when_asked(
+    case: tuple[list[str], dict[str, str], bool],
+    use_spec: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("rich")
+    argv, env, coloured = case
+    use_spec(RELEASING)
+    for name in ("NO_COLOR", "FORCE_COLOR", "TERM"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("COLUMNS", "160")
+    code, out, err = run_cli(capsys, "stats", "--watch", "0.5", "--count", "2", *argv)
+    assert code == 0, err
+    assert ("\x1b[" in out) is coloured
+    if coloured:  # frame after frame, as a pipe reads them: no cursor moved back up
+        assert out.count("accelplat stats") == 2
+        assert "\x1b[1A" not in out
+        assert "60.00 GiB / 80.00 GiB" in out
+    else:
+        assert out.startswith("platform: simulated")
+
+
+def test_color_and_no_color_exclude_each_other(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_spec(RELEASING)
+    code, _, err = run_cli(capsys, "stats", "--color", "--no-color")
+    assert code == 2
+    assert "not allowed with argument" in err
 
 
 def snap_at(t: float, used: int) -> UsageSnapshot:
@@ -286,7 +356,7 @@ def test_stats_rich_table(
 ) -> None:
     pytest.importorskip("rich")
     use_spec(RELEASING)
-    monkeypatch.setattr(stats_cli, "use_rich", lambda stream, watch: True)
+    monkeypatch.setattr(stats_cli, "use_rich", lambda stream, **_: True)
     monkeypatch.setenv("COLUMNS", "160")
     code, out, _ = run_cli(capsys, "stats", "--watch", "0.5", "--count", "2")
     assert code == 0
@@ -355,8 +425,11 @@ def test_wait_json(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:
     doc = json.loads(out)
     assert doc["status"] == "clear"
     assert 1.5 <= doc["waited_s"] <= 1.6
-    assert doc["targets"] == {"0": 4 * GIB, "1": 4 * GIB}
-    assert doc["devices"]["0"]["used"] == GIB
+    assert [(d["index"], d["target"], d["cleared"]) for d in doc["devices"]] == [
+        (0, 4 * GIB, True),
+        (1, 4 * GIB, True),
+    ]
+    assert doc["devices"][0]["used"] == GIB
     assert doc["already_settled"] is False
 
 
@@ -379,7 +452,8 @@ def test_wait_timeout_json(use_spec: Any, capsys: pytest.CaptureFixture[str]) ->
     doc = json.loads(out)
     assert doc["status"] == "timeout"
     assert doc["waited_s"] == pytest.approx(1.0)
-    assert doc["holders"]["0"][0]["pid"] == 31337
+    assert doc["devices"][0]["holders"][0]["pid"] == 31337
+    assert doc["devices"][0]["cleared"] is False
     assert "leaky-worker" in doc["error"]
 
 
@@ -397,7 +471,7 @@ def test_wait_settle_on_lazy_platform(use_spec: Any, capsys: pytest.CaptureFixtu
     code, out, err = run_cli(capsys, "wait", "--settle", "--json")
     assert code == 0, err
     doc = json.loads(out)
-    assert doc["targets"] == {"0": 8 * GIB}
+    assert [(d["index"], d["target"]) for d in doc["devices"]] == [(0, 8 * GIB)]
     assert 2.25 <= doc["waited_s"] <= 2.25 + PollPolicy().max_s
 
 
@@ -433,6 +507,9 @@ def test_wait_stable_and_tolerance(use_spec: Any, capsys: pytest.CaptureFixture[
         (["wait", "--settle", "--threshold-bytes", "1GiB"], "--settle takes"),
         (["wait", "--settle", "--stable", "1"], "--settle uses"),
         (["wait", "--threshold-ratio", "0.1", "--force"], "--force only"),
+        (["wait", "--pid", "12", "--settle"], "--pid waits for those processes"),
+        (["wait", "--pid", "12", "--threshold-ratio", "0.1"], "--pid waits for those processes"),
+        (["wait", "--pid", "0"], "a process id"),
     ],
 )
 def test_wait_bad_input_exit_2(
@@ -487,3 +564,96 @@ def test_python_m_accelplat_wait_in_a_shell_script(tmp_path: Path) -> None:
     assert stuck.returncode == 1
     assert "pid 31337 'leaky-worker'" in stuck.stderr
     assert "Traceback" not in stuck.stderr
+
+
+@pytest.mark.usefixtures("signals_not_ignored")
+def test_ctrl_c_during_a_wait_leaves_a_clean_line(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"  # real time: the wait runs until interrupted
+    spec.write_text(json.dumps({"devices": [{"name": "Sim", "total": "80GiB", "used": "8GiB"}]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
+    env.update(
+        ACCELPLAT_PLATFORM="simulated",
+        ACCELPLAT_SIMULATED_SPEC=str(spec),
+        PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+    )
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accelplat", "wait", "--threshold-bytes", "1GiB", "--timeout", "60"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+    )
+    os.close(slave)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while seen.count(b"waiting") < 2 and time.monotonic() < deadline:
+            if select.select([master], [], [], 1.0)[0]:
+                seen += os.read(master, 65536)
+        assert seen.count(b"waiting") >= 2, seen[-2000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=30)
+        while select.select([master], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert code == 130
+    assert b"Traceback" not in seen
+    assert seen.endswith(b"\r\x1b[K"), seen[-200:]  # the progress line erased: the prompt is clean
+
+
+SHARED = {
+    "clock": "virtual",
+    "release": {"lazy": False, "settle_timeout_s": 30.0},
+    "devices": [
+        {
+            "total": "80GiB",
+            "holders": [
+                {"used": "8GiB", "pid": 4242, "name": "engine", "end": 0.5},
+                {"used": "2GiB", "pid": 31337, "name": "leaky-worker"},
+            ],
+        }
+    ],
+}
+
+
+def test_wait_for_a_pid_to_release_its_memory(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_spec(SHARED)  # pid 4242 holds 8 GiB until 0.5 s
+    code, out, err = run_cli(capsys, "wait", "--pid", "4242", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert 0.5 <= doc["waited_s"] <= 0.55
+    assert [h["pid"] for h in doc["devices"][0]["holders"]] == [31337]
+
+
+def test_wait_for_a_pid_that_keeps_its_memory_times_out_naming_it(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_spec(SHARED)
+    code, _, err = run_cli(capsys, "wait", "--pid", "31337", "--timeout", "2")
+    assert code == 1
+    assert "processes 31337 did not release device memory within 2.00 s" in err
+    assert "pid 31337 'leaky-worker'" in err
+
+
+def test_wait_settle_judges_whole_devices_from_a_script(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_spec(STUCK)  # a stuck 8 GiB holder that is not this command's child
+    code, _, err = run_cli(
+        capsys, "wait", "--settle", "--threshold-ratio", "0.05", "--timeout", "2"
+    )
+    assert code == 1
+    assert "leaky-worker" in err

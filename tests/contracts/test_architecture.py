@@ -25,9 +25,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("visibility", ("_visible",)),
     ("backends", ("_backends",)),
     ("discovery", ("_registry",)),
-    ("features", ("_memory", "_host", "_sizing", "_leaks", "_requirement", "_capabilities",
-                  "_needs", "_describe", "_leasing", "_scan", "_translate", "_capture", "timeline",
-                  "testing", "integrations")),
+    ("features", ("_owners", "_memory", "_host", "_sizing", "_leaks", "_requirement",
+                  "_capabilities", "_needs", "_describe", "_leasing", "_scan", "_translate",
+                  "_capture", "timeline", "testing", "integrations")),
     ("faces", ("", "types", "replay")),
     ("front ends", ("_cli", "pytest_plugin", "__main__")),
 )  # fmt: skip

@@ -116,6 +116,29 @@ def test_the_wheel_carries_the_license_and_no_tests(tmp_path: Path) -> None:
     assert "Version 2.0, January 2004" in license_text
     assert not [n for n in names if n.startswith(("tests/", "examples/", "benchmarks/"))]
     assert "accelplat/py.typed" in names
+    metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    lines = zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+    assert f"Version: {accelplat.__version__}" in lines  # the one place the version is written
+    schemas = sorted(f"accelplat/schemas/{p.name}" for p in (REPO / "accelplat/schemas").iterdir())
+    assert schemas, "the JSON Schemas of the command line's --json documents"
+    assert [n for n in schemas if n not in names] == []
+
+
+def test_the_metadata_says_where_the_project_lives_and_what_it_runs_on() -> None:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert set(meta["urls"]) >= {"Documentation", "Source", "Issues", "Changelog"}
+    pythons = {c.rsplit(" ", 1)[1] for c in meta["classifiers"] if c.count("::") == 2}
+    assert {"3.10", "3.11", "3.12", "3.13"} <= pythons
+    assert meta["requires-python"] == ">=3.10"
+    assert any(c.startswith("Development Status ::") for c in meta["classifiers"])
+    assert "Topic :: Software Development :: Testing" in meta["classifiers"]
+    dev = meta["optional-dependencies"]["dev"]
+    assert {d.split(">")[0] for d in dev} >= {"accelplat[test]", "mypy", "ruff", "hatchling"}
 
 
 def test_every_extra_is_documented_with_what_the_machine_needs() -> None:
@@ -125,7 +148,7 @@ def test_every_extra_is_documented_with_what_the_machine_needs() -> None:
         import tomli as tomllib
 
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    extras = set(meta["optional-dependencies"]) - {"test", "docs"}
+    extras = set(meta["optional-dependencies"]) - {"test", "docs", "dev"}
     page = (REPO / "docs" / "getting-started.md").read_text()
     table = page.split("## Extras", 1)[1]
     documented = {
@@ -142,7 +165,11 @@ def test_python_dash_m_and_version_match_the_metadata() -> None:
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
 
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "version" not in pyproject["project"]  # one place: read from accelplat/__init__.py
+    assert pyproject["project"]["dynamic"] == ["version"]
+    assert pyproject["tool"]["hatch"]["version"]["path"] == "accelplat/__init__.py"
+    version = accelplat.__version__
     proc = subprocess.run(
         [sys.executable, "-m", "accelplat", "--version"],
         capture_output=True,
@@ -152,7 +179,6 @@ def test_python_dash_m_and_version_match_the_metadata() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"accelplat {version}"
-    assert accelplat.__version__ == version
 
 
 def test_backend_methods_that_replace_the_base_class_say_so() -> None:

@@ -189,6 +189,10 @@ _BROKEN_SOURCES = {
         print("Unable to find amdsmi library try installing amd-smi-lib from your package manager")
         raise KeyError("ROCM_PATH")
     """,
+    # amdsmi 7.0.2 from PyPI on a host without ROCm: its import ends in KeyError('libamd_smi.so')
+    "keyerror-7.0.2": """
+        raise KeyError("libamd_smi.so")
+    """,
     "attributeerror": """
         import ctypes
         raise AttributeError(
@@ -204,8 +208,8 @@ def install_broken_amdsmi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode:
     Args:
         monkeypatch: Undoes the path change.
         tmp_path: Where the package is written.
-        mode: ``"keyerror"`` (no ROCm: prints, then ``KeyError``) or ``"attributeerror"`` (an
-            older ROCm).
+        mode: ``"keyerror"`` (no ROCm: prints, then ``KeyError``), ``"keyerror-7.0.2"``
+            (amdsmi 7.0.2's ``KeyError: 'libamd_smi.so'``) or ``"attributeerror"`` (an older ROCm).
 
     Returns:
         The package directory.

@@ -16,6 +16,11 @@ and values follow nvidia-ml-py 13.x (checked against its ``pynvml.py``):
 * ``nvmlDeviceGetComputeRunningProcesses`` returns objects with ``pid``, ``usedGpuMemory`` (may
   be ``None``), ``gpuInstanceId``, ``computeInstanceId``; on an old driver
   (``processes_v3=False``) it raises ``NVMLLibraryMismatchError`` and only ``…_v2`` works.
+  ``nvmlDeviceGetGraphicsRunningProcesses`` (and ``…_v2``) return the same kind of objects for
+  graphics clients (``graphics``); a process in both lists reports the same memory in each, as
+  NVML reports a process's memory on the device (``usedGpuMemory`` is ``None`` where NVML says
+  ``NVML_VALUE_NOT_AVAILABLE``: Windows WDDM, or MIG without the privilege to see per-process
+  accounting).
 * Strings come back as ``str``, structures decode ``char`` arrays to ``str``, as nvidia-ml-py's
   wrappers do.
 
@@ -205,6 +210,7 @@ class FakeMigDevice:
     gpu_instance_id: int = 1
     compute_instance_id: int = 0
     processes: list[tuple[int, int | None]] = field(default_factory=list)
+    graphics: list[tuple[int, int | None]] = field(default_factory=list)
     slot: int | None = None
     """MIG index under the parent; defaults to its position in the parent's list."""
 
@@ -224,6 +230,7 @@ class FakeGpu:
     reserved: int = 0
     used: int = 0
     processes: list[tuple[int, int | None]] = field(default_factory=list)
+    graphics: list[tuple[int, int | None]] = field(default_factory=list)
     mig_capable: bool = False
     mig_mode: int = 0
     mig_pending: int | None = None
@@ -563,7 +570,7 @@ class FakeNvml(types.ModuleType):
             nvmlFriendlyObject(
                 {"pid": pid, "usedGpuMemory": used, "gpuInstanceId": gi, "computeInstanceId": ci}
             )
-            for pid, used in src.processes
+            for pid, used in (src.graphics if "Graphics" in function else src.processes)
         ]
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
@@ -582,6 +589,25 @@ class FakeNvml(types.ModuleType):
         self._device_call("nvmlDeviceGetComputeRunningProcesses_v2", (handle,), {})
         try:
             return self._processes("nvmlDeviceGetComputeRunningProcesses_v2", handle)
+        finally:
+            self._leave()
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list[Any]:
+        self._device_call("nvmlDeviceGetGraphicsRunningProcesses", (handle,), {})
+        try:
+            if not self.processes_v3:
+                raise NVMLLibraryMismatchError(
+                    "Unversioned function called and the pyNVML version does not match the "
+                    "NVML lib version."
+                )
+            return self._processes("nvmlDeviceGetGraphicsRunningProcesses", handle)
+        finally:
+            self._leave()
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: _Handle) -> list[Any]:
+        self._device_call("nvmlDeviceGetGraphicsRunningProcesses_v2", (handle,), {})
+        try:
+            return self._processes("nvmlDeviceGetGraphicsRunningProcesses_v2", handle)
         finally:
             self._leave()
 

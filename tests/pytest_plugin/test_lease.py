@@ -227,3 +227,14 @@ def test_a_worker_whose_lease_fails_stops_the_session_loudly(tmp_path: Path) -> 
     assert "could not lease 1 device(s)" in output
     assert "replacing crashed worker" not in output  # never restarted
     assert not [r for r in rows if "test" in r]  # no test ran
+
+
+def test_the_ini_option_leases_as_the_command_line_option_does(tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\naccelplat_lease = true\n")
+    done, rows = run(tmp_path, "-k", "single", "-v")  # -v against run's -q: the header shows
+    assert done.returncode == 0, done.stdout + done.stderr
+    conftests = {r["conftest"]: r["visible"] for r in rows if "conftest" in r}
+    assert conftests["main"] is not None  # leased before the conftest was imported
+    singles = [r for r in rows if r.get("test", "").startswith("single")]
+    assert {r["visible"] for r in singles} == {conftests["main"]}
+    assert "; on: lease (1 device per test process)" in done.stdout

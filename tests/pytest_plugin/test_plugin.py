@@ -359,7 +359,7 @@ def test_leak_check_reports_tests_that_left_memory_held(
     result.stdout.fnmatch_lines(
         [
             "*= accelplat leak check =*",
-            "1 test(s) left device memory held beyond 256 MiB (2 checked):",
+            "1 test(s) left device memory held beyond 256.00 MiB (2 checked):",
             "  test_leak.py::test_leaks: device 0 +4.00 GiB (1.00 GiB -> 5.00 GiB used)",
         ]
     )
@@ -547,7 +547,8 @@ def pytest_unconfigure(config):
     ("options", "per_test"),
     [
         (["--accelplat-leak-check"], 2),
-        (["--accelplat-timeline=r.html", "--accelplat-timeline-hz=0.001"], 2),
+        # the timeline judges by the leak check's readings by owner: its baseline is one more
+        (["--accelplat-timeline=r.html", "--accelplat-timeline-hz=0.001"], 3),
         (
             [
                 "--accelplat-leak-check",
@@ -562,7 +563,7 @@ def pytest_unconfigure(config):
 def test_readings_per_test_with_the_leak_check_and_the_timeline(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, options: list[str], per_test: int
 ) -> None:
-    """Each reads before and after a test; together they share the reading after it."""
+    """Each reads before and after a test; they share the reading after it (the timeline's)."""
     write_spec(pytester, monkeypatch, devices=[{"total": "16GiB", "used": "1GiB"}] * 2)
     pytester.makeconftest(READ_COUNTING_CONFTEST)
     reads: dict[int, int] = {}
@@ -618,3 +619,239 @@ def test_one_entry_point_and_one_option_group(pytester: pytest.Pytester) -> None
     group = out.split("accelplat accelerator platform:")[1].split("\n\n")[0]
     for option in ("--accelplat-leak-check", "--accelplat-timeline-hz", "--accelplat-lease-count"):
         assert option in group
+
+
+# -- the header line and the ini options ----------------------------------------------------------
+
+HEADER_SPEC = {
+    "devices": [{"name": "Sim A", "total": "16GiB"}, {"name": "Sim A", "total": "16GiB"}]
+}
+
+
+def _header(result: pytest.RunResult) -> list[str]:
+    import accelplat
+
+    return [
+        line for line in result.outlines if line.startswith(f"accelplat {accelplat.__version__}:")
+    ]
+
+
+def test_no_header_line_when_no_part_is_on(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = run(pytester)
+    result.assert_outcomes(passed=1)
+    assert _header(result) == []
+
+
+def test_the_header_names_the_platform_its_devices_and_the_parts_that_are_on(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import accelplat
+
+    write_spec(pytester, monkeypatch, **HEADER_SPEC)
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.assert_outcomes(passed=1)
+    assert _header(result) == [
+        f"accelplat {accelplat.__version__}: platform simulated (forced), 2 devices (2 x Sim A)"
+    ]
+    result = run(
+        pytester,
+        "--accelplat-platform=simulated",
+        "--accelplat-leak-check",
+        "--accelplat-leak-tolerance=1GiB",
+        "--accelplat-timeline=report.html",
+    )
+    result.assert_outcomes(passed=1)
+    assert _header(result)[0].endswith(
+        "2 devices (2 x Sim A); on: leak check (beyond 1.00 GiB), timeline (report.html)"
+    )
+
+
+def test_ini_options_set_the_platform_the_timeline_and_the_leak_check(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(pytester, monkeypatch, **HEADER_SPEC)
+    pytester.makeini(
+        "[pytest]\n"
+        "accelplat_platform = simulated\n"
+        "accelplat_leak_check = true\n"
+        "accelplat_timeline = out/report.html\n"
+        "accelplat_timeline_json = out/trace.json\n"
+    )
+    (pytester.path / "out").mkdir()
+    pytester.makepyfile(
+        test_ok="import os\n\ndef test_ok():\n"
+        "    assert os.environ['ACCELPLAT_PLATFORM'] == 'simulated'\n"
+    )
+    sub = pytester.mkdir("sub")  # run from elsewhere: the ini's paths are relative to the ini
+    monkeypatch.chdir(sub)
+    ini, test = pytester.path / "tox.ini", pytester.path / "test_ok.py"
+    result = pytester.runpytest_subprocess(*BASE_ARGS, "-c", str(ini), str(test))
+    result.assert_outcomes(passed=1)
+    (line,) = _header(result)
+    assert "platform simulated (forced)" in line
+    assert f"timeline ({pytester.path / 'out' / 'report.html'})" in line
+    assert "leak check (beyond 256.00 MiB)" in line
+    assert (pytester.path / "out" / "report.html").is_file()
+    assert json.loads((pytester.path / "out" / "trace.json").read_text())
+    assert not (sub / "out").exists()
+
+
+def test_the_command_line_wins_over_the_ini(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(pytester, monkeypatch, **HEADER_SPEC)
+    pytester.makeini("[pytest]\naccelplat_platform = no-such-platform\n")
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = run(pytester, "--accelplat-platform", "cpu")
+    result.assert_outcomes(passed=1)
+    assert "platform cpu (forced)" in _header(result)[0]
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "no-such-platform" in result.stderr.str()
+
+
+# -- leaks with blame, and the settle fixture on a shared device -------------------------------
+
+BLAME_TESTS = """
+def test_a_first_clean_test(accel_platform):
+    accel_platform.clock.advance(1.0)  # this process's context appears
+
+
+def test_keeps_memory(accel_platform):
+    accel_platform.clock.advance(1.0)  # this process keeps 2 GiB more
+
+
+def test_beside_a_co_tenant(accel_platform):
+    accel_platform.clock.advance(1.0)  # another process takes 3 GiB
+
+
+def test_a_child_outlives_it(accel_platform):
+    accel_platform.clock.advance(1.0)  # a child it started still holds 1 GiB
+
+
+def test_clean_at_the_end(accel_platform):
+    pass
+"""
+
+BLAME_DEVICE = {
+    "total": "16GiB",
+    "holders": [
+        {"pid": 100, "used": "527MiB", "state": "self", "start": 1.0},
+        {"pid": 100, "used": "2GiB", "state": "self", "start": 2.0},
+        {"pid": 200, "used": "3GiB", "state": "alive", "start": 3.0, "name": "tenant"},
+        {"pid": 300, "used": "1GiB", "state": "child", "start": 4.0, "name": "server"},
+    ],
+}
+
+
+def test_the_leak_check_blames_owners_not_the_context_nor_a_co_tenant(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(pytester, monkeypatch, devices=[BLAME_DEVICE])
+    pytester.makepyfile(test_blame=BLAME_TESTS)
+    out = pytester.path / "trace.json"
+    result = run(
+        pytester, "--accelplat-platform", "simulated", "--accelplat-leak-check",
+        "--accelplat-timeline", str(pytester.path / "r.html"),
+        "--accelplat-timeline-json", str(out),
+    )  # fmt: skip
+    result.assert_outcomes(passed=5)
+    text = result.stdout.str()
+    assert "2 test(s) left device memory held beyond 256 MiB (5 checked)" in text
+    assert "test_blame.py::test_keeps_memory: device 0 +2.00 GiB (this process +2.00 GiB)" in text
+    assert (
+        "test_blame.py::test_a_child_outlives_it: device 0 +1.00 GiB (this process +0 MiB; "
+        "children it started, still holding: pid 300 1.00 GiB)"
+    ) in text
+    assert "  test_blame.py::test_a_first_clean_test: device" not in text
+    assert "  test_blame.py::test_beside_a_co_tenant: device" not in text
+    assert (
+        "context: device 0 527 MiB is this process's own device context, first used in "
+        "test_blame.py::test_a_first_clean_test (not a leak)"
+    ) in text
+    assert (
+        "other processes' memory moved, not blamed: test_blame.py::test_beside_a_co_tenant: "
+        "device 0 +3.00 GiB"
+    ) in text
+    from accelplat.timeline import load_trace
+
+    by_timeline = {leak.nodeid.rpartition("::")[2] for leak in load_trace(out).leaks()}
+    assert by_timeline == {"test_keeps_memory", "test_a_child_outlives_it"}
+    page = (pytester.path / "r.html").read_text()
+    assert "test_a_child_outlives_it (held by child pid 300 1.00 GiB)" in page
+    assert "test_keeps_memory (held by this process)" in page
+
+
+SHARED_GPU_FIXTURE_TESTS = """
+def test_uses_the_fixture(settled_device_memory):
+    assert settled_device_memory.owners == "ours"
+    assert "pid 200 'tenant' 20.00 GiB" in settled_device_memory.note
+"""
+
+
+def test_settled_device_memory_does_not_wait_for_a_co_tenant(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's case: a stuck 20 GiB holder of another process on an eager device."""
+    device = {
+        "total": "140GiB",
+        "holders": [{"pid": 200, "used": "20GiB", "state": "alive", "name": "tenant"}],
+    }
+    write_spec(pytester, monkeypatch, devices=[device])
+    pytester.makepyfile(test_shared=SHARED_GPU_FIXTURE_TESTS)
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.assert_outcomes(passed=1)
+    pytester.makeini("[pytest]\naccelplat_settle_owners = all\naccelplat_settle_timeout = 2\n")
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*did not clear within 2.00 s*", "*pid 200 'tenant'*"])
+
+
+ENGINE_CONFTEST = """
+import json, os, subprocess, sys
+from pathlib import Path
+
+import pytest
+
+ENGINE = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+# the driver keeps listing the killed engine, 30 GiB, until t = 2 s
+SPEC = {
+    "clock": "virtual",
+    "devices": [{
+        "total": "80GiB",
+        "holders": [{"pid": ENGINE.pid, "used": "30GiB", "state": "gone", "end": 2.0}],
+    }],
+}
+Path("spec.json").write_text(json.dumps(SPEC))
+os.environ["ACCELPLAT_SIMULATED_SPEC"] = str(Path("spec.json").resolve())
+
+
+@pytest.fixture
+def engine():
+    yield ENGINE
+    ENGINE.kill()
+    ENGINE.wait()
+"""
+
+ENGINE_TESTS = """
+def test_runs_an_engine(engine):
+    pass
+
+
+def test_next_engine(settled_device_memory):
+    assert settled_device_memory.waited_s >= 2.0, settled_device_memory
+"""
+
+
+def test_settled_device_memory_waits_for_an_engine_of_ours_that_exited_still_listed(
+    pytester: pytest.Pytester,
+) -> None:
+    """The engine was never seen holding memory; it is remembered as ours before teardown."""
+    pytester.makeconftest(ENGINE_CONFTEST)
+    pytester.makepyfile(test_engine=ENGINE_TESTS)
+    result = run(pytester, "--accelplat-platform", "simulated")
+    result.assert_outcomes(passed=2)

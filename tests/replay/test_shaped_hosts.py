@@ -65,10 +65,11 @@ def test_mi300x_cpx_has_eight_partitions_a_card_that_share_its_uuid(
         # names partitions by index.
         card1 = devices[8].uuid
         assert card1 is not None
-        monkeypatch.setenv("HIP_VISIBLE_DEVICES", card1)
-        by_uuid = [d.physical_index for d in platform.devices()]
-        monkeypatch.setenv("HIP_VISIBLE_DEVICES", "9,3")
-        by_index = [d.physical_index for d in platform.devices()]
+        with monkeypatch.context() as patch:  # undone before the replay ends
+            patch.setenv("HIP_VISIBLE_DEVICES", card1)
+            by_uuid = [d.physical_index for d in platform.devices()]
+            patch.setenv("HIP_VISIBLE_DEVICES", "9,3")
+            by_index = [d.physical_index for d in platform.devices()]
         env = platform.visible_devices_environment([devices[9]])
     assert len(devices) == 16
     assert len({d.uuid for d in devices[:8]}) == 1
@@ -109,11 +110,13 @@ def test_max1550_in_flat_mode_lists_each_tile_as_torch_does(
         platform = current_platform()
         devices = list(platform.devices())
         memory = [platform.memory_info(d.index) for d in devices]
-        monkeypatch.setenv("ZE_AFFINITY_MASK", "2")
-        masked = [(d.physical_index, d.uuid) for d in platform.devices()]
-        monkeypatch.delenv("ZE_AFFINITY_MASK")
-        monkeypatch.setenv("ZE_FLAT_DEVICE_HIERARCHY", "COMPOSITE")
-        cards = [platform.memory_info(d.index).total for d in platform.devices()]
+        # undone before the replay ends, which restores the variables the bundle replaced
+        with monkeypatch.context() as env:
+            env.setenv("ZE_AFFINITY_MASK", "2")
+            masked = [(d.physical_index, d.uuid) for d in platform.devices()]
+            env.delenv("ZE_AFFINITY_MASK")
+            env.setenv("ZE_FLAT_DEVICE_HIERARCHY", "COMPOSITE")
+            cards = [platform.memory_info(d.index).total for d in platform.devices()]
     assert platform.name == "xpu"
     assert [d.physical_index for d in devices] == [0, 1, 2, 3]
     # The UUIDs torch.xpu printed for these tiles (intel/torch-xpu-ops#3585).
@@ -154,10 +157,11 @@ def test_arc_with_an_igpu_lists_the_igpu_second_and_refuses_its_host_ram_figures
         platform = current_platform()
         selected = [(d.name, d.arch) for d in platform.devices()]
         # Without the recorded selector, Level Zero's (and torch's) order: discrete first.
-        monkeypatch.delenv("ONEAPI_DEVICE_SELECTOR")
-        both = [(d.physical_index, d.name, d.pci_bus_id) for d in platform.devices()]
-        with pytest.raises(BackendError, match="integrated GPU"):
-            platform.memory_info(1)
+        with monkeypatch.context() as patch:  # undone before the replay ends
+            patch.delenv("ONEAPI_DEVICE_SELECTOR")
+            both = [(d.physical_index, d.name, d.pci_bus_id) for d in platform.devices()]
+            with pytest.raises(BackendError, match="integrated GPU"):
+                platform.memory_info(1)
     assert selected == [("Intel(R) Arc(TM) A770 Graphics", "dg2")]
     assert both == [
         (0, "Intel(R) Arc(TM) A770 Graphics", "0000:03:00.0"),

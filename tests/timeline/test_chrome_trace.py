@@ -18,10 +18,10 @@ from accelplat.timeline import (
     TestSpan,
     Trace,
     WaitSpan,
-    render_chrome_trace,
     save_trace,
-    write_chrome_trace,
+    write_report,
 )
+from accelplat.timeline._chrome import render_chrome_trace
 
 STARTED = 1_767_225_600.25
 
@@ -171,5 +171,5 @@ def test_a_special_file_is_never_replaced(
     assert code == 2
     assert "not a regular file" in capsys.readouterr().err
     with pytest.raises(OSError, match="not a regular file"):
-        write_chrome_trace(_trace(), fifo)  # the writer refuses too
+        write_report(_trace(), fifo, format="chrome")  # the writer refuses too
     assert fifo.is_fifo()

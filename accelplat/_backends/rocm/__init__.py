@@ -74,6 +74,8 @@ class RocmPlatform(BasePlatform):
     # unset (ROCm/clr rocdevice.cpp), so whoever sets it should set HIP_VISIBLE_DEVICES to "".
     visible_devices_env: ClassVar[str | None] = ENV_CUDA_VISIBLE_DEVICES
     visible_devices_shadowed_by: ClassVar[tuple[str, ...]] = (ENV_HIP_VISIBLE_DEVICES,)
+    # NVML, KFD and Level Zero name processes by host pid: no pid-namespace support (NVML docs).
+    holder_pids_are_host_pids: ClassVar[bool] = True
     # A forked child of a process that initialised HIP breaks: vLLM's test helper spawns on ROCm
     # (requires_spawn_multiprocessing); accelplat's own queries create no HIP context.
     preferred_start_method: ClassVar[StartMethod] = "spawn"

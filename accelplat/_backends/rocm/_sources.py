@@ -201,8 +201,15 @@ def _import_amdsmi_live() -> tuple[Any, str]:
         said = next((s.strip()[:160] for s in "".join(printed).splitlines() if s.strip()), "")
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         hint = ""
-        if isinstance(exc, KeyError):  # the PyPI wheel without ROCm prints, then raises KeyError
-            hint = " (ROCm's libamd_smi.so is missing)"
+        # PyPI's amdsmi (community builds up to 7.0.2) bundles no library: without a ROCm whose
+        # libamd_smi.so matches, it prints, then raises KeyError('libamd_smi.so') (AMD SMI docs,
+        # "AMD SMI packaging and install paths"; docs/getting-started.md, "AMD SMI").
+        if isinstance(exc, KeyError):
+            hint = (
+                " (ROCm's libamd_smi.so is missing: the PyPI amdsmi wheel, the `amd` extra, "
+                "needs a ROCm of the same version; use the amdsmi ROCm ships in "
+                "/opt/rocm/share/amd_smi, or none: sysfs serves AMD GPUs)"
+            )
         elif isinstance(exc, AttributeError):
             hint = " (the installed ROCm is older than this amdsmi)"
         suffix = f"; it said {said!r}" if said else ""

@@ -6,6 +6,7 @@ instant. The model is in ``_model``, the spec reader in ``_spec``; the format in
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -234,6 +235,32 @@ class SimulatedPlatform(BasePlatform):
             reserved=dev.reserved,
             source="simulated",
         )
+
+    def set_holder(self, device: int, holder: SimulatedHolder) -> None:
+        """Add ``holder`` to visible ``device``, replacing the holder with its pid if any.
+
+        For simulations of several processes on one clock (a process starting to use memory,
+        or, replaced with an ``end``, letting it go); holders that have ended are dropped.
+
+        Raises:
+            ConfigurationError: For a bad index, or when the device's memory would exceed its
+                total (what a real device answers with an out-of-memory error).
+        """
+        index = self._visible()[self.check_device(device)]
+        now = self.elapsed()
+        dev = self._spec.devices[index]
+        same = [h for h in dev.holders if holder.pid is not None and h.pid == holder.pid]
+        freed = sum(h.used for h in same if h.active(now))
+        if holder.active(now) and dev.used_at(now) - freed + holder.used > dev.total:
+            raise ConfigurationError(
+                f"simulated device {device}: {holder.used} more bytes would exceed its total "
+                f"({dev.total} bytes, {dev.used_at(now)} used)"
+            )
+        live = [h for h in dev.holders if (h.end is None or h.end > now) and h not in same]
+        updated = dataclasses.replace(dev, holders=(*live, holder))  # checked as a spec is
+        devices = list(self._spec.devices)
+        devices[index] = updated
+        self._spec = dataclasses.replace(self._spec, devices=tuple(devices))
 
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
