@@ -46,6 +46,7 @@ _CALLS = {  # a call by its own name -> its kind
     **dict.fromkeys(_DTYPE_METHODS, "dtype"),
     **dict.fromkeys(_COUNT_FUNCTIONS, "count"),
     "is_quant_method_supported": "quant", "multi_gpu_test": "count", "large_gpu_mark": "memory",
+    "support_static_graph_mode": "graphs",
 }  # fmt: skip
 _WITH_ARGS = _CAPABILITY_METHODS | _MARKER_HELPERS | {"is_quant_method_supported"}  # with arguments
 _ROCM_ARCH_RE = re.compile(r"^on_(gfx\w+|mi\d\w*|cdna\d*|rdna\d*)$")  # these are "arch" too
@@ -61,7 +62,7 @@ class Finding:  # one platform predicate in one file
     path: str  # relative to the scanned root
     line: int  # 1-based
     predicate: str  # normalised: "is_rocm()", "has_device_capability(90)"
-    kind: str  # platform, arch, dtype, count, memory or quant
+    kind: str  # platform, arch, dtype, graphs, count, memory or quant
     use: str  # skipif, skip, branch, expression or marker
     replacement: str | None  # accelplat.testing.requires("…"), accelplat.has("…") …, or None
     missing: str | None = None  # without a replacement: the kind of knowledge that has none

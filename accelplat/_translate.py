@@ -115,6 +115,9 @@ _PLATFORM_METHODS: dict[str, _Tree] = {  # current_platform.<m>(): interface.py:
     "is_fp8_fnuz": _Atom("fp8-fnuz"),  # rocm.py:1259 ("gfx94" in the arch); False elsewhere
     # rocm.py:1251: "gfx95" or "gfx1250" in the arch; interface.py:1248: False elsewhere
     "supports_mx": _any("gfx95*", "gfx1250"),
+    # cuda.py:687, rocm.py:1393, xpu.py:539 (whatever torch's XPU graphs can do); the CPU
+    # platform keeps interface.py:1359's False. Not the built-in `graphs`, which asks torch.
+    "support_static_graph_mode": _any("cuda", "rocm", "xpu"),
 }
 _ROCM_ARCH: dict[str, _Tree] = {  # vllm.platforms.rocm.on_*(): substring tests (rocm.py:217-356)
     "on_gfx1x": _RDNA,

@@ -120,6 +120,7 @@ def test_no_capability_table_is_needed() -> None:
         ("not on_gfx9()", "gfx90a or gfx942 or gfx950"),
         ("not on_gfx1x()", "(gfx11* or gfx12*) and not gfx1250"),
         ("not current_platform.supports_mx()", "gfx95* or gfx1250"),
+        ("not current_platform.support_static_graph_mode()", "cuda or rocm or xpu"),
         (
             "not (current_platform.is_xpu() or (current_platform.is_cuda() "
             "and current_platform.has_device_capability(90)))",
@@ -241,3 +242,27 @@ def test_the_host_model_agrees_with_the_recorded_h200(prove: ModuleType) -> None
     host = next(h for h in prove.modelled.HOSTS if h.name == "nvidia-sm90")
     assert tuple(facts["torch"]["devices"][0]["capability"]) == host.nvml_capability
     assert facts["accelplat"]["devices"][0]["arch"] == host.arch
+
+
+@pytest.mark.parametrize(
+    ("gcn_arch", "number"),
+    [
+        ("gfx90a:sramecc+:xnack-", (9, 0)),
+        ("gfx942:sramecc+:xnack-", (9, 4)),
+        ("gfx950", (9, 5)),
+        ("gfx1100", (11, 0)),
+        ("gfx1151", (11, 5)),
+        ("gfx1201", (12, 0)),
+        ("sm_90", None),  # not a gfx string: vLLM falls back to torch
+    ],
+)
+def test_the_vllm_model_derives_rocm_numbers_as_vllm_does(
+    prove: ModuleType, gcn_arch: str, number: tuple[int, int] | None
+) -> None:
+    assert prove.gcn_capability(gcn_arch) == number
+
+
+@pytest.mark.parametrize("gcn_arch", ["gfx8", "gfx803", "gfx13000", "gfx1300"])
+def test_the_vllm_model_raises_where_vllm_does(prove: ModuleType, gcn_arch: str) -> None:
+    with pytest.raises(ValueError, match=gcn_arch):
+        prove.gcn_capability(gcn_arch)

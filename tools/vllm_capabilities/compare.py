@@ -10,7 +10,7 @@ the migrated files in both copies with ``PY`` (a Python with vLLM, pytest and ac
 ``record_skips`` plugin — once on this machine and once replaying each recorded GPU machine
 (``*-facts.json`` here, through ``replay_device``) — and compares every test id's decision.
 Collection only: nothing runs. It also counts platform predicates (``accelplat scan``) in the
-migrated files before and after, and across the whole tree if every rule were applied.
+migrated files before and after, and across the whole tree if every file were migrated.
 
 Exit status 0 when every decision is identical and every test id exists on both sides.
 """

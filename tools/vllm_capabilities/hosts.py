@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vllm_model import Host, gcn_capability
+from vllm_model import Host, capability, gcn_capability
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLES = REPO / "tests" / "hosts"
@@ -87,13 +87,18 @@ import accelplat
 texts = json.load(sys.stdin)
 platform = accelplat.current_platform()
 devices = platform.devices()
-facts = {"platform": platform.name, "arch": devices[0].arch if devices else None}
+first = devices[0] if devices else None
+facts = {
+    "platform": platform.name,
+    "arch": first.arch if first else None,
+    "capability": list(first.compute_capability) if first and first.compute_capability else None,
+}
 print(json.dumps({"facts": facts, "answers": {t: bool(accelplat.has(t)) for t in texts}}))
 """
 
 
-def replayed_answers(path: Path, texts: list[str]) -> dict[str, bool]:
-    """Accelplat's answer to each requirement on the host replayed from ``path``."""
+def replayed_answers(path: Path, texts: list[str]) -> tuple[dict[str, object], dict[str, bool]]:
+    """The replayed host's platform, arch and capability, and accelplat's answers."""
     env = {k: v for k, v in os.environ.items() if not k.endswith("VISIBLE_DEVICES")}
     env.update(ACCELPLAT_REPLAY=str(path), PYTHONPATH=str(REPO))
     done = subprocess.run(
@@ -207,7 +212,9 @@ def answers(host: Host, texts: list[str], directory: Path = BUNDLES) -> tuple[di
     path = bundle(host, directory)
     if path is not None and can_replay_requirements():
         facts, said = replayed_answers(path, texts)
-        if facts != {"platform": host.platform, "arch": host.arch}:  # the wrong bundle
-            raise ValueError(f"{path.name} replays {facts}, not the facts of {host.name}")
+        cc = capability(host)  # vLLM's number: accelplat's DeviceInfo must say the same
+        mine = {"platform": host.platform, "arch": host.arch, "capability": cc and list(cc)}
+        if facts != mine:  # the wrong bundle, or a capability number that is not vLLM's
+            raise ValueError(f"{path.name} replays {facts}, not {mine} ({host.name})")
         return said, f"replayed {path.name}"
     return {t: spec_answer(host, t) for t in texts}, "spec model (no bundle yet)"

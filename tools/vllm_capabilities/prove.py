@@ -39,10 +39,11 @@ sys.path.insert(0, str(HERE.parent.parent))
 
 import hosts as modelled  # noqa: E402
 import migrate  # noqa: E402
-from vllm_model import RAISES, UnmodelledError, evaluate  # noqa: E402
+from vllm_model import RAISES, Host, UnmodelledError, evaluate, gcn_capability  # noqa: E402
 
 from accelplat import _scan, _translate  # noqa: E402
 
+__all__ = ["Host", "gcn_capability", "prove"]  # what the tests read besides the figures
 _DECIDING = ("count", "memory", "quant")  # kinds the translator does not replace
 
 
@@ -117,10 +118,11 @@ def collect(tests: Path) -> tuple[list[_scan.Finding], list[_Check], dict[int, i
                 text = _scan.replacement(p.decision, p.site)
                 expected.append((p.site.span[0], text))
             check_of[index] = by_site[id(p.site)]
-        if expected:  # the migration writes exactly these, nothing else
+        if expected:  # the migration writes exactly these, in the same order, nothing else
             new, _ = migrate.rewrite(source)
-            want = sorted(f"{t.partition('(')[0]}:{t.partition('(')[2][1:-2]}" for _, t in expected)
-            if sorted(_migrated_requirements(new)) != want:
+            expected.sort(key=lambda e: (e[0].lineno, e[0].col_offset))  # type: ignore[attr-defined]
+            want = [f"{t.partition('(')[0]}:{t.partition('(')[2][1:-2]}" for _, t in expected]
+            if _migrated_requirements(new) != want:
                 mismatches.append(rel)
     return findings, checks, check_of, mismatches
 

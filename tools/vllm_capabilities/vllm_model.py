@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class UnmodelledError(Exception):
@@ -36,8 +36,6 @@ class Host:
     arch: str | None  # as accelplat names it: sm_90, gfx942, pvc, bmg, x86-64-v4
     nvml_capability: tuple[int, int] | None = None  # nvmlDeviceGetCudaComputeCapability
     gcn_arch: str = ""  # amdsmi's / torch's gcnArchName, e.g. "gfx942:sramecc+:xnack-"
-    torch: str = "2.11.0"
-    libraries: frozenset[str] = field(default_factory=frozenset)
     bundles: tuple[str, ...] = ()  # glob patterns of its replay bundle in tests/hosts
 
 
@@ -132,6 +130,9 @@ def _platform_method(host: Host, name: str, args: list[ast.expr]) -> Value:
         return _gfx(host, "gfx94")  # rocm.py:1259; interface.py:1258 False elsewhere
     if name == "supports_mx" and not args:
         return _gfx(host, "gfx95", "gfx1250")  # rocm.py:1251; interface.py:1248 False elsewhere
+    if name == "support_static_graph_mode" and not args:
+        # cuda.py:687, rocm.py:1393, xpu.py:539 return True; interface.py:1359 False (CPU)
+        return host.platform in ("cuda", "rocm", "xpu")
     if name == "get_device_capability" and not args:
         return capability(host)
     if name in ("has_device_capability", "is_device_capability", "is_device_capability_family"):
