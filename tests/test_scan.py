@@ -191,6 +191,12 @@ def test_diff_fails_only_on_added_predicates(
     out = capsys.readouterr().out
     assert "1 platform predicate(s) added since HEAD" in out
     assert 'test_b.py:2: is_xpu() [skip] -> accelplat.has("xpu")' in out
+    assert main(["scan", str(tests), "--diff", "HEAD", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["base"], [(f["path"], f["line"]) for f in doc["added"]]) == (
+        "HEAD",
+        [("test_b.py", 2)],
+    )
     assert main(["scan", str(tests), "--diff", "no-such-revision"]) == 2
     assert main(["scan", str(tests), "--diff=-x"]) == 2  # never an option of git's
 
