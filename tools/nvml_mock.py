@@ -225,7 +225,7 @@ def parse_yaml(text: str, source: str = "<profile>") -> dict[str, Any]:
 
     class _Loader(yaml.SafeLoader):
         def compose_node(self, parent: Any, index: Any) -> Any:
-            event = self.peek_event()
+            event = self.peek_event()  # type: ignore[no-untyped-call]
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 mark = f"line {event.start_mark.line + 1}" if event.start_mark else "?"
                 raise ProfileError(source, mark, "YAML anchors and aliases are not accepted")
@@ -747,7 +747,7 @@ def _isolated(root: Path, env: Mapping[str, str], nvml: Any) -> Iterator[None]:
             if module is ...:
                 sys.modules.pop(name, None)
             else:
-                sys.modules[name] = module  # type: ignore[assignment]
+                sys.modules[name] = module
 
 
 def _rewrite(value: Any, prefix: str, roots: Mapping[str, str]) -> Any:
