@@ -403,7 +403,7 @@ def profile_facts(doc: Mapping[str, Any], source: str = "<profile>") -> HostFact
     nvml = f.mapping(extension.get("nvml"), f"{EXTENSION}.nvml", optional=True)
     captured = extension.get("host")
     if captured is not None:
-        f.mapping(captured, f"{EXTENSION}.host")  # its records are checked as a bundle's
+        captured = _captured(f, captured)
     grace = isinstance(defaults.get("grace_superchip"), dict) and bool(
         defaults["grace_superchip"].get("enabled")
     )
@@ -415,6 +415,24 @@ def profile_facts(doc: Mapping[str, Any], source: str = "<profile>") -> HostFact
         machine="aarch64" if grace or any(_grace(g.name) for g in gpus) else "x86_64",
         captured=captured,
     )
+
+
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _captured(f: _Fields, raw: object) -> dict[str, Any]:
+    """A captured host's part beyond NVML; its records are checked as a bundle's when built."""
+    where = f"{EXTENSION}.host"
+    host = f.mapping(raw, where)
+    for name in ("options", "summary"):
+        f.mapping(host.get(name), f"{where}.{name}", optional=True)
+    f.array(host.get("records"), f"{where}.records", 200_000)
+    env = f.mapping(host.get("env"), f"{where}.env", optional=True)
+    for name, value in env.items():
+        plain = isinstance(value, str) and "\0" not in value and len(value) <= 65536
+        if not (_ENV_NAME_RE.match(name) and plain):
+            raise f.fail(f"{where}.env.{name[:40]}", "must map variable names to text")
+    return host
 
 
 def _flag(f: _Fields, nvml: Mapping[str, Any], name: str) -> bool:
@@ -1148,20 +1166,28 @@ def dump_yaml(doc: Mapping[str, Any], header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+# Plain words YAML 1.1 (PyYAML, and the Go reader nvml-mock uses) reads as booleans or null.
+_YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
+
+
 def _scalar(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return json.dumps(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        text = json.dumps(value)  # finite: the bundle loader refuses others
+        mantissa, e, exponent = text.partition("e")
+        # YAML 1.1 reads 1e-05 as text: its floats need a point in the mantissa.
+        return f"{mantissa}.0e{exponent}" if e and "." not in mantissa else text
     return json.dumps(str(value))
 
 
 def _yaml_key(key: str) -> str:
-    return (
-        key if _PLAIN_KEY.match(key) and key not in ("true", "false", "null") else json.dumps(key)
-    )
+    plain = _PLAIN_KEY.match(key) and key.lower() not in _YAML_WORDS
+    return key if plain else json.dumps(key)
 
 
 def _yaml_lines(value: object, indent: int) -> list[str]:

@@ -399,3 +399,30 @@ def test_the_command_line_exports_and_imports(
     profile.write_text("version: [\n")
     assert main(["import", str(profile), "--out", str(out)]) == 2
     assert "error: " in capsys.readouterr().err
+
+
+def test_yaml_out_reads_back_exactly_with_words_and_numbers_yaml_1_1_would_misread() -> None:
+    pytest.importorskip("yaml")
+    doc = {
+        "version": "1.0",
+        "keys": {"yes": 1, "No": 2, "on": 3, "null": 4, "$map": 5, "a b": 6, "0": 7, "": 8},
+        "values": ["yes", "off", "1e5", "0x10", "", "~", "- x", "a: b", "#c", "\u00e9\n\t"],
+        "numbers": [1e-05, 2.5e20, 0.4, -0.0, 2**64 - 1, -(2**63)],
+        "empty": {"map": {}, "list": []},
+        "nested": [[1, [2]], [{"a": [{}]}]],
+    }
+    assert parse_yaml(dump_yaml(doc), "round") == doc
+
+
+def test_a_captured_host_with_a_bad_variable_or_record_list_is_refused() -> None:
+    doc = _profile()
+    doc["x-accelplat"] = {"host": {"env": {"BAD=NAME": "x"}, "records": []}}
+    with pytest.raises(ProfileError) as info:
+        profile_facts(doc, "p.yaml")
+    assert "x-accelplat.host.env" in info.value.where
+    doc["x-accelplat"] = {"host": {"env": {}, "records": "all of them"}}
+    with pytest.raises(ProfileError, match=r"x-accelplat\.host\.records"):
+        profile_facts(doc, "p.yaml")
+    doc["x-accelplat"] = {"host": {"env": {}, "records": [{"channel": "file"}]}}
+    with pytest.raises(ProfileError, match=r"x-accelplat\.host"):
+        build_bundle(profile_facts(doc, "p.yaml"))
