@@ -225,3 +225,25 @@ def test_the_device_cgroup_forms(
     assert (cgroup["version"], cgroup["allowed"], cgroup.get("gpus")) == (version, allowed, gpus)
     if allowed is None:
         assert cgroup["note"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["all", "none", "void", "0,1", "GPU-00000001-1111-2222-3333-444444444444", ""],
+)
+def test_each_device_plugin_form_of_nvidia_visible_devices_replays_as_captured(
+    two_gpus: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    from accelplat._capture import scheduler_grant
+    from accelplat.replay import replaying
+
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", value)
+    out = tmp_path / "host.tar.gz"
+    assert main(["capture", "--out", str(out), "--samples", "0", "--quiet"]) == 0
+    bundle = load_bundle(out)
+    assert bundle.summary["scheduler"]["variables"]["NVIDIA_VISIBLE_DEVICES"] == value
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "something else")
+    with replaying(bundle):
+        assert os.environ["NVIDIA_VISIBLE_DEVICES"] == value
+        assert scheduler_grant()["variables"]["NVIDIA_VISIBLE_DEVICES"] == value
+    assert os.environ["NVIDIA_VISIBLE_DEVICES"] == "something else"

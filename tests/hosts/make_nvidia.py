@@ -256,4 +256,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    try:
+        import yaml  # noqa: F401 - NVIDIA's profiles are YAML
+    except ModuleNotFoundError:
+        sys.exit("reading NVIDIA's nvml-mock profiles needs PyYAML: pip install pyyaml")
     raise SystemExit(main(sys.argv[1:]))

@@ -79,6 +79,63 @@ def test_bundle_to_profile_to_bundle_prints_the_same_info(path: Path) -> None:
         ]
 
 
+# The fields of nvml-mock's profile schema an export writes, with their Go types, from
+# pkg/gpu/mocknvml/engine/config_types.go (YAMLConfig, SystemConfig, DeviceConfig, MemoryConfig,
+# PCIConfig, MIGConfig, ProcessConfig) at NVIDIA/k8s-test-infra 3b2b865d91b1.
+_U32, _U64 = 2**32 - 1, 2**64 - 1
+_SCHEMA: dict[str, Any] = {
+    "version": str,
+    "system": {"driver_version": str, "num_devices": _U32},
+    "device": {
+        "index": _U32,
+        "uuid": str,
+        "name": str,
+        "architecture": str,
+        "compute_capability": {"major": _U32, "minor": _U32},
+        "memory": {
+            "total_bytes": _U64,
+            "reserved_bytes": _U64,
+            "free_bytes": _U64,
+            "used_bytes": _U64,
+        },
+        "pci": {"bus_id": str, "device_id": _U32, "subsystem_id": _U32},
+        "mig": {"mode_current": str, "mode_pending": str, "max_gpu_instances": _U32},
+        "processes": [{"pid": _U32, "type": str, "name": str, "used_memory_mib": _U64}],
+    },
+}
+
+
+def _fits(value: object, shape: object, where: str) -> None:
+    if shape is str:
+        assert isinstance(value, str), where
+    elif isinstance(shape, int):
+        assert isinstance(value, int), where
+        assert not isinstance(value, bool), where
+        assert 0 <= value <= shape, where
+    elif isinstance(shape, list):
+        assert isinstance(value, list), where
+        for i, item in enumerate(value):
+            _fits(item, shape[0], f"{where}[{i}]")
+    else:
+        assert isinstance(shape, dict)
+        assert isinstance(value, dict), where
+        assert set(value) <= set(shape), f"{where}: {sorted(set(value) - set(shape))}"
+        for key, item in value.items():
+            _fits(item, shape[key], f"{where}.{key}")
+
+
+@pytest.mark.parametrize("path", CUDA_BUNDLES, ids=lambda p: p.name)
+def test_the_exported_profile_fits_nvml_mocks_schema(path: Path) -> None:
+    doc = export_profile(load_bundle(path))
+    assert set(doc) == {"version", "system", "device_defaults", "devices", "x-accelplat"}
+    _fits(doc["version"], _SCHEMA["version"], "version")
+    _fits(doc["system"], _SCHEMA["system"], "system")
+    _fits(doc["device_defaults"], _SCHEMA["device"], "device_defaults")
+    for i, device in enumerate(doc["devices"]):
+        _fits(device, _SCHEMA["device"], f"devices[{i}]")
+    assert [d["index"] for d in doc["devices"]] == list(range(doc["system"]["num_devices"]))
+
+
 @pytest.mark.parametrize("path", CUDA_BUNDLES, ids=lambda p: p.name)
 def test_the_exported_yaml_reads_back_as_the_same_profile(path: Path) -> None:
     pytest.importorskip("yaml")
