@@ -47,6 +47,7 @@ from accelplat.errors import FileTooLargeError, NotARegularFileError
 from accelplat.replay import parse_bundle, replaying
 from accelplat.replay._bundle import Bundle, bundle_bytes, load_bundle
 from accelplat.replay._codec import Handle, Record, encode, key_text
+from accelplat.replay._install import relevant
 
 MIB = 1024**2
 PROFILE_LIMIT = 4 * MIB  # nvml-mock's largest shipped profile is about 17 KB
@@ -740,10 +741,13 @@ def _fake_nvml(facts: HostFacts) -> Any:
 @contextmanager
 def _isolated(root: Path, env: Mapping[str, str], nvml: Any) -> Iterator[None]:
     """This process as a host with only ``nvml``: empty host trees, no AMD/Intel stack, ``env``."""
-    names = {*_CLEARED, *_ROOT_VARIABLES, *env}
+    # Every variable a capture keeps (ACCELPLAT_*, ZE_*, visible devices, grants) is the built
+    # host's, never the building machine's.
+    cleared = {*_CLEARED, *(k for k in os.environ if relevant(k))}
+    names = {*cleared, *_ROOT_VARIABLES, *env}
     saved_env = {k: os.environ.get(k) for k in names}
     saved_mods = {k: sys.modules.get(k, ...) for k in _BLOCKED}
-    for name in _CLEARED:
+    for name in cleared:
         os.environ.pop(name, None)
     for name in _ROOT_VARIABLES:
         path = root / name.removeprefix("ACCELPLAT_").removesuffix("_ROOT").lower()
