@@ -668,7 +668,7 @@ def smi_profile(root: ET.Element, source: str = "<nvidia-smi>") -> dict[str, Any
             },
             "processes": [
                 {
-                    "pid": int(text_of(p, "pid", f"{where}/processes")),
+                    "pid": _number(f, text_of(p, "pid", f"{where}/processes"), f"{where}/pid"),
                     "name": os.path.basename(p.findtext("process_name") or "")[:64],
                     "used_memory_mib": mib(p, "used_memory", f"{where}/processes") // MIB,
                 }
@@ -677,6 +677,12 @@ def smi_profile(root: ET.Element, source: str = "<nvidia-smi>") -> dict[str, Any
         }
         devices.append(device)
     return {"version": "1.0", "system": {"driver_version": driver}, "devices": devices}
+
+
+def _number(f: _Fields, text: str, where: str) -> int:
+    if not text.isdigit() or len(text) > 10:
+        raise f.fail(where, f"must be a number, not {_shown(text)}")
+    return int(text)
 
 
 def _checked_bus(f: _Fields, text: str, where: str) -> str:
@@ -1155,7 +1161,14 @@ def export_profile(bundle: Bundle) -> dict[str, Any]:
     Raises:
         ProfileError: When the bundle is not a CUDA capture or holds what a profile cannot say.
     """
-    return profile_document(replace(bundle_facts(bundle), captured=captured_host(bundle)))
+    try:
+        facts = bundle_facts(bundle)
+    except (TypeError, ValueError, AttributeError, IndexError) as exc:
+        if isinstance(exc, ProfileError):
+            raise
+        why = f"an NVML answer is not what NVML gives: {type(exc).__name__}: {str(exc)[:200]}"
+        raise ProfileError(bundle.source, "nvml", why) from None
+    return profile_document(replace(facts, captured=captured_host(bundle)))
 
 
 # -- YAML out -----------------------------------------------------------------------------------

@@ -483,3 +483,37 @@ def test_a_captured_host_with_a_bad_variable_or_record_list_is_refused() -> None
     doc["x-accelplat"] = {"host": {"env": {}, "records": [{"channel": "file"}]}}
     with pytest.raises(ProfileError, match=r"x-accelplat\.host"):
         build_bundle(profile_facts(doc, "p.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("call", "value"),
+    [
+        ("nvmlDeviceGetPciInfo", {"$record": {"type": "nvmlPciInfo_t", "fields": {}}}),
+        ("nvmlDeviceGetPciInfo", "00000000:00:06.0"),
+        ("nvmlDeviceGetMigMode", [1]),
+        ("nvmlDeviceGetCudaComputeCapability", {"$tuple": ["9", 0]}),
+        ("nvmlDeviceGetName", None),
+    ],
+)
+def test_a_bundle_with_odd_nvml_answers_is_refused_on_export(
+    call: str, value: object, tmp_path: Path
+) -> None:
+    import tarfile
+
+    from accelplat.replay._bundle import bundle_bytes
+
+    source = HOSTS / "nvidia-h200-x1.tar.gz"
+    with tarfile.open(source) as tar:
+        member = tar.extractfile("host.json")
+        assert member is not None
+        host = json.loads(member.read())
+    for record in host["records"]:
+        if record["channel"] == "nvml" and record["key"][:2] == ["call", call]:
+            record["answers"] = [{"v": value}]
+    data = bundle_bytes(host, None, "")
+    try:
+        bundle = parse_bundle(data)
+    except ValueError:
+        return  # the loader refused it already: fine too
+    with pytest.raises(ProfileError):
+        export_profile(bundle)
