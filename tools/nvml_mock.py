@@ -1173,6 +1173,7 @@ def export_profile(bundle: Bundle) -> dict[str, Any]:
 
 # -- YAML out -----------------------------------------------------------------------------------
 
+_HEX_KEYS = frozenset({"device_id", "subsystem_id"})  # PCI ids, in hex as nvml-mock writes them
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
@@ -1217,7 +1218,8 @@ def _yaml_lines(value: object, indent: int) -> list[str]:
                 out.append(head)
                 out.extend(_yaml_lines(item, indent + 2))
             else:
-                out.append(f"{head} {_flow(item)}")
+                hexadecimal = key in _HEX_KEYS and isinstance(item, int) and 0 <= item <= _U32
+                out.append(f"{head} {f'0x{item:08X}' if hexadecimal else _flow(item)}")
         return out
     assert isinstance(value, list)
     for item in value:
