@@ -60,7 +60,7 @@ __getattr__, __dir__ = _lazy.lazy_namespace(__name__, _EXPORTS, globals())
 
 
 if os.environ.get("ACCELPLAT_REPLAY"):
-    from accelplat.replay import activate_from_environment
+    from accelplat.replay._install import activate_from_environment
 
     activate_from_environment()
 

@@ -10,6 +10,7 @@ import contextlib
 import datetime as _dt
 import os
 import platform as _platform
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelplat import __version__, _files
+from accelplat._backends._common import ENV_PROC_ROOT, ENV_SYSFS_ROOT
 from accelplat._describe import collect_info, driver_version
 from accelplat._registry import current_platform
 from accelplat._vendor.versions import distribution_version
@@ -27,6 +29,15 @@ from accelplat.replay._install import recording, relevant
 from accelplat.replay._record import Recorder
 
 VERSION_DISTRIBUTIONS = ("accelplat", "torch", "nvidia-ml-py", "amdsmi", "vllm")
+
+SCHEDULER_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "GPU_DEVICE_ORDINAL")
+"""What a cluster scheduler sets for a job's GPUs (with the device plugin's
+``NVIDIA_VISIBLE_DEVICES``: ``all``, ``none``, ``void``, indices or UUIDs)."""
+_GRANT_VARIABLES = (*SCHEDULER_VARIABLES, "NVIDIA_VISIBLE_DEVICES")
+_ENV_CGROUP_ROOT = "ACCELPLAT_CGROUP_ROOT"  # as the CPU backend reads it
+_DEVICE_RULE = re.compile(r"^([abc]) (\*|\d{1,10}):(\*|\d{1,10}) ([rwm]{1,3})$")
+_NVIDIA_MAJOR = 195  # /dev/nvidiaN is char 195:N, /dev/nvidiactl 195:255 (NVIDIA driver README)
+_MAX_RULES = 256
 
 _TIME_KEYS = frozenset({"timestamp", "wall_time", "created", "generated", "generated_at"})
 # The version of the document's shape is no host fact: a newer accelplat prints a newer one
@@ -98,6 +109,69 @@ def _driver(info: Mapping[str, Any]) -> str | None:
     return f"amdgpu {text[:64]}" if text else None
 
 
+def scheduler_grant() -> dict[str, Any]:
+    """Return the GPUs an outer scheduler granted this process, as far as it can tell.
+
+    ``variables``: those of :data:`SCHEDULER_VARIABLES` and ``NVIDIA_VISIBLE_DEVICES`` that are
+    set. ``cgroup``: the process's device cgroup (``None`` without ``/proc/self/cgroup``):
+    ``version``, ``path``, and under cgroup v1 the ``devices.list`` rules (``allowed``) with the
+    NVIDIA GPU minors they open (``gpus``: ``"all"`` or a list), or ``note`` saying why not.
+    The files are read through the vendor boundary: a capture records them, a replay answers.
+    """
+    variables = {k: os.environ[k] for k in _GRANT_VARIABLES if k in os.environ}
+    return {"variables": variables, "cgroup": _device_cgroup()}
+
+
+def _device_cgroup() -> dict[str, Any] | None:
+    proc = os.environ.get(ENV_PROC_ROOT) or "/proc"
+    sysfs = os.environ.get(ENV_SYSFS_ROOT) or "/sys"
+    root = os.environ.get(_ENV_CGROUP_ROOT) or os.path.join(sysfs, "fs", "cgroup")
+    try:
+        text = _files.read_text(os.path.join(proc, "self", "cgroup"))
+    except (OSError, AccelplatError):
+        return None
+    unified: str | None = None
+    for line in text.splitlines()[:64]:
+        _, _, rest = line.partition(":")
+        controllers, sep, path = rest.partition(":")
+        if not sep or ".." in path.split("/"):
+            continue
+        if "devices" in controllers.split(","):
+            return _v1_device_rules(root, path)
+        if controllers == "":
+            unified = path
+    if unified is None:
+        return None
+    # cgroup v2 has no device list: an eBPF program attached to the cgroup decides.
+    why = "cgroup v2 controls devices with an eBPF program: no device list to read"
+    return {"version": "cgroup-v2", "path": unified, "allowed": None, "note": why}
+
+
+def _v1_device_rules(root: str, path: str) -> dict[str, Any]:
+    found: dict[str, Any] = {"version": "cgroup-v1", "path": path, "allowed": None}
+    where = os.path.join(root, "devices", path.lstrip("/"), "devices.list")
+    try:
+        text = _files.read_text(where)
+    except (OSError, AccelplatError) as exc:
+        found["note"] = f"devices.list unreadable: {getattr(exc, 'strerror', None) or exc}"
+        return found
+    rules = [line.strip() for line in text.splitlines() if line.strip()][:_MAX_RULES]
+    found["allowed"] = rules
+    gpus: set[int] = set()
+    for rule in rules:
+        match = _DEVICE_RULE.match(rule)
+        if match is None:
+            continue
+        kind, major, minor, _ = match.groups()
+        if kind == "a" or (major in ("*", str(_NVIDIA_MAJOR)) and minor == "*"):
+            found["gpus"] = "all"
+            return found
+        if kind == "c" and major == str(_NVIDIA_MAJOR) and int(minor) < 255:
+            gpus.add(int(minor))
+    found["gpus"] = sorted(gpus)
+    return found
+
+
 def capture(
     *,
     processes: bool = True,
@@ -129,6 +203,7 @@ def capture(
         if info.get("platform"):
             _exercise(current_platform(), samples, interval_s, sleep)
         driver = _driver(info)
+        grant = scheduler_grant()
         versions = {name: distribution_version(name) for name in VERSION_DISTRIBUTIONS}
     versions["accelplat"] = __version__
     summary = {
@@ -142,6 +217,7 @@ def capture(
         "python": _platform.python_version(),
         "machine": _platform.machine(),
         "system": _platform.system(),
+        "scheduler": grant,
     }
     host: dict[str, Any] = {
         "format": FORMAT_NAME,
@@ -188,6 +264,7 @@ def bundle_contents(host: Mapping[str, Any]) -> str:
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
         f"Python {summary.get('python')} on {summary.get('system')} {summary.get('machine')}",
+        *_grant_lines(summary.get("scheduler")),
         "",
     ]
     by_channel: dict[str, list[str]] = {}
@@ -202,6 +279,21 @@ def bundle_contents(host: Mapping[str, Any]) -> str:
         lines.extend(f"  {label}" for label in labels)
         lines.append("")
     return "\n".join(lines)
+
+
+def _grant_lines(grant: Any) -> list[str]:
+    if not isinstance(grant, dict):
+        return []
+    cgroup = grant.get("cgroup")
+    if not isinstance(cgroup, dict):
+        where = "no device cgroup found"
+    elif cgroup.get("allowed") is None:
+        where = f"{cgroup.get('version')} {cgroup.get('path')}: {cgroup.get('note')}"
+    else:
+        where = f"{cgroup.get('version')} {cgroup.get('path')}: NVIDIA GPUs {cgroup.get('gpus')}"
+    variables = grant.get("variables") or {}
+    named = ", ".join(f"{k}={v}" for k, v in variables.items()) or "none set"
+    return [f"Scheduler grant: {named}; device cgroup: {where}"]
 
 
 def compare_info(recorded: Any, replayed: Any, where: str = "info") -> list[str]:

@@ -749,19 +749,23 @@ class Lease:
         command, since = _command_line(), time.time()
         self._meta = []
         for _, key, _, _, slot in got:
-            meta: dict[str, object] = {
-                "version": 1,
-                "device_id": key,
-                "platform": self.platform.name,
-                "pid": os.getpid(),
-                "command": command,
-                "since": since,
-                "released": False,
-                "budget_bytes": self.memory_bytes,
-            }
+            meta = self._metadata(key, command, since, budget_bytes=self.memory_bytes)
             path = shares / (_share_key(key, slot) + _META_SUFFIX)
             self._meta.append((path, meta))
             _write_metadata(path, meta)
+
+    def _metadata(self, key: str, command: str, since: float, **extra: int) -> dict[str, object]:
+        """What a holder's metadata file says (``docs/leasing.md``), plus ``extra``."""
+        return {
+            "version": 1,
+            "device_id": key,
+            "platform": self.platform.name,
+            "pid": os.getpid(),
+            "command": command,
+            "since": since,
+            "released": False,
+            **extra,
+        }
 
     def _take(self, got: Sequence[tuple[DeviceInfo, str, int]]) -> None:
         self.devices = tuple(d for d, _, _ in got)
@@ -772,16 +776,7 @@ class Lease:
         self._meta = []
         for device, key, _ in got:
             used = self._carried.get(key, self.platform.memory_info(device.index).used)
-            meta: dict[str, object] = {
-                "version": 1,
-                "device_id": key,
-                "platform": self.platform.name,
-                "pid": os.getpid(),
-                "command": command,
-                "since": since,
-                "released": False,
-                "baseline_used_bytes": used,
-            }
+            meta = self._metadata(key, command, since, baseline_used_bytes=used)
             path = self.lock_dir / (key + _META_SUFFIX)
             self._meta.append((path, meta))
             _write_metadata(path, meta)

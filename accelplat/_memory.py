@@ -616,6 +616,20 @@ def wait_for_memory_to_settle(
     )
 
 
+def _explained(
+    exc: MemoryNotSettledError, real: UsageSnapshot, lines: list[str]
+) -> MemoryNotSettledError:
+    """``exc`` with the owner-aware message ``lines`` and the real snapshot."""
+    return MemoryNotSettledError(
+        "\n".join(lines),
+        snapshot=real,
+        targets=exc.targets,
+        waited_s=exc.waited_s,
+        history=exc.history,
+        raised_targets=exc.raised_targets,
+    )
+
+
 def _owned_timeout(
     exc: MemoryNotSettledError, reading: OwnedReading, w: _Wait, what: str
 ) -> MemoryNotSettledError:
@@ -647,14 +661,7 @@ def _owned_timeout(
             f"  device {device}: ours {_gib(owned)}, target <= {target} (used {_gib(info.used)} "
             f"of {_gib(info.total)}); ours: {ours}; others, not waited for: {others}"
         )
-    return MemoryNotSettledError(
-        "\n".join(lines),
-        snapshot=real,
-        targets=exc.targets,
-        waited_s=exc.waited_s,
-        history=exc.history,
-        raised_targets=exc.raised_targets,
-    )
+    return _explained(exc, real, lines)
 
 
 FALLBACK_RELEASE_WINDOW_S = 1.0  # unattributed: the used counter must stop moving this long
@@ -769,11 +776,4 @@ def _release_timeout(
             f"  device {device} (judged whole: {why}): still running: {alive}; used "
             f"{_gib(real.memory[device].used)}"
         )
-    return MemoryNotSettledError(
-        "\n".join(lines),
-        snapshot=real,
-        targets=exc.targets,
-        waited_s=exc.waited_s,
-        history=exc.history,
-        raised_targets=exc.raised_targets,
-    )
+    return _explained(exc, real, lines)

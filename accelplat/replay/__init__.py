@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from accelplat.replay._bundle import Bundle, load_bundle, parse_bundle
-from accelplat.replay._install import activate, activate_from_environment, recording, replaying
+from accelplat.replay._install import activate, recording, replaying
 from accelplat.replay._record import Recorder
 
 if TYPE_CHECKING:
@@ -22,7 +22,6 @@ __all__ = [
     "Capture",
     "Recorder",
     "activate",
-    "activate_from_environment",
     "capture",
     "compare_info",
     "load_bundle",

@@ -25,6 +25,7 @@ _PLUGINS = "ACCELPLAT_PLUGINS"  # plugins are not part of a host: off unless cap
 _ENV_NAMES = frozenset(
     {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"}
     | {"ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ONEAPI_DEVICE_SELECTOR"}
+    | {"SLURM_JOB_GPUS", "SLURM_STEP_GPUS"}  # a Slurm job's grant: a cluster's bug report
 )
 
 
@@ -81,7 +82,7 @@ class BoundaryFiles(_files.HostFiles):
 
 
 def relevant(name: str) -> bool:
-    """Whether a capture keeps ``name``: visible devices, ``ZE_*``, ``ACCELPLAT_*`` (not REPLAY)."""
+    """Whether a capture keeps ``name``: visible devices, Slurm GPUs, ``ZE_*``, ``ACCELPLAT_*``."""
     return name != ENV_REPLAY and (name in _ENV_NAMES or name.startswith(("ACCELPLAT_", "ZE_")))
 
 

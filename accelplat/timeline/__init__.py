@@ -21,7 +21,6 @@ _EXPORTS: dict[str, str] = {
     "Trace": "accelplat.timeline._trace",
     "WaitSpan": "accelplat.timeline._trace",
     "load_trace": "accelplat.timeline._trace",
-    "render_html": "accelplat.timeline._render",
     "save_trace": "accelplat.timeline._trace",
     "write_report": "accelplat.timeline._render",
 }
@@ -31,7 +30,6 @@ __all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the names are _EXPORTS' keys, one l
 __getattr__, __dir__ = _lazy.lazy_namespace(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
-    from accelplat.timeline._render import render_html as render_html
     from accelplat.timeline._render import write_report as write_report
     from accelplat.timeline._sampler import Recorder as Recorder
     from accelplat.timeline._sampler import Sampler as Sampler

@@ -119,3 +119,133 @@ def test_a_malformed_bundle_is_a_clear_error(
     assert main(["info", "--replay", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}: corrupt gzip data" in err or f"{bad}: truncated" in err
+
+
+def _cgroup_tree(root: Path, self_cgroup: str, rules: str | None) -> None:
+    (root / "proc" / "self").mkdir(parents=True)
+    (root / "proc" / "self" / "cgroup").write_text(self_cgroup)
+    job = root / "cgroup" / "devices" / "slurm" / "uid_1000" / "job_42" / "step_0"
+    job.mkdir(parents=True)
+    if rules is not None:
+        (job / "devices.list").write_text(rules)
+
+
+# A Slurm step given GPUs 1 and 3 of four (cgroup v1 device rules, as Slurm's task/cgroup writes
+# them: the NVIDIA GPUs are char 195:N, nvidiactl 195:255).
+_SLURM_RULES = "c 195:1 rwm\nc 195:3 rwm\nc 195:255 rwm\nc 1:3 rwm\n"
+_SLURM_CGROUP = "12:devices:/slurm/uid_1000/job_42/step_0\n0::/slurm/uid_1000/job_42/step_0\n"
+
+
+def test_capture_records_the_scheduler_grant_and_replay_restores_it(
+    two_gpus: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelplat._capture import scheduler_grant
+    from accelplat.replay import replaying
+
+    _cgroup_tree(tmp_path, _SLURM_CGROUP, _SLURM_RULES)
+    monkeypatch.setenv("ACCELPLAT_PROC_ROOT", str(tmp_path / "proc"))
+    monkeypatch.setenv("ACCELPLAT_CGROUP_ROOT", str(tmp_path / "cgroup"))
+    grant = {
+        "SLURM_JOB_GPUS": "1,3",
+        "SLURM_STEP_GPUS": "1,3",
+        "GPU_DEVICE_ORDINAL": "0,1",
+        "NVIDIA_VISIBLE_DEVICES": "GPU-00000001-1111-2222-3333-444444444444",
+    }
+    for name, value in grant.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "host.tar.gz"
+    assert main(["capture", "--out", str(out), "--samples", "0", "--quiet"]) == 0
+    bundle = load_bundle(out)
+    recorded = bundle.summary["scheduler"]
+    assert recorded["variables"] == grant
+    assert recorded["cgroup"] == {
+        "version": "cgroup-v1",
+        "path": "/slurm/uid_1000/job_42/step_0",
+        "allowed": ["c 195:1 rwm", "c 195:3 rwm", "c 195:255 rwm", "c 1:3 rwm"],
+        "gpus": [1, 3],
+    }
+    assert "Scheduler grant: SLURM_JOB_GPUS=1,3" in bundle.contents
+    assert {k: bundle.env[k] for k in grant} == grant
+
+    # Elsewhere: no grant, no cgroup tree; the replay answers with the captured ones.
+    for name in grant:
+        monkeypatch.delenv(name)
+    (tmp_path / "proc" / "self" / "cgroup").unlink()
+    with replaying(bundle):
+        assert {k: os.environ.get(k) for k in grant} == grant
+        assert scheduler_grant() == recorded
+    assert all(name not in os.environ for name in grant)
+
+
+@pytest.mark.parametrize(
+    ("self_cgroup", "rules", "expected"),
+    [
+        ("0::/user.slice/session-1.scope\n", None, ("cgroup-v2", None, None)),
+        ("4:devices:/docker/abc\n", None, ("cgroup-v1", None, None)),  # no devices.list
+        ("4:devices:/\n", "a *:* rwm\n", ("cgroup-v1", ["a *:* rwm"], "all")),
+        ("4:devices:/\n", "c 195:* rw\n", ("cgroup-v1", ["c 195:* rw"], "all")),
+        (
+            "4:devices:/\n",
+            "c 195:255 rw\nb 8:0 r\n",
+            ("cgroup-v1", ["c 195:255 rw", "b 8:0 r"], []),
+        ),
+        ("4:devices:/../../etc\n", None, None),  # a path that climbs out is not followed
+        ("garbage\n", None, None),
+    ],
+)
+def test_the_device_cgroup_forms(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    self_cgroup: str,
+    rules: str | None,
+    expected: tuple[str, list[str] | None, object] | None,
+) -> None:
+    from accelplat._capture import scheduler_grant
+
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "self" / "cgroup").write_text(self_cgroup)
+    if rules is not None:
+        (tmp_path / "cgroup" / "devices").mkdir(parents=True)
+        (tmp_path / "cgroup" / "devices" / "devices.list").write_text(rules)
+    monkeypatch.setenv("ACCELPLAT_PROC_ROOT", str(tmp_path / "proc"))
+    monkeypatch.setenv("ACCELPLAT_CGROUP_ROOT", str(tmp_path / "cgroup"))
+    for name in (
+        "SLURM_JOB_GPUS",
+        "SLURM_STEP_GPUS",
+        "GPU_DEVICE_ORDINAL",
+        "NVIDIA_VISIBLE_DEVICES",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "void")
+    grant = scheduler_grant()
+    assert grant["variables"] == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    cgroup = grant["cgroup"]
+    if expected is None:
+        assert cgroup is None
+        return
+    version, allowed, gpus = expected
+    assert (cgroup["version"], cgroup["allowed"], cgroup.get("gpus")) == (version, allowed, gpus)
+    if allowed is None:
+        assert cgroup["note"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["all", "none", "void", "0,1", "GPU-00000001-1111-2222-3333-444444444444", ""],
+)
+def test_each_device_plugin_form_of_nvidia_visible_devices_replays_as_captured(
+    two_gpus: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    from accelplat._capture import scheduler_grant
+    from accelplat.replay import replaying
+
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", value)
+    out = tmp_path / "host.tar.gz"
+    assert main(["capture", "--out", str(out), "--samples", "0", "--quiet"]) == 0
+    bundle = load_bundle(out)
+    assert bundle.summary["scheduler"]["variables"]["NVIDIA_VISIBLE_DEVICES"] == value
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "something else")
+    with replaying(bundle):
+        assert os.environ["NVIDIA_VISIBLE_DEVICES"] == value
+        assert scheduler_grant()["variables"]["NVIDIA_VISIBLE_DEVICES"] == value
+    assert os.environ["NVIDIA_VISIBLE_DEVICES"] == "something else"

@@ -66,7 +66,14 @@ def test_package_is_typed() -> None:
 
 REPO = Path(__file__).resolve().parents[2]
 _SDIST_NEEDS = ("tests", "examples", "docs", "accelplat", "tools/vllm_capabilities", ".ci")
-_SDIST_FILES = ("conftest.py", "mkdocs.yml", "LICENSE", "README.md", "pyproject.toml")
+_SDIST_FILES = (
+    "conftest.py",
+    "mkdocs.yml",
+    "LICENSE",
+    "README.md",
+    "pyproject.toml",
+    "tools/nvml_mock.py",
+)
 
 
 def _tree(root: Path, top: str) -> set[str]:

@@ -241,6 +241,9 @@ class FakeGpu:
     compute_capability: tuple[int, int] | None = (8, 0)
     """What ``nvmlDeviceGetCudaComputeCapability`` answers (A100: 8.0, H100/H200: 9.0, L4: 8.9,
     B200: 10.0); ``None`` makes the call raise ``NVMLError_NotSupported``."""
+    pci_device_id: int = 0x233510DE
+    """``nvmlPciInfo_t.pciDeviceId``: device id << 16 | vendor id 0x10DE (H200: 0x2335)."""
+    pci_subsystem_id: int = 0
 
 
 def h200(index: int = 0, *, uuid: str | None = None, used: int = 0) -> FakeGpu:
@@ -530,7 +533,8 @@ class FakeNvml(types.ModuleType):
             info.domain = int(domain, 16)
             info.bus = int(bus, 16)
             info.device = int(device, 16)
-            info.pciDeviceId = 0x233510DE
+            info.pciDeviceId = gpu.pci_device_id
+            info.pciSubSystemId = gpu.pci_subsystem_id
             return info
         finally:
             self._leave()

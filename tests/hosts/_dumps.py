@@ -1,4 +1,4 @@
-"""Text of public KFD topology dumps the AMD hosts are shaped from (see ``tests/hosts/README``).
+"""Text of public KFD topology dumps the AMD hosts are shaped from (see ``tests/hosts/README.md``).
 
 Each GPU node's ``properties`` file is kept as a template (one dumped node, verbatim) and the
 lines that differ between nodes of the same dump (``NodeLines``), so that every node written

@@ -3,9 +3,9 @@
 No AMD or Intel GPU is at hand, so these hosts are shaped, not captured: each writes a fake
 ``/sys`` and ``/dev`` (and, for Intel, a fake Level Zero loader compiled from C) whose files are
 public dumps where one exists, and vendor facts where none does, then records it with accelplat's
-own capture (:mod:`tests.hosts._shape`). ``CONTENTS.txt`` in each bundle and ``tests/hosts/README``
-say where every file came from. Run it again after a change to a backend's reads (the goldens
-are what replay prints then)::
+own capture (:mod:`tests.hosts._shape`). ``CONTENTS.txt`` in each bundle and
+``tests/hosts/README.md`` say where every file came from. Run it again after a change to a
+backend's reads (the goldens are what replay prints then)::
 
     python -m tests.hosts.make_amd_intel            # every AMD and Intel bundle
     python -m tests.hosts.make_amd_intel NAME ...   # some of them (file names without .tar.gz)

@@ -761,16 +761,16 @@ def test_the_leak_check_blames_owners_not_the_context_nor_a_co_tenant(
     )  # fmt: skip
     result.assert_outcomes(passed=5)
     text = result.stdout.str()
-    assert "2 test(s) left device memory held beyond 256 MiB (5 checked)" in text
+    assert "2 test(s) left device memory held beyond 256.00 MiB (5 checked)" in text
     assert "test_blame.py::test_keeps_memory: device 0 +2.00 GiB (this process +2.00 GiB)" in text
     assert (
-        "test_blame.py::test_a_child_outlives_it: device 0 +1.00 GiB (this process +0 MiB; "
+        "test_blame.py::test_a_child_outlives_it: device 0 +1.00 GiB (this process +0 B; "
         "children it started, still holding: pid 300 1.00 GiB)"
     ) in text
     assert "  test_blame.py::test_a_first_clean_test: device" not in text
     assert "  test_blame.py::test_beside_a_co_tenant: device" not in text
     assert (
-        "context: device 0 527 MiB is this process's own device context, first used in "
+        "context: device 0 527.00 MiB is this process's own device context, first used in "
         "test_blame.py::test_a_first_clean_test (not a leak)"
     ) in text
     assert (

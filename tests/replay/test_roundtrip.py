@@ -229,7 +229,7 @@ def test_caches_registered_with_on_reset_are_dropped_when_a_replay_starts_and_en
 
 
 def test_the_variable_is_applied_only_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    from accelplat.replay import activate_from_environment
+    from accelplat.replay._install import activate_from_environment
 
     monkeypatch.setenv("ACCELPLAT_REPLAY", "  ")
     assert activate_from_environment() is None
@@ -241,7 +241,7 @@ def test_a_bundle_that_cannot_load_raises_its_error_at_every_question_not_at_act
 ) -> None:
     from accelplat import _files
     from accelplat.errors import BundleError
-    from accelplat.replay import activate_from_environment
+    from accelplat.replay._install import activate_from_environment
 
     monkeypatch.setenv("ACCELPLAT_REPLAY", str(tmp_path / "missing.tar.gz"))
     try:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accelplat._types import GIB, MIB
-from accelplat.timeline import DeviceTrack, Sample, TestSpan, Trace, WaitSpan, render_html
+from accelplat.timeline import DeviceTrack, Sample, TestSpan, Trace, WaitSpan
 from accelplat.timeline._render import (
     _PHONE,
     _WIDE,
@@ -20,6 +20,7 @@ from accelplat.timeline._render import (
     _folds,
     _time_label,
     _TimeAxis,
+    render_html,
 )
 
 H200 = 140 * GIB

@@ -33,10 +33,10 @@ from accelplat.timeline import (
     Trace,
     WaitSpan,
     load_trace,
-    render_html,
     save_trace,
     write_report,
 )
+from accelplat.timeline._render import render_html
 from accelplat.timeline._sampler import SampleBuffer, platform_reader, validate_hz
 from accelplat.timeline._trace import dumps_trace, loads_trace
 
