@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, source in f["hosts"].items():  # type: ignore[attr-defined]
             print(f"  {name:<14} {source}")
         print(f"decision changes: {f['decision_changes']} {f['decision_changes_by_host']}")
-        print(f"original raises (left untranslated by the proof): {f['original_raises_by_host']}")
+        print(f"original raises on a host (counted as changed): {f['original_raises_by_host']}")
         print(f"scan: {f['scan_stated']} stated replacements, precision "
               f"{f['scan_precision_pct']} %, recall {f['scan_recall_pct']} %")  # fmt: skip
         print(f"migration output differing from the checked requirements: "
