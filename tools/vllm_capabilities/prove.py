@@ -219,9 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, source in f["hosts"].items():  # type: ignore[attr-defined]
             print(f"  {name:<14} {source}")
         print(f"decision changes: {f['decision_changes']} {f['decision_changes_by_host']}")
-        print(
-            f"original raises on a host (not identical; fails --check): {f['original_raises_by_host']}"
-        )
+        raises = f["original_raises_by_host"]
+        print(f"original raises on a host (not identical; fails --check): {raises}")
         print(f"scan: {f['scan_stated']} stated replacements, precision "
               f"{f['scan_precision_pct']} %, recall {f['scan_recall_pct']} %")  # fmt: skip
         print(f"migration output differing from the checked requirements: "
