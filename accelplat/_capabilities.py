@@ -26,11 +26,12 @@ from accelplat._platform import optional
 from accelplat._requirement import (
     MAX_SM_MAJOR,
     OTHER_PLATFORMS,
+    Capability,
     Requirement,
     parse_arch,
 )
 from accelplat._requirement import parse as parse_requirement
-from accelplat._types import Capability, DeviceInfo, FeatureRule
+from accelplat._types import DeviceInfo, FeatureRule
 from accelplat._util import shorten, shown
 from accelplat._validate import NAME_RE, device_index
 from accelplat._vendor.versions import distribution_version, satisfies

@@ -19,7 +19,7 @@ from accelplat.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from accelplat._platform import Platform
-    from accelplat._types import Capability
+    from accelplat._requirement import Capability
 
 KEYWORDS = ("devices", "device_memory", "platforms", "shm", "shm_path")
 

@@ -13,12 +13,31 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from accelplat._types import Capability, DeviceInfo
+from accelplat._types import DeviceInfo
 from accelplat._util import shorten, shown
 from accelplat.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from accelplat._platform import Platform
+
+
+@dataclass(frozen=True, slots=True)
+class Capability:
+    """Whether a device can do one thing, and why.
+
+    Attributes:
+        available: ``True`` when it can.
+        reason: One sentence naming the fact the answer came from.
+        value: The variant where there are several (fp8: ``"e4m3fn"``, ``"e4m3fnuz"``), or ``None``.
+    """
+
+    available: bool
+    reason: str
+    value: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.available
+
 
 MAX_TEXT = 1000  # characters of one requirement; longer is refused, not parsed
 MAX_DEPTH = 32  # nested parentheses and "not"s

@@ -91,24 +91,6 @@ class FeatureRule:
 
 
 @dataclass(frozen=True, slots=True)
-class Capability:
-    """Whether a device can do one thing, and why.
-
-    Attributes:
-        available: ``True`` when it can.
-        reason: One sentence naming the fact the answer came from.
-        value: The variant where there are several (fp8: ``"e4m3fn"``, ``"e4m3fnuz"``), or ``None``.
-    """
-
-    available: bool
-    reason: str
-    value: str | None = None
-
-    def __bool__(self) -> bool:
-        return self.available
-
-
-@dataclass(frozen=True, slots=True)
 class ReleaseProfile:
     """How a platform gives device memory back, used by the settle algorithm as data.
 

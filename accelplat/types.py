@@ -24,7 +24,7 @@ _EXPORTS: dict[str, str] = {
     "UsageSnapshot": "accelplat._types",
     "DetectionReport": "accelplat._registry",
     "PollPolicy": "accelplat._memory",
-    "Capability": "accelplat._types",
+    "Capability": "accelplat._requirement",
     "Lease": "accelplat._leasing",
     "LeaseRecord": "accelplat._leasing",
     "ShmInfo": "accelplat._host",
@@ -44,10 +44,10 @@ if TYPE_CHECKING:  # the same names, for type checkers (tests/contracts keeps th
     from accelplat._leasing import LeaseRecord as LeaseRecord
     from accelplat._memory import PollPolicy as PollPolicy
     from accelplat._registry import DetectionReport as DetectionReport
+    from accelplat._requirement import Capability as Capability
     from accelplat._sizing import KVCacheShape as KVCacheShape
     from accelplat._types import Attribution as Attribution
     from accelplat._types import Candidate as Candidate
-    from accelplat._types import Capability as Capability
     from accelplat._types import DeviceInfo as DeviceInfo
     from accelplat._types import FeatureRule as FeatureRule
     from accelplat._types import GraphSupport as GraphSupport

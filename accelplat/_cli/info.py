@@ -83,7 +83,7 @@ def _render_text(info: dict[str, Any]) -> str:
         )
     if table := info.get("capabilities"):
         from accelplat._capabilities import table_lines
-        from accelplat._types import Capability
+        from accelplat._requirement import Capability
 
         lines.append("capabilities (device 0):")
         rows = table_lines({n: Capability(**c) for n, c in table.items()})
