@@ -243,6 +243,7 @@ class _Decision:  # a condition that decides whether tests run
     sites: list[_translate.Site]
     kinds: dict[int, str]  # an untranslated predicate (by identity) -> why
     owners: dict[int, _translate.Site]  # a node inside a site (by identity) -> the site
+    reason: ast.expr | None = None  # the skip's own reason, kept by the replacement
 
 
 def _decision(use: str, node: ast.AST, parents: dict[ast.AST, ast.AST | None]) -> _Decision | None:
@@ -250,7 +251,7 @@ def _decision(use: str, node: ast.AST, parents: dict[ast.AST, ast.AST | None]) -
         skipif = _is_skip_call(node, ("skipif",)) and len(node.args) == 1
         found, kinds = _translate.sites(node.args[0])
         form = "requires" if skipif else "has"
-        return _Decision(node.args[0], form, found, kinds, _owners(found))
+        return _Decision(node.args[0], form, found, kinds, _owners(found), _keyword(node, "reason"))
     if use == "if" and isinstance(node, ast.If):
         skip = _skips(node.body)
         if skip is None and _skips(node.orelse) is None:
@@ -260,8 +261,14 @@ def _decision(use: str, node: ast.AST, parents: dict[ast.AST, ast.AST | None]) -
         whole_skip = module and skip is not None and len(node.body) == 1
         allowed = any(k.arg == "allow_module_level" for k in getattr(skip, "keywords", ()))
         form = "skip_module_unless" if whole_skip and allowed else "has"
-        return _Decision(node.test, form, found, kinds, _owners(found))
+        said = skip.args[0] if skip is not None and skip.args else None
+        reason = said or (None if skip is None else _keyword(skip, "reason"))
+        return _Decision(node.test, form, found, kinds, _owners(found), reason)
     return None
+
+
+def _keyword(call: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
 
 
 def site_of(decision: _Decision, predicate: ast.AST) -> _translate.Site | None:
@@ -284,10 +291,12 @@ def _owners(found: list[_translate.Site]) -> dict[int, _translate.Site]:
 
 def replacement(decision: _Decision, site: _translate.Site) -> str:
     """The code that replaces ``site`` of ``decision`` (a mark, a module skip or a ``has``)."""
+    # the skip's own reason is kept, as written (a literal, an f-string, a name)
+    said = "" if decision.reason is None else f", reason={ast.unparse(decision.reason)}"
     if site.whole and decision.form == "requires":
-        return f'accelplat.testing.requires("{site.run_if}")'
+        return f'accelplat.testing.requires("{site.run_if}"{said})'
     if site.whole and decision.form == "skip_module_unless":
-        return f'accelplat.testing.skip_module_unless("{site.run_if}")'
+        return f'accelplat.testing.skip_module_unless("{site.run_if}"{said})'
     return f'accelplat.has("{site.requirement}")'
 
 

@@ -66,10 +66,14 @@ TORCH_BUILD = "torch build (torch.version.*), not the device"
 def test_predicates_are_found_in_code_only_and_replaced_from_the_condition() -> None:
     # the reasons' words ("fp8", "graphs") choose nothing: the condition's syntax tree does
     assert by_line() == {
-        (10, "is_cuda()"): ("skipif", 'accelplat.testing.requires("cuda")', None),
+        (10, "is_cuda()"): (
+            "skipif",
+            "accelplat.testing.requires(\"cuda\", reason='fp8 kernels need CUDA')",
+            None,
+        ),
         (14, "has_device_capability(90)"): (
             "skipif",
-            'accelplat.testing.requires("capability>=90")',
+            "accelplat.testing.requires(\"capability>=90\", reason='Hopper only')",
             None,
         ),
         (18, "torch.cuda.device_count()"): ("skipif", None, scan.COUNT),
@@ -99,12 +103,16 @@ MODULE = textwrap.dedent(
 )
 
 
+MODULE_SKIP = "accelplat.testing.skip_module_unless(\"cuda or xpu\", reason='CUDA or XPU only')"
+
+
 def test_module_skips_and_partial_conditions() -> None:
     found = [(f.line, f.replacement) for f in scan_source(MODULE)]
     assert found == [
-        (5, 'accelplat.testing.skip_module_unless("cuda or xpu")'),
-        (5, 'accelplat.testing.skip_module_unless("cuda or xpu")'),
-        (8, 'accelplat.testing.requires("not cpu")'),  # never "accelerator": not the inverse
+        (5, MODULE_SKIP),
+        (5, MODULE_SKIP),
+        # never "accelerator": not the inverse
+        (8, "accelplat.testing.requires(\"not cpu\", reason='CPU only')"),
         (10, 'accelplat.has("rocm")'),  # the dtype part stays as it is
         (12, 'accelplat.has("cuda and capability<90")'),
         (12, 'accelplat.has("cuda and capability<90")'),
@@ -148,7 +156,7 @@ def test_cli_json_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str
         "predicate": "is_cuda()",
         "kind": "platform",
         "use": "skipif",
-        "replacement": 'accelplat.testing.requires("cuda")',
+        "replacement": "accelplat.testing.requires(\"cuda\", reason='fp8 kernels need CUDA')",
         "missing": None,
         "source": "@pytest.mark.skipif(not current_platform.is_cuda(), "
         'reason="fp8 kernels need CUDA")',

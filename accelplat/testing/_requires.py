@@ -36,6 +36,7 @@ def requires(
     shm: str | None = None,
     shm_path: str | None = None,
     platform: Platform | None = None,
+    reason: str | None = None,
 ) -> pytest.MarkDecorator:
     """Return a ``skipif`` mark that skips unless every requirement holds.
 
@@ -49,6 +50,8 @@ def requires(
         shm: Free space needed in ``shm_path`` (default ``/dev/shm``), with a unit.
         shm_path: Where ``shm`` is measured.
         platform: Decide on this platform instead of the current one.
+        reason: The test's own words for why it needs them (a migrated ``skipif``'s reason);
+            accelplat's reasons follow in parentheses.
 
     Returns:
         ``pytest.mark.skipif(...)`` whose reason names each unmet requirement.
@@ -60,7 +63,8 @@ def requires(
         "devices": devices, "device_memory": device_memory, "shm": shm, "shm_path": shm_path
     }  # fmt: skip
     reasons = _reasons(requirements, keywords, "requires", platform)
-    return pytest.mark.skipif(bool(reasons), reason="; ".join(reasons) or "all requirements hold")
+    said = _said(reason, reasons) or "all requirements hold"
+    return pytest.mark.skipif(bool(reasons), reason=said)
 
 
 def skip_module_unless(
@@ -68,11 +72,13 @@ def skip_module_unless(
     devices: int | None = None,
     device_memory: str | None = None,
     platform: Platform | None = None,
+    reason: str | None = None,
 ) -> None:
     """Skip the whole test module being imported unless every requirement holds.
 
     Call it at module level, before imports that need the hardware (vLLM's
-    ``pytest.skip(..., allow_module_level=True)`` under a platform condition).
+    ``pytest.skip(..., allow_module_level=True)`` under a platform condition). Arguments as
+    :func:`requires`.
 
     Raises:
         pytest.skip.Exception: When a requirement is unmet (the reason names each).
@@ -81,4 +87,10 @@ def skip_module_unless(
     keywords: dict[str, object] = {"devices": devices, "device_memory": device_memory}
     reasons = _reasons(requirements, keywords, "skip_module_unless", platform)
     if reasons:
-        pytest.skip("; ".join(reasons), allow_module_level=True)
+        pytest.skip(_said(reason, reasons), allow_module_level=True)
+
+
+def _said(reason: str | None, reasons: list[str]) -> str:
+    """The skip reason: the test's own words first, then why accelplat says no."""
+    ours = "; ".join(reasons)
+    return f"{reason} ({ours})" if reason and ours else reason or ours

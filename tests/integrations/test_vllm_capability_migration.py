@@ -70,20 +70,20 @@ import pytest
 import torch
 from vllm.platforms import current_platform
 
-accelplat.testing.skip_module_unless("cuda or xpu")
+accelplat.testing.skip_module_unless("cuda or xpu", reason='CUDA or XPU only')
 
-pytestmark = accelplat.testing.requires("cuda-api")
+pytestmark = accelplat.testing.requires("cuda-api", reason='needs a CUDA/ROCm device')
 
 
-@accelplat.testing.requires("cuda-api")  # keep this comment
+@accelplat.testing.requires("cuda-api", reason='requires CUDA')  # keep this comment
 @pytest.mark.parametrize("n", [1, 2])
 def test_a(n, dtype):
     if accelplat.has("rocm") and dtype == "fp8":
         pytest.skip("runtime skips keep their other parts")
 
 
-@accelplat.testing.requires("rocm and fp8")
-@accelplat.testing.requires("not cpu")
+@accelplat.testing.requires("rocm and fp8", reason='only test for rocm fp8')
+@accelplat.testing.requires("not cpu", reason='CPU only')
 @pytest.mark.skipif(current_platform.get_device_capability() < (9, 0), reason="unguarded")
 def test_b():
     atol = 1e-2 if current_platform.is_rocm() else 1e-3

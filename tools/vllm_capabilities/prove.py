@@ -63,6 +63,14 @@ def _original(site: _translate.Site) -> ast.AST:
     return ast.BoolOp(op=site.node.op, values=site.node.values[site.first : site.last + 1])
 
 
+def _call_text(code: str) -> str:
+    """``func:requirement`` of one replacement call (``accelplat.has("rocm")``)."""
+    call = ast.parse(code, mode="eval").body
+    assert isinstance(call, ast.Call)
+    assert isinstance(call.args[0], ast.Constant)
+    return f"{ast.unparse(call.func)}:{call.args[0].value}"
+
+
 def _migrated_requirements(source: str) -> list[str]:
     """The requirement texts a migrated file carries, in source order."""
     tree = ast.parse(source)
@@ -121,7 +129,7 @@ def collect(tests: Path) -> tuple[list[_scan.Finding], list[_Check], dict[int, i
         if expected:  # the migration writes exactly these, in the same order, nothing else
             new, _ = migrate.rewrite(source)
             expected.sort(key=lambda e: (e[0].lineno, e[0].col_offset))  # type: ignore[attr-defined]
-            want = [f"{t.partition('(')[0]}:{t.partition('(')[2][1:-2]}" for _, t in expected]
+            want = [_call_text(t) for _, t in expected]
             if _migrated_requirements(new) != want:
                 mismatches.append(rel)
     return findings, checks, check_of, mismatches
