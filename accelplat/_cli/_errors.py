@@ -17,7 +17,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from accelplat._describe import SCHEMA_VERSION, driver_version
@@ -44,9 +44,27 @@ def dumps(doc: Mapping[str, Any], *, indent: int | None = None) -> str:
     return json.dumps(versioned(doc), indent=indent, allow_nan=False)
 
 
-def holder_json(h: MemoryHolder) -> dict[str, Any]:
-    """Return a process holding device memory as ``--json`` documents show it."""
-    return {"pid": h.pid, "used_bytes": h.used_bytes, "state": h.state.value, "name": h.name}
+Details = Callable[[int], tuple[str, str]]  # pid -> (user, command line), "" when unreadable
+
+
+def holder_json(h: MemoryHolder, details: Details | None = None) -> dict[str, Any]:
+    """Return a process holding device memory as ``--json`` documents show it.
+
+    ``details`` (default: read from ``/proc`` through psutil) gives its user and command line.
+    """
+    if details is None:
+        from accelplat._vendor.procs import process_details
+
+        details = process_details
+    user, command = details(h.pid)
+    return {
+        "pid": h.pid,
+        "used_bytes": h.used_bytes,
+        "state": h.state.value,
+        "name": h.name,
+        "user": user,
+        "command": command,
+    }
 
 
 def host_json(platform: Platform) -> dict[str, Any]:

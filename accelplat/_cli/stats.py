@@ -26,11 +26,11 @@ from typing import IO, Any
 from typing_extensions import Self
 
 from accelplat._cli._args import add_common, color, color_options, command, count_arg, seconds_arg
-from accelplat._cli._errors import dumps, holder_json, host_json, time_json
+from accelplat._cli._errors import Details, dumps, holder_json, host_json, time_json
 from accelplat._memory import default_clock, snapshot
 from accelplat._platform import Platform
 from accelplat._registry import current_platform
-from accelplat._types import MemoryHolder, UsageSnapshot
+from accelplat._types import UsageSnapshot
 from accelplat._util import format_bytes, printable
 from accelplat.errors import ConfigurationError
 
@@ -90,9 +90,6 @@ def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None
     return True
 
 
-Details = Callable[[int], tuple[str, str]]  # pid -> (user, command line), "" when unreadable
-
-
 def snapshot_to_json(
     platform: Platform,
     snap: UsageSnapshot,
@@ -122,7 +119,7 @@ def snapshot_to_json(
         }
         if holders:
             held = snap.holders.get(index)
-            entry["holders"] = None if held is None else [_holder(h, details) for h in held]
+            entry["holders"] = None if held is None else [holder_json(h, details) for h in held]
         devices.append(entry)
     return {
         **(host_json(platform) if host is None else host),
@@ -135,11 +132,6 @@ def _process_details() -> Details:
     from accelplat._vendor.procs import process_details
 
     return process_details
-
-
-def _holder(h: MemoryHolder, details: Details | None) -> dict[str, Any]:
-    user, cmdline = details(h.pid) if details is not None else ("", "")
-    return {**holder_json(h), "user": user, "command": cmdline}
 
 
 def _plain(
