@@ -152,16 +152,23 @@ def _device_key(platform: str, device: DeviceInfo, seen: dict[str, int]) -> str:
     return safe
 
 
-def _try_lock(path: Path, *, shared: bool = False) -> int | None:
-    """A descriptor holding the lock, or ``None`` when held; OSError for what cannot be a lock."""
+def _open_lock(path: Path) -> int:
+    """A descriptor of the lock file ``path`` (made if missing); OSError for what cannot be one."""
     flags = os.O_CLOEXEC | os.O_NONBLOCK | _NOFOLLOW  # O_NONBLOCK: a planted FIFO never blocks
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o666)
     except PermissionError:  # another user's lock file in a shared directory: flock needs no write
         fd = os.open(path, os.O_RDONLY | flags)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fd
+
+
+def _try_lock(path: Path, *, shared: bool = False) -> int | None:
+    """A descriptor holding the lock, or ``None`` when held; OSError for what cannot be a lock."""
+    fd = _open_lock(path)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except OSError as exc:
         os.close(fd)
@@ -173,17 +180,11 @@ def _try_lock(path: Path, *, shared: bool = False) -> int | None:
 
 def _try_lock_blocking(path: Path) -> int:
     """A descriptor holding ``path``'s lock exclusively, waiting for it (held only briefly)."""
-    flags = os.O_CLOEXEC | os.O_NONBLOCK | _NOFOLLOW
     try:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o666)
-        except PermissionError:  # another user's, in a shared directory: flock needs no write
-            fd = os.open(path, os.O_RDONLY | flags)
+        fd = _open_lock(path)
     except OSError as exc:
         raise ConfigurationError(f"lease admission lock {path} cannot be opened: {exc}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
         fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError as exc:
         os.close(fd)
