@@ -422,10 +422,6 @@ def project_capabilities() -> dict[str, ProjectCapability]:
         return dict(_project)
 
 
-def known_names() -> list[str]:
-    return sorted(BUILTIN) + sorted(project_capabilities())
-
-
 def platform_words() -> frozenset[str]:
     """The platform names a requirement may use: every usable platform and vLLM's others."""
     from accelplat._registry import available_platforms
