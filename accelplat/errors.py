@@ -7,6 +7,7 @@ Every error pickles (a test run in a child process sends it back)::
     AccelplatError
     ├── ConfigurationError (ValueError)
     │   ├── BundleError ── BundleVersionError
+    │   ├── LeaseUnsatisfiableError
     │   └── MarkerError
     ├── PlatformNotAvailableError (RuntimeError)
     ├── DeviceNotFoundError (IndexError)
@@ -48,6 +49,7 @@ __all__ = [
     "InsufficientSharedMemoryError",
     "KVCacheTooSmallError",
     "LeaseTimeoutError",
+    "LeaseUnsatisfiableError",
     "LevelZeroError",
     "MarkerError",
     "MemoryNotSettledError",
@@ -358,6 +360,15 @@ class LeaseTimeoutError(AccelplatError, TimeoutError):
         self.count = count
         self.timeout_s = timeout_s
         self.reason = reason
+
+
+class LeaseUnsatisfiableError(ConfigurationError):
+    """No device this process may use can ever hold the lease asked for, however long it waits.
+
+    More devices asked for than are visible, or a memory budget larger than every visible device:
+    waiting cannot help. A packed test suite skips such a test; every other configuration error
+    (a bad option, an unusable lock directory) stops the whole session instead.
+    """
 
 
 class KVCacheTooSmallError(InsufficientMemoryError):
