@@ -39,6 +39,12 @@ OPTIONAL_MEMBERS: Mapping[str, Any] = {
     # memory_holders names processes by host pid (drivers do): unmatched inside a pid namespace
     "holder_pids_are_host_pids": False,
     "holders_note": "",  # why memory_holders answers None here, when the backend knows better
+    # () -> visible-devices values, one per unit a scheduler may hand a child, where the units
+    # differ from this process's visible devices (MIG instances of a bare-metal host); absent or
+    # (): the visible devices are the units
+    "lease_units": None,
+    # (value) -> this platform as a child started with visible_devices_env=value would see it
+    "restricted": None,
 }
 
 
