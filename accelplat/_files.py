@@ -260,11 +260,12 @@ def _id(text: str, limit: int) -> int:
     return value
 
 
-def write_text_atomic(path: PathLike, text: str | bytes) -> Path:
+def write_text_atomic(path: PathLike, text: str | bytes, *, mode: int = 0o644) -> Path:
     """Write ``text`` beside ``path``, then rename it over ``path``; return ``Path(path)``.
 
     A reader never sees half a file; a ``path`` that is not a regular file (a FIFO, ``/dev/null``)
-    raises ``NotARegularFileError`` and is never replaced.
+    raises ``NotARegularFileError`` and is never replaced. The file gets ``mode``, whatever the
+    umask.
     """
     from pathlib import Path
 
@@ -275,7 +276,8 @@ def write_text_atomic(path: PathLike, text: str | bytes) -> Path:
     head, name = os.path.split(target)
     tmp = os.path.join(head, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
-        with open(tmp, "xb") as fh:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as fh:
+            os.fchmod(fh.fileno(), mode)
             fh.write(text.encode("utf-8") if isinstance(text, str) else text)
         os.replace(tmp, target)
     except BaseException:

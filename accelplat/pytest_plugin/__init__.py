@@ -5,6 +5,7 @@ Its parts register only when their option is on: a session using none never dete
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from collections.abc import Generator
@@ -21,6 +22,7 @@ from accelplat.pytest_plugin._shared import (
     LEAK_PLUGIN_NAME,
     current,
     reapply_forced,
+    skip_at_test,
 )
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
 
@@ -60,15 +62,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "its own devices; a test that declares more devices gets them for its duration")
     add("--accelplat-lease-count", metavar="N", type=_lease_count, default=1,
         help="devices each test process holds with --accelplat-lease (default 1)")
-    add("--accelplat-lease-timeout", metavar="SECONDS", type=float, default=600.0,
-        help="how long --accelplat-lease waits for devices (default 600)")
+    add("--accelplat-lease-timeout", metavar="SECONDS", type=_seconds, default=600.0,
+        help="how long a lease (--accelplat-lease, --accelplat-pack) waits (default 600)")
     add("--accelplat-lease-min-free", metavar="SIZE",
         help="free memory each leased device must have, e.g. 40GiB")
     add("--accelplat-pack", action="store_true", help="lease each test the memory it needs "
-        "(accelplat_requires(device_memory=), else its recorded footprint, else a whole device), "
+        "(accelplat_requires(device_memory=), else its learned footprint, else a whole device), "
         "so that xdist workers share devices; bodies run in new processes")
-    add("--accelplat-footprints", metavar="PATH", help="footprint store: the timeline writes "
-        "each test's peak memory there; --accelplat-pack reads its budgets from it")
+    add("--accelplat-footprints", metavar="PATH", help="the footprint store --accelplat-pack "
+        "learns each test's peak memory into (default: in pytest's cache directory)")
+    add("--accelplat-enforce", metavar="MODE", help="how --accelplat-pack holds tests to their "
+        "budgets: auto (default: a running MPS daemon, else torch's fraction, else none), mps "
+        "(starts a daemon for the run if none runs), torch or none; default $ACCELPLAT_ENFORCE")
     ini = parser.addini
     ini("accelplat_platform", "force the platform, as --accelplat-platform (which wins)")
     ini("accelplat_leak_check", "turn the leak check on", "bool", False)
@@ -111,11 +116,32 @@ def _apply_ini(config: pytest.Config, namespace: object) -> None:
         setattr(namespace, dest, value)
 
 
+def _seconds(text: str) -> float:
+    # finite and >= 0: a negative, nan or inf timeout is a usage error, not a skip of every test
+    seconds = float(text)
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(text)
+    return seconds
+
+
 def _lease_count(text: str) -> int:
     # the rule of `accelplat lease -n`: ASCII digits, 1..999999
     if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 999_999):
         raise ValueError(text)
     return int(text)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` with packing or leases: workers from the devices and budgets, not the CPUs."""
+    _apply_ini(config, config.option)
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or not (
+        config.getoption("--accelplat-pack") or config.getoption("--accelplat-lease")
+    ):
+        return None  # xdist's own count
+    from accelplat.pytest_plugin._pack import auto_workers
+
+    return auto_workers(config)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -139,10 +165,6 @@ def pytest_configure(config: pytest.Config) -> None:
         from accelplat.pytest_plugin._lease import check_workers
 
         check_workers(config)
-    if config.getoption("--accelplat-pack"):
-        from accelplat.pytest_plugin import _pack
-
-        _pack.configure(config)
     path = config.rootpath / "pyproject.toml"
     if path.is_file():  # [tool.accelplat.capabilities]
         from accelplat._capabilities import load_pyproject
@@ -162,6 +184,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from accelplat.pytest_plugin import _timeline
 
         _timeline.configure(config)
+    if config.getoption("--accelplat-pack"):  # after the timeline: its signal handling comes first
+        from accelplat.pytest_plugin import _pack
+
+        _pack.configure(config)
 
 
 def _force_platform(config: pytest.Config, raw: str) -> None:
@@ -211,6 +237,10 @@ def _header_line(config: pytest.Config) -> str | None:
     if config.getoption("--accelplat-lease"):
         count = config.getoption("--accelplat-lease-count")
         parts.append(f"lease ({count} device{'s' if count != 1 else ''} per test process)")
+    if config.getoption("--accelplat-pack"):
+        from accelplat.pytest_plugin._pack import header
+
+        parts.append(header(config))
     if config.getoption("--accelplat-capabilities"):
         parts.append("capabilities")
     forced = config.stash.get(FORCED_KEY, None)
@@ -285,8 +315,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         error = str(exc)  # failed outside the except block: no chained traceback
     else:
         if reason is not None:
-            # reported at the test's location, as pytest's own skip markers are
-            raise pytest.skip.Exception(reason, _use_item_location=True)
+            skip_at_test(reason)
         return
     pytest.fail(error, pytrace=False)
 

@@ -10,41 +10,28 @@ from typing import Any
 
 import pytest
 
-from accelplat._leasing import Lease, lease
-from accelplat.errors import AccelplatError, ConfigurationError
-from accelplat.pytest_plugin._shared import current
+from accelplat._leasing import Lease, lease, lease_status
+from accelplat._platform import Platform, optional
+from accelplat.errors import AccelplatError, ConfigurationError, LeaseUnsatisfiableError
+from accelplat.pytest_plugin._shared import current, skip_at_test
 
 PLUGIN_NAME = "accelplat-worker-lease"
 
 
-@dataclass(eq=False)  # a plugin object: pluggy keys it by identity
-class WorkerLease:
-    """The devices one pytest process holds between tests, and the widening for bigger tests."""
+class Holding:
+    """A lease this pytest process holds, its variables applied to ``os.environ`` meanwhile."""
 
-    count: int
-    timeout_s: float
-    min_free_bytes: int | None
-    platform_name: str | None  # --accelplat-platform
     current: Lease | None = None
-    home: tuple[str, ...] = ()  # the identities of the process's own devices
     _restore: Callable[[], None] | None = None
-    _widened: bool = False
 
-    def _take(self, count: int, prefer: tuple[str, ...]) -> Lease:
-        from accelplat._registry import get_platform
-
-        held = lease(
-            count,
-            timeout_s=self.timeout_s,
-            min_free_bytes=self.min_free_bytes,
-            platform=get_platform(self.platform_name) if self.platform_name else None,
-            prefer=prefer,
-        ).acquire()
-        self.current = held
+    def hold(self, held: Lease) -> Lease:
+        """Acquire ``held`` (waiting) and apply it; errors as :meth:`Lease.acquire`."""
+        self.current = held.acquire()
         self._restore = held.apply()
         return held
 
-    def _drop(self) -> None:
+    def drop(self) -> None:
+        """Put the variables back and let the lease go (idempotent)."""
         if self._restore is not None:
             self._restore()
             self._restore = None
@@ -52,9 +39,35 @@ class WorkerLease:
             self.current.release()
             self.current = None
 
+
+@dataclass(eq=False)  # a plugin object: pluggy keys it by identity
+class WorkerLease(Holding):
+    """The devices one pytest process holds between tests, and the widening for bigger tests."""
+
+    count: int
+    timeout_s: float
+    min_free_bytes: int | None
+    platform_name: str | None  # --accelplat-platform
+    home: tuple[str, ...] = ()  # the identities of the process's own devices
+    _widened: bool = False
+
+    def _take(self, count: int, prefer: tuple[str, ...]) -> Lease:
+        from accelplat._registry import get_platform
+
+        platform = get_platform(self.platform_name) if self.platform_name else None
+        return self.hold(
+            lease(
+                count,
+                timeout_s=self.timeout_s,
+                min_free_bytes=self.min_free_bytes,
+                platform=platform,
+                prefer=prefer,
+            )
+        )
+
     def _back_home(self) -> None:
         self._widened = False
-        self._drop()
+        self.drop()
         self._take(self.count, self.home)
 
     @pytest.hookimpl(tryfirst=True)
@@ -64,13 +77,13 @@ class WorkerLease:
         wanted = max([1, *(n for n in declared if isinstance(n, int) and not isinstance(n, bool))])
         if wanted <= self.count:
             return
-        self._drop()
+        self.drop()
         self._widened = True
         try:
             self._take(wanted, self.home)
-        except ConfigurationError as exc:
+        except LeaseUnsatisfiableError as exc:  # only this: other mistakes are not skips
             self._back_home()
-            pytest.skip(f"needs {wanted} devices: {exc}")
+            skip_at_test(f"needs {wanted} devices: {exc}")
         except AccelplatError as exc:
             self._back_home()
             pytest.fail(f"--accelplat-lease could not lease {wanted} devices: {exc}", False)
@@ -88,7 +101,7 @@ class WorkerLease:
             self._back_home()
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        self._drop()
+        self.drop()
 
 
 def run_body_in_new_process(
@@ -165,6 +178,7 @@ def check_workers(config: pytest.Config) -> None:
     """On the xdist controller, before it starts them, refuse more workers than devices serve."""
     if os.environ.get("PYTEST_XDIST_WORKER") or config.getoption("dist", "no") == "no":
         return
+    check_lock_dir("--accelplat-lease")
     workers = 0
     for spec in config.getoption("tx", None) or []:  # xdist's own reading of "3*popen"
         times, star, _ = str(spec).partition("*")
@@ -173,7 +187,7 @@ def check_workers(config: pytest.Config) -> None:
         return
     try:
         platform = current(config)
-        visible = platform.device_count()
+        visible = len(unit_totals(platform))
     except AccelplatError as exc:
         raise pytest.UsageError(f"--accelplat-lease: {exc}") from None
     each = int(config.getoption("accelplat_lease_count"))
@@ -188,3 +202,20 @@ def check_workers(config: pytest.Config) -> None:
         f"process {visible}; the extra workers would wait out the timeout. Use "
         + (" or ".join(fixes) or f"-n {visible} --accelplat-lease-count 1")
     )
+
+
+def check_lock_dir(option: str) -> None:
+    """Refuse a lock directory leases cannot use: one usage error, not a skip of every test."""
+    try:
+        lease_status()
+    except ConfigurationError as exc:
+        raise pytest.UsageError(f"{option}: {exc}") from None
+
+
+def unit_totals(platform: Platform) -> list[int]:
+    """The total memory of each unit a lease may take: a MIG instance, else a visible device."""
+    units, restricted = optional(platform, "lease_units"), optional(platform, "restricted")
+    values = units() if callable(units) else ()
+    if values and callable(restricted):
+        return [restricted(value).memory_info(0).total for value in values]
+    return [platform.memory_info(i).total for i in range(platform.device_count())]

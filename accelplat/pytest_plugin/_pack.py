@@ -1,46 +1,69 @@
 """``--accelplat-pack``: each test leases the memory it needs, so several tests share a device.
 
-A test's budget is its ``accelplat_requires(device_memory=)``, else its recorded footprint
-(``--accelplat-footprints``) with a margin, else a whole device. Its body runs in a new process
-that sees only the leased devices and carries the budget; a test that used more is reported.
+A test's budget is its ``accelplat_requires(device_memory=)``, else its learned footprint with a
+margin, else a whole device; a test learned to use no device memory takes no lease. Bodies run
+in new processes that see only the leased devices, held to the budget where the host can
+(``accelplat._enforce``). Every test's peak is measured, and the footprint store learns it.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import statistics
 import threading
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
 
 import pytest
 
-from accelplat._leasing import Lease, lease
-from accelplat._types import HolderState
+from accelplat._enforce import Enforcement, choose
+from accelplat._leasing import lease
+from accelplat._owners import attribute
+from accelplat._platform import Platform
 from accelplat._util import format_bytes
-from accelplat.errors import AccelplatError, ConfigurationError, MarkerError
-from accelplat.pytest_plugin._requires import parse
+from accelplat.errors import AccelplatError, LeaseUnsatisfiableError, MarkerError
+from accelplat.pytest_plugin._footprints import (
+    Footprints,
+    budget_for,
+    is_stale,
+    load_footprints,
+    save_footprints,
+)
+from accelplat.pytest_plugin._lease import (
+    Holding,
+    check_lock_dir,
+    run_body_in_new_process,
+    unit_totals,
+)
+from accelplat.pytest_plugin._requires import parse, skip_reason
+from accelplat.pytest_plugin._shared import TIMELINE_PLUGIN_NAME, current, skip_at_test
 
 PLUGIN_NAME = "accelplat-pack"
 SUMMARY_PLUGIN_NAME = "accelplat-pack-summary"
-PEAK_PROPERTY = "accelplat_peak_bytes"  # user_properties of a test's call report
-BUDGET_PROPERTY = "accelplat_budget_bytes"
+# the call report's user_properties: what the summary, on the xdist controller, learns from
+PEAK, BUDGET, SOURCE = "accelplat_peak_bytes", "accelplat_budget_bytes", "accelplat_budget"
+LEARN = "accelplat_learn"  # the figure to learn; None: forget the test's figures
 SAMPLE_INTERVAL_S = 0.05
-_OURS = (HolderState.SELF, HolderState.CHILD)
+MARKER, FOOTPRINT, WHOLE = "accelplat_requires(device_memory=)", "footprint", "a whole device"
+_KEY = pytest.StashKey[Enforcement]()
+_AUTO_KEY = pytest.StashKey[str]()  # how -n auto counted
 
 
 @dataclass(frozen=True)
 class Budget:
-    """What one test leases: ``memory_bytes`` on each of ``devices`` (``None``: whole ones)."""
+    """What one test leases: ``memory_bytes`` on each of ``devices`` (``None``: whole; 0: none)."""
 
     memory_bytes: int | None
     devices: int
-    source: str  # where the figure came from, for messages
+    source: str  # MARKER, FOOTPRINT or WHOLE
 
 
-def budget_of(item: pytest.Item, footprints: dict[str, int]) -> Budget:
+def budget_of(item: pytest.Item, footprints: Footprints) -> Budget:
     """The test's budget: its marker's ``device_memory``, its footprint, or a whole device."""
-    from accelplat.timeline._footprints import budget_for
-
     devices, memory = 1, None
     for mark in item.iter_markers("accelplat_requires"):
         try:
@@ -51,18 +74,22 @@ def budget_of(item: pytest.Item, footprints: dict[str, int]) -> Budget:
         if need.device_memory is not None:
             memory = max(memory or 0, need.device_memory)
     if memory is not None:
-        return Budget(memory, devices, "accelplat_requires(device_memory=)")
-    if item.nodeid in footprints:
-        peak = footprints[item.nodeid]
-        return Budget(budget_for(peak), devices, f"footprint {format_bytes(peak)} + margin")
-    return Budget(None, devices, "no budget: a whole device")
+        return Budget(memory, devices, MARKER)
+    if peaks := footprints.get(item.nodeid):
+        return Budget(budget_for(peaks) if peaks[-1] else 0, devices, FOOTPRINT)
+    return Budget(None, devices, WHOLE)
 
 
 class PeakMonitor:
-    """Samples, in a thread, the memory this process and its children hold on some devices."""
+    """Samples, in a thread, what this process and its descendants hold on some devices.
 
-    def __init__(self, read: Callable[[int], Sequence[Any] | None], devices: Sequence[int]):
-        self._read, self._devices = read, tuple(devices)
+    "Ours" is ``accelplat._owners``' one rule; where the driver cannot attribute memory, a test
+    alone on whole devices (``whole``) is measured by the growth of their used memory.
+    """
+
+    def __init__(self, platform: Platform, devices: Sequence[int], *, whole: bool) -> None:
+        self._platform, self._devices = platform, tuple(devices)
+        self._base = {d: platform.memory_info(d).used for d in self._devices} if whole else {}
         self._stop = threading.Event()
         self.peak: int | None = None  # the largest per-device figure seen; None: not told
         self._thread = threading.Thread(target=self._run, name="accelplat-pack-peak", daemon=True)
@@ -71,21 +98,24 @@ class PeakMonitor:
         """Take one reading now."""
         for device in self._devices:
             try:
-                holders = self._read(device)
+                used = self._platform.memory_info(device).used
+                holders = self._platform.memory_holders(device)
             except AccelplatError:
-                holders = None
-            if holders is None:
                 continue
-            ours = sum(h.used_bytes or 0 for h in holders if h.state in _OURS)
-            self.peak = max(self.peak or 0, ours)
+            ours = attribute(self._platform, device, used, holders).ours_bytes
+            if ours is None and device in self._base:
+                ours = max(0, used - self._base[device])
+            if ours is not None:
+                self.peak = max(self.peak or 0, ours)
 
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_INTERVAL_S):
             self.sample()
 
-    def start(self) -> None:
+    def start(self) -> PeakMonitor:
         self.sample()
         self._thread.start()
+        return self
 
     def stop(self) -> int | None:
         self._stop.set()
@@ -96,129 +126,227 @@ class PeakMonitor:
 
 
 @dataclass(eq=False)  # a plugin object: pluggy keys it by identity
-class PackPlugin:
+class PackPlugin(Holding):
     """The per-test leases of one pytest process (an xdist worker, or the only one)."""
 
     timeout_s: float
-    platform_name: str | None
-    footprints: dict[str, int]
-    current: Lease | None = None
-    budget: Budget | None = None
-    _restore: Callable[[], None] | None = None
+    platform: Platform
+    footprints: Footprints
+    enforcement: Enforcement
+    budget: Budget = Budget(None, 1, WHOLE)
     _monitor: PeakMonitor | None = None
-    _peaks: dict[str, int | None] = field(default_factory=dict)
-
-    def _platform(self) -> Any:
-        from accelplat._registry import current_platform, get_platform
-
-        return get_platform(self.platform_name) if self.platform_name else current_platform()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Lease the test's budget (waiting for room) and show the test only its devices."""
+        if (reason := skip_reason(item)) is not None:
+            skip_at_test(reason)  # before waiting for a lease it would not use
         budget = self.budget = budget_of(item, self.footprints)
-        platform = self._platform()
-        memory = budget.memory_bytes
-        what = "whole device(s)" if memory is None else format_bytes(memory)
-        try:
-            held = lease(
-                budget.devices,
-                memory=budget.memory_bytes,
-                timeout_s=self.timeout_s,
-                platform=platform,
-            ).acquire()
-        except ConfigurationError as exc:
-            pytest.skip(f"--accelplat-pack: cannot lease {what} ({budget.source}): {exc}")
-        except AccelplatError as exc:
-            pytest.fail(f"--accelplat-pack could not lease {what}: {exc}", False)
-        self.current = held
-        self._restore = held.apply()
-        if budget.memory_bytes is not None:
-            self._monitor = PeakMonitor(platform.memory_holders, [d.index for d in held.devices])
-            self._monitor.start()
+        if budget.memory_bytes != 0:
+            try:
+                self.hold(
+                    lease(
+                        budget.devices,
+                        memory=budget.memory_bytes,
+                        timeout_s=self.timeout_s,
+                        platform=self.platform,
+                    )
+                )
+            except LeaseUnsatisfiableError as exc:  # only this: no visible device can ever hold it
+                skip_at_test(f"--accelplat-pack: {describe(budget)}: {exc}")
+            except AccelplatError as exc:
+                pytest.fail(f"--accelplat-pack could not lease {describe(budget)}: {exc}", False)
+        held = self.current.devices if self.current else self.platform.devices()
+        devices = [d.index for d in held]
+        self._monitor = PeakMonitor(self.platform, devices, whole=budget.memory_bytes is None)
+        self._monitor.start()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
-        """Run the body in a new process with the lease's environment."""
-        from accelplat.pytest_plugin._lease import run_body_in_new_process
-
+        """Run the body in a new process with the lease's environment and its enforcement."""
         if self.current is None:
-            return None
-        return run_body_in_new_process(pyfuncitem, self.current.environ)
+            return None  # no lease: the body runs here, as pytest runs it
+        held = self.current.environ
+        return run_body_in_new_process(pyfuncitem, {**held, **self.enforcement.limits(held)})
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
-        """After the body, note its peak and budget in the call report's user properties."""
-        try:
-            return (yield)
-        finally:
-            self._note_peak(item)
-
-    def _note_peak(self, item: pytest.Item) -> None:
-        monitor, self._monitor = self._monitor, None
-        if monitor is None or self.budget is None or self.budget.memory_bytes is None:
-            return
-        peak = monitor.stop()
-        if peak is not None:
-            item.user_properties.append((PEAK_PROPERTY, peak))
-            item.user_properties.append((BUDGET_PROPERTY, self.budget.memory_bytes))
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """After the body: its peak, budget and what to learn go into the call report."""
+        report = yield
+        if call.when != "call" or self._monitor is None:
+            return report
+        peak, budget, self._monitor = self._monitor.stop(), self.budget, None
+        oom = report.failed and "out of memory" in report.longreprtext.lower()
+        props = [(PEAK, peak), (BUDGET, budget.memory_bytes), (SOURCE, budget.source)]
+        # under MPS the driver may list only the MPS server: a zero there is not a measurement
+        if report.passed and peak is not None and (peak or self.enforcement.kind != "mps"):
+            props.append((LEARN, peak))
+        elif oom and budget.source == FOOTPRINT:
+            props.append((LEARN, None))  # stopped at its learned budget: measured alone next time
+        report.user_properties.extend(props)
+        if oom and budget.memory_bytes:
+            held = "not measured" if peak is None else format_bytes(peak)
+            said = f"{describe(budget)}, {self.enforcement.describe()}; its processes held {held}"
+            report.sections.append(("accelplat budget", said))
+        return report
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
         if self._monitor is not None:  # the body never ran
             self._monitor.stop()
             self._monitor = None
-        if self._restore is not None:
-            self._restore()
-            self._restore = None
-        if self.current is not None:
-            self.current.release()
-            self.current = None
+        self.drop()
+
+
+def describe(budget: Budget) -> str:
+    """The budget in words: ``12.00 GiB on each of 2 devices (footprint)``."""
+    what = "whole device" if budget.memory_bytes is None else format_bytes(budget.memory_bytes)
+    where = f" on each of {budget.devices} devices" if budget.devices > 1 else ""
+    return f"{what}{where} ({budget.source})"
 
 
 @dataclass(eq=False)
-class OverBudgetSummary:
-    """Collects the tests that went over their budget (from every worker) and names them."""
+class PackSummary:
+    """Gathers every worker's peaks: names the tests over budget, and updates the store."""
 
+    store: Path | None
+    learned: dict[str, int | None] = field(default_factory=dict)
     over: dict[str, tuple[int, int]] = field(default_factory=dict)
+    stale: dict[str, tuple[int, int]] = field(default_factory=dict)
+    said: str = ""
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(p for p in report.user_properties if isinstance(p, tuple) and len(p) == 2)
-        peak, budget = props.get(PEAK_PROPERTY), props.get(BUDGET_PROPERTY)
-        if isinstance(peak, int) and isinstance(budget, int) and peak > budget:
+        peak, budget, source = props.get(PEAK), props.get(BUDGET), props.get(SOURCE)
+        if LEARN in props:
+            learn = props[LEARN]
+            self.learned[report.nodeid] = learn if isinstance(learn, int) else None
+        if not isinstance(peak, int) or not isinstance(budget, int):
+            return
+        if source == MARKER and peak > budget:
             self.over[report.nodeid] = (peak, budget)
+        elif source == FOOTPRINT and is_stale(peak, budget):
+            self.stale[report.nodeid] = (peak, budget)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.store is None or not self.learned:
+            return
+        try:
+            save_footprints(self.store, self.learned, restart=self.stale)
+        except (OSError, AccelplatError) as exc:
+            self.said = f"accelplat: could not update the footprint store: {exc}"
+        else:
+            self.said = f"accelplat: footprints of {len(self.learned)} test(s) in {self.store}"
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not self.over:
-            return
-        terminalreporter.section("accelplat: tests over their memory budget", yellow=True)
-        for nodeid, (peak, budget) in sorted(self.over.items()):
-            terminalreporter.write_line(
-                f"{nodeid}: peak {format_bytes(peak)}, budget {format_bytes(budget)}"
-            )
+        for title, rows, word in (
+            ("tests over their memory budget", self.over, "budget"),
+            ("footprints out of date, updated", self.stale, "learned budget"),
+        ):
+            if rows:
+                terminalreporter.section(f"accelplat: {title}", yellow=True)
+            for nodeid, (peak, budget) in sorted(rows.items()):
+                line = f"{nodeid}: peak {format_bytes(peak)}, {word} {format_bytes(budget)}"
+                terminalreporter.write_line(line)
+        if self.said:
+            terminalreporter.write_line(self.said)
+
+
+def _end_with_signals(config: pytest.Config) -> None:
+    """SIGTERM and SIGHUP end the session as Ctrl-C does, and the running body with it.
+
+    Only unhandled ones, from the main thread; a timeline's own handler does the same.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if config.pluginmanager.has_plugin(TIMELINE_PLUGIN_NAME):
+        return
+    ending = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
+    for signum in ending:
+        signal.signal(signum, _interrupt)
+
+    @config.add_cleanup
+    def restore() -> None:
+        for signum in ending:
+            signal.signal(signum, signal.SIG_DFL)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> NoReturn:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def store_path(config: pytest.Config) -> Path | None:
+    """The footprint store: ``--accelplat-footprints``, else in pytest's cache (if it is on)."""
+    if given := config.getoption("--accelplat-footprints"):
+        return Path(config.invocation_params.dir, given)
+    if not config.pluginmanager.has_plugin("cacheprovider"):
+        return None
+    cache = os.path.expandvars(os.path.expanduser(str(config.getini("cache_dir"))))
+    return config.rootpath / cache / "d" / "accelplat" / "footprints.json"
+
+
+def auto_workers(config: pytest.Config) -> int:
+    """``-n auto``'s worker count from the lease units and the learned budgets, CPUs at most."""
+    from accelplat._registry import current_platform, get_platform
+
+    name = config.getoption("--accelplat-platform")
+    try:
+        totals = unit_totals(get_platform(name) if name else current_platform())
+        store = store_path(config)
+        learned = load_footprints(store) if store else {}
+    except AccelplatError:
+        return 1  # pytest_configure says what is wrong
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if config.getoption("--accelplat-lease"):
+        each = int(config.getoption("accelplat_lease_count"))
+        count, how = len(totals) // each, f"{len(totals)} device(s) / {each} each"
+    elif budgets := [budget_for(p) for p in learned.values() if p[-1]]:
+        typical = int(statistics.median(budgets))
+        count = sum(max(1, total // typical) for total in totals)
+        how = f"{len(totals)} device(s), median learned budget {format_bytes(typical)}"
+    else:
+        count, how = len(totals), f"{len(totals)} device(s), no learned budgets"
+    count = max(1, min(count, cpus or 1))
+    config.stash[_AUTO_KEY] = f"-n auto: {count} workers ({how}; {cpus} CPUs)"
+    return count
+
+
+def header(config: pytest.Config) -> str:
+    """The header's part for packing: the enforcement, and how ``-n auto`` counted."""
+    enforcement = config.stash.get(_KEY, None)
+    said = [enforcement.describe()] if enforcement is not None else []
+    said += [auto] if (auto := config.stash.get(_AUTO_KEY, "")) else []
+    return f"pack ({'; '.join(said)})" if said else "pack"
 
 
 def configure(config: pytest.Config) -> None:
-    """Register the per-test leases (where tests run) and the over-budget summary (where shown)."""
-    from accelplat.timeline._footprints import load_footprints
-
+    """Check the options once (usage errors), choose the enforcement, register the parts."""
     if config.getoption("--accelplat-lease"):
         raise pytest.UsageError(
             "--accelplat-pack leases per test; --accelplat-lease per process: give one"
         )
-    path = config.getoption("--accelplat-footprints")
+    check_lock_dir("--accelplat-pack")
+    store = store_path(config)
     try:
-        footprints = load_footprints(config.invocation_params.dir / path) if path else {}
-    except ConfigurationError as exc:
-        raise pytest.UsageError(f"--accelplat-footprints: {exc}") from None
-    config.pluginmanager.register(OverBudgetSummary(), SUMMARY_PLUGIN_NAME)
+        platform = current(config)
+        footprints = load_footprints(store) if store else {}
+        enforcement = choose(platform, config.getoption("--accelplat-enforce"))
+    except AccelplatError as exc:
+        raise pytest.UsageError(f"--accelplat-pack: {exc}") from None
+    config.add_cleanup(enforcement.close)
+    env = pytest.MonkeyPatch()  # the run's processes, xdist workers too, follow the choice
+    for name, value in enforcement.environ.items():
+        env.setenv(name, value)
+    config.add_cleanup(env.undo)
+    config.stash[_KEY] = enforcement
+    _end_with_signals(config)
     worker = hasattr(config, "workerinput")
-    dist = config.getoption("dist", "no") != "no" and not worker
-    if dist:
-        return  # the xdist controller runs no test
-    plugin = PackPlugin(
-        timeout_s=float(config.getoption("accelplat_lease_timeout")),
-        platform_name=config.getoption("--accelplat-platform"),
-        footprints=footprints,
-    )
-    config.pluginmanager.register(plugin, PLUGIN_NAME)
+    if not worker:
+        config.pluginmanager.register(PackSummary(store), SUMMARY_PLUGIN_NAME)
+    if worker or config.getoption("dist", "no") == "no":  # the xdist controller runs no test
+        timeout = float(config.getoption("accelplat_lease_timeout"))
+        plugin = PackPlugin(timeout, platform, footprints, enforcement)
+        config.pluginmanager.register(plugin, PLUGIN_NAME)

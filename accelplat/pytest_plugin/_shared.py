@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 DEFAULT_LEAK_TOLERANCE = "256MiB"  # == _leaks.DEFAULT_LEAK_TOLERANCE_BYTES, a test checks
 LEAK_PLUGIN_NAME = "accelplat-leak-check"
+TIMELINE_PLUGIN_NAME = "accelplat-timeline-recorder"
 FORCED_KEY = pytest.StashKey[str]()
 _AFTER_TEARDOWN_KEY = pytest.StashKey[dict[int, int]]()
 
@@ -28,6 +29,11 @@ def reapply_forced(config: pytest.Config) -> None:
 
     if registry.forced_platform() is None:
         registry.set_current_platform(name)
+
+
+def skip_at_test(reason: str) -> NoReturn:
+    """Skip the test being set up, reported at its own line as pytest's skip markers are."""
+    raise pytest.skip.Exception(reason, _use_item_location=True)
 
 
 def current(config: pytest.Config) -> Platform:

@@ -15,8 +15,11 @@ import pytest
 
 from accelplat.errors import ConfigurationError
 from accelplat.pytest_plugin._leaks import HOLDINGS_PROPERTY
-from accelplat.pytest_plugin._shared import leak_tolerance, share_after_teardown
-from accelplat.timeline._footprints import footprints_of, save_footprints
+from accelplat.pytest_plugin._shared import (
+    TIMELINE_PLUGIN_NAME,
+    leak_tolerance,
+    share_after_teardown,
+)
 from accelplat.timeline._render import write_report
 from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
 from accelplat.timeline._trace import Reading, SpanOwners, Trace, save_trace, span_owners
@@ -26,7 +29,6 @@ from accelplat.timeline._trace import Reading, SpanOwners, Trace, save_trace, sp
 # <bool>} as it ends. Ids need only be unique among waits in flight.
 WAIT_EVENT_ATTRIBUTE = "accelplat_wait"
 WAIT_LOGGER = "accelplat._memory"
-_PLUGIN_NAME = "accelplat-timeline-recorder"
 # caught while recording, so that the trace is still written (marked partial)
 _ENDING_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 
@@ -41,7 +43,7 @@ _TAP_LEVEL = 1  # below DEBUG: a level set later (caplog.set_level) can be told 
 def configure(config: pytest.Config) -> None:
     """Start recording when ``--accelplat-timeline`` is given (on the xdist controller only)."""
     if config.getoption("--accelplat-timeline") and not hasattr(config, "workerinput"):
-        config.pluginmanager.register(TimelinePlugin(config), _PLUGIN_NAME)
+        config.pluginmanager.register(TimelinePlugin(config), TIMELINE_PLUGIN_NAME)
 
 
 class WaitEventTap(logging.Filter):
@@ -136,8 +138,6 @@ class TimelinePlugin:
         json_path = config.getoption("--accelplat-timeline-json")
         self.html_path = base / config.getoption("--accelplat-timeline")
         self.json_path = base / json_path if json_path else None
-        footprints = config.getoption("--accelplat-footprints")
-        self.footprints_path = base / footprints if footprints else None
         self._wait_fixtures = frozenset(config.getini("accelplat_timeline_wait_fixtures"))
         self.recorder: Recorder | None = None
         self.trace: Trace | None = None
@@ -242,13 +242,8 @@ class TimelinePlugin:
                 if path is not None:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     self._written.append(write(trace, path))
-            if self.footprints_path is not None:
-                peaks = footprints_of(trace)
-                self._written.append(save_footprints(self.footprints_path, peaks))
         except OSError as exc:
             self._error = f"could not write the timeline report: {exc}"
-        except ConfigurationError as exc:  # the existing store is malformed: left as it is
-            self._error = f"could not update the footprint store: {exc}"
         finally:
             for sig, previous in self._previous.items():
                 signal.signal(sig, previous)

@@ -7,6 +7,7 @@ process group; spawned ones import the function by name and get the arguments pi
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib
 import importlib.util
@@ -176,6 +177,17 @@ def _report(result_path: str, payload: tuple[Any, ...]) -> None:
         pickle.dump(payload, f)
 
 
+def _end_with_parent() -> None:
+    """Have Linux kill this child when its parent dies, even by SIGKILL (``PR_SET_PDEATHSIG``)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # it died before the request
+        os._exit(1)
+
+
 def _child_main(
     target: Callable[..., Any] | _FunctionRef,
     call: tuple[tuple[Any, ...], dict[str, Any]] | bytes,
@@ -185,6 +197,7 @@ def _child_main(
     """Body of the child process: run the function, write what happened to ``result_path``."""
     with suppress(OSError):  # own process group: what the function leaves behind ends with it
         os.setpgrp()
+    _end_with_parent()
     try:
         for key, value in env.items():
             if value is None:

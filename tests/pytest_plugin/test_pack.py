@@ -1,9 +1,10 @@
-"""``--accelplat-pack``: xdist workers share devices within per-test memory budgets."""
+"""``--accelplat-pack``: xdist workers share devices within budgets, declared or learned."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -12,18 +13,18 @@ from typing import Any
 
 import pytest
 
-from accelplat._backends.simulated import ENV_SPEC, ENV_VISIBLE
+from accelplat._backends.simulated import ENV_SPEC, ENV_VISIBLE, SimulatedPlatform
+from accelplat._enforce import ENV_ENFORCE, MPS_LIMIT, MPS_PIPE
 from accelplat._leasing import ENV_LEASE_DIR, ENV_MEMORY_BYTES
 from accelplat._types import GIB, MIB
-from accelplat.timeline._footprints import budget_for
+from accelplat.pytest_plugin._footprints import budget_for, load_footprints, save_footprints
 
 pytest.importorskip("xdist")
 
 ROOT = Path(__file__).resolve().parents[2]
 
-TESTS = (
-    textwrap.dedent(
-        """
+TESTS = textwrap.dedent(
+    """
     import json, os, time
     import pytest
 
@@ -31,7 +32,8 @@ TESTS = (
         start = time.time()
         time.sleep(0.4)
         row = {"test": name, "visible": os.environ.get("VISIBLE"), "start": start,
-               "end": time.time(), "budget": os.environ.get("BUDGET"), "pid": os.getpid()}
+               "end": time.time(), "budget": os.environ.get("BUDGET"), "pid": os.getpid(),
+               "limit": os.environ.get("LIMIT"), "pipe": os.environ.get("PIPE")}
         with open(os.environ["PACK_LOG"], "a") as fh:
             fh.write(json.dumps(row) + "\\n")
 
@@ -46,36 +48,67 @@ TESTS = (
 
     def test_whole():
         log("whole")
+
+    @pytest.mark.parametrize("i", range(4))
+    def test_unknown(i):
+        log(f"unknown{i}")
+
+    @pytest.mark.accelplat_requires(devices=2, device_memory="30GiB")
+    def test_two():
+        log("two")
+
+    @pytest.mark.accelplat_requires(device_memory="200GiB")
+    def test_huge():
+        log("huge")
+
+    @pytest.mark.accelplat_requires(device_memory="10GiB")
+    def test_greedy():
+        # an MPS client (the vendor's behaviour, faked): 30 GiB past a pinned limit fails
+        limit = os.environ.get("LIMIT")
+        if limit and 30 * 1024 > int(limit.split(",")[0].split("=")[1].rstrip("M")):
+            raise RuntimeError("CUDA error: out of memory (the client's pinned memory limit)")
+        log("greedy")
     """
-    )
-    .replace("VISIBLE", ENV_VISIBLE)
-    .replace("BUDGET", ENV_MEMORY_BYTES)
 )
+for name, value in {"VISIBLE": ENV_VISIBLE, "BUDGET": ENV_MEMORY_BYTES, "LIMIT": MPS_LIMIT}.items():
+    TESTS = TESTS.replace(f'"{name}"', f'"{value}"')
+TESTS = TESTS.replace('"PIPE"', f'"{MPS_PIPE}"')
+
+ONE = {"devices": [{"total": "80GiB"}]}
+HELD_30 = {
+    "devices": [{"total": "80GiB", "holders": [{"used": "30GiB", "pid": 1, "state": "child"}]}]
+}
+NOTHING_HELD = {"devices": [{"total": "80GiB", "report_holders": True}]}
 
 
 def run(
-    tmp_path: Path, *options: str, spec: dict[str, Any] | None = None
+    tmp_path: Path,
+    *options: str,
+    spec: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
     (tmp_path / "test_pack_demo.py").write_text(TESTS)
     spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps(spec or {"devices": [{"total": "80GiB"}]}))
+    spec_path.write_text(json.dumps(spec or ONE))
     log = tmp_path / "log.jsonl"
     log.unlink(missing_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
-    env.update(
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    for name in (ENV_VISIBLE, ENV_ENFORCE, MPS_PIPE):
+        environ.pop(name, None)
+    environ.update(
         {
             "ACCELPLAT_PLATFORM": "simulated",
             ENV_SPEC: str(spec_path),
             ENV_LEASE_DIR: str(tmp_path / "locks"),
             "PACK_LOG": str(log),
             "PYTHONPATH": str(ROOT),
+            **(env or {}),
         }
     )
-    env.pop(ENV_VISIBLE, None)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", *options],
         cwd=tmp_path,
-        env=env,
+        env=environ,
         capture_output=True,
         text=True,
         timeout=300,
@@ -91,7 +124,8 @@ def _overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Any]]:
     # four workers, one 80 GiB device: more workers than devices is the normal case
-    return run(tmp_path_factory.mktemp("pack"), "-n", "4", "--accelplat-pack")
+    tmp = tmp_path_factory.mktemp("pack")
+    return run(tmp, "-n", "4", "--accelplat-pack", "-k", "small or large or whole")
 
 
 def test_more_workers_than_devices_share_the_device_within_budgets(
@@ -106,7 +140,7 @@ def test_more_workers_than_devices_share_the_device_within_budgets(
     budget = {r["test"]: int(r["budget"]) if r["budget"] else 80 * GIB for r in rows}
     assert budget["small0"] == 20 * GIB
     assert budget["large"] == 50 * GIB
-    assert budget["whole"] == 80 * GIB  # no budget: the whole device
+    assert budget["whole"] == 80 * GIB  # nothing known: the whole device
     # at every start, the budgets of the tests running then fit in the device
     for row in rows:
         running = [r for r in rows if r["start"] <= row["start"] < r["end"]]
@@ -122,46 +156,214 @@ def test_each_body_ran_in_a_new_process(packed: tuple[Any, list[Any]]) -> None:
     assert len({r["pid"] for r in rows}) == len(rows)
 
 
-def test_a_test_over_its_budget_is_named_with_its_peak(tmp_path: Path) -> None:
+def test_a_test_over_its_declared_budget_is_named_with_its_peak(tmp_path: Path) -> None:
     # the driver says a child of the worker holds 30 GiB throughout: every test measures 30 GiB
-    spec = {
-        "devices": [{"total": "80GiB", "holders": [{"used": "30GiB", "pid": 1, "state": "child"}]}]
-    }
-    done, _ = run(tmp_path, "-n", "2", "--accelplat-pack", "-k", "small or large", spec=spec)
+    done, _ = run(tmp_path, "-n", "2", "--accelplat-pack", "-k", "small or large", spec=HELD_30)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tests over their memory budget" in done.stdout
-    line = "test_pack_demo.py::test_small[0]: peak 30.00 GiB, budget 20.00 GiB"
-    assert line in done.stdout
+    assert "test_pack_demo.py::test_small[0]: peak 30.00 GiB, budget 20.00 GiB" in done.stdout
     assert "test_large" not in done.stdout.split("over their memory budget")[1]
 
 
-def test_footprints_recorded_by_a_timeline_become_budgets(tmp_path: Path) -> None:
-    store = tmp_path / "footprints.json"
-    done, _ = run(
-        tmp_path,
-        "--accelplat-timeline",
-        "t.html",
-        "--accelplat-footprints",
-        str(store),
-        "-k",
-        "whole",
-    )
+def test_the_suite_learns_footprints_alone_first_then_packed(tmp_path: Path) -> None:
+    store = tmp_path / "fp.json"
+    options = ("-n", "3", "--accelplat-pack", "--accelplat-footprints", str(store))
+    done, first = run(tmp_path, *options, "-k", "unknown", spec=HELD_30)
     assert done.returncode == 0, done.stdout + done.stderr
-    tests = json.loads(store.read_text())["tests"]
-    assert tests == {"test_pack_demo.py::test_whole": {"peak_bytes": 0}}
+    assert {r["budget"] for r in first} == {None}  # nothing known: each alone on the device
+    assert not any(_overlap(a, b) for a in first for b in first if a is not b)
+    # every worker's figures reach the store, written once by the controller
+    learned = load_footprints(store)
+    assert learned == {f"test_pack_demo.py::test_unknown[{i}]": (30 * GIB,) for i in range(4)}
+    assert "footprints of 4 test(s) in" in done.stdout
+    done, second = run(tmp_path, *options, "-k", "unknown", spec=HELD_30)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {int(r["budget"]) for r in second} == {budget_for([30 * GIB])}
+    assert any(_overlap(a, b) for a in second for b in second if a is not b)  # packed now
+    assert load_footprints(store)["test_pack_demo.py::test_unknown[0]"] == (30 * GIB, 30 * GIB)
+
+
+def test_a_test_that_used_no_device_memory_takes_no_lease(tmp_path: Path) -> None:
+    store = tmp_path / "fp.json"
+    options = ("--accelplat-pack", "--accelplat-footprints", str(store), "-k", "unknown")
+    done, _ = run(tmp_path, *options, spec=NOTHING_HELD)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert set(load_footprints(store).values()) == {(0,)}
+    shutil.rmtree(tmp_path / "locks")
+    done, rows = run(tmp_path, *options, spec=NOTHING_HELD)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {(r["budget"], r["visible"]) for r in rows} == {(None, None)}  # no lease, no view
+    assert len({r["pid"] for r in rows}) == 1  # run here, as pytest runs them
+    assert not list((tmp_path / "locks").glob("**/*.json"))  # no lease was ever taken
+
+
+def test_stale_footprints_are_named_and_learned_anew(tmp_path: Path) -> None:
+    store = tmp_path / "fp.json"
+    too_small, too_large = (
+        "test_pack_demo.py::test_unknown[0]",
+        "test_pack_demo.py::test_unknown[1]",
+    )
+    save_footprints(store, {too_small: 2 * GIB, too_large: 31 * GIB})
+    save_footprints(store, {too_large: 30 * GIB})
+    options = ("--accelplat-pack", "--accelplat-footprints", str(store), "-k", "unknown")
+    held = [{"used": "10GiB", "pid": 1, "state": "child"}]
+    done, _ = run(tmp_path, *options, spec={"devices": [{"total": "80GiB", "holders": held}]})
+    assert done.returncode == 0, done.stdout + done.stderr
+    section = done.stdout.split("footprints out of date, updated")[1]
+    small = budget_for([2 * GIB]) / GIB
+    assert f"{too_small}: peak 10.00 GiB, learned budget {small:.2f} GiB" in section
+    assert f"{too_large}: peak 10.00 GiB, learned budget 34.00 GiB" in section  # far under
+    learned = load_footprints(store)
+    assert learned[too_small] == learned[too_large] == (10 * GIB,)  # older figures dropped
+
+
+@pytest.mark.parametrize("timeout", ["-1", "nan", "inf"])
+def test_a_bad_timeout_is_a_usage_error_not_a_skip_of_every_test(
+    tmp_path: Path, timeout: str
+) -> None:
+    done, rows = run(tmp_path, "--accelplat-pack", f"--accelplat-lease-timeout={timeout}")
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "--accelplat-lease-timeout" in done.stderr
+    assert rows == []
+
+
+def test_an_unusable_lock_directory_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    env = {ENV_LEASE_DIR: str(tmp_path / "file")}
+    done, rows = run(tmp_path, "--accelplat-pack", "-k", "small", env=env)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert f"--accelplat-pack: lease lock directory {tmp_path / 'file'}" in done.stderr
+    assert rows == []
+
+
+def test_a_budget_no_device_can_hold_skips_at_the_tests_line(tmp_path: Path) -> None:
+    store = tmp_path / "fp.json"
+    save_footprints(store, {"test_pack_demo.py::test_unknown[0]": 100 * GIB})
+    options = ("--accelplat-pack", "--accelplat-footprints", str(store))
+    done, rows = run(tmp_path, *options, "-k", "unknown or huge")
+    assert done.returncode == 0, done.stdout + done.stderr
+    skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert len(skips) == 2, done.stdout
+    assert all("test_pack_demo.py:" in line and "_pack.py" not in line for line in skips)
+    assert any("footprint" in line and "100" not in line.split(":")[0] for line in skips)
+    assert sorted(r["test"] for r in rows) == [f"unknown{i}" for i in range(1, 4)]
+
+
+def test_a_budget_on_two_devices_is_on_each_of_them(tmp_path: Path) -> None:
+    spec = {"devices": [{"total": "40GiB", "count": 2}]}
+    done, rows = run(tmp_path, "--accelplat-pack", "-k", "two", spec=spec)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (two,) = rows
+    assert sorted(two["visible"].split(",")) == ["SIM-0", "SIM-1"]
+    assert int(two["budget"]) == 30 * GIB  # on each: never charged to one device
+
+
+def test_the_header_names_pack_and_its_enforcement(tmp_path: Path) -> None:
+    done, _ = run(tmp_path, "--accelplat-pack", "-k", "whole", "-v", env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    header = next(line for line in done.stdout.splitlines() if line.startswith("accelplat "))
+    assert "; on: pack (budgets promised, not enforced (MPS: no nvidia-cuda-mps-control" in header
+
+
+FAKE_MPS_CONTROL = textwrap.dedent(
+    """
+    #!PYTHON
+    # nvidia-cuda-mps-control, as NVIDIA documents it: -d starts the control daemon, which keeps
+    # nvidia-cuda-mps-control.pid in CUDA_MPS_PIPE_DIRECTORY; commands come on stdin; without a
+    # daemon a command fails
+    import os, sys, pathlib
+    pipe = pathlib.Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+    said = " ".join(sys.argv[1:]) or sys.stdin.read().strip()
+    with open(os.environ["MPS_FAKE_LOG"], "a") as fh:
+        fh.write(f"{said} {pipe}\\n")
+    pid = pipe / "nvidia-cuda-mps-control.pid"
+    if said == "-d":
+        pid.write_text(str(os.getpid()))
+    elif not pid.exists():
+        sys.exit("Cannot find MPS control daemon process")
+    elif said == "quit":
+        pid.unlink()
+    """
+).lstrip()
+
+
+@pytest.fixture
+def mps_control(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    control = bin_dir / "nvidia-cuda-mps-control"
+    control.write_text(FAKE_MPS_CONTROL.replace("PYTHON", sys.executable))
+    control.chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    return {"PATH": path, "MPS_FAKE_LOG": str(tmp_path / "mps.log")}
+
+
+def test_mps_started_for_the_run_holds_each_test_to_its_budget(
+    tmp_path: Path, mps_control: dict[str, str]
+) -> None:
+    env = {**mps_control, ENV_ENFORCE: "mps"}
     done, rows = run(
-        tmp_path, "--accelplat-pack", "--accelplat-footprints", str(store), "-k", "whole"
+        tmp_path, "-n", "2", "--accelplat-pack", "-k", "small or greedy", "-v", env=env
     )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        "budgets enforced by MPS per-client memory limits (a control daemon started" in done.stdout
+    )
+    smalls = [r for r in rows if r["test"].startswith("small")]
+    assert len(smalls) == 6
+    assert {r["limit"] for r in smalls} == {f"0={20 * 1024}M"}
+    (pipe,) = {r["pipe"] for r in smalls}
+    assert not Path(pipe).exists()  # the run's directories went with the daemon
+    said = Path(mps_control["MPS_FAKE_LOG"]).read_text().splitlines()
+    assert (said[0], said[-1]) == (f"-d {pipe}", f"quit {pipe}")
+    # the test past its budget failed alone, its budget and peak named
+    assert " test_greedy _" in done.stdout  # the failure shown is its own
+    assert "1 failed, 6 passed" in done.stdout
+    section = done.stdout.split("accelplat budget")[1]
+    assert "10.00 GiB (accelplat_requires(device_memory=))" in section
+    assert "enforced by MPS" in section
+    assert "its processes held" in section
+
+
+def test_a_running_mps_daemon_is_used_not_started(
+    tmp_path: Path, mps_control: dict[str, str]
+) -> None:
+    pipe = tmp_path / "pipe"
+    pipe.mkdir()
+    (pipe / "nvidia-cuda-mps-control.pid").write_text("1")
+    env = {**mps_control, MPS_PIPE: str(pipe)}
+    done, rows = run(tmp_path, "--accelplat-pack", "-k", "small", "-v", env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    (whole,) = rows
-    assert int(whole["budget"]) == budget_for(0) == 256 * MIB
+    assert f"MPS per-client memory limits (the control daemon of {pipe})" in done.stdout
+    assert {r["limit"] for r in rows} == {f"0={20 * 1024}M"}
+    said = Path(mps_control["MPS_FAKE_LOG"]).read_text()
+    assert ("-d" in said, "quit" in said) == (False, False)  # not ours to start or stop
+    assert (pipe / "nvidia-cuda-mps-control.pid").exists()
+
+
+def test_minus_n_auto_counts_devices_and_learned_budgets(tmp_path: Path) -> None:
+    store = tmp_path / "fp.json"
+    options = ("-n", "auto", "--accelplat-pack", "--accelplat-footprints", str(store), "-v")
+    done, _ = run(tmp_path, *options, "-k", "whole")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "-n auto: 1 workers (1 device(s), no learned budgets" in done.stdout
+    save_footprints(store, {"a": 30 * GIB, "b": 20 * GIB, "c": 30 * GIB})  # median 37.75 GiB
+    done, _ = run(tmp_path, *options, "-k", "whole")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "-n auto: 2 workers (1 device(s), median learned budget 37.75 GiB" in done.stdout
+
+
+def test_pack_and_per_process_leases_are_exclusive(tmp_path: Path) -> None:
+    done, _ = run(tmp_path, "--accelplat-pack", "--accelplat-lease")
+    assert done.returncode == 4
+    assert "give one" in done.stderr
 
 
 @pytest.mark.parametrize(
     ("content", "message"),
     [
         ("[]", "footprints top level: expected an object"),
-        ('{"format": "accelplat.footprints", "tests": {"a": {"peak_bytes": -1}}}', "peak_bytes"),
+        ('{"format": "accelplat.footprints", "tests": {"a": {"peaks": [-1]}}}', "peaks"),
         ("not json", "not JSON text"),
     ],
 )
@@ -172,32 +374,21 @@ def test_a_bad_footprint_store_is_a_usage_error(tmp_path: Path, content: str, me
     assert done.returncode == 4, done.stdout + done.stderr
     assert message in done.stderr
     assert rows == []
+    assert store.read_text() == content  # never overwritten
 
 
-def test_pack_and_per_process_leases_are_exclusive(tmp_path: Path) -> None:
-    done, _ = run(tmp_path, "--accelplat-pack", "--accelplat-lease")
-    assert done.returncode == 4
-    assert "give one" in done.stderr
-
-
-def test_the_peak_counts_only_this_process_and_its_children() -> None:
-    from accelplat._types import HolderState, MemoryHolder
+def test_the_peak_is_ours_by_the_one_rule() -> None:
     from accelplat.pytest_plugin._pack import PeakMonitor
 
-    readings = iter(
-        [
-            [
-                MemoryHolder(1, 4 * GIB, HolderState.CHILD),
-                MemoryHolder(2, 50 * GIB, HolderState.ALIVE),
-            ],
-            [MemoryHolder(1, 9 * GIB, HolderState.CHILD), MemoryHolder(3, GIB, HolderState.SELF)],
-            [MemoryHolder(1, 2 * GIB, HolderState.ZOMBIE)],
-        ]
-    )
-    monitor = PeakMonitor(lambda device: next(readings), [0])
-    for _ in range(3):
-        monitor.sample()
-    assert monitor.peak == 10 * GIB  # 9 GiB of a child and 1 GiB of its own; others never
-    silent = PeakMonitor(lambda device: None, [0])
-    silent.sample()
-    assert silent.peak is None  # a driver that cannot tell: no figure, no report
+    holders = [
+        {"used": "4GiB", "pid": 11, "state": "child"},
+        {"used": "50GiB", "pid": 12, "state": "alive"},
+        {"used": "1GiB", "pid": 13, "state": "self"},
+    ]
+    platform = SimulatedPlatform({"devices": [{"total": "80GiB", "holders": holders}]})
+    monitor = PeakMonitor(platform, [0], whole=False).start()
+    assert monitor.stop() == 5 * GIB  # this process and its child, never another process
+    silent = SimulatedPlatform({"devices": [{"total": "80GiB", "used": "9GiB"}]})
+    assert PeakMonitor(silent, [0], whole=False).start().stop() is None  # cannot tell: no figure
+    assert PeakMonitor(silent, [0], whole=True).start().stop() == 0  # alone: its growth, none
+    assert budget_for([0]) == 256 * MIB
