@@ -20,6 +20,7 @@ from types import FrameType
 
 from accelplat._cli._args import Size, add_common, command, count_arg, path, ratio_arg, seconds_arg
 from accelplat._cli._errors import dumps, shown
+from accelplat._enforce import choose
 from accelplat._leasing import (
     DEFAULT_TIMEOUT_S,
     MIN_SHARE_BYTES,
@@ -115,14 +116,21 @@ def _run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         lock_dir=args.lock_dir,
     )
-    with held:
+    with held, contextlib.ExitStack() as stack:
         if not args.quiet:
             names = ", ".join(f"{d.index} ({d.stable_id or d.name})" for d in held.devices)
             env = " ".join(f"{k}={'(unset)' if v is None else v}" for k, v in held.environ.items())
             share = "" if args.memory is None else f" ({format_bytes(args.memory)} of each)"
             line = f"accelplat: leased {names}{share} after {held.waited_s:.2f} s"
             print(f"{line}; {env}" if env else line, file=sys.stderr)
-        return _run_child(cmd, held.child_environ(), held.lock_fds)
+        child_env = held.child_environ()
+        if args.memory is not None:  # a share: held to its budget where this host can
+            enforced = choose(held.platform)
+            stack.callback(enforced.close)
+            child_env.update({**enforced.environ, **enforced.limits(held.environ)})
+            if not args.quiet:
+                print(f"accelplat: {enforced.describe()}", file=sys.stderr)
+        return _run_child(cmd, child_env, held.lock_fds)
 
 
 def _run_child(cmd: Sequence[str], env: dict[str, str], fds: Sequence[int]) -> int:

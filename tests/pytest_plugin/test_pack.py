@@ -18,6 +18,7 @@ from accelplat._enforce import ENV_ENFORCE, MPS_LIMIT, MPS_PIPE
 from accelplat._leasing import ENV_LEASE_DIR, ENV_MEMORY_BYTES
 from accelplat._types import GIB, MIB
 from accelplat.pytest_plugin._footprints import budget_for, load_footprints, save_footprints
+from tests.fakes.mps import install_mps_control
 
 pytest.importorskip("xdist")
 
@@ -265,35 +266,10 @@ def test_the_header_names_pack_and_its_enforcement(tmp_path: Path) -> None:
     assert "; on: pack (budgets promised, not enforced (MPS: no nvidia-cuda-mps-control" in header
 
 
-FAKE_MPS_CONTROL = textwrap.dedent(
-    """
-    #!PYTHON
-    # nvidia-cuda-mps-control, as NVIDIA documents it: -d starts the control daemon, which keeps
-    # nvidia-cuda-mps-control.pid in CUDA_MPS_PIPE_DIRECTORY; commands come on stdin; without a
-    # daemon a command fails
-    import os, sys, pathlib
-    pipe = pathlib.Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
-    said = " ".join(sys.argv[1:]) or sys.stdin.read().strip()
-    with open(os.environ["MPS_FAKE_LOG"], "a") as fh:
-        fh.write(f"{said} {pipe}\\n")
-    pid = pipe / "nvidia-cuda-mps-control.pid"
-    if said == "-d":
-        pid.write_text(str(os.getpid()))
-    elif not pid.exists():
-        sys.exit("Cannot find MPS control daemon process")
-    elif said == "quit":
-        pid.unlink()
-    """
-).lstrip()
-
-
 @pytest.fixture
 def mps_control(tmp_path: Path) -> dict[str, str]:
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    control = bin_dir / "nvidia-cuda-mps-control"
-    control.write_text(FAKE_MPS_CONTROL.replace("PYTHON", sys.executable))
-    control.chmod(0o755)
+    install_mps_control(bin_dir)
     path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
     return {"PATH": path, "MPS_FAKE_LOG": str(tmp_path / "mps.log")}
 
