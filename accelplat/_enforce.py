@@ -21,32 +21,29 @@ from accelplat._leasing import ENV_MEMORY_BYTES, ENV_MEMORY_FRACTION
 from accelplat._platform import Platform, optional
 from accelplat._types import MIB
 from accelplat._vendor import versions
-from accelplat.errors import AccelplatError, ConfigurationError
+from accelplat.errors import ConfigurationError
 
 ENV_ENFORCE = "ACCELPLAT_ENFORCE"  # auto (default), mps, torch or none; a run passes its choice on
 MODES = ("auto", "mps", "torch", "none")
 MPS_CONTROL = "nvidia-cuda-mps-control"
-MPS_LIMIT = (
-    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # "<ordinal>=<size>M,...", one per device a client sees
-)
+# "<ordinal>=<size>M,...": a client's device memory limit, one entry per device it may see
+MPS_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 MPS_PIPE, MPS_LOG = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
 _MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"  # where clients look when CUDA_MPS_PIPE_DIRECTORY is unset
-_MPS_TIMEOUT_S = 30.0
 # torch's caching allocator reads its settings from one variable per torch device type; it knows
 # per_process_memory_fraction from torch 2.9 (pytorch#161035), and older ones refuse unknown keys
 _ALLOC_CONF = {"cuda": "PYTORCH_CUDA_ALLOC_CONF"}
 _FRACTION_KEY = "per_process_memory_fraction"
 _TORCH_WITH_KEY = ">=2.9"
-_DRIVER_LIMITS_SINCE = 615  # nvmlDeviceSetMemoryLimits_v1 (MPS v3, the cgroup dmem controller)
+_DRIVER_LIMITS = ">=615"  # nvmlDeviceSetMemoryLimits_v1 (MPS v3, the cgroup dmem controller)
 
 
 @dataclass
 class Enforcement:
-    """How one run holds its shares to their budgets; :meth:`close` ends what it started.
+    """How one run holds its shares to their budgets; ``close()`` ends what it started.
 
     ``environ`` is for every process of the run (the choice, the MPS pipe directory of a daemon
-    it started);
-    :meth:`limits` adds one share's bounds for the processes under it.
+    it started); :meth:`limits` adds one share's bounds for the processes under it.
     """
 
     kind: str  # "mps", "torch" or "none"
@@ -54,7 +51,7 @@ class Enforcement:
     environ: dict[str, str] = field(default_factory=dict)
     ordinals: int = 1  # devices an MPS client may see
     conf: str = ""  # torch's allocator variable
-    stop: Callable[[], None] | None = None
+    close: Callable[[], None] = lambda: None  # stops what the run started (a daemon)
 
     def __post_init__(self) -> None:
         self.environ.setdefault(ENV_ENFORCE, self.kind)  # a nested run takes the same rung
@@ -77,15 +74,8 @@ class Enforcement:
     def describe(self) -> str:
         """One line: the enforcement and why."""
         names = {"mps": "MPS per-client memory limits", "torch": "torch's per-process fraction"}
-        if self.kind in names:
-            return f"budgets enforced by {names[self.kind]} ({self.why})"
-        return f"budgets promised, not enforced ({self.why})"
-
-    def close(self) -> None:
-        """Stop what this run started (idempotent)."""
-        stop, self.stop = self.stop, None
-        if stop is not None:
-            stop()
+        how = f"enforced by {names[self.kind]}" if self.kind in names else "promised, not enforced"
+        return f"budgets {how} ({self.why})"
 
 
 def choose(platform: Platform, mode: str | None = None) -> Enforcement:
@@ -144,7 +134,7 @@ def _mps(platform: Platform, start: bool, notes: list[str]) -> Enforcement | Non
         shutil.rmtree(root, ignore_errors=True)
 
     why = f"a control daemon started for this run in {root}"
-    return Enforcement("mps", why, env, platform.device_count(), stop=stop)
+    return Enforcement("mps", why, env, platform.device_count(), close=stop)
 
 
 def _mps_call(control: str, env: Mapping[str, str], command: str, *args: str) -> bool:
@@ -152,7 +142,7 @@ def _mps_call(control: str, env: Mapping[str, str], command: str, *args: str) ->
     try:
         return subprocess.run(
             [control, *args], check=False, input=command and command + "\n",
-            env={**os.environ, **env}, text=True, timeout=_MPS_TIMEOUT_S,
+            env={**os.environ, **env}, text=True, timeout=30,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,  # a daemon keeps pipes open
             start_new_session=True,  # its own session: a terminal's Ctrl-C is not its to get
         ).returncode == 0  # fmt: skip
@@ -162,11 +152,7 @@ def _mps_call(control: str, env: Mapping[str, str], command: str, *args: str) ->
 
 def _driver_note(platform: Platform) -> str:
     read = optional(platform, "driver_version")
-    try:
-        version = str((read() if callable(read) else None) or "")
-    except AccelplatError:
-        version = ""
-    major = version.partition(".")[0]
-    if major.isdigit() and int(major) >= _DRIVER_LIMITS_SINCE:
+    version = str(read()) if callable(read) else "none"
+    if versions.satisfies(version, _DRIVER_LIMITS):
         return f"driver limits: offered by driver {version}, not applied (they bind a cgroup)"
-    return f"driver limits: need driver r{_DRIVER_LIMITS_SINCE}+ ({version or 'none'} here)"
+    return f"driver limits: need driver {_DRIVER_LIMITS} ({version} here)"

@@ -69,11 +69,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("--accelplat-pack", action="store_true", help="lease each test the memory it needs "
         "(accelplat_requires(device_memory=), else its learned footprint, else a whole device), "
         "so that xdist workers share devices; bodies run in new processes")
-    add("--accelplat-footprints", metavar="PATH", help="the footprint store --accelplat-pack "
-        "learns each test's peak memory into (default: in pytest's cache directory)")
-    add("--accelplat-enforce", metavar="MODE", help="how --accelplat-pack holds tests to their "
-        "budgets: auto (default: a running MPS daemon, else torch's fraction, else none), mps "
-        "(starts a daemon for the run if none runs), torch or none; default $ACCELPLAT_ENFORCE")
+    add("--accelplat-footprints", metavar="PATH", help="where --accelplat-pack learns each "
+        "test's peak memory (default: in pytest's cache directory)")
+    add("--accelplat-enforce", metavar="MODE", help="how packed tests are held to budgets: auto "
+        "(default, or $ACCELPLAT_ENFORCE), mps (started if none runs), torch or none")
     ini = parser.addini
     ini("accelplat_platform", "force the platform, as --accelplat-platform (which wins)")
     ini("accelplat_leak_check", "turn the leak check on", "bool", False)
@@ -118,8 +117,7 @@ def _apply_ini(config: pytest.Config, namespace: object) -> None:
 
 def _seconds(text: str) -> float:
     # finite and >= 0: a negative, nan or inf timeout is a usage error, not a skip of every test
-    seconds = float(text)
-    if not 0 <= seconds < float("inf"):
+    if not 0 <= (seconds := float(text)) < float("inf"):
         raise ValueError(text)
     return seconds
 
@@ -135,9 +133,8 @@ def _lease_count(text: str) -> int:
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto`` with packing or leases: workers from the devices and budgets, not the CPUs."""
     _apply_ini(config, config.option)
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or not (
-        config.getoption("--accelplat-pack") or config.getoption("--accelplat-lease")
-    ):
+    ours = config.option.accelplat_pack or config.option.accelplat_lease
+    if not ours or os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # xdist's own count
     from accelplat.pytest_plugin._pack import auto_workers
 
@@ -226,7 +223,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def _header_line(config: pytest.Config) -> str | None:
     # Every part read from its option after _apply_ini, so the ini's parts are named too.
     from accelplat import __version__
-    from accelplat.pytest_plugin._shared import leak_tolerance
+    from accelplat.pytest_plugin._shared import PACK_KEY, leak_tolerance
 
     parts = []
     if config.pluginmanager.get_plugin(LEAK_PLUGIN_NAME) is not None:
@@ -237,10 +234,8 @@ def _header_line(config: pytest.Config) -> str | None:
     if config.getoption("--accelplat-lease"):
         count = config.getoption("--accelplat-lease-count")
         parts.append(f"lease ({count} device{'s' if count != 1 else ''} per test process)")
-    if config.getoption("--accelplat-pack"):
-        from accelplat.pytest_plugin._pack import header
-
-        parts.append(header(config))
+    if pack := config.stash.get(PACK_KEY, None):
+        parts.append(pack)
     if config.getoption("--accelplat-capabilities"):
         parts.append("capabilities")
     forced = config.stash.get(FORCED_KEY, None)
@@ -359,14 +354,11 @@ def _settle_options(config: pytest.Config, platform: Platform) -> tuple[float, s
             return min(profile.settle_timeout_s, FIXTURE_SETTLE_TIMEOUT_EAGER_S), owners
         return min(profile.settle_timeout_s, FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S), owners
     try:
-        seconds = float(raw)
+        return _seconds(raw), owners
     except ValueError:
-        seconds = -1.0
-    if not (0 <= seconds < float("inf")):
         raise pytest.UsageError(
             f"accelplat_settle_timeout must be 'auto' or seconds >= 0, got {raw!r}"
-        )
-    return seconds, owners
+        ) from None
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Callable, Mapping
@@ -32,12 +33,11 @@ class Holding:
 
     def drop(self) -> None:
         """Put the variables back and let the lease go (idempotent)."""
-        if self._restore is not None:
-            self._restore()
-            self._restore = None
-        if self.current is not None:
-            self.current.release()
-            self.current = None
+        restore, held, self._restore, self.current = self._restore, self.current, None, None
+        if restore is not None:
+            restore()
+        if held is not None:
+            held.release()
 
 
 @dataclass(eq=False)  # a plugin object: pluggy keys it by identity
@@ -45,25 +45,12 @@ class WorkerLease(Holding):
     """The devices one pytest process holds between tests, and the widening for bigger tests."""
 
     count: int
-    timeout_s: float
-    min_free_bytes: int | None
-    platform_name: str | None  # --accelplat-platform
+    take: Callable[..., Lease]  # lease() with the session's platform, timeout and minimum
     home: tuple[str, ...] = ()  # the identities of the process's own devices
     _widened: bool = False
 
     def _take(self, count: int, prefer: tuple[str, ...]) -> Lease:
-        from accelplat._registry import get_platform
-
-        platform = get_platform(self.platform_name) if self.platform_name else None
-        return self.hold(
-            lease(
-                count,
-                timeout_s=self.timeout_s,
-                min_free_bytes=self.min_free_bytes,
-                platform=platform,
-                prefer=prefer,
-            )
-        )
+        return self.hold(self.take(count, prefer=prefer))
 
     def _back_home(self) -> None:
         self._widened = False
@@ -158,13 +145,15 @@ def start(config: pytest.Config, namespace: Any) -> None:
     numprocesses, tx = getattr(namespace, "numprocesses", None), getattr(namespace, "tx", None)
     if not worker and (numprocesses or (tx and dist)):
         return  # the xdist controller: it runs no test (pytest_configure checks the numbers)
-    held = WorkerLease(
-        namespace.accelplat_lease_count,
-        timeout_s=namespace.accelplat_lease_timeout,
-        min_free_bytes=min_free,
-        platform_name=namespace.accelplat_platform,
-    )
+    from accelplat._registry import get_platform
+
+    name, timeout = namespace.accelplat_platform, namespace.accelplat_lease_timeout
     try:
+        platform = get_platform(name) if name else None
+        take = functools.partial(
+            lease, timeout_s=timeout, min_free_bytes=min_free, platform=platform
+        )
+        held = WorkerLease(namespace.accelplat_lease_count, take)
         held.home = held._take(held.count, ()).device_ids
     except AccelplatError as exc:
         if not worker:
@@ -191,17 +180,13 @@ def check_workers(config: pytest.Config) -> None:
     except AccelplatError as exc:
         raise pytest.UsageError(f"--accelplat-lease: {exc}") from None
     each = int(config.getoption("accelplat_lease_count"))
-    if workers * each <= visible:
-        return
-    fixes = [f"-n {visible // each}"] if visible >= each else []
-    if each > 1 and visible >= workers:
-        fixes.append(f"--accelplat-lease-count {visible // workers}")
-    raise pytest.UsageError(
-        f"--accelplat-lease: {workers} xdist workers x {each} device(s) each "
-        f"(--accelplat-lease-count) need {workers * each}, but {platform.name} shows this "
-        f"process {visible}; the extra workers would wait out the timeout. Use "
-        + (" or ".join(fixes) or f"-n {visible} --accelplat-lease-count 1")
-    )
+    if workers * each > visible:
+        fix = "-n auto" if visible >= each else f"--accelplat-lease-count {visible}"
+        raise pytest.UsageError(
+            f"--accelplat-lease: {workers} xdist workers x {each} device(s) each "
+            f"(--accelplat-lease-count) need {workers * each}, but {platform.name} shows this "
+            f"process {visible}; the extra workers would wait out the timeout. Use {fix}"
+        )
 
 
 def check_lock_dir(option: str) -> None:
@@ -215,7 +200,6 @@ def check_lock_dir(option: str) -> None:
 def unit_totals(platform: Platform) -> list[int]:
     """The total memory of each unit a lease may take: a MIG instance, else a visible device."""
     units, restricted = optional(platform, "lease_units"), optional(platform, "restricted")
-    values = units() if callable(units) else ()
-    if values and callable(restricted):
+    if callable(units) and callable(restricted) and (values := units()):
         return [restricted(value).memory_info(0).total for value in values]
     return [platform.memory_info(i).total for i in range(platform.device_count())]

@@ -8,11 +8,11 @@ in new processes that see only the leased devices, held to the budget where the 
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
-import statistics
 import threading
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -21,35 +21,20 @@ from typing import Any, NoReturn
 import pytest
 
 from accelplat._enforce import Enforcement, choose
-from accelplat._leasing import lease
+from accelplat._leasing import Lease, lease
 from accelplat._owners import attribute
 from accelplat._platform import Platform
 from accelplat._util import format_bytes
-from accelplat.errors import AccelplatError, LeaseUnsatisfiableError, MarkerError
-from accelplat.pytest_plugin._footprints import (
-    Footprints,
-    budget_for,
-    is_stale,
-    load_footprints,
-    save_footprints,
-)
-from accelplat.pytest_plugin._lease import (
-    Holding,
-    check_lock_dir,
-    run_body_in_new_process,
-    unit_totals,
-)
+from accelplat.errors import AccelplatError, LeaseUnsatisfiableError
+from accelplat.pytest_plugin import _footprints, _lease
 from accelplat.pytest_plugin._requires import parse, skip_reason
-from accelplat.pytest_plugin._shared import TIMELINE_PLUGIN_NAME, current, skip_at_test
+from accelplat.pytest_plugin._shared import PACK_KEY, TIMELINE_PLUGIN_NAME, current, skip_at_test
 
-PLUGIN_NAME = "accelplat-pack"
-SUMMARY_PLUGIN_NAME = "accelplat-pack-summary"
 # the call report's user_properties: what the summary, on the xdist controller, learns from
 PEAK, BUDGET, SOURCE = "accelplat_peak_bytes", "accelplat_budget_bytes", "accelplat_budget"
 LEARN = "accelplat_learn"  # the figure to learn; None: forget the test's figures
 SAMPLE_INTERVAL_S = 0.05
 MARKER, FOOTPRINT, WHOLE = "accelplat_requires(device_memory=)", "footprint", "a whole device"
-_KEY = pytest.StashKey[Enforcement]()
 _AUTO_KEY = pytest.StashKey[str]()  # how -n auto counted
 
 
@@ -61,38 +46,40 @@ class Budget:
     devices: int
     source: str  # MARKER, FOOTPRINT or WHOLE
 
+    def __str__(self) -> str:  # 12.00 GiB on each of 2 devices (footprint)
+        what = "whole device" if self.memory_bytes is None else format_bytes(self.memory_bytes)
+        where = f" on each of {self.devices} devices" if self.devices > 1 else ""
+        return f"{what}{where} ({self.source})"
 
-def budget_of(item: pytest.Item, footprints: Footprints) -> Budget:
+
+def budget_of(item: pytest.Item, footprints: _footprints.Footprints) -> Budget:
     """The test's budget: its marker's ``device_memory``, its footprint, or a whole device."""
     devices, memory = 1, None
-    for mark in item.iter_markers("accelplat_requires"):
-        try:
-            need = parse(mark)
-        except MarkerError:
-            continue  # the marker check reports it
+    for need in map(parse, item.iter_markers("accelplat_requires")):  # checked at collection
         devices = max(devices, need.devices or 1)
         if need.device_memory is not None:
             memory = max(memory or 0, need.device_memory)
     if memory is not None:
         return Budget(memory, devices, MARKER)
     if peaks := footprints.get(item.nodeid):
-        return Budget(budget_for(peaks) if peaks[-1] else 0, devices, FOOTPRINT)
+        return Budget(_footprints.budget_for(peaks) if peaks[-1] else 0, devices, FOOTPRINT)
     return Budget(None, devices, WHOLE)
 
 
-class PeakMonitor:
-    """Samples, in a thread, what this process and its descendants hold on some devices.
+class PeakMonitor(threading.Thread):
+    """Samples, from its start to :meth:`finish`, what this process and its descendants hold.
 
     "Ours" is ``accelplat._owners``' one rule; where the driver cannot attribute memory, a test
     alone on whole devices (``whole``) is measured by the growth of their used memory.
     """
 
     def __init__(self, platform: Platform, devices: Sequence[int], *, whole: bool) -> None:
+        super().__init__(name="accelplat-pack-peak", daemon=True)
         self._platform, self._devices = platform, tuple(devices)
         self._base = {d: platform.memory_info(d).used for d in self._devices} if whole else {}
-        self._stop = threading.Event()
+        self._done = threading.Event()
         self.peak: int | None = None  # the largest per-device figure seen; None: not told
-        self._thread = threading.Thread(target=self._run, name="accelplat-pack-peak", daemon=True)
+        self.start()
 
     def sample(self) -> None:
         """Take one reading now."""
@@ -108,30 +95,26 @@ class PeakMonitor:
             if ours is not None:
                 self.peak = max(self.peak or 0, ours)
 
-    def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_INTERVAL_S):
+    def run(self) -> None:
+        self.sample()
+        while not self._done.wait(SAMPLE_INTERVAL_S):
             self.sample()
 
-    def start(self) -> PeakMonitor:
-        self.sample()
-        self._thread.start()
-        return self
-
-    def stop(self) -> int | None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(5.0)
+    def finish(self) -> int | None:
+        """Stop sampling; the peak, the last reading included."""
+        self._done.set()
+        self.join(5.0)
         self.sample()
         return self.peak
 
 
 @dataclass(eq=False)  # a plugin object: pluggy keys it by identity
-class PackPlugin(Holding):
+class PackPlugin(_lease.Holding):
     """The per-test leases of one pytest process (an xdist worker, or the only one)."""
 
-    timeout_s: float
+    take: Callable[..., Lease]  # lease() with the session's platform and timeout
     platform: Platform
-    footprints: Footprints
+    footprints: _footprints.Footprints
     enforcement: Enforcement
     budget: Budget = Budget(None, 1, WHOLE)
     _monitor: PeakMonitor | None = None
@@ -142,24 +125,16 @@ class PackPlugin(Holding):
         if (reason := skip_reason(item)) is not None:
             skip_at_test(reason)  # before waiting for a lease it would not use
         budget = self.budget = budget_of(item, self.footprints)
-        if budget.memory_bytes != 0:
+        if budget.memory_bytes != 0:  # learned to need no device memory: no lease
             try:
-                self.hold(
-                    lease(
-                        budget.devices,
-                        memory=budget.memory_bytes,
-                        timeout_s=self.timeout_s,
-                        platform=self.platform,
-                    )
-                )
+                self.hold(self.take(budget.devices, memory=budget.memory_bytes))
             except LeaseUnsatisfiableError as exc:  # only this: no visible device can ever hold it
-                skip_at_test(f"--accelplat-pack: {describe(budget)}: {exc}")
+                skip_at_test(f"--accelplat-pack: {budget}: {exc}")
             except AccelplatError as exc:
-                pytest.fail(f"--accelplat-pack could not lease {describe(budget)}: {exc}", False)
+                pytest.fail(f"--accelplat-pack could not lease {budget}: {exc}", False)
         held = self.current.devices if self.current else self.platform.devices()
-        devices = [d.index for d in held]
-        self._monitor = PeakMonitor(self.platform, devices, whole=budget.memory_bytes is None)
-        self._monitor.start()
+        whole = budget.memory_bytes is None
+        self._monitor = PeakMonitor(self.platform, [d.index for d in held], whole=whole)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
@@ -167,7 +142,7 @@ class PackPlugin(Holding):
         if self.current is None:
             return None  # no lease: the body runs here, as pytest runs it
         held = self.current.environ
-        return run_body_in_new_process(pyfuncitem, {**held, **self.enforcement.limits(held)})
+        return _lease.run_body_in_new_process(pyfuncitem, {**held, **self.enforcement.limits(held)})
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -177,7 +152,7 @@ class PackPlugin(Holding):
         report = yield
         if call.when != "call" or self._monitor is None:
             return report
-        peak, budget, self._monitor = self._monitor.stop(), self.budget, None
+        peak, budget, self._monitor = self._monitor.finish(), self.budget, None
         oom = report.failed and "out of memory" in report.longreprtext.lower()
         props = [(PEAK, peak), (BUDGET, budget.memory_bytes), (SOURCE, budget.source)]
         # under MPS the driver may list only the MPS server: a zero there is not a measurement
@@ -188,23 +163,16 @@ class PackPlugin(Holding):
         report.user_properties.extend(props)
         if oom and budget.memory_bytes:
             held = "not measured" if peak is None else format_bytes(peak)
-            said = f"{describe(budget)}, {self.enforcement.describe()}; its processes held {held}"
+            said = f"{budget}, {self.enforcement.describe()}; its processes held {held}"
             report.sections.append(("accelplat budget", said))
         return report
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
         if self._monitor is not None:  # the body never ran
-            self._monitor.stop()
+            self._monitor.finish()
             self._monitor = None
         self.drop()
-
-
-def describe(budget: Budget) -> str:
-    """The budget in words: ``12.00 GiB on each of 2 devices (footprint)``."""
-    what = "whole device" if budget.memory_bytes is None else format_bytes(budget.memory_bytes)
-    where = f" on each of {budget.devices} devices" if budget.devices > 1 else ""
-    return f"{what}{where} ({budget.source})"
 
 
 @dataclass(eq=False)
@@ -213,6 +181,7 @@ class PackSummary:
 
     store: Path | None
     learned: dict[str, int | None] = field(default_factory=dict)
+    # (peak, budget) per test: declared budgets exceeded, learned ones that no longer fit
     over: dict[str, tuple[int, int]] = field(default_factory=dict)
     stale: dict[str, tuple[int, int]] = field(default_factory=dict)
     said: str = ""
@@ -227,7 +196,7 @@ class PackSummary:
             return
         if source == MARKER and peak > budget:
             self.over[report.nodeid] = (peak, budget)
-        elif source == FOOTPRINT and is_stale(peak, budget):
+        elif source == FOOTPRINT and _footprints.is_stale(peak, budget):
             self.stale[report.nodeid] = (peak, budget)
 
     @pytest.hookimpl(trylast=True)
@@ -235,7 +204,7 @@ class PackSummary:
         if self.store is None or not self.learned:
             return
         try:
-            save_footprints(self.store, self.learned, restart=self.stale)
+            _footprints.save_footprints(self.store, self.learned, restart=self.stale)
         except (OSError, AccelplatError) as exc:
             self.said = f"accelplat: could not update the footprint store: {exc}"
         else:
@@ -249,8 +218,8 @@ class PackSummary:
             if rows:
                 terminalreporter.section(f"accelplat: {title}", yellow=True)
             for nodeid, (peak, budget) in sorted(rows.items()):
-                line = f"{nodeid}: peak {format_bytes(peak)}, {word} {format_bytes(budget)}"
-                terminalreporter.write_line(line)
+                said = f"peak {format_bytes(peak)}, {word} {format_bytes(budget)}"
+                terminalreporter.write_line(f"{nodeid}: {said}")
         if self.said:
             terminalreporter.write_line(self.said)
 
@@ -260,9 +229,8 @@ def _end_with_signals(config: pytest.Config) -> None:
 
     Only unhandled ones, from the main thread; a timeline's own handler does the same.
     """
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if config.pluginmanager.has_plugin(TIMELINE_PLUGIN_NAME):
+    main = threading.current_thread() is threading.main_thread()
+    if not main or config.pluginmanager.has_plugin(TIMELINE_PLUGIN_NAME):
         return
     ending = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
     for signum in ending:
@@ -292,34 +260,28 @@ def auto_workers(config: pytest.Config) -> int:
     """``-n auto``'s worker count from the lease units and the learned budgets, CPUs at most."""
     from accelplat._registry import current_platform, get_platform
 
-    name = config.getoption("--accelplat-platform")
+    name, store = config.getoption("--accelplat-platform"), store_path(config)
     try:
-        totals = unit_totals(get_platform(name) if name else current_platform())
-        store = store_path(config)
-        learned = load_footprints(store) if store else {}
+        totals = _lease.unit_totals(get_platform(name) if name else current_platform())
+        learned = _footprints.load_footprints(store) if store else {}
     except AccelplatError:
         return 1  # pytest_configure says what is wrong
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    budgets = sorted(_footprints.budget_for(p) for p in learned.values() if p[-1])
     if config.getoption("--accelplat-lease"):
         each = int(config.getoption("accelplat_lease_count"))
-        count, how = len(totals) // each, f"{len(totals)} device(s) / {each} each"
-    elif budgets := [budget_for(p) for p in learned.values() if p[-1]]:
-        typical = int(statistics.median(budgets))
+        count, how = len(totals) // each, f"{each} each"
+    elif budgets:
+        typical = budgets[len(budgets) // 2]
         count = sum(max(1, total // typical) for total in totals)
-        how = f"{len(totals)} device(s), median learned budget {format_bytes(typical)}"
+        how = f"median learned budget {format_bytes(typical)}"
     else:
-        count, how = len(totals), f"{len(totals)} device(s), no learned budgets"
+        count, how = len(totals), "no learned budgets"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     count = max(1, min(count, cpus or 1))
-    config.stash[_AUTO_KEY] = f"-n auto: {count} workers ({how}; {cpus} CPUs)"
+    config.stash[_AUTO_KEY] = (
+        f"-n auto: {count} workers ({len(totals)} device(s), {how}; {cpus} CPUs)"
+    )
     return count
-
-
-def header(config: pytest.Config) -> str:
-    """The header's part for packing: the enforcement, and how ``-n auto`` counted."""
-    enforcement = config.stash.get(_KEY, None)
-    said = [enforcement.describe()] if enforcement is not None else []
-    said += [auto] if (auto := config.stash.get(_AUTO_KEY, "")) else []
-    return f"pack ({'; '.join(said)})" if said else "pack"
 
 
 def configure(config: pytest.Config) -> None:
@@ -328,11 +290,11 @@ def configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             "--accelplat-pack leases per test; --accelplat-lease per process: give one"
         )
-    check_lock_dir("--accelplat-pack")
+    _lease.check_lock_dir("--accelplat-pack")
     store = store_path(config)
     try:
         platform = current(config)
-        footprints = load_footprints(store) if store else {}
+        footprints = _footprints.load_footprints(store) if store else {}
         enforcement = choose(platform, config.getoption("--accelplat-enforce"))
     except AccelplatError as exc:
         raise pytest.UsageError(f"--accelplat-pack: {exc}") from None
@@ -341,12 +303,14 @@ def configure(config: pytest.Config) -> None:
     for name, value in enforcement.environ.items():
         env.setenv(name, value)
     config.add_cleanup(env.undo)
-    config.stash[_KEY] = enforcement
+    said = [enforcement.describe(), config.stash.get(_AUTO_KEY, "")]
+    config.stash[PACK_KEY] = f"pack ({'; '.join(filter(None, said))})"
     _end_with_signals(config)
     worker = hasattr(config, "workerinput")
     if not worker:
-        config.pluginmanager.register(PackSummary(store), SUMMARY_PLUGIN_NAME)
+        config.pluginmanager.register(PackSummary(store), "accelplat-pack-summary")
     if worker or config.getoption("dist", "no") == "no":  # the xdist controller runs no test
         timeout = float(config.getoption("accelplat_lease_timeout"))
-        plugin = PackPlugin(timeout, platform, footprints, enforcement)
-        config.pluginmanager.register(plugin, PLUGIN_NAME)
+        take = functools.partial(lease, timeout_s=timeout, platform=platform)
+        plugin = PackPlugin(take, platform, footprints, enforcement)
+        config.pluginmanager.register(plugin, "accelplat-pack")

@@ -17,6 +17,7 @@ DEFAULT_LEAK_TOLERANCE = "256MiB"  # == _leaks.DEFAULT_LEAK_TOLERANCE_BYTES, a t
 LEAK_PLUGIN_NAME = "accelplat-leak-check"
 TIMELINE_PLUGIN_NAME = "accelplat-timeline-recorder"
 FORCED_KEY = pytest.StashKey[str]()
+PACK_KEY = pytest.StashKey[str]()  # the header's words on packing
 _AFTER_TEARDOWN_KEY = pytest.StashKey[dict[int, int]]()
 
 

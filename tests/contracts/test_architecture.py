@@ -26,8 +26,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("backends", ("_backends",)),
     ("discovery", ("_registry",)),
     ("features", ("_owners", "_memory", "_host", "_sizing", "_leaks", "_requirement",
-                  "_capabilities", "_needs", "_describe", "_leasing", "_scan", "_translate",
-                  "_capture", "timeline", "testing", "integrations")),
+                  "_capabilities", "_needs", "_describe", "_leasing", "_enforce", "_scan",
+                  "_translate", "_capture", "timeline", "testing", "integrations")),
     ("faces", ("", "types", "replay")),
     ("front ends", ("_cli", "pytest_plugin", "__main__")),
 )  # fmt: skip

@@ -169,18 +169,10 @@ def test_isolated_tests_are_recognised_and_left_to_isolate_themselves() -> None:
 @pytest.mark.parametrize(
     ("options", "numbers", "fix"),
     [
-        (["-n", "4"], "4 xdist workers x 1 device(s) each", "Use -n 3"),
-        (
-            ["-n", "2", "--accelplat-lease-count", "2"],
-            "need 4",
-            "-n 1 or --accelplat-lease-count 1",
-        ),
-        (["--tx", "3*popen", "--tx", "popen", "--dist", "load"], "4 xdist workers", "Use -n 3"),
-        (
-            ["-n", "1", "--accelplat-lease-count", "4"],
-            "need 4",
-            "Use --accelplat-lease-count 3",
-        ),
+        (["-n", "4"], "4 xdist workers x 1 device(s) each", "Use -n auto"),
+        (["-n", "2", "--accelplat-lease-count", "2"], "need 4", "Use -n auto"),
+        (["--tx", "3*popen", "--tx", "popen", "--dist", "load"], "4 xdist workers", "Use -n auto"),
+        (["-n", "1", "--accelplat-lease-count", "4"], "need 4", "Use --accelplat-lease-count 3"),
     ],
     ids=["-n 4", "2 x 2", "--tx", "count > visible"],
 )

@@ -362,9 +362,10 @@ def test_the_peak_is_ours_by_the_one_rule() -> None:
         {"used": "1GiB", "pid": 13, "state": "self"},
     ]
     platform = SimulatedPlatform({"devices": [{"total": "80GiB", "holders": holders}]})
-    monitor = PeakMonitor(platform, [0], whole=False).start()
-    assert monitor.stop() == 5 * GIB  # this process and its child, never another process
+    assert (
+        PeakMonitor(platform, [0], whole=False).finish() == 5 * GIB
+    )  # this process and its child, never another process
     silent = SimulatedPlatform({"devices": [{"total": "80GiB", "used": "9GiB"}]})
-    assert PeakMonitor(silent, [0], whole=False).start().stop() is None  # cannot tell: no figure
-    assert PeakMonitor(silent, [0], whole=True).start().stop() == 0  # alone: its growth, none
+    assert PeakMonitor(silent, [0], whole=False).finish() is None  # cannot tell: no figure
+    assert PeakMonitor(silent, [0], whole=True).finish() == 0  # alone: its growth, none
     assert budget_for([0]) == 256 * MIB
