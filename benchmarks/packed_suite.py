@@ -1,22 +1,30 @@
 """Pack a GPU test suite by memory: whole-device leases one test at a time vs memory shares.
 
-A suite of 26 GPU tests of stated shapes (below) runs twice per round: ``sequential``, each test
-leasing whole devices (one test per device at a time, as ``--accelplat-lease`` does), and
-``packed``, each test leasing a share of one device by its budget (``lease(memory=…)``, as
-``--accelplat-pack`` does), with more workers than devices. The scheduler is the same in both:
-workers take the next test, lease for it (waiting in the lease queue), run it, let go.
+A suite of 26 GPU tests of stated shapes (below) runs in up to four modes per round:
+``sequential``, each test leasing whole devices (one test per device at a time, as
+``--accelplat-lease`` does, and as a packed run does with nothing learned yet, measuring each
+test's peak); ``packed``, each test leasing a share of one device by its declared budget
+(``lease(memory=…)``, as ``--accelplat-pack`` does), with more workers than devices; ``learned``,
+packed by the budgets learned from the sequential run's peaks (the footprint store's margin); and
+``enforced``, packed with each share held to its budget (NVIDIA MPS per-client limits with
+``--real``; on the simulated platform, a process refused memory beyond its test's budget). The
+scheduler is the same in all: workers take the next test, lease for it (waiting in the lease
+queue), run it, let go.
 
     python benchmarks/packed_suite.py --simulated [--runs 10] [--json out.json]
-    python benchmarks/packed_suite.py --real [--runs 10] [--workers 8] [--json out.json]
+    python benchmarks/packed_suite.py --real [--runs 1] [--suite half] [--modes M,...] [--json F]
 
 ``--simulated`` needs no GPU and no torch: the simulated platform on a virtual clock, each test a
 process holding its memory (two processes for tests with a child) while its GPU work shares the
 device with the other tests computing there (processor sharing: k computing tests each run at
-1/k speed). ``--real`` runs each test as a torch process on this host's GPUs: it allocates its
-memory, holds it, does a fixed number of bf16 matmuls (calibrated on an idle GPU to last
-``busy_s`` alone, so a shared GPU stretches it), and sleeps its host time. Both print, per mode,
-the wall-clock time of each run, the out-of-memory count and the over-budget count, and the ratio
-sequential / packed.
+1/k speed). It also runs the suite with one test that declares 10 GiB less than it uses, its
+tests allocating half their memory when they start and half when their GPU work starts, with
+budgets promised and with budgets enforced: the figures are out-of-memory errors, neighbours
+harmed, and whether that test failed alone. ``--real`` runs each test as a torch process on this
+host's GPUs: it allocates its memory, holds it, does a fixed number of bf16 matmuls (calibrated
+on an idle GPU to last ``busy_s`` alone, so a shared GPU stretches it), and sleeps its host time.
+Each mode prints the wall-clock time of each run, the out-of-memory and over-budget counts, and
+the ratio sequential / mode.
 """
 
 from __future__ import annotations
@@ -30,8 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from accelplat import GIB, lease
 from accelplat._backends.simulated import SimulatedClock, SimulatedHolder, SimulatedPlatform
+from accelplat._enforce import Enforcement, choose
 from accelplat._leasing import Lease
+from accelplat.errors import ConfigurationError
+from accelplat.pytest_plugin._footprints import budget_for
 
 CONTEXT_GIB = 0.5  # a CUDA context and cuBLAS workspace, per process (torch 2.x on an H200)
 STEP_S = 0.05  # the simulation's time step: the lease poll interval at its largest
@@ -165,42 +176,63 @@ class RunResult:
 
 
 class SimulatedExecutor:
-    """Tests as simulated processes: memory as driver-reported holders, GPU work shared."""
+    """Tests as simulated processes: memory as driver-reported holders, GPU work shared.
 
-    def __init__(self, platform: SimulatedPlatform, clock: SimulatedClock) -> None:
+    ``staged``: each process takes half its tensors when it starts and the rest when its GPU
+    work starts (an engine loading weights, then allocating its cache), so a test that uses more
+    than it declared can fill the device after its neighbours were admitted. ``enforce``: a
+    process is refused memory beyond its test's budget, as MPS refuses a client past its limit.
+    """
+
+    def __init__(
+        self,
+        platform: SimulatedPlatform,
+        clock: SimulatedClock,
+        *,
+        staged: bool = False,
+        enforce: bool = False,
+    ) -> None:
         self.platform, self.clock = platform, clock
+        self.staged, self.enforce = staged, enforce
         self._running: dict[int, dict[str, Any]] = {}
         self._pid = 1000
         self._held_area = 0.0
         self._busy_area = 0.0
         self._elapsed = 0.0
 
-    def start(self, shape: Shape, held: Lease) -> int:
-        device = held.devices[0].index
-        pids = []
-        per = shape.alloc_gib / shape.processes + CONTEXT_GIB
-        oom = False
-        for _ in range(shape.processes):
-            self._pid += 1
-            holder = SimulatedHolder(
-                used=int(per * GIB), start=self.platform.elapsed(), pid=self._pid
-            )
+    def _take(self, run: dict[str, Any], fraction: float) -> bool:
+        """Give each process of ``run`` ``fraction`` of its tensors more; False: out of memory."""
+        shape = run["shape"]
+        for pid in run["pids"]:
+            more = shape.alloc_gib / shape.processes * fraction
+            held = run["held"].get(pid, CONTEXT_GIB) + more
+            mine = sum(run["held"].values()) - run["held"].get(pid, 0.0) + held
+            if self.enforce and run["budget"] is not None and mine * GIB > run["budget"]:
+                return False  # past the budget: this test's allocation fails, nobody else's
+            holder = SimulatedHolder(used=int(held * GIB), start=self.platform.elapsed(), pid=pid)
             try:
-                self.platform.set_holder(device, holder)
+                self.platform.set_holder(run["device"], holder)
             except ValueError:  # the device's memory would exceed its total: out of memory
-                oom = True
-                break
-            pids.append(self._pid)
-        token = self._pid
-        self._running[token] = {
+                return False
+            run["held"][pid] = held
+        return True
+
+    def start(self, shape: Shape, held: Lease) -> int:
+        pids = list(range(self._pid + 1, self._pid + 1 + shape.processes))
+        self._pid += shape.processes
+        run: dict[str, Any] = {
             "shape": shape,
-            "device": device,
+            "device": held.devices[0].index,
+            "budget": held.memory_bytes,
             "pids": pids,
+            "held": {},
             "phase": 0,  # host (first half), GPU work, host (second half)
-            "left": 0.0 if oom else shape.host_s / 2,
-            "oom": oom,
+            "left": shape.host_s / 2,
+            "oom": False,
         }
-        return token
+        run["oom"] = not self._take(run, 0.5 if self.staged else 1.0)
+        self._running[pids[-1]] = run
+        return pids[-1]
 
     def _computing(self) -> collections.Counter[int]:
         return collections.Counter(r["device"] for r in self._running.values() if r["phase"] == 1)
@@ -215,13 +247,15 @@ class SimulatedExecutor:
         for run in self._running.values():
             rate = 1.0 / computing[run["device"]] if run["phase"] == 1 else 1.0
             budget = seconds
-            while budget > 1e-12 and run["phase"] < 3:
+            while budget > 1e-12 and run["phase"] < 3 and not run["oom"]:
                 spend = min(budget, run["left"] / rate) if rate else budget
                 run["left"] -= spend * rate
                 budget -= spend
                 if run["left"] <= 1e-9:
                     run["phase"] += 1
                     shape = run["shape"]
+                    if run["phase"] == 1 and self.staged:
+                        run["oom"] = not self._take(run, 0.5)
                     run["left"] = (
                         (shape.busy_s, shape.host_s / 2, 0.0)[run["phase"] - 1]
                         if run["phase"] < 3
@@ -236,14 +270,11 @@ class SimulatedExecutor:
             return None
         del self._running[token]
         now = self.platform.elapsed()
-        shape = run["shape"]
-        for pid in run["pids"]:  # the processes exit; their memory comes back EXIT_S later
-            per = int((shape.alloc_gib / shape.processes + CONTEXT_GIB) * GIB)
-            self.platform.set_holder(
-                run["device"], SimulatedHolder(used=per, start=now, end=now + EXIT_S, pid=pid)
-            )
-        peak = int(shape.peak_gib * GIB) if not run["oom"] else None
-        return run["oom"], peak, True
+        for pid, held in run["held"].items():  # the processes exit; memory back EXIT_S later
+            holder = SimulatedHolder(used=int(held * GIB), start=now, end=now + EXIT_S, pid=pid)
+            self.platform.set_holder(run["device"], holder)
+        peak = int(run["shape"].peak_gib * GIB) if not run["oom"] else None
+        return run["oom"], peak, not run["oom"]
 
     def utilisation(self) -> tuple[float, float]:
         if not self._elapsed:
@@ -256,7 +287,7 @@ import json, os, subprocess, sys, time
 shape, role = json.loads(sys.argv[1]), sys.argv[2]
 import torch
 fraction = os.environ.get("ACCELPLAT_LEASE_MEMORY_FRACTION")
-if fraction:  # the opt-in: this process may not take more than its share
+if fraction and os.environ.get("PACKED_SUITE_OPT_IN") == "1":  # promised budgets: the opt-in
     torch.cuda.set_per_process_memory_fraction(float(fraction))
 share = shape["alloc_gib"] / (2 if shape["child"] else 1)
 child = None
@@ -264,7 +295,9 @@ try:
     block = torch.empty(int(share * 2**30), dtype=torch.uint8, device="cuda")
     block.fill_(1)
     torch.cuda.synchronize()
-except torch.OutOfMemoryError:
+except RuntimeError as exc:  # torch's OutOfMemoryError, or a CUDA error past an MPS limit
+    if "out of memory" not in str(exc).lower():
+        raise
     print(json.dumps({"oom": True}), flush=True)
     sys.exit(3)
 if role == "child":
@@ -300,8 +333,9 @@ print(json.dumps({"oom": False, "peak": peak}), flush=True)
 class RealExecutor:
     """Tests as torch processes on this host's GPUs (``--real``)."""
 
-    def __init__(self, iterations_per_s: float) -> None:
+    def __init__(self, iterations_per_s: float, enforcement: Enforcement | None = None) -> None:
         self.rate = iterations_per_s
+        self.enforcement = enforcement  # None: promised budgets, each test applying its fraction
         self._running: dict[int, subprocess.Popen[str]] = {}
         self._busy_area = 0.0
 
@@ -309,6 +343,10 @@ class RealExecutor:
         doc = {**asdict(shape), "iterations": max(0, round(shape.busy_s * self.rate))}
         body = REAL_BODY.replace("__BODY__", repr(REAL_BODY))
         env = held.child_environ()
+        if self.enforcement is None:
+            env["PACKED_SUITE_OPT_IN"] = "1"
+        else:
+            env.update({**self.enforcement.environ, **self.enforcement.limits(held.environ)})
         root = str(Path(__file__).resolve().parents[1])  # the test imports accelplat for its peak
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen(
@@ -377,11 +415,17 @@ def run_suite(
     lock_dir: Path,
     step_s: float = STEP_S,
     timeout_s: float = 3600.0,
+    budgets: Mapping[str, int | None] | None = None,
+    mode: str = "",
 ) -> RunResult:
-    """Run ``suite`` with ``workers`` workers; leases whole devices, or shares when ``packed``."""
+    """Run ``suite`` with ``workers`` workers; leases whole devices, or shares when ``packed``.
+
+    A packed test's budget is its declared one, or its entry in ``budgets`` when given (learned
+    budgets; ``None``: nothing learned, a whole device).
+    """
     pending = collections.deque(suite)
     pool = [_Worker() for _ in range(workers)]
-    result = RunResult("packed" if packed else "sequential", 0.0)
+    result = RunResult(mode or ("packed" if packed else "sequential"), 0.0)
     t0 = clock.monotonic()
     while pending or any(w.shape is not None for w in pool):
         now = clock.monotonic() - t0
@@ -391,6 +435,8 @@ def run_suite(
             if w.shape is None and pending:
                 w.shape, w.queued = pending.popleft(), now
                 memory = int(w.shape.budget_gib * GIB) if packed else None
+                if packed and budgets is not None:
+                    memory = budgets.get(w.shape.name)
                 w.held = lease(
                     memory=memory,
                     platform=platform,
@@ -441,13 +487,16 @@ def simulated_round(
     workers: int,
     devices: int = 1,
     total_gib: float = 140.0,
+    budgets: Mapping[str, int | None] | None = None,
+    staged: bool = False,
+    enforce: bool = False,
 ) -> RunResult:
     """One run on a fresh simulated host of ``devices`` H200-sized devices, on a virtual clock."""
     clock = SimulatedClock()
     spec = {"devices": [{"total": f"{total_gib}GiB", "count": devices}], "name": "simulated"}
     platform = SimulatedPlatform(spec, clock=clock)
     with tempfile.TemporaryDirectory() as tmp:
-        executor = SimulatedExecutor(platform, clock)
+        executor = SimulatedExecutor(platform, clock, staged=staged, enforce=enforce)
         return run_suite(
             suite,
             packed=packed,
@@ -456,7 +505,16 @@ def simulated_round(
             clock=clock,
             executor=executor,
             lock_dir=Path(tmp),
+            budgets=budgets,
         )
+
+
+def learned_budgets(result: RunResult) -> dict[str, int | None]:
+    """The budgets a footprint store gives after ``result`` (its peaks, the store's margin)."""
+    return {
+        o.name: None if o.peak_bytes is None else budget_for([o.peak_bytes])
+        for o in result.outcomes
+    }
 
 
 def _rotate(suite: Sequence[Shape], k: int) -> list[Shape]:
@@ -464,9 +522,14 @@ def _rotate(suite: Sequence[Shape], k: int) -> list[Shape]:
     return [*suite[k:], *suite[:k]]  # each run takes the tests in another order, as xdist may
 
 
+MISDECLARED = "engine_medium_a"  # in the enforcement scenario it declares 10 GiB less than it uses
+
+
 def summarise(runs: dict[str, list[RunResult]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode, results in runs.items():
+        if not results:
+            continue
         walls = [r.wall_s for r in results]
         out[mode] = {
             "runs": len(results),
@@ -478,10 +541,31 @@ def summarise(runs: dict[str, list[RunResult]]) -> dict[str, Any]:
             "compute_utilisation": statistics.mean(r.compute_utilisation for r in results),
             "wait_s_max": max(o.waited for r in results for o in r.outcomes),
             "order_first_run": results[0].order,
+            # the misdeclared test's run: the others that ran out of memory, and whether it did
+            "neighbours_harmed": sum(
+                o.oom for r in results for o in r.outcomes if o.name != MISDECLARED
+            ),
+            "misdeclared_failed": sum(
+                o.oom for r in results for o in r.outcomes if o.name == MISDECLARED
+            ),
         }
-    if {"sequential", "packed"} <= set(out):
-        out["ratio"] = out["sequential"]["wall_s_median"] / out["packed"]["wall_s_median"]
+    for mode in ("packed", "learned", "enforced"):
+        if "sequential" in out and mode in out:
+            ratio = out["sequential"]["wall_s_median"] / out[mode]["wall_s_median"]
+            out["ratio" if mode == "packed" else f"ratio_{mode}"] = ratio
     return out
+
+
+def _line(label: str, doc: dict[str, Any]) -> str:
+    return (
+        f"{label} {doc['wall_s_median']:.1f} s (median of {doc['runs']}), out-of-memory "
+        f"{doc['ooms']}, over budget {doc['over_budget']}, memory in use "
+        f"{doc['memory_utilisation']:.0%}, GPU computing {doc['compute_utilisation']:.0%}, "
+        f"longest wait for a lease {doc['wait_s_max']:.1f} s"
+    )
+
+
+MODES = ("sequential", "packed", "learned", "enforced")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -492,6 +576,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--workers", type=int, default=8, help="workers when packed (default 8)")
     parser.add_argument("--devices", type=int, default=1, help="simulated devices (default 1)")
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}"
+    )
+    parser.add_argument(
+        "--suite", choices=("full", "half"), default="full", help="half: every other test"
+    )
     parser.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     parser.add_argument("--shapes", action="store_true", help="print the suite's shapes and exit")
     args = parser.parse_args(argv)
@@ -506,7 +596,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 + " |"
             )
         return 0
-    runs: dict[str, list[RunResult]] = {"sequential": [], "packed": []}
+    modes = [m for m in MODES if m in args.modes.split(",")]
+    if "learned" in modes and "sequential" not in modes:
+        modes.insert(0, "sequential")  # the first run, nothing learned: whole devices, measured
+    suite = SUITE if args.suite == "full" else SUITE[::2]
+    runs: dict[str, list[RunResult]] = {m: [] for m in modes}
+    scenario: dict[str, list[RunResult]] = {"promised": [], "enforced": []}
+    enforcement: Enforcement | None = None
     if args.real:
         from accelplat import current_platform
         from accelplat._util import RealClock
@@ -515,42 +611,94 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate = calibrate()
         print(f"calibrated: {rate:.1f} matmuls/s on an idle GPU", flush=True)
         devices = platform.device_count()
-    for k in range(args.runs):
-        for mode in ("sequential", "packed"):
-            suite = _rotate(SUITE, k)
-            packed = mode == "packed"
-            if args.real:
-                with tempfile.TemporaryDirectory() as tmp:
-                    result = run_suite(
-                        suite,
-                        packed=packed,
-                        workers=args.workers if packed else devices,
-                        platform=platform,
-                        clock=clock,
-                        executor=RealExecutor(rate),
-                        lock_dir=Path(tmp),
-                    )
+        if "enforced" in modes:
+            try:
+                enforcement = choose(platform, "mps")
+            except ConfigurationError as exc:
+                print(f"enforced mode left out: {exc}", flush=True)
+                modes.remove("enforced")
             else:
-                result = simulated_round(
-                    suite, packed=packed, workers=args.workers, devices=args.devices
+                print(f"enforced: {enforcement.describe()}", flush=True)
+    try:
+        for k in range(args.runs):
+            learned: dict[str, int | None] | None = None
+            for mode in modes:
+                order = _rotate(suite, k)
+                packed = mode != "sequential"
+                budgets = learned if mode == "learned" else None
+                if args.real:
+                    with tempfile.TemporaryDirectory() as tmp:
+                        executor = RealExecutor(rate, enforcement if mode == "enforced" else None)
+                        result = run_suite(
+                            order,
+                            packed=packed,
+                            workers=args.workers if packed else devices,
+                            platform=platform,
+                            clock=clock,
+                            executor=executor,
+                            lock_dir=Path(tmp),
+                            budgets=budgets,
+                            mode=mode,
+                        )
+                else:
+                    result = simulated_round(
+                        order,
+                        packed=packed,
+                        workers=args.workers,
+                        devices=args.devices,
+                        budgets=budgets,
+                        enforce=mode == "enforced",
+                    )
+                    result.mode = mode
+                if mode == "sequential":
+                    learned = learned_budgets(result)
+                runs[mode].append(result)
+                print(
+                    f"run {k + 1} {mode:10s} {result.wall_s:7.2f} s  ooms {result.ooms}  "
+                    f"over budget {len(result.over_budget)}",
+                    flush=True,
                 )
-            runs[mode].append(result)
-            print(
-                f"run {k + 1} {mode:10s} {result.wall_s:7.2f} s  ooms {result.ooms}  "
-                f"over budget {len(result.over_budget)}",
-                flush=True,
-            )
+            if not args.real:  # one test declares 10 GiB less than it uses: promised, enforced
+                lying = [replace(s, under_gib=10.0) if s.name == MISDECLARED else s for s in SUITE]
+                for name, enforce in (("promised", False), ("enforced", True)):
+                    done = simulated_round(
+                        _rotate(lying, k),
+                        packed=True,
+                        workers=args.workers,
+                        devices=args.devices,
+                        staged=True,
+                        enforce=enforce,
+                    )
+                    scenario[name].append(done)
+    finally:
+        if enforcement is not None:
+            enforcement.close()
     summary = summarise(runs)
     label = "REAL" if args.real else "SIMULATED (virtual clock)"
-    seq, pack = summary["sequential"], summary["packed"]
-    print(
-        f"{label}: sequential {seq['wall_s_median']:.1f} s, packed {pack['wall_s_median']:.1f} s "
-        f"(medians of {args.runs}); ratio {summary['ratio']:.2f}x; out-of-memory "
-        f"{seq['ooms'] + pack['ooms']}; over budget {seq['over_budget'] + pack['over_budget']}; "
-        f"memory in use {seq['memory_utilisation']:.0%} -> {pack['memory_utilisation']:.0%}; "
-        f"GPU computing {seq['compute_utilisation']:.0%} -> {pack['compute_utilisation']:.0%}; "
-        f"longest wait for a lease {pack['wait_s_max']:.1f} s"
-    )
+    print(f"{label}, {len(suite)} tests, {args.runs} run(s) per mode:")
+    for mode in modes:
+        ratio = (
+            ""
+            if mode == "sequential"
+            else (f"  ({summary['ratio' if mode == 'packed' else f'ratio_{mode}']:.2f}x shorter)")
+        )
+        print(f"  {_line(mode, summary[mode])}{ratio}")
+    if "sequential" in summary and "packed" in summary:
+        seq, pack = summary["sequential"], summary["packed"]
+        print(
+            f"{label}: sequential {seq['wall_s_median']:.1f} s, packed "
+            f"{pack['wall_s_median']:.1f} s; ratio {summary['ratio']:.2f}x; out-of-memory "
+            f"{seq['ooms'] + pack['ooms']}; over budget {seq['over_budget'] + pack['over_budget']}"
+        )
+    if scenario["promised"]:
+        misdeclared = summarise(scenario)
+        summary["misdeclared"] = misdeclared
+        for name, doc in misdeclared.items():
+            print(
+                f"  {MISDECLARED} declares 10 GiB too little, budgets {name}: out-of-memory "
+                f"{doc['ooms']}, neighbours harmed {doc['neighbours_harmed']}, it failed in "
+                f"{doc['misdeclared_failed']} of {doc['runs']} run(s)"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({"kind": label, **summary}, indent=1) + "\n")
     return 0

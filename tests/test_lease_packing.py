@@ -127,7 +127,7 @@ def test_the_virtual_clock_never_sleeps_inside_a_lease(monkeypatch: pytest.Monke
 
 def test_the_command_prints_the_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "figures.json"
-    assert bench.main(["--simulated", "--runs", "10", "--json", str(out)]) == 0
+    assert bench.main(["--simulated", "--runs", "3", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "SIMULATED (virtual clock)" in printed
     assert "out-of-memory 0; over budget 0" in printed
@@ -135,8 +135,16 @@ def test_the_command_prints_the_figures(tmp_path: Path, capsys: pytest.CaptureFi
 
     doc = json.loads(out.read_text())
     assert doc["ratio"] >= 3.0  # the target, on the simulated platform
-    assert doc["packed"]["runs"] == 10
-    assert doc["packed"]["ooms"] == doc["packed"]["over_budget"] == 0
+    assert doc["packed"]["runs"] == 3
+    for mode in ("sequential", "packed", "learned", "enforced"):
+        assert doc[mode]["ooms"] == doc[mode]["over_budget"] == 0
+    # learned from the first run (whole devices, measured): at least as fast as declared budgets
+    assert doc["learned"]["wall_s_median"] <= doc["packed"]["wall_s_median"]
+    # a test over its budget, enforced: it fails alone, every run; its neighbours are untouched
+    enforced = doc["misdeclared"]["enforced"]
+    assert enforced["neighbours_harmed"] == 0
+    assert enforced["misdeclared_failed"] == enforced["ooms"] == 3
+    assert "budgets enforced: out-of-memory 3, neighbours harmed 0, it failed in 3" in printed
 
 
 def test_the_real_test_body_compiles_and_names_its_opt_in() -> None:
@@ -144,3 +152,21 @@ def test_the_real_test_body_compiles_and_names_its_opt_in() -> None:
     compile(body, "packed_suite test body", "exec")
     assert "set_per_process_memory_fraction" in body
     assert "ACCELPLAT_LEASE_MEMORY_FRACTION" in body
+
+
+def test_the_pytest_benchmark_writes_a_suite_that_compiles(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "pack_pytest", ROOT / "benchmarks" / "pack_pytest.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.shapes(6, 6.0, 1.5, 2.5)
+    assert sorted({g for g, _, _ in rows}) == [3.0, 6.0, 9.0]
+    marked = module.write_suite(tmp_path / "m", rows, 10.0, simulated=False, marked=True)
+    text = marked.read_text()
+    compile(text, str(marked), "exec")
+    assert 'accelplat_requires(device_memory="11GiB")' in text
+    unmarked = module.write_suite(tmp_path / "u", rows, 10.0, simulated=True, marked=False)
+    assert "accelplat_requires" not in unmarked.read_text()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import math
 import os
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -27,7 +26,7 @@ FOOTPRINTS_VERSION = 1
 MAX_FOOTPRINTS_BYTES = 16 * MIB
 MAX_PEAK_BYTES = 2**50  # 1 PiB
 KEPT = 5  # figures kept per test: the budget's margin is their spread
-MARGIN_BYTES = 256 * MIB  # what varies between runs: allocator rounding, a newer driver's context
+MARGIN_BYTES = GIB  # the least margin: allocator rounding, a newer driver's context
 LOCK_TIMEOUT_S = 10.0
 
 Footprints = dict[str, tuple[int, ...]]  # node id -> peaks, newest last
@@ -37,12 +36,10 @@ _FIELDS = JsonFields("footprints", max_items=KEPT, max_text=4096)  # the bytes b
 def budget_for(peaks: Sequence[int]) -> int:
     """The budget of a test measured at ``peaks`` (newest last): the newest figure and a margin.
 
-    The margin is the figures' spread, at least an eighth of the newest (a quarter while there
-    is one figure), plus 256 MiB: ``budget_for([8 GiB]) == 10 GiB + 256 MiB``.
+    The margin is the figures' spread, at least 1 GiB: ``budget_for([8 GiB]) == 9 GiB``,
+    ``budget_for([12 GiB, 8 GiB]) == 12 GiB``.
     """
-    newest = peaks[-1]
-    spread = max(peaks) - min(peaks) if len(peaks) > 1 else math.ceil(newest / 4)
-    return newest + max(spread, newest // 8) + MARGIN_BYTES
+    return peaks[-1] + max(max(peaks) - min(peaks), MARGIN_BYTES)
 
 
 def is_stale(peak: int, budget: int) -> bool:
