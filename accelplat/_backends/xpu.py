@@ -301,6 +301,8 @@ class XpuPlatform(BasePlatform):
         self._lock = threading.RLock()
         self._sysman_cards = None
         self._torch_totals = {}
+        if self._sysman is not None:
+            self._sysman.after_fork()
 
     def _sysfs(self) -> Path:
         return self._sysfs_arg or Path(os.environ.get(ENV_SYSFS_ROOT) or "/sys")
@@ -360,7 +362,6 @@ class XpuPlatform(BasePlatform):
                         kernel_driver=drivers.get(d.pci_bus_id, ""),
                     )
                     for d in found
-                    if d.is_intel_gpu
                 ]
             return _order(self._sysman_cards)  # the order variable is read on every query
 
