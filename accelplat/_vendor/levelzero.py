@@ -16,8 +16,6 @@ from typing import Any, TypeVar
 from accelplat import _boundary
 from accelplat.errors import LevelZeroError
 
-LOADER_NAME = "libze_loader.so.1"
-
 ZE_RESULT_SUCCESS = 0
 ZE_RESULT_ERROR_INVALID_SIZE = 0x78000008
 ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES = 0x1
@@ -223,7 +221,7 @@ class ProcessUsage:
     mem_bytes: int
 
 
-def load_loader(name: str = LOADER_NAME) -> Any:
+def load_loader(name: str) -> Any:
     """Load the Level Zero loader (a name or path) through the vendor boundary; else ``OSError``."""
 
     def live() -> _boundary.Loaded:
