@@ -7,7 +7,6 @@ was expected and what came back. ``docs/writing-a-backend.md`` explains each che
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,7 +25,7 @@ from accelplat._types import (
     ReleaseProfile,
 )
 from accelplat.errors import ConfigurationError, DeviceNotFoundError, PlatformNotAvailableError
-from accelplat.testing._child import describe, frameworks_in, query
+from accelplat.testing._child import describe, frameworks_in, held_here, query
 from accelplat.testing._kit import (
     STABILITY_TOLERANCE,
     SUM_TOLERANCE,
@@ -97,10 +96,7 @@ class ConformanceReport:
         Raises:
             KeyError: If that check was not run.
         """
-        for r in self.results:
-            if r.name == name:
-                return r
-        raise KeyError(name)
+        return {r.name: r for r in self.results}[name]
 
     def summary(self) -> str:
         """Return one line per check, e.g. ``"FAIL memory_values: device 0: used > total"``."""
@@ -442,12 +438,7 @@ def _check_no_device_context(kit: Kit) -> str:
         libraries = run.answer.get("libraries")
         loaded = f"; mapped {libraries} without holding memory" if libraries else ""
         return f"fresh process ({run.label}): not a memory holder{loaded}"
-    me, held = os.getpid(), []
-    for d in range(kit.count()):
-        holders = kit.platform.memory_holders(d) or ()
-        if any(h.pid == me or h.state == HolderState.SELF for h in holders):
-            held.append(d)
-    if held:
+    if held := held_here(kit.platform):
         raise CheckFailedError(
             f"{kit.inprocess_note()}: this process holds memory on device(s) {held} (if an "
             "earlier test created that context, isolate the kit)"

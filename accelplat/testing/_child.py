@@ -59,19 +59,24 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def query(platform: Any) -> list[int]:
-    """Ask ``platform`` every query the kit watches; return the devices listing this process."""
+def held_here(platform: Any) -> list[int]:
+    """Return the devices whose ``memory_holders`` list this process."""
     from accelplat._types import HolderState
 
-    me, held = os.getpid(), []
+    def ours(device: int) -> bool:
+        holders = platform.memory_holders(device) or ()
+        return any(h.pid == os.getpid() or h.state == HolderState.SELF for h in holders)
+
+    return [device for device in range(platform.device_count()) if ours(device)]
+
+
+def query(platform: Any) -> list[int]:
+    """Ask ``platform`` every query the kit watches; return the devices listing this process."""
     for device in range(platform.device_count()):
         platform.memory_info(device)
-        holders = platform.memory_holders(device) or ()
-        if any(h.pid == me or h.state == HolderState.SELF for h in holders):
-            held.append(device)
     for attr in ("release", "graph", "default_memory_utilization", "preferred_start_method"):
         getattr(platform, attr)
-    return held
+    return held_here(platform)
 
 
 def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], None]) -> None:
