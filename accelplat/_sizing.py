@@ -163,9 +163,8 @@ def max_model_len_that_fits(
     Raises:
         ConfigurationError: For a bad argument, naming it.
     """
-    available = _count(available_bytes, "available_bytes", minimum=0)
     shape = KVCacheShape(num_layers, num_kv_heads, head_size, dtype_bytes, block_size, head_size_v)
-    return shape.longest_that_fits(available)
+    return shape.longest_that_fits(available_bytes)
 
 
 def check_kv_cache_fits(
