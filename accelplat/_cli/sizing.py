@@ -12,7 +12,7 @@ from typing import Any
 
 from accelplat._cli._args import Size, add_common, command, path, words
 from accelplat._cli._errors import dumps
-from accelplat._host import DEFAULT_SHM_PATH, shm_info, shortage_error
+from accelplat._shm import DEFAULT_SHM_PATH, shm_info, shortage_error
 from accelplat._sizing import (
     DTYPE_NAMES,
     check_kv_cache_fits,
