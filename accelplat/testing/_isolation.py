@@ -167,9 +167,9 @@ def _pytest_outcome(exc: BaseException) -> tuple[str, str, bool, int] | None:
     return None
 
 
-def _report(result_path: str, **fields: Any) -> None:
-    with open(result_path, "wb") as f:
-        pickle.dump(fields, f)  # ChildResult's fields, the exception as a pickle of its own
+def _report(result_path: str, status: Status, text: str = "", **fields: Any) -> None:
+    with open(result_path, "wb") as f:  # ChildResult's fields; an exception, pickled on its own
+        pickle.dump({"status": status, "traceback": text, **fields}, f)
 
 
 def _child_main(
@@ -192,11 +192,8 @@ def _child_main(
         func(*args, **kwargs)
     except BaseException as exc:
         text = traceback.format_exc()
-        outcome = _pytest_outcome(exc)
-        if outcome is not None:
-            _report(
-                result_path, status="outcome", message=outcome[1], traceback=text, outcome=outcome
-            )
+        if (outcome := _pytest_outcome(exc)) is not None:
+            _report(result_path, "outcome", text, message=outcome[1], outcome=outcome)
             return
         blob: bytes | None
         try:
@@ -204,18 +201,11 @@ def _child_main(
             pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt
         except Exception:
             blob = None
-        name = type(exc).__qualname__
-        _report(
-            result_path,
-            status="error",
-            exception_type=name,
-            message=str(exc),
-            traceback=text,
-            blob=blob,
-        )
+        name, message = type(exc).__qualname__, str(exc)
+        _report(result_path, "error", text, exception_type=name, message=message, blob=blob)
         sys.exit(1)
     else:
-        _report(result_path, status="ok")
+        _report(result_path, "ok")
 
 
 def run_child(
