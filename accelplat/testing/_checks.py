@@ -603,14 +603,11 @@ def run_conformance(
     options = dict(locals())  # every keyword option, by name, for the Kit
     del options["platform"], options["checks"]
     options["env"] = {} if env is None else env
-    registered: str | None = None
-    if isinstance(platform, str):
+    registered = platform if isinstance(platform, str) else None
+    if registered is not None:
         from accelplat._registry import get_platform
 
-        registered = platform
-        instance: Any = get_platform(platform)
-    else:
-        instance = platform
+        platform = get_platform(registered)
     if checks is not None and (
         isinstance(checks, (str, bytes)) or not isinstance(checks, Iterable)
     ):
@@ -622,7 +619,7 @@ def run_conformance(
             f"checks: unknown conformance check(s) {unknown!r:.200}; valid: "
             f"{', '.join(CHECK_NAMES)}"
         )
-    kit = Kit(instance, registered_name=registered, **options)
+    kit = Kit(platform, registered_name=registered, **options)
     results = []
     for name in names:
         try:
@@ -641,9 +638,9 @@ def run_conformance(
         ):
             result = CheckResult(name, "fail", f"isolation='subprocess': {kit.baseline_note}")
         results.append(result)
-    label = getattr(instance, "name", None)
+    label = getattr(platform, "name", None)
     return ConformanceReport(
-        platform=label if isinstance(label, str) else repr(instance), results=tuple(results)
+        platform=label if isinstance(label, str) else repr(platform), results=tuple(results)
     )
 
 
