@@ -302,13 +302,9 @@ class CpuPlatform(BasePlatform):
             return MemoryInfo(mem_available, mem_total, host_used, 0, source)
         total = min(mem_total, cgroup.limit)
         free = min(mem_available, cgroup.headroom, total)
+        where = f"{where} within the {cgroup.version} limit"
         return checked_memory(
-            "cpu",
-            f"{where} within the {cgroup.version} limit",
-            free=free,
-            total=total,
-            used=total - free,
-            source=cgroup.version,
+            "cpu", where, free=free, total=total, used=total - free, source=cgroup.version
         )
 
     def _node_memory(self, roots: _Roots, node: int, cgroup: _CgroupLimit | None) -> MemoryInfo:
