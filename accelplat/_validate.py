@@ -145,11 +145,6 @@ def ratio(value: object, argument: str) -> float:
     return number(value, argument, minimum=0, maximum=1)
 
 
-def byte_int(value: object, argument: str, *, positive: bool = False) -> int:
-    """Return an exact ``int`` number of bytes, ``>= 0`` (or ``> 0``); floats are refused."""
-    return integer(value, argument, minimum=1 if positive else 0)
-
-
 def device_index(value: object, count: int, platform: str) -> int:
     """Return ``value`` (any integer type but ``bool``) as an index in ``range(count)``."""
     if not isinstance(value, bool):
