@@ -6,6 +6,7 @@ memory is bounded by the smallest cgroup limit (v2 or v1) on this process's path
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -106,6 +107,12 @@ class _Roots(NamedTuple):
     cgroup: str
 
 
+@functools.lru_cache(maxsize=16)
+def _normed_roots(proc: str, sysfs: str, cgroup: str) -> _Roots:
+    norm = os.path.normpath  # once per set of roots: memory is read many times a second
+    return _Roots(norm(proc), norm(sysfs), norm(cgroup or _join(sysfs, "fs", "cgroup")))
+
+
 def utilization_with_margin(free: int, total: int) -> float:
     """Return the memory utilization an engine can ask for now and still start.
 
@@ -176,13 +183,10 @@ class CpuPlatform(BasePlatform):
         return ProbeResult(True, "host memory is always available (cgroup- and NUMA-aware)")
 
     def _roots(self) -> _Roots:
-        proc = self._proc_root or os.environ.get(ENV_PROC_ROOT) or "/proc"
-        sysfs = self._sysfs_root or os.environ.get(ENV_SYSFS_ROOT) or "/sys"
-        cgroup = (
-            self._cgroup_root or os.environ.get(ENV_CGROUP_ROOT) or _join(sysfs, "fs", "cgroup")
-        )
-        norm = os.path.normpath
-        return _Roots(norm(proc), norm(sysfs), norm(cgroup))
+        proc = os.fspath(self._proc_root or os.environ.get(ENV_PROC_ROOT) or "/proc")
+        sysfs = os.fspath(self._sysfs_root or os.environ.get(ENV_SYSFS_ROOT) or "/sys")
+        cgroup = os.fspath(self._cgroup_root or os.environ.get(ENV_CGROUP_ROOT) or "")
+        return _normed_roots(proc, sysfs, cgroup)
 
     def _structure(self, what: str, roots: _Roots, scan: Callable[[_Roots], _T]) -> _T:
         """Return ``scan(roots)``, reused for ``STRUCTURE_TTL_S`` while the roots stay the same."""
