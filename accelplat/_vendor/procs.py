@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from accelplat import _boundary
 from accelplat._types import HolderState, MemoryHolder
+from accelplat._util import clip
 from accelplat.errors import BackendError
 
 if TYPE_CHECKING:
@@ -171,8 +172,8 @@ def make_holder(pid: int, used_bytes: int | None) -> MemoryHolder:
     return MemoryHolder(pid=pid, used_bytes=used_bytes, state=state, name=name)
 
 
-def process_details(pid: int, *, width: int = 200) -> tuple[str, str]:
-    """Return ``(user, command line)`` of ``pid`` (``""`` when unreadable), cut to ``width``."""
+def process_details(pid: int) -> tuple[str, str]:
+    """Return ``(user, command line)`` of ``pid`` (``""`` when unreadable), at most 200 long."""
     import psutil
 
     try:
@@ -187,7 +188,4 @@ def process_details(pid: int, *, width: int = 200) -> tuple[str, str]:
         command = " ".join(proc.cmdline()) or _name(proc)
     except (psutil.Error, OSError):
         command = _name(proc)
-    command = "".join(c if c.isprintable() else "?" for c in command)
-    if len(command) > width:
-        command = command[: width - 1] + "…"
-    return user, command
+    return user, clip("".join(c if c.isprintable() else "?" for c in command), 200)
