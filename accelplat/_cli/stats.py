@@ -27,7 +27,8 @@ from typing_extensions import Self
 
 from accelplat._cli._args import add_common, color, color_options, command, count_arg, seconds_arg
 from accelplat._cli._errors import Details, dumps, holder_json, host_json, time_json
-from accelplat._memory import default_clock, snapshot
+from accelplat._memory import snapshot
+from accelplat._owners import default_clock
 from accelplat._platform import Platform
 from accelplat._registry import current_platform
 from accelplat._types import UsageSnapshot

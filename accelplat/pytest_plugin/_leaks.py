@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Generator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Generator, Mapping
+from typing import TYPE_CHECKING
 
 import pytest
 
-from accelplat._leaks import (
-    Blame,
-    ContextLedger,
-    Holdings,
-    current_holdings,
-    device_holdings,
-    judge,
-)
-from accelplat._types import MemoryInfo
+from accelplat._leaks import Blame, ContextLedger, Holdings, current_holdings, holdings, judge
+from accelplat._memory import Judge, check_wait, run
+from accelplat._types import UsageSnapshot
 from accelplat._util import format_bytes
 from accelplat.errors import MemoryNotSettledError
 from accelplat.pytest_plugin import _shared
@@ -67,6 +61,20 @@ def _running(pid: int) -> bool:
     from accelplat._vendor.procs import classify_pid
 
     return classify_pid(pid)[0] in (HolderState.CHILD, HolderState.ALIVE, HolderState.SELF)
+
+
+class _Blamed(Judge):
+    """The leak rule as a wait's judge: the bytes a test is blamed for count, per device."""
+
+    holders = True
+
+    def __init__(self, platform: Platform, blame: Callable[[int, Holdings], Blame]) -> None:
+        self.platform, self.blame = platform, blame
+        self.latest: dict[int, Holdings] = {}
+
+    def __call__(self, reading: UsageSnapshot) -> dict[int, int]:
+        self.latest = holdings(self.platform, reading)
+        return {d: max(0, self.blame(d, h).leaked or 0) for d, h in self.latest.items()}
 
 
 class LeakChecker:
@@ -161,30 +169,18 @@ class LeakChecker:
         platform: Platform,
         over: list[int],
         wait_s: float,
-        blame: Any,
+        blame: Callable[[int, Holdings], Blame],
         after: dict[int, Holdings],
     ) -> dict[int, Holdings]:
         """Wait (the one wait algorithm) until what is blamed drops within the tolerance."""
-        from accelplat._memory import wait_for_memory_to_clear
-
-        latest = dict(after)
-
-        def blamed(device: int) -> MemoryInfo:
-            now = device_holdings(platform, device)
-            latest[device] = now
-            leaked = blame(device, now).leaked
-            return MemoryInfo(free=0, total=now.used, used=max(0, leaked or 0), source="blamed")
-
+        blamed = _Blamed(platform, blame)
+        w = check_wait(
+            "leak check", blamed, platform, over, threshold_bytes=self.tolerance,
+            timeout_s=wait_s, stable_duration_s=0,
+        )  # fmt: skip
         with contextlib.suppress(MemoryNotSettledError):  # still held: the latest reading judges
-            wait_for_memory_to_clear(
-                over,
-                threshold_bytes=dict.fromkeys(over, self.tolerance),
-                timeout_s=wait_s,
-                stable_duration_s=0,
-                platform=platform,
-                read=blamed,
-            )
-        return latest
+            run(w)
+        return {**after, **blamed.latest}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Collect findings from teardown reports (also those sent back by xdist workers)."""
