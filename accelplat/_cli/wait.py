@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -87,7 +89,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 class Progress:
-    """One self-overwriting progress line when ``enabled`` (a terminal, no ``--quiet``)."""
+    """One progress line redrawn in place when ``enabled`` (a terminal, no ``--quiet``).
+
+    The line fits the terminal's width, so that it stays one row: where each device's usage and
+    target do not fit (eight GPUs at 80 columns), it counts the devices clear and names the others.
+    """
 
     def __init__(self, stream: IO[str], *, enabled: bool, min_interval_s: float = 0.1) -> None:
         self._stream = stream
@@ -101,23 +107,34 @@ class Progress:
         """Record one sample (an ``on_poll`` callback); redraw when enough real time passed."""
         if self._first is None:
             self._first = snap.timestamp
-        if not self._enabled:
-            return
         now = time.monotonic()
-        if now - self._last_draw < self._min_interval_s:
+        if not self._enabled or now - self._last_draw < self._min_interval_s:
             return
         self._last_draw = now
-        parts = []
+        head = f"waiting {snap.timestamp - self._first:6.1f} s: "
+        parts, waiting = [], []
         for device, info in sorted(snap.memory.items()):
-            mark = "ok" if info.used <= targets.get(device, -1) else "wait"
+            ok = info.used <= targets.get(device, -1)
             target = format_bytes(targets.get(device))
-            parts.append(f"{device}={format_bytes(info.used)} (<= {target} {mark})")
-        waited = snap.timestamp - self._first
-        self._stream.write(f"\r\x1b[Kwaiting {waited:6.1f} s: " + ", ".join(parts))
+            parts.append(
+                f"{device}={format_bytes(info.used)} (<= {target} {'ok' if ok else 'wait'})"
+            )
+            waiting += [] if ok else [(device, info.used)]
+        line = head + ", ".join(parts)
+        width = shutil.get_terminal_size().columns - 1  # a full last column wraps on some terminals
+        if len(line) > width:
+            indices = ",".join(str(d) for d, _ in waiting)
+            most = format_bytes(max((used for _, used in waiting), default=0))
+            line = f"{head}{len(parts) - len(waiting)} of {len(parts)} clear; waiting for "
+            line += f"{indices}: up to {most}"
+        if len(line) > width:
+            line = line[: max(0, width - 1)] + "…"
+        self._stream.write(f"\r\x1b[K{line}")
         self._stream.flush()
         self._drawn = True
 
     def finish(self) -> None:
+        """Erase the line, so that what follows starts on a clean one."""
         if self._drawn:
             self._stream.write("\r\x1b[K")
             self._stream.flush()
@@ -211,7 +228,8 @@ def _run(args: argparse.Namespace) -> int:
             "give --threshold-ratio R or --threshold-bytes SIZE (or --settle, or --pid PID)"
         )
 
-    progress = Progress(sys.stderr, enabled=not args.quiet and sys.stderr.isatty())
+    drawn = sys.stderr.isatty() and os.environ.get("TERM") != "dumb"  # a log gets no redraws
+    progress = Progress(sys.stderr, enabled=drawn and not args.quiet)
     platform = current_platform()
     try:
         result = _wait(

@@ -239,6 +239,22 @@ def test_progress_draws_one_line_on_a_terminal() -> None:
     assert "\n" not in text
 
 
+def test_progress_on_an_8_gpu_host_stays_one_row_at_80_columns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    stream = FakeTTY()
+    progress = Progress(stream, enabled=True, min_interval_s=0.0)
+    info = MemoryInfo(free=80 * GIB, total=140 * GIB, used=60 * GIB)
+    memory = dict.fromkeys(range(8), info) | {3: MemoryInfo(free=0, total=140 * GIB, used=0)}
+    progress(
+        UsageSnapshot(timestamp=0.0, wall_time=0.0, memory=memory), dict.fromkeys(range(8), GIB)
+    )
+    progress.finish()
+    (line,) = [part for part in stream.getvalue().split("\r\x1b[K") if part]
+    assert line == "waiting    0.0 s: 1 of 8 clear; waiting for 0,1,2,4,5,6,7: up to 60.00 GiB"
+
+
 def test_progress_disabled_writes_nothing() -> None:
     stream = FakeTTY()
     progress = Progress(stream, enabled=False)
