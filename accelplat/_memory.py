@@ -3,7 +3,7 @@
 Each wait takes readings from the one sampler (:func:`accelplat._owners.sample`) and gives them
 to its :class:`Judge`, which says which bytes of each device count: the device's used bytes
 (clear), this process's and its descendants' (settle on ours), what given processes still hold
-(release), what a test is blamed for (the leak check). :func:`_wait` is the one algorithm
+(release), what a test is blamed for (the leak check). :meth:`Wait.run` is the one algorithm
 (docs/memory.md, "The algorithm", and the start and end events each wait logs); what differs
 between platforms is data, the platform's ``ReleaseProfile``.
 """
@@ -96,31 +96,13 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def _holder(holder: MemoryHolder) -> str:
-    name = f" {holder.name!r}" if holder.name else ""
-    held = _gib(holder.used_bytes) if holder.used_bytes is not None else "unknown bytes"
-    return f"pid {holder.pid}{name} ({holder.state.value}) {held}"
-
-
 def _holders(held: Sequence[MemoryHolder] | None) -> str:
-    ordered = sorted(held or (), key=lambda h: -(h.used_bytes or 0))
-    return ", ".join(_holder(h) for h in ordered)
-
-
-@dataclass(frozen=True)
-class _Timeout:
-    """What a judge is told to describe a timeout: the wait's last reading and its course."""
-
-    platform: str
-    reading: Reading  # the last one, with holders
-    counts: Mapping[int, int]
-    targets: Mapping[int, int]
-    history: Mapping[int, _History]
-    waited_s: float
-    timeout_s: float
-    window_s: float
-    tolerance: int
-    window_open_s: float | None  # how long the current stable stretch had lasted, if open
+    """Name ``held``, the largest first: ``pid 7 'python' (alive) 8.00 GiB, …``."""
+    return ", ".join(
+        f"pid {h.pid}{f' {h.name!r}' if h.name else ''} ({h.state.value}) "
+        + (_gib(h.used_bytes) if h.used_bytes is not None else "unknown bytes")
+        for h in sorted(held or (), key=lambda h: -(h.used_bytes or 0))
+    )
 
 
 class Judge:
@@ -143,38 +125,34 @@ class Judge:
         """Return what the result's ``note`` says after ``reading``, the last; ``""``: nothing."""
         return ""
 
-    def describe(self, t: _Timeout) -> str:
+    def describe(self, w: Wait, last: Reading, history: Mapping[int, _History]) -> str:
         """Return the timeout's message: the devices that missed, how usage moved, who held it."""
-        missed = [d for d in sorted(t.targets) if t.counts[d] > t.targets[d]]
+        missed = [d for d in sorted(w.targets) if w.counts[d] > w.targets[d]]
         if missed:
             head = (
-                f"device memory did not clear within {t.waited_s:.2f} s (timeout_s="
-                f"{t.timeout_s:g}) on {len(missed)} of {len(t.targets)} {t.platform} device(s):"
+                f"device memory did not clear within {w.waited_s:.2f} s (timeout_s="
+                f"{w.timeout_s:g}) on {len(missed)} of {len(w.targets)} {w.platform.name} "
+                "device(s):"
             )
         else:
             head = (
-                f"device memory met its targets on {t.platform} but had not stayed there, within "
-                f"{_gib(t.tolerance)}, for stable_duration_s={t.window_s:g} when the timeout "
-                f"passed ({t.waited_s:.2f} s, timeout_s={t.timeout_s:g}); the current stable "
-                f"stretch had lasted {t.window_open_s or 0.0:.2f} s:"
+                f"device memory met its targets on {w.platform.name} but had not stayed there, "
+                f"within {_gib(w.tolerance)}, for stable_duration_s={w.window_s:g} when the "
+                f"timeout passed ({w.waited_s:.2f} s, timeout_s={w.timeout_s:g}); the current "
+                f"stable stretch had lasted {w.open_s:.2f} s:"
             )
         lines = [head]
-        for device in missed or sorted(t.targets):
-            info, held = t.reading.memory[device], t.reading.holders.get(device)
-            first, low, high, now = t.history[device]
+        for device in missed or sorted(w.targets):
+            info, held = last.memory[device], last.holders.get(device)
+            first, low, high, now = history[device]
+            named = f"held by {_holders(held)}" if held else "holders: none listed by the driver"
             lines.append(
-                f"  device {device}: used {_gib(info.used)}, target <= {_gib(t.targets[device])} "
+                f"  device {device}: used {_gib(info.used)}, target <= {_gib(w.targets[device])} "
                 f"(total {_gib(info.total)}); during the wait first {first / GIB:.2f}, "
                 f"min {low / GIB:.2f}, max {high / GIB:.2f}, last {now / GIB:.2f} GiB; "
-                + (
-                    "holders: unknown (the platform cannot tell)"
-                    if held is None
-                    else f"held by {_holders(held)}"
-                    if held
-                    else "holders: none listed by the driver"
-                )
+                + ("holders: unknown (the platform cannot tell)" if held is None else named)
             )
-        if any(h.state is HolderState.SELF for d in missed for h in t.reading.holders.get(d, ())):
+        if any(h.state is HolderState.SELF for d in missed for h in last.holders.get(d, ())):
             lines.append(
                 "  hint: this process itself holds device memory; free it (delete the model, "
                 "gc.collect(), empty the allocator cache) before waiting"
@@ -189,11 +167,11 @@ class _Ours(Judge):
     holders = True
 
     def __call__(self, reading: Reading) -> dict[int, int]:
-        counts = {}
-        for device, info in reading.memory.items():
-            ours = reading.attribution[device].ours_bytes
-            counts[device] = info.used if ours is None else ours
-        return counts
+        owners = reading.attribution
+        return {
+            d: m.used if (o := owners[d].ours_bytes) is None else o
+            for d, m in reading.memory.items()
+        }
 
     def note(self, reading: Reading) -> str:
         """Name the co-tenants' memory not waited for, and the devices judged whole."""
@@ -206,24 +184,28 @@ class _Ours(Judge):
         parts += [f"device {d} judged whole: {a.reason}" for d, a in owners if not a.available]
         return "; ".join(parts)
 
-    def describe(self, t: _Timeout) -> str:
+    def describe(self, w: Wait, last: Reading, history: Mapping[int, _History]) -> str:
         """Name, per device, our holders and the others not waited for."""
         lines = [
             f"device memory that this process and its descendants held did not come back within "
-            f"{t.waited_s:.2f} s (timeout_s={t.timeout_s:g}) on {t.platform}:"
+            f"{w.waited_s:.2f} s (timeout_s={w.timeout_s:g}) on {w.platform.name}:"
         ]
-        for device in sorted(t.targets):
-            info, owners = t.reading.memory[device], t.reading.attribution[device]
-            target, held = _gib(t.targets[device]), t.reading.holders.get(device)
+        for device in sorted(w.targets):
+            info, owners, held = (
+                last.memory[device],
+                last.attribution[device],
+                last.holders.get(device),
+            )
+            target = f"target <= {_gib(w.targets[device])}"
             if not owners.available:
                 lines.append(
                     f"  device {device} (judged whole: {owners.reason}): used {_gib(info.used)}, "
-                    f"target <= {target}; holders: {_holders(held) or 'unknown'}"
+                    f"{target}; holders: {_holders(held) or 'unknown'}"
                 )
                 continue
             ours = [h for h in held or () if h.state is HolderState.SELF] + [*owners.children]
             lines.append(
-                f"  device {device}: ours {_gib(t.counts[device])}, target <= {target} (used "
+                f"  device {device}: ours {_gib(w.counts[device])}, {target} (used "
                 f"{_gib(info.used)} of {_gib(info.total)}); ours: "
                 f"{_holders(ours) or 'none listed'}; others, not waited for: "
                 f"{_holders(owners.others) or 'none'}"
@@ -274,19 +256,23 @@ class _Released(Judge):
         if self.whole:
             self.running = self._alive()
             self.ready = not self.running
-        return {
-            d: m.used if d in self.whole else self._outstanding(reading, d, m.used)
-            for d, m in reading.memory.items()
-        }
+        counts = {}
+        for device, info in reading.memory.items():
+            counts[device] = info.used if device in self.whole else self._held(reading, device)
+        return counts
 
-    def _outstanding(self, reading: Reading, device: int, used: int) -> int:
-        now, before = self._listed(reading, device), self.listed[device]
+    def _held(self, reading: Reading, device: int) -> int:
+        now, before, used = (
+            self._listed(reading, device),
+            self.listed[device],
+            reading.memory[device].used,
+        )
         if self.lazy:
             vanished = sum(b for p, b in before.items() if p not in now)
             awaited, used_before = self.pending.get(device, (0, used))
             if vanished:
-                previous = self.used_before.get(device, used)
-                awaited, used_before = awaited + vanished, max(used_before, previous)
+                awaited += vanished
+                used_before = max(used_before, self.used_before.get(device, used))
             if awaited and used_before - used >= awaited - min(awaited // 10, _PENDING_SLACK):
                 awaited = 0
             self.pending[device] = (awaited, used_before if awaited else used)
@@ -297,16 +283,15 @@ class _Released(Judge):
         """Name the devices judged whole."""
         return "; ".join(f"device {d} judged whole: {why}" for d, why in sorted(self.whole.items()))
 
-    def describe(self, t: _Timeout) -> str:
+    def describe(self, w: Wait, last: Reading, history: Mapping[int, _History]) -> str:
         """Name the processes still listed, the bytes still awaited, the ones still running."""
         shown = ", ".join(str(p) for p in sorted(self.pids)[:20])
         lines = [
-            f"processes {shown} did not release device memory within {t.waited_s:.2f} s "
-            f"(timeout_s={t.timeout_s:g}) on {t.platform}:"
+            f"processes {shown} did not release device memory within {w.waited_s:.2f} s "
+            f"(timeout_s={w.timeout_s:g}) on {w.platform.name}:"
         ]
-        for device in sorted(set(t.reading.memory) - set(self.whole)):
-            held = [h for h in t.reading.holders.get(device, ()) if h.pid in self.pids]
-            if held:
+        for device in sorted(set(last.memory) - set(self.whole)):
+            if held := [h for h in last.holders.get(device, ()) if h.pid in self.pids]:
                 lines.append(f"  device {device}: still listed: {_holders(held)}")
             elif awaited := self.pending.get(device, (0, 0))[0]:
                 lines.append(
@@ -314,11 +299,11 @@ class _Released(Judge):
                     f"fallen by the {_gib(awaited)} they held (lazy release)"
                 )
         alive = ", ".join(str(p) for p in sorted(self.running)) or "none"
-        for device, why in sorted(self.whole.items()):
-            lines.append(
-                f"  device {device} (judged whole: {why}): still running: {alive}; used "
-                f"{_gib(t.reading.memory[device].used)}"
-            )
+        lines += [
+            f"  device {device} (judged whole: {why}): still running: {alive}; used "
+            f"{_gib(last.memory[device].used)}"
+            for device, why in sorted(self.whole.items())
+        ]
         return "\n".join(lines)
 
 
@@ -343,8 +328,7 @@ def _resolve_devices(devices: Sequence[int] | None, platform: Platform) -> list[
     if len(devices) == 0:
         raise ConfigurationError("devices must name at least one visible device (None: all)")
     resolved = [device_index(item, count, platform.name) for item in devices]
-    duplicates = sorted(d for d, n in Counter(resolved).items() if n > 1)
-    if duplicates:
+    if duplicates := sorted(d for d, n in Counter(resolved).items() if n > 1):
         raise ConfigurationError(f"devices lists device(s) {duplicates} more than once")
     return resolved
 
@@ -356,8 +340,7 @@ def _check_reader(read: object) -> Reader | None:
         raise ConfigurationError(f"read must be callable or None, got {read!r:.200}")
 
     def checked(device: int) -> MemoryInfo:
-        info = read(device)
-        if not isinstance(info, MemoryInfo):
+        if not isinstance(info := read(device), MemoryInfo):
             raise ConfigurationError(
                 f"read({device}) must return a MemoryInfo, got {type(info).__name__}"
             )
@@ -369,15 +352,11 @@ def _check_reader(read: object) -> Reader | None:
 def _per_device(
     value: object, devices: Sequence[int], argument: str, check: Callable[[object, str], float]
 ) -> dict[int, float] | None:
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        return dict.fromkeys(devices, check(value, argument))
+    if value is None or not isinstance(value, Mapping):
+        return None if value is None else dict.fromkeys(devices, check(value, argument))
     keys, wanted = set(value), set(devices)
     if keys != wanted:
-        parts = []
-        if missing := sorted(wanted - keys):
-            parts.append(f"missing {missing}")
+        parts = [f"missing {missing}"] if (missing := sorted(wanted - keys)) else []
         if extra := sorted(keys - wanted, key=repr):
             parts.append(f"not waited on {extra[:10]}" + (" …" if len(extra) > 10 else ""))
         raise ConfigurationError(
@@ -387,23 +366,71 @@ def _per_device(
     return {d: check(value[d], f"{argument}[{d}]") for d in devices}
 
 
-@dataclass(frozen=True)
-class _Wait:
-    """A wait's arguments, validated, with the platform, devices and defaults resolved."""
+def _now(clock: Clock) -> float:
+    """Read ``clock.monotonic()``: a reading that is no finite number would stall the wait."""
+    return number(clock.monotonic(), "clock.monotonic()")
 
-    kind: str
-    judge: Judge
-    platform: Platform
-    devices: list[int]
-    read: Reader | None
-    clock: Clock
-    threshold_bytes: Mapping[int, float] | None
-    threshold_ratio: Mapping[int, float] | None
-    timeout_s: float
-    stable_duration_s: float
-    stable_tolerance_bytes: int
-    poll: PollPolicy
-    on_poll: OnPoll | None
+
+_wait_ids = itertools.count(1)
+
+
+class Wait:
+    """One wait, its arguments validated (sampling nothing), the defaults filled in.
+
+    :meth:`run` waits, by the one algorithm, until every device's count (as ``judge`` says) is at
+    or below its target and stayed within ``tolerance`` for ``window_s``.
+
+    Raises:
+        ConfigurationError: Naming a malformed argument; ``DeviceNotFoundError``.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        judge: Judge,
+        platform: Platform | None,
+        devices: Sequence[int] | None,
+        *,
+        threshold_bytes: object = None,
+        threshold_ratio: object = None,
+        timeout_s: object = None,
+        stable_duration_s: object = None,
+        stable_tolerance_bytes: object = DEFAULT_STABLE_TOLERANCE_BYTES,
+        poll: object = None,
+        on_poll: object = None,
+        clock: object = None,
+        read: object = None,
+    ) -> None:
+        if threshold_bytes is None and threshold_ratio is None:
+            raise ConfigurationError(
+                f"wait_for_memory_to_{kind} needs threshold_bytes or threshold_ratio (or both)"
+            )
+        timeout = None if timeout_s is None else duration(timeout_s, "timeout_s")
+        window = (
+            None if stable_duration_s is None else duration(stable_duration_s, "stable_duration_s")
+        )
+        self.tolerance = byte_count(stable_tolerance_bytes, "stable_tolerance_bytes")
+        if poll is not None and not isinstance(poll, PollPolicy):
+            raise ConfigurationError(f"poll must be a PollPolicy or None, got {poll!r:.200}")
+        if on_poll is not None and not callable(on_poll):
+            raise ConfigurationError(f"on_poll must be callable or None, got {on_poll!r:.200}")
+        self.platform = plat = _resolve_platform(platform)
+        if clock is not None and not isinstance(clock, Clock):
+            raise ConfigurationError(
+                f"clock must have monotonic() and sleep(seconds) methods, got {clock!r:.200}"
+            )
+        self.devices = _resolve_devices(devices, plat)
+        self.by_bytes = _per_device(threshold_bytes, self.devices, "threshold_bytes", byte_count)
+        self.by_ratio = _per_device(threshold_ratio, self.devices, "threshold_ratio", ratio)
+        self.kind, self.judge, self.read, self.on_poll = kind, judge, _check_reader(read), on_poll
+        self.clock = default_clock(plat) if clock is None else clock
+        self.timeout_s = plat.release.settle_timeout_s if timeout is None else timeout
+        self.window_s = plat.release.stable_duration_s if window is None else window
+        self.poll = PollPolicy() if poll is None else poll
+        self.targets: dict[int, int] = {}  # per device, the count at or below which it is clear
+        self.raised: dict[int, int] = {}  # the targets the idle floor raised
+        self.counts: dict[int, int] = {}  # the last reading's, as the judge counted it
+        self.waited_s = self.open_s = 0.0
 
     def sample(self, *, holders: bool = False) -> Reading:
         """Take one reading of the devices, with holders where the judge needs them."""
@@ -412,78 +439,125 @@ class _Wait:
             self.platform, self.devices, read=self.read, holders=holders, clock=self.clock
         )
 
+    def _set_targets(self, memory: Mapping[int, MemoryInfo]) -> None:
+        floor = self.platform.release.idle_floor_bytes
+        for device, info in memory.items():
+            by_bytes = -1 if self.by_bytes is None else int(self.by_bytes[device])
+            by_ratio = floored = -1
+            if self.by_ratio is not None:
+                by_ratio = math.floor(self.by_ratio[device] * info.total)
+                if self.by_ratio[device] < IDLE_FLOOR_MAX_RATIO and by_ratio < floor:
+                    floored = min(floor, max(info.total, 0))
+            self.targets[device] = max(by_bytes, by_ratio, floored)
+            if floored > max(by_bytes, by_ratio):
+                self.raised[device] = floored
 
-def check_wait(
-    kind: str,
-    judge: Judge,
-    platform: Platform | None,
-    devices: Sequence[int] | None,
-    *,
-    threshold_bytes: object = None,
-    threshold_ratio: object = None,
-    timeout_s: object = None,
-    stable_duration_s: object = None,
-    stable_tolerance_bytes: object = DEFAULT_STABLE_TOLERANCE_BYTES,
-    poll: object = None,
-    on_poll: object = None,
-    clock: object = None,
-    read: object = None,
-) -> _Wait:
-    """Validate a wait's own parameters (sampling nothing); fill in the defaults."""
-    if threshold_bytes is None and threshold_ratio is None:
-        raise ConfigurationError(
-            f"wait_for_memory_to_{kind} needs threshold_bytes or threshold_ratio (or both)"
+    def run(self) -> SettleResult:
+        """Wait, between a start and an end event for timelines (docs/memory.md, "The algorithm").
+
+        Raises:
+            MemoryNotSettledError: On timeout, as the judge describes it.
+            ConfigurationError: For a clock that never moves on, or a reader that reads no memory.
+        """
+        wait_id, ok = next(_wait_ids), False
+        begin = {"event": "start", "id": wait_id, "kind": self.kind, "devices": list(self.devices)}
+        logger.debug("%s wait %d starts", self.kind, wait_id, extra={_EVENT: begin})
+        try:
+            result = self._wait()
+            ok = True
+        finally:
+            end = {"event": "end", "id": wait_id, "ok": ok}
+            logger.debug("%s wait %d ends (ok=%s)", self.kind, wait_id, ok, extra={_EVENT: end})
+        return result
+
+    def _wait(self) -> SettleResult:
+        what, judge, devices, clock, tolerance = (
+            f"{self.kind} wait",
+            self.judge,
+            self.devices,
+            self.clock,
+            self.tolerance,
         )
-    timeout = None if timeout_s is None else duration(timeout_s, "timeout_s")
-    window = None if stable_duration_s is None else duration(stable_duration_s, "stable_duration_s")
-    tolerance = byte_count(stable_tolerance_bytes, "stable_tolerance_bytes")
-    if poll is not None and not isinstance(poll, PollPolicy):
-        raise ConfigurationError(f"poll must be a PollPolicy or None, got {poll!r:.200}")
-    if on_poll is not None and not callable(on_poll):
-        raise ConfigurationError(f"on_poll must be callable or None, got {on_poll!r:.200}")
-    plat = _resolve_platform(platform)
-    if clock is not None and not isinstance(clock, Clock):
-        raise ConfigurationError(
-            f"clock must have monotonic() and sleep(seconds) methods, got {clock!r:.200}"
+        debug = logger.isEnabledFor(logging.DEBUG)  # the f-strings below format only when shown
+        start = _now(clock)
+        reading = self.sample()
+        counts, polls = judge(reading), 1
+        self._set_targets(reading.memory)
+        targets = self.targets
+        history: dict[int, _History] = {d: (c, c, c, c) for d, c in counts.items()}
+        if debug:
+            logger.debug(
+                f"{what} on {self.platform.name}: targets {targets}, now {reading.describe()}"
+            )
+        if self.on_poll is not None:
+            self.on_poll(reading, targets)
+
+        def met(values: Mapping[int, int]) -> bool:
+            return judge.ready and all(values[d] <= targets[d] for d in devices)
+
+        def result(waited: float, settled: bool) -> SettleResult:
+            if note := judge.note(reading):
+                logger.info("%s: %s", what, note)
+            return SettleResult(
+                waited, polls, reading, settled, targets, self.raised, judge.owners, note
+            )
+
+        if not devices or (met(counts) and self.window_s <= 0):
+            logger.debug("%s: already settled", what)
+            return result(max(0.0, _now(clock) - start) if devices else 0.0, True)
+        opened: float | None = reading.timestamp if met(counts) else None
+        base, previous, interval, stalls = counts, counts, self.poll.initial_s, 0
+        while True:
+            if opened is not None and reading.timestamp - opened >= self.window_s - _EPSILON_S:
+                logger.debug(
+                    "%s: settled after %.3f s and %d polls", what, reading.timestamp - start, polls
+                )
+                return result(max(0.0, reading.timestamp - start), False)
+            now = _now(clock)
+            if now >= start + self.timeout_s - _EPSILON_S:
+                break
+            pause = min(interval, start + self.timeout_s - now)
+            clock.sleep(
+                max(0.0, pause if opened is None else min(pause, opened + self.window_s - now))
+            )
+            reading = self.sample()
+            counts, polls = judge(reading), polls + 1
+            stalls = stalls + 1 if reading.timestamp <= now else 0
+            if stalls >= _MAX_STALLS:
+                raise ConfigurationError(
+                    f"clock {clock!r:.200} did not move on in {stalls} sleeps: its sleep() must "
+                    "advance monotonic(), or the wait never ends"
+                )
+            for d, (first, low, high, _) in history.items():
+                history[d] = (first, min(low, counts[d]), max(high, counts[d]), counts[d])
+            moved = any(abs(counts[d] - previous[d]) > tolerance for d in devices)
+            interval, previous = self.poll.next_interval(interval, changed=moved), counts
+            if not met(counts):
+                opened = None
+            elif opened is None or any(abs(counts[d] - base[d]) > tolerance for d in devices):
+                opened, base = reading.timestamp, counts
+            if debug:
+                logger.debug(
+                    f"{what}: poll {polls} at {reading.timestamp - start:.3f} s: "
+                    f"{reading.describe()} (window opened {opened}, next sleep {interval:.3f} s)"
+                )
+            if self.on_poll is not None:
+                self.on_poll(reading, targets)
+        if not judge.holders:  # who holds the memory, named once, at the timeout
+            named = self.sample(holders=True)
+            reading = replace(reading, holders=named.holders, attribution=named.attribution)
+        self.counts, self.waited_s = counts, max(0.0, now - start)
+        self.open_s = 0.0 if opened is None else reading.timestamp - opened
+        message = judge.describe(self, reading, history)
+        logger.debug("%s: timed out: %s", what, message)
+        raise MemoryNotSettledError(
+            message,
+            snapshot=reading,
+            targets=targets,
+            waited_s=self.waited_s,
+            history=history,
+            raised_targets=self.raised,
         )
-    resolved = _resolve_devices(devices, plat)
-    return _Wait(
-        kind=kind,
-        judge=judge,
-        platform=plat,
-        devices=resolved,
-        read=_check_reader(read),
-        clock=default_clock(plat) if clock is None else clock,
-        threshold_bytes=_per_device(threshold_bytes, resolved, "threshold_bytes", byte_count),
-        threshold_ratio=_per_device(threshold_ratio, resolved, "threshold_ratio", ratio),
-        timeout_s=plat.release.settle_timeout_s if timeout is None else timeout,
-        stable_duration_s=plat.release.stable_duration_s if window is None else window,
-        stable_tolerance_bytes=tolerance,
-        poll=PollPolicy() if poll is None else poll,
-        on_poll=on_poll,
-    )
-
-
-def _targets(w: _Wait, memory: Mapping[int, MemoryInfo]) -> tuple[dict[int, int], dict[int, int]]:
-    """Per device, the count at or below which it is clear, and those the idle floor raised."""
-    floor = w.platform.release.idle_floor_bytes
-    targets: dict[int, int] = {}
-    raised: dict[int, int] = {}
-    for device, info in memory.items():
-        asked: list[int] = []
-        if w.threshold_bytes is not None:
-            asked.append(int(w.threshold_bytes[device]))
-        floored = -1
-        if w.threshold_ratio is not None:
-            fraction = w.threshold_ratio[device]
-            by_ratio = math.floor(fraction * info.total)
-            asked.append(by_ratio)
-            if fraction < IDLE_FLOOR_MAX_RATIO and by_ratio < floor:
-                floored = min(floor, max(info.total, 0))
-        targets[device] = max(*asked, floored)
-        if floored > max(asked):
-            raised[device] = floored
-    return targets, raised
 
 
 def snapshot(
@@ -512,133 +586,6 @@ def record_usage_stats(
 ) -> dict[int, tuple[float, float]]:
     """Return ``{device: (used GiB, total GiB)}`` (vLLM's helpers' shape); as :func:`snapshot`."""
     return snapshot(devices, platform=platform, holders=False).used_gib()
-
-
-def _now(clock: Clock) -> float:
-    """Read ``clock.monotonic()``: a reading that is no finite number would stall the wait."""
-    return number(clock.monotonic(), "clock.monotonic()")
-
-
-def _wait(w: _Wait) -> SettleResult:
-    """The one wait algorithm (see docs/memory.md, "The algorithm"); ``w`` is validated."""
-    what, judge, devices, clock = f"{w.kind} wait", w.judge, w.devices, w.clock
-    poll, tolerance, window_s = w.poll, w.stable_tolerance_bytes, w.stable_duration_s
-    debug = logger.isEnabledFor(logging.DEBUG)  # the f-strings below format only when shown
-    start = _now(clock)
-    deadline = start + w.timeout_s
-    reading = w.sample()
-    counts, polls = judge(reading), 1
-    targets, raised = _targets(w, reading.memory)
-    if not devices:
-        logger.debug("%s on %s: no visible device, nothing to wait for", what, w.platform.name)
-        return SettleResult(0.0, polls, reading, True, targets, raised, judge.owners)
-    history: dict[int, _History] = {d: (c, c, c, c) for d, c in counts.items()}
-    if debug:
-        shown = {d: _gib(t) for d, t in targets.items()}
-        logger.debug(
-            f"{what} on {w.platform.name}: devices {devices}, targets {shown}, timeout "
-            f"{w.timeout_s:.3g} s, window {window_s:.3g} s; now {reading.describe()}"
-        )
-    if w.on_poll is not None:
-        w.on_poll(reading, targets)
-
-    def met(values: Mapping[int, int]) -> bool:
-        return judge.ready and all(values[d] <= targets[d] for d in devices)
-
-    def result(waited: float, settled: bool) -> SettleResult:
-        note = judge.note(reading)
-        if note:
-            logger.info("%s: %s", what, note)
-        return SettleResult(waited, polls, reading, settled, targets, raised, judge.owners, note)
-
-    if met(counts) and window_s <= 0:
-        logger.debug("%s: already settled", what)
-        return result(max(0.0, _now(clock) - start), True)
-
-    window_start: float | None = reading.timestamp if met(counts) else None
-    window_base, previous = dict(counts), dict(counts)
-    interval, stalls = poll.initial_s, 0
-    while True:
-        if window_start is not None and reading.timestamp - window_start >= window_s - _EPSILON_S:
-            logger.debug(
-                "%s: settled after %.3f s and %d polls", what, reading.timestamp - start, polls
-            )
-            return result(max(0.0, reading.timestamp - start), False)
-        now = _now(clock)
-        if now >= deadline - _EPSILON_S:
-            break
-        pause = min(interval, deadline - now)
-        if window_start is not None:
-            pause = min(pause, window_start + window_s - now)
-        clock.sleep(max(0.0, pause))
-        reading = w.sample()
-        counts, polls = judge(reading), polls + 1
-        stalls = stalls + 1 if reading.timestamp <= now else 0
-        if stalls >= _MAX_STALLS:
-            raise ConfigurationError(
-                f"clock {clock!r:.200} did not move on in {stalls} sleeps: its sleep() must "
-                "advance monotonic(), or the wait never ends"
-            )
-        for d, (first, low, high, _) in history.items():
-            history[d] = (first, min(low, counts[d]), max(high, counts[d]), counts[d])
-        interval = poll.next_interval(
-            interval, changed=any(abs(counts[d] - previous[d]) > tolerance for d in devices)
-        )
-        previous = counts
-        if not met(counts):
-            window_start = None
-        elif window_start is None or any(
-            abs(counts[d] - window_base[d]) > tolerance for d in devices
-        ):
-            window_start, window_base = reading.timestamp, dict(counts)
-        if debug:
-            state = (
-                "closed" if window_start is None else f"open {reading.timestamp - window_start:.3f}"
-            )
-            logger.debug(
-                f"{what}: poll {polls} at {reading.timestamp - start:.3f} s: {reading.describe()} "
-                f"(window {state}, next sleep {interval:.3f} s)"
-            )
-        if w.on_poll is not None:
-            w.on_poll(reading, targets)
-
-    waited = max(0.0, now - start)
-    if not judge.holders:  # who holds the memory, named once, at the timeout
-        named = w.sample(holders=True)
-        reading = replace(reading, holders=named.holders, attribution=named.attribution)
-    opened = None if window_start is None else reading.timestamp - window_start
-    timeout = _Timeout(
-        w.platform.name, reading, counts, targets, history, waited, w.timeout_s, window_s,
-        tolerance, opened,
-    )  # fmt: skip
-    message = judge.describe(timeout)
-    logger.debug("%s: timed out: %s", what, message)
-    raise MemoryNotSettledError(
-        message,
-        snapshot=reading,
-        targets=targets,
-        waited_s=waited,
-        history=history,
-        raised_targets=raised,
-    )
-
-
-_wait_ids = itertools.count(1)
-
-
-def run(w: _Wait) -> SettleResult:
-    """Run the wait ``w`` (:func:`_wait`) between a start and an end event for timelines."""
-    wait_id = next(_wait_ids)
-    begin = {"event": "start", "id": wait_id, "kind": w.kind, "devices": list(w.devices)}
-    logger.debug("%s wait %d starts", w.kind, wait_id, extra={_EVENT: begin})
-    ok = False
-    try:
-        result = _wait(w)
-        ok = True
-    finally:
-        end = {"event": "end", "id": wait_id, "ok": ok}
-        logger.debug("%s wait %d ends (ok=%s)", w.kind, wait_id, ok, extra={_EVENT: end})
-    return result
 
 
 def wait_for_memory_to_clear(
@@ -678,7 +625,7 @@ def wait_for_memory_to_clear(
         DeviceNotFoundError: For a device index that is not visible.
         MemoryNotSettledError: On timeout, naming the devices that missed, their usage, holders.
     """
-    w = check_wait(
+    return Wait(
         "clear",
         Judge(),
         platform,
@@ -692,8 +639,7 @@ def wait_for_memory_to_clear(
         on_poll=on_poll,
         clock=clock,
         read=read,
-    )
-    return run(w)
+    ).run()
 
 
 OWNERS = ("ours", "all")
@@ -736,9 +682,8 @@ def wait_for_memory_to_settle(
         raise ConfigurationError(f"force must be True or False, got {force!r:.200}")
     if owners not in OWNERS:
         raise ConfigurationError(f"owners must be 'ours' or 'all', got {owners!r:.200}")
-    plat = _resolve_platform(platform)
-    profile = plat.release
-    w = check_wait(
+    profile = (plat := _resolve_platform(platform)).release
+    return Wait(
         "settle",
         _Ours() if owners == "ours" else Judge(),
         plat,
@@ -749,8 +694,7 @@ def wait_for_memory_to_settle(
         poll=poll,
         on_poll=on_poll,
         clock=clock,
-    )
-    return run(w)
+    ).run()
 
 
 def wait_for_release(
@@ -795,20 +739,16 @@ def wait_for_release(
         raise ConfigurationError(
             f"pids must be a non-empty sequence of process ids, got {pids!r:.200}"
         )
-    checked = frozenset(
-        integer(p, f"pids[{i}]", minimum=1, maximum=2**31 - 1) for i, p in enumerate(pids)
-    )
+    tracked = {integer(p, f"pids[{i}]", minimum=1, maximum=2**31 - 1) for i, p in enumerate(pids)}
     if not isinstance(descendants, bool):
         raise ConfigurationError(f"descendants must be True or False, got {descendants!r:.200}")
-    tracked = set(checked)
-    for pid in checked if descendants else ():
+    for pid in list(tracked) if descendants else ():
         tracked |= procs.descendants(pid)
-    plat = _resolve_platform(platform)
-    resolved = _resolve_devices(devices, plat)
+    resolved = _resolve_devices(devices, plat := _resolve_platform(platform))
     first = sample(plat, resolved)  # decides which devices are judged whole
     judge = _Released(frozenset(tracked), first, lazy=plat.release.lazy)
     window = max(FALLBACK_RELEASE_WINDOW_S, plat.release.stable_duration_s)
-    w = check_wait(
+    return Wait(
         "release",
         judge,
         plat,
@@ -820,5 +760,4 @@ def wait_for_release(
         stable_duration_s=window if judge.whole else 0.0,
         poll=poll,
         clock=clock,
-    )
-    return run(w)
+    ).run()

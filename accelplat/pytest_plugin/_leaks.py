@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from accelplat._leaks import Blame, ContextLedger, Holdings, current_holdings, holdings, judge
-from accelplat._memory import Judge, check_wait, run
+from accelplat._memory import Judge, Wait
 from accelplat._types import UsageSnapshot
 from accelplat._util import format_bytes
 from accelplat.errors import MemoryNotSettledError
@@ -174,12 +174,11 @@ class LeakChecker:
     ) -> dict[int, Holdings]:
         """Wait (the one wait algorithm) until what is blamed drops within the tolerance."""
         blamed = _Blamed(platform, blame)
-        w = check_wait(
-            "leak check", blamed, platform, over, threshold_bytes=self.tolerance,
-            timeout_s=wait_s, stable_duration_s=0,
-        )  # fmt: skip
+        tolerance = self.tolerance
+        w = Wait("leak check", blamed, platform, over, threshold_bytes=tolerance, timeout_s=wait_s)
         with contextlib.suppress(MemoryNotSettledError):  # still held: the latest reading judges
-            run(w)
+            w.window_s = 0.0
+            w.run()
         return {**after, **blamed.latest}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
