@@ -375,10 +375,10 @@ _wait_ids = itertools.count(1)
 
 
 class Wait:
-    """One wait, its arguments validated (sampling nothing), the defaults filled in.
+    """One wait on ``devices``: the platform, devices, clock and reader resolved, nothing sampled.
 
     :meth:`run` waits, by the one algorithm, until every device's count (as ``judge`` says) is at
-    or below its target and stayed within ``tolerance`` for ``window_s``.
+    or below its target and stays there.
 
     Raises:
         ConfigurationError: Naming a malformed argument; ``DeviceNotFoundError``.
@@ -391,42 +391,17 @@ class Wait:
         platform: Platform | None,
         devices: Sequence[int] | None,
         *,
-        threshold_bytes: object = None,
-        threshold_ratio: object = None,
-        timeout_s: object = None,
-        stable_duration_s: object = None,
-        stable_tolerance_bytes: object = DEFAULT_STABLE_TOLERANCE_BYTES,
-        poll: object = None,
-        on_poll: object = None,
         clock: object = None,
         read: object = None,
     ) -> None:
-        if threshold_bytes is None and threshold_ratio is None:
-            raise ConfigurationError(
-                f"wait_for_memory_to_{kind} needs threshold_bytes or threshold_ratio (or both)"
-            )
-        timeout = None if timeout_s is None else duration(timeout_s, "timeout_s")
-        window = (
-            None if stable_duration_s is None else duration(stable_duration_s, "stable_duration_s")
-        )
-        self.tolerance = byte_count(stable_tolerance_bytes, "stable_tolerance_bytes")
-        if poll is not None and not isinstance(poll, PollPolicy):
-            raise ConfigurationError(f"poll must be a PollPolicy or None, got {poll!r:.200}")
-        if on_poll is not None and not callable(on_poll):
-            raise ConfigurationError(f"on_poll must be callable or None, got {on_poll!r:.200}")
         self.platform = plat = _resolve_platform(platform)
         if clock is not None and not isinstance(clock, Clock):
             raise ConfigurationError(
                 f"clock must have monotonic() and sleep(seconds) methods, got {clock!r:.200}"
             )
         self.devices = _resolve_devices(devices, plat)
-        self.by_bytes = _per_device(threshold_bytes, self.devices, "threshold_bytes", byte_count)
-        self.by_ratio = _per_device(threshold_ratio, self.devices, "threshold_ratio", ratio)
-        self.kind, self.judge, self.read, self.on_poll = kind, judge, _check_reader(read), on_poll
+        self.kind, self.judge, self.read = kind, judge, _check_reader(read)
         self.clock = default_clock(plat) if clock is None else clock
-        self.timeout_s = plat.release.settle_timeout_s if timeout is None else timeout
-        self.window_s = plat.release.stable_duration_s if window is None else window
-        self.poll = PollPolicy() if poll is None else poll
         self.targets: dict[int, int] = {}  # per device, the count at or below which it is clear
         self.raised: dict[int, int] = {}  # the targets the idle floor raised
         self.counts: dict[int, int] = {}  # the last reading's, as the judge counted it
@@ -452,13 +427,45 @@ class Wait:
             if floored > max(by_bytes, by_ratio):
                 self.raised[device] = floored
 
-    def run(self) -> SettleResult:
-        """Wait, between a start and an end event for timelines (docs/memory.md, "The algorithm").
+    def run(
+        self,
+        threshold_bytes: object = None,
+        threshold_ratio: object = None,
+        *,
+        timeout_s: object = None,
+        stable_duration_s: object = None,
+        stable_tolerance_bytes: object = DEFAULT_STABLE_TOLERANCE_BYTES,
+        poll: object = None,
+        on_poll: object = None,
+    ) -> SettleResult:
+        """Check the wait's own arguments, then wait (docs/memory.md, "The algorithm").
+
+        ``None`` takes the profile's default; the wait logs a start and an end event.
 
         Raises:
+            ConfigurationError: Naming a malformed argument, for a clock that never moves on, or
+                a reader that reads no memory.
             MemoryNotSettledError: On timeout, as the judge describes it.
-            ConfigurationError: For a clock that never moves on, or a reader that reads no memory.
         """
+        if threshold_bytes is None and threshold_ratio is None:
+            raise ConfigurationError(
+                f"wait_for_memory_to_{self.kind} needs threshold_bytes or threshold_ratio (or both)"
+            )
+        profile, window = self.platform.release, stable_duration_s
+        self.timeout_s = (
+            profile.settle_timeout_s if timeout_s is None else duration(timeout_s, "timeout_s")
+        )
+        self.window_s = (
+            profile.stable_duration_s if window is None else duration(window, "stable_duration_s")
+        )
+        self.tolerance = byte_count(stable_tolerance_bytes, "stable_tolerance_bytes")
+        if poll is not None and not isinstance(poll, PollPolicy):
+            raise ConfigurationError(f"poll must be a PollPolicy or None, got {poll!r:.200}")
+        if on_poll is not None and not callable(on_poll):
+            raise ConfigurationError(f"on_poll must be callable or None, got {on_poll!r:.200}")
+        self.poll, self.on_poll = PollPolicy() if poll is None else poll, on_poll
+        self.by_bytes = _per_device(threshold_bytes, self.devices, "threshold_bytes", byte_count)
+        self.by_ratio = _per_device(threshold_ratio, self.devices, "threshold_ratio", ratio)
         wait_id, ok = next(_wait_ids), False
         begin = {"event": "start", "id": wait_id, "kind": self.kind, "devices": list(self.devices)}
         logger.debug("%s wait %d starts", self.kind, wait_id, extra={_EVENT: begin})
@@ -625,21 +632,16 @@ def wait_for_memory_to_clear(
         DeviceNotFoundError: For a device index that is not visible.
         MemoryNotSettledError: On timeout, naming the devices that missed, their usage, holders.
     """
-    return Wait(
-        "clear",
-        Judge(),
-        platform,
-        devices,
-        threshold_bytes=threshold_bytes,
-        threshold_ratio=threshold_ratio,
+    w = Wait("clear", Judge(), platform, devices, clock=clock, read=read)
+    return w.run(
+        threshold_bytes,
+        threshold_ratio,
         timeout_s=timeout_s,
         stable_duration_s=stable_duration_s,
         stable_tolerance_bytes=stable_tolerance_bytes,
         poll=poll,
         on_poll=on_poll,
-        clock=clock,
-        read=read,
-    ).run()
+    )
 
 
 OWNERS = ("ours", "all")
@@ -682,19 +684,17 @@ def wait_for_memory_to_settle(
         raise ConfigurationError(f"force must be True or False, got {force!r:.200}")
     if owners not in OWNERS:
         raise ConfigurationError(f"owners must be 'ours' or 'all', got {owners!r:.200}")
-    profile = (plat := _resolve_platform(platform)).release
-    return Wait(
-        "settle",
-        _Ours() if owners == "ours" else Judge(),
-        plat,
-        devices,
-        threshold_ratio=threshold_ratio,
+    w = Wait("settle", _Ours() if owners == "ours" else Judge(), platform, devices, clock=clock)
+    profile = w.platform.release
+    window = profile.stable_duration_s if (profile.lazy or force) else 0.0
+    return w.run(
+        None,
+        threshold_ratio,
         timeout_s=timeout_s,
-        stable_duration_s=profile.stable_duration_s if (profile.lazy or force) else 0.0,
+        stable_duration_s=window,
         poll=poll,
         on_poll=on_poll,
-        clock=clock,
-    ).run()
+    )
 
 
 def wait_for_release(
@@ -744,20 +744,11 @@ def wait_for_release(
         raise ConfigurationError(f"descendants must be True or False, got {descendants!r:.200}")
     for pid in list(tracked) if descendants else ():
         tracked |= procs.descendants(pid)
-    resolved = _resolve_devices(devices, plat := _resolve_platform(platform))
-    first = sample(plat, resolved)  # decides which devices are judged whole
-    judge = _Released(frozenset(tracked), first, lazy=plat.release.lazy)
-    window = max(FALLBACK_RELEASE_WINDOW_S, plat.release.stable_duration_s)
-    return Wait(
-        "release",
-        judge,
-        plat,
-        resolved,
-        threshold_bytes={
-            d: max(0, first.memory[d].total) if d in judge.whole else 0 for d in resolved
-        },
-        timeout_s=timeout_s,
-        stable_duration_s=window if judge.whole else 0.0,
-        poll=poll,
-        clock=clock,
-    ).run()
+    w = Wait("release", Judge(), platform, devices, clock=clock)
+    first = sample(w.platform, w.devices)  # decides which devices are judged whole
+    w.judge = judge = _Released(frozenset(tracked), first, lazy=w.platform.release.lazy)
+    targets = {d: max(0, first.memory[d].total) if d in judge.whole else 0 for d in w.devices}
+    window = max(FALLBACK_RELEASE_WINDOW_S, w.platform.release.stable_duration_s)
+    return w.run(
+        targets, timeout_s=timeout_s, stable_duration_s=window if judge.whole else 0, poll=poll
+    )

@@ -127,32 +127,32 @@ class LeakChecker:
         blames = {d: blame(d, after[d]) for d in contexts}
         over = [d for d, b in blames.items() if b.is_leak(self.tolerance)]
         wait_s = self._wait_for(platform, blames, over)
-        if over and wait_s > 0:
-            after = self._after_waiting(platform, over, wait_s, blame, after)
+        if over and wait_s > 0:  # the one wait algorithm, until the blame drops within tolerance
+            blamed = _Blamed(platform, blame)
+            w = Wait("leak check", blamed, platform, over)
+            with contextlib.suppress(MemoryNotSettledError):  # still held: the latest judges
+                w.run(self.tolerance, timeout_s=wait_s, stable_duration_s=0)
+            after |= blamed.latest
             blames = {d: blame(d, after[d]) for d in contexts}
         leaks = [
             [d, before[d].used, after[d].used, b.leaked, b.attributed, _pairs(b.children)]
             for d, b in sorted(blames.items())
             if b.is_leak(self.tolerance)
         ]
-        props = item.user_properties
-        props.append((_PROPERTY, leaks))
-        props.append((CONTEXT_PROPERTY, [[d, c] for d, c in contexts.items() if c > 0]))
         moved = [
             [d, b.others]
             for d, b in sorted(blames.items())
             if b.others is not None and abs(b.others) > self.tolerance
         ]
-        props.append((COTENANT_PROPERTY, moved))
-        props.append(
-            (
-                HOLDINGS_PROPERTY,
-                [
-                    [d, holdings_json(before[d]), holdings_json(after[d]), contexts[d]]
-                    for d in sorted(contexts)
-                ],
-            )
-        )
+        held = [
+            [d, holdings_json(before[d]), holdings_json(after[d]), contexts[d]] for d in contexts
+        ]
+        item.user_properties += [
+            (_PROPERTY, leaks),
+            (CONTEXT_PROPERTY, [[d, c] for d, c in contexts.items() if c > 0]),
+            (COTENANT_PROPERTY, moved),
+            (HOLDINGS_PROPERTY, held),
+        ]
 
     def _wait_for(self, platform: Platform, blames: Mapping[int, Blame], over: list[int]) -> float:
         if self.wait_s is not None:
@@ -163,23 +163,6 @@ class LeakChecker:
         # a child the test started may be listed a little after it exits (eager release)
         exited = any(not _running(pid) for d in over for pid in blames[d].children)
         return CHILD_EXIT_WAIT_S if exited else 0.0
-
-    def _after_waiting(
-        self,
-        platform: Platform,
-        over: list[int],
-        wait_s: float,
-        blame: Callable[[int, Holdings], Blame],
-        after: dict[int, Holdings],
-    ) -> dict[int, Holdings]:
-        """Wait (the one wait algorithm) until what is blamed drops within the tolerance."""
-        blamed = _Blamed(platform, blame)
-        tolerance = self.tolerance
-        w = Wait("leak check", blamed, platform, over, threshold_bytes=tolerance, timeout_s=wait_s)
-        with contextlib.suppress(MemoryNotSettledError):  # still held: the latest reading judges
-            w.window_s = 0.0
-            w.run()
-        return {**after, **blamed.latest}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Collect findings from teardown reports (also those sent back by xdist workers)."""
