@@ -407,11 +407,16 @@ class Wait:
         self.counts: dict[int, int] = {}  # the last reading's, as the judge counted it
         self.waited_s = self.open_s = 0.0
 
-    def sample(self, *, holders: bool = False) -> Reading:
+    def sample(self, *, holders: bool = False, first: bool = False) -> Reading:
         """Take one reading of the devices, with holders where the judge needs them."""
         holders = holders or self.judge.holders
         return sample(
-            self.platform, self.devices, read=self.read, holders=holders, clock=self.clock
+            self.platform,
+            self.devices,
+            read=self.read,
+            holders=holders,
+            clock=self.clock,
+            remember=first,  # the process table walked once, at the first reading
         )
 
     def _set_targets(self, memory: Mapping[int, MemoryInfo]) -> None:
@@ -478,24 +483,16 @@ class Wait:
         return result
 
     def _wait(self) -> SettleResult:
-        what, judge, devices, clock, tolerance = (
-            f"{self.kind} wait",
-            self.judge,
-            self.devices,
-            self.clock,
-            self.tolerance,
-        )
-        debug = logger.isEnabledFor(logging.DEBUG)  # the f-strings below format only when shown
+        what, judge, devices, clock = f"{self.kind} wait", self.judge, self.devices, self.clock
         start = _now(clock)
-        reading = self.sample()
+        reading = self.sample(first=True)
         counts, polls = judge(reading), 1
         self._set_targets(reading.memory)
-        targets = self.targets
+        targets, tolerance = self.targets, self.tolerance
         history: dict[int, _History] = {d: (c, c, c, c) for d, c in counts.items()}
-        if debug:
-            logger.debug(
-                f"{what} on {self.platform.name}: targets {targets}, now {reading.describe()}"
-            )
+        logger.debug(
+            "%s on %s: targets %s, window %s s", what, self.platform.name, targets, self.window_s
+        )
         if self.on_poll is not None:
             self.on_poll(reading, targets)
 
@@ -543,11 +540,13 @@ class Wait:
                 opened = None
             elif opened is None or any(abs(counts[d] - base[d]) > tolerance for d in devices):
                 opened, base = reading.timestamp, counts
-            if debug:
-                logger.debug(
-                    f"{what}: poll {polls} at {reading.timestamp - start:.3f} s: "
-                    f"{reading.describe()} (window opened {opened}, next sleep {interval:.3f} s)"
-                )
+            logger.debug(
+                "%s: poll %d at %.3f s, window opened at %s",
+                what,
+                polls,
+                reading.timestamp - start,
+                opened,
+            )
             if self.on_poll is not None:
                 self.on_poll(reading, targets)
         if not judge.holders:  # who holds the memory, named once, at the timeout

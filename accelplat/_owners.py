@@ -128,6 +128,7 @@ def sample(
     holders: bool = True,
     clock: Clock | None = None,
     on_error: Callable[[int, Exception], None] | None = None,
+    remember: bool = True,
 ) -> UsageSnapshot:
     """Read ``devices`` of ``platform`` once: the one sampler, and the only reader over time.
 
@@ -145,6 +146,9 @@ def sample(
         clock: What stamps the reading; ``None``: :func:`default_clock` of the platform.
         on_error: Told ``(device, exception)`` of a device that could not be read, which the
             reading then leaves out; ``None``: the exception propagates.
+        remember: With ``holders``, first note this process's descendants as its own (so that one
+            that exits but stays listed stays ours): a walk of the process table, which a caller
+            sampling many times a second does once, at its first reading.
 
     Returns:
         The reading (a :class:`~accelplat._types.UsageSnapshot`).
@@ -153,7 +157,7 @@ def sample(
         ConfigurationError: For a clock that gives no finite number.
     """
     read = platform.memory_info if read is None else read
-    if holders and optional(platform, "is_accelerator"):
+    if holders and remember and optional(platform, "is_accelerator"):
         procs.descendants()  # remember this process's children before one of them exits
     memory: dict[int, MemoryInfo] = {}
     held: dict[int, tuple[MemoryHolder, ...]] = {}
@@ -190,10 +194,12 @@ def sample(
 def ours_bytes(platform: Platform, device: int) -> int | None:
     """Bytes this process and its descendants hold on ``device``, by the one rule, read now.
 
-    Descendants count alive, or exited and still listed. ``None`` where memory is not
-    attributed there (the reason is :func:`sample`'s ``attribution[device].reason``).
+    Descendants count alive, or exited and still listed if seen before (a caller that starts
+    them calls ``procs.descendants()`` now and then; this reads no process table, so that it may
+    run many times a second). ``None`` where memory is not attributed there (the reason is
+    :func:`sample`'s ``attribution[device].reason``).
     """
-    return sample(platform, (device,)).attribution[device].ours_bytes
+    return sample(platform, (device,), remember=False).attribution[device].ours_bytes
 
 
 def _unexplained(platform: Platform, used: int, holders: Sequence[MemoryHolder]) -> bool:
