@@ -79,11 +79,6 @@ class Holdings:
         children = {h.pid: h.used_bytes or 0 for h in owners.children}
         return cls(used, owners.self_bytes, children, owners.others_bytes, judged)
 
-    @property
-    def attributed(self) -> bool:
-        """Whether this process's own bytes are known."""
-        return self.own is not None
-
 
 @dataclass(frozen=True, slots=True)
 class Blame:

@@ -197,7 +197,10 @@ def _widest(heading: str, rows: Sequence[Mapping[str, str]]) -> int:
 
 
 def fit(
-    width: int, rows: Sequence[Mapping[str, str]], whole: Sequence[str], steps: Sequence[Any]
+    width: int,
+    rows: Sequence[Mapping[str, str]],
+    whole: Sequence[str],
+    steps: Sequence[tuple[str, int]],
 ) -> dict[str, int]:
     """Choose the columns of a table ``width`` cells wide, and their widths.
 

@@ -388,6 +388,24 @@ def test_stats_holders_name_user_and_command_line(
     )
 
 
+def test_a_holders_argv_from_proc_is_bounded_and_printable() -> None:
+    from accelplat._vendor.procs import MAX_ARG_CHARS, MAX_ARGS, process_details
+
+    args = ["x\x1b[2J" + "a" * 5000, *(f"arg{i}" for i in range(MAX_ARGS + 10))]
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()", *args], stdin=subprocess.PIPE
+    )
+    try:
+        user, argv = process_details(child.pid)
+    finally:
+        child.communicate(b"")
+    assert user == getpass.getuser()
+    assert len(argv) == MAX_ARGS + 1
+    assert argv[-1] == "…"
+    assert argv[3] == ("x?[2J" + "a" * 5000)[: MAX_ARG_CHARS - 1] + "…"
+    assert all(a.isprintable() for a in argv)
+
+
 def test_stats_watch_json_follows_timeline(
     use_spec: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
