@@ -167,11 +167,11 @@ class _Ours(Judge):
     holders = True
 
     def __call__(self, reading: Reading) -> dict[int, int]:
-        owners = reading.attribution
-        return {
-            d: m.used if (o := owners[d].ours_bytes) is None else o
-            for d, m in reading.memory.items()
-        }
+        counts = {}
+        for device, info in reading.memory.items():
+            ours = reading.attribution[device].ours_bytes
+            counts[device] = info.used if ours is None else ours
+        return counts
 
     def note(self, reading: Reading) -> str:
         """Name the co-tenants' memory not waited for, and the devices judged whole."""

@@ -192,6 +192,12 @@ def _cells(info: MemoryInfo) -> dict[str, str]:
     }
 
 
+def _devices(snap: UsageSnapshot, names: Mapping[int, str]) -> list[tuple[dict[str, str], float]]:
+    """Each device's cells by heading, and its used fraction (for the bar)."""
+    rows = sorted(snap.memory.items())
+    return [({"DEV": str(i), "NAME": names.get(i, ""), **_cells(m)}, m.used_ratio) for i, m in rows]
+
+
 def _widest(heading: str, rows: Sequence[Mapping[str, str]]) -> int:
     return max([len(heading), *(len(row.get(heading, "")) for row in rows)])
 
@@ -299,10 +305,7 @@ def _plain(
     *,
     units: Sequence[Slice] = (),
 ) -> str:
-    devices = [
-        ({"DEV": str(i), "NAME": names.get(i, ""), **_cells(m)}, 0.0)
-        for i, m in sorted(snap.memory.items())
-    ]
+    devices = _devices(snap, names)
     lines, gone = _tables(shutil.get_terminal_size().columns, devices, units, plain=True)
     head = f"platform: {platform.name} ({len(snap.memory)} device(s)) at {stamp(snap.wall_time)}"
     out = [head + (f"; source {gone}" if gone else "")]
@@ -316,9 +319,8 @@ def _plain(
         for h in held or ():
             label = f" {printable(h.name)}" if h.name else ""
             user, argv = details(h.pid)
-            who = (f", user {printable(user)}" if user else "") + (
-                f": {command_line(argv)}" if argv else ""
-            )
+            who = f", user {printable(user)}" if user else ""
+            who += f": {command_line(argv)}" if argv else ""
             used = format_bytes(h.used_bytes)
             out.append(f"device {index}: pid {h.pid}{label} ({h.state.value}) {used}{who}")
     return "\n".join(out)
@@ -551,10 +553,7 @@ def render(
     ]
     if interval is not None:
         header.append((("[h] holders  [q] quit  [?] keys", "dim"),))
-    devices = [
-        ({"DEV": str(i), "NAME": names.get(i, ""), **_cells(m)}, m.used_ratio)
-        for i, m in sorted(snap.memory.items())
-    ]
+    devices = _devices(snap, names)
     holders: list[dict[str, str]] | None = None
     if state.holders:
         holders = []
