@@ -165,7 +165,7 @@ class BasePlatform(ABC):
         return None
 
     def lease_units(self) -> tuple[str, ...]:
-        """Return the units a scheduler may hand a child beyond the visible devices; ``()``: none."""
+        """Return units a scheduler may hand a child beyond the visible devices; ``()``: none."""
         return ()
 
     def restricted(self, value: str) -> BasePlatform:
