@@ -20,9 +20,9 @@ from typing import Any, NoReturn
 
 import pytest
 
+from accelplat import _owners
 from accelplat._enforce import Enforcement, choose
 from accelplat._leasing import Lease, lease
-from accelplat._owners import attribute
 from accelplat._platform import Platform
 from accelplat._util import format_bytes
 from accelplat.errors import AccelplatError, LeaseUnsatisfiableError
@@ -81,22 +81,20 @@ class PeakMonitor(threading.Thread):
         self.peak: int | None = None  # the largest per-device figure seen; None: not told
         self.start()
 
-    def sample(self) -> None:
-        """Take one reading now."""
-        for device in self._devices:
-            try:
-                used = self._platform.memory_info(device).used
-                holders = self._platform.memory_holders(device)
-            except AccelplatError:
-                continue
-            ours = attribute(self._platform, device, used, holders).ours_bytes
+    def sample(self, remember: bool = False) -> None:
+        """Take one reading now (``remember``: note this process's children first)."""
+        reading = _owners.sample(  # a device that cannot be read gives no figure
+            self._platform, self._devices, remember=remember, on_error=lambda d, e: None
+        )
+        for device, info in reading.memory.items():
+            ours = reading.attribution[device].ours_bytes
             if ours is None and device in self._base:
-                ours = max(0, used - self._base[device])
+                ours = max(0, info.used - self._base[device])
             if ours is not None:
                 self.peak = max(self.peak or 0, ours)
 
     def run(self) -> None:
-        self.sample()
+        self.sample(remember=True)
         while not self._done.wait(SAMPLE_INTERVAL_S):
             self.sample()
 
