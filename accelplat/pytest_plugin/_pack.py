@@ -73,23 +73,25 @@ class PeakMonitor(threading.Thread):
     alone on whole devices (``whole``) is measured by the growth of their used memory.
     """
 
-    def __init__(self, platform: Platform, devices: Sequence[int], *, whole: bool) -> None:
+    def __init__(self, devices: Sequence[tuple[Platform, int]], *, whole: bool) -> None:
         super().__init__(name="accelplat-pack-peak", daemon=True)
-        self._platform, self._devices = platform, tuple(devices)
-        self._base = {d: platform.memory_info(d).used for d in self._devices} if whole else {}
+        self._devices = tuple(devices)  # (the platform that reads it, its index there)
+        self._base = [p.memory_info(d).used for p, d in self._devices] if whole else []
         self._done = threading.Event()
         self.peak: int | None = None  # the largest per-device figure seen; None: not told
         self.start()
 
     def sample(self, remember: bool = False) -> None:
         """Take one reading now (``remember``: note this process's children first)."""
-        reading = _owners.sample(  # a device that cannot be read gives no figure
-            self._platform, self._devices, remember=remember, on_error=lambda d, e: None
-        )
-        for device, info in reading.memory.items():
+        for n, (platform, device) in enumerate(self._devices):
+            reading = _owners.sample(  # a device that cannot be read gives no figure
+                platform, (device,), remember=remember, on_error=lambda d, e: None
+            )
+            if device not in reading.memory:
+                continue
             ours = reading.attribution[device].ours_bytes
-            if ours is None and device in self._base:
-                ours = max(0, info.used - self._base[device])
+            if ours is None and self._base:
+                ours = max(0, reading.memory[device].used - self._base[n])
             if ours is not None:
                 self.peak = max(self.peak or 0, ours)
 
@@ -131,8 +133,8 @@ class PackPlugin(_lease.Holding):
             except AccelplatError as exc:
                 pytest.fail(f"--accelplat-pack could not lease {budget}: {exc}", False)
         held = self.current.devices if self.current else self.platform.devices()
-        whole = budget.memory_bytes is None
-        self._monitor = PeakMonitor(self.platform, [d.index for d in held], whole=whole)
+        devices = [(self.platform, d.index) for d in held]
+        self._monitor = PeakMonitor(devices, whole=budget.memory_bytes is None)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:

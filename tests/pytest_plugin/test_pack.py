@@ -363,8 +363,8 @@ def test_the_peak_is_ours_by_the_one_rule() -> None:
     ]
     platform = SimulatedPlatform({"devices": [{"total": "80GiB", "holders": holders}]})
     assert (
-        PeakMonitor(platform, [0], whole=False).finish() == 5 * GIB
+        PeakMonitor([(platform, 0)], whole=False).finish() == 5 * GIB
     )  # this process and its child, never another process
     silent = SimulatedPlatform({"devices": [{"total": "80GiB", "used": "9GiB"}]})
-    assert PeakMonitor(silent, [0], whole=False).finish() is None  # cannot tell: no figure
-    assert PeakMonitor(silent, [0], whole=True).finish() == 0  # alone: its growth, none
+    assert PeakMonitor([(silent, 0)], whole=False).finish() is None  # cannot tell: no figure
+    assert PeakMonitor([(silent, 0)], whole=True).finish() == 0  # alone: its growth, none
