@@ -148,7 +148,7 @@ class PackPlugin(_lease.Holding):
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        """After the body: its peak, budget and what to learn go into the call report."""
+        """After the body: its peak, budget and what to learn go into the test's properties."""
         report = yield
         if call.when != "call" or self._monitor is None:
             return report
@@ -160,7 +160,7 @@ class PackPlugin(_lease.Holding):
             props.append((LEARN, peak))
         elif oom and budget.source == FOOTPRINT:
             props.append((LEARN, None))  # stopped at its learned budget: measured alone next time
-        report.user_properties.extend(props)
+        item.user_properties.extend(props)  # the teardown report carries them (and JUnit XML)
         if oom and budget.memory_bytes:
             held = "not measured" if peak is None else format_bytes(peak)
             said = f"{budget}, {self.enforcement.describe()}; its processes held {held}"
