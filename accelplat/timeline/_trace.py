@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from accelplat import _files, _util
-from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, Blame, Holdings, judge, leaked_bytes
+from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, Blame, Holdings, judge
 from accelplat._types import MIB
 from accelplat._validate import JsonFields
 from accelplat.errors import ConfigurationError
@@ -37,6 +37,7 @@ MAX_EPOCH = 253_402_300_799.0  # the last second of the year 9999, the last a da
 _EXIT_RANGE = (-(2**31), 2**31 - 1)  # a C int
 
 Reading = tuple[int | None, ...]  # used bytes per device, in Trace.devices order; None: failed
+LEAK_CHECK_KIND = "leak-check:"  # how a wait of the leak check's own is named: not a user's wait
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,11 @@ class WaitSpan:
     def duration(self) -> float:
         """Seconds the wait took."""
         return self.end - self.start
+
+    @property
+    def by_leak_check(self) -> bool:
+        """Whether the leak check itself waited, for a test's memory (its kind: ``leak-check:``)."""
+        return self.kind.startswith(LEAK_CHECK_KIND)
 
 
 @dataclass(frozen=True)
@@ -225,56 +231,57 @@ class Trace:
         return out
 
     def growth(self, span: TestSpan, grace_s: float | None = None) -> tuple[int | None, ...]:
-        """Return per device :meth:`held_after` less ``used_before`` (``None`` where unknown)."""
-        return tuple(
-            leaked_bytes(b, a)
-            for b, a in zip(span.used_before, self.held_after(span, grace_s), strict=False)
-        )
+        """Return per device the bytes the leak rule holds against ``span`` (``None``: unknown).
+
+        By owner where the span has the test process's readings, else :meth:`held_after` less
+        ``used_before``: the one figure the report shows for a test, in every table.
+        """
+        return tuple(None if b is None else b.leaked for b in self._blames(span, grace_s))
+
+    def _blames(self, span: TestSpan, grace_s: float | None) -> list[Blame | None]:
+        owned = {o.device: o for o in span.owners}
+        out: list[Blame | None] = []
+        held = self.held_after(span, grace_s)
+        for dev, before, after in zip(self.devices, span.used_before, held, strict=False):
+            record = owned.get(dev.index)
+            if record is not None:
+                out.append(judge(record.before, record.after, record.context))
+            elif before is None or after is None:
+                out.append(None)
+            else:
+                judged = self.accelerator
+                out.append(judge(Holdings(before, judged=judged), Holdings(after, judged=judged)))
+        return out
 
     def leaks(self, tolerance_bytes: int | None = None, grace_s: float | None = None) -> list[Leak]:
         """Return every (test, device) the leak rule blames beyond the tolerance, largest first.
 
-        The rule is :func:`accelplat._leaks.judge`, the leak check's: by owner where the span
-        has the test process's readings, else on the device's :meth:`growth`.
+        The rule is :func:`accelplat._leaks.judge`, the leak check's, on :meth:`growth`'s terms.
         """
         tol = self.leak_tolerance_bytes if tolerance_bytes is None else tolerance_bytes
         found: list[Leak] = []
         for span in self.tests:
-            held = self.held_after(span, grace_s)
             owned = {o.device: o for o in span.owners}
-            for dev, before, at_end, after in zip(
-                self.devices, span.used_before, span.used_after, held, strict=False
-            ):
-                record = owned.get(dev.index)
+            held = self.held_after(span, grace_s)
+            for pos, blame in enumerate(self._blames(span, grace_s)):
+                if blame is None or not blame.is_leak(tol):
+                    continue
+                index = self.devices[pos].index
+                record = owned.get(index)
                 if record is not None:
-                    blame = judge(record.before, record.after, record.context)
-                    if blame.is_leak(tol):
-                        found.append(
-                            Leak(
-                                span.nodeid,
-                                dev.index,
-                                record.before.used,
-                                record.after.used,
-                                record.after.used,
-                                blame,
-                            )
-                        )
+                    used = record.before.used, record.after.used, record.after.used
+                    found.append(Leak(span.nodeid, index, *used, blame))
                     continue
-                if before is None or after is None:
-                    continue
-                whole = judge(
-                    Holdings(before, judged=self.accelerator),
-                    Holdings(after, judged=self.accelerator),
-                )
-                if whole.is_leak(tol):
-                    end = after if at_end is None else at_end
-                    found.append(Leak(span.nodeid, dev.index, before, end, after))
+                before, at_end, after = span.used_before[pos], span.used_after[pos], held[pos]
+                end = after if at_end is None else at_end
+                found.append(Leak(span.nodeid, index, before or 0, end or 0, after or 0))
         found.sort(key=lambda leak: (-leak.leaked, leak.nodeid, leak.device))
         return found
 
     def slowest_waits(self, n: int = 10) -> list[WaitSpan]:
-        """Return the ``n`` longest waits, longest first."""
-        return sorted(self.waits, key=lambda w: (-w.duration, w.start))[: max(0, n)]
+        """Return the ``n`` longest waits of the code under test (not the leak check's)."""
+        waits = [w for w in self.waits if not w.by_leak_check]
+        return sorted(waits, key=lambda w: (-w.duration, w.start))[: max(0, n)]
 
     def to_json(self) -> dict[str, Any]:
         """Return the trace as a JSON-ready dictionary (format version :data:`TRACE_VERSION`)."""

@@ -1140,7 +1140,7 @@ def test_report_names_each_device_peak_and_each_test_peak() -> None:
     assert "Peak dev 0" in head
     assert "Peak dev 1" in head
     clean_row = table[table.index("test_clean") : table.index("</tr>", table.index("test_clean"))]
-    assert re.findall(r'class="num peak">([^<]*)<', clean_row) == ["10.00 GiB", "0 B"]
+    assert re.findall(r'class="num peak" data-label="[^"]*">([^<]*)<', clean_row) == ["10.00 GiB", "0 B"]
 
 
 def test_a_small_leak_on_a_big_device_gets_a_fitted_axis() -> None:
