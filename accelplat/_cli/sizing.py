@@ -48,10 +48,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Show the size and free space of a shared-memory mount; with --require, "
         "check that a budget fits (exit 1 and a message on stderr when it does not).",
     )
-    path(shm.add_argument("--path", default=DEFAULT_SHM_PATH, help="mount to check (/dev/shm)"))
+    path(
+        shm.add_argument(
+            "--path", default=DEFAULT_SHM_PATH, metavar="MOUNT", help="mount to check (/dev/shm)"
+        ),
+        directory=True,
+    )
     shm.add_argument("--require", action=Size, help="budget that must fit: 4GiB")
     shm.add_argument(
-        "--name", default="shared-memory buffer", help="what the budget is, for the message"
+        "--name",
+        default="shared-memory buffer",
+        metavar="TEXT",
+        help="what the budget is, for the message",
     )
     add_common(shm, json=True)
 
@@ -64,21 +72,33 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(vLLM's paged layout). With --available, check that it fits and print the longest "
         "length that does (exit 1 when it does not fit).",
     )
-    kv.add_argument("--layers", type=int, required=True, help="attention layers with a KV cache")
-    kv.add_argument("--kv-heads", type=int, required=True, help="key/value heads per layer")
-    kv.add_argument("--head-size", type=int, required=True, help="width of a key head")
+    kv.add_argument(
+        "--layers", type=int, metavar="N", required=True, help="attention layers with a KV cache"
+    )
+    kv.add_argument(
+        "--kv-heads", type=int, metavar="N", required=True, help="key/value heads per layer"
+    )
+    kv.add_argument("--head-size", type=int, metavar="N", required=True, help="width of a key head")
     kv.add_argument(
         "--head-size-v",
         type=int,
+        metavar="N",
         default=None,
         help="width of a value head (default: head size; 0 for MLA)",
     )
     dtype = kv.add_argument(
-        "--dtype", required=True, help="KV-cache dtype: bf16, fp16, fp32, fp8 … or bytes: 2"
+        "--dtype",
+        required=True,
+        metavar="TYPE",
+        help="KV-cache dtype: bf16, fp16, fp32, fp8 … or bytes: 2",
     )
     words(dtype, DTYPE_NAMES)
-    kv.add_argument("--max-model-len", type=int, required=True, help="tokens of one request")
-    kv.add_argument("--block-size", type=int, default=16, help="tokens per page (16)")
+    kv.add_argument(
+        "--max-model-len", type=int, metavar="TOKENS", required=True, help="tokens of one request"
+    )
+    kv.add_argument(
+        "--block-size", type=int, metavar="TOKENS", default=16, help="tokens per page (16)"
+    )
     kv.add_argument("--available", action=Size, help="memory left for the KV cache: 0.64GiB")
     add_common(kv, json=True)
 

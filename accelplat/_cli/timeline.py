@@ -177,8 +177,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="after forwarding a signal, how long the command may take to exit before it is "
         f"sent SIGTERM, then SIGKILL (default {DEFAULT_KILL_AFTER_S:g})",
     )
-    rec.add_argument(
-        "command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run"
+    rec.add_argument(  # not dest "command": that names the sub-command (errors' prefix)
+        "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run"
     )
 
     rep = command(
@@ -199,7 +199,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also (or only) write Chrome trace-event JSON: memory counters, test and wait "
         "slices, for ui.perfetto.dev or chrome://tracing",
     )
-    rep.add_argument("--title", help="page heading")
+    rep.add_argument("--title", metavar="TEXT", help="page heading")
     rep.add_argument(
         "--leak-tolerance", metavar="SIZE", help="override the trace's leak tolerance: 256MiB"
     )
@@ -214,9 +214,9 @@ def _tolerance(raw: str | None) -> int | None:
 
 def run_record(args: argparse.Namespace) -> int:
     """Run ``args.command`` while recording; write the trace (and ``--html``) even on failure."""
-    argv: list[str] = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
+    argv: list[str] = args.argv[1:] if args.argv[:1] == ["--"] else list(args.argv)
     if not argv:
-        raise ConfigurationError("accelplat record needs a command after `--`")
+        raise ConfigurationError("needs a command after `--`")
     hz = validate_hz(args.hz, argument="--hz")
     tolerance = _tolerance(args.leak_tolerance)
     grace = validate_grace(args.leak_grace, argument="--leak-grace")
@@ -310,7 +310,7 @@ def _save(trace: Trace, out: Path, html_path: str | None, status: int) -> int:
 def run_report(args: argparse.Namespace) -> int:
     """Render the trace ``args.trace`` to ``args.out``; return 0, or 1 when it cannot be written."""
     if args.out is None and args.chrome_trace is None:
-        raise ConfigurationError("accelplat report needs --out REPORT.html or --chrome-trace OUT")
+        raise ConfigurationError("needs --out REPORT.html or --chrome-trace OUT.json (or both)")
     tolerance = _tolerance(args.leak_tolerance)
     grace = args.leak_grace
     if grace is not None:
