@@ -53,9 +53,9 @@ def signals_not_ignored() -> Iterator[None]:
 
     A shell starts a background job (``pytest … &``, many CI runners) with SIGINT and SIGQUIT
     ignored, ``nohup`` ignores SIGHUP, and an ignored signal stays ignored across ``exec``: a
-    child the test signals would never notice. For each of these signals this process ignores, it takes
-    the default action (Python's own handler for SIGINT) for the duration of the test, so that
-    children start with it, and ignores the signal again afterwards.
+    child the test signals would never notice. For each of these signals this process ignores,
+    it takes the default action (Python's own handler for SIGINT) for the duration of the test,
+    so that children start with it, and ignores the signal again afterwards.
     """
     ignored = [s for s in _ENDING_SIGNALS if signal.getsignal(s) is signal.SIG_IGN]
     if threading.current_thread() is not threading.main_thread():
