@@ -7,12 +7,12 @@ bad usage. Sizes carry a unit (``4GiB``, ``512MiB``, ``8GB``, ``100B``; ``parse_
 from __future__ import annotations
 
 import argparse
-import sys
+import os
 from typing import Any
 
 from accelplat._cli._args import Size, add_common, command, path, words
-from accelplat._cli._errors import dumps
-from accelplat._host import DEFAULT_SHM_PATH, shm_info, shortage_error
+from accelplat._cli._errors import dumps, say, shown
+from accelplat._host import DEFAULT_SHM_PATH, shm_info
 from accelplat._sizing import (
     DTYPE_NAMES,
     check_kv_cache_fits,
@@ -22,7 +22,7 @@ from accelplat._sizing import (
     max_model_len_that_fits,
 )
 from accelplat._types import GIB
-from accelplat._util import gib_digits
+from accelplat._util import format_bytes, gib_digits
 from accelplat._validate import parse_size
 from accelplat.errors import ConfigurationError, KVCacheTooSmallError
 
@@ -133,7 +133,17 @@ def _run_shm(args: argparse.Namespace) -> int:
     if required is None:
         return 0
     if not fits:
-        print(f"accelplat: {shortage_error(info, required, name)}", file=sys.stderr)
+        # not require_shm's error: vLLM's words in MiB, which the library keeps for vLLM's tests
+        where = "make it larger (docker: --shm-size or --ipc=host)"
+        if os.path.normpath(info.path) != DEFAULT_SHM_PATH:
+            where = "free space there or choose a larger mount"
+        say(
+            shown(
+                f"accelplat shm: {name} does not fit: needs {format_bytes(required)}, "
+                f"{info.path} has {format_bytes(info.free)} free of {format_bytes(info.total)}; "
+                f"{where}"
+            )
+        )
         return 1
     if not args.json:
         print(f"fits: {name} needs {_gib(required)} ({required} bytes)")
@@ -212,6 +222,6 @@ def _run_kv(args: argparse.Namespace) -> int:
                 f"{doc['max_model_len_that_fits']} tokens"
             )
     if error is not None:
-        print(f"accelplat: {error}", file=sys.stderr)
+        say(shown(f"accelplat kv: {error}"))
         return 1
     return 0
