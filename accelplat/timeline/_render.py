@@ -654,7 +654,8 @@ def _test_table(page: _Page, limit: int, peaks: list[Reading]) -> str:
         rows.append(("leak" if span.nodeid in leaked else "test", cells))
     shown = " open" if len(trace.tests) <= 300 else ""
     return (
-        f"<details{shown}><summary>All {len(trace.tests)} tests</summary>{_HINT}"
+        f"<details{shown}><summary>All {len(trace.tests)} tests</summary>"
+        f"{_HINT.format(' always' * (len(trace.devices) > 2))}"  # wider than a desktop, too
         f'<div class="scroll">{_table("tests", heads, rows)}</div>'
         f"{_more(limit, len(trace.tests))}</details>"
     )
@@ -742,7 +743,7 @@ _SUB = (
     "Used memory per device, the tests that ran and the memory waits, recorded by accelplat.",
 )
 _HELD = ("Memory the command left held", "Tests that left memory held")
-_HINT = '<p class="hint">Wider than the screen: scroll the table sideways.</p>'
+_HINT = '<p class="hint{}">Wider than the screen: scroll the table sideways.</p>'  # on phones
 _NO_DEVICE = '<p id="no-devices">No device was sampled.</p>'
 _RULE = (
     "The command leaks on a device when the device still holds more than the tolerance beyond "

@@ -7,7 +7,10 @@ with lazy release, a settle wait, a tensor-parallel test, a test that leaks 6 Gi
 
 from __future__ import annotations
 
+import html
+import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -21,7 +24,8 @@ import pytest
 
 from accelplat._platform import BasePlatform
 from accelplat._types import GIB, DeviceInfo, MemoryInfo, ProbeResult
-from accelplat.timeline import Recorder, Trace, write_report
+from accelplat.timeline import DeviceTrack, Recorder, Sample, TestSpan, Trace, write_report
+from accelplat.timeline._render import render_html
 
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -391,3 +395,47 @@ def test_browser_long_wait_is_folded_at_phone_and_desktop_width(
     # the folded band, where no wait tints it (device 1's chart)
     assert _count_colour(hist, (0xEC, 0xEE, 0xF1), tol=1) > 1000
     assert _count_colour(hist, (0xD6, 0x27, 0x28)) > 300  # the leaking test's lane and marker
+
+
+_LINES_PROBE = """<script>
+const out = [];
+const cells = "#tests td[data-label='Start'], #tests td[data-label='Took']";
+for (const td of document.querySelectorAll(cells)) {
+  const range = document.createRange();
+  range.selectNodeContents(td);
+  const lines = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+  out.push([td.textContent, lines.size]);
+}
+const pre = document.createElement("pre");
+pre.id = "probe";
+pre.textContent = JSON.stringify(out);
+document.body.append(pre);
+</script></body>"""
+
+
+@needs_browser
+def test_start_and_took_keep_their_units_on_one_line_at_1280_px(tmp_path: Path) -> None:
+    """Eight devices: the tests table is wider than the page, and its times never wrap."""
+    n = 8
+    samples = tuple(Sample(t * 0.5, tuple(GIB * (1 + t % 3) for _ in range(n))) for t in range(400))
+    ids = ["tests/models/test_a_rather_long_module_name.py::test_generation[meta-llama-3.1-8b]"] * 3
+    tests = tuple(
+        TestSpan(f"{nodeid}-{k}", 60.0 * k + 0.5, 60.0 * k + 59.0, (GIB,) * n, (GIB,) * n, "passed")
+        for k, nodeid in enumerate(ids)
+    )
+    trace = Trace(
+        devices=tuple(DeviceTrack(i, "Simulated GPU", 80 * GIB) for i in range(n)),
+        samples=samples,
+        tests=tests,
+        duration=200.0,
+        sample_hz=2.0,
+    )
+    page = tmp_path / "probe.html"
+    page.write_text(render_html(trace).replace("</body>", _LINES_PROBE))
+    done = _run_browser(["--window-size=1280,800", "--dump-dom", page.as_uri()], tmp_path / "p")
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.DOTALL)
+    assert found is not None, done.stdout[-2000:]
+    lines = json.loads(html.unescape(found.group(1)))
+    assert len(lines) == 6  # Start and Took of three tests
+    assert {n for _, n in lines} == {1}, lines  # "58.50 s", not "58.50" over "s"
