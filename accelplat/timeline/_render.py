@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import html
+import itertools
 import math
 import os
 from collections.abc import Sequence
@@ -183,32 +184,20 @@ def _envelope(
 ) -> list[list[tuple[float, int]]]:
     # Polyline segments of (x, used), a None reading ending one; per pixel column the first,
     # last, minimum and maximum are kept in time order, so spikes survive any thinning.
-    segments: list[list[tuple[float, int]]] = [[]]
-    column: list[tuple[float, int]] = []
-    column_x: int | None = None
-
-    def flush() -> None:
-        if column:
-            lo = min(column, key=lambda p: p[1])
-            hi = max(column, key=lambda p: p[1])
-            segments[-1].extend(sorted({column[0], lo, hi, column[-1]}, key=lambda p: p[0]))
-            column.clear()
-
-    for s, x in zip(samples, xs, strict=True):
-        value = s.used[pos]
-        if value is None:
-            flush()
-            if segments[-1]:
-                segments.append([])
-            column_x = None
-            continue
-        col = min(width, int(x))
-        if column_x is not None and col != column_x:
-            flush()
-        column_x = col
-        column.append((x, value))
-    flush()
-    return [seg for seg in segments if seg]
+    segments = []
+    points = [
+        (x, -1 if (v := s.used[pos]) is None else v) for x, s in zip(xs, samples, strict=True)
+    ]
+    for known, run in itertools.groupby(points, key=lambda p: p[1] >= 0):  # -1: no reading
+        segment: list[tuple[float, int]] = []
+        for _, group in (
+            itertools.groupby(run, key=lambda p: min(width, int(p[0]))) if known else ()
+        ):
+            col = list(group)
+            lo, hi = min(col, key=lambda p: p[1]), max(col, key=lambda p: p[1])
+            segment += sorted({col[0], lo, hi, col[-1]})
+        segments += [segment] * bool(segment)
+    return segments
 
 
 def _folds(trace: Trace, end_t: float) -> list[tuple[float, float]]:
@@ -256,7 +245,7 @@ class _TimeAxis:
         self.folds = list(folds)
         self.fold_w = max(0.06 * geo.plot_w, 3.0 * geo.font)
         linear = end_t - sum(b - a for a, b in folds)
-        per_s = (geo.plot_w - self.fold_w * len(folds)) / max(linear, 1e-12)
+        self.per_s = per_s = (geo.plot_w - self.fold_w * len(folds)) / max(linear, 1e-12)
         t, x = 0.0, float(geo.left)
         self._t, self._x = [t], [x]  # knots: 0, then each fold's ends, then end_t
         for a, b in folds:
@@ -273,22 +262,19 @@ class _TimeAxis:
         return x0 if t1 <= t0 else x0 + (x1 - x0) * (min(max(t, t0), t1) - t0) / (t1 - t0)
 
     def ticks(self) -> list[tuple[float, str]]:
-        """Return the time labels ``(x, text)``: nice steps per linear stretch, never crowded."""
+        """Return the time labels ``(x, text)``: one nice step, never crowded nor on a fold."""
         gap = self.geo.tick_gap
+        step = next((s for s in _STEPS if s * self.per_s >= gap), None) or _nice_step(
+            self._t[-1], max(1, int(self.geo.plot_w / gap))
+        )
         centres = [(self(a) + self(b)) / 2 for a, b in self.folds]  # where the folds' labels go
         out: list[tuple[float, str]] = []
         for t0, t1 in zip(self._t[::2], self._t[1::2], strict=True):  # the linear stretches
-            room = max(1, int((self(t1) - self(t0)) / gap) + 1)  # labels, the first included
-            step = next((s for s in _STEPS if (t1 - t0) / s <= room), None)
-            step = step if step is not None else _nice_step(t1 - t0, room)
             first = math.ceil(t0 / step - 1e-9)
-            for k in range(first, first + min(room, 20) + 1):
+            for k in range(first, min(math.floor(t1 / step + 1e-9), first + 20) + 1):
                 x = self(k * step)
-                if k * step > t1 * 1.0001 or len(out) >= 20:
-                    break
-                if all(abs(x - p) >= 0.6 * gap for p, _ in out) and all(
-                    abs(x - c) >= 0.9 * gap for c in centres
-                ):
+                apart = all(abs(x - p) >= 0.6 * gap for p, _ in out)
+                if apart and all(abs(x - c) >= 0.9 * gap for c in centres) and len(out) < 20:
                     out.append((x, _time_label(k * step, step)))
         return out
 
