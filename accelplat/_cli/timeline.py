@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Literal
 
 from accelplat._cli._args import command, output_option, path
 from accelplat._leaks import (
@@ -148,35 +149,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "with `accelplat report`. Creates no device context on context-free platforms.",
     )
     output_option(rec, "--out", required=True, metavar="TRACE.json", help="trace to write")
-    rec.add_argument(
-        "--hz",
-        type=float,
-        default=DEFAULT_HZ,
-        metavar="N",
-        help=f"samples per second (default {DEFAULT_HZ:g})",
-    )
+    hz = f"samples per second (default {DEFAULT_HZ:g})"
+    rec.add_argument("--hz", type=float, default=DEFAULT_HZ, metavar="N", help=hz)
     output_option(rec, "--html", metavar="REPORT.html", help="also render the report here")
-    rec.add_argument(
-        "--leak-tolerance",
-        metavar="SIZE",
-        help="growth of used memory across the command that is not yet a leak (default 256MiB)",
-    )
-    rec.add_argument(
-        "--leak-grace",
-        type=float,
-        default=DEFAULT_LEAK_GRACE_S,
-        metavar="SECONDS",
-        help="keep sampling up to this long after the command exits while memory is still held "
-        f"(default {DEFAULT_LEAK_GRACE_S:g})",
-    )
-    rec.add_argument(
-        "--kill-after",
-        type=float,
-        default=DEFAULT_KILL_AFTER_S,
-        metavar="SECONDS",
-        help="after forwarding a signal, how long the command may take to exit before it is "
-        f"sent SIGTERM, then SIGKILL (default {DEFAULT_KILL_AFTER_S:g})",
-    )
+    tolerance = "growth of used memory across the command that is not yet a leak (default 256MiB)"
+    rec.add_argument("--leak-tolerance", metavar="SIZE", help=tolerance)
+    grace = "keep sampling up to this long after the command exits while memory is still held"
+    for flag, default, text in (
+        ("--leak-grace", DEFAULT_LEAK_GRACE_S, grace),
+        ("--kill-after", DEFAULT_KILL_AFTER_S, "after forwarding a signal, how long the command "
+         "may take to exit before it is sent SIGTERM, then SIGKILL"),
+    ):  # fmt: skip
+        help_text = f"{text} (default {default:g})"
+        rec.add_argument(flag, type=float, default=default, metavar="SECONDS", help=help_text)
     rec.add_argument(  # not dest "command": that names the sub-command (errors' prefix)
         "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run"
     )
@@ -192,20 +177,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     path(rep.add_argument("trace", metavar="TRACE.json", help="the trace to render"))
     output_option(rep, "--out", metavar="REPORT.html", help="page to write")
-    output_option(
-        rep,
-        "--chrome-trace",
-        metavar="OUT.json",
-        help="also (or only) write Chrome trace-event JSON: memory counters, test and wait "
-        "slices, for ui.perfetto.dev or chrome://tracing",
-    )
+    chrome = "also (or only) write Chrome trace-event JSON: memory counters, test and wait "
+    chrome += "slices, for ui.perfetto.dev or chrome://tracing"
+    output_option(rep, "--chrome-trace", metavar="OUT.json", help=chrome)
     rep.add_argument("--title", metavar="TEXT", help="page heading")
-    rep.add_argument(
-        "--leak-tolerance", metavar="SIZE", help="override the trace's leak tolerance: 256MiB"
-    )
-    rep.add_argument(
-        "--leak-grace", type=float, metavar="SECONDS", help="override the trace's leak grace period"
-    )
+    tolerance = "override the trace's leak tolerance: 256MiB"
+    rep.add_argument("--leak-tolerance", metavar="SIZE", help=tolerance)
+    grace = "override the trace's leak grace period"
+    rep.add_argument("--leak-grace", type=float, metavar="SECONDS", help=grace)
 
 
 def _tolerance(raw: str | None) -> int | None:
@@ -312,26 +291,24 @@ def run_report(args: argparse.Namespace) -> int:
     if args.out is None and args.chrome_trace is None:
         raise ConfigurationError("needs --out REPORT.html or --chrome-trace OUT.json (or both)")
     tolerance = _tolerance(args.leak_tolerance)
-    grace = args.leak_grace
-    if grace is not None:
-        grace = validate_grace(grace, argument="--leak-grace")
+    grace = (
+        None
+        if args.leak_grace is None
+        else validate_grace(args.leak_grace, argument="--leak-grace")
+    )
     trace = load_trace(args.trace)
-    if tolerance is not None or grace is not None:  # the Chrome trace's leaks follow them too
-        trace = dataclasses.replace(
-            trace,
-            leak_tolerance_bytes=trace.leak_tolerance_bytes if tolerance is None else tolerance,
-            leak_grace_s=trace.leak_grace_s if grace is None else grace,
-        )
-    target = args.out
-    try:
-        if args.out is not None:
-            page = write_report(trace, args.out, title=args.title)
-            print(f"accelplat report: wrote {page}", file=sys.stderr)
-        if args.chrome_trace is not None:
-            target = args.chrome_trace
-            written = write_report(trace, args.chrome_trace, format="chrome")
-            print(f"accelplat report: wrote {written}", file=sys.stderr)
-    except OSError as exc:  # a runtime failure, not bad usage
-        print(f"accelplat report: error: cannot write {target!r}: {exc}", file=sys.stderr)
-        return 1
+    trace = dataclasses.replace(  # the Chrome trace's leaks follow them too
+        trace,
+        leak_tolerance_bytes=trace.leak_tolerance_bytes if tolerance is None else tolerance,
+        leak_grace_s=trace.leak_grace_s if grace is None else grace,
+    )
+    pages: list[tuple[str, Literal["html", "chrome"]]] = [(args.out, "html")] * bool(args.out)
+    pages += [(args.chrome_trace, "chrome")] * bool(args.chrome_trace)
+    for target, kind in pages:
+        try:
+            written = write_report(trace, target, title=args.title, format=kind)
+        except OSError as exc:  # a runtime failure, not bad usage
+            print(f"accelplat report: error: cannot write {target!r}: {exc}", file=sys.stderr)
+            return 1
+        print(f"accelplat report: wrote {written}", file=sys.stderr)
     return 0

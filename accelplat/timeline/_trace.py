@@ -11,8 +11,8 @@ import gc
 import json
 import os
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
@@ -288,19 +288,11 @@ class Trace:
         return {
             "format": TRACE_FORMAT,
             "version": TRACE_VERSION,
-            "platform": self.platform,
-            "started_at": self.started_at,
+            **{key: getattr(self, key) for key in _SCALARS},
             "duration": _r(self.duration),
-            "sample_hz": self.sample_hz,
-            "decimation": self.decimation,
-            "leak_tolerance_bytes": self.leak_tolerance_bytes,
-            "leak_grace_s": self.leak_grace_s,
-            "context_free": self.context_free,
-            "accelerator": self.accelerator,
             "command": None if self.command is None else list(self.command),
             "exit_code": self.exit_code,
             "notes": list(self.notes),
-            "partial": self.partial,
             "devices": [{"index": d.index, "name": d.name, "total": d.total} for d in self.devices],
             "samples": [[_r(s.t), *s.used] for s in self.samples],
             "tests": [
@@ -501,11 +493,8 @@ def _wait(raw: object, i: int) -> WaitSpan:
     )
 
 
-def _decimation(value: object) -> int:
-    d = _int(value, "decimation")
-    if d > 62:
-        raise _FIELDS.error("decimation", "an integer in 0..62", value)
-    return d
+def _decimation(value: object, where: str) -> int:
+    return _int(value, where, maximum=62)  # halvings of a 64-bit count
 
 
 def _samples(rows: Sequence[Any], n: int) -> tuple[list[Sample], float]:
@@ -567,33 +556,35 @@ def _parse(doc: object) -> Trace:
     tests = [_test(raw, i, n) for i, raw in enumerate(_list(top.get("tests", []), "tests"))]
     waits = [_wait(raw, i) for i, raw in enumerate(_list(top.get("waits", []), "waits"))]
 
-    command = top.get("command")
-    exit_code = top.get("exit_code")
+    command, exit_code = top.get("command"), top.get("exit_code")
     if exit_code is not None:
         _int(exit_code, "exit_code", minimum=_EXIT_RANGE[0], maximum=_EXIT_RANGE[1])
-    hz = _float(top.get("sample_hz", 0.0), "sample_hz")
+    if command is not None:
+        command = tuple(_text(c, f"command[{i}]") for i, c in enumerate(_list(command, "command")))
+    notes = [_text(x, f"notes[{i}]") for i, x in enumerate(_list(top.get("notes", []), "notes"))]
+    defaults = {f.name: f.default for f in fields(Trace)}
     return Trace(
         devices=tuple(devices),
         samples=tuple(samples),
         tests=tuple(tests),
         waits=tuple(waits),
-        platform=_text(top.get("platform", ""), "platform"),
-        started_at=_float(top.get("started_at", 0.0), "started_at", maximum=MAX_EPOCH),
         duration=_float(top.get("duration", last_t), "duration"),
-        sample_hz=hz,
-        decimation=_decimation(top.get("decimation", 0)),
-        leak_tolerance_bytes=_int(
-            top.get("leak_tolerance_bytes", DEFAULT_LEAK_TOLERANCE_BYTES), "leak_tolerance_bytes"
-        ),
-        leak_grace_s=_float(top.get("leak_grace_s", DEFAULT_LEAK_GRACE_S), "leak_grace_s"),
-        context_free=_FIELDS.boolean(top.get("context_free", True), "context_free"),
-        accelerator=_FIELDS.boolean(top.get("accelerator", True), "accelerator"),
-        command=None
-        if command is None
-        else tuple(_text(c, f"command[{i}]") for i, c in enumerate(_list(command, "command"))),
+        command=command,
         exit_code=exit_code,
-        notes=tuple(
-            _text(x, f"notes[{i}]") for i, x in enumerate(_list(top.get("notes", []), "notes"))
-        ),
-        partial=_FIELDS.boolean(top.get("partial", False), "partial"),
+        notes=tuple(notes),
+        **{key: check(top.get(key, defaults[key]), key) for key, check in _SCALARS.items()},
     )
+
+
+# The trace's plain fields, each with its check (its default is the dataclass's).
+_SCALARS: dict[str, Callable[[object, str], Any]] = {
+    "platform": _text,
+    "started_at": partial(_float, maximum=MAX_EPOCH),
+    "sample_hz": _float,
+    "decimation": _decimation,
+    "leak_tolerance_bytes": _int,
+    "leak_grace_s": _float,
+    "context_free": _FIELDS.boolean,
+    "accelerator": _FIELDS.boolean,
+    "partial": _FIELDS.boolean,
+}
