@@ -22,7 +22,7 @@ from typing import Literal, NamedTuple
 from accelplat import _files
 from accelplat._types import GIB, MIB
 from accelplat._util import format_bytes
-from accelplat.timeline._trace import Leak, Reading, Sample, TestSpan, Trace, WaitSpan
+from accelplat.timeline._trace import Leak, Reading, Sample, TestSpan, Trace, WaitSpan, lanes
 
 _PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 _LEAK, _FAILED, _TEST, _FOLD = "#d62728", "#4b5563", "#a9bcd6", "#eceef1"
@@ -105,21 +105,6 @@ def _time_label(t: float, step: float) -> str:
 
 def _decimals(step: float) -> int:  # what shows each multiple of ``step``: 2 for 0.25, 1 for 2.5
     return next((d for d in range(9) if abs(round(step, d) - step) <= step * 1e-6), 9)
-
-
-def _lanes(spans: Sequence[TestSpan]) -> list[int]:  # the first lane free at each start
-    ends: list[float] = []
-    out: list[int] = []
-    for span in spans:
-        lane = next((k for k, end in enumerate(ends) if end <= span.start), None)
-        if lane is None and len(ends) < _MAX_LANES:
-            lane = len(ends)
-            ends.append(span.end)
-        elif lane is None:  # too many in parallel: share the lane that frees first
-            lane = min(range(len(ends)), key=ends.__getitem__)
-        ends[lane] = max(ends[lane], span.end)
-        out.append(lane)
-    return out
 
 
 def _extremes(trace: Trace, pos: int) -> tuple[tuple[int, float] | None, int]:
@@ -693,7 +678,9 @@ def render_html(
         trace = replace(trace, leak_tolerance_bytes=leak_tolerance_bytes)
     if leak_grace_s is not None:
         trace = replace(trace, leak_grace_s=leak_grace_s)
-    page = _Page(trace, trace.leaks(), [trace.growth(s) for s in trace.tests], _lanes(trace.tests))
+    page = _Page(
+        trace, trace.leaks(), [trace.growth(s) for s in trace.tests], lanes(trace.tests, _MAX_LANES)
+    )
     ends = [s.end for s in trace.tests] + [w.end for w in trace.waits]
     last_sample = trace.samples[-1].t if trace.samples else 0.0
     end_t = max(trace.duration, last_sample, *ends, 1e-3)

@@ -324,6 +324,26 @@ class Trace:
         return _parse(doc)
 
 
+def lanes(spans: Sequence[TestSpan | WaitSpan], most: int | None = None) -> list[int]:
+    """Return per span (in start order) the first lane free when it starts.
+
+    Beyond ``most`` lanes, a span shares the lane that frees first (a chart has room for a few);
+    without a limit, spans on one lane never overlap (a Chrome trace's slices must nest).
+    """
+    ends: list[float] = []
+    out: list[int] = []
+    for span in spans:
+        lane = next((k for k, end in enumerate(ends) if end <= span.start), None)
+        if lane is None and (most is None or len(ends) < most):
+            lane = len(ends)
+            ends.append(span.end)
+        elif lane is None:
+            lane = min(range(len(ends)), key=ends.__getitem__)
+        ends[lane] = max(ends[lane], span.end)
+        out.append(lane)
+    return out
+
+
 def _r(t: float) -> float:
     return round(t, 6)
 
