@@ -19,21 +19,16 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from accelplat._cli._args import command, output_option, path
-from accelplat._leaks import (
-    DEFAULT_LEAK_TOLERANCE_BYTES,
-    Holdings,
-    current_holdings,
-    parse_leak_tolerance,
-)
-from accelplat._vendor import procs
 from accelplat.errors import AccelplatError, ConfigurationError
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
-from accelplat.timeline._render import write_report
-from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
-from accelplat.timeline._trace import SpanOwners, Trace, clip, load_trace, save_trace
+
+if TYPE_CHECKING:  # the recorder and the renderer load when a command runs, not for --help
+    from accelplat._leaks import Holdings
+    from accelplat.timeline._sampler import Recorder
+    from accelplat.timeline._trace import Trace
 
 DEFAULT_KILL_AFTER_S = 5.0  # seconds to exit after a forwarded signal, then SIGTERM, SIGKILL
 _CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -188,11 +183,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _tolerance(raw: str | None) -> int | None:
+    from accelplat._leaks import parse_leak_tolerance
+
     return None if raw is None else parse_leak_tolerance(raw, argument="--leak-tolerance")
 
 
 def run_record(args: argparse.Namespace) -> int:
     """Run ``args.command`` while recording; write the trace (and ``--html``) even on failure."""
+    from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES
+    from accelplat._vendor import procs
+    from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
+    from accelplat.timeline._trace import SpanOwners, clip
+
     argv: list[str] = args.argv[1:] if args.argv[:1] == ["--"] else list(args.argv)
     if not argv:
         raise ConfigurationError("needs a command after `--`")
@@ -252,6 +254,8 @@ def run_record(args: argparse.Namespace) -> int:
 
 def _holdings(recorder: Recorder) -> dict[int, Holdings]:
     """What each device holds now, by owner (the command is a child): {} if it cannot be read."""
+    from accelplat._leaks import current_holdings
+
     platform = recorder.platform
     if platform is None:
         return {}
@@ -270,6 +274,9 @@ def _reap(proc: subprocess.Popen[bytes], signals: _Signals) -> int:
 
 
 def _save(trace: Trace, out: Path, html_path: str | None, status: int) -> int:
+    from accelplat.timeline._render import write_report
+    from accelplat.timeline._trace import save_trace
+
     written: list[str] = []
     try:
         written.append(str(save_trace(trace, out)))
@@ -290,6 +297,10 @@ def run_report(args: argparse.Namespace) -> int:
     """Render the trace ``args.trace`` to ``args.out``; return 0, or 1 when it cannot be written."""
     if args.out is None and args.chrome_trace is None:
         raise ConfigurationError("needs --out REPORT.html or --chrome-trace OUT.json (or both)")
+    from accelplat.timeline._render import write_report
+    from accelplat.timeline._sampler import validate_grace
+    from accelplat.timeline._trace import load_trace
+
     tolerance = _tolerance(args.leak_tolerance)
     grace = (
         None
