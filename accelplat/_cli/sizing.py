@@ -151,9 +151,9 @@ def _run_kv(args: argparse.Namespace) -> int:
         print(dumps(doc, indent=2))
     else:
         print(f"KV cache for one request of {tokens} tokens: {needed} bytes ({_gib(needed)})")
-        print(
-            f"  {page} bytes per page of {args.block_size} tokens per layer; "
-            f"{per_token} bytes per token over {args.num_layers} layers"
+        print(  # fits 80 columns for a 7B model's figures
+            f"  {page} bytes per page ({args.block_size} tokens, 1 layer); "
+            f"{per_token} bytes per token ({args.num_layers} layers)"
         )
         if available is not None and error is None:
             longest = doc["max_model_len_that_fits"]
