@@ -131,7 +131,7 @@ def test_kv_prints_bytes_and_gib(capsys: pytest.CaptureFixture[str]) -> None:
     need = 2048 * PER_TOKEN
     assert f"KV cache for one request of 2048 tokens: {need} bytes (0.66 GiB)" in out
     assert f"{8 * 16 * 512 * 2} bytes per page (16 tokens, 1 layer)" in out
-    assert f"{PER_TOKEN} bytes per token over 42 layers" in out
+    assert f"{PER_TOKEN} bytes per token (42 layers)" in out
     assert err == ""
 
 
