@@ -17,7 +17,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 from accelplat import _files
 from accelplat._types import GIB, MIB
@@ -202,20 +202,27 @@ def _folds(trace: Trace, end_t: float) -> list[tuple[float, float]]:
     least = max(0.2 * end_t, 5.0)
     runs: list[tuple[float, float]] = []
     start = last = -1.0  # the open run's first and last sample; -1: none open
-    lo: list[int] = []
+    lo: list[int] = []  # per device, the least and the most of the open run's readings
     hi: list[int] = []
+    seen: tuple[int, ...] = ()  # the last readings taken into lo and hi
+    k = 0  # the edges at or before the last sample
     for s in trace.samples:
-        used = [v for v in s.used if v is not None]
-        same = bisect.bisect_right(edges, start) == bisect.bisect_right(edges, s.t)
-        if start >= 0 and same and len(used) == len(limits):
-            lo2 = [min(a, v) for a, v in zip(lo, used, strict=True)]
-            hi2 = [max(a, v) for a, v in zip(hi, used, strict=True)]
-            if all(b - a <= lim for a, b, lim in zip(lo2, hi2, limits, strict=True)):
-                lo, hi, last = lo2, hi2, s.t
-                continue
+        passed = k
+        while k < len(edges) and edges[k] <= s.t:
+            k += 1
+        known = None not in s.used
+        used = cast("tuple[int, ...]", s.used)  # used only when known
+        rows = zip(used, lo, hi, limits, strict=True)
+        if start >= 0 and known and k == passed and all(b - m <= v <= a + m for v, a, b, m in rows):
+            if used != seen:
+                lo = [min(a, v) for a, v in zip(lo, used, strict=True)]
+                hi = [max(a, v) for a, v in zip(hi, used, strict=True)]
+                seen = used
+            last = s.t
+            continue
         if start >= 0 and last - start >= least:
             runs.append((start, last))
-        start, last, lo, hi = (s.t if len(used) == len(limits) else -1.0), s.t, used, used
+        start, last, lo, hi, seen = (s.t if known else -1.0), s.t, list(used), list(used), used
     if start >= 0 and last - start >= least:
         runs.append((start, last))
     longest = sorted(runs, key=lambda r: r[0] - r[1])[:_FOLDS]
@@ -245,6 +252,16 @@ class _TimeAxis:
         k = min(max(bisect.bisect_right(self._t, t) - 1, 0), len(self._t) - 2)
         t0, t1, x0, x1 = self._t[k], self._t[k + 1], self._x[k], self._x[k + 1]
         return x0 if t1 <= t0 else x0 + (x1 - x0) * (min(max(t, t0), t1) - t0) / (t1 - t0)
+
+    def many(self, times: Sequence[float]) -> list[float]:
+        """Return the x of each of ``times`` (ascending, within the axis): a stretch at a time."""
+        out: list[float] = []
+        for k in range(len(self._t) - 1):
+            t0, t1, x0, x1 = self._t[k], self._t[k + 1], self._x[k], self._x[k + 1]
+            end = bisect.bisect_right(times, t1) if k < len(self._t) - 2 else len(times)
+            scale = (x1 - x0) / (t1 - t0) if t1 > t0 else 0.0
+            out += [x0 + (t - t0) * scale for t in times[len(out) : end]]
+        return out
 
     def ticks(self) -> list[tuple[float, str]]:
         """Return the time labels ``(x, text)``: one nice step, never crowded nor on a fold."""
@@ -686,7 +703,8 @@ def render_html(
     end_t = max(trace.duration, last_sample, *ends, 1e-3)
     folds = _folds(trace, end_t)
     axes = [_TimeAxis(end_t, folds, geo) for geo in (_WIDE, _PHONE)]
-    xs = [[x_of(s.t) for s in trace.samples] for x_of in axes]
+    times = [s.t for s in trace.samples]
+    xs = [x_of.many(times) for x_of in axes]
     peaks = peaks_per_test(trace)
     charts = "".join(_device(page, pos, axes, xs, peaks) for pos in range(len(trace.devices)))
     heading, tests = title or "Device memory timeline", trace.command is None
