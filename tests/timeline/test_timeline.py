@@ -1017,7 +1017,8 @@ def test_a_session_without_the_option_loads_no_recorder(pytester: pytest.Pyteste
             "    assert loaded == []\n"
         )
     )
-    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider")
+    quick = ("-p", "no:xdist", "-p", "no:hypothesispytest", "-p", "no:cacheprovider")  # 1 s less
+    result = pytester.runpytest_subprocess(*_plugin_args(), *quick)
     result.assert_outcomes(passed=1)
 
 
