@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_no_table_row_escapes_a_pipe() -> None:
-    """Python-Markdown (MkDocs) keeps the backslash of ``\\|`` in a table: it reads ``str \\| None``.
+    """Python-Markdown (MkDocs) keeps the backslash of ``\\|`` in a table: ``str \\| None``.
 
     A pipe inside backticks needs no escape there, but GitHub's renderer splits the cell on it:
     the pages say "or" instead.
