@@ -13,7 +13,7 @@ from typing import Any
 from accelplat import _sizing
 from accelplat._cli._args import Size, add_common, command, path, words
 from accelplat._cli._errors import dumps, say, shown
-from accelplat._host import DEFAULT_SHM_PATH, shm_info
+from accelplat._shm import DEFAULT_SHM_PATH, shm_info
 from accelplat._types import GIB
 from accelplat._util import format_bytes, gib_digits
 from accelplat._validate import parse_size
@@ -120,8 +120,8 @@ def _run_kv(args: argparse.Namespace) -> int:
             )
     tokens, available = dims.pop("max_model_len"), args.available
     try:
-        needed = _sizing.kv_cache_bytes(**dims, max_model_len=tokens)
-        page = _sizing.kv_cache_page_bytes(**{k: v for k, v in dims.items() if k != "num_layers"})
+        shape = _sizing.KVCacheShape(**dims)
+        needed, page = shape.bytes_for(tokens), shape.page_bytes
     except ConfigurationError as exc:  # named by keyword: say the option instead
         keyword = str(exc).split(" ", 1)[0]
         raise ConfigurationError(_FLAGS.get(keyword, keyword) + str(exc)[len(keyword) :]) from None
