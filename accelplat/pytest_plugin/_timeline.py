@@ -19,14 +19,7 @@ from accelplat.pytest_plugin._shared import leak_tolerance, share_after_teardown
 from accelplat.timeline._footprints import footprints_of, save_footprints
 from accelplat.timeline._render import write_report
 from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
-from accelplat.timeline._trace import (
-    LEAK_CHECK_KIND,
-    Reading,
-    SpanOwners,
-    Trace,
-    save_trace,
-    span_owners,
-)
+from accelplat.timeline._trace import Reading, SpanOwners, Trace, save_trace, span_owners
 
 # The log-record attribute (logging's extra=) of a wait event: {"event": "start", "id": <int>,
 # "kind": "settle", "devices": [0, 1]} as a wait begins, {"event": "end", "id": <same>, "ok":
@@ -65,7 +58,6 @@ class WaitEventTap(logging.Filter):
         self._own_level = self._logger.level
         self._tokens: dict[object, int] = {}
         self.started = 0  # waits seen starting
-        self.leak_check = False  # True while the leak check judges a test: its waits are its own
 
     def install(self) -> None:
         """Start watching: add the filter and let ``DEBUG`` records reach it."""
@@ -101,7 +93,6 @@ class WaitEventTap(logging.Filter):
             if isinstance(raw, (list, tuple)):
                 devices = tuple(d for d in raw if isinstance(d, int) and not isinstance(d, bool))
                 kind = kind if isinstance(kind, str) else "wait"
-                kind = LEAK_CHECK_KIND + kind if self.leak_check else kind
                 self._tokens[key] = self._recorder.begin_wait(kind, devices)
                 self.started += 1
         elif event.get("event") == "end":
@@ -203,20 +194,11 @@ class TimelinePlugin:
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        """Sample memory as a test's teardown ends, closing its span; the leak check shares it.
-
-        The leak check judges inside this wrapper (it is outermost): the waits it starts then are
-        its own, named ``leak-check:…``, never a wait of the code under test.
-        """
-        if call.when != "teardown" or self.recorder is None or self._tap is None:
-            return (yield)
-        self._ended[item.nodeid] = sample = self.recorder.sampler.sample()
-        share_after_teardown(item, self.recorder.devices, sample[1])
-        self._tap.leak_check = True
-        try:
-            return (yield)
-        finally:
-            self._tap.leak_check = False
+        """Sample memory as a test's teardown ends, closing its span; the leak check shares it."""
+        if call.when == "teardown" and self.recorder is not None:
+            self._ended[item.nodeid] = sample = self.recorder.sampler.sample()
+            share_after_teardown(item, self.recorder.devices, sample[1])
+        return (yield)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
         if self.recorder is not None:

@@ -984,7 +984,7 @@ def test_the_leak_checks_own_wait_is_not_a_wait_that_failed(pytester: pytest.Pyt
     trace = load_trace(pytester.path / "trace.json")
     own = [w for w in trace.waits if w.by_leak_check]
     assert [(w.kind, w.ok, w.test) for w in own] == [
-        ("leak-check:clear", False, "test_inner.py::test_keeps_memory")
+        ("leak check", False, "test_inner.py::test_keeps_memory")
     ]
     assert all(w.by_leak_check or w.ok for w in trace.waits)
     assert own[0] not in trace.slowest_waits()
