@@ -7,6 +7,7 @@ and says plainly when it cannot (docs/memory.md, "Owners"). Waits and the leak r
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 
 from accelplat._platform import Platform, optional
@@ -314,3 +315,15 @@ class ReleaseReading(OwnedReading):
 
 _RUNNING = frozenset({HolderState.SELF, HolderState.CHILD, HolderState.ALIVE})
 _PENDING_SLACK = 64 * MIB  # a lazily freed holder's bytes count back within this (or a tenth)
+
+
+def held_by_tree(holders: Sequence[MemoryHolder], root_pid: int) -> int:
+    """Return the bytes the driver lists for ``root_pid`` and its live descendants.
+
+    For this process the holders' own classification counts (itself, its descendants, those
+    that were), with no walk of the process table; for another, its descendants are read now.
+    """
+    if root_pid == os.getpid():
+        return sum(h.used_bytes or 0 for h in holders if h.pid == root_pid or is_ours(h))
+    tree = procs.descendants(root_pid) | {root_pid}
+    return sum(h.used_bytes or 0 for h in holders if h.pid in tree)

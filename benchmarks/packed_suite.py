@@ -40,6 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from accelplat import GIB, lease
 from accelplat._backends.simulated import SimulatedClock, SimulatedHolder, SimulatedPlatform
 from accelplat._leasing import Lease
+from accelplat._types import HolderState
+
+CHILD = HolderState.CHILD
 
 CONTEXT_GIB = 0.5  # a CUDA context and cuBLAS workspace, per process (torch 2.x on an H200)
 STEP_S = 0.05  # the simulation's time step: the lease poll interval at its largest
@@ -182,8 +185,8 @@ class SimulatedExecutor:
         oom = False
         for _ in range(shape.processes):
             self._pid += 1
-            holder = SimulatedHolder(
-                used=int(per * GIB), start=self.platform.elapsed(), pid=self._pid
+            holder = SimulatedHolder(  # a child of the scheduler, as a real test's process is
+                used=int(per * GIB), start=self.platform.elapsed(), pid=self._pid, state=CHILD
             )
             try:
                 self.platform.set_holder(device, holder)
@@ -240,7 +243,8 @@ class SimulatedExecutor:
         for pid in run["pids"]:  # the processes exit; their memory comes back EXIT_S later
             per = int((shape.alloc_gib / shape.processes + CONTEXT_GIB) * GIB)
             self.platform.set_holder(
-                run["device"], SimulatedHolder(used=per, start=now, end=now + EXIT_S, pid=pid)
+                run["device"],
+                SimulatedHolder(used=per, start=now, end=now + EXIT_S, pid=pid, state=CHILD),
             )
         peak = int(shape.peak_gib * GIB) if not run["oom"] else None
         return run["oom"], peak, True

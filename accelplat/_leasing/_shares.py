@@ -1,0 +1,202 @@
+"""Memory shares: the budget, share slots, and the admission rule (what fits beside what).
+
+A share holds its device's lock *shared* (shares coexist; a whole-device lease excludes them)
+and one share slot, ``shares/<device>.<uid>-<n>.lock``, whose holder document carries its budget.
+Admissions are made one at a time under ``queue/<platform>.admit``, tried without blocking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from accelplat import _validate
+from accelplat._leasing import _locks
+from accelplat._leasing._locks import LOCK, Holder, Taken, Unit
+from accelplat._leasing._queue import kept_free
+from accelplat._owners import attribute, held_by_tree, read_owned
+from accelplat._types import MIB, MemoryInfo
+from accelplat._util import format_bytes, shown
+from accelplat.errors import ConfigurationError
+
+# set in a share's environment: its budget per device, and that budget as a fraction of the
+# smallest leased device's total (for torch.cuda.set_per_process_memory_fraction)
+ENV_MEMORY_BYTES = "ACCELPLAT_LEASE_MEMORY_BYTES"
+ENV_MEMORY_FRACTION = "ACCELPLAT_LEASE_MEMORY_FRACTION"
+SHARES_DIR = "shares"
+MAX_SHARES = 64  # share slots per device and user
+MIN_SHARE_BYTES = MIB  # a smaller int budget is a unit mistake (12 meant 12 GiB)
+SLOT = re.compile(r"(.+)\.([0-9]{1,10}-[0-9]{1,6})\.lock")  # <device key>.<uid>-<n>.lock
+
+
+def parse_budget(memory: object) -> int:
+    """A share's budget in bytes: text with a unit, or an int of at least 1 MiB."""
+    if isinstance(memory, int) and not isinstance(memory, bool) and 0 <= memory < MIN_SHARE_BYTES:
+        raise ConfigurationError(
+            f"memory={memory} is {memory} bytes, below 1 MiB: give a size with a unit "
+            f"('{memory}GiB') or an int of bytes ({memory} * accelplat.GIB)"
+        )
+    budget = _validate.parse_size(memory, argument="memory")  # type: ignore[arg-type]
+    if not MIN_SHARE_BYTES <= budget <= _locks.MAX_BYTES:
+        raise ConfigurationError(
+            f"memory must be at least 1MiB and at most 8EiB, got {shown(memory)}"
+        )
+    return budget
+
+
+def slot_key(key: str, slot: int) -> str:
+    # each user has its own slots: in a shared (sticky) directory another user's holder document
+    # could not be replaced, and its stale budget would be read for ours
+    return f"{key}.{os.geteuid()}-{slot}"
+
+
+def promises(shares: Path, key: str) -> list[Holder]:
+    """The holder documents of device ``key``'s share slots that are held or cannot be told.
+
+    A slot whose lock this user cannot open (another user's, made under a umask of 077 by an
+    older version) may be held: it counts, with the budget its document says (the whole device
+    when that cannot be read either).
+    """
+    try:
+        names = os.listdir(shares)
+    except OSError:
+        return []
+    found = []
+    for name in sorted(names):
+        slot = SLOT.fullmatch(name)
+        if slot is not None and slot.group(1) == key and _locks.held(shares / name) is not False:
+            found.append(_locks.read_holder(shares / name.replace(LOCK, _locks.DOC)))
+    return found
+
+
+def room(unit: Unit, info: MemoryInfo, live: Sequence[Holder], need: int) -> tuple[int, str]:
+    """The bytes of ``unit`` a new share may take, and how they were counted (docs/leasing.md).
+
+    The rule: other processes' memory (read live) plus, for each holder of shares, the larger of
+    its budgets and what its process tree uses (the driver's holders) must leave room. Where the
+    driver cannot tell the holders apart, the larger of used memory and the budgets counts (the
+    rule before owners). The holders are read only where ``need`` lies between the two bounds.
+    """
+    budgets: dict[int | None, int] = {}  # per holder pid (an unreadable budget: the whole device)
+    for p in live:
+        budgets[p.pid] = budgets.get(p.pid, 0) + (p.budget_bytes or info.total)
+    promised, note = sum(budgets.values()), ""
+    low, left = info.total - info.used - promised, info.total - max(info.used, promised)
+    if low < need <= left:  # only the holders can tell: read them
+        reading, holders = read_owned(unit.view, unit.device.index, info)
+        info = reading if isinstance(reading, MemoryInfo) else info
+        left = info.total - max(info.used, promised)
+        if (
+            holders is not None
+            and not attribute(unit.view, unit.device.index, info.used, holders).reason
+        ):
+            uses = {pid: held_by_tree(holders, pid) if pid else 0 for pid in budgets}
+            others = max(0, info.used - sum(uses.values()))
+            left = info.total - others - sum(max(b, uses[pid]) for pid, b in budgets.items())
+            note = f"; {format_bytes(others)} of it used by others"
+    elif need <= low:  # it fits even if every holder used its budget beside what is used now
+        left = low
+    who = ", ".join(f"{format_bytes(p.budget_bytes)} to {p.describe()}" for p in live)
+    return left, (
+        f"{format_bytes(max(left, 0))} room ({format_bytes(info.used)} used, "
+        f"{format_bytes(promised)} promised{f' ({who})' if who else ''}{note})"
+    )
+
+
+class Share:
+    """Admission of a share: ``budget`` bytes on each of ``count`` units with room, all or none."""
+
+    def __init__(self, budget: int, admit: Path) -> None:
+        self.budget, self.admit = budget, admit  # one admission at a time: under this lock
+        self.fields: dict[str, object] = {"budget_bytes": budget}  # what a ticket says
+        self.wants = f"memory={format_bytes(budget)}"
+
+    def fits(self, total: int) -> bool:
+        return total >= self.budget
+
+    def environ(self, units: Sequence[Unit]) -> dict[str, str | None]:
+        """The budget's variables (the fraction rounded down: it never allows more)."""
+        smallest = min(u.memory().total for u in units)
+        fraction = min(1.0, self.budget / max(smallest, 1))
+        return {
+            ENV_MEMORY_BYTES: str(self.budget),
+            ENV_MEMORY_FRACTION: f"{math.floor(fraction * 1e6) / 1e6:.6f}",
+        }
+
+    def attempt(
+        self,
+        pool: Sequence[Unit],
+        count: int,
+        lock_dir: Path,
+        ahead: Holder | None,
+        deadline: float,
+    ) -> list[Taken] | str:
+        """One try under the admission lock (never waited for): what was taken, or why not."""
+        try:
+            guard = _locks.try_lock(self.admit)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"lease admission lock {self.admit} cannot be opened: {exc.strerror or exc} (made "
+                "unreadable to others by an older version: its owner may remove it)"
+            ) from None
+        if guard is None:
+            holder = _locks.lock_holder(self.admit)
+            return f"another lease is being admitted: {self.admit} is held by {holder}"
+        try:
+            return self._admit(pool, count, lock_dir, ahead)
+        finally:
+            _locks.unlock(guard)
+
+    def _admit(
+        self, pool: Sequence[Unit], count: int, lock_dir: Path, ahead: Holder | None
+    ) -> list[Taken] | str:
+        shares = _locks.directory(lock_dir / SHARES_DIR, None)
+        rows, why = [], []
+        for rank, unit in enumerate(pool):
+            info = unit.memory()  # live, under the admission lock
+            keep = kept_free(ahead, info.total)
+            left, detail = room(unit, info, promises(shares, unit.key), self.budget + keep)
+            if left - self.budget >= keep:
+                rows.append((-left, rank, unit))
+                continue
+            if ahead is not None and left >= self.budget:
+                detail += f", kept for an older request ({ahead.describe()}: {ahead.request()})"
+            why.append(f"{unit.label}: {detail}")
+        got: list[Taken] = []
+        for _, _, unit in sorted(rows, key=lambda r: r[:2]):
+            taken = self._take_slot(lock_dir, shares, unit)
+            if isinstance(taken, str):
+                why.append(f"{unit.label}: {taken}")
+                continue
+            got.append(taken)
+            if len(got) == count:
+                return got
+        for taken in got:
+            for fd in taken.fds:
+                _locks.unlock(fd)
+        return (
+            f"fewer than {count} device(s) had room for {self.wants} at the last attempt "
+            f"({'; '.join(why)})"
+        )
+
+    def _take_slot(self, lock_dir: Path, shares: Path, unit: Unit) -> Taken | str:
+        """The device's lock held shared and a free slot of this user's, or why not."""
+        lock = lock_dir / (unit.key + LOCK)
+        try:
+            device_fd = _locks.try_lock(lock, shared=True)
+        except OSError as exc:
+            return f"cannot be locked ({lock}: {exc.strerror or exc})"
+        if device_fd is None:
+            return "leased whole"
+        for slot in range(MAX_SHARES):
+            with contextlib.suppress(OSError):  # a planted non-lock: the next slot
+                slot_fd = _locks.try_lock(shares / (slot_key(unit.key, slot) + LOCK))
+                if slot_fd is not None:
+                    document = shares / (slot_key(unit.key, slot) + _locks.DOC)
+                    return Taken(unit, (device_fd, slot_fd), document, self.fields)
+        _locks.unlock(device_fd)
+        return f"all {MAX_SHARES} share slots of this user are held"
