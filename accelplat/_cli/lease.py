@@ -24,7 +24,7 @@ from types import FrameType
 from accelplat._cli._args import Size, add_common, command, count_arg, path, ratio_arg, seconds_arg
 from accelplat._cli._errors import dumps, say, shown
 from accelplat._leasing import DEFAULT_TIMEOUT_S, LeaseRecord, lease, lease_status
-from accelplat._leasing._locks import default_lease_dir
+from accelplat._leasing._locks import default_lease_dir, describe
 from accelplat._leasing._shares import parse_budget
 from accelplat._util import format_bytes
 from accelplat.errors import ConfigurationError
@@ -41,11 +41,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "lease",
         _run,
         help="run a command on devices leased for it alone; --status shows the holders",
-        description="Lease devices exclusively among this host's processes (file locks keyed "
-        "by device identity; a crashed holder frees them at once), wait until their memory is "
-        "back, and run CMD with only them visible; with --memory, lease a share of each "
-        "device's memory instead. Leases stay inside the devices this process can see. While "
-        "it waits, it says for what and who holds it.",
+        description="Lease devices (or, with --memory, a share of each) among this host's "
+        "processes, wait until their memory is back, and run CMD with only them visible.",
     )
     add = parser.add_argument
     devices = count_arg(minimum=1, maximum=999_999, what="a number of devices >= 1")
@@ -77,10 +74,8 @@ def _run(args: argparse.Namespace) -> int:
         return _status(args)
     if not cmd:
         raise ConfigurationError("give the command to run after --, e.g. lease -n 1 -- pytest")
-    limits = {"min_free_bytes": args.min_free, "min_free_ratio": args.min_free_ratio}
-    held = lease(
-        args.count, memory=args.memory, timeout_s=args.timeout, lock_dir=args.lock_dir, **limits
-    )
+    kw = {"memory": args.memory, "timeout_s": args.timeout, "lock_dir": args.lock_dir}
+    held = lease(args.count, min_free_bytes=args.min_free, min_free_ratio=args.min_free_ratio, **kw)
     each = "" if held.memory_bytes is None else f" ({format_bytes(held.memory_bytes)} of each)"
     waiting = Waiting(f"{args.count} device(s){each}")
     try:
@@ -107,8 +102,7 @@ class Waiting:
     """
 
     def __init__(self, what: str) -> None:
-        self.what, self.drawn_at = what, -math.inf
-        self.tty = sys.stderr.isatty()
+        self.what, self.drawn_at, self.tty = what, -math.inf, sys.stderr.isatty()
 
     def __call__(self, waited_s: float, reason: str) -> None:
         now = time.monotonic()
@@ -184,13 +178,9 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     print(shown(f"leases in {directory}:" if records else f"no leases recorded in {directory}"))
     for r in records:
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.since)) if r.since else "?"
-        who = f"pid {r.pid} since {since}: {r.command}" if r.pid is not None else "no holder"
+        who = describe(r) if r.pid is not None else "no holder"
         if _state(r, shared) == "shared":
             who = f"by memory shares, {format_bytes(shared[r.device_id])} promised"
-        base = ""
-        if r.held and r.baseline_used_bytes is not None:
-            base = f" (handed out at {format_bytes(r.baseline_used_bytes)} used)"
         share = "" if r.budget_bytes is None else f"  share of {format_bytes(r.budget_bytes)}"
-        print(shown(f"  {r.device_id}{share}  {_state(r, shared)}  {who}{base}"))  # escaped
+        print(shown(f"  {r.device_id}{share}  {_state(r, shared)}  {who}"))  # escaped
     return 0

@@ -12,19 +12,20 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import KW_ONLY, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from accelplat import _validate
 from accelplat._leasing import _locks, _queue, _shares
-from accelplat._leasing._locks import DOC, LOCK, Holder, Taken, Unit
+from accelplat._leasing._locks import DOC, LOCK, Leasing, Outcome, Taken, Unit
 from accelplat._leasing._locks import ENV_LEASE_DIR as ENV_LEASE_DIR
+from accelplat._leasing._locks import LeaseRecord as LeaseRecord
 from accelplat._leasing._shares import ENV_MEMORY_BYTES as ENV_MEMORY_BYTES
 from accelplat._leasing._shares import Share
 from accelplat._memory import default_clock, wait_for_memory_to_clear
 from accelplat._platform import Platform, optional, subset_environment
 from accelplat._types import MIB, DeviceInfo
-from accelplat._util import Clock, format_bytes
+from accelplat._util import Clock
 from accelplat.errors import (
     ConfigurationError,
     LeaseTimeoutError,
@@ -35,42 +36,24 @@ from accelplat.errors import (
 DEFAULT_TIMEOUT_S = 600.0
 RETURN_TOLERANCE_BYTES = 256 * MIB  # above the last hand-out figure, still "memory is back"
 _POLL_FIRST_S, _POLL_MAX_S = 0.005, 0.05  # lock attempts: 5 ms, growing 1.5x to 50 ms
-_RECORDED = ("pid", "command", "since", "released", "platform", "baseline_used_bytes")
-
-
-@dataclass(frozen=True)
-class LeaseRecord:
-    """What a lock directory says about one device; ``None`` fields: unknown or out of range."""
-
-    device_id: str  # the stable device identity the lock file is named after
-    held: bool  # some process holds the lock now (memory shares hold a device's lock shared)
-    pid: int | None  # of the last holder
-    command: str  # that holder's command line, or ""
-    since: float | None  # when it was handed out, seconds since 1970
-    released: bool  # the last holder let go itself (False and not held: it died holding it)
-    platform: str  # recorded by the holder
-    baseline_used_bytes: int | None  # used memory of the device when it was handed out
-    path: str  # the lock file
-    budget_bytes: int | None = None  # a memory share's budget; None: the whole device
 
 
 class Whole:
     """Admission of whole devices: ``count`` locks held exclusively, then their memory back."""
 
     def __init__(self, lease: Lease) -> None:
-        self.min_free_bytes, self.min_free_ratio = lease.min_free_bytes, lease.min_free_ratio
-        self.prefer, self.clock = lease.prefer, lease.clock
-        self.fields: dict[str, object] = {"budget_bytes": None}  # what a ticket says
-        wants = {"min_free_bytes": self.min_free_bytes, "min_free_ratio": self.min_free_ratio}
+        self.lease = lease  # its minimums, the devices it prefers, its clock
+        wants = {"min_free_bytes": lease.min_free_bytes, "min_free_ratio": lease.min_free_ratio}
         self.wants = " and ".join(f"{k}={v}" for k, v in wants.items() if v is not None)
         self.unusable: dict[str, str] = {}  # lock key -> why it cannot be locked
         self.carried: dict[str, int] = {}  # lock key -> the idle figure kept for the next holder
 
     def limits(self, total: int) -> list[int]:
         """The largest usage at which a device of ``total`` meets each free-memory minimum."""
-        limits = [] if self.min_free_bytes is None else [total - self.min_free_bytes]
-        if self.min_free_ratio is not None:
-            limits.append(total - math.ceil(self.min_free_ratio * total))
+        least, ratio = self.lease.min_free_bytes, self.lease.min_free_ratio
+        limits = [] if least is None else [total - least]
+        if ratio is not None:
+            limits.append(total - math.ceil(ratio * total))
         return limits
 
     def fits(self, total: int) -> bool:
@@ -79,18 +62,12 @@ class Whole:
     def environ(self, units: Sequence[Unit]) -> dict[str, str | None]:
         return {}
 
-    def attempt(
-        self,
-        pool: Sequence[Unit],
-        count: int,
-        lock_dir: Path,
-        ahead: Holder | None,
-        deadline: float,
-    ) -> list[Taken] | str:
+    def attempt(self, lease: Leasing, ahead: LeaseRecord | None, deadline: float) -> Outcome:
         """One try: lock ``count`` free devices (most free memory first), wait for their memory."""
         if ahead is not None:  # the order rule (_queue.kept_free): it keeps the whole device
-            return f"an older request goes first ({ahead.describe()}: {ahead.request()})"
-        rank = {key: i for i, key in enumerate(self.prefer)}
+            return f"an older request goes first ({_queue.waiting(ahead)})"
+        pool, count, lock_dir = lease.pool, lease.count, lease.lock_dir
+        rank = {key: i for i, key in enumerate(self.lease.prefer)}
         free = {u.key: u.memory().free for u in pool}
         got: list[tuple[Unit, int]] = []
         for unit in sorted(pool, key=lambda u: (rank.get(u.key, len(rank)), -free[u.key])):
@@ -104,7 +81,9 @@ class Whole:
                 got.append((unit, fd))
             if len(got) == count:
                 if (reason := self._memory_back(lock_dir, got, deadline)) is None:
-                    return [self._taken(lock_dir, unit, fd) for unit, fd in got]
+                    return [
+                        Taken(u, (fd,), lock_dir / (u.key + DOC), self._base(u)) for u, fd in got
+                    ]
                 break
         else:
             reason = self._busy(pool, count, lock_dir)
@@ -112,9 +91,9 @@ class Whole:
             _locks.unlock(fd)
         return reason
 
-    def _taken(self, lock_dir: Path, unit: Unit, fd: int) -> Taken:
-        used = self.carried.get(unit.key, unit.memory().used)
-        return Taken(unit, (fd,), lock_dir / (unit.key + DOC), {"baseline_used_bytes": used})
+    def _base(self, unit: Unit) -> dict[str, object]:
+        """Its holder document's baseline: the used memory handed out (or the idle figure kept)."""
+        return {"baseline_used_bytes": self.carried.get(unit.key, unit.memory().used)}
 
     def _busy(self, pool: Sequence[Unit], count: int, lock_dir: Path) -> str:
         held = []
@@ -123,13 +102,10 @@ class Whole:
                 lock = lock_dir / (unit.key + LOCK)
                 held.append(f"{unit.label} cannot be locked ({lock}: {self.unusable[unit.key]})")
             elif sharing := _shares.promises(lock_dir / _shares.SHARES_DIR, unit.key):
-                who = ", ".join(
-                    f"{format_bytes(p.budget_bytes)} to {p.describe()}" for p in sharing
-                )
-                held.append(f"{unit.label} ({unit.key}) shared by {who}")
+                held.append(f"{unit.label} ({unit.key}) shared by {_shares.promised_to(sharing)}")
             else:
                 holder = _locks.read_holder(lock_dir / (unit.key + DOC))
-                held.append(f"{unit.label} ({unit.key}) held by {holder.describe()}")
+                held.append(f"{unit.label} ({unit.key}) held by {_locks.describe(holder)}")
         return (
             f"fewer than {count} of {len(pool)} usable device(s) were free at the last attempt "
             f"({'; '.join(held)})"
@@ -142,7 +118,7 @@ class Whole:
         for unit, _ in got:
             doc = _locks.read_holder(lock_dir / (unit.key + DOC))
             limits, base = self.limits(unit.memory().total), doc.baseline_used_bytes
-            if base is not None and unit.key in self.prefer and doc.pid == os.getpid():
+            if base is not None and unit.key in self.lease.prefer and doc.pid == os.getpid():
                 self.carried[unit.key] = base  # its own memory is not coming back: keep the
             elif base is not None:  # idle figure for whoever comes next
                 limits.append(base + RETURN_TOLERANCE_BYTES)
@@ -153,10 +129,10 @@ class Whole:
                 wait_for_memory_to_clear(
                     [unit.device.index],
                     threshold_bytes=max(0, min(limits)),
-                    timeout_s=max(0.0, deadline - self.clock.monotonic()),
+                    timeout_s=max(0.0, deadline - self.lease.clock.monotonic()),
                     stable_duration_s=release.stable_duration_s if release.lazy else 0.0,
                     platform=unit.view,
-                    clock=self.clock,
+                    clock=self.lease.clock,
                 )
             except MemoryNotSettledError as exc:
                 return f"device memory did not come back: {exc}"
@@ -172,7 +148,6 @@ class Lease:
     """
 
     count: int  # devices asked for
-    _: KW_ONLY
     platform: Platform
     lock_dir: Path
     min_free_bytes: int | None
@@ -189,14 +164,18 @@ class Lease:
     device_ids: tuple[str, ...] = field(default=(), init=False)
     waited_s: float = field(default=0.0, init=False)
     pool: list[Unit] = field(default_factory=list, init=False)  # what may be taken, from lease()
+    tag: str = field(init=False)
+    queue_dir: Path = field(init=False)
     _admission: Whole | Share = field(init=False)
     _fds: list[int] = field(default_factory=list, init=False)
     _written: list[tuple[Path, dict[str, object]]] = field(default_factory=list, init=False)
     _ticket: tuple[_queue.Ticket, int] | None = field(default=None, init=False)  # while waiting
 
     def __post_init__(self) -> None:
-        budget, admit = self.memory_bytes, self.queue_dir / f"{self.tag}.admit"
-        self._admission = Whole(self) if budget is None else Share(budget, admit)
+        self.tag = _locks.platform_tag(self.platform)  # the queue's name for the platform
+        self.queue_dir = _locks.directory(self.lock_dir / _queue.QUEUE_DIR, None)
+        budget = self.memory_bytes
+        self._admission = Whole(self) if budget is None else Share(budget)
 
     @property
     def held(self) -> bool:
@@ -207,14 +186,6 @@ class Lease:
     def lock_fds(self) -> tuple[int, ...]:
         """Descriptors holding the locks (``pass_fds`` them to a child to hold until it exits)."""
         return tuple(self._fds)
-
-    @property
-    def tag(self) -> str:
-        return _locks.platform_tag(self.platform)
-
-    @property
-    def queue_dir(self) -> Path:
-        return _locks.directory(self.lock_dir / _queue.QUEUE_DIR, None)
 
     def child_environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """Return a copy of ``base`` (default ``os.environ``) with the lease's variables applied."""
@@ -293,26 +264,21 @@ class Lease:
             raise ConfigurationError("this lease is held already; release it first")
         mine = self._ticket[0] if self._ticket is not None else None
         ahead = _queue.ahead_of(self.queue_dir, self.tag, mine)
-        got = self._admission.attempt(self.pool, self.count, self.lock_dir, ahead, deadline)
+        got = self._admission.attempt(self, ahead, deadline)
         if isinstance(got, str):
             if self._ticket is None:
-                fields = {"count": self.count, **self._admission.fields}
-                self._ticket = _queue.enter(
-                    self.queue_dir, self.tag, _locks.holder_document(self.platform.name, **fields)
-                )
+                said = _locks.holder_document(self.platform.name, budget_bytes=self.memory_bytes)
+                self._ticket = _queue.enter(self.queue_dir, self.tag, said)
             return got
         self._leave()
         units = [t.unit for t in got]
-        values = [u.value for u in units if u.value is not None]
         self.devices = tuple(u.device for u in units)
         self.device_ids = tuple(u.key for u in units)
         self._fds = [fd for t in got for fd in t.fds]
-        env = self.platform.visible_devices_env
-        self.environ = (
-            {env: ",".join(values)}
-            if values and env
-            else subset_environment(self.platform, self.devices)
-        )
+        if (env := self.platform.visible_devices_env) and units[0].value:  # lease units
+            self.environ = {env: ",".join(u.value or "" for u in units)}
+        else:
+            self.environ = subset_environment(self.platform, self.devices)
         self.environ.update(self._admission.environ(units))
         base = _locks.holder_document(self.platform.name)
         self._written = [(t.document, {**base, "device_id": t.unit.key, **t.fields}) for t in got]
@@ -400,7 +366,7 @@ def lease(
     if min_free_bytes is not None:
         _validate.integer(min_free_bytes, "min_free_bytes", minimum=0, maximum=_locks.MAX_BYTES)
     if min_free_ratio is not None:
-        _validate.number(min_free_ratio, "min_free_ratio", minimum=0, maximum=1)
+        min_free_ratio = _validate.number(min_free_ratio, "min_free_ratio", minimum=0, maximum=1)
     timeout = _validate.number(timeout_s, "timeout_s", minimum=0)
     if isinstance(prefer, (str, bytes)) or not all(isinstance(p, str) for p in prefer):
         raise ConfigurationError(f"prefer must be a sequence of device identities, got {prefer!r}")
@@ -409,16 +375,10 @@ def lease(
         from accelplat._registry import current_platform
 
         platform = current_platform()
+    clock = clock if clock is not None else default_clock(platform)
+    ratio, prefers = min_free_ratio, tuple(prefer)
     held = Lease(
-        wanted,
-        platform=platform,
-        lock_dir=directory,
-        min_free_bytes=min_free_bytes,
-        min_free_ratio=None if min_free_ratio is None else float(min_free_ratio),
-        timeout_s=timeout,
-        clock=clock if clock is not None else default_clock(platform),
-        prefer=tuple(prefer),
-        memory_bytes=budget,
+        wanted, platform, directory, min_free_bytes, ratio, timeout, clock, prefers, budget
     )
     held.pool = _pool(held)
     return held
@@ -468,15 +428,10 @@ def lease_status(lock_dir: str | os.PathLike[str] | None = None) -> list[LeaseRe
         Takes each free lock for an instant (a shared lock) to learn whether it is held.
     """
     directory = _locks.prepare_dir(lock_dir)
-    shares = (
-        _records(directory / _shares.SHARES_DIR, share=True)
-        if (directory / _shares.SHARES_DIR).is_dir()
-        else []
-    )
+    shares = _records(directory / _shares.SHARES_DIR, share=True)
     shared = {r.device_id for r in shares if r.held}
-    records = [
-        replace(r, held=r.held or r.device_id in shared) for r in _records(directory, share=False)
-    ]
+    devices = _records(directory, share=False)
+    records = [replace(r, held=r.held or r.device_id in shared) for r in devices]
     return sorted(records + shares, key=lambda r: (r.device_id, r.budget_bytes is not None, r.path))
 
 
@@ -491,12 +446,9 @@ def _records(where: Path, *, share: bool) -> list[LeaseRecord]:
         if probe is not None:
             _locks.unlock(probe)
         doc = _locks.read_holder(entry.with_suffix(DOC))
-        if share and (slot is None or (doc == Holder() and probe is not None)):
-            continue
+        if share and (slot is None or (doc.pid is None and probe is not None)):
+            continue  # a free slot of nobody's
         key = slot.group(1) if share and slot else entry.name.removesuffix(LOCK)
-        budget = (doc.budget_bytes or 0) if share else None
-        fields = {name: getattr(doc, name) for name in _RECORDED}
-        records.append(
-            LeaseRecord(key, probe is None, path=str(entry), budget_bytes=budget, **fields)
-        )
+        doc = replace(doc, device_id=key, held=probe is None, path=str(entry))
+        records.append(replace(doc, budget_bytes=(doc.budget_bytes or 0) if share else None))
     return records

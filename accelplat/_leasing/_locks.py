@@ -17,17 +17,17 @@ import os
 import pwd
 import re
 import stat
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from accelplat import _files, _validate
 from accelplat._platform import Platform
 from accelplat._types import DeviceInfo, MemoryInfo
-from accelplat._util import format_bytes, shorten
+from accelplat._util import shorten
+from accelplat._vendor.procs import process_details
 from accelplat.errors import ConfigurationError
 
 ENV_LEASE_DIR = "ACCELPLAT_LEASE_DIR"  # a (possibly shared) lock directory instead of the default
@@ -96,11 +96,8 @@ def directory(path: Path, mode: int | None, *, private: bool = False, follow: bo
         problem = "is not writable by this user"
     else:
         return path
-    remedy = "remove it, or " if private else ""
-    raise ConfigurationError(
-        f"lease lock directory {path} {problem}: {remedy}set {ENV_LEASE_DIR} to another (one to "
-        "share), or pass lock_dir"
-    )
+    remedy = f"{'remove it, or ' if private else ''}set {ENV_LEASE_DIR} (or lock_dir) to another"
+    raise ConfigurationError(f"lease lock directory {path} {problem}: {remedy}")
 
 
 def platform_tag(platform: Platform) -> str:
@@ -197,8 +194,6 @@ def held(path: Path) -> bool | None:
 
 def lock_holder(path: Path) -> str:
     """Name the process holding a ``flock`` on ``path``, as ``/proc/locks`` lists it (Linux)."""
-    from accelplat._vendor.procs import process_details
-
     try:
         info = os.stat(path, follow_symlinks=False)
         text = _files.read_live("/proc/locks", limit=_files.PROC_LIMIT).decode("ascii", "replace")
@@ -214,44 +209,43 @@ def lock_holder(path: Path) -> str:
 
 
 @dataclass(frozen=True)
-class Holder:
-    """A holder document: who holds a lock (or held it last, or waits in the queue), for what.
+class LeaseRecord:
+    """A holder document as read back: who holds a device (or held it last), or waits for one.
 
-    One format for every lease file that says something: a device lock's, a share slot's and a
-    queue ticket's (docs/leasing.md). Fields out of range read as ``None`` (or empty).
+    One format for every lease file that says something: a device lock's, a memory share's slot
+    and a queue ticket (docs/leasing.md). Untrusted; ``None`` fields: unknown or out of range.
     """
 
-    pid: int | None = None
-    command: str = ""
+    device_id: str = ""  # the stable device identity the lock file is named after
+    held: bool = False  # some process holds the lock now (memory shares hold their device's)
+    pid: int | None = None  # of the last holder
+    command: str = ""  # that holder's command line, or ""
     since: float | None = None  # when it was handed out (or queued), seconds since 1970
-    released: bool = False  # the holder let go itself
-    platform: str = ""
-    baseline_used_bytes: int | None = None  # a whole device's used memory when handed out
-    budget_bytes: int | None = None  # a share's budget on each device; None: whole devices
-    count: int | None = None  # devices asked for (a ticket)
-    user: str = ""  # the document's owner
-
-    def describe(self) -> str:
-        """``pid 42 (alice, since 2026-12-08 10:00:00): python serve.py``."""
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since)) if self.since else "?"
-        who = f"pid {self.pid}" if self.pid is not None else "a process"
-        return f"{who} ({self.user or '?'}, since {when}): {shorten(self.command or '?', 80)}"
-
-    def request(self) -> str:
-        """What a ticket waits for."""
-        what = "whole" if self.budget_bytes is None else format_bytes(self.budget_bytes) + " on"
-        return f"{what} {self.count or '?'} device(s)"
+    released: bool = False  # the last holder let go itself (False and not held: it died holding it)
+    platform: str = ""  # recorded by the holder
+    baseline_used_bytes: int | None = None  # used memory of the device when it was handed out
+    path: str = ""  # the lock file
+    budget_bytes: int | None = None  # a memory share's budget; None: the whole device
+    user: str = ""  # the holder's user (the document's owner), or ""
 
 
-def read_holder(path: Path) -> Holder:
+def describe(record: LeaseRecord) -> str:
+    """``pid 42 (alice, since 2026-12-08 10:00:00): python serve.py``."""
+    since = record.since
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since else "?"
+    who = f"pid {record.pid}" if record.pid is not None else "a process"
+    return f"{who} ({record.user or '?'}, since {when}): {shorten(record.command or '?', 80)}"
+
+
+def read_holder(path: Path) -> LeaseRecord:
     """Read a holder document (untrusted: maybe another user's); anything odd reads as empty."""
     try:
         data = json.loads(_files.read_live(path, limit=MAX_DOCUMENT_BYTES, follow_links=False))
         uid = os.lstat(path).st_uid
     except (OSError, ValueError, RecursionError):
-        return Holder()  # missing, a link, not a regular file, too large, not UTF-8 JSON
+        return LeaseRecord()  # missing, a link, not a regular file, too large, not UTF-8 JSON
     if not isinstance(data, dict):
-        return Holder()
+        return LeaseRecord()
 
     def number(key: str, maximum: float = MAX_BYTES, kind: Any = _validate.integer) -> Any:
         with contextlib.suppress(ConfigurationError):  # None when missing or out of range
@@ -266,7 +260,7 @@ def read_holder(path: Path) -> Holder:
         user = pwd.getpwuid(uid).pw_name
     except KeyError:
         user = f"uid {uid}"
-    return Holder(
+    return LeaseRecord(
         pid=number("pid", _PID_MAX) or None,
         command=text("command"),
         since=number("since", _LAST_SECOND, _validate.number),
@@ -274,14 +268,14 @@ def read_holder(path: Path) -> Holder:
         platform=text("platform"),
         baseline_used_bytes=number("baseline_used_bytes"),
         budget_bytes=number("budget_bytes"),
-        count=number("count", 999_999) or None,
         user=user,
     )
 
 
 def holder_document(platform: str, **fields: object) -> dict[str, object]:
     """This process's holder document (docs/leasing.md), with ``fields`` added."""
-    doc = {"version": 1, "platform": platform, "pid": os.getpid(), "command": command_line()}
+    _, command = process_details(os.getpid(), width=_COMMAND_LIMIT)  # read live, bounded
+    doc = {"version": 1, "platform": platform, "pid": os.getpid(), "command": command}
     return {**doc, "since": time.time(), "released": False, **fields}
 
 
@@ -299,16 +293,6 @@ def write_holder(path: Path, doc: dict[str, object]) -> None:
             tmp.unlink()
 
 
-def command_line() -> str:
-    """This process's command line, read live and bounded."""
-    try:
-        raw = _files.read_live(f"/proc/{os.getpid()}/cmdline", limit=_files.PROC_LIMIT)
-        command = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
-        command = " ".join(sys.argv)
-    return command[:_COMMAND_LIMIT]
-
-
 class Taken(NamedTuple):
     """What an admission took on one unit: its lock descriptors and where its document goes."""
 
@@ -316,3 +300,16 @@ class Taken(NamedTuple):
     fds: tuple[int, ...]
     document: Path
     fields: dict[str, object]  # the holder document's own fields (a baseline, a budget)
+
+
+Outcome = list[Taken] | str  # what one attempt took, or why it took nothing
+
+
+class Leasing(Protocol):
+    """What an admission reads of the lease it admits."""
+
+    count: int
+    lock_dir: Path
+    pool: list[Unit]
+    queue_dir: Path
+    tag: str

@@ -18,14 +18,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accelplat._leasing._locks import Holder, create, held, read_holder, unlock
+from accelplat._leasing._locks import LeaseRecord, create, describe, held, read_holder, unlock
+from accelplat._util import format_bytes
 
 QUEUE_DIR = "queue"
 _TICKET = re.compile(r"([A-Za-z0-9_.-]{1,64})~([0-9]{1,20})~([0-9]{1,7})~([0-9]{1,9})\.ticket")
 _sequence = itertools.count()
 
 
-def kept_free(ahead: Holder | None, total: int) -> int:
+def kept_free(ahead: LeaseRecord | None, total: int) -> int:
     """The order rule: the bytes of a device of ``total`` that a newer request must leave free.
 
     While an older request waits, a newer one may not take what it waits for: an older
@@ -36,6 +37,13 @@ def kept_free(ahead: Holder | None, total: int) -> int:
     if ahead is None:
         return 0
     return total if ahead.budget_bytes is None else ahead.budget_bytes
+
+
+def waiting(ahead: LeaseRecord) -> str:
+    """Name an older request: who, and what it waits for."""
+    budget = ahead.budget_bytes
+    what = "whole devices" if budget is None else f"{format_bytes(budget)} on each device"
+    return f"{describe(ahead)}, waiting for {what}"
 
 
 @dataclass(frozen=True, order=True)
@@ -70,7 +78,7 @@ def leave(queue: Path, ticket: Ticket, fd: int) -> None:
     unlock(fd)
 
 
-def ahead_of(queue: Path, platform: str, mine: Ticket | None) -> Holder | None:
+def ahead_of(queue: Path, platform: str, mine: Ticket | None) -> LeaseRecord | None:
     """The oldest live request older than ``mine`` (any, when ``None``), or ``None``.
 
     Every name of ``queue`` is read (names that are no ticket of ``platform`` are passed over).
@@ -81,13 +89,8 @@ def ahead_of(queue: Path, platform: str, mine: Ticket | None) -> Holder | None:
         names = os.listdir(queue)
     except OSError:
         return None
-    tickets = []
-    for name in names:
-        match = _TICKET.fullmatch(name)
-        if match is not None and match.group(1) == platform:
-            order = (int(match.group(2)), int(match.group(3)), int(match.group(4)))
-            tickets.append(Ticket(order, name))
-    for ticket in sorted(tickets):
+    ours = [m for m in map(_TICKET.fullmatch, names) if m is not None and m[1] == platform]
+    for ticket in sorted(Ticket((int(m[2]), int(m[3]), int(m[4])), m[0]) for m in ours):
         if mine is not None and ticket >= mine:
             return None
         state = held(queue / ticket.name)

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from accelplat import _validate
-from accelplat._leasing import _locks
-from accelplat._leasing._locks import LOCK, Holder, Taken, Unit
+from accelplat._leasing import _locks, _queue
+from accelplat._leasing._locks import LOCK, LeaseRecord, Leasing, Outcome, Taken, Unit
 from accelplat._leasing._queue import kept_free
 from accelplat._owners import attribute, held_by_tree, read_owned
 from accelplat._types import MIB, MemoryInfo
@@ -36,15 +36,11 @@ SLOT = re.compile(r"(.+)\.([0-9]{1,10}-[0-9]{1,6})\.lock")  # <device key>.<uid>
 def parse_budget(memory: object) -> int:
     """A share's budget in bytes: text with a unit, or an int of at least 1 MiB."""
     if isinstance(memory, int) and not isinstance(memory, bool) and 0 <= memory < MIN_SHARE_BYTES:
-        raise ConfigurationError(
-            f"memory={memory} is {memory} bytes, below 1 MiB: give a size with a unit "
-            f"('{memory}GiB') or an int of bytes ({memory} * accelplat.GIB)"
-        )
+        hint = f"a size with a unit ('{memory}GiB') or an int of bytes ({memory} * accelplat.GIB)"
+        raise ConfigurationError(f"memory={memory} is {memory} bytes, below 1 MiB: give {hint}")
     budget = _validate.parse_size(memory, argument="memory")  # type: ignore[arg-type]
     if not MIN_SHARE_BYTES <= budget <= _locks.MAX_BYTES:
-        raise ConfigurationError(
-            f"memory must be at least 1MiB and at most 8EiB, got {shown(memory)}"
-        )
+        raise ConfigurationError(f"memory must be from 1MiB to 8EiB, got {shown(memory)}")
     return budget
 
 
@@ -54,7 +50,7 @@ def slot_key(key: str, slot: int) -> str:
     return f"{key}.{os.geteuid()}-{slot}"
 
 
-def promises(shares: Path, key: str) -> list[Holder]:
+def promises(shares: Path, key: str) -> list[LeaseRecord]:
     """The holder documents of device ``key``'s share slots that are held or cannot be told.
 
     A slot whose lock this user cannot open (another user's, made under a umask of 077 by an
@@ -65,15 +61,12 @@ def promises(shares: Path, key: str) -> list[Holder]:
         names = os.listdir(shares)
     except OSError:
         return []
-    found = []
-    for name in sorted(names):
-        slot = SLOT.fullmatch(name)
-        if slot is not None and slot.group(1) == key and _locks.held(shares / name) is not False:
-            found.append(_locks.read_holder(shares / name.replace(LOCK, _locks.DOC)))
-    return found
+    slots = [m[0] for m in map(SLOT.fullmatch, sorted(names)) if m is not None and m[1] == key]
+    live = [name for name in slots if _locks.held(shares / name) is not False]
+    return [_locks.read_holder(shares / name.replace(LOCK, _locks.DOC)) for name in live]
 
 
-def room(unit: Unit, info: MemoryInfo, live: Sequence[Holder], need: int) -> tuple[int, str]:
+def room(unit: Unit, info: MemoryInfo, live: Sequence[LeaseRecord], need: int) -> tuple[int, str]:
     """The bytes of ``unit`` a new share may take, and how they were counted (docs/leasing.md).
 
     The rule: other processes' memory (read live) plus, for each holder of shares, the larger of
@@ -100,86 +93,74 @@ def room(unit: Unit, info: MemoryInfo, live: Sequence[Holder], need: int) -> tup
             note = f"; {format_bytes(others)} of it used by others"
     elif need <= low:  # it fits even if every holder used its budget beside what is used now
         left = low
-    who = ", ".join(f"{format_bytes(p.budget_bytes)} to {p.describe()}" for p in live)
+    who = f" ({promised_to(live)})" if live else ""
     return left, (
         f"{format_bytes(max(left, 0))} room ({format_bytes(info.used)} used, "
-        f"{format_bytes(promised)} promised{f' ({who})' if who else ''}{note})"
+        f"{format_bytes(promised)} promised{who}{note})"
     )
+
+
+def promised_to(live: Sequence[LeaseRecord]) -> str:
+    """``12.00 GiB to pid 42 (alice, since …): python t.py, …``."""
+    return ", ".join(f"{format_bytes(p.budget_bytes)} to {_locks.describe(p)}" for p in live)
 
 
 class Share:
     """Admission of a share: ``budget`` bytes on each of ``count`` units with room, all or none."""
 
-    def __init__(self, budget: int, admit: Path) -> None:
-        self.budget, self.admit = budget, admit  # one admission at a time: under this lock
-        self.fields: dict[str, object] = {"budget_bytes": budget}  # what a ticket says
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
         self.wants = f"memory={format_bytes(budget)}"
 
     def fits(self, total: int) -> bool:
         return total >= self.budget
 
     def environ(self, units: Sequence[Unit]) -> dict[str, str | None]:
-        """The budget's variables (the fraction rounded down: it never allows more)."""
-        smallest = min(u.memory().total for u in units)
-        fraction = min(1.0, self.budget / max(smallest, 1))
-        return {
-            ENV_MEMORY_BYTES: str(self.budget),
-            ENV_MEMORY_FRACTION: f"{math.floor(fraction * 1e6) / 1e6:.6f}",
-        }
+        """The budget's variables: bytes, and a fraction of the smallest unit's total."""
+        fraction = min(1.0, self.budget / max(min(u.memory().total for u in units), 1))
+        rounded = f"{math.floor(fraction * 1e6) / 1e6:.6f}"  # down: never more than the budget
+        return {ENV_MEMORY_BYTES: str(self.budget), ENV_MEMORY_FRACTION: rounded}
 
-    def attempt(
-        self,
-        pool: Sequence[Unit],
-        count: int,
-        lock_dir: Path,
-        ahead: Holder | None,
-        deadline: float,
-    ) -> list[Taken] | str:
+    def attempt(self, lease: Leasing, ahead: LeaseRecord | None, deadline: float) -> Outcome:
         """One try under the admission lock (never waited for): what was taken, or why not."""
+        admit = lease.queue_dir / f"{lease.tag}.admit"  # one admission at a time
         try:
-            guard = _locks.try_lock(self.admit)
-        except OSError as exc:
-            raise ConfigurationError(
-                f"lease admission lock {self.admit} cannot be opened: {exc.strerror or exc} (made "
-                "unreadable to others by an older version: its owner may remove it)"
-            ) from None
+            guard = _locks.try_lock(admit)
+        except OSError as exc:  # made for its owner alone (umask 077) by an older version
+            cause = f"{admit} cannot be opened: {exc.strerror or exc}; its owner may remove it"
+            raise ConfigurationError(f"lease admission lock {cause}") from None
         if guard is None:
-            holder = _locks.lock_holder(self.admit)
-            return f"another lease is being admitted: {self.admit} is held by {holder}"
+            holder = _locks.lock_holder(admit)
+            return f"another lease is being admitted: {admit} is held by {holder}"
         try:
-            return self._admit(pool, count, lock_dir, ahead)
+            shares = _locks.directory(lease.lock_dir / SHARES_DIR, None)
+            rows, why = [], []
+            for rank, unit in enumerate(lease.pool):
+                info = unit.memory()  # live, under the admission lock
+                keep = kept_free(ahead, info.total)
+                left, detail = room(unit, info, promises(shares, unit.key), self.budget + keep)
+                if left - self.budget >= keep:
+                    rows.append((-left, rank, unit))
+                    continue
+                if ahead is not None and left >= self.budget:
+                    detail += f", kept for an older request ({_queue.waiting(ahead)})"
+                why.append(f"{unit.label}: {detail}")
+            got: list[Taken] = []
+            for _, _, unit in sorted(rows, key=lambda r: r[:2]):
+                taken = self._take_slot(lease.lock_dir, shares, unit)
+                if isinstance(taken, str):
+                    why.append(f"{unit.label}: {taken}")
+                    continue
+                got.append(taken)
+                if len(got) == lease.count:
+                    return got
         finally:
             _locks.unlock(guard)
-
-    def _admit(
-        self, pool: Sequence[Unit], count: int, lock_dir: Path, ahead: Holder | None
-    ) -> list[Taken] | str:
-        shares = _locks.directory(lock_dir / SHARES_DIR, None)
-        rows, why = [], []
-        for rank, unit in enumerate(pool):
-            info = unit.memory()  # live, under the admission lock
-            keep = kept_free(ahead, info.total)
-            left, detail = room(unit, info, promises(shares, unit.key), self.budget + keep)
-            if left - self.budget >= keep:
-                rows.append((-left, rank, unit))
-                continue
-            if ahead is not None and left >= self.budget:
-                detail += f", kept for an older request ({ahead.describe()}: {ahead.request()})"
-            why.append(f"{unit.label}: {detail}")
-        got: list[Taken] = []
-        for _, _, unit in sorted(rows, key=lambda r: r[:2]):
-            taken = self._take_slot(lock_dir, shares, unit)
-            if isinstance(taken, str):
-                why.append(f"{unit.label}: {taken}")
-                continue
-            got.append(taken)
-            if len(got) == count:
-                return got
         for taken in got:
             for fd in taken.fds:
                 _locks.unlock(fd)
         return (
-            f"fewer than {count} device(s) had room for {self.wants} at the last attempt "
+            f"fewer than {lease.count} device(s) had room for {self.wants} at the last attempt "
             f"({'; '.join(why)})"
         )
 
@@ -196,7 +177,7 @@ class Share:
             with contextlib.suppress(OSError):  # a planted non-lock: the next slot
                 slot_fd = _locks.try_lock(shares / (slot_key(unit.key, slot) + LOCK))
                 if slot_fd is not None:
-                    document = shares / (slot_key(unit.key, slot) + _locks.DOC)
-                    return Taken(unit, (device_fd, slot_fd), document, self.fields)
+                    doc = shares / (slot_key(unit.key, slot) + _locks.DOC)
+                    return Taken(unit, (device_fd, slot_fd), doc, {"budget_bytes": self.budget})
         _locks.unlock(device_fd)
         return f"all {MAX_SHARES} share slots of this user are held"

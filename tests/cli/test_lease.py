@@ -219,8 +219,8 @@ def test_memory_shares_run_side_by_side_on_one_device(env: dict[str, str]) -> No
     ("args", "message"),
     [
         (["--memory", "12", "--", "true"], "--memory"),
-        (["--memory", "100KiB", "--", "true"], "memory must be at least 1MiB"),
-        (["--memory", "9" * 330 + "GiB", "--", "true"], "at most 8EiB"),
+        (["--memory", "100KiB", "--", "true"], "memory must be from 1MiB to 8EiB"),
+        (["--memory", "9" * 330 + "GiB", "--", "true"], "to 8EiB"),
         (["--memory", "81GiB", "--", "true"], "enough memory in total for memory=81.00 GiB"),
         (["--memory", "8GiB", "--min-free", "1GiB", "--", "true"], "one or the other"),
     ],

@@ -12,7 +12,7 @@ import pytest
 
 from accelplat._backends.simulated import SimulatedPlatform
 from accelplat._leasing import lease
-from accelplat._leasing._locks import Holder, read_holder
+from accelplat._leasing._locks import LeaseRecord, read_holder
 from accelplat._leasing._queue import kept_free
 from accelplat._types import GIB
 from accelplat.errors import LeaseTimeoutError
@@ -32,8 +32,8 @@ def _tickets(lock_dir: Path) -> list[Path]:
 
 def test_the_order_rule_keeps_what_the_oldest_waiter_waits_for() -> None:
     assert kept_free(None, 80 * GIB) == 0  # nobody older waits: nothing kept
-    assert kept_free(Holder(budget_bytes=None), 80 * GIB) == 80 * GIB  # a whole device
-    assert kept_free(Holder(budget_bytes=60 * GIB), 80 * GIB) == 60 * GIB  # its budget
+    assert kept_free(LeaseRecord(budget_bytes=None), 80 * GIB) == 80 * GIB  # a whole device
+    assert kept_free(LeaseRecord(budget_bytes=60 * GIB), 80 * GIB) == 60 * GIB  # its budget
 
 
 def test_a_large_request_is_not_starved_by_small_ones(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_a_large_request_is_not_starved_by_small_ones(tmp_path: Path) -> None:
     assert big.try_acquire() is not None  # refused: it keeps its place in the queue
     (ticket,) = _tickets(tmp_path)
     said = read_holder(ticket)  # the request, in the holder document's format
-    assert (said.budget_bytes, said.count, said.pid) == (60 * GIB, 1, os.getpid())
+    assert (said.budget_bytes, said.pid) == (60 * GIB, os.getpid())
     # 30 GiB room: a 25 GiB newcomer would fit, but it would take the waiter's room
     with pytest.raises(LeaseTimeoutError, match=r"kept for an older request \(pid"):
         share(plat, tmp_path, "25GiB").acquire()
