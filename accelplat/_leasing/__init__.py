@@ -39,7 +39,10 @@ _POLL_FIRST_S, _POLL_MAX_S = 0.005, 0.05  # lock attempts: 5 ms, growing 1.5x to
 
 
 class Whole:
-    """Admission of whole devices: ``count`` locks held exclusively, then their memory back."""
+    """Admission of whole devices: ``count`` locks held exclusively, then their memory back.
+
+    It admits for ``lease``, whose minimums, preferred devices and clock it reads.
+    """
 
     def __init__(self, lease: Lease) -> None:
         self.lease = lease  # its minimums, the devices it prefers, its clock
@@ -163,7 +166,7 @@ class Lease:
     environ: dict[str, str | None] = field(default_factory=dict, init=False)
     device_ids: tuple[str, ...] = field(default=(), init=False)
     waited_s: float = field(default=0.0, init=False)
-    pool: list[Unit] = field(default_factory=list, init=False)  # what may be taken, from lease()
+    pool: list[Unit] = field(init=False)  # the devices (or lease units) that could serve it
     tag: str = field(init=False)
     queue_dir: Path = field(init=False)
     _admission: Whole | Share = field(init=False)
@@ -176,6 +179,7 @@ class Lease:
         self.queue_dir = _locks.directory(self.lock_dir / _queue.QUEUE_DIR, None)
         budget = self.memory_bytes
         self._admission = Whole(self) if budget is None else Share(budget)
+        self.pool = _pool(self)  # checked at once: LeaseUnsatisfiableError
 
     @property
     def held(self) -> bool:

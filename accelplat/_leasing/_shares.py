@@ -17,7 +17,6 @@ from pathlib import Path
 from accelplat import _validate
 from accelplat._leasing import _locks, _queue
 from accelplat._leasing._locks import LOCK, LeaseRecord, Leasing, Outcome, Taken, Unit
-from accelplat._leasing._queue import kept_free
 from accelplat._owners import attribute, held_by_tree, read_owned
 from accelplat._types import MIB, MemoryInfo
 from accelplat._util import format_bytes, shown
@@ -137,7 +136,7 @@ class Share:
             rows, why = [], []
             for rank, unit in enumerate(lease.pool):
                 info = unit.memory()  # live, under the admission lock
-                keep = kept_free(ahead, info.total)
+                keep = _queue.kept_free(ahead, info.total)
                 left, detail = room(unit, info, promises(shares, unit.key), self.budget + keep)
                 if left - self.budget >= keep:
                     rows.append((-left, rank, unit))
