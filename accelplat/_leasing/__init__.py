@@ -22,7 +22,8 @@ from accelplat._leasing._locks import ENV_LEASE_DIR as ENV_LEASE_DIR
 from accelplat._leasing._locks import LeaseRecord as LeaseRecord
 from accelplat._leasing._shares import ENV_MEMORY_BYTES as ENV_MEMORY_BYTES
 from accelplat._leasing._shares import Share
-from accelplat._memory import default_clock, wait_for_memory_to_clear
+from accelplat._memory import wait_for_memory_to_clear
+from accelplat._owners import default_clock
 from accelplat._platform import Platform, optional, subset_environment
 from accelplat._types import MIB, DeviceInfo
 from accelplat._util import Clock

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, Protocol
 from accelplat import _files, _validate
 from accelplat._platform import Platform
 from accelplat._types import DeviceInfo, MemoryInfo
-from accelplat._util import shorten
+from accelplat._util import clip
 from accelplat._vendor.procs import process_details
 from accelplat.errors import ConfigurationError
 
@@ -203,8 +203,8 @@ def lock_holder(path: Path) -> str:
     for fields in map(str.split, text.splitlines()):
         # "1: FLOCK  ADVISORY  WRITE 4242 fd:01:5678 0 EOF"; a blocked waiter's line has "->"
         if fields[1:2] == ["FLOCK"] and fields[5:6] == [inode] and fields[4].isdigit():
-            user, command = process_details(int(fields[4]), width=80)
-            return f"pid {fields[4]} ({user or '?'}): {command or '?'}"
+            user, argv = process_details(int(fields[4]))
+            return f"pid {fields[4]} ({user or '?'}): {clip(' '.join(argv), 80) or '?'}"
     return "another process"
 
 
@@ -234,7 +234,7 @@ def describe(record: LeaseRecord) -> str:
     since = record.since
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since else "?"
     who = f"pid {record.pid}" if record.pid is not None else "a process"
-    return f"{who} ({record.user or '?'}, since {when}): {shorten(record.command or '?', 80)}"
+    return f"{who} ({record.user or '?'}, since {when}): {clip(record.command or '?', 80)}"
 
 
 def read_holder(path: Path) -> LeaseRecord:
@@ -274,7 +274,7 @@ def read_holder(path: Path) -> LeaseRecord:
 
 def holder_document(platform: str, **fields: object) -> dict[str, object]:
     """This process's holder document (docs/leasing.md), with ``fields`` added."""
-    _, command = process_details(os.getpid(), width=_COMMAND_LIMIT)  # read live, bounded
+    command = clip(" ".join(process_details(os.getpid())[1]), _COMMAND_LIMIT)  # live, bounded
     doc = {"version": 1, "platform": platform, "pid": os.getpid(), "command": command}
     return {**doc, "since": time.time(), "released": False, **fields}
 

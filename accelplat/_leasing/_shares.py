@@ -17,7 +17,7 @@ from pathlib import Path
 from accelplat import _validate
 from accelplat._leasing import _locks, _queue
 from accelplat._leasing._locks import LOCK, LeaseRecord, Leasing, Outcome, Taken, Unit
-from accelplat._owners import attribute, held_by_tree, read_owned
+from accelplat._owners import held_by_tree, sample
 from accelplat._types import MIB, MemoryInfo
 from accelplat._util import format_bytes, shown
 from accelplat.errors import ConfigurationError
@@ -79,13 +79,11 @@ def room(unit: Unit, info: MemoryInfo, live: Sequence[LeaseRecord], need: int) -
     promised, note = sum(budgets.values()), ""
     low, left = info.total - info.used - promised, info.total - max(info.used, promised)
     if low < need <= left:  # only the holders can tell: read them
-        reading, holders = read_owned(unit.view, unit.device.index, info)
-        info = reading if isinstance(reading, MemoryInfo) else info
+        index = unit.device.index
+        reading = sample(unit.view, (index,), remember=False)
+        info, holders = reading.memory[index], reading.holders.get(index)
         left = info.total - max(info.used, promised)
-        if (
-            holders is not None
-            and not attribute(unit.view, unit.device.index, info.used, holders).reason
-        ):
+        if holders is not None and not reading.attribution[index].reason:
             uses = {pid: held_by_tree(holders, pid) if pid else 0 for pid in budgets}
             others = max(0, info.used - sum(uses.values()))
             left = info.total - others - sum(max(b, uses[pid]) for pid, b in budgets.items())
