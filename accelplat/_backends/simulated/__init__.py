@@ -215,6 +215,7 @@ class SimulatedPlatform(BasePlatform):
         uuid = self._device(entry).uuid
         return uuid or (f"SIM-{index}" if part is None else f"MIG-SIM-{index}-{part}")
 
+    @override
     def lease_units(self) -> tuple[str, ...]:
         """Return the units a scheduler hands out where visible devices have slices.
 
@@ -230,6 +231,7 @@ class SimulatedPlatform(BasePlatform):
             units += [(i, j) for j in range(len(self._spec.devices[i].slices))] or [(i, None)]
         return tuple(map(self._uuid, units))
 
+    @override
     def restricted(self, value: str) -> SimulatedPlatform:
         """Return this platform as a child started with the variable set to ``value`` sees it.
 
