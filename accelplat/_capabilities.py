@@ -533,9 +533,18 @@ def has(name: str, device: int = 0, *, platform: Platform | None = None) -> bool
         from accelplat._registry import current_platform
 
         platform = current_platform()
+    platform = judged_by(platform)
     devices = platform.devices()
     info = devices[device_index(device, len(devices), platform.name)] if devices else None
     return need.evaluate(platform, info, capabilities(device, platform=platform))[0]
+
+
+def judged_by(platform: Platform) -> Platform:
+    """Return the platform whose words a requirement is judged by: where vLLM is installed, the
+    one vLLM itself runs on (``accelplat.integrations._installed``), else ``platform``."""
+    from accelplat.integrations._installed import judged_platform
+
+    return judged_platform(platform)
 
 
 def table_lines(table: Mapping[str, Capability]) -> list[str]:

@@ -110,11 +110,13 @@ _PLATFORM_METHODS: dict[str, _Tree] = {  # current_platform.<m>(): interface.py:
     "is_xpu": _Atom("xpu"),
     "is_cpu": _Atom("cpu"),
     "is_tpu": _Atom("tpu"),
-    "is_cuda_alike": _Atom("cuda-api", numbered=True),  # CUDA or ROCm (interface.py:227)
+    # interface.py:227: the platform is CUDA or ROCm (vLLM's platform, which VLLM_TARGET_DEVICE
+    # may make the CPU on a GPU host, where torch.cuda, `cuda-api`, still drives the GPU)
+    "is_cuda_alike": _Or((_Atom("cuda", numbered=True), _Atom("rocm", numbered=True))),
     "supports_fp8": _Atom("fp8"),  # cuda.py:587, rocm.py:1255, xpu.py:574; False elsewhere
     "is_fp8_fnuz": _Atom("fp8-fnuz"),  # rocm.py:1259 ("gfx94" in the arch); False elsewhere
     # rocm.py:1251: "gfx95" or "gfx1250" in the arch; interface.py:1248: False elsewhere
-    "supports_mx": _any("gfx95*", "gfx1250"),
+    "supports_mx": _And((_Atom("rocm"), _any("gfx95*", "gfx1250"))),
     # cuda.py:687, rocm.py:1393, xpu.py:539 (whatever torch's XPU graphs can do); the CPU
     # platform keeps interface.py:1359's False. Not the built-in `graphs`, which asks torch.
     "support_static_graph_mode": _any("cuda", "rocm", "xpu"),
