@@ -302,7 +302,9 @@ class _Translator:
         if bare in _ROCM_ARCH and arch_call and not node.args and not node.keywords:
             return _ROCM_ARCH[bare]
         if dotted == "torch.cuda.is_available" and not node.args:
-            return _Atom("cuda-api", numbered=True)  # torch.cuda drives CUDA and ROCm devices
+            # torch.cuda drives CUDA and ROCm devices; it makes torch's capability number sure,
+            # not vLLM's platform's (none where VLLM_TARGET_DEVICE=cpu picks the CPU)
+            return _Atom("cuda-api")
         if dotted == "torch.xpu.is_available" and not node.args:
             return _Atom("xpu")
         if dotted == "hasattr" and len(node.args) == 2 and _dotted(node.args[0]) == "torch":
