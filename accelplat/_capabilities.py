@@ -540,8 +540,10 @@ def has(name: str, device: int = 0, *, platform: Platform | None = None) -> bool
 
 
 def judged_by(platform: Platform) -> Platform:
-    """Return the platform whose words a requirement is judged by: where vLLM is installed, the
-    one vLLM itself runs on (``accelplat.integrations._installed``), else ``platform``."""
+    """Return the platform whose words a requirement is judged by (vLLM's own, where installed).
+
+    See ``accelplat.integrations._installed``; without vLLM it is ``platform``.
+    """
     from accelplat.integrations._installed import judged_platform
 
     return judged_platform(platform)

@@ -158,7 +158,8 @@ def context_and_release(handle: Any, trials: int) -> dict[str, Any]:
     for _ in range(trials):
         base = _used(handle)
         child = _holder(4, 0)
-        assert child.stdin is not None and child.stdout is not None
+        assert child.stdin is not None
+        assert child.stdout is not None
         child.stdout.readline()
         time.sleep(0.2)
         contexts.append(_procs(handle).get(child.pid, -1))
@@ -214,7 +215,8 @@ def mps(handle: Any) -> dict[str, Any]:
         client_env = dict(env, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=3G")
         t = time.monotonic()
         child = _holder(1, 4, client_env)
-        assert child.stdin is not None and child.stdout is not None
+        assert child.stdin is not None
+        assert child.stdout is not None
         facts["client_context"] = child.stdout.readline().strip()
         facts["client_start_s"] = time.monotonic() - t
         child.stdin.write("\n")
@@ -229,7 +231,8 @@ def mps(handle: Any) -> dict[str, Any]:
         child.kill()
         child.wait()
         unlimited = _holder(1, 4, env)
-        assert unlimited.stdin is not None and unlimited.stdout is not None
+        assert unlimited.stdin is not None
+        assert unlimited.stdout is not None
         unlimited.stdout.readline()
         unlimited.stdin.write("\n\n")
         unlimited.stdin.flush()

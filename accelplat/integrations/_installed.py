@@ -92,7 +92,8 @@ def choice(platform: Platform) -> tuple[Platform, str] | None:
     from accelplat import _registry
 
     found = installed()
-    if found is None or _registry._forced_name() is not None:
+    forced = _registry._forced_override is not None or _registry._forced_name() is not None
+    if found is None or forced:  # a forced platform is the user's own choice
         return None
     target = os.environ.get(ENV_TARGET, "cuda").strip().lower()
     key = (id(platform), found, target)

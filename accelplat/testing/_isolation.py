@@ -59,6 +59,7 @@ class ChildResult:
     message: str = ""  # str() of the exception, or the pytest outcome's message
     traceback: str = ""
     outcome: tuple[str, str, bool, int] | None = None  # (kind, message, pytrace, returncode)
+    pid: int = 0  # the child's, for a wait on what the driver still holds for it
 
     def describe_exit(self) -> str:
         """Return how the child ended: ``"exited with code 3"``, ``"was killed by SIGKILL"``."""
@@ -270,14 +271,21 @@ def run_child(
             os.unlink(result_path)
     exitcode = process.exitcode
     if not data:
-        return ChildResult(name, chosen, exitcode, "silent")
+        return ChildResult(name, chosen, exitcode, "silent", pid=pid)
     report = pickle.loads(data)
     if report[0] == "ok":
-        return ChildResult(name, chosen, exitcode, "ok")
+        return ChildResult(name, chosen, exitcode, "ok", pid=pid)
     if report[0] == "outcome":
         outcome, text = report[1], report[2]
         return ChildResult(
-            name, chosen, exitcode, "outcome", message=outcome[1], traceback=text, outcome=outcome
+            name,
+            chosen,
+            exitcode,
+            "outcome",
+            message=outcome[1],
+            traceback=text,
+            outcome=outcome,
+            pid=pid,
         )
     _, blob, type_name, message, text = report
     exception: BaseException | None = None
@@ -286,7 +294,9 @@ def run_child(
             rebuilt = pickle.loads(blob)
             if isinstance(rebuilt, BaseException):
                 exception = rebuilt
-    return ChildResult(name, chosen, exitcode, "error", exception, type_name, message, text)
+    return ChildResult(
+        name, chosen, exitcode, "error", exception, type_name, message, text, pid=pid
+    )
 
 
 def _check_env(env: object) -> dict[str, str | None]:
