@@ -72,7 +72,9 @@ def bare_metal() -> Host:
     profile = {
         "version": "1.0",
         "system": {"driver_version": "580.159.04"},
-        "devices": [{"index": 0, **_gpu("GPU-5a1ce018-0000-4d2a-8c3b-0000000000a0", "0000:18:00.0")}],
+        "devices": [
+            {"index": 0, **_gpu("GPU-5a1ce018-0000-4d2a-8c3b-0000000000a0", "0000:18:00.0")}
+        ],
         "x-accelplat": {"mig_devices": migs},
     }
     provenance = (
@@ -94,7 +96,9 @@ def ci_container() -> Host:
     profile = {
         "version": "1.0",
         "system": {"driver_version": "595.71.05"},
-        "devices": [{"index": 0, **_gpu("GPU-5a1ce035-0000-4d2a-8c3b-0000000000b0", "0000:9a:00.0")}],
+        "devices": [
+            {"index": 0, **_gpu("GPU-5a1ce035-0000-4d2a-8c3b-0000000000b0", "0000:9a:00.0")}
+        ],
         "x-accelplat": {"mig_devices": [slice_], "nvml": {"parent_queries": False}},
     }
     provenance = (
