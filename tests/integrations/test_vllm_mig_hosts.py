@@ -30,7 +30,8 @@ def test_a_bare_metal_host_offers_every_slice_as_a_unit() -> None:
         assert isinstance(platform, CudaPlatform)
         assert platform.device_count() == 1  # CUDA shows a process one MIG device
         units = platform.lease_units()
-        assert len(units) == 7 and all(u.startswith("MIG-") for u in units)
+        assert len(units) == 7
+        assert all(u.startswith("MIG-") for u in units)
         seen = [platform.restricted(u).devices() for u in units]
         assert [(d.index, d.uuid) for (d,) in seen] == [(0, u) for u in units]
         assert {platform.restricted(u).memory_info(0).total for u in units} == {16 * GIB}
