@@ -42,7 +42,9 @@ from typing import Any
 
 from accelplat import _files
 from accelplat._capture import bundle_contents, capture
+from accelplat._cli._args import output_option
 from accelplat._describe import collect_info
+from accelplat._files import write_text_atomic
 from accelplat.errors import FileTooLargeError, NotARegularFileError
 from accelplat.replay import parse_bundle, replaying
 from accelplat.replay._bundle import Bundle, bundle_bytes, load_bundle
@@ -1296,23 +1298,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, what in (("import", "an nvml-mock profile"), ("import-smi", "nvidia-smi -q -x XML")):
         cmd = sub.add_parser(name, help=f"build a bundle from {what}")
         cmd.add_argument("path")
-        cmd.add_argument("--out", required=True)
+        output_option(cmd, "--out", required=True)
         cmd.add_argument("--source", default="", help="where the input came from (CONTENTS.txt)")
     export = sub.add_parser("export", help="write a CUDA bundle as an nvml-mock profile")
     export.add_argument("path")
-    export.add_argument("--out", required=True)
+    output_option(export, "--out", required=True)  # the package's rules: never a special file
     args = parser.parse_args(argv)
     try:
         if args.command == "export":
             bundle = load_bundle(args.path)
             header = f"nvml-mock profile exported by accelplat from {os.path.basename(args.path)}"
-            text = dump_yaml(export_profile(bundle), header)
-            Path(args.out).write_text(text, encoding="utf-8")
+            data: str | bytes = dump_yaml(export_profile(bundle), header)
         else:
             build = import_profile if args.command == "import" else import_smi
-            Path(args.out).write_bytes(build(args.path, args.source))
+            data = build(args.path, args.source)
+        # renamed over --out: a link there is replaced, never written through
+        write_text_atomic(args.out, data)
     except (ProfileError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a missing directory, no permission: named, no traceback
+        print(f"error: cannot write {args.out!r}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}")
     return 0
