@@ -605,36 +605,24 @@ class CudaPlatform(BasePlatform):
 
 def _process_list(nv: Any, handle: Any, where: str, kind: str) -> list[Any] | None:
     """NVML's ``kind`` ("Compute", "Graphics") process list, ``None`` where it cannot tell."""
-    name = f"nvmlDeviceGet{kind}RunningProcesses"
-    try:
-        procs = getattr(nv, name)(handle)
-    except AttributeError:  # an nvidia-ml-py without this list
-        return None
-    except Exception as exc:
-        if _nvml.is_error(exc, *_HOLDERS_UNKNOWN_ERRORS):
+    # nvidia-ml-py asks for the v3 list, which drivers before R510 lack: then the v2 one.
+    for name in (f"nvmlDeviceGet{kind}RunningProcesses", f"nvmlDeviceGet{kind}RunningProcesses_v2"):
+        listing = getattr(nv, name, None)
+        if listing is None:  # an nvidia-ml-py without this list
             return None
-        # nvidia-ml-py asks for the v3 list, which drivers before R510 lack.
-        if not _nvml.is_error(exc, "NVMLLibraryMismatchError"):
+        try:
+            procs = listing(handle)
+        except Exception as exc:
+            if _nvml.is_error(exc, "NVMLLibraryMismatchError"):
+                continue
+            if _nvml.is_error(exc, *_HOLDERS_UNKNOWN_ERRORS, "FunctionNotFound"):
+                return None
             raise _nvml.translate(exc, f"listing processes on {where}") from exc
-        procs = _older_process_list(nv, handle, where, f"{name}_v2")
-        if procs is None:
-            return None
-    try:
-        return list(procs)
-    except TypeError:  # not a list at all
-        return [procs]
-
-
-def _older_process_list(nv: Any, handle: Any, where: str, name: str) -> Any:
-    older = getattr(nv, name, None)
-    if older is None:
-        return None
-    try:
-        return older(handle)
-    except Exception as exc:
-        if _nvml.is_error(exc, *_HOLDERS_UNKNOWN_ERRORS, "FunctionNotFound"):
-            return None
-        raise _nvml.translate(exc, f"listing processes on {where}") from exc
+        try:
+            return list(procs)
+        except TypeError:  # not a list at all
+            return [procs]
+    return None
 
 
 def _after_fork_in_child() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ def test_a():
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A vLLM-like root whose tests/ hold one good file among hostile ones."""
     root = tmp_path_factory.mktemp("vllm")
     tests = root / "tests"
@@ -33,19 +34,20 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (tests / "test_binary.py").write_bytes(b"\x7fELF\x00\xff\xfe" * 64)
     (tests / "test_deep_expression.py").write_text("x = " + "(" * 5000 + "1" + ")" * 5000 + "\n")
     (tests / "test_not_chain.py").write_text("x = " + "not " * 200_000 + "y\n")
-    (tests / "test_\x1b]0;owned\x07.py").write_text(GOOD)  # retitles a terminal, printed raw
     (tests / "test_unary_chain.py").write_text("x = " + "-" * 900 + "y\n")  # parses, deep
-    fd = os.open(tests, os.O_RDONLY)  # 1,100 directories deep, made without recursion
-    for _ in range(1100):
-        os.mkdir("d", dir_fd=fd)
-        below = os.open("d", os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = below
-    with open(os.open("test_bottom.py", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as f:
-        f.write(GOOD)
-    os.close(fd)
+    (tests / "test_\x1b]0;owned\x07.py").write_text(GOOD)  # retitles a terminal, printed raw
     (root / "outside.py").write_text(GOOD)
-    return root
+    # 1,100 directories deep, made and removed without recursion (pathlib and rmtree recurse)
+    chain = [os.path.join(str(tests), *["d"] * n) for n in range(1, 1101)]
+    for directory in chain:
+        os.mkdir(directory)
+    bottom = os.path.join(chain[-1], "test_bottom.py")
+    with open(bottom, "w") as f:
+        f.write(GOOD)
+    yield root
+    os.unlink(bottom)
+    for directory in reversed(chain):
+        os.rmdir(directory)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
