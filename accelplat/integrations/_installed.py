@@ -9,9 +9,9 @@ on any host, and a GPU build on a host without an accelerator activates no platf
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -80,10 +80,6 @@ class VllmView(BasePlatform):
         return self.hardware.memory_info(device)
 
 
-_cache_lock = threading.Lock()
-_cache: dict[tuple[object, ...], tuple[Platform, Platform, str]] = {}
-
-
 def choice(platform: Platform) -> tuple[Platform, str] | None:
     """Return vLLM's platform where it differs from ``platform`` (detected, not forced), and why.
 
@@ -96,28 +92,25 @@ def choice(platform: Platform) -> tuple[Platform, str] | None:
     if found is None or forced:  # a forced platform is the user's own choice
         return None
     target = os.environ.get(ENV_TARGET, "cuda").strip().lower()
-    key = (id(platform), found, target)
-    with _cache_lock:
-        if key in _cache:
-            hit, _, said = _cache[key]
-            return None if hit is platform else (hit, said)
-    dist, version = found
-    explicit = _EXPLICIT_TARGETS.get(target)
-    built = next((t for t in _EXPLICIT_TARGETS if t in version.lower() or dist.endswith(t)), None)
-    judged: Platform = platform
-    why = ""
-    if explicit is not None or built is not None:
-        name = explicit or _EXPLICIT_TARGETS[built or ""]
-        if platform.name != name:
-            judged = VllmView(platform, _registry.get_platform(name))
-            how = f"{ENV_TARGET}={target}" if explicit else f"the {dist} {version} build"
-            why = f"vLLM runs on its {name} platform here ({how})"
-    elif optional(platform, "is_accelerator") is False and sys.platform != "darwin":
-        judged = VllmView(platform, None)
-        why = f"vLLM ({dist} {version}, not a CPU build) activates no platform on this host"
-    with _cache_lock:
-        _cache[key] = (judged, platform, why)
+    judged, why = _judged(platform, *found, target)  # type: ignore[arg-type]  # hashed by id
     return None if judged is platform else (judged, why)
+
+
+@functools.lru_cache(maxsize=32)  # one view per setting: capability tables are cached by it
+def _judged(platform: Platform, dist: str, version: str, target: str) -> tuple[Platform, str]:
+    from accelplat._registry import get_platform
+
+    explicit = _EXPLICIT_TARGETS.get(target)
+    built = next((t for t in _EXPLICIT_TARGETS if t in version.lower() or dist.endswith(t)), "")
+    name = explicit or _EXPLICIT_TARGETS.get(built)
+    if name is not None and platform.name != name:
+        how = f"{ENV_TARGET}={target}" if explicit else f"the {dist} {version} build"
+        view = VllmView(platform, get_platform(name))
+        return view, f"vLLM runs on its {name} platform here ({how})"
+    if name is None and optional(platform, "is_accelerator") is False and sys.platform != "darwin":
+        why = f"vLLM ({dist} {version}, not a CPU build) activates no platform on this host"
+        return VllmView(platform, None), why
+    return platform, ""
 
 
 def judged_platform(platform: Platform) -> Platform:
