@@ -38,7 +38,7 @@ git -C "$repo" -c user.name=ci -c user.email=ci@localhost commit -qm "vLLM 0.33.
 rm -rf "$repo/tests"
 cp -r "$src_034/tests" "$repo/"
 set +e
-(cd "$repo" && "$PY" -m accelplat scan tests --diff HEAD >"$repo/diff.txt")
+"$PY" -m accelplat scan "$repo/tests" --diff HEAD >"$repo/diff.txt"
 status=$?
 set -e
 if [ "$status" -gt 1 ]; then

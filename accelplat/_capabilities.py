@@ -46,7 +46,7 @@ _shown = functools.partial(shown, limit=80)  # a table's values, quoted briefly
 BUILTIN: dict[str, str] = {
     "accelerator": "a device other than the host CPU (vLLM: not is_cpu())",
     "bf16": "bfloat16 arithmetic on the device",
-    "cuda-api": "torch's torch.cuda namespace drives the device (vLLM: is_cuda_alike())",
+    "cuda-api": "torch's torch.cuda namespace drives the device (torch.cuda.is_available())",
     "fp4": "4-bit floating point (NVFP4/MXFP4) in hardware",
     "fp8": "fp8 tensors, native or emulated (vLLM: supports_fp8()); value: fp8_dtype()",
     "fp8-fnuz": "the device's fp8 is e4m3fnuz (vLLM: is_fp8_fnuz())",
