@@ -170,9 +170,11 @@ def context_and_release(handle: Any, trials: int) -> dict[str, Any]:
         held = _used(handle)
         os.kill(child.pid, signal.SIGKILL)
         killed = time.monotonic()
-        gone = _wait_for(lambda: child.pid not in _procs(handle), 30)
+        pid = child.pid
+        gone = _wait_for(lambda pid=pid: pid not in _procs(handle), 30)
         after_list = time.monotonic()
-        freed = _wait_for(lambda: _used(handle) <= base + 64 * MIB, 30)
+        floor = base + 64 * MIB
+        freed = _wait_for(lambda floor=floor: _used(handle) <= floor, 30)
         child.wait()
         if gone is not None:
             dropped.append(gone)
@@ -206,7 +208,9 @@ def mps(handle: Any) -> dict[str, Any]:
     env.update(CUDA_MPS_PIPE_DIRECTORY=str(root / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(root / "log"))
     (root / "pipe").mkdir()
     (root / "log").mkdir()
-    started = subprocess.run([control, "-d"], env=env, capture_output=True, text=True, timeout=20)
+    started = subprocess.run(
+        [control, "-d"], check=False, env=env, capture_output=True, text=True, timeout=20
+    )
     facts["start_rc"] = started.returncode
     facts["start_err"] = started.stderr[-400:]
     try:
@@ -242,7 +246,13 @@ def mps(handle: Any) -> dict[str, Any]:
         facts["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         quit_ = subprocess.run(
-            [control], input="quit\n", env=env, capture_output=True, text=True, timeout=30
+            [control],
+            check=False,
+            input="quit\n",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         facts["quit_rc"] = quit_.returncode
         logs = root / "log" / "control.log"
