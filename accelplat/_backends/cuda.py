@@ -397,6 +397,7 @@ class CudaPlatform(BasePlatform):
         """Return the visible GPUs or MIG devices; ``physical_index``: NVML's (a MIG's parent's)."""
         return self._view().devices
 
+    @override
     def lease_units(self) -> tuple[str, ...]:
         """Return a ``CUDA_VISIBLE_DEVICES`` value per unit a scheduler may hand a child.
 
@@ -406,6 +407,7 @@ class CudaPlatform(BasePlatform):
         """
         return self._view().units
 
+    @override
     def restricted(self, value: str) -> CudaPlatform:
         """Return this platform as a child started with ``CUDA_VISIBLE_DEVICES=value`` sees it."""
         return CudaPlatform(
