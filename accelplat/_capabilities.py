@@ -46,7 +46,7 @@ _shown = functools.partial(shown, limit=80)  # a table's values, quoted briefly
 BUILTIN: dict[str, str] = {
     "accelerator": "a device other than the host CPU (vLLM: not is_cpu())",
     "bf16": "bfloat16 arithmetic on the device",
-    "cuda-api": "torch's torch.cuda namespace drives the device (vLLM: is_cuda_alike())",
+    "cuda-api": "torch's torch.cuda namespace drives the device (torch.cuda.is_available())",
     "fp4": "4-bit floating point (NVFP4/MXFP4) in hardware",
     "fp8": "fp8 tensors, native or emulated (vLLM: supports_fp8()); value: fp8_dtype()",
     "fp8-fnuz": "the device's fp8 is e4m3fnuz (vLLM: is_fp8_fnuz())",
@@ -533,9 +533,20 @@ def has(name: str, device: int = 0, *, platform: Platform | None = None) -> bool
         from accelplat._registry import current_platform
 
         platform = current_platform()
+    platform = judged_by(platform)
     devices = platform.devices()
     info = devices[device_index(device, len(devices), platform.name)] if devices else None
     return need.evaluate(platform, info, capabilities(device, platform=platform))[0]
+
+
+def judged_by(platform: Platform) -> Platform:
+    """Return the platform whose words a requirement is judged by (vLLM's own, where installed).
+
+    See ``accelplat.integrations._installed``; without vLLM it is ``platform``.
+    """
+    from accelplat.integrations._installed import judged_platform
+
+    return judged_platform(platform)
 
 
 def table_lines(table: Mapping[str, Capability]) -> list[str]:

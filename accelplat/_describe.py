@@ -74,10 +74,33 @@ def collect_info() -> dict[str, Any]:
             "release": asdict(platform.release),
             "graph": asdict(platform.graph),
             "devices": _device_entries(platform),
+            "lease_units": _unit_entries(platform),
+            "requirements_judged_on": _judged_on(platform),
             "capabilities": _capability_entries(platform),
         }
     )
     return info
+
+
+def _unit_entries(platform: Platform) -> list[dict[str, Any]]:
+    """Each lease unit (a MIG slice of each GPU …) as a child given only it sees it."""
+    units, restrict = optional(platform, "lease_units"), optional(platform, "restricted")
+    entries: list[dict[str, Any]] = []
+    try:
+        for value in units() if callable(units) and callable(restrict) else ():
+            # a unit that shows a child no device is left out (the lease says why)
+            entries.extend({**e, "value": value} for e in _device_entries(restrict(value))[:1])
+    except AccelplatError:  # the driver failed while listing units: none to offer
+        return []
+    return entries
+
+
+def _judged_on(platform: Platform) -> dict[str, str] | None:
+    """The platform requirements are judged on where it is not this one (vLLM's own), and why."""
+    from accelplat.integrations._installed import choice
+
+    chosen = choice(platform)
+    return None if chosen is None else {"platform": chosen[0].name, "reason": chosen[1]}
 
 
 def _capability_entries(platform: Platform) -> dict[str, dict[str, Any]]:

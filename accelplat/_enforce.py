@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from accelplat._leasing import ENV_MEMORY_BYTES, ENV_MEMORY_FRACTION
+from accelplat._leasing._shares import ENV_MEMORY_BYTES, ENV_MEMORY_FRACTION
 from accelplat._platform import Platform, optional
 from accelplat._types import MIB
 from accelplat._vendor import versions

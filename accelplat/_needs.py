@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from accelplat._capabilities import capabilities, generation, requirement
+from accelplat._capabilities import capabilities, generation, judged_by, requirement
 from accelplat._platform import optional
 from accelplat._requirement import Requirement
 from accelplat._util import format_bytes
@@ -165,18 +165,20 @@ def unmet(need: Needs, platform: Platform) -> list[str]:
     A requirement is decided on each of the first ``devices`` devices (device 0 by default).
     Creates no device context.
     """
+    judge = judged_by(platform)  # vLLM's own platform where vLLM is installed
     name, count = platform.name, accelerator_count(platform)
     reasons: list[str | None] = []
-    if need.platforms and name not in need.platforms:
-        reasons.append(f"runs only on {', '.join(need.platforms)}; the current platform is {name}")
+    if need.platforms and judge.name not in need.platforms:
+        runs = ", ".join(need.platforms)
+        reasons.append(f"runs only on {runs}; the current platform is {judge.name}")
     if need.devices is not None and count < need.devices:
         reasons.append(f"needs {_accelerators(need.devices)}, {name} has {count} visible")
-    visible = platform.device_count()
-    infos = platform.devices() if visible else []
+    visible = judge.device_count()
+    infos = judge.devices() if visible else []
     for req in need.requirements:
         for device in range(min(need.devices or 1, visible) or 1):
             info = infos[device] if device < len(infos) else None
-            held, why = req.evaluate(platform, info, _table(platform, device))
+            held, why = req.evaluate(judge, info, _table(judge, device))
             if not held:
                 where = f" on device {device}" if device else ""
                 reasons.append(f"needs {req.text}{where}: {why}")

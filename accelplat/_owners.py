@@ -8,6 +8,7 @@ leak check, the pack monitor, the timeline, ``stats``) takes its readings from i
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -212,3 +213,15 @@ def _holders(platform: Platform, device: int) -> Sequence[MemoryHolder] | None:
         return platform.memory_holders(device)
     except AccelplatError:  # holders are attribution; a failing list reads the device whole
         return None
+
+
+def held_by_tree(holders: Sequence[MemoryHolder], root_pid: int) -> int:
+    """Return the bytes the driver lists for ``root_pid`` and its live descendants.
+
+    For this process the holders' own classification counts (itself, its descendants, those
+    that were), with no walk of the process table; for another, its descendants are read now.
+    """
+    if root_pid == os.getpid():
+        return sum(h.used_bytes or 0 for h in holders if h.pid == root_pid or is_ours(h))
+    tree = procs.descendants(root_pid) | {root_pid}
+    return sum(h.used_bytes or 0 for h in holders if h.pid in tree)

@@ -329,18 +329,8 @@ def _decide(
         return cap.available, shorten(cap.reason, _REASON)
     if isinstance(node, _Platform):
         return platform.name == node.name, f"the current platform is {platform.name}"
-    if info is None:
-        return False, f"{platform.name} has no visible device"
-    if isinstance(node, _ArchAtom):
-        return node.arch.matches(info), f"this is {_named(info)}"
-    if isinstance(node, _Compare):
-        cc = info.compute_capability
-        if cc is None:  # vLLM's get_device_capability() is None here: every comparison fails
-            return False, f"{_named(info)} has no compute capability number"
-        number = cc[0] * 10 + cc[1]
-        if node.family:
-            number = number // 10 * 10
-        return _OPS[node.op](number, node.number), f"{_named(info)} has capability {cc[0]}{cc[1]}"
+    if isinstance(node, _ArchAtom | _Compare):
+        return _decide_device(node, platform, info)
     if isinstance(node, _Not):
         held, why = _decide(node.operand, platform, info, table)
         return not held, why
@@ -350,6 +340,23 @@ def _decide(
         return not failed, "; ".join(dict.fromkeys(failed)) or "; ".join(w for _, w in results)
     passed = [why for ok, why in results if ok]
     return bool(passed), "; ".join(dict.fromkeys(passed or [why for _, why in results]))
+
+
+def _decide_device(
+    node: _ArchAtom | _Compare, platform: Platform, info: DeviceInfo | None
+) -> tuple[bool, str]:
+    """An arch or capability atom: false without a device ("not" of it is then true)."""
+    if info is None:
+        return False, f"{platform.name} has no visible device"
+    if isinstance(node, _ArchAtom):
+        return node.arch.matches(info), f"this is {_named(info)}"
+    cc = info.compute_capability
+    if cc is None:  # vLLM's get_device_capability() is None here: every comparison fails
+        return False, f"{_named(info)} has no compute capability number"
+    number = cc[0] * 10 + cc[1]
+    if node.family:
+        number = number // 10 * 10
+    return _OPS[node.op](number, node.number), f"{_named(info)} has capability {cc[0]}{cc[1]}"
 
 
 def _classifier(capabilities: frozenset[str], platforms: frozenset[str]) -> Callable[[str], _Node]:

@@ -110,11 +110,13 @@ _PLATFORM_METHODS: dict[str, _Tree] = {  # current_platform.<m>(): interface.py:
     "is_xpu": _Atom("xpu"),
     "is_cpu": _Atom("cpu"),
     "is_tpu": _Atom("tpu"),
-    "is_cuda_alike": _Atom("cuda-api", numbered=True),  # CUDA or ROCm (interface.py:227)
+    # interface.py:227: the platform is CUDA or ROCm (vLLM's platform, which VLLM_TARGET_DEVICE
+    # may make the CPU on a GPU host, where torch.cuda, `cuda-api`, still drives the GPU)
+    "is_cuda_alike": _Or((_Atom("cuda", numbered=True), _Atom("rocm", numbered=True))),
     "supports_fp8": _Atom("fp8"),  # cuda.py:587, rocm.py:1255, xpu.py:574; False elsewhere
     "is_fp8_fnuz": _Atom("fp8-fnuz"),  # rocm.py:1259 ("gfx94" in the arch); False elsewhere
     # rocm.py:1251: "gfx95" or "gfx1250" in the arch; interface.py:1248: False elsewhere
-    "supports_mx": _any("gfx95*", "gfx1250"),
+    "supports_mx": _And((_Atom("rocm"), _any("gfx95*", "gfx1250"))),
     # cuda.py:687, rocm.py:1393, xpu.py:539 (whatever torch's XPU graphs can do); the CPU
     # platform keeps interface.py:1359's False. Not the built-in `graphs`, which asks torch.
     "support_static_graph_mode": _any("cuda", "rocm", "xpu"),
@@ -300,7 +302,9 @@ class _Translator:
         if bare in _ROCM_ARCH and arch_call and not node.args and not node.keywords:
             return _ROCM_ARCH[bare]
         if dotted == "torch.cuda.is_available" and not node.args:
-            return _Atom("cuda-api", numbered=True)  # torch.cuda drives CUDA and ROCm devices
+            # torch.cuda drives CUDA and ROCm devices; it makes torch's capability number sure,
+            # not vLLM's platform's (none where VLLM_TARGET_DEVICE=cpu picks the CPU)
+            return _Atom("cuda-api")
         if dotted == "torch.xpu.is_available" and not node.args:
             return _Atom("xpu")
         if dotted == "hasattr" and len(node.args) == 2 and _dotted(node.args[0]) == "torch":

@@ -49,9 +49,11 @@ from accelplat import GIB, lease
 from accelplat._backends.simulated import SimulatedClock, SimulatedHolder, SimulatedPlatform
 from accelplat._enforce import Enforcement, choose
 from accelplat._leasing import Lease
+from accelplat._types import HolderState
 from accelplat.errors import ConfigurationError
 from accelplat.pytest_plugin._footprints import budget_for
 
+CHILD = HolderState.CHILD
 CONTEXT_GIB = 0.5  # a CUDA context and cuBLAS workspace, per process (torch 2.x on an H200)
 STEP_S = 0.05  # the simulation's time step: the lease poll interval at its largest
 EXIT_S = 0.3  # a finished test process's memory comes back this long after it ends
@@ -209,7 +211,9 @@ class SimulatedExecutor:
             mine = sum(run["held"].values()) - run["held"].get(pid, 0.0) + held
             if self.enforce and run["budget"] is not None and mine * GIB > run["budget"]:
                 return False  # past the budget: this test's allocation fails, nobody else's
-            holder = SimulatedHolder(used=int(held * GIB), start=self.platform.elapsed(), pid=pid)
+            holder = SimulatedHolder(  # a child of the scheduler, as a real test's process is
+                used=int(held * GIB), start=self.platform.elapsed(), pid=pid, state=CHILD
+            )
             try:
                 self.platform.set_holder(run["device"], holder)
             except ValueError:  # the device's memory would exceed its total: out of memory
@@ -271,7 +275,9 @@ class SimulatedExecutor:
         del self._running[token]
         now = self.platform.elapsed()
         for pid, held in run["held"].items():  # the processes exit; memory back EXIT_S later
-            holder = SimulatedHolder(used=int(held * GIB), start=now, end=now + EXIT_S, pid=pid)
+            holder = SimulatedHolder(
+                used=int(held * GIB), start=now, end=now + EXIT_S, pid=pid, state=CHILD
+            )
             self.platform.set_holder(run["device"], holder)
         peak = int(run["shape"].peak_gib * GIB) if not run["oom"] else None
         return run["oom"], peak, not run["oom"]

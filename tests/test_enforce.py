@@ -16,7 +16,8 @@ import pytest
 from accelplat._backends.cuda import CudaPlatform
 from accelplat._backends.simulated import ENV_SPEC, SimulatedPlatform
 from accelplat._enforce import ENV_ENFORCE, MPS_LIMIT, MPS_LOG, MPS_PIPE, choose
-from accelplat._leasing import ENV_LEASE_DIR, ENV_MEMORY_BYTES, ENV_MEMORY_FRACTION
+from accelplat._leasing import ENV_LEASE_DIR
+from accelplat._leasing._shares import ENV_MEMORY_BYTES, ENV_MEMORY_FRACTION
 from accelplat._types import GIB
 from accelplat.errors import ConfigurationError
 from tests.conftest import Install
@@ -165,7 +166,7 @@ def test_a_leased_share_says_its_enforcement_and_its_command_gets_the_limits(
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "accelplat: budgets enforced by MPS per-client memory limits" in done.stderr
+    assert "accelplat lease: budgets enforced by MPS per-client memory limits" in done.stderr
     limit, pipe = done.stdout.split()
     assert limit == "0=12288M"
     assert not Path(pipe).exists()  # quit when the command ended

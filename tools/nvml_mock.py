@@ -42,7 +42,9 @@ from typing import Any
 
 from accelplat import _files
 from accelplat._capture import bundle_contents, capture
+from accelplat._cli._args import output_option
 from accelplat._describe import collect_info
+from accelplat._files import write_text_atomic
 from accelplat.errors import FileTooLargeError, NotARegularFileError
 from accelplat.replay import parse_bundle, replaying
 from accelplat.replay._bundle import Bundle, bundle_bytes, load_bundle
@@ -186,6 +188,9 @@ class HostFacts:
     gpus: tuple[Gpu, ...]
     memory_v2: bool = True  # False: a driver before R510 (nvmlDeviceGetMemoryInfo_v2 missing)
     processes_v3: bool = True  # False: only nvmlDeviceGetComputeRunningProcesses_v2 answers
+    # False: NVML refuses a MIG-enabled GPU's own memory and process queries (NoPermission), as
+    # inside a container given one of its MIG devices (NVIDIA/nvidia-container-toolkit#842)
+    parent_queries: bool = True
     machine: str = "x86_64"
     captured: Mapping[str, Any] | None = None  # a captured host's non-NVML part (an export's)
     notes: tuple[str, ...] = field(default=())  # where the facts came from, for CONTENTS.txt
@@ -413,6 +418,7 @@ def profile_facts(doc: Mapping[str, Any], source: str = "<profile>") -> HostFact
         gpus=gpus,
         memory_v2=_flag(f, nvml, "memory_v2"),
         processes_v3=_flag(f, nvml, "processes_v3"),
+        parent_queries=_flag(f, nvml, "parent_queries"),
         machine="aarch64" if grace or any(_grace(g.name) for g in gpus) else "x86_64",
         captured=captured,
     )
@@ -736,12 +742,20 @@ def _fake_nvml(facts: HostFacts) -> Any:
                 pci_subsystem_id=gpu.subsystem_id,
             )
         )
-    return FakeNvml(
+    fake = FakeNvml(
         gpus,
         driver_version=facts.driver_version,
         memory_v2=facts.memory_v2,
         processes_v3=facts.processes_v3,
     )
+    if not facts.parent_queries:
+
+        def parent(handle: Any, *_: object, **__: object) -> bool:
+            return handle.mig is None and bool(fake.gpus[handle.gpu].mig_mode)
+
+        for name in ("MemoryInfo", "ComputeRunningProcesses", "GraphicsRunningProcesses"):
+            fake.fail(f"nvmlDeviceGet{name}", "NoPermission", when=parent)
+    return fake
 
 
 @contextmanager
@@ -922,7 +936,7 @@ def bundle_facts(bundle: Bundle) -> HostFacts:
         first = rec.answers[0].value if rec.answers else None
         if rec.channel == "proc" and isinstance(first, list) and len(first) == 2:
             names[rec.key[1]] = _as_text(first[1])
-    memory_v2 = processes_v3 = True
+    memory_v2 = processes_v3 = parent_queries = True
     gpus: list[Gpu] = []
     for index in range(int(count)):
         handle = asked.value("nvmlDeviceGetHandleByIndex", index)
@@ -951,12 +965,14 @@ def bundle_facts(bundle: Bundle) -> HostFacts:
         # A driver before R510 lacks the v2 memory query: the backend then asks v1.
         old_driver = asked.error_type("nvmlDeviceGetMemoryInfo", handle, version=v2)
         memory_v2 = memory_v2 and old_driver != "NVMLError_FunctionNotFound"
+        refused = old_driver == "NVMLError_NoPermission"  # a MIG container's parent GPU
+        parent_queries = parent_queries and not refused
         gpus.append(
             Gpu(
                 name=_as_text(asked.value("nvmlDeviceGetName", handle)),
                 uuid=_as_text(asked.value("nvmlDeviceGetUUID", handle)),
                 bus_id=sysfs_bus_id(_as_text(pci.busId)),
-                memory=_bundle_memory(asked, handle, v2, memory_v2),
+                memory=Memory(0) if refused else _bundle_memory(asked, handle, v2, memory_v2),
                 compute_capability=capability,
                 device_id=int(getattr(pci, "pciDeviceId", 0)),
                 subsystem_id=int(getattr(pci, "pciSubSystemId", 0)),
@@ -969,6 +985,7 @@ def bundle_facts(bundle: Bundle) -> HostFacts:
         gpus=tuple(gpus),
         memory_v2=memory_v2,
         processes_v3=processes_v3,
+        parent_queries=parent_queries,
         machine=str(bundle.summary.get("machine") or "x86_64"),
     )
 
@@ -1101,7 +1118,11 @@ def profile_document(facts: HostFacts) -> dict[str, Any]:
         devices.append(entry)
     extension: dict[str, Any] = {
         "format": EXTENSION_FORMAT,
-        "nvml": {"memory_v2": facts.memory_v2, "processes_v3": facts.processes_v3},
+        "nvml": {
+            "memory_v2": facts.memory_v2,
+            "processes_v3": facts.processes_v3,
+            "parent_queries": facts.parent_queries,
+        },
         "mig_devices": [
             {
                 "gpu": index,
@@ -1277,23 +1298,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, what in (("import", "an nvml-mock profile"), ("import-smi", "nvidia-smi -q -x XML")):
         cmd = sub.add_parser(name, help=f"build a bundle from {what}")
         cmd.add_argument("path")
-        cmd.add_argument("--out", required=True)
+        output_option(cmd, "--out", required=True)
         cmd.add_argument("--source", default="", help="where the input came from (CONTENTS.txt)")
     export = sub.add_parser("export", help="write a CUDA bundle as an nvml-mock profile")
     export.add_argument("path")
-    export.add_argument("--out", required=True)
+    output_option(export, "--out", required=True)  # the package's rules: never a special file
     args = parser.parse_args(argv)
     try:
         if args.command == "export":
             bundle = load_bundle(args.path)
             header = f"nvml-mock profile exported by accelplat from {os.path.basename(args.path)}"
-            text = dump_yaml(export_profile(bundle), header)
-            Path(args.out).write_text(text, encoding="utf-8")
+            data: str | bytes = dump_yaml(export_profile(bundle), header)
         else:
             build = import_profile if args.command == "import" else import_smi
-            Path(args.out).write_bytes(build(args.path, args.source))
+            data = build(args.path, args.source)
+        # renamed over --out: a link there is replaced, never written through
+        write_text_atomic(args.out, data)
     except (ProfileError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a missing directory, no permission: named, no traceback
+        print(f"error: cannot write {args.out!r}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}")
     return 0

@@ -152,6 +152,7 @@ class _View(NamedTuple):
     devices: tuple[DeviceInfo, ...]
     targets: tuple[_Target, ...]
     notes: tuple[str, ...]
+    units: tuple[str, ...]  # lease_units()
 
 
 _table_lock = threading.Lock()
@@ -328,9 +329,11 @@ class CudaPlatform(BasePlatform):
         *,
         proc_root: str | os.PathLike[str] | None = None,
         order_resolver: OrderResolver | None = None,
+        visible: str | None = None,
     ) -> None:
         self._proc_root = None if proc_root is None else os.fspath(proc_root)
         self._order_resolver: OrderResolver = order_resolver or cuda_order_uuids
+        self._visible = visible  # restricted(): this value, not the environment's
         self._lock = threading.Lock()
         _instances.add(self)
         self._view_cache: _View | None = None
@@ -394,8 +397,25 @@ class CudaPlatform(BasePlatform):
         """Return the visible GPUs or MIG devices; ``physical_index``: NVML's (a MIG's parent's)."""
         return self._view().devices
 
+    @override
+    def lease_units(self) -> tuple[str, ...]:
+        """Return a ``CUDA_VISIBLE_DEVICES`` value per unit a scheduler may hand a child.
+
+        Each MIG device of each MIG-enabled GPU this process may use, and each other GPU, by
+        UUID (a CUDA process sees at most one MIG device); ``()`` where the units are the
+        visible devices.
+        """
+        return self._view().units
+
+    @override
+    def restricted(self, value: str) -> CudaPlatform:
+        """Return this platform as a child started with ``CUDA_VISIBLE_DEVICES=value`` sees it."""
+        return CudaPlatform(
+            proc_root=self._proc_root, order_resolver=self._order_resolver, visible=value
+        )
+
     def _view(self) -> _View:
-        cvd = os.environ.get(ENV_CUDA_VISIBLE_DEVICES)
+        cvd = os.environ.get(ENV_CUDA_VISIBLE_DEVICES) if self._visible is None else self._visible
         order = os.environ.get(ENV_CUDA_DEVICE_ORDER)
         view = self._view_cache
         if view is not None and view.key == (_nvml.generation(), cvd, order):
@@ -434,7 +454,14 @@ class CudaPlatform(BasePlatform):
             handle = instance.handle if instance is not None else owner.handle
             targets.append(_Target(info, handle, where))
         devices = tuple(t.info for t in targets)
-        return _View(key, devices, tuple(targets), (*notes, *resolution.notes))
+        units: list[str] = []
+        for named in resolution.named:  # what this process may use, slice by slice
+            gpu = by_uuid[named.uuid][0]
+            whole = named.mig or not gpu.mig_enabled
+            units.extend([named.uuid] if whole else [m.uuid for m in gpu.migs])
+        if units == [d.uuid for d in devices]:
+            units = []
+        return _View(key, devices, tuple(targets), (*notes, *resolution.notes), tuple(units))
 
     def _in_cuda_order(
         self, gpus: tuple[_Gpu, ...], order: str | None
@@ -580,36 +607,24 @@ class CudaPlatform(BasePlatform):
 
 def _process_list(nv: Any, handle: Any, where: str, kind: str) -> list[Any] | None:
     """NVML's ``kind`` ("Compute", "Graphics") process list, ``None`` where it cannot tell."""
-    name = f"nvmlDeviceGet{kind}RunningProcesses"
-    try:
-        procs = getattr(nv, name)(handle)
-    except AttributeError:  # an nvidia-ml-py without this list
-        return None
-    except Exception as exc:
-        if _nvml.is_error(exc, *_HOLDERS_UNKNOWN_ERRORS):
+    # nvidia-ml-py asks for the v3 list, which drivers before R510 lack: then the v2 one.
+    for name in (f"nvmlDeviceGet{kind}RunningProcesses", f"nvmlDeviceGet{kind}RunningProcesses_v2"):
+        listing = getattr(nv, name, None)
+        if listing is None:  # an nvidia-ml-py without this list
             return None
-        # nvidia-ml-py asks for the v3 list, which drivers before R510 lack.
-        if not _nvml.is_error(exc, "NVMLLibraryMismatchError"):
+        try:
+            procs = listing(handle)
+        except Exception as exc:
+            if _nvml.is_error(exc, "NVMLLibraryMismatchError"):
+                continue
+            if _nvml.is_error(exc, *_HOLDERS_UNKNOWN_ERRORS, "FunctionNotFound"):
+                return None
             raise _nvml.translate(exc, f"listing processes on {where}") from exc
-        procs = _older_process_list(nv, handle, where, f"{name}_v2")
-        if procs is None:
-            return None
-    try:
-        return list(procs)
-    except TypeError:  # not a list at all
-        return [procs]
-
-
-def _older_process_list(nv: Any, handle: Any, where: str, name: str) -> Any:
-    older = getattr(nv, name, None)
-    if older is None:
-        return None
-    try:
-        return older(handle)
-    except Exception as exc:
-        if _nvml.is_error(exc, *_HOLDERS_UNKNOWN_ERRORS, "FunctionNotFound"):
-            return None
-        raise _nvml.translate(exc, f"listing processes on {where}") from exc
+        try:
+            return list(procs)
+        except TypeError:  # not a list at all
+            return [procs]
+    return None
 
 
 def _after_fork_in_child() -> None:

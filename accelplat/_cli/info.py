@@ -81,6 +81,14 @@ def _render_text(info: dict[str, Any]) -> str:
             f"free {format_bytes(mem['free'])}, reserved {format_bytes(mem['reserved'])} "
             f"[{mem['source']}]"
         )
+    if units := info.get("lease_units"):
+        lines.append(f"lease units: {len(units)} (each a child's only device)")
+        for unit in units:
+            mem = unit["memory"]
+            size = format_bytes(mem["total"]) if mem else "memory unavailable"
+            lines.append(f"  GPU {unit['physical_index']}: {unit['value']} {unit['name']}, {size}")
+    if judged := info.get("requirements_judged_on"):
+        lines.append(f"requirements judged on: {judged['platform']}: {judged['reason']}")
     if table := info.get("capabilities"):
         from accelplat._capabilities import table_lines
         from accelplat._requirement import Capability

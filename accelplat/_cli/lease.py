@@ -1,38 +1,38 @@
 """``accelplat lease``: run a command on devices leased for it alone, or show who holds what.
 
-``lease -n 2 -- CMD`` waits until two visible devices are free (no other lease, memory back), runs
-CMD with only them visible, forwards signals and exits with its status (``128 + N`` after signal
-``N``; 1 when the devices stayed busy; 2 for bad input; 127 when CMD cannot start). CMD inherits
-the lock descriptors: the devices stay held until it exits, even if this process is killed.
+``lease -n 2 -- CMD`` waits until two devices are free (no other lease, memory back), saying
+what it waits for, runs CMD with only them visible, forwards signals and exits with its status
+(``128 + N`` after signal ``N``; 1 when the devices stayed busy; 2 for bad input; 127 when CMD
+cannot start). CMD inherits the lock descriptors: the devices stay held until it exits, even if
+this process is killed.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from types import FrameType
 
 from accelplat._cli._args import Size, add_common, command, count_arg, path, ratio_arg, seconds_arg
-from accelplat._cli._errors import dumps, shown
+from accelplat._cli._errors import dumps, say, shown
 from accelplat._enforce import choose
-from accelplat._leasing import (
-    DEFAULT_TIMEOUT_S,
-    MIN_SHARE_BYTES,
-    LeaseRecord,
-    default_lease_dir,
-    lease,
-    lease_status,
-)
+from accelplat._leasing import DEFAULT_TIMEOUT_S, LeaseRecord, lease, lease_status
+from accelplat._leasing._locks import default_lease_dir, describe
+from accelplat._leasing._shares import parse_budget
 from accelplat._util import format_bytes
 from accelplat.errors import ConfigurationError
 
+PREFIX = "accelplat lease:"
 _FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+_REDRAW_S = 0.25  # a terminal's waiting line is drawn again at most this often
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,55 +42,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "lease",
         _run,
         help="run a command on devices leased for it alone; --status shows the holders",
-        description="Lease devices exclusively among this host's processes (file locks keyed "
-        "by device identity; a crashed holder frees them at once), wait until their memory is "
-        "back, and run CMD with only them visible; with --memory, lease a share of each "
-        "device's memory instead. Leases stay inside the devices this process can see.",
-        usage="accelplat lease [-n N] [--memory SIZE | --min-free SIZE] [--min-free-ratio R] "
-        "[--timeout S] [--lock-dir DIR] [-q] -- CMD [ARGS ...]\n"
-        "       accelplat lease --status [--json] [--lock-dir DIR]",
+        description="Lease devices (or, with --memory, a share of each) among this host's "
+        "processes, wait until their memory is back, and run CMD with only them visible.",
     )
-    parser.add_argument(
-        "-n",
-        "--count",
-        type=count_arg(minimum=1, maximum=999_999, what="a number of devices >= 1"),
-        default=1,
-        metavar="N",
-        help="devices (default 1)",
-    )
-    parser.add_argument(
-        "--memory",
-        action=Size,
-        help="lease a share of SIZE (e.g. 12GiB) of each device's memory instead of the whole "
-        "device; shares coexist while their budgets and the memory in use fit",
-    )
-    parser.add_argument(
-        "--min-free",
-        action=Size,
-        help="each device must have SIZE free (e.g. 40GiB) when handed out",
-    )
-    parser.add_argument(
-        "--min-free-ratio",
-        type=ratio_arg,
-        metavar="R",
-        help="each device must have the fraction R of its memory free",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=seconds_arg(allow_zero=True),
-        default=DEFAULT_TIMEOUT_S,
-        metavar="S",
-        help=f"give up after S seconds (default {DEFAULT_TIMEOUT_S:g})",
-    )
-    lock_dir = parser.add_argument(
-        "--lock-dir",
-        metavar="DIR",
-        help="lock directory (default: $ACCELPLAT_LEASE_DIR, else a per-user runtime directory)",
-    )
-    path(lock_dir, directory=True)
-    parser.add_argument("--status", action="store_true", help="show who holds which device")
+    add = parser.add_argument
+    devices = count_arg(minimum=1, maximum=999_999, what="a number of devices >= 1")
+    add("-n", "--count", type=devices, default=1, metavar="N", help="devices (default 1)")
+    add("--memory", type=_budget, metavar="SIZE", help="lease SIZE of each device, not all of it")
+    add("--min-free", action=Size, help="each device must have SIZE free when handed out")
+    add("--min-free-ratio", type=ratio_arg, metavar="R", help="each must have R of its memory free")
+    wait, most = seconds_arg(allow_zero=True), "give up after S seconds (default %(default)g)"
+    add("--timeout", type=wait, default=DEFAULT_TIMEOUT_S, metavar="S", help=most)
+    where = add("--lock-dir", metavar="DIR", help="default: $ACCELPLAT_LEASE_DIR, else per user")
+    path(where, directory=True)
+    add("--status", action="store_true", help="show who holds which device")
     add_common(parser, json="with --status: print JSON", quiet=True)
-    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command")
+    add("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command")
+
+
+def _budget(text: str) -> int:
+    try:
+        return parse_budget(text)
+    except ConfigurationError as exc:  # a usage error naming the option
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -101,43 +75,74 @@ def _run(args: argparse.Namespace) -> int:
         return _status(args)
     if not cmd:
         raise ConfigurationError("give the command to run after --, e.g. lease -n 1 -- pytest")
-    if args.memory is not None and (args.min_free is not None or args.min_free_ratio is not None):
-        raise ConfigurationError(
-            "--memory leases a share of a device; --min-free and --min-free-ratio are for whole "
-            "devices: give one or the other"
-        )
-    if args.memory is not None and args.memory < MIN_SHARE_BYTES:
-        raise ConfigurationError(f"--memory must be at least 1MiB, got {format_bytes(args.memory)}")
-    held = lease(
-        args.count,
-        memory=args.memory,
-        min_free_bytes=args.min_free,
-        min_free_ratio=args.min_free_ratio,
-        timeout_s=args.timeout,
-        lock_dir=args.lock_dir,
-    )
-    with held, contextlib.ExitStack() as stack:
+    kw = {"memory": args.memory, "timeout_s": args.timeout, "lock_dir": args.lock_dir}
+    held = lease(args.count, min_free_bytes=args.min_free, min_free_ratio=args.min_free_ratio, **kw)
+    each = "" if held.memory_bytes is None else f" ({format_bytes(held.memory_bytes)} of each)"
+    waiting = Waiting(f"{args.count} device(s){each}")
+    try:
+        held.acquire(on_wait=None if args.quiet else waiting)
+    finally:
+        waiting.close()
+    enforced = None
+    try:
+        if held.memory_bytes is not None:  # a share: held to its budget where this host can
+            enforced = choose(held.platform)
         if not args.quiet:
             names = ", ".join(f"{d.index} ({d.stable_id or d.name})" for d in held.devices)
             env = " ".join(f"{k}={'(unset)' if v is None else v}" for k, v in held.environ.items())
-            share = "" if args.memory is None else f" ({format_bytes(args.memory)} of each)"
-            line = f"accelplat: leased {names}{share} after {held.waited_s:.2f} s"
-            print(f"{line}; {env}" if env else line, file=sys.stderr)
+            line = f"{PREFIX} leased {names}{each} after {held.waited_s:.2f} s"
+            say(shown(f"{line}; {env}" if env else line))
+            if enforced is not None:
+                say(shown(f"{PREFIX} {enforced.describe()}"))
         child_env = held.child_environ()
-        if args.memory is not None:  # a share: held to its budget where this host can
-            enforced = choose(held.platform)
-            stack.callback(enforced.close)
+        if enforced is not None:
             child_env.update({**enforced.environ, **enforced.limits(held.environ)})
-            if not args.quiet:
-                print(f"accelplat: {enforced.describe()}", file=sys.stderr)
         return _run_child(cmd, child_env, held.lock_fds)
+    finally:
+        if enforced is not None:
+            enforced.close()
+        held.release()
+
+
+class Waiting:
+    """What a waiting lease shows on standard error.
+
+    On a terminal, one line redrawn in place: what it waits for, for how long, who is in the way,
+    fit to the width. Elsewhere (a log), one line when the wait starts; its end is the ``leased``
+    line or the error.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what, self.drawn_at, self.tty = what, -math.inf, sys.stderr.isatty()
+
+    def __call__(self, waited_s: float, reason: str) -> None:
+        now = time.monotonic()
+        if now - self.drawn_at < (_REDRAW_S if self.tty else math.inf):
+            return
+        self.drawn_at = now
+        if not self.tty:
+            say(shown(f"{PREFIX} waiting for {self.what}: {reason}"))
+            return
+        with contextlib.suppress(OSError):
+            width = os.get_terminal_size(sys.stderr.fileno()).columns
+            line = shown(f"{PREFIX} waiting {waited_s:.0f} s for {self.what}: {reason}")
+            line = line if len(line) < width else line[: max(width - 2, 0)] + "…"
+            sys.stderr.write(f"\r{line}\x1b[K")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        """Clear a terminal's waiting line."""
+        if self.tty and self.drawn_at > -math.inf:
+            with contextlib.suppress(OSError):
+                sys.stderr.write("\r\x1b[K")
+                sys.stderr.flush()
 
 
 def _run_child(cmd: Sequence[str], env: dict[str, str], fds: Sequence[int]) -> int:
     try:
         child = subprocess.Popen(list(cmd), env=env, pass_fds=tuple(fds))
     except OSError as exc:
-        print(f"accelplat: error: cannot run {cmd[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+        say(shown(f"{PREFIX} error: cannot run {cmd[0]!r}: {exc.strerror or exc}"))
         return 127
     try:
         foreground = os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
@@ -160,45 +165,33 @@ def _run_child(cmd: Sequence[str], env: dict[str, str], fds: Sequence[int]) -> i
     return 128 - code if code < 0 else code
 
 
-def _state(record: LeaseRecord, shared: frozenset[str] = frozenset()) -> str:
+def _state(record: LeaseRecord, shared: dict[str, int]) -> str:
     if record.budget_bytes is None and record.device_id in shared:
         return "shared"  # its memory shares hold the device's lock shared
     if record.held:
         return "held"
-    if record.pid is not None and not record.released:
-        return "free (holder crashed)"
-    return "free"
+    return "free (holder crashed)" if record.pid is not None and not record.released else "free"
 
 
 def _status(args: argparse.Namespace) -> int:
     records = lease_status(args.lock_dir)  # None: the private default, checked as such
-    shared = frozenset(r.device_id for r in records if r.budget_bytes is not None and r.held)
+    shared: dict[str, int] = {}  # device -> bytes promised by live shares
+    for r in records:
+        if r.budget_bytes is not None and r.held:
+            shared[r.device_id] = shared.get(r.device_id, 0) + r.budget_bytes
     directory = str(default_lease_dir()) if args.lock_dir is None else args.lock_dir
     if args.json:
-        keys = ("held", "pid", "command", "since", "released", "platform", "baseline_used_bytes",
-                "budget_bytes")  # fmt: skip
         devices = [
-            {
-                "device_id": r.device_id,
-                "state": _state(r, shared),
-                **{k: getattr(r, k) for k in keys},
-            }
+            {"state": _state(r, shared), **asdict(r), "promised_bytes": shared.get(r.device_id)}
             for r in records
         ]
         print(dumps({"lock_dir": directory, "devices": devices}))
         return 0
-    if not records:
-        print(shown(f"no leases recorded in {directory}"))
-        return 0
-    print(shown(f"leases in {directory}:"))
+    print(shown(f"leases in {directory}:" if records else f"no leases recorded in {directory}"))
     for r in records:
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.since)) if r.since else "?"
-        who = f"pid {r.pid} since {since}: {r.command}" if r.pid is not None else "no holder"
+        who = describe(r) if r.pid is not None else "no holder"
         if _state(r, shared) == "shared":
-            who = "by the memory shares below"
-        base = ""
-        if r.held and r.baseline_used_bytes is not None:
-            base = f" (handed out at {format_bytes(r.baseline_used_bytes)} used)"
+            who = f"by memory shares, {format_bytes(shared[r.device_id])} promised"
         share = "" if r.budget_bytes is None else f"  share of {format_bytes(r.budget_bytes)}"
-        print(shown(f"  {r.device_id}{share}  {_state(r, shared)}  {who}{base}"))  # escaped
+        print(shown(f"  {r.device_id}{share}  {_state(r, shared)}  {who}"))  # escaped
     return 0

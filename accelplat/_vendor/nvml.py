@@ -265,27 +265,15 @@ def _initialize_locked(st: _State) -> None:
         raise NvmlUnavailableError(missing, "NVMLError_LibraryNotFound")
     module = import_pynvml()
     try:
-        init = module.nvmlInit
-        vendor = _vendor_exceptions(module)
-    except AttributeError as exc:
-        raise NvmlUnavailableError(
-            f"the pynvml module at {getattr(module, '__file__', '?')} is not nvidia-ml-py "
-            f"(shadowed or incomplete: {exc})",
-            "AttributeError",
-        ) from exc
-    try:
-        init()
-    except AttributeError as exc:
-        raise NvmlUnavailableError(
-            f"the pynvml module is shadowed or incomplete ({exc}); install nvidia-ml-py",
-            "AttributeError",
-        ) from exc
-    except vendor as exc:
-        raise NvmlUnavailableError(unavailable_reason(exc), error_name(exc)) from exc
-    except Exception as exc:  # anything else from a broken installation: still "unavailable"
-        raise NvmlUnavailableError(
-            f"nvmlInit failed ({type(exc).__name__}: {exc})", type(exc).__name__
-        ) from exc
+        module.nvmlInit()
+    except Exception as exc:  # a broken, shadowed or incomplete module fails in any way
+        if isinstance(exc, _vendor_exceptions(module)):
+            reason = unavailable_reason(exc)
+        elif isinstance(exc, AttributeError):
+            reason = f"the pynvml module is shadowed or incomplete ({exc}); install nvidia-ml-py"
+        else:
+            reason = f"nvmlInit failed ({type(exc).__name__}: {exc})"
+        raise NvmlUnavailableError(reason, error_name(exc)) from exc
     st.module = module
     st.origin = sys.modules.get(MODULE_NAME)
     st.initialized = True

@@ -71,6 +71,7 @@ class VisibleTarget(NamedTuple):  # one visible device: its GPU's NVML index, it
 class Resolution(NamedTuple):  # the visible devices (position i is visible index i), and notes
     targets: tuple[VisibleTarget, ...]
     notes: tuple[str, ...] = ()
+    named: tuple[VisibleTarget, ...] = ()  # what the variable names, before CUDA's one-MIG rule
 
 
 def is_pci_bus_order(order: str | None) -> bool:
@@ -293,4 +294,4 @@ def resolve_cuda_visible_devices(
                     f"CUDA_VISIBLE_DEVICES entry {shown(spec.stopped_at)} is invalid; "
                     f"the list ends before it"
                 )
-    return Resolution(tuple(_apply_mig_rule(targets, gpus, notes)), tuple(notes))
+    return Resolution(tuple(_apply_mig_rule(targets, gpus, notes)), tuple(notes), tuple(targets))

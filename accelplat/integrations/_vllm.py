@@ -31,6 +31,7 @@ from accelplat.errors import (
     VllmArgumentError,
     VllmMemoryNotFreeError,
 )
+from accelplat.integrations._installed import VLLM_DEFAULT_UTILIZATION, unset_utilization
 from accelplat.testing._isolation import ChildResult, ChildTracebackError, mark_isolated, run_child
 
 if TYPE_CHECKING:
@@ -340,7 +341,9 @@ def engine_kwargs(
 ) -> dict[str, Any]:
     """Return a new dict of engine keyword arguments with a utilization that suits this platform.
 
-    A missing ``gpu_memory_utilization`` becomes ``default_memory_utilization`` (vLLM's XPU branch).
+    A missing ``gpu_memory_utilization`` becomes the platform's ``default_memory_utilization``
+    (vLLM's XPU branch), except where the installed vLLM (0.34 and later) resolves a default
+    itself no lower than it: there the key stays unset (``docs/migrating-vllm-tests.md``).
     Under a memory budget (a share lease: ``lease(memory=)``, ``--accelplat-pack``) the engine
     is kept inside it instead: ``gpu_memory_utilization`` (vLLM's per-instance limit) becomes
     the budget's fraction of device 0, and with ``model_bytes`` the rest of the budget becomes
@@ -366,6 +369,8 @@ def engine_kwargs(
     utilization = _utilization(kwargs, p)  # refuses a kwargs that is no mapping
     budget = _budget(budget_bytes)
     if budget is None or p.device_count() == 0:
+        if kwargs.get(_UTILIZATION_KEY) is None and _left_to_vllm(utilization):
+            return dict(kwargs)
         return {**kwargs, _UTILIZATION_KEY: utilization}
     total = p.memory_info(0).total
     if budget > total:
@@ -397,6 +402,11 @@ def engine_kwargs(
         )
     result[_KV_KEY] = kv
     return result
+
+
+def _left_to_vllm(default: float) -> bool:
+    """Whether the installed vLLM picks its own default (0.34+) no lower than ``default``."""
+    return unset_utilization() is None and default >= VLLM_DEFAULT_UTILIZATION
 
 
 def _budget(budget_bytes: int | None) -> int | None:
@@ -557,7 +567,20 @@ def requires_spawn_multiprocessing() -> bool:
 
 
 def _failed(result: ChildResult) -> bool:
-    """Whether the child failed; pytest's skip, xfail or fail in the child is raised here."""
+    """Whether the child failed, once its memory is back; pytest's outcomes are raised here.
+
+    The driver frees an exited child's memory asynchronously (0.2-0.9 s on an H200), so the next
+    test could allocate before it is back (vllm#57362): wait for the release first, each device
+    whole where the driver does not attribute memory per process.
+    """
+    platform = _platform(None)
+    if result.pid > 0 and _accelerator_count(platform) > 0:
+        from accelplat._memory import wait_for_release
+
+        try:
+            wait_for_release([result.pid], platform=platform)
+        except MemoryNotSettledError as exc:  # a passing test stays passing, as in vLLM
+            warnings.warn(f"the test's child process left memory held: {exc}", stacklevel=3)
     if result.status == "outcome":
         result.raise_pytest_outcome()
     return result.status != "ok"

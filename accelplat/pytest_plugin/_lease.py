@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from accelplat._leasing import Lease, lease, lease_status
-from accelplat._platform import Platform, optional
 from accelplat.errors import AccelplatError, ConfigurationError, LeaseUnsatisfiableError
 from accelplat.pytest_plugin._shared import current, skip_at_test
 
@@ -176,7 +175,7 @@ def check_workers(config: pytest.Config) -> None:
         return
     try:
         platform = current(config)
-        visible = len(unit_totals(platform))
+        visible = len(lease(platform=platform).pool)  # its devices, or its lease units
     except AccelplatError as exc:
         raise pytest.UsageError(f"--accelplat-lease: {exc}") from None
     each = int(config.getoption("accelplat_lease_count"))
@@ -195,11 +194,3 @@ def check_lock_dir(option: str) -> None:
         lease_status()
     except ConfigurationError as exc:
         raise pytest.UsageError(f"{option}: {exc}") from None
-
-
-def unit_totals(platform: Platform) -> list[int]:
-    """The total memory of each unit a lease may take: a MIG instance, else a visible device."""
-    units, restricted = optional(platform, "lease_units"), optional(platform, "restricted")
-    if callable(units) and callable(restricted) and (values := units()):
-        return [restricted(value).memory_info(0).total for value in values]
-    return [platform.memory_info(i).total for i in range(platform.device_count())]

@@ -132,8 +132,11 @@ class PackPlugin(_lease.Holding):
                 skip_at_test(f"--accelplat-pack: {budget}: {exc}")
             except AccelplatError as exc:
                 pytest.fail(f"--accelplat-pack could not lease {budget}: {exc}", False)
-        held = self.current.devices if self.current else self.platform.devices()
-        devices = [(self.platform, d.index) for d in held]
+        if self.current is None:
+            devices = [(self.platform, d.index) for d in self.platform.devices()]
+        else:  # a lease unit (a MIG slice) is read through its own view
+            held = self.current
+            devices = [(u.view, u.device.index) for u in held.pool if u.key in held.device_ids]
         self._monitor = PeakMonitor(devices, whole=budget.memory_bytes is None)
 
     @pytest.hookimpl(tryfirst=True)
@@ -262,7 +265,8 @@ def auto_workers(config: pytest.Config) -> int:
 
     name, store = config.getoption("--accelplat-platform"), store_path(config)
     try:
-        totals = _lease.unit_totals(get_platform(name) if name else current_platform())
+        units = lease(platform=get_platform(name) if name else current_platform()).pool
+        totals = [unit.memory().total for unit in units]
         learned = _footprints.load_footprints(store) if store else {}
     except AccelplatError:
         return 1  # pytest_configure says what is wrong

@@ -61,6 +61,7 @@ class ChildResult:
     message: str = ""  # str() of the exception, or the pytest outcome's message
     traceback: str = ""
     outcome: tuple[str, str, bool, int] | None = None  # (kind, message, pytrace, returncode)
+    pid: int = 0  # the child's, for a wait on what the driver still holds for it
 
     def describe_exit(self) -> str:
         """Return how the child ended: ``"exited with code 3"``, ``"was killed by SIGKILL"``."""
@@ -279,7 +280,7 @@ def run_child(
             os.unlink(result_path)
     exitcode = process.exitcode
     if not data:
-        return ChildResult(name, chosen, exitcode, "silent")
+        return ChildResult(name, chosen, exitcode, "silent", pid=pid)
     fields = pickle.loads(data)
     exception: BaseException | None = None
     if (blob := fields.pop("blob", None)) is not None:
@@ -287,7 +288,7 @@ def run_child(
             rebuilt = pickle.loads(blob)
             if isinstance(rebuilt, BaseException):
                 exception = rebuilt
-    return ChildResult(name, chosen, exitcode, exception=exception, **fields)
+    return ChildResult(name, chosen, exitcode, exception=exception, pid=pid, **fields)
 
 
 def _check_env(env: object) -> dict[str, str | None]:

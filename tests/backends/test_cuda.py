@@ -667,6 +667,30 @@ def test_legacy_mig_form_and_plain_gpu_of_a_mig_capable_machine(
     assert [d.uuid for d in p.devices()] == ["GPU-5eb00000-0000-0000-0000-000000000000"]
 
 
+PLAIN = "GPU-5eb00000-0000-0000-0000-000000000000"
+
+
+def test_every_mig_device_and_every_other_gpu_is_a_lease_unit(
+    install: Install, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install(a100_with_mig())  # GPU 0 in MIG mode (two slices), GPU 1 not: a mixed host
+    p = CudaPlatform()
+    assert [d.uuid for d in p.devices()] == [MIG_A]  # CUDA shows this process one MIG device
+    assert p.lease_units() == (MIG_A, MIG_B, PLAIN)
+    for unit, total in ((MIG_A, 4864 * MIB), (MIG_B, 19968 * MIB), (PLAIN, 40 * GIB)):
+        child = p.restricted(unit)
+        (dev,) = child.devices()
+        assert (dev.index, dev.uuid, child.memory_info(0).total) == (0, unit, total)
+        assert child.lease_units() == ()  # one unit, and it is the visible device
+    assert [d.uuid for d in p.devices()] == [MIG_A]  # restricted() read no variable of ours
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # only the plain GPU may be used
+    assert p.lease_units() == ()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # only the MIG GPU: its slices
+    assert p.lease_units() == (MIG_A, MIG_B)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG_B)  # one slice named: nothing beyond it
+    assert p.lease_units() == ()
+
+
 def test_full_mig_uuid_missed_by_enumeration_is_found_by_uuid(
     install: Install, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -31,6 +31,8 @@ JSON_KEYS = {
     "release",
     "graph",
     "devices",
+    "lease_units",
+    "requirements_judged_on",
     "capabilities",
 }
 

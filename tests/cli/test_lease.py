@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -52,7 +53,7 @@ def test_runs_the_command_with_the_leased_devices_and_returns_its_status(
     done = cli("-n", "2", "--", sys.executable, "-c", script, env=env)
     assert done.returncode == 7
     assert done.stdout.strip() == "SIM-0,SIM-1"
-    assert "leased 0 (SIM-0), 1 (SIM-1)" in done.stderr
+    assert "accelplat lease: leased 0 (SIM-0), 1 (SIM-1)" in done.stderr
 
 
 def test_status_shows_the_holder_while_the_command_runs(env: dict[str, str]) -> None:
@@ -206,21 +207,21 @@ def test_memory_shares_run_side_by_side_on_one_device(env: dict[str, str]) -> No
     held = cli("--memory", "8GiB", "--", sys.executable, "-c", script, env=env)
     rows = json.loads(held.stdout)["devices"]
     assert {
-        (r["device_id"], r["state"], r["budget_bytes"])
-        for r in rows
-        if r["held"] or r["state"] == "shared"
+        (r["device_id"], r["state"], r["held"], r["budget_bytes"]) for r in rows if r["held"]
     } == {
-        ("simulated.SIM-0", "shared", None),
-        ("simulated.SIM-0", "held", 8 * 2**30),
+        ("simulated.SIM-0", "shared", True, None),  # the device: held, by its shares
+        ("simulated.SIM-0", "held", True, 8 * 2**30),
     }
+    assert {r["promised_bytes"] for r in rows if r["device_id"] == "simulated.SIM-0"} == {8 * 2**30}
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--memory", "12", "--", "true"], "--memory"),
-        (["--memory", "100KiB", "--", "true"], "--memory must be at least 1MiB, got 100.00 KiB"),
-        (["--memory", "81GiB", "--", "true"], "have memory=81.00 GiB in total"),
+        (["--memory", "100KiB", "--", "true"], "memory must be from 1MiB to 8EiB"),
+        (["--memory", "9" * 330 + "GiB", "--", "true"], "to 8EiB"),
+        (["--memory", "81GiB", "--", "true"], "enough memory in total for memory=81.00 GiB"),
         (["--memory", "8GiB", "--min-free", "1GiB", "--", "true"], "one or the other"),
     ],
 )
@@ -230,6 +231,7 @@ def test_bad_memory_shares_exit_2_naming_the_option(
     done = cli(*args, env=env)
     assert done.returncode == 2
     assert message in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_the_usage_names_every_option_and_the_message_ends_cleanly(env: dict[str, str]) -> None:
@@ -240,3 +242,74 @@ def test_the_usage_names_every_option_and_the_message_ends_cleanly(env: dict[str
     assert done.returncode == 0, done.stderr
     (line,) = [ln for ln in done.stderr.splitlines() if "leased" in ln]
     assert not line.rstrip().endswith(";")
+
+
+@pytest.mark.parametrize("args", [["--", "true"], ["--status"], ["--status", "--json"]])
+def test_an_empty_lock_dir_is_refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from accelplat._cli import main
+
+    assert main(["lease", "--lock-dir", "", *args]) == 2
+    assert "must not be empty" in capsys.readouterr().err
+
+
+def test_the_help_has_argparses_own_usage(env: dict[str, str]) -> None:
+    usage = cli("--help", env=env).stdout.split("\n\n")[0]
+    assert usage.startswith("usage: accelplat lease [-h] [-n N] [--memory SIZE]")
+    assert all(len(line) <= 100 for line in usage.splitlines())
+
+
+def _hold_both(env: dict[str, str]) -> subprocess.Popen[str]:
+    """Both devices held by another lease until a line is written to its standard input."""
+    script = "print('ready', flush=True); input()"
+    argv = ["-m", "accelplat", "lease", "-n", "2", "-q", "--", sys.executable, "-c", script]
+    holder = subprocess.Popen(
+        [sys.executable, *argv], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    assert holder.stdout.readline().strip() == "ready"
+    return holder
+
+
+def test_a_waiting_lease_says_so_once_in_a_log(env: dict[str, str]) -> None:
+    holder = _hold_both(env)
+    argv = [sys.executable, "-m", "accelplat", "lease", "--timeout", "60", "--", "true"]
+    waiter = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    assert waiter.stderr is not None
+    start = waiter.stderr.readline()  # one line when the wait starts
+    holder.communicate("\n", timeout=60)
+    end = waiter.stderr.read()  # and one when it ends
+    assert waiter.wait(timeout=60) == 0
+    assert start.startswith("accelplat lease: waiting for 1 device(s): fewer than 1 of 2")
+    assert f"held by pid {holder.pid} (" in start  # who, as whom, since when, running what
+    assert "since 2" in start
+    assert end.startswith("accelplat lease: leased 0 (SIM-0) after ")
+    assert end.count("\n") == 1
+
+
+def test_a_waiting_lease_redraws_one_line_on_a_terminal(env: dict[str, str]) -> None:
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    holder = _hold_both(env)
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))  # 60 columns
+    shown = b""
+    try:
+        argv = [sys.executable, "-m", "accelplat", "lease", "--timeout", "60", "--", "true"]
+        waiter = subprocess.Popen(argv, env=env, stderr=slave, stdout=subprocess.DEVNULL)
+        os.close(slave)
+        while shown.count(b"accelplat lease: waiting") < 3:  # drawn again and again
+            shown += os.read(master, 65536)
+        holder.communicate("\n", timeout=60)
+        assert waiter.wait(timeout=60) == 0
+        with contextlib.suppress(OSError):  # EIO once the terminal's last writer is gone
+            while chunk := os.read(master, 65536):
+                shown += chunk
+    finally:
+        os.close(master)
+    text = shown.decode()
+    drawn = [part for part in text.split("\r") if part.startswith("accelplat lease: waiting")]
+    assert all(len(part.removesuffix("\x1b[K")) < 60 for part in drawn)  # fit to the width
+    assert "\r\x1b[Kaccelplat lease: leased" in text  # the waiting line cleared

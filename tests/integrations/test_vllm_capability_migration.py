@@ -72,7 +72,7 @@ from vllm.platforms import current_platform
 
 accelplat.testing.skip_module_unless("cuda or xpu", reason='CUDA or XPU only')
 
-pytestmark = accelplat.testing.requires("cuda-api", reason='needs a CUDA/ROCm device')
+pytestmark = accelplat.testing.requires("cuda or rocm", reason='needs a CUDA/ROCm device')
 
 
 @accelplat.testing.requires("cuda-api", reason='requires CUDA')  # keep this comment
@@ -108,7 +108,8 @@ def test_no_capability_table_is_needed() -> None:
     [
         ("not current_platform.is_cuda()", "cuda"),
         ("current_platform.is_rocm()", "not rocm"),
-        ("not current_platform.is_cuda_alike()", "cuda-api"),
+        ("not current_platform.is_cuda_alike()", "cuda or rocm"),  # vLLM's platform
+        ("not torch.cuda.is_available()", "cuda-api"),  # torch's: the GPU, whatever vLLM picks
         ("not (current_platform.is_cuda() or current_platform.is_xpu())", "cuda or xpu"),
         ("current_platform.is_cpu()", "not cpu"),
         ("not current_platform.has_device_capability(90)", "capability>=90"),
@@ -119,7 +120,7 @@ def test_no_capability_table_is_needed() -> None:
         ("not current_platform.is_fp8_fnuz()", "fp8-fnuz"),
         ("not on_gfx9()", "gfx90a or gfx942 or gfx950"),
         ("not on_gfx1x()", "(gfx11* or gfx12*) and not gfx1250"),
-        ("not current_platform.supports_mx()", "gfx95* or gfx1250"),
+        ("not current_platform.supports_mx()", "rocm and (gfx95* or gfx1250)"),
         ("not current_platform.support_static_graph_mode()", "cuda or rocm or xpu"),
         (
             "not (current_platform.is_xpu() or (current_platform.is_cuda() "
@@ -128,8 +129,8 @@ def test_no_capability_table_is_needed() -> None:
         ),
         # a capability compared only where the platform guarantees one
         (
-            "not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9)",
-            "cuda-api and not capability<89",
+            "not current_platform.is_cuda() or torch.cuda.get_device_capability() < (8, 9)",
+            "cuda and not capability<89",
         ),
         (
             "current_platform.is_cuda() and torch.cuda.get_device_capability()[0] != 9",
@@ -148,6 +149,11 @@ def test_translation_is_exact(condition: str, run_if: str) -> None:
     [
         ("current_platform.get_device_capability() < (9, 0)", translate.CAPABILITY_VALUE),
         ("current_platform.has_device_capability(cap)", translate.CAPABILITY_VALUE),
+        # torch's number, not vLLM's platform's: none there under VLLM_TARGET_DEVICE=cpu
+        (
+            "not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9)",
+            translate.CAPABILITY_VALUE,
+        ),
         ("current_platform.fp8_dtype() == torch.float8_e4m3fnuz", translate.FP8_DTYPE_VALUE),
         ("torch.version.hip is not None", translate.TORCH_BUILD),
         ('hasattr(torch, "xpu")', translate.TORCH_BUILD),  # true in every torch since 2.4

@@ -87,6 +87,29 @@ def test_record_stats_on_fake_nvml_equal_nvmls_v1_struct(install: Any) -> None:
         assert stats[index] == (v1.used / GIB, v1.total / GIB)
 
 
+@pytest.mark.parametrize("order", [None, "PCI_BUS_ID", "FASTEST_FIRST"])
+def test_record_stats_reads_cuda_device_0_whatever_order_nvidia_visible_devices_lists(
+    install: Any, monkeypatch: pytest.MonkeyPatch, order: str | None
+) -> None:
+    # The container runtime exposes the GPUs NVIDIA_VISIBLE_DEVICES lists, not their order:
+    # inside, NVML lists them by PCI bus and CUDA numbers them fastest first, ties (one model)
+    # by PCI bus, so device 0 is the lower bus id. vLLM's helper takes the variable's first
+    # UUID for device 0 and reads torch's cuda:1 here.
+    from accelplat._backends.cuda import CudaPlatform
+    from tests.fakes.nvml import FakeNvml, h200
+
+    gpu0, gpu1 = h200(0, used=GIB), h200(1, used=7 * GIB)  # buses 0x18 and 0x28
+    install(FakeNvml([gpu0, gpu1]))
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", f"{gpu1.uuid},{gpu0.uuid}")
+    if order is not None:
+        monkeypatch.setenv("CUDA_DEVICE_ORDER", order)
+    platform = CudaPlatform(order_resolver=lambda env: [gpu0.uuid, gpu1.uuid])
+    registry.set_current_platform(platform)
+    assert platform.devices()[0].uuid == gpu0.uuid
+    used = av.record_gpu_memory_usage_stats(devices=[0])[0][0]
+    assert used == pytest.approx((GIB + gpu0.reserved) / GIB)
+
+
 def test_record_stats_rejects_an_invisible_device_as_index_error() -> None:
     make_platform([device()])
     with pytest.raises(DeviceNotFoundError) as info:

@@ -170,7 +170,9 @@ def test_a_test_over_its_declared_budget_is_named_with_its_peak(tmp_path: Path) 
 def test_the_suite_learns_footprints_alone_first_then_packed(tmp_path: Path) -> None:
     store = tmp_path / "fp.json"
     options = ("-n", "3", "--accelplat-pack", "--accelplat-footprints", str(store))
-    done, first = run(tmp_path, *options, "-k", "unknown", spec=HELD_30)
+    held = [{"used": "30GiB", "pid": 1, "state": "child"}]  # 30 GiB beside 31 GiB budgets
+    big = {"devices": [{"total": "120GiB", "holders": held}]}
+    done, first = run(tmp_path, *options, "-k", "unknown", spec=big)
     assert done.returncode == 0, done.stdout + done.stderr
     assert {r["budget"] for r in first} == {None}  # nothing known: each alone on the device
     assert not any(_overlap(a, b) for a in first for b in first if a is not b)
@@ -178,7 +180,7 @@ def test_the_suite_learns_footprints_alone_first_then_packed(tmp_path: Path) -> 
     learned = load_footprints(store)
     assert learned == {f"test_pack_demo.py::test_unknown[{i}]": (30 * GIB,) for i in range(4)}
     assert "footprints of 4 test(s) in" in done.stdout
-    done, second = run(tmp_path, *options, "-k", "unknown", spec=HELD_30)
+    done, second = run(tmp_path, *options, "-k", "unknown", spec=big)
     assert done.returncode == 0, done.stdout + done.stderr
     assert {int(r["budget"]) for r in second} == {budget_for([30 * GIB])}
     assert any(_overlap(a, b) for a in second for b in second if a is not b)  # packed now

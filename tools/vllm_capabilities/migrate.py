@@ -31,7 +31,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from accelplat import _scan  # noqa: E402  (the checkout's accelplat, next to this tool)
+from accelplat import _files, _scan  # noqa: E402  (the checkout's accelplat, next to this tool)
+from accelplat._util import shown  # noqa: E402
 
 IMPORT = "import accelplat.testing  # migrated to accelplat requirements\n"
 
@@ -97,15 +98,43 @@ def rewrite(source: str) -> tuple[str, int]:
     return "".join(lines), len(changes)
 
 
-def _files(tests: Path, listing: Path | None) -> list[Path]:
+def test_files(tests: Path, listing: Path | None) -> tuple[list[Path], list[str]]:
+    """The files to read (every ``*.py``, or ``listing``'s), and why others were left out.
+
+    As ``accelplat scan`` walks: no links, no hidden directories, at most ``_scan.MAX_DEPTH``
+    deep; a listed name outside ``tests`` or not a regular file is left out, named.
+    """
+    errors: list[str] = []
     if listing is None:
-        return sorted(p for p in tests.rglob("*.py") if p.is_file() and not p.is_symlink())
+        return sorted(_scan._python_files(tests, errors)), errors
     names = [
         line.strip()
         for line in listing.read_text().splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     ]
-    return [tests / name for name in names]
+    root, found = tests.resolve(), []
+    for name in names:
+        path = tests / name
+        if not path.resolve().is_relative_to(root):
+            errors.append(f"{shown(name)}: outside {shown(str(tests))}, not read")
+        elif path.is_symlink() or not path.is_file():
+            errors.append(f"{shown(name)}: not a regular file")
+        else:
+            found.append(path)
+    return found, errors
+
+
+def read_source(path: Path) -> str:
+    """A test file's text, read as ``accelplat scan`` reads it (bounded, regular files only).
+
+    Raises:
+        OSError: Unreadable, too large, not a regular file; ``UnicodeError`` for bytes.
+    """
+    return _files.read_live(path, limit=_scan.MAX_FILE_BYTES).decode("utf-8")
+
+
+# what a hostile file raises while read or parsed: it is left out, named, and the rest goes on
+UNREADABLE = (OSError, UnicodeError, SyntaxError, ValueError, RecursionError, MemoryError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,17 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tests = args.root / "tests"
     total = 0
-    for path in _files(tests, None if args.all else args.files):
+    paths, errors = test_files(tests, None if args.all else args.files)
+    for error in errors:
+        print(f"{error}: skipped", file=sys.stderr)
+    for path in paths:
+        name = shown(str(path.relative_to(tests)))  # a name may hold terminal escapes
         try:
-            source = path.read_text(encoding="utf-8")
-            new, count = rewrite(source)
-        except (OSError, SyntaxError, UnicodeDecodeError) as exc:
-            print(f"{path.relative_to(tests)}: skipped ({type(exc).__name__})", file=sys.stderr)
+            new, count = rewrite(read_source(path))
+        except UNREADABLE as exc:
+            print(f"{name}: skipped ({type(exc).__name__})", file=sys.stderr)
             continue
         if count and not args.dry_run:
             path.write_text(new, encoding="utf-8")
         if count or not args.all:
-            print(f"{path.relative_to(tests)}: {count} condition(s) rewritten")
+            print(f"{name}: {count} condition(s) rewritten")
         total += count
     print(f"total: {total} condition(s) rewritten")
     return 0

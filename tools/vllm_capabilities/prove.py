@@ -28,8 +28,10 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,7 @@ import migrate  # noqa: E402
 from vllm_model import RAISES, Host, UnmodelledError, evaluate, gcn_capability  # noqa: E402
 
 from accelplat import _scan, _translate  # noqa: E402
+from accelplat._util import shown  # noqa: E402
 
 __all__ = ["Host", "gcn_capability", "prove"]  # what the tests read besides the figures
 _DECIDING = ("count", "memory", "quant")  # kinds the translator does not replace
@@ -86,70 +89,77 @@ def _migrated_requirements(source: str) -> list[str]:
     return [f"{kind}:{text}" for _, _, kind, text in sorted(found)]
 
 
-def collect(tests: Path) -> tuple[list[_scan.Finding], list[_Check], dict[int, int], list[str]]:
-    """Findings, checks, each finding's check (by finding index) and migration mismatches."""
+def _one_file(
+    rel: str, source: str
+) -> tuple[list[_scan.Finding], list[_Check], dict[int, int], bool]:
+    """One file's findings, checks, each finding's check, and whether its migration differs."""
+    findings: list[_scan.Finding] = []
+    checks: list[_Check] = []
+    check_of: dict[int, int] = {}
+    by_site: dict[int, int] = {}
+    expected = []
+    for p in _scan.placed(ast.parse(source)):
+        text = (
+            None if p.site is None or p.decision is None else _scan.replacement(p.decision, p.site)
+        )
+        findings.append(
+            _scan.Finding(rel, getattr(p.node, "lineno", 0), p.predicate, p.kind, p.use, text)
+        )
+        if p.site is None or text is None:
+            continue
+        if id(p.site) not in by_site:
+            by_site[id(p.site)] = len(checks)
+            where = f"{rel}:{getattr(p.site.span[0], 'lineno', 0)}"
+            checks.append(_Check(where, _original(p.site), p.site.requirement, p.site.run_if))
+            expected.append((p.site.span[0], text))
+        check_of[len(findings) - 1] = by_site[id(p.site)]
+    if not expected:
+        return findings, checks, check_of, False
+    new, _ = migrate.rewrite(source)  # it writes exactly these, in the same order, nothing else
+    expected.sort(key=lambda e: (e[0].lineno, e[0].col_offset))  # type: ignore[attr-defined]
+    want = [_call_text(t) for _, t in expected]
+    return findings, checks, check_of, _migrated_requirements(new) != want
+
+
+def collect(
+    tests: Path,
+) -> tuple[list[_scan.Finding], list[_Check], dict[int, int], list[str], list[str]]:
+    """Findings, checks, each finding's check, migration mismatches, and the files left out."""
     findings: list[_scan.Finding] = []
     checks: list[_Check] = []
     check_of: dict[int, int] = {}
     mismatches: list[str] = []
-    for path in sorted(tests.rglob("*.py")):
-        if path.is_symlink() or not path.is_file():
-            continue
+    paths, skipped = migrate.test_files(tests, None)
+    for path in paths:
         rel = str(path.relative_to(tests))
-        source = path.read_text(encoding="utf-8")
         try:
-            tree = ast.parse(source)
-        except SyntaxError:
+            got, got_checks, got_of, differs = _one_file(rel, migrate.read_source(path))
+        except migrate.UNREADABLE as exc:  # a hostile file: left out, named, the rest goes on
+            skipped.append(f"{shown(rel)}: {type(exc).__name__}")
             continue
-        by_site: dict[int, int] = {}
-        expected = []
-        for p in _scan.placed(tree):
-            index = len(findings)
-            findings.append(
-                _scan.Finding(
-                    rel,
-                    getattr(p.node, "lineno", 0),
-                    p.predicate,
-                    p.kind,
-                    p.use,
-                    None
-                    if p.site is None or p.decision is None
-                    else _scan.replacement(p.decision, p.site),
-                )
-            )
-            if p.site is None or p.decision is None:
-                continue
-            if id(p.site) not in by_site:
-                by_site[id(p.site)] = len(checks)
-                where = f"{rel}:{getattr(p.site.span[0], 'lineno', 0)}"
-                checks.append(_Check(where, _original(p.site), p.site.requirement, p.site.run_if))
-                text = _scan.replacement(p.decision, p.site)
-                expected.append((p.site.span[0], text))
-            check_of[index] = by_site[id(p.site)]
-        if expected:  # the migration writes exactly these, in the same order, nothing else
-            new, _ = migrate.rewrite(source)
-            expected.sort(key=lambda e: (e[0].lineno, e[0].col_offset))  # type: ignore[attr-defined]
-            want = [_call_text(t) for _, t in expected]
-            if _migrated_requirements(new) != want:
-                mismatches.append(rel)
-    return findings, checks, check_of, mismatches
+        check_of.update({len(findings) + i: len(checks) + c for i, c in got_of.items()})
+        findings += got
+        checks += got_checks
+        if differs:
+            mismatches.append(rel)
+    return findings, checks, check_of, mismatches, skipped
 
 
 def prove(tests: Path, bundles: Path = modelled.BUNDLES) -> dict[str, object]:
     """Every figure, JSON-ready; hosts replayed from ``bundles`` where a bundle is there."""
-    findings, checks, check_of, mismatches = collect(tests)
+    findings, checks, check_of, mismatches, skipped = collect(tests)
     texts = sorted({t for c in checks for t in (c.requirement, c.run_if)})
-    per_host: dict[str, dict[str, bool]] = {}
-    sources: dict[str, str] = {}
-    for host in modelled.HOSTS:
-        per_host[host.name], sources[host.name] = modelled.answers(host, texts, bundles)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # a child interpreter each
+        replies = list(pool.map(lambda h: modelled.answers(h, texts, bundles), modelled.ALL))
+    per_host = {h.name: reply[0] for h, reply in zip(modelled.ALL, replies, strict=True)}
+    sources = {h.name: reply[1] for h, reply in zip(modelled.ALL, replies, strict=True)}
     changed: Counter[str] = Counter()
     raises: Counter[str] = Counter()
     unmodelled: list[str] = []
     bad_checks: set[int] = set()
     examples: list[str] = []
     for i, check in enumerate(checks):
-        for host in modelled.HOSTS:
+        for host in modelled.ALL:
             try:
                 original = evaluate(check.original, host)
             except UnmodelledError as exc:
@@ -187,7 +197,7 @@ def prove(tests: Path, bundles: Path = modelled.BUNDLES) -> dict[str, object]:
         "platform_replaceable_builtin_pct": share(builtin, len(platform)),
         "platform_replaceable_overall_pct": share(builtin, len(platform)),
         "conditions_checked": len(checks),
-        "hosts": {h.name: sources[h.name] for h in modelled.HOSTS},
+        "hosts": {h.name: sources[h.name] for h in modelled.ALL},
         "decision_changes": sum(changed.values()),
         "decision_changes_by_host": dict(changed),
         "original_raises_by_host": dict(raises),
@@ -197,6 +207,7 @@ def prove(tests: Path, bundles: Path = modelled.BUNDLES) -> dict[str, object]:
         "scan_precision_pct": share(sum(1 for i in stated if i in identical), len(stated)),
         "scan_recall_pct": share(sum(1 for i in deciding if i in identical), len(deciding)),
         "migration_mismatched_files": mismatches,
+        "skipped_files": skipped,
         "fused_deepseek_v32_norm_rope_changes": len(fused),
     }
 
@@ -223,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             f"vocabulary alone (overall, project tables included: "
             f"{f['platform_replaceable_overall_pct']} %)"
         )
-        print(f"{f['conditions_checked']} translated conditions x {len(modelled.HOSTS)} hosts:")
+        print(f"{f['conditions_checked']} translated conditions x {len(modelled.ALL)} hosts:")
         for name, source in f["hosts"].items():  # type: ignore[attr-defined]
             print(f"  {name:<14} {source}")
         print(f"decision changes: {f['decision_changes']} {f['decision_changes_by_host']}")
@@ -233,9 +244,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{f['scan_precision_pct']} %, recall {f['scan_recall_pct']} %")  # fmt: skip
         print(f"migration output differing from the checked requirements: "
               f"{len(f['migration_mismatched_files'])} files")  # type: ignore[arg-type]  # fmt: skip
+        print(f"files left out: {len(f['skipped_files'])}")  # type: ignore[arg-type]
         print(f"test_fused_deepseek_v32_norm_rope.py changes: "
               f"{f['fused_deepseek_v32_norm_rope_changes']}")  # fmt: skip
-        for line in [*f["unmodelled"], *f["examples"]][:40]:  # type: ignore[misc]
+        for line in [*f["skipped_files"], *f["unmodelled"], *f["examples"]][:40]:  # type: ignore[misc]
             print(f"  {line}")
     ok = (
         figures["decision_changes"] == 0

@@ -37,6 +37,16 @@ class Host:
     nvml_capability: tuple[int, int] | None = None  # nvmlDeviceGetCudaComputeCapability
     gcn_arch: str = ""  # amdsmi's / torch's gcnArchName, e.g. "gfx942:sramecc+:xnack-"
     bundles: tuple[str, ...] = ()  # glob patterns of its replay bundle in tests/hosts
+    # A host setting: the platform vLLM itself picks ("" : the hardware's), with what makes it
+    # pick so, for accelplat's side: the installed vLLM version and the environment.
+    vllm_platform: str = ""
+    vllm_version: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def chosen(self) -> str:
+        """``current_platform``'s platform: ``vllm/platforms/__init__.py``'s choice."""
+        return self.vllm_platform or self.platform
 
 
 def gcn_capability(gcn_arch: str) -> tuple[int, int] | None:
@@ -56,26 +66,29 @@ def gcn_capability(gcn_arch: str) -> tuple[int, int] | None:
     return major, minor
 
 
-def capability(host: Host) -> tuple[int, int] | None:
-    """``current_platform.get_device_capability()``."""
-    if host.platform == "cuda":
+def capability(host: Host, platform: str | None = None) -> tuple[int, int] | None:
+    """``current_platform.get_device_capability()`` (``platform``: the hardware's instead)."""
+    on = platform or host.chosen
+    if on == "cuda":
         return host.nvml_capability  # cuda.py:764-771 (NVML)
-    if host.platform == "rocm":
+    if on == "rocm":
         return gcn_capability(host.gcn_arch)  # rocm.py:1031-1035
-    return None  # xpu.py:319-326, interface.py:517-528 (CPU: the base class)
+    return None  # xpu.py:319-326, interface.py:517-528 (CPU, Unspecified: the base class)
 
 
 def _torch_capability(host: Host) -> Value:
     """``torch.cuda.get_device_capability()``: on ROCm, HIP's major/minor from the gfx target.
 
-    rocm.py:236's docstring mirrors that layout; with no CUDA/HIP device torch raises.
+    rocm.py:236's docstring mirrors that layout; with no CUDA/HIP device torch raises. torch
+    reads the hardware whatever vLLM's platform is.
     """
     if host.platform in ("cuda", "rocm"):
-        return capability(host)
+        return capability(host, host.platform)
     return RAISES
 
 
 def _gfx(host: Host, *names: str) -> bool:  # rocm.py:217-233: substring tests of _GCN_ARCH
+    # rocm.py:215 reads the arch from amdsmi when the module is imported: the hardware's.
     return host.platform == "rocm" and any(n in host.gcn_arch for n in names)
 
 
@@ -111,28 +124,29 @@ _ROCM_FUNCTIONS = {  # rocm.py:307-360
 
 
 def _supports_fp8(host: Host) -> bool:
-    if host.platform == "cuda":
+    if host.chosen == "cuda":
         cap = capability(host)  # cuda.py:587: has_device_capability(89)
         return cap is not None and cap[0] * 10 + cap[1] >= 89
-    if host.platform == "rocm":
+    if host.chosen == "rocm":
         return _cdna(host) or _rdna(host)  # rocm.py:1255
-    return host.platform == "xpu"  # xpu.py:574 True; interface.py:1253 False (CPU)
+    return host.chosen == "xpu"  # xpu.py:574 True; interface.py:1253 False (CPU, Unspecified)
 
 
 def _platform_method(host: Host, name: str, args: list[ast.expr]) -> Value:
+    on = host.chosen  # vLLM's platform: a method of current_platform
     if name in ("is_cuda", "is_rocm", "is_xpu", "is_cpu", "is_tpu") and not args:
-        return host.platform == name[3:]  # interface.py:196-209
+        return on == name[3:]  # interface.py:196-209 (Unspecified: every one False)
     if name == "is_cuda_alike" and not args:
-        return host.platform in ("cuda", "rocm")  # interface.py:227-229
+        return on in ("cuda", "rocm")  # interface.py:227-229
     if name == "supports_fp8" and not args:
         return _supports_fp8(host)
-    if name == "is_fp8_fnuz" and not args:
-        return _gfx(host, "gfx94")  # rocm.py:1259; interface.py:1258 False elsewhere
-    if name == "supports_mx" and not args:
-        return _gfx(host, "gfx95", "gfx1250")  # rocm.py:1251; interface.py:1248 False elsewhere
+    if name == "is_fp8_fnuz" and not args:  # rocm.py:1259; interface.py:1258 False elsewhere
+        return on == "rocm" and _gfx(host, "gfx94")
+    if name == "supports_mx" and not args:  # rocm.py:1251; interface.py:1248 False elsewhere
+        return on == "rocm" and _gfx(host, "gfx95", "gfx1250")
     if name == "support_static_graph_mode" and not args:
         # cuda.py:687, rocm.py:1393, xpu.py:539 return True; interface.py:1359 False (CPU)
-        return host.platform in ("cuda", "rocm", "xpu")
+        return on in ("cuda", "rocm", "xpu")
     if name == "get_device_capability" and not args:
         return capability(host)
     if name in ("has_device_capability", "is_device_capability", "is_device_capability_family"):

@@ -6,6 +6,7 @@ instant. The model is in ``_model``, the spec reader in ``_spec``; the format in
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import threading
@@ -41,6 +42,7 @@ from accelplat.errors import ConfigurationError
 
 ENV_SPEC = "ACCELPLAT_SIMULATED_SPEC"  # the spec file SimulatedPlatform() and its probe load
 ENV_VISIBLE = "ACCELPLAT_SIMULATED_VISIBLE_DEVICES"  # UUIDs (SIM-0 …) or spec indices, CUDA-style
+_Entry = tuple[int, int | None]  # a visible device: its index in the spec, and its slice or None
 _SPEC_CACHE_SIZE = 16
 _spec_cache: dict[str, tuple[tuple[int, int, int], SimulatedSpec]] = {}
 _spec_cache_lock = threading.Lock()
@@ -111,6 +113,7 @@ class SimulatedPlatform(BasePlatform):
         elif not all(callable(getattr(clock, m, None)) for m in ("monotonic", "sleep")):
             raise ConfigurationError(f"clock must have monotonic() and sleep(), got {clock!r}")
         self._spec = resolved
+        self._pinned: str | None = None  # restricted(): the visible devices, whatever the variable
         self.clock: Clock = clock
         self._t0 = clock.monotonic()
 
@@ -179,30 +182,64 @@ class SimulatedPlatform(BasePlatform):
         """Return timeline time: seconds on :attr:`clock` since construction."""
         return self.clock.monotonic() - self._t0
 
-    def _visible(self) -> list[int]:
-        everything = list(range(len(self._spec.devices)))
-        raw = os.environ.get(ENV_VISIBLE)
+    def _visible(self) -> list[_Entry]:
+        """Visible entries: (spec index, slice index or ``None`` for the whole device)."""
+        count = len(self._spec.devices)
+        everything: list[_Entry] = [(i, None) for i in range(count)]
+        raw = self._pinned if self._pinned is not None else os.environ.get(ENV_VISIBLE)
         if raw is None:
             return everything
-        uuids = [self._uuid(i) for i in everything]
-        chosen: list[int] = []
+        slices = [(i, j) for i, d in enumerate(self._spec.devices) for j in range(len(d.slices))]
+        uuids = {self._uuid(entry): entry for entry in everything + slices}
+        chosen: list[_Entry] = []
         for token in (t.strip() for t in raw.split(",")):
             if token in uuids:
-                index = uuids.index(token)
-            elif (
-                token.isascii() and token.isdigit() and len(token) <= 6 and int(token) < len(uuids)
-            ):
-                index = int(token)
+                entry = uuids[token]
+            elif token.isascii() and token.isdigit() and len(token) <= 6 and int(token) < count:
+                entry = (int(token), None)
             else:  # as CUDA does: an unknown entry ends the list
                 break
-            if index in chosen:
+            if entry in chosen:
                 raise ConfigurationError(f"{ENV_VISIBLE}={shown(raw)} names device {token} twice")
-            chosen.append(index)
+            if entry[1] is not None:  # a slice, as CUDA shows a MIG device: the only one
+                return chosen or [entry]
+            chosen.append(entry)
         return chosen
 
-    def _uuid(self, index: int) -> str:
-        uuid = self._spec.devices[index].uuid
-        return uuid if uuid is not None else f"SIM-{index}"
+    def _device(self, entry: _Entry) -> SimulatedDevice:
+        device = self._spec.devices[entry[0]]
+        return device if entry[1] is None else device.slices[entry[1]]
+
+    def _uuid(self, entry: _Entry) -> str:
+        index, part = entry
+        uuid = self._device(entry).uuid
+        return uuid or (f"SIM-{index}" if part is None else f"MIG-SIM-{index}-{part}")
+
+    @override
+    def lease_units(self) -> tuple[str, ...]:
+        """Return the units a scheduler hands out where visible devices have slices.
+
+        Each slice, and each device without; ``()`` otherwise (the visible devices are the units).
+        """
+        entries = self._visible()
+        if any(p is not None for _, p in entries) or not any(
+            self._device(e).slices for e in entries
+        ):
+            return ()
+        units: list[_Entry] = []
+        for i, _ in entries:
+            units += [(i, j) for j in range(len(self._spec.devices[i].slices))] or [(i, None)]
+        return tuple(map(self._uuid, units))
+
+    @override
+    def restricted(self, value: str) -> SimulatedPlatform:
+        """Return this platform as a child started with the variable set to ``value`` sees it.
+
+        The view shares the spec as it is now and the clock.
+        """
+        view = copy.copy(self)
+        view._pinned = value
+        return view
 
     @override
     def devices(self) -> Sequence[DeviceInfo]:
@@ -212,8 +249,8 @@ class SimulatedPlatform(BasePlatform):
             ConfigurationError: When ``ACCELPLAT_SIMULATED_VISIBLE_DEVICES`` names one twice.
         """
         return [
-            DeviceInfo(i, index, self._spec.devices[index].name, self._uuid(index))
-            for i, index in enumerate(self._visible())
+            DeviceInfo(i, entry[0], self._device(entry).name, self._uuid(entry))
+            for i, entry in enumerate(self._visible())
         ]
 
     @override
@@ -222,13 +259,13 @@ class SimulatedPlatform(BasePlatform):
 
     @override
     def _memory_info(self, device: int) -> MemoryInfo:
-        index = self._visible()[device]
-        dev = self._spec.devices[index]
+        entry = self._visible()[device]
+        dev = self._device(entry)
         used = dev.used_at(self.elapsed())
         # Checked as a driver's answer: a spec may describe what no driver reports (a zero total).
         return checked_memory(
             "simulated",
-            f"simulated device {device} ({self._uuid(index)})",
+            f"simulated device {device} ({self._uuid(entry)})",
             free=dev.total - used,
             total=dev.total,
             used=used,
@@ -246,9 +283,9 @@ class SimulatedPlatform(BasePlatform):
             ConfigurationError: For a bad index, or when the device's memory would exceed its
                 total (what a real device answers with an out-of-memory error).
         """
-        index = self._visible()[self.check_device(device)]
+        entry = self._visible()[self.check_device(device)]
         now = self.elapsed()
-        dev = self._spec.devices[index]
+        dev = self._device(entry)
         same = [h for h in dev.holders if holder.pid is not None and h.pid == holder.pid]
         freed = sum(h.used for h in same if h.active(now))
         if holder.active(now) and dev.used_at(now) - freed + holder.used > dev.total:
@@ -258,7 +295,11 @@ class SimulatedPlatform(BasePlatform):
             )
         live = [h for h in dev.holders if (h.end is None or h.end > now) and h not in same]
         updated = dataclasses.replace(dev, holders=(*live, holder))  # checked as a spec is
-        devices = list(self._spec.devices)
+        devices, (index, part) = list(self._spec.devices), entry
+        if part is not None:  # a slice: its device with the slice replaced
+            parts = list(devices[index].slices)
+            parts[part] = updated
+            updated = dataclasses.replace(devices[index], slices=tuple(parts))
         devices[index] = updated
         self._spec = dataclasses.replace(self._spec, devices=tuple(devices))
 
@@ -266,7 +307,7 @@ class SimulatedPlatform(BasePlatform):
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
         """Return the holders active now, or ``None`` when the spec does not report holders."""
         index = self.check_device(device)
-        return self._spec.devices[self._visible()[index]].holders_at(self.elapsed())
+        return self._device(self._visible()[index]).holders_at(self.elapsed())
 
     def __repr__(self) -> str:
         return (

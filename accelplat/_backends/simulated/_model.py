@@ -20,6 +20,7 @@ MAX_SPEC_BYTES = 1 * MIB
 MAX_DEVICES = 256  # after count replication
 MAX_SEGMENTS = 10_000
 MAX_HOLDERS = 1_000
+MAX_SLICES = 8  # per device: MIG makes at most 7 instances of a GPU, AMD's CPX mode 8 partitions
 MAX_DEVICE_BYTES = 2**50  # 1 PiB: the largest size accepted anywhere in a spec
 MAX_TIME_S = 1e9  # about 31 years: the largest time or duration accepted
 
@@ -199,7 +200,8 @@ class SimulatedDevice:
     name: str = "Simulated device"
     reserved: int = 0  # reported only
     report_holders: bool | None = None  # None: when some holder has a pid
-    uuid: str | None = None  # None: SIM-<index>
+    uuid: str | None = None  # None: SIM-<index> (a slice: MIG-SIM-<index>-<slice>)
+    slices: tuple[SimulatedDevice, ...] = ()  # its memory carved into devices (MIG instances)
     _starts: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _before: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
@@ -208,6 +210,13 @@ class SimulatedDevice:
         object.__setattr__(self, "holders", tuple(self.holders))
         for name in ("total", "used", "reserved"):
             check_size(getattr(self, name), name)
+        object.__setattr__(self, "slices", tuple(self.slices))
+        if len(self.slices) > MAX_SLICES or not all(
+            isinstance(s, SimulatedDevice) and not s.slices for s in self.slices
+        ):
+            raise ConfigurationError(f"slices must be at most {MAX_SLICES} devices without slices")
+        if sum(s.total for s in self.slices) > self.total:
+            raise ConfigurationError(f"the slices' totals exceed total ({self.total} bytes)")
         check_text(self.name, "name")
         if self.uuid is not None:
             check_text(self.uuid, "uuid")

@@ -15,6 +15,7 @@ from accelplat._backends.simulated._model import (
     MAX_DEVICES,
     MAX_HOLDERS,
     MAX_SEGMENTS,
+    MAX_SLICES,
     MAX_SPEC_BYTES,
     LazyRelease,
     Linear,
@@ -97,10 +98,13 @@ def _segment(raw: object, where: str) -> Step | Linear | LazyRelease | Simulated
     return _build(where, make, start=data["start"], to=to, from_=origin, **fields)
 
 
-def _device(raw: object, where: str) -> tuple[SimulatedDevice, int]:
-    keys = {"total", "used", "timeline", "holders", "name", "reserved", "report_holders", "uuid",
-            "count"}  # fmt: skip
-    data = _table(raw, where, keys, {"total"})
+def _device(raw: object, where: str, *, whole: bool = True) -> tuple[SimulatedDevice, int]:
+    keys = {"total", "used", "timeline", "holders", "name", "reserved", "report_holders", "uuid"}
+    data = _table(raw, where, keys | ({"count", "slices"} if whole else set()), {"total"})
+    parts = _list(data.pop("slices", []), f"{where}.slices", MAX_SLICES)
+    data["slices"] = [
+        _device(s, f"{where}.slices[{i}]", whole=False)[0] for i, s in enumerate(parts)
+    ]
     segments: list[Step | Linear | LazyRelease] = []
     holders: list[SimulatedHolder] = []
     for i, item in enumerate(_list(data.pop("timeline", []), f"{where}.timeline", MAX_SEGMENTS)):

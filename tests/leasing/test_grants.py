@@ -22,7 +22,7 @@ import pytest
 from accelplat._leasing import ENV_LEASE_DIR, lease
 from accelplat._platform import Platform
 from accelplat._types import GIB
-from accelplat.errors import ConfigurationError
+from accelplat.errors import LeaseUnsatisfiableError
 from tests.fakes.levelzero import FakeLevelZero, pvc
 from tests.fakes.nvml import FakeNvml, h200
 from tests.fakes.sysfs import FakeSysfs
@@ -91,7 +91,7 @@ def _check(
     n = len(granted)
     with lease(n, platform=platform, lock_dir=tmp_path) as whole:
         assert sorted(d.stable_id or "" for d in whole.devices) == sorted(granted)
-    with pytest.raises(ConfigurationError, match=f"shows this process only {n}"):
+    with pytest.raises(LeaseUnsatisfiableError, match=f"shows this process only {n}"):
         lease(n + 1, platform=platform, lock_dir=tmp_path)
     with lease(n, memory="8GiB", platform=platform, lock_dir=tmp_path) as share:
         assert sorted(d.stable_id or "" for d in share.devices) == sorted(granted)
