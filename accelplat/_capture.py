@@ -18,15 +18,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from accelplat import __version__, _files
+from accelplat import _files
 from accelplat._backends._common import ENV_PROC_ROOT, ENV_SYSFS_ROOT
 from accelplat._describe import collect_info, driver_version
 from accelplat._registry import current_platform
+from accelplat._replay._bundle import FORMAT_NAME, FORMAT_VERSION, bundle_bytes
+from accelplat._replay._install import recording, relevant
+from accelplat._replay._record import Recorder
 from accelplat._vendor.versions import distribution_version
+from accelplat._version import __version__
 from accelplat.errors import AccelplatError
-from accelplat.replay._bundle import FORMAT_NAME, FORMAT_VERSION, bundle_bytes
-from accelplat.replay._install import recording, relevant
-from accelplat.replay._record import Recorder
 
 VERSION_DISTRIBUTIONS = ("accelplat", "torch", "nvidia-ml-py", "amdsmi", "vllm")
 

@@ -43,11 +43,11 @@ from typing import Any
 from accelplat import _files
 from accelplat._capture import bundle_contents, capture
 from accelplat._describe import collect_info
+from accelplat._replay._bundle import Bundle, bundle_bytes, load_bundle, parse_bundle
+from accelplat._replay._codec import Handle, Record, encode, key_text
+from accelplat._replay._install import relevant
 from accelplat.errors import FileTooLargeError, NotARegularFileError
-from accelplat.replay import parse_bundle, replaying
-from accelplat.replay._bundle import Bundle, bundle_bytes, load_bundle
-from accelplat.replay._codec import Handle, Record, encode, key_text
-from accelplat.replay._install import relevant
+from accelplat.replay import replaying
 
 MIB = 1024**2
 PROFILE_LIMIT = 4 * MIB  # nvml-mock's largest shipped profile is about 17 KB

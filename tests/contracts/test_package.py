@@ -173,9 +173,9 @@ def test_python_dash_m_and_version_match_the_metadata() -> None:
         import tomli as tomllib
 
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert "version" not in pyproject["project"]  # one place: read from accelplat/__init__.py
+    assert "version" not in pyproject["project"]  # one place: read from accelplat/_version.py
     assert pyproject["project"]["dynamic"] == ["version"]
-    assert pyproject["tool"]["hatch"]["version"]["path"] == "accelplat/__init__.py"
+    assert pyproject["tool"]["hatch"]["version"]["path"] == "accelplat/_version.py"
     version = accelplat.__version__
     proc = subprocess.run(
         [sys.executable, "-m", "accelplat", "--version"],

@@ -20,8 +20,8 @@ from typing import Any
 
 from accelplat._capture import bundle_contents, capture
 from accelplat._describe import collect_info
-from accelplat.replay import parse_bundle, replaying
-from accelplat.replay._bundle import bundle_bytes
+from accelplat._replay._bundle import bundle_bytes, parse_bundle
+from accelplat.replay import replaying
 
 LOADER = "libze_loader.so.1"
 NO_NVML = {

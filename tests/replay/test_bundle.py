@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from accelplat.errors import BundleError, BundleVersionError
-from accelplat.replay._bundle import (
+from accelplat._replay._bundle import (
     FORMAT_NAME,
     FORMAT_VERSION,
     Limits,
@@ -23,6 +22,7 @@ from accelplat.replay._bundle import (
     load_bundle,
     parse_bundle,
 )
+from accelplat.errors import BundleError, BundleVersionError
 
 
 def host_doc(**changes: Any) -> dict[str, Any]:

@@ -18,7 +18,8 @@ import pytest
 
 from accelplat._describe import collect_info
 from accelplat._registry import current_platform
-from accelplat.replay import compare_info, load_bundle, parse_bundle, replaying
+from accelplat._replay._bundle import parse_bundle
+from accelplat.replay import compare_info, load_bundle, replaying
 from tests._hosts import BUNDLES, HOSTS
 from tests.hosts import make_nvidia
 from tests.visible.test_cuda_model import ModelGpu, cuda_reference
@@ -503,7 +504,7 @@ def test_a_bundle_with_odd_nvml_answers_is_refused_on_export(
 ) -> None:
     import tarfile
 
-    from accelplat.replay._bundle import bundle_bytes
+    from accelplat._replay._bundle import bundle_bytes
 
     source = HOSTS / "nvidia-h200-x1.tar.gz"
     with tarfile.open(source) as tar:

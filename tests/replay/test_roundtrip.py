@@ -14,8 +14,9 @@ import pytest
 from accelplat import _boundary
 from accelplat._describe import collect_info
 from accelplat._registry import current_platform
+from accelplat._replay._bundle import parse_bundle
 from accelplat._types import HolderState
-from accelplat.replay import Capture, capture, compare_info, parse_bundle, replaying
+from accelplat.replay import Capture, capture, compare_info, replaying
 from tests._hosts import HOSTS, clear_vendor_variables
 from tests.conftest import Install
 from tests.fakes.levelzero import arc, build_c_library, c_compiler, pvc
@@ -229,7 +230,7 @@ def test_caches_registered_with_on_reset_are_dropped_when_a_replay_starts_and_en
 
 
 def test_the_variable_is_applied_only_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    from accelplat.replay._install import activate_from_environment
+    from accelplat._replay._install import activate_from_environment
 
     monkeypatch.setenv("ACCELPLAT_REPLAY", "  ")
     assert activate_from_environment() is None
@@ -240,8 +241,8 @@ def test_a_bundle_that_cannot_load_raises_its_error_at_every_question_not_at_act
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from accelplat import _files
+    from accelplat._replay._install import activate_from_environment
     from accelplat.errors import BundleError
-    from accelplat.replay._install import activate_from_environment
 
     monkeypatch.setenv("ACCELPLAT_REPLAY", str(tmp_path / "missing.tar.gz"))
     try:

@@ -15,10 +15,10 @@ from typing import Any
 from typing_extensions import override
 
 from accelplat import _boundary, _files
+from accelplat._replay._bundle import Bundle, load_bundle
+from accelplat._replay._record import Recorder
+from accelplat._replay._replay import Replayer
 from accelplat.errors import BundleError, FileTooLargeError
-from accelplat.replay._bundle import Bundle, load_bundle
-from accelplat.replay._record import Recorder
-from accelplat.replay._replay import Replayer
 
 ENV_REPLAY = "ACCELPLAT_REPLAY"
 _PLUGINS = "ACCELPLAT_PLUGINS"  # plugins are not part of a host: off unless captured otherwise

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelplat import _files
+from accelplat._replay._codec import MAX_DEPTH, Handle, Record, decode, key_text
 from accelplat._validate import JsonFields
 from accelplat.errors import (
     BundleError,
@@ -27,7 +28,6 @@ from accelplat.errors import (
     FileTooLargeError,
     NotARegularFileError,
 )
-from accelplat.replay._codec import MAX_DEPTH, Handle, Record, decode, key_text
 
 FORMAT_NAME = "accelplat-capture"
 FORMAT_VERSION = 1  # the version this accelplat writes and the highest it reads
