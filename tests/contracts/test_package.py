@@ -194,11 +194,11 @@ def test_backend_methods_that_replace_the_base_class_say_so() -> None:
     import inspect
 
     from accelplat._platform import BasePlatform
-    from accelplat._registry import _BUILTINS
+    from accelplat._registry import BUILTINS
 
     checked = 0
-    for target in _BUILTINS.values():
-        module_name, _, class_name = target.partition(":")
+    for row in BUILTINS:
+        module_name, _, class_name = row.target.partition(":")
         cls = getattr(importlib.import_module(module_name), class_name)
         for name, member in vars(cls).items():
             if name.startswith("__") or name == "default_memory_utilization":
