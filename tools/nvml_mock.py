@@ -45,7 +45,7 @@ from accelplat._capture import bundle_contents, capture
 from accelplat._describe import collect_info
 from accelplat._replay._bundle import Bundle, bundle_bytes, load_bundle, parse_bundle
 from accelplat._replay._codec import Handle, Record, encode, key_text
-from accelplat._replay._install import relevant
+from accelplat._replay._install import considered
 from accelplat.errors import FileTooLargeError, NotARegularFileError
 from accelplat.replay import replaying
 
@@ -747,9 +747,9 @@ def _fake_nvml(facts: HostFacts) -> Any:
 @contextmanager
 def _isolated(root: Path, env: Mapping[str, str], nvml: Any) -> Iterator[None]:
     """This process as a host with only ``nvml``: empty host trees, no AMD/Intel stack, ``env``."""
-    # Every variable a capture keeps (ACCELPLAT_*, ZE_*, visible devices, grants) is the built
+    # Every variable a capture keeps (visible devices, host roots, grants) is the built
     # host's, never the building machine's.
-    cleared = {*_CLEARED, *(k for k in os.environ if relevant(k))}
+    cleared = {*_CLEARED, *considered()}
     names = {*cleared, *_ROOT_VARIABLES, *env}
     saved_env = {k: os.environ.get(k) for k in names}
     saved_mods = {k: sys.modules.get(k, ...) for k in _BLOCKED}

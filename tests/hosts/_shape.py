@@ -46,7 +46,12 @@ _CLEARED = (
     "ACCELPLAT_XPU_INTEGRATED",
     "ACCELPLAT_XPU_ALLOW_TORCH",
 )
-_TREE = ("ACCELPLAT_SYSFS_ROOT", "ACCELPLAT_DEV_ROOT", "ACCELPLAT_LEVEL_ZERO_LIB")
+_TREE = (
+    "ACCELPLAT_SYSFS_ROOT",
+    "ACCELPLAT_DEV_ROOT",
+    "ACCELPLAT_PROC_ROOT",
+    "ACCELPLAT_LEVEL_ZERO_LIB",
+)
 
 
 @contextmanager
@@ -58,6 +63,7 @@ def _isolated(root: Path, env: Mapping[str, str]) -> Iterator[None]:
         os.environ.pop(name, None)
     os.environ["ACCELPLAT_SYSFS_ROOT"] = str(root / "sys")
     os.environ["ACCELPLAT_DEV_ROOT"] = str(root / "dev")
+    os.environ["ACCELPLAT_PROC_ROOT"] = str(root / "proc")  # the building machine's is no fact
     os.environ.update(env)
     for name in _BLOCKED:
         sys.modules[name] = None  # type: ignore[assignment]

@@ -129,6 +129,9 @@ def test_a_future_format_version_is_refused_with_its_own_type() -> None:
         ({"options": {"processes": "yes"}}, "options.processes"),
         ({"env": {"BAD NAME": "x"}}, "env.BAD NAME"),
         ({"env": {"CUDA_VISIBLE_DEVICES": 0}}, "env.CUDA_VISIBLE_DEVICES"),
+        ({"variables": "CUDA_VISIBLE_DEVICES"}, "variables"),
+        ({"variables": ["CUDA_VISIBLE_DEVICES", "A B"]}, "variables"),
+        ({"variables": ["X"] * 257}, "variables"),
         ({"records": "none"}, "records"),
         ({"records": [{"channel": "file", "key": ["a"]}]}, "records[0]"),
         (
