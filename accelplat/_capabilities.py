@@ -450,7 +450,7 @@ def validate() -> list[str]:
     """Check every ``requires`` is known and acyclic; return the names, each after its needs."""
     table = project_capabilities()
     needs = {
-        name: set().union(*(r.capability_names() for r in _parsed_requires(cap))) & set(table)
+        name: set().union(*(r.names() for r in _parsed_requires(cap))) & set(table)
         for name, cap in table.items()
     }
     try:

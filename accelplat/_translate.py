@@ -13,69 +13,33 @@ The meaning of each predicate is vLLM 0.33's (``vllm/platforms/interface.py``, `
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-# -- a boolean tree over requirement atoms ---------------------------------------------------
+from accelplat._requirement import (
+    All,
+    AnyOf,
+    Compare,
+    Node,
+    Not,
+    all_of,
+    any_of,
+    negate,
+    render,
+    word,
+)
+
+Tree = Node  # the requirement grammar's own tree, printed by its one printer
 
 
-@dataclass(frozen=True, slots=True)
-class _Atom:
-    text: str  # one requirement word: "rocm", "capability>=90", "gfx942"
-    numbered: bool = False  # true only where the device has a capability number (CUDA, ROCm)
-
-
-@dataclass(frozen=True, slots=True)
-class _Not:
-    operand: _Tree
-
-
-@dataclass(frozen=True, slots=True)
-class _And:
-    operands: tuple[_Tree, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Or:
-    operands: tuple[_Tree, ...]
-
-
-_Tree = _Atom | _Not | _And | _Or
-
-
-def _negate(tree: _Tree) -> _Tree:
-    """``not tree``, pushed down to the atoms (De Morgan); an atom's ``not`` stays a ``not``.
-
-    A comparison is never flipped: ``not capability>=90`` is true on a CPU host, where
-    ``capability<90`` is false (vLLM's ``None`` capability fails every comparison).
-    """
-    if isinstance(tree, _Not):
-        return tree.operand
-    if isinstance(tree, _And):
-        return _Or(tuple(_negate(o) for o in tree.operands))
-    if isinstance(tree, _Or):
-        return _And(tuple(_negate(o) for o in tree.operands))
-    return _Not(tree)
-
-
-def _flat(kind: type[_And] | type[_Or], operands: Iterator[_Tree]) -> _Tree:
-    out: list[_Tree] = []
-    for operand in operands:  # (a and b) and c -> a and b and c
-        out.extend(operand.operands if isinstance(operand, kind) else (operand,))
-    unique = tuple(dict.fromkeys(out))
-    return unique[0] if len(unique) == 1 else kind(unique)
-
-
-def render(tree: _Tree, outer: int = 0) -> str:
-    """Write ``tree`` in the requirement grammar, with only the parentheses it needs."""
-    if isinstance(tree, _Atom):
-        return tree.text
-    if isinstance(tree, _Not):
-        return f"not {render(tree.operand, 3)}"
-    level, word = (2, " and ") if isinstance(tree, _And) else (1, " or ")
-    text = word.join(render(o, level) for o in tree.operands)
-    # an "and" inside an "or" gets parentheses too, for the reader: a or (b and c)
-    return f"({text})" if outer > level or (outer == 1 and level == 2) else text
+def _numbered(tree: Tree) -> bool:
+    """Whether ``tree`` holding means the device has a capability number (CUDA or ROCm)."""
+    if isinstance(tree, Compare):
+        return True
+    if isinstance(tree, All):
+        return any(_numbered(o) for o in tree.operands)
+    if isinstance(tree, AnyOf):
+        return all(_numbered(o) for o in tree.operands)
+    return tree in _NUMBERED
 
 
 # -- what is translated ------------------------------------------------------------------------
@@ -98,42 +62,44 @@ NOT_A_PLATFORM = "a condition on something other than the platform"
 UNMODELLED_PLATFORM = "a platform accelplat has no model of"
 
 
-def _any(*words: str) -> _Tree:
-    return _Or(tuple(_Atom(w) for w in words))
+def _any(*words: str) -> Tree:
+    return any_of(*(word(w) for w in words))
 
 
+# Words that hold only where the device has a capability number: CUDA and ROCm devices.
+_NUMBERED = frozenset(word(w) for w in ("cuda", "rocm", "cuda-api"))
 _CDNA = _any("gfx9*", "gfx1250")  # rocm.py:230: "gfx9" or "gfx1250" in the arch
-_RDNA = _And((_any("gfx11*", "gfx12*"), _Not(_Atom("gfx1250"))))  # rocm.py:217, 232
-_PLATFORM_METHODS: dict[str, _Tree] = {  # current_platform.<m>(): interface.py:196-229
-    "is_cuda": _Atom("cuda", numbered=True),
-    "is_rocm": _Atom("rocm", numbered=True),
-    "is_xpu": _Atom("xpu"),
-    "is_cpu": _Atom("cpu"),
-    "is_tpu": _Atom("tpu"),
-    "is_cuda_alike": _Atom("cuda-api", numbered=True),  # CUDA or ROCm (interface.py:227)
-    "supports_fp8": _Atom("fp8"),  # cuda.py:587, rocm.py:1255, xpu.py:574; False elsewhere
-    "is_fp8_fnuz": _Atom("fp8-fnuz"),  # rocm.py:1259 ("gfx94" in the arch); False elsewhere
+_RDNA = all_of(_any("gfx11*", "gfx12*"), Not(word("gfx1250")))  # rocm.py:217, 232
+_PLATFORM_METHODS: dict[str, Tree] = {  # current_platform.<m>(): interface.py:196-229
+    "is_cuda": word("cuda"),
+    "is_rocm": word("rocm"),
+    "is_xpu": word("xpu"),
+    "is_cpu": word("cpu"),
+    "is_tpu": word("tpu"),
+    "is_cuda_alike": word("cuda-api"),  # CUDA or ROCm (interface.py:227)
+    "supports_fp8": word("fp8"),  # cuda.py:587, rocm.py:1255, xpu.py:574; False elsewhere
+    "is_fp8_fnuz": word("fp8-fnuz"),  # rocm.py:1259 ("gfx94" in the arch); False elsewhere
     # rocm.py:1251: "gfx95" or "gfx1250" in the arch; interface.py:1248: False elsewhere
     "supports_mx": _any("gfx95*", "gfx1250"),
     # cuda.py:687, rocm.py:1393, xpu.py:539 (whatever torch's XPU graphs can do); the CPU
     # platform keeps interface.py:1359's False. Not the built-in `graphs`, which asks torch.
     "support_static_graph_mode": _any("cuda", "rocm", "xpu"),
 }
-_ROCM_ARCH: dict[str, _Tree] = {  # vllm.platforms.rocm.on_*(): substring tests (rocm.py:217-356)
+_ROCM_ARCH: dict[str, Tree] = {  # vllm.platforms.rocm.on_*(): substring tests (rocm.py:217-356)
     "on_gfx1x": _RDNA,
     "on_rdna": _RDNA,
-    "on_gfx11": _Atom("gfx11*"),
-    "on_gfx1100": _Atom("gfx1100"),
-    "on_gfx1151": _Atom("gfx1151"),
-    "on_gfx115x": _Atom("gfx115*"),
-    "on_gfx12x": _And((_Atom("gfx12*"), _Not(_Atom("gfx1250")))),
-    "on_gfx1250": _Atom("gfx1250"),
+    "on_gfx11": word("gfx11*"),
+    "on_gfx1100": word("gfx1100"),
+    "on_gfx1151": word("gfx1151"),
+    "on_gfx115x": word("gfx115*"),
+    "on_gfx12x": all_of(word("gfx12*"), Not(word("gfx1250"))),
+    "on_gfx1250": word("gfx1250"),
     "on_rdna4": _any("gfx1200", "gfx1201"),
     "on_mi3xx": _any("gfx942", "gfx950"),
     "on_gfx9": _any("gfx90a", "gfx942", "gfx950"),
-    "on_gfx90a": _Atom("gfx90a"),
-    "on_gfx942": _Atom("gfx942"),
-    "on_gfx950": _Atom("gfx950"),
+    "on_gfx90a": word("gfx90a"),
+    "on_gfx942": word("gfx942"),
+    "on_gfx950": word("gfx950"),
     "on_cdna": _CDNA,
 }
 _CAPABILITY_CALLS = frozenset(
@@ -212,36 +178,23 @@ def _capability_value(node: ast.AST) -> tuple[str, bool] | None:
     return None
 
 
-def _compare_atom(op: str, number: int) -> _Tree:
+def _compare_atom(op: str, number: int) -> Tree:
     # vLLM's comparisons are integer ones on major * 10 + minor: > n is >= n + 1
-    if op == ">":
-        return _Atom(f"capability>={number + 1}", numbered=True)
-    if op == "<=":
-        return _Atom(f"capability<{number + 1}", numbered=True)
-    return _Atom(f"capability{op}{number}", numbered=True)
+    if op in (">", "<="):
+        return Compare({">": ">=", "<=": "<"}[op], number + 1, family=False)
+    return Compare(op, number, family=False)
 
 
-def _major_atom(op: str, major: int) -> _Tree:
+def _major_atom(op: str, major: int) -> Tree:
     if op in ("==", "!="):
-        family = _Atom(f"capability=={major}x", numbered=True)  # vLLM's is_device_capability_family
-        return family if op == "==" else _Not(family)
+        family = Compare("==", major * 10, family=True)  # vLLM's is_device_capability_family
+        return family if op == "==" else Not(family)
     return _compare_atom(op, major * 10 + (9 if op in (">", "<=") else 0))
 
 
-def _implies_capability(tree: _Tree) -> bool:
-    """Whether ``tree`` holding means the device has a capability number (CUDA or ROCm)."""
-    if isinstance(tree, _Atom):
-        return tree.numbered
-    if isinstance(tree, _And):
-        return any(_implies_capability(o) for o in tree.operands)
-    if isinstance(tree, _Or):
-        return all(_implies_capability(o) for o in tree.operands)
-    return False
-
-
-def _known(tree: _Tree, is_and: bool) -> bool:
+def _known(tree: Tree, is_and: bool) -> bool:
     """Whether an operand that ran before a later one of an and (or) makes a number sure."""
-    return _implies_capability(tree if is_and else _negate(tree))
+    return _numbered(tree if is_and else negate(tree))
 
 
 class _Translator:
@@ -251,17 +204,17 @@ class _Translator:
     get_device_capability() < (9, 0)``), kept as one flag so that a wide ``and`` stays linear.
     """
 
-    def tree(self, node: ast.AST, sure: bool = False) -> _Tree:
+    def tree(self, node: ast.AST, sure: bool = False) -> Tree:
         if isinstance(node, ast.BoolOp):
-            parts: list[_Tree] = []
+            parts: list[Tree] = []
             is_and = isinstance(node.op, ast.And)
             known = sure
             for value in node.values:  # each operand runs only when the ones before allow
                 parts.append(self.tree(value, known))
                 known = known or _known(parts[-1], is_and)
-            return _flat(_And if is_and else _Or, iter(parts))
+            return (all_of if is_and else any_of)(*parts)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            return _negate(self.tree(node.operand, sure))
+            return negate(self.tree(node.operand, sure))
         if isinstance(node, ast.Compare):
             return self._compare(node, sure)
         if isinstance(node, ast.Call):
@@ -275,7 +228,7 @@ class _Translator:
             raise UnexpressibleError(TORCH_BUILD)
         raise UnexpressibleError(NOT_A_PLATFORM)
 
-    def _call(self, node: ast.Call) -> _Tree:
+    def _call(self, node: ast.Call) -> Tree:
         method = _platform_call(node)
         name = method or (node.func.id if isinstance(node.func, ast.Name) else None)
         dotted = _dotted(node.func) or ""
@@ -286,11 +239,10 @@ class _Translator:
             if number is None:
                 raise UnexpressibleError(CAPABILITY_VALUE)  # a variable: the value decides
             if method == "has_device_capability":
-                return _Atom(f"capability>={number}", numbered=True)  # interface.py:531
+                return Compare(">=", number, family=False)  # interface.py:531
             if method == "is_device_capability":
-                return _Atom(f"capability=={number}", numbered=True)  # interface.py:554
-            family = f"capability=={number // 10}x"  # interface.py:577: the same major
-            return _Atom(family, numbered=True)
+                return Compare("==", number, family=False)  # interface.py:554
+            return _major_atom("==", number // 10)  # interface.py:577: the same major
         if method in ("get_device_capability", "fp8_dtype"):
             raise UnexpressibleError(CAPABILITY_VALUE if method != "fp8_dtype" else FP8_DTYPE_VALUE)
         if method == "is_out_of_tree":
@@ -300,9 +252,9 @@ class _Translator:
         if bare in _ROCM_ARCH and arch_call and not node.args and not node.keywords:
             return _ROCM_ARCH[bare]
         if dotted == "torch.cuda.is_available" and not node.args:
-            return _Atom("cuda-api", numbered=True)  # torch.cuda drives CUDA and ROCm devices
+            return word("cuda-api")  # torch.cuda drives CUDA and ROCm devices
         if dotted == "torch.xpu.is_available" and not node.args:
-            return _Atom("xpu")
+            return word("xpu")
         if dotted == "hasattr" and len(node.args) == 2 and _dotted(node.args[0]) == "torch":
             # torch.xpu exists in every torch build since 2.4 (CPU and CUDA builds too), so
             # hasattr(torch, "xpu") says nothing about the device
@@ -313,7 +265,7 @@ class _Translator:
             raise UnexpressibleError(CAPABILITY_VALUE)
         raise UnexpressibleError(NOT_A_PLATFORM)
 
-    def _compare(self, node: ast.Compare, sure: bool) -> _Tree:
+    def _compare(self, node: ast.Compare, sure: bool) -> Tree:
         if len(node.ops) != 1:
             raise UnexpressibleError(NOT_A_PLATFORM)
         left, op, right = node.left, node.ops[0], node.comparators[0]
@@ -365,7 +317,7 @@ def translate_negated(node: ast.AST) -> str:
     Raises:
         UnexpressibleError: As :func:`translate`.
     """
-    return render(_negate(_Translator().tree(node)))
+    return render(negate(_Translator().tree(node)))
 
 
 @dataclass(frozen=True)
@@ -410,13 +362,13 @@ def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
                 for inner in ast.walk(node):
                     kinds.setdefault(id(inner), exc.kind)
             return
-        found.append(Site(node, 0, -1, render(tree), render(_negate(tree)), whole))
+        found.append(Site(node, 0, -1, render(tree), render(negate(tree)), whole))
 
     def runs(node: ast.BoolOp) -> None:  # the widest runs of operands that translate
         is_and = isinstance(node.op, ast.And)
         i = 0
         while i < len(node.values):
-            parts: list[_Tree] = []
+            parts: list[Tree] = []
             known = False
             j = i
             while j < len(node.values):
@@ -430,8 +382,8 @@ def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
                 visit(node.values[i], False)
                 i += 1
                 continue
-            tree = _flat(_And if is_and else _Or, iter(parts))
-            found.append(Site(node, i, j - 1, render(tree), render(_negate(tree)), False))
+            tree = (all_of if is_and else any_of)(*parts)
+            found.append(Site(node, i, j - 1, render(tree), render(negate(tree)), False))
             i = j
 
     visit(condition, True)
