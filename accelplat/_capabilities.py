@@ -429,13 +429,21 @@ def platform_words() -> frozenset[str]:
     return frozenset(available_platforms()) | OTHER_PLATFORMS
 
 
+_known: tuple[int, frozenset[str]] = (-1, frozenset())  # (generation, capability names)
+
+
 def requirement(text: object) -> Requirement:
     """Parse a requirement (``"xpu or (cuda and capability>=90)"``) against the known names.
 
     Raises:
         ConfigurationError: Malformed, or a word that is no capability, platform or arch.
     """
-    names = frozenset(BUILTIN) | frozenset(project_capabilities())
+    global _known
+    generation, names = _known
+    if generation != _generation:  # built once per change: a table's every check stays linear
+        with _lock:
+            _known = (_generation, frozenset(BUILTIN) | frozenset(_project))
+            names = _known[1]
     return parse_requirement(text, capabilities=names, platforms=platform_words())
 
 
@@ -450,7 +458,7 @@ def validate() -> list[str]:
     """Check every ``requires`` is known and acyclic; return the names, each after its needs."""
     table = project_capabilities()
     needs = {
-        name: set().union(*(r.names() for r in _parsed_requires(cap))) & set(table)
+        name: {n for r in _parsed_requires(cap) for n in r.names() if n in table}
         for name, cap in table.items()
     }
     try:

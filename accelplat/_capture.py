@@ -25,6 +25,7 @@ from accelplat._registry import current_platform
 from accelplat._replay._bundle import FORMAT_NAME, FORMAT_VERSION, bundle_bytes
 from accelplat._replay._install import GRANT_VARIABLES, considered, recording
 from accelplat._replay._record import Recorder
+from accelplat._util import printable
 from accelplat._vendor.versions import distribution_version
 from accelplat._version import __version__
 from accelplat.errors import AccelplatError
@@ -234,7 +235,11 @@ def capture(
 
 
 def bundle_contents(host: Mapping[str, Any]) -> str:
-    """Return the ``CONTENTS.txt`` text: everything a ``host.json`` document holds, in words."""
+    """Return the ``CONTENTS.txt`` text: everything a ``host.json`` document holds, in words.
+
+    Every character a terminal would act on (an escape, a bidirectional override) is escaped
+    as Python writes it in a string, line by line.
+    """
     summary = host.get("summary", {})
     env = host.get("env", {})
     versions = summary.get("versions") or {}
@@ -248,7 +253,7 @@ def bundle_contents(host: Mapping[str, Any]) -> str:
         f"accelplat capture bundle, format version {host.get('format_version')}",
         f"captured {host.get('created')} with accelplat {host.get('accelplat_version')}",
         f"platform: {summary.get('platform')}; devices: {len(summary.get('devices') or [])}",
-        f"driver: {summary.get('driver')}",
+        f"driver: {summary.get('driver') or 'unknown'}",
         "",
         "Files in this bundle:",
         "  host.json     every question accelplat asked at the vendor boundary, with the answers",
@@ -278,7 +283,9 @@ def bundle_contents(host: Mapping[str, Any]) -> str:
         lines.append(f"{_CHANNEL_TITLES.get(channel, channel)} ({len(labels)}):")
         lines.extend(f"  {label}" for label in labels)
         lines.append("")
-    return "\n".join(lines)
+    # every value came from the host (a variable, a cgroup path, a file name): escaped, so that
+    # the file a maintainer reads before trusting a bundle cannot drive their terminal
+    return "\n".join(printable(line) for line in lines)
 
 
 def _grant_lines(grant: Any) -> list[str]:

@@ -190,7 +190,7 @@ TOLERANCES = "tolerances chosen by platform"
 VALUE_LISTS = "backend/kernel lists chosen by platform"
 VALUES = "value chosen by platform"
 CODE_PATH = "platform-specific code path"
-COUNT = "device count or memory (requires(devices=…, device_memory=…))"
+COUNT = "device count or memory (not a platform condition)"
 QUANT = "quantization-method support (project knowledge)"
 _TOLERANCE_NAMES = ("atol", "rtol", "tol", "tolerance")
 
@@ -373,7 +373,11 @@ def scan_source(source: str, path: str = "<source>") -> list[Finding]:
 
 
 def _python_files(base: Path, errors: list[str]) -> Iterator[Path]:
-    """Yield ``base``'s ``*.py`` files in :func:`os.walk`'s order (no hidden dirs, no links)."""
+    """Yield ``base``'s ``*.py`` files in :func:`os.walk`'s order (no hidden dirs, no links).
+
+    A link is never followed; one that could hold tests (a ``.py`` name, a directory, a loop)
+    is listed in ``errors``.
+    """
     todo = [(base, 0)]
     while todo:
         directory, depth = todo.pop()
@@ -385,7 +389,10 @@ def _python_files(base: Path, errors: list[str]) -> Iterator[Path]:
             continue
         below = []
         for entry in entries:
-            if entry.is_dir() and not entry.is_symlink():
+            if entry.is_symlink():
+                if entry.name.endswith(".py") or not os.path.isfile(entry.path):
+                    errors.append(f"{Path(entry.path).relative_to(base)}: a link, not followed")
+            elif entry.is_dir(follow_symlinks=False):
                 if not entry.name.startswith((".", "__pycache__")):
                     below.append(Path(entry.path))
             elif entry.name.endswith(".py"):

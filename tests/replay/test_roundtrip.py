@@ -275,3 +275,27 @@ def test_the_replay_formats_import_no_detection_and_capture_is_loaded_on_first_u
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.split("\n")[:2] == ["[]", "accelplat._capture accelplat._capture Capture"]
+
+
+def test_what_a_capture_prints_and_keeps_in_contents_cannot_drive_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelplat._cli import main
+
+    title = "\x1b]0;owned\x07"
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "self" / "cgroup").write_text(f"0::/job{title}\u202e\n")
+    monkeypatch.setenv("ACCELPLAT_PROC_ROOT", str(tmp_path / "proc"))
+    monkeypatch.setenv("ACCELPLAT_PLATFORM", "cpu")
+    monkeypatch.setenv("SLURM_JOB_GPUS", f"0{title}")
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "\x1b[2J")
+    cap = capture(samples=0, sleep=no_sleep)
+    assert cap.host["summary"]["scheduler"]["variables"]["SLURM_JOB_GPUS"] == f"0{title}"
+    assert all(line.isprintable() for line in cap.contents.split("\n"))
+    assert "SLURM_JOB_GPUS=0\\x1b]0;owned\\x07" in cap.contents
+    assert "/job\\x1b]0;owned\\x07\\u202e" in cap.contents
+    assert "driver: unknown" in cap.contents  # no driver on a CPU host: never "None"
+    assert main(["capture", "--out", str(tmp_path / "host.tar.gz"), "--samples", "0"]) == 0
+    out = capsys.readouterr().out
+    assert all(line.isprintable() for line in out.split("\n"))
+    assert "driver: None" not in out
