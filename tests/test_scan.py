@@ -398,7 +398,8 @@ def test_a_predicate_without_a_replacement_names_none(
 ) -> None:
     (tmp_path / "test_a.py").write_text(
         "@multi_gpu_test(num_gpus=2)\ndef test_x():\n    pass\n"
-        "@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='two')\ndef test_y():\n    pass\n"
+        "@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='two')\n"
+        "def test_y():\n    pass\n"
     )
     assert main(["scan", str(tmp_path), "--files"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if "-> " in line]
