@@ -155,6 +155,10 @@ class _Outcome:
     factory: PlatformFactory | None = None
     instance: Platform | None = None
 
+    @property
+    def usable(self) -> bool:
+        return self.candidate.available and self.factory is not None
+
 
 _lock = threading.RLock()
 _registered: dict[str, _Entry] = {}
@@ -167,9 +171,7 @@ _instances: dict[str, Platform] = {}
 
 def _plugin_filter() -> frozenset[str] | None:
     raw = os.environ.get(ENV_PLUGINS)
-    if raw is None:
-        return None
-    return frozenset(p.strip() for p in raw.split(",") if p.strip())
+    return None if raw is None else frozenset(p.strip() for p in raw.split(",") if p.strip())
 
 
 def _probe_timeout() -> float:
@@ -182,13 +184,13 @@ def _probe_timeout() -> float:
 def _forced_name() -> str | None:
     if isinstance(_forced_override, str):
         return _forced_override
-    raw = os.environ.get(ENV_PLATFORM, "").strip().lower()
-    return raw or None
+    return os.environ.get(ENV_PLATFORM, "").strip().lower() or None
 
 
 def _builtin_entry(row: Builtin) -> _Entry:
-    return _Entry(row.name, True, True, row.target, origin="built-in", absence=row.absent,
-                  in_caller=row.in_caller)  # fmt: skip
+    entry = _Entry(row.name, shipped=True, ordered=True, target=row.target, origin="built-in")
+    entry.absence, entry.in_caller = row.absent, row.in_caller
+    return entry
 
 
 def _may_declare_platforms() -> bool:
@@ -321,14 +323,17 @@ def _describe_failure(exc: BaseException) -> str:
 
 def _certainly_absent(entry: _Entry) -> str | None:
     """Run a built-in's quick absence check; a check that fails means "may be present"."""
-    if entry.absence is None:
-        return None
-    module_name, _, attr = entry.absence.partition(":")
     try:
-        reason = getattr(importlib.import_module(module_name), attr)()
+        reason = _target(entry.absence)() if entry.absence else None
     except Exception:
         return None
     return reason if isinstance(reason, str) else None
+
+
+def _target(spelled: str, load: Callable[[str], Any] = importlib.import_module) -> Any:
+    """The object a ``"module:name"`` string names, its module imported by ``load``."""
+    module_name, _, attr = spelled.partition(":")
+    return getattr(load(module_name), attr)
 
 
 def _load(entry: _Entry) -> PlatformFactory:
@@ -342,8 +347,7 @@ def _load(entry: _Entry) -> PlatformFactory:
             obj = entry.entry_point.load()
     else:
         assert entry.target is not None
-        module_name, _, attr = entry.target.partition(":")
-        obj = getattr(import_quietly(module_name), attr)
+        obj = _target(entry.target, import_quietly)
     if not callable(obj):
         raise ConfigurationError(
             f"{entry.origin} points at {obj!r}, which is neither a class nor a factory"
@@ -372,8 +376,7 @@ def _protocol_members() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Return the protocol's property names and method names."""
     members = [(n, v) for n, v in vars(Platform).items() if not n.startswith("_")]
     props = tuple(n for n, v in members if isinstance(v, property))
-    methods = tuple(n for n, v in members if not isinstance(v, property) and callable(v))
-    return props, methods
+    return props, tuple(n for n, v in members if n not in props and callable(v))
 
 
 def protocol_problems(obj: object) -> tuple[str, ...]:
@@ -386,12 +389,11 @@ def protocol_problems(obj: object) -> tuple[str, ...]:
             value = getattr(obj, name)
         except AttributeError:
             missing.append(name)
-            continue
         except Exception as exc:
             problems.append(f"{name} raised {_describe_failure(exc)}")
-            continue
-        if name in methods and not callable(value):
-            problems.append(f"{name} is not callable")
+        else:
+            if name in methods and not callable(value):
+                problems.append(f"{name} is not callable")
     if missing:
         problems.insert(0, f"missing: {', '.join(missing)}")
     return tuple(problems)
@@ -517,7 +519,7 @@ def _detect(*, exhaustive: bool) -> tuple[DetectionReport, _Outcome | None]:
             raise _lookup_error(forced)
         outcome = _consider(entries[forced], timeout)
         cand = outcome.candidate
-        if outcome.factory is None or not cand.available:
+        if not outcome.usable:
             raise _unavailable(forced, cand.reason)
         source = "set_current_platform()" if isinstance(_forced_override, str) else ENV_PLATFORM
         picked = Candidate(forced, True, True, f"forced by {source}: {cand.reason}", cand.builtin)
@@ -530,7 +532,7 @@ def _detect(*, exhaustive: bool) -> tuple[DetectionReport, _Outcome | None]:
             continue
         outcome = _consider(entry, timeout)
         candidates.append(outcome.candidate)
-        if outcome.candidate.available and outcome.factory is not None:
+        if outcome.usable:
             available.append((name, outcome))
     candidates.extend(_problems)
     candidates.extend(_filter_problems())
@@ -549,7 +551,7 @@ def _detect(*, exhaustive: bool) -> tuple[DetectionReport, _Outcome | None]:
             continue
         outcome = _consider(builtin_entry, timeout)
         candidates.append(outcome.candidate)
-        if chosen is None and outcome.candidate.available and outcome.factory is not None:
+        if chosen is None and outcome.usable:
             chosen = (name, outcome)
     if chosen is None:
         return DetectionReport(None, tuple(candidates), error="no platform is available"), None
@@ -635,7 +637,7 @@ def get_platform(name: str) -> Platform:
         if name in _instances:
             return _instances[name]
         outcome = _consider(entries[name], _probe_timeout())
-        if outcome.factory is None or not outcome.candidate.available:
+        if not outcome.usable:
             raise _unavailable(name, outcome.candidate.reason)
         return _instance_for(name, outcome)
 

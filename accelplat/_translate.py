@@ -115,12 +115,14 @@ _CAPABILITY_VALUE_CALLS = frozenset(
 _OPS: dict[type[ast.cmpop], str] = {
     ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
 }  # fmt: skip
+_TORCH_BUILD = ("torch.version.hip", "torch.version.cuda")
 _FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 
 
-def _dotted(node: ast.AST) -> str | None:
+def dotted_name(node: ast.AST) -> str | None:
+    """``a.b.c`` for an attribute chain on a name (at most 32 parts looked at), else ``None``."""
     parts: list[str] = []
-    while isinstance(node, ast.Attribute) and len(parts) < 16:
+    while isinstance(node, ast.Attribute) and len(parts) < 32:
         parts.append(node.attr)
         node = node.value
     return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
@@ -130,7 +132,7 @@ def _platform_call(node: ast.AST) -> str | None:
     """``is_rocm`` for ``current_platform.is_rocm()`` (any ``….current_platform``), else None."""
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
         return None
-    owner = _dotted(node.func.value) or ""
+    owner = dotted_name(node.func.value) or ""
     return node.func.attr if owner.rpartition(".")[2] == "current_platform" else None
 
 
@@ -150,11 +152,11 @@ def _capability_number(node: ast.AST) -> int | None:
     return _int(node)
 
 
-def _capability_value(node: ast.AST) -> tuple[str, bool] | None:
-    """``(form, torch)`` when ``node`` reads the capability: form ``tuple``, ``major`` or ``int``.
+def _capability_value(node: ast.AST) -> str | None:
+    """The form when ``node`` reads the device's capability: ``tuple``, ``major`` or ``int``.
 
-    ``torch`` is True for ``torch.cuda.get_device_capability()``, which raises off CUDA and ROCm
-    (vLLM's ``current_platform.get_device_capability()`` is ``None`` there instead).
+    Of ``torch.cuda.get_device_capability()`` (which raises off CUDA and ROCm) or vLLM's
+    ``current_platform.get_device_capability()`` (``None`` there).
     """
     form = "tuple"
     if (isinstance(node, ast.Subscript) and _int(node.slice) == 0) or (
@@ -170,12 +172,8 @@ def _capability_value(node: ast.AST) -> tuple[str, bool] | None:
         form, node = "int", node.func.value
     if not isinstance(node, ast.Call) or node.args or node.keywords:
         return None
-    dotted = _dotted(node.func) or ""
-    if dotted == "torch.cuda.get_device_capability":
-        return form, True
-    if _platform_call(node) == "get_device_capability":
-        return form, False
-    return None
+    torch = dotted_name(node.func) == "torch.cuda.get_device_capability"
+    return form if torch or _platform_call(node) == "get_device_capability" else None
 
 
 def _compare_atom(op: str, number: int) -> Tree:
@@ -197,109 +195,102 @@ def _known(tree: Tree, is_and: bool) -> bool:
     return _numbered(tree if is_and else negate(tree))
 
 
-class _Translator:
-    """Turns one expression into a tree; ``sure`` says the device is known to have a number.
+def _tree(node: ast.AST, sure: bool = False) -> Tree:
+    """Turn one expression into a tree; ``sure``: the device is known to have a number.
 
     ``sure`` is what the operands that run before an expression established (``is_cuda() and
     get_device_capability() < (9, 0)``), kept as one flag so that a wide ``and`` stays linear.
     """
+    if isinstance(node, ast.BoolOp):
+        parts: list[Tree] = []
+        is_and = isinstance(node.op, ast.And)
+        known = sure
+        for value in node.values:  # each operand runs only when the ones before allow
+            parts.append(_tree(value, known))
+            known = known or _known(parts[-1], is_and)
+        return (all_of if is_and else any_of)(*parts)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return negate(_tree(node.operand, sure))
+    if isinstance(node, ast.Compare):
+        return _compare(node, sure)
+    if isinstance(node, ast.Call):
+        return _call(node)
+    if isinstance(node, ast.Name) and node.id in _LIBRARY_PROBES:
+        raise UnexpressibleError(LIBRARY_PROBE)
+    if dotted_name(node) in _TORCH_BUILD:
+        raise UnexpressibleError(TORCH_BUILD)
+    raise UnexpressibleError(NOT_A_PLATFORM)
 
-    def tree(self, node: ast.AST, sure: bool = False) -> Tree:
-        if isinstance(node, ast.BoolOp):
-            parts: list[Tree] = []
-            is_and = isinstance(node.op, ast.And)
-            known = sure
-            for value in node.values:  # each operand runs only when the ones before allow
-                parts.append(self.tree(value, known))
-                known = known or _known(parts[-1], is_and)
-            return (all_of if is_and else any_of)(*parts)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            return negate(self.tree(node.operand, sure))
-        if isinstance(node, ast.Compare):
-            return self._compare(node, sure)
-        if isinstance(node, ast.Call):
-            return self._call(node)
-        if isinstance(node, ast.Name) and node.id in _LIBRARY_PROBES:
-            raise UnexpressibleError(LIBRARY_PROBE)
-        if isinstance(node, ast.Attribute) and _dotted(node) in (
-            "torch.version.hip",
-            "torch.version.cuda",
-        ):
-            raise UnexpressibleError(TORCH_BUILD)
+
+def _call(node: ast.Call) -> Tree:
+    method = _platform_call(node)
+    name = method or (node.func.id if isinstance(node.func, ast.Name) else None)
+    dotted = dotted_name(node.func) or ""
+    if method in _PLATFORM_METHODS and not node.args and not node.keywords:
+        return _PLATFORM_METHODS[method]
+    if method in _CAPABILITY_CALLS and len(node.args) == 1 and not node.keywords:
+        number = _capability_number(node.args[0])
+        if number is None:
+            raise UnexpressibleError(CAPABILITY_VALUE)  # a variable: the value decides
+        if method == "has_device_capability":
+            return Compare(">=", number, family=False)  # interface.py:531
+        if method == "is_device_capability":
+            return Compare("==", number, family=False)  # interface.py:554
+        return _major_atom("==", number // 10)  # interface.py:577: the same major
+    if method in ("get_device_capability", "fp8_dtype"):
+        raise UnexpressibleError(CAPABILITY_VALUE if method != "fp8_dtype" else FP8_DTYPE_VALUE)
+    if method == "is_out_of_tree":
+        raise UnexpressibleError(UNMODELLED_PLATFORM)
+    bare = name if name is not None else dotted.rpartition(".")[2]
+    arch_call = method is None and (dotted == bare or dotted.endswith(f"rocm.{bare}"))
+    if bare in _ROCM_ARCH and arch_call and not node.args and not node.keywords:
+        return _ROCM_ARCH[bare]
+    if dotted == "torch.cuda.is_available" and not node.args:
+        return word("cuda-api")  # torch.cuda drives CUDA and ROCm devices
+    if dotted == "torch.xpu.is_available" and not node.args:
+        return word("xpu")
+    if dotted == "hasattr" and len(node.args) == 2 and dotted_name(node.args[0]) == "torch":
+        # torch.xpu exists in every torch build since 2.4 (CPU and CUDA builds too), so
+        # hasattr(torch, "xpu") says nothing about the device
+        raise UnexpressibleError(TORCH_BUILD)
+    if bare in _LIBRARY_PROBES:
+        raise UnexpressibleError(LIBRARY_PROBE)
+    if dotted in _CAPABILITY_VALUE_CALLS:
+        raise UnexpressibleError(CAPABILITY_VALUE)
+    raise UnexpressibleError(NOT_A_PLATFORM)
+
+
+def _compare(node: ast.Compare, sure: bool) -> Tree:
+    if len(node.ops) != 1:
         raise UnexpressibleError(NOT_A_PLATFORM)
-
-    def _call(self, node: ast.Call) -> Tree:
-        method = _platform_call(node)
-        name = method or (node.func.id if isinstance(node.func, ast.Name) else None)
-        dotted = _dotted(node.func) or ""
-        if method in _PLATFORM_METHODS and not node.args and not node.keywords:
-            return _PLATFORM_METHODS[method]
-        if method in _CAPABILITY_CALLS and len(node.args) == 1 and not node.keywords:
-            number = _capability_number(node.args[0])
-            if number is None:
-                raise UnexpressibleError(CAPABILITY_VALUE)  # a variable: the value decides
-            if method == "has_device_capability":
-                return Compare(">=", number, family=False)  # interface.py:531
-            if method == "is_device_capability":
-                return Compare("==", number, family=False)  # interface.py:554
-            return _major_atom("==", number // 10)  # interface.py:577: the same major
-        if method in ("get_device_capability", "fp8_dtype"):
-            raise UnexpressibleError(CAPABILITY_VALUE if method != "fp8_dtype" else FP8_DTYPE_VALUE)
-        if method == "is_out_of_tree":
-            raise UnexpressibleError(UNMODELLED_PLATFORM)
-        bare = name if name is not None else dotted.rpartition(".")[2]
-        arch_call = method is None and (dotted == bare or dotted.endswith(f"rocm.{bare}"))
-        if bare in _ROCM_ARCH and arch_call and not node.args and not node.keywords:
-            return _ROCM_ARCH[bare]
-        if dotted == "torch.cuda.is_available" and not node.args:
-            return word("cuda-api")  # torch.cuda drives CUDA and ROCm devices
-        if dotted == "torch.xpu.is_available" and not node.args:
-            return word("xpu")
-        if dotted == "hasattr" and len(node.args) == 2 and _dotted(node.args[0]) == "torch":
-            # torch.xpu exists in every torch build since 2.4 (CPU and CUDA builds too), so
-            # hasattr(torch, "xpu") says nothing about the device
-            raise UnexpressibleError(TORCH_BUILD)
-        if bare in _LIBRARY_PROBES:
-            raise UnexpressibleError(LIBRARY_PROBE)
-        if dotted in _CAPABILITY_VALUE_CALLS:
-            raise UnexpressibleError(CAPABILITY_VALUE)
+    left, op, right = node.left, node.ops[0], node.comparators[0]
+    if dotted_name(left) in ("torch.version.hip", "torch.version.cuda"):
+        raise UnexpressibleError(TORCH_BUILD)
+    if type(op) not in _OPS:
         raise UnexpressibleError(NOT_A_PLATFORM)
-
-    def _compare(self, node: ast.Compare, sure: bool) -> Tree:
-        if len(node.ops) != 1:
-            raise UnexpressibleError(NOT_A_PLATFORM)
-        left, op, right = node.left, node.ops[0], node.comparators[0]
-        if _dotted(left) in ("torch.version.hip", "torch.version.cuda"):
-            raise UnexpressibleError(TORCH_BUILD)
-        if type(op) not in _OPS:
-            raise UnexpressibleError(NOT_A_PLATFORM)
-        sign = _OPS[type(op)]
-        value = _capability_value(left)
-        other = right
-        if value is None:
-            value, other, sign = _capability_value(right), left, _FLIPPED[sign]
-        if value is None:
-            if self._mentions_fp8_dtype(node):
-                raise UnexpressibleError(FP8_DTYPE_VALUE)
-            raise UnexpressibleError(NOT_A_PLATFORM)
-        form, _ = value
-        # Off CUDA and ROCm the value is None (vLLM) or an exception (torch): a comparison is
-        # exact only where what runs before it has made sure the device has a number.
-        if not sure:
+    sign = _OPS[type(op)]
+    value = _capability_value(left)
+    other = right
+    if value is None:
+        value, other, sign = _capability_value(right), left, _FLIPPED[sign]
+    if value is None:
+        if any(_platform_call(n) == "fp8_dtype" for n in ast.walk(node)):
+            raise UnexpressibleError(FP8_DTYPE_VALUE)
+        raise UnexpressibleError(NOT_A_PLATFORM)
+    form = value
+    # Off CUDA and ROCm the value is None (vLLM) or an exception (torch): a comparison is
+    # exact only where what runs before it has made sure the device has a number.
+    if not sure:
+        raise UnexpressibleError(CAPABILITY_VALUE)
+    if form == "major":
+        major = _int(other)
+        if major is None:
             raise UnexpressibleError(CAPABILITY_VALUE)
-        if form == "major":
-            major = _int(other)
-            if major is None:
-                raise UnexpressibleError(CAPABILITY_VALUE)
-            return _major_atom(sign, major)
-        number = _capability_number(other) if form == "tuple" else _int(other)
-        if number is None or (form == "tuple" and not isinstance(other, ast.Tuple)):
-            raise UnexpressibleError(CAPABILITY_VALUE)
-        return _compare_atom(sign, number)
-
-    @staticmethod
-    def _mentions_fp8_dtype(node: ast.AST) -> bool:
-        return any(_platform_call(n) == "fp8_dtype" for n in ast.walk(node))
+        return _major_atom(sign, major)
+    number = _capability_number(other) if form == "tuple" else _int(other)
+    if number is None or (form == "tuple" and not isinstance(other, ast.Tuple)):
+        raise UnexpressibleError(CAPABILITY_VALUE)
+    return _compare_atom(sign, number)
 
 
 def translate(node: ast.AST) -> str:
@@ -308,7 +299,7 @@ def translate(node: ast.AST) -> str:
     Raises:
         UnexpressibleError: Some part has no exact replacement; ``kind`` names the knowledge.
     """
-    return render(_Translator().tree(node))
+    return render(_tree(node))
 
 
 def translate_negated(node: ast.AST) -> str:
@@ -317,7 +308,7 @@ def translate_negated(node: ast.AST) -> str:
     Raises:
         UnexpressibleError: As :func:`translate`.
     """
-    return render(negate(_Translator().tree(node)))
+    return render(negate(_tree(node)))
 
 
 @dataclass(frozen=True)
@@ -348,11 +339,10 @@ def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
     """
     found: list[Site] = []
     kinds: dict[int, str] = {}
-    translator = _Translator()
 
     def visit(node: ast.AST, whole: bool) -> None:
         try:
-            tree = translator.tree(node)
+            tree = _tree(node)
         except UnexpressibleError as exc:
             if isinstance(node, ast.BoolOp):
                 runs(node)
@@ -373,7 +363,7 @@ def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
             j = i
             while j < len(node.values):
                 try:
-                    parts.append(translator.tree(node.values[j], known))
+                    parts.append(_tree(node.values[j], known))
                 except UnexpressibleError:
                     break
                 known = known or _known(parts[-1], is_and)
