@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from accelplat._registry import BUILTINS
+
 PACKAGE = Path(__file__).resolve().parents[2] / "accelplat"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -36,7 +38,8 @@ bundle formats and the code that installs a recorder or a replayer are the priva
 ``_replay`` (a feature: a replay applies the variables the registry's backends read); their
 public face is the module ``replay``, with the package's other faces."""
 
-PLATFORM_NAMES = frozenset({"cuda", "rocm", "hip", "xpu", "cpu", "simulated"})
+PLATFORM_NAMES = frozenset({row.name for row in BUILTINS} | {"hip"})
+"""Every built-in platform's name (a new backend's row adds its own), and ROCm's runtime."""
 
 
 def _module_name(path: Path) -> str:
