@@ -30,6 +30,7 @@ from accelplat._requirement import (
     Requirement,
     parse_arch,
 )
+from accelplat._requirement import named as _named
 from accelplat._requirement import parse as parse_requirement
 from accelplat._types import DeviceInfo, FeatureRule
 from accelplat._util import shorten, shown
@@ -79,17 +80,8 @@ BUILTIN.update(
 )
 
 
-def _arch_matches(pattern: str, info: DeviceInfo) -> bool:
-    """Whether ``info`` is ``pattern`` (the one arch grammar: :func:`_requirement.parse_arch`)."""
-    return parse_arch(pattern).matches(info)
-
-
 def _this(info: DeviceInfo | None) -> str:
     return "no device is visible" if info is None else f"this is {_named(info)}"
-
-
-def _named(info: DeviceInfo) -> str:
-    return f"{info.name} ({info.arch or 'architecture unknown'})"
 
 
 def _rule_need(rule: FeatureRule) -> str:
@@ -112,7 +104,7 @@ def _from_rules(
         low = rule.min_compute_capability
         if low is not None and (cc is None or cc < low):
             continue
-        if not rule.archs or any(_arch_matches(a, info) for a in rule.archs):
+        if not rule.archs or any(parse_arch(a).matches(info) for a in rule.archs):
             how = f" ({rule.note})" if rule.note else ""
             return Capability(True, f"{_named(info)} has {name}{how}", rule.value)
     needs = "; or ".join(_rule_need(r) + (f" ({r.value})" if r.value else "") for r in rules)
@@ -480,7 +472,7 @@ def _evaluate_project(
     cc = info.compute_capability if info is not None else None
     if low is not None and (cc is None or cc < low):  # vLLM's has_device_capability()
         unmet.append(f"needs capability>={low[0]}{low[1]}; {_this(info)}")
-    if cap.arch and (info is None or not any(_arch_matches(p, info) for p in cap.arch)):
+    if cap.arch and (info is None or not any(parse_arch(p).matches(info) for p in cap.arch)):
         unmet.append(f"needs {' or '.join(cap.arch)}; {_this(info)}")
     for required in _parsed_requires(cap):
         held, why = required.evaluate(platform, info, done)
@@ -505,6 +497,16 @@ def _evaluate_project(
     return Capability(True, f"all conditions hold on {_named(info) if info else platform.name}")
 
 
+def _device(platform: Platform | None, device: int) -> tuple[Platform, DeviceInfo | None]:
+    """The platform (``None``: the current one) and its visible ``device`` (none visible: None)."""
+    if platform is None:
+        from accelplat._registry import current_platform
+
+        platform = current_platform()
+    devices = platform.devices()
+    return platform, devices[device_index(device, len(devices), platform.name)] if devices else None
+
+
 def capabilities(device: int = 0, *, platform: Platform | None = None) -> Mapping[str, Capability]:
     """Return every capability of one visible device: the built-ins, then the project's, sorted.
 
@@ -512,12 +514,7 @@ def capabilities(device: int = 0, *, platform: Platform | None = None) -> Mappin
         DeviceNotFoundError: For an index not visible (with no device at all: all unavailable).
         ConfigurationError: When the project capabilities are inconsistent.
     """
-    if platform is None:
-        from accelplat._registry import current_platform
-
-        platform = current_platform()
-    devices = platform.devices()
-    info = devices[device_index(device, len(devices), platform.name)] if devices else None
+    platform, info = _device(platform, device)
     out = _builtin(platform, info)
     table = project_capabilities()
     decided = dict(out)
@@ -537,12 +534,7 @@ def has(name: str, device: int = 0, *, platform: Platform | None = None) -> bool
         DeviceNotFoundError: For an index that is not visible.
     """
     need = requirement(name)
-    if platform is None:
-        from accelplat._registry import current_platform
-
-        platform = current_platform()
-    devices = platform.devices()
-    info = devices[device_index(device, len(devices), platform.name)] if devices else None
+    platform, info = _device(platform, device)
     return need.evaluate(platform, info, capabilities(device, platform=platform))[0]
 
 

@@ -366,7 +366,8 @@ def _walk(node: Node) -> Iterator[Node]:
             yield from _walk(operand)
 
 
-def _named(info: DeviceInfo) -> str:
+def named(info: DeviceInfo) -> str:
+    """``"NVIDIA H200 (sm_90)"``: a device as reasons name it."""
     return f"{info.name} ({info.arch or 'architecture unknown'})"
 
 
@@ -381,15 +382,15 @@ def _decide(
     if info is None:
         return False, f"{platform.name} has no visible device"
     if isinstance(node, ArchIs):
-        return node.arch.matches(info), f"this is {_named(info)}"
+        return node.arch.matches(info), f"this is {named(info)}"
     if isinstance(node, Compare):
         cc = info.compute_capability
         if cc is None:  # vLLM's get_device_capability() is None here: every comparison fails
-            return False, f"{_named(info)} has no compute capability number"
+            return False, f"{named(info)} has no compute capability number"
         number = cc[0] * 10 + cc[1]
         if node.family:
             number = number // 10 * 10
-        return _OPS[node.op](number, node.number), f"{_named(info)} has capability {cc[0]}{cc[1]}"
+        return _OPS[node.op](number, node.number), f"{named(info)} has capability {cc[0]}{cc[1]}"
     if isinstance(node, Not):
         held, why = _decide(node.operand, platform, info, table)
         return not held, why
