@@ -202,7 +202,9 @@ def mps(handle: Any) -> dict[str, Any]:
         return facts
     root = Path(tempfile.mkdtemp(prefix="mps-"))
     env = dict(os.environ)
-    env.update(CUDA_MPS_PIPE_DIRECTORY=str(root / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(root / "log"))
+    env.update(
+        CUDA_MPS_PIPE_DIRECTORY=str(root / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(root / "log")
+    )
     (root / "pipe").mkdir()
     (root / "log").mkdir()
     started = subprocess.run([control, "-d"], env=env, capture_output=True, text=True, timeout=20)
