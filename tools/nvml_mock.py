@@ -826,10 +826,11 @@ def build_bundle(facts: HostFacts, *, provenance: str = "") -> bytes:
         roots |= {os.path.join(tmp, "proc"): "/proc", os.path.join(tmp, "cgroup"): "/sys/fs/cgroup"}
         host: dict[str, Any] = _rewrite(json.loads(json.dumps(cap.host)), tmp, roots)
     host["env"] = {k: v for k, v in host["env"].items() if k not in _ROOT_VARIABLES}
+    del host["variables"]  # a built host lists none: its replay clears every one it knows
     if captured is not None:
         nvml = [r for r in host["records"] if r["channel"] == "nvml"]
         host["records"] = nvml + list(captured.get("records", []))
-        for name in ("created", "accelplat_version", "options", "summary", "env"):
+        for name in ("created", "accelplat_version", "options", "summary", "env", "variables"):
             if name in captured:
                 host[name] = captured[name]
     else:

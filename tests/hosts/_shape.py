@@ -120,6 +120,7 @@ def build_bundle(
             replacements = {lib: LOADER, **replacements}
         host: dict[str, Any] = _rewrite(json.loads(json.dumps(cap.host)), replacements)
     host["env"] = {k: v for k, v in host["env"].items() if k not in _TREE}
+    del host["variables"]  # a built host lists none: its replay clears every one it knows
     for record in host["records"]:
         if record["channel"] == "dist" and record["key"] == ["version", "torch"]:
             record["answers"] = [{"v": torch}]
