@@ -41,9 +41,9 @@ _EXPORTS: dict[str, str] = {
     "has": "accelplat._capabilities",
     "lease": "accelplat._leasing",
     "lease_status": "accelplat._leasing",
-    "largest_shm_budget": "accelplat._host",
-    "require_shm": "accelplat._host",
-    "shm_info": "accelplat._host",
+    "largest_shm_budget": "accelplat._shm",
+    "require_shm": "accelplat._shm",
+    "shm_info": "accelplat._shm",
     "check_kv_cache_fits": "accelplat._sizing",
     "dtype_bytes": "accelplat._sizing",
     "kv_cache_bytes": "accelplat._sizing",
@@ -68,9 +68,6 @@ if TYPE_CHECKING:  # the same names, for type checkers (tests/contracts keeps th
     from accelplat._capabilities import capabilities as capabilities
     from accelplat._capabilities import define_capability as define_capability
     from accelplat._capabilities import has as has
-    from accelplat._host import largest_shm_budget as largest_shm_budget
-    from accelplat._host import require_shm as require_shm
-    from accelplat._host import shm_info as shm_info
     from accelplat._leasing import lease as lease
     from accelplat._leasing import lease_status as lease_status
     from accelplat._memory import record_usage_stats as record_usage_stats
@@ -86,6 +83,9 @@ if TYPE_CHECKING:  # the same names, for type checkers (tests/contracts keeps th
     from accelplat._registry import get_platform as get_platform
     from accelplat._registry import register_platform as register_platform
     from accelplat._registry import use_platform as use_platform
+    from accelplat._shm import largest_shm_budget as largest_shm_budget
+    from accelplat._shm import require_shm as require_shm
+    from accelplat._shm import shm_info as shm_info
     from accelplat._sizing import check_kv_cache_fits as check_kv_cache_fits
     from accelplat._sizing import dtype_bytes as dtype_bytes
     from accelplat._sizing import kv_cache_bytes as kv_cache_bytes

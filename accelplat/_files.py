@@ -13,8 +13,6 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Literal
 
 from accelplat.errors import ConfigurationError, FileTooLargeError, NotARegularFileError
@@ -28,7 +26,6 @@ Kind = Literal["file", "dir", "other"]
 ATTRIBUTE_LIMIT = 64 * 1024  # bytes of a sysfs attribute: one page (4 KiB x86, 64 KiB arm64/ppc64)
 PROC_LIMIT = 16 * 1024 * 1024  # bytes of a procfs or cgroup file (1,024 CPUs' cpuinfo: ~1.5 MiB)
 MAX_NUMA_NODES = 1 << 10  # the kernel's largest node count (NODES_SHIFT is at most 10)
-MAX_CPUS = 1 << 13  # the kernel's largest CPU count (NR_CPUS is at most 8192)
 KEPT_OPEN = frozenset({"/proc/meminfo"})  # read many times a second: kept open, as free/top do
 
 _CHUNK = 64 * 1024
@@ -158,24 +155,11 @@ class HostFiles:
 _current = HostFiles()
 
 
-def host_files() -> HostFiles:
-    return _current
-
-
 def set_host_files(files: HostFiles | None) -> HostFiles:
     """Install ``files`` (``None``: the real ones) as the reader of host files; return the old."""
     global _current
     previous, _current = _current, files or HostFiles()
     return previous
-
-
-@contextmanager
-def use_host_files(files: HostFiles) -> Iterator[HostFiles]:
-    previous = set_host_files(files)
-    try:
-        yield files
-    finally:
-        set_host_files(previous)
 
 
 def read_bytes(path: PathLike, *, limit: int = ATTRIBUTE_LIMIT) -> bytes:

@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from accelplat._owners import attribute, read_owned, unavailable_reason
+from accelplat._owners import sample
 from accelplat._platform import Platform, optional
-from accelplat._types import GIB, MIB, Attribution
+from accelplat._types import GIB, MIB, Attribution, UsageSnapshot
 from accelplat._validate import parse_size
-from accelplat._vendor import procs
 
 # allocator slack and runtime workspaces stay under it, a forgotten model or KV cache does not
 DEFAULT_LEAK_TOLERANCE_BYTES = 256 * MIB
@@ -69,22 +68,16 @@ class Holdings:
     judged: bool = True
 
     @classmethod
-    def of(cls, attribution: Attribution, *, judged: bool = True) -> Holdings:
-        """Return the holdings an :class:`~accelplat._types.Attribution` describes."""
-        if not attribution.available:
-            return cls(attribution.used, judged=judged)
-        return cls(
-            attribution.used,
-            own=attribution.self_bytes,
-            children={h.pid: h.used_bytes or 0 for h in attribution.children},
-            others=attribution.others_bytes,
-            judged=judged,
-        )
+    def of(cls, owners: Attribution, *, used: int | None = None, judged: bool = True) -> Holdings:
+        """Return the holdings an :class:`~accelplat._types.Attribution` describes.
 
-    @property
-    def attributed(self) -> bool:
-        """Whether this process's own bytes are known."""
-        return self.own is not None
+        ``used``: the device's used bytes to judge it whole by (default: the attribution's).
+        """
+        used = owners.used if used is None else used
+        if not owners.available:
+            return cls(used, judged=judged)
+        children = {h.pid: h.used_bytes or 0 for h in owners.children}
+        return cls(used, owners.self_bytes, children, owners.others_bytes, judged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,34 +149,23 @@ class ContextLedger:
         return context
 
 
-def current_holdings(
-    platform: Platform, used: Mapping[int, int] | None = None
+def holdings(
+    platform: Platform, reading: UsageSnapshot, used: Mapping[int, int] | None = None
 ) -> dict[int, Holdings]:
-    """Return what every visible device holds now, by owner where the driver tells.
+    """Return what each device of ``reading`` held, by owner where the driver told.
 
-    Args:
-        platform: The platform to ask.
-        used: Used bytes per device already read at this moment (``None``: read them here).
-
-    Returns:
-        Per visible device, its :class:`Holdings` (the host's memory: not judged).
+    ``used``: each device's used bytes read at the same moment elsewhere (the timeline's), which
+    the device-wide rule then judges; the host's memory is not judged.
     """
-    if optional(platform, "is_accelerator"):
-        procs.descendants()  # remember this process's children before one of them exits
+    judged = bool(optional(platform, "is_accelerator"))
     return {
-        d: device_holdings(platform, d, None if used is None else used[d])
-        for d in range(platform.device_count())
+        d: Holdings.of(a, used=None if used is None else used[d], judged=judged)
+        for d, a in reading.attribution.items()
     }
 
 
-def device_holdings(platform: Platform, device: int, used: int | None = None) -> Holdings:
-    """Return what ``device`` holds now (``used``: its used bytes, if already read)."""
-    reason = unavailable_reason(platform, device)
-    holders = None
-    if reason:
-        now = platform.memory_info(device).used if used is None else used
-    else:
-        reading, holders = read_owned(platform, device, used)
-        now = reading if isinstance(reading, int) else reading.used
-    judged = bool(optional(platform, "is_accelerator"))
-    return Holdings.of(attribute(platform, device, now, holders, reason=reason), judged=judged)
+def current_holdings(
+    platform: Platform, used: Mapping[int, int] | None = None
+) -> dict[int, Holdings]:
+    """Return what every visible device holds now (:func:`holdings` of a reading taken now)."""
+    return holdings(platform, sample(platform, range(platform.device_count())), used)

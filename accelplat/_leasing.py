@@ -25,7 +25,8 @@ from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from accelplat import _files, _validate
-from accelplat._memory import default_clock, wait_for_memory_to_clear
+from accelplat._memory import wait_for_memory_to_clear
+from accelplat._owners import default_clock
 from accelplat._platform import Platform, subset_environment
 from accelplat._types import MIB, DeviceInfo, MemoryInfo
 from accelplat._util import Clock, format_bytes, shown

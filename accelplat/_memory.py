@@ -1,33 +1,28 @@
-"""Device-memory primitives: usage statistics, snapshots, and waiting for memory to clear or settle.
+"""Device-memory waits: one algorithm over readings, many judges of what counts.
 
-One wait algorithm for every platform (:func:`_wait`, described in ``docs/memory.md``, as are the
-start and end events each wait logs); what differs is data, the platform's ``ReleaseProfile``.
+Each wait takes readings from the one sampler (:func:`accelplat._owners.sample`) and gives them
+to its :class:`Judge`, which says which bytes of each device count: the device's used bytes
+(clear), this process's and its descendants' (settle on ours), what given processes still hold
+(release), what a test is blamed for (the leak check). :meth:`Wait.run` is the one algorithm
+(docs/memory.md, "The algorithm", and the start and end events each wait logs); what differs
+between platforms is data, the platform's ``ReleaseProfile``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
-from accelplat._owners import OwnedReading, ReleaseReading, attribute
-from accelplat._platform import Platform, optional
-from accelplat._types import (
-    GIB,
-    MIB,
-    HolderState,
-    MemoryHolder,
-    MemoryInfo,
-    SettleResult,
-    UsageSnapshot,
-)
-from accelplat._util import REAL_CLOCK, Clock
+from accelplat._owners import BYTES_UNREPORTED, Reader, default_clock, sample
+from accelplat._platform import Platform
+from accelplat._types import GIB, MIB, HolderState, MemoryHolder, MemoryInfo, SettleResult
+from accelplat._types import UsageSnapshot as Reading
+from accelplat._util import Clock
 from accelplat._validate import (
     byte_count,
     device_index,
@@ -38,25 +33,20 @@ from accelplat._validate import (
     ratio,
 )
 from accelplat._vendor import procs
-from accelplat.errors import AccelplatError, ConfigurationError, MemoryNotSettledError
+from accelplat.errors import ConfigurationError, MemoryNotSettledError
 
 logger = logging.getLogger("accelplat._memory")
 
 DEFAULT_STABLE_TOLERANCE_BYTES = 512 * MIB  # movement a stability window tolerates (vLLM's)
 IDLE_FLOOR_MAX_RATIO = 0.05  # vLLM floors only ratios under 5 % (tests/utils.py)
+FALLBACK_RELEASE_WINDOW_S = 1.0  # unattributed: the used counter must stop moving this long
 
 _EVENT = "accelplat_wait"
 _EPSILON_S = 1e-9  # slack for comparing clock readings: float rounding makes no 0-length sleeps
 _MAX_STALLS = 1000  # sleeps in a row after which a clock that never moves on ends the wait
 
-OnPoll = Callable[[UsageSnapshot, Mapping[int, int]], None]  # (sample, per-device targets)
-Reader = Callable[[int], MemoryInfo]  # reads one visible device (platform.memory_info)
-
-
-def default_clock(platform: object) -> Clock:
-    """Return the platform's ``clock`` when it is a :class:`~accelplat._util.Clock`, else real."""
-    candidate = optional(platform, "clock")
-    return candidate if isinstance(candidate, Clock) else REAL_CLOCK
+OnPoll = Callable[[Reading, Mapping[int, int]], None]  # (reading, per-device targets)
+_History = tuple[int, int, int, int]  # first, min, max, last bytes counted during a wait
 
 
 @dataclass(frozen=True)
@@ -102,6 +92,221 @@ class PollPolicy:
         return min(self.max_s, max(self.initial_s, current_s * self.factor))
 
 
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _holders(held: Sequence[MemoryHolder] | None) -> str:
+    """Name ``held``, the largest first: ``pid 7 'python' (alive) 8.00 GiB, …``."""
+    return ", ".join(
+        f"pid {h.pid}{f' {h.name!r}' if h.name else ''} ({h.state.value}) "
+        + (_gib(h.used_bytes) if h.used_bytes is not None else "unknown bytes")
+        for h in sorted(held or (), key=lambda h: -(h.used_bytes or 0))
+    )
+
+
+class Judge:
+    """The device-wide judge: a device's used bytes count (:func:`wait_for_memory_to_clear`).
+
+    A judge is called once per reading, in order, and may keep state between readings.
+    ``holders``: its readings must carry holders and owners; ``ready``: ``False`` holds every
+    device back whatever it counts (a process that must exit first).
+    """
+
+    owners: ClassVar[str] = "all"
+    holders: ClassVar[bool] = False
+    ready = True
+
+    def __call__(self, reading: Reading) -> dict[int, int]:
+        """Return the bytes of each device of ``reading`` that count against its target."""
+        return {d: m.used for d, m in reading.memory.items()}
+
+    def note(self, reading: Reading) -> str:
+        """Return what the result's ``note`` says after ``reading``, the last; ``""``: nothing."""
+        return ""
+
+    def describe(self, w: Wait, last: Reading, history: Mapping[int, _History]) -> str:
+        """Return the timeout's message: the devices that missed, how usage moved, who held it."""
+        missed = [d for d in sorted(w.targets) if w.counts[d] > w.targets[d]]
+        if missed:
+            head = (
+                f"device memory did not clear within {w.waited_s:.2f} s (timeout_s="
+                f"{w.timeout_s:g}) on {len(missed)} of {len(w.targets)} {w.platform.name} "
+                "device(s):"
+            )
+        else:
+            head = (
+                f"device memory met its targets on {w.platform.name} but had not stayed there, "
+                f"within {_gib(w.tolerance)}, for stable_duration_s={w.window_s:g} when the "
+                f"timeout passed ({w.waited_s:.2f} s, timeout_s={w.timeout_s:g}); the current "
+                f"stable stretch had lasted {w.open_s:.2f} s:"
+            )
+        lines = [head]
+        for device in missed or sorted(w.targets):
+            info, held = last.memory[device], last.holders.get(device)
+            first, low, high, now = history[device]
+            named = f"held by {_holders(held)}" if held else "holders: none listed by the driver"
+            lines.append(
+                f"  device {device}: used {_gib(info.used)}, target <= {_gib(w.targets[device])} "
+                f"(total {_gib(info.total)}); during the wait first {first / GIB:.2f}, "
+                f"min {low / GIB:.2f}, max {high / GIB:.2f}, last {now / GIB:.2f} GiB; "
+                + ("holders: unknown (the platform cannot tell)" if held is None else named)
+            )
+        if any(h.state is HolderState.SELF for d in missed for h in last.holders.get(d, ())):
+            lines.append(
+                "  hint: this process itself holds device memory; free it (delete the model, "
+                "gc.collect(), empty the allocator cache) before waiting"
+            )
+        return "\n".join(lines)
+
+
+class _Ours(Judge):
+    """This process's and its descendants' bytes where attributed, else the device's used."""
+
+    owners = "ours"
+    holders = True
+
+    def __call__(self, reading: Reading) -> dict[int, int]:
+        counts = {}
+        for device, info in reading.memory.items():
+            ours = reading.attribution[device].ours_bytes
+            counts[device] = info.used if ours is None else ours
+        return counts
+
+    def note(self, reading: Reading) -> str:
+        """Name the co-tenants' memory not waited for, and the devices judged whole."""
+        owners = sorted(reading.attribution.items())
+        parts = [
+            f"not waited for, device {d}: {a.describe()}"
+            for d, a in owners
+            if a.available and a.others
+        ]
+        parts += [f"device {d} judged whole: {a.reason}" for d, a in owners if not a.available]
+        return "; ".join(parts)
+
+    def describe(self, w: Wait, last: Reading, history: Mapping[int, _History]) -> str:
+        """Name, per device, our holders and the others not waited for."""
+        lines = [
+            f"device memory that this process and its descendants held did not come back within "
+            f"{w.waited_s:.2f} s (timeout_s={w.timeout_s:g}) on {w.platform.name}:"
+        ]
+        for device in sorted(w.targets):
+            info, owners, held = (
+                last.memory[device],
+                last.attribution[device],
+                last.holders.get(device),
+            )
+            target = f"target <= {_gib(w.targets[device])}"
+            if not owners.available:
+                lines.append(
+                    f"  device {device} (judged whole: {owners.reason}): used {_gib(info.used)}, "
+                    f"{target}; holders: {_holders(held) or 'unknown'}"
+                )
+                continue
+            ours = [h for h in held or () if h.state is HolderState.SELF] + [*owners.children]
+            lines.append(
+                f"  device {device}: ours {_gib(w.counts[device])}, {target} (used "
+                f"{_gib(info.used)} of {_gib(info.total)}); ours: "
+                f"{_holders(ours) or 'none listed'}; others, not waited for: "
+                f"{_holders(owners.others) or 'none'}"
+            )
+        return "\n".join(lines)
+
+
+_RUNNING = frozenset({HolderState.SELF, HolderState.CHILD, HolderState.ALIVE})
+_PENDING_SLACK = 64 * MIB  # a lazily freed holder's bytes count back within this (or a tenth)
+
+
+class _Released(Judge):
+    """What the processes ``pids`` still hold, per device; devices judged whole where not told.
+
+    Attributed devices count the bytes the driver lists for them (one byte for a listing without
+    bytes), and on a lazy platform also those of a holder the driver stopped listing until the
+    device's used counter has fallen by them (``pending``): KFD removes a process's files before
+    TTM frees its buffers, so the list moves before the counter. Devices without attribution at
+    the ``first`` reading count their used bytes, held back while a process still runs.
+    """
+
+    owners = "ours"
+    holders = True
+
+    def __init__(self, pids: frozenset[int], first: Reading, *, lazy: bool) -> None:
+        self.pids, self.lazy = pids, lazy
+        self.whole = {  # a list without bytes still names the holders: a wait on them holds
+            d: a.reason
+            for d, a in first.attribution.items()
+            if a.reason and a.reason != BYTES_UNREPORTED.format(device=d)
+        }
+        self.listed = {d: self._listed(first, d) for d in first.memory}
+        self.used_before = {d: m.used for d, m in first.memory.items()}
+        self.pending: dict[int, tuple[int, int]] = {}  # device: (bytes awaited, used before)
+        self.running = self._alive() if self.whole else frozenset()
+
+    def _alive(self) -> frozenset[int]:
+        """The tracked processes that still run (zombies have closed their device files)."""
+        return frozenset(p for p in self.pids if procs.classify_pid(p)[0] in _RUNNING)
+
+    def _listed(self, reading: Reading, device: int) -> dict[int, int]:
+        held = reading.holders.get(device, ())
+        return {
+            h.pid: 1 if h.used_bytes is None else h.used_bytes for h in held if h.pid in self.pids
+        }
+
+    def __call__(self, reading: Reading) -> dict[int, int]:
+        if self.whole:
+            self.running = self._alive()
+            self.ready = not self.running
+        counts = {}
+        for device, info in reading.memory.items():
+            counts[device] = info.used if device in self.whole else self._held(reading, device)
+        return counts
+
+    def _held(self, reading: Reading, device: int) -> int:
+        now, before, used = (
+            self._listed(reading, device),
+            self.listed[device],
+            reading.memory[device].used,
+        )
+        if self.lazy:
+            vanished = sum(b for p, b in before.items() if p not in now)
+            awaited, used_before = self.pending.get(device, (0, used))
+            if vanished:
+                awaited += vanished
+                used_before = max(used_before, self.used_before.get(device, used))
+            if awaited and used_before - used >= awaited - min(awaited // 10, _PENDING_SLACK):
+                awaited = 0
+            self.pending[device] = (awaited, used_before if awaited else used)
+        self.listed[device], self.used_before[device] = now, used
+        return sum(now.values()) + self.pending.get(device, (0, 0))[0]
+
+    def note(self, reading: Reading) -> str:
+        """Name the devices judged whole."""
+        return "; ".join(f"device {d} judged whole: {why}" for d, why in sorted(self.whole.items()))
+
+    def describe(self, w: Wait, last: Reading, history: Mapping[int, _History]) -> str:
+        """Name the processes still listed, the bytes still awaited, the ones still running."""
+        shown = ", ".join(str(p) for p in sorted(self.pids)[:20])
+        lines = [
+            f"processes {shown} did not release device memory within {w.waited_s:.2f} s "
+            f"(timeout_s={w.timeout_s:g}) on {w.platform.name}:"
+        ]
+        for device in sorted(set(last.memory) - set(self.whole)):
+            if held := [h for h in last.holders.get(device, ()) if h.pid in self.pids]:
+                lines.append(f"  device {device}: still listed: {_holders(held)}")
+            elif awaited := self.pending.get(device, (0, 0))[0]:
+                lines.append(
+                    f"  device {device}: no longer listed, but the device's used memory has not "
+                    f"fallen by the {_gib(awaited)} they held (lazy release)"
+                )
+        alive = ", ".join(str(p) for p in sorted(self.running)) or "none"
+        lines += [
+            f"  device {device} (judged whole: {why}): still running: {alive}; used "
+            f"{_gib(last.memory[device].used)}"
+            for device, why in sorted(self.whole.items())
+        ]
+        return "\n".join(lines)
+
+
 def _resolve_platform(platform: Platform | None) -> Platform:
     if platform is None:
         from accelplat._registry import current_platform
@@ -123,21 +328,19 @@ def _resolve_devices(devices: Sequence[int] | None, platform: Platform) -> list[
     if len(devices) == 0:
         raise ConfigurationError("devices must name at least one visible device (None: all)")
     resolved = [device_index(item, count, platform.name) for item in devices]
-    duplicates = sorted(d for d, n in Counter(resolved).items() if n > 1)
-    if duplicates:
+    if duplicates := sorted(d for d, n in Counter(resolved).items() if n > 1):
         raise ConfigurationError(f"devices lists device(s) {duplicates} more than once")
     return resolved
 
 
-def _check_reader(read: object, platform: Platform) -> Reader:
+def _check_reader(read: object) -> Reader | None:
     if read is None:
-        return platform.memory_info
+        return None
     if not callable(read):
         raise ConfigurationError(f"read must be callable or None, got {read!r:.200}")
 
     def checked(device: int) -> MemoryInfo:
-        info = read(device)
-        if not isinstance(info, MemoryInfo):
+        if not isinstance(info := read(device), MemoryInfo):
             raise ConfigurationError(
                 f"read({device}) must return a MemoryInfo, got {type(info).__name__}"
             )
@@ -149,15 +352,11 @@ def _check_reader(read: object, platform: Platform) -> Reader:
 def _per_device(
     value: object, devices: Sequence[int], argument: str, check: Callable[[object, str], float]
 ) -> dict[int, float] | None:
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        return dict.fromkeys(devices, check(value, argument))
+    if value is None or not isinstance(value, Mapping):
+        return None if value is None else dict.fromkeys(devices, check(value, argument))
     keys, wanted = set(value), set(devices)
     if keys != wanted:
-        parts = []
-        if missing := sorted(wanted - keys):
-            parts.append(f"missing {missing}")
+        parts = [f"missing {missing}"] if (missing := sorted(wanted - keys)) else []
         if extra := sorted(keys - wanted, key=repr):
             parts.append(f"not waited on {extra[:10]}" + (" …" if len(extra) > 10 else ""))
         raise ConfigurationError(
@@ -167,124 +366,204 @@ def _per_device(
     return {d: check(value[d], f"{argument}[{d}]") for d in devices}
 
 
-@dataclass(frozen=True)
-class _Wait:
-    """A wait's arguments, validated, with the platform, devices and defaults resolved."""
-
-    kind: str
-    platform: Platform
-    read: Reader
-    clock: Clock
-    devices: list[int]
-    threshold_bytes: Mapping[int, float] | None
-    threshold_ratio: Mapping[int, float] | None
-    timeout_s: float
-    stable_duration_s: float
-    stable_tolerance_bytes: int
-    poll: PollPolicy
-    on_poll: OnPoll | None
-
-
-def _check_wait(
-    kind: str,
-    *,
-    devices: Sequence[int] | None,
-    threshold_ratio: object,
-    timeout_s: object,
-    stable_duration_s: object,
-    poll: object,
-    on_poll: object,
-    platform: Platform | None,
-    clock: object,
-    threshold_bytes: object = None,
-    stable_tolerance_bytes: object = DEFAULT_STABLE_TOLERANCE_BYTES,
-    read: object = None,
-) -> _Wait:
-    """Validate a public wait's own parameters (sampling nothing); fill in the defaults."""
-    if threshold_bytes is None and threshold_ratio is None:
-        raise ConfigurationError(
-            f"wait_for_memory_to_{kind} needs threshold_bytes or threshold_ratio (or both)"
-        )
-    timeout = None if timeout_s is None else duration(timeout_s, "timeout_s")
-    window = None if stable_duration_s is None else duration(stable_duration_s, "stable_duration_s")
-    tolerance = byte_count(stable_tolerance_bytes, "stable_tolerance_bytes")
-    if poll is not None and not isinstance(poll, PollPolicy):
-        raise ConfigurationError(f"poll must be a PollPolicy or None, got {poll!r:.200}")
-    if on_poll is not None and not callable(on_poll):
-        raise ConfigurationError(f"on_poll must be callable or None, got {on_poll!r:.200}")
-    plat = _resolve_platform(platform)
-    if clock is not None and not isinstance(clock, Clock):
-        raise ConfigurationError(
-            f"clock must have monotonic() and sleep(seconds) methods, got {clock!r:.200}"
-        )
-    resolved = _resolve_devices(devices, plat)
-    profile = plat.release
-    return _Wait(
-        kind=kind,
-        platform=plat,
-        read=_check_reader(read, plat),
-        clock=default_clock(plat) if clock is None else clock,
-        devices=resolved,
-        threshold_bytes=_per_device(threshold_bytes, resolved, "threshold_bytes", byte_count),
-        threshold_ratio=_per_device(threshold_ratio, resolved, "threshold_ratio", ratio),
-        timeout_s=profile.settle_timeout_s if timeout is None else timeout,
-        stable_duration_s=profile.stable_duration_s if window is None else window,
-        stable_tolerance_bytes=tolerance,
-        poll=PollPolicy() if poll is None else poll,
-        on_poll=cast("OnPoll | None", on_poll),
-    )
-
-
-def _compute_targets(
-    w: _Wait, memory: Mapping[int, MemoryInfo]
-) -> tuple[dict[int, int], dict[int, int]]:
-    """Per device, the usage at or below which it counts as clear, and those the floor raised."""
-    floor = w.platform.release.idle_floor_bytes
-    targets: dict[int, int] = {}
-    raised: dict[int, int] = {}
-    for device, info in memory.items():
-        asked: list[int] = []
-        if w.threshold_bytes is not None:
-            asked.append(int(w.threshold_bytes[device]))
-        floored = -1
-        if w.threshold_ratio is not None:
-            fraction = w.threshold_ratio[device]
-            by_ratio = math.floor(fraction * info.total)
-            asked.append(by_ratio)
-            if fraction < IDLE_FLOOR_MAX_RATIO and by_ratio < floor:
-                floored = min(floor, max(info.total, 0))
-        targets[device] = max(*asked, floored)
-        if floored > max(asked):
-            raised[device] = floored
-    return targets, raised
-
-
 def _now(clock: Clock) -> float:
     """Read ``clock.monotonic()``: a reading that is no finite number would stall the wait."""
     return number(clock.monotonic(), "clock.monotonic()")
 
 
-def _query_holders(
-    platform: Platform, devices: Sequence[int]
-) -> dict[int, tuple[MemoryHolder, ...]]:
-    holders: dict[int, tuple[MemoryHolder, ...]] = {}
-    for device in devices:
+_wait_ids = itertools.count(1)
+
+
+class Wait:
+    """One wait on ``devices``: the platform, devices, clock and reader resolved, nothing sampled.
+
+    :meth:`run` waits, by the one algorithm, until every device's count (as ``judge`` says) is at
+    or below its target and stays there.
+
+    Raises:
+        ConfigurationError: Naming a malformed argument; ``DeviceNotFoundError``.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        judge: Judge,
+        platform: Platform | None,
+        devices: Sequence[int] | None,
+        *,
+        clock: object = None,
+        read: object = None,
+    ) -> None:
+        self.platform = plat = _resolve_platform(platform)
+        if clock is not None and not isinstance(clock, Clock):
+            raise ConfigurationError(
+                f"clock must have monotonic() and sleep(seconds) methods, got {clock!r:.200}"
+            )
+        self.devices = _resolve_devices(devices, plat)
+        self.kind, self.judge, self.read = kind, judge, _check_reader(read)
+        self.clock = default_clock(plat) if clock is None else clock
+        self.targets: dict[int, int] = {}  # per device, the count at or below which it is clear
+        self.raised: dict[int, int] = {}  # the targets the idle floor raised
+        self.counts: dict[int, int] = {}  # the last reading's, as the judge counted it
+        self.waited_s = self.open_s = 0.0
+
+    def sample(self, *, holders: bool = False, first: bool = False) -> Reading:
+        """Take one reading of the devices, with holders where the judge needs them."""
+        holders = holders or self.judge.holders
+        return sample(
+            self.platform,
+            self.devices,
+            read=self.read,
+            holders=holders,
+            clock=self.clock,
+            remember=first,  # the process table walked once, at the first reading
+        )
+
+    def _set_targets(self, memory: Mapping[int, MemoryInfo]) -> None:
+        floor = self.platform.release.idle_floor_bytes
+        for device, info in memory.items():
+            by_bytes = -1 if self.by_bytes is None else int(self.by_bytes[device])
+            by_ratio = floored = -1
+            if self.by_ratio is not None:
+                by_ratio = math.floor(self.by_ratio[device] * info.total)
+                if self.by_ratio[device] < IDLE_FLOOR_MAX_RATIO and by_ratio < floor:
+                    floored = min(floor, max(info.total, 0))
+            self.targets[device] = max(by_bytes, by_ratio, floored)
+            if floored > max(by_bytes, by_ratio):
+                self.raised[device] = floored
+
+    def run(
+        self,
+        threshold_bytes: object = None,
+        threshold_ratio: object = None,
+        *,
+        timeout_s: object = None,
+        stable_duration_s: object = None,
+        stable_tolerance_bytes: object = DEFAULT_STABLE_TOLERANCE_BYTES,
+        poll: object = None,
+        on_poll: object = None,
+    ) -> SettleResult:
+        """Check the wait's own arguments, then wait (docs/memory.md, "The algorithm").
+
+        ``None`` takes the profile's default; the wait logs a start and an end event.
+
+        Raises:
+            ConfigurationError: Naming a malformed argument, for a clock that never moves on, or
+                a reader that reads no memory.
+            MemoryNotSettledError: On timeout, as the judge describes it.
+        """
+        if threshold_bytes is None and threshold_ratio is None:
+            raise ConfigurationError(
+                f"wait_for_memory_to_{self.kind} needs threshold_bytes or threshold_ratio (or both)"
+            )
+        profile, window = self.platform.release, stable_duration_s
+        self.timeout_s = (
+            profile.settle_timeout_s if timeout_s is None else duration(timeout_s, "timeout_s")
+        )
+        self.window_s = (
+            profile.stable_duration_s if window is None else duration(window, "stable_duration_s")
+        )
+        self.tolerance = byte_count(stable_tolerance_bytes, "stable_tolerance_bytes")
+        if poll is not None and not isinstance(poll, PollPolicy):
+            raise ConfigurationError(f"poll must be a PollPolicy or None, got {poll!r:.200}")
+        if on_poll is not None and not callable(on_poll):
+            raise ConfigurationError(f"on_poll must be callable or None, got {on_poll!r:.200}")
+        self.poll, self.on_poll = PollPolicy() if poll is None else poll, on_poll
+        self.by_bytes = _per_device(threshold_bytes, self.devices, "threshold_bytes", byte_count)
+        self.by_ratio = _per_device(threshold_ratio, self.devices, "threshold_ratio", ratio)
+        wait_id, ok = next(_wait_ids), False
+        begin = {"event": "start", "id": wait_id, "kind": self.kind, "devices": list(self.devices)}
+        logger.debug("%s wait %d starts", self.kind, wait_id, extra={_EVENT: begin})
         try:
-            found = platform.memory_holders(device)
-        except AccelplatError as exc:  # holders are a diagnosis; never let them mask the result
-            logger.debug("memory_holders(%d) failed on %s: %s", device, platform.name, exc)
-            continue
-        if found is not None:
-            holders[device] = tuple(found)
-    return holders
+            result = self._wait()
+            ok = True
+        finally:
+            end = {"event": "end", "id": wait_id, "ok": ok}
+            logger.debug("%s wait %d ends (ok=%s)", self.kind, wait_id, ok, extra={_EVENT: end})
+        return result
 
+    def _wait(self) -> SettleResult:
+        what, judge, devices, clock = f"{self.kind} wait", self.judge, self.devices, self.clock
+        start = _now(clock)
+        reading = self.sample(first=True)
+        counts, polls = judge(reading), 1
+        self._set_targets(reading.memory)
+        targets, tolerance = self.targets, self.tolerance
+        history: dict[int, _History] = {d: (c, c, c, c) for d, c in counts.items()}
+        logger.debug(
+            "%s on %s: targets %s, window %s s", what, self.platform.name, targets, self.window_s
+        )
+        if self.on_poll is not None:
+            self.on_poll(reading, targets)
 
-def _sample(read: Reader, devices: Sequence[int], clock: Clock) -> UsageSnapshot:
-    memory = {d: read(d) for d in devices}
-    timestamp = _now(clock)
-    wall = getattr(clock, "time", None)  # the simulated clock has a virtual wall time
-    wall_time = number(wall(), "clock.time()") if callable(wall) else time.time()
-    return UsageSnapshot(timestamp=timestamp, wall_time=wall_time, memory=memory)
+        def met(values: Mapping[int, int]) -> bool:
+            return judge.ready and all(values[d] <= targets[d] for d in devices)
+
+        def result(waited: float, settled: bool) -> SettleResult:
+            if note := judge.note(reading):
+                logger.info("%s: %s", what, note)
+            return SettleResult(
+                waited, polls, reading, settled, targets, self.raised, judge.owners, note
+            )
+
+        if not devices or (met(counts) and self.window_s <= 0):
+            logger.debug("%s: already settled", what)
+            return result(max(0.0, _now(clock) - start) if devices else 0.0, True)
+        opened: float | None = reading.timestamp if met(counts) else None
+        base, previous, interval, stalls = counts, counts, self.poll.initial_s, 0
+        while True:
+            if opened is not None and reading.timestamp - opened >= self.window_s - _EPSILON_S:
+                logger.debug(
+                    "%s: settled after %.3f s and %d polls", what, reading.timestamp - start, polls
+                )
+                return result(max(0.0, reading.timestamp - start), False)
+            now = _now(clock)
+            if now >= start + self.timeout_s - _EPSILON_S:
+                break
+            pause = min(interval, start + self.timeout_s - now)
+            clock.sleep(
+                max(0.0, pause if opened is None else min(pause, opened + self.window_s - now))
+            )
+            reading = self.sample()
+            counts, polls = judge(reading), polls + 1
+            stalls = stalls + 1 if reading.timestamp <= now else 0
+            if stalls >= _MAX_STALLS:
+                raise ConfigurationError(
+                    f"clock {clock!r:.200} did not move on in {stalls} sleeps: its sleep() must "
+                    "advance monotonic(), or the wait never ends"
+                )
+            for d, (first, low, high, _) in history.items():
+                history[d] = (first, min(low, counts[d]), max(high, counts[d]), counts[d])
+            moved = any(abs(counts[d] - previous[d]) > tolerance for d in devices)
+            interval, previous = self.poll.next_interval(interval, changed=moved), counts
+            if not met(counts):
+                opened = None
+            elif opened is None or any(abs(counts[d] - base[d]) > tolerance for d in devices):
+                opened, base = reading.timestamp, counts
+            logger.debug(
+                "%s: poll %d at %.3f s, window opened at %s",
+                what,
+                polls,
+                reading.timestamp - start,
+                opened,
+            )
+            if self.on_poll is not None:
+                self.on_poll(reading, targets)
+        if not judge.holders:  # who holds the memory, named once, at the timeout
+            named = self.sample(holders=True)
+            reading = replace(reading, holders=named.holders, attribution=named.attribution)
+        self.counts, self.waited_s = counts, max(0.0, now - start)
+        self.open_s = 0.0 if opened is None else reading.timestamp - opened
+        message = judge.describe(self, reading, history)
+        logger.debug("%s: timed out: %s", what, message)
+        raise MemoryNotSettledError(
+            message,
+            snapshot=reading,
+            targets=targets,
+            waited_s=self.waited_s,
+            history=history,
+            raised_targets=self.raised,
+        )
 
 
 def snapshot(
@@ -293,7 +572,7 @@ def snapshot(
     platform: Platform | None = None,
     holders: bool = True,
     read: Reader | None = None,
-) -> UsageSnapshot:
+) -> Reading:
     """Sample memory of several devices together, timed by :func:`default_clock`.
 
     ``devices``, ``platform`` and ``read`` are :func:`wait_for_memory_to_clear`'s; ``holders``
@@ -304,18 +583,8 @@ def snapshot(
         ConfigurationError: For a malformed device list or ``read``; ``DeviceNotFoundError``.
     """
     plat = _resolve_platform(platform)
-    reader = _check_reader(read, plat)
-    resolved = _resolve_devices(devices, plat)
-    snap = _sample(reader, resolved, default_clock(plat))
-    if holders:
-        if optional(plat, "is_accelerator"):
-            procs.descendants()  # remember this process's children before one of them exits
-        found = _query_holders(plat, resolved)
-        owners = {
-            d: attribute(plat, d, snap.memory[d].used, found.get(d), reason=None) for d in resolved
-        }
-        return dataclasses.replace(snap, holders=found, attribution=owners)
-    return snap
+    reader = _check_reader(read)
+    return sample(plat, _resolve_devices(devices, plat), read=reader, holders=holders)
 
 
 def record_usage_stats(
@@ -323,188 +592,6 @@ def record_usage_stats(
 ) -> dict[int, tuple[float, float]]:
     """Return ``{device: (used GiB, total GiB)}`` (vLLM's helpers' shape); as :func:`snapshot`."""
     return snapshot(devices, platform=platform, holders=False).used_gib()
-
-
-_History = tuple[int, int, int, int]  # first, min, max, last used bytes during a wait
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB"
-
-
-def _describe_holder(holder: MemoryHolder) -> str:
-    name = f" {holder.name!r}" if holder.name else ""
-    held = _gib(holder.used_bytes) if holder.used_bytes is not None else "unknown bytes"
-    return f"pid {holder.pid}{name} ({holder.state.value}) {held}"
-
-
-def _timeout_message(
-    w: _Wait,
-    last: UsageSnapshot,
-    targets: Mapping[int, int],
-    history: Mapping[int, _History],
-    *,
-    waited_s: float,
-    window_open_s: float | None,
-) -> str:
-    name = w.platform.name
-    missed = [d for d in sorted(targets) if last.memory[d].used > targets[d]]
-    if missed:
-        head = (
-            f"device memory did not clear within {waited_s:.2f} s (timeout_s={w.timeout_s:g}) on "
-            f"{len(missed)} of {len(targets)} {name} device(s):"
-        )
-        shown = missed
-    else:
-        lasted = 0.0 if window_open_s is None else window_open_s
-        head = (
-            f"device memory met its targets on {name} but had not stayed there, within "
-            f"{_gib(w.stable_tolerance_bytes)}, for stable_duration_s={w.stable_duration_s:g} "
-            f"when the timeout passed ({waited_s:.2f} s, timeout_s={w.timeout_s:g}); the current "
-            f"stable stretch had lasted {lasted:.2f} s:"
-        )
-        shown = sorted(targets)
-    lines = [head]
-    self_held = False
-    for device in shown:
-        info = last.memory[device]
-        first, low, high, now = history[device]
-        line = (
-            f"  device {device}: used {_gib(info.used)}, target <= {_gib(targets[device])} "
-            f"(total {_gib(info.total)}); during the wait first {first / GIB:.2f}, "
-            f"min {low / GIB:.2f}, max {high / GIB:.2f}, last {now / GIB:.2f} GiB; "
-        )
-        held = last.holders.get(device)
-        if held is None:
-            line += "holders: unknown (the platform cannot tell)"
-        elif not held:
-            line += "holders: none listed by the driver"
-        else:
-            ordered = sorted(held, key=lambda h: -(h.used_bytes or 0))
-            line += "held by " + ", ".join(_describe_holder(h) for h in ordered)
-            self_held = self_held or any(h.state is HolderState.SELF for h in held)
-        lines.append(line)
-    if self_held:
-        lines.append(
-            "  hint: this process itself holds device memory; free it (delete the model, "
-            "gc.collect(), empty the allocator cache) before waiting"
-        )
-    return "\n".join(lines)
-
-
-def _wait(w: _Wait) -> SettleResult:
-    """The one wait algorithm (see docs/memory.md, "The algorithm"); ``w`` is validated."""
-    what = f"wait_for_memory_to_{w.kind}"
-    devices, clock, poll, tolerance = w.devices, w.clock, w.poll, w.stable_tolerance_bytes
-    debug = logger.isEnabledFor(logging.DEBUG)  # the f-strings below format only when shown
-    start = _now(clock)
-    deadline = start + w.timeout_s
-    snap = _sample(w.read, devices, clock)
-    polls = 1
-    targets, raised = _compute_targets(w, snap.memory)
-    if not devices:
-        logger.debug("%s on %s: no visible device, nothing to wait for", what, w.platform.name)
-        return SettleResult(0.0, polls, snap, True, targets, raised)
-    used = {d: snap.memory[d].used for d in devices}
-    history: dict[int, _History] = {d: (u, u, u, u) for d, u in used.items()}
-    if debug:
-        shown = {d: _gib(t) for d, t in targets.items()}
-        logger.debug(
-            f"{what} on {w.platform.name}: devices {devices}, targets {shown}, timeout "
-            f"{w.timeout_s:.3g} s, window {w.stable_duration_s:.3g} s; now {snap.describe()}"
-        )
-    if w.on_poll is not None:
-        w.on_poll(snap, targets)
-
-    def met(values: Mapping[int, int]) -> bool:
-        return all(values[d] <= targets[d] for d in devices)
-
-    if met(used) and w.stable_duration_s <= 0:
-        waited = max(0.0, _now(clock) - start)
-        logger.debug("%s: already settled", what)
-        return SettleResult(waited, polls, snap, True, targets, raised)
-
-    window_start: float | None = snap.timestamp if met(used) else None
-    window_base, previous = dict(used), dict(used)
-    interval, stalls = poll.initial_s, 0
-    while True:
-        if (
-            window_start is not None
-            and snap.timestamp - window_start >= w.stable_duration_s - _EPSILON_S
-        ):
-            waited = max(0.0, snap.timestamp - start)
-            logger.debug("%s: settled after %.3f s and %d polls", what, waited, polls)
-            return SettleResult(waited, polls, snap, False, targets, raised)
-        now = _now(clock)
-        if now >= deadline - _EPSILON_S:
-            break
-        pause = min(interval, deadline - now)
-        if window_start is not None:
-            pause = min(pause, window_start + w.stable_duration_s - now)
-        clock.sleep(max(0.0, pause))
-        snap = _sample(w.read, devices, clock)
-        polls += 1
-        stalls = stalls + 1 if snap.timestamp <= now else 0
-        if stalls >= _MAX_STALLS:
-            raise ConfigurationError(
-                f"clock {clock!r:.200} did not move on in {stalls} sleeps: its sleep() must "
-                "advance monotonic(), or the wait never ends"
-            )
-        used = {d: snap.memory[d].used for d in devices}
-        for d, (first, low, high, _) in history.items():
-            history[d] = (first, min(low, used[d]), max(high, used[d]), used[d])
-        changed = any(abs(used[d] - previous[d]) > tolerance for d in devices)
-        previous = used
-        interval = poll.next_interval(interval, changed=changed)
-        if not met(used):
-            window_start = None
-        elif window_start is None or any(
-            abs(used[d] - window_base[d]) > tolerance for d in devices
-        ):
-            window_start = snap.timestamp
-            window_base = dict(used)
-        if debug:
-            window = (
-                "closed" if window_start is None else f"open {snap.timestamp - window_start:.3f}"
-            )
-            logger.debug(
-                f"{what}: poll {polls} at {snap.timestamp - start:.3f} s: {snap.describe()} "
-                f"(window {window}, next sleep {interval:.3f} s)"
-            )
-        if w.on_poll is not None:
-            w.on_poll(snap, targets)
-
-    waited = max(0.0, now - start)
-    final = dataclasses.replace(snap, holders=_query_holders(w.platform, devices))
-    opened = None if window_start is None else snap.timestamp - window_start
-    message = _timeout_message(w, final, targets, history, waited_s=waited, window_open_s=opened)
-    logger.debug("%s: timed out: %s", what, message)
-    raise MemoryNotSettledError(
-        message,
-        snapshot=final,
-        targets=targets,
-        waited_s=waited,
-        history=history,
-        raised_targets=raised,
-    )
-
-
-_wait_ids = itertools.count(1)
-
-
-def _run(w: _Wait) -> SettleResult:
-    """Run :func:`_wait` between a start and an end event for timeline recorders."""
-    wait_id = next(_wait_ids)
-    begin = {"event": "start", "id": wait_id, "kind": w.kind, "devices": list(w.devices)}
-    logger.debug("%s wait %d starts", w.kind, wait_id, extra={_EVENT: begin})
-    ok = False
-    try:
-        result = _wait(w)
-        ok = True
-    finally:
-        end = {"event": "end", "id": wait_id, "ok": ok}
-        logger.debug("%s wait %d ends (ok=%s)", w.kind, wait_id, ok, extra={_EVENT: end})
-    return result
 
 
 def wait_for_memory_to_clear(
@@ -534,7 +621,7 @@ def wait_for_memory_to_clear(
         stable_duration_s: How long devices must stay at or below target; ``None``: the profile's.
         stable_tolerance_bytes: Movement that still counts as stable (and speeds polling up).
         poll: Polling intervals; ``None``: :class:`PollPolicy()`.
-        on_poll: Called with each sample, the first included, and the targets; errors propagate.
+        on_poll: Called with each reading, the first included, and the targets; errors propagate.
         platform: The platform to ask; ``None``: :func:`~accelplat.current_platform`.
         clock: Time source and sleeper; ``None``: :func:`default_clock` of the platform.
         read: How to read one device's memory; ``None``: ``platform.memory_info``.
@@ -544,7 +631,16 @@ def wait_for_memory_to_clear(
         DeviceNotFoundError: For a device index that is not visible.
         MemoryNotSettledError: On timeout, naming the devices that missed, their usage, holders.
     """
-    return _run(_check_wait("clear", **locals()))  # every parameter, by name
+    w = Wait("clear", Judge(), platform, devices, clock=clock, read=read)
+    return w.run(
+        threshold_bytes,
+        threshold_ratio,
+        timeout_s=timeout_s,
+        stable_duration_s=stable_duration_s,
+        stable_tolerance_bytes=stable_tolerance_bytes,
+        poll=poll,
+        on_poll=on_poll,
+    )
 
 
 OWNERS = ("ours", "all")
@@ -571,8 +667,8 @@ def wait_for_memory_to_settle(
     memory per process; co-tenants' memory is not waited for but named in the result's ``note``
     (and in the error). A device without attribution (the host CPU, a pid namespace, no process
     list) is judged whole, the reason in ``note``. ``owners="all"`` judges whole devices.
-    ``on_poll`` sees the bytes judged as ``used`` (ours, where attributed); the result's
-    ``snapshot`` is the real last sample. The rest is :func:`wait_for_memory_to_clear`'s.
+    ``on_poll`` sees each reading (its ``attribution`` says whose memory it is) and the targets.
+    The rest is :func:`wait_for_memory_to_clear`'s.
 
     Raises:
         ConfigurationError: For a malformed argument; ``owners`` not ``"ours"`` or ``"all"``.
@@ -587,84 +683,17 @@ def wait_for_memory_to_settle(
         raise ConfigurationError(f"force must be True or False, got {force!r:.200}")
     if owners not in OWNERS:
         raise ConfigurationError(f"owners must be 'ours' or 'all', got {owners!r:.200}")
-    plat = _resolve_platform(platform)
-    profile = plat.release
-    reading = OwnedReading(plat, _resolve_devices(devices, plat)) if owners == "ours" else None
-    w = _check_wait(
-        "settle",
-        devices=devices,
-        threshold_ratio=threshold_ratio,
+    w = Wait("settle", _Ours() if owners == "ours" else Judge(), platform, devices, clock=clock)
+    profile = w.platform.release
+    window = profile.stable_duration_s if (profile.lazy or force) else 0.0
+    return w.run(
+        None,
+        threshold_ratio,
         timeout_s=timeout_s,
-        stable_duration_s=profile.stable_duration_s if (profile.lazy or force) else 0.0,
+        stable_duration_s=window,
         poll=poll,
         on_poll=on_poll,
-        platform=plat,
-        clock=clock,
-        read=reading,
     )
-    if reading is None:
-        return _run(w)
-    try:
-        result = _run(w)
-    except MemoryNotSettledError as exc:
-        raise _owned_timeout(exc, reading, w, "this process and its descendants held") from None
-    note = reading.others_note()
-    if note:
-        logger.info("wait_for_memory_to_settle: %s", note)
-    return dataclasses.replace(
-        result, snapshot=reading.real(result.snapshot), owners="ours", note=note
-    )
-
-
-def _explained(
-    exc: MemoryNotSettledError, real: UsageSnapshot, lines: list[str]
-) -> MemoryNotSettledError:
-    """``exc`` with the owner-aware message ``lines`` and the real snapshot."""
-    return MemoryNotSettledError(
-        "\n".join(lines),
-        snapshot=real,
-        targets=exc.targets,
-        waited_s=exc.waited_s,
-        history=exc.history,
-        raised_targets=exc.raised_targets,
-    )
-
-
-def _owned_timeout(
-    exc: MemoryNotSettledError, reading: OwnedReading, w: _Wait, what: str
-) -> MemoryNotSettledError:
-    """The timeout of a wait on owners, its message in owners' terms (holders named)."""
-    real = reading.real(exc.snapshot)
-    lines = [
-        f"device memory that {what} did not come back within {exc.waited_s:.2f} s "
-        f"(timeout_s={w.timeout_s:g}) on {w.platform.name}:"
-    ]
-    for device in sorted(exc.targets):
-        info = real.memory[device]
-        owned = exc.snapshot.memory[device].used
-        target = _gib(exc.targets[device])
-        attribution = real.attribution.get(device)
-        if device in reading.fallback or attribution is None or not attribution.available:
-            why = reading.fallback.get(device) or (attribution.reason if attribution else "")
-            held = real.holders.get(device)
-            names = ", ".join(_describe_holder(h) for h in held) if held else "unknown"
-            lines.append(
-                f"  device {device} (judged whole: {why}): used {_gib(info.used)}, "
-                f"target <= {target}; holders: {names}"
-            )
-            continue
-        shown = [h for h in real.holders.get(device, ()) if h.state is HolderState.SELF]
-        shown += list(attribution.children)
-        ours = ", ".join(_describe_holder(h) for h in shown) or "none listed"
-        others = ", ".join(_describe_holder(h) for h in attribution.others) or "none"
-        lines.append(
-            f"  device {device}: ours {_gib(owned)}, target <= {target} (used {_gib(info.used)} "
-            f"of {_gib(info.total)}); ours: {ours}; others, not waited for: {others}"
-        )
-    return _explained(exc, real, lines)
-
-
-FALLBACK_RELEASE_WINDOW_S = 1.0  # unattributed: the used counter must stop moving this long
 
 
 def wait_for_release(
@@ -698,7 +727,7 @@ def wait_for_release(
         clock: Time source and sleeper; ``None``: :func:`default_clock` of the platform.
 
     Returns:
-        A :class:`SettleResult` whose ``snapshot`` is the last real sample, with owners.
+        A :class:`SettleResult` whose ``snapshot`` is the last reading, with owners.
 
     Raises:
         ConfigurationError: For malformed arguments.
@@ -709,71 +738,16 @@ def wait_for_release(
         raise ConfigurationError(
             f"pids must be a non-empty sequence of process ids, got {pids!r:.200}"
         )
-    checked = frozenset(
-        integer(p, f"pids[{i}]", minimum=1, maximum=2**31 - 1) for i, p in enumerate(pids)
-    )
+    tracked = {integer(p, f"pids[{i}]", minimum=1, maximum=2**31 - 1) for i, p in enumerate(pids)}
     if not isinstance(descendants, bool):
         raise ConfigurationError(f"descendants must be True or False, got {descendants!r:.200}")
-    tracked = set(checked)
-    if descendants:
-        for pid in checked:
-            tracked |= procs.descendants(pid)
-    plat = _resolve_platform(platform)
-    resolved = _resolve_devices(devices, plat)
-    reading = ReleaseReading(plat, resolved, frozenset(tracked), lazy=plat.release.lazy)
-    window = 0.0
-    thresholds: dict[int, int] = dict.fromkeys(resolved, 0)
-    if reading.fallback:
-        window = max(FALLBACK_RELEASE_WINDOW_S, plat.release.stable_duration_s)
-        for device in reading.fallback:
-            thresholds[device] = max(0, plat.memory_info(device).total)
-    w = _check_wait(
-        "release",
-        devices=resolved,
-        threshold_bytes=thresholds,
-        threshold_ratio=None,
-        timeout_s=timeout_s,
-        stable_duration_s=window,
-        poll=poll,
-        on_poll=None,
-        platform=plat,
-        clock=clock,
-        read=reading,
+    for pid in list(tracked) if descendants else ():
+        tracked |= procs.descendants(pid)
+    w = Wait("release", Judge(), platform, devices, clock=clock)
+    first = sample(w.platform, w.devices)  # decides which devices are judged whole
+    w.judge = judge = _Released(frozenset(tracked), first, lazy=w.platform.release.lazy)
+    targets = {d: max(0, first.memory[d].total) if d in judge.whole else 0 for d in w.devices}
+    window = max(FALLBACK_RELEASE_WINDOW_S, w.platform.release.stable_duration_s)
+    return w.run(
+        targets, timeout_s=timeout_s, stable_duration_s=window if judge.whole else 0, poll=poll
     )
-    try:
-        result = _run(w)
-    except MemoryNotSettledError as exc:
-        raise _release_timeout(exc, reading, w) from None
-    fell = [f"device {d} judged whole: {why}" for d, why in sorted(reading.fallback.items())]
-    return dataclasses.replace(
-        result, snapshot=reading.real(result.snapshot), owners="ours", note="; ".join(fell)
-    )
-
-
-def _release_timeout(
-    exc: MemoryNotSettledError, reading: ReleaseReading, w: _Wait
-) -> MemoryNotSettledError:
-    real = reading.real(exc.snapshot)
-    shown = ", ".join(str(p) for p in sorted(reading.pids)[:20])
-    lines = [
-        f"processes {shown} did not release device memory within {exc.waited_s:.2f} s "
-        f"(timeout_s={w.timeout_s:g}) on {w.platform.name}:"
-    ]
-    for device, held in sorted(reading.still_holding().items()):
-        awaited = reading.pending.get(device, (0, 0))[0]
-        if held:
-            lines.append(
-                f"  device {device}: still listed: " + ", ".join(_describe_holder(h) for h in held)
-            )
-        elif awaited:
-            lines.append(
-                f"  device {device}: no longer listed, but the device's used memory has not "
-                f"fallen by the {_gib(awaited)} they held (lazy release)"
-            )
-    for device, why in sorted(reading.fallback.items()):
-        alive = ", ".join(str(p) for p in sorted(reading.running)) or "none"
-        lines.append(
-            f"  device {device} (judged whole: {why}): still running: {alive}; used "
-            f"{_gib(real.memory[device].used)}"
-        )
-    return _explained(exc, real, lines)

@@ -144,7 +144,7 @@ def _need_device_memory(platform: Platform, need: int, devices: int) -> str | No
 
 
 def _need_shm(need: int, path: str | None) -> str | None:
-    from accelplat._host import DEFAULT_SHM_PATH, shm_info
+    from accelplat._shm import DEFAULT_SHM_PATH, shm_info
 
     path = path or DEFAULT_SHM_PATH
     try:

@@ -164,6 +164,18 @@ class BasePlatform(ABC):
         """Return the vendor driver's version, for reports; ``None`` (the default) when unknown."""
         return None
 
+    def lease_units(self) -> tuple[str, ...]:
+        """Return units a scheduler may hand a child beyond the visible devices; ``()``: none."""
+        return ()
+
+    def restricted(self, value: str) -> BasePlatform:
+        """Return this platform as a child started with ``visible_devices_env=value`` sees it.
+
+        Raises:
+            ConfigurationError: Always, here: a platform without lease units has no such view.
+        """
+        raise ConfigurationError(f"the {self.name} platform has no lease unit {value!r}")
+
     def device_count(self) -> int:
         """Return the number of visible devices (``len(self.devices())`` by default)."""
         return len(self.devices())

@@ -113,18 +113,6 @@ def _count(value: object, argument: str, *, minimum: int) -> int:
     return number
 
 
-def kv_cache_page_bytes(
-    *,
-    num_kv_heads: int,
-    head_size: int,
-    dtype_bytes: int | str,
-    block_size: int = 16,
-    head_size_v: int | None = None,
-) -> int:
-    """Return the bytes of one KV-cache page (:attr:`KVCacheShape.page_bytes`)."""
-    return KVCacheShape(1, num_kv_heads, head_size, dtype_bytes, block_size, head_size_v).page_bytes
-
-
 def kv_cache_bytes(
     *,
     num_layers: int,
@@ -163,9 +151,8 @@ def max_model_len_that_fits(
     Raises:
         ConfigurationError: For a bad argument, naming it.
     """
-    available = _count(available_bytes, "available_bytes", minimum=0)
     shape = KVCacheShape(num_layers, num_kv_heads, head_size, dtype_bytes, block_size, head_size_v)
-    return shape.longest_that_fits(available)
+    return shape.longest_that_fits(available_bytes)
 
 
 def check_kv_cache_fits(

@@ -12,6 +12,7 @@ import math
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence, Set
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal, SupportsFloat, TypeGuard
 
 from accelplat import _util
@@ -144,11 +145,6 @@ def ratio(value: object, argument: str) -> float:
     return number(value, argument, minimum=0, maximum=1)
 
 
-def byte_int(value: object, argument: str, *, positive: bool = False) -> int:
-    """Return an exact ``int`` number of bytes, ``>= 0`` (or ``> 0``); floats are refused."""
-    return integer(value, argument, minimum=1 if positive else 0)
-
-
 def device_index(value: object, count: int, platform: str) -> int:
     """Return ``value`` (any integer type but ``bool``) as an index in ``range(count)``."""
     if not isinstance(value, bool):
@@ -237,6 +233,7 @@ def parse_size(
 # -- untrusted documents ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
 class JsonFields:
     """Type and range checks for the fields of one kind of untrusted JSON (or TOML) document.
 
@@ -245,24 +242,14 @@ class JsonFields:
     error from path and words, for documents with their own (a bundle's ``BundleError``).
     """
 
-    def __init__(
-        self,
-        prefix: str,
-        *,
-        max_items: int,
-        max_text: int,
-        wording: Literal["expected", "must be"] = "expected",
-        object_noun: str = "an object",
-        array_noun: str = "an array",
-        error_type: Callable[[str, str], ConfigurationError] | None = None,
-    ) -> None:
-        self.prefix = prefix
-        self.max_items = max_items
-        self.max_text = max_text
-        self.wording = wording
-        self.object_noun = object_noun
-        self.array_noun = array_noun
-        self.error_type = error_type
+    prefix: str
+    _: KW_ONLY
+    max_items: int
+    max_text: int
+    wording: Literal["expected", "must be"] = "expected"
+    object_noun: str = "an object"
+    array_noun: str = "an array"
+    error_type: Callable[[str, str], ConfigurationError] | None = None
 
     def error(self, where: str, expected: str, got: object) -> ConfigurationError:
         """Return (not raise) the error for field ``where`` holding ``got``."""

@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "Capability": "accelplat._requirement",
     "Lease": "accelplat._leasing",
     "LeaseRecord": "accelplat._leasing",
-    "ShmInfo": "accelplat._host",
+    "ShmInfo": "accelplat._shm",
     "KVCacheShape": "accelplat._sizing",
 }
 """Each value type and the private module that defines it (the one list)."""
@@ -39,12 +39,12 @@ __getattr__, __dir__ = _lazy.lazy_namespace(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:  # the same names, for type checkers (tests/contracts keeps the two equal)
-    from accelplat._host import ShmInfo as ShmInfo
     from accelplat._leasing import Lease as Lease
     from accelplat._leasing import LeaseRecord as LeaseRecord
     from accelplat._memory import PollPolicy as PollPolicy
     from accelplat._registry import DetectionReport as DetectionReport
     from accelplat._requirement import Capability as Capability
+    from accelplat._shm import ShmInfo as ShmInfo
     from accelplat._sizing import KVCacheShape as KVCacheShape
     from accelplat._types import Attribution as Attribution
     from accelplat._types import Candidate as Candidate

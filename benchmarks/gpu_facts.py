@@ -158,7 +158,8 @@ def context_and_release(handle: Any, trials: int) -> dict[str, Any]:
     for _ in range(trials):
         base = _used(handle)
         child = _holder(4, 0)
-        assert child.stdin is not None and child.stdout is not None
+        assert child.stdin is not None
+        assert child.stdout is not None
         child.stdout.readline()
         time.sleep(0.2)
         contexts.append(_procs(handle).get(child.pid, -1))
@@ -169,9 +170,11 @@ def context_and_release(handle: Any, trials: int) -> dict[str, Any]:
         held = _used(handle)
         os.kill(child.pid, signal.SIGKILL)
         killed = time.monotonic()
-        gone = _wait_for(lambda: child.pid not in _procs(handle), 30)
+        pid = child.pid
+        gone = _wait_for(lambda pid=pid: pid not in _procs(handle), 30)
         after_list = time.monotonic()
-        freed = _wait_for(lambda: _used(handle) <= base + 64 * MIB, 30)
+        floor = base + 64 * MIB
+        freed = _wait_for(lambda floor=floor: _used(handle) <= floor, 30)
         child.wait()
         if gone is not None:
             dropped.append(gone)
@@ -202,19 +205,20 @@ def mps(handle: Any) -> dict[str, Any]:
         return facts
     root = Path(tempfile.mkdtemp(prefix="mps-"))
     env = dict(os.environ)
-    env.update(
-        CUDA_MPS_PIPE_DIRECTORY=str(root / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(root / "log")
-    )
+    env.update(CUDA_MPS_PIPE_DIRECTORY=str(root / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(root / "log"))
     (root / "pipe").mkdir()
     (root / "log").mkdir()
-    started = subprocess.run([control, "-d"], env=env, capture_output=True, text=True, timeout=20)
+    started = subprocess.run(
+        [control, "-d"], check=False, env=env, capture_output=True, text=True, timeout=20
+    )
     facts["start_rc"] = started.returncode
     facts["start_err"] = started.stderr[-400:]
     try:
         client_env = dict(env, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=3G")
         t = time.monotonic()
         child = _holder(1, 4, client_env)
-        assert child.stdin is not None and child.stdout is not None
+        assert child.stdin is not None
+        assert child.stdout is not None
         facts["client_context"] = child.stdout.readline().strip()
         facts["client_start_s"] = time.monotonic() - t
         child.stdin.write("\n")
@@ -229,7 +233,8 @@ def mps(handle: Any) -> dict[str, Any]:
         child.kill()
         child.wait()
         unlimited = _holder(1, 4, env)
-        assert unlimited.stdin is not None and unlimited.stdout is not None
+        assert unlimited.stdin is not None
+        assert unlimited.stdout is not None
         unlimited.stdout.readline()
         unlimited.stdin.write("\n\n")
         unlimited.stdin.flush()
@@ -241,7 +246,13 @@ def mps(handle: Any) -> dict[str, Any]:
         facts["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         quit_ = subprocess.run(
-            [control], input="quit\n", env=env, capture_output=True, text=True, timeout=30
+            [control],
+            check=False,
+            input="quit\n",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         facts["quit_rc"] = quit_.returncode
         logs = root / "log" / "control.log"

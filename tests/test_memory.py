@@ -16,12 +16,12 @@ from accelplat import _registry as registry
 from accelplat._backends.simulated import RealClock, SimulatedClock, SimulatedPlatform
 from accelplat._memory import (
     PollPolicy,
-    default_clock,
     record_usage_stats,
     snapshot,
     wait_for_memory_to_clear,
     wait_for_memory_to_settle,
 )
+from accelplat._owners import default_clock
 from accelplat._types import GIB, MIB, HolderState, MemoryInfo, UsageSnapshot
 from accelplat._util import REAL_CLOCK
 from accelplat.errors import (

@@ -269,9 +269,22 @@ class _Racing:
 
 def test_a_co_tenant_freeing_between_two_driver_calls_is_read_again() -> None:
     platform = _Racing()
-    reading, holders = _owners.read_owned(platform, 0)  # type: ignore[arg-type]
-    assert isinstance(reading, MemoryInfo)
-    assert reading.used == GIB
+    reading = _owners.sample(platform, [0])  # type: ignore[arg-type]
+    assert reading.memory[0].used == GIB
     assert platform.reads == 2
-    owners = _owners.attribute(platform, 0, reading.used, holders)  # type: ignore[arg-type]
-    assert owners.available
+    assert reading.attribution[0].available
+    assert reading.attribution[0].others_bytes == GIB
+
+
+def test_ours_is_this_process_and_its_descendants_by_the_one_rule() -> None:
+    platform = make(
+        {
+            "holders": [
+                holder(os.getpid(), GIB, "self"),
+                holder(11, 2 * GIB, "child"),
+                holder(12, GIB),
+            ]
+        }
+    )
+    assert _owners.ours_bytes(platform, 0) == 3 * GIB
+    assert _owners.ours_bytes(make({"used": GIB, "report_holders": False}), 0) is None

@@ -16,7 +16,6 @@ from accelplat._sizing import (
     check_kv_cache_fits,
     dtype_bytes,
     kv_cache_bytes,
-    kv_cache_page_bytes,
     max_model_len_that_fits,
 )
 from accelplat._validate import parse_size
@@ -43,7 +42,7 @@ def test_public_names_are_exported() -> None:
 
 def test_the_shape_holds_the_arithmetic_the_functions_use() -> None:
     shape = KVCacheShape(**SEED)
-    assert shape.page_bytes == kv_cache_page_bytes(num_kv_heads=8, head_size=256, dtype_bytes=2)
+    assert shape.page_bytes == 8 * 16 * (256 + 256) * 2
     assert shape.bytes_for(2048) == kv_cache_bytes(**SEED, max_model_len=2048)
     assert shape.longest_that_fits(GIB) == max_model_len_that_fits(GIB, **SEED)
     assert KVCacheShape(**{**SEED, "dtype_bytes": "bf16"}).page_bytes == shape.page_bytes
@@ -55,13 +54,14 @@ def test_the_shape_holds_the_arithmetic_the_functions_use() -> None:
 
 def test_page_size_formula() -> None:
     # num_kv_heads × block_size × (head_size + head_size_v) × dtype_bytes
-    assert kv_cache_page_bytes(num_kv_heads=8, head_size=128, dtype_bytes=2) == 8 * 16 * 256 * 2
-    assert kv_cache_page_bytes(num_kv_heads=8, head_size=128, dtype_bytes=2, head_size_v=64) == (
+    def page(**dims: Any) -> int:
+        return KVCacheShape(num_layers=1, **dims).page_bytes
+
+    assert page(num_kv_heads=8, head_size=128, dtype_bytes=2) == 8 * 16 * 256 * 2
+    assert page(num_kv_heads=8, head_size=128, dtype_bytes=2, head_size_v=64) == (
         8 * 16 * (128 + 64) * 2
     )
-    assert kv_cache_page_bytes(num_kv_heads=2, head_size=64, dtype_bytes=4, block_size=32) == (
-        2 * 32 * 128 * 4
-    )
+    assert page(num_kv_heads=2, head_size=64, dtype_bytes=4, block_size=32) == 2 * 32 * 128 * 4
 
 
 def test_llama3_8b_shape_at_8k_is_one_gib() -> None:

@@ -54,18 +54,22 @@ def test_the_shorthands_name_the_argument_and_the_range() -> None:
     assert _validate.duration(1, "t") == 1.0
     assert _validate.byte_count(2.9, "b") == 2
     assert _validate.ratio(0.5, "r") == 0.5
-    assert _validate.byte_int(0, "n") == 0
+    assert _validate.integer(0, "n", minimum=0) == 0
     for check, bad, words in (
         (_validate.duration, -1, "t must be >= 0, got -1"),
         (_validate.byte_count, "4GiB", "t must be a number >= 0, got '4GiB'"),
         (_validate.ratio, 1.5, r"t must be in \[0, 1\], got 1.5"),
         (_validate.finite_number, math.inf, "t must be finite, got inf"),
-        (_validate.byte_int, 1.0, "t must be an int >= 0, got float 1.0"),
+        (
+            lambda v, a: _validate.integer(v, a, minimum=0),
+            1.0,
+            "t must be an int >= 0, got float 1.0",
+        ),
     ):
         with pytest.raises(ConfigurationError, match=f"^{words}$"):
             check(bad, "t")
     with pytest.raises(ConfigurationError, match=r"^n must be an int >= 1, got 0$"):
-        _validate.byte_int(0, "n", positive=True)
+        _validate.integer(0, "n", minimum=1)
 
 
 def test_an_int_beyond_any_float_is_refused_without_its_digits() -> None:

@@ -6,11 +6,12 @@ memory is bounded by the smallest cgroup limit (v2 or v1) on this process's path
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from time import monotonic as _monotonic
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar, cast
 
 from typing_extensions import override
 
@@ -32,6 +33,8 @@ from accelplat.errors import BackendError, DeviceNotFoundError
 _join = os.path.join
 
 ENV_CGROUP_ROOT = "ACCELPLAT_CGROUP_ROOT"
+
+_T = TypeVar("_T")
 
 _V1_UNLIMITED = 1 << 62  # cgroup v1's "no limit" is a page-aligned value near 2**63
 
@@ -97,11 +100,17 @@ class _CgroupLimit(NamedTuple):
 
 
 class _Roots(NamedTuple):
-    """Where ``/proc``, ``/sys`` and the cgroup tree are (one object per set: caches use ``is``)."""
+    """Where ``/proc``, ``/sys`` and the cgroup tree are."""
 
     proc: str
     sysfs: str
     cgroup: str
+
+
+@functools.lru_cache(maxsize=16)
+def _normed_roots(proc: str, sysfs: str, cgroup: str) -> _Roots:
+    norm = os.path.normpath  # once per set of roots: memory is read many times a second
+    return _Roots(norm(proc), norm(sysfs), norm(cgroup or _join(sysfs, "fs", "cgroup")))
 
 
 def utilization_with_margin(free: int, total: int) -> float:
@@ -122,12 +131,11 @@ def _read_text(path: str) -> str:
     return _files.read_text(path, limit=_files.PROC_LIMIT)
 
 
-def _read_int(path: str) -> int:
+def _cgroup_file(path: str) -> str:
     try:
-        text = _read_text(path).strip()
+        return _read_text(path)
     except OSError as exc:
         raise _CgroupUnusableError(f"cannot read {path}: {exc}") from None
-    return _parse_nonnegative(path, text)
 
 
 def _parse_nonnegative(path: str, text: str) -> int:
@@ -164,12 +172,9 @@ class CpuPlatform(BasePlatform):
         self._proc_root = proc_root
         self._cgroup_root = cgroup_root
         self._sysfs_root = sysfs_root
-        # Reused (STRUCTURE_TTL_S): the roots (by the values naming them), the NUMA nodes, the
-        # cgroup levels (by /proc/self/cgroup's text) and which carry a limit; never figures.
-        self._roots_cache: tuple[object, _Roots] | None = None
-        self._nodes_seen: tuple[_Roots, float, tuple[int, ...]] | None = None
-        self._limited_seen: tuple[_Roots, float, tuple[str, tuple[str, ...]] | None] | None = None
-        self._cgroup_cache: tuple[object, tuple[str, tuple[str, ...]] | None] | None = None
+        # Reused for STRUCTURE_TTL_S under the same roots: the NUMA nodes, and the cgroup version
+        # with the levels that carry a limit; never figures.
+        self._seen: dict[str, tuple[_Roots, float, Any]] = {}
 
     @classmethod
     @override
@@ -178,37 +183,34 @@ class CpuPlatform(BasePlatform):
         return ProbeResult(True, "host memory is always available (cgroup- and NUMA-aware)")
 
     def _roots(self) -> _Roots:
-        proc = self._proc_root or os.environ.get(ENV_PROC_ROOT) or "/proc"
-        sysfs = self._sysfs_root or os.environ.get(ENV_SYSFS_ROOT) or "/sys"
-        cgroup = self._cgroup_root or os.environ.get(ENV_CGROUP_ROOT)
-        key = (proc, sysfs, cgroup)
-        cached = self._roots_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        norm = os.path.normpath
-        roots = _Roots(norm(proc), norm(sysfs), norm(cgroup or _join(sysfs, "fs", "cgroup")))
-        self._roots_cache = (key, roots)
-        return roots
+        proc = os.fspath(self._proc_root or os.environ.get(ENV_PROC_ROOT) or "/proc")
+        sysfs = os.fspath(self._sysfs_root or os.environ.get(ENV_SYSFS_ROOT) or "/sys")
+        cgroup = os.fspath(self._cgroup_root or os.environ.get(ENV_CGROUP_ROOT) or "")
+        return _normed_roots(proc, sysfs, cgroup)
 
-    def _numa_nodes(self, roots: _Roots) -> list[int]:
-        """Return the NUMA nodes to show as devices, or ``[]`` for "the host is one device"."""
+    def _structure(self, what: str, roots: _Roots, scan: Callable[[_Roots], _T]) -> _T:
+        """Return ``scan(roots)``, reused for ``STRUCTURE_TTL_S`` while the roots stay the same."""
         now = _monotonic()
-        cached = self._nodes_seen
-        if cached is not None and cached[0] is roots and now < cached[1]:
-            return list(cached[2])
-        nodes = self._scan_numa_nodes(roots)
-        self._nodes_seen = (roots, now + self.STRUCTURE_TTL_S, tuple(nodes))
-        return nodes
+        seen = self._seen.get(what)
+        if seen is not None and seen[0] == roots and now < seen[1]:
+            return cast(_T, seen[2])
+        value = scan(roots)
+        self._seen[what] = (roots, now + self.STRUCTURE_TTL_S, value)
+        return value
 
-    def _scan_numa_nodes(self, roots: _Roots) -> list[int]:
+    def _numa_nodes(self, roots: _Roots) -> tuple[int, ...]:
+        """Return the NUMA nodes to show as devices, or ``()`` for "the host is one device"."""
+        return self._structure("nodes", roots, self._scan_numa_nodes)
+
+    def _scan_numa_nodes(self, roots: _Roots) -> tuple[int, ...]:
         base = _join(roots.sysfs, "devices", "system", "node")
         try:
             names = _files.listdir(base)
         except OSError:
-            return []
+            return ()
         candidates = [(entry, m) for entry in names if (m := _NODE_DIR_RE.match(entry))]
         if len(candidates) < 2:
-            return []  # one node (or none): the host is the device, nothing more to read
+            return ()  # one node (or none): the host is the device, nothing more to read
         nodes: list[int] = []
         for entry, m in candidates:
             try:
@@ -217,15 +219,11 @@ class CpuPlatform(BasePlatform):
                 continue
             if parse_kb_table(text, skip=2, keys=_MEMTOTAL).get("MemTotal", 0) > 0:
                 nodes.append(int(m.group(1)))
-        nodes.sort()
         if len(nodes) < 2:
-            return []
+            return ()
         allowed = self._mems_allowed(roots)
-        if allowed:
-            kept = [n for n in nodes if n in allowed]
-            if kept:
-                return kept
-        return nodes
+        kept = [n for n in nodes if n in allowed]
+        return tuple(sorted(kept or nodes))
 
     @staticmethod
     def _mems_allowed(roots: _Roots) -> set[int]:
@@ -264,11 +262,8 @@ class CpuPlatform(BasePlatform):
             if _CPU_MODEL_KEYS[0] in found and flags is not None:
                 break  # the other processors repeat both
         machine = _machine()
-        arch = cpu_isa(machine, flags)
-        for key in _CPU_MODEL_KEYS:
-            if key in found:
-                return found[key], arch
-        return (f"cpu ({machine})" if machine else "cpu"), arch
+        model = next((found[key] for key in _CPU_MODEL_KEYS if key in found), None)
+        return model or (f"cpu ({machine})" if machine else "cpu"), cpu_isa(machine, flags)
 
     @override
     def devices(self) -> Sequence[DeviceInfo]:
@@ -311,13 +306,9 @@ class CpuPlatform(BasePlatform):
             return MemoryInfo(mem_available, mem_total, host_used, 0, source)
         total = min(mem_total, cgroup.limit)
         free = min(mem_available, cgroup.headroom, total)
+        where = f"{where} within the {cgroup.version} limit"
         return checked_memory(
-            "cpu",
-            f"{where} within the {cgroup.version} limit",
-            free=free,
-            total=total,
-            used=total - free,
-            source=cgroup.version,
+            "cpu", where, free=free, total=total, used=total - free, source=cgroup.version
         )
 
     def _node_memory(self, roots: _Roots, node: int, cgroup: _CgroupLimit | None) -> MemoryInfo:
@@ -375,44 +366,25 @@ class CpuPlatform(BasePlatform):
 
     def _cgroup_limit(self, roots: _Roots) -> _CgroupLimit | None:
         """Return the binding cgroup limit, or ``None`` when unlimited or unusable."""
-        now = _monotonic()
-        seen = self._limited_seen
-        if seen is not None and seen[0] is roots and now < seen[1]:
-            if seen[2] is None:
-                return None
-            version, limited = seen[2]
-            try:
-                return self._limit_over(limited, version=version)[0]
-            except _CgroupUnusableError:
-                return None
+        limited = self._structure("cgroup", roots, self._limited_levels)
+        if limited is None:
+            return None
         try:
-            found = self._cgroup_limit_scan(roots)
+            return self._limit_over(*limited)
         except _CgroupUnusableError:
-            found = None
-        limit, result = found or (None, None)
-        self._limited_seen = (roots, now + self.STRUCTURE_TTL_S, result)
-        return limit
+            return None
 
-    def _cgroup_limit_scan(
-        self, roots: _Roots
-    ) -> tuple[_CgroupLimit | None, tuple[str, tuple[str, ...]]] | None:
-        """Read every level; return the limit and the version with the limited levels."""
+    def _limited_levels(self, roots: _Roots) -> tuple[str, tuple[str, ...]] | None:
+        """Return the cgroup version and this process's levels that carry a memory limit."""
         try:
-            text = _read_text(_join(roots.proc, "self", "cgroup"))
-        except OSError:
+            levels = self._cgroup_levels(roots, _read_text(_join(roots.proc, "self", "cgroup")))
+            if levels is None:
+                return None
+            version, dirs = levels
+            limited = [d for d in dirs if self._level_limit(d, version) is not None]
+        except (OSError, _CgroupUnusableError):
             return None
-        key = (roots, text)
-        cached = self._cgroup_cache
-        if cached is not None and cached[0] == key:
-            levels = cached[1]
-        else:
-            levels = self._cgroup_levels(roots, text)
-            self._cgroup_cache = (key, levels)
-        if levels is None:
-            return None
-        version, dirs = levels
-        limit, limited = self._limit_over(dirs, version=version)
-        return limit, (version, limited)
+        return version, tuple(limited)
 
     def _cgroup_levels(self, roots: _Roots, text: str) -> tuple[str, tuple[str, ...]] | None:
         """Return the cgroup version and this process's levels, leaf first, from ``text``."""
@@ -468,40 +440,26 @@ class CpuPlatform(BasePlatform):
 
     def _levels(self, mount: str, cgroup_path: str) -> tuple[str, ...]:
         """Return this process's cgroup directory and every directory above it up to ``mount``."""
-        level = self._resolve(mount, cgroup_path)
-        levels = [level]
-        while level != mount:
-            above = os.path.dirname(level)
-            if above == level:  # pragma: no cover - _resolve returns mount or a path below it
-                break
-            levels.append(above)
-            level = above
+        levels = [self._resolve(mount, cgroup_path)]  # mount, or a directory below it
+        while levels[-1] != mount:
+            levels.append(os.path.dirname(levels[-1]))
         return tuple(levels)
 
-    def _limit_over(
-        self, levels: Sequence[str], *, version: str
-    ) -> tuple[_CgroupLimit | None, tuple[str, ...]]:
-        """Return the binding limit over ``levels`` and the levels that carry a limit."""
-        v2 = version == "cgroup-v2"
-        limit_file = "memory.max" if v2 else "memory.limit_in_bytes"
-        smallest: int | None = None
-        headroom: int | None = None
-        limited: list[str] = []
+    def _limit_over(self, version: str, levels: Sequence[str]) -> _CgroupLimit | None:
+        """Return the binding limit over ``levels``: the smallest limit, the smallest room."""
+        limits: list[int] = []
+        rooms: list[int] = []
         for level in levels:
-            limit = self._level_limit(_join(level, limit_file), v2=v2)
-            if limit is None:
-                continue
-            limited.append(level)
-            charge = self._level_charge(level, v2=v2)
-            room = max(0, limit - charge)
-            smallest = limit if smallest is None else min(smallest, limit)
-            headroom = room if headroom is None else min(headroom, room)
-        if smallest is None or headroom is None:
-            return None, tuple(limited)
-        return _CgroupLimit(version=version, limit=smallest, headroom=headroom), tuple(limited)
+            limit = self._level_limit(level, version)
+            if limit is not None:
+                limits.append(limit)
+                rooms.append(max(0, limit - self._level_charge(level, version)))
+        return _CgroupLimit(version, min(limits), min(rooms)) if limits else None
 
     @staticmethod
-    def _level_limit(path: str, *, v2: bool) -> int | None:
+    def _level_limit(level: str, version: str) -> int | None:
+        v2 = version == "cgroup-v2"
+        path = _join(level, "memory.max" if v2 else "memory.limit_in_bytes")
         try:
             text = _read_text(path).strip()
         except FileNotFoundError:
@@ -514,13 +472,12 @@ class CpuPlatform(BasePlatform):
         return None if not v2 and value >= _V1_UNLIMITED else value
 
     @staticmethod
-    def _level_charge(level: str, *, v2: bool) -> int:
-        usage = _read_int(_join(level, "memory.current" if v2 else "memory.usage_in_bytes"))
+    def _level_charge(level: str, version: str) -> int:
+        v2 = version == "cgroup-v2"
+        usage_path = _join(level, "memory.current" if v2 else "memory.usage_in_bytes")
+        usage = _parse_nonnegative(usage_path, _cgroup_file(usage_path).strip())
         stat_path = _join(level, "memory.stat")
-        try:
-            text = _read_text(stat_path)
-        except OSError as exc:
-            raise _CgroupUnusableError(f"cannot read {stat_path}: {exc}") from None
+        text = _cgroup_file(stat_path)
         keys = ("inactive_file",) if v2 else ("total_inactive_file", "inactive_file")
         wanted = "\n".join(line for line in text.splitlines() if line.startswith(keys))
         stat = parse_int_values(parse_key_values(wanted))

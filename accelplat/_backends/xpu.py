@@ -119,10 +119,9 @@ XE_ARCH_BY_DEVICE_ID: tuple[tuple[int, int, str], ...] = (
 
 def xe_arch(device_id: int) -> str | None:
     """Return the Intel GPU architecture of a PCI device id (``0x0BD5`` -> ``"pvc"``) or None."""
-    for low, high, arch in XE_ARCH_BY_DEVICE_ID:
-        if low <= device_id <= high:
-            return arch
-    return None
+    return next(
+        (arch for low, high, arch in XE_ARCH_BY_DEVICE_ID if low <= device_id <= high), None
+    )
 
 
 def _hidden_usage(driver: str) -> str:
@@ -299,6 +298,8 @@ class XpuPlatform(BasePlatform):
         self._lock = threading.RLock()
         self._sysman_cards = None
         self._torch_totals = {}
+        if self._sysman is not None:
+            self._sysman.after_fork()
 
     def _sysfs(self) -> Path:
         return self._sysfs_arg or Path(os.environ.get(ENV_SYSFS_ROOT) or "/sys")
@@ -306,15 +307,20 @@ class XpuPlatform(BasePlatform):
     def _torch_allowed(self) -> bool:
         return self._allow_torch if self._allow_torch is not None else _flag(ENV_ALLOW_TORCH)
 
-    def _level_zero(self) -> lz.Sysman | None:
-        # An initialised Sysman, or None (the reason is kept in _sysman_failure).
+    def _cards_from_level_zero(self) -> list[_Card] | None:
+        # Sysman's Intel GPUs, or None (the reason is kept in _sysman_failure).
         with self._lock:
-            if self._sysman is not None or self._sysman_failure is not None:
-                return self._sysman
-            if self._lz_arg is False:
+            if self._sysman_cards is None and self._sysman_failure is None:
+                self._sysman_cards = self._scan_level_zero()
+            cards = self._sysman_cards
+        return None if cards is None else _order(cards)  # the order variable is read every time
+
+    def _scan_level_zero(self) -> list[_Card] | None:
+        if self._sysman is None:
+            lib = self._lz_arg
+            if lib is False:
                 self._sysman_failure = "Level Zero disabled"
                 return None
-            lib = self._lz_arg
             if lib is None:
                 name = level_zero_loader_name()
                 try:
@@ -322,45 +328,30 @@ class XpuPlatform(BasePlatform):
                 except OSError as exc:
                     self._sysman_failure = level_zero_not_found(name, exc)
                     return None
-            sysman = lib if isinstance(lib, lz.Sysman) else lz.Sysman(lib)
-            try:
-                sysman.init()
-            except LevelZeroError as exc:
-                self._sysman_failure = f"Level Zero Sysman unavailable: {exc}"
-                return None
-            self._sysman = sysman
-            return sysman
-
-    def _cards_from_level_zero(self) -> list[_Card] | None:
-        sysman = self._level_zero()
-        if sysman is None:
+            self._sysman = lib if isinstance(lib, lz.Sysman) else lz.Sysman(lib)
+        try:
+            failed = "Sysman unavailable"
+            self._sysman.init()
+            failed = "device enumeration failed"
+            found = self._sysman.devices()
+        except LevelZeroError as exc:
+            self._sysman, self._sysman_failure = None, f"Level Zero {failed}: {exc}"
             return None
-        with self._lock:
-            if self._sysman_cards is None:
-                try:
-                    found = sysman.devices()
-                except LevelZeroError as exc:
-                    self._sysman_failure = f"Level Zero device enumeration failed: {exc}"
-                    self._sysman = None
-                    return None
-                in_sysfs = _scan_sysfs(self._sysfs(), self._read)[0]
-                drivers = {c.pci_bus_id: c.driver for c in in_sysfs}
-                self._sysman_cards = [
-                    _Card(
-                        d.pci_bus_id,
-                        d.name,
-                        d.uuid,
-                        d.integrated,
-                        max(1, d.num_subdevices),
-                        "level-zero",
-                        d,
-                        xe_arch(d.device_id),
-                        kernel_driver=drivers.get(d.pci_bus_id, ""),
-                    )
-                    for d in found
-                    if d.is_intel_gpu
-                ]
-            return _order(self._sysman_cards)  # the order variable is read on every query
+        drivers = {c.pci_bus_id: c.driver for c in _scan_sysfs(self._sysfs(), self._read)[0]}
+        return [
+            _Card(
+                d.pci_bus_id,
+                d.name,
+                d.uuid,
+                d.integrated,
+                max(1, d.num_subdevices),
+                "level-zero",
+                d,
+                xe_arch(d.device_id),
+                kernel_driver=drivers.get(d.pci_bus_id, ""),
+            )
+            for d in found
+        ]
 
     def _torch(self) -> tuple[Any, str]:
         torch = sys.modules.get("torch")
@@ -391,12 +382,24 @@ class XpuPlatform(BasePlatform):
     def _uses_torch(self) -> bool:
         return not self._cards_from_level_zero()
 
-    def _targets(self) -> tuple[list[_Card], list[XpuTarget]]:
+    def _targets(self) -> tuple[list[_Card], list[XpuTarget], Hierarchy]:
         cards = self._cards_from_level_zero() or _scan_sysfs(self._sysfs(), self._read)[0]
-        if not cards:
-            return [], []
         default, _ = _default_hierarchy(cards)
-        return cards, visible_targets([c.tiles for c in cards], os.environ, default)
+        hierarchy = parse_hierarchy(os.environ.get(ENV_FLAT_DEVICE_HIERARCHY), default)
+        targets = visible_targets([c.tiles for c in cards], os.environ, default) if cards else []
+        return cards, targets, hierarchy
+
+    def _on_level_zero(
+        self, device: int
+    ) -> tuple[lz.Sysman, lz.SysmanDevice, _Card, XpuTarget] | None:
+        """Sysman, the card and the target of visible ``device`` when Level Zero lists the GPUs."""
+        cards = self._cards_from_level_zero()
+        if not cards or self._sysman is None:
+            return None
+        target = self._targets()[1][device]
+        card = cards[target.card]
+        assert card.sysman is not None  # every card Level Zero lists carries its handle
+        return self._sysman, card.sysman, card, target
 
     @override
     def devices(self) -> Sequence[DeviceInfo]:
@@ -415,9 +418,7 @@ class XpuPlatform(BasePlatform):
                         name = str(torch.xpu.get_device_properties(i).name)
                     found.append(DeviceInfo(i, i, name))
                 return found
-        cards, targets = self._targets()
-        default, _ = _default_hierarchy(cards)
-        hierarchy = parse_hierarchy(os.environ.get(ENV_FLAT_DEVICE_HIERARCHY), default)
+        cards, targets, hierarchy = self._targets()
         # Unmasked, the driver lists one device per tile in FLAT/COMBINED mode: a tile's
         # physical index is its place in that list, as ZE_AFFINITY_MASK counts it. torch lists a
         # Max 1550 host in FLAT mode as one device per tile (intel/torch-xpu-ops#3585).
@@ -437,25 +438,19 @@ class XpuPlatform(BasePlatform):
     @override
     def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
         """Return ``ZE_AFFINITY_MASK`` for ``devices``, without the selector (it would index it)."""
-        cards, targets = self._targets()
+        cards, targets, hierarchy = self._targets()
         if not cards or len(targets) < len(devices):
             mask = ",".join(str(d.physical_index) for d in devices)
         else:
-            default, _ = _default_hierarchy(cards)
-            hierarchy = parse_hierarchy(os.environ.get(ENV_FLAT_DEVICE_HIERARCHY), default)
             chosen = [targets[d.index] for d in devices]
             mask = affinity_mask_for(chosen, [c.tiles for c in cards], hierarchy)
         return {ENV_AFFINITY_MASK: mask, ENV_DEVICE_SELECTOR: None}
 
     @override
     def _memory_info(self, device: int) -> MemoryInfo:
-        sysman = self._level_zero()
-        cards = self._cards_from_level_zero()
-        if sysman is not None and cards:
-            _, targets = self._targets()
-            target = targets[device]
-            card = cards[target.card]
-            assert card.sysman is not None
+        found = self._on_level_zero(device)
+        if found is not None:
+            sysman, handle, card, target = found
             # compute-runtime answers an integrated GPU from /proc/meminfo: free = MemFree, size =
             # MemAvailable (sysman_os_memory_imp.cpp:44-57); torch refuses it too (DPC++ tests).
             if card.integrated:
@@ -467,7 +462,7 @@ class XpuPlatform(BasePlatform):
                     f"{ENV_AFFINITY_MASK} or ONEAPI_DEVICE_SELECTOR",
                 )
             try:
-                modules = sysman.memory_modules(card.sysman)
+                modules = sysman.memory_modules(handle)
             except LevelZeroError as exc:
                 raise BackendError(
                     "xpu", f"Level Zero memory query for device {device} failed", exc.vendor_error
@@ -561,16 +556,12 @@ class XpuPlatform(BasePlatform):
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
         """Return the processes using the card of ``device`` (not per tile), or ``None``."""
-        index = self.check_device(device)
-        sysman = self._level_zero()
-        cards = self._cards_from_level_zero()
-        if sysman is None or not cards:
+        found = self._on_level_zero(self.check_device(device))
+        if found is None:
             return None
-        _, targets = self._targets()
-        card = cards[targets[index].card]
-        assert card.sysman is not None
+        sysman, handle, _, _ = found
         try:
-            processes = sysman.processes(card.sysman)
+            processes = sysman.processes(handle)
         except LevelZeroError:
             return None
         return [make_holder(p.pid, p.mem_bytes) for p in processes if p.mem_bytes > 0]

@@ -17,7 +17,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from accelplat._describe import SCHEMA_VERSION, driver_version
@@ -44,26 +44,27 @@ def dumps(doc: Mapping[str, Any], *, indent: int | None = None) -> str:
     return json.dumps(versioned(doc), indent=indent, allow_nan=False)
 
 
-Details = Callable[[int], tuple[str, str]]  # pid -> (user, command line), "" when unreadable
+Details = Callable[[int], tuple[str, Sequence[str]]]  # pid -> (user, argv), empty when unreadable
 
 
 def holder_json(h: MemoryHolder, details: Details | None = None) -> dict[str, Any]:
     """Return a process holding device memory as ``--json`` documents show it.
 
-    ``details`` (default: read from ``/proc`` through psutil) gives its user and command line.
+    ``details`` (default: read from ``/proc`` through psutil) gives its user and argv.
     """
     if details is None:
         from accelplat._vendor.procs import process_details
 
         details = process_details
-    user, command = details(h.pid)
+    user, argv = details(h.pid)
     return {
         "pid": h.pid,
         "used_bytes": h.used_bytes,
         "state": h.state.value,
         "name": h.name,
         "user": user,
-        "command": command,
+        "command": " ".join(argv),
+        "argv": list(argv),
     }
 
 

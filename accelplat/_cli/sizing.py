@@ -12,13 +12,12 @@ from typing import Any
 
 from accelplat._cli._args import Size, add_common, command, path, words
 from accelplat._cli._errors import dumps
-from accelplat._host import DEFAULT_SHM_PATH, shm_info, shortage_error
+from accelplat._shm import DEFAULT_SHM_PATH, shm_info, shortage_error
 from accelplat._sizing import (
     DTYPE_NAMES,
+    KVCacheShape,
     check_kv_cache_fits,
     dtype_bytes,
-    kv_cache_bytes,
-    kv_cache_page_bytes,
     max_model_len_that_fits,
 )
 from accelplat._types import GIB
@@ -150,8 +149,8 @@ def _run_kv(args: argparse.Namespace) -> int:
             )
     available: int | None = args.available
     try:
-        needed = kv_cache_bytes(**dims, max_model_len=args.max_model_len)
-        page = kv_cache_page_bytes(**{k: v for k, v in dims.items() if k != "num_layers"})
+        shape = KVCacheShape(**dims)
+        needed, page = shape.bytes_for(args.max_model_len), shape.page_bytes
     except ConfigurationError as exc:
         raise _flag_names(exc) from None
     per_token = args.layers * page // args.block_size

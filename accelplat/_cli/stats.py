@@ -1,10 +1,12 @@
 """``accelplat stats``: used, free, total and reserved memory of every visible device.
 
-One table, or with ``--watch SECONDS`` one per refresh. On a terminal the table is the live
-view, drawn with ``rich`` (the ``cli`` extra): a header, a bar per device coloured by how full it
-is, holders on ``h`` or with ``--holders``, ``q`` to quit. ``--no-color`` or ``NO_COLOR`` drops
-the colour; off a terminal (or with ``TERM=dumb``) it is plain text unless ``--color`` or
-``FORCE_COLOR`` asks for colour; ``--json`` prints one object per refresh.
+One table, or with ``--watch [SECONDS]`` (1 s when none is given, as gpustat's ``-i``) one per
+refresh. On a terminal the table is the live view, drawn with ``rich`` (the ``cli`` extra): a
+header, a bar per device coloured by how full it is, holders on ``h`` or with ``--holders``, the
+keys on ``?``, ``q`` to quit. ``--no-color`` or ``NO_COLOR`` drops the colour; off a terminal (or
+with ``TERM=dumb``) it is a plain table fitted to the width (``COLUMNS``, else 80) unless
+``--color`` or ``FORCE_COLOR`` asks for colour; ``--json`` prints one object per refresh. Where
+the platform hands schedulers units of its own (``lease_units``: MIG slices), each is listed too.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import contextlib
 import os
 import select
+import shutil
 import signal
 import socket
 import sys
@@ -27,20 +30,29 @@ from typing_extensions import Self
 
 from accelplat._cli._args import add_common, color, color_options, command, count_arg, seconds_arg
 from accelplat._cli._errors import Details, dumps, holder_json, host_json, time_json
-from accelplat._memory import default_clock, snapshot
-from accelplat._platform import Platform
+from accelplat._memory import snapshot
+from accelplat._owners import default_clock, sample
+from accelplat._platform import Platform, optional
 from accelplat._registry import current_platform
-from accelplat._types import UsageSnapshot
+from accelplat._types import DeviceInfo, MemoryInfo, UsageSnapshot
 from accelplat._util import format_bytes, printable
-from accelplat.errors import ConfigurationError
+from accelplat.errors import AccelplatError, ConfigurationError
 
-_COLUMNS = ("DEV", "NAME", "USED", "FREE", "TOTAL", "RESERVED", "USE%", "SOURCE")
 BAR_WIDTH = 30  # the bar's cells on a wide terminal; it shrinks first, to MIN_BAR
 MIN_BAR = 10
 _BAR_GOOD = 20  # the bar's cells before the SOURCE column has a place
 _GAP = 2  # cells between two columns
 _NAME_MIN, _NAME_MAX, _SOURCE_MAX, _USER_MAX, _COMMAND_MIN = 8, 28, 24, 16, 12
+# rich pads every frame on the alternate screen to the terminal's size: on a 65535×65535 one,
+# 4.3e9 cells a frame, which never draws (nor reads a key). The view draws at most this area.
+MAX_COLUMNS, MAX_LINES = 500, 200
+_RIGHT = frozenset({"DEV", "PID", "USED", "FREE", "TOTAL", "RESERVED", "USE%", "USED / TOTAL"})
 NO_RICH = "the live view needs rich: pip install 'accelplat[cli]'"
+KEYS = (
+    "h  show or hide the processes holding memory",
+    "q  quit (Ctrl-C too)",
+    "?  show or hide these keys",
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,9 +69,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     color_options(parser)
     parser.add_argument(
         "--watch",
+        nargs="?",
+        const=1.0,
         type=seconds_arg(allow_zero=False),
         metavar="SECONDS",
-        help="refresh every SECONDS until interrupted (or --count refreshes)",
+        help="refresh every SECONDS (default 1) until interrupted (or --count refreshes)",
     )
     parser.add_argument(
         "--count",
@@ -90,42 +104,68 @@ def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None
     return True
 
 
+Slice = tuple[str, DeviceInfo | None, MemoryInfo | None, str]  # unit, device, memory, error
+
+
+def slices(platform: Platform) -> list[Slice]:
+    """Read each unit a scheduler may hand a child (a MIG slice), as that child would see it.
+
+    Empty where the visible devices are the units (``lease_units`` absent or empty).
+    """
+    units, restricted = optional(platform, "lease_units"), optional(platform, "restricted")
+    found: list[Slice] = []
+    for unit in units() if callable(units) and callable(restricted) else ():
+        try:
+            view = restricted(unit)
+            found.append((unit, view.devices()[0], sample(view, [0], holders=False).memory[0], ""))
+        except (AccelplatError, IndexError) as exc:
+            found.append((unit, None, None, str(exc) or type(exc).__name__))
+    return found
+
+
+def _memory_json(info: MemoryInfo) -> dict[str, Any]:
+    keys = ("used", "free", "total", "reserved", "used_ratio", "source")
+    return {key: getattr(info, key) for key in keys}
+
+
 def snapshot_to_json(
     platform: Platform,
     snap: UsageSnapshot,
-    names: dict[int, str],
+    devices: Mapping[int, DeviceInfo],
     *,
     holders: bool,
     details: Details | None = None,
     host: Mapping[str, Any] | None = None,
+    units: Sequence[Slice] = (),
 ) -> dict[str, Any]:
     """Return the document ``accelplat stats --json`` prints for one sample (``docs/json.md``).
 
-    ``details`` (default: read with psutil) gives each holder's user and command line; ``host``
-    is :func:`host_json`'s answer, asked once per run (``None``: asked now).
+    ``details`` (default: read with psutil) gives each holder's user and argv; ``host`` is
+    :func:`host_json`'s answer, asked once per run (``None``: asked now); ``units``: the
+    :func:`slices` read with the sample, listed when there are any.
     """
     details = _process_details() if details is None and holders else details
-    devices: list[dict[str, Any]] = []
+    entries: list[dict[str, Any]] = []
     for index, info in sorted(snap.memory.items()):
-        entry: dict[str, Any] = {
-            "index": index,
-            "name": names.get(index, ""),
-            "used": info.used,
-            "free": info.free,
-            "total": info.total,
-            "reserved": info.reserved,
-            "used_ratio": info.used_ratio,
-            "source": info.source,
-        }
+        device = devices.get(index)
+        name, uuid = (device.name, device.uuid) if device else ("", None)
+        entry = {"index": index, "name": name, "uuid": uuid, **_memory_json(info)}
         if holders:
             held = snap.holders.get(index)
             entry["holders"] = None if held is None else [holder_json(h, details) for h in held]
-        devices.append(entry)
-    return {
+        entries.append(entry)
+    doc = {
         **(host_json(platform) if host is None else host),
         **time_json(snap.timestamp, snap.wall_time),
-        "devices": devices,
+        "devices": entries,
     }
+    if units:
+        doc["slices"] = [
+            {"unit": u, "name": d.name if d else "", "uuid": d.uuid if d else None}
+            | (_memory_json(m) if m else {"error": why})
+            for u, d, m, why in units
+        ]
+    return doc
 
 
 def _process_details() -> Details:
@@ -134,49 +174,164 @@ def _process_details() -> Details:
     return process_details
 
 
+def command_line(argv: Sequence[str]) -> str:
+    """Return a command line to show: the program's base name, then its arguments."""
+    return printable(" ".join([os.path.basename(argv[0]), *argv[1:]])) if argv else ""
+
+
+def _cells(info: MemoryInfo) -> dict[str, str]:
+    used, total = format_bytes(info.used), format_bytes(info.total)
+    return {
+        "USED": used,
+        "FREE": format_bytes(info.free),
+        "TOTAL": total,
+        "RESERVED": format_bytes(info.reserved),
+        "USED / TOTAL": f"{used} / {total}",
+        "USE%": f"{100 * info.used_ratio:.1f}%",
+        "SOURCE": printable(info.source),
+    }
+
+
+def _devices(snap: UsageSnapshot, names: Mapping[int, str]) -> list[tuple[dict[str, str], float]]:
+    """Each device's cells by heading, and its used fraction (for the bar)."""
+    rows = sorted(snap.memory.items())
+    return [({"DEV": str(i), "NAME": names.get(i, ""), **_cells(m)}, m.used_ratio) for i, m in rows]
+
+
+def _widest(heading: str, rows: Sequence[Mapping[str, str]]) -> int:
+    return max([len(heading), *(len(row.get(heading, "")) for row in rows)])
+
+
+def fit(
+    width: int,
+    rows: Sequence[Mapping[str, str]],
+    whole: Sequence[str],
+    steps: Sequence[tuple[str, int]],
+) -> dict[str, int]:
+    """Choose the columns of a table ``width`` cells wide, and their widths.
+
+    The ``whole`` columns are always shown whole. Then each step ``(heading, cells)`` in turn
+    adds a column not shown yet at ``cells``, if that fits, or grows a shown one towards it.
+    """
+    sizes = {h: _widest(h, rows) for h in whole}
+    left = width - sum(sizes.values()) - _GAP * (len(sizes) - 1)
+    for heading, cells in steps:
+        if heading in sizes:
+            grow = max(0, min(cells - sizes[heading], left))
+            sizes[heading], left = sizes[heading] + grow, left - grow
+        elif left >= _GAP + cells:
+            sizes[heading], left = cells, left - _GAP - cells
+    return sizes
+
+
+Piece = tuple[str, str]  # text and its style
+
+
+def row(
+    order: Sequence[str],
+    sizes: Mapping[str, int],
+    cells: Mapping[str, str],
+    style: Mapping[str, str] | None = None,
+    right: frozenset[str] = _RIGHT,
+) -> list[Piece]:
+    """Return a table row: each cell cut to its column (``…``), justified, two cells apart."""
+    pieces: list[Piece] = []
+    for heading in (h for h in order if h in sizes):
+        width, text = sizes[heading], cells.get(heading, "")
+        text = text if len(text) <= width else text[: max(0, width - 1)] + "…"
+        text = text.rjust(width) if heading in right else text.ljust(width)
+        pieces += [(" " * _GAP if pieces else "", ""), (text, (style or {}).get(heading, ""))]
+    return pieces
+
+
+def _steps(rows: Sequence[Mapping[str, str]], *, plain: bool) -> list[tuple[str, int]]:
+    """How the device table grows with the width (docs/cli.md, ``stats``)."""
+    if plain:  # a log: the whole name first, then reserved memory, then the source
+        steps = [("NAME", min(_widest("NAME", rows), _NAME_MIN))]
+        return steps + [(h, _widest(h, rows)) for h in ("NAME", "RESERVED", "SOURCE")]
+    name = min(_widest("NAME", rows), _NAME_MAX)
+    return [
+        ("NAME", min(name, _NAME_MIN)),
+        ("MEMORY", MIN_BAR),
+        ("NAME", name),
+        ("MEMORY", _BAR_GOOD),
+        ("SOURCE", min(_widest("SOURCE", rows), _SOURCE_MAX)),
+        ("MEMORY", BAR_WIDTH),
+    ]
+
+
+_PLAIN = ("DEV", "NAME", "USED", "FREE", "TOTAL", "RESERVED", "USE%", "SOURCE")
+_LIVE = ("DEV", "NAME", "MEMORY", "USED / TOTAL", "USE%", "FREE", "SOURCE")
+_SLICES = ("SLICE", "NAME", "USED / TOTAL", "USE%", "FREE")
+_HOLDERS = ("DEV", "PID", "USER", "COMMAND", "MEMORY", "STATE")
+
+
+def _tables(
+    width: int, devices: Sequence[tuple[dict[str, str], float]], units: Sequence[Slice], plain: bool
+) -> tuple[list[list[Piece]], str]:
+    """The device table (and the slices') for ``width`` cells, and the one source it left out."""
+    order = _PLAIN if plain else _LIVE
+    whole = ("DEV", "USED", "FREE", "TOTAL", "USE%") if plain else ("DEV", *_LIVE[3:6])
+    rows = [cells for cells, _ in devices]
+    sizes = fit(width, rows, whole, _steps(rows, plain=plain))
+    sources = {cells["SOURCE"] for cells in rows}
+    gone = next(iter(sources)) if "SOURCE" not in sizes and len(sources) == 1 else ""
+    bold = None if plain else dict.fromkeys((*_LIVE, *_SLICES), "bold")
+    lines = [row(order, sizes, {h: h for h in order}, bold)]
+    for cells, ratio in devices:
+        colour = colour_for(ratio)
+        style = None if plain else {"MEMORY": colour, "USE%": colour, "SOURCE": "dim"}
+        drawn = {**cells, "MEMORY": bar(ratio, sizes.get("MEMORY", 0))}
+        lines.append(row(order, sizes, drawn, style))
+    if units:
+        rows = [
+            {"SLICE": printable(u), "NAME": printable(d.name if d else why)}
+            | (_cells(m) if m else {})
+            for u, d, m, why in units
+        ]
+        steps = [("NAME", min(_widest("NAME", rows), _NAME_MIN)), ("NAME", _widest("NAME", rows))]
+        sizes = fit(width, rows, ("SLICE", *_SLICES[2:]), steps)
+        lines += [[], row(_SLICES, sizes, {h: h for h in _SLICES}, bold)]
+        lines += [row(_SLICES, sizes, cells) for cells in rows]
+    return lines, gone
+
+
 def _plain(
     platform: Platform,
     snap: UsageSnapshot,
-    names: dict[int, str],
+    names: Mapping[int, str],
     holders: bool,
-    details: Details | None = None,
+    details: Details,
+    *,
+    units: Sequence[Slice] = (),
 ) -> str:
-    rows: list[tuple[str, ...]] = [_COLUMNS]
-    for index, m in sorted(snap.memory.items()):
-        sizes = (format_bytes(n) for n in (m.used, m.free, m.total, m.reserved))
-        use = f"{100 * m.used_ratio:.1f}%"
-        rows.append((str(index), names.get(index, ""), *sizes, use, m.source))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    count = f"({len(snap.memory)} device(s))"
-    lines = [f"platform: {platform.name} {count} at {stamp(snap.wall_time)}"]
-    for n, row in enumerate(rows):
-        cells = [
-            c.rjust(w) if n and 2 <= i <= 6 else c.ljust(w)  # numbers right, but not the header
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
+    devices = _devices(snap, names)
+    lines, gone = _tables(shutil.get_terminal_size().columns, devices, units, plain=True)
+    head = f"platform: {platform.name} ({len(snap.memory)} device(s)) at {stamp(snap.wall_time)}"
+    out = [head + (f"; source {gone}" if gone else "")]
+    out += ["".join(text for text, _ in line).rstrip() for line in lines]
     for index in sorted(snap.memory) if holders else ():
         held = snap.holders.get(index)
         if held is None:
-            lines.append(f"device {index}: holders unknown (the platform cannot tell)")
+            out.append(f"device {index}: holders unknown (the platform cannot tell)")
         elif not held:
-            lines.append(f"device {index}: no process holds memory")
+            out.append(f"device {index}: no process holds memory")
         for h in held or ():
             label = f" {printable(h.name)}" if h.name else ""
-            used = format_bytes(h.used_bytes)
-            user, cmdline = details(h.pid) if details is not None else ("", "")
+            user, argv = details(h.pid)
             who = f", user {printable(user)}" if user else ""
-            who += f": {printable(cmdline)}" if cmdline else ""
-            lines.append(f"device {index}: pid {h.pid}{label} ({h.state.value}) {used}{who}")
-    return "\n".join(lines)
+            who += f": {command_line(argv)}" if argv else ""
+            used = format_bytes(h.used_bytes)
+            out.append(f"device {index}: pid {h.pid}{label} ({h.state.value}) {used}{who}")
+    return "\n".join(out)
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.count is not None and args.watch is None and args.count != 1:
         raise ConfigurationError("--count needs --watch SECONDS")
     platform = current_platform()
-    names = {d.index: d.name for d in platform.devices()}
-    shown = {i: printable(n) for i, n in names.items()}  # for a terminal: escapes escaped
+    devices = {d.index: d for d in platform.devices()}
+    shown = {i: printable(d.name) for i, d in devices.items()}  # for a terminal: escapes escaped
     snapshot(args.devices, platform=platform, holders=False)  # check the devices first
     out = sys.stdout
     colour = color(args.color)
@@ -197,16 +352,20 @@ def _run(args: argparse.Namespace) -> int:
             n, host = 0, None  # host: host_json(), asked once per run
             while not state.quit:
                 snap = snapshot(args.devices, platform=platform, holders=state.holders)
+                units = slices(platform)
                 if draw is not None:
-                    draw(snap)
+                    draw(snap, units)
                 elif args.json:
                     host = host or host_json(platform)
-                    doc = snapshot_to_json(platform, snap, names, holders=state.holders, host=host)
+                    doc = snapshot_to_json(
+                        platform, snap, devices, holders=state.holders, host=host, units=units
+                    )
                     out.write(dumps(doc) + "\n")
                 else:
-                    text = _plain(platform, snap, shown, state.holders, _process_details())
-                    out.write(("\n" if n else "") + text)
-                    out.write("\n")
+                    text = _plain(
+                        platform, snap, shown, state.holders, _process_details(), units=units
+                    )
+                    out.write(("\n" if n else "") + text + "\n")
                 out.flush()
                 n += 1
                 if args.watch is None or (args.count is not None and n >= args.count):
@@ -254,30 +413,33 @@ def _live_view(
     watch: float | None,
     *,
     colour: bool | None = None,
-) -> Callable[[UsageSnapshot], None]:
+) -> Callable[[UsageSnapshot, Sequence[Slice]], None]:
     from rich.console import Console
     from rich.live import Live
 
     # colour() read NO_COLOR and FORCE_COLOR already; rich would read them again over a flag.
     console = Console(no_color=colour is False, force_terminal=colour or None)
 
-    def frame(snap: UsageSnapshot) -> Any:
+    def frame(snap: UsageSnapshot, units: Sequence[Slice]) -> Frame:
+        details = _process_details()
         return render(
-            platform, snap, names, state=state, interval=watch, details=_process_details()
+            platform, snap, names, state=state, interval=watch, details=details, units=units
         )
 
     if watch is None or not sys.stdout.isatty():  # a forced colour in a pipe: frame by frame
-        return lambda snap: console.print(frame(snap))
+        return lambda snap, units: console.print(frame(snap, units))
     # The alternate screen, as top and nvitop use: each refresh draws the whole screen from its
     # top-left corner, so a resized terminal (which reflows what it shows) keeps no stale line.
     # Leaving it restores the shell's screen; the last frame is printed there to stay.
-    last: list[Any] = []
+    last: list[Frame] = []
     stack.callback(lambda: console.print(last[-1]) if last else None)
     live = Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False)
     view = stack.enter_context(live)
 
-    def draw(snap: UsageSnapshot) -> None:
-        last[:] = [frame(snap)]
+    def draw(snap: UsageSnapshot, units: Sequence[Slice]) -> None:
+        columns, lines = shutil.get_terminal_size()
+        console.size = (min(columns, MAX_COLUMNS), min(lines, MAX_LINES))  # read at each draw
+        last[:] = [frame(snap, units)]
         view.update(last[0], refresh=True)
 
     return draw
@@ -285,10 +447,11 @@ def _live_view(
 
 @dataclass
 class ViewState:
-    """What the viewer chose with the keys: holder rows shown (and sampled), ``q`` pressed."""
+    """What the viewer chose with the keys: holders shown (and sampled), keys shown, ``q``."""
 
     holders: bool = False
     quit: bool = False
+    keys: bool = False
 
 
 def colour_for(ratio: float) -> str:
@@ -312,100 +475,19 @@ def stamp(wall_time: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall_time))
 
 
-@dataclass(frozen=True)
-class Column:
-    """A column of the live view: its heading, its width in cells, and its justification."""
-
-    heading: str
-    width: int
-    right: bool = False
+Part = tuple[Piece, ...]  # a part of the header: (text, style) pieces kept together
 
 
-def _widest(heading: str, rows: Sequence[Mapping[str, str]]) -> int:
-    from rich.cells import cell_len
-
-    return max([cell_len(heading), *(cell_len(row.get(heading, "")) for row in rows)])
-
-
-def device_columns(width: int, rows: Sequence[Mapping[str, str]]) -> list[Column]:
-    """Choose the device table's columns for a terminal ``width`` cells wide.
-
-    DEV, USED / TOTAL, USE% and FREE are always whole. Narrowing the terminal shrinks the bar
-    first (from 30 cells to 20), then drops SOURCE (the header names it when it is one for all),
-    shrinks the bar to ``MIN_BAR``, cuts NAME (to 8 cells), and last drops the bar. At 80 columns
-    an "NVIDIA H200" row keeps its whole name and a 19-cell bar.
-    """
-    fixed = [Column(h, _widest(h, rows), right=True) for h in ("DEV", "USED / TOTAL", "USE%")]
-    fixed.append(Column("FREE", _widest("FREE", rows), right=True))
-    left = width - sum(c.width for c in fixed) - _GAP * (len(fixed) - 1)
-    name_full = min(_widest("NAME", rows), _NAME_MAX)
-    source_full = min(_widest("SOURCE", rows), _SOURCE_MAX)
-    name = min(name_full, _NAME_MIN) if left >= _GAP + min(name_full, _NAME_MIN) else 0
-    left -= _GAP + name if name else 0
-    cells = MIN_BAR if left >= _GAP + MIN_BAR else 0
-    left -= _GAP + cells if cells else 0
-    if name:  # what a wider terminal gives next: the whole name, a 20-cell bar, the source
-        grow = min(name_full - name, left)
-        name, left = name + grow, left - grow
-    if cells:
-        grow = min(_BAR_GOOD - cells, left)
-        cells, left = cells + grow, left - grow
-    source = source_full if left >= _GAP + source_full else 0
-    left -= _GAP + source if source else 0
-    if cells:
-        cells += min(BAR_WIDTH - cells, left)
-    columns = [fixed[0], *([Column("NAME", name)] if name else [])]
-    columns += [Column("MEMORY", cells)] if cells else []
-    return columns + fixed[1:] + ([Column("SOURCE", source)] if source else [])
-
-
-def holder_columns(width: int, rows: Sequence[Mapping[str, str]]) -> list[Column]:
-    """Choose the holder table's columns: all but USER and COMMAND whole, COMMAND the rest."""
-    fixed = [Column(h, _widest(h, rows), right=True) for h in ("DEV", "PID")]
-    tail = [Column("MEMORY", _widest("MEMORY", rows), right=True)]
-    tail.append(Column("STATE", _widest("STATE", rows)))
-    left = width - sum(c.width for c in (*fixed, *tail)) - _GAP * (len(fixed) + len(tail))
-    user = min(_widest("USER", rows), _USER_MAX, max(4, left - _GAP - _COMMAND_MIN))
-    command = max(_COMMAND_MIN, left - _GAP - user)
-    return [*fixed, Column("USER", user), Column("COMMAND", command), *tail]
-
-
-def _line(columns: Sequence[Column], cells: Mapping[str, Any]) -> Any:
-    """Return one row: each cell cut to its column (``…``) and justified, two cells apart."""
-    from rich.text import Text
-
-    out = Text(no_wrap=True, overflow="crop")
-    for n, column in enumerate(columns):
-        cell = cells.get(column.heading, "")
-        text = cell.copy() if isinstance(cell, Text) else Text(str(cell))
-        text.truncate(column.width, overflow="ellipsis")
-        text.align("right" if column.right else "left", column.width)
-        out.append_text(Text(" " * _GAP) if n else Text())
-        out.append_text(text)
-    out.rstrip()
-    return out
-
-
-Part = tuple[tuple[str, str], ...]  # a part of the header: (text, style) pieces kept together
-
-
-def _pack(parts: Sequence[Part], width: int) -> list[Any]:
+def _pack(parts: Sequence[Part], width: int) -> list[list[Piece]]:
     """Return the header's parts as lines of ``width`` cells, never breaking a part."""
-    from rich.cells import cell_len
-    from rich.text import Text
-
-    lines: list[Any] = []
-    line = Text(no_wrap=True, overflow="crop")
+    lines: list[list[Piece]] = [[]]
     for part in parts:
-        size = sum(cell_len(text) for text, _ in part)
-        if line and cell_len(line.plain) + _GAP + size > width:
-            lines.append(line)
-            line = Text(no_wrap=True, overflow="crop")
-        if line:
-            line.append(" " * _GAP)
-        for text, style in part:
-            line.append(text, style=style)
-    return [*lines, line]
+        size = sum(len(text) for text, _ in part)
+        used = sum(len(text) for text, _ in lines[-1])
+        if lines[-1] and used + _GAP + size > width:
+            lines.append([])
+        lines[-1] += [(" " * _GAP, "")] * bool(lines[-1]) + list(part)
+    return lines
 
 
 @dataclass
@@ -415,34 +497,33 @@ class Frame:
     header: list[Part]
     devices: list[tuple[dict[str, str], float]]  # per device: cell text by heading, used ratio
     holders: list[dict[str, str]] | None  # per holder: cell text by heading; None: not shown
+    units: Sequence[Slice] = ()
+    keys: bool = False
+
+    def lines(self, width: int) -> list[list[Piece]]:
+        """Return the frame's lines of ``(text, style)`` pieces for ``width`` cells."""
+        tables, gone = _tables(width, self.devices, self.units, plain=False)
+        lines = _pack([*self.header, *([((f"source {gone}", "dim"),)] if gone else [])], width)
+        lines += [[("  " + k, "dim")] for k in KEYS] if self.keys else []
+        lines += [[], *tables]
+        if self.holders is not None:
+            sizes = fit(width, self.holders, ("DEV", "PID", "MEMORY", "STATE"), ())
+            left = width - sum(sizes.values()) - _GAP * 5
+            sizes["USER"] = min(_widest("USER", self.holders), _USER_MAX, max(4, left - 12))
+            sizes["COMMAND"] = max(_COMMAND_MIN, left - sizes["USER"])
+            right = _RIGHT | {"MEMORY"}
+            heads = {h: h for h in _HOLDERS}
+            lines += [[], row(_HOLDERS, sizes, heads, dict.fromkeys(_HOLDERS, "bold"), right)]
+            lines += [row(_HOLDERS, sizes, cells, None, right) for cells in self.holders]
+        return lines
 
     def __rich_console__(self, console: Any, options: Any) -> Iterator[Any]:
         from rich.text import Text
 
-        width = max(1, options.max_width)
-        header = list(self.header)
-        rows = [cells for cells, _ in self.devices]
-        columns = device_columns(width, rows)
-        sources = {row["SOURCE"] for row in rows}
-        if "SOURCE" not in {c.heading for c in columns} and len(sources) == 1:
-            header.append(((f"source {next(iter(sources))}", "dim"),))  # one for all: say it once
-        yield from _pack(header, width)
-        yield Text("")
-        yield _line(columns, {c.heading: Text(c.heading, style="bold") for c in columns})
-        bar_cells = next((c.width for c in columns if c.heading == "MEMORY"), 0)
-        for row, ratio in self.devices:
-            colour = colour_for(ratio)
-            cells: dict[str, Any] = dict(row)
-            cells["MEMORY"] = Text(bar(ratio, bar_cells), style=colour) if bar_cells else ""
-            cells["USE%"] = Text(row["USE%"], style=colour)
-            cells["SOURCE"] = Text(row["SOURCE"], style="dim")
-            yield _line(columns, cells)
-        if self.holders is not None:
-            columns = holder_columns(width, self.holders)
-            yield Text("")
-            yield _line(columns, {c.heading: Text(c.heading, style="bold") for c in columns})
-            for row in self.holders:
-                yield _line(columns, row)
+        for pieces in self.lines(max(1, options.max_width)):
+            line = Text.assemble(*pieces, no_wrap=True, overflow="crop")
+            line.rstrip()
+            yield line
 
 
 def render(
@@ -452,9 +533,10 @@ def render(
     *,
     state: ViewState,
     interval: float | None,
-    details: Callable[[int], tuple[str, str]],
+    details: Details,
     host: str | None = None,
     now: float | None = None,
+    units: Sequence[Slice] = (),
 ) -> Frame:
     """Build one frame of the live view (``interval=None``: one frame, no key hints).
 
@@ -470,19 +552,8 @@ def render(
         where,
     ]
     if interval is not None:
-        header.append((("[h] holders  [q] quit  [Ctrl-C] exit", "dim"),))
-    devices = []
-    for index, info in sorted(snap.memory.items()):
-        ratio = info.used_ratio
-        cells = {
-            "DEV": str(index),
-            "NAME": names.get(index, ""),
-            "USED / TOTAL": f"{format_bytes(info.used)} / {format_bytes(info.total)}",
-            "USE%": f"{100 * ratio:.1f}%",
-            "FREE": format_bytes(info.free),
-            "SOURCE": printable(info.source),
-        }
-        devices.append((cells, ratio))
+        header.append((("[h] holders  [q] quit  [?] keys", "dim"),))
+    devices = _devices(snap, names)
     holders: list[dict[str, str]] | None = None
     if state.holders:
         holders = []
@@ -493,24 +564,25 @@ def render(
                 note = unknown if held is None else "no process holds memory"
                 holders.append({"DEV": str(index), "COMMAND": f"({note})"})
             for h in sorted(held or (), key=lambda h: -(h.used_bytes or 0)):
-                user, cmdline = details(h.pid)
+                user, argv = details(h.pid)
                 holders.append(
                     {
                         "DEV": str(index),
                         "PID": str(h.pid),
                         "USER": printable(user),
-                        "COMMAND": printable(cmdline or h.name),
+                        "COMMAND": command_line(argv) or printable(h.name),
                         "MEMORY": "?" if h.used_bytes is None else format_bytes(h.used_bytes),
                         "STATE": h.state.value,
                     }
                 )
-    return Frame(header, devices, holders)
+    return Frame(header, devices, holders, units, state.keys and interval is not None)
 
 
 class Keys:
-    """Key presses on a terminal (``h`` holders, ``q`` quit), in cbreak mode until exit.
+    """Key presses on a terminal (``h`` holders, ``?`` keys, ``q`` quit), in cbreak mode until exit.
 
-    A resize of the terminal (``SIGWINCH``) also ends :meth:`wait`, so the view redraws at once.
+    A key typed before the view started is kept (cbreak is entered without flushing input). A
+    resize of the terminal (``SIGWINCH``) also ends :meth:`wait`, so the view redraws at once.
     """
 
     def __init__(
@@ -532,7 +604,7 @@ class Keys:
             fd = self._stream.fileno()
             if os.isatty(fd):
                 self._saved = termios.tcgetattr(fd)
-                tty.setcbreak(fd)
+                tty.setcbreak(fd, termios.TCSANOW)  # TCSAFLUSH would drop a `q` typed already
                 self._fd = self._restore_fd = fd
         winch = getattr(signal, "SIGWINCH", None)
         if self._fd is not None and winch and threading.current_thread() is threading.main_thread():
@@ -589,7 +661,8 @@ class Keys:
                 self._sleep(max(0.0, deadline - time.monotonic()))
                 return
             for key in data.decode("utf-8", "replace").lower():
-                if key in "qh":
+                if key in "qh?":
                     state.quit = state.quit or key == "q"
                     state.holders ^= key == "h"
+                    state.keys ^= key == "?"
                     return  # redraw now

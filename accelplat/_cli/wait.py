@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import shutil
 import sys
 import time
 from collections.abc import Mapping
 from typing import IO, Any
 
 from accelplat._cli._args import Size, add_common, command, count_arg, ratio_arg, seconds_arg
-from accelplat._cli._errors import dumps, holder_json, host_json, say, time_json
+from accelplat._cli._errors import dumps, host_json, say
+from accelplat._cli.stats import snapshot_to_json
 from accelplat._memory import (
     DEFAULT_STABLE_TOLERANCE_BYTES,
     wait_for_memory_to_clear,
     wait_for_memory_to_settle,
     wait_for_release,
 )
+from accelplat._platform import Platform
 from accelplat._registry import current_platform
 from accelplat._types import SettleResult, UsageSnapshot
 from accelplat._util import format_bytes, printable
@@ -87,7 +91,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 class Progress:
-    """One self-overwriting progress line when ``enabled`` (a terminal, no ``--quiet``)."""
+    """One progress line redrawn in place when ``enabled`` (a terminal, no ``--quiet``).
+
+    The line fits the terminal's width, so that it stays one row: where each device's usage and
+    target do not fit (eight GPUs at 80 columns), it counts the devices clear and names the others.
+    """
 
     def __init__(self, stream: IO[str], *, enabled: bool, min_interval_s: float = 0.1) -> None:
         self._stream = stream
@@ -101,23 +109,34 @@ class Progress:
         """Record one sample (an ``on_poll`` callback); redraw when enough real time passed."""
         if self._first is None:
             self._first = snap.timestamp
-        if not self._enabled:
-            return
         now = time.monotonic()
-        if now - self._last_draw < self._min_interval_s:
+        if not self._enabled or now - self._last_draw < self._min_interval_s:
             return
         self._last_draw = now
-        parts = []
+        head = f"waiting {snap.timestamp - self._first:6.1f} s: "
+        parts, waiting = [], []
         for device, info in sorted(snap.memory.items()):
-            mark = "ok" if info.used <= targets.get(device, -1) else "wait"
+            ok = info.used <= targets.get(device, -1)
             target = format_bytes(targets.get(device))
-            parts.append(f"{device}={format_bytes(info.used)} (<= {target} {mark})")
-        waited = snap.timestamp - self._first
-        self._stream.write(f"\r\x1b[Kwaiting {waited:6.1f} s: " + ", ".join(parts))
+            parts.append(
+                f"{device}={format_bytes(info.used)} (<= {target} {'ok' if ok else 'wait'})"
+            )
+            waiting += [] if ok else [(device, info.used)]
+        line = head + ", ".join(parts)
+        width = shutil.get_terminal_size().columns - 1  # a full last column wraps on some terminals
+        if len(line) > width:
+            indices = ",".join(str(d) for d, _ in waiting)
+            most = format_bytes(max((used for _, used in waiting), default=0))
+            line = f"{head}{len(parts) - len(waiting)} of {len(parts)} clear; waiting for "
+            line += f"{indices}: up to {most}"
+        if len(line) > width:
+            line = line[: max(0, width - 1)] + "…"
+        self._stream.write(f"\r\x1b[K{line}")
         self._stream.flush()
         self._drawn = True
 
     def finish(self) -> None:
+        """Erase the line, so that what follows starts on a clean one."""
         if self._drawn:
             self._stream.write("\r\x1b[K")
             self._stream.flush()
@@ -125,36 +144,22 @@ class Progress:
 
 
 def _outcome_json(
-    outcome: SettleResult | MemoryNotSettledError, host: Mapping[str, Any]
+    outcome: SettleResult | MemoryNotSettledError, platform: Platform, host: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Return the document ``wait --json`` prints (``docs/json.md``); ``host``: host_json()."""
-    snap, timed_out = outcome.snapshot, isinstance(outcome, MemoryNotSettledError)
-    devices = []
-    for index, info in sorted(snap.memory.items()):
-        held = snap.holders.get(index)
-        devices.append(
-            {
-                "index": index,
-                "used": info.used,
-                "total": info.total,
-                "target": outcome.targets.get(index),
-                "cleared": info.used <= outcome.targets.get(index, -1),
-                "holders": None if held is None else [holder_json(h) for h in held],
-            }
-        )
-    doc: dict[str, Any] = {
-        "status": "timeout" if timed_out else "clear",
-        **host,
-        **time_json(snap.timestamp, snap.wall_time),
-        "waited_s": outcome.waited_s,
-        "devices": devices,
-    }
+    """Return the document ``wait --json`` prints (``docs/json.md``).
+
+    The last reading, as ``stats --json`` shows one, each device with its target; ``host``:
+    :func:`host_json`'s answer.
+    """
+    devices = {d.index: d for d in platform.devices()}
+    doc = snapshot_to_json(platform, outcome.snapshot, devices, holders=True, host=host)
+    for entry in doc["devices"]:
+        entry["target"] = target = outcome.targets.get(entry["index"])
+        entry["cleared"] = target is not None and entry["used"] <= target
+    doc = {"status": "clear", **doc, "waited_s": outcome.waited_s}
     if isinstance(outcome, SettleResult):
-        doc["polls"] = outcome.polls
-        doc["already_settled"] = outcome.already_settled
-    else:
-        doc["error"] = str(outcome)
-    return doc
+        return doc | {"polls": outcome.polls, "already_settled": outcome.already_settled}
+    return doc | {"status": "timeout", "error": str(outcome)}
 
 
 def _wait(args: argparse.Namespace, progress: Progress, **common: Any) -> SettleResult:
@@ -162,9 +167,8 @@ def _wait(args: argparse.Namespace, progress: Progress, **common: Any) -> Settle
     try:
         if args.pids:  # no on_poll: its targets are no usage levels to draw
             return wait_for_release(args.pids, **common)
-        if args.settle:
+        if args.settle:  # whole devices: the engines a script started are not our children
             ratio = 0.1 if args.threshold_ratio is None else args.threshold_ratio
-            # whole devices: the engines a script started are not this command's children
             return wait_for_memory_to_settle(
                 threshold_ratio=ratio, force=args.force, owners="all", on_poll=progress, **common
             )
@@ -181,37 +185,36 @@ def _wait(args: argparse.Namespace, progress: Progress, **common: Any) -> Settle
         progress.finish()
 
 
+_SETTLE_TAKES_NO = {
+    "threshold_bytes": "--settle takes --threshold-ratio only; for a byte threshold use "
+    "--threshold-bytes SIZE with --stable S",
+    "stable": "--settle uses the platform's stability window; drop --stable or --settle",
+    "tolerance": "--settle uses the default tolerance; drop --tolerance or --settle",
+}
+
+
 def _run(args: argparse.Namespace) -> int:
-    conflicts = {
-        "threshold_bytes": "--settle takes --threshold-ratio only; for a byte threshold use "
-        "--threshold-bytes SIZE with --stable S",
-        "stable": "--settle uses the platform's stability window; drop --stable or --settle",
-        "tolerance": "--settle uses the default tolerance; drop --tolerance or --settle",
-    }
-    for name, message in conflicts.items():
-        if args.settle and getattr(args, name) is not None:
-            raise ConfigurationError(message)
-    if args.pids and (
-        args.settle
-        or args.force
-        or any(getattr(args, n) is not None for n in ("threshold_ratio", *conflicts))
-    ):
+    given = [n for n in ("threshold_ratio", *_SETTLE_TAKES_NO) if getattr(args, n) is not None]
+    if args.settle and (taken := [n for n in given if n in _SETTLE_TAKES_NO]):
+        raise ConfigurationError(_SETTLE_TAKES_NO[taken[0]])
+    if args.pids and (args.settle or args.force or given):
         raise ConfigurationError(
             "--pid waits for those processes' memory: it takes no threshold, --stable, "
             "--tolerance, --settle or --force"
         )
     if args.force and not args.settle:
         raise ConfigurationError("--force only applies with --settle")
-    if (
-        not (args.settle or args.pids)
-        and args.threshold_ratio is None
-        and args.threshold_bytes is None
+    if not (
+        args.settle
+        or args.pids
+        or args.threshold_ratio is not None
+        or args.threshold_bytes is not None
     ):
         raise ConfigurationError(
             "give --threshold-ratio R or --threshold-bytes SIZE (or --settle, or --pid PID)"
         )
-
-    progress = Progress(sys.stderr, enabled=not args.quiet and sys.stderr.isatty())
+    drawn = sys.stderr.isatty() and os.environ.get("TERM") != "dumb"  # a log gets no redraws
+    progress = Progress(sys.stderr, enabled=drawn and not args.quiet)
     platform = current_platform()
     try:
         result = _wait(
@@ -220,10 +223,10 @@ def _run(args: argparse.Namespace) -> int:
     except MemoryNotSettledError as exc:
         say(f"accelplat wait: {printable(exc, keep_newlines=True)}")
         if args.json:
-            print(dumps(_outcome_json(exc, host_json(platform))))
+            print(dumps(_outcome_json(exc, platform, host_json(platform))))
         return 1
     if args.json:
-        print(dumps(_outcome_json(result, host_json(platform))))
+        print(dumps(_outcome_json(result, platform, host_json(platform))))
     elif not args.quiet:
         how = "already clear" if result.already_settled else f"clear after {result.waited_s:.2f} s"
         detail = f"({result.polls} poll(s)): {result.snapshot.describe()}"

@@ -6,18 +6,15 @@ each memory module's (each tile's) free and total bytes. A fake fills the pointe
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import os
 import threading
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from accelplat import _boundary
 from accelplat.errors import LevelZeroError
-
-LOADER_NAME = "libze_loader.so.1"
 
 ZE_RESULT_SUCCESS = 0
 ZE_RESULT_ERROR_INVALID_SIZE = 0x78000008
@@ -177,6 +174,7 @@ class ZesProcessState(ctypes.Structure):
     )
 
 
+_Struct = TypeVar("_Struct", bound=ctypes.Structure)
 _P = ctypes.POINTER
 _SIGNATURES: dict[str, tuple[Any, ...]] = {
     "zesInit": (ctypes.c_uint32,),
@@ -199,16 +197,9 @@ class SysmanDevice:
     pci_bus_id: str | None  # None when the PCI properties could not be read
     name: str
     uuid: str
-    vendor_id: int
-    device_type: int
     integrated: bool
     num_subdevices: int  # tiles (0: none)
     device_id: int = 0  # the PCI device id (0: unknown)
-
-    @property
-    def is_intel_gpu(self) -> bool:
-        """Whether this is an Intel GPU."""
-        return self.vendor_id == INTEL_VENDOR_ID and self.device_type == ZE_DEVICE_TYPE_GPU
 
 
 @dataclass(frozen=True)
@@ -219,8 +210,7 @@ class MemoryModule:
     on_subdevice: bool
     subdevice_id: int  # its tile when on_subdevice
     free: int
-    size: int  # physical_size when the driver reports 0
-    physical_size: int  # 0: unknown
+    size: int  # the physical size when the driver reports 0
 
 
 @dataclass(frozen=True)
@@ -231,7 +221,7 @@ class ProcessUsage:
     mem_bytes: int
 
 
-def load_loader(name: str = LOADER_NAME) -> Any:
+def load_loader(name: str) -> Any:
     """Load the Level Zero loader (a name or path) through the vendor boundary; else ``OSError``."""
 
     def live() -> _boundary.Loaded:
@@ -251,14 +241,17 @@ class Sysman:
 
     def __init__(self, lib: Any) -> None:
         self._lib = lib
-        self._lock = threading.Lock()
-        self._initialised = False
-        _INSTANCES.add(self)
+        self.after_fork()
         for name, argtypes in _SIGNATURES.items():
             fn = getattr(lib, name, None)
             if fn is not None and hasattr(fn, "argtypes"):
                 fn.argtypes = list(argtypes)
                 fn.restype = ctypes.c_uint32
+
+    def after_fork(self) -> None:
+        """Forget the initialisation: "each forked process must call" ``zesInit`` (zes_api.h)."""
+        self._lock = threading.Lock()
+        self._initialised = False
 
     def _fn(self, name: str) -> Any:
         fn = getattr(self._lib, name, None)
@@ -294,41 +287,39 @@ class Sysman:
         return [int(array[i] or 0) for i in range(count.value)]
 
     def devices(self) -> list[SysmanDevice]:
-        """Return every device of every Sysman driver, in enumeration order."""
+        """Return the Intel GPUs of every Sysman driver, in enumeration order."""
         # That order "is NOT affected by ZE_AFFINITY_MASK, ZE_ENABLE_PCI_ID_DEVICE_ORDER, or
         # ZE_FLAT_DEVICE_HIERARCHY" (zes_api.h): the caller applies them.
         self.init()
+        found: list[SysmanDevice | None] = []
         with self._lock:
-            out: list[SysmanDevice] = []
             for driver in self._handles("zesDriverGet"):
-                for handle in self._handles("zesDeviceGet", ctypes.c_void_p(driver)):
-                    out.append(self._describe(handle))
-            return out
+                found += map(self._describe, self._handles("zesDeviceGet", ctypes.c_void_p(driver)))
+        return [device for device in found if device is not None]
 
-    def _describe(self, handle: int) -> SysmanDevice:
+    def _get(self, name: str, handle: int, out: _Struct) -> _Struct:
+        self._call(name, ctypes.c_void_p(handle), ctypes.pointer(out))
+        return out
+
+    def _describe(self, handle: int) -> SysmanDevice | None:
         import uuid  # only once a device is found: not on the probe of a machine without one
 
-        props = ZesDeviceProperties()
-        props.stype = ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES
-        props.core.stype = 0x3  # ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES
-        self._call("zesDeviceGetProperties", ctypes.c_void_p(handle), ctypes.pointer(props))
-        pci = ZesPciProperties()
-        pci.stype = ZES_STRUCTURE_TYPE_PCI_PROPERTIES
-        try:
-            self._call("zesDevicePciGetProperties", ctypes.c_void_p(handle), ctypes.pointer(pci))
-        except LevelZeroError:
-            pci_bus_id: str | None = None
-        else:
-            a = pci.address
-            pci_bus_id = f"{a.domain:04x}:{a.bus:02x}:{a.device:02x}.{a.function:x}"
+        inner = ZeDeviceProperties(stype=0x3)  # ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES
+        wanted = ZesDeviceProperties(stype=ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES, core=inner)
+        props = self._get("zesDeviceGetProperties", handle, wanted)
         core = props.core
+        if core.vendorId != INTEL_VENDOR_ID or core.type != ZE_DEVICE_TYPE_GPU:
+            return None
+        pci_bus_id: str | None = None
+        with contextlib.suppress(LevelZeroError):
+            pci = ZesPciProperties(stype=ZES_STRUCTURE_TYPE_PCI_PROPERTIES)
+            a = self._get("zesDevicePciGetProperties", handle, pci).address
+            pci_bus_id = f"{a.domain:04x}:{a.bus:02x}:{a.device:02x}.{a.function:x}"
         return SysmanDevice(
             handle=handle,
             pci_bus_id=pci_bus_id,
             name=core.name.decode("utf-8", "replace").strip() or "Intel GPU",
             uuid=str(uuid.UUID(bytes=bytes(core.uuid))),
-            vendor_id=int(core.vendorId),
-            device_type=int(core.type),
             integrated=bool(core.flags & ZE_DEVICE_PROPERTY_FLAG_INTEGRATED),
             num_subdevices=int(props.numSubdevices),
             device_id=int(core.deviceId),
@@ -336,29 +327,21 @@ class Sysman:
 
     def memory_modules(self, device: SysmanDevice) -> list[MemoryModule]:
         """Return the state of each memory module of ``device``."""
+        modules: list[MemoryModule] = []
         with self._lock:
-            modules: list[MemoryModule] = []
             for mem in self._handles("zesDeviceEnumMemoryModules", ctypes.c_void_p(device.handle)):
-                props = ZesMemProperties()
-                props.stype = ZES_STRUCTURE_TYPE_MEM_PROPERTIES
-                self._call("zesMemoryGetProperties", ctypes.c_void_p(mem), ctypes.pointer(props))
-                state = ZesMemState()
-                state.stype = ZES_STRUCTURE_TYPE_MEM_STATE
-                self._call("zesMemoryGetState", ctypes.c_void_p(mem), ctypes.pointer(state))
+                kind = ZesMemProperties(stype=ZES_STRUCTURE_TYPE_MEM_PROPERTIES)
+                props = self._get("zesMemoryGetProperties", mem, kind)
+                state = self._get(
+                    "zesMemoryGetState", mem, ZesMemState(stype=ZES_STRUCTURE_TYPE_MEM_STATE)
+                )
                 # size is "DEPRECATED ... can no longer track the allocatable memory reliably"
                 # (zes_api.h); physicalSize stands in when a driver leaves it 0.
                 size = int(state.size) or int(props.physicalSize)
-                modules.append(
-                    MemoryModule(
-                        location="device" if props.location == ZES_MEM_LOC_DEVICE else "system",
-                        on_subdevice=bool(props.onSubdevice),
-                        subdevice_id=int(props.subdeviceId),
-                        free=int(state.free),
-                        size=size,
-                        physical_size=int(props.physicalSize),
-                    )
-                )
-            return modules
+                where = "device" if props.location == ZES_MEM_LOC_DEVICE else "system"
+                on_tile, tile = bool(props.onSubdevice), int(props.subdeviceId)
+                modules.append(MemoryModule(where, on_tile, tile, int(state.free), size))
+        return modules
 
     def processes(self, device: SysmanDevice) -> list[ProcessUsage]:
         """Return the processes using ``device`` and the device memory each allocated."""
@@ -383,19 +366,6 @@ class Sysman:
                     break
                 count = ctypes.c_uint32(count.value * 2 + 4)
             raise LevelZeroError(name, code, vendor_error=result_name(code))
-
-
-_INSTANCES: weakref.WeakSet[Sysman] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for sysman in list(_INSTANCES):
-        sysman._lock = threading.Lock()
-        sysman._initialised = False
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def sum_modules(modules: Sequence[MemoryModule], tiles: Sequence[int] | None) -> tuple[int, int]:

@@ -171,23 +171,32 @@ def make_holder(pid: int, used_bytes: int | None) -> MemoryHolder:
     return MemoryHolder(pid=pid, used_bytes=used_bytes, state=state, name=name)
 
 
-def process_details(pid: int, *, width: int = 200) -> tuple[str, str]:
-    """Return ``(user, command line)`` of ``pid`` (``""`` when unreadable), cut to ``width``."""
+MAX_ARGS, MAX_ARG_CHARS = 256, 4096  # a command line read from /proc is untrusted: bounded
+
+
+def process_details(pid: int) -> tuple[str, tuple[str, ...]]:
+    """Return ``(user, argv)`` of ``pid`` (empty when unreadable; argv: its name at least).
+
+    The argv is bounded: at most ``MAX_ARGS`` arguments (then ``"…"``), each cut to
+    ``MAX_ARG_CHARS`` (then ``…``), and characters that are not printable read ``?``.
+    """
     import psutil
 
     try:
         proc = psutil.Process(pid)
     except (psutil.Error, ValueError, OverflowError):
-        return "", ""
+        return "", ()
     try:
         user = str(proc.username())
     except (psutil.Error, OSError, KeyError):
         user = ""
     try:
-        command = " ".join(proc.cmdline()) or _name(proc)
+        argv = [str(a) for a in proc.cmdline()[: MAX_ARGS + 1]]
     except (psutil.Error, OSError):
-        command = _name(proc)
-    command = "".join(c if c.isprintable() else "?" for c in command)
-    if len(command) > width:
-        command = command[: width - 1] + "…"
-    return user, command
+        argv = []
+    if not argv:  # a kernel thread, a zombie, or too little permission: its name
+        argv = [name] if (name := _name(proc)) else []
+    if len(argv) > MAX_ARGS:
+        argv = [*argv[:MAX_ARGS], "…"]
+    cut = (a if len(a) <= MAX_ARG_CHARS else a[: MAX_ARG_CHARS - 1] + "…" for a in argv)
+    return user, tuple("".join(c if c.isprintable() else "?" for c in a) for a in cut)

@@ -170,7 +170,8 @@ def wait_for_gpu_memory_to_clear(
     """Wait until used memory of ``devices`` is at or below a threshold, as vLLM's helper does.
 
     vLLM's accounting, thresholds and progress line (docs/migrating-vllm-tests.md); a mapping
-    threshold may name physical indices; ``poll_interval_s`` only caps the sampling interval.
+    threshold may name physical indices. ``poll_interval_s`` caps the sampling interval, and
+    with a stability window sets it, as vLLM samples.
 
     Raises:
         VllmArgumentError: For no threshold, or mapping keys that are not the devices.
@@ -191,7 +192,11 @@ def wait_for_gpu_memory_to_clear(
     expected = "a finite number of seconds >= 0"
     cadence = _validate.number(poll_interval_s, "poll_interval_s", minimum=0, expected=expected)
     poll = PollPolicy()
-    if 0 < cadence < poll.max_s:
+    if cadence > 0 and _validate.duration(stable_duration_s, "stable_duration_s") > 0:
+        # vLLM judges stability on its own samples, poll_interval_s apart: a swing between two
+        # of them never restarts its window, so a window is judged on samples taken as vLLM's
+        poll = PollPolicy.fixed(cadence)
+    elif 0 < cadence < poll.max_s:
         poll = PollPolicy(initial_s=min(poll.initial_s, cadence), max_s=cadence)
     platform = _platform(None)
     wanted = list(devices)

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Generator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Generator, Mapping
+from typing import TYPE_CHECKING
 
 import pytest
 
-from accelplat._leaks import (
-    Blame,
-    ContextLedger,
-    Holdings,
-    current_holdings,
-    device_holdings,
-    judge,
-)
-from accelplat._types import MemoryInfo
+from accelplat._leaks import Blame, ContextLedger, Holdings, current_holdings, holdings, judge
+from accelplat._memory import Judge, Wait
+from accelplat._types import UsageSnapshot
 from accelplat._util import format_bytes
 from accelplat.errors import MemoryNotSettledError
 from accelplat.pytest_plugin import _shared
@@ -67,6 +61,20 @@ def _running(pid: int) -> bool:
     from accelplat._vendor.procs import classify_pid
 
     return classify_pid(pid)[0] in (HolderState.CHILD, HolderState.ALIVE, HolderState.SELF)
+
+
+class _Blamed(Judge):
+    """The leak rule as a wait's judge: the bytes a test is blamed for count, per device."""
+
+    holders = True
+
+    def __init__(self, platform: Platform, blame: Callable[[int, Holdings], Blame]) -> None:
+        self.platform, self.blame = platform, blame
+        self.latest: dict[int, Holdings] = {}
+
+    def __call__(self, reading: UsageSnapshot) -> dict[int, int]:
+        self.latest = holdings(self.platform, reading)
+        return {d: max(0, self.blame(d, h).leaked or 0) for d, h in self.latest.items()}
 
 
 class LeakChecker:
@@ -119,32 +127,32 @@ class LeakChecker:
         blames = {d: blame(d, after[d]) for d in contexts}
         over = [d for d, b in blames.items() if b.is_leak(self.tolerance)]
         wait_s = self._wait_for(platform, blames, over)
-        if over and wait_s > 0:
-            after = self._after_waiting(platform, over, wait_s, blame, after)
+        if over and wait_s > 0:  # the one wait algorithm, until the blame drops within tolerance
+            blamed = _Blamed(platform, blame)
+            w = Wait("leak check", blamed, platform, over)
+            with contextlib.suppress(MemoryNotSettledError):  # still held: the latest judges
+                w.run(self.tolerance, timeout_s=wait_s, stable_duration_s=0)
+            after |= blamed.latest
             blames = {d: blame(d, after[d]) for d in contexts}
         leaks = [
             [d, before[d].used, after[d].used, b.leaked, b.attributed, _pairs(b.children)]
             for d, b in sorted(blames.items())
             if b.is_leak(self.tolerance)
         ]
-        props = item.user_properties
-        props.append((_PROPERTY, leaks))
-        props.append((CONTEXT_PROPERTY, [[d, c] for d, c in contexts.items() if c > 0]))
         moved = [
             [d, b.others]
             for d, b in sorted(blames.items())
             if b.others is not None and abs(b.others) > self.tolerance
         ]
-        props.append((COTENANT_PROPERTY, moved))
-        props.append(
-            (
-                HOLDINGS_PROPERTY,
-                [
-                    [d, holdings_json(before[d]), holdings_json(after[d]), contexts[d]]
-                    for d in sorted(contexts)
-                ],
-            )
-        )
+        held = [
+            [d, holdings_json(before[d]), holdings_json(after[d]), contexts[d]] for d in contexts
+        ]
+        item.user_properties += [
+            (_PROPERTY, leaks),
+            (CONTEXT_PROPERTY, [[d, c] for d, c in contexts.items() if c > 0]),
+            (COTENANT_PROPERTY, moved),
+            (HOLDINGS_PROPERTY, held),
+        ]
 
     def _wait_for(self, platform: Platform, blames: Mapping[int, Blame], over: list[int]) -> float:
         if self.wait_s is not None:
@@ -155,36 +163,6 @@ class LeakChecker:
         # a child the test started may be listed a little after it exits (eager release)
         exited = any(not _running(pid) for d in over for pid in blames[d].children)
         return CHILD_EXIT_WAIT_S if exited else 0.0
-
-    def _after_waiting(
-        self,
-        platform: Platform,
-        over: list[int],
-        wait_s: float,
-        blame: Any,
-        after: dict[int, Holdings],
-    ) -> dict[int, Holdings]:
-        """Wait (the one wait algorithm) until what is blamed drops within the tolerance."""
-        from accelplat._memory import wait_for_memory_to_clear
-
-        latest = dict(after)
-
-        def blamed(device: int) -> MemoryInfo:
-            now = device_holdings(platform, device)
-            latest[device] = now
-            leaked = blame(device, now).leaked
-            return MemoryInfo(free=0, total=now.used, used=max(0, leaked or 0), source="blamed")
-
-        with contextlib.suppress(MemoryNotSettledError):  # still held: the latest reading judges
-            wait_for_memory_to_clear(
-                over,
-                threshold_bytes=dict.fromkeys(over, self.tolerance),
-                timeout_s=wait_s,
-                stable_duration_s=0,
-                platform=platform,
-                read=blamed,
-            )
-        return latest
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Collect findings from teardown reports (also those sent back by xdist workers)."""

@@ -51,10 +51,6 @@ def leak_tolerance(config: pytest.Config, *options: str) -> int:
         raise pytest.UsageError(str(exc)) from None
 
 
-def used_bytes(platform: Platform) -> dict[int, int]:
-    return {d: platform.memory_info(d).used for d in range(platform.device_count())}
-
-
 def share_after_teardown(
     item: pytest.Item, devices: Sequence[DeviceTrack], reading: Sequence[int | None]
 ) -> None:
@@ -66,11 +62,11 @@ def share_after_teardown(
     }
 
 
-def used_after_teardown(item: pytest.Item, platform: Platform) -> dict[int, int]:
-    """Used bytes per visible device as ``item``'s teardown ended (the timeline's, if whole)."""
+def used_after_teardown(item: pytest.Item, platform: Platform) -> dict[int, int] | None:
+    """Used bytes per visible device as ``item``'s teardown ended: the timeline's, if whole."""
     shared = item.stash.get(_AFTER_TEARDOWN_KEY, None)
     if shared is not None:
         del item.stash[_AFTER_TEARDOWN_KEY]
         if sorted(shared) == list(range(platform.device_count())):
             return shared
-    return used_bytes(platform)
+    return None

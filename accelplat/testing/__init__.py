@@ -8,8 +8,9 @@ the pytest helpers import pytest; ``import accelplat`` does not import this pack
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from accelplat import _lazy
 from accelplat._backends.simulated import SimulatedPlatform, SimulatedSpec, load_spec
 from accelplat.testing._checks import CHECK_NAMES, CheckResult, ConformanceReport, run_conformance
 from accelplat.testing._isolation import isolate, run_in_new_process
@@ -36,21 +37,12 @@ __all__ = [
     "skip_module_unless",
 ]
 
-_PYTEST_NAMES = ("conformance_platform", "make_conformance_test", "requires", "skip_module_unless")
+# pytest costs ~120 ms to import, and the kit's fresh processes import this package
+_PYTEST_HELPERS: dict[str, str] = {
+    "conformance_platform": "accelplat.testing._conformance",
+    "make_conformance_test": "accelplat.testing._conformance",
+    "requires": "accelplat.testing._requires",
+    "skip_module_unless": "accelplat.testing._requires",
+}
 
-
-def __getattr__(name: str) -> Any:
-    # pytest costs ~120 ms to import, and the kit's fresh processes import this package
-    if name in ("conformance_platform", "make_conformance_test"):
-        from accelplat.testing import _conformance
-
-        return getattr(_conformance, name)
-    if name in ("requires", "skip_module_unless"):
-        from accelplat.testing import _requires
-
-        return getattr(_requires, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_PYTEST_NAMES})
+__getattr__, __dir__ = _lazy.lazy_namespace(__name__, _PYTEST_HELPERS, globals())

@@ -7,7 +7,6 @@ was expected and what came back. ``docs/writing-a-backend.md`` explains each che
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,7 +25,7 @@ from accelplat._types import (
     ReleaseProfile,
 )
 from accelplat.errors import ConfigurationError, DeviceNotFoundError, PlatformNotAvailableError
-from accelplat.testing._child import describe, frameworks_in, query
+from accelplat.testing._child import describe, frameworks_in, held_here, query
 from accelplat.testing._kit import (
     STABILITY_TOLERANCE,
     SUM_TOLERANCE,
@@ -97,10 +96,7 @@ class ConformanceReport:
         Raises:
             KeyError: If that check was not run.
         """
-        for r in self.results:
-            if r.name == name:
-                return r
-        raise KeyError(name)
+        return {r.name: r for r in self.results}[name]
 
     def summary(self) -> str:
         """Return one line per check, e.g. ``"FAIL memory_values: device 0: used > total"``."""
@@ -442,12 +438,7 @@ def _check_no_device_context(kit: Kit) -> str:
         libraries = run.answer.get("libraries")
         loaded = f"; mapped {libraries} without holding memory" if libraries else ""
         return f"fresh process ({run.label}): not a memory holder{loaded}"
-    me, held = os.getpid(), []
-    for d in range(kit.count()):
-        holders = kit.platform.memory_holders(d) or ()
-        if any(h.pid == me or h.state == HolderState.SELF for h in holders):
-            held.append(d)
-    if held:
+    if held := held_here(kit.platform):
         raise CheckFailedError(
             f"{kit.inprocess_note()}: this process holds memory on device(s) {held} (if an "
             "earlier test created that context, isolate the kit)"
@@ -535,14 +526,10 @@ def _check_visible_devices(kit: Kit) -> str:
     n = kit.count()
     if n < 2:
         raise CheckSkippedError(f"{n} device(s) visible: hiding one cannot be shown")
-    cases: list[tuple[str, int]] = [("0", 1)]
-    if n >= 3:
-        cases.append(("0,1", 2))
     hides_all = kit.empty_visible_hides_all
     if hides_all is None:
         hides_all = optional(kit.platform, "visible_devices_empty_hides_all") is True
-    if hides_all:
-        cases.append(("", 0))
+    cases = [("0", 1), *([("0,1", 2)] if n >= 3 else []), *([("", 0)] if hides_all else [])]
     problems: list[str] = []
     seen: list[str] = []
     for value, expected in cases:
@@ -612,14 +599,11 @@ def run_conformance(
     options = dict(locals())  # every keyword option, by name, for the Kit
     del options["platform"], options["checks"]
     options["env"] = {} if env is None else env
-    registered: str | None = None
-    if isinstance(platform, str):
+    registered = platform if isinstance(platform, str) else None
+    if registered is not None:
         from accelplat._registry import get_platform
 
-        registered = platform
-        instance: Any = get_platform(platform)
-    else:
-        instance = platform
+        platform = get_platform(registered)
     if checks is not None and (
         isinstance(checks, (str, bytes)) or not isinstance(checks, Iterable)
     ):
@@ -631,7 +615,7 @@ def run_conformance(
             f"checks: unknown conformance check(s) {unknown!r:.200}; valid: "
             f"{', '.join(CHECK_NAMES)}"
         )
-    kit = Kit(instance, registered_name=registered, **options)
+    kit = Kit(platform, registered_name=registered, **options)
     results = []
     for name in names:
         try:
@@ -650,9 +634,9 @@ def run_conformance(
         ):
             result = CheckResult(name, "fail", f"isolation='subprocess': {kit.baseline_note}")
         results.append(result)
-    label = getattr(instance, "name", None)
+    label = getattr(platform, "name", None)
     return ConformanceReport(
-        platform=label if isinstance(label, str) else repr(instance), results=tuple(results)
+        platform=label if isinstance(label, str) else repr(platform), results=tuple(results)
     )
 
 

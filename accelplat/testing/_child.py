@@ -7,9 +7,9 @@ mapped runtime libraries and the devices whose ``memory_holders`` list this proc
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
+import pkgutil
 import sys
 import traceback
 from collections.abc import Callable, Iterable
@@ -59,37 +59,34 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def query(platform: Any) -> list[int]:
-    """Ask ``platform`` every query the kit watches; return the devices listing this process."""
+def held_here(platform: Any) -> list[int]:
+    """Return the devices whose ``memory_holders`` list this process."""
     from accelplat._types import HolderState
 
-    me, held = os.getpid(), []
+    def ours(device: int) -> bool:
+        holders = platform.memory_holders(device) or ()
+        return any(h.pid == os.getpid() or h.state == HolderState.SELF for h in holders)
+
+    return [device for device in range(platform.device_count()) if ours(device)]
+
+
+def query(platform: Any) -> list[int]:
+    """Ask ``platform`` every query the kit watches; return the devices listing this process."""
     for device in range(platform.device_count()):
         platform.memory_info(device)
-        holders = platform.memory_holders(device) or ()
-        if any(h.pid == me or h.state == HolderState.SELF for h in holders):
-            held.append(device)
     for attr in ("release", "graph", "default_memory_utilization", "preferred_start_method"):
         getattr(platform, attr)
-    return held
+    return held_here(platform)
 
 
 def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], None]) -> None:
-    kind, value = job["kind"], job["value"]
+    from accelplat import _registry as registry
     from accelplat._types import ProbeResult
 
-    factory: Any
-    if kind == "name":
-        from accelplat import _registry as registry
-
-        factory = registry.factory_for(value)
-    else:
-        module_name, _, attr = value.partition(":")
-        factory = importlib.import_module(module_name)
-        for part in attr.split(".") if attr else []:
-            factory = getattr(factory, part)
-        if not callable(factory):
-            raise TypeError(f"{value} is not callable")
+    by_name, value = job["kind"] == "name", job["value"]
+    factory: Any = registry.factory_for(value) if by_name else pkgutil.resolve_name(value)
+    if not callable(factory):
+        raise TypeError(f"{value} is not callable")
     stage("import")
     probe = getattr(factory, "probe", None)
     if probe is not None:
@@ -102,12 +99,7 @@ def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], Non
     if not answer["available"]:
         answer.update(device_count=0, devices=[], ok=True)
         return
-    if kind == "name":
-        from accelplat import _registry as registry
-
-        platform = registry.get_platform(value)
-    else:
-        platform = factory()
+    platform = registry.get_platform(value) if by_name else factory()
     stage("construct")
     answer["device_count"] = platform.device_count()
     answer["devices"] = [
@@ -122,22 +114,16 @@ def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], Non
 
 
 def main(before: set[str], job_text: str) -> None:
-    """Build and query the job's platform; write the answer (keys below) to ``job["out"]``."""
+    """Build and query the job's platform; write the answer to ``job["out"]``.
+
+    The answer's keys: ``ok``, ``error`` (and ``traceback``), ``available`` and ``reason`` (the
+    probe's), ``device_count``, ``devices``, ``context_free``, ``self_holders``, ``frameworks``
+    (new framework modules per stage) and ``libraries`` (runtime libraries newly mapped).
+    """
     job = json.loads(job_text)
     libs_before = mapped_runtime_libraries()
     seen = set(before)
-    answer: dict[str, Any] = {
-        "ok": False,
-        "error": None,
-        "available": True,
-        "reason": "",
-        "device_count": None,
-        "devices": [],
-        "context_free": None,
-        "frameworks": {},
-        "libraries": [],
-        "self_holders": [],
-    }
+    answer: dict[str, Any] = {"ok": False, "error": None, "available": True, "frameworks": {}}
 
     def stage(name: str) -> None:
         now = set(sys.modules)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import multiprocessing
 import os
 import pickle
@@ -148,13 +149,8 @@ def _resolve_function(ref: _FunctionRef) -> Callable[..., Any]:
     for part in ref.qualname.split("."):
         obj = getattr(obj, part)
     # The module attribute is the decorated wrapper; unwrap to the function it isolates.
-    for _ in range(100):
-        if (target := getattr(obj, _ISOLATED_ATTR, None)) is not None:
-            return cast(Callable[..., Any], target)
-        if (inner := getattr(obj, "__wrapped__", None)) is None:
-            break
-        obj = inner
-    return cast(Callable[..., Any], obj)
+    obj = inspect.unwrap(obj, stop=lambda f: hasattr(f, _ISOLATED_ATTR))
+    return cast(Callable[..., Any], getattr(obj, _ISOLATED_ATTR, obj))
 
 
 def _pytest_outcome(exc: BaseException) -> tuple[str, str, bool, int] | None:
@@ -171,9 +167,9 @@ def _pytest_outcome(exc: BaseException) -> tuple[str, str, bool, int] | None:
     return None
 
 
-def _report(result_path: str, payload: tuple[Any, ...]) -> None:
-    with open(result_path, "wb") as f:
-        pickle.dump(payload, f)
+def _report(result_path: str, status: Status, text: str = "", **fields: Any) -> None:
+    with open(result_path, "wb") as f:  # ChildResult's fields; an exception, pickled on its own
+        pickle.dump({"status": status, "traceback": text, **fields}, f)
 
 
 def _child_main(
@@ -196,9 +192,8 @@ def _child_main(
         func(*args, **kwargs)
     except BaseException as exc:
         text = traceback.format_exc()
-        outcome = _pytest_outcome(exc)
-        if outcome is not None:
-            _report(result_path, ("outcome", outcome, text))
+        if (outcome := _pytest_outcome(exc)) is not None:
+            _report(result_path, "outcome", text, message=outcome[1], outcome=outcome)
             return
         blob: bytes | None
         try:
@@ -206,10 +201,11 @@ def _child_main(
             pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt
         except Exception:
             blob = None
-        _report(result_path, ("error", blob, type(exc).__qualname__, str(exc), text))
+        name, message = type(exc).__qualname__, str(exc)
+        _report(result_path, "error", text, exception_type=name, message=message, blob=blob)
         sys.exit(1)
     else:
-        _report(result_path, ("ok",))
+        _report(result_path, "ok")
 
 
 def run_child(
@@ -271,22 +267,14 @@ def run_child(
     exitcode = process.exitcode
     if not data:
         return ChildResult(name, chosen, exitcode, "silent")
-    report = pickle.loads(data)
-    if report[0] == "ok":
-        return ChildResult(name, chosen, exitcode, "ok")
-    if report[0] == "outcome":
-        outcome, text = report[1], report[2]
-        return ChildResult(
-            name, chosen, exitcode, "outcome", message=outcome[1], traceback=text, outcome=outcome
-        )
-    _, blob, type_name, message, text = report
+    fields = pickle.loads(data)
     exception: BaseException | None = None
-    if blob is not None:
+    if (blob := fields.pop("blob", None)) is not None:
         with suppress(Exception):
             rebuilt = pickle.loads(blob)
             if isinstance(rebuilt, BaseException):
                 exception = rebuilt
-    return ChildResult(name, chosen, exitcode, "error", exception, type_name, message, text)
+    return ChildResult(name, chosen, exitcode, exception=exception, **fields)
 
 
 def _check_env(env: object) -> dict[str, str | None]:

@@ -57,7 +57,7 @@ class Tolerance:
     ratio: float
 
     def __post_init__(self) -> None:
-        _validate.byte_int(self.min_bytes, "Tolerance.min_bytes")
+        _validate.integer(self.min_bytes, "Tolerance.min_bytes", minimum=0)
         _validate.ratio(self.ratio, "Tolerance.ratio")
 
     def allowed(self, total: int) -> int:
@@ -143,7 +143,7 @@ class Kit:
         for name in ("sum_tolerance", "stability_tolerance"):
             if not isinstance(value := getattr(self, name), Tolerance):
                 raise ConfigurationError(f"{name} must be a Tolerance, got {value!r:.200}")
-        _validate.byte_int(self.min_total_bytes, "min_total_bytes")
+        _validate.integer(self.min_total_bytes, "min_total_bytes", minimum=0)
         _validate.number(self.probe_budget_s, "probe_budget_s", above=0)
         _validate.number(self.subprocess_timeout_s, "subprocess_timeout_s", above=0)
         if self.settle_timeout_s is not None:

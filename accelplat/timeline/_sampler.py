@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from accelplat import _validate
 from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES
+from accelplat._owners import sample
 from accelplat._platform import optional
 from accelplat.errors import AccelplatError, ConfigurationError
 from accelplat.timeline import _trace
@@ -205,30 +206,6 @@ class Sampler:
             return self._buffer.samples()
 
 
-def platform_reader(
-    platform: Platform, on_error: Callable[[int, Exception], None] | None = None
-) -> tuple[tuple[_trace.DeviceTrack, ...], Callable[[], Reading]]:
-    """Return the platform's devices (totals ``0`` where unknown) and a reader of used memory."""
-    # on_error(index, exc) hears of every query that raised or returned more than a trace holds.
-
-    def query(index: int, field: str) -> int | None:
-        try:
-            value = max(0, int(getattr(platform.memory_info(index), field)))
-            if value > MAX_INT:
-                raise ValueError(f"{field} of {value} bytes is more than a trace holds")
-        except Exception as exc:  # the sampler must never break the session it watches
-            if on_error is not None:
-                on_error(index, exc)
-            return None
-        return value
-
-    tracks = tuple(
-        _trace.DeviceTrack(dev.index, clip(dev.name), query(dev.index, "total") or 0)
-        for dev in platform.devices()
-    )
-    return tracks, lambda: tuple(query(t.index, "used") for t in tracks)
-
-
 class Recorder:
     """Samples a platform's memory and collects test spans and memory waits into a trace.
 
@@ -282,15 +259,21 @@ class Recorder:
         self._accelerator = platform is None or bool(optional(platform, "is_accelerator"))
         self._lock = threading.Lock()
         self._failures: dict[int, tuple[float | None, str, int]] = {}  # first t, error, count
-        if platform is None:
-            self.devices: tuple[_trace.DeviceTrack, ...] = ()
-            read: Callable[[], Reading] = tuple
-        else:
-            self.devices, read = platform_reader(platform, self._failed)
+        self.devices: tuple[_trace.DeviceTrack, ...] = ()
+        if platform is not None:
+            found = platform.devices()
+            totals = self._read(tuple(d.index for d in found), "total")
+            self.devices = tuple(
+                _trace.DeviceTrack(d.index, clip(d.name), total or 0)
+                for d, total in zip(found, totals, strict=True)
+            )
+        indices = tuple(t.index for t in self.devices)
         self._leak_tolerance = leak_tolerance_bytes
         self._notes = [clip(note) for note in notes]
         self._started_at = min(max(wall_clock(), 0.0), _trace.MAX_EPOCH)  # a trace holds no other
-        self.sampler = Sampler(read, hz=hz, capacity=capacity, clock=clock)
+        self.sampler = Sampler(
+            lambda: self._read(indices, "used"), hz=hz, capacity=capacity, clock=clock
+        )
         self._open_tests: dict[str, _trace.TestSpan] = {}  # spans still ending as they began
         self._tests: list[_trace.TestSpan] = []
         self._open_waits: dict[int, WaitSpan] = {}
@@ -308,6 +291,24 @@ class Recorder:
         """Add a remark shown on the report."""
         with self._lock:
             self._notes.append(clip(note))
+
+    def _read(self, indices: tuple[int, ...], field: str) -> Reading:
+        """Read ``field`` of the devices (one reading of the one sampler), as a trace holds it."""
+        if self.platform is None or not indices:
+            return ()
+        reading = sample(self.platform, indices, holders=False, on_error=self._failed)
+        values: list[int | None] = []
+        for index in indices:
+            info = reading.memory.get(index)
+            try:  # the sampler must never break the session it watches: a failure is noted
+                value = None if info is None else max(0, int(getattr(info, field)))
+                if value is not None and value > MAX_INT:
+                    raise ValueError(f"{field} of {value} bytes is more than a trace holds")
+            except Exception as exc:
+                self._failed(index, exc)
+                value = None
+            values.append(value)
+        return tuple(values)
 
     def _failed(self, index: int, exc: Exception) -> None:
         # The first queries (the totals) run before the sampler exists: at no time yet.

@@ -35,6 +35,7 @@ from accelplat.errors import (
     ConfigurationError,
 )
 from tests._hostile import FAST
+from tests.fakes.hostfs import host_files
 
 # =============================================================================================
 # simulated-platform spec files
@@ -146,7 +147,7 @@ def test_hostile_spec_files_are_refused_quickly_and_cheaply(
     tracemalloc.start()
     try:
         with (
-            _files.use_host_files(files),
+            host_files(files),
             pytest.raises(ConfigurationError, match=re.escape(message)) as info,
             _count_calls() as calls,
         ):

@@ -143,6 +143,7 @@ def test_the_holders_and_timeout_documents_carry_what_the_schema_says(
         "name": "leaky-worker",
         "user": "",  # a simulated holder: no such process to read
         "command": "",
+        "argv": [],
     }
     done = _run(["wait", "--threshold-bytes", "1GiB", "--timeout", "0.1", "--json"], env)
     wait = json.loads(done.stdout)

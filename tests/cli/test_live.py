@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import json
@@ -56,8 +57,9 @@ def _text(renderable: object, *, colour: bool) -> str:
     return out.getvalue()
 
 
-def _details(pid: int) -> tuple[str, str]:
-    return ("alice", "python -m vllm.entrypoints.openai.api_server --model x") if pid else ("", "")
+def _details(pid: int) -> tuple[str, tuple[str, ...]]:
+    argv = ("/usr/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "x")
+    return ("alice", argv) if pid else ("", ())
 
 
 def test_bar_is_proportional_and_never_hides_usage() -> None:
@@ -405,3 +407,80 @@ def test_the_live_view_redraws_whole_at_a_new_size(tmp_path: Path) -> None:
         os.close(slave)
         os.close(master)
     assert code == 0
+
+
+def test_the_key_help_is_shown_on_question_mark() -> None:
+    master, slave = pty.openpty()
+    try:
+        state = ViewState()
+        with os.fdopen(os.dup(slave), "r") as stream, Keys(stream) as keys:
+            os.write(master, b"?")
+            keys.wait(30.0, state)
+        assert state == ViewState(keys=True)
+    finally:
+        os.close(master)
+        os.close(slave)
+    shown = _at(80, render("cuda", _snap(), {}, state=state, interval=1.0, details=_details))
+    assert "[?] keys" in shown[0] + shown[1]
+    assert any(line.strip().startswith("h  show or hide the processes") for line in shown)
+    assert any(line.strip().startswith("q  quit") for line in shown)
+
+
+def _view(tmp_path: Path, rows: int, columns: int, typed: bytes = b"") -> tuple[int, bytes]:
+    """Run ``stats --watch 600`` on a pty of ``rows``×``columns``; ``q`` ends it (60 s at most).
+
+    ``typed`` is written to the terminal before the command starts, as a user typing ahead.
+    """
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"devices": [{"name": "Sim", "total": "80GiB", "used": "1GiB"}]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELPLAT_", "NO_COLOR"))}
+    for name in ("COLUMNS", "LINES"):
+        env.pop(name, None)
+    env.update(
+        ACCELPLAT_PLATFORM="simulated",
+        ACCELPLAT_SIMULATED_SPEC=str(spec),
+        TERM="xterm-256color",
+        PYTHONPATH=str(REPO),
+    )
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    os.write(master, typed)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accelplat", "stats", "--watch", "600"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+    )
+    seen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                with contextlib.suppress(OSError):
+                    seen += os.read(master, 1 << 16)
+            if not typed and b"platform simulated" in seen:
+                os.write(master, b"q")
+                typed = b"q"
+        code = proc.wait(timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(slave)
+        os.close(master)
+    return code, seen
+
+
+@pytest.mark.usefixtures("signals_not_ignored")
+def test_a_huge_terminal_draws_a_capped_area_and_q_works(tmp_path: Path) -> None:
+    code, seen = _view(tmp_path, 65535, 65535)
+    assert code == 0
+    assert b"platform simulated" in seen
+    assert len(seen) < 1 << 20  # the padding of at most 500×200 cells a frame, not 65535²
+
+
+@pytest.mark.usefixtures("signals_not_ignored")
+def test_a_q_typed_before_the_view_starts_ends_it(tmp_path: Path) -> None:
+    code, _ = _view(tmp_path, 24, 80, typed=b"q")
+    assert code == 0  # within 60 s, not after the 600 s refresh

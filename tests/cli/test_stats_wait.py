@@ -239,6 +239,22 @@ def test_progress_draws_one_line_on_a_terminal() -> None:
     assert "\n" not in text
 
 
+def test_progress_on_an_8_gpu_host_stays_one_row_at_80_columns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    stream = FakeTTY()
+    progress = Progress(stream, enabled=True, min_interval_s=0.0)
+    info = MemoryInfo(free=80 * GIB, total=140 * GIB, used=60 * GIB)
+    memory = dict.fromkeys(range(8), info) | {3: MemoryInfo(free=0, total=140 * GIB, used=0)}
+    progress(
+        UsageSnapshot(timestamp=0.0, wall_time=0.0, memory=memory), dict.fromkeys(range(8), GIB)
+    )
+    progress.finish()
+    (line,) = [part for part in stream.getvalue().split("\r\x1b[K") if part]
+    assert line == "waiting    0.0 s: 1 of 8 clear; waiting for 0,1,2,4,5,6,7: up to 60.00 GiB"
+
+
 def test_progress_disabled_writes_nothing() -> None:
     stream = FakeTTY()
     progress = Progress(stream, enabled=False)
@@ -278,6 +294,49 @@ def test_stats_plain_table(use_spec: Any, capsys: pytest.CaptureFixture[str]) ->
     assert "\x1b[" not in out  # not a terminal: no escape codes
 
 
+EIGHT_H200 = {
+    "clock": "virtual",
+    "devices": [
+        {
+            "name": "NVIDIA H200",
+            "count": 8,
+            "total": "143156MiB",
+            "used": "123.8GiB",
+            "reserved": "615MiB",
+        }
+    ],
+}
+
+
+def test_stats_plain_table_fits_80_columns_with_eight_gpus(
+    use_spec: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_spec(EIGHT_H200)
+    monkeypatch.delenv("COLUMNS", raising=False)  # a log: 80 columns
+    code, out, _ = run_cli(capsys, "stats")
+    assert code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert lines[0].endswith("; source simulated")  # one source for all: said once, above
+    assert lines[1].split() == ["DEV", "NAME", "USED", "FREE", "TOTAL", "RESERVED", "USE%"]
+    assert [line.split()[:3] for line in lines[2:]] == [
+        [str(i), "NVIDIA", "H200"] for i in range(8)
+    ]
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run_cli(capsys, "stats")
+    assert out.splitlines()[1].split()[-1] == "SOURCE"  # room enough: the source in each row
+
+
+def test_stats_watch_without_a_value_refreshes_every_second(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert build_parser().parse_args(["stats", "--watch"]).watch == 1.0  # gpustat's -i
+    use_spec(RELEASING)
+    code, out, _ = run_cli(capsys, "stats", "--json", "--watch", "--count", "3")
+    assert code == 0
+    assert [json.loads(line)["timestamp"] for line in out.splitlines()] == [0.0, 1.0, 2.0]
+
+
 def test_stats_json_and_devices(use_spec: Any, capsys: pytest.CaptureFixture[str]) -> None:
     use_spec(RELEASING)
     code, out, _ = run_cli(capsys, "stats", "--json", "--devices", "0", "--holders")
@@ -291,8 +350,13 @@ def test_stats_json_and_devices(use_spec: Any, capsys: pytest.CaptureFixture[str
     assert dev["free"] == 19 * GIB
     assert dev["total"] == 80 * GIB
     assert dev["source"] == "simulated"
+    assert "uuid" in dev
     (holder,) = dev["holders"]
-    assert {k: holder.pop(k) for k in ("user", "command")}.keys() == {"user", "command"}
+    assert {k: holder.pop(k) for k in ("user", "command", "argv")}.keys() == {
+        "user",
+        "command",
+        "argv",
+    }
     assert holder == {"pid": 4242, "used_bytes": GIB, "state": "alive", "name": "engine"}
 
 
@@ -315,10 +379,31 @@ def test_stats_holders_name_user_and_command_line(
     finally:
         child.communicate(b"")
     assert shown["user"] == getpass.getuser()
-    assert shown["command"].endswith(f"import sys; sys.stdin.read() {marker}")
+    assert shown["argv"][1:] == ["-c", "import sys; sys.stdin.read()", marker]
+    assert shown["command"] == " ".join(shown["argv"])  # whole, the interpreter's path too
     line = next(line for line in plain.splitlines() if f"pid {child.pid}" in line)
-    assert f", user {getpass.getuser()}: " in line
-    assert line.endswith(marker)
+    program = os.path.basename(shown["argv"][0])  # the program's base name, then its arguments
+    assert line.endswith(
+        f", user {getpass.getuser()}: {program} -c import sys; sys.stdin.read() {marker}"
+    )
+
+
+def test_a_holders_argv_from_proc_is_bounded_and_printable() -> None:
+    from accelplat._vendor.procs import MAX_ARG_CHARS, MAX_ARGS, process_details
+
+    args = ["x\x1b[2J" + "a" * 5000, *(f"arg{i}" for i in range(MAX_ARGS + 10))]
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()", *args], stdin=subprocess.PIPE
+    )
+    try:
+        user, argv = process_details(child.pid)
+    finally:
+        child.communicate(b"")
+    assert user == getpass.getuser()
+    assert len(argv) == MAX_ARGS + 1
+    assert argv[-1] == "…"
+    assert argv[3] == ("x?[2J" + "a" * 5000)[: MAX_ARG_CHARS - 1] + "…"
+    assert all(a.isprintable() for a in argv)
 
 
 def test_stats_watch_json_follows_timeline(

@@ -87,6 +87,7 @@ def hostile_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(name)
     monkeypatch.setenv("ACCELPLAT_PLATFORM", "simulated")
     monkeypatch.setenv("ACCELPLAT_SIMULATED_SPEC", str(path))
+    monkeypatch.setenv("COLUMNS", "200")  # the plain table fits the width: the name stays whole
     registry.set_current_platform(None)
     return path
 

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("visibility", ("_visible",)),
     ("backends", ("_backends",)),
     ("discovery", ("_registry",)),
-    ("features", ("_owners", "_memory", "_host", "_sizing", "_leaks", "_requirement",
+    ("features", ("_owners", "_memory", "_shm", "_sizing", "_leaks", "_requirement",
                   "_capabilities", "_needs", "_describe", "_leasing", "_scan", "_translate",
                   "_replay", "_capture", "timeline", "testing", "integrations")),
     ("faces", ("", "types", "replay")),
@@ -172,10 +172,10 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     by_name = tmp_path / "by_name.py"
     by_name.write_text(
         'importlib.import_module("accelplat.replay")\nT = "accelplat._memory:x"\n'
-        'L = {"name": "accelplat._host"}\nFORMAT = "accelplat.timeline"\n'
+        'L = {"name": "accelplat._shm"}\nFORMAT = "accelplat.timeline"\n'
     )
     found = _imports_of_source(by_name, package="_boundary")
-    assert {"replay", "_memory", "_host"} <= found
+    assert {"replay", "_memory", "_shm"} <= found
     assert "timeline" not in found  # a plain string constant is not an import
     assert _layer_of("_registry") < _layer_of("_replay._install") == _layer_of("_replay._bundle")
     assert _layer_of("_replay._bundle") < _layer_of("replay")  # the folder, then its face

@@ -10,10 +10,13 @@ writes kB.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from accelplat import _files
 from accelplat._backends.cpu import CpuPlatform
 
 KIB = 1024
@@ -21,6 +24,16 @@ FRSIZE = 4096
 
 V1_UNLIMITED = 0x7FFFFFFFFFFFF000
 """What cgroup v1 shows in ``memory.limit_in_bytes`` for "no limit" (4 KiB pages)."""
+
+
+@contextmanager
+def host_files(files: _files.HostFiles) -> Iterator[_files.HostFiles]:
+    """Install ``files`` as the reader of every host file for the block."""
+    previous = _files.set_host_files(files)
+    try:
+        yield files
+    finally:
+        _files.set_host_files(previous)
 
 
 def _kb(value: int) -> int:

@@ -37,7 +37,7 @@ from accelplat.timeline import (
     write_report,
 )
 from accelplat.timeline._render import render_html
-from accelplat.timeline._sampler import SampleBuffer, platform_reader, validate_hz
+from accelplat.timeline._sampler import SampleBuffer, validate_hz
 from accelplat.timeline._trace import dumps_trace, loads_trace
 
 pytest_plugins = ["pytester"]
@@ -520,19 +520,19 @@ def test_fork_waits_for_the_read_in_progress_and_the_child_has_no_sampler() -> N
         sampler.stop()
 
 
-def test_platform_reader_survives_a_failing_device() -> None:
-    gpu = FakeGpu(n=3)
+def test_the_recorder_survives_a_failing_device() -> None:
+    gpu, clock = FakeGpu(n=3), FakeClock()
     gpu.used = [GIB, 2 * GIB, 3 * GIB]
     gpu.failing = {1}
-    devices, read = platform_reader(gpu)
-    assert devices == (
+    rec = _recorder(gpu, clock)
+    assert rec.devices == (
         DeviceTrack(0, "Fake GPU 0", 80 * GIB),
         DeviceTrack(1, "Fake GPU 1", 0),
         DeviceTrack(2, "Fake GPU 2", 80 * GIB),
     )
-    assert read() == (GIB, None, 3 * GIB)
+    assert rec.sampler.sample()[1] == (GIB, None, 3 * GIB)
     gpu.failing = set()
-    assert read() == (GIB, 2 * GIB, 3 * GIB)
+    assert rec.sampler.sample()[1] == (GIB, 2 * GIB, 3 * GIB)
 
 
 def test_recorder_notes_when_a_body_begins() -> None:

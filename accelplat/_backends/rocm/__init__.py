@@ -124,18 +124,11 @@ class RocmPlatform(BasePlatform):
         return {ENV_HIP_VISIBLE_DEVICES: text, ENV_CUDA_VISIBLE_DEVICES: text}
 
     def _roots(self) -> tuple[Path, Path | None]:
-        env_sysfs = os.environ.get(ENV_SYSFS_ROOT)
-        env_dev = os.environ.get(ENV_DEV_ROOT)
-        sysfs = self._sysfs_arg or Path(env_sysfs or "/sys")
-        if self._dev_arg is not None:
-            dev: Path | None = self._dev_arg
-        elif env_dev:
-            dev = Path(env_dev)
-        elif self._sysfs_arg is None and not env_sysfs:
-            dev = Path("/dev")
-        else:
-            dev = None  # a moved sysfs tree says nothing about this process's /dev
-        return sysfs, dev
+        env_sysfs, env_dev = os.environ.get(ENV_SYSFS_ROOT), os.environ.get(ENV_DEV_ROOT)
+        dev = self._dev_arg or (Path(env_dev) if env_dev else None)
+        if dev is None and self._sysfs_arg is None and not env_sysfs:
+            dev = Path("/dev")  # only the real sysfs tree speaks of this process's /dev
+        return self._sysfs_arg or Path(env_sysfs or "/sys"), dev
 
     def refresh(self) -> None:
         """Forget the cached topology and source: the next query scans again."""
@@ -145,32 +138,28 @@ class RocmPlatform(BasePlatform):
     def _select(self) -> _sources.Source | None:
         key = self._roots()
         with self._lock:
-            if self._cache_key == key and self._source is not None:
-                return self._source
-            sysfs, dev = key
-            reasons: list[str] = []
-            source: _sources.Source | None = None
-            topology = _topology.scan_topology(sysfs, dev, self._read, self._open_device)
-            self._notes = topology.notes
-            if topology.cards:
-                source = _sources.SysfsSource(sysfs, topology, self._reader)
-            else:
-                reasons.extend([no_amd_gpu(sysfs / "class" / "drm"), *topology.notes[:3]])
-            if source is None and self._allow_amdsmi:
-                if self._amdsmi_failure is None:
-                    source = self._try_amdsmi()
-                if source is None:
-                    reasons.append(self._amdsmi_failure or "amdsmi failed")
-            if source is None:
-                torch, why = _sources.torch_if_imported()
-                if torch is None:
-                    reasons.append(why)
-                else:
-                    source = _sources.TorchSource(torch)
-            self._reasons = reasons
+            if self._cache_key != key or self._source is None:  # a found source is kept
+                self._reasons = []
+                self._cache_key, self._source = key, self._find_source(*key)
+            return self._source
+
+    def _find_source(self, sysfs: Path, dev: Path | None) -> _sources.Source | None:
+        """Return the first source that answers (the reasons the others did not: ``_reasons``)."""
+        topology = _topology.scan_topology(sysfs, dev, self._read, self._open_device)
+        self._notes = topology.notes
+        if topology.cards:
+            return _sources.SysfsSource(sysfs, topology, self._reader)
+        self._reasons += [no_amd_gpu(sysfs / "class" / "drm"), *topology.notes[:3]]
+        if self._allow_amdsmi:
+            source = self._try_amdsmi() if self._amdsmi_failure is None else None
             if source is not None:
-                self._cache_key, self._source = key, source
-            return source
+                return source
+            self._reasons.append(self._amdsmi_failure or "amdsmi failed")
+        torch, why = _sources.torch_if_imported()
+        if torch is not None:
+            return _sources.TorchSource(torch)
+        self._reasons.append(why)
+        return None
 
     def _try_amdsmi(self) -> _sources.Source | None:
         module, why = _sources.import_amdsmi()

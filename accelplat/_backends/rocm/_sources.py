@@ -245,28 +245,26 @@ class AmdSmiSource(Source):
             raise BackendError(
                 "rocm", f"amdsmi_get_processor_handles failed: {exc}", type(exc).__name__
             ) from exc
-        rows: list[tuple[tuple[int, ...], Any, str | None, str | None]] = []
+        rows: list[tuple[int | None, int, Any, str | None, str | None]] = []
         for position, handle in enumerate(handles):
             hip_id: int | None = None
             uuid: str | None = None
             bdf: str | None = None
             with contextlib.suppress(Exception):  # older amdsmi: no enumeration info
                 info = m.amdsmi_get_gpu_enumeration_info(handle)
-                raw = info.get("hip_id")
+                raw, text = info.get("hip_id"), info.get("hip_uuid")
                 hip_id = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
-                text = info.get("hip_uuid")
                 uuid = text if isinstance(text, str) and text.startswith("GPU-") else None
             with contextlib.suppress(Exception):
                 bdf = str(m.amdsmi_get_gpu_device_bdf(handle)).lower()
-            key = (0 if hip_id is not None else 1, hip_id or 0, position)
-            rows.append((key, handle, uuid, bdf))
+            rows.append((hip_id, position, handle, uuid, bdf))
         # amdsmi's handle order may differ from HIP's, hence hip_id; one missing: PCI order for all
-        if any(key[0] for key, *_ in rows):
-            rows.sort(key=lambda r: (pci_sort_key(r[3]), r[0][2]))
+        if all(row[0] is not None for row in rows):
+            rows.sort(key=lambda r: (r[0] or 0, r[1]))
         else:
-            rows.sort(key=lambda r: r[0])
+            rows.sort(key=lambda r: (pci_sort_key(r[4]), r[1]))
         gpus = []
-        for i, (_, handle, uuid, bdf) in enumerate(rows):
+        for i, (_, _, handle, uuid, bdf) in enumerate(rows):
             name = "AMD GPU"
             arch: str | None = None
             with contextlib.suppress(Exception):

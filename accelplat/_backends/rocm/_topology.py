@@ -269,19 +269,16 @@ def _card_of_partition(node: _Node, cards: Sequence[_Card]) -> tuple[_Card, int]
     # card's own location is a bit-subset of the node's on the same bus, the closest one wins.
     if node.location_id is None:
         return None
-    best: tuple[_Card, int] | None = None
+    best: tuple[int, _Card] | None = None  # the closest card's location, and the card
     for card in cards:
         where = _card_location(card)
-        if where is None:
+        if where is None or where[0] != node.domain:
             continue
-        domain, location = where
-        if domain != node.domain or location >> 8 != node.location_id >> 8:
-            continue
-        if location & node.location_id != location:
-            continue
-        if best is None or location > (_card_location(best[0]) or (0, -1))[1]:
-            best = (card, node.location_id ^ location)
-    return best
+        location = where[1]
+        on_bus = location >> 8 == node.location_id >> 8 and location & node.location_id == location
+        if on_bus and (best is None or location > best[0]):
+            best = (location, card)
+    return None if best is None else (best[1], node.location_id ^ best[0])
 
 
 def scan_topology(

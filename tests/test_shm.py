@@ -10,7 +10,7 @@ import pytest
 import accelplat
 import accelplat.types
 from accelplat import GIB, MIB
-from accelplat._host import ShmInfo, largest_shm_budget, require_shm, shm_info
+from accelplat._shm import ShmInfo, largest_shm_budget, require_shm, shm_info
 from accelplat.errors import ConfigurationError, InsufficientSharedMemoryError
 from tests.fakes.hostfs import FRSIZE, fake_statvfs
 
@@ -54,7 +54,7 @@ def test_require_shm_returns_info_when_it_fits(monkeypatch: pytest.MonkeyPatch) 
 
 def test_require_shm_message_is_vllms(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_statvfs(monkeypatch, total=64 * MIB, free=64 * MIB)
-    monkeypatch.setattr("accelplat._host.DEFAULT_SHM_PATH", "/fake/shm")
+    monkeypatch.setattr("accelplat._shm.DEFAULT_SHM_PATH", "/fake/shm")
     with pytest.raises(InsufficientSharedMemoryError) as err:
         require_shm(160 * MIB, "shared-memory allocation", path="/fake/shm")
     assert str(err.value) == (

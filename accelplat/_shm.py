@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from accelplat._types import MIB
 from accelplat._util import printable
-from accelplat._validate import byte_int
+from accelplat._validate import integer
 from accelplat.errors import ConfigurationError, InsufficientSharedMemoryError
 
 DEFAULT_SHM_PATH = "/dev/shm"  # the POSIX shared-memory mount on Linux
@@ -99,7 +99,7 @@ def require_shm(
         InsufficientSharedMemoryError: When it does not fit, worded as vLLM's message.
         ConfigurationError: For a bad ``required_bytes``, ``name`` or ``path``.
     """
-    required = byte_int(required_bytes, "required_bytes")
+    required = integer(required_bytes, "required_bytes", minimum=0)
     if not isinstance(name, str) or not name.strip():
         raise ConfigurationError(f"name must be a non-empty str, got {name!r:.200}")
     info = shm_info(path)
@@ -148,11 +148,11 @@ def largest_shm_budget(
             f"candidates must be an iterable of byte counts, got {candidates!r:.200}"
         )
     read = itertools.islice(candidates, MAX_CANDIDATES + 1)
-    budgets = [byte_int(c, f"candidates[{i}]", positive=True) for i, c in enumerate(read)]
+    budgets = [integer(c, f"candidates[{i}]", minimum=1) for i, c in enumerate(read)]
     if not budgets:
         raise ConfigurationError("candidates must name at least one budget, got none")
     if len(budgets) > MAX_CANDIDATES:
         raise ConfigurationError(f"candidates must name at most {MAX_CANDIDATES} budgets")
-    headroom = byte_int(headroom_bytes, "headroom_bytes")
+    headroom = integer(headroom_bytes, "headroom_bytes", minimum=0)
     info = shm_info(path)
     return max((b for b in budgets if info.fits(b, headroom_bytes=headroom)), default=None)
