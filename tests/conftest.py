@@ -41,19 +41,21 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Iterator[Install]:
 
 
 _ENDING_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGQUIT", "SIGTERM", "SIGHUP")
+    if hasattr(signal, name)
 )
 
 
 @pytest.fixture
 def signals_not_ignored() -> Iterator[None]:
-    """Children started within the test get the default action of SIGINT, SIGTERM and SIGHUP.
+    """Children started within the test get the default action of SIGINT, SIGQUIT, SIGTERM, SIGHUP.
 
-    A shell starts a background job (``pytest … &``, many CI runners) with SIGINT ignored,
-    ``nohup`` ignores SIGHUP, and an ignored signal stays ignored across ``exec``: a child the
-    test signals would never notice. For each of these signals this process ignores, it takes
-    the default action (Python's own handler for SIGINT) for the duration of the test, so that
-    children start with it, and ignores the signal again afterwards.
+    A shell starts a background job (``pytest … &``, many CI runners) with SIGINT and SIGQUIT
+    ignored, ``nohup`` ignores SIGHUP, and an ignored signal stays ignored across ``exec``: a
+    child the test signals would never notice. For each of these signals this process ignores,
+    it takes the default action (Python's own handler for SIGINT) for the duration of the test,
+    so that children start with it, and ignores the signal again afterwards.
     """
     ignored = [s for s in _ENDING_SIGNALS if signal.getsignal(s) is signal.SIG_IGN]
     if threading.current_thread() is not threading.main_thread():

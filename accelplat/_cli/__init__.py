@@ -7,6 +7,8 @@ exit status (:mod:`accelplat._cli._errors`).
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -35,8 +37,26 @@ SHELLS = ("bash", "zsh", "fish")
 class _Parser(argparse.ArgumentParser):
     """Help that fails loudly: argparse drops an ``OSError`` of standard output (``/dev/full``)."""
 
+    commands: dict[str, argparse.ArgumentParser]  # the sub-commands' parsers, by name
+
     def print_help(self, file: SupportsWrite[str] | None = None) -> None:
         (sys.stdout if file is None else file).write(self.format_help())
+
+    def parse(self, argv: Sequence[str] | None) -> argparse.Namespace:
+        """Parse ``argv``; an unknown option is refused by its sub-command, with a suggestion.
+
+        argparse refuses what a sub-command does not know with the top-level usage and no hint;
+        this names the sub-command's usage and the closest option it has (``--wach``: ``--watch``).
+        """
+        args, extras = self.parse_known_args(argv)
+        if not extras:
+            return args
+        parser = self.commands.get(getattr(args, "command", None) or "", self)
+        options = parser.format_help().partition("\noptions:\n")[2]  # its options, listed
+        known = re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", options)
+        guess = difflib.get_close_matches(extras[0].split("=", 1)[0], known, n=1)
+        hint = f" (did you mean {guess[0]}?)" if guess else ""
+        parser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
 
 
 class _Version(argparse.Action):
@@ -47,14 +67,17 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     """Return the argument parser with every sub-command registered."""
     parser = _Parser(
         prog="accelplat",
         description="Accelerator facts for ML test suites: platform, memory, waits, sizing.",
     )
-    parser.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
+    parser.add_argument(
+        "-V", "--version", action=_Version, nargs=0, help="print the version and exit"
+    )
     sub: Subcommands[Any] = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.commands = sub.choices
     for module in (info, stats, wait, sizing, timeline, lease, scan, capture):
         module.register(sub)
     completion = command(
@@ -90,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             parser = build_parser()
-            args = parser.parse_args(argv)  # --help prints, then raises SystemExit
+            args = parser.parse(argv)  # --help prints, then raises SystemExit
             func = getattr(args, "func", None)
             if func is None:
                 parser.print_help()

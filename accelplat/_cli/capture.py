@@ -25,7 +25,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "that `accelplat info --replay BUNDLE` (or ACCELPLAT_REPLAY=BUNDLE) replays anywhere. "
         "No host name or user name is recorded. Creates no device context.",
     )
-    output_option(parser, "--out", required=True, help="bundle file to write: host.tar.gz")
+    output_option(
+        parser, "--out", required=True, metavar="BUNDLE", help="bundle to write: host.tar.gz"
+    )
     parser.add_argument(
         "--no-processes",
         action="store_true",
@@ -35,12 +37,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--samples",
         type=count_arg(minimum=0, maximum=100, what="a whole number 0-100"),
         default=4,
+        metavar="N",
         help="memory samples after the first (default 4)",
     )
     parser.add_argument(
         "--interval",
         type=seconds_arg(allow_zero=True, maximum=10),
         default=0.4,
+        metavar="SECONDS",
         help="seconds between memory samples (default 0.4)",
     )
     parser.add_argument(

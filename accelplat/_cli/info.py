@@ -42,7 +42,7 @@ def _render_text(info: dict[str, Any]) -> str:
         lines.append(f"driver: {info['driver_version']}")
     if info.get("error"):
         lines.append(f"  error: {info['error']}")
-    lines.append("detection:")
+    lines += ["detection:"] * bool(info["candidates"])  # none: a configuration error, said above
     for cand in info["candidates"]:
         mark = "*" if cand["chosen"] else ("+" if cand["available"] else "-")
         origin = "" if cand["builtin"] else " (plugin)"

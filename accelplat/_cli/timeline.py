@@ -19,20 +19,16 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, Literal
 
 from accelplat._cli._args import command, output_option, path
-from accelplat._leaks import (
-    DEFAULT_LEAK_TOLERANCE_BYTES,
-    Holdings,
-    current_holdings,
-    parse_leak_tolerance,
-)
-from accelplat._vendor import procs
 from accelplat.errors import AccelplatError, ConfigurationError
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
-from accelplat.timeline._render import write_report
-from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
-from accelplat.timeline._trace import SpanOwners, Trace, clip, load_trace, save_trace
+
+if TYPE_CHECKING:  # the recorder and the renderer load when a command runs, not for --help
+    from accelplat._leaks import Holdings
+    from accelplat.timeline._sampler import Recorder
+    from accelplat.timeline._trace import Trace
 
 DEFAULT_KILL_AFTER_S = 5.0  # seconds to exit after a forwarded signal, then SIGTERM, SIGKILL
 _CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -148,37 +144,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "with `accelplat report`. Creates no device context on context-free platforms.",
     )
     output_option(rec, "--out", required=True, metavar="TRACE.json", help="trace to write")
-    rec.add_argument(
-        "--hz",
-        type=float,
-        default=DEFAULT_HZ,
-        metavar="N",
-        help=f"samples per second (default {DEFAULT_HZ:g})",
-    )
+    hz = f"samples per second (default {DEFAULT_HZ:g})"
+    rec.add_argument("--hz", type=float, default=DEFAULT_HZ, metavar="N", help=hz)
     output_option(rec, "--html", metavar="REPORT.html", help="also render the report here")
-    rec.add_argument(
-        "--leak-tolerance",
-        metavar="SIZE",
-        help="growth of used memory across the command that is not yet a leak (default 256MiB)",
-    )
-    rec.add_argument(
-        "--leak-grace",
-        type=float,
-        default=DEFAULT_LEAK_GRACE_S,
-        metavar="SECONDS",
-        help="keep sampling up to this long after the command exits while memory is still held "
-        f"(default {DEFAULT_LEAK_GRACE_S:g})",
-    )
-    rec.add_argument(
-        "--kill-after",
-        type=float,
-        default=DEFAULT_KILL_AFTER_S,
-        metavar="SECONDS",
-        help="after forwarding a signal, how long the command may take to exit before it is "
-        f"sent SIGTERM, then SIGKILL (default {DEFAULT_KILL_AFTER_S:g})",
-    )
-    rec.add_argument(
-        "command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run"
+    tolerance = "growth of used memory across the command that is not yet a leak (default 256MiB)"
+    rec.add_argument("--leak-tolerance", metavar="SIZE", help=tolerance)
+    grace = "keep sampling up to this long after the command exits while memory is still held"
+    for flag, default, text in (
+        ("--leak-grace", DEFAULT_LEAK_GRACE_S, grace),
+        ("--kill-after", DEFAULT_KILL_AFTER_S, "after forwarding a signal, how long the command "
+         "may take to exit before it is sent SIGTERM, then SIGKILL"),
+    ):  # fmt: skip
+        help_text = f"{text} (default {default:g})"
+        rec.add_argument(flag, type=float, default=default, metavar="SECONDS", help=help_text)
+    rec.add_argument(  # not dest "command": that names the sub-command (errors' prefix)
+        "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run"
     )
 
     rep = command(
@@ -192,31 +172,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     path(rep.add_argument("trace", metavar="TRACE.json", help="the trace to render"))
     output_option(rep, "--out", metavar="REPORT.html", help="page to write")
-    output_option(
-        rep,
-        "--chrome-trace",
-        metavar="OUT.json",
-        help="also (or only) write Chrome trace-event JSON: memory counters, test and wait "
-        "slices, for ui.perfetto.dev or chrome://tracing",
-    )
-    rep.add_argument("--title", help="page heading")
-    rep.add_argument(
-        "--leak-tolerance", metavar="SIZE", help="override the trace's leak tolerance: 256MiB"
-    )
-    rep.add_argument(
-        "--leak-grace", type=float, metavar="SECONDS", help="override the trace's leak grace period"
-    )
+    chrome = "also (or only) write Chrome trace-event JSON: memory counters, test and wait "
+    chrome += "slices, for ui.perfetto.dev or chrome://tracing"
+    output_option(rep, "--chrome-trace", metavar="OUT.json", help=chrome)
+    rep.add_argument("--title", metavar="TEXT", help="page heading")
+    tolerance = "override the trace's leak tolerance: 256MiB"
+    rep.add_argument("--leak-tolerance", metavar="SIZE", help=tolerance)
+    grace = "override the trace's leak grace period"
+    rep.add_argument("--leak-grace", type=float, metavar="SECONDS", help=grace)
 
 
 def _tolerance(raw: str | None) -> int | None:
+    from accelplat._leaks import parse_leak_tolerance
+
     return None if raw is None else parse_leak_tolerance(raw, argument="--leak-tolerance")
 
 
 def run_record(args: argparse.Namespace) -> int:
     """Run ``args.command`` while recording; write the trace (and ``--html``) even on failure."""
-    argv: list[str] = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
+    from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES
+    from accelplat._vendor import procs
+    from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
+    from accelplat.timeline._trace import SpanOwners, clip
+
+    argv: list[str] = args.argv[1:] if args.argv[:1] == ["--"] else list(args.argv)
     if not argv:
-        raise ConfigurationError("accelplat record needs a command after `--`")
+        raise ConfigurationError("needs a command after `--`")
     hz = validate_hz(args.hz, argument="--hz")
     tolerance = _tolerance(args.leak_tolerance)
     grace = validate_grace(args.leak_grace, argument="--leak-grace")
@@ -273,6 +254,8 @@ def run_record(args: argparse.Namespace) -> int:
 
 def _holdings(recorder: Recorder) -> dict[int, Holdings]:
     """What each device holds now, by owner (the command is a child): {} if it cannot be read."""
+    from accelplat._leaks import current_holdings
+
     platform = recorder.platform
     if platform is None:
         return {}
@@ -291,6 +274,9 @@ def _reap(proc: subprocess.Popen[bytes], signals: _Signals) -> int:
 
 
 def _save(trace: Trace, out: Path, html_path: str | None, status: int) -> int:
+    from accelplat.timeline._render import write_report
+    from accelplat.timeline._trace import save_trace
+
     written: list[str] = []
     try:
         written.append(str(save_trace(trace, out)))
@@ -310,28 +296,30 @@ def _save(trace: Trace, out: Path, html_path: str | None, status: int) -> int:
 def run_report(args: argparse.Namespace) -> int:
     """Render the trace ``args.trace`` to ``args.out``; return 0, or 1 when it cannot be written."""
     if args.out is None and args.chrome_trace is None:
-        raise ConfigurationError("accelplat report needs --out REPORT.html or --chrome-trace OUT")
+        raise ConfigurationError("needs --out REPORT.html or --chrome-trace OUT.json (or both)")
+    from accelplat.timeline._render import write_report
+    from accelplat.timeline._sampler import validate_grace
+    from accelplat.timeline._trace import load_trace
+
     tolerance = _tolerance(args.leak_tolerance)
-    grace = args.leak_grace
-    if grace is not None:
-        grace = validate_grace(grace, argument="--leak-grace")
+    grace = (
+        None
+        if args.leak_grace is None
+        else validate_grace(args.leak_grace, argument="--leak-grace")
+    )
     trace = load_trace(args.trace)
-    if tolerance is not None or grace is not None:  # the Chrome trace's leaks follow them too
-        trace = dataclasses.replace(
-            trace,
-            leak_tolerance_bytes=trace.leak_tolerance_bytes if tolerance is None else tolerance,
-            leak_grace_s=trace.leak_grace_s if grace is None else grace,
-        )
-    target = args.out
-    try:
-        if args.out is not None:
-            page = write_report(trace, args.out, title=args.title)
-            print(f"accelplat report: wrote {page}", file=sys.stderr)
-        if args.chrome_trace is not None:
-            target = args.chrome_trace
-            written = write_report(trace, args.chrome_trace, format="chrome")
-            print(f"accelplat report: wrote {written}", file=sys.stderr)
-    except OSError as exc:  # a runtime failure, not bad usage
-        print(f"accelplat report: error: cannot write {target!r}: {exc}", file=sys.stderr)
-        return 1
+    trace = dataclasses.replace(  # the Chrome trace's leaks follow them too
+        trace,
+        leak_tolerance_bytes=trace.leak_tolerance_bytes if tolerance is None else tolerance,
+        leak_grace_s=trace.leak_grace_s if grace is None else grace,
+    )
+    pages: list[tuple[str, Literal["html", "chrome"]]] = [(args.out, "html")] * bool(args.out)
+    pages += [(args.chrome_trace, "chrome")] * bool(args.chrome_trace)
+    for target, kind in pages:
+        try:
+            written = write_report(trace, target, title=args.title, format=kind)
+        except OSError as exc:  # a runtime failure, not bad usage
+            print(f"accelplat report: error: cannot write {target!r}: {exc}", file=sys.stderr)
+            return 1
+        print(f"accelplat report: wrote {written}", file=sys.stderr)
     return 0

@@ -10,26 +10,12 @@ same host's wall clock. The format is described in Google's "Trace Event Format"
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
-from accelplat.timeline._trace import TestSpan, Trace, WaitSpan
+from accelplat.timeline._trace import Trace, lanes
 
 PID = 1  # one process: the recording
 _TESTS_TID, _WAITS_TID = 1000, 2000  # lanes of tests count up from 1000, of waits from 2000
-
-
-def _lanes(spans: Sequence[TestSpan | WaitSpan]) -> list[int]:
-    # A thread's slices must nest: a span overlapping every open lane opens a new one.
-    ends: list[float] = []
-    out: list[int] = []
-    for span in spans:
-        lane = next((k for k, end in enumerate(ends) if end <= span.start), len(ends))
-        if lane == len(ends):
-            ends.append(span.end)
-        ends[lane] = span.end
-        out.append(lane)
-    return out
 
 
 def render_chrome_trace(trace: Trace) -> dict[str, Any]:
@@ -63,7 +49,7 @@ def render_chrome_trace(trace: Trace) -> dict[str, Any]:
     leaked: dict[str, dict[str, int]] = {}
     for leak in trace.leaks():
         leaked.setdefault(leak.nodeid, {})[str(leak.device)] = leak.leaked
-    test_lanes = _lanes(trace.tests)
+    test_lanes = lanes(trace.tests)
     for lane in sorted(set(test_lanes)):
         events.append(_meta("thread_name", _TESTS_TID + lane, name=f"{what} {lane + 1}"))
     for span, lane in zip(trace.tests, test_lanes, strict=True):
@@ -74,7 +60,7 @@ def render_chrome_trace(trace: Trace) -> dict[str, Any]:
             args["left_held_bytes"] = leaked[span.nodeid]
         tid = _TESTS_TID + lane
         events.append(_slice(span.nodeid, what, us(span.start), span.duration, tid=tid, args=args))
-    wait_lanes = _lanes(trace.waits)
+    wait_lanes = lanes(trace.waits)
     for lane in sorted(set(wait_lanes)):
         events.append(_meta("thread_name", _WAITS_TID + lane, name=f"memory waits {lane + 1}"))
     for w, lane in zip(trace.waits, wait_lanes, strict=True):

@@ -1,7 +1,8 @@
 """Render a :class:`~accelplat.timeline._trace.Trace` as one self-contained HTML page.
 
-Charts are inline SVG; trace strings are escaped. A checkbox switches the fitted y-axes to
-0..total with CSS alone: each chart is drawn at both scales, the y-independent layers once.
+Each device's chart is inline SVG, drawn for a desktop and for a phone, each at a fitted and at a
+full scale: the stylesheet (``report.css``, inlined) shows one of the four with CSS alone. Every
+string from the trace is escaped.
 """
 
 from __future__ import annotations
@@ -14,23 +15,25 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
+from importlib import resources
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 from accelplat import _files
 from accelplat._types import GIB, MIB
 from accelplat._util import format_bytes
-from accelplat.timeline._trace import Leak, Reading, Sample, TestSpan, Trace, WaitSpan
+from accelplat.timeline._trace import Leak, Reading, Sample, TestSpan, Trace, WaitSpan, lanes
 
 _PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
-_LEAK, _WAIT, _WAIT_FAILED, _FAILED = "#d62728", "#ff7f0e", "#b30000", "#4b5563"
+_LEAK, _FAILED, _TEST, _FOLD = "#d62728", "#4b5563", "#a9bcd6", "#eceef1"
+_WAIT, _WAIT_FAILED, _CHECK = "#ff7f0e", "#b30000", "#b9a7d9"  # a wait, a failed one, the check's
 _CONTEXT_NOTE = "This platform's memory queries create a device context in the sampling process."
 
 
 class _Geometry(NamedTuple):
-    """A chart's drawing, in SVG user units: one for desktops, one for phones (CSS picks)."""
+    """A chart's layout in SVG user units, for a desktop or for a phone."""
 
-    cls: str  # "" or "phone", a class of the <svg>
+    phone: bool
     w: int  # the width
     left: int  # the margins of the plot
     right: int
@@ -49,53 +52,12 @@ class _Geometry(NamedTuple):
 
 # At 1240 CSS px a desktop chart draws 11-unit text at 11 px; a phone (390 px wide, 350 px for
 # the chart) draws the 600-unit chart at 0.58: 19 units make 11 px, as on the desktop.
-_WIDE = _Geometry("", 1200, 78, 16, 12, 220, 30, 16, 11, 10, 100)
-_PHONE = _Geometry("phone", 600, 104, 26, 20, 260, 40, 26, 19, 16, 110)
+_WIDE = _Geometry(False, 1200, 78, 16, 12, 220, 30, 16, 11, 10, 100)
+_PHONE = _Geometry(True, 600, 104, 26, 20, 260, 40, 26, 19, 16, 110)
 _MAX_LANES = 6
-_FOLDS = 4  # at most this many stretches without change are folded
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#1d1d1f;
-background:#fff}h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px}
-h3{font-size:15px;margin:18px 0 4px}.sub{color:#555;margin:0 0 16px}
-dl.summary{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;margin:0}
-dl.summary dt{color:#555}dl.summary dd{margin:0}.badges{margin:14px 0}
-.badge{display:inline-block;padding:4px 10px;margin:0 8px 6px 0;border-radius:12px;
-background:#eef2f7;font-weight:600}.badge.bad{background:#fde8e8;color:#a3161a}
-.badge.warn{background:#fff1e0;color:#8a4b00}.badge.good{background:#e6f4ea;color:#17622e}
-.notes{background:#fff8e1;border-left:4px solid #f0b400;padding:6px 12px}
-svg.chart{width:100%;height:auto;display:block;border:1px solid #e3e6ea;border-radius:6px}
-svg text{font:11px system-ui,sans-serif;fill:#444}.legend{margin:4px 0 0;color:#444;font-size:12px}
-.legend span{display:inline-block;margin-right:16px}
-.sw{display:inline-block;width:18px;height:10px;margin-right:5px;vertical-align:middle;
-border-radius:2px}table{border-collapse:collapse;margin:4px 0 8px;font-size:13px}
-th,td{border-bottom:1px solid #e3e6ea;padding:4px 10px;text-align:left;vertical-align:top}
-th{background:#f6f8fa}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
-td.id{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;overflow-wrap:anywhere}
-tr.leak td{background:#fdecec}td.grew{color:#a3161a;font-weight:600}
-tr.wait-failed td{background:#fdecec}.ok{color:#17622e}.failed{color:#a3161a;font-weight:600}
-.skipped{color:#8a6d00}details summary{cursor:pointer;font-weight:600;margin:8px 0}
-footer{margin-top:32px;color:#777;font-size:12px}.scale{margin:6px 0 10px;color:#444}
-svg.chart{display:none}.charts svg.chart.fit-scale{display:block}.peak{color:#444;font-weight:400}
-#full-scale:checked~.charts svg.chart.fit-scale{display:none}
-#full-scale:checked~.charts svg.chart.full-scale{display:block}
-.charts svg.chart.phone.fit-scale,
-#full-scale:checked~.charts svg.chart.phone.full-scale{display:none}
-svg text.lane-label{font:10px ui-monospace,SFMono-Regular,Menlo,monospace;fill:#1d1d1f}
-svg text.peak-label{font:11px system-ui,sans-serif;font-weight:600;fill:#1d1d1f}
-svg.phone text{font-size:19px}svg.phone text.lane-label{font-size:16px}
-svg.phone text.peak-label{font-size:19px}h3,dd{overflow-wrap:anywhere}.scroll{overflow-x:auto}
-@media (max-width:700px){body{margin:14px}
-.charts svg.chart.fit-scale,#full-scale:checked~.charts svg.chart.full-scale{display:none}
-.charts svg.chart.phone.fit-scale{display:block}
-#full-scale:checked~.charts svg.chart.phone.fit-scale{display:none}
-#full-scale:checked~.charts svg.chart.phone.full-scale{display:block}
-dl.summary{gap:2px 10px}
-table.stack,table.stack tbody,table.stack tr,table.stack td{display:block}
-table.stack thead{display:none}table.stack tr{border:1px solid #e3e6ea;border-radius:6px;
-margin:0 0 8px;padding:4px 0}table.stack td{border:0;padding:2px 10px;text-align:left}
-table.stack td[data-label]::before{content:attr(data-label);display:inline-block;width:7.5em;
-color:#555;font-family:system-ui,sans-serif}#tests td.id{min-width:16em}}
-"""
+_FOLDS = 4  # at most this many flat stretches are folded
+_STEPS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300,
+          600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400)  # fmt: skip
 
 
 def _e(text: object) -> str:
@@ -108,9 +70,7 @@ def _fmt_s(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.2f} s"
     minutes, rest = divmod(seconds, 60)
-    if minutes < 120:
-        return f"{int(minutes)} min {rest:.0f} s"
-    return f"{minutes / 60:.1f} h"
+    return f"{int(minutes)} min {rest:.0f} s" if minutes < 120 else f"{minutes / 60:.1f} h"
 
 
 def _fmt_short(seconds: float) -> str:  # a folded stretch's length, in few characters
@@ -147,32 +107,15 @@ def _decimals(step: float) -> int:  # what shows each multiple of ``step``: 2 fo
     return next((d for d in range(9) if abs(round(step, d) - step) <= step * 1e-6), 9)
 
 
-def _lanes(spans: Sequence[TestSpan]) -> list[int]:  # the first lane free at each start
-    ends: list[float] = []
-    out: list[int] = []
-    for span in spans:
-        lane = next((k for k, end in enumerate(ends) if end <= span.start), None)
-        if lane is None and len(ends) < _MAX_LANES:
-            lane = len(ends)
-            ends.append(span.end)
-        elif lane is None:  # too many in parallel: share the lane that frees first
-            lane = min(range(len(ends)), key=ends.__getitem__)
-        ends[lane] = max(ends[lane], span.end)
-        out.append(lane)
-    return out
-
-
-def _peak_of(trace: Trace, pos: int) -> tuple[int, float] | None:
-    best: tuple[int, float] | None = None
-    for s in trace.samples:
-        value = s.used[pos] if pos < len(s.used) else None
-        if value is not None and (best is None or value > best[0]):
-            best = (value, s.t)
-    for span in trace.tests:
-        for value, t in ((span.used_before[pos], span.start), (span.used_after[pos], span.end)):
-            if value is not None and (best is None or value > best[0]):
-                best = (value, t)
-    return best
+def _extremes(trace: Trace, pos: int) -> tuple[tuple[int, float] | None, int]:
+    """Return device ``pos``'s highest reading ``(bytes, seconds)`` and its lowest sample."""
+    sampled = [(v, s.t) for s in trace.samples if (v := s.used[pos]) is not None]
+    ends = (
+        (span.used_before[pos], span.start, span.used_after[pos], span.end) for span in trace.tests
+    )
+    spans = [(v, t) for b, tb, a, ta in ends for v, t in ((b, tb), (a, ta)) if v is not None]
+    peak = max(sampled + spans, key=lambda p: p[0], default=None)
+    return peak, min((v for v, _ in sampled), default=0)
 
 
 def peaks_per_test(trace: Trace) -> list[Reading]:
@@ -180,12 +123,12 @@ def peaks_per_test(trace: Trace) -> list[Reading]:
     times = [s.t for s in trace.samples]
     out: list[Reading] = []
     for span in trace.tests:
-        lo = bisect.bisect_left(times, span.start)
-        hi = bisect.bisect_right(times, span.end)
+        inside = trace.samples[
+            bisect.bisect_left(times, span.start) : bisect.bisect_right(times, span.end)
+        ]
         peaks: list[int | None] = []
         for pos in range(len(trace.devices)):
-            values = [span.used_before[pos], span.used_after[pos]]
-            values += [s.used[pos] for s in trace.samples[lo:hi] if pos < len(s.used)]
+            values = (span.used_before[pos], span.used_after[pos], *(s.used[pos] for s in inside))
             peaks.append(max((v for v in values if v is not None), default=None))
         out.append(tuple(peaks))
     return out
@@ -211,16 +154,7 @@ def _axis(lo: int, hi: int, total: int, *, full: bool) -> tuple[float, float]:
 
 
 def _short_name(nodeid: str) -> str:  # the part worth a lane label: after the last ``::``
-    name = nodeid.rsplit("::", 1)[-1]
-    return name.rsplit("/", 1)[-1] or nodeid
-
-
-def _program(command: Sequence[str]) -> str:  # a recorded command's lane label: its program
-    return command[0].rsplit("/", 1)[-1] if command else ""
-
-
-def _text_w(text: str, font: float) -> float:  # about, in a proportional font
-    return 0.62 * font * len(text)
+    return nodeid.rsplit("::", 1)[-1].rsplit("/", 1)[-1] or nodeid
 
 
 def _fit_label(text: str, width: float, font: float = 10) -> str:  # at ``font`` monospace
@@ -235,76 +169,64 @@ def _envelope(
 ) -> list[list[tuple[float, int]]]:
     # Polyline segments of (x, used), a None reading ending one; per pixel column the first,
     # last, minimum and maximum are kept in time order, so spikes survive any thinning.
-    segments: list[list[tuple[float, int]]] = [[]]
-    column: list[tuple[float, int]] = []
-    column_x: int | None = None
-
-    def flush() -> None:
-        if column:
-            lo = min(column, key=lambda p: p[1])
-            hi = max(column, key=lambda p: p[1])
-            segments[-1].extend(sorted({column[0], lo, hi, column[-1]}, key=lambda p: p[0]))
-            column.clear()
-
-    for s, x in zip(samples, xs, strict=True):  # ``xs``: each sample's x
-        value = s.used[pos] if pos < len(s.used) else None
-        if value is None:
-            flush()
-            if segments[-1]:
-                segments.append([])
-            column_x = None
-            continue
-        col = min(width, int(x))
-        if column_x is not None and col != column_x:
-            flush()
-        column_x = col
-        column.append((x, value))
-    flush()
-    return [seg for seg in segments if seg]
-
-
-class _Layers(NamedTuple):  # what both scales of a device's chart share
-    band: str  # the test bands, drawn first
-    body: str  # the test lanes and waits, drawn last
-    height: int  # of the SVG
-    peak: tuple[int, float] | None  # (bytes, seconds) of the highest reading
-    low: int  # the lowest sampled reading
-    envelope: list[list[tuple[float, int]]]  # the memory line's points (x, bytes)
-
-
-_STEPS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300,
-          600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400)  # fmt: skip
+    segments = []
+    points = [
+        (x, -1 if (v := s.used[pos]) is None else v) for x, s in zip(xs, samples, strict=True)
+    ]
+    for known, run in itertools.groupby(points, key=lambda p: p[1] >= 0):  # -1: no reading
+        segment: list[tuple[float, int]] = []
+        for _, group in (
+            itertools.groupby(run, key=lambda p: min(width, int(p[0]))) if known else ()
+        ):
+            col = list(group)
+            lo, hi = min(col, key=lambda p: p[1]), max(col, key=lambda p: p[1])
+            segment += sorted({col[0], lo, hi, col[-1]})
+        segments += [segment] * bool(segment)
+    return segments
 
 
 def _folds(trace: Trace, end_t: float) -> list[tuple[float, float]]:
-    """Return the stretches worth folding: long, with no test or wait edge and no change.
+    """Return the stretches worth folding: long and flat, with no test or wait edge inside.
 
-    A stretch qualifies when it lasts a fifth of the recording and 5 s or more, while no
-    device's reading moves by more than 1 % of its total (or peak); a twentieth of it stays
-    drawn at each end. A two-minute idle wait after 6 busy seconds folds to a narrow band.
+    Flat: over the whole stretch each device's readings stay within 1 % of its total (or peak;
+    at least 1 MiB) of one another. The stretch's own range counts, not its steps, so a slow
+    ramp never folds. A stretch qualifies when it lasts a fifth of the recording and 5 s or
+    more; the four longest fold, each keeping a twentieth of it drawn at either end.
     """
-    events = {0.0, end_t}
-    events.update(t for span in trace.tests for t in (span.start, span.end))
-    events.update(t for w in trace.waits for t in (w.start, w.end))
+    spans: list[TestSpan | WaitSpan] = [*trace.tests, *trace.waits]
+    edges = sorted({t for s in spans for t in (s.start, s.end)})
+    limits = []
     for pos, dev in enumerate(trace.devices):
-        peak = _peak_of(trace, pos) if dev.total <= 0 else None
-        scale = dev.total if dev.total > 0 else (peak[0] if peak else 0)
-        threshold = max(0.01 * scale, float(MIB))
-        before: Sample | None = None
-        for s in trace.samples:
-            value = s.used[pos] if pos < len(s.used) else None
-            last = before.used[pos] if before is not None and pos < len(before.used) else None
-            if before is not None and (
-                value is None or last is None or abs(value - last) > threshold
-            ):
-                events.update((before.t, s.t))
-            before = s
-    times = sorted(t for t in events if 0.0 <= t <= end_t)
+        scale = dev.total if dev.total > 0 else (_extremes(trace, pos)[0] or (0, 0.0))[0]
+        limits.append(max(0.01 * scale, float(MIB)))
     least = max(0.2 * end_t, 5.0)
-    gaps = sorted(
-        ((b - a, a, b) for a, b in itertools.pairwise(times) if b - a >= least), reverse=True
-    )
-    return sorted((a + 0.05 * gap, b - 0.05 * gap) for gap, a, b in gaps[:_FOLDS])
+    runs: list[tuple[float, float]] = []
+    start = last = -1.0  # the open run's first and last sample; -1: none open
+    lo: list[int] = []  # per device, the least and the most of the open run's readings
+    hi: list[int] = []
+    seen: tuple[int, ...] = ()  # the last readings taken into lo and hi
+    k = 0  # the edges at or before the last sample
+    for s in trace.samples:
+        passed = k
+        while k < len(edges) and edges[k] <= s.t:
+            k += 1
+        known = None not in s.used
+        used = cast("tuple[int, ...]", s.used)  # used only when known
+        rows = zip(used, lo, hi, limits, strict=True)
+        if start >= 0 and known and k == passed and all(b - m <= v <= a + m for v, a, b, m in rows):
+            if used != seen:
+                lo = [min(a, v) for a, v in zip(lo, used, strict=True)]
+                hi = [max(a, v) for a, v in zip(hi, used, strict=True)]
+                seen = used
+            last = s.t
+            continue
+        if start >= 0 and last - start >= least:
+            runs.append((start, last))
+        start, last, lo, hi, seen = (s.t if known else -1.0), s.t, list(used), list(used), used
+    if start >= 0 and last - start >= least:
+        runs.append((start, last))
+    longest = sorted(runs, key=lambda r: r[0] - r[1])[:_FOLDS]
+    return sorted((a + 0.05 * (b - a), b - 0.05 * (b - a)) for a, b in longest)
 
 
 class _TimeAxis:
@@ -315,20 +237,16 @@ class _TimeAxis:
         self.folds = list(folds)
         self.fold_w = max(0.06 * geo.plot_w, 3.0 * geo.font)
         linear = end_t - sum(b - a for a, b in folds)
-        per_s = (geo.plot_w - self.fold_w * len(folds)) / max(linear, 1e-12)
+        self.per_s = per_s = (geo.plot_w - self.fold_w * len(folds)) / max(linear, 1e-12)
         t, x = 0.0, float(geo.left)
-        self._t, self._x = [t], [x]
+        self._t, self._x = [t], [x]  # knots: 0, then each fold's ends, then end_t
         for a, b in folds:
             x += (a - t) * per_s
-            self._t.append(a)
-            self._x.append(x)
-            x += self.fold_w
-            self._t.append(b)
-            self._x.append(x)
-            t = b
+            self._t += [a, b]
+            self._x += [x, x + self.fold_w]
+            t, x = b, x + self.fold_w
         self._t.append(end_t)
         self._x.append(float(geo.left + geo.plot_w))
-        self.linear = [(self._t[k], self._t[k + 1]) for k in range(0, len(self._t), 2)]
 
     def __call__(self, t: float) -> float:
         k = min(max(bisect.bisect_right(self._t, t) - 1, 0), len(self._t) - 2)
@@ -336,326 +254,286 @@ class _TimeAxis:
         return x0 if t1 <= t0 else x0 + (x1 - x0) * (min(max(t, t0), t1) - t0) / (t1 - t0)
 
     def many(self, times: Sequence[float]) -> list[float]:
-        """Return the x of each of ``times``: one pass when they ascend, as samples do."""
+        """Return the x of each of ``times`` (ascending, within the axis): a stretch at a time."""
         out: list[float] = []
-        k, last = 0, len(self._t) - 2
-        for t in times:
-            if not self._t[k] <= t <= self._t[k + 1]:
-                k = min(max(bisect.bisect_right(self._t, t) - 1, 0), last)
+        for k in range(len(self._t) - 1):
             t0, t1, x0, x1 = self._t[k], self._t[k + 1], self._x[k], self._x[k + 1]
-            clamped = t0 if t < t0 else t1 if t > t1 else t
-            out.append(x0 if t1 <= t0 else x0 + (x1 - x0) * (clamped - t0) / (t1 - t0))
+            end = bisect.bisect_right(times, t1) if k < len(self._t) - 2 else len(times)
+            scale = (x1 - x0) / (t1 - t0) if t1 > t0 else 0.0
+            out += [x0 + (t - t0) * scale for t in times[len(out) : end]]
         return out
 
     def ticks(self) -> list[tuple[float, str]]:
-        """Return the time labels ``(x, text)``: nice steps per linear stretch, never crowded."""
+        """Return the time labels ``(x, text)``: one nice step, never crowded nor on a fold."""
         gap = self.geo.tick_gap
-        folds = [(self(a) + self(b)) / 2 for a, b in self.folds]  # the folds' own labels
-        placed: list[float] = []
+        step = next((s for s in _STEPS if s * self.per_s >= gap), None) or _nice_step(
+            self._t[-1], max(1, int(self.geo.plot_w / gap))
+        )
+        centres = [(self(a) + self(b)) / 2 for a, b in self.folds]  # where the folds' labels go
         out: list[tuple[float, str]] = []
-        for t0, t1 in self.linear:
-            room = max(1, int((self(t1) - self(t0)) / gap) + 1)  # labels, the first included
-            step = next((s for s in _STEPS if (t1 - t0) / s <= room), None)
-            step = step if step is not None else _nice_step(t1 - t0, room)
+        for t0, t1 in zip(self._t[::2], self._t[1::2], strict=True):  # the linear stretches
             first = math.ceil(t0 / step - 1e-9)
-            for k in range(first, first + min(room, 20) + 1):
+            for k in range(first, min(math.floor(t1 / step + 1e-9), first + 20) + 1):
                 x = self(k * step)
-                if k * step > t1 * 1.0001 or len(out) >= 20:
-                    break
-                crowded = any(abs(x - p) < 0.6 * gap for p in placed)
-                if not crowded and all(abs(x - p) >= 0.9 * gap for p in folds):
-                    placed.append(x)
+                apart = all(abs(x - p) >= 0.6 * gap for p, _ in out)
+                if apart and all(abs(x - c) >= 0.9 * gap for c in centres) and len(out) < 20:
                     out.append((x, _time_label(k * step, step)))
         return out
 
 
-def _device_chart(
-    trace: Trace, pos: int, x_of: _TimeAxis, leaked: set[str], layers: _Layers, *, full: bool
+class _Page(NamedTuple):  # what every chart and table of one page shares
+    trace: Trace
+    leaks: list[Leak]
+    growth: list[tuple[int | None, ...]]  # per test, per device: what the leak rule holds
+    lanes: list[int]  # per test
+
+
+def _wait_fill(w: WaitSpan) -> str:
+    return _CHECK if w.by_leak_check else _WAIT if w.ok else _WAIT_FAILED
+
+
+def _wait_tip(w: WaitSpan) -> str:
+    if w.by_leak_check:
+        end = "memory came back" if w.ok else "memory still held"
+        tip = f"the leak check waited {_fmt_s(w.duration)}: {end}"
+    else:
+        tip = f"{w.kind}: {_fmt_s(w.duration)}{'' if w.ok else ' (failed)'}"
+    return tip + (f"\nin {w.test}" if w.test else "")
+
+
+def _el(tag: str, attrs: str, text: str = "", tip: str = "") -> str:
+    """An SVG element: ``attrs`` as written, then ``text`` and a tooltip ``tip`` (escaped)."""
+    inner = _e(text) + (f"<title>{_e(tip)}</title>" if tip else "")
+    return f"<{tag} {attrs}>{inner}</{tag}>" if inner else f"<{tag} {attrs}/>"
+
+
+def _box(x0: float, x1: float, y: float, h: float, least: float = 0.3) -> str:
+    return f'x="{x0:.2f}" y="{y:.2f}" width="{max(x1 - x0, least):.2f}" height="{h:.2f}"'
+
+
+def _seg(xs: tuple[float, float], ys: tuple[float, float], stroke: str, width: float = 0.6) -> str:
+    xy = f'x1="{xs[0]:.2f}" x2="{xs[1]:.2f}" y1="{ys[0]:.2f}" y2="{ys[1]:.2f}"'
+    return f'{xy} stroke="{stroke}" stroke-width="{width}"'
+
+
+def _at(x: float, y: float, anchor: str = "end") -> str:
+    return f'x="{x:.2f}" y="{y:.2f}" text-anchor="{anchor}"'
+
+
+def _chart(
+    page: _Page,
+    pos: int,
+    x_of: _TimeAxis,
+    line: list[list[tuple[float, int]]],
+    extremes: tuple[tuple[int, float] | None, int],
+    *,
+    full: bool,
 ) -> str:
-    # ``leaked`` names the tests leaking on device ``pos``
-    dev = trace.devices[pos]
+    """Return device ``pos``'s chart at one geometry and scale; ``line``: its memory envelope."""
+    trace, geo, dev = page.trace, x_of.geo, page.trace.devices[pos]
     color = _PALETTE[pos % len(_PALETTE)]
-    peak = layers.peak
+    peak, low = extremes
     high = peak[0] if peak is not None else 0
-    ymin, ymax = _axis(min(layers.low, high), high, dev.total, full=full)
+    ymin, ymax = _axis(min(low, high), high, dev.total, full=full)
     span_y = max(ymax - ymin, 1.0)
-    unit, unit_name = (GIB, "GiB") if ymax >= GIB else (MIB, "MiB")
-    geo = x_of.geo
-    left, right, top, plot_h = geo.left, geo.w - geo.right, geo.top, geo.plot_h
+    left, right, top, plot_h, lane_h = geo.left, geo.w - geo.right, geo.top, geo.plot_h, geo.lane_h
+    bottom = top + plot_h
+    tests_top = bottom + geo.axis_h
+    waits_top = tests_top + (max(page.lanes, default=0) + 1) * lane_h + 8
+    leaked = {leak.nodeid: leak for leak in page.leaks if leak.device == dev.index}
 
     def y_of(v: float) -> float:
         return top + plot_h * (1 - (min(max(v, ymin), ymax) - ymin) / span_y)
 
-    scale = f"{geo.cls} chart {'full-scale' if full else 'fit-scale'}".lstrip()
-    out: list[str] = [
-        f'<svg class="{scale}" viewBox="0 0 {geo.w} {layers.height}" role="img" '
-        f'data-device="{dev.index}" aria-label="Used memory of device {dev.index} over time">',
-        layers.band,
+    out = [
+        f'<svg class="{"phone " * geo.phone}chart {"full" if full else "fit"}-scale" '
+        f'viewBox="0 0 {geo.w} {waits_top + lane_h + 10}" role="img" data-device="{dev.index}" '
+        f'aria-label="Used memory of device {dev.index} over time">'
     ]
+    spans = [
+        (i, s, x_of(s.start), x_of(s.end), s.nodeid in leaked) for i, s in enumerate(trace.tests)
+    ]
+    spans = [s for s in spans if s[3] - s[2] >= 0.3 or s[4]]  # too narrow to see: left out
+    for i, span, x0, x1, hit in spans:  # bands behind everything
+        tip = f"{span.nodeid}\n{span.outcome or 'no outcome'}, {_fmt_s(span.duration)}, device "
+        tip += f"{dev.index}: {_fmt_delta(page.growth[i][pos])}"
+        fill = "#fbd5d5" if hit else ("#eef3fa", "#e2eaf5")[i % 2]
+        attrs = f'class="test-band{" leaked" * hit}" data-nodeid="{_e(span.nodeid)}"'
+        out.append(
+            _el(
+                "rect",
+                f'{attrs} {_box(x0, x1, top, plot_h, 0.3 + 1.2 * hit)} fill="{fill}"',
+                tip=tip,
+            )
+        )
+    waits = [w for w in trace.waits if not w.devices or dev.index in w.devices]
+    for w in waits:  # a light band over the chart while a wait lasts
+        attrs = _box(x_of(w.start), x_of(w.end), top, plot_h, 0.5)
+        out.append(_el("rect", f'{attrs} fill="{_wait_fill(w)}" fill-opacity="0.12"'))
+    unit, unit_name = (GIB, "GiB") if ymax >= GIB else (MIB, "MiB")
     step = _nice_step(span_y / unit, 5 if plot_h * geo.font <= 260 * 11 else 4)
-    decimals = _decimals(step)
-    out.append('<g class="grid">')  # the grid and axes
     # Ticks are counted, never stepped up to the top: at 2**55 bytes a float step is too fine
     # to reach a tolerance relative to the value, and that loop ran for hours.
     first = math.ceil(ymin / unit / step - 1e-9)
     last = math.floor(ymax / unit / step + 1e-9)
     for k in range(first, min(last, first + 10) + 1):
-        v = k * step
-        y = y_of(v * unit)
-        label = f"{v:.{decimals}f} {unit_name}"
-        out.append(
-            f'<line x1="{left}" x2="{right}" y1="{y:.2f}" y2="{y:.2f}" '
-            f'stroke="#d0d5db" stroke-width="0.6"/>'
-            f'<text x="{left - 6}" y="{y + geo.font * 0.35:.2f}" text-anchor="end">'
-            f"{_e(label)}</text>"
-        )
-    for a, b in x_of.folds:  # a stretch without change, drawn narrow: a grey band, its length
+        y = y_of(k * step * unit)
+        out.append(_el("line", _seg((left, right), (y, y), "#d0d5db")))
+        label = f"{k * step:.{_decimals(step)}f} {unit_name}"
+        out.append(_el("text", _at(left - 6, y + geo.font * 0.35), label))
+    label_y = bottom + geo.font + 5
+    for a, b in x_of.folds:  # a flat stretch, drawn narrow: a grey band and its length
         x0, x1 = x_of(a), x_of(b)
-        out.append(
-            f'<g class="fold"><rect x="{x0:.2f}" y="{top}" width="{x1 - x0:.2f}" '
-            f'height="{plot_h}" fill="#eceef1"/><path d="M{x0:.2f},{top}V{top + plot_h}'
-            f'M{x1:.2f},{top}V{top + plot_h}" stroke="#9aa3ad" stroke-dasharray="3 3"/>'
-            f'<text x="{(x0 + x1) / 2:.2f}" y="{top + plot_h + geo.font + 5}" '
-            f'text-anchor="middle">⋯{_e(_fmt_short(b - a))}⋯</text><title>{_e(_fmt_s(b - a))} '
-            f"without a change, a test or a wait, drawn narrow</title></g>"
-        )
+        tip = f"{_fmt_s(b - a)} flat (no reading moved by more than 1 % of the total), no test "
+        out += [
+            f'<g class="fold">{_el("rect", f"{_box(x0, x1, top, plot_h)} fill={_FOLD!r}")}',
+            f'<path d="M{x0:.2f},{top}V{bottom}M{x1:.2f},{top}V{bottom}" stroke="#9aa3ad" '
+            'stroke-dasharray="3 3"/>',
+            _el("text", _at((x0 + x1) / 2, label_y, "middle"), f"⋯{_fmt_short(b - a)}⋯"),
+            f"<title>{_e(tip)}or wait: drawn narrow</title></g>",
+        ]
     for x, label in x_of.ticks():
-        out.append(
-            f'<line x1="{x:.2f}" x2="{x:.2f}" y1="{top}" y2="{top + plot_h}" '
-            f'stroke="#e6e9ed" stroke-width="0.6"/>'
-            f'<text x="{x:.2f}" y="{top + plot_h + geo.font + 5}" text-anchor="middle">'
-            f"{_e(label)}</text>"
-        )
-    total_box: tuple[float, float, float] | None = None  # the total's label: x0, x1, baseline
+        out.append(_el("line", _seg((x, x), (top, bottom), "#e6e9ed")))
+        out.append(_el("text", _at(x, label_y, "middle"), label))
     if 0 < dev.total <= ymax * 1.0001:
-        y = y_of(dev.total)
-        total_text = f"total {format_bytes(dev.total)}"
-        total_box = (right - 4 - _text_w(total_text, geo.font), right - 4, y + geo.font + 1)
-        out.append(
-            f'<line class="total" x1="{left}" x2="{right}" y1="{y:.2f}" y2="{y:.2f}" '
-            f'stroke="#555" stroke-dasharray="4 3" stroke-width="0.8"/>'
-            f'<text x="{right - 4}" y="{y + geo.font + 1:.2f}" text-anchor="end">total '
-            f"{_e(format_bytes(dev.total))}</text>"
-        )
-    out.append(
-        f'<rect x="{left}" y="{top}" width="{geo.plot_w}" height="{plot_h}" fill="none" '
-        f'stroke="#9aa3ad" stroke-width="0.8"/></g>'
-    )
+        y, total = y_of(dev.total), f"total {format_bytes(dev.total)}"
+        attrs = f'class="total" {_seg((left, right), (y, y), "#555", 0.8)} stroke-dasharray="4 3"'
+        out.append(_el("line", attrs, tip=total))
+    frame = _box(left, right, top, plot_h)
+    out.append(_el("rect", f'{frame} fill="none" stroke="#9aa3ad" stroke-width="0.8"'))
     paths = []
-    for seg in layers.envelope:
+    for seg in line:
         points = seg if len(seg) > 1 else [seg[0], (seg[0][0] + 1.0, seg[0][1])]
         paths.append("M" + " L".join(f"{x:.2f},{y_of(v):.2f}" for x, v in points))
     if paths:
+        attrs = f'class="used" d="{" ".join(paths)}" fill="none" stroke="{color}"'
         out.append(
-            f'<path class="used" d="{" ".join(paths)}" fill="none" stroke="{color}" '
-            f'stroke-width="1.8" stroke-linejoin="round"><title>used memory, device '
-            f"{dev.index}</title></path>"
+            _el("path", f'{attrs} stroke-width="1.8"', tip=f"used memory, device {dev.index}")
         )
-    if peak is not None:  # the peak: a marker and its figure
-        px, py = x_of(peak[1]), y_of(peak[0])
-        anchor = "end" if px > left + geo.plot_w * 0.8 else "start"
-        dx = -7 if anchor == "end" else 7
-        below = py < top + geo.font + 3
-        text = f"peak {format_bytes(peak[0])}"
-        w = _text_w(text, geo.font)
-        x0 = px + dx - (w if anchor == "end" else 0)
-        for _ in range(2):  # off the total's label: to the other side of the marker
-            ty = py + geo.font + 3 if below else py - 6
-            if total_box is None or not (
-                x0 < total_box[1] and total_box[0] < x0 + w and abs(ty - total_box[2]) < geo.font
-            ):
-                break
-            below = not below
-        out.append(
+    if peak is not None:  # a marker and its figure, beside it
+        px, py, text = x_of(peak[1]), y_of(peak[0]), f"peak {format_bytes(peak[0])}"
+        anchor, dx = ("end", -7) if px > left + geo.plot_w * 0.8 else ("start", 7)
+        ty = py + geo.font + 3 if py < top + geo.font + 3 else py - 6
+        out += [
             f'<g class="peak-marker"><circle cx="{px:.2f}" cy="{py:.2f}" r="4.5" fill="#fff" '
-            f'stroke="{color}" stroke-width="2"/>'
-            f'<text class="peak-label" x="{px + dx:.2f}" y="{ty:.2f}" text-anchor="{anchor}">'
-            f"peak {_e(format_bytes(peak[0]))}</text>"
-            f"<title>peak {_e(format_bytes(peak[0]))} at {_e(_fmt_s(peak[1]))}</title></g>"
-        )
-    for span in trace.tests:
-        if span.nodeid not in leaked:
-            continue
-        before, after = span.used_before[pos], trace.held_after(span)[pos]
-        if before is None or after is None or after <= before:
-            continue
-        x = x_of(span.end)  # a red bracket from before to after at the test's end
-        out.append(
-            f'<g class="leak-marker" data-nodeid="{_e(span.nodeid)}">'
-            f'<line x1="{x:.2f}" x2="{x:.2f}" y1="{y_of(before):.2f}" y2="{y_of(after):.2f}" '
-            f'stroke="{_LEAK}" stroke-width="3"/>'
-            f'<circle cx="{x:.2f}" cy="{y_of(after):.2f}" r="4" fill="{_LEAK}"/>'
-            f"<title>{_e(span.nodeid)} left {_e(_fmt_delta(after - before))} held on device "
-            f"{dev.index}</title></g>"
-        )
-    return "".join(out) + layers.body + "</svg>"
-
-
-def _chart_layers(
-    trace: Trace,
-    pos: int,
-    x_of: _TimeAxis,
-    leaked: set[str],
-    *,
-    lanes: Sequence[int],
-    what: str,
-    xs: Sequence[float],
-) -> _Layers:
-    # the layers of device ``pos``'s chart that do not depend on its y-axis; ``what`` names the
-    # lane of the tests ("tests", or "command" for a recorded command), ``xs`` the samples' x
-    dev = trace.devices[pos]
-    geo = x_of.geo
-    lane_h, top, plot_h = geo.lane_h, geo.top, geo.plot_h
-    tests_top = top + plot_h + geo.axis_h
-    waits_top = tests_top + (max(lanes, default=0) + 1) * lane_h + 8
-    band = ['<g class="test-bands">']  # behind everything; the test lanes go below the plot
-    body = [
-        f'<text x="{geo.left - 6}" y="{tests_top + lane_h - 4}" text-anchor="end">{what}</text>'
-        '<g class="test-lanes">'
-    ]
-    for i, (span, lane) in enumerate(zip(trace.tests, lanes, strict=True)):
-        x0, x1 = x_of(span.start), x_of(span.end)
-        is_leak = span.nodeid in leaked
-        if x1 - x0 < 0.3 and not is_leak:
-            continue
-        tip = (
-            f"{span.nodeid}\n{span.outcome or 'no outcome'}, {_fmt_s(span.duration)}, "
-            f"device {dev.index}: {_fmt_delta(trace.growth(span)[pos])}"
-        )
-        band.append(
-            f'<rect class="test-band{" leaked" if is_leak else ""}" '
-            f'data-nodeid="{_e(span.nodeid)}" x="{x0:.2f}" y="{top}" '
-            f'width="{max(x1 - x0, 1.5 if is_leak else 0.3):.2f}" height="{plot_h}" '
-            f'fill="{"#fbd5d5" if is_leak else ("#eef3fa", "#e2eaf5")[i % 2]}">'
-            f"<title>{_e(tip)}</title></rect>"
-        )
-        fill = _LEAK if is_leak else (_FAILED if span.outcome == "failed" else "#a9bcd6")
-        y = tests_top + lane * lane_h
-        body.append(
-            f'<rect x="{x0:.2f}" y="{y + 1}" width="{max(x1 - x0, 1.5):.2f}" '
-            f'height="{lane_h - 2}" fill="{fill}" stroke="#fff" stroke-width="0.5">'
-            f"<title>{_e(span.nodeid)} ({_e(_fmt_s(span.duration))})</title></rect>"
-        )
-        name = _program(trace.command) if trace.command else _short_name(span.nodeid)
-        label = _fit_label(name, x1 - x0, geo.lane_font)
-        if label:
-            colour = "#fff" if fill in (_LEAK, _FAILED) else "#1d1d1f"
-            body.append(
-                f'<text class="lane-label" x="{x0 + 3:.2f}" y="{y + lane_h - 0.3 * lane_h:.1f}" '
-                f'style="fill:{colour}" data-nodeid="{_e(span.nodeid)}">{_e(label)}</text>'
-            )
-    band.append("</g>")
-    body.append(
-        f'</g><text x="{geo.left - 6}" y="{waits_top + lane_h - 4}" text-anchor="end">waits</text>'
-        '<g class="waits">'
-    )
-    for w in trace.waits:
-        if w.devices and dev.index not in w.devices:
-            continue
-        x0, x1 = x_of(w.start), x_of(w.end)
-        fill = _WAIT if w.ok else _WAIT_FAILED
-        tip = f"{w.kind}: {_fmt_s(w.duration)}{'' if w.ok else ' (failed)'}"
-        if w.test:
-            tip += f"\nin {w.test}"
-        body.append(
-            f'<rect class="wait" x="{x0:.2f}" y="{waits_top + 1}" width="{max(x1 - x0, 2):.2f}" '
-            f'height="{lane_h - 2}" fill="{fill}"><title>{_e(tip)}</title></rect>'
-            f'<rect x="{x0:.2f}" y="{top}" width="{max(x1 - x0, 0.5):.2f}" height="{plot_h}" '
-            f'fill="{fill}" fill-opacity="0.12"/>'
-        )
-    body.append("</g>")
-    peak = _peak_of(trace, pos)
-    low = min((u for s in trace.samples if (u := s.used[pos]) is not None), default=0)
-    envelope = _envelope(trace.samples, pos, xs, geo.w)
-    return _Layers("".join(band), "".join(body), waits_top + lane_h + 10, peak, low, envelope)
-
-
-def _legend(color: str, *, recorded: bool, folded: bool) -> str:
-    keys = [(f"background:{color}", "used memory")]
-    if recorded:
-        keys += [("background:#a9bcd6", "the command"), (f"background:{_LEAK}", "left memory held")]
-    else:
-        keys += [
-            ("background:#e2eaf5", "test span"),
-            (f"background:{_LEAK}", "test that left memory held"),
-            (f"background:{_FAILED}", "failed test"),
+            f'stroke="{color}" stroke-width="2"/>',
+            _el("text", f'class="peak-label" {_at(px + dx, ty, anchor)}', text),
+            f"<title>{_e(text)} at {_e(_fmt_s(peak[1]))}</title></g>",
         ]
-    keys += [
-        (f"background:{_WAIT}", "memory wait"),
-        ("border-top:2px dashed #555;height:0", "total"),
-    ]
-    if folded:
-        keys.append(("background:#eceef1", "a stretch without change, drawn narrow"))
-    spans = "".join(
-        f'<span><i class="sw" style="{style}"></i>{text}</span>' for style, text in keys
-    )
-    return f'<div class="legend">{spans}</div>'
+    for _, span, _, x1, _ in spans:  # a red bracket from before to after at a leak's end
+        leak = leaked.get(span.nodeid)
+        if leak is not None and leak.after > leak.before:
+            y0, y1 = y_of(leak.before), y_of(leak.after)
+            tip = f"{span.nodeid} left {_fmt_delta(leak.leaked)} held on device {dev.index}"
+            out += [
+                f'<g class="leak-marker" data-nodeid="{_e(span.nodeid)}">',
+                _el("line", _seg((x1, x1), (y0, y1), _LEAK, 3)),
+                f'<circle cx="{x1:.2f}" cy="{y1:.2f}" r="4" fill="{_LEAK}"/>',
+                f"<title>{_e(tip)}</title></g>",
+            ]
+    what = "command" if trace.command is not None else "tests"
+    out.append(_el("text", _at(left - 6, tests_top + lane_h - 4), what))
+    for i, span, x0, x1, hit in spans:  # the lanes below the plot
+        fill = _LEAK if hit else (_FAILED if span.outcome == "failed" else _TEST)
+        y = tests_top + page.lanes[i] * lane_h
+        attrs = f'{_box(x0, x1, y + 1, lane_h - 2, 1.5)} fill="{fill}" stroke="#fff"'
+        out.append(_el("rect", attrs, tip=f"{span.nodeid} ({_fmt_s(span.duration)})"))
+        command = trace.command
+        name = command[0].rsplit("/", 1)[-1] if command else _short_name(span.nodeid)
+        if label := _fit_label(name, x1 - x0, geo.lane_font):
+            ink = "#fff" if fill in (_LEAK, _FAILED) else "#1d1d1f"
+            attrs = f'class="lane-label" {_at(x0 + 3, y + 0.7 * lane_h, "start")}'
+            out.append(
+                _el("text", f'{attrs} style="fill:{ink}" data-nodeid="{_e(span.nodeid)}"', label)
+            )
+    out.append(_el("text", _at(left - 6, waits_top + lane_h - 4), "waits"))
+    for w in waits:
+        attrs = f'class="wait" {_box(x_of(w.start), x_of(w.end), waits_top + 1, lane_h - 2, 2)}'
+        out.append(_el("rect", f'{attrs} fill="{_wait_fill(w)}"', tip=_wait_tip(w)))
+    return "".join(out) + "</svg>"
+
+
+def _legend(color: str, trace: Trace, *, folded: bool) -> str:
+    if trace.command is not None:
+        keys = [(_TEST, "the command"), (_LEAK, "left memory held")]
+    else:
+        keys = [("#e2eaf5", "test span"), (_LEAK, "test that left memory held")]
+        keys.append((_FAILED, "failed test"))
+    keys = [(color, "used memory"), *keys, (_WAIT, "memory wait")]
+    keys += [(_CHECK, "the leak check's own wait")] * any(w.by_leak_check for w in trace.waits)
+    keys += [(_FOLD, "a flat stretch, drawn narrow")] * folded
+    spans = [f'<span><i class="sw" style="background:{c}"></i>{text}</span>' for c, text in keys]
+    total = '<span><i class="sw" style="border-top:2px dashed #555;height:0"></i>total</span>'
+    return f'<div class="legend">{"".join(spans)}{total}</div>'
+
+
+def _badge(text: str, cls: str = "", ident: str = "") -> str:
+    attr = f' id="{ident}"' if ident else ""
+    return f'<span class="badge {cls}"{attr}>{_e(text)}</span>'
 
 
 def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:
     started = datetime.fromtimestamp(trace.started_at, tz=timezone.utc)
-    interval = (2**trace.decimation) / trace.sample_hz if trace.sample_hz > 0 else 0.0
     sampling = f"{trace.sample_hz:g} samples/s requested; {len(trace.samples)} samples kept"
     if trace.decimation:
+        interval = 2**trace.decimation / trace.sample_hz if trace.sample_hz > 0 else 0.0
         sampling += f", halved {trace.decimation}× to one per {_fmt_s(interval)} (peaks kept)"
-    recorded = trace.command is not None
-    rule = f"more than {format_bytes(trace.leak_tolerance_bytes)} still held "
-    if recorded:
-        rule += f"at the lowest point in the {trace.leak_grace_s:g} s after the command exits"
-    else:
-        rule += f"when the next test's body begins ({trace.leak_grace_s:g} s after the last test)"
+    command, grace = trace.command, f"{trace.leak_grace_s:g} s"
+    rule = f"more than {format_bytes(trace.leak_tolerance_bytes)} still held " + (
+        f"when the next test's body begins ({grace} after the last test)"
+        if command is None
+        else f"at the lowest point in the {grace} after the command exits"
+    )
     rows = [
         ("Platform", trace.platform or "none detected"),
         ("Started", started.strftime("%Y-%m-%d %H:%M:%S UTC")),
         ("Duration", _fmt_s(end_t)),
         ("Sampling", sampling),
         ("Leak rule", rule),
+        ("Command", None if command is None else " ".join(command)),
+        ("Exit status", trace.exit_code),
     ]
-    if trace.command is not None:
-        rows.append(("Command", " ".join(trace.command)))
-    if trace.exit_code is not None:
-        rows.append(("Exit status", str(trace.exit_code)))
-    body = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in rows)
-    leaked_tests = len({leak.nodeid for leak in leaks})
-    wait_total = sum(w.duration for w in trace.waits)
-    failed_waits = sum(not w.ok for w in trace.waits)
-    if recorded:
-        code = trace.exit_code
-        held_on = sorted({leak.device for leak in leaks})
-        badges = [
-            f'<span class="badge {"good" if code == 0 else "bad"}">'
-            f"{'not finished' if code is None else f'exit status {code}'}</span>",
-            f'<span class="badge {"bad" if held_on else "good"}" id="leak-count">'
-            + (
-                f"left memory held on {_plural(len(held_on), 'device')}"
-                if held_on
-                else "no memory left held"
-            )
-            + "</span>",
-        ]
+    body = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in rows if v is not None)
+    if command is not None:
+        code, held = trace.exit_code, len({leak.device for leak in leaks})
+        status = "not finished" if code is None else f"exit status {code}"
+        badges = [_badge(status, "good" if code == 0 else "bad")]
+        text = f"left memory held on {_plural(held, 'device')}" if held else "no memory left held"
     else:
-        badges = [
-            f'<span class="badge">{_plural(len(trace.tests), "test")}</span>',
-            f'<span class="badge {"bad" if leaked_tests else "good"}" id="leak-count">'
-            f"{leaked_tests} leaking</span>",
-        ]
-    if trace.waits or not recorded:  # a recorded command's own waits are not seen
-        badges.append(
-            f'<span class="badge {"warn" if trace.waits else ""}">'
-            f"{_plural(len(trace.waits), 'wait')}, {_e(_fmt_s(wait_total))} in total</span>"
-        )
-    if failed_waits:
-        badges.append(f'<span class="badge bad">{_plural(failed_waits, "wait")} failed</span>')
-    notes = [_e(n) for n in trace.notes]
-    if not trace.context_free:
-        notes.append(_CONTEXT_NOTE)
+        held = len({leak.nodeid for leak in leaks})
+        badges, text = [_badge(_plural(len(trace.tests), "test"))], f"{held} leaking"
+    badges.append(_badge(text, "bad" if held else "good", "leak-count"))
+    waits = [w for w in trace.waits if not w.by_leak_check]
+    if waits or command is None:  # a recorded command's own waits are not seen
+        total = f"{_plural(len(waits), 'wait')}, {_fmt_s(sum(w.duration for w in waits))} in total"
+        badges.append(_badge(total, "warn" * bool(waits)))
+    if failed := sum(not w.ok for w in waits):
+        badges.append(_badge(f"{_plural(failed, 'wait')} failed", "bad"))
+    notes = [_e(n) for n in trace.notes] + ([] if trace.context_free else [_CONTEXT_NOTE])
     shown = f'<div class="notes">{"".join(f"<p>{n}</p>" for n in notes)}</div>' if notes else ""
     return f'<dl class="summary">{body}</dl><div class="badges">{"".join(badges)}</div>{shown}'
 
 
-def _td(label: str, text: str, cls: str = "num") -> str:
-    # ``data-label`` heads the cell when a phone shows each row as a card (the CSS)
-    return f'<td class="{cls}" data-label="{label}">{text}</td>'
+Cell = tuple[str, str]  # (HTML, class)
+
+
+def _table(ident: str, heads: Sequence[Cell], rows: Sequence[tuple[str, Sequence[Cell]]]) -> str:
+    """A table of ``heads`` (text, class) and rows (class, cells); each cell names its head."""
+    th = "".join(f'<th class="{cls}">{_e(text)}</th>' for text, cls in heads)
+    trs = [
+        f'<tr class="{row}">'
+        + "".join(
+            f'<td class="{cls}" data-label="{_e(head)}">{text}</td>'
+            for (head, _), (text, cls) in zip(heads, cells, strict=True)
+        )
+        + "</tr>"
+        for row, cells in rows
+    ]
+    kind = "" if ident == "tests" else ' class="stack"'  # a phone shows a card per row
+    return (
+        f'<table id="{ident}"{kind}><thead><tr>{th}</tr></thead><tbody>{"".join(trs)}</tbody>'
+        + "</table>"
+    )
 
 
 def _whose(leak: Leak) -> str:
@@ -663,125 +541,140 @@ def _whose(leak: Leak) -> str:
     blame = leak.blame
     if blame is None or not blame.attributed:
         return ""
-    parts = []
-    if (blame.leaked or 0) - sum(blame.children.values()) > 0:
-        parts.append("this process")
+    parts = ["this process"] if (blame.leaked or 0) - sum(blame.children.values()) > 0 else []
     parts += [f"child pid {p} {format_bytes(n)}" for p, n in sorted(blame.children.items())]
     return f" (held by {', '.join(parts)})" if parts else ""
 
 
-def _leak_table(trace: Trace, leaks: Sequence[Leak], limit: int, *, recorded: bool) -> str:
+def _more(shown: int, total: int) -> str:
+    return f"<p>… and {total - shown} more.</p>" if total > shown else ""
+
+
+def _sizes(*sizes: int | None) -> list[Cell]:
+    return [(_e(format_bytes(n)), "num") for n in sizes]
+
+
+def _delta(n: int | None, tolerance: int) -> Cell:
+    return _e(_fmt_delta(n)), "num grew" if (n or 0) > tolerance else "num"
+
+
+def _leak_table(trace: Trace, leaks: Sequence[Leak], limit: int) -> str:
+    test = trace.command is None
     if not leaks:
-        what = "The command" if recorded else "No test"
-        held = "did not leave more than" if recorded else "left more than"
-        return (
-            f'<p id="no-leaks">{what} {held} '
-            f"{_e(format_bytes(trace.leak_tolerance_bytes))} held on any device.</p>"
+        what = "No test left" if test else "The command did not leave"
+        tolerance = _e(format_bytes(trace.leak_tolerance_bytes))
+        return f'<p id="no-leaks">{what} more than {tolerance} held on any device.</p>'
+    heads = [("Test", "")] * test + [(h, "num") for h in ("Device", "Before", "At end")]
+    rows = [
+        (
+            "leak",
+            [(_e(leak.nodeid + _whose(leak)), "id")] * test
+            + [(str(leak.device), "num"), *_sizes(leak.before, leak.at_end, leak.after)]
+            + [(_e(_fmt_delta(leak.leaked)), "num grew")],
         )
-    rows = "".join(
-        '<tr class="leak">'
-        + ("" if recorded else _td("Test", _e(leak.nodeid) + _e(_whose(leak)), "id"))
-        + _td("Device", str(leak.device))
-        + _td("Before", _e(format_bytes(leak.before)))
-        + _td("At end", _e(format_bytes(leak.at_end)))
-        + _td("Lowest after", _e(format_bytes(leak.after)))
-        + _td("Left held", _e(_fmt_delta(leak.leaked)), "num grew")
-        + "</tr>"
         for leak in leaks[:limit]
-    )
-    more = f"<p>… and {len(leaks) - limit} more.</p>" if len(leaks) > limit else ""
-    return (
-        '<table id="leaks" class="stack"><thead><tr>'
-        + ("" if recorded else "<th>Test</th>")
-        + '<th class="num">Device</th><th class="num">Before</th><th class="num">At end</th>'
-        '<th class="num">Lowest after</th><th class="num">Left held</th>'
-        f"</tr></thead><tbody>{rows}</tbody></table>{more}"
-    )
+    ]
+    heads += [("Lowest after", "num"), ("Left held", "num")]
+    return _table("leaks", heads, rows) + _more(limit, len(leaks))
 
 
-def _command_table(trace: Trace, peaks: list[Reading]) -> str:
-    # a recorded command is one span: per device, what it held before, after and at the peak
-    if not trace.tests:
-        return '<p id="no-tests">The command did not start.</p>'
-    span = trace.tests[0]
-    rows = []
-    for pos, dev in enumerate(trace.devices):
-        before, after = span.used_before[pos], trace.held_after(span)[pos]
-        growth = trace.growth(span)[pos]
-        grew = growth is not None and growth > trace.leak_tolerance_bytes
-        rows.append(
-            f'<tr class="{"leak" if grew else "test"}">'
-            + _td("Device", f"{dev.index}: {_e(dev.name)}", "")
-            + _td("Before", _e(format_bytes(before)))
-            + _td("Peak", _e(format_bytes(peaks[0][pos])), "num peak")
-            + _td("Lowest after", _e(format_bytes(after)))
-            + _td("Change", _e(_fmt_delta(growth)), "num grew" if grew else "num")
-            + "</tr>"
+def _wait_table(trace: Trace) -> str:
+    waits = trace.slowest_waits(20)
+    heads = [(h, "num" if h in ("Took", "At") else "") for h in _WAIT_HEADS]
+    rows = [
+        (
+            "wait" if w.ok else "wait-failed",
+            [
+                (_e(_fmt_s(w.duration)), "num"),
+                (_e(w.kind), ""),
+                (_e(w.test or "(outside tests)"), "id"),
+                (_e(", ".join(str(d) for d in w.devices) or "all"), ""),
+                ('<span class="ok">settled</span>' if w.ok else _FAILED_WAIT, ""),
+                (f"{w.start:.2f} s", "num"),
+            ],
         )
-    return (
-        '<table id="tests" class="stack"><thead><tr><th>Device</th><th class="num">Before</th>'
-        '<th class="num">Peak</th><th class="num">Lowest after</th><th class="num">Change</th>'
-        f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        for w in waits
+    ]
+    table = (
+        _table("waits", heads, rows)
+        if waits
+        else '<p id="no-waits">No memory wait was observed.</p>'
     )
-
-
-def _wait_table(waits: Sequence[WaitSpan]) -> str:
-    if not waits:
-        return '<p id="no-waits">No memory wait was observed.</p>'
-    rows = []
-    for w in waits:
-        devices = ", ".join(str(d) for d in w.devices) or "all"
-        result = '<span class="ok">settled</span>' if w.ok else '<span class="failed">failed</span>'
-        rows.append(
-            f'<tr class="{"wait" if w.ok else "wait-failed"}">'
-            + _td("Took", _e(_fmt_s(w.duration)))
-            + _td("Wait", _e(w.kind), "")
-            + _td("During", _e(w.test or "(outside tests)"), "id")
-            + _td("Devices", _e(devices), "")
-            + _td("Result", result, "")
-            + _td("At", f"{w.start:.2f} s")
-            + "</tr>"
+    own = [w for w in trace.waits if w.by_leak_check]
+    if own:
+        took = _e(_fmt_s(sum(w.duration for w in own)))
+        table += (
+            f'<p id="leak-check-waits">Apart from these, the leak check waited '
+            f"{_plural(len(own), 'time')}, {took} in all, for a test's memory to come back; "
+            f"{sum(not w.ok for w in own)} ended with memory still held.</p>"
         )
-    return (
-        '<table id="waits" class="stack"><thead><tr><th class="num">Took</th><th>Wait</th>'
-        "<th>During</th>"
-        '<th>Devices</th><th>Result</th><th class="num">At</th></tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table>"
-    )
+    return table
 
 
-def _test_table(trace: Trace, leaked: set[str], limit: int, peaks: list[Reading]) -> str:
+def _test_table(page: _Page, limit: int, peaks: list[Reading]) -> str:
+    trace, tol = page.trace, page.trace.leak_tolerance_bytes
+    if trace.command is not None:  # one span: per device, before, at the peak and after
+        if not trace.tests:
+            return '<p id="no-tests">The command did not start.</p>'
+        span, grew, held = trace.tests[0], page.growth[0], trace.held_after(trace.tests[0])
+        heads = [
+            ("Device", ""),
+            *[(h, "num") for h in ("Before", "Peak", "Lowest after", "Change")],
+        ]
+        rows = []
+        for pos, dev in enumerate(trace.devices):
+            sizes = _sizes(span.used_before[pos], peaks[0][pos], held[pos])
+            cells = [(f"{dev.index}: {_e(dev.name)}", ""), *sizes, _delta(grew[pos], tol)]
+            rows.append(("leak" if (grew[pos] or 0) > tol else "test", cells))
+        return _table("per-device", heads, rows)
     if not trace.tests:
         return '<p id="no-tests">No test ran while recording.</p>'
-    heads = "".join(f'<th class="num">Δ dev {d.index}</th>' for d in trace.devices)
-    heads += "".join(f'<th class="num">Peak dev {d.index}</th>' for d in trace.devices)
+    heads = [("#", "num"), ("Test", ""), ("Outcome", ""), ("Start", "num"), ("Took", "num")]
+    heads += [(f"{what} dev {d.index}", "num") for what in ("Δ", "Peak") for d in trace.devices]
+    leaked = {leak.nodeid for leak in page.leaks}
     rows = []
-    tol = trace.leak_tolerance_bytes
     for i, span in enumerate(trace.tests[:limit]):
-        deltas = "".join(
-            f'<td class="num{" grew" if g is not None and g > tol else ""}">'
-            f"{_e(_fmt_delta(g))}</td>"
-            for g in trace.growth(span)
-        )
-        deltas += "".join(
-            f'<td class="num peak">{_e("?" if p is None else format_bytes(p))}</td>'
-            for p in peaks[i]
-        )
-        cls = {"passed": "ok", "failed": "failed", "skipped": "skipped"}.get(span.outcome, "")
-        rows.append(
-            f'<tr class="{"leak" if span.nodeid in leaked else "test"}">'
-            f'<td class="num">{i + 1}</td><td class="id">{_e(span.nodeid)}</td>'
-            f'<td class="{cls}">{_e(span.outcome)}</td><td class="num">{span.start:.2f} s</td>'
-            f'<td class="num">{_e(_fmt_s(span.duration))}</td>{deltas}</tr>'
-        )
-    more = f"<p>… and {len(trace.tests) - limit} more.</p>" if len(trace.tests) > limit else ""
-    open_attr = " open" if len(trace.tests) <= 300 else ""
+        outcome = {"passed": "ok", "failed": "failed", "skipped": "skipped"}.get(span.outcome, "")
+        cells = [(str(i + 1), "num"), (_e(span.nodeid), "id"), (_e(span.outcome), outcome)]
+        cells += [(f"{span.start:.2f} s", "num"), (_e(_fmt_s(span.duration)), "num")]
+        cells += [_delta(g, tol) for g in page.growth[i]]
+        cells += [(_e(format_bytes(p)), "num peak") for p in peaks[i]]
+        rows.append(("leak" if span.nodeid in leaked else "test", cells))
+    shown = " open" if len(trace.tests) <= 300 else ""
     return (
-        f"<details{open_attr}><summary>All {len(trace.tests)} tests</summary>"
-        '<div class="scroll"><table id="tests"><thead><tr><th class="num">#</th><th>Test</th>'
-        "<th>Outcome</th>"
-        f'<th class="num">Start</th><th class="num">Took</th>{heads}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table></div>{more}</details>"
+        f"<details{shown}><summary>All {len(trace.tests)} tests</summary>"
+        f"{_HINT.format(' always' * (len(trace.devices) > 2))}"  # wider than a desktop, too
+        f'<div class="scroll">{_table("tests", heads, rows)}</div>'
+        f"{_more(limit, len(trace.tests))}</details>"
+    )
+
+
+def _device(
+    page: _Page, pos: int, axes: list[_TimeAxis], xs: list[list[float]], peaks: list[Reading]
+) -> str:
+    """Return device ``pos``'s section: its heading, its four charts and their legend."""
+    trace, dev = page.trace, page.trace.devices[pos]
+    extremes = _extremes(trace, pos)
+    drawn = []
+    for x_of, x in zip(axes, xs, strict=True):
+        line = _envelope(trace.samples, pos, x, x_of.geo.w)
+        both = "".join(_chart(page, pos, x_of, line, extremes, full=f) for f in (False, True))
+        drawn.append(f'<div class="{"narrow" if x_of.geo.phone else "wide"}">{both}</div>')
+    peak, text = extremes[0], ""
+    if peak is not None:
+        during = [
+            span.nodeid
+            for span, p in zip(trace.tests, peaks, strict=True)
+            if p[pos] == peak[0] and span.start <= peak[1] <= span.end and trace.command is None
+        ]
+        where = f" during {during[0]}" if during else ""
+        text = f"— peak {format_bytes(peak[0])} at {_fmt_s(peak[1])}{where}"
+        text = f' <span class="peak" data-peak="{peak[0]}">{_e(text)}</span>'
+    total = format_bytes(dev.total) if dev.total > 0 else "unknown"
+    legend = _legend(_PALETTE[pos % len(_PALETTE)], trace, folded=bool(axes[0].folds))
+    return (
+        f'<section class="device"><h3>Device {dev.index}: {_e(dev.name)} ({_e(total)}){text}'
+        f"</h3>{''.join(drawn)}{legend}</section>"
     )
 
 
@@ -802,103 +695,57 @@ def render_html(
         trace = replace(trace, leak_tolerance_bytes=leak_tolerance_bytes)
     if leak_grace_s is not None:
         trace = replace(trace, leak_grace_s=leak_grace_s)
-    leaks = trace.leaks()
-    leaked = {leak.nodeid for leak in leaks}
-    end_t = max(
-        trace.duration,
-        trace.samples[-1].t if trace.samples else 0.0,
-        max((s.end for s in trace.tests), default=0.0),
-        max((w.end for w in trace.waits), default=0.0),
-        1e-3,
+    page = _Page(
+        trace, trace.leaks(), [trace.growth(s) for s in trace.tests], lanes(trace.tests, _MAX_LANES)
     )
-    heading = title or "Device memory timeline"
-    charts: list[str] = []
-    leaked_on: dict[int, set[str]] = {dev.index: set() for dev in trace.devices}
-    for leak in leaks:
-        leaked_on.setdefault(leak.device, set()).add(leak.nodeid)
-    per_test = peaks_per_test(trace)
+    ends = [s.end for s in trace.tests] + [w.end for w in trace.waits]
+    last_sample = trace.samples[-1].t if trace.samples else 0.0
+    end_t = max(trace.duration, last_sample, *ends, 1e-3)
     folds = _folds(trace, end_t)
     axes = [_TimeAxis(end_t, folds, geo) for geo in (_WIDE, _PHONE)]
     times = [s.t for s in trace.samples]
-    xs_of = [x_of.many(times) for x_of in axes]
-    lanes = _lanes(trace.tests)
-    recorded = trace.command is not None  # one span: the command ``accelplat record`` ran
-    what = "command" if recorded else "tests"
-    for pos, dev in enumerate(trace.devices):
-        color = _PALETTE[pos % len(_PALETTE)]
-        total = format_bytes(dev.total) if dev.total > 0 else "unknown"
-        leaked_here = leaked_on[dev.index]
-        drawn = []
-        for x_of, xs in zip(axes, xs_of, strict=True):  # each geometry at both scales
-            layers = _chart_layers(trace, pos, x_of, leaked_here, lanes=lanes, what=what, xs=xs)
-            for full in (False, True):
-                drawn.append(_device_chart(trace, pos, x_of, leaked_here, layers, full=full))
-        peak = layers.peak
-        peak_text = ""
-        if peak is not None:
-            during = [
-                span.nodeid
-                for span, p in zip(trace.tests, per_test, strict=True)
-                if p[pos] == peak[0] and span.start <= peak[1] <= span.end
-            ]
-            where = f" during {during[0]}" if during and not recorded else ""
-            peak_text = (
-                f' <span class="peak" data-peak="{peak[0]}">— peak '
-                f"{_e(format_bytes(peak[0]))} at {_e(_fmt_s(peak[1]))}{_e(where)}</span>"
-            )
-        charts.append(
-            f'<section class="device"><h3>Device {dev.index}: {_e(dev.name)} '
-            f"({_e(total)}){peak_text}</h3>"
-            f"{''.join(drawn)}"
-            f"{_legend(color, recorded=recorded, folded=bool(folds))}</section>"
-        )
-    if not charts:
-        charts.append('<p id="no-devices">No device was sampled.</p>')
-    platform = trace.platform or "no platform"
+    xs = [x_of.many(times) for x_of in axes]
+    peaks = peaks_per_test(trace)
+    charts = "".join(_device(page, pos, axes, xs, peaks) for pos in range(len(trace.devices)))
+    heading, tests = title or "Device memory timeline", trace.command is None
+    css = resources.files(__package__).joinpath("report.css").read_text(encoding="utf-8")
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(heading)} — {_e(platform)}</title><style>{_CSS}</style></head><body>"
-        f"<h1>{_e(heading)}</h1>"
-        '<p class="sub">'
-        + (
-            "Used memory per device while a command ran, recorded by accelplat."
-            if recorded
-            else "Used memory per device, the tests that ran and the memory waits, recorded by "
-            "accelplat."
-        )
-        + "</p>"
-        f"{_summary(trace, leaks, end_t)}"
-        "<h2>Memory over time</h2>"
-        '<input type="checkbox" id="full-scale"><label for="full-scale" class="scale"> '
-        "Full scale: every y-axis from 0 to the device's total (otherwise fitted to the memory "
-        "used)</label>"
-        f'<div class="charts">{"".join(charts)}</div>'
-        f"<h2>{'Memory the command left held' if recorded else 'Tests that left memory held'}"
-        f"</h2>{_leak_table(trace, leaks, max_rows, recorded=recorded)}"
-        f"<h2>Slowest memory waits</h2>{_wait_table(trace.slowest_waits(20))}"
-        + (
-            f"<h2>Memory per device</h2>{_command_table(trace, per_test)}"
-            if recorded
-            else f"<h2>Tests</h2>{_test_table(trace, leaked, max_rows, per_test)}"
-        )
-        + "<footer>"
-        + (_COMMAND_RULE if recorded else _TEST_RULE)
-        + " Hover over bands, bars and markers for details.</footer></body></html>\n"
+        f"<title>{_e(heading)} — {_e(trace.platform or 'no platform')}</title>"
+        f"<style>{css}</style></head><body><h1>{_e(heading)}</h1>"
+        f'<p class="sub">{_SUB[tests]}</p>{_summary(trace, page.leaks, end_t)}'
+        '<h2>Memory over time</h2><input type="checkbox" id="full-scale"><label '
+        'for="full-scale" class="scale"> Full scale: every y-axis from 0 to the device\'s total '
+        "(otherwise fitted to the memory used)</label>"
+        f'<div class="charts">{charts or _NO_DEVICE}</div>'
+        f"<h2>{_HELD[tests]}</h2>{_leak_table(trace, page.leaks, max_rows)}"
+        f"<h2>Slowest memory waits</h2>{_wait_table(trace)}"
+        f"<h2>{'Tests' if tests else 'Memory per device'}</h2>"
+        f'{_test_table(page, max_rows, peaks)}<footer>{_RULE[tests]} <span class="hover">'
+        "Hover over bands, bars and markers for details.</span></footer></body></html>\n"
     )
 
 
-_COMMAND_RULE = (
+_WAIT_HEADS = ("Took", "Wait", "During", "Devices", "Result", "At")
+_FAILED_WAIT = '<span class="failed">failed</span>'
+_SUB = (
+    "Used memory per device while a command ran, recorded by accelplat.",
+    "Used memory per device, the tests that ran and the memory waits, recorded by accelplat.",
+)
+_HELD = ("Memory the command left held", "Tests that left memory held")
+_HINT = '<p class="hint{}">Wider than the screen: scroll the table sideways.</p>'  # on phones
+_NO_DEVICE = '<p id="no-devices">No device was sampled.</p>'
+_RULE = (
     "The command leaks on a device when the device still holds more than the tolerance beyond "
     "what it held when the command started, at the lowest point in the grace period after it "
-    "exited."
-)
-_TEST_RULE = (
-    "A test leaks on a device when the device still holds more than the tolerance "
-    "beyond what it held before the test's set-up, at the lowest point between the end of "
-    "the test's teardown and the start of the next test's body (after the last test: the "
-    "grace period). Memory that comes back late, during the next set-up or a settle wait, "
-    "is therefore not a leak."
+    "exited.",
+    "A test leaks on a device when it still holds more than the tolerance beyond what it held "
+    "before the test's set-up, at the lowest point between the end of the test's teardown and "
+    "the start of the next test's body (after the last test: the grace period); by owner where "
+    "the leak check read the owners (this process and the children the test started), else the "
+    "whole device. Memory that comes back late, during the next set-up or a settle wait, is "
+    "therefore not a leak. Every table shows that one figure.",
 )
 
 

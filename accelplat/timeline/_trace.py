@@ -11,14 +11,14 @@ import gc
 import json
 import os
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
 from accelplat import _files, _util
-from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, Blame, Holdings, judge, leaked_bytes
+from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES, Blame, Holdings, judge
 from accelplat._types import MIB
 from accelplat._validate import JsonFields
 from accelplat.errors import ConfigurationError
@@ -37,6 +37,7 @@ MAX_EPOCH = 253_402_300_799.0  # the last second of the year 9999, the last a da
 _EXIT_RANGE = (-(2**31), 2**31 - 1)  # a C int
 
 Reading = tuple[int | None, ...]  # used bytes per device, in Trace.devices order; None: failed
+LEAK_CHECK_KIND = "leak check"  # the kind of the leak check's own wait (pytest_plugin/_leaks.py)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,11 @@ class WaitSpan:
     def duration(self) -> float:
         """Seconds the wait took."""
         return self.end - self.start
+
+    @property
+    def by_leak_check(self) -> bool:
+        """Whether the leak check itself waited, for a test's memory (kind ``"leak check"``)."""
+        return self.kind == LEAK_CHECK_KIND
 
 
 @dataclass(frozen=True)
@@ -225,75 +231,68 @@ class Trace:
         return out
 
     def growth(self, span: TestSpan, grace_s: float | None = None) -> tuple[int | None, ...]:
-        """Return per device :meth:`held_after` less ``used_before`` (``None`` where unknown)."""
-        return tuple(
-            leaked_bytes(b, a)
-            for b, a in zip(span.used_before, self.held_after(span, grace_s), strict=False)
-        )
+        """Return per device the bytes the leak rule holds against ``span`` (``None``: unknown).
+
+        By owner where the span has the test process's readings, else :meth:`held_after` less
+        ``used_before``: the one figure the report shows for a test, in every table.
+        """
+        return tuple(None if b is None else b.leaked for b in self._blames(span, grace_s))
+
+    def _blames(self, span: TestSpan, grace_s: float | None) -> list[Blame | None]:
+        owned = {o.device: o for o in span.owners}
+        out: list[Blame | None] = []
+        held = self.held_after(span, grace_s)
+        for dev, before, after in zip(self.devices, span.used_before, held, strict=False):
+            record = owned.get(dev.index)
+            if record is not None:
+                out.append(judge(record.before, record.after, record.context))
+            elif before is None or after is None:
+                out.append(None)
+            else:
+                judged = self.accelerator
+                out.append(judge(Holdings(before, judged=judged), Holdings(after, judged=judged)))
+        return out
 
     def leaks(self, tolerance_bytes: int | None = None, grace_s: float | None = None) -> list[Leak]:
         """Return every (test, device) the leak rule blames beyond the tolerance, largest first.
 
-        The rule is :func:`accelplat._leaks.judge`, the leak check's: by owner where the span
-        has the test process's readings, else on the device's :meth:`growth`.
+        The rule is :func:`accelplat._leaks.judge`, the leak check's, on :meth:`growth`'s terms.
         """
         tol = self.leak_tolerance_bytes if tolerance_bytes is None else tolerance_bytes
         found: list[Leak] = []
         for span in self.tests:
-            held = self.held_after(span, grace_s)
             owned = {o.device: o for o in span.owners}
-            for dev, before, at_end, after in zip(
-                self.devices, span.used_before, span.used_after, held, strict=False
-            ):
-                record = owned.get(dev.index)
+            held = self.held_after(span, grace_s)
+            for pos, blame in enumerate(self._blames(span, grace_s)):
+                if blame is None or not blame.is_leak(tol):
+                    continue
+                index = self.devices[pos].index
+                record = owned.get(index)
                 if record is not None:
-                    blame = judge(record.before, record.after, record.context)
-                    if blame.is_leak(tol):
-                        found.append(
-                            Leak(
-                                span.nodeid,
-                                dev.index,
-                                record.before.used,
-                                record.after.used,
-                                record.after.used,
-                                blame,
-                            )
-                        )
+                    used = record.before.used, record.after.used, record.after.used
+                    found.append(Leak(span.nodeid, index, *used, blame))
                     continue
-                if before is None or after is None:
-                    continue
-                whole = judge(
-                    Holdings(before, judged=self.accelerator),
-                    Holdings(after, judged=self.accelerator),
-                )
-                if whole.is_leak(tol):
-                    end = after if at_end is None else at_end
-                    found.append(Leak(span.nodeid, dev.index, before, end, after))
+                before, at_end, after = span.used_before[pos], span.used_after[pos], held[pos]
+                end = after if at_end is None else at_end
+                found.append(Leak(span.nodeid, index, before or 0, end or 0, after or 0))
         found.sort(key=lambda leak: (-leak.leaked, leak.nodeid, leak.device))
         return found
 
     def slowest_waits(self, n: int = 10) -> list[WaitSpan]:
-        """Return the ``n`` longest waits, longest first."""
-        return sorted(self.waits, key=lambda w: (-w.duration, w.start))[: max(0, n)]
+        """Return the ``n`` longest waits of the code under test (not the leak check's)."""
+        waits = [w for w in self.waits if not w.by_leak_check]
+        return sorted(waits, key=lambda w: (-w.duration, w.start))[: max(0, n)]
 
     def to_json(self) -> dict[str, Any]:
         """Return the trace as a JSON-ready dictionary (format version :data:`TRACE_VERSION`)."""
         return {
             "format": TRACE_FORMAT,
             "version": TRACE_VERSION,
-            "platform": self.platform,
-            "started_at": self.started_at,
+            **{key: getattr(self, key) for key in _SCALARS},
             "duration": _r(self.duration),
-            "sample_hz": self.sample_hz,
-            "decimation": self.decimation,
-            "leak_tolerance_bytes": self.leak_tolerance_bytes,
-            "leak_grace_s": self.leak_grace_s,
-            "context_free": self.context_free,
-            "accelerator": self.accelerator,
             "command": None if self.command is None else list(self.command),
             "exit_code": self.exit_code,
             "notes": list(self.notes),
-            "partial": self.partial,
             "devices": [{"index": d.index, "name": d.name, "total": d.total} for d in self.devices],
             "samples": [[_r(s.t), *s.used] for s in self.samples],
             "tests": [
@@ -323,6 +322,26 @@ class Trace:
             ConfigurationError: Naming the first bad field, or an unsupported format or version.
         """
         return _parse(doc)
+
+
+def lanes(spans: Sequence[TestSpan | WaitSpan], most: int | None = None) -> list[int]:
+    """Return per span (in start order) the first lane free when it starts.
+
+    Beyond ``most`` lanes, a span shares the lane that frees first (a chart has room for a few);
+    without a limit, spans on one lane never overlap (a Chrome trace's slices must nest).
+    """
+    ends: list[float] = []
+    out: list[int] = []
+    for span in spans:
+        lane = next((k for k, end in enumerate(ends) if end <= span.start), None)
+        if lane is None and (most is None or len(ends) < most):
+            lane = len(ends)
+            ends.append(span.end)
+        elif lane is None:
+            lane = min(range(len(ends)), key=ends.__getitem__)
+        ends[lane] = max(ends[lane], span.end)
+        out.append(lane)
+    return out
 
 
 def _r(t: float) -> float:
@@ -494,11 +513,8 @@ def _wait(raw: object, i: int) -> WaitSpan:
     )
 
 
-def _decimation(value: object) -> int:
-    d = _int(value, "decimation")
-    if d > 62:
-        raise _FIELDS.error("decimation", "an integer in 0..62", value)
-    return d
+def _decimation(value: object, where: str) -> int:
+    return _int(value, where, maximum=62)  # halvings of a 64-bit count
 
 
 def _samples(rows: Sequence[Any], n: int) -> tuple[list[Sample], float]:
@@ -560,33 +576,35 @@ def _parse(doc: object) -> Trace:
     tests = [_test(raw, i, n) for i, raw in enumerate(_list(top.get("tests", []), "tests"))]
     waits = [_wait(raw, i) for i, raw in enumerate(_list(top.get("waits", []), "waits"))]
 
-    command = top.get("command")
-    exit_code = top.get("exit_code")
+    command, exit_code = top.get("command"), top.get("exit_code")
     if exit_code is not None:
         _int(exit_code, "exit_code", minimum=_EXIT_RANGE[0], maximum=_EXIT_RANGE[1])
-    hz = _float(top.get("sample_hz", 0.0), "sample_hz")
+    if command is not None:
+        command = tuple(_text(c, f"command[{i}]") for i, c in enumerate(_list(command, "command")))
+    notes = [_text(x, f"notes[{i}]") for i, x in enumerate(_list(top.get("notes", []), "notes"))]
+    defaults = {f.name: f.default for f in fields(Trace)}
     return Trace(
         devices=tuple(devices),
         samples=tuple(samples),
         tests=tuple(tests),
         waits=tuple(waits),
-        platform=_text(top.get("platform", ""), "platform"),
-        started_at=_float(top.get("started_at", 0.0), "started_at", maximum=MAX_EPOCH),
         duration=_float(top.get("duration", last_t), "duration"),
-        sample_hz=hz,
-        decimation=_decimation(top.get("decimation", 0)),
-        leak_tolerance_bytes=_int(
-            top.get("leak_tolerance_bytes", DEFAULT_LEAK_TOLERANCE_BYTES), "leak_tolerance_bytes"
-        ),
-        leak_grace_s=_float(top.get("leak_grace_s", DEFAULT_LEAK_GRACE_S), "leak_grace_s"),
-        context_free=_FIELDS.boolean(top.get("context_free", True), "context_free"),
-        accelerator=_FIELDS.boolean(top.get("accelerator", True), "accelerator"),
-        command=None
-        if command is None
-        else tuple(_text(c, f"command[{i}]") for i, c in enumerate(_list(command, "command"))),
+        command=command,
         exit_code=exit_code,
-        notes=tuple(
-            _text(x, f"notes[{i}]") for i, x in enumerate(_list(top.get("notes", []), "notes"))
-        ),
-        partial=_FIELDS.boolean(top.get("partial", False), "partial"),
+        notes=tuple(notes),
+        **{key: check(top.get(key, defaults[key]), key) for key, check in _SCALARS.items()},
     )
+
+
+# The trace's plain fields, each with its check (its default is the dataclass's).
+_SCALARS: dict[str, Callable[[object, str], Any]] = {
+    "platform": _text,
+    "started_at": partial(_float, maximum=MAX_EPOCH),
+    "sample_hz": _float,
+    "decimation": _decimation,
+    "leak_tolerance_bytes": _int,
+    "leak_grace_s": _float,
+    "context_free": _FIELDS.boolean,
+    "accelerator": _FIELDS.boolean,
+    "partial": _FIELDS.boolean,
+}

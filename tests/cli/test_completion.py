@@ -57,7 +57,7 @@ def test_every_command_is_known() -> None:
     [
         (["accelplat", ""], COMMANDS),  # every sub-command of the parser: no list kept by hand
         (["accelplat", "st"], ["stats"]),
-        (["accelplat", "-"], ["-h", "--help", "--version"]),
+        (["accelplat", "-"], ["-h", "--help", "-V", "--version"]),
         (["accelplat", "completion", ""], ["bash", "zsh", "fish"]),
         (["accelplat", "completion", "z"], ["zsh"]),
         (["accelplat", "stats", "--w"], ["--watch"]),

@@ -83,7 +83,7 @@ def _check_cli_outcome(code: int, out: str, err: str) -> None:
         assert "error" in err
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(flags=st.sampled_from(CLI_FLAGS), value=_arg)
 def test_cli_values_never_raise_a_traceback(cli_spec: Path, flags: list[str], value: str) -> None:
     code, out, err = run_cli(cli_spec, [*flags, value])

@@ -176,9 +176,12 @@ def test_info_exits_2_for_a_bad_platform_variable_as_stats_does(
         assert json.loads(out)["platform"] is None
     else:
         assert out.startswith("platform: none")
+        assert "detection:" not in out  # no candidates: no heading over nothing
     monkeypatch.setenv("ACCELPLAT_PLATFORM", "simulated")  # a known platform not available: 1
     monkeypatch.delenv("ACCELPLAT_SIMULATED_SPEC", raising=False)
     assert main(["info"]) == 1
+    out = capsys.readouterr().out
+    assert "detection:\n  - simulated: " in out  # the candidate it tried, under its heading
 
 
 @pytest.mark.parametrize("bundle", ["missing.tar.gz", "not-a-bundle.tar.gz"])

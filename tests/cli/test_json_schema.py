@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from accelplat._cli import main
 from accelplat._cli._errors import SCHEMA_VERSION, dumps, versioned
@@ -187,12 +188,12 @@ def test_on_cuda_the_documents_carry_the_driver_version(
         assert [(d["cleared"], d["holders"]) for d in doc["devices"]] == [(True, None)] * 2
 
 
-def test_every_schema_uses_only_keywords_the_check_knows_and_matches_the_version() -> None:
+def test_every_schema_is_a_valid_draft_2020_12_schema_of_the_version() -> None:
     names = sorted(p.stem for p in SCHEMAS.glob("*.json"))
     assert names == ["error", "info", "kv", "lease-status", "scan", "shm", "stats", "wait"]
     for name in names:
         schema = _schema(name)
-        assert set(_jsonschema.keywords(schema)) <= _jsonschema.SUPPORTED, name
+        Draft202012Validator.check_schema(schema)
         assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
         if name != "error":
             assert schema["properties"]["schema"]["const"] == SCHEMA_VERSION
@@ -218,7 +219,7 @@ def test_docs_name_every_top_level_key_of_every_schema() -> None:
                 "exit_status": 3,
                 "error": {"type": "X", "message": ""},
             },
-            "is not one of [1, 2]",
+            "3 is not one of [1, 2]",
         ),
         (
             {
@@ -227,11 +228,11 @@ def test_docs_name_every_top_level_key_of_every_schema() -> None:
                 "exit_status": True,
                 "error": {"type": "X", "message": ""},
             },
-            "is not of type integer",
+            "True is not of type 'integer'",
         ),
         (
             {"schema": 2, "status": "error", "exit_status": 2, "error": {"type": "X"}},
-            "'message' is missing",
+            "'message' is a required property",
         ),
         (
             {
@@ -240,7 +241,7 @@ def test_docs_name_every_top_level_key_of_every_schema() -> None:
                 "exit_status": 2,
                 "error": {"type": "X", "message": "", "surprise": 1},
             },
-            "'surprise' is not declared",
+            "('surprise' was unexpected)",
         ),
         (
             {
@@ -249,7 +250,7 @@ def test_docs_name_every_top_level_key_of_every_schema() -> None:
                 "exit_status": 2,
                 "error": {"type": "X", "message": ""},
             },
-            "is not 'error'",
+            "'error' was expected",
         ),
     ],
 )
@@ -263,7 +264,7 @@ def test_the_check_follows_references_and_any_of() -> None:
     found = _jsonschema.errors(
         info["devices"][0], {"$ref": "#/$defs/device"} | {"$defs": _schema("info")["$defs"]}
     )
-    assert any("matches none of anyOf" in e and "below 0" in e for e in found), found
+    assert any("is not valid under any" in e and "less than the minimum of 0" in e for e in found)
 
 
 def test_versioned_puts_the_schema_first_and_leaves_the_input_alone() -> None:

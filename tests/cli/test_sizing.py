@@ -48,9 +48,22 @@ def test_shm_require_does_not_fit(
     out, err = capsys.readouterr()
     assert out.startswith("/fake/shm: 1.40 GiB free")
     assert err == (
-        "accelplat: Insufficient space in /fake/shm for CPU KV offload: 4096 MiB required, "
-        "1434 MiB free. Free space on /fake/shm or choose a larger mount.\n"
+        "accelplat shm: CPU KV offload does not fit: needs 4.00 GiB, /fake/shm has 1.40 GiB "
+        "free of 16.00 GiB; free space there or choose a larger mount\n"
     )
+
+
+def test_shm_on_dev_shm_says_how_to_grow_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_statvfs(monkeypatch, total=64 * GIB, free=12 * GIB, prefix="/dev/shm")
+    assert main(["shm", "--require", "400GiB"]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "accelplat shm: shared-memory buffer does not fit: needs 400.00 GiB, /dev/shm has "
+        "12.00 GiB free of 64.00 GiB; make it larger (docker: --shm-size or --ipc=host)\n"
+    )
+    assert "MiB" not in err
 
 
 def test_shm_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -68,7 +81,7 @@ def test_shm_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
         "name": "shared-memory buffer",
         "fits": False,
     }
-    assert "160 MiB required, 64 MiB free" in err
+    assert "needs 160.00 MiB, /fake/shm has 64.00 MiB free" in err
 
     assert main(["shm", "--path", "/fake/shm", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -117,8 +130,8 @@ def test_kv_prints_bytes_and_gib(capsys: pytest.CaptureFixture[str]) -> None:
     out, err = capsys.readouterr()
     need = 2048 * PER_TOKEN
     assert f"KV cache for one request of 2048 tokens: {need} bytes (0.66 GiB)" in out
-    assert f"{8 * 16 * 512 * 2} bytes per page of 16 tokens per layer" in out
-    assert f"{PER_TOKEN} bytes per token over 42 layers" in out
+    assert f"{8 * 16 * 512 * 2} bytes per page (16 tokens, 1 layer)" in out
+    assert f"{PER_TOKEN} bytes per token (42 layers)" in out
     assert err == ""
 
 

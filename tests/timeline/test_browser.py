@@ -7,7 +7,10 @@ with lazy release, a settle wait, a tensor-parallel test, a test that leaks 6 Gi
 
 from __future__ import annotations
 
+import html
+import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -21,7 +24,8 @@ import pytest
 
 from accelplat._platform import BasePlatform
 from accelplat._types import GIB, DeviceInfo, MemoryInfo, ProbeResult
-from accelplat.timeline import Recorder, Trace, write_report
+from accelplat.timeline import DeviceTrack, Recorder, Sample, TestSpan, Trace, write_report
+from accelplat.timeline._render import render_html
 
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -203,8 +207,21 @@ def _run_browser(args: Sequence[str], profile: Path) -> subprocess.CompletedProc
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
 
 
+def _add(a: bytes, b: bytes) -> bytes:
+    """Bytewise ``(a + b) % 256``, all bytes at once: the low seven bits of each are summed (no
+    carry can leave a byte), then each top bit is the carry in xor both top bits."""
+    low = bytes(len(a)).replace(b"\0", b"\x7f")
+    x, y, m = int.from_bytes(a, "big"), int.from_bytes(b, "big"), int.from_bytes(low, "big")
+    return (((x & m) + (y & m)) ^ ((x ^ y) & ~m)).to_bytes(len(a), "big")
+
+
 def _decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
-    """Return ``(width, height, rows of RGB bytes)`` of an 8-bit, non-interlaced PNG."""
+    """Return ``(width, height, rows of RGB bytes)`` of an 8-bit, non-interlaced PNG.
+
+    The "up" and "sub" filters are undone a whole row at a time (a row of additions, and a
+    prefix sum by doubling), which is what makes a 1280 px screenshot quick to read; "average"
+    and "paeth" byte by byte.
+    """
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat = 8, b""
     width = height = channels = 0
@@ -225,40 +242,51 @@ def _decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
     raw = zlib.decompress(idat)
     stride = width * channels
     rows: list[bytes] = []
-    prev = bytearray(stride)
+    prev = bytes(stride)
     for y in range(height):
         filt = raw[y * (stride + 1)]
-        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
-        for x in range(stride):
-            a = line[x - channels] if x >= channels else 0
-            b = prev[x]
-            c = prev[x - channels] if x >= channels else 0
-            if filt == 1:
-                line[x] = (line[x] + a) & 0xFF
-            elif filt == 2:
-                line[x] = (line[x] + b) & 0xFF
-            elif filt == 3:
-                line[x] = (line[x] + (a + b) // 2) & 0xFF
-            elif filt == 4:
+        line = raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]
+        if filt == 1:  # sub: a prefix sum per channel
+            shift = channels
+            while shift < stride:
+                line = _add(line, bytes(shift) + line[:-shift])
+                shift *= 2
+        elif filt == 2:  # up
+            line = _add(line, prev)
+        elif filt in (3, 4):
+            out = bytearray(line)
+            for x in range(stride):
+                a = out[x - channels] if x >= channels else 0
+                b = prev[x]
+                if filt == 3:
+                    out[x] = (out[x] + (a + b) // 2) & 0xFF
+                    continue
+                c = prev[x - channels] if x >= channels else 0
                 p = a + b - c
                 pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                pred = a if pa <= pb and pa <= pc else b if pb <= pc else c
-                line[x] = (line[x] + pred) & 0xFF
+                out[x] = (out[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
+            line = bytes(out)
         prev = line
-        rgb = bytes(v for i, v in enumerate(line) if channels == 3 or i % 4 != 3)
+        rgb = line if channels == 3 else bytes(v for i, v in enumerate(line) if i % 4 != 3)
         rows.append(rgb)
     return width, height, rows
 
 
-def _histogram(rows: list[bytes]) -> Counter[bytes]:
-    """Count the pixels of each colour (3-byte RGB keys)."""
-    hist: Counter[bytes] = Counter()
+def _pixels(row: bytes) -> zip[tuple[int, int, int]]:
+    return zip(row[0::3], row[1::3], row[2::3], strict=True)
+
+
+def _histogram(rows: list[bytes]) -> Counter[tuple[int, int, int]]:
+    """Count the pixels of each colour (RGB keys)."""
+    hist: Counter[tuple[int, int, int]] = Counter()
     for row in rows:
-        hist.update(row[i : i + 3] for i in range(0, len(row), 3))
+        hist.update(_pixels(row))
     return hist
 
 
-def _count_colour(hist: Counter[bytes], rgb: tuple[int, int, int], tol: int = 12) -> int:
+def _count_colour(
+    hist: Counter[tuple[int, int, int]], rgb: tuple[int, int, int], tol: int = 12
+) -> int:
     return sum(
         n for colour, n in hist.items() if all(abs(colour[k] - rgb[k]) <= tol for k in range(3))
     )
@@ -383,11 +411,55 @@ def test_browser_long_wait_is_folded_at_phone_and_desktop_width(
     # The chart is drawn for the width: the desktop chart scaled down to a phone leaves device
     # 0's line too thin to keep its colour (10 pixel rows show it: the legend's swatch); the
     # phone's own chart shows it on 124 rows, the desktop on 220.
-    def near(pixel: bytes) -> bool:
+    def near(pixel: tuple[int, int, int]) -> bool:
         return all(abs(pixel[k] - (0x1F, 0x77, 0xB4)[k]) <= 40 for k in range(3))
 
-    tall = sum(any(near(row[i : i + 3]) for i in range(0, len(row), 3)) for row in rows)
+    tall = sum(any(near(pixel) for pixel in set(_pixels(row))) for row in rows)
     assert tall > 100, tall
     # the folded band, where no wait tints it (device 1's chart)
     assert _count_colour(hist, (0xEC, 0xEE, 0xF1), tol=1) > 1000
     assert _count_colour(hist, (0xD6, 0x27, 0x28)) > 300  # the leaking test's lane and marker
+
+
+_LINES_PROBE = """<script>
+const out = [];
+const cells = "#tests td[data-label='Start'], #tests td[data-label='Took']";
+for (const td of document.querySelectorAll(cells)) {
+  const range = document.createRange();
+  range.selectNodeContents(td);
+  const lines = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+  out.push([td.textContent, lines.size]);
+}
+const pre = document.createElement("pre");
+pre.id = "probe";
+pre.textContent = JSON.stringify(out);
+document.body.append(pre);
+</script></body>"""
+
+
+@needs_browser
+def test_start_and_took_keep_their_units_on_one_line_at_1280_px(tmp_path: Path) -> None:
+    """Eight devices: the tests table is wider than the page, and its times never wrap."""
+    n = 8
+    samples = tuple(Sample(t * 0.5, tuple(GIB * (1 + t % 3) for _ in range(n))) for t in range(400))
+    ids = ["tests/models/test_a_rather_long_module_name.py::test_generation[meta-llama-3.1-8b]"] * 3
+    tests = tuple(
+        TestSpan(f"{nodeid}-{k}", 60.0 * k + 0.5, 60.0 * k + 59.0, (GIB,) * n, (GIB,) * n, "passed")
+        for k, nodeid in enumerate(ids)
+    )
+    trace = Trace(
+        devices=tuple(DeviceTrack(i, "Simulated GPU", 80 * GIB) for i in range(n)),
+        samples=samples,
+        tests=tests,
+        duration=200.0,
+        sample_hz=2.0,
+    )
+    page = tmp_path / "probe.html"
+    page.write_text(render_html(trace).replace("</body>", _LINES_PROBE))
+    done = _run_browser(["--window-size=1280,800", "--dump-dom", page.as_uri()], tmp_path / "p")
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.DOTALL)
+    assert found is not None, done.stdout[-2000:]
+    lines = json.loads(html.unescape(found.group(1)))
+    assert len(lines) == 6  # Start and Took of three tests
+    assert {n for _, n in lines} == {1}, lines  # "58.50 s", not "58.50" over "s"

@@ -1,10 +1,11 @@
-"""The report's layout: folded idle stretches, time ticks, flat axes, phones, a recorded command."""
+"""The report's layout: folded flat stretches, time ticks, flat axes, phones, a recorded command."""
 
 from __future__ import annotations
 
 import html
 import itertools
 import re
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -66,14 +67,102 @@ def test_a_long_stretch_without_change_is_folded_so_the_busy_seconds_get_the_wid
         assert xs == sorted(xs)  # monotonic: time never runs backwards
 
 
-def test_a_stretch_with_a_test_edge_or_a_change_is_not_folded_across_it() -> None:
+def test_a_test_edge_or_a_change_splits_a_flat_stretch() -> None:
+    # a test ends at 60 s: the flat stretch folds on either side of it, from sample to sample
     assert _folds(_busy_then_idle(edge=60.0), 130.0) == [
-        pytest.approx((6.0 + 2.7, 60.0 - 2.7)),
-        pytest.approx((60.0 + 3.295, 125.9 - 3.295)),  # the fall starts at 125.9 s
+        pytest.approx((6.0 + 2.695, 59.9 - 2.695)),
+        pytest.approx((60.0 + 3.295, 125.9 - 3.295)),  # the fall starts at 126 s
     ]
-    busy = _busy_then_idle(idle_until=300.0)  # the memory falls at 126 s: still two events
+    busy = _busy_then_idle(idle_until=300.0)  # no fall at 126 s: still one fold, to the end
     assert len(_folds(busy, 130.0)) == 1
-    assert _folds(_busy_then_idle(), 10.0) == []  # 4 idle seconds: under 5 s, kept linear
+    short = replace(_busy_then_idle(), samples=_busy_then_idle().samples[:101], waits=())
+    assert _folds(short, 10.0) == []  # 4 idle seconds: under 5 s, kept linear
+
+
+def _series(values: list[float], hz: float = 10.0, total: int = 80 * GIB) -> Trace:
+    samples = tuple(Sample(k / hz, (int(v),)) for k, v in enumerate(values))
+    return Trace(
+        devices=(DeviceTrack(0, "GPU", total),),
+        samples=samples,
+        duration=samples[-1].t,
+        sample_hz=hz,
+    )
+
+
+def _flat_inside(trace: Trace, folds: list[tuple[float, float]]) -> bool:
+    """Whether every fold holds readings within 1 % of the total of one another."""
+    for a, b in folds:
+        inside = [s.used[0] for s in trace.samples if a <= s.t <= b]
+        if inside and max(inside) - min(inside) > 0.01 * trace.devices[0].total:  # type: ignore[operator]
+            return False
+    return True
+
+
+def test_a_slow_ramp_is_never_folded_however_small_its_steps() -> None:
+    """10 -> 60 GiB of 80 GiB over 60 s at 10 Hz: each step is 0.1 % of the total."""
+    values = [10 * GIB] * 50 + [10 * GIB + 50 * GIB * k / 600 for k in range(601)]
+    trace = _series(values)
+    assert _folds(trace, trace.duration) == []
+    page = render_html(trace)
+    assert '<g class="fold">' not in page
+    x_of = _TimeAxis(trace.duration, [], _WIDE)  # linear: the rise takes its share of the width
+    assert (x_of(65.0) - x_of(5.0)) / _WIDE.plot_w == pytest.approx(60 / 65)
+
+
+def test_a_step_between_two_flat_stretches_folds_each_side_apart() -> None:
+    values = [20 * GIB] * 600 + [40 * GIB] * 600  # 60 s flat, a 20 GiB step, 60 s flat
+    trace = _series(values)
+    folds = _folds(trace, trace.duration)
+    assert len(folds) == 2
+    assert folds[0][1] < 60.0 < folds[1][0]  # neither crosses the step
+    assert _flat_inside(trace, folds)
+
+
+def test_noise_within_a_hundredth_of_the_total_still_folds() -> None:
+    wobble = [0.0, 0.3, -0.2, 0.4, -0.4, 0.1]  # percent of the total
+    values = [GIB] * 30 + [30 * GIB + 0.008 * GIB * wobble[k % 6] * 100 for k in range(1200)]
+    trace = _series(values)
+    folds = _folds(trace, trace.duration)
+    assert len(folds) == 1
+    a, b = folds[0]
+    assert 3.0 < a < 10.0
+    assert b > 110.0
+    assert _flat_inside(trace, folds)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["flat", "ramp", "step", "noise"]),
+            st.integers(1, 400),  # samples
+            st.floats(0, 70),  # GiB: the level it moves to
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_whatever_the_shape_a_fold_holds_only_flat_readings(
+    pieces: list[tuple[str, int, float]],
+) -> None:
+    values: list[float] = []
+    level = 10.0 * GIB
+    for kind, n, to in pieces:
+        target = to * GIB
+        for k in range(n):
+            if kind == "ramp":
+                values.append(level + (target - level) * (k + 1) / n)
+            elif kind == "noise":
+                values.append(level + (0.004 * 80 * GIB) * ((k * 7919) % 3 - 1))
+            else:
+                values.append(target if kind == "step" else level)
+        level = values[-1]
+    trace = _series(values)
+    folds = _folds(trace, trace.duration)
+    assert len(folds) <= 4
+    assert _flat_inside(trace, folds)
+    least = max(0.2 * trace.duration, 5.0)
+    assert all((b - a) / 0.9 >= least - 1e-9 for a, b in folds)
 
 
 def test_the_report_draws_the_fold_and_names_its_length() -> None:
@@ -83,8 +172,8 @@ def test_the_report_draws_the_fold_and_names_its_length() -> None:
     label = re.search(r'<g class="fold">.*?⋯([^<]*)⋯</text><title>([^<]*)</title>', fitted)
     assert label is not None
     assert label.group(1) == "107 s"
-    assert "without a change, a test or a wait, drawn narrow" in label.group(2)
-    assert "a stretch without change, drawn narrow" in page  # the legend says what the band is
+    assert "flat (no reading moved by more than 1 % of the total)" in label.group(2)
+    assert "a flat stretch, drawn narrow" in page  # the legend says what the band is
     phone = page.split('<svg class="phone chart fit-scale"')[1].split("</svg>")[0]
     assert phone.count('<g class="fold">') == 1  # the phone's chart folds the same stretch
 
@@ -204,25 +293,22 @@ def test_a_recorded_command_is_called_a_command_and_named_once(leaks: bool) -> N
 
 
 @pytest.mark.parametrize("at", [0.2, 9.8], ids=["left", "right"])
-def test_the_peak_label_keeps_off_the_total_label(at: float) -> None:
-    """A device filled to its total near the right edge: both labels would sit on one line."""
+def test_the_peak_label_stays_inside_the_plot(at: float) -> None:
+    """A device filled to its total at an edge: the figure goes on the side with room."""
     samples = tuple(Sample(t / 10, (H200 if abs(t / 10 - at) < 0.15 else GIB,)) for t in range(101))
     trace = Trace(devices=(DeviceTrack(0, "H200", H200),), samples=samples, duration=10.0)
     page = render_html(trace)
-    for head in ('<svg class="chart ', '<svg class="phone chart '):
+    for geo in (_WIDE, _PHONE):
+        head = '<svg class="phone chart ' if geo.phone else '<svg class="chart '
         for chart in [part.split("</svg>")[0] for part in page.split(head)[1:]]:
-            total = re.search(r'<text x="([0-9.]+)" y="([0-9.]+)" text-anchor="end">total ', chart)
             peak = re.search(
                 r'class="peak-label" x="([0-9.]+)" y="([0-9.]+)" text-anchor="(\w+)">([^<]*)<',
                 chart,
             )
             assert peak is not None
-            if total is None:
-                continue  # the fitted axis may stop short of the total
-            font = 19 if "phone" in head else 11
-            tx1, ty = float(total.group(1)), float(total.group(2))
-            tx0 = tx1 - 0.62 * font * len(f"total {'140.00 GiB'}")
-            px, py, width = float(peak.group(1)), float(peak.group(2)), 0.62 * font * 15
-            px0 = px - width if peak.group(3) == "end" else px
-            apart = abs(py - ty) >= font or px0 + width <= tx0 or tx1 <= px0
-            assert apart, (head, peak.groups(), total.groups())
+            x, y, anchor = float(peak.group(1)), float(peak.group(2)), peak.group(3)
+            width = 0.62 * geo.font * len(peak.group(4))
+            x0 = x - width if anchor == "end" else x
+            assert geo.left <= x0
+            assert x0 + width <= geo.w - geo.right
+            assert geo.top < y <= geo.top + geo.plot_h

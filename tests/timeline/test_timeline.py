@@ -967,6 +967,37 @@ def test_plugin_writes_report_and_trace(pytester: pytest.Pytester) -> None:
     )
 
 
+def test_the_leak_checks_own_wait_is_not_a_wait_that_failed(pytester: pytest.Pytester) -> None:
+    """The leak check waits for a leaking test's memory: its wait, apart from the suite's."""
+    pytester.makeconftest(_INNER_CONFTEST)
+    pytester.makepyfile(test_inner=_INNER_TESTS)
+    pytester.makeini("[pytest]\naccelplat_timeline_wait_fixtures = warm_cache\n")
+    result = pytester.runpytest_inprocess(
+        *_plugin_args(),
+        "--accelplat-leak-check",
+        "--accelplat-leak-wait=0.2",
+        "--accelplat-timeline=report.html",
+        "--accelplat-timeline-json=trace.json",
+        "-p",
+        "no:cacheprovider",
+    )
+    trace = load_trace(pytester.path / "trace.json")
+    own = [w for w in trace.waits if w.by_leak_check]
+    assert [(w.kind, w.ok, w.test) for w in own] == [
+        ("leak check", False, "test_inner.py::test_keeps_memory")
+    ]
+    assert all(w.by_leak_check or w.ok for w in trace.waits)
+    assert own[0] not in trace.slowest_waits()
+    page = (pytester.path / "report.html").read_text(encoding="utf-8")
+    assert "wait failed" not in page  # no red chip for the check's own wait
+    assert 'id="leak-check-waits"' in page
+    assert "the leak check waited 1 time" in page.lower()
+    assert [leak.nodeid for leak in trace.leaks()] == ["test_inner.py::test_keeps_memory"]
+    slowest = re.search(r"slowest wait ([0-9.]+) s", result.stdout.str())
+    assert slowest is not None  # warm_cache's set-up, not the check's 0.2 s
+    assert float(slowest.group(1)) < 0.15
+
+
 def test_plugin_is_inert_without_the_option(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_inner="def test_ok():\n    pass\n")
     result = pytester.runpytest_inprocess(*_plugin_args(), "-p", "no:cacheprovider")
@@ -986,7 +1017,8 @@ def test_a_session_without_the_option_loads_no_recorder(pytester: pytest.Pyteste
             "    assert loaded == []\n"
         )
     )
-    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider")
+    quick = ("-p", "no:xdist", "-p", "no:hypothesispytest", "-p", "no:cacheprovider")  # 1 s less
+    result = pytester.runpytest_subprocess(*_plugin_args(), *quick)
     result.assert_outcomes(passed=1)
 
 
@@ -1140,7 +1172,8 @@ def test_report_names_each_device_peak_and_each_test_peak() -> None:
     assert "Peak dev 0" in head
     assert "Peak dev 1" in head
     clean_row = table[table.index("test_clean") : table.index("</tr>", table.index("test_clean"))]
-    assert re.findall(r'class="num peak">([^<]*)<', clean_row) == ["10.00 GiB", "0 B"]
+    peaks = re.findall(r'class="num peak" data-label="[^"]*">([^<]*)<', clean_row)
+    assert peaks == ["10.00 GiB", "0 B"]
 
 
 def test_a_small_leak_on_a_big_device_gets_a_fitted_axis() -> None:
