@@ -90,7 +90,7 @@ def test_every_committed_host_replays_as_recorded_with_the_plugin_installed(
     plugin_path: Path,
 ) -> None:
     done = _run(
-        plugin_path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+        plugin_path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
         "tests/replay/test_hosts.py", "-k", "reproduces",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
