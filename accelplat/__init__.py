@@ -18,8 +18,7 @@ import os
 from typing import TYPE_CHECKING
 
 from accelplat import _lazy
-
-__version__ = "0.1.0"
+from accelplat._version import __version__ as __version__
 
 _EXPORTS: dict[str, str] = {
     "GIB": "accelplat._types",
@@ -60,7 +59,7 @@ __getattr__, __dir__ = _lazy.lazy_namespace(__name__, _EXPORTS, globals())
 
 
 if os.environ.get("ACCELPLAT_REPLAY"):
-    from accelplat.replay._install import activate_from_environment
+    from accelplat._replay._install import activate_from_environment
 
     activate_from_environment()
 

@@ -30,6 +30,7 @@ from accelplat._requirement import (
     Requirement,
     parse_arch,
 )
+from accelplat._requirement import named as _named
 from accelplat._requirement import parse as parse_requirement
 from accelplat._types import DeviceInfo, FeatureRule
 from accelplat._util import shorten, shown
@@ -79,17 +80,8 @@ BUILTIN.update(
 )
 
 
-def _arch_matches(pattern: str, info: DeviceInfo) -> bool:
-    """Whether ``info`` is ``pattern`` (the one arch grammar: :func:`_requirement.parse_arch`)."""
-    return parse_arch(pattern).matches(info)
-
-
 def _this(info: DeviceInfo | None) -> str:
     return "no device is visible" if info is None else f"this is {_named(info)}"
-
-
-def _named(info: DeviceInfo) -> str:
-    return f"{info.name} ({info.arch or 'architecture unknown'})"
 
 
 def _rule_need(rule: FeatureRule) -> str:
@@ -112,7 +104,7 @@ def _from_rules(
         low = rule.min_compute_capability
         if low is not None and (cc is None or cc < low):
             continue
-        if not rule.archs or any(_arch_matches(a, info) for a in rule.archs):
+        if not rule.archs or any(parse_arch(a).matches(info) for a in rule.archs):
             how = f" ({rule.note})" if rule.note else ""
             return Capability(True, f"{_named(info)} has {name}{how}", rule.value)
     needs = "; or ".join(_rule_need(r) + (f" ({r.value})" if r.value else "") for r in rules)
@@ -429,13 +421,21 @@ def platform_words() -> frozenset[str]:
     return frozenset(available_platforms()) | OTHER_PLATFORMS
 
 
+_known: tuple[int, frozenset[str]] = (-1, frozenset())  # (generation, capability names)
+
+
 def requirement(text: object) -> Requirement:
     """Parse a requirement (``"xpu or (cuda and capability>=90)"``) against the known names.
 
     Raises:
         ConfigurationError: Malformed, or a word that is no capability, platform or arch.
     """
-    names = frozenset(BUILTIN) | frozenset(project_capabilities())
+    global _known
+    generation, names = _known
+    if generation != _generation:  # built once per change: a table's every check stays linear
+        with _lock:
+            _known = (_generation, frozenset(BUILTIN) | frozenset(_project))
+            names = _known[1]
     return parse_requirement(text, capabilities=names, platforms=platform_words())
 
 
@@ -450,7 +450,7 @@ def validate() -> list[str]:
     """Check every ``requires`` is known and acyclic; return the names, each after its needs."""
     table = project_capabilities()
     needs = {
-        name: set().union(*(r.capability_names() for r in _parsed_requires(cap))) & set(table)
+        name: {n for r in _parsed_requires(cap) for n in r.names() if n in table}
         for name, cap in table.items()
     }
     try:
@@ -472,7 +472,7 @@ def _evaluate_project(
     cc = info.compute_capability if info is not None else None
     if low is not None and (cc is None or cc < low):  # vLLM's has_device_capability()
         unmet.append(f"needs capability>={low[0]}{low[1]}; {_this(info)}")
-    if cap.arch and (info is None or not any(_arch_matches(p, info) for p in cap.arch)):
+    if cap.arch and (info is None or not any(parse_arch(p).matches(info) for p in cap.arch)):
         unmet.append(f"needs {' or '.join(cap.arch)}; {_this(info)}")
     for required in _parsed_requires(cap):
         held, why = required.evaluate(platform, info, done)
@@ -497,6 +497,16 @@ def _evaluate_project(
     return Capability(True, f"all conditions hold on {_named(info) if info else platform.name}")
 
 
+def _device(platform: Platform | None, device: int) -> tuple[Platform, DeviceInfo | None]:
+    """The platform (``None``: the current one) and its visible ``device`` (none visible: None)."""
+    if platform is None:
+        from accelplat._registry import current_platform
+
+        platform = current_platform()
+    devices = platform.devices()
+    return platform, devices[device_index(device, len(devices), platform.name)] if devices else None
+
+
 def capabilities(device: int = 0, *, platform: Platform | None = None) -> Mapping[str, Capability]:
     """Return every capability of one visible device: the built-ins, then the project's, sorted.
 
@@ -504,12 +514,7 @@ def capabilities(device: int = 0, *, platform: Platform | None = None) -> Mappin
         DeviceNotFoundError: For an index not visible (with no device at all: all unavailable).
         ConfigurationError: When the project capabilities are inconsistent.
     """
-    if platform is None:
-        from accelplat._registry import current_platform
-
-        platform = current_platform()
-    devices = platform.devices()
-    info = devices[device_index(device, len(devices), platform.name)] if devices else None
+    platform, info = _device(platform, device)
     out = _builtin(platform, info)
     table = project_capabilities()
     decided = dict(out)
@@ -529,14 +534,8 @@ def has(name: str, device: int = 0, *, platform: Platform | None = None) -> bool
         DeviceNotFoundError: For an index that is not visible.
     """
     need = requirement(name)
-    if platform is None:
-        from accelplat._registry import current_platform
-
-        platform = current_platform()
-    platform = judged_by(platform)
-    devices = platform.devices()
-    info = devices[device_index(device, len(devices), platform.name)] if devices else None
-    return need.evaluate(platform, info, capabilities(device, platform=platform))[0]
+    judge, info = _device(judged_by(_device(platform, device)[0]), device)
+    return need.evaluate(judge, info, capabilities(device, platform=judge))[0]
 
 
 def judged_by(platform: Platform) -> Platform:

@@ -18,22 +18,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from accelplat import __version__, _files
+from accelplat import _files
 from accelplat._backends._common import ENV_PROC_ROOT, ENV_SYSFS_ROOT
 from accelplat._describe import collect_info, driver_version
 from accelplat._registry import current_platform
+from accelplat._replay._bundle import FORMAT_NAME, FORMAT_VERSION, bundle_bytes
+from accelplat._replay._install import GRANT_VARIABLES, considered, recording
+from accelplat._replay._record import Recorder
+from accelplat._util import printable
 from accelplat._vendor.versions import distribution_version
+from accelplat._version import __version__
 from accelplat.errors import AccelplatError
-from accelplat.replay._bundle import FORMAT_NAME, FORMAT_VERSION, bundle_bytes
-from accelplat.replay._install import recording, relevant
-from accelplat.replay._record import Recorder
 
 VERSION_DISTRIBUTIONS = ("accelplat", "torch", "nvidia-ml-py", "amdsmi", "vllm")
 
-SCHEDULER_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "GPU_DEVICE_ORDINAL")
-"""What a cluster scheduler sets for a job's GPUs (with the device plugin's
-``NVIDIA_VISIBLE_DEVICES``: ``all``, ``none``, ``void``, indices or UUIDs)."""
-_GRANT_VARIABLES = (*SCHEDULER_VARIABLES, "NVIDIA_VISIBLE_DEVICES")
 _ENV_CGROUP_ROOT = "ACCELPLAT_CGROUP_ROOT"  # as the CPU backend reads it
 _DEVICE_RULE = re.compile(r"^([abc]) (\*|\d{1,10}):(\*|\d{1,10}) ([rwm]{1,3})$")
 _NVIDIA_MAJOR = 195  # /dev/nvidiaN is char 195:N, /dev/nvidiactl 195:255 (NVIDIA driver README)
@@ -43,6 +41,7 @@ _TIME_KEYS = frozenset({"timestamp", "wall_time", "created", "generated", "gener
 # The version of the document's shape is no host fact: a newer accelplat prints a newer one
 # (info's keys kept their meaning from schema 1 to 2).
 _SKIPPED_KEYS = _TIME_KEYS | {"schema"}
+_BY_NAME = frozenset({"candidates"})  # lists compared by name: a platform added later is allowed
 
 _CHANNEL_TITLES = {
     "file": "Host files read (sysfs, procfs, cgroup)",
@@ -112,13 +111,13 @@ def _driver(info: Mapping[str, Any]) -> str | None:
 def scheduler_grant() -> dict[str, Any]:
     """Return the GPUs an outer scheduler granted this process, as far as it can tell.
 
-    ``variables``: those of :data:`SCHEDULER_VARIABLES` and ``NVIDIA_VISIBLE_DEVICES`` that are
-    set. ``cgroup``: the process's device cgroup (``None`` without ``/proc/self/cgroup``):
-    ``version``, ``path``, and under cgroup v1 the ``devices.list`` rules (``allowed``) with the
+    ``variables``: those of :data:`~accelplat._replay._install.GRANT_VARIABLES` that are set.
+    ``cgroup``: the process's device cgroup (``None`` without ``/proc/self/cgroup``): ``version``,
+    ``path``, and under cgroup v1 the ``devices.list`` rules (``allowed``) with the
     NVIDIA GPU minors they open (``gpus``: ``"all"`` or a list), or ``note`` saying why not.
     The files are read through the vendor boundary: a capture records them, a replay answers.
     """
-    variables = {k: os.environ[k] for k in _GRANT_VARIABLES if k in os.environ}
+    variables = {k: os.environ[k] for k in GRANT_VARIABLES if k in os.environ}
     return {"variables": variables, "cgroup": _device_cgroup()}
 
 
@@ -198,7 +197,8 @@ def capture(
         raise ValueError(f"interval_s must be 0-10 seconds, got {interval_s}")
     recorder = Recorder(processes=processes)
     with recording(recorder), _outside_any_project():
-        env = {k: v for k, v in sorted(os.environ.items()) if relevant(k)}
+        variables = considered()
+        env = {k: os.environ[k] for k in sorted(variables) if k in os.environ}
         info = collect_info()
         if info.get("platform"):
             _exercise(current_platform(), samples, interval_s, sleep)
@@ -226,6 +226,7 @@ def capture(
         "accelplat_version": __version__,
         "options": {"processes": processes, "samples": samples, "interval_s": interval_s},
         "summary": summary,
+        "variables": list(variables),
         "env": env,
         "records": recorder.records(),
     }
@@ -234,7 +235,11 @@ def capture(
 
 
 def bundle_contents(host: Mapping[str, Any]) -> str:
-    """Return the ``CONTENTS.txt`` text: everything a ``host.json`` document holds, in words."""
+    """Return the ``CONTENTS.txt`` text: everything a ``host.json`` document holds, in words.
+
+    Every character a terminal would act on (an escape, a bidirectional override) is escaped
+    as Python writes it in a string, line by line.
+    """
     summary = host.get("summary", {})
     env = host.get("env", {})
     versions = summary.get("versions") or {}
@@ -248,7 +253,7 @@ def bundle_contents(host: Mapping[str, Any]) -> str:
         f"accelplat capture bundle, format version {host.get('format_version')}",
         f"captured {host.get('created')} with accelplat {host.get('accelplat_version')}",
         f"platform: {summary.get('platform')}; devices: {len(summary.get('devices') or [])}",
-        f"driver: {summary.get('driver')}",
+        f"driver: {summary.get('driver') or 'unknown'}",
         "",
         "Files in this bundle:",
         "  host.json     every question accelplat asked at the vendor boundary, with the answers",
@@ -278,7 +283,9 @@ def bundle_contents(host: Mapping[str, Any]) -> str:
         lines.append(f"{_CHANNEL_TITLES.get(channel, channel)} ({len(labels)}):")
         lines.extend(f"  {label}" for label in labels)
         lines.append("")
-    return "\n".join(lines)
+    # every value came from the host (a variable, a cgroup path, a file name): escaped, so that
+    # the file a maintainer reads before trusting a bundle cannot drive their terminal
+    return "\n".join(printable(line) for line in lines)
 
 
 def _grant_lines(grant: Any) -> list[str]:
@@ -300,8 +307,9 @@ def compare_info(recorded: Any, replayed: Any, where: str = "info") -> list[str]
     """Return how a replayed ``info --json`` differs from the recorded one (``[]``: it doesn't).
 
     Every recorded key must be present with an equal value; keys a newer accelplat added are
-    allowed, keys naming times (``timestamp`` …) and the document's version skipped. One line
-    per difference, from ``where``.
+    allowed, keys naming times (``timestamp`` …) and the document's version skipped. The
+    candidate platforms are compared by name, so a platform a newer accelplat added is allowed
+    too. One line per difference, from ``where``.
     """
     if isinstance(recorded, dict):
         if not isinstance(replayed, dict):
@@ -312,6 +320,8 @@ def compare_info(recorded: Any, replayed: Any, where: str = "info") -> list[str]
                 continue
             if key not in replayed:
                 out.append(f"{where}.{key}: missing from the replay")
+            elif key in _BY_NAME:
+                out.extend(compare_info(_named(value), _named(replayed[key]), f"{where}.{key}"))
             else:
                 out.extend(compare_info(value, replayed[key], f"{where}.{key}"))
         return out
@@ -324,3 +334,10 @@ def compare_info(recorded: Any, replayed: Any, where: str = "info") -> list[str]
     if recorded != replayed or type(recorded) is not type(replayed):
         return [f"{where}: recorded {recorded!r}, replay gave {replayed!r}"]
     return []
+
+
+def _named(items: Any) -> Any:
+    """A list of objects as an object keyed by their ``name`` (anything else as it is)."""
+    if isinstance(items, list) and all(isinstance(i, dict) and "name" in i for i in items):
+        return {str(i["name"]): i for i in items}
+    return items

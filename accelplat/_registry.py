@@ -1,9 +1,10 @@
 """Platform discovery: built-in backends, entry-point plugins, overrides and detection.
 
-Forcing beats a single available third-party platform, which beats the built-ins in
-``BUILTIN_ORDER``. Loads and probes that may talk to a driver (and construction of untrusted
-platforms) run in a worker thread bounded by ``ACCELPLAT_PROBE_TIMEOUT_S``; the rules are in
-docs/writing-a-backend.md ("Registry rules"). A forked child forgets cached instances.
+Forcing beats a single available third-party platform, which beats the built-ins in the order
+of ``BUILTINS`` (one row per built-in backend). Loads and probes that may talk to a driver (and
+construction of untrusted platforms) run in a worker thread bounded by
+``ACCELPLAT_PROBE_TIMEOUT_S``; the rules are in docs/writing-a-backend.md ("Registry rules").
+A forked child forgets cached instances.
 """
 
 from __future__ import annotations
@@ -34,25 +35,77 @@ ENV_PLUGINS = "ACCELPLAT_PLUGINS"  # loadable plugins (comma-separated; empty: n
 ENV_PROBE_TIMEOUT = "ACCELPLAT_PROBE_TIMEOUT_S"
 DEFAULT_PROBE_TIMEOUT_S = 10.0
 
-BUILTIN_ORDER: tuple[str, ...] = ("cuda", "rocm", "xpu", "cpu")  # probe order when not forced
 
-_BUILTINS: dict[str, str] = {
-    "cuda": "accelplat._backends.cuda:CudaPlatform",
-    "rocm": "accelplat._backends.rocm:RocmPlatform",
-    "xpu": "accelplat._backends.xpu:XpuPlatform",
-    "cpu": "accelplat._backends.cpu:CpuPlatform",
-    "simulated": "accelplat._backends.simulated:SimulatedPlatform",
-}
+@dataclass(frozen=True, slots=True)
+class Builtin:
+    """One built-in backend: everything the registry knows of it, in one row.
 
-# Per built-in, why it is certainly absent (None: it may be present). These list directories and
-# ask the loader for a library, talking to no driver, so they run in the caller's thread first.
-_QUICK_ABSENCE: dict[str, str] = {
-    "cuda": "accelplat._backends._common:cuda_absent",
-    "rocm": "accelplat._backends._common:rocm_absent",
-    "xpu": "accelplat._backends._common:xpu_absent",
-}
+    Attributes:
+        name: The platform name.
+        target: ``"module:Class"``, imported only when the backend is considered.
+        absent: ``"module:function"`` returning why the backend is certainly absent, or
+            ``None`` when it may be present (``_backends/_presence.py``); it lists directories
+            and asks the loader for a library, talking to no driver, so it runs in the
+            caller's thread before the backend is imported.
+        in_caller: Probed in the caller's thread (it reads host files only).
+        variables: The environment variables that shape what it finds (visible devices, their
+            order, the roots of the host's file systems), separated by spaces: a capture
+            records them and a replay applies them. A path to a user's file or to a library is
+            not one of them: a replay must never choose it.
+        detected: Probed, in the rows' order, when no platform is forced.
+    """
 
-_IN_CALLER: frozenset[str] = frozenset({"cpu"})  # read host files only: no worker thread
+    name: str
+    target: str
+    absent: str | None = None
+    in_caller: bool = False
+    variables: str = ""
+    detected: bool = True
+
+
+BUILTINS: tuple[Builtin, ...] = (
+    Builtin(
+        "cuda",
+        "accelplat._backends.cuda:CudaPlatform",
+        "accelplat._vendor.nvml:unavailable_before_import",
+        variables="CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER ACCELPLAT_PROC_ROOT",
+    ),
+    Builtin(
+        "rocm",
+        "accelplat._backends.rocm:RocmPlatform",
+        "accelplat._backends._presence:rocm_absent",
+        variables="HIP_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES CUDA_VISIBLE_DEVICES "
+        "ACCELPLAT_SYSFS_ROOT ACCELPLAT_DEV_ROOT",
+    ),
+    Builtin(
+        "xpu",
+        "accelplat._backends.xpu:XpuPlatform",
+        "accelplat._backends._presence:xpu_absent",
+        variables="ZE_AFFINITY_MASK ONEAPI_DEVICE_SELECTOR ZE_FLAT_DEVICE_HIERARCHY "
+        "ZE_ENABLE_PCI_ID_DEVICE_ORDER ACCELPLAT_XPU_INTEGRATED ACCELPLAT_XPU_ALLOW_TORCH "
+        "ACCELPLAT_SYSFS_ROOT",
+    ),
+    Builtin(
+        "cpu",
+        "accelplat._backends.cpu:CpuPlatform",
+        in_caller=True,
+        variables="ACCELPLAT_PROC_ROOT ACCELPLAT_SYSFS_ROOT ACCELPLAT_CGROUP_ROOT",
+    ),
+    Builtin(
+        "simulated",
+        "accelplat._backends.simulated:SimulatedPlatform",
+        variables="ACCELPLAT_SIMULATED_VISIBLE_DEVICES",
+        detected=False,
+    ),
+)
+_BUILTINS = {row.name: row for row in BUILTINS}
+
+
+def host_variables() -> tuple[str, ...]:
+    """Every variable the built-ins declare, and ``ACCELPLAT_PLATFORM``: what a capture keeps."""
+    names = " ".join(row.variables for row in BUILTINS).split()
+    return tuple(dict.fromkeys([*names, ENV_PLATFORM]))
+
 
 _NAME_RE = _validate.NAME_RE
 
@@ -102,6 +155,10 @@ class _Outcome:
     factory: PlatformFactory | None = None
     instance: Platform | None = None
 
+    @property
+    def usable(self) -> bool:
+        return self.candidate.available and self.factory is not None
+
 
 _lock = threading.RLock()
 _registered: dict[str, _Entry] = {}
@@ -114,9 +171,7 @@ _instances: dict[str, Platform] = {}
 
 def _plugin_filter() -> frozenset[str] | None:
     raw = os.environ.get(ENV_PLUGINS)
-    if raw is None:
-        return None
-    return frozenset(p.strip() for p in raw.split(",") if p.strip())
+    return None if raw is None else frozenset(p.strip() for p in raw.split(",") if p.strip())
 
 
 def _probe_timeout() -> float:
@@ -129,13 +184,12 @@ def _probe_timeout() -> float:
 def _forced_name() -> str | None:
     if isinstance(_forced_override, str):
         return _forced_override
-    raw = os.environ.get(ENV_PLATFORM, "").strip().lower()
-    return raw or None
+    return os.environ.get(ENV_PLATFORM, "").strip().lower() or None
 
 
-def _builtin_entry(name: str) -> _Entry:
-    entry = _Entry(name, shipped=True, ordered=True, target=_BUILTINS[name], origin="built-in")
-    entry.absence, entry.in_caller = _QUICK_ABSENCE.get(name), name in _IN_CALLER
+def _builtin_entry(row: Builtin) -> _Entry:
+    entry = _Entry(row.name, shipped=True, ordered=True, target=row.target, origin="built-in")
+    entry.absence, entry.in_caller = row.absent, row.in_caller
     return entry
 
 
@@ -216,7 +270,7 @@ def _discover_entry_points() -> None:
 
 def _all_entries(*, discover: bool = True) -> dict[str, _Entry]:
     if not _registered:
-        _registered.update((name, _builtin_entry(name)) for name in _BUILTINS)
+        _registered.update((row.name, _builtin_entry(row)) for row in BUILTINS)
     if discover:
         _discover_entry_points()
     return _registered
@@ -269,14 +323,17 @@ def _describe_failure(exc: BaseException) -> str:
 
 def _certainly_absent(entry: _Entry) -> str | None:
     """Run a built-in's quick absence check; a check that fails means "may be present"."""
-    if entry.absence is None:
-        return None
-    module_name, _, attr = entry.absence.partition(":")
     try:
-        reason = getattr(importlib.import_module(module_name), attr)()
+        reason = _target(entry.absence)() if entry.absence else None
     except Exception:
         return None
     return reason if isinstance(reason, str) else None
+
+
+def _target(spelled: str, load: Callable[[str], Any] = importlib.import_module) -> Any:
+    """The object a ``"module:name"`` string names, its module imported by ``load``."""
+    module_name, _, attr = spelled.partition(":")
+    return getattr(load(module_name), attr)
 
 
 def _load(entry: _Entry) -> PlatformFactory:
@@ -290,8 +347,7 @@ def _load(entry: _Entry) -> PlatformFactory:
             obj = entry.entry_point.load()
     else:
         assert entry.target is not None
-        module_name, _, attr = entry.target.partition(":")
-        obj = getattr(import_quietly(module_name), attr)
+        obj = _target(entry.target, import_quietly)
     if not callable(obj):
         raise ConfigurationError(
             f"{entry.origin} points at {obj!r}, which is neither a class nor a factory"
@@ -320,8 +376,7 @@ def _protocol_members() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Return the protocol's property names and method names."""
     members = [(n, v) for n, v in vars(Platform).items() if not n.startswith("_")]
     props = tuple(n for n, v in members if isinstance(v, property))
-    methods = tuple(n for n, v in members if not isinstance(v, property) and callable(v))
-    return props, methods
+    return props, tuple(n for n, v in members if n not in props and callable(v))
 
 
 def protocol_problems(obj: object) -> tuple[str, ...]:
@@ -334,12 +389,11 @@ def protocol_problems(obj: object) -> tuple[str, ...]:
             value = getattr(obj, name)
         except AttributeError:
             missing.append(name)
-            continue
         except Exception as exc:
             problems.append(f"{name} raised {_describe_failure(exc)}")
-            continue
-        if name in methods and not callable(value):
-            problems.append(f"{name} is not callable")
+        else:
+            if name in methods and not callable(value):
+                problems.append(f"{name} is not callable")
     if missing:
         problems.insert(0, f"missing: {', '.join(missing)}")
     return tuple(problems)
@@ -465,7 +519,7 @@ def _detect(*, exhaustive: bool) -> tuple[DetectionReport, _Outcome | None]:
             raise _lookup_error(forced)
         outcome = _consider(entries[forced], timeout)
         cand = outcome.candidate
-        if outcome.factory is None or not cand.available:
+        if not outcome.usable:
             raise _unavailable(forced, cand.reason)
         source = "set_current_platform()" if isinstance(_forced_override, str) else ENV_PLATFORM
         picked = Candidate(forced, True, True, f"forced by {source}: {cand.reason}", cand.builtin)
@@ -478,7 +532,7 @@ def _detect(*, exhaustive: bool) -> tuple[DetectionReport, _Outcome | None]:
             continue
         outcome = _consider(entry, timeout)
         candidates.append(outcome.candidate)
-        if outcome.candidate.available and outcome.factory is not None:
+        if outcome.usable:
             available.append((name, outcome))
     candidates.extend(_problems)
     candidates.extend(_filter_problems())
@@ -489,15 +543,15 @@ def _detect(*, exhaustive: bool) -> tuple[DetectionReport, _Outcome | None]:
             f"{ENV_PLATFORM}=<name>, or load only one with {ENV_PLUGINS}=<name>"
         )
     chosen: tuple[str, _Outcome] | None = available[0] if available else None
-    for name in BUILTIN_ORDER:
+    for row in BUILTINS:
         if chosen is not None and not exhaustive:
             break
-        builtin_entry = entries.get(name)
-        if builtin_entry is None:
+        name, builtin_entry = row.name, entries.get(row.name)
+        if builtin_entry is None or not row.detected:
             continue
         outcome = _consider(builtin_entry, timeout)
         candidates.append(outcome.candidate)
-        if chosen is None and outcome.candidate.available and outcome.factory is not None:
+        if chosen is None and outcome.usable:
             chosen = (name, outcome)
     if chosen is None:
         return DetectionReport(None, tuple(candidates), error="no platform is available"), None
@@ -583,7 +637,7 @@ def get_platform(name: str) -> Platform:
         if name in _instances:
             return _instances[name]
         outcome = _consider(entries[name], _probe_timeout())
-        if outcome.factory is None or not outcome.candidate.available:
+        if not outcome.usable:
             raise _unavailable(name, outcome.candidate.reason)
         return _instance_for(name, outcome)
 
@@ -650,7 +704,7 @@ def unregister_platform(name: str) -> None:
         if name not in _all_entries():
             raise _lookup_error(name)
         if name in _BUILTINS:
-            _registered[name] = _builtin_entry(name)
+            _registered[name] = _builtin_entry(_BUILTINS[name])
         else:
             del _registered[name]
         _instances.pop(name, None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -130,53 +130,53 @@ def _parse_arch(t: str, where: str) -> Arch:
     )
 
 
-# -- the tree -------------------------------------------------------------------------------
+# -- the tree: the one tree of the grammar, built by the parser and the vLLM translator -------
 
 
 @dataclass(frozen=True, slots=True)
-class _Capability:
+class Name:
+    """A capability or a platform: a capability where the device's table has the name."""
+
     name: str
 
 
 @dataclass(frozen=True, slots=True)
-class _Platform:
-    name: str
+class ArchIs:
+    """The device's architecture matches a pattern."""
 
-
-@dataclass(frozen=True, slots=True)
-class _ArchAtom:
     arch: Arch
 
 
 @dataclass(frozen=True, slots=True)
-class _Compare:  # capability>=90: vLLM's cross-vendor number, major * 10 + minor
+class Compare:
+    """``capability>=90``: vLLM's cross-vendor number, major * 10 + minor."""
+
     op: str
     number: int
     family: bool  # capability==10x: vLLM's is_device_capability_family(100)
 
     @property
     def text(self) -> str:
-        return f"capability{self.op}{self.number // 10 if self.family else self.number}" + (
-            "x" if self.family else ""
-        )
+        shown_number = f"{self.number // 10}x" if self.family else str(self.number)
+        return f"capability{self.op}{shown_number}"
 
 
 @dataclass(frozen=True, slots=True)
-class _Not:
-    operand: _Node
+class Not:
+    operand: Node
 
 
 @dataclass(frozen=True, slots=True)
-class _All:  # "and"
-    operands: tuple[_Node, ...]
+class All:  # "and"
+    operands: tuple[Node, ...]
 
 
 @dataclass(frozen=True, slots=True)
-class _Any:  # "or"
-    operands: tuple[_Node, ...]
+class AnyOf:  # "or"
+    operands: tuple[Node, ...]
 
 
-_Node = _Capability | _Platform | _ArchAtom | _Compare | _Not | _All | _Any
+Node = Name | ArchIs | Compare | Not | All | AnyOf
 _OPS: dict[str, Callable[[int, int], bool]] = {
     ">=": lambda a, b: a >= b,
     "<=": lambda a, b: a <= b,
@@ -187,26 +187,75 @@ _OPS: dict[str, Callable[[int, int], bool]] = {
 }
 
 
-def _text(node: _Node, outer: int = 0) -> str:
-    """The canonical text: lower case, single spaces, parentheses only where needed."""
-    if isinstance(node, _Capability | _Platform):
+def _joined(kind: type[All] | type[AnyOf], nodes: Iterable[Node]) -> Node:
+    flat: list[Node] = []
+    for node in nodes:  # (a and b) and c -> a and b and c; a repeated operand once
+        flat.extend(node.operands if isinstance(node, kind) else (node,))
+    unique = tuple(dict.fromkeys(flat))
+    return unique[0] if len(unique) == 1 else kind(unique)
+
+
+def all_of(*nodes: Node) -> Node:
+    """``a and b and …`` (nested "and"s flattened, repeats dropped; one operand: itself)."""
+    return _joined(All, nodes)
+
+
+def any_of(*nodes: Node) -> Node:
+    """``a or b or …`` (nested "or"s flattened, repeats dropped; one operand: itself)."""
+    return _joined(AnyOf, nodes)
+
+
+def negate(node: Node) -> Node:
+    """``not node``, pushed down to the words (De Morgan); a word's ``not`` stays a ``not``.
+
+    A comparison is never flipped: ``not capability>=90`` holds on a CPU host, where
+    ``capability<90`` does not (a device without a number fails every comparison).
+    """
+    if isinstance(node, Not):
+        return node.operand
+    if isinstance(node, All):
+        return any_of(*(negate(o) for o in node.operands))
+    if isinstance(node, AnyOf):
+        return all_of(*(negate(o) for o in node.operands))
+    return Not(node)
+
+
+def word(text: str) -> Node:
+    """One word of the grammar as a node: a name, an arch pattern or ``capability>=90``."""
+    return _Parser(text, _name_or_arch).parse()
+
+
+def _name_or_arch(text: str) -> Node:
+    try:
+        return ArchIs(parse_arch(text))
+    except ConfigurationError:
+        return Name(text)
+
+
+def render(node: Node, outer: int = 0) -> str:
+    """Return the canonical text of ``node``: the grammar's one printer.
+
+    Lower case, single spaces, parentheses where needed and around an "and" inside an "or",
+    for the reader: ``xpu or (cuda and fp8)``.
+    """
+    if isinstance(node, Name):
         return node.name
-    if isinstance(node, _ArchAtom):
+    if isinstance(node, ArchIs):
         return node.arch.text
-    if isinstance(node, _Compare):
+    if isinstance(node, Compare):
         return node.text
-    if isinstance(node, _Not):
-        return f"not {_text(node.operand, 3)}"
-    level, word = (2, " and ") if isinstance(node, _All) else (1, " or ")
-    inner = word.join(_text(o, level) for o in node.operands)
-    return f"({inner})" if outer > level else inner
+    if isinstance(node, Not):
+        return f"not {render(node.operand, 3)}"
+    level, joiner = (2, " and ") if isinstance(node, All) else (1, " or ")
+    inner = joiner.join(render(o, level) for o in node.operands)
+    return f"({inner})" if outer not in (0, level) else inner
 
 
 # -- parsing --------------------------------------------------------------------------------
 
 
 class _Parser:
-    def __init__(self, text: str, classify: Callable[[str], _Node]) -> None:
+    def __init__(self, text: str, classify: Callable[[str], Node]) -> None:
         self.text = text
         self.tokens = list(self._tokens())
         self.pos = 0
@@ -242,7 +291,7 @@ class _Parser:
         self.pos += 1
         return token
 
-    def parse(self) -> _Node:
+    def parse(self) -> Node:
         if not self.tokens:
             raise self._error("is empty")
         node = self._or(0)
@@ -250,26 +299,26 @@ class _Parser:
             raise self._error(f"unexpected {token[1]!r}")
         return node
 
-    def _or(self, depth: int) -> _Node:
+    def _or(self, depth: int) -> Node:
         parts = [self._and(depth)]
         while self._peek() == ("keyword", "or"):
             self.pos += 1
             parts.append(self._and(depth))
-        return parts[0] if len(parts) == 1 else _Any(tuple(parts))
+        return any_of(*parts)
 
-    def _and(self, depth: int) -> _Node:
+    def _and(self, depth: int) -> Node:
         parts = [self._not(depth)]
         while self._peek() == ("keyword", "and"):
             self.pos += 1
             parts.append(self._not(depth))
-        return parts[0] if len(parts) == 1 else _All(tuple(parts))
+        return all_of(*parts)
 
-    def _not(self, depth: int) -> _Node:
+    def _not(self, depth: int) -> Node:
         if depth > MAX_DEPTH:
             raise self._error(f"nests deeper than {MAX_DEPTH} levels")
         kind, value = self._take()
         if (kind, value) == ("keyword", "not"):
-            return _Not(self._not(depth + 1))
+            return Not(self._not(depth + 1))
         if (kind, value) == ("paren", "("):
             node = self._or(depth + 1)
             if self._take() != ("paren", ")"):
@@ -281,7 +330,7 @@ class _Parser:
             if family and op not in ("==", "!="):
                 raise self._error(f"a family ({num}) compares only with == or !=")
             number = int(num[:-1]) * 10 if family else int(num)
-            return _Compare(op, number, family)
+            return Compare(op, number, family)
         if kind == "word":
             return self.classify(value)
         raise self._error(f"unexpected {value!r}")
@@ -292,11 +341,11 @@ class Requirement:
     """A parsed requirement: its canonical ``text``, and how to decide it on a device."""
 
     text: str
-    node: _Node
+    node: Node
 
-    def capability_names(self) -> frozenset[str]:
-        """The capability names it reads (built-in and project ones)."""
-        return frozenset(n.name for n in _walk(self.node) if isinstance(n, _Capability))
+    def names(self) -> frozenset[str]:
+        """The capability and platform names it reads."""
+        return frozenset(n.name for n in _walk(self.node) if isinstance(n, Name))
 
     def evaluate(
         self, platform: Platform, info: DeviceInfo | None, table: Mapping[str, Capability]
@@ -308,65 +357,57 @@ class Requirement:
         return _decide(self.node, platform, info, table)
 
 
-def _walk(node: _Node) -> Iterator[_Node]:
+def _walk(node: Node) -> Iterator[Node]:
     yield node
-    if isinstance(node, _Not):
+    if isinstance(node, Not):
         yield from _walk(node.operand)
-    elif isinstance(node, _All | _Any):
+    elif isinstance(node, All | AnyOf):
         for operand in node.operands:
             yield from _walk(operand)
 
 
-def _named(info: DeviceInfo) -> str:
+def named(info: DeviceInfo) -> str:
+    """``"NVIDIA H200 (sm_90)"``: a device as reasons name it."""
     return f"{info.name} ({info.arch or 'architecture unknown'})"
 
 
 def _decide(
-    node: _Node, platform: Platform, info: DeviceInfo | None, table: Mapping[str, Capability]
+    node: Node, platform: Platform, info: DeviceInfo | None, table: Mapping[str, Capability]
 ) -> tuple[bool, str]:
-    if isinstance(node, _Capability):
-        cap = table[node.name]
-        return cap.available, shorten(cap.reason, _REASON)
-    if isinstance(node, _Platform):
+    if isinstance(node, Name):
+        cap = table.get(node.name)
+        if cap is not None:
+            return cap.available, shorten(cap.reason, _REASON)
         return platform.name == node.name, f"the current platform is {platform.name}"
-    if isinstance(node, _ArchAtom | _Compare):
-        return _decide_device(node, platform, info)
-    if isinstance(node, _Not):
+    if isinstance(node, ArchIs | Compare):
+        if info is None:  # only the device's own words fail without one ("not" of them holds)
+            return False, f"{platform.name} has no visible device"
+        if isinstance(node, ArchIs):
+            return node.arch.matches(info), f"this is {named(info)}"
+        cc = info.compute_capability
+        if cc is None:  # vLLM's get_device_capability() is None here: every comparison fails
+            return False, f"{named(info)} has no compute capability number"
+        number = cc[0] * 10 + cc[1]
+        if node.family:
+            number = number // 10 * 10
+        return _OPS[node.op](number, node.number), f"{named(info)} has capability {cc[0]}{cc[1]}"
+    if isinstance(node, Not):
         held, why = _decide(node.operand, platform, info, table)
         return not held, why
     results = [_decide(o, platform, info, table) for o in node.operands]
-    if isinstance(node, _All):
+    if isinstance(node, All):
         failed = [why for held, why in results if not held]
         return not failed, "; ".join(dict.fromkeys(failed)) or "; ".join(w for _, w in results)
     passed = [why for ok, why in results if ok]
     return bool(passed), "; ".join(dict.fromkeys(passed or [why for _, why in results]))
 
 
-def _decide_device(
-    node: _ArchAtom | _Compare, platform: Platform, info: DeviceInfo | None
-) -> tuple[bool, str]:
-    """An arch or capability atom: false without a device ("not" of it is then true)."""
-    if info is None:
-        return False, f"{platform.name} has no visible device"
-    if isinstance(node, _ArchAtom):
-        return node.arch.matches(info), f"this is {_named(info)}"
-    cc = info.compute_capability
-    if cc is None:  # vLLM's get_device_capability() is None here: every comparison fails
-        return False, f"{_named(info)} has no compute capability number"
-    number = cc[0] * 10 + cc[1]
-    if node.family:
-        number = number // 10 * 10
-    return _OPS[node.op](number, node.number), f"{_named(info)} has capability {cc[0]}{cc[1]}"
-
-
-def _classifier(capabilities: frozenset[str], platforms: frozenset[str]) -> Callable[[str], _Node]:
-    def classify(word: str) -> _Node:
-        if word in capabilities:
-            return _Capability(word)
-        if word in platforms:
-            return _Platform(word)
+def _classifier(capabilities: frozenset[str], platforms: frozenset[str]) -> Callable[[str], Node]:
+    def classify(word: str) -> Node:
+        if word in capabilities or word in platforms:
+            return Name(word)
         try:
-            return _ArchAtom(parse_arch(word))
+            return ArchIs(parse_arch(word))
         except ConfigurationError:
             pass
         raise ConfigurationError(
@@ -384,7 +425,7 @@ def _parse_cached(
     text: str, capabilities: frozenset[str], platforms: frozenset[str]
 ) -> Requirement:
     node = _Parser(text, _classifier(capabilities, platforms)).parse()
-    return Requirement(_text(node), node)
+    return Requirement(render(node), node)
 
 
 def parse(text: object, *, capabilities: frozenset[str], platforms: frozenset[str]) -> Requirement:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from accelplat import _files, _translate, _util
+from accelplat._translate import dotted_name as _dotted
 from accelplat._util import shown
 from accelplat.errors import ConfigurationError, FileTooLargeError
 
@@ -50,7 +51,6 @@ _CALLS = {  # a call by its own name -> its kind
 }  # fmt: skip
 _WITH_ARGS = _CAPABILITY_METHODS | _MARKER_HELPERS | {"is_quant_method_supported"}  # with arguments
 _ROCM_ARCH_RE = re.compile(r"^on_(gfx\w+|mi\d\w*|cdna\d*|rdna\d*)$")  # these are "arch" too
-_MAX_DOTTED = 32  # parts of a dotted name looked at: bounds the walk down an attribute chain
 _MAX_LITERAL = 40  # longer literal arguments are shown as "…"
 _Where = tuple[str, ast.AST] | None  # ("skipif"|"if"|"marker"|"expression", node), or None
 _GIT_TIMEOUT_S = 120  # one git call; a huge history reads a tree in seconds
@@ -106,14 +106,6 @@ def _family(predicate: str) -> str:  # has_device_capability(90) -> has_device_c
     return f"{name}(…)" if paren and rest != ")" and name != "hasattr" else predicate
 
 
-def _dotted(node: ast.AST) -> str | None:
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute) and len(parts) < _MAX_DOTTED:
-        parts.append(node.attr)
-        node = node.value
-    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
-
-
 def _literal(node: ast.AST) -> str:
     value = node.value if isinstance(node, ast.Constant) else None
     if isinstance(value, str) and len(value) <= _MAX_LITERAL:
@@ -126,7 +118,7 @@ def _literal(node: ast.AST) -> str:
 def _predicate(node: ast.AST) -> tuple[str, str] | None:
     """Return ``(normalised predicate, kind)`` when ``node`` is a platform predicate."""
     if isinstance(node, ast.Attribute):
-        hip = _dotted(node) == "torch.version.hip"  # at most _MAX_DOTTED steps per attribute
+        hip = _dotted(node) == "torch.version.hip"  # a bounded walk down the attribute chain
         return ("torch.version.hip", "platform") if hip else None
     if not isinstance(node, ast.Call):
         return None
@@ -190,7 +182,7 @@ TOLERANCES = "tolerances chosen by platform"
 VALUE_LISTS = "backend/kernel lists chosen by platform"
 VALUES = "value chosen by platform"
 CODE_PATH = "platform-specific code path"
-COUNT = "device count or memory (requires(devices=…, device_memory=…))"
+COUNT = "device count or memory (not a platform condition)"
 QUANT = "quantization-method support (project knowledge)"
 _TOLERANCE_NAMES = ("atol", "rtol", "tol", "tolerance")
 
@@ -271,11 +263,6 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
 
 
-def site_of(decision: _Decision, predicate: ast.AST) -> _translate.Site | None:
-    """The translated part of ``decision`` that holds ``predicate``, if any."""
-    return decision.owners.get(id(predicate))
-
-
 def _owners(found: list[_translate.Site]) -> dict[int, _translate.Site]:
     """Each node inside a site (by identity) -> that site: one walk of each."""
     owners: dict[int, _translate.Site] = {}
@@ -332,7 +319,7 @@ def placed(tree: ast.Module) -> list[Placed]:
             use = "branch" if decision is None else "skip"
         site = None
         if decision is not None and kind not in ("count", "memory", "quant"):
-            site = site_of(decision, node)
+            site = decision.owners.get(id(node))  # the translated part that holds it
         out.append(Placed(node, predicate, kind, use, place, decision, site))
     return out
 
@@ -373,7 +360,11 @@ def scan_source(source: str, path: str = "<source>") -> list[Finding]:
 
 
 def _python_files(base: Path, errors: list[str]) -> Iterator[Path]:
-    """Yield ``base``'s ``*.py`` files in :func:`os.walk`'s order (no hidden dirs, no links)."""
+    """Yield ``base``'s ``*.py`` files in :func:`os.walk`'s order (no hidden dirs, no links).
+
+    A link is never followed; one that could hold tests (a ``.py`` name, a directory, a loop)
+    is listed in ``errors``.
+    """
     todo = [(base, 0)]
     while todo:
         directory, depth = todo.pop()
@@ -385,7 +376,10 @@ def _python_files(base: Path, errors: list[str]) -> Iterator[Path]:
             continue
         below = []
         for entry in entries:
-            if entry.is_dir() and not entry.is_symlink():
+            if entry.is_symlink():
+                if entry.name.endswith(".py") or not os.path.isfile(entry.path):
+                    errors.append(f"{Path(entry.path).relative_to(base)}: a link, not followed")
+            elif entry.is_dir(follow_symlinks=False):
                 if not entry.name.startswith((".", "__pycache__")):
                     below.append(Path(entry.path))
             elif entry.name.endswith(".py"):

@@ -13,69 +13,33 @@ The meaning of each predicate is vLLM 0.33's (``vllm/platforms/interface.py``, `
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-# -- a boolean tree over requirement atoms ---------------------------------------------------
+from accelplat._requirement import (
+    All,
+    AnyOf,
+    Compare,
+    Node,
+    Not,
+    all_of,
+    any_of,
+    negate,
+    render,
+    word,
+)
+
+Tree = Node  # the requirement grammar's own tree, printed by its one printer
 
 
-@dataclass(frozen=True, slots=True)
-class _Atom:
-    text: str  # one requirement word: "rocm", "capability>=90", "gfx942"
-    numbered: bool = False  # true only where the device has a capability number (CUDA, ROCm)
-
-
-@dataclass(frozen=True, slots=True)
-class _Not:
-    operand: _Tree
-
-
-@dataclass(frozen=True, slots=True)
-class _And:
-    operands: tuple[_Tree, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Or:
-    operands: tuple[_Tree, ...]
-
-
-_Tree = _Atom | _Not | _And | _Or
-
-
-def _negate(tree: _Tree) -> _Tree:
-    """``not tree``, pushed down to the atoms (De Morgan); an atom's ``not`` stays a ``not``.
-
-    A comparison is never flipped: ``not capability>=90`` is true on a CPU host, where
-    ``capability<90`` is false (vLLM's ``None`` capability fails every comparison).
-    """
-    if isinstance(tree, _Not):
-        return tree.operand
-    if isinstance(tree, _And):
-        return _Or(tuple(_negate(o) for o in tree.operands))
-    if isinstance(tree, _Or):
-        return _And(tuple(_negate(o) for o in tree.operands))
-    return _Not(tree)
-
-
-def _flat(kind: type[_And] | type[_Or], operands: Iterator[_Tree]) -> _Tree:
-    out: list[_Tree] = []
-    for operand in operands:  # (a and b) and c -> a and b and c
-        out.extend(operand.operands if isinstance(operand, kind) else (operand,))
-    unique = tuple(dict.fromkeys(out))
-    return unique[0] if len(unique) == 1 else kind(unique)
-
-
-def render(tree: _Tree, outer: int = 0) -> str:
-    """Write ``tree`` in the requirement grammar, with only the parentheses it needs."""
-    if isinstance(tree, _Atom):
-        return tree.text
-    if isinstance(tree, _Not):
-        return f"not {render(tree.operand, 3)}"
-    level, word = (2, " and ") if isinstance(tree, _And) else (1, " or ")
-    text = word.join(render(o, level) for o in tree.operands)
-    # an "and" inside an "or" gets parentheses too, for the reader: a or (b and c)
-    return f"({text})" if outer > level or (outer == 1 and level == 2) else text
+def _numbered(tree: Tree) -> bool:
+    """Whether ``tree`` holding means the device has a capability number (CUDA or ROCm)."""
+    if isinstance(tree, Compare):
+        return True
+    if isinstance(tree, All):
+        return any(_numbered(o) for o in tree.operands)
+    if isinstance(tree, AnyOf):
+        return all(_numbered(o) for o in tree.operands)
+    return tree in _NUMBERED
 
 
 # -- what is translated ------------------------------------------------------------------------
@@ -98,44 +62,46 @@ NOT_A_PLATFORM = "a condition on something other than the platform"
 UNMODELLED_PLATFORM = "a platform accelplat has no model of"
 
 
-def _any(*words: str) -> _Tree:
-    return _Or(tuple(_Atom(w) for w in words))
+def _any(*words: str) -> Tree:
+    return any_of(*(word(w) for w in words))
 
 
+# Words that hold only where the device has a capability number: CUDA and ROCm devices.
+_NUMBERED = frozenset(word(w) for w in ("cuda", "rocm"))
 _CDNA = _any("gfx9*", "gfx1250")  # rocm.py:230: "gfx9" or "gfx1250" in the arch
-_RDNA = _And((_any("gfx11*", "gfx12*"), _Not(_Atom("gfx1250"))))  # rocm.py:217, 232
-_PLATFORM_METHODS: dict[str, _Tree] = {  # current_platform.<m>(): interface.py:196-229
-    "is_cuda": _Atom("cuda", numbered=True),
-    "is_rocm": _Atom("rocm", numbered=True),
-    "is_xpu": _Atom("xpu"),
-    "is_cpu": _Atom("cpu"),
-    "is_tpu": _Atom("tpu"),
+_RDNA = all_of(_any("gfx11*", "gfx12*"), Not(word("gfx1250")))  # rocm.py:217, 232
+_PLATFORM_METHODS: dict[str, Tree] = {  # current_platform.<m>(): interface.py:196-229
+    "is_cuda": word("cuda"),
+    "is_rocm": word("rocm"),
+    "is_xpu": word("xpu"),
+    "is_cpu": word("cpu"),
+    "is_tpu": word("tpu"),
     # interface.py:227: the platform is CUDA or ROCm (vLLM's platform, which VLLM_TARGET_DEVICE
     # may make the CPU on a GPU host, where torch.cuda, `cuda-api`, still drives the GPU)
-    "is_cuda_alike": _Or((_Atom("cuda", numbered=True), _Atom("rocm", numbered=True))),
-    "supports_fp8": _Atom("fp8"),  # cuda.py:587, rocm.py:1255, xpu.py:574; False elsewhere
-    "is_fp8_fnuz": _Atom("fp8-fnuz"),  # rocm.py:1259 ("gfx94" in the arch); False elsewhere
+    "is_cuda_alike": _any("cuda", "rocm"),
+    "supports_fp8": word("fp8"),  # cuda.py:587, rocm.py:1255, xpu.py:574; False elsewhere
+    "is_fp8_fnuz": word("fp8-fnuz"),  # rocm.py:1259 ("gfx94" in the arch); False elsewhere
     # rocm.py:1251: "gfx95" or "gfx1250" in the arch; interface.py:1248: False elsewhere
-    "supports_mx": _And((_Atom("rocm"), _any("gfx95*", "gfx1250"))),
+    "supports_mx": all_of(word("rocm"), _any("gfx95*", "gfx1250")),
     # cuda.py:687, rocm.py:1393, xpu.py:539 (whatever torch's XPU graphs can do); the CPU
     # platform keeps interface.py:1359's False. Not the built-in `graphs`, which asks torch.
     "support_static_graph_mode": _any("cuda", "rocm", "xpu"),
 }
-_ROCM_ARCH: dict[str, _Tree] = {  # vllm.platforms.rocm.on_*(): substring tests (rocm.py:217-356)
+_ROCM_ARCH: dict[str, Tree] = {  # vllm.platforms.rocm.on_*(): substring tests (rocm.py:217-356)
     "on_gfx1x": _RDNA,
     "on_rdna": _RDNA,
-    "on_gfx11": _Atom("gfx11*"),
-    "on_gfx1100": _Atom("gfx1100"),
-    "on_gfx1151": _Atom("gfx1151"),
-    "on_gfx115x": _Atom("gfx115*"),
-    "on_gfx12x": _And((_Atom("gfx12*"), _Not(_Atom("gfx1250")))),
-    "on_gfx1250": _Atom("gfx1250"),
+    "on_gfx11": word("gfx11*"),
+    "on_gfx1100": word("gfx1100"),
+    "on_gfx1151": word("gfx1151"),
+    "on_gfx115x": word("gfx115*"),
+    "on_gfx12x": all_of(word("gfx12*"), Not(word("gfx1250"))),
+    "on_gfx1250": word("gfx1250"),
     "on_rdna4": _any("gfx1200", "gfx1201"),
     "on_mi3xx": _any("gfx942", "gfx950"),
     "on_gfx9": _any("gfx90a", "gfx942", "gfx950"),
-    "on_gfx90a": _Atom("gfx90a"),
-    "on_gfx942": _Atom("gfx942"),
-    "on_gfx950": _Atom("gfx950"),
+    "on_gfx90a": word("gfx90a"),
+    "on_gfx942": word("gfx942"),
+    "on_gfx950": word("gfx950"),
     "on_cdna": _CDNA,
 }
 _CAPABILITY_CALLS = frozenset(
@@ -151,12 +117,14 @@ _CAPABILITY_VALUE_CALLS = frozenset(
 _OPS: dict[type[ast.cmpop], str] = {
     ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
 }  # fmt: skip
+_TORCH_BUILD = ("torch.version.hip", "torch.version.cuda")
 _FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 
 
-def _dotted(node: ast.AST) -> str | None:
+def dotted_name(node: ast.AST) -> str | None:
+    """``a.b.c`` for an attribute chain on a name (at most 32 parts looked at), else ``None``."""
     parts: list[str] = []
-    while isinstance(node, ast.Attribute) and len(parts) < 16:
+    while isinstance(node, ast.Attribute) and len(parts) < 32:
         parts.append(node.attr)
         node = node.value
     return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
@@ -166,7 +134,7 @@ def _platform_call(node: ast.AST) -> str | None:
     """``is_rocm`` for ``current_platform.is_rocm()`` (any ``….current_platform``), else None."""
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
         return None
-    owner = _dotted(node.func.value) or ""
+    owner = dotted_name(node.func.value) or ""
     return node.func.attr if owner.rpartition(".")[2] == "current_platform" else None
 
 
@@ -186,11 +154,11 @@ def _capability_number(node: ast.AST) -> int | None:
     return _int(node)
 
 
-def _capability_value(node: ast.AST) -> tuple[str, bool] | None:
-    """``(form, torch)`` when ``node`` reads the capability: form ``tuple``, ``major`` or ``int``.
+def _capability_value(node: ast.AST) -> str | None:
+    """The form when ``node`` reads the device's capability: ``tuple``, ``major`` or ``int``.
 
-    ``torch`` is True for ``torch.cuda.get_device_capability()``, which raises off CUDA and ROCm
-    (vLLM's ``current_platform.get_device_capability()`` is ``None`` there instead).
+    Of ``torch.cuda.get_device_capability()`` (which raises off CUDA and ROCm) or vLLM's
+    ``current_platform.get_device_capability()`` (``None`` there).
     """
     form = "tuple"
     if (isinstance(node, ast.Subscript) and _int(node.slice) == 0) or (
@@ -206,152 +174,127 @@ def _capability_value(node: ast.AST) -> tuple[str, bool] | None:
         form, node = "int", node.func.value
     if not isinstance(node, ast.Call) or node.args or node.keywords:
         return None
-    dotted = _dotted(node.func) or ""
-    if dotted == "torch.cuda.get_device_capability":
-        return form, True
-    if _platform_call(node) == "get_device_capability":
-        return form, False
-    return None
+    torch = dotted_name(node.func) == "torch.cuda.get_device_capability"
+    return form if torch or _platform_call(node) == "get_device_capability" else None
 
 
-def _compare_atom(op: str, number: int) -> _Tree:
+def _compare_atom(op: str, number: int) -> Tree:
     # vLLM's comparisons are integer ones on major * 10 + minor: > n is >= n + 1
-    if op == ">":
-        return _Atom(f"capability>={number + 1}", numbered=True)
-    if op == "<=":
-        return _Atom(f"capability<{number + 1}", numbered=True)
-    return _Atom(f"capability{op}{number}", numbered=True)
+    if op in (">", "<="):
+        return Compare({">": ">=", "<=": "<"}[op], number + 1, family=False)
+    return Compare(op, number, family=False)
 
 
-def _major_atom(op: str, major: int) -> _Tree:
+def _major_atom(op: str, major: int) -> Tree:
     if op in ("==", "!="):
-        family = _Atom(f"capability=={major}x", numbered=True)  # vLLM's is_device_capability_family
-        return family if op == "==" else _Not(family)
+        family = Compare("==", major * 10, family=True)  # vLLM's is_device_capability_family
+        return family if op == "==" else Not(family)
     return _compare_atom(op, major * 10 + (9 if op in (">", "<=") else 0))
 
 
-def _implies_capability(tree: _Tree) -> bool:
-    """Whether ``tree`` holding means the device has a capability number (CUDA or ROCm)."""
-    if isinstance(tree, _Atom):
-        return tree.numbered
-    if isinstance(tree, _And):
-        return any(_implies_capability(o) for o in tree.operands)
-    if isinstance(tree, _Or):
-        return all(_implies_capability(o) for o in tree.operands)
-    return False
-
-
-def _known(tree: _Tree, is_and: bool) -> bool:
+def _known(tree: Tree, is_and: bool) -> bool:
     """Whether an operand that ran before a later one of an and (or) makes a number sure."""
-    return _implies_capability(tree if is_and else _negate(tree))
+    return _numbered(tree if is_and else negate(tree))
 
 
-class _Translator:
-    """Turns one expression into a tree; ``sure`` says the device is known to have a number.
+def _tree(node: ast.AST, sure: bool = False) -> Tree:
+    """Turn one expression into a tree; ``sure``: the device is known to have a number.
 
     ``sure`` is what the operands that run before an expression established (``is_cuda() and
     get_device_capability() < (9, 0)``), kept as one flag so that a wide ``and`` stays linear.
     """
+    if isinstance(node, ast.BoolOp):
+        parts: list[Tree] = []
+        is_and = isinstance(node.op, ast.And)
+        known = sure
+        for value in node.values:  # each operand runs only when the ones before allow
+            parts.append(_tree(value, known))
+            known = known or _known(parts[-1], is_and)
+        return (all_of if is_and else any_of)(*parts)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return negate(_tree(node.operand, sure))
+    if isinstance(node, ast.Compare):
+        return _compare(node, sure)
+    if isinstance(node, ast.Call):
+        return _call(node)
+    if isinstance(node, ast.Name) and node.id in _LIBRARY_PROBES:
+        raise UnexpressibleError(LIBRARY_PROBE)
+    if dotted_name(node) in _TORCH_BUILD:
+        raise UnexpressibleError(TORCH_BUILD)
+    raise UnexpressibleError(NOT_A_PLATFORM)
 
-    def tree(self, node: ast.AST, sure: bool = False) -> _Tree:
-        if isinstance(node, ast.BoolOp):
-            parts: list[_Tree] = []
-            is_and = isinstance(node.op, ast.And)
-            known = sure
-            for value in node.values:  # each operand runs only when the ones before allow
-                parts.append(self.tree(value, known))
-                known = known or _known(parts[-1], is_and)
-            return _flat(_And if is_and else _Or, iter(parts))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            return _negate(self.tree(node.operand, sure))
-        if isinstance(node, ast.Compare):
-            return self._compare(node, sure)
-        if isinstance(node, ast.Call):
-            return self._call(node)
-        if isinstance(node, ast.Name) and node.id in _LIBRARY_PROBES:
-            raise UnexpressibleError(LIBRARY_PROBE)
-        if isinstance(node, ast.Attribute) and _dotted(node) in (
-            "torch.version.hip",
-            "torch.version.cuda",
-        ):
-            raise UnexpressibleError(TORCH_BUILD)
+
+def _call(node: ast.Call) -> Tree:
+    method = _platform_call(node)
+    name = method or (node.func.id if isinstance(node.func, ast.Name) else None)
+    dotted = dotted_name(node.func) or ""
+    if method in _PLATFORM_METHODS and not node.args and not node.keywords:
+        return _PLATFORM_METHODS[method]
+    if method in _CAPABILITY_CALLS and len(node.args) == 1 and not node.keywords:
+        number = _capability_number(node.args[0])
+        if number is None:
+            raise UnexpressibleError(CAPABILITY_VALUE)  # a variable: the value decides
+        if method == "has_device_capability":
+            return Compare(">=", number, family=False)  # interface.py:531
+        if method == "is_device_capability":
+            return Compare("==", number, family=False)  # interface.py:554
+        return _major_atom("==", number // 10)  # interface.py:577: the same major
+    if method in ("get_device_capability", "fp8_dtype"):
+        raise UnexpressibleError(CAPABILITY_VALUE if method != "fp8_dtype" else FP8_DTYPE_VALUE)
+    if method == "is_out_of_tree":
+        raise UnexpressibleError(UNMODELLED_PLATFORM)
+    bare = name if name is not None else dotted.rpartition(".")[2]
+    arch_call = method is None and (dotted == bare or dotted.endswith(f"rocm.{bare}"))
+    if bare in _ROCM_ARCH and arch_call and not node.args and not node.keywords:
+        return _ROCM_ARCH[bare]
+    if dotted == "torch.cuda.is_available" and not node.args:
+        # torch.cuda drives CUDA and ROCm devices; it makes torch's capability number sure,
+        # not vLLM's platform's (none where VLLM_TARGET_DEVICE=cpu picks the CPU)
+        return word("cuda-api")
+    if dotted == "torch.xpu.is_available" and not node.args:
+        return word("xpu")
+    if dotted == "hasattr" and len(node.args) == 2 and dotted_name(node.args[0]) == "torch":
+        # torch.xpu exists in every torch build since 2.4 (CPU and CUDA builds too), so
+        # hasattr(torch, "xpu") says nothing about the device
+        raise UnexpressibleError(TORCH_BUILD)
+    if bare in _LIBRARY_PROBES:
+        raise UnexpressibleError(LIBRARY_PROBE)
+    if dotted in _CAPABILITY_VALUE_CALLS:
+        raise UnexpressibleError(CAPABILITY_VALUE)
+    raise UnexpressibleError(NOT_A_PLATFORM)
+
+
+def _compare(node: ast.Compare, sure: bool) -> Tree:
+    if len(node.ops) != 1:
         raise UnexpressibleError(NOT_A_PLATFORM)
-
-    def _call(self, node: ast.Call) -> _Tree:
-        method = _platform_call(node)
-        name = method or (node.func.id if isinstance(node.func, ast.Name) else None)
-        dotted = _dotted(node.func) or ""
-        if method in _PLATFORM_METHODS and not node.args and not node.keywords:
-            return _PLATFORM_METHODS[method]
-        if method in _CAPABILITY_CALLS and len(node.args) == 1 and not node.keywords:
-            number = _capability_number(node.args[0])
-            if number is None:
-                raise UnexpressibleError(CAPABILITY_VALUE)  # a variable: the value decides
-            if method == "has_device_capability":
-                return _Atom(f"capability>={number}", numbered=True)  # interface.py:531
-            if method == "is_device_capability":
-                return _Atom(f"capability=={number}", numbered=True)  # interface.py:554
-            family = f"capability=={number // 10}x"  # interface.py:577: the same major
-            return _Atom(family, numbered=True)
-        if method in ("get_device_capability", "fp8_dtype"):
-            raise UnexpressibleError(CAPABILITY_VALUE if method != "fp8_dtype" else FP8_DTYPE_VALUE)
-        if method == "is_out_of_tree":
-            raise UnexpressibleError(UNMODELLED_PLATFORM)
-        bare = name if name is not None else dotted.rpartition(".")[2]
-        arch_call = method is None and (dotted == bare or dotted.endswith(f"rocm.{bare}"))
-        if bare in _ROCM_ARCH and arch_call and not node.args and not node.keywords:
-            return _ROCM_ARCH[bare]
-        if dotted == "torch.cuda.is_available" and not node.args:
-            # torch.cuda drives CUDA and ROCm devices; it makes torch's capability number sure,
-            # not vLLM's platform's (none where VLLM_TARGET_DEVICE=cpu picks the CPU)
-            return _Atom("cuda-api")
-        if dotted == "torch.xpu.is_available" and not node.args:
-            return _Atom("xpu")
-        if dotted == "hasattr" and len(node.args) == 2 and _dotted(node.args[0]) == "torch":
-            # torch.xpu exists in every torch build since 2.4 (CPU and CUDA builds too), so
-            # hasattr(torch, "xpu") says nothing about the device
-            raise UnexpressibleError(TORCH_BUILD)
-        if bare in _LIBRARY_PROBES:
-            raise UnexpressibleError(LIBRARY_PROBE)
-        if dotted in _CAPABILITY_VALUE_CALLS:
-            raise UnexpressibleError(CAPABILITY_VALUE)
+    left, op, right = node.left, node.ops[0], node.comparators[0]
+    if dotted_name(left) in ("torch.version.hip", "torch.version.cuda"):
+        raise UnexpressibleError(TORCH_BUILD)
+    if type(op) not in _OPS:
         raise UnexpressibleError(NOT_A_PLATFORM)
-
-    def _compare(self, node: ast.Compare, sure: bool) -> _Tree:
-        if len(node.ops) != 1:
-            raise UnexpressibleError(NOT_A_PLATFORM)
-        left, op, right = node.left, node.ops[0], node.comparators[0]
-        if _dotted(left) in ("torch.version.hip", "torch.version.cuda"):
-            raise UnexpressibleError(TORCH_BUILD)
-        if type(op) not in _OPS:
-            raise UnexpressibleError(NOT_A_PLATFORM)
-        sign = _OPS[type(op)]
-        value = _capability_value(left)
-        other = right
-        if value is None:
-            value, other, sign = _capability_value(right), left, _FLIPPED[sign]
-        if value is None:
-            if self._mentions_fp8_dtype(node):
-                raise UnexpressibleError(FP8_DTYPE_VALUE)
-            raise UnexpressibleError(NOT_A_PLATFORM)
-        form, _ = value
-        # Off CUDA and ROCm the value is None (vLLM) or an exception (torch): a comparison is
-        # exact only where what runs before it has made sure the device has a number.
-        if not sure:
+    sign = _OPS[type(op)]
+    value = _capability_value(left)
+    other = right
+    if value is None:
+        value, other, sign = _capability_value(right), left, _FLIPPED[sign]
+    if value is None:
+        if any(_platform_call(n) == "fp8_dtype" for n in ast.walk(node)):
+            raise UnexpressibleError(FP8_DTYPE_VALUE)
+        raise UnexpressibleError(NOT_A_PLATFORM)
+    form = value
+    # Off CUDA and ROCm the value is None (vLLM) or an exception (torch): a comparison is
+    # exact only where what runs before it has made sure the device has a number.
+    if not sure:
+        raise UnexpressibleError(CAPABILITY_VALUE)
+    if form == "major":
+        major = _int(other)
+        if major is None:
             raise UnexpressibleError(CAPABILITY_VALUE)
-        if form == "major":
-            major = _int(other)
-            if major is None:
-                raise UnexpressibleError(CAPABILITY_VALUE)
-            return _major_atom(sign, major)
-        number = _capability_number(other) if form == "tuple" else _int(other)
-        if number is None or (form == "tuple" and not isinstance(other, ast.Tuple)):
-            raise UnexpressibleError(CAPABILITY_VALUE)
-        return _compare_atom(sign, number)
-
-    @staticmethod
-    def _mentions_fp8_dtype(node: ast.AST) -> bool:
-        return any(_platform_call(n) == "fp8_dtype" for n in ast.walk(node))
+        return _major_atom(sign, major)
+    number = _capability_number(other) if form == "tuple" else _int(other)
+    if number is None or (form == "tuple" and not isinstance(other, ast.Tuple)):
+        raise UnexpressibleError(CAPABILITY_VALUE)
+    return _compare_atom(sign, number)
 
 
 def translate(node: ast.AST) -> str:
@@ -360,7 +303,7 @@ def translate(node: ast.AST) -> str:
     Raises:
         UnexpressibleError: Some part has no exact replacement; ``kind`` names the knowledge.
     """
-    return render(_Translator().tree(node))
+    return render(_tree(node))
 
 
 def translate_negated(node: ast.AST) -> str:
@@ -369,7 +312,7 @@ def translate_negated(node: ast.AST) -> str:
     Raises:
         UnexpressibleError: As :func:`translate`.
     """
-    return render(_negate(_Translator().tree(node)))
+    return render(negate(_tree(node)))
 
 
 @dataclass(frozen=True)
@@ -400,11 +343,10 @@ def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
     """
     found: list[Site] = []
     kinds: dict[int, str] = {}
-    translator = _Translator()
 
     def visit(node: ast.AST, whole: bool) -> None:
         try:
-            tree = translator.tree(node)
+            tree = _tree(node)
         except UnexpressibleError as exc:
             if isinstance(node, ast.BoolOp):
                 runs(node)
@@ -414,18 +356,18 @@ def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
                 for inner in ast.walk(node):
                     kinds.setdefault(id(inner), exc.kind)
             return
-        found.append(Site(node, 0, -1, render(tree), render(_negate(tree)), whole))
+        found.append(Site(node, 0, -1, render(tree), render(negate(tree)), whole))
 
     def runs(node: ast.BoolOp) -> None:  # the widest runs of operands that translate
         is_and = isinstance(node.op, ast.And)
         i = 0
         while i < len(node.values):
-            parts: list[_Tree] = []
+            parts: list[Tree] = []
             known = False
             j = i
             while j < len(node.values):
                 try:
-                    parts.append(translator.tree(node.values[j], known))
+                    parts.append(_tree(node.values[j], known))
                 except UnexpressibleError:
                     break
                 known = known or _known(parts[-1], is_and)
@@ -434,8 +376,8 @@ def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
                 visit(node.values[i], False)
                 i += 1
                 continue
-            tree = _flat(_And if is_and else _Or, iter(parts))
-            found.append(Site(node, i, j - 1, render(tree), render(_negate(tree)), False))
+            tree = (all_of if is_and else any_of)(*parts)
+            found.append(Site(node, i, j - 1, render(tree), render(negate(tree)), False))
             i = j
 
     visit(condition, True)

@@ -11,11 +11,13 @@ Prints, from one run:
 * the device memory NVML says this process holds after using accelplat (must be 0: no CUDA
   context) and whether torch was imported.
 
-On a machine without a working NVML it says so and exits 0.
+On a machine without a working NVML it says so and exits 0. With ``--tree DIR`` (a checkout of
+another revision, e.g. ``git worktree add /tmp/base REV``) the fresh-process snippets that
+import accelplat are timed with that tree's accelplat too, in the same round-robin.
 
 Usage (from the repository root)::
 
-    PYTHONPATH=. python benchmarks/bench_detect.py [--runs 9] [--iterations 20000] [--json out.json]
+    PYTHONPATH=. python benchmarks/bench_detect.py [--runs 9] [--iterations 20000] [--tree DIR]
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ SNIPPETS: dict[str, str] = {
 }
 
 
-def _env() -> dict[str, str]:
+def _env(tree: Path = REPO) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = str(tree)  # and cwd=tree: "python -c" puts the working directory first
     return env
 
 
@@ -78,7 +80,7 @@ def _nvml_status() -> tuple[bool, str]:
 def _bytecode_cached() -> bool:
     import importlib.util
 
-    source = REPO / "accelplat" / "backends" / "cuda.py"
+    source = REPO / "accelplat" / "_backends" / "cuda.py"
     return Path(importlib.util.cache_from_source(str(source))).exists()
 
 
@@ -88,21 +90,31 @@ def _has_torch() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def fresh_process_times(runs: int, with_torch: bool) -> dict[str, list[float]]:
-    """Run every snippet ``runs`` times in fresh interpreters, round-robin; return seconds."""
-    env = _env()
-    names = [n for n in SNIPPETS if with_torch or "torch" not in n]
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for name in names:  # one warm-up each: page cache, .pyc files
-        subprocess.run([sys.executable, "-c", SNIPPETS[name]], env=env, check=True, cwd=REPO)
+def fresh_process_times(
+    runs: int, with_torch: bool, other: Path | None = None
+) -> dict[str, list[float]]:
+    """Run every snippet ``runs`` times in fresh interpreters, round-robin; return seconds.
+
+    With ``other``, each snippet that imports accelplat also runs on that tree (its key ends
+    ``[--tree]``), in the same round-robin.
+    """
+    cases: dict[str, tuple[str, Path]] = {}
+    for name, code in SNIPPETS.items():
+        if with_torch or "torch" not in name:
+            cases[name] = (code, REPO)
+            if other is not None and "accelplat" in code:
+                cases[f"{name} [--tree]"] = (code, other)
+    for code, tree in cases.values():  # one warm-up each: page cache, .pyc files
+        subprocess.run([sys.executable, "-c", code], env=_env(tree), check=True, cwd=tree)
+    times: dict[str, list[float]] = {n: [] for n in cases}
     for _ in range(runs):
-        for name in names:
+        for name, (code, tree) in cases.items():
             start = time.perf_counter()
             subprocess.run(
-                [sys.executable, "-c", SNIPPETS[name]],
-                env=env,
+                [sys.executable, "-c", code],
+                env=_env(tree),
                 check=True,
-                cwd=REPO,
+                cwd=tree,
                 stdout=subprocess.DEVNULL,
             )
             times[name].append(time.perf_counter() - start)
@@ -226,9 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7, help="timings per call (best wins)")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch comparison")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--tree", type=Path, help="also time this checkout's accelplat, side by side (the before)"
+    )
     args = parser.parse_args(argv)
     if args.runs < 7:
         parser.error("--runs must be at least 7")
+    if args.tree is not None and not (args.tree / "accelplat" / "__init__.py").is_file():
+        parser.error(f"--tree {args.tree}: no accelplat package there")
 
     ok, status = _nvml_status()
     if not ok:
@@ -243,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     with_torch = _has_torch() and not args.no_torch
 
-    times = fresh_process_times(args.runs, with_torch)
+    times = fresh_process_times(args.runs, with_torch, args.tree.resolve() if args.tree else None)
     med = {name: statistics.median(values) for name, values in times.items()}
     base = med["python (startup only)"]
     print(f"\nFresh process, median of {args.runs} runs (and minus interpreter startup):")
@@ -256,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         "accelplat detect / NVML floor": ours / floor,
         "accelplat detect / NVML floor (startup excluded)": (ours - base) / max(floor - base, 1e-9),
     }
+    if args.tree is not None:
+        ratios["accelplat detect / NVML floor [--tree]"] = (
+            med["import accelplat; current_platform() [--tree]"] / floor
+        )
     if with_torch:
         torch_t = med["import torch; torch.cuda.mem_get_info()"]
         ratios["torch mem_get_info / accelplat detect"] = torch_t / ours

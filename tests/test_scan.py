@@ -134,7 +134,7 @@ def test_tree_scan_counts_and_skips_what_it_cannot_parse(tmp_path: Path) -> None
     assert summary["by_replacement"] == {"requires": 2, "has": 1}
     assert summary["without_replacement"][scan.TOLERANCES] == 1
     assert report.errors == [
-        "link.py: not a regular file",
+        "link.py: a link, not followed",
         "test_broken.py: does not parse (SyntaxError)",
     ]
 
@@ -207,6 +207,25 @@ def test_diff_fails_only_on_added_predicates(
     )
     assert main(["scan", str(tests), "--diff", "no-such-revision"]) == 2
     assert main(["scan", str(tests), "--diff=-x"]) == 2  # never an option of git's
+
+
+def test_links_are_listed_not_followed_and_the_scan_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_a.py").write_text("x = is_rocm()\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "base")
+    (tests / "loop").symlink_to("loop")  # refers to itself: every stat of it fails
+    (tests / "up").symlink_to("..")
+    (tests / "data.json").symlink_to(tests / "test_a.py")  # a link no test lives in: silent
+    assert main(["scan", str(tests), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["errors"] == ["loop: a link, not followed", "up: a link, not followed"]
+    assert (doc["files_scanned"], doc["predicates"]) == (1, 1)
+    assert main(["scan", str(tests), "--diff", "HEAD"]) == 0  # a stray link adds nothing
 
 
 def test_oversized_and_special_files_are_listed_not_read(tmp_path: Path) -> None:
@@ -339,11 +358,12 @@ def test_deep_trees_are_bounded_and_reported(
     (tmp_path / "loop").symlink_to(tmp_path)  # a link to a directory is not entered
     report = scan_path(tmp_path)
     assert report.files_scanned >= 1
+    assert report.errors[0] == "loop: a link, not followed"
     if skipped is None:
-        assert (report.files_scanned, report.errors) == (2, [])
+        assert (report.files_scanned, report.errors[1:]) == (2, [])
     else:
-        assert len(report.errors) == 1
-        assert skipped in report.errors[0]
+        assert len(report.errors) == 2
+        assert skipped in report.errors[1]
 
 
 NAMES = ["\x1b]0;owned\x07", "a\nb", "a\rb", "\u202eyp.", "bell\x07", "tab\tx", "\x9b31m"]
@@ -371,3 +391,20 @@ def test_undecodable_file_name_is_escaped(
     (tmp_path / os.fsdecode(b"test_\xff.py")).write_text("x = is_rocm()\n")
     assert main(["scan", str(tmp_path), "--files"]) == 0
     assert "test_\\udcff.py:1: is_rocm()" in capsys.readouterr().out
+
+
+def test_a_predicate_without_a_replacement_names_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "test_a.py").write_text(
+        "@multi_gpu_test(num_gpus=2)\ndef test_x():\n    pass\n"
+        "@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='two')\n"
+        "def test_y():\n    pass\n"
+    )
+    assert main(["scan", str(tmp_path), "--files"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "-> " in line]
+    assert len(lines) == 2
+    for line in lines:
+        said = line.partition("-> ")[2]
+        assert said == f"no exact replacement: {scan.COUNT}"
+        assert "requires(" not in said

@@ -45,11 +45,11 @@ from accelplat._capture import bundle_contents, capture
 from accelplat._cli._args import output_option
 from accelplat._describe import collect_info
 from accelplat._files import write_text_atomic
+from accelplat._replay._bundle import Bundle, bundle_bytes, load_bundle, parse_bundle
+from accelplat._replay._codec import Handle, Record, encode, key_text
+from accelplat._replay._install import considered
 from accelplat.errors import FileTooLargeError, NotARegularFileError
-from accelplat.replay import parse_bundle, replaying
-from accelplat.replay._bundle import Bundle, bundle_bytes, load_bundle
-from accelplat.replay._codec import Handle, Record, encode, key_text
-from accelplat.replay._install import relevant
+from accelplat.replay import replaying
 
 MIB = 1024**2
 PROFILE_LIMIT = 4 * MIB  # nvml-mock's largest shipped profile is about 17 KB
@@ -761,9 +761,9 @@ def _fake_nvml(facts: HostFacts) -> Any:
 @contextmanager
 def _isolated(root: Path, env: Mapping[str, str], nvml: Any) -> Iterator[None]:
     """This process as a host with only ``nvml``: empty host trees, no AMD/Intel stack, ``env``."""
-    # Every variable a capture keeps (ACCELPLAT_*, ZE_*, visible devices, grants) is the built
+    # Every variable a capture keeps (visible devices, host roots, grants) is the built
     # host's, never the building machine's.
-    cleared = {*_CLEARED, *(k for k in os.environ if relevant(k))}
+    cleared = {*_CLEARED, *considered()}
     names = {*cleared, *_ROOT_VARIABLES, *env}
     saved_env = {k: os.environ.get(k) for k in names}
     saved_mods = {k: sys.modules.get(k, ...) for k in _BLOCKED}
@@ -840,10 +840,11 @@ def build_bundle(facts: HostFacts, *, provenance: str = "") -> bytes:
         roots |= {os.path.join(tmp, "proc"): "/proc", os.path.join(tmp, "cgroup"): "/sys/fs/cgroup"}
         host: dict[str, Any] = _rewrite(json.loads(json.dumps(cap.host)), tmp, roots)
     host["env"] = {k: v for k, v in host["env"].items() if k not in _ROOT_VARIABLES}
+    del host["variables"]  # a built host lists none: its replay clears every one it knows
     if captured is not None:
         nvml = [r for r in host["records"] if r["channel"] == "nvml"]
         host["records"] = nvml + list(captured.get("records", []))
-        for name in ("created", "accelplat_version", "options", "summary", "env"):
+        for name in ("created", "accelplat_version", "options", "summary", "env", "variables"):
             if name in captured:
                 host[name] = captured[name]
     else:

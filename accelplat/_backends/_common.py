@@ -1,4 +1,4 @@
-"""What the built-in backends share: host-file readers, quick absence checks, plausibility.
+"""What the built-in backends share: host-file readers, PCI addresses, plausibility.
 
 Files are read through :mod:`accelplat._files` (a FIFO in a tree is an error, not a hang);
 :func:`checked_memory` is the one plausibility rule of every memory reading.
@@ -9,11 +9,10 @@ from __future__ import annotations
 import functools
 import os
 import re
-import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from accelplat import _boundary, _files
+from accelplat import _files
 from accelplat._types import MemoryInfo, ProbeResult
 from accelplat._util import clip
 from accelplat._vendor import vendor_int
@@ -249,41 +248,12 @@ def _card_pci(device: Path, read: ReadText) -> str | None:
     return pci
 
 
-# Each returns the reason the backend's own probe() gives, word for word, or None whenever
-# anything could make the backend available (then the registry loads it and runs its probe).
-# While a capture records or a replay answers, each returns None: the captured host decides.
-
-ENV_LEVEL_ZERO_LIB = "ACCELPLAT_LEVEL_ZERO_LIB"  # a loader to load instead of the standard one
-
-LEVEL_ZERO_LOADER = "libze_loader.so.1"
-AMDSMI_NOT_INSTALLED = "amdsmi is not installed"
-ROCM_TORCH_NOT_IMPORTED = "torch is not imported by the caller (accelplat never imports it on ROCm)"
 AMD_VENDOR_ID = 0x1002
 INTEL_VENDOR_ID = 0x8086
 
 _CARD_RE = re.compile(r"^card(\d+)$")
 
 DrmPath = str | os.PathLike[str]
-
-
-def no_amd_gpu(drm: DrmPath) -> str:
-    """The ROCm probe's first reason when ``drm`` holds no usable AMD card."""
-    return f"no AMD GPU with VRAM files under {drm}"
-
-
-def no_intel_gpu(drm: DrmPath) -> str:
-    """The XPU probe's reason when ``drm`` holds no Intel card bound to xe or i915."""
-    return f"no Intel GPU bound to xe or i915 under {drm}"
-
-
-def level_zero_loader_name() -> str:
-    """The Level Zero loader to load: ``ACCELPLAT_LEVEL_ZERO_LIB``, else the standard one."""
-    return os.environ.get(ENV_LEVEL_ZERO_LIB) or LEVEL_ZERO_LOADER
-
-
-def level_zero_not_found(name: str, exc: BaseException) -> str:
-    """The XPU probe's reason when the Level Zero loader ``name`` cannot be loaded."""
-    return f"Level Zero loader {name} not found ({exc})"
 
 
 def drm_cards(drm: DrmPath) -> tuple[list[str], str]:
@@ -295,67 +265,6 @@ def drm_cards(drm: DrmPath) -> tuple[list[str], str]:
     except OSError as exc:
         return [], f"{drm} is not readable ({exc.strerror or exc})"
     return [e for e in entries if _CARD_RE.match(e)], ""
-
-
-def _sysfs_drm() -> DrmPath:
-    # os.path, not pathlib: pathlib pulls in urllib and ipaddress (~4 ms) on every detection
-    return os.path.join(os.environ.get(ENV_SYSFS_ROOT) or "/sys", "class", "drm")
-
-
-def _may_hold_vendor(drm: DrmPath, cards: list[str], vendor: int) -> bool:
-    """Whether any card may be of ``vendor``; an unreadable vendor file counts as maybe."""
-    for card in cards:
-        try:
-            found = int(_files.read_text(os.path.join(drm, card, "device", "vendor")).strip(), 16)
-        except (OSError, ValueError):
-            return True
-        if found == vendor:
-            return True
-    return False
-
-
-def cuda_absent() -> str | None:
-    """Return why CUDA is certainly unavailable (NVML's library does not load), or ``None``."""
-    from accelplat._vendor import nvml
-
-    return nvml.unavailable_before_import()
-
-
-def rocm_absent() -> str | None:
-    """Return why ROCm is certainly unavailable (no AMD card, no ``amdsmi`` spec), or ``None``."""
-    if _boundary.active() is not None or "amdsmi" in sys.modules or "torch" in sys.modules:
-        return None
-    drm = _sysfs_drm()
-    cards, note = drm_cards(drm)
-    if _may_hold_vendor(drm, cards, AMD_VENDOR_ID):
-        return None
-    import importlib.util
-
-    try:
-        if importlib.util.find_spec("amdsmi") is not None:
-            return None
-    except (ImportError, ValueError):
-        return None
-    reasons = (no_amd_gpu(drm), note, AMDSMI_NOT_INSTALLED, ROCM_TORCH_NOT_IMPORTED)
-    return "; ".join(r for r in reasons if r)
-
-
-def xpu_absent() -> str | None:
-    """Return why XPU is certainly unavailable (no Intel card, no Level Zero loader) or ``None``."""
-    if _boundary.active() is not None:
-        return None
-    drm = _sysfs_drm()
-    cards, note = drm_cards(drm)
-    if _may_hold_vendor(drm, cards, INTEL_VENDOR_ID):
-        return None
-    import ctypes
-
-    name = level_zero_loader_name()
-    try:
-        ctypes.CDLL(name)
-    except OSError as exc:
-        return f"{note or no_intel_gpu(drm)}; {level_zero_not_found(name, exc)}"
-    return None
 
 
 # A driver that answers can still answer nonsense: a u64 counter wrapped below zero (~16 EiB),

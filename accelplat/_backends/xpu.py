@@ -27,16 +27,14 @@ from accelplat._backends._common import (
     INTEL_VENDOR_ID,
     ReadText,
     checked_memory,
-    level_zero_loader_name,
-    level_zero_not_found,
     never_raises,
-    no_intel_gpu,
     parse_key_values,
     pci_sort_key,
     read_attribute,
     torch_reading,
     vendor_cards,
 )
+from accelplat._backends._presence import level_zero_loader_name, level_zero_not_found, no_intel_gpu
 from accelplat._platform import BasePlatform, StartMethod
 from accelplat._types import (
     DeviceInfo,

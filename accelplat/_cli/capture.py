@@ -1,6 +1,6 @@
 """``accelplat capture``: record this host's answers into a bundle others can replay.
 
-The bundle (a ``.tar.gz``; format in :mod:`accelplat.replay._bundle`) holds what accelplat reads
+The bundle (a ``.tar.gz``; format in :mod:`accelplat._replay._bundle`) holds what accelplat reads
 here and nothing else; the command prints exactly what went in.
 """
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from accelplat._backends import _common
+from accelplat._backends import _common, _presence
 from accelplat._backends.rocm import RocmPlatform
 from accelplat._backends.xpu import XpuPlatform
 from accelplat._vendor import levelzero as _levelzero
@@ -38,7 +38,7 @@ HEAVY = (
 def fs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSysfs:
     tree = FakeSysfs(tmp_path)
     monkeypatch.setenv(_common.ENV_SYSFS_ROOT, str(tree.sys))
-    monkeypatch.setenv(_common.ENV_LEVEL_ZERO_LIB, str(tmp_path / "no-libze_loader.so.1"))
+    monkeypatch.setenv(_presence.ENV_LEVEL_ZERO_LIB, str(tmp_path / "no-libze_loader.so.1"))
     monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     return tree
@@ -48,53 +48,53 @@ def _same_as_probes() -> None:
     rocm, xpu = RocmPlatform.probe(), XpuPlatform.probe()
     assert not rocm.available
     assert not xpu.available
-    assert _common.rocm_absent() == rocm.reason
-    assert _common.xpu_absent() == xpu.reason
+    assert _presence.rocm_absent() == rocm.reason
+    assert _presence.xpu_absent() == xpu.reason
 
 
 def test_no_drm_directory_gives_the_probes_reasons(fs: FakeSysfs) -> None:
     (fs.sys / "class" / "drm").rmdir()
     _same_as_probes()
-    assert "does not exist" in (_common.xpu_absent() or "")
+    assert "does not exist" in (_presence.xpu_absent() or "")
 
 
 def test_cards_of_other_vendors_give_the_probes_reasons(fs: FakeSysfs) -> None:
     fs.add_other_gpu(0, pci="0000:01:00.0")
     fs.add_connector("card0-DP-1")
     _same_as_probes()
-    assert "no AMD GPU with VRAM files" in (_common.rocm_absent() or "")
+    assert "no AMD GPU with VRAM files" in (_presence.rocm_absent() or "")
 
 
 def test_a_vendor_card_defers_to_the_full_probe(fs: FakeSysfs) -> None:
     fs.add_amd_gpu(0, pci="0000:03:00.0", vram_total=1 << 30)
     fs.add_intel_gpu(1, pci="0000:8c:00.0")
-    assert _common.rocm_absent() is None
-    assert _common.xpu_absent() is None
+    assert _presence.rocm_absent() is None
+    assert _presence.xpu_absent() is None
 
 
 def test_an_unreadable_vendor_file_defers_to_the_full_probe(fs: FakeSysfs) -> None:
     fs.add_other_gpu(0, pci="0000:01:00.0")
     fs.write_attr(0, "vendor", "not hex\n")
-    assert _common.rocm_absent() is None
-    assert _common.xpu_absent() is None
+    assert _presence.rocm_absent() is None
+    assert _presence.xpu_absent() is None
 
 
 def test_torch_or_amdsmi_imported_defers_rocm_to_its_probe(
     fs: FakeSysfs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert _common.rocm_absent() is not None
+    assert _presence.rocm_absent() is not None
     monkeypatch.setitem(sys.modules, "torch", object())
-    assert _common.rocm_absent() is None
+    assert _presence.rocm_absent() is None
     monkeypatch.delitem(sys.modules, "torch")
     monkeypatch.setitem(sys.modules, "amdsmi", None)  # blocked: the probe says so itself
-    assert _common.rocm_absent() is None
+    assert _presence.rocm_absent() is None
 
 
 def test_a_loadable_level_zero_loader_defers_xpu_to_its_probe(
     fs: FakeSysfs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(_common.ENV_LEVEL_ZERO_LIB, "libc.so.6")  # loads: may list a GPU
-    assert _common.xpu_absent() is None
+    monkeypatch.setenv(_presence.ENV_LEVEL_ZERO_LIB, "libc.so.6")  # loads: may list a GPU
+    assert _presence.xpu_absent() is None
 
 
 def test_the_binding_knows_intels_vendor_id() -> None:
@@ -107,9 +107,9 @@ def test_cuda_check_is_nvmls_own_and_defers_once_pynvml_is_imported(
 ) -> None:
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     monkeypatch.setattr(_nvml, "library_missing", lambda: "no library here")
-    assert _common.cuda_absent() == "no library here"
+    assert _nvml.unavailable_before_import() == "no library here"
     monkeypatch.setitem(sys.modules, "pynvml", object())
-    assert _common.cuda_absent() is None
+    assert _nvml.unavailable_before_import() is None
 
 
 _DETECT = """
@@ -137,7 +137,7 @@ def test_detection_without_a_driver_loads_no_gpu_backend(tmp_path: Path) -> None
         pytest.skip("NVML's library loads on this host")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELPLAT_")}
     env[_common.ENV_SYSFS_ROOT] = str(tmp_path)  # no class/drm: no AMD or Intel card
-    env[_common.ENV_LEVEL_ZERO_LIB] = str(tmp_path / "no-libze_loader.so.1")
+    env[_presence.ENV_LEVEL_ZERO_LIB] = str(tmp_path / "no-libze_loader.so.1")
     done = subprocess.run(
         [sys.executable, "-c", _DETECT, json.dumps(HEAVY)],
         env=env,

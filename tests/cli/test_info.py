@@ -139,8 +139,8 @@ HOSTILE_TEXT = {
 def test_info_replay_escapes_what_the_bundle_says_of_itself(
     field: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from accelplat._replay._bundle import bundle_bytes
     from accelplat.replay import load_bundle
-    from accelplat.replay._bundle import bundle_bytes
     from tests._hosts import BUNDLES
 
     source = next(p for p in BUNDLES if p.name.startswith("cpu"))

@@ -176,12 +176,13 @@ def test_a_signal_after_the_command_finished_cuts_the_grace_period_short(
 ) -> None:
     # Memory rises while the command runs and stays held, so recording lingers for the grace.
     # The simulated clock starts with the platform, before the recorder's first reading: the
-    # rise comes late enough for a loaded machine to have read "before" (it took over 50 ms).
+    # rise comes late enough for a loaded machine to have read "before" (over a second on a
+    # busy two-core host).
     proc, child, trace = _record(
         tmp_path,
-        seconds=1.5,
+        seconds=2.5,
         extra=("--leak-grace", "600"),
-        timeline=[{"at": 1.0, "used": "4GiB"}],
+        timeline=[{"at": 2.0, "used": "4GiB"}],
     )
     _wait_until("the command to end and be reaped", lambda: _gone(child))
     assert proc.poll() is None  # the recorder lingers

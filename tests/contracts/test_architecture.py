@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from accelplat._registry import BUILTINS
+
 PACKAGE = Path(__file__).resolve().parents[2] / "accelplat"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("errors", "_types", "_util", "_lazy", "_validate", "_files", "_boundary", "_vendor",
-              "replay._bundle", "replay._codec", "replay._record", "replay._replay",
-              "replay._install")),
+              "_version")),
     ("vendor bindings", ("_vendor.nvml", "_vendor.levelzero", "_vendor.procs", "_vendor.versions")),
     ("contract", ("_platform",)),
     ("visibility", ("_visible",)),
@@ -27,15 +28,18 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("discovery", ("_registry",)),
     ("features", ("_owners", "_memory", "_shm", "_sizing", "_leaks", "_requirement",
                   "_capabilities", "_needs", "_describe", "_leasing", "_enforce", "_scan",
-                  "_translate", "_capture", "timeline", "testing", "integrations")),
+                  "_translate", "_replay", "_capture", "timeline", "testing", "integrations")),
     ("faces", ("", "types", "replay")),
     ("front ends", ("_cli", "pytest_plugin", "__main__")),
 )  # fmt: skip
-"""Layers from the bottom up; a name stands for a module or a whole package. ``replay`` is the
-public face of capture and replay: its private modules are core, and the face (which also
-offers ``capture()``, a feature) sits with the package's other faces."""
+"""Layers from the bottom up; a name stands for a module or a whole package (a package sits on
+one floor, except ``_vendor``, whose quiet import is core and whose bindings sit above it). The
+bundle formats and the code that installs a recorder or a replayer are the private package
+``_replay`` (a feature: a replay applies the variables the registry's backends read); their
+public face is the module ``replay``, with the package's other faces."""
 
-PLATFORM_NAMES = frozenset({"cuda", "rocm", "hip", "xpu", "cpu", "simulated"})
+PLATFORM_NAMES = frozenset({row.name for row in BUILTINS} | {"hip"})
+"""Every built-in platform's name (a new backend's row adds its own), and ROCm's runtime."""
 
 
 def _module_name(path: Path) -> str:
@@ -81,11 +85,11 @@ def _imports_of_source(path: Path, *, package: str) -> set[str]:
             else:
                 target = node.module or ""
             if target == "accelplat" or target.startswith("accelplat."):
-                # ``from package import module`` imports that module; a name of the package
-                # itself stands for the package.
+                # ``from package import module`` imports that module; any other name imports
+                # the package (``from accelplat import __version__`` imports the face).
                 for alias in node.names:
                     named = f"{target}.{alias.name}"
-                    found.add(named if _is_module(named) or target == "accelplat" else target)
+                    found.add(named if _is_module(named) else target)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("accelplat."))
         # A module named in a string is imported too: import_module("accelplat.x"), the
@@ -102,7 +106,7 @@ def _imports_of_source(path: Path, *, package: str) -> set[str]:
                 match = _MODULE_STRING.fullmatch(value.value)
                 if match:
                     found.add(match.group(1))
-    return {name.removeprefix("accelplat.") for name in found}
+    return {"" if name == "accelplat" else name.removeprefix("accelplat.") for name in found}
 
 
 _MODULE_STRING = re.compile(r"(accelplat(?:\.[A-Za-z_]\w*)+)(?::[A-Za-z_]\w*)?")
@@ -116,8 +120,6 @@ def test_every_module_has_a_layer_and_imports_none_above_it(path: Path) -> None:
     module = _module_name(path)
     own = _layer_of(module)
     for target in sorted(_imports(path)):
-        if target == "__version__":
-            continue  # the version string of the package, set at build time
         try:
             layer = _layer_of(target)
         except LookupError:
@@ -161,6 +163,9 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     assert _layer_of("_cli.wait") > _layer_of("_registry")
     assert _layer_of("pytest_plugin._timeline") > _layer_of("timeline._trace")
     assert _layer_of("replay") < _layer_of("_cli.info")  # a capture must not reach into the CLI
+    from_face = tmp_path / "from_face.py"
+    from_face.write_text("from accelplat import __version__, _files\n")
+    assert _imports_of_source(from_face, package="") == {"", "_files"}  # the face, a module
     reaching_up = tmp_path / "accelplat_replay_sample.py"
     reaching_up.write_text("def capture():\n    from accelplat._cli.info import collect_info\n")
     assert "_cli.info" in _imports_of_source(reaching_up, package="replay")
@@ -172,7 +177,8 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     found = _imports_of_source(by_name, package="_boundary")
     assert {"replay", "_memory", "_shm"} <= found
     assert "timeline" not in found  # a plain string constant is not an import
-    assert _layer_of("replay._bundle") < _layer_of("_registry") < _layer_of("replay")
+    assert _layer_of("_registry") < _layer_of("_replay._install") == _layer_of("_replay._bundle")
+    assert _layer_of("_replay._bundle") < _layer_of("replay")  # the folder, then its face
     with pytest.raises(LookupError):
         _layer_of("brand_new_module")
 
@@ -190,7 +196,7 @@ def _graph() -> dict[str, set[str]]:
 
     graph: dict[str, set[str]] = {}
     for module, path in modules.items():
-        targets = {resolve(t) for t in _imports(path) if t != "__version__"}
+        targets = {resolve(t) for t in _imports(path)}
         graph[module] = {t for t in targets if t is not None and t != module}
     return graph
 

@@ -28,11 +28,11 @@ PUBLIC = (
 )
 """Every public module; all others have an underscore somewhere in their dotted path."""
 
-LAZY = ("accelplat", "accelplat.types", "accelplat.timeline")
+LAZY = ("accelplat", "accelplat.types", "accelplat.timeline", "accelplat.replay")
 """The public modules that load their names on first use (from an ``_EXPORTS`` table)."""
 
 TOP_LEVEL_BUDGET = 35
-PUBLIC_BUDGET = 121  # back to 120 once replay's face sheds a name
+PUBLIC_BUDGET = 120
 
 
 def _dotted(path: Path) -> str:

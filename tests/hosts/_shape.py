@@ -20,8 +20,8 @@ from typing import Any
 
 from accelplat._capture import bundle_contents, capture
 from accelplat._describe import collect_info
-from accelplat.replay import parse_bundle, replaying
-from accelplat.replay._bundle import bundle_bytes
+from accelplat._replay._bundle import bundle_bytes, parse_bundle
+from accelplat.replay import replaying
 
 LOADER = "libze_loader.so.1"
 NO_NVML = {
@@ -46,7 +46,12 @@ _CLEARED = (
     "ACCELPLAT_XPU_INTEGRATED",
     "ACCELPLAT_XPU_ALLOW_TORCH",
 )
-_TREE = ("ACCELPLAT_SYSFS_ROOT", "ACCELPLAT_DEV_ROOT", "ACCELPLAT_LEVEL_ZERO_LIB")
+_TREE = (
+    "ACCELPLAT_SYSFS_ROOT",
+    "ACCELPLAT_DEV_ROOT",
+    "ACCELPLAT_PROC_ROOT",
+    "ACCELPLAT_LEVEL_ZERO_LIB",
+)
 
 
 @contextmanager
@@ -58,6 +63,7 @@ def _isolated(root: Path, env: Mapping[str, str]) -> Iterator[None]:
         os.environ.pop(name, None)
     os.environ["ACCELPLAT_SYSFS_ROOT"] = str(root / "sys")
     os.environ["ACCELPLAT_DEV_ROOT"] = str(root / "dev")
+    os.environ["ACCELPLAT_PROC_ROOT"] = str(root / "proc")  # the building machine's is no fact
     os.environ.update(env)
     for name in _BLOCKED:
         sys.modules[name] = None  # type: ignore[assignment]
@@ -114,6 +120,7 @@ def build_bundle(
             replacements = {lib: LOADER, **replacements}
         host: dict[str, Any] = _rewrite(json.loads(json.dumps(cap.host)), replacements)
     host["env"] = {k: v for k, v in host["env"].items() if k not in _TREE}
+    del host["variables"]  # a built host lists none: its replay clears every one it knows
     for record in host["records"]:
         if record["channel"] == "dist" and record["key"] == ["version", "torch"]:
             record["answers"] = [{"v": torch}]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from accelplat import __version__
 from accelplat._describe import collect_info
+from accelplat._replay._bundle import HOST_MEMBER, bundle_bytes
 from accelplat.replay import compare_info, load_bundle, replaying
-from accelplat.replay._bundle import HOST_MEMBER, bundle_bytes
 from tests._hosts import BUNDLES
 
 NOTE = "info.json refreshed by accelplat {version}: {reason}"

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from accelplat._cli import main
+from accelplat._replay._bundle import FORMAT_NAME, bundle_bytes, parse_bundle
 from accelplat.errors import AccelplatError, BundleError
-from accelplat.replay import load_bundle, parse_bundle, replaying
-from accelplat.replay._bundle import FORMAT_NAME, bundle_bytes
+from accelplat.replay import load_bundle, replaying
 from tests._hosts import HOSTS
 
 H200 = HOSTS / "nvidia-h200-x1.tar.gz"

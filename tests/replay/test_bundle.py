@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from accelplat.errors import BundleError, BundleVersionError
-from accelplat.replay._bundle import (
+from accelplat._replay._bundle import (
     FORMAT_NAME,
     FORMAT_VERSION,
     Limits,
@@ -23,6 +22,7 @@ from accelplat.replay._bundle import (
     load_bundle,
     parse_bundle,
 )
+from accelplat.errors import BundleError, BundleVersionError
 
 
 def host_doc(**changes: Any) -> dict[str, Any]:
@@ -129,6 +129,9 @@ def test_a_future_format_version_is_refused_with_its_own_type() -> None:
         ({"options": {"processes": "yes"}}, "options.processes"),
         ({"env": {"BAD NAME": "x"}}, "env.BAD NAME"),
         ({"env": {"CUDA_VISIBLE_DEVICES": 0}}, "env.CUDA_VISIBLE_DEVICES"),
+        ({"variables": "CUDA_VISIBLE_DEVICES"}, "variables"),
+        ({"variables": ["CUDA_VISIBLE_DEVICES", "A B"]}, "variables"),
+        ({"variables": ["X"] * 257}, "variables"),
         ({"records": "none"}, "records"),
         ({"records": [{"channel": "file", "key": ["a"]}]}, "records[0]"),
         (

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from accelplat._cli import main
+from accelplat._replay._bundle import Bundle, bundle_bytes, parse_bundle
 from accelplat.errors import AccelplatError, BundleError
-from accelplat.replay import load_bundle, parse_bundle
-from accelplat.replay._bundle import Bundle, bundle_bytes
+from accelplat.replay import load_bundle
 from tests._hosts import BUNDLES
 
 _ODD_VALUES: list[Any] = [

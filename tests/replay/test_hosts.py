@@ -141,3 +141,16 @@ def test_under_the_variable_recorded_variables_are_defaults_and_the_process_own_
     assert _in_a_fresh_process(code, {"ACCELPLAT_REPLAY": bundle}) == "[0]"
     both = {"ACCELPLAT_REPLAY": bundle, "CUDA_VISIBLE_DEVICES": "1,0"}
     assert _in_a_fresh_process(code, both) == "[1, 0]"
+
+
+def test_candidates_are_compared_by_name_so_a_platform_added_later_stales_nothing() -> None:
+    recorded = {"candidates": [{"name": "cuda", "available": False}, {"name": "cpu"}]}
+    later = {"candidates": [{"name": "cuda", "available": False}, {"name": "tpu"}, {"name": "cpu"}]}
+    assert compare_info(recorded, later) == []
+    changed = {"candidates": [{"name": "cpu"}, {"name": "cuda", "available": True}]}
+    assert compare_info(recorded, changed) == [
+        "info.candidates.cuda.available: recorded False, replay gave True"
+    ]
+    assert compare_info(recorded, {"candidates": [{"name": "cpu"}]}) == [
+        "info.candidates.cuda: missing from the replay"
+    ]

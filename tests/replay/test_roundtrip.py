@@ -14,8 +14,9 @@ import pytest
 from accelplat import _boundary
 from accelplat._describe import collect_info
 from accelplat._registry import current_platform
+from accelplat._replay._bundle import parse_bundle
 from accelplat._types import HolderState
-from accelplat.replay import Capture, capture, compare_info, parse_bundle, replaying
+from accelplat.replay import Capture, capture, compare_info, replaying
 from tests._hosts import HOSTS, clear_vendor_variables
 from tests.conftest import Install
 from tests.fakes.levelzero import arc, build_c_library, c_compiler, pvc
@@ -229,7 +230,7 @@ def test_caches_registered_with_on_reset_are_dropped_when_a_replay_starts_and_en
 
 
 def test_the_variable_is_applied_only_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    from accelplat.replay._install import activate_from_environment
+    from accelplat._replay._install import activate_from_environment
 
     monkeypatch.setenv("ACCELPLAT_REPLAY", "  ")
     assert activate_from_environment() is None
@@ -240,8 +241,8 @@ def test_a_bundle_that_cannot_load_raises_its_error_at_every_question_not_at_act
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from accelplat import _files
+    from accelplat._replay._install import activate_from_environment
     from accelplat.errors import BundleError
-    from accelplat.replay._install import activate_from_environment
 
     monkeypatch.setenv("ACCELPLAT_REPLAY", str(tmp_path / "missing.tar.gz"))
     try:
@@ -274,3 +275,27 @@ def test_the_replay_formats_import_no_detection_and_capture_is_loaded_on_first_u
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.split("\n")[:2] == ["[]", "accelplat._capture accelplat._capture Capture"]
+
+
+def test_what_a_capture_prints_and_keeps_in_contents_cannot_drive_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelplat._cli import main
+
+    title = "\x1b]0;owned\x07"
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "self" / "cgroup").write_text(f"0::/job{title}\u202e\n")
+    monkeypatch.setenv("ACCELPLAT_PROC_ROOT", str(tmp_path / "proc"))
+    monkeypatch.setenv("ACCELPLAT_PLATFORM", "cpu")
+    monkeypatch.setenv("SLURM_JOB_GPUS", f"0{title}")
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "\x1b[2J")
+    cap = capture(samples=0, sleep=no_sleep)
+    assert cap.host["summary"]["scheduler"]["variables"]["SLURM_JOB_GPUS"] == f"0{title}"
+    assert all(line.isprintable() for line in cap.contents.split("\n"))
+    assert "SLURM_JOB_GPUS=0\\x1b]0;owned\\x07" in cap.contents
+    assert "/job\\x1b]0;owned\\x07\\u202e" in cap.contents
+    assert "driver: unknown" in cap.contents  # no driver on a CPU host: never "None"
+    assert main(["capture", "--out", str(tmp_path / "host.tar.gz"), "--samples", "0"]) == 0
+    out = capsys.readouterr().out
+    assert all(line.isprintable() for line in out.split("\n"))
+    assert "driver: None" not in out

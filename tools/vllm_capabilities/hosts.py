@@ -100,7 +100,7 @@ _CHILD = """
 import dataclasses, json, sys
 import accelplat
 from accelplat.replay import load_bundle, replaying
-from accelplat.replay._bundle import Answer, RecordEntry
+from accelplat._replay._bundle import Answer, RecordEntry
 path, version, texts = json.load(sys.stdin)
 bundle = load_bundle(path)
 if version is not None:  # the host setting's vLLM, installed: what the build says it is

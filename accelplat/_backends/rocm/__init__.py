@@ -22,9 +22,9 @@ from accelplat._backends._common import (
     ReadText,
     SysfsReader,
     never_raises,
-    no_amd_gpu,
     read_attribute,
 )
+from accelplat._backends._presence import no_amd_gpu
 from accelplat._backends.rocm import _sources, _topology
 from accelplat._platform import BasePlatform, StartMethod
 from accelplat._types import (

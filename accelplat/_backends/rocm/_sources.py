@@ -18,13 +18,12 @@ from typing import Any
 
 from accelplat import _boundary, _files
 from accelplat._backends._common import (
-    AMDSMI_NOT_INSTALLED,
-    ROCM_TORCH_NOT_IMPORTED,
     SysfsReader,
     checked_memory,
     pci_sort_key,
     torch_reading,
 )
+from accelplat._backends._presence import AMDSMI_NOT_INSTALLED, ROCM_TORCH_NOT_IMPORTED
 from accelplat._backends.rocm._topology import Gpu, Topology
 from accelplat._types import MemoryHolder, MemoryInfo
 from accelplat._util import clip

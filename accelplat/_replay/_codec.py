@@ -123,6 +123,10 @@ def _fail(where: str, message: str) -> ValueError:
     return ValueError(f"{where}: {message}")
 
 
+_TAGGED = {"$tuple": list, "$map": dict, "$record": dict, "$handle": str, "$float": str}
+_TAGGED.update({"$bytes": str, "$utf8": str})  # each tag and the JSON type its body must be
+
+
 def decode(data: object, handle: Callable[[str], Handle], where: str, depth: int = 0) -> Any:
     """Return what untrusted ``data`` stands for; ``ValueError`` naming ``where`` if malformed."""
     if depth > MAX_DEPTH:
@@ -140,48 +144,42 @@ def decode(data: object, handle: Callable[[str], Handle], where: str, depth: int
     if not isinstance(data, dict) or len(data) != 1:
         raise _fail(where, "expected a value or a one-key tagged object")
     ((tag, body),) = data.items()
+    kind = _TAGGED.get(tag)
+    if kind is None or not isinstance(body, kind):
+        raise _fail(where, f"{str(tag)[:40]!r} is no tag, or its body is not {kind}")
     if tag == "$tuple":
-        if not isinstance(body, list):
-            raise _fail(where, "$tuple must hold a list")
         return tuple(decode(v, handle, f"{where}[{i}]", depth + 1) for i, v in enumerate(body))
-    if tag == "$bytes":
-        if not isinstance(body, str):
-            raise _fail(where, "$bytes must hold base64 text")
-        try:
-            return base64.b64decode(body.encode("ascii"), validate=True)
-        except (binascii.Error, UnicodeEncodeError):
-            raise _fail(where, "$bytes is not valid base64") from None
-    if tag == "$utf8":
-        if not isinstance(body, str):
-            raise _fail(where, "$utf8 must hold text")
-        try:
-            return body.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _fail(where, "$utf8 holds text that is not valid UTF-8") from None
+    if tag == "$map":
+        return {k: decode(v, handle, f"{where}.{k}", depth + 1) for k, v in body.items()}
+    if tag == "$record":
+        return _record(body, handle, where, depth)
+    if tag == "$handle":
+        if not body or len(body) > 64:
+            raise _fail(where, "$handle must be a token of 1-64 characters")
+        return handle(body)
     if tag == "$float":
         if body not in ("nan", "inf", "-inf"):
             raise _fail(where, "$float must be 'nan', 'inf' or '-inf'")
-        return float(str(body))
-    if tag == "$handle":
-        if not isinstance(body, str) or not body or len(body) > 64:
-            raise _fail(where, "$handle must be a token of 1-64 characters")
-        return handle(body)
-    if tag == "$map":
-        if not isinstance(body, dict):
-            raise _fail(where, "$map must hold an object")
-        return {k: decode(v, handle, f"{where}.{k}", depth + 1) for k, v in body.items()}
-    if tag == "$record":
-        if not isinstance(body, dict) or set(body) != {"type", "fields"}:
-            raise _fail(where, "$record must hold exactly 'type' and 'fields'")
-        type_name, fields = body["type"], body["fields"]
-        if not isinstance(type_name, str) or not type_name.isidentifier() or len(type_name) > 64:
-            raise _fail(where, "$record type must be an identifier of at most 64 characters")
-        if not isinstance(fields, dict):
-            raise _fail(where, "$record fields must be an object")
-        decoded: dict[str, Any] = {}
-        for name, value in fields.items():
-            if not name.isidentifier() or name.startswith("_") or len(name) > 64:
-                raise _fail(where, f"$record field {name[:40]!r} is not a public identifier")
-            decoded[name] = decode(value, handle, f"{where}.{name}", depth + 1)
-        return Record(type_name, decoded)
-    raise _fail(where, f"unknown tag {str(tag)[:40]!r}")
+        return float(body)
+    try:
+        return base64.b64decode(body, validate=True) if tag == "$bytes" else body.encode("utf-8")
+    except (binascii.Error, UnicodeError):
+        raise _fail(
+            where, f"{tag} holds no valid {'base64' if tag == '$bytes' else 'UTF-8'}"
+        ) from None
+
+
+def _record(
+    body: dict[str, Any], handle: Callable[[str], Handle], where: str, depth: int
+) -> Record:
+    type_name, fields = body.get("type"), body.get("fields")
+    if set(body) != {"type", "fields"} or not isinstance(fields, dict):
+        raise _fail(where, "$record must hold exactly 'type' and an object of 'fields'")
+    if not isinstance(type_name, str) or not type_name.isidentifier() or len(type_name) > 64:
+        raise _fail(where, "$record type must be an identifier of at most 64 characters")
+    decoded: dict[str, Any] = {}
+    for name, value in fields.items():
+        if not name.isidentifier() or name.startswith("_") or len(name) > 64:
+            raise _fail(where, f"$record field {name[:40]!r} is not a public identifier")
+        decoded[name] = decode(value, handle, f"{where}.{name}", depth + 1)
+    return Record(type_name, decoded)

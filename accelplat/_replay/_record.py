@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from accelplat._boundary import Loaded
-from accelplat.replay._codec import call_key, encode, key_text
+from accelplat._replay._codec import call_key, encode, key_text
 
 CTYPES_CHANNELS = frozenset({"levelzero"})  # a ctypes library with out-parameters
 

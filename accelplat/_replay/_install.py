@@ -15,18 +15,22 @@ from typing import Any
 from typing_extensions import override
 
 from accelplat import _boundary, _files
+from accelplat._registry import host_variables
+from accelplat._replay._bundle import Bundle, load_bundle
+from accelplat._replay._record import Recorder
+from accelplat._replay._replay import Replayer
 from accelplat.errors import BundleError, FileTooLargeError
-from accelplat.replay._bundle import Bundle, load_bundle
-from accelplat.replay._record import Recorder
-from accelplat.replay._replay import Replayer
 
 ENV_REPLAY = "ACCELPLAT_REPLAY"
-_PLUGINS = "ACCELPLAT_PLUGINS"  # plugins are not part of a host: off unless captured otherwise
-_ENV_NAMES = frozenset(
-    {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"}
-    | {"ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ONEAPI_DEVICE_SELECTOR"}
-    | {"SLURM_JOB_GPUS", "SLURM_STEP_GPUS"}  # a Slurm job's grant: a cluster's bug report
+_PLUGINS = "ACCELPLAT_PLUGINS"  # plugins are not part of a host: a replay loads none
+GRANT_VARIABLES = (
+    "SLURM_JOB_GPUS",
+    "SLURM_STEP_GPUS",
+    "GPU_DEVICE_ORDINAL",
+    "NVIDIA_VISIBLE_DEVICES",
 )
+"""What an outer scheduler sets for a job's GPUs (the device plugin's ``NVIDIA_VISIBLE_DEVICES``:
+``all``, ``none``, ``void``, indices or UUIDs)."""
 
 
 def _bad(path: str, what: str) -> OSError:
@@ -81,9 +85,27 @@ class BoundaryFiles(_files.HostFiles):
         return found if found in ("file", "dir", "other") else None  # a tuple: no hashing
 
 
-def relevant(name: str) -> bool:
-    """Whether a capture keeps ``name``: visible devices, Slurm GPUs, ``ZE_*``, ``ACCELPLAT_*``."""
-    return name != ENV_REPLAY and (name in _ENV_NAMES or name.startswith(("ACCELPLAT_", "ZE_")))
+def considered() -> tuple[str, ...]:
+    """The variables a capture records and a replay may apply.
+
+    Those the backends declare (visible devices, their order, the roots of the host's files;
+    see :data:`accelplat._registry.BUILTINS`), ``ACCELPLAT_PLATFORM`` and a scheduler's grant.
+    """
+    return tuple(dict.fromkeys((*host_variables(), *GRANT_VARIABLES)))
+
+
+def applied(bundle: Bundle) -> dict[str, str | None]:
+    """Return the variables a replay of ``bundle`` sets (``None``: unsets), by name.
+
+    Exactly those the capture considered (a bundle that does not say: all of
+    :func:`considered`), less any not in :func:`considered`: a bundle chooses devices, their
+    order and the roots of the host's files (read from the bundle alone), never a path where
+    accelplat writes, reads a user's file or loads a library (``ACCELPLAT_LEASE_DIR``,
+    ``ACCELPLAT_SIMULATED_SPEC``, ``ACCELPLAT_LEVEL_ZERO_LIB`` …). Plugins are off.
+    """
+    known = considered()
+    names = [n for n in (bundle.variables or known) if n in known]
+    return {**{n: bundle.env.get(n) for n in names}, _PLUGINS: ""}
 
 
 def _install(interceptor: _boundary.Interceptor) -> Callable[[], None]:
@@ -108,38 +130,42 @@ def replaying(bundle: Bundle | str | os.PathLike[str]) -> Iterator[Replayer]:
         BundleError: When a path names a bundle that cannot be loaded.
 
     Side effects:
-        Sets the relevant variables to the captured ones (``ACCELPLAT_PLUGINS`` empty unless
-        captured), forgets the detected platform and vendor sessions; all undone on exit.
+        Sets the variables of :func:`applied` as captured, forgets the detected platform and
+        vendor sessions; all undone on exit.
     """
     replayer = Replayer(bundle if isinstance(bundle, Bundle) else load_bundle(bundle))
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if relevant(k)}
-    os.environ.update(
-        {_PLUGINS: "", **{k: v for k, v in replayer.bundle.env.items() if relevant(k)}}
-    )
+    changes = applied(replayer.bundle)
+    saved = {name: os.environ.get(name) for name in changes}
+    _set(changes)
     undo = _install(replayer)
     try:
         yield replayer
     finally:
-        for name in [k for k in os.environ if relevant(k)]:
-            del os.environ[name]
-        os.environ.update(saved)
+        _set(saved)
         undo()
+
+
+def _set(values: dict[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def activate(path: str | os.PathLike[str]) -> Replayer:
     """Make the whole process answer from the bundle at ``path``, as ``ACCELPLAT_REPLAY`` does.
 
-    Unlike :func:`replaying`, the process's own variables win: a captured one is set only where
-    the process has none (``ACCELPLAT_PLUGINS`` defaults to empty).
+    Unlike :func:`replaying`, the process's own variables win: a captured one (of
+    :func:`applied`) is set only where the process has none.
 
     Raises:
         BundleError: When the bundle cannot be loaded.
     """
     replayer = Replayer(load_bundle(path))
-    for name, value in replayer.bundle.env.items():
-        if relevant(name):
+    for name, value in applied(replayer.bundle).items():
+        if value is not None:
             os.environ.setdefault(name, value)
-    os.environ.setdefault(_PLUGINS, "")
     _install(replayer)
     return replayer
 
@@ -181,14 +207,11 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
         Sets ``ACCELPLAT_PLUGINS`` empty (a capture describes the host, not its plugins) and
         forgets the detected platform and vendor sessions; both undone on exit.
     """
-    saved = os.environ.get(_PLUGINS)
-    os.environ[_PLUGINS] = ""
+    saved = {_PLUGINS: os.environ.get(_PLUGINS)}
+    _set({_PLUGINS: ""})
     undo = _install(recorder)
     try:
         yield recorder
     finally:
-        if saved is None:
-            os.environ.pop(_PLUGINS, None)
-        else:
-            os.environ[_PLUGINS] = saved
+        _set(saved)
         undo()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelplat import _files
+from accelplat._replay._codec import MAX_DEPTH, Handle, Record, decode, key_text
 from accelplat._validate import JsonFields
 from accelplat.errors import (
     BundleError,
@@ -27,7 +28,6 @@ from accelplat.errors import (
     FileTooLargeError,
     NotARegularFileError,
 )
-from accelplat.replay._codec import MAX_DEPTH, Handle, Record, decode, key_text
 
 FORMAT_NAME = "accelplat-capture"
 FORMAT_VERSION = 1  # the version this accelplat writes and the highest it reads
@@ -92,10 +92,11 @@ class Bundle:
     accelplat_version: str
     options: Mapping[str, Any]  # {"processes": bool, ...}
     summary: Mapping[str, Any]  # what the capture found, for people
-    env: Mapping[str, str]  # the relevant variables on the captured host
+    env: Mapping[str, str]  # the considered variables that were set on the captured host
     records: tuple[RecordEntry, ...]
     info: Mapping[str, Any] | None = None  # the captured ``accelplat info --json``
     contents: str = ""  # CONTENTS.txt ("" without one)
+    variables: tuple[str, ...] | None = None  # the names the capture considered (None: unsaid)
 
 
 def bundle_bytes(host: Mapping[str, Any], info: Mapping[str, Any] | None, contents: str) -> bytes:
@@ -264,6 +265,11 @@ def _check_host(
         if not (_ENV_NAME_RE.match(name) and text):
             why = "must map variable names to text"
             raise BundleError(source, why, field=f"{at}env.{name[:40]}")
+    variables = host.get("variables")  # absent before accelplat 0.2: unsaid
+    if variables is not None:
+        variables = tuple(fields.array(variables, at + "variables", limits.env_vars))
+        if not all(isinstance(n, str) and _ENV_NAME_RE.match(n) for n in variables):
+            raise BundleError(source, "must list variable names", field=f"{at}variables")
     raw_records = fields.array(host.get("records"), at + "records", limits.records)
     handles: dict[str, Handle] = {}
 
@@ -286,6 +292,7 @@ def _check_host(
         records=records,
         info=info,
         contents=contents,
+        variables=variables,
     )
 
 

@@ -17,10 +17,10 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from accelplat._boundary import Loaded
+from accelplat._replay._bundle import Answer, Bundle, fields_of
+from accelplat._replay._codec import Handle, call_key, key_text
+from accelplat._replay._record import CTYPES_CHANNELS, buffer_of, ctypes_key
 from accelplat.errors import BundleError
-from accelplat.replay._bundle import Answer, Bundle, fields_of
-from accelplat.replay._codec import Handle, call_key, key_text
-from accelplat.replay._record import CTYPES_CHANNELS, buffer_of, ctypes_key
 
 _BUILTIN_ERRORS = frozenset(  # builtin exceptions a recorded answer raises again as themselves
     {"AttributeError", "ImportError", "IndexError", "KeyError", "LookupError", "OSError"}
