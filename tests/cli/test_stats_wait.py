@@ -392,10 +392,13 @@ def test_a_holders_argv_from_proc_is_bounded_and_printable() -> None:
     from accelplat._vendor.procs import MAX_ARG_CHARS, MAX_ARGS, process_details
 
     args = ["x\x1b[2J" + "a" * 5000, *(f"arg{i}" for i in range(MAX_ARGS + 10))]
+    code = "import sys; print(flush=True); sys.stdin.read()"
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()", *args], stdin=subprocess.PIPE
+        [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     try:
+        assert child.stdout is not None
+        child.stdout.readline()  # running: its command line is set (it is empty mid-exec)
         user, argv = process_details(child.pid)
     finally:
         child.communicate(b"")
