@@ -218,10 +218,13 @@ def _holders(platform: Platform, device: int) -> Sequence[MemoryHolder] | None:
 def held_by_tree(holders: Sequence[MemoryHolder], root_pid: int) -> int:
     """Return the bytes the driver lists for ``root_pid`` and its live descendants.
 
-    For this process the holders' own classification counts (itself, its descendants, those
-    that were), with no walk of the process table; for another, its descendants are read now.
+    For this process the holders' own classification counts (itself and its running
+    descendants), with no walk of the process table; for another, its descendants are read now.
+    An exited process still listed is no one's use: the share rule counts its memory beside the
+    promises, not inside the budget of the lease it once ran under.
     """
     if root_pid == os.getpid():
-        return sum(h.used_bytes or 0 for h in holders if h.pid == root_pid or is_ours(h))
+        mine = (h for h in holders if h.pid == root_pid or h.state is HolderState.CHILD)
+        return sum(h.used_bytes or 0 for h in mine)
     tree = procs.descendants(root_pid) | {root_pid}
     return sum(h.used_bytes or 0 for h in holders if h.pid in tree)

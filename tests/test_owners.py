@@ -288,3 +288,16 @@ def test_ours_is_this_process_and_its_descendants_by_the_one_rule() -> None:
     )
     assert _owners.ours_bytes(platform, 0) == 3 * GIB
     assert _owners.ours_bytes(make({"used": GIB, "report_holders": False}), 0) is None
+
+
+def test_held_by_tree_counts_running_processes_not_exited_ones_still_listed() -> None:
+    me, other = os.getpid(), 10**7 + 2  # another process, whose tree is read from the table
+    holders = [
+        MemoryHolder(pid=me, used_bytes=1 * GIB, state=HolderState.SELF),
+        MemoryHolder(pid=10**7, used_bytes=2 * GIB, state=HolderState.CHILD),
+        # a test body that ended: its memory is still coming back, beside every promise
+        MemoryHolder(pid=10**7 + 1, used_bytes=4 * GIB, state=HolderState.GONE),
+        MemoryHolder(pid=other, used_bytes=8 * GIB, state=HolderState.ALIVE),
+    ]
+    assert _owners.held_by_tree(holders, me) == 3 * GIB
+    assert _owners.held_by_tree(holders, other) == 8 * GIB
