@@ -36,13 +36,9 @@ for what in "$@"; do
     ;;
   detect)
     section detect
-    timeout 200 python3 benchmarks/bench_detect.py --runs 21 --no-torch --iterations 5000 \
-      --repeats 5 --json "$out/detect.json" 2>&1 | tail -40 | tee "$out/detect.log"
-    if [ -n "${BASELINE:-}" ]; then
-      timeout 200 python3 benchmarks/bench_detect.py --runs 21 --no-torch --iterations 5000 \
-        --repeats 5 --tree "$BASELINE" --json "$out/detect-base.json" 2>&1 | tail -40 \
-        | tee "$out/detect-base.log"
-    fi
+    timeout 300 python3 benchmarks/bench_detect.py --runs 21 --no-torch --iterations 5000 \
+      --repeats 5 ${BASELINE:+--tree "$BASELINE"} --json "$out/detect.json" 2>&1 | tail -40 \
+      | tee "$out/detect.log"
     ;;
   capture)
     section capture
