@@ -1,8 +1,4 @@
-"""Background sampling of device memory, with bounded storage, and the recorder built on it.
-
-A full :class:`SampleBuffer` merges neighbours pairwise (the larger reading, so peaks survive):
-at 20 Hz and 16,384 samples, full resolution for 13.6 minutes, 0.1 s for the next 13.6, …
-"""
+"""Background sampling of device memory, with bounded storage, and the recorder built on it."""
 
 from __future__ import annotations
 
@@ -51,49 +47,6 @@ def _merge(a: Reading, b: Reading) -> Reading:
     )
 
 
-class SampleBuffer:
-    """At most ``capacity`` (even, >= 2) samples; when full, resolution halves. Not thread-safe."""
-
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        _validate.integer(capacity, "capacity", minimum=2, expected="an even integer >= 2")
-        if capacity % 2:
-            raise ConfigurationError(f"capacity must be even, got {capacity!r}")
-        self._capacity = capacity
-        self._samples: list[Sample] = []
-        self._pending: Sample | None = None
-        self._pending_count = 0
-        self.decimation = 0  # times halved: each stored sample spans 2**decimation ticks
-
-    def add(self, t: float, used: Reading) -> None:
-        """Add the reading of the tick at ``t`` (not earlier than the previous one)."""
-        if self._pending is None:
-            self._pending = Sample(t, tuple(used))
-        else:
-            self._pending = Sample(self._pending.t, _merge(self._pending.used, tuple(used)))
-        self._pending_count += 1
-        if self._pending_count < (1 << self.decimation):
-            return
-        self._samples.append(self._pending)
-        self._pending = None
-        self._pending_count = 0
-        if len(self._samples) >= self._capacity:
-            old = self._samples
-            self._samples = [
-                Sample(old[i].t, _merge(old[i].used, old[i + 1].used))
-                for i in range(0, len(old) - 1, 2)
-            ]
-            self.decimation += 1
-
-    def samples(self) -> tuple[Sample, ...]:
-        """Return the stored samples in time order, a partly filled last one included."""
-        if self._pending is None:
-            return tuple(self._samples)
-        return (*self._samples, self._pending)
-
-    def __len__(self) -> int:
-        return len(self._samples) + (self._pending is not None)
-
-
 _running: weakref.WeakSet[Sampler] = weakref.WeakSet()  # samplers whose thread runs
 
 
@@ -125,10 +78,13 @@ if hasattr(os, "register_at_fork"):
 
 
 class Sampler:
-    """Reads device memory at a fixed rate into a :class:`SampleBuffer`, on a daemon thread.
+    """Reads device memory at a fixed rate on a daemon thread, keeping at most ``capacity`` samples.
 
     ``read`` returns used bytes per device (``None`` where a query failed) and must not raise.
-    A fork waits for the read in progress; the child has no sampling thread.
+    Once ``capacity`` (even, >= 2) samples are kept, neighbours merge pairwise (the larger
+    reading, so peaks survive) and each kept sample spans twice the ticks: at 20 Hz and 16,384
+    samples, full resolution for 13.6 minutes, 0.1 s for the next 13.6, … A fork waits for the
+    read in progress; the child has no sampling thread.
 
     Raises:
         ConfigurationError: For a rate outside ``(0, MAX_HZ]`` or a bad capacity.
@@ -142,10 +98,16 @@ class Sampler:
         capacity: int = DEFAULT_CAPACITY,
         clock: Clock = time.monotonic,
     ) -> None:
+        _validate.integer(capacity, "capacity", minimum=2, expected="an even integer >= 2")
+        if capacity % 2:
+            raise ConfigurationError(f"capacity must be even, got {capacity!r}")
         self._read = read
         self.hz = validate_hz(hz)
         self._clock = clock
-        self._buffer = SampleBuffer(capacity)
+        self._capacity = capacity
+        self._samples: list[Sample] = []
+        self._ticks = 0  # merged into the last sample, which takes them up to 2**decimation
+        self.decimation = 0  # times halved
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -156,11 +118,24 @@ class Sampler:
         return self._clock() - self.t0
 
     def sample(self) -> tuple[float, Reading]:
-        """Read every device now, store the reading and return ``(t, reading)``."""
+        """Read every device now, keep the reading and return ``(t, reading)``."""
         with self._lock:
             reading = tuple(self._read())
             t = self.now()
-            self._buffer.add(t, reading)
+            if 0 < self._ticks < 1 << self.decimation:
+                last = self._samples[-1]
+                self._samples[-1] = Sample(last.t, _merge(last.used, reading))
+            else:
+                if len(self._samples) == self._capacity:
+                    old = self._samples
+                    self._samples = [
+                        Sample(a.t, _merge(a.used, b.used))
+                        for a, b in zip(old[::2], old[1::2], strict=True)
+                    ]
+                    self.decimation += 1
+                self._samples.append(Sample(t, reading))
+                self._ticks = 0
+            self._ticks += 1
         return t, reading
 
     def start(self) -> None:
@@ -194,16 +169,10 @@ class Sampler:
             if self._stop.wait(deadline - now):
                 return
 
-    @property
-    def decimation(self) -> int:
-        """How many times the buffer has halved its resolution."""
-        with self._lock:
-            return self._buffer.decimation
-
     def samples(self) -> tuple[Sample, ...]:
-        """Return the stored samples in time order."""
+        """Return the kept samples in time order."""
         with self._lock:
-            return self._buffer.samples()
+            return tuple(self._samples)
 
 
 class Recorder:
@@ -279,13 +248,12 @@ class Recorder:
         self._open_waits: dict[int, WaitSpan] = {}
         self._waits: list[WaitSpan] = []
         self._tokens = itertools.count()
-        self._current_test: str | None = None
         self._end: float | None = None
 
     @property
     def current_test(self) -> str | None:
         """Node id of the test begun most recently and not yet ended, if any."""
-        return self._current_test
+        return next(reversed(self._open_tests), None)
 
     def add_note(self, note: str) -> None:
         """Add a remark shown on the report."""
@@ -327,8 +295,8 @@ class Recorder:
         """Mark the start of a test, sampling memory now as its baseline."""
         t, reading = self.sampler.sample()
         with self._lock:
+            self._open_tests.pop(nodeid, None)  # begun again: the most recent
             self._open_tests[nodeid] = _trace.TestSpan(clip(nodeid), t, t, reading, ())
-            self._current_test = nodeid
 
     def begin_body(self, nodeid: str) -> None:
         """Mark the start of a test's body (pytest's call phase); an unknown id is ignored."""
@@ -360,8 +328,6 @@ class Recorder:
         t, reading = self.sampler.sample() if sample is None else sample
         with self._lock:
             opened = self._open_tests.pop(nodeid, None)
-            if self._current_test == nodeid:
-                self._current_test = next(reversed(self._open_tests), None)
             if opened is None:
                 return None
             span = replace(
@@ -384,7 +350,8 @@ class Recorder:
         t = self.sampler.now()
         with self._lock:
             token = next(self._tokens)
-            test = None if self._current_test is None else clip(self._current_test)
+            test = self.current_test
+            test = None if test is None else clip(test)
             self._open_waits[token] = WaitSpan(t, t, clip(kind), tuple(devices), True, test)
             return token
 
