@@ -220,24 +220,20 @@ class Recorder:
         wall_clock: Clock = time.time,
         notes: Sequence[str] = (),
     ) -> None:
-        _validate.integer(leak_tolerance_bytes, "leak_tolerance_bytes", minimum=0, maximum=MAX_INT)
+        self._leak_tolerance = _validate.integer(
+            leak_tolerance_bytes, "leak_tolerance_bytes", minimum=0, maximum=MAX_INT
+        )
         self._leak_grace = validate_grace(leak_grace_s)
         self.platform = platform  # what is sampled; None: nothing
-        self._platform_name = "" if platform is None else platform.name
-        self._context_free = True if platform is None else bool(platform.context_free)
-        self._accelerator = platform is None or bool(optional(platform, "is_accelerator"))
         self._lock = threading.Lock()
         self._failures: dict[int, tuple[float | None, str, int]] = {}  # first t, error, count
-        self.devices: tuple[_trace.DeviceTrack, ...] = ()
-        if platform is not None:
-            found = platform.devices()
-            totals = self._read(tuple(d.index for d in found), "total")
-            self.devices = tuple(
-                _trace.DeviceTrack(d.index, clip(d.name), total or 0)
-                for d, total in zip(found, totals, strict=True)
-            )
+        found = () if platform is None else platform.devices()
+        totals = self._read(tuple(d.index for d in found), "total")
+        self.devices = tuple(
+            _trace.DeviceTrack(d.index, clip(d.name), total or 0)
+            for d, total in zip(found, totals, strict=True)
+        )
         indices = tuple(t.index for t in self.devices)
-        self._leak_tolerance = leak_tolerance_bytes
         self._notes = [clip(note) for note in notes]
         self._started_at = min(max(wall_clock(), 0.0), _trace.MAX_EPOCH)  # a trace holds no other
         self.sampler = Sampler(
@@ -417,15 +413,16 @@ class Recorder:
                 samples=samples,
                 tests=tuple(sorted(self._tests, key=lambda s: (s.start, s.end))),
                 waits=tuple(sorted(self._waits, key=lambda w: (w.start, w.end))),
-                platform=self._platform_name,
+                platform="" if self.platform is None else self.platform.name,
                 started_at=self._started_at,
                 duration=max(end, samples[-1].t if samples else 0.0),
                 sample_hz=self.sampler.hz,
                 decimation=decimation,
                 leak_tolerance_bytes=self._leak_tolerance,
                 leak_grace_s=self._leak_grace,
-                context_free=self._context_free,
-                accelerator=self._accelerator,
+                context_free=self.platform is None or bool(self.platform.context_free),
+                accelerator=self.platform is None
+                or bool(optional(self.platform, "is_accelerator")),
                 command=None if command is None else tuple(clip(c) for c in command),
                 exit_code=exit_code,
                 notes=(*self._notes, *failures),
