@@ -6,7 +6,6 @@ import itertools
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -47,34 +46,14 @@ def _merge(a: Reading, b: Reading) -> Reading:
     )
 
 
-_running: weakref.WeakSet[Sampler] = weakref.WeakSet()  # samplers whose thread runs
-
-
-def _lock_all() -> None:
-    # No sampling thread may be inside a vendor library call when the process forks, or the
-    # child could inherit a lock held by a thread that does not exist there.
-    for sampler in list(_running):
-        sampler._lock.acquire()
-
-
-def _unlock_all() -> None:
-    for sampler in list(_running):
-        if sampler._lock.locked():
-            sampler._lock.release()
-
-
-def _forget_all() -> None:
-    # The child has no sampling thread: forget it, with fresh synchronisation objects.
-    for sampler in list(_running):
-        sampler._lock = threading.Lock()
-        sampler._stop = threading.Event()
-        sampler._stop.set()
-        sampler._thread = None
-    _running.clear()
-
-
+# Every sampler reads under this lock, and a fork takes it first: no sampling thread may be inside
+# a vendor library call when the process forks, or the child could inherit a lock held by a thread
+# that does not exist there.
+_READING = threading.Lock()
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_lock_all, after_in_parent=_unlock_all, after_in_child=_forget_all)
+    os.register_at_fork(
+        before=_READING.acquire, after_in_parent=_READING.release, after_in_child=_READING.release
+    )
 
 
 class Sampler:
@@ -108,7 +87,6 @@ class Sampler:
         self._samples: list[Sample] = []
         self._ticks = 0  # merged into the last sample, which takes them up to 2**decimation
         self.decimation = 0  # times halved
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.t0 = clock()
@@ -119,7 +97,7 @@ class Sampler:
 
     def sample(self) -> tuple[float, Reading]:
         """Read every device now, keep the reading and return ``(t, reading)``."""
-        with self._lock:
+        with _READING:
             reading = tuple(self._read())
             t = self.now()
             if 0 < self._ticks < 1 << self.decimation:
@@ -140,11 +118,10 @@ class Sampler:
 
     def start(self) -> None:
         """Start sampling on a daemon thread named ``accelplat-timeline``; idempotent."""
-        if self._thread is not None:
-            return
-        self._stop.clear()
+        if self._thread is not None and self._thread.is_alive():
+            return  # (a forked child has no sampling thread: it may start its own)
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="accelplat-timeline", daemon=True)
-        _running.add(self)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -154,7 +131,6 @@ class Sampler:
             return
         self._stop.set()
         thread.join(timeout)
-        _running.discard(self)
         self._thread = None
 
     def _run(self) -> None:
@@ -171,7 +147,7 @@ class Sampler:
 
     def samples(self) -> tuple[Sample, ...]:
         """Return the kept samples in time order."""
-        with self._lock:
+        with _READING:
             return tuple(self._samples)
 
 

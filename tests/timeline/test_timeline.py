@@ -512,7 +512,8 @@ def test_fork_waits_for_the_read_in_progress_and_the_child_has_no_sampler() -> N
         threading.Timer(0.05, release.set).start()
         pid = os.fork()
         if pid == 0:  # child: no thread, a usable lock, sampling on demand still works
-            ok = sampler._thread is None and sampler.sample()[1] == (1,)
+            idle = sampler._thread is None or not sampler._thread.is_alive()
+            ok = idle and sampler.sample()[1] == (1,)
             os._exit(0 if ok else 1)
         forked_at = time.monotonic()
         _, status = os.waitpid(pid, 0)
