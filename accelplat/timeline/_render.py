@@ -57,6 +57,8 @@ class _Geometry(NamedTuple):
 # the chart) draws the 600-unit chart at 0.58: 19 units make 11 px, as on the desktop.
 _WIDE = _Geometry(False, 1200, 78, 16, 12, 220, 30, 16, 11, 10, 100)
 _PHONE = _Geometry(True, 600, 104, 26, 20, 260, 40, 26, 19, 16, 110)
+_Line = list[list[tuple[float, int]]]  # a device's polyline segments of (x, used)
+_Ends = tuple[tuple[int, float] | None, int]  # a device's peak (bytes, seconds) and lowest sample
 _MAX_LANES = 6
 _FOLDS = 4  # at most this many flat stretches are folded
 _STEPS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300,
@@ -110,7 +112,7 @@ def _decimals(step: float) -> int:  # what shows each multiple of ``step``: 2 fo
     return next((d for d in range(9) if abs(round(step, d) - step) <= step * 1e-6), 9)
 
 
-def _extremes(trace: Trace, pos: int) -> tuple[tuple[int, float] | None, int]:
+def _extremes(trace: Trace, pos: int) -> _Ends:
     """Return device ``pos``'s highest reading ``(bytes, seconds)`` and its lowest sample."""
     sampled = [(v, s.t) for s in trace.samples if (v := s.used[pos]) is not None]
     ends = (
@@ -164,9 +166,7 @@ def _fit_label(text: str, width: float, font: float = 10) -> str:  # at ``font``
     return text[: capacity - 1] + "…" if capacity >= 6 else ""
 
 
-def _envelope(
-    samples: Sequence[Sample], pos: int, xs: Sequence[float], width: int
-) -> list[list[tuple[float, int]]]:
+def _envelope(samples: Sequence[Sample], pos: int, xs: Sequence[float], width: int) -> _Line:
     # Polyline segments of (x, used), a None reading ending one; per pixel column the first,
     # last, minimum and maximum are kept in time order, so spikes survive any thinning.
     segments = []
@@ -314,25 +314,16 @@ def _at(x: float, y: float, anchor: str = "end") -> str:
     return f'x="{x:.2f}" y="{y:.2f}" text-anchor="{anchor}"'
 
 
-def _chart(
-    page: _Page,
-    pos: int,
-    x_of: _TimeAxis,
-    line: list[list[tuple[float, int]]],
-    extremes: tuple[tuple[int, float] | None, int],
-    *,
-    full: bool,
-) -> str:
+def _chart(page: _Page, pos: int, x_of: _TimeAxis, line: _Line, ends: _Ends, *, full: bool) -> str:
     """Return device ``pos``'s chart at one geometry and scale; ``line``: its memory envelope."""
     trace, geo, dev = page.trace, x_of.geo, page.trace.devices[pos]
     color = _PALETTE[pos % len(_PALETTE)]
-    peak, low = extremes
+    peak, low = ends
     high = peak[0] if peak is not None else 0
     ymin, ymax = _axis(min(low, high), high, dev.total, full=full)
     span_y = max(ymax - ymin, 1.0)
     left, right, top, plot_h, lane_h = geo.left, geo.w - geo.right, geo.top, geo.plot_h, geo.lane_h
-    bottom = top + plot_h
-    tests_top = bottom + geo.axis_h
+    bottom, tests_top = top + plot_h, top + plot_h + geo.axis_h
     waits_top = tests_top + (max(page.lanes, default=0) + 1) * lane_h + 8
     leaked = {leak.nodeid: leak for leak in page.leaks if leak.device == dev.index}
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from accelplat import _validate
+from accelplat import _util, _validate
 from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES
 from accelplat._owners import sample
 from accelplat._platform import optional
@@ -255,7 +255,7 @@ class Recorder:
         t = self.sampler.now() if hasattr(self, "sampler") else None
         with self._lock:
             first_t, error, count = self._failures.get(index, (t, "", 0))
-            error = error or clip(f"{type(exc).__name__}: {exc}", 500)
+            error = error or _util.clip(f"{type(exc).__name__}: {exc}", 500)
             self._failures[index] = (first_t, error, count + 1)
 
     def start(self) -> None:
@@ -322,8 +322,7 @@ class Recorder:
         t = self.sampler.now()
         with self._lock:
             token = next(self._tokens)
-            test = self.current_test
-            test = None if test is None else clip(test)
+            test = next((s.nodeid for s in reversed(self._open_tests.values())), None)
             self._open_waits[token] = WaitSpan(t, t, clip(kind), tuple(devices), True, test)
             return token
 

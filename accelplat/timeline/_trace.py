@@ -335,9 +335,7 @@ def _owners_json(o: SpanOwners) -> dict[str, Any]:
     return {**asdict(o), "before": holdings_json(o.before), "after": holdings_json(o.after)}
 
 
-def clip(text: str, limit: int = MAX_TEXT) -> str:
-    """:func:`accelplat._util.clip` at the longest text a trace holds."""
-    return _util.clip(text, limit)
+clip = partial(_util.clip, limit=MAX_TEXT)  # cut text to the longest a trace holds
 
 
 def dumps_trace(trace: Trace) -> str:
