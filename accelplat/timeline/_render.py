@@ -231,15 +231,11 @@ class _TimeAxis:
         self.fold_w = max(0.06 * geo.plot_w, 3.0 * geo.font)
         linear = end_t - sum(b - a for a, b in folds)
         self.per_s = per_s = (geo.plot_w - self.fold_w * len(folds)) / max(linear, 1e-12)
-        t, x = 0.0, float(geo.left)
-        self._t, self._x = [t], [x]  # knots: 0, then each fold's ends, then end_t
-        for a, b in folds:
-            x += (a - t) * per_s
-            self._t += [a, b]
-            self._x += [x, x + self.fold_w]
-            t, x = b, x + self.fold_w
-        self._t.append(end_t)
-        self._x.append(float(geo.left + geo.plot_w))
+        self._t = [0.0, *(t for fold in folds for t in fold), end_t]  # knots: 0, folds' ends, end
+        self._x = [float(geo.left)]  # between two knots, a linear stretch or (odd k) a fold
+        for k, (t0, t1) in enumerate(itertools.pairwise(self._t)):
+            self._x.append(self._x[-1] + (self.fold_w if k % 2 else (t1 - t0) * per_s))
+        self._x[-1] = float(geo.left + geo.plot_w)
 
     def __call__(self, t: float) -> float:
         k = min(max(bisect.bisect_right(self._t, t) - 1, 0), len(self._t) - 2)
@@ -385,10 +381,8 @@ def _chart(page: _Page, pos: int, x_of: _TimeAxis, line: _Line, ends: _Ends, *, 
     for seg in line:
         points = seg if len(seg) > 1 else [seg[0], (seg[0][0] + 1.0, seg[0][1])]
         paths.append("M" + " L".join(f"{x:.2f},{y_of(v):.2f}" for x, v in points))
-    if paths:
-        attrs = (
-            f'class="used" d="{" ".join(paths)}" fill="none" stroke="{color}" stroke-width="1.8"'
-        )
+    if d := " ".join(paths):
+        attrs = f'class="used" d="{d}" fill="none" stroke="{color}" stroke-width="1.8"'
         out.append(_el("path", attrs, tip=f"used memory, device {dev.index}"))
     if peak is not None:  # a marker and its figure, beside it
         px, py, text = x_of(peak[1]), y_of(peak[0]), f"peak {format_bytes(peak[0])}"
@@ -421,29 +415,14 @@ def _chart(page: _Page, pos: int, x_of: _TimeAxis, line: _Line, ends: _Ends, *, 
         name = trace.command[0].rsplit("/", 1)[-1] if trace.command else _short_name(span.nodeid)
         if label := _fit_label(name, x1 - x0, geo.lane_font):
             ink = "#fff" if fill in (_LEAK, _FAILED) else "#1d1d1f"
-            attrs = (
-                f'class="lane-label" {_at(x0 + 3, y + 0.7 * lane_h, "start")} style="fill:{ink}"'
-            )
-            out.append(_el("text", f'{attrs} data-nodeid="{_e(span.nodeid)}"', label))
+            at = _at(x0 + 3, y + 0.7 * lane_h, "start")
+            attrs = f'class="lane-label" {at} style="fill:{ink}" data-nodeid="{_e(span.nodeid)}"'
+            out.append(_el("text", attrs, label))
     out.append(_el("text", _at(left - 6, waits_top + lane_h - 4), "waits"))
     for w in waits:
         attrs = f'class="wait" {_box(x_of(w.start), x_of(w.end), waits_top + 1, lane_h - 2, 2)}'
         out.append(_el("rect", f'{attrs} fill="{_wait_fill(w)}"', tip=_wait_tip(w)))
     return "".join(out) + "</svg>"
-
-
-def _legend(color: str, trace: Trace, *, folded: bool) -> str:
-    if trace.command is not None:
-        keys = [(_TEST, "the command"), (_LEAK, "left memory held")]
-    else:
-        keys = [("#e2eaf5", "test span"), (_LEAK, "test that left memory held")]
-        keys.append((_FAILED, "failed test"))
-    keys = [(color, "used memory"), *keys, (_WAIT, "memory wait")]
-    keys += [(_CHECK, "the leak check's own wait")] * any(w.by_leak_check for w in trace.waits)
-    keys += [(_FOLD, "a flat stretch, drawn narrow")] * folded
-    spans = [f'<span><i class="sw" style="background:{c}"></i>{text}</span>' for c, text in keys]
-    total = '<span><i class="sw" style="border-top:2px dashed #555;height:0"></i>total</span>'
-    return f'<div class="legend">{"".join(spans)}{total}</div>'
 
 
 def _badge(text: str, cls: str = "", ident: str = "") -> str:
@@ -552,19 +531,11 @@ def _wait_table(trace: Trace) -> str:
     heads = [(h, "num" if h in ("Took", "At") else "") for h in _WAIT_HEADS]
     rows = []
     for w in trace.slowest_waits(20):
+        devices = _e(", ".join(map(str, w.devices)) or "all")
         cells = [(_e(_fmt_s(w.duration)), "num"), (_e(w.kind), "")]
-        cells += [
-            (_e(w.test or "(outside tests)"), "id"),
-            (_e(", ".join(map(str, w.devices)) or "all"), ""),
-        ]
-        result = '<span class="ok">settled</span>' if w.ok else '<span class="failed">failed</span>'
-        cells += [(result, ""), (f"{w.start:.2f} s", "num")]
-        rows.append(("wait" if w.ok else "wait-failed", cells))
-    table = (
-        _table("waits", heads, rows)
-        if rows
-        else '<p id="no-waits">No memory wait was observed.</p>'
-    )
+        cells += [(_e(w.test or "(outside tests)"), "id"), (devices, ""), (_RESULT[w.ok], "")]
+        rows.append(("wait" if w.ok else "wait-failed", [*cells, (f"{w.start:.2f} s", "num")]))
+    table = _table("waits", heads, rows) if rows else _NO_WAITS
     if own := [w for w in trace.waits if w.by_leak_check]:
         took = _e(_fmt_s(sum(w.duration for w in own)))
         table += (
@@ -626,11 +597,19 @@ def _device(page: _Page, pos: int, axes: list[_TimeAxis], xs: list[list[float]])
         where = f" during {during[0]}" if during else ""
         text = f"— peak {format_bytes(peak[0])} at {_fmt_s(peak[1])}{where}"
         text = f' <span class="peak" data-peak="{peak[0]}">{_e(text)}</span>'
+    if trace.command is not None:  # the legend
+        keys = [(_TEST, "the command"), (_LEAK, "left memory held")]
+    else:
+        keys = [("#e2eaf5", "test span"), (_LEAK, "test that left memory held")]
+        keys.append((_FAILED, "failed test"))
+    keys = [(_PALETTE[pos % len(_PALETTE)], "used memory"), *keys, (_WAIT, "memory wait")]
+    keys += [(_CHECK, "the leak check's own wait")] * any(w.by_leak_check for w in trace.waits)
+    keys += [(_FOLD, "a flat stretch, drawn narrow")] * bool(axes[0].folds)
+    legend = "".join(f'<span><i class="sw" style="background:{c}"></i>{k}</span>' for c, k in keys)
     total = format_bytes(dev.total) if dev.total > 0 else "unknown"
-    legend = _legend(_PALETTE[pos % len(_PALETTE)], trace, folded=bool(axes[0].folds))
     return (
         f'<section class="device"><h3>Device {dev.index}: {_e(dev.name)} ({_e(total)}){text}'
-        f"</h3>{''.join(drawn)}{legend}</section>"
+        f'</h3>{"".join(drawn)}<div class="legend">{legend}{_TOTAL_KEY}</div></section>'
     )
 
 
@@ -666,23 +645,24 @@ def render_html(
     xs = [x_of.many([s.t for s in trace.samples]) for x_of in axes]
     charts = "".join(_device(page, pos, axes, xs) for pos in range(len(trace.devices)))
     text = json.loads(_data("report.json"))["tests" if trace.command is None else "command"]
-    # The template's line breaks are there to read it by: the page has none.
-    return (
-        string.Template("".join(_data("report.html").splitlines())).substitute(
-            text,
-            title=_e(title or "Device memory timeline"),
-            platform=_e(trace.platform or "no platform"),
-            css=_data("report.css"),
-            summary=_summary(trace, page.leaks, end_t),
-            charts=charts or '<p id="no-devices">No device was sampled.</p>',
-            leaks=_leak_table(trace, page.leaks, max_rows, text["none_left"]),
-            waits=_wait_table(trace),
-            tests=_test_table(page, max_rows, text["no_tests"]),
-        )
-        + "\n"
+    # The template's line breaks are there to read it by: the page has one, at its end.
+    page_template = string.Template(_data("report.html").replace("\n", "") + "\n")
+    return page_template.substitute(
+        text,
+        title=_e(title or "Device memory timeline"),
+        platform=_e(trace.platform or "no platform"),
+        css=_data("report.css"),
+        summary=_summary(trace, page.leaks, end_t),
+        charts=charts or '<p id="no-devices">No device was sampled.</p>',
+        leaks=_leak_table(trace, page.leaks, max_rows, text["none_left"]),
+        waits=_wait_table(trace),
+        tests=_test_table(page, max_rows, text["no_tests"]),
     )
 
 
+_TOTAL_KEY = '<span><i class="sw" style="border-top:2px dashed #555;height:0"></i>total</span>'
+_NO_WAITS = '<p id="no-waits">No memory wait was observed.</p>'
+_RESULT = ('<span class="failed">failed</span>', '<span class="ok">settled</span>')  # by ok
 _LEAK_HEADS = ("Device", "Before", "At end", "Lowest after", "Left held")
 _WAIT_HEADS = ("Took", "Wait", "During", "Devices", "Result", "At")
 _COMMAND_HEADS = ("Before", "Peak", "Lowest after", "Change")
