@@ -213,11 +213,10 @@ def _folds(trace: Trace, end_t: float) -> list[tuple[float, float]]:
         if start >= 0 and known and k == passed and all(b - m <= v <= a + m for v, a, b, m in rows):
             lo, hi, last = list(map(min, lo, used)), list(map(max, hi, used)), s.t
             continue
-        if start >= 0 and last - start >= least:
-            runs.append((start, last))
-        start, last, lo, hi = (s.t if known else -1.0), s.t, list(used), list(used)
-    if start >= 0 and last - start >= least:
         runs.append((start, last))
+        start, last, lo, hi = (s.t if known else -1.0), s.t, list(used), list(used)
+    runs.append((start, last))
+    runs = [(a, b) for a, b in runs if a >= 0 and b - a >= least]
     longest = sorted(runs, key=lambda r: r[0] - r[1])[:_FOLDS]
     return sorted((a + 0.05 * (b - a), b - 0.05 * (b - a)) for a, b in longest)
 
