@@ -509,16 +509,14 @@ def _parse(doc: object) -> Trace:
             f"unsupported trace version {version!r}; this accelplat reads version {TRACE_VERSION}"
         )
 
-    devices: list[DeviceTrack] = []
-    seen: set[int] = set()
+    devices: dict[int, DeviceTrack] = {}
     for i, raw in enumerate(_list(top.get("devices"), "devices", _MAX_DEVICES)):
         d = _FIELDS.mapping(raw, f"devices[{i}]")
         index = _int(d.get("index"), f"devices[{i}].index")
-        if index in seen:
+        if index in devices:
             raise ConfigurationError(f"trace field devices[{i}].index: device {index} repeats")
-        seen.add(index)
         name = _text(d.get("name"), f"devices[{i}].name")
-        devices.append(DeviceTrack(index, name, _int(d.get("total"), f"devices[{i}].total")))
+        devices[index] = DeviceTrack(index, name, _int(d.get("total"), f"devices[{i}].total"))
     n = len(devices)
     samples, last_t = _samples(_list(top.get("samples"), "samples"), n)
     tests = [_test(raw, i, n) for i, raw in enumerate(_list(top.get("tests", []), "tests"))]
@@ -532,7 +530,7 @@ def _parse(doc: object) -> Trace:
     notes = [_text(x, f"notes[{i}]") for i, x in enumerate(_list(top.get("notes", []), "notes"))]
     defaults = {f.name: f.default for f in fields(Trace)}
     return Trace(
-        devices=tuple(devices),
+        devices=tuple(devices.values()),
         samples=tuple(samples),
         tests=tuple(tests),
         waits=tuple(waits),
