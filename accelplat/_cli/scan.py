@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
-from accelplat._cli._args import add_common, command, path
+from accelplat._cli._args import command, path
 from accelplat._cli._errors import dumps
-from accelplat._scan import Finding, ScanReport, added_since, scan_path
 from accelplat._util import printable
+
+if TYPE_CHECKING:  # the scanner loads when the command runs
+    from accelplat._scan import Finding, ScanReport
 
 _HELP = "inventory a test tree's platform predicates and what replaces each"
 _DESCRIPTION = (
@@ -28,9 +31,8 @@ _DESCRIPTION = (
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``scan`` sub-command to ``sub``."""
-    parser = command(sub, "scan", _run, help=_HELP, description=_DESCRIPTION)
+    parser = command(sub, "scan", _run, help=_HELP, description=_DESCRIPTION, json=True)
     path(parser.add_argument("path", help="a test directory or a .py file"))
-    add_common(parser, json=True)
     parser.add_argument("--markdown", action="store_true", help="print the summary as Markdown")
     parser.add_argument(
         "--files", action="store_true", help="also list every finding (file:line predicate)"
@@ -92,6 +94,8 @@ def _text(report: ScanReport, files: bool) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from accelplat._scan import added_since, scan_path
+
     if args.diff is not None:
         report, added = added_since(args.path, args.diff)
         if args.json:
