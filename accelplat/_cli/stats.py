@@ -52,7 +52,6 @@ _NAME_MIN, _NAME_MAX, _SOURCE_MAX, _USER_MAX, _COMMAND_MIN = 8, 28, 24, 16, 12
 # 4.3e9 cells a frame, which never draws (nor reads a key). The view draws at most this area.
 MAX_COLUMNS, MAX_LINES = 500, 200
 _RIGHT = frozenset({"DEV", "PID", "USED", "FREE", "TOTAL", "RESERVED", "USE%", "USED / TOTAL"})
-NO_RICH = "the live view needs rich: pip install 'accelplat[cli]'"
 KEYS = (
     "h  show or hide the processes holding memory",
     "q  quit (Ctrl-C too)",
@@ -105,7 +104,9 @@ def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None
         import rich  # noqa: F401
     except ImportError:
         if watch:
-            raise ConfigurationError(NO_RICH) from None
+            raise ConfigurationError(
+                "the live view needs rich: pip install 'accelplat[cli]'"
+            ) from None
         return False
     return True
 
@@ -143,15 +144,13 @@ def snapshot_to_json(
     devices: Mapping[int, DeviceInfo],
     *,
     holders: bool,
-    details: Details = process_details,
     host: Mapping[str, Any] | None = None,
     units: Sequence[Slice] = (),
 ) -> dict[str, Any]:
     """Return the document ``accelplat stats --json`` prints for one sample (``docs/json.md``).
 
-    ``details`` gives each holder's user and argv; ``host`` is :func:`host_json`'s answer, asked
-    once per run (``None``: asked now); ``units``: the :func:`slices` read with the sample,
-    listed when there are any.
+    ``host`` is :func:`host_json`'s answer, asked once per run (``None``: asked now); ``units``:
+    the :func:`slices` read with the sample, listed when there are any.
     """
     entries: list[dict[str, Any]] = []
     for index, info in sorted(snap.memory.items()):
@@ -160,7 +159,7 @@ def snapshot_to_json(
         entry = {"index": index, "name": name, "uuid": uuid, **_memory_json(info)}
         if holders:
             held = snap.holders.get(index)
-            entry["holders"] = None if held is None else [holder_json(h, details) for h in held]
+            entry["holders"] = None if held is None else [holder_json(h) for h in held]
         entries.append(entry)
     doc = {
         **(host_json(platform) if host is None else host),
@@ -555,7 +554,7 @@ def render(
                         "PID": str(h.pid),
                         "USER": printable(user),
                         "COMMAND": command_line(argv) or printable(h.name),
-                        "MEMORY": "?" if h.used_bytes is None else format_bytes(h.used_bytes),
+                        "MEMORY": format_bytes(h.used_bytes),
                         "STATE": h.state.value,
                     }
                 )
@@ -588,8 +587,7 @@ class Keys(contextlib.ExitStack):
                 self.callback(_restore_terminal, fd, termios.tcgetattr(fd))
                 tty.setcbreak(fd, termios.TCSANOW)  # TCSAFLUSH would drop a `q` typed already
                 self._fd = fd
-        winch = getattr(signal, "SIGWINCH", None)
-        if self._fd is not None and winch:
+        if self._fd is not None:  # a resize writes to a pipe, which ends a wait
             read, write = os.pipe()
             for end in (read, write):
                 os.set_blocking(end, False)
@@ -599,7 +597,7 @@ class Keys(contextlib.ExitStack):
                 with contextlib.suppress(OSError):  # a full pipe has a wake-up pending already
                     os.write(write, b"r")
 
-            self.enter_context(handling([winch], resized))
+            self.enter_context(handling([signal.SIGWINCH], resized))
             self._wake = [read]
         return self
 
@@ -616,11 +614,8 @@ class Keys(contextlib.ExitStack):
         deadline = time.monotonic() + timeout
         wake = self._wake
         while (left := deadline - time.monotonic()) > 0:
-            ready = select.select([fd, *wake], [], [], left)[0]
-            if not ready:
-                return
-            if wake and wake[0] in ready:  # resized: drain the pipe, redraw now
-                with contextlib.suppress(OSError):
+            if fd not in select.select([fd, *wake], [], [], left)[0]:  # the time is up, or resized
+                with contextlib.suppress(OSError):  # drain the pipe
                     os.read(wake[0], 64)
                 return
             try:
