@@ -6,6 +6,7 @@ The ``--json`` keys are documented in ``docs/json.md`` (``accelplat/schemas/info
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 from typing import Any
@@ -100,18 +101,14 @@ def _render_text(info: dict[str, Any]) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from accelplat._describe import collect_info
+    from accelplat.replay import replaying
 
-    if args.replay:
-        from accelplat.replay import replaying
-
-        with replaying(args.replay) as replayer:
-            info = collect_info()
-        if not args.json:
-            bundle = replayer.bundle
-            source, created, version = bundle.source, bundle.created, bundle.accelplat_version
-            print(shown(f"replaying {source} (captured {created}, accelplat {version})"))
-    else:
+    with replaying(args.replay) if args.replay else contextlib.nullcontext() as replayer:
         info = collect_info()
+    if replayer is not None and not args.json:
+        bundle = replayer.bundle
+        source, created, version = bundle.source, bundle.created, bundle.accelplat_version
+        print(shown(f"replaying {source} (captured {created}, accelplat {version})"))
     # A capture records no host name, so a replayed description has none.
     info["hostname"] = None if args.replay else socket.gethostname()
     if args.json:

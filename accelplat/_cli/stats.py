@@ -342,10 +342,10 @@ def _run(args: argparse.Namespace) -> int:
     host = host_json(platform) if args.json else None  # asked once per run
     try:
         with contextlib.suppress(KeyboardInterrupt), contextlib.ExitStack() as stack:  # Ctrl-C
-            keys = None
             if live and args.watch:  # SIGTERM, SIGHUP: end as Ctrl-C does, terminal restored
                 stack.enter_context(handling(_ENDING, _end))  # undone last
-                keys = stack.enter_context(Keys(sleep=clock.sleep))
+            keys = Keys(sys.stdin if live and args.watch else None, sleep=clock.sleep)
+            stack.enter_context(keys)
             draw = (
                 _live_view(stack, platform.name, shown, state, args.watch, colour=colour)
                 if live
@@ -369,10 +369,7 @@ def _run(args: argparse.Namespace) -> int:
                 n += 1
                 if args.watch is None or n == args.count:
                     break
-                if keys is not None:
-                    keys.wait(args.watch, state)
-                else:
-                    clock.sleep(args.watch)
+                keys.wait(args.watch, state)
     except _EndedError as ended:
         return 128 + int(ended.args[0])
     return 0
@@ -564,7 +561,8 @@ def render(
 class Keys(contextlib.ExitStack):
     """Key presses on a terminal (``h`` holders, ``?`` keys, ``q`` quit), in cbreak mode until exit.
 
-    A key typed before the view started is kept (cbreak is entered without flushing input). A
+    ``stream`` is the terminal (``None``, or not a terminal: no keys, :meth:`wait` sleeps). A key
+    typed before the view started is kept (cbreak is entered without flushing input). A
     resize of the terminal (``SIGWINCH``) also ends :meth:`wait`, so the view redraws at once.
     """
 
@@ -572,7 +570,7 @@ class Keys(contextlib.ExitStack):
         self, stream: IO[str] | None = None, sleep: Callable[[float], None] = time.sleep
     ) -> None:
         super().__init__()
-        self._stream = sys.stdin if stream is None else stream
+        self._stream = stream
         self._sleep = sleep
         self._fd: int | None = None
         self._wake: list[int] = []  # the read end of a pipe the SIGWINCH handler writes to
@@ -582,7 +580,7 @@ class Keys(contextlib.ExitStack):
             import termios
             import tty
 
-            fd = self._stream.fileno()
+            fd = -1 if self._stream is None else self._stream.fileno()  # -1: no terminal
             if os.isatty(fd):
                 self.callback(_restore_terminal, fd, termios.tcgetattr(fd))
                 tty.setcbreak(fd, termios.TCSANOW)  # TCSAFLUSH would drop a `q` typed already
