@@ -52,6 +52,7 @@ _NAME_MIN, _NAME_MAX, _SOURCE_MAX, _USER_MAX, _COMMAND_MIN = 8, 28, 24, 16, 12
 # 4.3e9 cells a frame, which never draws (nor reads a key). The view draws at most this area.
 MAX_COLUMNS, MAX_LINES = 500, 200
 _RIGHT = frozenset({"DEV", "PID", "USED", "FREE", "TOTAL", "RESERVED", "USE%", "USED / TOTAL"})
+NO_RICH = "the live view needs rich: pip install 'accelplat[cli]'"
 KEYS = (
     "h  show or hide the processes holding memory",
     "q  quit (Ctrl-C too)",
@@ -104,9 +105,7 @@ def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None
         import rich  # noqa: F401
     except ImportError:
         if watch:
-            raise ConfigurationError(
-                "the live view needs rich: pip install 'accelplat[cli]'"
-            ) from None
+            raise ConfigurationError(NO_RICH) from None
         return False
     return True
 
@@ -133,9 +132,11 @@ def slices(platform: Platform) -> list[Slice]:
     return found
 
 
-def _memory_json(info: MemoryInfo) -> dict[str, Any]:
-    keys = ("used", "free", "total", "reserved", "used_ratio", "source")
-    return {key: getattr(info, key) for key in keys}
+def _json(device: DeviceInfo | None, info: MemoryInfo | None) -> dict[str, Any]:
+    """A device's (or slice's) ``name``, ``uuid`` and memory, as ``--json`` documents show them."""
+    keys = ("used", "free", "total", "reserved", "used_ratio", "source") if info else ()
+    named = {"name": device.name, "uuid": device.uuid} if device else {"name": "", "uuid": None}
+    return named | {key: getattr(info, key) for key in keys}
 
 
 def snapshot_to_json(
@@ -154,9 +155,7 @@ def snapshot_to_json(
     """
     entries: list[dict[str, Any]] = []
     for index, info in sorted(snap.memory.items()):
-        device = devices.get(index)
-        name, uuid = (device.name, device.uuid) if device else ("", None)
-        entry = {"index": index, "name": name, "uuid": uuid, **_memory_json(info)}
+        entry = {"index": index, **_json(devices.get(index), info)}
         if holders:
             held = snap.holders.get(index)
             entry["holders"] = None if held is None else [holder_json(h) for h in held]
@@ -168,9 +167,7 @@ def snapshot_to_json(
     }
     if units:
         doc["slices"] = [
-            {"unit": u, "name": d.name if d else "", "uuid": d.uuid if d else None}
-            | (_memory_json(m) if m else {"error": why})
-            for u, d, m, why in units
+            {"unit": u, **_json(d, m)} | ({} if m else {"error": why}) for u, d, m, why in units
         ]
     return doc
 
@@ -338,25 +335,20 @@ def _run(args: argparse.Namespace) -> int:
     snapshot(args.devices, platform=platform, holders=False)  # check the devices first
     out, colour, clock = sys.stdout, color(args.color), default_clock(platform)
     live = not args.json and use_rich(out, watch=args.watch is not None, colour=colour)
-    state = ViewState(holders=args.holders)
+    watching, name, state = live and args.watch, platform.name, ViewState(holders=args.holders)
     host = host_json(platform) if args.json else None  # asked once per run
     try:
         with contextlib.suppress(KeyboardInterrupt), contextlib.ExitStack() as stack:  # Ctrl-C
-            if live and args.watch:  # SIGTERM, SIGHUP: end as Ctrl-C does, terminal restored
+            if watching:  # SIGTERM, SIGHUP: end as Ctrl-C does, terminal restored
                 stack.enter_context(handling(_ENDING, _end))  # undone last
-            keys = Keys(sys.stdin if live and args.watch else None, sleep=clock.sleep)
-            stack.enter_context(keys)
-            draw = (
-                _live_view(stack, platform.name, shown, state, args.watch, colour=colour)
-                if live
-                else None
-            )
+            keys = stack.enter_context(Keys(sys.stdin if watching else None, sleep=clock.sleep))
+            draw = _live_view(stack, args.watch, colour) if live else None
             n = 0
             while not state.quit:
                 snap = snapshot(args.devices, platform=platform, holders=state.holders)
                 units = slices(platform)
                 if draw is not None:
-                    draw(snap, units)
+                    draw(render(name, snap, shown, state=state, interval=args.watch, units=units))
                 elif host is not None:
                     doc = snapshot_to_json(
                         platform, snap, devices, holders=state.holders, host=host, units=units
@@ -389,25 +381,16 @@ def _end(signum: int, frame: object) -> None:
 
 
 def _live_view(
-    stack: contextlib.ExitStack[Any],
-    platform: str,
-    names: dict[int, str],
-    state: ViewState,
-    watch: float | None,
-    *,
-    colour: bool | None,
-) -> Callable[[UsageSnapshot, Sequence[Slice]], None]:
+    stack: contextlib.ExitStack[Any], watch: float | None, colour: bool | None
+) -> Callable[[Frame], None]:
+    """Return what draws a frame of the view; ``stack`` gives the terminal back at its end."""
     from rich.console import Console
     from rich.live import Live
 
     # colour() read NO_COLOR and FORCE_COLOR already; rich would read them again over a flag.
     console = Console(no_color=colour is False, force_terminal=colour or None)
-
-    def frame(snap: UsageSnapshot, units: Sequence[Slice]) -> Frame:
-        return render(platform, snap, names, state=state, interval=watch, units=units)
-
     if watch is None or not sys.stdout.isatty():  # a forced colour in a pipe: frame by frame
-        return lambda snap, units: console.print(frame(snap, units))
+        return console.print
     # The alternate screen, as top and nvitop use: each refresh draws the whole screen from its
     # top-left corner, so a resized terminal (which reflows what it shows) keeps no stale line.
     # Leaving it restores the shell's screen; the last frame is printed there to stay.
@@ -416,11 +399,11 @@ def _live_view(
     live = Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False)
     view = stack.enter_context(live)
 
-    def draw(snap: UsageSnapshot, units: Sequence[Slice]) -> None:
+    def draw(frame: Frame) -> None:
         columns, lines = shutil.get_terminal_size()
         console.size = (min(columns, MAX_COLUMNS), min(lines, MAX_LINES))  # read at each draw
-        last[:] = [frame(snap, units)]
-        view.update(last[0], refresh=True)
+        last[:] = [frame]
+        view.update(frame, refresh=True)
 
     return draw
 
@@ -533,29 +516,27 @@ def render(
     ]
     if interval is not None:
         header.append((("[h] holders  [q] quit  [?] keys", "dim"),))
-    devices = _devices(snap, names)
-    holders: list[dict[str, str]] | None = None
-    if state.holders:
-        holders = []
-        for index in sorted(snap.memory):
-            held = snap.holders.get(index)
-            if not held:
-                unknown = "the platform cannot tell who holds memory"
-                note = unknown if held is None else "no process holds memory"
-                holders.append({"DEV": str(index), "COMMAND": f"({note})"})
-            for h in sorted(held or (), key=lambda h: -(h.used_bytes or 0)):
-                user, argv = details(h.pid)
-                holders.append(
-                    {
-                        "DEV": str(index),
-                        "PID": str(h.pid),
-                        "USER": printable(user),
-                        "COMMAND": command_line(argv) or printable(h.name),
-                        "MEMORY": format_bytes(h.used_bytes),
-                        "STATE": h.state.value,
-                    }
-                )
-    return Frame(header, devices, holders, units, state.keys and interval is not None)
+    holders: list[dict[str, str]] = []
+    for index in sorted(snap.memory) if state.holders else ():
+        held = snap.holders.get(index)
+        if not held:
+            unknown = "the platform cannot tell who holds memory"
+            note = unknown if held is None else "no process holds memory"
+            holders.append({"DEV": str(index), "COMMAND": f"({note})"})
+        for h in sorted(held or (), key=lambda h: -(h.used_bytes or 0)):
+            user, argv = details(h.pid)
+            holders.append(
+                {
+                    "DEV": str(index),
+                    "PID": str(h.pid),
+                    "USER": printable(user),
+                    "COMMAND": command_line(argv) or printable(h.name),
+                    "MEMORY": format_bytes(h.used_bytes),
+                    "STATE": h.state.value,
+                }
+            )
+    shown = holders if state.holders else None
+    return Frame(header, _devices(snap, names), shown, units, state.keys and interval is not None)
 
 
 class Keys(contextlib.ExitStack):
