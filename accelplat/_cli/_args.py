@@ -23,15 +23,10 @@ def command(
     *,
     help: str,
     description: str,
-    **common: Any,
 ) -> argparse.ArgumentParser:
-    """Add the sub-command ``name``, run by ``run(args)`` (which returns the exit status).
-
-    ``common`` names the shared options it takes first (:func:`add_common`).
-    """
+    """Add the sub-command ``name``, run by ``run(args)`` (which returns the exit status)."""
     parser = sub.add_parser(name, help=help, description=description)
     parser.set_defaults(func=run)
-    add_common(parser, **common)
     return parser
 
 

@@ -28,11 +28,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     output_option(
         parser, "--out", required=True, metavar="BUNDLE", help="bundle to write: host.tar.gz"
     )
-    parser.add_argument(
-        "--no-processes",
-        action="store_true",
-        help="leave out the pids and names of processes holding device memory",
-    )
+    for flags, text in (
+        (["--no-processes"], "leave out the pids and names of processes holding device memory"),
+        (["--quiet", "-q"], "print only the bundle's path, not its contents"),
+    ):
+        parser.add_argument(*flags, action="store_true", help=text)
     parser.add_argument(
         "--samples",
         type=count_arg(minimum=0, maximum=100, what="a whole number 0-100"),
@@ -46,9 +46,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0.4,
         metavar="SECONDS",
         help="seconds between memory samples (default 0.4)",
-    )
-    parser.add_argument(
-        "--quiet", "-q", action="store_true", help="print only the bundle's path, not its contents"
     )
 
 

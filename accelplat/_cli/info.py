@@ -11,7 +11,7 @@ import json
 import socket
 from typing import Any
 
-from accelplat._cli._args import command, path
+from accelplat._cli._args import add_common, command, path
 from accelplat._cli._errors import EXIT_FAILED, EXIT_USAGE, say, shown
 from accelplat._util import format_bytes
 
@@ -24,8 +24,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="show the detected platform, why, its devices and their memory",
         description="Show the detected platform, why it was chosen, every visible device with "
         "its memory, the release profile, graph support and defaults. Creates no device context.",
-        json=True,
     )
+    add_common(parser, json=True)
     path(
         parser.add_argument(
             "--replay",

@@ -11,7 +11,7 @@ import argparse
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from accelplat._cli._args import command, path
+from accelplat._cli._args import add_common, command, path
 from accelplat._cli._errors import dumps
 from accelplat._util import printable
 
@@ -31,8 +31,9 @@ _DESCRIPTION = (
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``scan`` sub-command to ``sub``."""
-    parser = command(sub, "scan", _run, help=_HELP, description=_DESCRIPTION, json=True)
+    parser = command(sub, "scan", _run, help=_HELP, description=_DESCRIPTION)
     path(parser.add_argument("path", help="a test directory or a .py file"))
+    add_common(parser, json=True)
     parser.add_argument("--markdown", action="store_true", help="print the summary as Markdown")
     parser.add_argument(
         "--files", action="store_true", help="also list every finding (file:line predicate)"

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from accelplat import _sizing
-from accelplat._cli._args import Size, command, path, words
+from accelplat._cli._args import Size, add_common, command, path, words
 from accelplat._cli._errors import dumps, say, shown
 from accelplat._shm import DEFAULT_SHM_PATH, shm_info
 from accelplat._types import GIB
@@ -41,13 +41,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="show /dev/shm space, or check that a budget fits",
         description="Show the size and free space of a shared-memory mount; with --require, "
         "check that a budget fits (exit 1 and a message on stderr when it does not).",
-        json=True,
     )
     mount = shm.add_argument("--path", default=DEFAULT_SHM_PATH, metavar="MOUNT", help="/dev/shm")
     path(mount, directory=True)
     shm.add_argument("--require", action=Size, help="budget that must fit: 4GiB")
     what = "what the budget is, for the message"
     shm.add_argument("--name", default="shared-memory buffer", metavar="TEXT", help=what)
+    add_common(shm, json=True)
 
     kv = command(
         sub,
@@ -57,7 +57,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Print the KV-cache bytes one request of --max-model-len tokens needs "
         "(vLLM's paged layout). With --available, check that it fits and print the longest "
         "length that does (exit 1 when it does not fit).",
-        json=True,
     )
     optional = {"head_size_v": None, "block_size": 16}
     for flag, keyword, metavar, help_text in _KV:
@@ -70,6 +69,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dtype = kv.add_argument("--dtype", required=True, metavar="TYPE", help=dtype_help)
     words(dtype, _sizing.DTYPE_NAMES)
     kv.add_argument("--available", action=Size, help="memory left for the KV cache: 0.64GiB")
+    add_common(kv, json=True)
 
 
 def _gib(n: int) -> str:

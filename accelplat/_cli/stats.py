@@ -26,7 +26,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from typing_extensions import Self
 
-from accelplat._cli._args import color, command, count_arg, seconds_arg
+from accelplat._cli._args import add_common, color, command, count_arg, seconds_arg
 from accelplat._cli._errors import (
     Details,
     dumps,
@@ -69,10 +69,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="show used/free/total device memory, once or refreshing",
         description="Show used, free, total and reserved memory of each visible device, as the "
         "platform's context-free query reports it. Creates no device context.",
-        json="print JSON (one object per refresh)",
-        devices=True,
-        colour=True,
     )
+    add_common(parser, json="print JSON (one object per refresh)", devices=True, colour=True)
     parser.add_argument(
         "--watch",
         nargs="?",

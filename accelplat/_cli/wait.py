@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any
 
-from accelplat._cli._args import Size, command, count_arg, ratio_arg, seconds_arg
+from accelplat._cli._args import Size, add_common, command, count_arg, ratio_arg, seconds_arg
 from accelplat._cli._errors import dumps, redraw, say
 from accelplat._cli.stats import snapshot_to_json
 from accelplat._util import format_bytes, printable
@@ -37,34 +37,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "with a stability window, stays there). Exit 0 when clear, 1 on timeout (with the "
         "processes holding memory), 2 on bad input. With both thresholds, the larger target "
         "applies. Creates no device context.",
-        devices=True,
-        quiet=True,
-        json="print the outcome as JSON on stdout",
     )
-    parser.add_argument(
-        "--threshold-ratio",
-        type=ratio_arg,
-        metavar="R",
-        help="clear when used <= R x total (in [0, 1]; raised to the platform's idle floor)",
-    )
-    parser.add_argument(
-        "--threshold-bytes", action=Size, help="clear when used <= SIZE (e.g. 4GiB, 512MiB, 8GB, 0)"
-    )
-    parser.add_argument(
-        "--timeout",
-        type=seconds_arg(allow_zero=True),
-        metavar="S",
-        help="give up after S seconds (default: the platform's settle timeout)",
-    )
-    parser.add_argument(
-        "--settle",
-        action="store_true",
-        help="wait as the platform releases memory: its stability window on lazy platforms, "
-        "none on eager ones (default ratio 0.1)",
-    )
-    parser.add_argument(
-        "--force", action="store_true", help="with --settle: use the window on eager platforms too"
-    )
+    ratio = "clear when used <= R x total (in [0, 1]; raised to the platform's idle floor)"
+    parser.add_argument("--threshold-ratio", type=ratio_arg, metavar="R", help=ratio)
+    for flag, text in (
+        ("--threshold-bytes", "clear when used <= SIZE (e.g. 4GiB, 512MiB, 8GB, 0)"),
+        ("--tolerance", "movement that still counts as stable (default 512MiB)"),
+    ):
+        parser.add_argument(flag, action=Size, help=text)
+    for flag, text in (
+        ("--timeout", "give up after S seconds (default: the platform's settle timeout)"),
+        ("--stable", "usage must stay clear for S seconds (default: the platform's window)"),
+    ):
+        parser.add_argument(flag, type=seconds_arg(allow_zero=True), metavar="S", help=text)
+    settle = "wait as the platform releases memory: its stability window on lazy platforms, "
+    settle += "none on eager ones (default ratio 0.1)"
+    for flag, text in (
+        ("--settle", settle),
+        ("--force", "with --settle: use the window on eager platforms too"),
+    ):
+        parser.add_argument(flag, action="store_true", help=text)
     parser.add_argument(
         "--pid",
         dest="pids",
@@ -74,15 +66,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="wait until process PID (and its descendants) holds no device memory or is gone; "
         "repeatable; no threshold",
     )
-    parser.add_argument(
-        "--stable",
-        type=seconds_arg(allow_zero=True),
-        metavar="S",
-        help="usage must stay clear for S seconds (default: the platform's window)",
-    )
-    parser.add_argument(
-        "--tolerance", action=Size, help="movement that still counts as stable (default 512MiB)"
-    )
+    add_common(parser, devices=True, quiet=True, json="print the outcome as JSON on stdout")
 
 
 class Progress:
