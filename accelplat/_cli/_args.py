@@ -59,10 +59,8 @@ def add_common(
         group = parser.add_mutually_exclusive_group()
         forced = "colour even when standard output is not a terminal (as FORCE_COLOR does)"
         plain = "no colour (as NO_COLOR does)"
-        group.add_argument("--color", dest="color", action="store_const", const=True, help=forced)
-        group.add_argument(
-            "--no-color", dest="color", action="store_const", const=False, help=plain
-        )
+        for flag, value, text in (("--color", True, forced), ("--no-color", False, plain)):
+            group.add_argument(flag, dest="color", action="store_const", const=value, help=text)
 
 
 def color(flag: bool | None) -> bool | None:
