@@ -117,7 +117,7 @@ def exit_status(exc: BaseException) -> int:
     return EXIT_USAGE if isinstance(exc, (ConfigurationError, DeviceNotFoundError)) else EXIT_FAILED
 
 
-def error_document(exc: BaseException, status: int | None = None) -> dict[str, Any]:
+def error_document(exc: BaseException) -> dict[str, Any]:
     """Return ``{"status": "error", "exit_status": N, "error": {"type", "message", …}}``."""
     error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
     if isinstance(exc, BackendError):
@@ -125,8 +125,7 @@ def error_document(exc: BaseException, status: int | None = None) -> dict[str, A
     platform = getattr(exc, "platform", None)
     if isinstance(platform, str):
         error["platform"] = platform
-    status = exit_status(exc) if status is None else status
-    return {"status": "error", "exit_status": status, "error": error}
+    return {"status": "error", "exit_status": exit_status(exc), "error": error}
 
 
 def say(message: str) -> None:
@@ -154,12 +153,11 @@ def redraw(stream: IO[str], *lines: str) -> None:
 
 def fail(exc: BaseException, *, command: str, json_output: bool) -> int:
     """Report ``exc`` on stderr (and as JSON on stdout if asked); return the exit status."""
-    status = exit_status(exc)
     prefix = f"accelplat {command}" if command else "accelplat"
     say(f"{prefix}: error: {shown(exc, keep_newlines=True)}")
     if json_output:
-        print(dumps(error_document(exc, status)))
-    return status
+        print(dumps(error_document(exc)))
+    return exit_status(exc)
 
 
 @contextlib.contextmanager
