@@ -47,12 +47,8 @@ def add_common(
         help_text = json if isinstance(json, str) else "print machine-readable JSON"
         parser.add_argument("--json", action="store_true", help=help_text)
     if devices:
-        parser.add_argument(
-            "--devices",
-            type=parse_devices,
-            metavar="LIST",
-            help="comma-separated visible device indices (default: all)",
-        )
+        listed = "comma-separated visible device indices (default: all)"
+        parser.add_argument("--devices", type=parse_devices, metavar="LIST", help=listed)
     if quiet:
         parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
     if colour:

@@ -26,13 +26,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "its memory, the release profile, graph support and defaults. Creates no device context.",
     )
     add_common(parser, json=True)
-    path(
-        parser.add_argument(
-            "--replay",
-            metavar="BUNDLE",
-            help="answer from a capture bundle (accelplat capture) instead of this host",
-        )
-    )
+    replay = "answer from a capture bundle (accelplat capture) instead of this host"
+    path(parser.add_argument("--replay", metavar="BUNDLE", help=replay))
 
 
 def _render_text(info: dict[str, Any]) -> str:

@@ -34,16 +34,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = command(sub, "scan", _run, help=_HELP, description=_DESCRIPTION)
     path(parser.add_argument("path", help="a test directory or a .py file"))
     add_common(parser, json=True)
-    parser.add_argument("--markdown", action="store_true", help="print the summary as Markdown")
-    parser.add_argument(
-        "--files", action="store_true", help="also list every finding (file:line predicate)"
-    )
-    parser.add_argument(
-        "--diff",
-        metavar="BASE",
-        help="exit 1 if platform predicates were added since git revision BASE (moved lines "
-        "are not added); lists them",
-    )
+    add = parser.add_argument
+    add("--markdown", action="store_true", help="print the summary as Markdown")
+    add("--files", action="store_true", help="also list every finding (file:line predicate)")
+    ratchet = "exit 1 if platform predicates were added since git revision BASE (moved lines "
+    add("--diff", metavar="BASE", help=ratchet + "are not added); lists them")
 
 
 def _rows(title: str, counts: dict[str, int], total: int) -> list[str]:

@@ -58,13 +58,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(vLLM's paged layout). With --available, check that it fits and print the longest "
         "length that does (exit 1 when it does not fit).",
     )
-    optional = {"head_size_v": None, "block_size": 16}
-    for flag, keyword, metavar, help_text in _KV:
-        required = keyword not in optional
-        kv.add_argument(
-            flag, dest=keyword, type=int, metavar=metavar, required=required, help=help_text
-        )
-    kv.set_defaults(**optional)
+    for flag, keyword, metavar, text in _KV:
+        required = keyword not in ("head_size_v", "block_size")
+        kv.add_argument(flag, dest=keyword, type=int, metavar=metavar, required=required, help=text)
+    kv.set_defaults(block_size=16)
     dtype_help = "KV-cache dtype: bf16, fp16, fp32, fp8 … or bytes: 2"
     dtype = kv.add_argument("--dtype", required=True, metavar="TYPE", help=dtype_help)
     words(dtype, _sizing.DTYPE_NAMES)

@@ -71,25 +71,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "platform's context-free query reports it. Creates no device context.",
     )
     add_common(parser, json="print JSON (one object per refresh)", devices=True, colour=True)
-    parser.add_argument(
-        "--watch",
-        nargs="?",
-        const=1.0,
-        type=seconds_arg(allow_zero=False),
-        metavar="SECONDS",
-        help="refresh every SECONDS (default 1) until interrupted (or --count refreshes)",
-    )
-    parser.add_argument(
-        "--count",
-        type=count_arg(minimum=1, what="a whole number >= 1"),
-        metavar="N",
-        help="with --watch: stop after N refreshes",
-    )
-    parser.add_argument(
-        "--holders",
-        action="store_true",
-        help="also list the processes holding memory, where the platform can tell",
-    )
+    add = parser.add_argument
+    every = "refresh every SECONDS (default 1) until interrupted (or --count refreshes)"
+    seconds = seconds_arg(allow_zero=False)
+    add("--watch", nargs="?", const=1.0, type=seconds, metavar="SECONDS", help=every)
+    refreshes = count_arg(minimum=1, what="a whole number >= 1")
+    add("--count", type=refreshes, metavar="N", help="with --watch: stop after N refreshes")
+    holders = "also list the processes holding memory, where the platform can tell"
+    add("--holders", action="store_true", help=holders)
 
 
 def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None) -> bool:

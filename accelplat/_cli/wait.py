@@ -57,15 +57,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ("--force", "with --settle: use the window on eager platforms too"),
     ):
         parser.add_argument(flag, action="store_true", help=text)
-    parser.add_argument(
-        "--pid",
-        dest="pids",
-        action="append",
-        type=count_arg(minimum=1, maximum=2**31 - 1, what="a process id (1..2147483647)"),
-        metavar="PID",
-        help="wait until process PID (and its descendants) holds no device memory or is gone; "
-        "repeatable; no threshold",
-    )
+    pid = count_arg(minimum=1, maximum=2**31 - 1, what="a process id (1..2147483647)")
+    gone = "wait until process PID (and its descendants) holds no device memory or is gone; "
+    gone += "repeatable; no threshold"
+    parser.add_argument("--pid", dest="pids", action="append", type=pid, metavar="PID", help=gone)
     add_common(parser, devices=True, quiet=True, json="print the outcome as JSON on stdout")
 
 
