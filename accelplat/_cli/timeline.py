@@ -87,7 +87,7 @@ class _Signals:
                 return proc.wait(timeout=0.1)
             except subprocess.TimeoutExpired:
                 if time.monotonic() >= self._deadline:
-                    (proc.kill if self._stage else proc.terminate)()
+                    proc.send_signal(signal.SIGKILL if self._stage else signal.SIGTERM)
                     self._stage += 1
                     self._deadline = time.monotonic() + self._kill_after
 
