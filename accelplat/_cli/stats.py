@@ -119,7 +119,7 @@ def slices(platform: Platform) -> list[Slice]:
     return found
 
 
-def _json(device: DeviceInfo | None, info: MemoryInfo | None) -> dict[str, Any]:
+def _device_json(device: DeviceInfo | None, info: MemoryInfo | None) -> dict[str, Any]:
     """A device's (or slice's) ``name``, ``uuid`` and memory, as ``--json`` documents show them."""
     keys = ("used", "free", "total", "reserved", "used_ratio", "source") if info else ()
     named = {"name": device.name, "uuid": device.uuid} if device else {"name": "", "uuid": None}
@@ -142,7 +142,7 @@ def snapshot_to_json(
     """
     entries: list[dict[str, Any]] = []
     for index, info in sorted(snap.memory.items()):
-        entry = {"index": index, **_json(devices.get(index), info)}
+        entry = {"index": index, **_device_json(devices.get(index), info)}
         if holders:
             held = snap.holders.get(index)
             entry["holders"] = None if held is None else [holder_json(h) for h in held]
@@ -154,7 +154,8 @@ def snapshot_to_json(
     }
     if units:
         doc["slices"] = [
-            {"unit": u, **_json(d, m)} | ({} if m else {"error": why}) for u, d, m, why in units
+            {"unit": u, **_device_json(d, m)} | ({} if m else {"error": why})
+            for u, d, m, why in units
         ]
     return doc
 
@@ -322,7 +323,8 @@ def _run(args: argparse.Namespace) -> int:
     snapshot(args.devices, platform=platform, holders=False)  # check the devices first
     out, colour, clock = sys.stdout, color(args.color), default_clock(platform)
     live = not args.json and use_rich(out, watch=args.watch is not None, colour=colour)
-    watching, name, state = live and args.watch, platform.name, ViewState(holders=args.holders)
+    watching, name = live and args.watch, platform.name
+    state = ViewState(holders=args.holders)
     host = host_json(platform) if args.json else None  # asked once per run
     try:
         with contextlib.suppress(KeyboardInterrupt), contextlib.ExitStack() as stack:  # Ctrl-C
