@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import operator
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -28,24 +29,19 @@ from accelplat._backends.simulated._model import SimulatedSpec as SimulatedSpec
 from accelplat._backends.simulated._model import Step as Step
 from accelplat._backends.simulated._spec import load_spec as load_spec
 from accelplat._backends.simulated._spec import spec_from_mapping as spec_from_mapping
-from accelplat._platform import BasePlatform, StartMethod
-from accelplat._types import (
-    DeviceInfo,
-    GraphSupport,
-    MemoryHolder,
-    MemoryInfo,
-    ProbeResult,
-    ReleaseProfile,
-)
+from accelplat._platform import BasePlatform
+from accelplat._types import DeviceInfo, MemoryHolder, MemoryInfo, ProbeResult
 from accelplat._util import Clock, RealClock, shown
 from accelplat.errors import ConfigurationError
 
 ENV_SPEC = "ACCELPLAT_SIMULATED_SPEC"  # the spec file SimulatedPlatform() and its probe load
 ENV_VISIBLE = "ACCELPLAT_SIMULATED_VISIBLE_DEVICES"  # UUIDs (SIM-0 …) or spec indices, CUDA-style
 _Entry = tuple[int, int | None]  # a visible device: its index in the spec, and its slice or None
-_SPEC_CACHE_SIZE = 16
-_spec_cache: dict[str, tuple[tuple[int, int, int], SimulatedSpec]] = {}
-_spec_cache_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=16)
+def _load_version(path: str, version: tuple[int, int, int]) -> SimulatedSpec:
+    return load_spec(path)
 
 
 def _load_spec_once(path: str | os.PathLike[str]) -> SimulatedSpec:
@@ -53,19 +49,9 @@ def _load_spec_once(path: str | os.PathLike[str]) -> SimulatedSpec:
     name = os.fspath(path)
     try:
         st = os.stat(name)
-        key = (st.st_ino, st.st_size, st.st_mtime_ns)
     except (OSError, ValueError):
         return load_spec(name)  # the reader names the problem
-    with _spec_cache_lock:
-        hit = _spec_cache.get(name)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    spec = load_spec(name)
-    with _spec_cache_lock:
-        if len(_spec_cache) >= _SPEC_CACHE_SIZE:
-            _spec_cache.clear()
-        _spec_cache[name] = (key, spec)
-    return spec
+    return _load_version(name, (st.st_ino, st.st_size, st.st_mtime_ns))
 
 
 class SimulatedPlatform(BasePlatform):
@@ -148,35 +134,9 @@ class SimulatedPlatform(BasePlatform):
         return self._spec
 
     @property
-    def name(self) -> str:  # type: ignore[override]
-        return self._spec.name
-
-    @property
-    def device_type(self) -> str:  # type: ignore[override]
-        return self._spec.device_type
-
-    @property
     def is_accelerator(self) -> bool:  # type: ignore[override]
         """Whether the devices are accelerators: all but a simulated ``"cpu"`` host's."""
         return self._spec.device_type != "cpu"
-
-    @property
-    def default_memory_utilization(self) -> float:  # type: ignore[override]
-        return self._spec.default_memory_utilization
-
-    @property
-    def preferred_start_method(self) -> StartMethod:  # type: ignore[override]
-        return self._spec.preferred_start_method
-
-    @property
-    @override
-    def release(self) -> ReleaseProfile:
-        return self._spec.release
-
-    @property
-    @override
-    def graph(self) -> GraphSupport:
-        return self._spec.graph
 
     def elapsed(self) -> float:
         """Return timeline time: seconds on :attr:`clock` since construction."""
@@ -314,3 +274,9 @@ class SimulatedPlatform(BasePlatform):
             f"<SimulatedPlatform name={self.name!r} devices={self.device_count()} "
             f"clock={self.clock!r}>"
         )
+
+
+# The members a spec sets, each read from it (set_holder replaces the spec's devices only).
+_FROM_SPEC = ("name", "device_type", "default_memory_utilization", "preferred_start_method")
+for _member in (*_FROM_SPEC, "release", "graph"):
+    setattr(SimulatedPlatform, _member, property(operator.attrgetter(f"_spec.{_member}")))

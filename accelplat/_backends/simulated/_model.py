@@ -133,8 +133,8 @@ class LazyRelease:
         _check_release(self)
         check_time(self.tau_s, "tau", positive=True)
         check_time(self.delay_s, "delay")
-        if check_size(self.granularity, "granularity") < 1:
-            raise ConfigurationError("granularity must be >= 1 byte")
+        # 0: the finest, one byte
+        object.__setattr__(self, "granularity", check_size(self.granularity, "granularity") or 1)
 
     def value(self, t: float, before: int) -> int:
         # to + trunc((from - to) * exp(-elapsed / tau)) in whole granularity chunks: the tail

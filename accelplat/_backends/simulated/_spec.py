@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Set
+from collections.abc import Callable, Set
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,8 +55,24 @@ def _table(
     return dict(FIELDS.mapping(value, where, allowed, required))
 
 
-def _build(where: str, make: type[_T], **fields: Any) -> _T:
-    """Return ``make(**fields)``, its check's error prefixed with the field's path."""
+_SIZES = frozenset({"total", "used", "reserved", "to", "from", "granularity"})  # read by _size
+_FIELD_NAMES = {"from": "from_", "tau": "tau_s", "delay": "delay_s"}  # spec key: model field
+_SEGMENTS = {  # kind: the model, its keys and the required ones
+    "linear": (Linear, {"from", "to", "start", "end"}, {"to", "start", "end"}),
+    "lazy": (
+        LazyRelease,
+        {"from", "to", "start", "tau", "delay", "granularity"},
+        {"to", "start", "tau"},
+    ),
+}
+
+
+def _build(where: str, make: Callable[..., _T], data: dict[str, Any]) -> _T:
+    """Return ``make`` of the spec fields ``data``, sizes read; errors prefixed with the path."""
+    fields = {
+        _FIELD_NAMES.get(k, k): _size(v, f"{where}.{k}") if k in _SIZES else v
+        for k, v in data.items()
+    }
     try:
         return make(**fields)
     except ConfigurationError as exc:
@@ -66,36 +82,22 @@ def _build(where: str, make: type[_T], **fields: Any) -> _T:
 def _holder(raw: object, where: str, *, stuck: bool) -> SimulatedHolder:
     keys = {"used", "pid", "name", "state"} | ({"at"} if stuck else {"start", "end"})
     data = _table(raw, where, keys, {"used"})
-    start = data.pop("at" if stuck else "start", 0.0)
-    if stuck:
-        check_time(start, f"{where}.at")  # the model would name it start
-    used = _size(data.pop("used"), f"{where}.used")
-    return _build(where, SimulatedHolder, used=used, start=start, **data)
+    if "at" in data:  # a stuck segment's start: checked here, where it is named
+        data["start"] = check_time(data.pop("at"), f"{where}.at")
+    return _build(where, SimulatedHolder, data)
 
 
 def _segment(raw: object, where: str) -> Step | Linear | LazyRelease | SimulatedHolder:
     raw = FIELDS.mapping(raw, where)
     kind = next((k for k in ("linear", "lazy", "stuck") if k in raw), None)
     if kind is None:
-        data = _table(raw, where, {"at", "used"}, {"at", "used"})
-        return _build(where, Step, at=data["at"], used=_size(data["used"], f"{where}.used"))
+        return _build(where, Step, _table(raw, where, {"at", "used"}, {"at", "used"}))
     body = _table(raw, where, {kind})[kind]
     where += f".{kind}"
     if kind == "stuck":
         return _holder(body, where, stuck=True)
-    make: type[Linear | LazyRelease]
-    if kind == "linear":
-        data = _table(body, where, {"from", "to", "start", "end"}, {"to", "start", "end"})
-        make, fields = Linear, {"end": data["end"]}
-    else:
-        keys = {"from", "to", "start", "tau", "delay", "granularity"}
-        data = _table(body, where, keys, {"to", "start", "tau"})
-        granularity = _size(data.get("granularity", MIB), f"{where}.granularity")
-        make, fields = LazyRelease, {"tau_s": data["tau"], "delay_s": data.get("delay", 0.0)}
-        fields["granularity"] = granularity or 1  # 0: the finest, one byte
-    origin = None if "from" not in data else _size(data["from"], f"{where}.from")
-    to = _size(data["to"], f"{where}.to")
-    return _build(where, make, start=data["start"], to=to, from_=origin, **fields)
+    make, keys, required = _SEGMENTS[kind]
+    return _build(where, make, _table(body, where, keys, required))
 
 
 def _device(raw: object, where: str, *, whole: bool = True) -> tuple[SimulatedDevice, int]:
@@ -118,10 +120,7 @@ def _device(raw: object, where: str, *, whole: bool = True) -> tuple[SimulatedDe
     if len(holders) > MAX_HOLDERS:
         raise ConfigurationError(f"{where} has more than {MAX_HOLDERS} holders")
     count = FIELDS.integer(data.pop("count", 1), f"{where}.count", minimum=1, maximum=MAX_DEVICES)
-    for key in ("total", "used", "reserved"):
-        if key in data:
-            data[key] = _size(data[key], f"{where}.{key}")
-    return _build(where, SimulatedDevice, timeline=segments, holders=holders, **data), count
+    return _build(where, SimulatedDevice, {**data, "timeline": segments, "holders": holders}), count
 
 
 def _release(raw: object) -> ReleaseProfile:
