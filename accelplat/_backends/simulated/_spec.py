@@ -57,14 +57,6 @@ def _table(
 
 _SIZES = frozenset({"total", "used", "reserved", "to", "from", "granularity"})  # read by _size
 _FIELD_NAMES = {"from": "from_", "tau": "tau_s", "delay": "delay_s"}  # spec key: model field
-_SEGMENTS = {  # kind: the model, its keys and the required ones
-    "linear": (Linear, {"from", "to", "start", "end"}, {"to", "start", "end"}),
-    "lazy": (
-        LazyRelease,
-        {"from", "to", "start", "tau", "delay", "granularity"},
-        {"to", "start", "tau"},
-    ),
-}
 
 
 def _build(where: str, make: Callable[..., _T], data: dict[str, Any]) -> _T:
@@ -96,8 +88,11 @@ def _segment(raw: object, where: str) -> Step | Linear | LazyRelease | Simulated
     where += f".{kind}"
     if kind == "stuck":
         return _holder(body, where, stuck=True)
-    make, keys, required = _SEGMENTS[kind]
-    return _build(where, make, _table(body, where, keys, required))
+    if kind == "linear":
+        keys = {"from", "to", "start", "end"}
+        return _build(where, Linear, _table(body, where, keys, {"to", "start", "end"}))
+    keys = {"from", "to", "start", "tau", "delay", "granularity"}
+    return _build(where, LazyRelease, _table(body, where, keys, {"to", "start", "tau"}))
 
 
 def _device(raw: object, where: str, *, whole: bool = True) -> tuple[SimulatedDevice, int]:
