@@ -41,8 +41,6 @@ from accelplat.testing._kit import (
 
 Verdict = Literal["pass", "fail", "skip"]
 
-START_METHODS: tuple[str, ...] = get_args(StartMethod)
-
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -125,8 +123,6 @@ def _check_protocol(kit: Kit) -> str:
         raise CheckFailedError(f"got the class {p.__qualname__}, not an instance")
     problems = list(protocol_problems(p))
     _fail_on(problems, "does not satisfy the Platform protocol: ")
-    if not isinstance(p, Platform):
-        raise CheckFailedError("isinstance(platform, Platform) is False")
     name = p.name
     if not isinstance(name, str) or not _validate.NAME_RE.match(name):
         problems.append(f"name is {name!r}, not a valid platform name")
@@ -209,8 +205,8 @@ def _check_memory_values(kit: Kit) -> str:
     shown: list[str] = []
     for d in range(n):
         m = kit.memory(d)
-        fields = {"free": m.free, "total": m.total, "used": m.used, "reserved": m.reserved}
-        bad = [f"{k}={v!r}" for k, v in fields.items() if not is_int(v)]
+        fields = ("free", "total", "used", "reserved")
+        bad = [f"{k}={getattr(m, k)!r}" for k in fields if not is_int(getattr(m, k))]
         if bad:
             problems.append(f"device {d}: not int byte counts: {', '.join(bad)}")
             continue
@@ -373,10 +369,8 @@ def _check_utilization(kit: Kit) -> str:
 
 def _check_start_method(kit: Kit) -> str:
     m = kit.platform.preferred_start_method
-    if m not in START_METHODS:
-        raise CheckFailedError(
-            f"preferred_start_method is {m!r}, not one of {sorted(START_METHODS)}"
-        )
+    if m not in (methods := get_args(StartMethod)):
+        raise CheckFailedError(f"preferred_start_method is {m!r}, not one of {sorted(methods)}")
     return repr(m)
 
 
