@@ -40,12 +40,8 @@ Status = Literal["ok", "outcome", "error", "silent"]
 class ChildTracebackError(Exception):
     """Carries a child process's formatted traceback as the ``__cause__`` of what is re-raised."""
 
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
     def __str__(self) -> str:
-        return "\n\nTraceback in the child process:\n" + self.text
+        return "\n\nTraceback in the child process:\n" + str(self.args[0])
 
 
 @dataclass(frozen=True)
