@@ -139,16 +139,6 @@ def _graph(raw: object) -> GraphSupport:
     return GraphSupport(available, api, reason)
 
 
-def spec_from_mapping(data: object, *, source: str = "spec") -> SimulatedSpec:
-    """Build a :class:`SimulatedSpec` from parsed JSON or TOML; errors name ``source``."""
-    try:
-        return _spec(data)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"simulated spec {source}: {exc}") from None
-    except RecursionError:
-        raise ConfigurationError(f"simulated spec {source}: nested too deeply") from None
-
-
 def _spec(data: object) -> SimulatedSpec:
     keys = {"version", "name", "device_type", "clock", "default_memory_utilization",
             "preferred_start_method", "release", "graph", "devices"}  # fmt: skip
@@ -158,15 +148,13 @@ def _spec(data: object) -> SimulatedSpec:
         raise FIELDS.error("version", "1", version)
     raw_devices = _list(top.pop("devices"), "devices", MAX_DEVICES)
     counts = [d.get("count", 1) if isinstance(d, dict) else 1 for d in raw_devices]
-    too_many = f"a simulated platform has at most {MAX_DEVICES} devices"
-    if all(type(c) is int and 1 <= c <= MAX_DEVICES for c in counts) and sum(counts) > MAX_DEVICES:
-        raise ConfigurationError(too_many)  # before validating thousands of segments
+    if sum(c for c in counts if type(c) is int and 0 < c <= MAX_DEVICES) > MAX_DEVICES:
+        # before validating thousands of segments (SimulatedSpec counts the devices again)
+        raise ConfigurationError(f"a simulated platform has at most {MAX_DEVICES} devices")
     devices: list[SimulatedDevice] = []
     for i, raw in enumerate(raw_devices):
         device, count = _device(raw, f"devices[{i}]")
-        if len(devices) + count > MAX_DEVICES:
-            raise ConfigurationError(too_many)
-        devices.extend([device] * count)
+        devices += [device] * count
     if not devices:
         raise ConfigurationError("devices must list at least one device")
     top["release"] = _release(top.get("release", {}))
@@ -176,6 +164,11 @@ def _spec(data: object) -> SimulatedSpec:
 
 def _reject_constant(token: str) -> float:
     raise ConfigurationError(f"{token} is not allowed in a simulated spec")
+
+
+def spec_from_mapping(data: object, *, source: str = "spec") -> SimulatedSpec:
+    """Build a :class:`SimulatedSpec` from parsed JSON or TOML; errors name ``source``."""
+    return _read(lambda: data, source)
 
 
 def load_spec(path: str | os.PathLike[str]) -> SimulatedSpec:
@@ -188,23 +181,30 @@ def load_spec(path: str | os.PathLike[str]) -> SimulatedSpec:
     raw = _files.read_document(
         p, limit=MAX_SPEC_BYTES, what="simulated spec", limit_text=f"{MAX_SPEC_BYTES // MIB} MiB"
     )
+    return _read(lambda: _parse(raw.decode("utf-8"), toml=p.suffix.lower() == ".toml"), str(p))
+
+
+def _parse(text: str, *, toml: bool) -> object:
+    if not toml:
+        return json.loads(text, parse_constant=_reject_constant)
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on Python 3.10 only
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
+def _read(parse: Callable[[], object], source: str) -> SimulatedSpec:
+    """Return the spec ``parse()`` gives, its errors (any) as one naming ``source``."""
+    where = f"simulated spec {source}"
     try:
-        text = raw.decode("utf-8")
-        if p.suffix.lower() == ".toml":
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:  # pragma: no cover - exercised on Python 3.10 only
-                import tomli as tomllib
-            data: object = tomllib.loads(text)
-        else:
-            data = json.loads(text, parse_constant=_reject_constant)
+        return _spec(parse())
     except UnicodeDecodeError:
-        raise ConfigurationError(f"simulated spec {p}: not UTF-8 text") from None
+        raise ConfigurationError(f"{where}: not UTF-8 text") from None
     except ConfigurationError as exc:
-        raise ConfigurationError(f"simulated spec {p}: {exc}") from None
+        raise ConfigurationError(f"{where}: {exc}") from None
     except RecursionError:
-        raise ConfigurationError(f"simulated spec {p}: nested too deeply") from None
+        raise ConfigurationError(f"{where}: nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, TOMLDecodeError, int digit limits
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigurationError(f"simulated spec {p}: malformed: {first}") from None
-    return spec_from_mapping(data, source=str(p))
+        raise ConfigurationError(f"{where}: malformed: {first}") from None
