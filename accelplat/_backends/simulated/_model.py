@@ -78,7 +78,7 @@ class Step:
         """Return usage at ``t >= start``; ``before`` is the usage just before ``start``."""
         return self.used
 
-    def quiet_after(self, before: int | None = None) -> float:
+    def quiet_after(self, before: int) -> float:
         """Return the time after which this segment no longer changes usage."""
         return self.at
 
@@ -114,7 +114,7 @@ class Linear:
         fraction = (t - self.start) / (self.end - self.start)
         return round(origin + (self.to - origin) * fraction)
 
-    def quiet_after(self, before: int | None = None) -> float:
+    def quiet_after(self, before: int) -> float:
         return self.end
 
 
@@ -146,12 +146,9 @@ class LazyRelease:
         remaining = (origin - self.to) * math.exp(-elapsed / self.tau_s)
         return self.to + int(remaining / self.granularity) * self.granularity
 
-    def quiet_after(self, before: int | None = None) -> float:
-        origin = self.from_ if self.from_ is not None else before
+    def quiet_after(self, before: int) -> float:
         begin = self.start + self.delay_s
-        if origin is None:
-            return math.inf
-        gap = abs(origin - self.to)
+        gap = abs((before if self.from_ is None else self.from_) - self.to)
         if gap < self.granularity:
             return begin
         return begin + self.tau_s * math.log(gap / self.granularity)
