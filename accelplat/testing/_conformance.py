@@ -52,11 +52,9 @@ def conformance_report(
     from accelplat import _registry as registry
 
     target: Platform | str = conformance_platform
-    name = getattr(conformance_platform, "name", None)
-    if isinstance(name, str) and name in registry.available_platforms():
-        with suppress(Exception):
-            if registry.get_platform(name) is conformance_platform:  # a child rebuilds it by name
-                target = name
+    with suppress(Exception):  # one the registry built: a fresh process rebuilds it by name
+        if registry.get_platform(name := conformance_platform.name) is conformance_platform:
+            target = name
     return run_conformance(target, **conformance_options)
 
 
