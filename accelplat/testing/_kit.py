@@ -115,37 +115,36 @@ class Kit:
 
     def __post_init__(self) -> None:
         """Refuse an option a check would otherwise blame on the platform."""
+
+        def refuse(name: str, expected: str) -> ConfigurationError:
+            return ConfigurationError(
+                f"{name} must be {expected}, got {getattr(self, name)!r:.200}"
+            )
+
         if self.isolation not in get_args(Isolation):
-            raise ConfigurationError(
-                "isolation must be 'auto', 'subprocess' or 'inprocess', got "
-                f"{self.isolation!r:.200}"
-            )
+            raise refuse("isolation", "'auto', 'subprocess' or 'inprocess'")
         if self.factory is not None and not callable(self.factory):
-            raise ConfigurationError(f"factory must be callable or None, got {self.factory!r:.200}")
+            raise refuse("factory", "callable or None")
         if self.child is not None and (not isinstance(self.child, str) or not self.child.strip()):
-            raise ConfigurationError(
-                f"child must be a platform name or 'module:attr', got {self.child!r:.200}"
-            )
+            raise refuse("child", "a platform name or 'module:attr'")
         for name in ("sum_tolerance", "stability_tolerance"):
-            if not isinstance(value := getattr(self, name), Tolerance):
-                raise ConfigurationError(f"{name} must be a Tolerance, got {value!r:.200}")
+            if not isinstance(getattr(self, name), Tolerance):
+                raise refuse(name, "a Tolerance")
         _validate.integer(self.min_total_bytes, "min_total_bytes", minimum=0)
         _validate.number(self.probe_budget_s, "probe_budget_s", above=0)
         _validate.number(self.subprocess_timeout_s, "subprocess_timeout_s", above=0)
         if self.settle_timeout_s is not None:
             _validate.duration(self.settle_timeout_s, "settle_timeout_s")
-        if (clock := self.settle_clock) is not None and not isinstance(clock, Clock):
-            raise ConfigurationError(
-                f"settle_clock must have monotonic() and sleep(seconds), got {clock!r:.200}"
-            )
-        if (hides := self.empty_visible_hides_all) is not None and not isinstance(hides, bool):
-            raise ConfigurationError(
-                f"empty_visible_hides_all must be True, False or None, got {hides!r:.200}"
-            )
+        if self.settle_clock is not None and not isinstance(self.settle_clock, Clock):
+            raise refuse("settle_clock", "a clock with monotonic() and sleep(seconds)")
+        if self.empty_visible_hides_all is not None and not isinstance(
+            self.empty_visible_hides_all, bool
+        ):
+            raise refuse("empty_visible_hides_all", "True, False or None")
         if not isinstance(self.env, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
         ):
-            raise ConfigurationError(f"env must map str names to str values, got {self.env!r:.200}")
+            raise refuse("env", "a mapping of str names to str values")
 
     @cached_property
     def count(self) -> int:
