@@ -30,7 +30,14 @@ from accelplat._backends.simulated._model import Step as Step
 from accelplat._backends.simulated._spec import load_spec as load_spec
 from accelplat._backends.simulated._spec import spec_from_mapping as spec_from_mapping
 from accelplat._platform import BasePlatform
-from accelplat._types import DeviceInfo, MemoryHolder, MemoryInfo, ProbeResult
+from accelplat._types import (
+    DeviceInfo,
+    GraphSupport,
+    MemoryHolder,
+    MemoryInfo,
+    ProbeResult,
+    ReleaseProfile,
+)
 from accelplat._util import Clock, RealClock, shown
 from accelplat.errors import ConfigurationError
 
@@ -131,6 +138,16 @@ class SimulatedPlatform(BasePlatform):
     def is_accelerator(self) -> bool:  # type: ignore[override]
         """Whether the devices are accelerators: all but a simulated ``"cpu"`` host's."""
         return self._spec.device_type != "cpu"
+
+    @property
+    @override
+    def release(self) -> ReleaseProfile:
+        return self._spec.release
+
+    @property
+    @override
+    def graph(self) -> GraphSupport:
+        return self._spec.graph
 
     def elapsed(self) -> float:
         """Return timeline time: seconds on :attr:`clock` since construction."""
@@ -270,7 +287,6 @@ class SimulatedPlatform(BasePlatform):
         )
 
 
-# The members a spec sets, each read from it (set_holder replaces the spec's devices only).
-_FROM_SPEC = ("name", "device_type", "default_memory_utilization", "preferred_start_method")
-for _member in (*_FROM_SPEC, "release", "graph"):
+# The class attributes of BasePlatform a spec sets, each read from it.
+for _member in ("name", "device_type", "default_memory_utilization", "preferred_start_method"):
     setattr(SimulatedPlatform, _member, property(operator.attrgetter(f"_spec.{_member}")))
