@@ -18,11 +18,8 @@ from typing_extensions import override
 
 from accelplat._backends._common import checked_memory
 from accelplat._backends.simulated._clock import SimulatedClock as SimulatedClock
-from accelplat._backends.simulated._model import MAX_DEVICES as MAX_DEVICES
-from accelplat._backends.simulated._model import MAX_SPEC_BYTES as MAX_SPEC_BYTES
 from accelplat._backends.simulated._model import LazyRelease as LazyRelease
 from accelplat._backends.simulated._model import Linear as Linear
-from accelplat._backends.simulated._model import Segment as Segment
 from accelplat._backends.simulated._model import SimulatedDevice as SimulatedDevice
 from accelplat._backends.simulated._model import SimulatedHolder as SimulatedHolder
 from accelplat._backends.simulated._model import SimulatedSpec as SimulatedSpec
