@@ -249,7 +249,7 @@ class Kit:
             if not run.answer.get("ok"):
                 tried.append(f"{run.label}: {run.answer.get('error')}")
                 continue
-            got = [(d["name"], d["physical_index"]) for d in run.answer.get("devices", [])]
+            got = [tuple(d) for d in run.answer.get("devices", [])]
             if run.answer.get("device_count") != len(want) or got != want:
                 tried.append(f"{run.label}: sees {got} instead of {want}")
                 continue
