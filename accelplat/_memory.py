@@ -27,7 +27,6 @@ from accelplat._validate import (
     byte_count,
     device_index,
     duration,
-    finite_number,
     integer,
     number,
     ratio,
@@ -68,9 +67,9 @@ class PollPolicy:
     max_s: float = 0.04
 
     def __post_init__(self) -> None:
-        initial = finite_number(self.initial_s, "PollPolicy.initial_s")
-        factor = finite_number(self.factor, "PollPolicy.factor")
-        maximum = finite_number(self.max_s, "PollPolicy.max_s")
+        initial = number(self.initial_s, "PollPolicy.initial_s")
+        factor = number(self.factor, "PollPolicy.factor")
+        maximum = number(self.max_s, "PollPolicy.max_s")
         if initial <= 0:
             raise ConfigurationError(f"PollPolicy.initial_s must be > 0, got {self.initial_s!r}")
         if factor < 1:
