@@ -236,7 +236,7 @@ def test_the_proof_catches_a_wrong_meaning(
     prove: ModuleType, tree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the old migration's mistake: vLLM's supports_fp8() read as native fp8 hardware
-    monkeypatch.setitem(translate._PLATFORM_METHODS, "supports_fp8", translate.word("fp8-native"))
+    monkeypatch.setitem(translate._PLATFORM_METHODS, "supports_fp8", "fp8-native")
     figures = prove.prove(tree)
     changed = figures["decision_changes_by_host"]
     assert set(changed) == {"amd-gfx90a", "amd-gfx1100", "intel-max", "intel-bmg"}
