@@ -263,7 +263,7 @@ def _compare(node: ast.Compare, sure: bool) -> Tree:
     if len(node.ops) != 1:
         raise UnexpressibleError(NOT_A_PLATFORM)
     left, op, right = node.left, node.ops[0], node.comparators[0]
-    if dotted_name(left) in ("torch.version.hip", "torch.version.cuda"):
+    if dotted_name(left) in _TORCH_BUILD:
         raise UnexpressibleError(TORCH_BUILD)
     if type(op) not in _OPS:
         raise UnexpressibleError(NOT_A_PLATFORM)
@@ -276,18 +276,17 @@ def _compare(node: ast.Compare, sure: bool) -> Tree:
         if any(_platform_call(n) == "fp8_dtype" for n in ast.walk(node)):
             raise UnexpressibleError(FP8_DTYPE_VALUE)
         raise UnexpressibleError(NOT_A_PLATFORM)
-    form = value
     # Off CUDA and ROCm the value is None (vLLM) or an exception (torch): a comparison is
     # exact only where what runs before it has made sure the device has a number.
     if not sure:
         raise UnexpressibleError(CAPABILITY_VALUE)
-    if form == "major":
+    if value == "major":
         major = _int(other)
         if major is None:
             raise UnexpressibleError(CAPABILITY_VALUE)
         return _major_atom(sign, major)
-    number = _capability_number(other) if form == "tuple" else _int(other)
-    if number is None or (form == "tuple" and not isinstance(other, ast.Tuple)):
+    number = _capability_number(other) if value == "tuple" else _int(other)
+    if number is None or (value == "tuple" and not isinstance(other, ast.Tuple)):
         raise UnexpressibleError(CAPABILITY_VALUE)
     return _compare_atom(sign, number)
 
@@ -299,15 +298,6 @@ def translate(node: ast.AST) -> str:
         UnexpressibleError: Some part has no exact replacement; ``kind`` names the knowledge.
     """
     return render(_tree(node))
-
-
-def translate_negated(node: ast.AST) -> str:
-    """Return the requirement that is true exactly where ``node`` is false (a skip's "run if").
-
-    Raises:
-        UnexpressibleError: As :func:`translate`.
-    """
-    return render(negate(_tree(node)))
 
 
 @dataclass(frozen=True)
