@@ -418,7 +418,11 @@ def platform_words() -> frozenset[str]:
     return frozenset(available_platforms()) | OTHER_PLATFORMS
 
 
-_known: tuple[int, frozenset[str]] = (-1, frozenset())  # (generation, capability names)
+@functools.lru_cache(maxsize=1)
+def _names(generation: int) -> frozenset[str]:
+    """The capability names of ``generation``: built once per change (every check stays linear)."""
+    with _lock:
+        return frozenset(BUILTIN) | frozenset(_project)
 
 
 def requirement(text: object) -> Requirement:
@@ -427,13 +431,7 @@ def requirement(text: object) -> Requirement:
     Raises:
         ConfigurationError: Malformed, or a word that is no capability, platform or arch.
     """
-    global _known
-    generation, names = _known
-    if generation != _generation:  # built once per change: a table's every check stays linear
-        with _lock:
-            _known = (_generation, frozenset(BUILTIN) | frozenset(_project))
-            names = _known[1]
-    return parse(text, capabilities=names, platforms=platform_words())
+    return parse(text, capabilities=_names(_generation), platforms=platform_words())
 
 
 def _parsed_requires(cap: ProjectCapability) -> list[Requirement]:
