@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from accelplat._owners import BYTES_UNREPORTED, Reader, default_clock, gib, sample
+from accelplat._owners import BYTES_UNREPORTED, Reader, default_clock, gib, running, sample
 from accelplat._platform import Platform
 from accelplat._types import GIB, MIB, HolderState, MemoryHolder, MemoryInfo, SettleResult
 from accelplat._types import UsageSnapshot as Reading
@@ -200,7 +200,6 @@ class _Ours(Judge):
         return "\n".join(lines)
 
 
-_RUNNING = frozenset({HolderState.SELF, HolderState.CHILD, HolderState.ALIVE})
 _PENDING_SLACK = 64 * MIB  # a lazily freed holder's bytes count back within this (or a tenth)
 
 
@@ -230,8 +229,8 @@ class _Released(Judge):
         self.running = self._alive() if self.whole else frozenset()
 
     def _alive(self) -> frozenset[int]:
-        """The tracked processes that still run (zombies have closed their device files)."""
-        return frozenset(p for p in self.pids if procs.classify_pid(p)[0] in _RUNNING)
+        """The tracked processes that still run."""
+        return frozenset(filter(running, self.pids))
 
     def _listed(self, reading: Reading, device: int) -> dict[int, int]:
         held = reading.holders.get(device, ())

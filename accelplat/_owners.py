@@ -73,6 +73,11 @@ def unavailable_reason(platform: Platform, device: int) -> str:
     return ""
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie has closed its device files)."""
+    return procs.classify_pid(pid)[0] in (HolderState.SELF, HolderState.CHILD, HolderState.ALIVE)
+
+
 def is_ours(holder: MemoryHolder) -> bool:
     """Whether ``holder`` is a descendant of this process: alive, or exited and still listed."""
     if holder.state is HolderState.CHILD:

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from accelplat._leaks import Blame, ContextLedger, Holdings, current_holdings, holdings, judge
+from accelplat._leaks import Blame, Holdings, current_holdings, first_context, holdings, judge
 from accelplat._memory import Judge, Wait
+from accelplat._owners import running
 from accelplat._types import UsageSnapshot
 from accelplat._util import format_bytes
 from accelplat.errors import MemoryNotSettledError
@@ -56,13 +57,6 @@ def _pairs(children: Mapping[int, int]) -> list[list[int]]:
     return [[pid, held] for pid, held in sorted(children.items())]
 
 
-def _running(pid: int) -> bool:
-    from accelplat._types import HolderState
-    from accelplat._vendor.procs import classify_pid
-
-    return classify_pid(pid)[0] in (HolderState.CHILD, HolderState.ALIVE, HolderState.SELF)
-
-
 class _Blamed(Judge):
     """The leak rule as a wait's judge: the bytes a test is blamed for count, per device."""
 
@@ -90,7 +84,7 @@ class LeakChecker:
         self.report = report
         self.tolerance = _shared.leak_tolerance(config, "--accelplat-leak-tolerance")
         self.wait_s = _leak_wait(config)
-        self.ledger = ContextLedger()
+        self.contexts_seen: set[int] = set()  # devices whose context is decided
         # nodeid, device, before, after, leaked, attributed, children [[pid, bytes]]
         self.leaks: list[tuple[str, int, int, int, int, bool, list[list[int]]]] = []
         self.contexts: list[tuple[str, int, int]] = []  # nodeid, device, bytes
@@ -115,10 +109,9 @@ class LeakChecker:
     def _judge(self, item: pytest.Item, before: dict[int, Holdings]) -> None:
         platform = _shared.current(item.config)
         after = current_holdings(platform, _shared.used_after_teardown(item, platform))
+        seen = self.contexts_seen
         contexts = {
-            d: self.ledger.context(d, before[d], after[d], item.nodeid)
-            for d in sorted(after)
-            if d in before
+            d: first_context(seen, d, before[d], after[d]) for d in sorted(after) if d in before
         }
 
         def blame(d: int, now: Holdings) -> Blame:
@@ -161,7 +154,7 @@ class LeakChecker:
         if profile.lazy:
             return 4 * profile.stable_duration_s
         # a child the test started may be listed a little after it exits (eager release)
-        exited = any(not _running(pid) for d in over for pid in blames[d].children)
+        exited = any(not running(pid) for d in over for pid in blames[d].children)
         return CHILD_EXIT_WAIT_S if exited else 0.0
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
