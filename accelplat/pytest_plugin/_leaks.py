@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Generator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -42,19 +41,11 @@ def _leak_wait(config: pytest.Config) -> float | None:
     raw, argument = config.getoption("--accelplat-leak-wait"), "--accelplat-leak-wait"
     if raw is None:
         raw, argument = config.getini("accelplat_leak_wait") or "auto", "accelplat_leak_wait"
-    if str(raw).strip().lower() == "auto":
-        return None
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise pytest.UsageError(f"{argument} must be 'auto' or seconds >= 0, got {raw!r}")
-    return seconds
+    return _shared.auto_seconds(raw, argument)
 
 
 def _pairs(children: Mapping[int, int]) -> list[list[int]]:
-    return [[pid, held] for pid, held in sorted(children.items())]
+    return sorted(map(list, children.items()))
 
 
 class _Blamed(Judge):
@@ -86,9 +77,9 @@ class LeakChecker:
         self.wait_s = _leak_wait(config)
         self.contexts_seen: set[int] = set()  # devices whose context is decided
         # nodeid, device, before, after, leaked, attributed, children [[pid, bytes]]
-        self.leaks: list[tuple[str, int, int, int, int, bool, list[list[int]]]] = []
-        self.contexts: list[tuple[str, int, int]] = []  # nodeid, device, bytes
-        self.cotenants: list[tuple[str, int, int]] = []  # nodeid, device, change
+        self.leaks: list[tuple[Any, ...]] = []
+        self.contexts: list[tuple[Any, ...]] = []  # nodeid, device, bytes
+        self.cotenants: list[tuple[Any, ...]] = []  # nodeid, device, change
         self.checked = 0
         self.unjudged = False
 
@@ -161,23 +152,16 @@ class LeakChecker:
         """Collect findings from teardown reports (also those sent back by xdist workers)."""
         if report.when != "teardown":
             return
-        for key, value in report.user_properties:
-            if not isinstance(value, list):
-                continue
-            if key == _PROPERTY:
-                self.checked += 1
-                for device, before, after, leaked, attributed, children in value:
-                    pairs = [[int(p), int(n)] for p, n in children]
-                    self.leaks.append(
-                        (report.nodeid, device, before, after, leaked, bool(attributed), pairs)
-                    )
-            elif key == CONTEXT_PROPERTY:
-                self.contexts.extend((report.nodeid, int(d), int(n)) for d, n in value)
-            elif key == COTENANT_PROPERTY:
-                self.cotenants.extend((report.nodeid, int(d), int(n)) for d, n in value)
-            elif key == HOLDINGS_PROPERTY:
-                after = [r[2] for r in value if isinstance(r, list) and len(r) == 4]
-                self.unjudged |= any(isinstance(a, dict) and not a.get("judged") for a in after)
+        found = {k: v for k, v in report.user_properties if isinstance(v, list)}
+        for key, rows in (
+            (_PROPERTY, self.leaks),
+            (CONTEXT_PROPERTY, self.contexts),
+            (COTENANT_PROPERTY, self.cotenants),
+        ):
+            rows += [(report.nodeid, *row) for row in found.get(key, ())]
+        self.checked += _PROPERTY in found
+        # [device, before, after, context] rows of holdings_json: the host's memory is not judged
+        self.unjudged |= any(not row[2]["judged"] for row in found.get(HOLDINGS_PROPERTY, ()))
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.report:
@@ -190,22 +174,16 @@ class LeakChecker:
                 f"({self.checked} checked)"
             )
         else:
-            tests = {nodeid for nodeid, *_ in self.leaks}
             terminalreporter.section("accelplat leak check", sep="=", yellow=True, bold=True)
             write(
-                f"{len(tests)} test(s) left device memory held beyond {tolerance} "
-                f"({self.checked} checked):"
+                f"{len({row[0] for row in self.leaks})} test(s) left device memory held beyond "
+                f"{tolerance} ({self.checked} checked):"
             )
             for nodeid, device, before, after, leaked, attributed, children in self.leaks:
-                if not attributed:
-                    write(
-                        f"  {nodeid}: device {device} +{format_bytes(leaked)} "
-                        f"({format_bytes(before)} -> {format_bytes(after)} used)"
-                    )
-                    continue
-                kids = sum(n for _, n in children)
-                whose = f"this process +{format_bytes(leaked - kids)}"
-                if children:
+                whose = f"{format_bytes(before)} -> {format_bytes(after)} used"
+                if attributed:
+                    whose = f"this process +{format_bytes(leaked - sum(n for _, n in children))}"
+                if attributed and children:
                     pids = ", ".join(f"pid {p} {format_bytes(n)}" for p, n in children)
                     whose += f"; children it started, still holding: {pids}"
                 write(f"  {nodeid}: device {device} +{format_bytes(leaked)} ({whose})")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
+from accelplat._validate import number
 from accelplat.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -54,6 +55,16 @@ def leak_tolerance(config: pytest.Config, *options: str) -> int:
     argument, raw = next(((o, v) for o, v in named if v), named[-1])
     try:
         return parse_leak_tolerance(str(raw or DEFAULT_LEAK_TOLERANCE), argument=argument)
+    except ConfigurationError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def auto_seconds(raw: object, argument: str) -> float | None:
+    """``raw`` (an option's or ini's) as seconds >= 0, ``None`` for ``auto``; else UsageError."""
+    if str(raw).strip().lower() == "auto":
+        return None
+    try:  # finite and >= 0: a negative, nan or inf time is a usage error, not a skip of every test
+        return number(raw, argument, minimum=0, from_text=True, expected="'auto' or seconds >= 0")
     except ConfigurationError as exc:
         raise pytest.UsageError(str(exc)) from None
 
