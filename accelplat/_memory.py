@@ -290,7 +290,8 @@ class _Released(Judge):
         return "\n".join(lines)
 
 
-def _resolve_platform(platform: Platform | None) -> Platform:
+def resolve_platform(platform: Platform | None) -> Platform:
+    """``platform``, checked; ``None``: the current one. ConfigurationError for a non-platform."""
     if platform is None:
         from accelplat._registry import current_platform
 
@@ -377,7 +378,7 @@ class Wait:
         clock: object = None,
         read: object = None,
     ) -> None:
-        self.platform = plat = _resolve_platform(platform)
+        self.platform = plat = resolve_platform(platform)
         if clock is not None and not isinstance(clock, Clock):
             raise ConfigurationError(
                 f"clock must have monotonic() and sleep(seconds) methods, got {clock!r:.200}"
@@ -547,7 +548,7 @@ def snapshot(
     Raises:
         ConfigurationError: For a malformed device list or ``read``; ``DeviceNotFoundError``.
     """
-    plat = _resolve_platform(platform)
+    plat = resolve_platform(platform)
     reader = _check_reader(read)
     return sample(plat, _resolve_devices(devices, plat), read=reader, holders=holders)
 
