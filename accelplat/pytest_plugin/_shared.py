@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -57,6 +60,25 @@ def leak_tolerance(config: pytest.Config, *options: str) -> int:
         return parse_leak_tolerance(str(raw or DEFAULT_LEAK_TOLERANCE), argument=argument)
     except ConfigurationError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def catch_ending_signals(handler: Callable[[int, FrameType | None], Any]) -> Callable[[], None]:
+    """Give ``handler`` SIGTERM and SIGHUP where they are unhandled; return what undoes it.
+
+    Only from the main thread (elsewhere nothing is changed): the part that catches them ends
+    the session as Ctrl-C does, so that what it holds is let go and what it records is written.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    free = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
+    ending = free if main else []
+    for signum in ending:
+        signal.signal(signum, handler)
+
+    def restore() -> None:
+        for signum in ending:
+            signal.signal(signum, signal.SIG_DFL)
+
+    return restore
 
 
 def auto_seconds(raw: object, argument: str) -> float | None:
