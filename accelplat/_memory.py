@@ -24,14 +24,7 @@ from accelplat._platform import Platform
 from accelplat._types import GIB, MIB, HolderState, MemoryHolder, MemoryInfo, SettleResult
 from accelplat._types import UsageSnapshot as Reading
 from accelplat._util import Clock
-from accelplat._validate import (
-    byte_count,
-    device_index,
-    duration,
-    integer,
-    number,
-    ratio,
-)
+from accelplat._validate import byte_count, device_index, duration, integer, number, ratio
 from accelplat._vendor import procs
 from accelplat.errors import ConfigurationError, MemoryNotSettledError
 
