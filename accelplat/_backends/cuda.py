@@ -7,10 +7,10 @@ applies them; CUDA's fastest-first order is read in a subprocess (:func:`cuda_or
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -114,11 +114,8 @@ def _cuda_order_live(env: Mapping[str, str]) -> list[str]:
     except (OSError, subprocess.SubprocessError) as exc:
         raise RuntimeError(f"could not run the CUDA enumeration subprocess: {exc}") from exc
     if done.returncode != 0:
-        detail = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
-        raise RuntimeError(
-            f"the CUDA enumeration subprocess exited with {done.returncode}"
-            + (f": {detail}" if detail else "")
-        )
+        detail = "".join(f": {line}" for line in done.stderr.strip().splitlines()[-1:])
+        raise RuntimeError(f"the CUDA enumeration subprocess exited with {done.returncode}{detail}")
     return [line.strip() for line in done.stdout.splitlines() if line.strip()]
 
 
@@ -155,9 +152,8 @@ class _View(NamedTuple):
     units: tuple[str, ...]  # lease_units()
 
 
-_table_lock = threading.Lock()
+_lock = threading.RLock()  # guards the table and every platform's view
 _table: tuple[int, tuple[_Gpu, ...]] | None = None  # (NVML generation, GPUs in NVML order)
-_instances: weakref.WeakSet[CudaPlatform] = weakref.WeakSet()  # a forked child resets their locks
 
 
 def _text(value: object) -> str:
@@ -269,16 +265,11 @@ def _compute_capability(nv: Any, handle: Any) -> tuple[int, int] | None:
     return None
 
 
-def sm_arch(capability: tuple[int, int] | None) -> str | None:
-    """Return the ``sm_XY`` name of a compute capability (``(9, 0)`` -> ``"sm_90"``)."""
-    return None if capability is None else f"sm_{capability[0]}{capability[1]}"
-
-
 def _physical_gpus(nv: Any) -> tuple[_Gpu, ...]:
     """Every GPU NVML sees, in NVML order, enumerated once per NVML session."""
     global _table
     gen = _nvml.generation()
-    with _table_lock:
+    with _lock:
         if _table is None or _table[0] != gen:
             _table = (gen, _enumerate(nv))
         return _table[1]
@@ -334,11 +325,8 @@ class CudaPlatform(BasePlatform):
         self._proc_root = None if proc_root is None else os.fspath(proc_root)
         self._order_resolver: OrderResolver = order_resolver or cuda_order_uuids
         self._visible = visible  # restricted(): this value, not the environment's
-        self._lock = threading.Lock()
-        _instances.add(self)
         self._view_cache: _View | None = None
         self._order_cache: dict[tuple[str | None, tuple[str, ...]], tuple[list[str], str]] = {}
-        self._graph: GraphSupport | None = None
 
     @classmethod
     @override
@@ -371,15 +359,10 @@ class CudaPlatform(BasePlatform):
             f"visible ({', '.join(names)})",
         )
 
-    @property
-    @override
+    @functools.cached_property
     def graph(self) -> GraphSupport:
         """CUDA graphs: ``torch.cuda.CUDAGraph`` from torch 1.10, in a build for CUDA (or any)."""
-        if self._graph is None:
-            self._graph = graph_support(
-                "torch.cuda.CUDAGraph", (1, 10), label="CUDA graphs", flavour="cu"
-            )
-        return self._graph
+        return graph_support("torch.cuda.CUDAGraph", (1, 10), label="CUDA graphs", flavour="cu")
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -420,7 +403,7 @@ class CudaPlatform(BasePlatform):
         view = self._view_cache
         if view is not None and view.key == (_nvml.generation(), cvd, order):
             return view
-        with self._lock, _nvml.session() as nv:
+        with _lock, _nvml.session() as nv:
             key = (_nvml.generation(), cvd, order)  # entering the session may start a new one
             view = self._view_cache
             if view is None or view.key != key:
@@ -441,14 +424,15 @@ class CudaPlatform(BasePlatform):
         targets: list[_Target] = []
         for index, target in enumerate(resolution.targets):
             owner, instance = by_uuid[target.uuid]
+            cc = owner.compute_capability
             info = DeviceInfo(
                 index=index,
                 physical_index=owner.nvml_index,
                 name=instance.name if instance is not None else owner.name,
                 uuid=target.uuid,
                 pci_bus_id=owner.pci_bus_id,
-                arch=sm_arch(owner.compute_capability),
-                compute_capability=owner.compute_capability,
+                arch=None if cc is None else f"sm_{cc[0]}{cc[1]}",  # (9, 0): sm_90
+                compute_capability=cc,
             )
             where = f"cuda device {index} ({target.uuid}, NVML index {owner.nvml_index})"
             handle = instance.handle if instance is not None else owner.handle
@@ -553,26 +537,24 @@ class CudaPlatform(BasePlatform):
     def _host_memory(self, where: str) -> MemoryInfo:
         """Memory of a GPU that shares the host's (GB10/DGX Spark, Jetson), as tools report it."""
         try:
-            meminfo = host_meminfo(self._proc_root)
+            meminfo, why = host_meminfo(self._proc_root), "has no MemTotal/MemAvailable"
         except OSError as exc:
-            why = f"cannot be read: {exc.strerror or exc}"
-        else:
-            if meminfo is not None:
-                # Judged as read: MemAvailable above MemTotal is an error, never clamped.
-                return checked_memory(
-                    "cuda",
-                    f"{where}, sharing host memory ({meminfo.path})",
-                    free=meminfo.available,
-                    total=meminfo.total,
-                    used=max(0, meminfo.total - meminfo.available),
-                    source=_nvml.SOURCE_HOST,
-                )
-            why = "has no MemTotal/MemAvailable"
-        raise BackendError(
+            meminfo, why = None, f"cannot be read: {exc.strerror or exc}"
+        if meminfo is None:
+            raise BackendError(
+                "cuda",
+                f"this GPU shares host memory (NVML reports no memory of its own), and "
+                f"{meminfo_path(self._proc_root)} {why}",
+                vendor_error="NVMLError_NotSupported",
+            )
+        # Judged as read: MemAvailable above MemTotal is an error, never clamped.
+        return checked_memory(
             "cuda",
-            f"this GPU shares host memory (NVML reports no memory of its own), and "
-            f"{meminfo_path(self._proc_root)} {why}",
-            vendor_error="NVMLError_NotSupported",
+            f"{where}, sharing host memory ({meminfo.path})",
+            free=meminfo.available,
+            total=meminfo.total,
+            used=max(0, meminfo.total - meminfo.available),
+            source=_nvml.SOURCE_HOST,
         )
 
     @override
@@ -628,15 +610,13 @@ def _process_list(nv: Any, handle: Any, where: str, kind: str) -> list[Any] | No
 
 
 def _after_fork_in_child() -> None:
-    global _table_lock, _table
-    # Another thread of the parent may have held these locks at fork time (enumerating GPUs,
-    # building a view); in the child no thread will ever release them. The cached table holds
+    global _lock, _table
+    # Another thread of the parent may have held the lock at fork time (enumerating GPUs,
+    # building a view); in the child no thread will ever release it. The cached table holds
     # the parent's NVML handles, which the child must not use either (accelplat._vendor.nvml
     # starts a new session there).
-    _table_lock = threading.Lock()
+    _lock = threading.RLock()
     _table = None
-    for platform in list(_instances):
-        platform._lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
