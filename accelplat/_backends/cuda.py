@@ -119,25 +119,6 @@ def _cuda_order_live(env: Mapping[str, str]) -> list[str]:
     return [line.strip() for line in done.stdout.splitlines() if line.strip()]
 
 
-class _Mig(NamedTuple):
-    handle: Any
-    uuid: str
-    name: str
-    gpu_instance_id: int | None
-    compute_instance_id: int | None
-
-
-class _Gpu(NamedTuple):
-    nvml_index: int
-    handle: Any
-    name: str
-    uuid: str
-    pci_bus_id: str | None
-    mig_enabled: bool
-    migs: tuple[_Mig, ...]
-    compute_capability: tuple[int, int] | None = None
-
-
 class _Target(NamedTuple):
     info: DeviceInfo
     handle: Any  # of the MIG device for a MIG instance
@@ -153,7 +134,7 @@ class _View(NamedTuple):
 
 
 _lock = threading.RLock()  # guards the table and every platform's view
-_table: tuple[int, tuple[_Gpu, ...]] | None = None  # (NVML generation, GPUs in NVML order)
+_table: tuple[int, tuple[GpuRecord, ...]] | None = None  # (NVML generation, GPUs in NVML order)
 
 
 def _text(value: object) -> str:
@@ -177,7 +158,7 @@ def _normalize_bus_id(raw: str) -> str:
     return f"{domain}{sep}{rest}" if sep else text
 
 
-def _pci_order(gpus: Sequence[_Gpu]) -> list[_Gpu]:
+def _pci_order(gpus: Sequence[GpuRecord]) -> list[GpuRecord]:
     return sorted(gpus, key=lambda g: (pci_sort_key(g.pci_bus_id), g.nvml_index))
 
 
@@ -188,7 +169,7 @@ def _call(nv: Any, action: str, fn: str, *args: Any, **kwargs: Any) -> Any:
         raise _nvml.translate(exc, action) from exc
 
 
-def _mig_devices(nv: Any, handle: Any, index: int) -> tuple[bool, tuple[_Mig, ...]]:
+def _mig_devices(nv: Any, handle: Any, index: int) -> tuple[bool, tuple[MigRecord, ...]]:
     try:
         current = nv.nvmlDeviceGetMigMode(handle)[0]
     except Exception as exc:
@@ -204,7 +185,7 @@ def _mig_devices(nv: Any, handle: Any, index: int) -> tuple[bool, tuple[_Mig, ..
         "the MIG device count",
         _MAX_MIG_SLOTS,
     )
-    migs: list[_Mig] = []
+    migs: list[MigRecord] = []
     for slot in range(slots):
         try:
             mig_handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
@@ -216,7 +197,7 @@ def _mig_devices(nv: Any, handle: Any, index: int) -> tuple[bool, tuple[_Mig, ..
     return True, tuple(migs)
 
 
-def _describe_mig(nv: Any, mig_handle: Any, what: str) -> _Mig:
+def _describe_mig(nv: Any, mig_handle: Any, what: str) -> MigRecord:
     uuid = _text(_call(nv, f"reading the UUID of {what}", "nvmlDeviceGetUUID", mig_handle))
     name = _text(_call(nv, f"reading the name of {what}", "nvmlDeviceGetName", mig_handle))
     ids: list[int | None] = []
@@ -225,7 +206,7 @@ def _describe_mig(nv: Any, mig_handle: Any, what: str) -> _Mig:
             ids.append(int(getattr(nv, fn)(mig_handle)))
         except Exception:  # only needed for the legacy MIG-GPU-…/gi/ci form
             ids.append(None)
-    return _Mig(mig_handle, uuid, name, ids[0], ids[1])
+    return MigRecord(uuid, ids[0], ids[1], name, mig_handle)
 
 
 def _count(value: object, where: str, name: str, limit: int) -> int:
@@ -235,11 +216,11 @@ def _count(value: object, where: str, name: str, limit: int) -> int:
     return count
 
 
-def _enumerate(nv: Any) -> tuple[_Gpu, ...]:
+def _enumerate(nv: Any) -> tuple[GpuRecord, ...]:
     count = _count(
         _call(nv, "counting GPUs", "nvmlDeviceGetCount"), "NVML", "the GPU count", _MAX_GPUS
     )
-    gpus: list[_Gpu] = []
+    gpus: list[GpuRecord] = []
     for index in range(count):
         handle = _call(nv, f"opening GPU {index}", "nvmlDeviceGetHandleByIndex", index)
         name = _text(_call(nv, f"reading the name of GPU {index}", "nvmlDeviceGetName", handle))
@@ -250,7 +231,7 @@ def _enumerate(nv: Any) -> tuple[_Gpu, ...]:
             bus_id = None
         mig_enabled, migs = _mig_devices(nv, handle, index)
         capability = _compute_capability(nv, handle)
-        gpus.append(_Gpu(index, handle, name, uuid, bus_id, mig_enabled, migs, capability))
+        gpus.append(GpuRecord(index, uuid, mig_enabled, migs, name, handle, bus_id, capability))
     return tuple(gpus)
 
 
@@ -265,7 +246,7 @@ def _compute_capability(nv: Any, handle: Any) -> tuple[int, int] | None:
     return None
 
 
-def _physical_gpus(nv: Any) -> tuple[_Gpu, ...]:
+def _physical_gpus(nv: Any) -> tuple[GpuRecord, ...]:
     """Every GPU NVML sees, in NVML order, enumerated once per NVML session."""
     global _table
     gen = _nvml.generation()
@@ -273,18 +254,6 @@ def _physical_gpus(nv: Any) -> tuple[_Gpu, ...]:
         if _table is None or _table[0] != gen:
             _table = (gen, _enumerate(nv))
         return _table[1]
-
-
-def _records(gpus: Sequence[_Gpu]) -> list[GpuRecord]:
-    return [
-        GpuRecord(
-            g.nvml_index,
-            g.uuid,
-            g.mig_enabled,
-            tuple(MigRecord(m.uuid, m.gpu_instance_id, m.compute_instance_id) for m in g.migs),
-        )
-        for g in gpus
-    ]
 
 
 def _driver_version(nv: Any) -> str:
@@ -344,7 +313,7 @@ class CudaPlatform(BasePlatform):
         if not gpus:
             return ProbeResult(False, f"NVML (driver {driver}) found no NVIDIA GPU")
         value = os.environ.get(ENV_CUDA_VISIBLE_DEVICES)
-        resolution = resolve_cuda_visible_devices(value, _records(_pci_order(gpus)))
+        resolution = resolve_cuda_visible_devices(value, _pci_order(gpus))
         if not resolution.targets:
             why = f"; {resolution.notes[0]}" if resolution.notes else ""
             return ProbeResult(
@@ -415,11 +384,11 @@ class CudaPlatform(BasePlatform):
         gpus, notes = self._in_cuda_order(_physical_gpus(nv), order)
         spec = parse_cuda_visible_devices(cvd)
         gpus = self._with_named_migs(nv, gpus, spec.entries)
-        resolution = resolve_cuda_visible_devices(spec, _records(gpus))
-        by_uuid: dict[str, tuple[_Gpu, _Mig | None]] = {}
+        resolution = resolve_cuda_visible_devices(spec, gpus)
+        by_uuid: dict[str, tuple[GpuRecord, MigRecord | None]] = {}
         for gpu in gpus:
             by_uuid[gpu.uuid] = (gpu, None)
-            for mig in gpu.migs:
+            for mig in gpu.mig_devices:
                 by_uuid[mig.uuid] = (gpu, mig)
         targets: list[_Target] = []
         for index, target in enumerate(resolution.targets):
@@ -442,14 +411,14 @@ class CudaPlatform(BasePlatform):
         for named in resolution.named:  # what this process may use, slice by slice
             gpu = by_uuid[named.uuid][0]
             whole = named.mig or not gpu.mig_enabled
-            units.extend([named.uuid] if whole else [m.uuid for m in gpu.migs])
+            units.extend([named.uuid] if whole else [m.uuid for m in gpu.mig_devices])
         if units == [d.uuid for d in devices]:
             units = []
         return _View(key, devices, tuple(targets), (*notes, *resolution.notes), tuple(units))
 
     def _in_cuda_order(
-        self, gpus: tuple[_Gpu, ...], order: str | None
-    ) -> tuple[list[_Gpu], tuple[str, ...]]:
+        self, gpus: tuple[GpuRecord, ...], order: str | None
+    ) -> tuple[list[GpuRecord], tuple[str, ...]]:
         pci_sorted = _pci_order(gpus)
         if is_pci_bus_order(order) or len({g.name for g in gpus}) <= 1:
             return pci_sorted, ()
@@ -478,9 +447,11 @@ class CudaPlatform(BasePlatform):
         by_uuid = {g.uuid: g for g in gpus}
         return [by_uuid[u] for u in uuids], ((note,) if note else ())
 
-    def _with_named_migs(self, nv: Any, gpus: list[_Gpu], entries: Sequence[Any]) -> list[_Gpu]:
+    def _with_named_migs(
+        self, nv: Any, gpus: list[GpuRecord], entries: Sequence[Any]
+    ) -> list[GpuRecord]:
         """Add MIG devices named by full UUID that enumeration did not list (NVML finds them)."""
-        known = {uuid_digits(m.uuid) for g in gpus for m in g.migs}
+        known = {uuid_digits(m.uuid) for g in gpus for m in g.mig_devices}
         extra = [
             _dashed(e.uuid_prefix)
             for e in entries
@@ -500,7 +471,9 @@ class CudaPlatform(BasePlatform):
                 continue
             for pos, gpu in enumerate(result):
                 if gpu.uuid == parent_uuid:
-                    result[pos] = gpu._replace(mig_enabled=True, migs=(*gpu.migs, mig))
+                    result[pos] = gpu._replace(
+                        mig_enabled=True, mig_devices=(*gpu.mig_devices, mig)
+                    )
         return result
 
     def _target(self, index: int) -> _Target:
