@@ -388,24 +388,16 @@ class CudaPlatform(BasePlatform):
         by_uuid: dict[str, tuple[GpuRecord, MigRecord | None]] = {}
         for gpu in gpus:
             by_uuid[gpu.uuid] = (gpu, None)
-            for mig in gpu.mig_devices:
-                by_uuid[mig.uuid] = (gpu, mig)
+            by_uuid.update((m.uuid, (gpu, m)) for m in gpu.mig_devices)
         targets: list[_Target] = []
         for index, target in enumerate(resolution.targets):
-            owner, instance = by_uuid[target.uuid]
-            cc = owner.compute_capability
-            info = DeviceInfo(
-                index=index,
-                physical_index=owner.nvml_index,
-                name=instance.name if instance is not None else owner.name,
-                uuid=target.uuid,
-                pci_bus_id=owner.pci_bus_id,
-                arch=None if cc is None else f"sm_{cc[0]}{cc[1]}",  # (9, 0): sm_90
-                compute_capability=cc,
-            )
-            where = f"cuda device {index} ({target.uuid}, NVML index {owner.nvml_index})"
-            handle = instance.handle if instance is not None else owner.handle
-            targets.append(_Target(info, handle, where))
+            gpu, mig = by_uuid[target.uuid]
+            one = mig or gpu
+            cc = gpu.compute_capability
+            arch = None if cc is None else f"sm_{cc[0]}{cc[1]}"  # (9, 0): sm_90
+            info = DeviceInfo(index, gpu.nvml_index, one.name, one.uuid, gpu.pci_bus_id, arch, cc)
+            where = f"cuda device {index} ({target.uuid}, NVML index {gpu.nvml_index})"
+            targets.append(_Target(info, one.handle, where))
         devices = tuple(t.info for t in targets)
         units: list[str] = []
         for named in resolution.named:  # what this process may use, slice by slice
