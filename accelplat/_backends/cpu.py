@@ -119,6 +119,16 @@ def _nonnegative(text: str) -> int:
     return value
 
 
+def _bounded(
+    where: str, free: int, total: int, source: str, cgroup: _CgroupLimit | None
+) -> MemoryInfo:
+    """Return the checked reading of ``free`` of ``total``, within ``cgroup``'s limit if any."""
+    if cgroup is not None:
+        total = min(total, cgroup.limit)
+        free = min(free, cgroup.headroom, total)
+    return checked_memory("cpu", where, free=free, total=total, used=total - free, source=source)
+
+
 class CpuPlatform(BasePlatform):
     """Host memory: cgroup-aware, one device per NUMA node; roots not given are read per query."""
 
@@ -235,10 +245,9 @@ class CpuPlatform(BasePlatform):
         model, arch = self._cpu_identity(roots)
         nodes = self._numa_nodes(roots)
         if not nodes:
-            return (DeviceInfo(index=0, physical_index=0, name=model, arch=arch),)
+            return (DeviceInfo(0, 0, model, arch=arch),)
         return tuple(
-            DeviceInfo(index=i, physical_index=node, name=f"{model} (node {node})", arch=arch)
-            for i, node in enumerate(nodes)
+            DeviceInfo(i, node, f"{model} (node {node})", arch=arch) for i, node in enumerate(nodes)
         )
 
     @override
@@ -267,12 +276,8 @@ class CpuPlatform(BasePlatform):
         )
         if cgroup is None:
             return MemoryInfo(mem_available, mem_total, host_used, 0, source)
-        total = min(mem_total, cgroup.limit)
-        free = min(mem_available, cgroup.headroom, total)
         where = f"{where} within the {cgroup.version} limit"
-        return checked_memory(
-            "cpu", where, free=free, total=total, used=total - free, source=cgroup.version
-        )
+        return _bounded(where, mem_available, mem_total, cgroup.version, cgroup)
 
     def _node_memory(self, roots: _Roots, node: int, cgroup: _CgroupLimit | None) -> MemoryInfo:
         path = _join(roots.sysfs, "devices", "system", "node", f"node{node}", "meminfo")
@@ -297,13 +302,8 @@ class CpuPlatform(BasePlatform):
             available = mem_free + max(0, table.get("FilePages", 0) - table.get("Shmem", 0))
         available += table.get("SReclaimable", 0)
         free = min(available, total)  # an estimate of what could be freed, at most the node
-        if cgroup is not None:
-            total = min(total, cgroup.limit)
-            free = min(free, cgroup.headroom, total)
-            source = f"numa-node+{cgroup.version}"
-        # ... and so must what is made of them.
-        used = total - free
-        return checked_memory("cpu", where, free=free, total=total, used=used, source=source)
+        source += f"+{cgroup.version}" if cgroup is not None else ""
+        return _bounded(where, free, total, source, cgroup)  # ... and so must what is made of them
 
     @staticmethod
     def _meminfo(roots: _Roots) -> tuple[int, int, str, str]:
