@@ -24,6 +24,7 @@ from accelplat._backends._common import (
     parse_int_values,
     parse_kb_table,
     parse_key_values,
+    read_or_empty,
     require_plausible,
 )
 from accelplat._platform import BasePlatform
@@ -219,10 +220,7 @@ class CpuPlatform(BasePlatform):
     @staticmethod
     def _cpu_identity(roots: _Roots) -> tuple[str, str | None]:
         """Return the CPU's model name and instruction-set name from ``/proc/cpuinfo``."""
-        try:
-            text = _read_text(_join(roots.proc, "cpuinfo"))
-        except OSError:
-            text = ""
+        text = read_or_empty(_join(roots.proc, "cpuinfo"), limit=_files.PROC_LIMIT)
         found: dict[str, str] = {}
         flags: frozenset[str] | None = None
         for line in text.splitlines():
