@@ -93,6 +93,11 @@ class Gpu:  # one GPU in ROCr's order, whatever the source
     handle: Any = None
     arch: str | None = None
 
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """The compute capability HIP reports for :attr:`arch`."""
+        return gfx_compute_capability(self.arch)
+
 
 @dataclass
 class Topology:
