@@ -399,14 +399,11 @@ class CpuPlatform(BasePlatform):
 
     def _limit_over(self, version: str, levels: Sequence[str]) -> _CgroupLimit | None:
         """Return the binding limit over ``levels``: the smallest limit, the smallest room."""
-        limits: list[int] = []
-        rooms: list[int] = []
-        for level in levels:
-            limit = self._level_limit(level, version)
-            if limit is not None:
-                limits.append(limit)
-                rooms.append(max(0, limit - self._level_charge(level, version)))
-        return _CgroupLimit(version, min(limits), min(rooms)) if limits else None
+        limited = [(lim, d) for d in levels if (lim := self._level_limit(d, version)) is not None]
+        if not limited:
+            return None
+        rooms = [max(0, lim - self._level_charge(d, version)) for lim, d in limited]
+        return _CgroupLimit(version, min(lim for lim, _ in limited), min(rooms))
 
     @staticmethod
     def _level_limit(level: str, version: str) -> int | None:
