@@ -265,14 +265,7 @@ def _clear(
             f"Memory of devices devices={list(physical)!r} not free after "
             f"dur_s={exc.waited_s:.02f} (threshold={threshold!r})"
         )
-        raise VllmMemoryNotFreeError(
-            f"{head}\n{exc}",
-            snapshot=exc.snapshot,
-            targets=exc.targets,
-            waited_s=exc.waited_s,
-            history=exc.history,
-            raised_targets=exc.raised_targets,
-        ) from None
+        raise VllmMemoryNotFreeError(f"{head}\n{exc}", **vars(exc)) from None  # the same fields
 
 
 def wait_for_memory_to_settle(
