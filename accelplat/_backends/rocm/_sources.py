@@ -238,11 +238,9 @@ class AmdSmiSource(Source):
 
     def __init__(self, module: Any) -> None:
         self._m = module
-        self._gpus: list[Gpu] | None = None
+        self._gpus = self._enumerate()  # once: handles stay valid while amdsmi is initialised
 
     def gpus(self) -> list[Gpu]:
-        if self._gpus is None:
-            self._gpus = self._enumerate()
         return self._gpus
 
     def _enumerate(self) -> list[Gpu]:
