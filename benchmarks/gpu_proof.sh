@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real-GPU proof, section by section, on an NVIDIA host with torch and nvidia-ml-py:
-#   bash benchmarks/gpu_proof.sh OUTDIR [facts] [tests] [owners] [detect] [capture] [packed] [pack-pytest]
+#   bash benchmarks/gpu_proof.sh OUTDIR [facts] [tests] [owners] [detect] [capture] [pack-real] [packed] [pack-pytest]
 # Each section writes its log (and JSON where it has one) to OUTDIR and has its own time limit,
 # so a slow section costs only itself. The checkout runs uninstalled (PYTHONPATH=.), bytecode
 # compiled first, as users run it. BASELINE=DIR names an older tree's checkout for the
@@ -36,23 +36,28 @@ for what in "$@"; do
     ;;
   detect)
     section detect
-    timeout 200 python3 benchmarks/bench_detect.py --runs 21 --no-torch --iterations 5000 \
-      --repeats 5 --json "$out/detect.json" 2>&1 | tail -40 | tee "$out/detect.log"
-    if [ -n "${BASELINE:-}" ]; then
-      timeout 200 python3 benchmarks/bench_detect.py --runs 21 --no-torch --iterations 5000 \
-        --repeats 5 --tree "$BASELINE" --json "$out/detect-base.json" 2>&1 | tail -40 \
-        | tee "$out/detect-base.log"
-    fi
+    timeout 300 python3 benchmarks/bench_detect.py --runs 21 --no-torch --iterations 5000 \
+      --repeats 5 ${BASELINE:+--tree "$BASELINE"} --json "$out/detect.json" 2>&1 | tail -40 \
+      | tee "$out/detect.log"
     ;;
   capture)
     section capture
     timeout 60 python3 -m accelplat capture --out "$out/host.tar.gz" 2>&1 | tail -30 | tee "$out/capture.log"
     python3 -m accelplat info --json >"$out/info.json" 2>>"$out/capture.log"
     ;;
+  pack-real)
+    section pack-real
+    # several tests on one GPU at once, each within its budget; MPS enforcement where present
+    enforce=""
+    command -v nvidia-cuda-mps-control >/dev/null && enforce=mps
+    PACK_GPU_LOG="$out/pack-real.jsonl" ACCELPLAT_ENFORCE=${enforce:-auto} timeout 120 python3 -m pytest \
+      -p no:cacheprovider -q -n 6 --accelplat-pack tests/gpu/test_pack_real.py 2>&1 | tail -25 \
+      | tee "$out/pack-real.log"
+    ;;
   packed)
     section packed
-    timeout "${PACKED_LIMIT:-420}" python3 benchmarks/packed_suite.py --real --runs "${PACKED_RUNS:-1}" \
-      ${PACKED_ARGS:-} --json "$out/packed.json" 2>&1 | tail -40 | tee "$out/packed.log"
+    timeout "${PACKED_LIMIT:-300}" python3 benchmarks/packed_suite.py --real --runs "${PACKED_RUNS:-1}" \
+      ${PACKED_ARGS:---suite half} --json "$out/packed.json" 2>&1 | tail -40 | tee "$out/packed.log"
     ;;
   pack-pytest)
     section pack-pytest

@@ -54,6 +54,7 @@ from accelplat.errors import ConfigurationError
 from accelplat.pytest_plugin._footprints import budget_for
 
 CHILD = HolderState.CHILD
+GONE = HolderState.GONE  # exited and reaped, its memory still listed until it comes back
 CONTEXT_GIB = 0.5  # a CUDA context and cuBLAS workspace, per process (torch 2.x on an H200)
 STEP_S = 0.05  # the simulation's time step: the lease poll interval at its largest
 EXIT_S = 0.3  # a finished test process's memory comes back this long after it ends
@@ -276,7 +277,7 @@ class SimulatedExecutor:
         now = self.platform.elapsed()
         for pid, held in run["held"].items():  # the processes exit; memory back EXIT_S later
             holder = SimulatedHolder(
-                used=int(held * GIB), start=now, end=now + EXIT_S, pid=pid, state=CHILD
+                used=int(held * GIB), start=now, end=now + EXIT_S, pid=pid, state=GONE
             )
             self.platform.set_holder(run["device"], holder)
         peak = int(run["shape"].peak_gib * GIB) if not run["oom"] else None
