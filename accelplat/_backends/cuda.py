@@ -328,6 +328,7 @@ class CudaPlatform(BasePlatform):
             f"visible ({', '.join(names)})",
         )
 
+    @override
     @functools.cached_property
     def graph(self) -> GraphSupport:
         """CUDA graphs: ``torch.cuda.CUDAGraph`` from torch 1.10, in a build for CUDA (or any)."""
