@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Hashable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -69,10 +69,7 @@ def check() -> None:
 def call(channel: str, key: tuple[Hashable, ...], live: Callable[[], T]) -> T:
     """Answer a host question through the interceptor, or ``live()`` when none is installed."""
     interceptor = _active
-    if interceptor is None:
-        return live()
-    result: T = interceptor.call(channel, key, live)
-    return result
+    return live() if interceptor is None else cast(T, interceptor.call(channel, key, live))
 
 
 def vendor(channel: str, live: Callable[[], Loaded]) -> Loaded:

@@ -26,12 +26,14 @@ from accelplat._platform import optional
 from accelplat._requirement import (
     MAX_SM_MAJOR,
     OTHER_PLATFORMS,
+    ArchIs,
     Capability,
     Requirement,
+    atom,
+    named,
+    parse,
     parse_arch,
 )
-from accelplat._requirement import named as _named
-from accelplat._requirement import parse as parse_requirement
 from accelplat._types import DeviceInfo, FeatureRule
 from accelplat._util import shorten, shown
 from accelplat._validate import NAME_RE, device_index
@@ -81,7 +83,7 @@ BUILTIN.update(
 
 
 def _this(info: DeviceInfo | None) -> str:
-    return "no device is visible" if info is None else f"this is {_named(info)}"
+    return "no device is visible" if info is None else f"this is {named(info)}"
 
 
 def _rule_need(rule: FeatureRule) -> str:
@@ -106,7 +108,7 @@ def _from_rules(
             continue
         if not rule.archs or any(parse_arch(a).matches(info) for a in rule.archs):
             how = f" ({rule.note})" if rule.note else ""
-            return Capability(True, f"{_named(info)} has {name}{how}", rule.value)
+            return Capability(True, f"{named(info)} has {name}{how}", rule.value)
     needs = "; or ".join(_rule_need(r) + (f" ({r.value})" if r.value else "") for r in rules)
     return Capability(False, f"needs {needs}; {_this(info)}")
 
@@ -155,8 +157,7 @@ def _builtin(platform: Platform, info: DeviceInfo | None) -> dict[str, Capabilit
         out["accelerator"] = Capability(False, f"{platform.name} has no visible device")
     else:
         out["accelerator"] = Capability(True, f"{info.name} ({platform.name})", device_type)
-    hardware = {name: out[name] for name in sorted(out)}
-    return {**hardware, **{name: _library(name) for name in sorted(LIBRARIES)}}
+    return {**dict(sorted(out.items())), **{name: _library(name) for name in sorted(LIBRARIES)}}
 
 
 _PYPROJECT_LIMIT = 1024**2  # bytes of pyproject.toml read at most
@@ -214,7 +215,7 @@ def _parse_cc(value: object, where: str) -> tuple[int, int]:
     text = str(value).strip() if isinstance(value, (str, int, float)) else ""
     if isinstance(value, (list, tuple)) and len(value) == 2:
         text = f"{value[0]}.{value[1]}"
-    m = re.match(r"^(\d{1,2})\.(\d)$", text) or re.match(r"^(\d{1,2})(\d)$", text)
+    m = re.match(r"^(\d{1,2})\.?(\d)$", text)  # "8.9", "89", "100"
     if isinstance(value, bool) or m is None:
         raise ConfigurationError(
             f"{where}: min_compute_capability must be like '8.0' or 89, got {_shown(value)}"
@@ -269,11 +270,7 @@ def _build(name: object, conditions: Mapping[str, object], source: str) -> Proje
         raise ConfigurationError(f"{where}: {name!r} is a built-in capability")
     if name in platform_words():  # a requirement's word must mean one thing
         raise ConfigurationError(f"{where}: {name!r} is a platform name")
-    try:
-        parse_arch(name)
-    except ConfigurationError:
-        pass
-    else:
+    if isinstance(atom(name), ArchIs):
         raise ConfigurationError(f"{where}: {name!r} is an arch pattern")
     unknown = sorted(set(conditions) - _CONDITION_KEYS)
     if unknown:
@@ -421,7 +418,11 @@ def platform_words() -> frozenset[str]:
     return frozenset(available_platforms()) | OTHER_PLATFORMS
 
 
-_known: tuple[int, frozenset[str]] = (-1, frozenset())  # (generation, capability names)
+@functools.lru_cache(maxsize=1)
+def _names(generation: int) -> frozenset[str]:
+    """The capability names of ``generation``: built once per change (every check stays linear)."""
+    with _lock:
+        return frozenset(BUILTIN) | frozenset(_project)
 
 
 def requirement(text: object) -> Requirement:
@@ -430,13 +431,7 @@ def requirement(text: object) -> Requirement:
     Raises:
         ConfigurationError: Malformed, or a word that is no capability, platform or arch.
     """
-    global _known
-    generation, names = _known
-    if generation != _generation:  # built once per change: a table's every check stays linear
-        with _lock:
-            _known = (_generation, frozenset(BUILTIN) | frozenset(_project))
-            names = _known[1]
-    return parse_requirement(text, capabilities=names, platforms=platform_words())
+    return parse(text, capabilities=_names(_generation), platforms=platform_words())
 
 
 def _parsed_requires(cap: ProjectCapability) -> list[Requirement]:
@@ -494,7 +489,7 @@ def _evaluate_project(
     if unmet:
         extra = f" ({cap.reason})" if cap.reason else ""
         return Capability(False, "; ".join(unmet) + extra)
-    return Capability(True, f"all conditions hold on {_named(info) if info else platform.name}")
+    return Capability(True, f"all conditions hold on {named(info) if info else platform.name}")
 
 
 def _device(platform: Platform | None, device: int) -> tuple[Platform, DeviceInfo | None]:

@@ -157,11 +157,7 @@ def _v1_device_rules(root: str, path: str) -> dict[str, Any]:
     rules = [line.strip() for line in text.splitlines() if line.strip()][:_MAX_RULES]
     found["allowed"] = rules
     gpus: set[int] = set()
-    for rule in rules:
-        match = _DEVICE_RULE.match(rule)
-        if match is None:
-            continue
-        kind, major, minor, _ = match.groups()
+    for kind, major, minor, _ in (m.groups() for m in map(_DEVICE_RULE.match, rules) if m):
         if kind == "a" or (major in ("*", str(_NVIDIA_MAJOR)) and minor == "*"):
             found["gpus"] = "all"
             return found

@@ -105,11 +105,9 @@ def _judged_on(platform: Platform) -> dict[str, str] | None:
 
 def _capability_entries(platform: Platform) -> dict[str, dict[str, Any]]:
     """Device 0's capability table, with the project's from ``./pyproject.toml`` if any."""
-    from pathlib import Path
-
     from accelplat._capabilities import capabilities, load_pyproject
 
-    if Path("pyproject.toml").is_file():
+    if os.path.isfile("pyproject.toml"):
         load_pyproject("pyproject.toml")
     if platform.device_count() == 0:
         return {}

@@ -23,19 +23,6 @@ DEFAULT_LEAK_TOLERANCE_BYTES = 256 * MIB
 MAX_LEAK_TOLERANCE_BYTES = 2**63 - 1  # a signed 64-bit count, like every size in a trace
 
 
-def leaked_bytes(before: int | None, held_after: int | None) -> int | None:
-    """Return ``held_after - before`` (negative: the test freed memory); ``None`` if unknown."""
-    if before is None or held_after is None:
-        return None
-    return held_after - before
-
-
-def is_leak(before: int | None, held_after: int | None, tolerance_bytes: int) -> bool:
-    """Return whether the growth is known and strictly above ``tolerance_bytes``."""
-    grown = leaked_bytes(before, held_after)
-    return grown is not None and grown > tolerance_bytes
-
-
 def parse_leak_tolerance(text: str | int, *, argument: str) -> int:
     """Parse a leak tolerance (``"256MiB"`` or bytes) with the one size grammar (parse_size)."""
     if isinstance(text, str):
@@ -119,34 +106,28 @@ def judge(before: Holdings, after: Holdings, context: int = 0) -> Blame:
             others = after.others - before.others
         leaked = after.own - before.own - context + sum(new.values())
         return Blame(leaked, context, new, others, attributed=True)
-    grown = leaked_bytes(before.used, after.used)
-    return Blame(None if grown is None else grown - context, context)
+    return Blame(after.used - before.used - context, context)
 
 
-class ContextLedger:
-    """Decides once per device how much of this process's memory is its device context.
+def first_context(
+    seen: set[int],
+    device: int,
+    before: Holdings,
+    after: Holdings,
+    allowance: int = CONTEXT_ALLOWANCE_BYTES,
+) -> int:
+    """Return the bytes of ``after.own`` that are this process's device context, seen first now.
 
-    The first test after which this process holds memory of its own on a device, having held
+    The first test after which this process holds memory of its own on ``device``, having held
     none before it, is given up to ``allowance`` bytes of it as "context"; a context present
-    before the first judged test is noted as such and given to no test.
+    before the first judged test is given to no test. ``seen``: the devices decided so far, to
+    which ``device`` is added once decided.
     """
-
-    def __init__(self, allowance: int = CONTEXT_ALLOWANCE_BYTES) -> None:
-        self.allowance = allowance
-        self.seen: dict[int, tuple[int, str]] = {}  # device: (bytes, the test or "")
-
-    def context(self, device: int, before: Holdings, after: Holdings, test: str = "") -> int:
-        """Return the bytes of ``after.own`` that are the context, first seen in this test."""
-        if device in self.seen or before.own is None or after.own is None:
-            return 0
-        if before.own > 0:
-            self.seen[device] = (before.own, "")
-            return 0
-        if after.own <= 0:
-            return 0
-        context = min(after.own, self.allowance)
-        self.seen[device] = (context, test)
-        return context
+    if device in seen or before.own is None or after.own is None:
+        return 0
+    if before.own > 0 or after.own > 0:
+        seen.add(device)
+    return min(after.own, allowance) if before.own <= 0 < after.own else 0
 
 
 def holdings(

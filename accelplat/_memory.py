@@ -10,6 +10,7 @@ between platforms is data, the platform's ``ReleaseProfile``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -18,20 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from accelplat._owners import BYTES_UNREPORTED, Reader, default_clock, sample
+from accelplat._owners import BYTES_UNREPORTED, Reader, default_clock, gib, running, sample
 from accelplat._platform import Platform
 from accelplat._types import GIB, MIB, HolderState, MemoryHolder, MemoryInfo, SettleResult
 from accelplat._types import UsageSnapshot as Reading
 from accelplat._util import Clock
-from accelplat._validate import (
-    byte_count,
-    device_index,
-    duration,
-    finite_number,
-    integer,
-    number,
-    ratio,
-)
+from accelplat._validate import byte_count, device_index, duration, integer, number, ratio
 from accelplat._vendor import procs
 from accelplat.errors import ConfigurationError, MemoryNotSettledError
 
@@ -68,14 +61,9 @@ class PollPolicy:
     max_s: float = 0.04
 
     def __post_init__(self) -> None:
-        initial = finite_number(self.initial_s, "PollPolicy.initial_s")
-        factor = finite_number(self.factor, "PollPolicy.factor")
-        maximum = finite_number(self.max_s, "PollPolicy.max_s")
-        if initial <= 0:
-            raise ConfigurationError(f"PollPolicy.initial_s must be > 0, got {self.initial_s!r}")
-        if factor < 1:
-            raise ConfigurationError(f"PollPolicy.factor must be >= 1, got {self.factor!r}")
-        if maximum < initial:
+        initial = number(self.initial_s, "PollPolicy.initial_s", above=0)
+        number(self.factor, "PollPolicy.factor", minimum=1)
+        if number(self.max_s, "PollPolicy.max_s") < initial:
             raise ConfigurationError(
                 f"PollPolicy.max_s must be >= initial_s ({self.initial_s!r}), got {self.max_s!r}"
             )
@@ -92,15 +80,11 @@ class PollPolicy:
         return min(self.max_s, max(self.initial_s, current_s * self.factor))
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB"
-
-
 def _holders(held: Sequence[MemoryHolder] | None) -> str:
     """Name ``held``, the largest first: ``pid 7 'python' (alive) 8.00 GiB, …``."""
     return ", ".join(
         f"pid {h.pid}{f' {h.name!r}' if h.name else ''} ({h.state.value}) "
-        + (_gib(h.used_bytes) if h.used_bytes is not None else "unknown bytes")
+        + (gib(h.used_bytes) if h.used_bytes is not None else "unknown bytes")
         for h in sorted(held or (), key=lambda h: -(h.used_bytes or 0))
     )
 
@@ -137,7 +121,7 @@ class Judge:
         else:
             head = (
                 f"device memory met its targets on {w.platform.name} but had not stayed there, "
-                f"within {_gib(w.tolerance)}, for stable_duration_s={w.window_s:g} when the "
+                f"within {gib(w.tolerance)}, for stable_duration_s={w.window_s:g} when the "
                 f"timeout passed ({w.waited_s:.2f} s, timeout_s={w.timeout_s:g}); the current "
                 f"stable stretch had lasted {w.open_s:.2f} s:"
             )
@@ -147,8 +131,8 @@ class Judge:
             first, low, high, now = history[device]
             named = f"held by {_holders(held)}" if held else "holders: none listed by the driver"
             lines.append(
-                f"  device {device}: used {_gib(info.used)}, target <= {_gib(w.targets[device])} "
-                f"(total {_gib(info.total)}); during the wait first {first / GIB:.2f}, "
+                f"  device {device}: used {gib(info.used)}, target <= {gib(w.targets[device])} "
+                f"(total {gib(info.total)}); during the wait first {first / GIB:.2f}, "
                 f"min {low / GIB:.2f}, max {high / GIB:.2f}, last {now / GIB:.2f} GiB; "
                 + ("holders: unknown (the platform cannot tell)" if held is None else named)
             )
@@ -167,11 +151,10 @@ class _Ours(Judge):
     holders = True
 
     def __call__(self, reading: Reading) -> dict[int, int]:
-        counts = {}
-        for device, info in reading.memory.items():
-            ours = reading.attribution[device].ours_bytes
-            counts[device] = info.used if ours is None else ours
-        return counts
+        return {
+            d: m.used if (ours := reading.attribution[d].ours_bytes) is None else ours
+            for d, m in reading.memory.items()
+        }
 
     def note(self, reading: Reading) -> str:
         """Name the co-tenants' memory not waited for, and the devices judged whole."""
@@ -191,29 +174,25 @@ class _Ours(Judge):
             f"{w.waited_s:.2f} s (timeout_s={w.timeout_s:g}) on {w.platform.name}:"
         ]
         for device in sorted(w.targets):
-            info, owners, held = (
-                last.memory[device],
-                last.attribution[device],
-                last.holders.get(device),
-            )
-            target = f"target <= {_gib(w.targets[device])}"
+            info, owners = last.memory[device], last.attribution[device]
+            held = last.holders.get(device)
+            target = f"target <= {gib(w.targets[device])}"
             if not owners.available:
                 lines.append(
-                    f"  device {device} (judged whole: {owners.reason}): used {_gib(info.used)}, "
+                    f"  device {device} (judged whole: {owners.reason}): used {gib(info.used)}, "
                     f"{target}; holders: {_holders(held) or 'unknown'}"
                 )
                 continue
             ours = [h for h in held or () if h.state is HolderState.SELF] + [*owners.children]
             lines.append(
-                f"  device {device}: ours {_gib(w.counts[device])}, {target} (used "
-                f"{_gib(info.used)} of {_gib(info.total)}); ours: "
+                f"  device {device}: ours {gib(w.counts[device])}, {target} (used "
+                f"{gib(info.used)} of {gib(info.total)}); ours: "
                 f"{_holders(ours) or 'none listed'}; others, not waited for: "
                 f"{_holders(owners.others) or 'none'}"
             )
         return "\n".join(lines)
 
 
-_RUNNING = frozenset({HolderState.SELF, HolderState.CHILD, HolderState.ALIVE})
 _PENDING_SLACK = 64 * MIB  # a lazily freed holder's bytes count back within this (or a tenth)
 
 
@@ -243,8 +222,8 @@ class _Released(Judge):
         self.running = self._alive() if self.whole else frozenset()
 
     def _alive(self) -> frozenset[int]:
-        """The tracked processes that still run (zombies have closed their device files)."""
-        return frozenset(p for p in self.pids if procs.classify_pid(p)[0] in _RUNNING)
+        """The tracked processes that still run."""
+        return frozenset(filter(running, self.pids))
 
     def _listed(self, reading: Reading, device: int) -> dict[int, int]:
         held = reading.holders.get(device, ())
@@ -256,17 +235,14 @@ class _Released(Judge):
         if self.whole:
             self.running = self._alive()
             self.ready = not self.running
-        counts = {}
-        for device, info in reading.memory.items():
-            counts[device] = info.used if device in self.whole else self._held(reading, device)
-        return counts
+        return {
+            d: m.used if d in self.whole else self._held(reading, d)
+            for d, m in reading.memory.items()
+        }
 
     def _held(self, reading: Reading, device: int) -> int:
-        now, before, used = (
-            self._listed(reading, device),
-            self.listed[device],
-            reading.memory[device].used,
-        )
+        now, before = self._listed(reading, device), self.listed[device]
+        used = reading.memory[device].used
         if self.lazy:
             vanished = sum(b for p, b in before.items() if p not in now)
             awaited, used_before = self.pending.get(device, (0, used))
@@ -296,18 +272,19 @@ class _Released(Judge):
             elif awaited := self.pending.get(device, (0, 0))[0]:
                 lines.append(
                     f"  device {device}: no longer listed, but the device's used memory has not "
-                    f"fallen by the {_gib(awaited)} they held (lazy release)"
+                    f"fallen by the {gib(awaited)} they held (lazy release)"
                 )
         alive = ", ".join(str(p) for p in sorted(self.running)) or "none"
         lines += [
             f"  device {device} (judged whole: {why}): still running: {alive}; used "
-            f"{_gib(last.memory[device].used)}"
+            f"{gib(last.memory[device].used)}"
             for device, why in sorted(self.whole.items())
         ]
         return "\n".join(lines)
 
 
-def _resolve_platform(platform: Platform | None) -> Platform:
+def resolve_platform(platform: Platform | None) -> Platform:
+    """``platform``, checked; ``None``: the current one. ConfigurationError for a non-platform."""
     if platform is None:
         from accelplat._registry import current_platform
 
@@ -394,14 +371,15 @@ class Wait:
         clock: object = None,
         read: object = None,
     ) -> None:
-        self.platform = plat = _resolve_platform(platform)
+        self.platform = plat = resolve_platform(platform)
         if clock is not None and not isinstance(clock, Clock):
             raise ConfigurationError(
                 f"clock must have monotonic() and sleep(seconds) methods, got {clock!r:.200}"
             )
         self.devices = _resolve_devices(devices, plat)
-        self.kind, self.judge, self.read = kind, judge, _check_reader(read)
+        self.kind, self.judge, reader = kind, judge, _check_reader(read)
         self.clock = default_clock(plat) if clock is None else clock
+        self._sample = functools.partial(sample, plat, self.devices, read=reader, clock=self.clock)
         self.targets: dict[int, int] = {}  # per device, the count at or below which it is clear
         self.raised: dict[int, int] = {}  # the targets the idle floor raised
         self.counts: dict[int, int] = {}  # the last reading's, as the judge counted it
@@ -409,15 +387,8 @@ class Wait:
 
     def sample(self, *, holders: bool = False, first: bool = False) -> Reading:
         """Take one reading of the devices, with holders where the judge needs them."""
-        holders = holders or self.judge.holders
-        return sample(
-            self.platform,
-            self.devices,
-            read=self.read,
-            holders=holders,
-            clock=self.clock,
-            remember=first,  # the process table walked once, at the first reading
-        )
+        # remember: the process table walked once, at the first reading
+        return self._sample(holders=holders or self.judge.holders, remember=first)
 
     def _set_targets(self, memory: Mapping[int, MemoryInfo]) -> None:
         floor = self.platform.release.idle_floor_bytes
@@ -456,13 +427,11 @@ class Wait:
             raise ConfigurationError(
                 f"wait_for_memory_to_{self.kind} needs threshold_bytes or threshold_ratio (or both)"
             )
-        profile, window = self.platform.release, stable_duration_s
-        self.timeout_s = (
-            profile.settle_timeout_s if timeout_s is None else duration(timeout_s, "timeout_s")
-        )
-        self.window_s = (
-            profile.stable_duration_s if window is None else duration(window, "stable_duration_s")
-        )
+        profile = self.platform.release
+        timeout = profile.settle_timeout_s if timeout_s is None else timeout_s
+        window = profile.stable_duration_s if stable_duration_s is None else stable_duration_s
+        self.timeout_s = duration(timeout, "timeout_s")
+        self.window_s = duration(window, "stable_duration_s")
         self.tolerance = byte_count(stable_tolerance_bytes, "stable_tolerance_bytes")
         if poll is not None and not isinstance(poll, PollPolicy):
             raise ConfigurationError(f"poll must be a PollPolicy or None, got {poll!r:.200}")
@@ -490,9 +459,7 @@ class Wait:
         self._set_targets(reading.memory)
         targets, tolerance = self.targets, self.tolerance
         history: dict[int, _History] = {d: (c, c, c, c) for d, c in counts.items()}
-        logger.debug(
-            "%s on %s: targets %s, window %s s", what, self.platform.name, targets, self.window_s
-        )
+        logger.debug("%s: targets %s, window %s s", what, targets, self.window_s)
         if self.on_poll is not None:
             self.on_poll(reading, targets)
 
@@ -513,9 +480,7 @@ class Wait:
         base, previous, interval, stalls = counts, counts, self.poll.initial_s, 0
         while True:
             if opened is not None and reading.timestamp - opened >= self.window_s - _EPSILON_S:
-                logger.debug(
-                    "%s: settled after %.3f s and %d polls", what, reading.timestamp - start, polls
-                )
+                logger.debug("%s: settled after %d polls", what, polls)
                 return result(max(0.0, reading.timestamp - start), False)
             now = _now(clock)
             if now >= start + self.timeout_s - _EPSILON_S:
@@ -540,13 +505,7 @@ class Wait:
                 opened = None
             elif opened is None or any(abs(counts[d] - base[d]) > tolerance for d in devices):
                 opened, base = reading.timestamp, counts
-            logger.debug(
-                "%s: poll %d at %.3f s, window opened at %s",
-                what,
-                polls,
-                reading.timestamp - start,
-                opened,
-            )
+            logger.debug("%s: poll %d, window opened at %s", what, polls, opened)
             if self.on_poll is not None:
                 self.on_poll(reading, targets)
         if not judge.holders:  # who holds the memory, named once, at the timeout
@@ -582,7 +541,7 @@ def snapshot(
     Raises:
         ConfigurationError: For a malformed device list or ``read``; ``DeviceNotFoundError``.
     """
-    plat = _resolve_platform(platform)
+    plat = resolve_platform(platform)
     reader = _check_reader(read)
     return sample(plat, _resolve_devices(devices, plat), read=reader, holders=holders)
 

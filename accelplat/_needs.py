@@ -81,14 +81,10 @@ def parse_needs(
         raise ConfigurationError(
             f"{what}: unknown keyword(s) {', '.join(unknown)}; known: {', '.join(KEYWORDS)}"
         )
-    memory, shm = kwargs.get("device_memory"), kwargs.get("shm")  # None: not asked for
+    devices, memory, shm = (kwargs.get(k) for k in ("devices", "device_memory", "shm"))
     need = Needs(
         requirements=tuple(requirements),
-        devices=(
-            integer(kwargs["devices"], f"{what}(devices=)", minimum=1)
-            if kwargs.get("devices") is not None
-            else None
-        ),
+        devices=None if devices is None else integer(devices, f"{what}(devices=)", minimum=1),
         device_memory=None if memory is None else _size(memory, "device_memory", what),
         platforms=_platform_names(kwargs["platforms"], what) if "platforms" in kwargs else (),
         shm=None if shm is None else _size(shm, "shm", what),
@@ -130,8 +126,7 @@ def _need_device_memory(platform: Platform, need: int, devices: int) -> str | No
     if count < devices:
         return (
             f"needs {format_bytes(need)} device memory on {_accelerators(devices)}, "
-            f"{platform.name} has "
-            f"{count} visible"
+            f"{platform.name} has {count} visible"
         )
     for device in range(devices):
         total = platform.memory_info(device).total

@@ -50,7 +50,8 @@ BYTES_UNREPORTED = (
 _CONSISTENT_TRIES = 3  # counter and list read again at most this often when they disagree
 
 
-def _gib(n: int) -> str:
+def gib(n: int) -> str:
+    """``n`` bytes as the waits' messages show them: ``8.51 GiB``."""
     return f"{n / GIB:.2f} GiB"
 
 
@@ -70,6 +71,11 @@ def unavailable_reason(platform: Platform, device: int) -> str:
     if optional(platform, "holder_pids_are_host_pids") and procs.foreign_pid_namespace():
         return FOREIGN_NAMESPACE
     return ""
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie has closed its device files)."""
+    return procs.classify_pid(pid)[0] in (HolderState.SELF, HolderState.CHILD, HolderState.ALIVE)
 
 
 def is_ours(holder: MemoryHolder) -> bool:
@@ -109,7 +115,7 @@ def attribute(
         why = BYTES_UNREPORTED.format(device=device)
     if not why and _unexplained(platform, used, listed):
         held = sum(h.used_bytes or 0 for h in listed)
-        why = UNLISTED.format(listed=_gib(held), used=_gib(used), device=device)
+        why = UNLISTED.format(listed=gib(held), used=gib(used), device=device)
     self_bytes = sum(h.used_bytes or 0 for h in listed if h.state is HolderState.SELF)
     others = [h for h in listed if h.state is not HolderState.SELF]
     return Attribution(
@@ -190,17 +196,6 @@ def sample(
     wall = getattr(clock, "time", None)  # the simulated clock has a virtual wall time
     wall_time = number(wall(), "clock.time()") if callable(wall) else time.time()
     return UsageSnapshot(stamp, wall_time, memory, held, owners)
-
-
-def ours_bytes(platform: Platform, device: int) -> int | None:
-    """Bytes this process and its descendants hold on ``device``, by the one rule, read now.
-
-    Descendants count alive, or exited and still listed if seen before (a caller that starts
-    them calls ``procs.descendants()`` now and then; this reads no process table, so that it may
-    run many times a second). ``None`` where memory is not attributed there (the reason is
-    :func:`sample`'s ``attribution[device].reason``).
-    """
-    return sample(platform, (device,), remember=False).attribution[device].ours_bytes
 
 
 def _unexplained(platform: Platform, used: int, holders: Sequence[MemoryHolder]) -> bool:

@@ -107,8 +107,6 @@ def host_variables() -> tuple[str, ...]:
     return tuple(dict.fromkeys([*names, ENV_PLATFORM]))
 
 
-_NAME_RE = _validate.NAME_RE
-
 PlatformFactory = Callable[[], Any]  # a platform class or a zero-argument factory
 
 
@@ -135,15 +133,11 @@ class _Entry:
     """One registered platform and what is known about loading it."""
 
     name: str
-    shipped: bool  # accelplat's own: trusted, built only when chosen, not checked against protocol
     ordered: bool  # takes part in the built-in order (a built-in, or an override of one)
-    target: str | None = None
-    obj: PlatformFactory | None = None
+    origin: str
+    row: Builtin | None = None  # accelplat's own: trusted, built only when chosen, unchecked
     entry_point: Any = None
-    origin: str = ""
-    absence: str | None = None  # a quick absence check, "module:function"
-    in_caller: bool = False  # probed without a worker thread
-    loaded: PlatformFactory | None = None
+    loaded: PlatformFactory | None = None  # a registered factory is loaded from the start
     pending: threading.Thread | None = None
 
 
@@ -185,12 +179,6 @@ def _forced_name() -> str | None:
     if isinstance(_forced_override, str):
         return _forced_override
     return os.environ.get(ENV_PLATFORM, "").strip().lower() or None
-
-
-def _builtin_entry(row: Builtin) -> _Entry:
-    entry = _Entry(row.name, shipped=True, ordered=True, target=row.target, origin="built-in")
-    entry.absence, entry.in_caller = row.absent, row.in_caller
-    return entry
 
 
 def _may_declare_platforms() -> bool:
@@ -253,7 +241,7 @@ def _discover_entry_points() -> None:
         existing = _registered.get(ep.name)
         if existing is not None and existing.entry_point is not None and existing.entry_point == ep:
             continue  # seen by an earlier discovery
-        if not _NAME_RE.match(ep.name):
+        if not _validate.NAME_RE.match(ep.name):
             problem = (
                 f"skipped: {origin}: the name is not a valid platform name (lower-case letters, "
                 "digits, '_', '-', '.')"
@@ -261,7 +249,7 @@ def _discover_entry_points() -> None:
         elif existing is not None:
             problem = f"skipped: {origin}: the name is already taken by {existing.origin}"
         else:
-            _registered[ep.name] = _Entry(ep.name, False, False, entry_point=ep, origin=origin)
+            _registered[ep.name] = _Entry(ep.name, False, origin, entry_point=ep)
             continue
         cand = Candidate(ep.name, False, False, problem, builtin=False)
         if cand not in _problems:
@@ -270,7 +258,7 @@ def _discover_entry_points() -> None:
 
 def _all_entries(*, discover: bool = True) -> dict[str, _Entry]:
     if not _registered:
-        _registered.update((row.name, _builtin_entry(row)) for row in BUILTINS)
+        _registered.update((row.name, _Entry(row.name, True, "built-in", row)) for row in BUILTINS)
     if discover:
         _discover_entry_points()
     return _registered
@@ -315,16 +303,24 @@ def _lookup_error(name: str) -> ConfigurationError:
     )
 
 
+def _entry(name: str) -> _Entry:
+    """The usable entry registered as ``name``; ``ConfigurationError`` (why not) if none."""
+    entry = _entries().get(name)
+    if entry is None:
+        raise _lookup_error(name)
+    return entry
+
+
 def _describe_failure(exc: BaseException) -> str:
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
+    first = (str(exc).strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _certainly_absent(entry: _Entry) -> str | None:
     """Run a built-in's quick absence check; a check that fails means "may be present"."""
+    absent = entry.row.absent if entry.row is not None else None
     try:
-        reason = _target(entry.absence)() if entry.absence else None
+        reason = _target(absent)() if absent else None
     except Exception:
         return None
     return reason if isinstance(reason, str) else None
@@ -339,15 +335,11 @@ def _target(spelled: str, load: Callable[[str], Any] = importlib.import_module) 
 def _load(entry: _Entry) -> PlatformFactory:
     if entry.loaded is not None:
         return entry.loaded
-    obj: Any
-    if entry.obj is not None:
-        obj = entry.obj
-    elif entry.entry_point is not None:
+    if entry.row is not None:
+        obj = _target(entry.row.target, import_quietly)
+    else:
         with quiet_stdout():  # a plugin that prints on import must not corrupt --json output
             obj = entry.entry_point.load()
-    else:
-        assert entry.target is not None
-        obj = _target(entry.target, import_quietly)
     if not callable(obj):
         raise ConfigurationError(
             f"{entry.origin} points at {obj!r}, which is neither a class nor a factory"
@@ -372,16 +364,11 @@ def _probe(factory: PlatformFactory) -> ProbeResult:
     raise ConfigurationError(f"probe() returned {result!r}, not a ProbeResult")
 
 
-def _protocol_members() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Return the protocol's property names and method names."""
-    members = [(n, v) for n, v in vars(Platform).items() if not n.startswith("_")]
-    props = tuple(n for n, v in members if isinstance(v, property))
-    return props, tuple(n for n, v in members if n not in props and callable(v))
-
-
 def protocol_problems(obj: object) -> tuple[str, ...]:
     """Say how instance ``obj`` fails the Platform protocol (members read once); never raises."""
-    props, methods = _protocol_members()
+    members = {n: v for n, v in vars(Platform).items() if not n.startswith("_")}
+    props = [n for n, v in members.items() if isinstance(v, property)]
+    methods = [n for n, v in members.items() if n not in props and callable(v)]
     missing: list[str] = []
     problems: list[str] = []
     for name in (*props, *methods):
@@ -399,16 +386,13 @@ def protocol_problems(obj: object) -> tuple[str, ...]:
     return tuple(problems)
 
 
-def _construct_checked(name: str, factory: PlatformFactory, *, shipped: bool) -> Platform:
+def _construct_checked(name: str, factory: PlatformFactory) -> Platform:
     instance = factory()
     if isinstance(instance, type):
         raise ConfigurationError(
             f"platform {name!r}: its factory returned a class, not an instance"
         )
-    # Our own backends are BasePlatform subclasses held to the protocol by their tests; reading
-    # their properties here would put real work (version look-ups) on detection.
-    problems = () if shipped else protocol_problems(instance)
-    if problems:
+    if problems := protocol_problems(instance):
         raise ConfigurationError(f"does not satisfy the Platform protocol ({'; '.join(problems)})")
     return instance  # type: ignore[no-any-return]
 
@@ -423,15 +407,9 @@ def _run_bounded(entry: _Entry, work: Callable[[], _Outcome], timeout: float) ->
             )
             return _Outcome(Candidate(entry.name, False, False, reason, entry.ordered))
         entry.pending = None
-    box: list[_Outcome | BaseException] = []
-
-    def target() -> None:
-        try:
-            box.append(work())
-        except BaseException as exc:  # reported by the caller, never raised in the thread
-            box.append(exc)
-
-    thread = threading.Thread(target=target, name=f"accelplat-probe-{entry.name}", daemon=True)
+    box: list[_Outcome] = []  # work() reports its own errors as an unavailable outcome
+    name = f"accelplat-probe-{entry.name}"
+    thread = threading.Thread(target=lambda: box.append(work()), name=name, daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive() or not box:
@@ -441,10 +419,7 @@ def _run_bounded(entry: _Entry, work: Callable[[], _Outcome], timeout: float) ->
             f"(raise {ENV_PROBE_TIMEOUT} if it is merely slow)"
         )
         return _Outcome(Candidate(entry.name, False, False, reason, entry.ordered))
-    result = box[0]
-    if isinstance(result, BaseException):
-        raise result
-    return result
+    return box[0]
 
 
 def _consider(entry: _Entry, timeout: float) -> _Outcome:
@@ -461,11 +436,11 @@ def _consider(entry: _Entry, timeout: float) -> _Outcome:
             step = "probe"
             result = _probe(factory)
             instance: Platform | None = None
-            if result.available and not entry.shipped:
+            if result.available and entry.row is None:
                 step = "construction"
                 instance = _instances.get(name)
                 if instance is None:
-                    instance = _construct_checked(name, factory, shipped=False)
+                    instance = _construct_checked(name, factory)
         except (Exception, SystemExit) as exc:
             if isinstance(exc, ConfigurationError) and step != "import":
                 reason = f"skipped: {exc}"
@@ -475,12 +450,8 @@ def _consider(entry: _Entry, timeout: float) -> _Outcome:
         cand = Candidate(name, result.available, False, result.reason, builtin)
         return _Outcome(cand, factory, instance)
 
-    try:
-        outcome = work() if entry.in_caller else _run_bounded(entry, work, timeout)
-    except (Exception, SystemExit) as exc:  # pragma: no cover - work() reports its own errors
-        return _Outcome(
-            Candidate(name, False, False, f"skipped: {_describe_failure(exc)}", builtin)
-        )
+    in_caller = entry.row is not None and entry.row.in_caller
+    outcome = work() if in_caller else _run_bounded(entry, work, timeout)
     if outcome.instance is not None:
         _instances.setdefault(name, outcome.instance)
     return outcome
@@ -492,32 +463,22 @@ def _unavailable(name: str, reason: str) -> PlatformNotAvailableError:
 
 def _instance_for(name: str, outcome: _Outcome) -> Platform:
     """Return the cached or checked instance of a chosen platform, constructing it if needed."""
-    cached = _instances.get(name)
-    if cached is not None:
-        return cached
-    instance = outcome.instance
-    if instance is None:
+    if name not in _instances:
         assert outcome.factory is not None
-        entry = _registered.get(name)
-        try:
-            instance = _construct_checked(
-                name, outcome.factory, shipped=entry is not None and entry.shipped
-            )
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"platform {name!r} {exc}") from None
-    _instances[name] = instance
-    return instance
+        # Only a built-in comes unbuilt (_consider builds and checks the others): a BasePlatform
+        # subclass held to the protocol by its tests, whose properties would put real work
+        # (version look-ups) on detection.
+        built = outcome.instance if outcome.instance is not None else outcome.factory()
+        _instances[name] = built
+    return _instances[name]
 
 
 def _detect(*, exhaustive: bool) -> tuple[DetectionReport, _Outcome | None]:
     """Apply the detection rules; return the report and the chosen outcome (or ``None``)."""
     timeout = _probe_timeout()
-    entries = _entries()
     forced = _forced_name()
     if forced is not None:
-        if forced not in entries:
-            raise _lookup_error(forced)
-        outcome = _consider(entries[forced], timeout)
+        outcome = _consider(_entry(forced), timeout)
         cand = outcome.candidate
         if not outcome.usable:
             raise _unavailable(forced, cand.reason)
@@ -525,6 +486,7 @@ def _detect(*, exhaustive: bool) -> tuple[DetectionReport, _Outcome | None]:
         picked = Candidate(forced, True, True, f"forced by {source}: {cand.reason}", cand.builtin)
         return DetectionReport(forced, (picked,), forced=forced), outcome
 
+    entries = _entries()
     candidates: list[Candidate] = []
     available: list[tuple[str, _Outcome]] = []
     for name, entry in entries.items():
@@ -543,16 +505,13 @@ def _detect(*, exhaustive: bool) -> tuple[DetectionReport, _Outcome | None]:
             f"{ENV_PLATFORM}=<name>, or load only one with {ENV_PLUGINS}=<name>"
         )
     chosen: tuple[str, _Outcome] | None = available[0] if available else None
-    for row in BUILTINS:
+    for row in (r for r in BUILTINS if r.detected):
         if chosen is not None and not exhaustive:
             break
-        name, builtin_entry = row.name, entries.get(row.name)
-        if builtin_entry is None or not row.detected:
-            continue
-        outcome = _consider(builtin_entry, timeout)
+        outcome = _consider(entries[row.name], timeout)  # a built-in, or its override
         candidates.append(outcome.candidate)
         if chosen is None and outcome.usable:
-            chosen = (name, outcome)
+            chosen = (row.name, outcome)
     if chosen is None:
         return DetectionReport(None, tuple(candidates), error="no platform is available"), None
     final = tuple(replace(c, chosen=c.name == chosen[0] and c.available) for c in candidates)
@@ -577,8 +536,7 @@ def detect() -> DetectionReport:
         try:
             report, _ = _detect(exhaustive=True)
         except PlatformNotAvailableError as exc:
-            entry = _registered.get(exc.platform)
-            builtin = entry.ordered if entry is not None else True
+            builtin = _registered[exc.platform].ordered  # raised only once the name was found
             cand = Candidate(exc.platform, False, False, exc.reason, builtin)
             return DetectionReport(None, (cand,), forced=exc.platform, error=str(exc))
         except ConfigurationError as exc:
@@ -599,8 +557,7 @@ def current_platform() -> Platform:
         AccelplatError: When no platform at all is available.
     """
     global _current
-    current = _current
-    if current is not None:
+    if (current := _current) is not None:
         return current
     with _lock:
         if _current is not None:
@@ -631,12 +588,10 @@ def get_platform(name: str) -> Platform:
         PlatformNotAvailableError: When its probe says it is absent here, or it fails to load.
     """
     with _lock:
-        entries = _entries()
-        if name not in entries:
-            raise _lookup_error(name)
+        entry = _entry(name)
         if name in _instances:
             return _instances[name]
-        outcome = _consider(entries[name], _probe_timeout())
+        outcome = _consider(entry, _probe_timeout())
         if not outcome.usable:
             raise _unavailable(name, outcome.candidate.reason)
         return _instance_for(name, outcome)
@@ -666,7 +621,7 @@ def register_platform(
         ConfigurationError: For a bad name, a non-callable, or a duplicate without ``override``.
     """
     global _current
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _validate.NAME_RE.match(name):
         raise ConfigurationError(
             f"platform name must be 1-64 characters of a-z, 0-9, '_', '-', '.', "
             f"starting with a letter or digit; got {name!r}"
@@ -686,13 +641,8 @@ def register_platform(
         qualname = (
             getattr(cls_or_factory, "__qualname__", None) or type(cls_or_factory).__qualname__
         )
-        _registered[name] = _Entry(
-            name,
-            shipped=False,
-            ordered=name in _BUILTINS,
-            obj=cls_or_factory,
-            origin=f"register_platform({name!r}, {qualname})",
-        )
+        origin = f"register_platform({name!r}, {qualname})"
+        _registered[name] = _Entry(name, name in _BUILTINS, origin, loaded=cls_or_factory)
         _instances.pop(name, None)
         _current = None
 
@@ -704,7 +654,7 @@ def unregister_platform(name: str) -> None:
         if name not in _all_entries():
             raise _lookup_error(name)
         if name in _BUILTINS:
-            _registered[name] = _builtin_entry(_BUILTINS[name])
+            _registered[name] = _Entry(name, True, "built-in", _BUILTINS[name])
         else:
             del _registered[name]
         _instances.pop(name, None)
@@ -717,8 +667,7 @@ def set_current_platform(platform: str | Platform | None) -> None:
     with _lock:
         if isinstance(platform, str):
             platform = platform.strip().lower()
-            if platform not in _entries():
-                raise _lookup_error(platform)
+            _entry(platform)
         elif platform is not None:
             problems = protocol_problems(platform)
             if problems or isinstance(platform, type):
@@ -790,7 +739,4 @@ if hasattr(os, "register_at_fork"):
 def factory_for(name: str) -> PlatformFactory:
     """Return the loaded factory registered as ``name``, unprobed and unbounded (for the kit)."""
     with _lock:
-        entries = _entries()
-        if name not in entries:
-            raise _lookup_error(name)
-        return _load(entries[name])
+        return _load(_entry(name))

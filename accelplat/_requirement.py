@@ -50,7 +50,7 @@ OTHER_PLATFORMS = frozenset({"tpu", "hpu", "npu", "mps"})
 _TOKEN_RE = re.compile(
     r"\s*(?:(?P<paren>[()])"
     r"|(?P<cmp>capability)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<num>\d{1,4}x?)(?![\w.+*-])"
-    r"|(?P<word>[a-z0-9_][a-z0-9_.+*-]*))",
+    r"|(?P<word>[a-z0-9_][a-z0-9_.+*-]*)|(?P<bad>\S))",
     re.IGNORECASE,
 )
 _SM_RE = re.compile(r"^sm_(\d{1,2})(\d|x)(\+?)$")  # sm_90, sm_80+, sm_10x
@@ -220,12 +220,14 @@ def negate(node: Node) -> Node:
     return Not(node)
 
 
+@functools.lru_cache(maxsize=256)
 def word(text: str) -> Node:
-    """One word of the grammar as a node: a name, an arch pattern or ``capability>=90``."""
-    return _Parser(text, _name_or_arch).parse()
+    """A requirement as a node, its words unchecked: ``"rocm and (gfx95* or gfx1250)"``."""
+    return _Parser(text, atom).parse()
 
 
-def _name_or_arch(text: str) -> Node:
+def atom(text: str) -> Name | ArchIs:
+    """A word that is no keyword or comparison: an arch pattern if it is one, else a name."""
     try:
         return ArchIs(parse_arch(text))
     except ConfigurationError:
@@ -265,14 +267,9 @@ class _Parser:
         return ConfigurationError(f"requirement {shown(self.text, 120)}: {why}")
 
     def _tokens(self) -> Iterator[tuple[str, str]]:
-        pos, text = 0, self.text
-        while pos < len(text):
-            m = _TOKEN_RE.match(text, pos)
-            if m is None or m.end() == pos:
-                if text[pos:].strip() == "":
-                    return
-                raise self._error(f"unexpected {shown(text[pos:].strip()[:20])}")
-            pos = m.end()
+        for m in _TOKEN_RE.finditer(self.text):  # every character but a space matches
+            if m.group("bad"):
+                raise self._error(f"unexpected {shown(self.text[m.start('bad') :].strip()[:20])}")
             if m.group("paren"):
                 yield "paren", m.group("paren")
             elif m.group("cmp"):
@@ -300,18 +297,17 @@ class _Parser:
         return node
 
     def _or(self, depth: int) -> Node:
-        parts = [self._and(depth)]
-        while self._peek() == ("keyword", "or"):
-            self.pos += 1
-            parts.append(self._and(depth))
-        return any_of(*parts)
+        return any_of(*self._joined("or", lambda: self._and(depth)))
 
     def _and(self, depth: int) -> Node:
-        parts = [self._not(depth)]
-        while self._peek() == ("keyword", "and"):
+        return all_of(*self._joined("and", lambda: self._not(depth)))
+
+    def _joined(self, keyword: str, operand: Callable[[], Node]) -> list[Node]:
+        parts = [operand()]
+        while self._peek() == ("keyword", keyword):
             self.pos += 1
-            parts.append(self._not(depth))
-        return all_of(*parts)
+            parts.append(operand())
+        return parts
 
     def _not(self, depth: int) -> Node:
         if depth > MAX_DEPTH:
@@ -406,10 +402,8 @@ def _classifier(capabilities: frozenset[str], platforms: frozenset[str]) -> Call
     def classify(word: str) -> Node:
         if word in capabilities or word in platforms:
             return Name(word)
-        try:
-            return ArchIs(parse_arch(word))
-        except ConfigurationError:
-            pass
+        if isinstance(node := atom(word), ArchIs):
+            return node
         raise ConfigurationError(
             f"unknown word {shown(word, 80)} in a requirement; a word is a capability "
             f"({shorten(', '.join(sorted(capabilities)), 300)}), a platform "

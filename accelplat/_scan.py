@@ -158,12 +158,12 @@ def _skips(block: list[ast.stmt]) -> ast.Call | None:
     return None
 
 
-def _walk(tree: ast.AST) -> Iterator[tuple[ast.AST, ast.AST | None, _Where]]:
-    """Yield each node in :func:`ast.walk`'s order, its parent and where it sits (the nearest)."""
-    todo: deque[tuple[ast.AST, ast.AST | None, _Where]] = deque([(tree, None, None)])
+def _walk(tree: ast.AST) -> Iterator[tuple[ast.AST, _Where]]:
+    """Yield each node in :func:`ast.walk`'s order and where it sits (the nearest)."""
+    todo: deque[tuple[ast.AST, _Where]] = deque([(tree, None)])
     while todo:
-        node, parent, where = todo.popleft()
-        yield node, parent, where
+        node, where = todo.popleft()
+        yield node, where
         if _is_skip_call(node, ("skipif", "xfail")) and getattr(node, "args", None):
             where = ("skipif", node)
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.Return, ast.Expr)):
@@ -173,7 +173,7 @@ def _walk(tree: ast.AST) -> Iterator[tuple[ast.AST, ast.AST | None, _Where]]:
         apart = {id(d): ("marker", d) for d in getattr(node, "decorator_list", ())}  # children
         if isinstance(node, ast.If):  # that sit apart: decorators, an if's test
             apart[id(node.test)] = ("if", node)
-        todo.extend((c, node, apart.get(id(c), where)) for c in ast.iter_child_nodes(node))
+        todo.extend((c, apart.get(id(c), where)) for c in ast.iter_child_nodes(node))
 
 
 # Kinds of a predicate that decides nothing about running (it picks a value or a path): no
@@ -238,25 +238,26 @@ class _Decision:  # a condition that decides whether tests run
     reason: ast.expr | None = None  # the skip's own reason, kept by the replacement
 
 
-def _decision(use: str, node: ast.AST, parents: dict[ast.AST, ast.AST | None]) -> _Decision | None:
+def _decision(use: str, node: ast.AST, top: set[int]) -> _Decision | None:
+    """The decision ``node`` makes (``top``: the ids of the module's own statements)."""
     if use == "skipif" and isinstance(node, ast.Call) and node.args:
         skipif = _is_skip_call(node, ("skipif",)) and len(node.args) == 1
-        found, kinds = _translate.sites(node.args[0])
-        form = "requires" if skipif else "has"
-        return _Decision(node.args[0], form, found, kinds, _owners(found), _keyword(node, "reason"))
-    if use == "if" and isinstance(node, ast.If):
+        condition, form = node.args[0], "requires" if skipif else "has"
+        reason = _keyword(node, "reason")
+    elif use == "if" and isinstance(node, ast.If):
         skip = _skips(node.body)
         if skip is None and _skips(node.orelse) is None:
             return None
-        found, kinds = _translate.sites(node.test)
-        module = isinstance(parents.get(node), ast.Module) and not node.orelse
+        module = id(node) in top and not node.orelse
         whole_skip = module and skip is not None and len(node.body) == 1
         allowed = any(k.arg == "allow_module_level" for k in getattr(skip, "keywords", ()))
-        form = "skip_module_unless" if whole_skip and allowed else "has"
+        condition, form = node.test, "skip_module_unless" if whole_skip and allowed else "has"
         said = skip.args[0] if skip is not None and skip.args else None
         reason = said or (None if skip is None else _keyword(skip, "reason"))
-        return _Decision(node.test, form, found, kinds, _owners(found), reason)
-    return None
+    else:
+        return None
+    found, kinds = _translate.sites(condition)
+    return _Decision(condition, form, found, kinds, _owners(found), reason)
 
 
 def _keyword(call: ast.Call, name: str) -> ast.expr | None:
@@ -302,10 +303,9 @@ class Placed:
 
 def placed(tree: ast.Module) -> list[Placed]:
     """Every predicate of a parsed file, in :func:`ast.walk` order, with its decision and site."""
-    parents: dict[ast.AST, ast.AST | None] = {}
+    top = {id(stmt) for stmt in tree.body}
     hits: list[tuple[ast.AST, str, str, _Where]] = []
-    for node, parent, where in _walk(tree):
-        parents[node] = parent
+    for node, where in _walk(tree):
         if (hit := _predicate(node)) is not None:
             hits.append((node, *hit, where))
     decided: dict[int, _Decision | None] = {}  # per place (by node identity)
@@ -313,7 +313,7 @@ def placed(tree: ast.Module) -> list[Placed]:
     for node, predicate, kind, where in hits:
         use, place = where if where is not None else ("expression", tree)
         if id(place) not in decided:
-            decided[id(place)] = _decision(use, place, parents)
+            decided[id(place)] = _decision(use, place, top)
         decision = decided[id(place)]
         if use == "if":
             use = "branch" if decision is None else "skip"
@@ -327,17 +327,12 @@ def placed(tree: ast.Module) -> list[Placed]:
 _MAX_SOURCE = 240  # characters of a finding's line kept (what --diff compares)
 
 
-def _source_line(lines: list[str], line: int) -> str:
-    return " ".join(_util.clip(lines[line - 1], 4 * _MAX_SOURCE).split())[:_MAX_SOURCE]
-
-
 def scan_source(source: str, path: str = "<source>") -> list[Finding]:
     """Return one file's platform predicates in line order (``SyntaxError``, ``RecursionError``)."""
     tree = ast.parse(source, filename=path)
     lines = source.splitlines()
     found: list[Finding] = []
     contexts: dict[tuple[int, str], str] = {}  # per place: what it does, computed once
-    said: dict[int, str] = {}  # per line: its text
     for p in placed(tree):
         text, missing = None, None
         if p.kind in ("count", "memory", "quant"):
@@ -352,9 +347,8 @@ def scan_source(source: str, path: str = "<source>") -> list[Finding]:
                 contexts[key] = _context_kind(p.use, p.place)
             missing = _own_kind(p.node) or contexts[key]
         line = getattr(p.node, "lineno", 0)
-        if line not in said:
-            said[line] = _source_line(lines, line) if 0 < line <= len(lines) else ""
-        source_line = said[line]
+        said = _util.clip(lines[line - 1], 4 * _MAX_SOURCE) if 0 < line <= len(lines) else ""
+        source_line = " ".join(said.split())[:_MAX_SOURCE]
         found.append(Finding(path, line, p.predicate, p.kind, p.use, text, missing, source_line))
     return sorted(found, key=lambda f: f.line)
 

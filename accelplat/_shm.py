@@ -105,20 +105,15 @@ def require_shm(
     info = shm_info(path)
     if info.fits(required):
         return info
-    raise shortage_error(info, required, name)
-
-
-def shortage_error(info: ShmInfo, required_bytes: int, name: str) -> InsufficientSharedMemoryError:
-    """Return (not raise) :func:`require_shm`'s error; path and name escaped, 200 characters."""
-    path = printable(info.path)[:200]
+    shown = printable(info.path)[:200]  # path and name escaped, 200 characters
     if os.path.normpath(info.path) == DEFAULT_SHM_PATH:
-        advice = f"Increase {path} (e.g. --shm-size or --ipc=host)."
+        advice = f"Increase {shown} (e.g. --shm-size or --ipc=host)."
     else:
-        advice = f"Free space on {path} or choose a larger mount."
-    return InsufficientSharedMemoryError(
-        f"Insufficient space in {path} for {printable(name)[:200]}: "
-        f"{_mib(required_bytes)} MiB required, {_mib(info.free)} MiB free. {advice}",
-        required=required_bytes,
+        advice = f"Free space on {shown} or choose a larger mount."
+    raise InsufficientSharedMemoryError(
+        f"Insufficient space in {shown} for {printable(name)[:200]}: "
+        f"{_mib(required)} MiB required, {_mib(info.free)} MiB free. {advice}",
+        required=required,
         free=info.free,
         path=info.path,
     )

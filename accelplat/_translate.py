@@ -62,47 +62,42 @@ NOT_A_PLATFORM = "a condition on something other than the platform"
 UNMODELLED_PLATFORM = "a platform accelplat has no model of"
 
 
-def _any(*words: str) -> Tree:
-    return any_of(*(word(w) for w in words))
-
-
 # Words that hold only where the device has a capability number: CUDA and ROCm devices.
 _NUMBERED = frozenset(word(w) for w in ("cuda", "rocm"))
-_CDNA = _any("gfx9*", "gfx1250")  # rocm.py:230: "gfx9" or "gfx1250" in the arch
-_RDNA = all_of(_any("gfx11*", "gfx12*"), Not(word("gfx1250")))  # rocm.py:217, 232
-_PLATFORM_METHODS: dict[str, Tree] = {  # current_platform.<m>(): interface.py:196-229
-    "is_cuda": word("cuda"),
-    "is_rocm": word("rocm"),
-    "is_xpu": word("xpu"),
-    "is_cpu": word("cpu"),
-    "is_tpu": word("tpu"),
+_RDNA = "(gfx11* or gfx12*) and not gfx1250"  # rocm.py:217, 232
+_PLATFORM_METHODS: dict[str, str] = {  # current_platform.<m>(): interface.py:196-229
+    "is_cuda": "cuda",
+    "is_rocm": "rocm",
+    "is_xpu": "xpu",
+    "is_cpu": "cpu",
+    "is_tpu": "tpu",
     # interface.py:227: the platform is CUDA or ROCm (vLLM's platform, which VLLM_TARGET_DEVICE
     # may make the CPU on a GPU host, where torch.cuda, `cuda-api`, still drives the GPU)
-    "is_cuda_alike": _any("cuda", "rocm"),
-    "supports_fp8": word("fp8"),  # cuda.py:587, rocm.py:1255, xpu.py:574; False elsewhere
-    "is_fp8_fnuz": word("fp8-fnuz"),  # rocm.py:1259 ("gfx94" in the arch); False elsewhere
+    "is_cuda_alike": "cuda or rocm",
+    "supports_fp8": "fp8",  # cuda.py:587, rocm.py:1255, xpu.py:574; False elsewhere
+    "is_fp8_fnuz": "fp8-fnuz",  # rocm.py:1259 ("gfx94" in the arch); False elsewhere
     # rocm.py:1251: "gfx95" or "gfx1250" in the arch; interface.py:1248: False elsewhere
-    "supports_mx": all_of(word("rocm"), _any("gfx95*", "gfx1250")),
+    "supports_mx": "rocm and (gfx95* or gfx1250)",
     # cuda.py:687, rocm.py:1393, xpu.py:539 (whatever torch's XPU graphs can do); the CPU
     # platform keeps interface.py:1359's False. Not the built-in `graphs`, which asks torch.
-    "support_static_graph_mode": _any("cuda", "rocm", "xpu"),
+    "support_static_graph_mode": "cuda or rocm or xpu",
 }
-_ROCM_ARCH: dict[str, Tree] = {  # vllm.platforms.rocm.on_*(): substring tests (rocm.py:217-356)
+_ROCM_ARCH: dict[str, str] = {  # vllm.platforms.rocm.on_*(): substring tests (rocm.py:217-356)
     "on_gfx1x": _RDNA,
     "on_rdna": _RDNA,
-    "on_gfx11": word("gfx11*"),
-    "on_gfx1100": word("gfx1100"),
-    "on_gfx1151": word("gfx1151"),
-    "on_gfx115x": word("gfx115*"),
-    "on_gfx12x": all_of(word("gfx12*"), Not(word("gfx1250"))),
-    "on_gfx1250": word("gfx1250"),
-    "on_rdna4": _any("gfx1200", "gfx1201"),
-    "on_mi3xx": _any("gfx942", "gfx950"),
-    "on_gfx9": _any("gfx90a", "gfx942", "gfx950"),
-    "on_gfx90a": word("gfx90a"),
-    "on_gfx942": word("gfx942"),
-    "on_gfx950": word("gfx950"),
-    "on_cdna": _CDNA,
+    "on_gfx11": "gfx11*",
+    "on_gfx1100": "gfx1100",
+    "on_gfx1151": "gfx1151",
+    "on_gfx115x": "gfx115*",
+    "on_gfx12x": "gfx12* and not gfx1250",
+    "on_gfx1250": "gfx1250",
+    "on_rdna4": "gfx1200 or gfx1201",
+    "on_mi3xx": "gfx942 or gfx950",
+    "on_gfx9": "gfx90a or gfx942 or gfx950",
+    "on_gfx90a": "gfx90a",
+    "on_gfx942": "gfx942",
+    "on_gfx950": "gfx950",
+    "on_cdna": "gfx9* or gfx1250",  # rocm.py:230: "gfx9" or "gfx1250" in the arch
 }
 _CAPABILITY_CALLS = frozenset(
     {"has_device_capability", "is_device_capability", "is_device_capability_family"}
@@ -229,7 +224,7 @@ def _call(node: ast.Call) -> Tree:
     name = method or (node.func.id if isinstance(node.func, ast.Name) else None)
     dotted = dotted_name(node.func) or ""
     if method in _PLATFORM_METHODS and not node.args and not node.keywords:
-        return _PLATFORM_METHODS[method]
+        return word(_PLATFORM_METHODS[method])
     if method in _CAPABILITY_CALLS and len(node.args) == 1 and not node.keywords:
         number = _capability_number(node.args[0])
         if number is None:
@@ -246,7 +241,7 @@ def _call(node: ast.Call) -> Tree:
     bare = name if name is not None else dotted.rpartition(".")[2]
     arch_call = method is None and (dotted == bare or dotted.endswith(f"rocm.{bare}"))
     if bare in _ROCM_ARCH and arch_call and not node.args and not node.keywords:
-        return _ROCM_ARCH[bare]
+        return word(_ROCM_ARCH[bare])
     if dotted == "torch.cuda.is_available" and not node.args:
         # torch.cuda drives CUDA and ROCm devices; it makes torch's capability number sure,
         # not vLLM's platform's (none where VLLM_TARGET_DEVICE=cpu picks the CPU)
@@ -268,7 +263,7 @@ def _compare(node: ast.Compare, sure: bool) -> Tree:
     if len(node.ops) != 1:
         raise UnexpressibleError(NOT_A_PLATFORM)
     left, op, right = node.left, node.ops[0], node.comparators[0]
-    if dotted_name(left) in ("torch.version.hip", "torch.version.cuda"):
+    if dotted_name(left) in _TORCH_BUILD:
         raise UnexpressibleError(TORCH_BUILD)
     if type(op) not in _OPS:
         raise UnexpressibleError(NOT_A_PLATFORM)
@@ -281,18 +276,17 @@ def _compare(node: ast.Compare, sure: bool) -> Tree:
         if any(_platform_call(n) == "fp8_dtype" for n in ast.walk(node)):
             raise UnexpressibleError(FP8_DTYPE_VALUE)
         raise UnexpressibleError(NOT_A_PLATFORM)
-    form = value
     # Off CUDA and ROCm the value is None (vLLM) or an exception (torch): a comparison is
     # exact only where what runs before it has made sure the device has a number.
     if not sure:
         raise UnexpressibleError(CAPABILITY_VALUE)
-    if form == "major":
+    if value == "major":
         major = _int(other)
         if major is None:
             raise UnexpressibleError(CAPABILITY_VALUE)
         return _major_atom(sign, major)
-    number = _capability_number(other) if form == "tuple" else _int(other)
-    if number is None or (form == "tuple" and not isinstance(other, ast.Tuple)):
+    number = _capability_number(other) if value == "tuple" else _int(other)
+    if number is None or (value == "tuple" and not isinstance(other, ast.Tuple)):
         raise UnexpressibleError(CAPABILITY_VALUE)
     return _compare_atom(sign, number)
 
@@ -304,15 +298,6 @@ def translate(node: ast.AST) -> str:
         UnexpressibleError: Some part has no exact replacement; ``kind`` names the knowledge.
     """
     return render(_tree(node))
-
-
-def translate_negated(node: ast.AST) -> str:
-    """Return the requirement that is true exactly where ``node`` is false (a skip's "run if").
-
-    Raises:
-        UnexpressibleError: As :func:`translate`.
-    """
-    return render(negate(_tree(node)))
 
 
 @dataclass(frozen=True)

@@ -84,19 +84,16 @@ def printable(text: object, *, keep_newlines: bool = False) -> str:
     shown = str(text)
     if shown.isprintable():
         return shown
-    out: list[str] = []
-    for char in shown:
-        if char.isprintable() or (keep_newlines and char == "\n"):
-            out.append(char)
-            continue
-        code = ord(char)
-        if code < 0x100:
-            out.append(f"\\x{code:02x}")
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    return "".join(out)
+    return "".join(
+        char if char.isprintable() or (keep_newlines and char == "\n") else _escape(ord(char))
+        for char in shown
+    )
+
+
+def _escape(code: int) -> str:
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def clip(text: str, limit: int) -> str:

@@ -12,6 +12,7 @@ import math
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence, Set
+from contextlib import suppress
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal, SupportsFloat, TypeGuard
 
@@ -125,11 +126,6 @@ def integer(
     return value
 
 
-def finite_number(value: object, argument: str) -> float:
-    """Return ``value`` as a finite float (``bool`` refused)."""
-    return number(value, argument)
-
-
 def duration(value: object, argument: str) -> float:
     """Return a finite number of seconds ``>= 0``."""
     return number(value, argument, minimum=0)
@@ -147,14 +143,10 @@ def ratio(value: object, argument: str) -> float:
 
 def device_index(value: object, count: int, platform: str) -> int:
     """Return ``value`` (any integer type but ``bool``) as an index in ``range(count)``."""
-    if not isinstance(value, bool):
-        try:
-            index = operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            pass
-        else:
-            if 0 <= index < count:
-                return int(index)
+    with suppress(TypeError):  # not an integer type
+        index = -1 if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+        if 0 <= index < count:
+            return int(index)
     raise DeviceNotFoundError(value, count, platform)
 
 

@@ -65,7 +65,8 @@ __all__ = [
 def _rebuild(kind: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
     error = kind.__new__(kind)
     error.args = args
-    error.__dict__.update(state)
+    for name, value in state.items():  # setattr: an OSError's filename is no __dict__ entry
+        setattr(error, name, value)
     return error
 
 
@@ -179,14 +180,9 @@ class UnreadableFileError(AccelplatError, OSError):
     def __str__(self) -> str:
         return str(self.args[0])
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (UnreadableFileError._rebuild, (type(self), self.filename, self.reason))
-
-    @staticmethod
-    def _rebuild(kind: type[UnreadableFileError], path: str, reason: str) -> UnreadableFileError:
-        error = UnreadableFileError.__new__(kind)
-        UnreadableFileError.__init__(error, path, reason)
-        return error
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = {**self.__dict__, "filename": self.filename, "strerror": self.strerror}
+        return (_rebuild, (type(self), self.args, state))
 
 
 class NotARegularFileError(UnreadableFileError):
@@ -203,9 +199,6 @@ class FileTooLargeError(UnreadableFileError):
     def __init__(self, path: str, limit: int) -> None:
         super().__init__(path, f"holds more than {limit} bytes; refusing to read it")
         self.limit = limit
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (FileTooLargeError, (self.filename, self.limit))
 
 
 class MemoryNotSettledError(AccelplatError, TimeoutError):

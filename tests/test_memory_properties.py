@@ -25,13 +25,13 @@ from hypothesis import strategies as st
 from accelplat._backends.simulated import (
     LazyRelease,
     Linear,
-    Segment,
     SimulatedClock,
     SimulatedDevice,
     SimulatedPlatform,
     SimulatedSpec,
     Step,
 )
+from accelplat._backends.simulated._model import Segment
 from accelplat._memory import PollPolicy, wait_for_memory_to_clear
 from accelplat._types import GIB, MIB, UsageSnapshot
 from accelplat.errors import MemoryNotSettledError

@@ -286,8 +286,9 @@ def test_ours_is_this_process_and_its_descendants_by_the_one_rule() -> None:
             ]
         }
     )
-    assert _owners.ours_bytes(platform, 0) == 3 * GIB
-    assert _owners.ours_bytes(make({"used": GIB, "report_holders": False}), 0) is None
+    assert _owners.sample(platform, (0,)).attribution[0].ours_bytes == 3 * GIB
+    hidden = make({"used": GIB, "report_holders": False})
+    assert _owners.sample(hidden, (0,)).attribution[0].ours_bytes is None
 
 
 def test_held_by_tree_counts_running_processes_not_exited_ones_still_listed() -> None:

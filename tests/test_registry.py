@@ -506,8 +506,10 @@ def test_plugin_whose_constructor_raises_is_skipped(
 
 
 def test_protocol_problems_lists_every_member() -> None:
-    props, methods = registry._protocol_members()
-    assert set(props) == {
+    assert registry.protocol_problems(make_platform("ok")()) == ()
+    problems = registry.protocol_problems(object())
+    assert problems[0].startswith("missing: name, device_type")
+    assert set(problems[0].removeprefix("missing: ").split(", ")) == {
         "name",
         "device_type",
         "visible_devices_env",
@@ -516,11 +518,11 @@ def test_protocol_problems_lists_every_member() -> None:
         "default_memory_utilization",
         "preferred_start_method",
         "context_free",
+        "device_count",
+        "devices",
+        "memory_info",
+        "memory_holders",
     }
-    assert set(methods) == {"device_count", "devices", "memory_info", "memory_holders"}
-    assert registry.protocol_problems(make_platform("ok")()) == ()
-    problems = registry.protocol_problems(object())
-    assert problems[0].startswith("missing: name, device_type")
 
 
 # -- hanging probes ---------------------------------------------------------------------------
@@ -621,9 +623,9 @@ def test_builtin_and_plugin_probes_both_run_in_a_bounded_thread() -> None:
             seen.append(threading.current_thread().name)
             return ProbeResult(False, "x")
 
-    entry = registry._Entry("x", shipped=True, ordered=True, obj=Probe, origin="built-in")
+    entry = registry._Entry("x", True, "built-in", loaded=Probe)
     registry._consider(entry, 1.0)
-    entry2 = registry._Entry("y", shipped=False, ordered=False, obj=Probe, origin="test")
+    entry2 = registry._Entry("y", False, "test", loaded=Probe)
     registry._consider(entry2, 1.0)
     assert seen == ["accelplat-probe-x", "accelplat-probe-y"]
 
@@ -643,14 +645,13 @@ def test_quick_absence_checks_and_the_cpu_builtin_run_without_a_worker_thread(
         return "no such hardware here"
 
     monkeypatch.setattr(sys.modules[__name__], "_absence_for_test", absent, raising=False)
-    gpu = registry._Entry(
-        "gpu", shipped=True, ordered=True, obj=object, absence=f"{__name__}:_absence_for_test"
-    )
+    row = registry.Builtin("gpu", "builtins:object", f"{__name__}:_absence_for_test")
+    gpu = registry._Entry("gpu", True, "built-in", row)
     outcome = registry._consider(gpu, 1.0)
     assert outcome.candidate.reason == "no such hardware here"
     assert gpu.pending is None
-    cpu = registry._builtin_entry(registry._BUILTINS["cpu"])
-    assert cpu.in_caller
+    assert registry._BUILTINS["cpu"].in_caller
+    cpu = registry._Entry("cpu", True, "built-in", registry._BUILTINS["cpu"])
     started: list[threading.Thread] = []
     real_start = threading.Thread.start
 
@@ -726,7 +727,7 @@ def test_empty_acceplat_plugins_loads_none_and_reads_no_metadata(
 
     monkeypatch.setattr(importlib.metadata, "entry_points", forbidden)
     for n, cls in builtin_stubs.items():
-        registry._registered.setdefault(n, registry._Entry(n, False, True, obj=cls, origin="t"))
+        registry._registered.setdefault(n, registry._Entry(n, True, "t", loaded=cls))
     assert registry.current_platform().name == "cpu"
     assert mod not in sys.modules
     # register_platform calls are not plugins: the variable does not limit them
@@ -805,9 +806,7 @@ def test_unregister_restores_a_builtin() -> None:
     with pytest.raises(PlatformNotAvailableError):
         registry.get_platform("cpu")
     registry.unregister_platform("cpu")
-    entry = registry._registered["cpu"]
-    assert entry.shipped
-    assert entry.target == "accelplat._backends.cpu:CpuPlatform"
+    assert registry._registered["cpu"].row == registry._BUILTINS["cpu"]
 
 
 def test_override_of_a_builtin_keeps_its_place_in_the_order(

@@ -59,7 +59,7 @@ def test_the_shorthands_name_the_argument_and_the_range() -> None:
         (_validate.duration, -1, "t must be >= 0, got -1"),
         (_validate.byte_count, "4GiB", "t must be a number >= 0, got '4GiB'"),
         (_validate.ratio, 1.5, r"t must be in \[0, 1\], got 1.5"),
-        (_validate.finite_number, math.inf, "t must be finite, got inf"),
+        (_validate.number, math.inf, "t must be finite, got inf"),
         (
             lambda v, a: _validate.integer(v, a, minimum=0),
             1.0,

@@ -43,6 +43,14 @@ def read_attribute(path: str) -> str:
     return _files.read_text(path, limit=_files.ATTRIBUTE_LIMIT)
 
 
+def read_or_empty(path: str | os.PathLike[str], *, limit: int = _files.ATTRIBUTE_LIMIT) -> str:
+    """Return the text of a host file, or ``""`` when it cannot be read."""
+    try:
+        return _files.read_text(path, limit=limit)
+    except OSError:
+        return ""
+
+
 class SysfsReader:
     """Reads sysfs attributes (default :func:`read_attribute`); failures are ``BackendError``."""
 

@@ -6,7 +6,7 @@ memory is bounded by the smallest cgroup limit (v2 or v1) on this process's path
 
 from __future__ import annotations
 
-import functools
+import itertools
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +24,7 @@ from accelplat._backends._common import (
     parse_int_values,
     parse_kb_table,
     parse_key_values,
+    read_or_empty,
     require_plausible,
 )
 from accelplat._platform import BasePlatform
@@ -57,7 +58,9 @@ X86_64_LEVELS: tuple[tuple[str, frozenset[str]], ...] = (
 
 def _machine() -> str:
     """Return ``uname -m``, through the vendor boundary (a replay gives the captured host's)."""
-    answer = _boundary.call("host", ("machine",), _uname_machine)
+    import platform  # on use: ~2 ms
+
+    answer = _boundary.call("host", ("machine",), platform.machine)
     return answer if isinstance(answer, str) else ""
 
 
@@ -68,29 +71,13 @@ def _psutil_memory() -> tuple[int, int]:
     return int(vm.total), int(vm.available)
 
 
-def _uname_machine() -> str:
-    try:
-        return os.uname().machine
-    except (AttributeError, OSError):  # not POSIX
-        return ""
-
-
 def cpu_isa(machine: str, flags: frozenset[str] | None) -> str | None:
     """Return the x86-64 level ``/proc/cpuinfo``'s ``flags`` show, else ``machine``, or ``None``."""
     name = machine.strip().lower()
     if name in ("x86_64", "amd64") and flags is not None:
-        have = True
-        best: str | None = None
-        for level, needed in reversed(X86_64_LEVELS):
-            have = have and needed <= flags
-            if have:
-                best = level
-        return best or "x86_64"
+        met = [lv for lv, _ in itertools.takewhile(lambda lv: lv[1] <= flags, X86_64_LEVELS[::-1])]
+        return met[-1] if met else "x86_64"
     return name or None
-
-
-class _CgroupUnusableError(Exception):
-    """A cgroup file was missing where it must exist, unreadable or malformed."""
 
 
 class _CgroupLimit(NamedTuple):
@@ -105,12 +92,6 @@ class _Roots(NamedTuple):
     proc: str
     sysfs: str
     cgroup: str
-
-
-@functools.lru_cache(maxsize=16)
-def _normed_roots(proc: str, sysfs: str, cgroup: str) -> _Roots:
-    norm = os.path.normpath  # once per set of roots: memory is read many times a second
-    return _Roots(norm(proc), norm(sysfs), norm(cgroup or _join(sysfs, "fs", "cgroup")))
 
 
 def utilization_with_margin(free: int, total: int) -> float:
@@ -131,21 +112,22 @@ def _read_text(path: str) -> str:
     return _files.read_text(path, limit=_files.PROC_LIMIT)
 
 
-def _cgroup_file(path: str) -> str:
-    try:
-        return _read_text(path)
-    except OSError as exc:
-        raise _CgroupUnusableError(f"cannot read {path}: {exc}") from None
-
-
-def _parse_nonnegative(path: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise _CgroupUnusableError(f"{path} holds {text[:40]!r}, not an integer") from None
+def _nonnegative(text: str) -> int:
+    """Read a cgroup file's number; ``ValueError`` (the cgroup is unusable) if it is none."""
+    value = int(text)
     if value < 0:
-        raise _CgroupUnusableError(f"{path} holds a negative value {value}")
+        raise ValueError(f"a negative value {value}")
     return value
+
+
+def _bounded(
+    where: str, free: int, total: int, source: str, cgroup: _CgroupLimit | None
+) -> MemoryInfo:
+    """Return the checked reading of ``free`` of ``total``, within ``cgroup``'s limit if any."""
+    if cgroup is not None:
+        total = min(total, cgroup.limit)
+        free = min(free, cgroup.headroom, total)
+    return checked_memory("cpu", where, free=free, total=total, used=total - free, source=source)
 
 
 class CpuPlatform(BasePlatform):
@@ -183,10 +165,11 @@ class CpuPlatform(BasePlatform):
         return ProbeResult(True, "host memory is always available (cgroup- and NUMA-aware)")
 
     def _roots(self) -> _Roots:
-        proc = os.fspath(self._proc_root or os.environ.get(ENV_PROC_ROOT) or "/proc")
-        sysfs = os.fspath(self._sysfs_root or os.environ.get(ENV_SYSFS_ROOT) or "/sys")
-        cgroup = os.fspath(self._cgroup_root or os.environ.get(ENV_CGROUP_ROOT) or "")
-        return _normed_roots(proc, sysfs, cgroup)
+        norm = os.path.normpath
+        proc = norm(self._proc_root or os.environ.get(ENV_PROC_ROOT) or "/proc")
+        sysfs = norm(self._sysfs_root or os.environ.get(ENV_SYSFS_ROOT) or "/sys")
+        cgroup = self._cgroup_root or os.environ.get(ENV_CGROUP_ROOT)
+        return _Roots(proc, sysfs, norm(cgroup) if cgroup else _join(sysfs, "fs", "cgroup"))
 
     def _structure(self, what: str, roots: _Roots, scan: Callable[[_Roots], _T]) -> _T:
         """Return ``scan(roots)``, reused for ``STRUCTURE_TTL_S`` while the roots stay the same."""
@@ -228,28 +211,16 @@ class CpuPlatform(BasePlatform):
     @staticmethod
     def _mems_allowed(roots: _Roots) -> set[int]:
         try:
-            text = _read_text(_join(roots.proc, "self", "status"))
-        except OSError:
+            status = parse_key_values(_read_text(_join(roots.proc, "self", "status")), sep=":")
+            mems = status["Mems_allowed_list"]
+            return _files.parse_id_list(mems, limit=_files.MAX_NUMA_NODES, what="Mems_allowed_list")
+        except (OSError, KeyError, ValueError):
             return set()
-        for line in text.splitlines():
-            if line.startswith("Mems_allowed_list:"):
-                try:
-                    return _files.parse_id_list(
-                        line.partition(":")[2],
-                        limit=_files.MAX_NUMA_NODES,
-                        what="Mems_allowed_list",
-                    )
-                except ValueError:
-                    return set()
-        return set()
 
     @staticmethod
     def _cpu_identity(roots: _Roots) -> tuple[str, str | None]:
         """Return the CPU's model name and instruction-set name from ``/proc/cpuinfo``."""
-        try:
-            text = _read_text(_join(roots.proc, "cpuinfo"))
-        except OSError:
-            text = ""
+        text = read_or_empty(_join(roots.proc, "cpuinfo"), limit=_files.PROC_LIMIT)
         found: dict[str, str] = {}
         flags: frozenset[str] | None = None
         for line in text.splitlines():
@@ -272,10 +243,9 @@ class CpuPlatform(BasePlatform):
         model, arch = self._cpu_identity(roots)
         nodes = self._numa_nodes(roots)
         if not nodes:
-            return (DeviceInfo(index=0, physical_index=0, name=model, arch=arch),)
+            return (DeviceInfo(0, 0, model, arch=arch),)
         return tuple(
-            DeviceInfo(index=i, physical_index=node, name=f"{model} (node {node})", arch=arch)
-            for i, node in enumerate(nodes)
+            DeviceInfo(i, node, f"{model} (node {node})", arch=arch) for i, node in enumerate(nodes)
         )
 
     @override
@@ -304,12 +274,8 @@ class CpuPlatform(BasePlatform):
         )
         if cgroup is None:
             return MemoryInfo(mem_available, mem_total, host_used, 0, source)
-        total = min(mem_total, cgroup.limit)
-        free = min(mem_available, cgroup.headroom, total)
         where = f"{where} within the {cgroup.version} limit"
-        return checked_memory(
-            "cpu", where, free=free, total=total, used=total - free, source=cgroup.version
-        )
+        return _bounded(where, mem_available, mem_total, cgroup.version, cgroup)
 
     def _node_memory(self, roots: _Roots, node: int, cgroup: _CgroupLimit | None) -> MemoryInfo:
         path = _join(roots.sysfs, "devices", "system", "node", f"node{node}", "meminfo")
@@ -334,13 +300,8 @@ class CpuPlatform(BasePlatform):
             available = mem_free + max(0, table.get("FilePages", 0) - table.get("Shmem", 0))
         available += table.get("SReclaimable", 0)
         free = min(available, total)  # an estimate of what could be freed, at most the node
-        if cgroup is not None:
-            total = min(total, cgroup.limit)
-            free = min(free, cgroup.headroom, total)
-            source = f"numa-node+{cgroup.version}"
-        # ... and so must what is made of them.
-        used = total - free
-        return checked_memory("cpu", where, free=free, total=total, used=used, source=source)
+        source += f"+{cgroup.version}" if cgroup is not None else ""
+        return _bounded(where, free, total, source, cgroup)  # ... and so must what is made of them
 
     @staticmethod
     def _meminfo(roots: _Roots) -> tuple[int, int, str, str]:
@@ -371,7 +332,7 @@ class CpuPlatform(BasePlatform):
             return None
         try:
             return self._limit_over(*limited)
-        except _CgroupUnusableError:
+        except (OSError, ValueError):  # a file missing where it must exist, or malformed
             return None
 
     def _limited_levels(self, roots: _Roots) -> tuple[str, tuple[str, ...]] | None:
@@ -382,7 +343,7 @@ class CpuPlatform(BasePlatform):
                 return None
             version, dirs = levels
             limited = [d for d in dirs if self._level_limit(d, version) is not None]
-        except (OSError, _CgroupUnusableError):
+        except (OSError, ValueError):
             return None
         return version, tuple(limited)
 
@@ -425,36 +386,24 @@ class CpuPlatform(BasePlatform):
         return None
 
     @staticmethod
-    def _resolve(mount: str, cgroup_path: str) -> str:
-        """Find this process's cgroup directory under ``mount``."""
+    def _levels(mount: str, cgroup_path: str) -> tuple[str, ...]:
+        """Return this process's cgroup directory and every directory above it up to ``mount``."""
         # Inside a cgroup namespace, or when a container sees only its own subtree mounted, the
         # path in /proc/self/cgroup names directories above the mount: drop leading parts.
         parts = [p for p in cgroup_path.split("/") if p and p != "."]
-        if ".." in parts:
-            return mount
-        for start in range(len(parts) + 1):
-            candidate = _join(mount, *parts[start:])
-            if _files.is_dir(candidate):
-                return candidate
-        return mount
-
-    def _levels(self, mount: str, cgroup_path: str) -> tuple[str, ...]:
-        """Return this process's cgroup directory and every directory above it up to ``mount``."""
-        levels = [self._resolve(mount, cgroup_path)]  # mount, or a directory below it
+        tails = [] if ".." in parts else [_join(mount, *parts[i:]) for i in range(len(parts))]
+        levels = [next((d for d in tails if _files.is_dir(d)), mount)]
         while levels[-1] != mount:
             levels.append(os.path.dirname(levels[-1]))
         return tuple(levels)
 
     def _limit_over(self, version: str, levels: Sequence[str]) -> _CgroupLimit | None:
         """Return the binding limit over ``levels``: the smallest limit, the smallest room."""
-        limits: list[int] = []
-        rooms: list[int] = []
-        for level in levels:
-            limit = self._level_limit(level, version)
-            if limit is not None:
-                limits.append(limit)
-                rooms.append(max(0, limit - self._level_charge(level, version)))
-        return _CgroupLimit(version, min(limits), min(rooms)) if limits else None
+        limited = [(lim, d) for d in levels if (lim := self._level_limit(d, version)) is not None]
+        if not limited:
+            return None
+        rooms = [max(0, lim - self._level_charge(d, version)) for lim, d in limited]
+        return _CgroupLimit(version, min(lim for lim, _ in limited), min(rooms))
 
     @staticmethod
     def _level_limit(level: str, version: str) -> int | None:
@@ -464,27 +413,23 @@ class CpuPlatform(BasePlatform):
             text = _read_text(path).strip()
         except FileNotFoundError:
             return None  # the root cgroup, or a level without the memory controller
-        except OSError as exc:
-            raise _CgroupUnusableError(f"cannot read {path}: {exc}") from None
         if v2 and text == "max":
             return None
-        value = _parse_nonnegative(path, text)
+        value = _nonnegative(text)
         return None if not v2 and value >= _V1_UNLIMITED else value
 
     @staticmethod
     def _level_charge(level: str, version: str) -> int:
         v2 = version == "cgroup-v2"
-        usage_path = _join(level, "memory.current" if v2 else "memory.usage_in_bytes")
-        usage = _parse_nonnegative(usage_path, _cgroup_file(usage_path).strip())
-        stat_path = _join(level, "memory.stat")
-        text = _cgroup_file(stat_path)
+        usage = _nonnegative(
+            _read_text(_join(level, "memory.current" if v2 else "memory.usage_in_bytes"))
+        )
+        stat = parse_int_values(parse_key_values(_read_text(_join(level, "memory.stat"))))
         keys = ("inactive_file",) if v2 else ("total_inactive_file", "inactive_file")
-        wanted = "\n".join(line for line in text.splitlines() if line.startswith(keys))
-        stat = parse_int_values(parse_key_values(wanted))
-        for key in keys:
-            if key in stat:
-                return max(0, usage - max(0, stat[key]))
-        raise _CgroupUnusableError(f"{stat_path} has no {keys[0]} line")
+        inactive = [stat[key] for key in keys if key in stat]
+        if not inactive:
+            raise ValueError("memory.stat has no inactive_file line")
+        return max(0, usage - max(0, inactive[0]))
 
     @property
     def default_memory_utilization(self) -> float:  # type: ignore[override]

@@ -7,10 +7,10 @@ applies them; CUDA's fastest-first order is read in a subprocess (:func:`cuda_or
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -114,31 +114,9 @@ def _cuda_order_live(env: Mapping[str, str]) -> list[str]:
     except (OSError, subprocess.SubprocessError) as exc:
         raise RuntimeError(f"could not run the CUDA enumeration subprocess: {exc}") from exc
     if done.returncode != 0:
-        detail = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
-        raise RuntimeError(
-            f"the CUDA enumeration subprocess exited with {done.returncode}"
-            + (f": {detail}" if detail else "")
-        )
+        detail = "".join(f": {line}" for line in done.stderr.strip().splitlines()[-1:])
+        raise RuntimeError(f"the CUDA enumeration subprocess exited with {done.returncode}{detail}")
     return [line.strip() for line in done.stdout.splitlines() if line.strip()]
-
-
-class _Mig(NamedTuple):
-    handle: Any
-    uuid: str
-    name: str
-    gpu_instance_id: int | None
-    compute_instance_id: int | None
-
-
-class _Gpu(NamedTuple):
-    nvml_index: int
-    handle: Any
-    name: str
-    uuid: str
-    pci_bus_id: str | None
-    mig_enabled: bool
-    migs: tuple[_Mig, ...]
-    compute_capability: tuple[int, int] | None = None
 
 
 class _Target(NamedTuple):
@@ -155,9 +133,8 @@ class _View(NamedTuple):
     units: tuple[str, ...]  # lease_units()
 
 
-_table_lock = threading.Lock()
-_table: tuple[int, tuple[_Gpu, ...]] | None = None  # (NVML generation, GPUs in NVML order)
-_instances: weakref.WeakSet[CudaPlatform] = weakref.WeakSet()  # a forked child resets their locks
+_lock = threading.RLock()  # guards the table and every platform's view
+_table: tuple[int, tuple[GpuRecord, ...]] | None = None  # (NVML generation, GPUs in NVML order)
 
 
 def _text(value: object) -> str:
@@ -181,7 +158,7 @@ def _normalize_bus_id(raw: str) -> str:
     return f"{domain}{sep}{rest}" if sep else text
 
 
-def _pci_order(gpus: Sequence[_Gpu]) -> list[_Gpu]:
+def _pci_order(gpus: Sequence[GpuRecord]) -> list[GpuRecord]:
     return sorted(gpus, key=lambda g: (pci_sort_key(g.pci_bus_id), g.nvml_index))
 
 
@@ -192,7 +169,7 @@ def _call(nv: Any, action: str, fn: str, *args: Any, **kwargs: Any) -> Any:
         raise _nvml.translate(exc, action) from exc
 
 
-def _mig_devices(nv: Any, handle: Any, index: int) -> tuple[bool, tuple[_Mig, ...]]:
+def _mig_devices(nv: Any, handle: Any, index: int) -> tuple[bool, tuple[MigRecord, ...]]:
     try:
         current = nv.nvmlDeviceGetMigMode(handle)[0]
     except Exception as exc:
@@ -208,7 +185,7 @@ def _mig_devices(nv: Any, handle: Any, index: int) -> tuple[bool, tuple[_Mig, ..
         "the MIG device count",
         _MAX_MIG_SLOTS,
     )
-    migs: list[_Mig] = []
+    migs: list[MigRecord] = []
     for slot in range(slots):
         try:
             mig_handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
@@ -220,7 +197,7 @@ def _mig_devices(nv: Any, handle: Any, index: int) -> tuple[bool, tuple[_Mig, ..
     return True, tuple(migs)
 
 
-def _describe_mig(nv: Any, mig_handle: Any, what: str) -> _Mig:
+def _describe_mig(nv: Any, mig_handle: Any, what: str) -> MigRecord:
     uuid = _text(_call(nv, f"reading the UUID of {what}", "nvmlDeviceGetUUID", mig_handle))
     name = _text(_call(nv, f"reading the name of {what}", "nvmlDeviceGetName", mig_handle))
     ids: list[int | None] = []
@@ -229,7 +206,7 @@ def _describe_mig(nv: Any, mig_handle: Any, what: str) -> _Mig:
             ids.append(int(getattr(nv, fn)(mig_handle)))
         except Exception:  # only needed for the legacy MIG-GPU-…/gi/ci form
             ids.append(None)
-    return _Mig(mig_handle, uuid, name, ids[0], ids[1])
+    return MigRecord(uuid, ids[0], ids[1], name, mig_handle)
 
 
 def _count(value: object, where: str, name: str, limit: int) -> int:
@@ -239,11 +216,11 @@ def _count(value: object, where: str, name: str, limit: int) -> int:
     return count
 
 
-def _enumerate(nv: Any) -> tuple[_Gpu, ...]:
+def _enumerate(nv: Any) -> tuple[GpuRecord, ...]:
     count = _count(
         _call(nv, "counting GPUs", "nvmlDeviceGetCount"), "NVML", "the GPU count", _MAX_GPUS
     )
-    gpus: list[_Gpu] = []
+    gpus: list[GpuRecord] = []
     for index in range(count):
         handle = _call(nv, f"opening GPU {index}", "nvmlDeviceGetHandleByIndex", index)
         name = _text(_call(nv, f"reading the name of GPU {index}", "nvmlDeviceGetName", handle))
@@ -254,7 +231,7 @@ def _enumerate(nv: Any) -> tuple[_Gpu, ...]:
             bus_id = None
         mig_enabled, migs = _mig_devices(nv, handle, index)
         capability = _compute_capability(nv, handle)
-        gpus.append(_Gpu(index, handle, name, uuid, bus_id, mig_enabled, migs, capability))
+        gpus.append(GpuRecord(index, uuid, mig_enabled, migs, name, handle, bus_id, capability))
     return tuple(gpus)
 
 
@@ -269,31 +246,14 @@ def _compute_capability(nv: Any, handle: Any) -> tuple[int, int] | None:
     return None
 
 
-def sm_arch(capability: tuple[int, int] | None) -> str | None:
-    """Return the ``sm_XY`` name of a compute capability (``(9, 0)`` -> ``"sm_90"``)."""
-    return None if capability is None else f"sm_{capability[0]}{capability[1]}"
-
-
-def _physical_gpus(nv: Any) -> tuple[_Gpu, ...]:
+def _physical_gpus(nv: Any) -> tuple[GpuRecord, ...]:
     """Every GPU NVML sees, in NVML order, enumerated once per NVML session."""
     global _table
     gen = _nvml.generation()
-    with _table_lock:
+    with _lock:
         if _table is None or _table[0] != gen:
             _table = (gen, _enumerate(nv))
         return _table[1]
-
-
-def _records(gpus: Sequence[_Gpu]) -> list[GpuRecord]:
-    return [
-        GpuRecord(
-            g.nvml_index,
-            g.uuid,
-            g.mig_enabled,
-            tuple(MigRecord(m.uuid, m.gpu_instance_id, m.compute_instance_id) for m in g.migs),
-        )
-        for g in gpus
-    ]
 
 
 def _driver_version(nv: Any) -> str:
@@ -334,11 +294,8 @@ class CudaPlatform(BasePlatform):
         self._proc_root = None if proc_root is None else os.fspath(proc_root)
         self._order_resolver: OrderResolver = order_resolver or cuda_order_uuids
         self._visible = visible  # restricted(): this value, not the environment's
-        self._lock = threading.Lock()
-        _instances.add(self)
         self._view_cache: _View | None = None
         self._order_cache: dict[tuple[str | None, tuple[str, ...]], tuple[list[str], str]] = {}
-        self._graph: GraphSupport | None = None
 
     @classmethod
     @override
@@ -356,7 +313,7 @@ class CudaPlatform(BasePlatform):
         if not gpus:
             return ProbeResult(False, f"NVML (driver {driver}) found no NVIDIA GPU")
         value = os.environ.get(ENV_CUDA_VISIBLE_DEVICES)
-        resolution = resolve_cuda_visible_devices(value, _records(_pci_order(gpus)))
+        resolution = resolve_cuda_visible_devices(value, _pci_order(gpus))
         if not resolution.targets:
             why = f"; {resolution.notes[0]}" if resolution.notes else ""
             return ProbeResult(
@@ -371,15 +328,11 @@ class CudaPlatform(BasePlatform):
             f"visible ({', '.join(names)})",
         )
 
-    @property
     @override
+    @functools.cached_property
     def graph(self) -> GraphSupport:
         """CUDA graphs: ``torch.cuda.CUDAGraph`` from torch 1.10, in a build for CUDA (or any)."""
-        if self._graph is None:
-            self._graph = graph_support(
-                "torch.cuda.CUDAGraph", (1, 10), label="CUDA graphs", flavour="cu"
-            )
-        return self._graph
+        return graph_support("torch.cuda.CUDAGraph", (1, 10), label="CUDA graphs", flavour="cu")
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -420,7 +373,7 @@ class CudaPlatform(BasePlatform):
         view = self._view_cache
         if view is not None and view.key == (_nvml.generation(), cvd, order):
             return view
-        with self._lock, _nvml.session() as nv:
+        with _lock, _nvml.session() as nv:
             key = (_nvml.generation(), cvd, order)  # entering the session may start a new one
             view = self._view_cache
             if view is None or view.key != key:
@@ -432,40 +385,33 @@ class CudaPlatform(BasePlatform):
         gpus, notes = self._in_cuda_order(_physical_gpus(nv), order)
         spec = parse_cuda_visible_devices(cvd)
         gpus = self._with_named_migs(nv, gpus, spec.entries)
-        resolution = resolve_cuda_visible_devices(spec, _records(gpus))
-        by_uuid: dict[str, tuple[_Gpu, _Mig | None]] = {}
+        resolution = resolve_cuda_visible_devices(spec, gpus)
+        by_uuid: dict[str, tuple[GpuRecord, MigRecord | None]] = {}
         for gpu in gpus:
             by_uuid[gpu.uuid] = (gpu, None)
-            for mig in gpu.migs:
-                by_uuid[mig.uuid] = (gpu, mig)
+            by_uuid.update((m.uuid, (gpu, m)) for m in gpu.mig_devices)
         targets: list[_Target] = []
         for index, target in enumerate(resolution.targets):
-            owner, instance = by_uuid[target.uuid]
-            info = DeviceInfo(
-                index=index,
-                physical_index=owner.nvml_index,
-                name=instance.name if instance is not None else owner.name,
-                uuid=target.uuid,
-                pci_bus_id=owner.pci_bus_id,
-                arch=sm_arch(owner.compute_capability),
-                compute_capability=owner.compute_capability,
-            )
-            where = f"cuda device {index} ({target.uuid}, NVML index {owner.nvml_index})"
-            handle = instance.handle if instance is not None else owner.handle
-            targets.append(_Target(info, handle, where))
+            gpu, mig = by_uuid[target.uuid]
+            one = mig or gpu
+            cc = gpu.compute_capability
+            arch = None if cc is None else f"sm_{cc[0]}{cc[1]}"  # (9, 0): sm_90
+            info = DeviceInfo(index, gpu.nvml_index, one.name, one.uuid, gpu.pci_bus_id, arch, cc)
+            where = f"cuda device {index} ({target.uuid}, NVML index {gpu.nvml_index})"
+            targets.append(_Target(info, one.handle, where))
         devices = tuple(t.info for t in targets)
         units: list[str] = []
         for named in resolution.named:  # what this process may use, slice by slice
             gpu = by_uuid[named.uuid][0]
             whole = named.mig or not gpu.mig_enabled
-            units.extend([named.uuid] if whole else [m.uuid for m in gpu.migs])
+            units.extend([named.uuid] if whole else [m.uuid for m in gpu.mig_devices])
         if units == [d.uuid for d in devices]:
             units = []
         return _View(key, devices, tuple(targets), (*notes, *resolution.notes), tuple(units))
 
     def _in_cuda_order(
-        self, gpus: tuple[_Gpu, ...], order: str | None
-    ) -> tuple[list[_Gpu], tuple[str, ...]]:
+        self, gpus: tuple[GpuRecord, ...], order: str | None
+    ) -> tuple[list[GpuRecord], tuple[str, ...]]:
         pci_sorted = _pci_order(gpus)
         if is_pci_bus_order(order) or len({g.name for g in gpus}) <= 1:
             return pci_sorted, ()
@@ -494,9 +440,11 @@ class CudaPlatform(BasePlatform):
         by_uuid = {g.uuid: g for g in gpus}
         return [by_uuid[u] for u in uuids], ((note,) if note else ())
 
-    def _with_named_migs(self, nv: Any, gpus: list[_Gpu], entries: Sequence[Any]) -> list[_Gpu]:
+    def _with_named_migs(
+        self, nv: Any, gpus: list[GpuRecord], entries: Sequence[Any]
+    ) -> list[GpuRecord]:
         """Add MIG devices named by full UUID that enumeration did not list (NVML finds them)."""
-        known = {uuid_digits(m.uuid) for g in gpus for m in g.migs}
+        known = {uuid_digits(m.uuid) for g in gpus for m in g.mig_devices}
         extra = [
             _dashed(e.uuid_prefix)
             for e in entries
@@ -516,7 +464,9 @@ class CudaPlatform(BasePlatform):
                 continue
             for pos, gpu in enumerate(result):
                 if gpu.uuid == parent_uuid:
-                    result[pos] = gpu._replace(mig_enabled=True, migs=(*gpu.migs, mig))
+                    result[pos] = gpu._replace(
+                        mig_enabled=True, mig_devices=(*gpu.mig_devices, mig)
+                    )
         return result
 
     def _target(self, index: int) -> _Target:
@@ -553,26 +503,24 @@ class CudaPlatform(BasePlatform):
     def _host_memory(self, where: str) -> MemoryInfo:
         """Memory of a GPU that shares the host's (GB10/DGX Spark, Jetson), as tools report it."""
         try:
-            meminfo = host_meminfo(self._proc_root)
+            meminfo, why = host_meminfo(self._proc_root), "has no MemTotal/MemAvailable"
         except OSError as exc:
-            why = f"cannot be read: {exc.strerror or exc}"
-        else:
-            if meminfo is not None:
-                # Judged as read: MemAvailable above MemTotal is an error, never clamped.
-                return checked_memory(
-                    "cuda",
-                    f"{where}, sharing host memory ({meminfo.path})",
-                    free=meminfo.available,
-                    total=meminfo.total,
-                    used=max(0, meminfo.total - meminfo.available),
-                    source=_nvml.SOURCE_HOST,
-                )
-            why = "has no MemTotal/MemAvailable"
-        raise BackendError(
+            meminfo, why = None, f"cannot be read: {exc.strerror or exc}"
+        if meminfo is None:
+            raise BackendError(
+                "cuda",
+                f"this GPU shares host memory (NVML reports no memory of its own), and "
+                f"{meminfo_path(self._proc_root)} {why}",
+                vendor_error="NVMLError_NotSupported",
+            )
+        # Judged as read: MemAvailable above MemTotal is an error, never clamped.
+        return checked_memory(
             "cuda",
-            f"this GPU shares host memory (NVML reports no memory of its own), and "
-            f"{meminfo_path(self._proc_root)} {why}",
-            vendor_error="NVMLError_NotSupported",
+            f"{where}, sharing host memory ({meminfo.path})",
+            free=meminfo.available,
+            total=meminfo.total,
+            used=max(0, meminfo.total - meminfo.available),
+            source=_nvml.SOURCE_HOST,
         )
 
     @override
@@ -628,15 +576,13 @@ def _process_list(nv: Any, handle: Any, where: str, kind: str) -> list[Any] | No
 
 
 def _after_fork_in_child() -> None:
-    global _table_lock, _table
-    # Another thread of the parent may have held these locks at fork time (enumerating GPUs,
-    # building a view); in the child no thread will ever release them. The cached table holds
+    global _lock, _table
+    # Another thread of the parent may have held the lock at fork time (enumerating GPUs,
+    # building a view); in the child no thread will ever release it. The cached table holds
     # the parent's NVML handles, which the child must not use either (accelplat._vendor.nvml
     # starts a new session there).
-    _table_lock = threading.Lock()
+    _lock = threading.RLock()
     _table = None
-    for platform in list(_instances):
-        platform._lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):

@@ -25,12 +25,12 @@ from accelplat._backends._common import (
     EMULATED_FP8,
     ENV_SYSFS_ROOT,
     INTEL_VENDOR_ID,
-    ReadText,
     checked_memory,
     never_raises,
     parse_key_values,
     pci_sort_key,
     read_attribute,
+    read_or_empty,
     torch_reading,
     vendor_cards,
 )
@@ -190,16 +190,16 @@ def _order(cards: list[_Card]) -> list[_Card]:
     return sorted(cards, key=lambda c: (c.integrated, pci_sort_key(c.pci_bus_id)))
 
 
-def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
+def _scan_sysfs(sysfs: Path) -> tuple[list[_Card], str]:
     """Return the Intel GPUs bound to xe/i915 under ``sysfs``, and a note when there are none."""
     drm = sysfs / "class" / "drm"
-    found, note = vendor_cards(drm, INTEL_VENDOR_ID, read)
+    found, note = vendor_cards(drm, INTEL_VENDOR_ID, read_attribute)
     if note:
         return [], note
     cards: list[_Card] = []
     others: list[str] = []
     for entry, device, pci in found:
-        driver = _driver(device, read)
+        driver = _driver(device)
         if driver not in _DRIVERS:
             others.append(f"{entry} ({driver or 'no driver'})")
             continue
@@ -211,9 +211,7 @@ def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
             elif not integrated:  # an integrated i915 GPU lists its media GT as gt1
                 gts = _files.listdir(drm / entry / "gt")
                 tiles = max(1, sum(1 for n in gts if _GT_RE.match(n)))
-        device_id = ""
-        with contextlib.suppress(OSError):
-            device_id = read(str(device / "device")).strip()
+        device_id = read_or_empty(device / "device").strip()
         arch: str | None = None
         with contextlib.suppress(ValueError):
             arch = xe_arch(int(device_id, 16))
@@ -225,14 +223,12 @@ def _scan_sysfs(sysfs: Path, read: ReadText) -> tuple[list[_Card], str]:
     return _order(cards), note
 
 
-def _driver(device: Path, read: ReadText) -> str:
+def _driver(device: Path) -> str:
     link = device / "driver"
     with contextlib.suppress(OSError):
         if link.is_symlink() or _files.exists(link):
             return os.path.basename(_files.realpath(link))
-    with contextlib.suppress(OSError):
-        return parse_key_values(read(str(device / "uevent")), sep="=").get("DRIVER", "")
-    return ""
+    return parse_key_values(read_or_empty(device / "uevent"), sep="=").get("DRIVER", "")
 
 
 _PLATFORMS: weakref.WeakSet[XpuPlatform] = weakref.WeakSet()
@@ -274,14 +270,12 @@ class XpuPlatform(BasePlatform):
         *,
         sysfs_root: str | os.PathLike[str] | None = None,  # default ACCELPLAT_SYSFS_ROOT or /sys
         level_zero: Any = None,  # a library object instead of libze_loader.so.1; False: none
-        read_text: ReadText | None = None,
         allow_torch: bool | None = None,  # may accelplat import torch (an imported one is used)
         usage_visible: bool | None = None,  # does the kernel show usage (None: from proc_root)
         proc_root: str | os.PathLike[str] | None = None,  # self/status and self/uid_map
     ) -> None:
         self._sysfs_arg = None if sysfs_root is None else Path(sysfs_root)
         self._lz_arg = level_zero
-        self._read = read_text or read_attribute
         self._allow_torch = allow_torch
         self._usage_visible = usage_visible
         self._proc = Path(proc_root) if proc_root is not None else Path("/proc")
@@ -337,7 +331,7 @@ class XpuPlatform(BasePlatform):
         except LevelZeroError as exc:
             self._sysman, self._sysman_failure = None, f"Level Zero {failed}: {exc}"
             return None
-        drivers = {c.pci_bus_id: c.driver for c in _scan_sysfs(self._sysfs(), self._read)[0]}
+        drivers = {c.pci_bus_id: c.driver for c in _scan_sysfs(self._sysfs())[0]}
         return [
             _Card(
                 d.pci_bus_id,
@@ -383,7 +377,7 @@ class XpuPlatform(BasePlatform):
         return not self._cards_from_level_zero()
 
     def _targets(self) -> tuple[list[_Card], list[XpuTarget], Hierarchy]:
-        cards = self._cards_from_level_zero() or _scan_sysfs(self._sysfs(), self._read)[0]
+        cards = self._cards_from_level_zero() or _scan_sysfs(self._sysfs())[0]
         default, _ = _default_hierarchy(cards)
         hierarchy = parse_hierarchy(os.environ.get(ENV_FLAT_DEVICE_HIERARCHY), default)
         targets = visible_targets([c.tiles for c in cards], os.environ, default) if cards else []
@@ -426,10 +420,9 @@ class XpuPlatform(BasePlatform):
         out: list[DeviceInfo] = []
         for index, target in enumerate(targets):
             card = cards[target.card]
-            name = card.name
-            if target.tiles is not None:
-                name += f" (tile{'s' if len(target.tiles) > 1 else ''} "
-                name += ", ".join(str(t) for t in target.tiles) + ")"
+            tiles = target.tiles or ()
+            shown = f" (tile{'s' if len(tiles) > 1 else ''} {', '.join(map(str, tiles))})"
+            name = card.name + (shown if tiles else "")
             physical = unmasked.index(target) if target in unmasked else target.card
             uuid = _tile_uuid(card.uuid, target.tiles)
             out.append(DeviceInfo(index, physical, name, uuid, card.pci_bus_id, arch=card.arch))
@@ -483,12 +476,10 @@ class XpuPlatform(BasePlatform):
         return self._torch_memory(device, why=self._sysman_failure or "no Intel GPU in Level Zero")
 
     def _kernel_shows_usage(self) -> bool:
-        if self._usage_visible is None:
-            status = uid_map = ""  # unreadable: no capability known, the initial namespace
-            with contextlib.suppress(OSError):
-                status = self._read(str(self._proc / "self" / "status"))
-            with contextlib.suppress(OSError):
-                uid_map = self._read(str(self._proc / "self" / "uid_map"))
+        if self._usage_visible is None:  # unreadable: no capability known, the initial namespace
+            status, uid_map = (
+                read_or_empty(self._proc / "self" / n) for n in ("status", "uid_map")
+            )
             self._usage_visible = usage_visible_to_this_process(status, uid_map)
         return self._usage_visible
 
@@ -595,7 +586,7 @@ class XpuPlatform(BasePlatform):
     def probe(cls) -> ProbeResult:
         """Say whether an Intel GPU is usable here (sysfs, else Level Zero); never imports torch."""
         platform = cls(allow_torch=False)
-        found, note = _scan_sysfs(platform._sysfs(), platform._read)
+        found, note = _scan_sysfs(platform._sysfs())
         origin = "sysfs"
         if not found:
             found, origin = platform._cards_from_level_zero() or [], "Level Zero"

@@ -13,19 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from accelplat._cli import capture, info, lease, scan, sizing, stats, timeline, wait
+from accelplat._cli import _errors, capture, info, lease, scan, sizing, stats, timeline, wait
 from accelplat._cli._args import Subcommands, command
-from accelplat._cli._errors import (
-    EXIT_BROKEN_PIPE,
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    ClosedStdout,
-    fail,
-    say,
-    shown,
-    silence_stdout,
-)
 from accelplat.errors import AccelplatError
 
 if TYPE_CHECKING:
@@ -108,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     closed = sys.stdout is None
     if closed:
-        sys.stdout = ClosedStdout()
+        sys.stdout = _errors.ClosedStdout()
     args: argparse.Namespace | None = None
     try:
         try:
@@ -117,26 +106,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             func = getattr(args, "func", None)
             if func is None:
                 parser.print_help()
-                return EXIT_USAGE
+                return _errors.EXIT_USAGE
             try:
                 return int(func(args))
             except AccelplatError as exc:
-                return fail(exc, command=args.command, json_output=getattr(args, "json", False))
+                return _errors.fail(
+                    exc, command=args.command, json_output=getattr(args, "json", False)
+                )
         finally:
             sys.stdout.flush()  # a failure here replaces what was returned or raised
     except BrokenPipeError:  # `accelplat info | head -1`: the reader has gone, not an error
-        silence_stdout()
-        return EXIT_BROKEN_PIPE
+        _errors.silence_stdout()
+        return _errors.EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return _errors.EXIT_INTERRUPTED
     except OSError as exc:
-        prefix = f"accelplat {args.command}" if args is not None else "accelplat"
         if exc.filename is None:  # standard output: writes name no file, other failures do
-            silence_stdout()
-            say(f"{prefix}: error: cannot write standard output: {exc.strerror or exc}")
-        else:
-            say(f"{prefix}: error: {shown(exc, keep_newlines=True)}")
-        return EXIT_FAILED
+            _errors.silence_stdout()
+            exc = OSError(f"cannot write standard output: {exc.strerror or exc}")
+        return _errors.fail(
+            exc, command=args.command if args is not None else "", json_output=False
+        )
     finally:
         if closed:
             sys.stdout = None

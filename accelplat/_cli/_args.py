@@ -23,10 +23,9 @@ def command(
     *,
     help: str,
     description: str,
-    **kwargs: Any,
 ) -> argparse.ArgumentParser:
     """Add the sub-command ``name``, run by ``run(args)`` (which returns the exit status)."""
-    parser = sub.add_parser(name, help=help, description=description, **kwargs)
+    parser = sub.add_parser(name, help=help, description=description)
     parser.set_defaults(func=run)
     return parser
 
@@ -37,39 +36,27 @@ def add_common(
     json: bool | str = False,
     devices: bool = False,
     quiet: bool = False,
+    colour: bool = False,
 ) -> None:
-    """Add the options several sub-commands share, each with one spelling (``json``: its help)."""
+    """Add the options several sub-commands share, each with one spelling.
+
+    ``--json`` (``json``: its help), ``--devices``, ``--quiet``, and ``--color`` / ``--no-color``
+    (``args.color``: True, False or None; see :func:`color`).
+    """
     if json:
         help_text = json if isinstance(json, str) else "print machine-readable JSON"
         parser.add_argument("--json", action="store_true", help=help_text)
     if devices:
-        parser.add_argument(
-            "--devices",
-            type=parse_devices,
-            metavar="LIST",
-            help="comma-separated visible device indices (default: all)",
-        )
+        listed = "comma-separated visible device indices (default: all)"
+        parser.add_argument("--devices", type=parse_devices, metavar="LIST", help=listed)
     if quiet:
         parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
-
-
-def color_options(parser: argparse.ArgumentParser) -> None:
-    """Add ``--color`` and ``--no-color`` (``args.color``: True, False or None); see ``color``."""
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
-        "--color",
-        dest="color",
-        action="store_const",
-        const=True,
-        help="colour even when standard output is not a terminal (as FORCE_COLOR does)",
-    )
-    group.add_argument(
-        "--no-color",
-        dest="color",
-        action="store_const",
-        const=False,
-        help="no colour (as NO_COLOR does)",
-    )
+    if colour:
+        group = parser.add_mutually_exclusive_group()
+        forced = "colour even when standard output is not a terminal (as FORCE_COLOR does)"
+        plain = "no colour (as NO_COLOR does)"
+        for flag, value, text in (("--color", True, forced), ("--no-color", False, plain)):
+            group.add_argument(flag, dest="color", action="store_const", const=value, help=text)
 
 
 def color(flag: bool | None) -> bool | None:

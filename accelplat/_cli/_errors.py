@@ -1,4 +1,4 @@
-"""How every sub-command ends: one exit status mapping, one JSON shape (``docs/cli.md``).
+"""How every sub-command speaks and ends: exit statuses, JSON, messages, signals (``docs/cli.md``).
 
 0 success; 1 a check or wait that did not pass, or a runtime failure (no platform, a backend
 error, a file or standard output that cannot be written); 2 bad usage or configuration; 130
@@ -15,16 +15,20 @@ import io
 import json
 import os
 import re
+import shutil
+import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any
 
-from accelplat._describe import SCHEMA_VERSION, driver_version
-from accelplat._platform import Platform
-from accelplat._types import MemoryHolder
 from accelplat._util import printable, shorten
 from accelplat.errors import BackendError, ConfigurationError, DeviceNotFoundError
+
+if TYPE_CHECKING:  # the core loads when a command runs, not for --help or --version
+    from accelplat._platform import Platform
+    from accelplat._types import MemoryHolder
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -36,6 +40,8 @@ _LONG_RUN = re.compile(r"\S{201,}")
 
 def versioned(doc: Mapping[str, Any]) -> dict[str, Any]:
     """Return a copy of ``doc`` with ``"schema": SCHEMA_VERSION`` as its first key."""
+    from accelplat._describe import SCHEMA_VERSION
+
     return {"schema": SCHEMA_VERSION, **{k: v for k, v in doc.items() if k != "schema"}}
 
 
@@ -47,15 +53,18 @@ def dumps(doc: Mapping[str, Any], *, indent: int | None = None) -> str:
 Details = Callable[[int], tuple[str, Sequence[str]]]  # pid -> (user, argv), empty when unreadable
 
 
-def holder_json(h: MemoryHolder, details: Details | None = None) -> dict[str, Any]:
+def process_details(pid: int) -> tuple[str, Sequence[str]]:
+    """Return ``(user, argv)`` of ``pid``, read through psutil: the default :data:`Details`."""
+    from accelplat._vendor.procs import process_details as read
+
+    return read(pid)
+
+
+def holder_json(h: MemoryHolder, details: Details = process_details) -> dict[str, Any]:
     """Return a process holding device memory as ``--json`` documents show it.
 
-    ``details`` (default: read from ``/proc`` through psutil) gives its user and argv.
+    ``details`` gives its user and argv.
     """
-    if details is None:
-        from accelplat._vendor.procs import process_details
-
-        details = process_details
     user, argv = details(h.pid)
     return {
         "pid": h.pid,
@@ -70,6 +79,8 @@ def holder_json(h: MemoryHolder, details: Details | None = None) -> dict[str, An
 
 def host_json(platform: Platform) -> dict[str, Any]:
     """Return ``{"platform", "hostname", "driver_version"}``, as gpustat's JSON names its host."""
+    from accelplat._describe import driver_version
+
     return {
         "platform": platform.name,
         "hostname": socket.gethostname(),
@@ -106,7 +117,7 @@ def exit_status(exc: BaseException) -> int:
     return EXIT_USAGE if isinstance(exc, (ConfigurationError, DeviceNotFoundError)) else EXIT_FAILED
 
 
-def error_document(exc: BaseException, status: int | None = None) -> dict[str, Any]:
+def error_document(exc: BaseException) -> dict[str, Any]:
     """Return ``{"status": "error", "exit_status": N, "error": {"type", "message", …}}``."""
     error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
     if isinstance(exc, BackendError):
@@ -114,8 +125,7 @@ def error_document(exc: BaseException, status: int | None = None) -> dict[str, A
     platform = getattr(exc, "platform", None)
     if isinstance(platform, str):
         error["platform"] = platform
-    status = exit_status(exc) if status is None else status
-    return {"status": "error", "exit_status": status, "error": error}
+    return {"status": "error", "exit_status": exit_status(exc), "error": error}
 
 
 def say(message: str) -> None:
@@ -124,14 +134,54 @@ def say(message: str) -> None:
         print(message, file=sys.stderr)
 
 
+def redraw(stream: IO[str], *lines: str) -> None:
+    """Draw the first of ``lines`` that fits the terminal's width over its last line, in place.
+
+    The last is cut to the width when none fits; no ``lines`` erases the line.
+    """
+    try:
+        width = os.get_terminal_size(stream.fileno()).columns  # 0: a terminal never sized
+    except (OSError, ValueError, AttributeError):  # no terminal behind it
+        width = 0
+    width = (width or shutil.get_terminal_size().columns) - 1  # a full last column wraps
+    line = next((line for line in lines if len(line) <= width), lines[-1] if lines else "")
+    line = line if len(line) <= width else line[: max(0, width - 1)] + "…"
+    with contextlib.suppress(OSError, ValueError):
+        stream.write(f"\r\x1b[K{line}")
+        stream.flush()
+
+
 def fail(exc: BaseException, *, command: str, json_output: bool) -> int:
     """Report ``exc`` on stderr (and as JSON on stdout if asked); return the exit status."""
-    status = exit_status(exc)
     prefix = f"accelplat {command}" if command else "accelplat"
     say(f"{prefix}: error: {shown(exc, keep_newlines=True)}")
     if json_output:
-        print(dumps(error_document(exc, status)))
-    return status
+        print(dumps(error_document(exc)))
+    return exit_status(exc)
+
+
+@contextlib.contextmanager
+def handling(signums: Iterable[int], handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """Run ``handler`` on each of ``signums`` inside the block, then put back what was there.
+
+    Only the main thread may set handlers: elsewhere the block runs with the handlers it has.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    previous = {signum: signal.signal(signum, handler) for signum in signums} if main else {}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def in_foreground() -> bool:
+    """Whether this process is in its terminal's foreground group: Ctrl-C reaches its children."""
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+    return False
 
 
 class ClosedStdout(io.TextIOBase):

@@ -25,31 +25,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "that `accelplat info --replay BUNDLE` (or ACCELPLAT_REPLAY=BUNDLE) replays anywhere. "
         "No host name or user name is recorded. Creates no device context.",
     )
-    output_option(
-        parser, "--out", required=True, metavar="BUNDLE", help="bundle to write: host.tar.gz"
-    )
-    parser.add_argument(
-        "--no-processes",
-        action="store_true",
-        help="leave out the pids and names of processes holding device memory",
-    )
-    parser.add_argument(
-        "--samples",
-        type=count_arg(minimum=0, maximum=100, what="a whole number 0-100"),
-        default=4,
-        metavar="N",
-        help="memory samples after the first (default 4)",
-    )
-    parser.add_argument(
-        "--interval",
-        type=seconds_arg(allow_zero=True, maximum=10),
-        default=0.4,
-        metavar="SECONDS",
-        help="seconds between memory samples (default 0.4)",
-    )
-    parser.add_argument(
-        "--quiet", "-q", action="store_true", help="print only the bundle's path, not its contents"
-    )
+    add = parser.add_argument
+    bundle = "bundle to write: host.tar.gz"
+    output_option(parser, "--out", required=True, metavar="BUNDLE", help=bundle)
+    for flags, text in (
+        (["--no-processes"], "leave out the pids and names of processes holding device memory"),
+        (["--quiet", "-q"], "print only the bundle's path, not its contents"),
+    ):
+        add(*flags, action="store_true", help=text)
+    samples = count_arg(minimum=0, maximum=100, what="a whole number 0-100")
+    more = "memory samples after the first (default 4)"
+    add("--samples", type=samples, default=4, metavar="N", help=more)
+    interval = seconds_arg(allow_zero=True, maximum=10)
+    between = "seconds between memory samples (default 0.4)"
+    add("--interval", type=interval, default=0.4, metavar="SECONDS", help=between)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -6,13 +6,13 @@ The ``--json`` keys are documented in ``docs/json.md`` (``accelplat/schemas/info
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 from typing import Any
 
 from accelplat._cli._args import add_common, command, path
 from accelplat._cli._errors import EXIT_FAILED, EXIT_USAGE, say, shown
-from accelplat._describe import collect_info
 from accelplat._util import format_bytes
 
 
@@ -26,13 +26,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "its memory, the release profile, graph support and defaults. Creates no device context.",
     )
     add_common(parser, json=True)
-    path(
-        parser.add_argument(
-            "--replay",
-            metavar="BUNDLE",
-            help="answer from a capture bundle (accelplat capture) instead of this host",
-        )
-    )
+    replay = "answer from a capture bundle (accelplat capture) instead of this host"
+    path(parser.add_argument("--replay", metavar="BUNDLE", help=replay))
 
 
 def _render_text(info: dict[str, Any]) -> str:
@@ -100,17 +95,15 @@ def _render_text(info: dict[str, Any]) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.replay:
-        from accelplat.replay import replaying
+    from accelplat._describe import collect_info
+    from accelplat.replay import replaying
 
-        with replaying(args.replay) as replayer:
-            info = collect_info()
-        if not args.json:
-            bundle = replayer.bundle
-            source, created, version = bundle.source, bundle.created, bundle.accelplat_version
-            print(shown(f"replaying {source} (captured {created}, accelplat {version})"))
-    else:
+    with replaying(args.replay) if args.replay else contextlib.nullcontext() as replayer:
         info = collect_info()
+    if replayer is not None and not args.json:
+        bundle = replayer.bundle
+        source, created, version = bundle.source, bundle.created, bundle.accelplat_version
+        print(shown(f"replaying {source} (captured {created}, accelplat {version})"))
     # A capture records no host name, so a replayed description has none.
     info["hostname"] = None if args.replay else socket.gethostname()
     if args.json:

@@ -12,23 +12,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
-from types import FrameType
+from typing import TYPE_CHECKING
 
 from accelplat._cli._args import Size, add_common, command, count_arg, path, ratio_arg, seconds_arg
-from accelplat._cli._errors import dumps, say, shown
-from accelplat._enforce import choose
-from accelplat._leasing import DEFAULT_TIMEOUT_S, LeaseRecord, lease, lease_status
-from accelplat._leasing._locks import default_lease_dir, describe
-from accelplat._leasing._shares import parse_budget
+from accelplat._cli._errors import dumps, handling, in_foreground, redraw, say, shown
 from accelplat._util import format_bytes
 from accelplat.errors import ConfigurationError
+
+if TYPE_CHECKING:  # leasing loads when the command runs, not for --help or --version
+    from accelplat._leasing import LeaseRecord
 
 PREFIX = "accelplat lease:"
 _FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
@@ -51,8 +49,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add("--memory", type=_budget, metavar="SIZE", help="lease SIZE of each device, not all of it")
     add("--min-free", action=Size, help="each device must have SIZE free when handed out")
     add("--min-free-ratio", type=ratio_arg, metavar="R", help="each must have R of its memory free")
-    wait, most = seconds_arg(allow_zero=True), "give up after S seconds (default %(default)g)"
-    add("--timeout", type=wait, default=DEFAULT_TIMEOUT_S, metavar="S", help=most)
+    wait = seconds_arg(allow_zero=True)  # the default is the library's (DEFAULT_TIMEOUT_S)
+    add("--timeout", type=wait, metavar="S", help="give up after S seconds (default 600)")
     where = add("--lock-dir", metavar="DIR", help="default: $ACCELPLAT_LEASE_DIR, else per user")
     path(where, directory=True)
     add("--status", action="store_true", help="show who holds which device")
@@ -61,6 +59,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _budget(text: str) -> int:
+    from accelplat._leasing._shares import parse_budget
+
     try:
         return parse_budget(text)
     except ConfigurationError as exc:  # a usage error naming the option
@@ -75,7 +75,11 @@ def _run(args: argparse.Namespace) -> int:
         return _status(args)
     if not cmd:
         raise ConfigurationError("give the command to run after --, e.g. lease -n 1 -- pytest")
-    kw = {"memory": args.memory, "timeout_s": args.timeout, "lock_dir": args.lock_dir}
+    from accelplat._enforce import choose
+    from accelplat._leasing import DEFAULT_TIMEOUT_S, lease
+
+    timeout = DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout
+    kw = {"memory": args.memory, "timeout_s": timeout, "lock_dir": args.lock_dir}
     held = lease(args.count, min_free_bytes=args.min_free, min_free_ratio=args.min_free_ratio, **kw)
     each = "" if held.memory_bytes is None else f" ({format_bytes(held.memory_bytes)} of each)"
     waiting = Waiting(f"{args.count} device(s){each}")
@@ -83,10 +87,14 @@ def _run(args: argparse.Namespace) -> int:
         held.acquire(on_wait=None if args.quiet else waiting)
     finally:
         waiting.close()
-    enforced = None
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(held.release)
+        child_env = held.child_environ()
+        enforced = None
         if held.memory_bytes is not None:  # a share: held to its budget where this host can
             enforced = choose(held.platform)
+            stack.callback(enforced.close)
+            child_env.update({**enforced.environ, **enforced.limits(held.environ)})
         if not args.quiet:
             names = ", ".join(f"{d.index} ({d.stable_id or d.name})" for d in held.devices)
             env = " ".join(f"{k}={'(unset)' if v is None else v}" for k, v in held.environ.items())
@@ -94,14 +102,7 @@ def _run(args: argparse.Namespace) -> int:
             say(shown(f"{line}; {env}" if env else line))
             if enforced is not None:
                 say(shown(f"{PREFIX} {enforced.describe()}"))
-        child_env = held.child_environ()
-        if enforced is not None:
-            child_env.update({**enforced.environ, **enforced.limits(held.environ)})
         return _run_child(cmd, child_env, held.lock_fds)
-    finally:
-        if enforced is not None:
-            enforced.close()
-        held.release()
 
 
 class Waiting:
@@ -120,22 +121,17 @@ class Waiting:
         if now - self.drawn_at < (_REDRAW_S if self.tty else math.inf):
             return
         self.drawn_at = now
-        if not self.tty:
+        if self.tty:
+            redraw(
+                sys.stderr, shown(f"{PREFIX} waiting {waited_s:.0f} s for {self.what}: {reason}")
+            )
+        else:
             say(shown(f"{PREFIX} waiting for {self.what}: {reason}"))
-            return
-        with contextlib.suppress(OSError):
-            width = os.get_terminal_size(sys.stderr.fileno()).columns
-            line = shown(f"{PREFIX} waiting {waited_s:.0f} s for {self.what}: {reason}")
-            line = line if len(line) < width else line[: max(width - 2, 0)] + "…"
-            sys.stderr.write(f"\r{line}\x1b[K")
-            sys.stderr.flush()
 
     def close(self) -> None:
         """Clear a terminal's waiting line."""
         if self.tty and self.drawn_at > -math.inf:
-            with contextlib.suppress(OSError):
-                sys.stderr.write("\r\x1b[K")
-                sys.stderr.flush()
+            redraw(sys.stderr)
 
 
 def _run_child(cmd: Sequence[str], env: dict[str, str], fds: Sequence[int]) -> int:
@@ -144,24 +140,16 @@ def _run_child(cmd: Sequence[str], env: dict[str, str], fds: Sequence[int]) -> i
     except OSError as exc:
         say(shown(f"{PREFIX} error: cannot run {cmd[0]!r}: {exc.strerror or exc}"))
         return 127
-    try:
-        foreground = os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
-    except (OSError, ValueError, AttributeError):
-        foreground = False
+    foreground = in_foreground()
 
-    def forward(signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and foreground:
-            return  # the terminal sent it to CMD as well
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
+    def forward(signum: int, frame: object) -> None:
+        if signum != signal.SIGINT or not foreground:  # else the terminal sent it to CMD as well
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
 
     signums = [getattr(signal, name) for name in _FORWARDED if hasattr(signal, name)]
-    previous = {signum: signal.signal(signum, forward) for signum in signums}
-    try:
+    with handling(signums, forward):
         code = child.wait()  # SIGINT is forwarded by the handler, never raised
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     return 128 - code if code < 0 else code
 
 
@@ -174,6 +162,9 @@ def _state(record: LeaseRecord, shared: dict[str, int]) -> str:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from accelplat._leasing import lease_status
+    from accelplat._leasing._locks import default_lease_dir, describe
+
     records = lease_status(args.lock_dir)  # None: the private default, checked as such
     shared: dict[str, int] = {}  # device -> bytes promised by live shares
     for r in records:

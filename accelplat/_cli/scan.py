@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from accelplat._cli._args import add_common, command, path
 from accelplat._cli._errors import dumps
-from accelplat._scan import Finding, ScanReport, added_since, scan_path
 from accelplat._util import printable
+
+if TYPE_CHECKING:  # the scanner loads when the command runs
+    from accelplat._scan import Finding, ScanReport
 
 _HELP = "inventory a test tree's platform predicates and what replaces each"
 _DESCRIPTION = (
@@ -31,16 +34,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = command(sub, "scan", _run, help=_HELP, description=_DESCRIPTION)
     path(parser.add_argument("path", help="a test directory or a .py file"))
     add_common(parser, json=True)
-    parser.add_argument("--markdown", action="store_true", help="print the summary as Markdown")
-    parser.add_argument(
-        "--files", action="store_true", help="also list every finding (file:line predicate)"
-    )
-    parser.add_argument(
-        "--diff",
-        metavar="BASE",
-        help="exit 1 if platform predicates were added since git revision BASE (moved lines "
-        "are not added); lists them",
-    )
+    add = parser.add_argument
+    add("--markdown", action="store_true", help="print the summary as Markdown")
+    add("--files", action="store_true", help="also list every finding (file:line predicate)")
+    ratchet = "exit 1 if platform predicates were added since git revision BASE (moved lines "
+    add("--diff", metavar="BASE", help=ratchet + "are not added); lists them")
 
 
 def _rows(title: str, counts: dict[str, int], total: int) -> list[str]:
@@ -92,6 +90,8 @@ def _text(report: ScanReport, files: bool) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from accelplat._scan import added_since, scan_path
+
     if args.diff is not None:
         report, added = added_since(args.path, args.diff)
         if args.json:

@@ -58,13 +58,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(vLLM's paged layout). With --available, check that it fits and print the longest "
         "length that does (exit 1 when it does not fit).",
     )
-    optional = {"head_size_v": None, "block_size": 16}
-    for flag, keyword, metavar, help_text in _KV:
-        required = keyword not in optional
-        kv.add_argument(
-            flag, dest=keyword, type=int, metavar=metavar, required=required, help=help_text
-        )
-    kv.set_defaults(**optional)
+    for flag, keyword, metavar, text in _KV:
+        required = keyword not in ("head_size_v", "block_size")
+        kv.add_argument(flag, dest=keyword, type=int, metavar=metavar, required=required, help=text)
+    kv.set_defaults(block_size=16)
     dtype_help = "KV-cache dtype: bf16, fp16, fp32, fp8 … or bytes: 2"
     dtype = kv.add_argument("--dtype", required=True, metavar="TYPE", help=dtype_help)
     words(dtype, _sizing.DTYPE_NAMES)
@@ -78,7 +75,7 @@ def _gib(n: int) -> str:
 
 def _run_shm(args: argparse.Namespace) -> int:
     required: int | None = args.require
-    name = str(args.name).strip()
+    name = args.name.strip()
     if not name:
         raise ConfigurationError(f"--name must be a non-empty text, got {args.name!r}")
     info = shm_info(args.path)
@@ -110,8 +107,7 @@ def _run_kv(args: argparse.Namespace) -> int:
         size = parse_size(text, argument="--dtype", bare_bytes=True)
     else:
         size = _sizing.dtype_bytes(args.dtype)
-    dims: dict[str, Any] = {keyword: getattr(args, keyword) for _, keyword, _, _ in _KV}
-    dims["dtype_bytes"] = size
+    dims: dict[str, Any] = {key: getattr(args, key) for _, key, _, _ in _KV} | {"dtype_bytes": size}
     for keyword, value in dims.items():
         if value is not None and value > _MAX_KV_INT:
             raise ConfigurationError(
@@ -127,6 +123,12 @@ def _run_kv(args: argparse.Namespace) -> int:
         raise ConfigurationError(_FLAGS.get(keyword, keyword) + str(exc)[len(keyword) :]) from None
     per_token = args.num_layers * page // args.block_size
     gib = round(needed / GIB, 4) if needed < 2**1000 else needed // GIB  # exact past a float
+    error: KVCacheTooSmallError | None = None
+    if available is not None:
+        try:
+            _sizing.check_kv_cache_fits(available, **dims, max_model_len=tokens)
+        except KVCacheTooSmallError as exc:
+            error = exc
     doc: dict[str, Any] = {
         "max_model_len": tokens,
         "bytes": needed,
@@ -136,17 +138,11 @@ def _run_kv(args: argparse.Namespace) -> int:
         "block_size": args.block_size,
         "dtype_bytes": size,
         "available": available,
-        "fits": None,
-        "max_model_len_that_fits": None,
+        "fits": None if available is None else error is None,
+        "max_model_len_that_fits": None
+        if available is None
+        else shape.longest_that_fits(available),
     }
-    error: KVCacheTooSmallError | None = None
-    if available is not None:
-        doc["max_model_len_that_fits"] = _sizing.max_model_len_that_fits(available, **dims)
-        try:
-            _sizing.check_kv_cache_fits(available, **dims, max_model_len=tokens)
-        except KVCacheTooSmallError as exc:
-            error = exc
-        doc["fits"] = error is None
     if args.json:
         print(dumps(doc, indent=2))
     else:

@@ -19,24 +19,29 @@ import shutil
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from types import FrameType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from typing_extensions import Self
 
-from accelplat._cli._args import add_common, color, color_options, command, count_arg, seconds_arg
-from accelplat._cli._errors import Details, dumps, holder_json, host_json, time_json
-from accelplat._memory import snapshot
-from accelplat._owners import default_clock, sample
-from accelplat._platform import Platform, optional
-from accelplat._registry import current_platform
-from accelplat._types import DeviceInfo, MemoryInfo, UsageSnapshot
+from accelplat._cli._args import add_common, color, command, count_arg, seconds_arg
+from accelplat._cli._errors import (
+    Details,
+    dumps,
+    handling,
+    holder_json,
+    host_json,
+    process_details,
+    time_json,
+)
 from accelplat._util import format_bytes, printable
 from accelplat.errors import AccelplatError, ConfigurationError
+
+if TYPE_CHECKING:  # the core loads when the command runs
+    from accelplat._platform import Platform
+    from accelplat._types import DeviceInfo, MemoryInfo, UsageSnapshot
 
 BAR_WIDTH = 30  # the bar's cells on a wide terminal; it shrinks first, to MIN_BAR
 MIN_BAR = 10
@@ -65,27 +70,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Show used, free, total and reserved memory of each visible device, as the "
         "platform's context-free query reports it. Creates no device context.",
     )
-    add_common(parser, json="print JSON (one object per refresh)", devices=True)
-    color_options(parser)
-    parser.add_argument(
-        "--watch",
-        nargs="?",
-        const=1.0,
-        type=seconds_arg(allow_zero=False),
-        metavar="SECONDS",
-        help="refresh every SECONDS (default 1) until interrupted (or --count refreshes)",
-    )
-    parser.add_argument(
-        "--count",
-        type=count_arg(minimum=1, what="a whole number >= 1"),
-        metavar="N",
-        help="with --watch: stop after N refreshes",
-    )
-    parser.add_argument(
-        "--holders",
-        action="store_true",
-        help="also list the processes holding memory, where the platform can tell",
-    )
+    add_common(parser, json="print JSON (one object per refresh)", devices=True, colour=True)
+    add = parser.add_argument
+    every = "refresh every SECONDS (default 1) until interrupted (or --count refreshes)"
+    seconds = seconds_arg(allow_zero=False)
+    add("--watch", nargs="?", const=1.0, type=seconds, metavar="SECONDS", help=every)
+    refreshes = count_arg(minimum=1, what="a whole number >= 1")
+    add("--count", type=refreshes, metavar="N", help="with --watch: stop after N refreshes")
+    holders = "also list the processes holding memory, where the platform can tell"
+    add("--holders", action="store_true", help=holders)
 
 
 def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None) -> bool:
@@ -104,7 +97,7 @@ def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None
     return True
 
 
-Slice = tuple[str, DeviceInfo | None, MemoryInfo | None, str]  # unit, device, memory, error
+Slice = tuple[str, "DeviceInfo | None", "MemoryInfo | None", str]  # unit, device, memory, error
 
 
 def slices(platform: Platform) -> list[Slice]:
@@ -112,6 +105,9 @@ def slices(platform: Platform) -> list[Slice]:
 
     Empty where the visible devices are the units (``lease_units`` absent or empty).
     """
+    from accelplat._owners import sample
+    from accelplat._platform import optional
+
     units, restricted = optional(platform, "lease_units"), optional(platform, "restricted")
     found: list[Slice] = []
     for unit in units() if callable(units) and callable(restricted) else ():
@@ -123,9 +119,11 @@ def slices(platform: Platform) -> list[Slice]:
     return found
 
 
-def _memory_json(info: MemoryInfo) -> dict[str, Any]:
-    keys = ("used", "free", "total", "reserved", "used_ratio", "source")
-    return {key: getattr(info, key) for key in keys}
+def _device_json(device: DeviceInfo | None, info: MemoryInfo | None) -> dict[str, Any]:
+    """A device's (or slice's) ``name``, ``uuid`` and memory, as ``--json`` documents show them."""
+    keys = ("used", "free", "total", "reserved", "used_ratio", "source") if info else ()
+    named = {"name": device.name, "uuid": device.uuid} if device else {"name": "", "uuid": None}
+    return named | {key: getattr(info, key) for key in keys}
 
 
 def snapshot_to_json(
@@ -134,25 +132,20 @@ def snapshot_to_json(
     devices: Mapping[int, DeviceInfo],
     *,
     holders: bool,
-    details: Details | None = None,
     host: Mapping[str, Any] | None = None,
     units: Sequence[Slice] = (),
 ) -> dict[str, Any]:
     """Return the document ``accelplat stats --json`` prints for one sample (``docs/json.md``).
 
-    ``details`` (default: read with psutil) gives each holder's user and argv; ``host`` is
-    :func:`host_json`'s answer, asked once per run (``None``: asked now); ``units``: the
-    :func:`slices` read with the sample, listed when there are any.
+    ``host`` is :func:`host_json`'s answer, asked once per run (``None``: asked now); ``units``:
+    the :func:`slices` read with the sample, listed when there are any.
     """
-    details = _process_details() if details is None and holders else details
     entries: list[dict[str, Any]] = []
     for index, info in sorted(snap.memory.items()):
-        device = devices.get(index)
-        name, uuid = (device.name, device.uuid) if device else ("", None)
-        entry = {"index": index, "name": name, "uuid": uuid, **_memory_json(info)}
+        entry = {"index": index, **_device_json(devices.get(index), info)}
         if holders:
             held = snap.holders.get(index)
-            entry["holders"] = None if held is None else [holder_json(h, details) for h in held]
+            entry["holders"] = None if held is None else [holder_json(h) for h in held]
         entries.append(entry)
     doc = {
         **(host_json(platform) if host is None else host),
@@ -161,17 +154,10 @@ def snapshot_to_json(
     }
     if units:
         doc["slices"] = [
-            {"unit": u, "name": d.name if d else "", "uuid": d.uuid if d else None}
-            | (_memory_json(m) if m else {"error": why})
+            {"unit": u, **_device_json(d, m)} | ({} if m else {"error": why})
             for u, d, m, why in units
         ]
     return doc
-
-
-def _process_details() -> Details:
-    from accelplat._vendor.procs import process_details
-
-    return process_details
 
 
 def command_line(argv: Sequence[str]) -> str:
@@ -301,9 +287,7 @@ def _plain(
     snap: UsageSnapshot,
     names: Mapping[int, str],
     holders: bool,
-    details: Details,
-    *,
-    units: Sequence[Slice] = (),
+    units: Sequence[Slice],
 ) -> str:
     devices = _devices(snap, names)
     lines, gone = _tables(shutil.get_terminal_size().columns, devices, units, plain=True)
@@ -318,7 +302,7 @@ def _plain(
             out.append(f"device {index}: no process holds memory")
         for h in held or ():
             label = f" {printable(h.name)}" if h.name else ""
-            user, argv = details(h.pid)
+            user, argv = process_details(h.pid)
             who = f", user {printable(user)}" if user else ""
             who += f": {command_line(argv)}" if argv else ""
             used = format_bytes(h.used_bytes)
@@ -329,105 +313,73 @@ def _plain(
 def _run(args: argparse.Namespace) -> int:
     if args.count is not None and args.watch is None and args.count != 1:
         raise ConfigurationError("--count needs --watch SECONDS")
+    from accelplat._memory import snapshot
+    from accelplat._owners import default_clock
+    from accelplat._registry import current_platform
+
     platform = current_platform()
     devices = {d.index: d for d in platform.devices()}
     shown = {i: printable(d.name) for i, d in devices.items()}  # for a terminal: escapes escaped
     snapshot(args.devices, platform=platform, holders=False)  # check the devices first
-    out = sys.stdout
-    colour = color(args.color)
+    out, colour, clock = sys.stdout, color(args.color), default_clock(platform)
     live = not args.json and use_rich(out, watch=args.watch is not None, colour=colour)
-    clock = default_clock(platform)
+    watching, name = live and args.watch, platform.name
     state = ViewState(holders=args.holders)
-    host: dict[str, Any] | None
+    host = host_json(platform) if args.json else None  # asked once per run
     try:
         with contextlib.suppress(KeyboardInterrupt), contextlib.ExitStack() as stack:  # Ctrl-C
-            if live and args.watch:  # SIGTERM, SIGHUP: end as Ctrl-C does, terminal restored
-                stack.enter_context(_ended_by(signal.SIGTERM, signal.SIGHUP))  # undone last
-            keys = stack.enter_context(Keys(sleep=clock.sleep)) if live and args.watch else None
-            draw = (
-                _live_view(stack, platform.name, shown, state, args.watch, colour=colour)
-                if live
-                else None
-            )
-            n, host = 0, None  # host: host_json(), asked once per run
+            if watching:  # SIGTERM, SIGHUP: end as Ctrl-C does, terminal restored
+                stack.enter_context(handling(_ENDING, _end))  # undone last
+            keys = stack.enter_context(Keys(sys.stdin if watching else None, sleep=clock.sleep))
+            draw = _live_view(stack, args.watch, colour) if live else None
+            n = 0
             while not state.quit:
                 snap = snapshot(args.devices, platform=platform, holders=state.holders)
                 units = slices(platform)
                 if draw is not None:
-                    draw(snap, units)
-                elif args.json:
-                    host = host or host_json(platform)
+                    draw(render(name, snap, shown, state=state, interval=args.watch, units=units))
+                elif host is not None:
                     doc = snapshot_to_json(
                         platform, snap, devices, holders=state.holders, host=host, units=units
                     )
                     out.write(dumps(doc) + "\n")
                 else:
-                    text = _plain(
-                        platform, snap, shown, state.holders, _process_details(), units=units
-                    )
+                    text = _plain(platform, snap, shown, state.holders, units)
                     out.write(("\n" if n else "") + text + "\n")
                 out.flush()
                 n += 1
-                if args.watch is None or (args.count is not None and n >= args.count):
+                if args.watch is None or n == args.count:
                     break
-                if keys is not None:
-                    keys.wait(args.watch, state)
-                else:
-                    clock.sleep(args.watch)
+                keys.wait(args.watch, state)
     except _EndedError as ended:
-        return 128 + ended.signum
+        return 128 + int(ended.args[0])
     return 0
 
 
+_ENDING = (signal.SIGTERM, signal.SIGHUP)
+
+
 class _EndedError(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
+    """A signal of ``_ENDING`` (``args[0]``) ended the live view."""
 
 
-@contextlib.contextmanager
-def _ended_by(*signums: int) -> Iterator[None]:
-    """Raise :class:`_EndedError` on any of ``signums``, ignoring repeats while it unwinds."""
-
-    def end(signum: int, frame: FrameType | None) -> None:
-        for other in signums:
-            signal.signal(other, signal.SIG_IGN)
-        raise _EndedError(signum)
-
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set handlers
-        return
-    previous = {signum: signal.signal(signum, end) for signum in signums}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+def _end(signum: int, frame: object) -> None:
+    for other in _ENDING:  # a repeat while the view unwinds is ignored
+        signal.signal(other, signal.SIG_IGN)
+    raise _EndedError(signum)
 
 
 def _live_view(
-    stack: contextlib.ExitStack[Any],
-    platform: str,
-    names: dict[int, str],
-    state: ViewState,
-    watch: float | None,
-    *,
-    colour: bool | None = None,
-) -> Callable[[UsageSnapshot, Sequence[Slice]], None]:
+    stack: contextlib.ExitStack[Any], watch: float | None, colour: bool | None
+) -> Callable[[Frame], None]:
+    """Return what draws a frame of the view; ``stack`` gives the terminal back at its end."""
     from rich.console import Console
     from rich.live import Live
 
     # colour() read NO_COLOR and FORCE_COLOR already; rich would read them again over a flag.
     console = Console(no_color=colour is False, force_terminal=colour or None)
-
-    def frame(snap: UsageSnapshot, units: Sequence[Slice]) -> Frame:
-        details = _process_details()
-        return render(
-            platform, snap, names, state=state, interval=watch, details=details, units=units
-        )
-
     if watch is None or not sys.stdout.isatty():  # a forced colour in a pipe: frame by frame
-        return lambda snap, units: console.print(frame(snap, units))
+        return console.print
     # The alternate screen, as top and nvitop use: each refresh draws the whole screen from its
     # top-left corner, so a resized terminal (which reflows what it shows) keeps no stale line.
     # Leaving it restores the shell's screen; the last frame is printed there to stay.
@@ -436,11 +388,11 @@ def _live_view(
     live = Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False)
     view = stack.enter_context(live)
 
-    def draw(snap: UsageSnapshot, units: Sequence[Slice]) -> None:
+    def draw(frame: Frame) -> None:
         columns, lines = shutil.get_terminal_size()
         console.size = (min(columns, MAX_COLUMNS), min(lines, MAX_LINES))  # read at each draw
-        last[:] = [frame(snap, units)]
-        view.update(last[0], refresh=True)
+        last[:] = [frame]
+        view.update(frame, refresh=True)
 
     return draw
 
@@ -533,7 +485,7 @@ def render(
     *,
     state: ViewState,
     interval: float | None,
-    details: Details,
+    details: Details = process_details,
     host: str | None = None,
     now: float | None = None,
     units: Sequence[Slice] = (),
@@ -553,84 +505,69 @@ def render(
     ]
     if interval is not None:
         header.append((("[h] holders  [q] quit  [?] keys", "dim"),))
-    devices = _devices(snap, names)
-    holders: list[dict[str, str]] | None = None
-    if state.holders:
-        holders = []
-        for index in sorted(snap.memory):
-            held = snap.holders.get(index)
-            if not held:
-                unknown = "the platform cannot tell who holds memory"
-                note = unknown if held is None else "no process holds memory"
-                holders.append({"DEV": str(index), "COMMAND": f"({note})"})
-            for h in sorted(held or (), key=lambda h: -(h.used_bytes or 0)):
-                user, argv = details(h.pid)
-                holders.append(
-                    {
-                        "DEV": str(index),
-                        "PID": str(h.pid),
-                        "USER": printable(user),
-                        "COMMAND": command_line(argv) or printable(h.name),
-                        "MEMORY": "?" if h.used_bytes is None else format_bytes(h.used_bytes),
-                        "STATE": h.state.value,
-                    }
-                )
-    return Frame(header, devices, holders, units, state.keys and interval is not None)
+    holders: list[dict[str, str]] = []
+    for index in sorted(snap.memory) if state.holders else ():
+        held = snap.holders.get(index)
+        if not held:
+            unknown = "the platform cannot tell who holds memory"
+            note = unknown if held is None else "no process holds memory"
+            holders.append({"DEV": str(index), "COMMAND": f"({note})"})
+        for h in sorted(held or (), key=lambda h: -(h.used_bytes or 0)):
+            user, argv = details(h.pid)
+            holders.append(
+                {
+                    "DEV": str(index),
+                    "PID": str(h.pid),
+                    "USER": printable(user),
+                    "COMMAND": command_line(argv) or printable(h.name),
+                    "MEMORY": format_bytes(h.used_bytes),
+                    "STATE": h.state.value,
+                }
+            )
+    shown = holders if state.holders else None
+    return Frame(header, _devices(snap, names), shown, units, state.keys and interval is not None)
 
 
-class Keys:
+class Keys(contextlib.ExitStack):
     """Key presses on a terminal (``h`` holders, ``?`` keys, ``q`` quit), in cbreak mode until exit.
 
-    A key typed before the view started is kept (cbreak is entered without flushing input). A
+    ``stream`` is the terminal (``None``, or not a terminal: no keys, :meth:`wait` sleeps). A key
+    typed before the view started is kept (cbreak is entered without flushing input). A
     resize of the terminal (``SIGWINCH``) also ends :meth:`wait`, so the view redraws at once.
     """
 
     def __init__(
         self, stream: IO[str] | None = None, sleep: Callable[[float], None] = time.sleep
     ) -> None:
-        self._stream = sys.stdin if stream is None else stream
+        super().__init__()
+        self._stream = stream
         self._sleep = sleep
         self._fd: int | None = None
-        self._restore_fd: int | None = None
-        self._saved: Any = None
-        self._wake: tuple[int, int] | None = None  # a pipe the SIGWINCH handler writes to
-        self._previous: Any = None
+        self._wake: list[int] = []  # the read end of a pipe the SIGWINCH handler writes to
 
     def __enter__(self) -> Self:
         with contextlib.suppress(ImportError, OSError, ValueError, AttributeError):
             import termios
             import tty
 
-            fd = self._stream.fileno()
+            fd = -1 if self._stream is None else self._stream.fileno()  # -1: no terminal
             if os.isatty(fd):
-                self._saved = termios.tcgetattr(fd)
+                self.callback(_restore_terminal, fd, termios.tcgetattr(fd))
                 tty.setcbreak(fd, termios.TCSANOW)  # TCSAFLUSH would drop a `q` typed already
-                self._fd = self._restore_fd = fd
-        winch = getattr(signal, "SIGWINCH", None)
-        if self._fd is not None and winch and threading.current_thread() is threading.main_thread():
-            self._wake = os.pipe()
-            for end in self._wake:
+                self._fd = fd
+        if self._fd is not None:  # a resize writes to a pipe, which ends a wait
+            read, write = os.pipe()
+            for end in (read, write):
                 os.set_blocking(end, False)
-            self._previous = signal.signal(winch, self._resized)
+                self.callback(os.close, end)
+
+            def resized(signum: int, frame: object) -> None:
+                with contextlib.suppress(OSError):  # a full pipe has a wake-up pending already
+                    os.write(write, b"r")
+
+            self.enter_context(handling([signal.SIGWINCH], resized))
+            self._wake = [read]
         return self
-
-    def _resized(self, signum: int, frame: FrameType | None) -> None:
-        if self._wake is not None:
-            with contextlib.suppress(OSError):  # a full pipe has a wake-up pending already
-                os.write(self._wake[1], b"r")
-
-    def __exit__(self, *exc: object) -> None:
-        if self._restore_fd is not None and self._saved is not None:
-            import termios
-
-            with contextlib.suppress(OSError):
-                termios.tcsetattr(self._restore_fd, termios.TCSADRAIN, self._saved)
-        self._fd = self._restore_fd = None
-        if self._wake is not None:
-            signal.signal(signal.SIGWINCH, self._previous)
-            for end in self._wake:
-                os.close(end)
-            self._wake = None
 
     @property
     def active(self) -> bool:
@@ -643,13 +580,10 @@ class Keys:
             self._sleep(timeout)
             return
         deadline = time.monotonic() + timeout
-        wake = [] if self._wake is None else [self._wake[0]]
+        wake = self._wake
         while (left := deadline - time.monotonic()) > 0:
-            ready = select.select([fd, *wake], [], [], left)[0]
-            if not ready:
-                return
-            if wake and wake[0] in ready:  # resized: drain the pipe, redraw now
-                with contextlib.suppress(OSError):
+            if fd not in select.select([fd, *wake], [], [], left)[0]:  # the time is up, or resized
+                with contextlib.suppress(OSError):  # drain the pipe
                     os.read(wake[0], 64)
                 return
             try:
@@ -666,3 +600,10 @@ class Keys:
                     state.holders ^= key == "h"
                     state.keys ^= key == "?"
                     return  # redraw now
+
+
+def _restore_terminal(fd: int, saved: Any) -> None:
+    import termios
+
+    with contextlib.suppress(OSError):
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)

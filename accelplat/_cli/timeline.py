@@ -11,17 +11,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import os
+import math
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from accelplat._cli._args import command, output_option, path
+from accelplat._cli._errors import handling, in_foreground
 from accelplat.errors import AccelplatError, ConfigurationError
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
 
@@ -39,17 +38,6 @@ class _StopLingeringError(Exception):
     """Ends the leak grace period early (a signal arrived after the command finished)."""
 
 
-def _terminal_interrupts_reach_the_child() -> bool:
-    """Whether a Ctrl-C from the terminal also reached the child (same foreground group)."""
-    for fd in (0, 1, 2):
-        try:
-            if os.isatty(fd):
-                return os.tcgetpgrp(fd) == os.getpgrp()
-        except OSError:
-            continue
-    return False
-
-
 class _Signals:
     """Catches the signals that would end ``record``: the handler notes and forwards them only.
 
@@ -63,20 +51,8 @@ class _Signals:
         self.during = False  # whether a signal arrived before the command was reaped
         self._early: list[int] = []
         self._kill_after = kill_after
-        self._deadline: float | None = None
+        self._deadline = math.inf
         self._stage = 0
-        self._previous: dict[int, object] = {}
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread
-        for sig in _CAUGHT:
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def restore(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)  # type: ignore[arg-type]
-        self._previous.clear()
 
     def attach(self, proc: subprocess.Popen[bytes]) -> None:
         """Note the started command; forward what arrived while it was starting."""
@@ -85,39 +61,35 @@ class _Signals:
         while self._early:
             self._forward(proc, self._early.pop(0), early=True)
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
+    def _handle(self, signum: int, frame: object) -> None:
         self.received.append(signum)
         proc = self.proc
         if proc is None:
             self.during = True
             self._early.append(signum)  # the command is starting: attach() forwards it
-            return
-        if self.child_done or proc.poll() is not None:
-            return  # the command has finished: the main thread stops lingering
-        self.during = True
-        self._forward(proc, signum, early=False)
+        elif not self.child_done and proc.poll() is None:  # else the main thread stops lingering
+            self.during = True
+            self._forward(proc, signum, early=False)
 
     def _forward(self, proc: subprocess.Popen[bytes], signum: int, *, early: bool) -> None:
         if signum == signal.SIGINT and self.received.count(signal.SIGINT) >= 2:
             proc.kill()  # a second Ctrl-C: no more waiting
             return
-        if self._deadline is None:
-            self._deadline = time.monotonic() + self._kill_after
-        if signum in _KEYBOARD and not early and _terminal_interrupts_reach_the_child():
+        self._deadline = min(self._deadline, time.monotonic() + self._kill_after)
+        if signum in _KEYBOARD and not early and in_foreground():
             return  # the terminal sent it to the child's process group already
         proc.send_signal(signum)
 
-    def escalate(self) -> None:
-        """Terminate, then kill, a child that outlives its grace period after a signal."""
-        proc = self.proc
-        if proc is None or self._deadline is None or time.monotonic() < self._deadline:
-            return
-        if self._stage == 0:
-            proc.terminate()
-        else:
-            proc.kill()
-        self._stage += 1
-        self._deadline = time.monotonic() + self._kill_after
+    def reap(self, proc: subprocess.Popen[bytes]) -> int:
+        """Wait for ``proc``; terminate, then kill, it if it outlives its grace after a signal."""
+        while True:
+            try:
+                return proc.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= self._deadline:
+                    proc.send_signal(signal.SIGKILL if self._stage else signal.SIGTERM)
+                    self._stage += 1
+                    self._deadline = time.monotonic() + self._kill_after
 
     def sleep(self, seconds: float) -> None:
         """Sleep between lingering samples; stop lingering once a signal has arrived."""
@@ -126,10 +98,6 @@ class _Signals:
         time.sleep(seconds)
         if self.received:
             raise _StopLingeringError
-
-    def describe(self) -> str:
-        names = [signal.Signals(s).name for s in self.received]
-        return ", ".join(dict.fromkeys(names))
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -182,15 +150,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rep.add_argument("--leak-grace", type=float, metavar="SECONDS", help=grace)
 
 
-def _tolerance(raw: str | None) -> int | None:
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The leak rule's options given (a trace's own keys): each checked, named by its option."""
     from accelplat._leaks import parse_leak_tolerance
+    from accelplat.timeline._sampler import validate_grace
 
-    return None if raw is None else parse_leak_tolerance(raw, argument="--leak-tolerance")
+    given: dict[str, Any] = {}
+    if args.leak_tolerance is not None:
+        tolerance = parse_leak_tolerance(args.leak_tolerance, argument="--leak-tolerance")
+        given["leak_tolerance_bytes"] = tolerance
+    if args.leak_grace is not None:
+        given["leak_grace_s"] = validate_grace(args.leak_grace, argument="--leak-grace")
+    return given
 
 
 def run_record(args: argparse.Namespace) -> int:
     """Run ``args.command`` while recording; write the trace (and ``--html``) even on failure."""
-    from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES
     from accelplat._vendor import procs
     from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
     from accelplat.timeline._trace import SpanOwners, clip
@@ -199,19 +174,14 @@ def run_record(args: argparse.Namespace) -> int:
     if not argv:
         raise ConfigurationError("needs a command after `--`")
     hz = validate_hz(args.hz, argument="--hz")
-    tolerance = _tolerance(args.leak_tolerance)
-    grace = validate_grace(args.leak_grace, argument="--leak-grace")
-    kill_after = validate_grace(args.kill_after, argument="--kill-after")
-    out = Path(args.out)
-    for target in (out, Path(args.html) if args.html else None):
-        if target is not None and not target.resolve().parent.is_dir():
-            raise ConfigurationError(f"the directory of {os.fspath(target)!r} does not exist")
-    leak = DEFAULT_LEAK_TOLERANCE_BYTES if tolerance is None else tolerance
-    recorder = Recorder.of_current_platform(hz=hz, leak_tolerance_bytes=leak, leak_grace_s=grace)
+    leak_rule = _overrides(args)  # --leak-grace has a default: always given
+    signals = _Signals(validate_grace(args.kill_after, argument="--kill-after"))
+    for target in filter(None, (args.out, args.html)):
+        if not Path(target).resolve().parent.is_dir():
+            raise ConfigurationError(f"the directory of {target!r} does not exist")
+    recorder = Recorder.of_current_platform(hz=hz, **leak_rule)
     label = clip(" ".join(argv))
-    signals = _Signals(kill_after)
-    signals.install()
-    try:
+    with handling(_CAUGHT, signals._handle):
         recorder.start()
         before = _holdings(recorder)
         recorder.begin_test(label)
@@ -225,52 +195,39 @@ def run_record(args: argparse.Namespace) -> int:
         else:
             procs.remember({proc.pid})  # its memory is the command's even after it exits
             signals.attach(proc)
-            code = _reap(proc, signals)
+            code = signals.reap(proc)
             status = 128 - code if code < 0 else code
             signals.child_done = True
         recorder.end_test(label, f"exit {status}")
-        during = signals.during
-        if not during:
+        if not signals.during:
             with contextlib.suppress(_StopLingeringError):
                 recorder.linger(sleep=signals.sleep)
         recorder.stop()
         after = _holdings(recorder)
         if before and after:
-            recorder.add_owners(
-                label,
-                [SpanOwners(d, before[d], after[d]) for d in sorted(before) if d in after],
-            )
+            owners = [SpanOwners(d, before[d], after[d]) for d in sorted(before) if d in after]
+            recorder.add_owners(label, owners)
         trace = recorder.trace(command=argv, exit_code=status)
         if signals.received:
-            when = "while the command ran" if during else "after the command finished"
-            cut = "" if during else "; the leak grace period was cut short"
-            note = f"Partial recording: {signals.describe()} arrived {when}{cut}."
+            names = ", ".join(dict.fromkeys(signal.Signals(s).name for s in signals.received))
+            when = "while the command ran" if signals.during else "after the command finished"
+            cut = "" if signals.during else "; the leak grace period was cut short"
+            note = f"Partial recording: {names} arrived {when}{cut}."
             trace = dataclasses.replace(trace, partial=True, notes=(*trace.notes, note))
             status = 128 + signals.received[0]
-        return _save(trace, out, args.html, status)
-    finally:
-        signals.restore()
+        return _save(trace, Path(args.out), args.html, status)
 
 
 def _holdings(recorder: Recorder) -> dict[int, Holdings]:
     """What each device holds now, by owner (the command is a child): {} if it cannot be read."""
     from accelplat._leaks import current_holdings
 
-    platform = recorder.platform
-    if platform is None:
+    if recorder.platform is None:
         return {}
     try:
-        return current_holdings(platform)
+        return current_holdings(recorder.platform)
     except AccelplatError:
         return {}
-
-
-def _reap(proc: subprocess.Popen[bytes], signals: _Signals) -> int:
-    while True:
-        try:
-            return proc.wait(timeout=0.1)
-        except subprocess.TimeoutExpired:
-            signals.escalate()
 
 
 def _save(trace: Trace, out: Path, html_path: str | None, status: int) -> int:
@@ -298,21 +255,10 @@ def run_report(args: argparse.Namespace) -> int:
     if args.out is None and args.chrome_trace is None:
         raise ConfigurationError("needs --out REPORT.html or --chrome-trace OUT.json (or both)")
     from accelplat.timeline._render import write_report
-    from accelplat.timeline._sampler import validate_grace
     from accelplat.timeline._trace import load_trace
 
-    tolerance = _tolerance(args.leak_tolerance)
-    grace = (
-        None
-        if args.leak_grace is None
-        else validate_grace(args.leak_grace, argument="--leak-grace")
-    )
-    trace = load_trace(args.trace)
-    trace = dataclasses.replace(  # the Chrome trace's leaks follow them too
-        trace,
-        leak_tolerance_bytes=trace.leak_tolerance_bytes if tolerance is None else tolerance,
-        leak_grace_s=trace.leak_grace_s if grace is None else grace,
-    )
+    overrides = _overrides(args)
+    trace = dataclasses.replace(load_trace(args.trace), **overrides)  # the Chrome trace's too
     pages: list[tuple[str, Literal["html", "chrome"]]] = [(args.out, "html")] * bool(args.out)
     pages += [(args.chrome_trace, "chrome")] * bool(args.chrome_trace)
     for target, kind in pages:

@@ -10,26 +10,20 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shutil
 import sys
 import time
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from accelplat._cli._args import Size, add_common, command, count_arg, ratio_arg, seconds_arg
-from accelplat._cli._errors import dumps, host_json, say
+from accelplat._cli._errors import dumps, redraw, say
 from accelplat._cli.stats import snapshot_to_json
-from accelplat._memory import (
-    DEFAULT_STABLE_TOLERANCE_BYTES,
-    wait_for_memory_to_clear,
-    wait_for_memory_to_settle,
-    wait_for_release,
-)
-from accelplat._platform import Platform
-from accelplat._registry import current_platform
-from accelplat._types import SettleResult, UsageSnapshot
 from accelplat._util import format_bytes, printable
 from accelplat.errors import ConfigurationError, MemoryNotSettledError
+
+if TYPE_CHECKING:  # the core loads when the command runs
+    from accelplat._platform import Platform
+    from accelplat._types import SettleResult, UsageSnapshot
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,50 +38,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "processes holding memory), 2 on bad input. With both thresholds, the larger target "
         "applies. Creates no device context.",
     )
-    parser.add_argument(
-        "--threshold-ratio",
-        type=ratio_arg,
-        metavar="R",
-        help="clear when used <= R x total (in [0, 1]; raised to the platform's idle floor)",
-    )
-    parser.add_argument(
-        "--threshold-bytes", action=Size, help="clear when used <= SIZE (e.g. 4GiB, 512MiB, 8GB, 0)"
-    )
-    parser.add_argument(
-        "--timeout",
-        type=seconds_arg(allow_zero=True),
-        metavar="S",
-        help="give up after S seconds (default: the platform's settle timeout)",
-    )
-    add_common(parser, devices=True)
-    parser.add_argument(
-        "--settle",
-        action="store_true",
-        help="wait as the platform releases memory: its stability window on lazy platforms, "
-        "none on eager ones (default ratio 0.1)",
-    )
-    parser.add_argument(
-        "--force", action="store_true", help="with --settle: use the window on eager platforms too"
-    )
-    parser.add_argument(
-        "--pid",
-        dest="pids",
-        action="append",
-        type=count_arg(minimum=1, maximum=2**31 - 1, what="a process id (1..2147483647)"),
-        metavar="PID",
-        help="wait until process PID (and its descendants) holds no device memory or is gone; "
-        "repeatable; no threshold",
-    )
-    parser.add_argument(
-        "--stable",
-        type=seconds_arg(allow_zero=True),
-        metavar="S",
-        help="usage must stay clear for S seconds (default: the platform's window)",
-    )
-    parser.add_argument(
-        "--tolerance", action=Size, help="movement that still counts as stable (default 512MiB)"
-    )
-    add_common(parser, quiet=True, json="print the outcome as JSON on stdout")
+    ratio = "clear when used <= R x total (in [0, 1]; raised to the platform's idle floor)"
+    parser.add_argument("--threshold-ratio", type=ratio_arg, metavar="R", help=ratio)
+    for flag, text in (
+        ("--threshold-bytes", "clear when used <= SIZE (e.g. 4GiB, 512MiB, 8GB, 0)"),
+        ("--tolerance", "movement that still counts as stable (default 512MiB)"),
+    ):
+        parser.add_argument(flag, action=Size, help=text)
+    for flag, text in (
+        ("--timeout", "give up after S seconds (default: the platform's settle timeout)"),
+        ("--stable", "usage must stay clear for S seconds (default: the platform's window)"),
+    ):
+        parser.add_argument(flag, type=seconds_arg(allow_zero=True), metavar="S", help=text)
+    settle = "wait as the platform releases memory: its stability window on lazy platforms, "
+    settle += "none on eager ones (default ratio 0.1)"
+    for flag, text in (
+        ("--settle", settle),
+        ("--force", "with --settle: use the window on eager platforms too"),
+    ):
+        parser.add_argument(flag, action="store_true", help=text)
+    pid = count_arg(minimum=1, maximum=2**31 - 1, what="a process id (1..2147483647)")
+    gone = "wait until process PID (and its descendants) holds no device memory or is gone; "
+    gone += "repeatable; no threshold"
+    parser.add_argument("--pid", dest="pids", action="append", type=pid, metavar="PID", help=gone)
+    add_common(parser, devices=True, quiet=True, json="print the outcome as JSON on stdout")
 
 
 class Progress:
@@ -103,7 +77,6 @@ class Progress:
         self._min_interval_s = min_interval_s
         self._last_draw = -math.inf
         self._first: float | None = None
-        self._drawn = False
 
     def __call__(self, snap: UsageSnapshot, targets: Mapping[int, int]) -> None:
         """Record one sample (an ``on_poll`` callback); redraw when enough real time passed."""
@@ -122,62 +95,54 @@ class Progress:
                 f"{device}={format_bytes(info.used)} (<= {target} {'ok' if ok else 'wait'})"
             )
             waiting += [] if ok else [(device, info.used)]
-        line = head + ", ".join(parts)
-        width = shutil.get_terminal_size().columns - 1  # a full last column wraps on some terminals
-        if len(line) > width:
-            indices = ",".join(str(d) for d, _ in waiting)
-            most = format_bytes(max((used for _, used in waiting), default=0))
-            line = f"{head}{len(parts) - len(waiting)} of {len(parts)} clear; waiting for "
-            line += f"{indices}: up to {most}"
-        if len(line) > width:
-            line = line[: max(0, width - 1)] + "…"
-        self._stream.write(f"\r\x1b[K{line}")
-        self._stream.flush()
-        self._drawn = True
+        indices = ",".join(str(d) for d, _ in waiting)
+        most = format_bytes(max((used for _, used in waiting), default=0))
+        short = f"{head}{len(parts) - len(waiting)} of {len(parts)} clear; waiting for "
+        redraw(self._stream, head + ", ".join(parts), f"{short}{indices}: up to {most}")
 
     def finish(self) -> None:
         """Erase the line, so that what follows starts on a clean one."""
-        if self._drawn:
-            self._stream.write("\r\x1b[K")
-            self._stream.flush()
-            self._drawn = False
+        if self._last_draw > -math.inf:
+            redraw(self._stream)
+            self._last_draw = -math.inf
 
 
 def _outcome_json(
-    outcome: SettleResult | MemoryNotSettledError, platform: Platform, host: Mapping[str, Any]
+    outcome: SettleResult | MemoryNotSettledError, platform: Platform
 ) -> dict[str, Any]:
     """Return the document ``wait --json`` prints (``docs/json.md``).
 
-    The last reading, as ``stats --json`` shows one, each device with its target; ``host``:
-    :func:`host_json`'s answer.
+    The last reading, as ``stats --json`` shows one, each device with its target.
     """
     devices = {d.index: d for d in platform.devices()}
-    doc = snapshot_to_json(platform, outcome.snapshot, devices, holders=True, host=host)
+    doc = snapshot_to_json(platform, outcome.snapshot, devices, holders=True)
     for entry in doc["devices"]:
         entry["target"] = target = outcome.targets.get(entry["index"])
         entry["cleared"] = target is not None and entry["used"] <= target
     doc = {"status": "clear", **doc, "waited_s": outcome.waited_s}
-    if isinstance(outcome, SettleResult):
-        return doc | {"polls": outcome.polls, "already_settled": outcome.already_settled}
-    return doc | {"status": "timeout", "error": str(outcome)}
+    if isinstance(outcome, MemoryNotSettledError):
+        return doc | {"status": "timeout", "error": str(outcome)}
+    return doc | {"polls": outcome.polls, "already_settled": outcome.already_settled}
 
 
 def _wait(args: argparse.Namespace, progress: Progress, **common: Any) -> SettleResult:
     """Wait as ``args`` ask; the progress line is finished however it ends (Ctrl-C too)."""
+    from accelplat import _memory
+
     try:
         if args.pids:  # no on_poll: its targets are no usage levels to draw
-            return wait_for_release(args.pids, **common)
+            return _memory.wait_for_release(args.pids, **common)
         if args.settle:  # whole devices: the engines a script started are not our children
             ratio = 0.1 if args.threshold_ratio is None else args.threshold_ratio
-            return wait_for_memory_to_settle(
+            return _memory.wait_for_memory_to_settle(
                 threshold_ratio=ratio, force=args.force, owners="all", on_poll=progress, **common
             )
-        tolerance = DEFAULT_STABLE_TOLERANCE_BYTES if args.tolerance is None else args.tolerance
-        return wait_for_memory_to_clear(
+        if args.tolerance is not None:
+            common["stable_tolerance_bytes"] = args.tolerance
+        return _memory.wait_for_memory_to_clear(
             threshold_bytes=args.threshold_bytes,
             threshold_ratio=args.threshold_ratio,
             stable_duration_s=args.stable,
-            stable_tolerance_bytes=tolerance,
             on_poll=progress,
             **common,
         )
@@ -204,31 +169,29 @@ def _run(args: argparse.Namespace) -> int:
         )
     if args.force and not args.settle:
         raise ConfigurationError("--force only applies with --settle")
-    if not (
-        args.settle
-        or args.pids
-        or args.threshold_ratio is not None
-        or args.threshold_bytes is not None
-    ):
+    if not (args.settle or args.pids or {"threshold_ratio", "threshold_bytes"} & {*given}):
         raise ConfigurationError(
             "give --threshold-ratio R or --threshold-bytes SIZE (or --settle, or --pid PID)"
         )
+    from accelplat._registry import current_platform
+
     drawn = sys.stderr.isatty() and os.environ.get("TERM") != "dumb"  # a log gets no redraws
     progress = Progress(sys.stderr, enabled=drawn and not args.quiet)
     platform = current_platform()
+    outcome: SettleResult | MemoryNotSettledError
     try:
-        result = _wait(
+        outcome = _wait(
             args, progress, platform=platform, devices=args.devices, timeout_s=args.timeout
         )
     except MemoryNotSettledError as exc:
         say(f"accelplat wait: {printable(exc, keep_newlines=True)}")
-        if args.json:
-            print(dumps(_outcome_json(exc, platform, host_json(platform))))
-        return 1
+        outcome = exc
     if args.json:
-        print(dumps(_outcome_json(result, platform, host_json(platform))))
-    elif not args.quiet:
-        how = "already clear" if result.already_settled else f"clear after {result.waited_s:.2f} s"
-        detail = f"({result.polls} poll(s)): {result.snapshot.describe()}"
+        print(dumps(_outcome_json(outcome, platform)))
+    elif not args.quiet and not isinstance(outcome, MemoryNotSettledError):
+        how = (
+            "already clear" if outcome.already_settled else f"clear after {outcome.waited_s:.2f} s"
+        )
+        detail = f"({outcome.polls} poll(s)): {outcome.snapshot.describe()}"
         print(f"accelplat wait: {how} {detail}", file=sys.stderr)
-    return 0
+    return 1 if isinstance(outcome, MemoryNotSettledError) else 0

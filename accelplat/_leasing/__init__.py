@@ -22,7 +22,7 @@ from accelplat._leasing._locks import ENV_LEASE_DIR as ENV_LEASE_DIR
 from accelplat._leasing._locks import LeaseRecord as LeaseRecord
 from accelplat._leasing._shares import ENV_MEMORY_BYTES as ENV_MEMORY_BYTES
 from accelplat._leasing._shares import Share
-from accelplat._memory import wait_for_memory_to_clear
+from accelplat._memory import resolve_platform, wait_for_memory_to_clear
 from accelplat._owners import default_clock
 from accelplat._platform import Platform, optional, subset_environment
 from accelplat._types import MIB, DeviceInfo
@@ -375,18 +375,10 @@ def lease(
     timeout = _validate.number(timeout_s, "timeout_s", minimum=0)
     if isinstance(prefer, (str, bytes)) or not all(isinstance(p, str) for p in prefer):
         raise ConfigurationError(f"prefer must be a sequence of device identities, got {prefer!r}")
-    directory = _locks.prepare_dir(lock_dir)
-    if platform is None:
-        from accelplat._registry import current_platform
-
-        platform = current_platform()
-    clock = clock if clock is not None else default_clock(platform)
+    directory, plat = _locks.prepare_dir(lock_dir), resolve_platform(platform)
+    clock = clock if clock is not None else default_clock(plat)
     ratio, prefers = min_free_ratio, tuple(prefer)
-    held = Lease(
-        wanted, platform, directory, min_free_bytes, ratio, timeout, clock, prefers, budget
-    )
-    held.pool = _pool(held)
-    return held
+    return Lease(wanted, plat, directory, min_free_bytes, ratio, timeout, clock, prefers, budget)
 
 
 def _pool(held: Lease) -> list[Unit]:

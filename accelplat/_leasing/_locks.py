@@ -281,16 +281,8 @@ def holder_document(platform: str, **fields: object) -> dict[str, object]:
 
 def write_holder(path: Path, doc: dict[str, object]) -> None:
     """Replace a holder document atomically; failures are ignored (documents are advisory)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)  # left by a process of this pid that died writing
-        with os.fdopen(create(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as fh:
-            json.dump(doc, fh)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    with contextlib.suppress(OSError):  # a directory or FIFO in its place is never replaced
+        _files.write_text_atomic(path, json.dumps(doc), mode=FILE_MODE)
 
 
 class Taken(NamedTuple):

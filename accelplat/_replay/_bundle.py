@@ -8,6 +8,7 @@ question asked at the vendor boundary with its answers, in order), optionally ``
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import json
@@ -271,11 +272,7 @@ def _check_host(
         if not all(isinstance(n, str) and _ENV_NAME_RE.match(n) for n in variables):
             raise BundleError(source, "must list variable names", field=f"{at}variables")
     raw_records = fields.array(host.get("records"), at + "records", limits.records)
-    handles: dict[str, Handle] = {}
-
-    def handle(token: str) -> Handle:  # one object per token: a replayed call's key uses it
-        return handles.setdefault(token, Handle(token))
-
+    handle = functools.cache(Handle)  # one object per token: a replayed call's key uses it
     seen: set[tuple[str, str]] = set()
     records = tuple(
         _check_record(raw, f"{at}records[{i}]", source, limits=limits, handle=handle, seen=seen)

@@ -169,7 +169,6 @@ class _RecordingModule:
         self._rec = recorder
         self._channel = channel
         self._module = module
-        self._functions: dict[str, Callable[..., Any]] = {}
 
     def __getattr__(self, name: str) -> Any:
         rec, channel = self._rec, self._channel
@@ -187,9 +186,8 @@ class _RecordingModule:
         if isinstance(value, types.ModuleType):
             return value
         if callable(value):
-            fn = self._functions.get(name)
-            if fn is None:
-                fn = self._functions[name] = self._recording(name, value)
+            fn = self._recording(name, value)
+            setattr(self, name, fn)  # found as an attribute from now on
             return fn
         rec.add(channel, ["attr", name], {"v": encode(value, rec.token_for(channel))}, once=True)
         return value
@@ -250,18 +248,15 @@ class _RecordingLibrary:
         self._rec = recorder
         self._channel = channel
         self._lib = lib
-        self._functions: dict[str, _RecordingCFunction] = {}
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        fn = self._functions.get(name)
-        if fn is not None:
-            return fn
         try:
             real = getattr(self._lib, name)
         except AttributeError as exc:
             self._rec.add(self._channel, ["attr", name], {"raise": describe_error(exc)}, once=True)
             raise
-        fn = self._functions[name] = _RecordingCFunction(self._rec, self._channel, name, real)
+        fn = _RecordingCFunction(self._rec, self._channel, name, real)
+        setattr(self, name, fn)  # found as an attribute from now on
         return fn

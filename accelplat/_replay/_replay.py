@@ -52,9 +52,6 @@ class ReplayedError(Exception):
         self.value = value
         self.type_name = type_name or type(self).__name__
 
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
 
 class Replayer:
     """Answers the vendor boundary (an :class:`~accelplat._boundary.Interceptor`) from a bundle."""

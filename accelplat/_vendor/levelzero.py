@@ -53,38 +53,35 @@ def result_name(code: int) -> str:
     return _RESULT_NAMES.get(code, f"ze_result_t 0x{code:08x}")
 
 
+_U32, _U64, _CHARS64 = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_char * 64
+_HEADER = (("stype", _U32), ("pNext", ctypes.c_void_p))  # every Sysman structure begins so
+
+
+def _each(kind: Any, *names: str) -> tuple[tuple[str, Any], ...]:
+    """Consecutive fields of one C type, as a declaration ``uint32_t a, b, c;`` lists them."""
+    return tuple((name, kind) for name in names)
+
+
 class ZesPciAddress(ctypes.Structure):
     """``zes_pci_address_t``."""
 
-    _fields_ = (
-        ("domain", ctypes.c_uint32),
-        ("bus", ctypes.c_uint32),
-        ("device", ctypes.c_uint32),
-        ("function", ctypes.c_uint32),
-    )
+    _fields_ = _each(_U32, "domain", "bus", "device", "function")
 
 
 class ZesPciSpeed(ctypes.Structure):
     """``zes_pci_speed_t``."""
 
-    _fields_ = (
-        ("gen", ctypes.c_int32),
-        ("width", ctypes.c_int32),
-        ("maxBandwidth", ctypes.c_int64),
-    )
+    _fields_ = (*_each(ctypes.c_int32, "gen", "width"), ("maxBandwidth", ctypes.c_int64))
 
 
 class ZesPciProperties(ctypes.Structure):
     """``zes_pci_properties_t``."""
 
     _fields_ = (
-        ("stype", ctypes.c_uint32),
-        ("pNext", ctypes.c_void_p),
+        *_HEADER,
         ("address", ZesPciAddress),
         ("maxSpeed", ZesPciSpeed),
-        ("haveBandwidthCounters", ctypes.c_uint8),
-        ("havePacketCounters", ctypes.c_uint8),
-        ("haveReplayCounters", ctypes.c_uint8),
+        *_each(ctypes.c_uint8, "haveBandwidthCounters", "havePacketCounters", "haveReplayCounters"),
     )
 
 
@@ -92,25 +89,14 @@ class ZeDeviceProperties(ctypes.Structure):
     """``ze_device_properties_t`` (the ``core`` member of ``zes_device_properties_t``)."""
 
     _fields_ = (
-        ("stype", ctypes.c_uint32),
-        ("pNext", ctypes.c_void_p),
-        ("type", ctypes.c_uint32),
-        ("vendorId", ctypes.c_uint32),
-        ("deviceId", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
-        ("subdeviceId", ctypes.c_uint32),
-        ("coreClockRate", ctypes.c_uint32),
-        ("maxMemAllocSize", ctypes.c_uint64),
-        ("maxHardwareContexts", ctypes.c_uint32),
-        ("maxCommandQueuePriority", ctypes.c_uint32),
-        ("numThreadsPerEU", ctypes.c_uint32),
-        ("physicalEUSimdWidth", ctypes.c_uint32),
-        ("numEUsPerSubslice", ctypes.c_uint32),
-        ("numSubslicesPerSlice", ctypes.c_uint32),
-        ("numSlices", ctypes.c_uint32),
-        ("timerResolution", ctypes.c_uint64),
-        ("timestampValidBits", ctypes.c_uint32),
-        ("kernelTimestampValidBits", ctypes.c_uint32),
+        *_HEADER,
+        *_each(_U32, "type", "vendorId", "deviceId", "flags", "subdeviceId", "coreClockRate"),
+        ("maxMemAllocSize", _U64),
+        *_each(_U32, "maxHardwareContexts", "maxCommandQueuePriority", "numThreadsPerEU"),
+        *_each(_U32, "physicalEUSimdWidth", "numEUsPerSubslice", "numSubslicesPerSlice"),
+        ("numSlices", _U32),
+        ("timerResolution", _U64),
+        *_each(_U32, "timestampValidBits", "kernelTimestampValidBits"),
         ("uuid", ctypes.c_uint8 * 16),
         ("name", ctypes.c_char * 256),
     )
@@ -120,16 +106,11 @@ class ZesDeviceProperties(ctypes.Structure):
     """``zes_device_properties_t``."""
 
     _fields_ = (
-        ("stype", ctypes.c_uint32),
-        ("pNext", ctypes.c_void_p),
+        *_HEADER,
         ("core", ZeDeviceProperties),
-        ("numSubdevices", ctypes.c_uint32),
-        ("serialNumber", ctypes.c_char * 64),
-        ("boardNumber", ctypes.c_char * 64),
-        ("brandName", ctypes.c_char * 64),
-        ("modelName", ctypes.c_char * 64),
-        ("vendorName", ctypes.c_char * 64),
-        ("driverVersion", ctypes.c_char * 64),
+        ("numSubdevices", _U32),
+        *_each(_CHARS64, "serialNumber", "boardNumber", "brandName", "modelName"),
+        *_each(_CHARS64, "vendorName", "driverVersion"),
     )
 
 
@@ -137,55 +118,44 @@ class ZesMemProperties(ctypes.Structure):
     """``zes_mem_properties_t``."""
 
     _fields_ = (
-        ("stype", ctypes.c_uint32),
-        ("pNext", ctypes.c_void_p),
-        ("type", ctypes.c_uint32),
+        *_HEADER,
+        ("type", _U32),
         ("onSubdevice", ctypes.c_uint8),
-        ("subdeviceId", ctypes.c_uint32),
-        ("location", ctypes.c_uint32),
-        ("physicalSize", ctypes.c_uint64),
-        ("busWidth", ctypes.c_int32),
-        ("numChannels", ctypes.c_int32),
+        *_each(_U32, "subdeviceId", "location"),
+        ("physicalSize", _U64),
+        *_each(ctypes.c_int32, "busWidth", "numChannels"),
     )
 
 
 class ZesMemState(ctypes.Structure):
     """``zes_mem_state_t``."""
 
-    _fields_ = (
-        ("stype", ctypes.c_uint32),
-        ("pNext", ctypes.c_void_p),
-        ("health", ctypes.c_uint32),
-        ("free", ctypes.c_uint64),
-        ("size", ctypes.c_uint64),
-    )
+    _fields_ = (*_HEADER, ("health", _U32), *_each(_U64, "free", "size"))
 
 
 class ZesProcessState(ctypes.Structure):
     """``zes_process_state_t``."""
 
     _fields_ = (
-        ("stype", ctypes.c_uint32),
-        ("pNext", ctypes.c_void_p),
-        ("processId", ctypes.c_uint32),
-        ("memSize", ctypes.c_uint64),
-        ("sharedSize", ctypes.c_uint64),
-        ("engines", ctypes.c_uint32),
+        *_HEADER,
+        ("processId", _U32),
+        *_each(_U64, "memSize", "sharedSize"),
+        ("engines", _U32),
     )
 
 
 _Struct = TypeVar("_Struct", bound=ctypes.Structure)
 _P = ctypes.POINTER
 _SIGNATURES: dict[str, tuple[Any, ...]] = {
-    "zesInit": (ctypes.c_uint32,),
-    "zesDriverGet": (_P(ctypes.c_uint32), _P(ctypes.c_void_p)),
-    "zesDeviceGet": (ctypes.c_void_p, _P(ctypes.c_uint32), _P(ctypes.c_void_p)),
+    "zesInit": (_U32,),
+    "zesDriverGet": (_P(_U32), _P(ctypes.c_void_p)),
+    "zesDeviceGet": (ctypes.c_void_p, _P(_U32), _P(ctypes.c_void_p)),
     "zesDeviceGetProperties": (ctypes.c_void_p, _P(ZesDeviceProperties)),
     "zesDevicePciGetProperties": (ctypes.c_void_p, _P(ZesPciProperties)),
-    "zesDeviceEnumMemoryModules": (ctypes.c_void_p, _P(ctypes.c_uint32), _P(ctypes.c_void_p)),
+    "zesDeviceEnumMemoryModules": (ctypes.c_void_p, _P(_U32), _P(ctypes.c_void_p)),
     "zesMemoryGetProperties": (ctypes.c_void_p, _P(ZesMemProperties)),
     "zesMemoryGetState": (ctypes.c_void_p, _P(ZesMemState)),
-    "zesDeviceProcessesGetState": (ctypes.c_void_p, _P(ctypes.c_uint32), _P(ZesProcessState)),
+    "zesDeviceProcessesGetState": (ctypes.c_void_p, _P(_U32), _P(ZesProcessState)),
 }
 
 

@@ -7,11 +7,11 @@ waits for (accelplat never shuts NVML down itself); a forked child starts a new 
 from __future__ import annotations
 
 import contextlib
-import operator
 import os
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from accelplat import _boundary
@@ -123,22 +123,11 @@ def is_error(exc: BaseException, *names: str) -> bool:
     return any(cls_name in (n, f"NVMLError_{n}") for n in names)
 
 
-def _vendor_exceptions(module: Any) -> tuple[type[BaseException], ...]:
-    found: list[type[BaseException]] = []
-    for attr in ("NVMLError", "NVMLLibraryMismatchError"):
-        cls = getattr(module, attr, None)
-        if isinstance(cls, type) and issubclass(cls, BaseException):
-            found.append(cls)
-    return tuple(found)
-
-
 def translate(exc: BaseException, action: str) -> BackendError:
     """Return the ``BackendError`` for an NVML failure during ``action`` (``"reading …"``)."""
     name = error_name(exc)
-    hint = _HINTS.get(name)
-    detail = str(exc) or name
-    message = f"{action} failed: {detail}" + (f"; {hint}" if hint else "")
-    return BackendError(PLATFORM, message, vendor_error=name)
+    hint = f"; {_HINTS[name]}" if name in _HINTS else ""
+    return BackendError(PLATFORM, f"{action} failed: {str(exc) or name}{hint}", vendor_error=name)
 
 
 SOURCE_V2, SOURCE_V1, SOURCE_HOST = "nvml-v2", "nvml-v1", "host-unified"
@@ -165,7 +154,7 @@ def memory(nv: Any, handle: Any, key: str, where: str) -> tuple[int, int, int, i
         else:
             # v2 keeps the driver's reserved memory (~615 MiB on an H200) out of used; total less
             # reserved is what cuMemGetInfo and torch.cuda.mem_get_info call total.
-            free, total, used, reserved = _fields(mem, where, _read_v2)
+            free, total, used, reserved = _fields(mem, where, _V2_FIELDS)
             st.reported.add(key)
             return free, total - reserved, used, reserved, SOURCE_V2
     if rung == SOURCE_V1:
@@ -175,28 +164,19 @@ def memory(nv: Any, handle: Any, key: str, where: str) -> tuple[int, int, int, i
             _step_down(exc, ("NotSupported",), key, where, SOURCE_HOST)
         else:
             # v1 counts reserved as used (v1 used = v2 used + reserved); total is NVML's total.
-            free, total, used = _fields(mem, where, _read_v1)
+            free, total, used = _fields(mem, where, _V2_FIELDS[:3])
             st.reported.add(key)
             return free, total, used, 0, SOURCE_V1
     return None
 
 
-_V2_FIELDS = ("free", "total", "used", "reserved")
-_read_v2 = operator.attrgetter(*_V2_FIELDS)
-_read_v1 = operator.attrgetter(*_V2_FIELDS[:3])
+_V2_FIELDS = ("free", "total", "used", "reserved")  # v1 has the first three
 
 
-def _fields(mem: Any, where: str, read: operator.attrgetter[Any]) -> tuple[int, ...]:
+def _fields(mem: Any, where: str, names: tuple[str, ...]) -> tuple[int, ...]:
     """Read a memory structure's fields (a replay bundle's may be missing or hold anything)."""
-    try:
-        values: tuple[Any, ...] = read(mem)
-    except AttributeError:
-        values = ()
-    if not values or set(map(type, values)) != {int}:
-        names = _V2_FIELDS[: 3 if read is _read_v1 else 4]
-        what = f"the memory NVML reported for {where}"
-        values = tuple(vendor_int(PLATFORM, what, n, getattr(mem, n, None)) for n in names)
-    return values
+    what = f"the memory NVML reported for {where}"
+    return tuple(vendor_int(PLATFORM, what, n, getattr(mem, n, None)) for n in names)
 
 
 def _step_down(exc: Exception, expected: tuple[str, ...], key: str, where: str, lower: str) -> str:
@@ -227,10 +207,7 @@ def _step_down(exc: Exception, expected: tuple[str, ...], key: str, where: str, 
 def unavailable_reason(exc: BaseException) -> str:
     """Return one sentence saying why NVML is unusable after ``exc`` (from ``nvmlInit``)."""
     name = error_name(exc)
-    hint = _HINTS.get(name)
-    if hint is not None:
-        return f"NVML unavailable: {hint} ({name})"
-    return f"NVML unavailable: {exc or name} ({name})"
+    return f"NVML unavailable: {_HINTS.get(name) or exc} ({name})"
 
 
 LIBRARY = "libnvidia-ml.so.1"  # what nvidia-ml-py loads on Linux, by this name only
@@ -267,7 +244,7 @@ def _initialize_locked(st: _State) -> None:
     try:
         module.nvmlInit()
     except Exception as exc:  # a broken, shadowed or incomplete module fails in any way
-        if isinstance(exc, _vendor_exceptions(module)):
+        if type(exc).__name__.startswith(("NVMLError", "NVMLLibraryMismatchError")):
             reason = unavailable_reason(exc)
         elif isinstance(exc, AttributeError):
             reason = f"the pynvml module is shadowed or incomplete ({exc}); install nvidia-ml-py"
@@ -308,19 +285,14 @@ def release() -> None:
             st.cond.notify_all()
 
 
-class _Session:
-    __slots__ = ()
-
-    def __enter__(self) -> Any:
-        return acquire()
-
-    def __exit__(self, *exc_info: object) -> None:
-        release()
-
-
-def session() -> _Session:
+@contextlib.contextmanager
+def session() -> Iterator[Any]:
     """Return a context manager around :func:`acquire` and :func:`release` (nests, any thread)."""
-    return _Session()
+    nv = acquire()
+    try:
+        yield nv
+    finally:
+        release()
 
 
 def initialized() -> bool:

@@ -120,12 +120,8 @@ def _pid_namespace_live() -> bool:
     return link != _INIT_PID_NAMESPACE
 
 
-def _forget_seen() -> None:
-    _seen.clear()
-
-
 if hasattr(os, "register_at_fork"):  # a forked child's descendants are not its parent's
-    os.register_at_fork(after_in_child=_forget_seen)
+    os.register_at_fork(after_in_child=_seen.clear)
 
 
 def _name(proc: psutil.Process) -> str:

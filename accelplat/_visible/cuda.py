@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from accelplat._util import shown
 
@@ -53,6 +53,8 @@ class MigRecord(NamedTuple):  # one MIG device of a GPU (instance ids for the le
     uuid: str
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    name: str = ""  # the backend's facts from here on: the rules never read them
+    handle: Any = None
 
 
 class GpuRecord(NamedTuple):  # one physical GPU, its MIG devices in MIG index order
@@ -60,6 +62,10 @@ class GpuRecord(NamedTuple):  # one physical GPU, its MIG devices in MIG index o
     uuid: str
     mig_enabled: bool = False
     mig_devices: tuple[MigRecord, ...] = ()
+    name: str = ""  # the backend's facts from here on: the rules never read them
+    handle: Any = None
+    pci_bus_id: str | None = None
+    compute_capability: tuple[int, int] | None = None
 
 
 class VisibleTarget(NamedTuple):  # one visible device: its GPU's NVML index, its own UUID

@@ -144,17 +144,14 @@ def _describe_threshold(
 
     parts: list[str] = []
     for device, phys in zip(devices, physical, strict=True):
-        gib: float | None = None
-        if threshold_bytes is not None:
-            gib = pick(threshold_bytes, device) / GIB
+        gib = None if threshold_bytes is None else pick(threshold_bytes, device) / GIB
         if device in floored:
             gib = max(gib or 0.0, floored[device] / GIB)
-        if threshold_ratio is None:
-            parts.append(f"device={phys}: {gib:.2f} GiB")
-        elif gib is None:
-            parts.append(f"device={phys}: {pick(threshold_ratio, device):.3f}")
-        else:
-            parts.append(f"device={phys}: max({gib:.2f} GiB, {pick(threshold_ratio, device):.3f})")
+        shown = [] if gib is None else [f"{gib:.2f} GiB"]
+        shown += [] if threshold_ratio is None else [f"{pick(threshold_ratio, device):.3f}"]
+        parts.append(
+            f"device={phys}: " + (f"max({shown[0]}, {shown[1]})" if shown[1:] else shown[0])
+        )
     return "; ".join(parts)
 
 
@@ -268,14 +265,7 @@ def _clear(
             f"Memory of devices devices={list(physical)!r} not free after "
             f"dur_s={exc.waited_s:.02f} (threshold={threshold!r})"
         )
-        raise VllmMemoryNotFreeError(
-            f"{head}\n{exc}",
-            snapshot=exc.snapshot,
-            targets=exc.targets,
-            waited_s=exc.waited_s,
-            history=exc.history,
-            raised_targets=exc.raised_targets,
-        ) from None
+        raise VllmMemoryNotFreeError(f"{head}\n{exc}", **vars(exc)) from None  # the same fields
 
 
 def wait_for_memory_to_settle(
@@ -416,9 +406,9 @@ def _budget(budget_bytes: int | None) -> int | None:
     raw = os.environ.get(ENV_MEMORY_BYTES, "").strip()
     if not raw:
         return None
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 20):
-        raise ConfigurationError(f"{ENV_MEMORY_BYTES} must be a number of bytes, got {raw!r:.40}")
-    return _validate.integer(int(raw), ENV_MEMORY_BYTES, minimum=1)
+    return _validate.integer(
+        raw, ENV_MEMORY_BYTES, minimum=1, expected="a number of bytes", from_text=True
+    )
 
 
 def _check_budget_kv(

@@ -20,6 +20,7 @@ from accelplat.pytest_plugin._shared import (
     DEFAULT_LEAK_TOLERANCE,
     FORCED_KEY,
     LEAK_PLUGIN_NAME,
+    auto_seconds,
     current,
     reapply_forced,
     skip_at_test,
@@ -344,21 +345,15 @@ FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S = 120.0
 
 
 def _settle_options(config: pytest.Config, platform: Platform) -> tuple[float, str]:
-    raw = str(config.getini("accelplat_settle_timeout") or "auto").strip().lower()
     owners = str(config.getini("accelplat_settle_owners") or "ours").strip().lower()
     if owners not in ("ours", "all"):
         raise pytest.UsageError(f"accelplat_settle_owners must be 'ours' or 'all', got {owners!r}")
-    if raw == "auto":
+    raw = config.getini("accelplat_settle_timeout") or "auto"
+    if (timeout := auto_seconds(raw, "accelplat_settle_timeout")) is None:
         profile = platform.release
-        if not profile.lazy:
-            return min(profile.settle_timeout_s, FIXTURE_SETTLE_TIMEOUT_EAGER_S), owners
-        return min(profile.settle_timeout_s, FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S), owners
-    try:
-        return _seconds(raw), owners
-    except ValueError:
-        raise pytest.UsageError(
-            f"accelplat_settle_timeout must be 'auto' or seconds >= 0, got {raw!r}"
-        ) from None
+        cap = FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S if profile.lazy else FIXTURE_SETTLE_TIMEOUT_EAGER_S
+        timeout = min(profile.settle_timeout_s, cap)
+    return timeout, owners
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ that finish together lose none of each other's figures.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
@@ -17,6 +16,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from accelplat import _files
+from accelplat._leasing._locks import try_lock, unlock
 from accelplat._types import GIB, MIB
 from accelplat._validate import JsonFields
 from accelplat.errors import ConfigurationError
@@ -118,20 +118,12 @@ def save_footprints(
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Hold ``path``'s lock (made 0644 if missing), waiting at most ``LOCK_TIMEOUT_S``."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
-    fd = os.open(path, flags, 0o644)
-    with contextlib.suppress(OSError):  # the umask's bits back; another user's file stays theirs
-        os.fchmod(fd, 0o644)
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    while (fd := try_lock(path)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} stayed locked for {LOCK_TIMEOUT_S:g} s")
+        time.sleep(0.05)
     try:
-        deadline = time.monotonic() + LOCK_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{path} stayed locked for {LOCK_TIMEOUT_S:g} s") from None
-                time.sleep(0.05)
         yield
     finally:
-        os.close(fd)
+        unlock(fd)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Generator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from accelplat._leaks import Blame, ContextLedger, Holdings, current_holdings, holdings, judge
+from accelplat._leaks import Blame, Holdings, current_holdings, first_context, holdings, judge
 from accelplat._memory import Judge, Wait
+from accelplat._owners import running
 from accelplat._types import UsageSnapshot
 from accelplat._util import format_bytes
 from accelplat.errors import MemoryNotSettledError
@@ -41,26 +41,11 @@ def _leak_wait(config: pytest.Config) -> float | None:
     raw, argument = config.getoption("--accelplat-leak-wait"), "--accelplat-leak-wait"
     if raw is None:
         raw, argument = config.getini("accelplat_leak_wait") or "auto", "accelplat_leak_wait"
-    if str(raw).strip().lower() == "auto":
-        return None
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise pytest.UsageError(f"{argument} must be 'auto' or seconds >= 0, got {raw!r}")
-    return seconds
+    return _shared.auto_seconds(raw, argument)
 
 
 def _pairs(children: Mapping[int, int]) -> list[list[int]]:
-    return [[pid, held] for pid, held in sorted(children.items())]
-
-
-def _running(pid: int) -> bool:
-    from accelplat._types import HolderState
-    from accelplat._vendor.procs import classify_pid
-
-    return classify_pid(pid)[0] in (HolderState.CHILD, HolderState.ALIVE, HolderState.SELF)
+    return sorted(map(list, children.items()))
 
 
 class _Blamed(Judge):
@@ -90,11 +75,11 @@ class LeakChecker:
         self.report = report
         self.tolerance = _shared.leak_tolerance(config, "--accelplat-leak-tolerance")
         self.wait_s = _leak_wait(config)
-        self.ledger = ContextLedger()
+        self.contexts_seen: set[int] = set()  # devices whose context is decided
         # nodeid, device, before, after, leaked, attributed, children [[pid, bytes]]
-        self.leaks: list[tuple[str, int, int, int, int, bool, list[list[int]]]] = []
-        self.contexts: list[tuple[str, int, int]] = []  # nodeid, device, bytes
-        self.cotenants: list[tuple[str, int, int]] = []  # nodeid, device, change
+        self.leaks: list[tuple[Any, ...]] = []
+        self.contexts: list[tuple[Any, ...]] = []  # nodeid, device, bytes
+        self.cotenants: list[tuple[Any, ...]] = []  # nodeid, device, change
         self.checked = 0
         self.unjudged = False
 
@@ -115,10 +100,9 @@ class LeakChecker:
     def _judge(self, item: pytest.Item, before: dict[int, Holdings]) -> None:
         platform = _shared.current(item.config)
         after = current_holdings(platform, _shared.used_after_teardown(item, platform))
+        seen = self.contexts_seen
         contexts = {
-            d: self.ledger.context(d, before[d], after[d], item.nodeid)
-            for d in sorted(after)
-            if d in before
+            d: first_context(seen, d, before[d], after[d]) for d in sorted(after) if d in before
         }
 
         def blame(d: int, now: Holdings) -> Blame:
@@ -161,30 +145,23 @@ class LeakChecker:
         if profile.lazy:
             return 4 * profile.stable_duration_s
         # a child the test started may be listed a little after it exits (eager release)
-        exited = any(not _running(pid) for d in over for pid in blames[d].children)
+        exited = any(not running(pid) for d in over for pid in blames[d].children)
         return CHILD_EXIT_WAIT_S if exited else 0.0
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Collect findings from teardown reports (also those sent back by xdist workers)."""
         if report.when != "teardown":
             return
-        for key, value in report.user_properties:
-            if not isinstance(value, list):
-                continue
-            if key == _PROPERTY:
-                self.checked += 1
-                for device, before, after, leaked, attributed, children in value:
-                    pairs = [[int(p), int(n)] for p, n in children]
-                    self.leaks.append(
-                        (report.nodeid, device, before, after, leaked, bool(attributed), pairs)
-                    )
-            elif key == CONTEXT_PROPERTY:
-                self.contexts.extend((report.nodeid, int(d), int(n)) for d, n in value)
-            elif key == COTENANT_PROPERTY:
-                self.cotenants.extend((report.nodeid, int(d), int(n)) for d, n in value)
-            elif key == HOLDINGS_PROPERTY:
-                after = [r[2] for r in value if isinstance(r, list) and len(r) == 4]
-                self.unjudged |= any(isinstance(a, dict) and not a.get("judged") for a in after)
+        found = {k: v for k, v in report.user_properties if isinstance(v, list)}
+        for key, rows in (
+            (_PROPERTY, self.leaks),
+            (CONTEXT_PROPERTY, self.contexts),
+            (COTENANT_PROPERTY, self.cotenants),
+        ):
+            rows += [(report.nodeid, *row) for row in found.get(key, ())]
+        self.checked += _PROPERTY in found
+        # [device, before, after, context] rows of holdings_json: the host's memory is not judged
+        self.unjudged |= any(not row[2]["judged"] for row in found.get(HOLDINGS_PROPERTY, ()))
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.report:
@@ -197,22 +174,16 @@ class LeakChecker:
                 f"({self.checked} checked)"
             )
         else:
-            tests = {nodeid for nodeid, *_ in self.leaks}
             terminalreporter.section("accelplat leak check", sep="=", yellow=True, bold=True)
             write(
-                f"{len(tests)} test(s) left device memory held beyond {tolerance} "
-                f"({self.checked} checked):"
+                f"{len({row[0] for row in self.leaks})} test(s) left device memory held beyond "
+                f"{tolerance} ({self.checked} checked):"
             )
             for nodeid, device, before, after, leaked, attributed, children in self.leaks:
-                if not attributed:
-                    write(
-                        f"  {nodeid}: device {device} +{format_bytes(leaked)} "
-                        f"({format_bytes(before)} -> {format_bytes(after)} used)"
-                    )
-                    continue
-                kids = sum(n for _, n in children)
-                whose = f"this process +{format_bytes(leaked - kids)}"
-                if children:
+                whose = f"{format_bytes(before)} -> {format_bytes(after)} used"
+                if attributed:
+                    whose = f"this process +{format_bytes(leaked - sum(n for _, n in children))}"
+                if attributed and children:
                     pids = ", ".join(f"pid {p} {format_bytes(n)}" for p, n in children)
                     whose += f"; children it started, still holding: {pids}"
                 write(f"  {nodeid}: device {device} +{format_bytes(leaked)} ({whose})")

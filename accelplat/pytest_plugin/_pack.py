@@ -26,9 +26,8 @@ from accelplat._leasing import Lease, lease
 from accelplat._platform import Platform
 from accelplat._util import format_bytes
 from accelplat.errors import AccelplatError, LeaseUnsatisfiableError
-from accelplat.pytest_plugin import _footprints, _lease
+from accelplat.pytest_plugin import _footprints, _lease, _shared
 from accelplat.pytest_plugin._requires import parse, skip_reason
-from accelplat.pytest_plugin._shared import PACK_KEY, TIMELINE_PLUGIN_NAME, current, skip_at_test
 
 # the call report's user_properties: what the summary, on the xdist controller, learns from
 PEAK, BUDGET, SOURCE = "accelplat_peak_bytes", "accelplat_budget_bytes", "accelplat_budget"
@@ -123,13 +122,13 @@ class PackPlugin(_lease.Holding):
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Lease the test's budget (waiting for room) and show the test only its devices."""
         if (reason := skip_reason(item)) is not None:
-            skip_at_test(reason)  # before waiting for a lease it would not use
+            _shared.skip_at_test(reason)  # before waiting for a lease it would not use
         budget = self.budget = budget_of(item, self.footprints)
         if budget.memory_bytes != 0:  # learned to need no device memory: no lease
             try:
                 self.hold(self.take(budget.devices, memory=budget.memory_bytes))
             except LeaseUnsatisfiableError as exc:  # only this: no visible device can ever hold it
-                skip_at_test(f"--accelplat-pack: {budget}: {exc}")
+                _shared.skip_at_test(f"--accelplat-pack: {budget}: {exc}")
             except AccelplatError as exc:
                 pytest.fail(f"--accelplat-pack could not lease {budget}: {exc}", False)
         if self.current is None:
@@ -227,24 +226,6 @@ class PackSummary:
             terminalreporter.write_line(self.said)
 
 
-def _end_with_signals(config: pytest.Config) -> None:
-    """SIGTERM and SIGHUP end the session as Ctrl-C does, and the running body with it.
-
-    Only unhandled ones, from the main thread; a timeline's own handler does the same.
-    """
-    main = threading.current_thread() is threading.main_thread()
-    if not main or config.pluginmanager.has_plugin(TIMELINE_PLUGIN_NAME):
-        return
-    ending = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
-    for signum in ending:
-        signal.signal(signum, _interrupt)
-
-    @config.add_cleanup
-    def restore() -> None:
-        for signum in ending:
-            signal.signal(signum, signal.SIG_DFL)
-
-
 def _interrupt(signum: int, frame: FrameType | None) -> NoReturn:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -297,7 +278,7 @@ def configure(config: pytest.Config) -> None:
     _lease.check_lock_dir("--accelplat-pack")
     store = store_path(config)
     try:
-        platform = current(config)
+        platform = _shared.current(config)
         footprints = _footprints.load_footprints(store) if store else {}
         enforcement = choose(platform, config.getoption("--accelplat-enforce"))
     except AccelplatError as exc:
@@ -308,8 +289,11 @@ def configure(config: pytest.Config) -> None:
         env.setenv(name, value)
     config.add_cleanup(env.undo)
     said = [enforcement.describe(), config.stash.get(_AUTO_KEY, "")]
-    config.stash[PACK_KEY] = f"pack ({'; '.join(filter(None, said))})"
-    _end_with_signals(config)
+    config.stash[_shared.PACK_KEY] = f"pack ({'; '.join(filter(None, said))})"
+    # SIGTERM and SIGHUP end the session as Ctrl-C does, and the running body with it; a
+    # timeline's own handler does the same
+    if not config.pluginmanager.has_plugin(_shared.TIMELINE_PLUGIN_NAME):
+        config.add_cleanup(_shared.catch_ending_signals(_interrupt))
     worker = hasattr(config, "workerinput")
     if not worker:
         config.pluginmanager.register(PackSummary(store), "accelplat-pack-summary")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
+from accelplat._validate import number
 from accelplat.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -54,6 +58,35 @@ def leak_tolerance(config: pytest.Config, *options: str) -> int:
     argument, raw = next(((o, v) for o, v in named if v), named[-1])
     try:
         return parse_leak_tolerance(str(raw or DEFAULT_LEAK_TOLERANCE), argument=argument)
+    except ConfigurationError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def catch_ending_signals(handler: Callable[[int, FrameType | None], Any]) -> Callable[[], None]:
+    """Give ``handler`` SIGTERM and SIGHUP where they are unhandled; return what undoes it.
+
+    Only from the main thread (elsewhere nothing is changed): the part that catches them ends
+    the session as Ctrl-C does, so that what it holds is let go and what it records is written.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    free = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
+    ending = free if main else []
+    for signum in ending:
+        signal.signal(signum, handler)
+
+    def restore() -> None:
+        for signum in ending:
+            signal.signal(signum, signal.SIG_DFL)
+
+    return restore
+
+
+def auto_seconds(raw: object, argument: str) -> float | None:
+    """``raw`` (an option's or ini's) as seconds >= 0, ``None`` for ``auto``; else UsageError."""
+    if str(raw).strip().lower() == "auto":
+        return None
+    try:  # finite and >= 0: a negative, nan or inf time is a usage error, not a skip of every test
+        return number(raw, argument, minimum=0, from_text=True, expected="'auto' or seconds >= 0")
     except ConfigurationError as exc:
         raise pytest.UsageError(str(exc)) from None
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -17,6 +16,7 @@ from accelplat.errors import ConfigurationError
 from accelplat.pytest_plugin._leaks import HOLDINGS_PROPERTY
 from accelplat.pytest_plugin._shared import (
     TIMELINE_PLUGIN_NAME,
+    catch_ending_signals,
     leak_tolerance,
     share_after_teardown,
 )
@@ -29,8 +29,6 @@ from accelplat.timeline._trace import Reading, SpanOwners, Trace, save_trace, sp
 # <bool>} as it ends. Ids need only be unique among waits in flight.
 WAIT_EVENT_ATTRIBUTE = "accelplat_wait"
 WAIT_LOGGER = "accelplat._memory"
-# caught while recording, so that the trace is still written (marked partial)
-_ENDING_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 class SessionTerminatedError(KeyboardInterrupt):
@@ -148,7 +146,7 @@ class TimelinePlugin:
         self._written: list[Path] = []
         self._error: str | None = None
         self._signals: list[int] = []
-        self._previous: dict[int, Any] = {}  # the ending signals' handlers before ours
+        self._restore: Callable[[], None] = lambda: None  # the ending signals' handlers
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append(signum)
@@ -166,11 +164,8 @@ class TimelinePlugin:
         self._tap = WaitEventTap(self.recorder)
         self._tap.install()
         self.recorder.start()
-        # SIGTERM/SIGHUP unwind like Ctrl-C: only unhandled ones, and only from the main thread
-        if threading.current_thread() is threading.main_thread():
-            for sig in _ENDING_SIGNALS:
-                if signal.getsignal(sig) is signal.SIG_DFL:
-                    self._previous[sig] = signal.signal(sig, self._on_signal)
+        # caught while recording, so that the trace is still written (marked partial)
+        self._restore = catch_ending_signals(self._on_signal)
 
     def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
         if self.recorder is not None:
@@ -245,9 +240,7 @@ class TimelinePlugin:
         except OSError as exc:
             self._error = f"could not write the timeline report: {exc}"
         finally:
-            for sig, previous in self._previous.items():
-                signal.signal(sig, previous)
-            self._previous.clear()
+            self._restore()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self._error:

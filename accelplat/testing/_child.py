@@ -102,10 +102,7 @@ def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], Non
     platform = registry.get_platform(value) if by_name else factory()
     stage("construct")
     answer["device_count"] = platform.device_count()
-    answer["devices"] = [
-        {"index": d.index, "physical_index": d.physical_index, "name": d.name, "uuid": d.uuid}
-        for d in platform.devices()
-    ]
+    answer["devices"] = [[d.name, d.physical_index] for d in platform.devices()]
     answer["context_free"] = platform.context_free
     if job.get("queries", True):
         answer["self_holders"] = query(platform)
@@ -117,8 +114,9 @@ def main(before: set[str], job_text: str) -> None:
     """Build and query the job's platform; write the answer to ``job["out"]``.
 
     The answer's keys: ``ok``, ``error`` (and ``traceback``), ``available`` and ``reason`` (the
-    probe's), ``device_count``, ``devices``, ``context_free``, ``self_holders``, ``frameworks``
-    (new framework modules per stage) and ``libraries`` (runtime libraries newly mapped).
+    probe's), ``device_count``, ``devices`` (``[name, physical_index]`` each), ``context_free``,
+    ``self_holders``, ``frameworks`` (new framework modules per stage) and ``libraries``
+    (runtime libraries newly mapped).
     """
     job = json.loads(job_text)
     libs_before = mapped_runtime_libraries()

@@ -20,26 +20,22 @@ from accelplat.testing._checks import CHECK_NAMES, ConformanceReport, run_confor
 OPTION = "--accelplat-platform"  # added by accelplat's pytest plugin
 
 
-def requested_platform_name(config: pytest.Config) -> str | None:
-    """Return the lower-cased ``--accelplat-platform``, else ``ACCELPLAT_PLATFORM``, or ``None``."""
+@pytest.fixture(scope="session")
+def conformance_platform(request: pytest.FixtureRequest) -> Platform:
+    """The platform under test (the requested name, else detected); override to build another.
+
+    The name is ``--accelplat-platform``, else ``ACCELPLAT_PLATFORM``, lower-cased.
+    """
+    from accelplat._registry import current_platform, get_platform
+
     try:
-        value: Any = config.getoption(OPTION, default=None)
+        value: Any = request.config.getoption(OPTION, default=None)
     except ValueError:  # the option is not registered: accelplat's plugin is not loaded
         value = None
     if not isinstance(value, str) or not value.strip():
         value = os.environ.get("ACCELPLAT_PLATFORM", "")
-    return value.strip().lower() or None
-
-
-@pytest.fixture(scope="session")
-def conformance_platform(request: pytest.FixtureRequest) -> Platform:
-    """The platform under test (the requested name, else detected); override to build another."""
-    from accelplat._registry import current_platform, get_platform
-
-    name = requested_platform_name(request.config)
-    if name is not None:
-        return get_platform(name)
-    return current_platform()
+    name = value.strip().lower()
+    return get_platform(name) if name else current_platform()
 
 
 @pytest.fixture(scope="session")
@@ -56,11 +52,9 @@ def conformance_report(
     from accelplat import _registry as registry
 
     target: Platform | str = conformance_platform
-    name = getattr(conformance_platform, "name", None)
-    if isinstance(name, str) and name in registry.available_platforms():
-        with suppress(Exception):
-            if registry.get_platform(name) is conformance_platform:  # a child rebuilds it by name
-                target = name
+    with suppress(Exception):  # one the registry built: a fresh process rebuilds it by name
+        if registry.get_platform(name := conformance_platform.name) is conformance_platform:
+            target = name
     return run_conformance(target, **conformance_options)
 
 

@@ -26,7 +26,7 @@ from multiprocessing.connection import wait as _wait_for_sentinels
 from types import ModuleType
 from typing import Any, Literal, TypeVar, cast, get_args
 
-from accelplat._platform import Platform, StartMethod
+from accelplat._platform import StartMethod
 from accelplat.errors import ChildTestError, ConfigurationError
 
 _START_METHODS: tuple[str, ...] = get_args(StartMethod)
@@ -40,12 +40,8 @@ Status = Literal["ok", "outcome", "error", "silent"]
 class ChildTracebackError(Exception):
     """Carries a child process's formatted traceback as the ``__cause__`` of what is re-raised."""
 
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
     def __str__(self) -> str:
-        return "\n\nTraceback in the child process:\n" + self.text
+        return "\n\nTraceback in the child process:\n" + str(self.args[0])
 
 
 @dataclass(frozen=True)
@@ -91,13 +87,11 @@ class ChildResult:
         pytest.fail(message, pytrace=pytrace)
 
 
-def start_method(platform: Platform | None = None) -> StartMethod:
-    """Return the (``None``: current) platform's ``preferred_start_method``, safe there."""
-    if platform is None:
-        from accelplat._registry import current_platform
+def start_method() -> StartMethod:
+    """Return the current platform's ``preferred_start_method``, safe there."""
+    from accelplat._registry import current_platform
 
-        platform = current_platform()
-    return platform.preferred_start_method
+    return current_platform().preferred_start_method
 
 
 def _pickler() -> ModuleType:
@@ -130,8 +124,6 @@ def _function_ref(func: Callable[..., Any], method: str) -> _FunctionRef:
 
 
 def _import_module(ref: _FunctionRef) -> Any:
-    if ref.module in sys.modules:
-        return sys.modules[ref.module]
     try:
         return importlib.import_module(ref.module)
     except ImportError:

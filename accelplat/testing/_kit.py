@@ -12,11 +12,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import cached_property
 from typing import Any, Literal, get_args
 
 from accelplat import _validate
@@ -39,6 +39,14 @@ class CheckSkippedError(Exception):
 def is_int(value: object) -> bool:
     """Whether ``value`` is an ``int`` and not a ``bool``."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def call(label: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Return ``function(*args, **kwargs)``; if it raises, fail the check (``<label> raised …``)."""
+    try:
+        return function(*args, **kwargs)
+    except Exception as exc:
+        raise CheckFailedError(f"{label} raised {describe(exc)}") from None
 
 
 @dataclass(frozen=True)
@@ -70,24 +78,6 @@ class Tolerance:
 SUM_TOLERANCE = Tolerance(min_bytes=64 * MIB, ratio=0.005)
 # How much used/free may move between two back-to-back reads (other processes allocate meanwhile).
 STABILITY_TOLERANCE = Tolerance(min_bytes=256 * MIB, ratio=0.02)
-
-_env_lock = threading.Lock()
-
-
-@contextmanager
-def patched_env(changes: Mapping[str, str]) -> Iterator[None]:
-    """Set environment variables for the block (process-wide; not for concurrent tests)."""
-    with _env_lock:
-        saved = {name: os.environ.get(name) for name in changes}
-        os.environ.update(changes)
-        try:
-            yield
-        finally:
-            for name, old in saved.items():
-                if old is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = old
 
 
 @dataclass
@@ -122,82 +112,65 @@ class Kit:
     subprocess_timeout_s: float = 60.0
     env: Mapping[str, str] = field(default_factory=dict)
     baseline_note: str | None = None
-    _count: int | None = None
-    _devices: tuple[DeviceInfo, ...] | None = None
-    _baseline: ChildRun | None = None
-    _baseline_done: bool = False
 
     def __post_init__(self) -> None:
         """Refuse an option a check would otherwise blame on the platform."""
+
+        def refuse(name: str, expected: str) -> ConfigurationError:
+            return ConfigurationError(
+                f"{name} must be {expected}, got {getattr(self, name)!r:.200}"
+            )
+
         if self.isolation not in get_args(Isolation):
-            raise ConfigurationError(
-                "isolation must be 'auto', 'subprocess' or 'inprocess', got "
-                f"{self.isolation!r:.200}"
-            )
+            raise refuse("isolation", "'auto', 'subprocess' or 'inprocess'")
         if self.factory is not None and not callable(self.factory):
-            raise ConfigurationError(f"factory must be callable or None, got {self.factory!r:.200}")
+            raise refuse("factory", "callable or None")
         if self.child is not None and (not isinstance(self.child, str) or not self.child.strip()):
-            raise ConfigurationError(
-                f"child must be a platform name or 'module:attr', got {self.child!r:.200}"
-            )
+            raise refuse("child", "a platform name or 'module:attr'")
         for name in ("sum_tolerance", "stability_tolerance"):
-            if not isinstance(value := getattr(self, name), Tolerance):
-                raise ConfigurationError(f"{name} must be a Tolerance, got {value!r:.200}")
+            if not isinstance(getattr(self, name), Tolerance):
+                raise refuse(name, "a Tolerance")
         _validate.integer(self.min_total_bytes, "min_total_bytes", minimum=0)
         _validate.number(self.probe_budget_s, "probe_budget_s", above=0)
         _validate.number(self.subprocess_timeout_s, "subprocess_timeout_s", above=0)
         if self.settle_timeout_s is not None:
             _validate.duration(self.settle_timeout_s, "settle_timeout_s")
-        if (clock := self.settle_clock) is not None and not isinstance(clock, Clock):
-            raise ConfigurationError(
-                f"settle_clock must have monotonic() and sleep(seconds), got {clock!r:.200}"
-            )
-        if (hides := self.empty_visible_hides_all) is not None and not isinstance(hides, bool):
-            raise ConfigurationError(
-                f"empty_visible_hides_all must be True, False or None, got {hides!r:.200}"
-            )
+        if self.settle_clock is not None and not isinstance(self.settle_clock, Clock):
+            raise refuse("settle_clock", "a clock with monotonic() and sleep(seconds)")
+        if self.empty_visible_hides_all is not None and not isinstance(
+            self.empty_visible_hides_all, bool
+        ):
+            raise refuse("empty_visible_hides_all", "True, False or None")
         if not isinstance(self.env, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
         ):
-            raise ConfigurationError(f"env must map str names to str values, got {self.env!r:.200}")
+            raise refuse("env", "a mapping of str names to str values")
 
+    @cached_property
     def count(self) -> int:
-        """Return ``device_count()``, checked and cached."""
-        if self._count is None:
-            try:
-                count = self.platform.device_count()
-            except Exception as exc:
-                raise CheckFailedError(f"device_count() raised {describe(exc)}") from None
-            if not is_int(count) or count < 0:
-                raise CheckFailedError(f"device_count() returned {count!r}, not an int >= 0")
-            self._count = count
-        return self._count
+        """``device_count()``, checked."""
+        count = call("device_count()", self.platform.device_count)
+        if not is_int(count) or count < 0:
+            raise CheckFailedError(f"device_count() returned {count!r}, not an int >= 0")
+        return int(count)
 
+    @cached_property
     def devices(self) -> tuple[DeviceInfo, ...]:
-        """Return ``devices()``, checked to be a sequence and cached."""
-        if self._devices is None:
-            try:
-                devs = self.platform.devices()
-            except Exception as exc:
-                raise CheckFailedError(f"devices() raised {describe(exc)}") from None
-            if not isinstance(devs, Sequence) or isinstance(devs, str):
-                raise CheckFailedError(f"devices() returned {type(devs).__name__}, not a sequence")
-            self._devices = tuple(devs)
-        return self._devices
+        """``devices()``, checked to be a sequence."""
+        devs = call("devices()", self.platform.devices)
+        if not isinstance(devs, Sequence) or isinstance(devs, str):
+            raise CheckFailedError(f"devices() returned {type(devs).__name__}, not a sequence")
+        return tuple(devs)
 
     def need_devices(self) -> int:
         """Return the device count; skip the check when there is no device."""
-        n = self.count()
-        if n == 0:
+        if self.count == 0:
             raise CheckSkippedError("no device is visible")
-        return n
+        return self.count
 
     def memory(self, device: int) -> MemoryInfo:
         """Return ``memory_info(device)``, checked to be a :class:`MemoryInfo`."""
-        try:
-            info = self.platform.memory_info(device)
-        except Exception as exc:
-            raise CheckFailedError(f"memory_info({device}) raised {describe(exc)}") from None
+        info = call(f"memory_info({device})", self.platform.memory_info, device)
         if not isinstance(info, MemoryInfo):
             raise CheckFailedError(
                 f"memory_info({device}) returned {type(info).__name__}, not MemoryInfo"
@@ -223,7 +196,7 @@ class Kit:
             got = [(d.name, d.physical_index) for d in type(self.platform)().devices()]
         except Exception:
             return False
-        return got == [(d.name, d.physical_index) for d in self.devices()]
+        return got == [(d.name, d.physical_index) for d in self.devices]
 
     def _child_specs(self) -> list[tuple[str, str]]:
         if self.child is not None:
@@ -240,57 +213,46 @@ class Kit:
         self, spec: tuple[str, str], *, env: Mapping[str, str] | None = None, queries: bool = True
     ) -> dict[str, Any]:
         """Build the platform ``spec`` names in a fresh interpreter; return its JSON answer."""
-        fd, out = tempfile.mkstemp(prefix="accelplat-conformance-", suffix=".json")
-        os.close(fd)
-        job = {"kind": spec[0], "value": spec[1], "queries": queries, "out": out}
         child_env = {**os.environ, **self.env, **(env or {})}
         paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
         old = child_env.get("PYTHONPATH")
         child_env["PYTHONPATH"] = os.pathsep.join([*paths, *([old] if old else [])])
-        proc = None
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-c", BOOTSTRAP, json.dumps(job)],
-                env=child_env,
-                capture_output=True,
-                text=True,
-                timeout=self.subprocess_timeout_s,
-                check=False,
-            )
+        with tempfile.TemporaryDirectory(prefix="accelplat-conformance-") as tmp:
+            out = os.path.join(tmp, "answer.json")
+            job = {"kind": spec[0], "value": spec[1], "queries": queries, "out": out}
             try:
-                with open(out, encoding="utf-8") as f:
-                    text = f.read()
-                answer: dict[str, Any] = json.loads(text) if text else {}
-            except (OSError, ValueError):
-                answer = {}
-        except subprocess.TimeoutExpired:
-            answer = {"error": f"timed out after {self.subprocess_timeout_s:g} s"}
-        finally:
-            with suppress(OSError):
-                os.unlink(out)
-        if not answer:
-            tail = (proc.stderr if proc is not None else "").strip().splitlines()[-3:]
-            rc = proc.returncode if proc is not None else None
-            answer = {"ok": False, "error": f"the child exited {rc} without an answer: {tail}"}
-        return answer
+                proc = subprocess.run(
+                    [sys.executable, "-c", BOOTSTRAP, json.dumps(job)],
+                    env=child_env,
+                    capture_output=True,
+                    text=True,
+                    timeout=self.subprocess_timeout_s,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                return {"error": f"timed out after {self.subprocess_timeout_s:g} s"}
+            with suppress(OSError, ValueError), open(out, encoding="utf-8") as f:
+                return dict(json.load(f))
+        tail = proc.stderr.strip().splitlines()[-3:]
+        return {
+            "ok": False,
+            "error": f"the child exited {proc.returncode} without an answer: {tail}",
+        }
 
+    @cached_property
     def baseline(self) -> ChildRun | None:
-        """Return a subprocess run that reproduces the caller's platform, or ``None``."""
-        if self._baseline_done:
-            return self._baseline
-        self._baseline_done = True
+        """A subprocess run that reproduces the caller's platform, or ``None``."""
         tried: list[str] = []
-        want = [(d.name, d.physical_index) for d in self.devices()]
+        want = [(d.name, d.physical_index) for d in self.devices]
         for spec in self._child_specs():
             run = ChildRun(spec, self.run_child(spec))
             if not run.answer.get("ok"):
                 tried.append(f"{run.label}: {run.answer.get('error')}")
                 continue
-            got = [(d["name"], d["physical_index"]) for d in run.answer.get("devices", [])]
+            got = [tuple(d) for d in run.answer.get("devices", [])]
             if run.answer.get("device_count") != len(want) or got != want:
                 tried.append(f"{run.label}: sees {got} instead of {want}")
                 continue
-            self._baseline = run
             return run
         self.baseline_note = "no way to rebuild the platform in a subprocess"
         if tried:

@@ -1,8 +1,9 @@
 """Render a :class:`~accelplat.timeline._trace.Trace` as one self-contained HTML page.
 
 Each device's chart is inline SVG, drawn for a desktop and for a phone, each at a fitted and at a
-full scale: the stylesheet (``report.css``, inlined) shows one of the four with CSS alone. Every
-string from the trace is escaped.
+full scale: the stylesheet (``report.css``, inlined) shows one of the four with CSS alone. The
+page's frame is ``report.html`` and its wording for tests or for a recorded command
+``report.json``, both package data. Every string from the trace is escaped.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 import bisect
 import html
 import itertools
+import json
 import math
 import os
+import string
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -54,6 +57,8 @@ class _Geometry(NamedTuple):
 # the chart) draws the 600-unit chart at 0.58: 19 units make 11 px, as on the desktop.
 _WIDE = _Geometry(False, 1200, 78, 16, 12, 220, 30, 16, 11, 10, 100)
 _PHONE = _Geometry(True, 600, 104, 26, 20, 260, 40, 26, 19, 16, 110)
+_Line = list[list[tuple[float, int]]]  # a device's polyline segments of (x, used)
+_Ends = tuple[tuple[int, float] | None, int]  # a device's peak (bytes, seconds) and lowest sample
 _MAX_LANES = 6
 _FOLDS = 4  # at most this many flat stretches are folded
 _STEPS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300,
@@ -107,7 +112,7 @@ def _decimals(step: float) -> int:  # what shows each multiple of ``step``: 2 fo
     return next((d for d in range(9) if abs(round(step, d) - step) <= step * 1e-6), 9)
 
 
-def _extremes(trace: Trace, pos: int) -> tuple[tuple[int, float] | None, int]:
+def _extremes(trace: Trace, pos: int) -> _Ends:
     """Return device ``pos``'s highest reading ``(bytes, seconds)`` and its lowest sample."""
     sampled = [(v, s.t) for s in trace.samples if (v := s.used[pos]) is not None]
     ends = (
@@ -126,11 +131,8 @@ def peaks_per_test(trace: Trace) -> list[Reading]:
         inside = trace.samples[
             bisect.bisect_left(times, span.start) : bisect.bisect_right(times, span.end)
         ]
-        peaks: list[int | None] = []
-        for pos in range(len(trace.devices)):
-            values = (span.used_before[pos], span.used_after[pos], *(s.used[pos] for s in inside))
-            peaks.append(max((v for v in values if v is not None), default=None))
-        out.append(tuple(peaks))
+        columns = zip(span.used_before, span.used_after, *(s.used for s in inside), strict=False)
+        out.append(tuple(max((v for v in col if v is not None), default=None) for col in columns))
     return out
 
 
@@ -164,9 +166,7 @@ def _fit_label(text: str, width: float, font: float = 10) -> str:  # at ``font``
     return text[: capacity - 1] + "…" if capacity >= 6 else ""
 
 
-def _envelope(
-    samples: Sequence[Sample], pos: int, xs: Sequence[float], width: int
-) -> list[list[tuple[float, int]]]:
+def _envelope(samples: Sequence[Sample], pos: int, xs: Sequence[float], width: int) -> _Line:
     # Polyline segments of (x, used), a None reading ending one; per pixel column the first,
     # last, minimum and maximum are kept in time order, so spikes survive any thinning.
     segments = []
@@ -204,27 +204,19 @@ def _folds(trace: Trace, end_t: float) -> list[tuple[float, float]]:
     start = last = -1.0  # the open run's first and last sample; -1: none open
     lo: list[int] = []  # per device, the least and the most of the open run's readings
     hi: list[int] = []
-    seen: tuple[int, ...] = ()  # the last readings taken into lo and hi
     k = 0  # the edges at or before the last sample
     for s in trace.samples:
-        passed = k
-        while k < len(edges) and edges[k] <= s.t:
-            k += 1
+        k, passed = bisect.bisect_right(edges, s.t), k
         known = None not in s.used
         used = cast("tuple[int, ...]", s.used)  # used only when known
         rows = zip(used, lo, hi, limits, strict=True)
         if start >= 0 and known and k == passed and all(b - m <= v <= a + m for v, a, b, m in rows):
-            if used != seen:
-                lo = [min(a, v) for a, v in zip(lo, used, strict=True)]
-                hi = [max(a, v) for a, v in zip(hi, used, strict=True)]
-                seen = used
-            last = s.t
+            lo, hi, last = list(map(min, lo, used)), list(map(max, hi, used)), s.t
             continue
-        if start >= 0 and last - start >= least:
-            runs.append((start, last))
-        start, last, lo, hi, seen = (s.t if known else -1.0), s.t, list(used), list(used), used
-    if start >= 0 and last - start >= least:
         runs.append((start, last))
+        start, last, lo, hi = (s.t if known else -1.0), s.t, list(used), list(used)
+    runs.append((start, last))
+    runs = [(a, b) for a, b in runs if a >= 0 and b - a >= least]
     longest = sorted(runs, key=lambda r: r[0] - r[1])[:_FOLDS]
     return sorted((a + 0.05 * (b - a), b - 0.05 * (b - a)) for a, b in longest)
 
@@ -238,15 +230,11 @@ class _TimeAxis:
         self.fold_w = max(0.06 * geo.plot_w, 3.0 * geo.font)
         linear = end_t - sum(b - a for a, b in folds)
         self.per_s = per_s = (geo.plot_w - self.fold_w * len(folds)) / max(linear, 1e-12)
-        t, x = 0.0, float(geo.left)
-        self._t, self._x = [t], [x]  # knots: 0, then each fold's ends, then end_t
-        for a, b in folds:
-            x += (a - t) * per_s
-            self._t += [a, b]
-            self._x += [x, x + self.fold_w]
-            t, x = b, x + self.fold_w
-        self._t.append(end_t)
-        self._x.append(float(geo.left + geo.plot_w))
+        self._t = [0.0, *(t for fold in folds for t in fold), end_t]  # knots: 0, folds' ends, end
+        self._x = [float(geo.left)]  # between two knots, a linear stretch or (odd k) a fold
+        for k, (t0, t1) in enumerate(itertools.pairwise(self._t)):
+            self._x.append(self._x[-1] + (self.fold_w if k % 2 else (t1 - t0) * per_s))
+        self._x[-1] = float(geo.left + geo.plot_w)
 
     def __call__(self, t: float) -> float:
         k = min(max(bisect.bisect_right(self._t, t) - 1, 0), len(self._t) - 2)
@@ -286,6 +274,7 @@ class _Page(NamedTuple):  # what every chart and table of one page shares
     leaks: list[Leak]
     growth: list[tuple[int | None, ...]]  # per test, per device: what the leak rule holds
     lanes: list[int]  # per test
+    peaks: list[Reading]  # per test, per device: the highest reading
 
 
 def _wait_fill(w: WaitSpan) -> str:
@@ -320,25 +309,16 @@ def _at(x: float, y: float, anchor: str = "end") -> str:
     return f'x="{x:.2f}" y="{y:.2f}" text-anchor="{anchor}"'
 
 
-def _chart(
-    page: _Page,
-    pos: int,
-    x_of: _TimeAxis,
-    line: list[list[tuple[float, int]]],
-    extremes: tuple[tuple[int, float] | None, int],
-    *,
-    full: bool,
-) -> str:
+def _chart(page: _Page, pos: int, x_of: _TimeAxis, line: _Line, ends: _Ends, *, full: bool) -> str:
     """Return device ``pos``'s chart at one geometry and scale; ``line``: its memory envelope."""
     trace, geo, dev = page.trace, x_of.geo, page.trace.devices[pos]
     color = _PALETTE[pos % len(_PALETTE)]
-    peak, low = extremes
+    peak, low = ends
     high = peak[0] if peak is not None else 0
     ymin, ymax = _axis(min(low, high), high, dev.total, full=full)
     span_y = max(ymax - ymin, 1.0)
     left, right, top, plot_h, lane_h = geo.left, geo.w - geo.right, geo.top, geo.plot_h, geo.lane_h
-    bottom = top + plot_h
-    tests_top = bottom + geo.axis_h
+    bottom, tests_top = top + plot_h, top + plot_h + geo.axis_h
     waits_top = tests_top + (max(page.lanes, default=0) + 1) * lane_h + 8
     leaked = {leak.nodeid: leak for leak in page.leaks if leak.device == dev.index}
 
@@ -358,14 +338,9 @@ def _chart(
         tip = f"{span.nodeid}\n{span.outcome or 'no outcome'}, {_fmt_s(span.duration)}, device "
         tip += f"{dev.index}: {_fmt_delta(page.growth[i][pos])}"
         fill = "#fbd5d5" if hit else ("#eef3fa", "#e2eaf5")[i % 2]
-        attrs = f'class="test-band{" leaked" * hit}" data-nodeid="{_e(span.nodeid)}"'
-        out.append(
-            _el(
-                "rect",
-                f'{attrs} {_box(x0, x1, top, plot_h, 0.3 + 1.2 * hit)} fill="{fill}"',
-                tip=tip,
-            )
-        )
+        box = _box(x0, x1, top, plot_h, 0.3 + 1.2 * hit)
+        attrs = f'class="test-band{" leaked" * hit}" data-nodeid="{_e(span.nodeid)}" {box}'
+        out.append(_el("rect", f'{attrs} fill="{fill}"', tip=tip))
     waits = [w for w in trace.waits if not w.devices or dev.index in w.devices]
     for w in waits:  # a light band over the chart while a wait lasts
         attrs = _box(x_of(w.start), x_of(w.end), top, plot_h, 0.5)
@@ -405,11 +380,9 @@ def _chart(
     for seg in line:
         points = seg if len(seg) > 1 else [seg[0], (seg[0][0] + 1.0, seg[0][1])]
         paths.append("M" + " L".join(f"{x:.2f},{y_of(v):.2f}" for x, v in points))
-    if paths:
-        attrs = f'class="used" d="{" ".join(paths)}" fill="none" stroke="{color}"'
-        out.append(
-            _el("path", f'{attrs} stroke-width="1.8"', tip=f"used memory, device {dev.index}")
-        )
+    if d := " ".join(paths):
+        attrs = f'class="used" d="{d}" fill="none" stroke="{color}" stroke-width="1.8"'
+        out.append(_el("path", attrs, tip=f"used memory, device {dev.index}"))
     if peak is not None:  # a marker and its figure, beside it
         px, py, text = x_of(peak[1]), y_of(peak[0]), f"peak {format_bytes(peak[0])}"
         anchor, dx = ("end", -7) if px > left + geo.plot_w * 0.8 else ("start", 7)
@@ -438,33 +411,17 @@ def _chart(
         y = tests_top + page.lanes[i] * lane_h
         attrs = f'{_box(x0, x1, y + 1, lane_h - 2, 1.5)} fill="{fill}" stroke="#fff"'
         out.append(_el("rect", attrs, tip=f"{span.nodeid} ({_fmt_s(span.duration)})"))
-        command = trace.command
-        name = command[0].rsplit("/", 1)[-1] if command else _short_name(span.nodeid)
+        name = trace.command[0].rsplit("/", 1)[-1] if trace.command else _short_name(span.nodeid)
         if label := _fit_label(name, x1 - x0, geo.lane_font):
             ink = "#fff" if fill in (_LEAK, _FAILED) else "#1d1d1f"
-            attrs = f'class="lane-label" {_at(x0 + 3, y + 0.7 * lane_h, "start")}'
-            out.append(
-                _el("text", f'{attrs} style="fill:{ink}" data-nodeid="{_e(span.nodeid)}"', label)
-            )
+            at = _at(x0 + 3, y + 0.7 * lane_h, "start")
+            attrs = f'class="lane-label" {at} style="fill:{ink}" data-nodeid="{_e(span.nodeid)}"'
+            out.append(_el("text", attrs, label))
     out.append(_el("text", _at(left - 6, waits_top + lane_h - 4), "waits"))
     for w in waits:
         attrs = f'class="wait" {_box(x_of(w.start), x_of(w.end), waits_top + 1, lane_h - 2, 2)}'
         out.append(_el("rect", f'{attrs} fill="{_wait_fill(w)}"', tip=_wait_tip(w)))
     return "".join(out) + "</svg>"
-
-
-def _legend(color: str, trace: Trace, *, folded: bool) -> str:
-    if trace.command is not None:
-        keys = [(_TEST, "the command"), (_LEAK, "left memory held")]
-    else:
-        keys = [("#e2eaf5", "test span"), (_LEAK, "test that left memory held")]
-        keys.append((_FAILED, "failed test"))
-    keys = [(color, "used memory"), *keys, (_WAIT, "memory wait")]
-    keys += [(_CHECK, "the leak check's own wait")] * any(w.by_leak_check for w in trace.waits)
-    keys += [(_FOLD, "a flat stretch, drawn narrow")] * folded
-    spans = [f'<span><i class="sw" style="background:{c}"></i>{text}</span>' for c, text in keys]
-    total = '<span><i class="sw" style="border-top:2px dashed #555;height:0"></i>total</span>'
-    return f'<div class="legend">{"".join(spans)}{total}</div>'
 
 
 def _badge(text: str, cls: str = "", ident: str = "") -> str:
@@ -520,7 +477,7 @@ Cell = tuple[str, str]  # (HTML, class)
 def _table(ident: str, heads: Sequence[Cell], rows: Sequence[tuple[str, Sequence[Cell]]]) -> str:
     """A table of ``heads`` (text, class) and rows (class, cells); each cell names its head."""
     th = "".join(f'<th class="{cls}">{_e(text)}</th>' for text, cls in heads)
-    trs = [
+    trs = "".join(
         f'<tr class="{row}">'
         + "".join(
             f'<td class="{cls}" data-label="{_e(head)}">{text}</td>'
@@ -528,12 +485,9 @@ def _table(ident: str, heads: Sequence[Cell], rows: Sequence[tuple[str, Sequence
         )
         + "</tr>"
         for row, cells in rows
-    ]
-    kind = "" if ident == "tests" else ' class="stack"'  # a phone shows a card per row
-    return (
-        f'<table id="{ident}"{kind}><thead><tr>{th}</tr></thead><tbody>{"".join(trs)}</tbody>'
-        + "</table>"
     )
+    kind = "" if ident == "tests" else ' class="stack"'  # a phone shows a card per row
+    return f'<table id="{ident}"{kind}><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>'
 
 
 def _whose(leak: Leak) -> str:
@@ -558,50 +512,30 @@ def _delta(n: int | None, tolerance: int) -> Cell:
     return _e(_fmt_delta(n)), "num grew" if (n or 0) > tolerance else "num"
 
 
-def _leak_table(trace: Trace, leaks: Sequence[Leak], limit: int) -> str:
-    test = trace.command is None
+def _leak_table(trace: Trace, leaks: Sequence[Leak], limit: int, none_left: str) -> str:
     if not leaks:
-        what = "No test left" if test else "The command did not leave"
         tolerance = _e(format_bytes(trace.leak_tolerance_bytes))
-        return f'<p id="no-leaks">{what} more than {tolerance} held on any device.</p>'
-    heads = [("Test", "")] * test + [(h, "num") for h in ("Device", "Before", "At end")]
-    rows = [
-        (
-            "leak",
-            [(_e(leak.nodeid + _whose(leak)), "id")] * test
-            + [(str(leak.device), "num"), *_sizes(leak.before, leak.at_end, leak.after)]
-            + [(_e(_fmt_delta(leak.leaked)), "num grew")],
-        )
-        for leak in leaks[:limit]
-    ]
-    heads += [("Lowest after", "num"), ("Left held", "num")]
+        return f'<p id="no-leaks">{none_left} more than {tolerance} held on any device.</p>'
+    test = trace.command is None
+    heads = [("Test", "")] * test + [(h, "num") for h in _LEAK_HEADS]
+    rows = []
+    for leak in leaks[:limit]:
+        cells = [(_e(leak.nodeid + _whose(leak)), "id")] * test + [(str(leak.device), "num")]
+        cells += _sizes(leak.before, leak.at_end, leak.after)
+        rows.append(("leak", [*cells, (_e(_fmt_delta(leak.leaked)), "num grew")]))
     return _table("leaks", heads, rows) + _more(limit, len(leaks))
 
 
 def _wait_table(trace: Trace) -> str:
-    waits = trace.slowest_waits(20)
     heads = [(h, "num" if h in ("Took", "At") else "") for h in _WAIT_HEADS]
-    rows = [
-        (
-            "wait" if w.ok else "wait-failed",
-            [
-                (_e(_fmt_s(w.duration)), "num"),
-                (_e(w.kind), ""),
-                (_e(w.test or "(outside tests)"), "id"),
-                (_e(", ".join(str(d) for d in w.devices) or "all"), ""),
-                ('<span class="ok">settled</span>' if w.ok else _FAILED_WAIT, ""),
-                (f"{w.start:.2f} s", "num"),
-            ],
-        )
-        for w in waits
-    ]
-    table = (
-        _table("waits", heads, rows)
-        if waits
-        else '<p id="no-waits">No memory wait was observed.</p>'
-    )
-    own = [w for w in trace.waits if w.by_leak_check]
-    if own:
+    rows = []
+    for w in trace.slowest_waits(20):
+        devices = _e(", ".join(map(str, w.devices)) or "all")
+        cells = [(_e(_fmt_s(w.duration)), "num"), (_e(w.kind), "")]
+        cells += [(_e(w.test or "(outside tests)"), "id"), (devices, ""), (_RESULT[w.ok], "")]
+        rows.append(("wait" if w.ok else "wait-failed", [*cells, (f"{w.start:.2f} s", "num")]))
+    table = _table("waits", heads, rows) if rows else _NO_WAITS
+    if own := [w for w in trace.waits if w.by_leak_check]:
         took = _e(_fmt_s(sum(w.duration for w in own)))
         table += (
             f'<p id="leak-check-waits">Apart from these, the leak check waited '
@@ -611,24 +545,19 @@ def _wait_table(trace: Trace) -> str:
     return table
 
 
-def _test_table(page: _Page, limit: int, peaks: list[Reading]) -> str:
-    trace, tol = page.trace, page.trace.leak_tolerance_bytes
+def _test_table(page: _Page, limit: int, no_tests: str) -> str:
+    trace, tol, peaks = page.trace, page.trace.leak_tolerance_bytes, page.peaks
+    if not trace.tests:
+        return f'<p id="no-tests">{no_tests}</p>'
     if trace.command is not None:  # one span: per device, before, at the peak and after
-        if not trace.tests:
-            return '<p id="no-tests">The command did not start.</p>'
         span, grew, held = trace.tests[0], page.growth[0], trace.held_after(trace.tests[0])
-        heads = [
-            ("Device", ""),
-            *[(h, "num") for h in ("Before", "Peak", "Lowest after", "Change")],
-        ]
+        heads = [("Device", ""), *[(h, "num") for h in _COMMAND_HEADS]]
         rows = []
         for pos, dev in enumerate(trace.devices):
             sizes = _sizes(span.used_before[pos], peaks[0][pos], held[pos])
             cells = [(f"{dev.index}: {_e(dev.name)}", ""), *sizes, _delta(grew[pos], tol)]
             rows.append(("leak" if (grew[pos] or 0) > tol else "test", cells))
         return _table("per-device", heads, rows)
-    if not trace.tests:
-        return '<p id="no-tests">No test ran while recording.</p>'
     heads = [("#", "num"), ("Test", ""), ("Outcome", ""), ("Start", "num"), ("Took", "num")]
     heads += [(f"{what} dev {d.index}", "num") for what in ("Δ", "Peak") for d in trace.devices]
     leaked = {leak.nodeid for leak in page.leaks}
@@ -640,18 +569,15 @@ def _test_table(page: _Page, limit: int, peaks: list[Reading]) -> str:
         cells += [_delta(g, tol) for g in page.growth[i]]
         cells += [(_e(format_bytes(p)), "num peak") for p in peaks[i]]
         rows.append(("leak" if span.nodeid in leaked else "test", cells))
-    shown = " open" if len(trace.tests) <= 300 else ""
     return (
-        f"<details{shown}><summary>All {len(trace.tests)} tests</summary>"
-        f"{_HINT.format(' always' * (len(trace.devices) > 2))}"  # wider than a desktop, too
-        f'<div class="scroll">{_table("tests", heads, rows)}</div>'
+        f"<details{' open' * (len(trace.tests) <= 300)}><summary>All {len(trace.tests)} tests"
+        f'</summary><p class="hint{" always" * (len(trace.devices) > 2)}">Wider than the screen: '
+        f'scroll the table sideways.</p><div class="scroll">{_table("tests", heads, rows)}</div>'
         f"{_more(limit, len(trace.tests))}</details>"
     )
 
 
-def _device(
-    page: _Page, pos: int, axes: list[_TimeAxis], xs: list[list[float]], peaks: list[Reading]
-) -> str:
+def _device(page: _Page, pos: int, axes: list[_TimeAxis], xs: list[list[float]]) -> str:
     """Return device ``pos``'s section: its heading, its four charts and their legend."""
     trace, dev = page.trace, page.trace.devices[pos]
     extremes = _extremes(trace, pos)
@@ -664,18 +590,30 @@ def _device(
     if peak is not None:
         during = [
             span.nodeid
-            for span, p in zip(trace.tests, peaks, strict=True)
+            for span, p in zip(trace.tests, page.peaks, strict=True)
             if p[pos] == peak[0] and span.start <= peak[1] <= span.end and trace.command is None
         ]
         where = f" during {during[0]}" if during else ""
         text = f"— peak {format_bytes(peak[0])} at {_fmt_s(peak[1])}{where}"
         text = f' <span class="peak" data-peak="{peak[0]}">{_e(text)}</span>'
+    if trace.command is not None:  # the legend
+        keys = [(_TEST, "the command"), (_LEAK, "left memory held")]
+    else:
+        keys = [("#e2eaf5", "test span"), (_LEAK, "test that left memory held")]
+        keys.append((_FAILED, "failed test"))
+    keys = [(_PALETTE[pos % len(_PALETTE)], "used memory"), *keys, (_WAIT, "memory wait")]
+    keys += [(_CHECK, "the leak check's own wait")] * any(w.by_leak_check for w in trace.waits)
+    keys += [(_FOLD, "a flat stretch, drawn narrow")] * bool(axes[0].folds)
+    legend = "".join(f'<span><i class="sw" style="background:{c}"></i>{k}</span>' for c, k in keys)
     total = format_bytes(dev.total) if dev.total > 0 else "unknown"
-    legend = _legend(_PALETTE[pos % len(_PALETTE)], trace, folded=bool(axes[0].folds))
     return (
         f'<section class="device"><h3>Device {dev.index}: {_e(dev.name)} ({_e(total)}){text}'
-        f"</h3>{''.join(drawn)}{legend}</section>"
+        f'</h3>{"".join(drawn)}<div class="legend">{legend}{_TOTAL_KEY}</div></section>'
     )
+
+
+def _data(name: str) -> str:  # a file of the package
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
 def render_html(
@@ -695,58 +633,38 @@ def render_html(
         trace = replace(trace, leak_tolerance_bytes=leak_tolerance_bytes)
     if leak_grace_s is not None:
         trace = replace(trace, leak_grace_s=leak_grace_s)
+    growth = [trace.growth(s) for s in trace.tests]
     page = _Page(
-        trace, trace.leaks(), [trace.growth(s) for s in trace.tests], lanes(trace.tests, _MAX_LANES)
+        trace, trace.leaks(), growth, lanes(trace.tests, _MAX_LANES), peaks_per_test(trace)
     )
     ends = [s.end for s in trace.tests] + [w.end for w in trace.waits]
-    last_sample = trace.samples[-1].t if trace.samples else 0.0
-    end_t = max(trace.duration, last_sample, *ends, 1e-3)
+    end_t = max(trace.duration, *(s.t for s in trace.samples[-1:]), *ends, 1e-3)
     folds = _folds(trace, end_t)
     axes = [_TimeAxis(end_t, folds, geo) for geo in (_WIDE, _PHONE)]
-    times = [s.t for s in trace.samples]
-    xs = [x_of.many(times) for x_of in axes]
-    peaks = peaks_per_test(trace)
-    charts = "".join(_device(page, pos, axes, xs, peaks) for pos in range(len(trace.devices)))
-    heading, tests = title or "Device memory timeline", trace.command is None
-    css = resources.files(__package__).joinpath("report.css").read_text(encoding="utf-8")
-    return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(heading)} — {_e(trace.platform or 'no platform')}</title>"
-        f"<style>{css}</style></head><body><h1>{_e(heading)}</h1>"
-        f'<p class="sub">{_SUB[tests]}</p>{_summary(trace, page.leaks, end_t)}'
-        '<h2>Memory over time</h2><input type="checkbox" id="full-scale"><label '
-        'for="full-scale" class="scale"> Full scale: every y-axis from 0 to the device\'s total '
-        "(otherwise fitted to the memory used)</label>"
-        f'<div class="charts">{charts or _NO_DEVICE}</div>'
-        f"<h2>{_HELD[tests]}</h2>{_leak_table(trace, page.leaks, max_rows)}"
-        f"<h2>Slowest memory waits</h2>{_wait_table(trace)}"
-        f"<h2>{'Tests' if tests else 'Memory per device'}</h2>"
-        f'{_test_table(page, max_rows, peaks)}<footer>{_RULE[tests]} <span class="hover">'
-        "Hover over bands, bars and markers for details.</span></footer></body></html>\n"
+    xs = [x_of.many([s.t for s in trace.samples]) for x_of in axes]
+    charts = "".join(_device(page, pos, axes, xs) for pos in range(len(trace.devices)))
+    text = json.loads(_data("report.json"))["tests" if trace.command is None else "command"]
+    # The template's line breaks are there to read it by: the page has one, at its end.
+    page_template = string.Template(_data("report.html").replace("\n", "") + "\n")
+    return page_template.substitute(
+        text,
+        title=_e(title or "Device memory timeline"),
+        platform=_e(trace.platform or "no platform"),
+        css=_data("report.css"),
+        summary=_summary(trace, page.leaks, end_t),
+        charts=charts or '<p id="no-devices">No device was sampled.</p>',
+        leaks=_leak_table(trace, page.leaks, max_rows, text["none_left"]),
+        waits=_wait_table(trace),
+        tests=_test_table(page, max_rows, text["no_tests"]),
     )
 
 
+_TOTAL_KEY = '<span><i class="sw" style="border-top:2px dashed #555;height:0"></i>total</span>'
+_NO_WAITS = '<p id="no-waits">No memory wait was observed.</p>'
+_RESULT = ('<span class="failed">failed</span>', '<span class="ok">settled</span>')  # by ok
+_LEAK_HEADS = ("Device", "Before", "At end", "Lowest after", "Left held")
 _WAIT_HEADS = ("Took", "Wait", "During", "Devices", "Result", "At")
-_FAILED_WAIT = '<span class="failed">failed</span>'
-_SUB = (
-    "Used memory per device while a command ran, recorded by accelplat.",
-    "Used memory per device, the tests that ran and the memory waits, recorded by accelplat.",
-)
-_HELD = ("Memory the command left held", "Tests that left memory held")
-_HINT = '<p class="hint{}">Wider than the screen: scroll the table sideways.</p>'  # on phones
-_NO_DEVICE = '<p id="no-devices">No device was sampled.</p>'
-_RULE = (
-    "The command leaks on a device when the device still holds more than the tolerance beyond "
-    "what it held when the command started, at the lowest point in the grace period after it "
-    "exited.",
-    "A test leaks on a device when it still holds more than the tolerance beyond what it held "
-    "before the test's set-up, at the lowest point between the end of the test's teardown and "
-    "the start of the next test's body (after the last test: the grace period); by owner where "
-    "the leak check read the owners (this process and the children the test started), else the "
-    "whole device. Memory that comes back late, during the next set-up or a settle wait, is "
-    "therefore not a leak. Every table shows that one figure.",
-)
+_COMMAND_HEADS = ("Before", "Peak", "Lowest after", "Change")
 
 
 def write_report(

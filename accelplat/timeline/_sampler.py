@@ -1,8 +1,4 @@
-"""Background sampling of device memory, with bounded storage, and the recorder built on it.
-
-A full :class:`SampleBuffer` merges neighbours pairwise (the larger reading, so peaks survive):
-at 20 Hz and 16,384 samples, full resolution for 13.6 minutes, 0.1 s for the next 13.6, …
-"""
+"""Background sampling of device memory, with bounded storage, and the recorder built on it."""
 
 from __future__ import annotations
 
@@ -10,12 +6,11 @@ import itertools
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from accelplat import _validate
+from accelplat import _util, _validate
 from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES
 from accelplat._owners import sample
 from accelplat._platform import optional
@@ -51,84 +46,24 @@ def _merge(a: Reading, b: Reading) -> Reading:
     )
 
 
-class SampleBuffer:
-    """At most ``capacity`` (even, >= 2) samples; when full, resolution halves. Not thread-safe."""
-
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        _validate.integer(capacity, "capacity", minimum=2, expected="an even integer >= 2")
-        if capacity % 2:
-            raise ConfigurationError(f"capacity must be even, got {capacity!r}")
-        self._capacity = capacity
-        self._samples: list[Sample] = []
-        self._pending: Sample | None = None
-        self._pending_count = 0
-        self.decimation = 0  # times halved: each stored sample spans 2**decimation ticks
-
-    def add(self, t: float, used: Reading) -> None:
-        """Add the reading of the tick at ``t`` (not earlier than the previous one)."""
-        if self._pending is None:
-            self._pending = Sample(t, tuple(used))
-        else:
-            self._pending = Sample(self._pending.t, _merge(self._pending.used, tuple(used)))
-        self._pending_count += 1
-        if self._pending_count < (1 << self.decimation):
-            return
-        self._samples.append(self._pending)
-        self._pending = None
-        self._pending_count = 0
-        if len(self._samples) >= self._capacity:
-            old = self._samples
-            self._samples = [
-                Sample(old[i].t, _merge(old[i].used, old[i + 1].used))
-                for i in range(0, len(old) - 1, 2)
-            ]
-            self.decimation += 1
-
-    def samples(self) -> tuple[Sample, ...]:
-        """Return the stored samples in time order, a partly filled last one included."""
-        if self._pending is None:
-            return tuple(self._samples)
-        return (*self._samples, self._pending)
-
-    def __len__(self) -> int:
-        return len(self._samples) + (self._pending is not None)
-
-
-_running: weakref.WeakSet[Sampler] = weakref.WeakSet()  # samplers whose thread runs
-
-
-def _lock_all() -> None:
-    # No sampling thread may be inside a vendor library call when the process forks, or the
-    # child could inherit a lock held by a thread that does not exist there.
-    for sampler in list(_running):
-        sampler._lock.acquire()
-
-
-def _unlock_all() -> None:
-    for sampler in list(_running):
-        if sampler._lock.locked():
-            sampler._lock.release()
-
-
-def _forget_all() -> None:
-    # The child has no sampling thread: forget it, with fresh synchronisation objects.
-    for sampler in list(_running):
-        sampler._lock = threading.Lock()
-        sampler._stop = threading.Event()
-        sampler._stop.set()
-        sampler._thread = None
-    _running.clear()
-
-
+# Every sampler reads under this lock, and a fork takes it first: no sampling thread may be inside
+# a vendor library call when the process forks, or the child could inherit a lock held by a thread
+# that does not exist there.
+_READING = threading.Lock()
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_lock_all, after_in_parent=_unlock_all, after_in_child=_forget_all)
+    os.register_at_fork(
+        before=_READING.acquire, after_in_parent=_READING.release, after_in_child=_READING.release
+    )
 
 
 class Sampler:
-    """Reads device memory at a fixed rate into a :class:`SampleBuffer`, on a daemon thread.
+    """Reads device memory at a fixed rate on a daemon thread, keeping at most ``capacity`` samples.
 
     ``read`` returns used bytes per device (``None`` where a query failed) and must not raise.
-    A fork waits for the read in progress; the child has no sampling thread.
+    Once ``capacity`` (even, >= 2) samples are kept, neighbours merge pairwise (the larger
+    reading, so peaks survive) and each kept sample spans twice the ticks: at 20 Hz and 16,384
+    samples, full resolution for 13.6 minutes, 0.1 s for the next 13.6, … A fork waits for the
+    read in progress; the child has no sampling thread.
 
     Raises:
         ConfigurationError: For a rate outside ``(0, MAX_HZ]`` or a bad capacity.
@@ -142,11 +77,16 @@ class Sampler:
         capacity: int = DEFAULT_CAPACITY,
         clock: Clock = time.monotonic,
     ) -> None:
+        _validate.integer(capacity, "capacity", minimum=2, expected="an even integer >= 2")
+        if capacity % 2:
+            raise ConfigurationError(f"capacity must be even, got {capacity!r}")
         self._read = read
         self.hz = validate_hz(hz)
         self._clock = clock
-        self._buffer = SampleBuffer(capacity)
-        self._lock = threading.Lock()
+        self._capacity = capacity
+        self._samples: list[Sample] = []
+        self._ticks = 0  # merged into the last sample, which takes them up to 2**decimation
+        self.decimation = 0  # times halved
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.t0 = clock()
@@ -156,20 +96,32 @@ class Sampler:
         return self._clock() - self.t0
 
     def sample(self) -> tuple[float, Reading]:
-        """Read every device now, store the reading and return ``(t, reading)``."""
-        with self._lock:
+        """Read every device now, keep the reading and return ``(t, reading)``."""
+        with _READING:
             reading = tuple(self._read())
             t = self.now()
-            self._buffer.add(t, reading)
+            if 0 < self._ticks < 1 << self.decimation:
+                last = self._samples[-1]
+                self._samples[-1] = Sample(last.t, _merge(last.used, reading))
+            else:
+                if len(self._samples) == self._capacity:
+                    old = self._samples
+                    self._samples = [
+                        Sample(a.t, _merge(a.used, b.used))
+                        for a, b in zip(old[::2], old[1::2], strict=True)
+                    ]
+                    self.decimation += 1
+                self._samples.append(Sample(t, reading))
+                self._ticks = 0
+            self._ticks += 1
         return t, reading
 
     def start(self) -> None:
         """Start sampling on a daemon thread named ``accelplat-timeline``; idempotent."""
-        if self._thread is not None:
-            return
-        self._stop.clear()
+        if self._thread is not None and self._thread.is_alive():
+            return  # (a forked child has no sampling thread: it may start its own)
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="accelplat-timeline", daemon=True)
-        _running.add(self)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -179,7 +131,6 @@ class Sampler:
             return
         self._stop.set()
         thread.join(timeout)
-        _running.discard(self)
         self._thread = None
 
     def _run(self) -> None:
@@ -194,16 +145,10 @@ class Sampler:
             if self._stop.wait(deadline - now):
                 return
 
-    @property
-    def decimation(self) -> int:
-        """How many times the buffer has halved its resolution."""
-        with self._lock:
-            return self._buffer.decimation
-
     def samples(self) -> tuple[Sample, ...]:
-        """Return the stored samples in time order."""
-        with self._lock:
-            return self._buffer.samples()
+        """Return the kept samples in time order."""
+        with _READING:
+            return tuple(self._samples)
 
 
 class Recorder:
@@ -251,24 +196,20 @@ class Recorder:
         wall_clock: Clock = time.time,
         notes: Sequence[str] = (),
     ) -> None:
-        _validate.integer(leak_tolerance_bytes, "leak_tolerance_bytes", minimum=0, maximum=MAX_INT)
+        self._leak_tolerance = _validate.integer(
+            leak_tolerance_bytes, "leak_tolerance_bytes", minimum=0, maximum=MAX_INT
+        )
         self._leak_grace = validate_grace(leak_grace_s)
         self.platform = platform  # what is sampled; None: nothing
-        self._platform_name = "" if platform is None else platform.name
-        self._context_free = True if platform is None else bool(platform.context_free)
-        self._accelerator = platform is None or bool(optional(platform, "is_accelerator"))
         self._lock = threading.Lock()
         self._failures: dict[int, tuple[float | None, str, int]] = {}  # first t, error, count
-        self.devices: tuple[_trace.DeviceTrack, ...] = ()
-        if platform is not None:
-            found = platform.devices()
-            totals = self._read(tuple(d.index for d in found), "total")
-            self.devices = tuple(
-                _trace.DeviceTrack(d.index, clip(d.name), total or 0)
-                for d, total in zip(found, totals, strict=True)
-            )
+        found = () if platform is None else platform.devices()
+        totals = self._read(tuple(d.index for d in found), "total")
+        self.devices = tuple(
+            _trace.DeviceTrack(d.index, clip(d.name), total or 0)
+            for d, total in zip(found, totals, strict=True)
+        )
         indices = tuple(t.index for t in self.devices)
-        self._leak_tolerance = leak_tolerance_bytes
         self._notes = [clip(note) for note in notes]
         self._started_at = min(max(wall_clock(), 0.0), _trace.MAX_EPOCH)  # a trace holds no other
         self.sampler = Sampler(
@@ -279,13 +220,12 @@ class Recorder:
         self._open_waits: dict[int, WaitSpan] = {}
         self._waits: list[WaitSpan] = []
         self._tokens = itertools.count()
-        self._current_test: str | None = None
         self._end: float | None = None
 
     @property
     def current_test(self) -> str | None:
         """Node id of the test begun most recently and not yet ended, if any."""
-        return self._current_test
+        return next(reversed(self._open_tests), None)
 
     def add_note(self, note: str) -> None:
         """Add a remark shown on the report."""
@@ -315,7 +255,7 @@ class Recorder:
         t = self.sampler.now() if hasattr(self, "sampler") else None
         with self._lock:
             first_t, error, count = self._failures.get(index, (t, "", 0))
-            error = error or clip(f"{type(exc).__name__}: {exc}", 500)
+            error = error or _util.clip(f"{type(exc).__name__}: {exc}", 500)
             self._failures[index] = (first_t, error, count + 1)
 
     def start(self) -> None:
@@ -327,8 +267,8 @@ class Recorder:
         """Mark the start of a test, sampling memory now as its baseline."""
         t, reading = self.sampler.sample()
         with self._lock:
+            self._open_tests.pop(nodeid, None)  # begun again: the most recent
             self._open_tests[nodeid] = _trace.TestSpan(clip(nodeid), t, t, reading, ())
-            self._current_test = nodeid
 
     def begin_body(self, nodeid: str) -> None:
         """Mark the start of a test's body (pytest's call phase); an unknown id is ignored."""
@@ -360,8 +300,6 @@ class Recorder:
         t, reading = self.sampler.sample() if sample is None else sample
         with self._lock:
             opened = self._open_tests.pop(nodeid, None)
-            if self._current_test == nodeid:
-                self._current_test = next(reversed(self._open_tests), None)
             if opened is None:
                 return None
             span = replace(
@@ -384,7 +322,7 @@ class Recorder:
         t = self.sampler.now()
         with self._lock:
             token = next(self._tokens)
-            test = None if self._current_test is None else clip(self._current_test)
+            test = next((s.nodeid for s in reversed(self._open_tests.values())), None)
             self._open_waits[token] = WaitSpan(t, t, clip(kind), tuple(devices), True, test)
             return token
 
@@ -450,15 +388,16 @@ class Recorder:
                 samples=samples,
                 tests=tuple(sorted(self._tests, key=lambda s: (s.start, s.end))),
                 waits=tuple(sorted(self._waits, key=lambda w: (w.start, w.end))),
-                platform=self._platform_name,
+                platform="" if self.platform is None else self.platform.name,
                 started_at=self._started_at,
                 duration=max(end, samples[-1].t if samples else 0.0),
                 sample_hz=self.sampler.hz,
                 decimation=decimation,
                 leak_tolerance_bytes=self._leak_tolerance,
                 leak_grace_s=self._leak_grace,
-                context_free=self._context_free,
-                accelerator=self._accelerator,
+                context_free=self.platform is None or bool(self.platform.context_free),
+                accelerator=self.platform is None
+                or bool(optional(self.platform, "is_accelerator")),
                 command=None if command is None else tuple(clip(c) for c in command),
                 exit_code=exit_code,
                 notes=(*self._notes, *failures),

@@ -10,7 +10,7 @@ import bisect
 import gc
 import json
 import os
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property, partial
@@ -160,7 +160,7 @@ class Trace:
         return sorted(t.body_start for t in self.tests if t.body_start is not None)
 
     @cached_property
-    def _held_cache(self) -> dict[float, dict[int, tuple[int, Reading]]]:
+    def _held_cache(self) -> dict[float, dict[int, Reading]]:
         return {}
 
     def judged_at(self, span: TestSpan, grace_s: float | None = None) -> float:
@@ -173,61 +173,38 @@ class Trace:
     def held_after(self, span: TestSpan, grace_s: float | None = None) -> Reading:
         """Return per device the least usage from the end of ``span`` to :meth:`judged_at`."""
         grace = self.leak_grace_s if grace_s is None else grace_s
-        table = self._held_cache.get(grace)
-        if table is None:
-            table = self._held_cache[grace] = self._held_after_all(grace)
-        held = table.get(id(span))
-        if held is not None and self.tests[held[0]] is span:
-            return held[1]
-        return self._held_after_one(span, grace)  # a span that is not one of `tests`
+        if grace not in self._held_cache:
+            self._held_cache[grace] = self._held_after_all(self.tests, grace)
+        # While the trace lives no other object has the id of one of its tests.
+        held = self._held_cache[grace].get(id(span))
+        return self._held_after_all((span,), grace)[id(span)] if held is None else held
 
-    def _held_after_one(self, span: TestSpan, grace_s: float) -> Reading:
-        lo = bisect.bisect_right(self._times, span.end)  # used_after stands for time `end`
-        hi = bisect.bisect_right(self._times, self.judged_at(span, grace_s))
-        out: list[int | None] = []
-        for pos, at_end in enumerate(span.used_after):
-            values = [v for s in self.samples[lo:hi] if (v := s.used[pos]) is not None]
-            if at_end is not None:
-                values.append(at_end)
-            out.append(min(values, default=None))
-        return tuple(out)
-
-    def _held_after_all(self, grace_s: float) -> dict[int, tuple[int, Reading]]:
-        # held_after of every test in O(samples + tests) per device: in order of their ends the
+    def _held_after_all(self, spans: Sequence[TestSpan], grace_s: float) -> dict[int, Reading]:
+        # held_after of every span in O(samples + spans) per device: in order of their ends the
         # windows (end, judged_at] only move right, so one sliding-window minimum answers them all.
-        times = self._times
-        samples = self.samples
-        order = sorted(range(len(self.tests)), key=lambda i: self.tests[i].end)
         width = len(self.devices)
-        windows: list[deque[int]] = [deque() for _ in range(width)]
+        windows: defaultdict[int, deque[tuple[int, int]]] = defaultdict(deque)  # (k, used)
         added = 0
-        out: dict[int, tuple[int, Reading]] = {}
-        for i in order:
-            span = self.tests[i]
-            lo = bisect.bisect_right(times, span.end)
-            hi = bisect.bisect_right(times, self.judged_at(span, grace_s))
+        out: dict[int, Reading] = {}
+        for span in sorted(spans, key=lambda s: s.end):
+            lo = bisect.bisect_right(self._times, span.end)  # used_after stands for time `end`
+            hi = bisect.bisect_right(self._times, self.judged_at(span, grace_s))
             for k in range(added, hi):
-                for pos, value in enumerate(samples[k].used[:width]):
-                    if value is None:
-                        continue
-                    window = windows[pos]
-                    while window and samples[window[-1]].used[pos] >= value:  # type: ignore[operator]
-                        window.pop()
-                    window.append(k)
-            added = hi
+                for pos, value in enumerate(self.samples[k].used[:width]):
+                    if value is not None:
+                        window = windows[pos]
+                        while window and window[-1][1] >= value:
+                            window.pop()
+                        window.append((k, value))
+            added = max(added, hi)
             held: list[int | None] = []
             for pos, at_end in enumerate(span.used_after):
-                best: int | None = None
-                if pos < width:
-                    window = windows[pos]
-                    while window and window[0] < lo:
-                        window.popleft()
-                    if window and window[0] < hi:
-                        best = samples[window[0]].used[pos]
-                if at_end is not None and (best is None or at_end < best):
-                    best = at_end
-                held.append(best)
-            out[id(span)] = (i, tuple(held))
+                window = windows[pos]
+                while window and window[0][0] < lo:
+                    window.popleft()
+                values = [v for v in (window[0][1] if window else None, at_end) if v is not None]
+                held.append(min(values, default=None))
+            out[id(span)] = tuple(held)
         return out
 
     def growth(self, span: TestSpan, grace_s: float | None = None) -> tuple[int | None, ...]:
@@ -236,21 +213,27 @@ class Trace:
         By owner where the span has the test process's readings, else :meth:`held_after` less
         ``used_before``: the one figure the report shows for a test, in every table.
         """
-        return tuple(None if b is None else b.leaked for b in self._blames(span, grace_s))
+        return tuple(None if v is None else v[0].leaked for v in self._verdicts(span, grace_s))
 
-    def _blames(self, span: TestSpan, grace_s: float | None) -> list[Blame | None]:
+    def _verdicts(self, span: TestSpan, grace_s: float | None) -> list[tuple[Blame, Leak] | None]:
+        # Per device the leak rule's verdict on ``span`` and the leak it is if it is one.
         owned = {o.device: o for o in span.owners}
-        out: list[Blame | None] = []
+        out: list[tuple[Blame, Leak] | None] = []
         held = self.held_after(span, grace_s)
-        for dev, before, after in zip(self.devices, span.used_before, held, strict=False):
+        rows = zip(self.devices, span.used_before, span.used_after, held, strict=False)
+        for dev, before, at_end, after in rows:
             record = owned.get(dev.index)
             if record is not None:
-                out.append(judge(record.before, record.after, record.context))
+                blame = judge(record.before, record.after, record.context)
+                used = record.before.used, record.after.used, record.after.used
+                out.append((blame, Leak(span.nodeid, dev.index, *used, blame)))
             elif before is None or after is None:
                 out.append(None)
             else:
                 judged = self.accelerator
-                out.append(judge(Holdings(before, judged=judged), Holdings(after, judged=judged)))
+                blame = judge(Holdings(before, judged=judged), Holdings(after, judged=judged))
+                end = after if at_end is None else at_end
+                out.append((blame, Leak(span.nodeid, dev.index, before, end, after)))
         return out
 
     def leaks(self, tolerance_bytes: int | None = None, grace_s: float | None = None) -> list[Leak]:
@@ -259,24 +242,13 @@ class Trace:
         The rule is :func:`accelplat._leaks.judge`, the leak check's, on :meth:`growth`'s terms.
         """
         tol = self.leak_tolerance_bytes if tolerance_bytes is None else tolerance_bytes
-        found: list[Leak] = []
-        for span in self.tests:
-            owned = {o.device: o for o in span.owners}
-            held = self.held_after(span, grace_s)
-            for pos, blame in enumerate(self._blames(span, grace_s)):
-                if blame is None or not blame.is_leak(tol):
-                    continue
-                index = self.devices[pos].index
-                record = owned.get(index)
-                if record is not None:
-                    used = record.before.used, record.after.used, record.after.used
-                    found.append(Leak(span.nodeid, index, *used, blame))
-                    continue
-                before, at_end, after = span.used_before[pos], span.used_after[pos], held[pos]
-                end = after if at_end is None else at_end
-                found.append(Leak(span.nodeid, index, before or 0, end or 0, after or 0))
-        found.sort(key=lambda leak: (-leak.leaked, leak.nodeid, leak.device))
-        return found
+        found = [
+            v[1]
+            for span in self.tests
+            for v in self._verdicts(span, grace_s)
+            if v is not None and v[0].is_leak(tol)
+        ]
+        return sorted(found, key=lambda leak: (-leak.leaked, leak.nodeid, leak.device))
 
     def slowest_waits(self, n: int = 10) -> list[WaitSpan]:
         """Return the ``n`` longest waits of the code under test (not the leak check's)."""
@@ -360,17 +332,10 @@ def holdings_json(h: Holdings) -> dict[str, Any]:
 
 
 def _owners_json(o: SpanOwners) -> dict[str, Any]:
-    return {
-        "device": o.device,
-        "before": holdings_json(o.before),
-        "after": holdings_json(o.after),
-        "context": o.context,
-    }
+    return {**asdict(o), "before": holdings_json(o.before), "after": holdings_json(o.after)}
 
 
-def clip(text: str, limit: int = MAX_TEXT) -> str:
-    """:func:`accelplat._util.clip` at the longest text a trace holds."""
-    return _util.clip(text, limit)
+clip = partial(_util.clip, limit=MAX_TEXT)  # cut text to the longest a trace holds
 
 
 def dumps_trace(trace: Trace) -> str:
@@ -460,44 +425,31 @@ def _test(raw: object, i: int, n: int) -> TestSpan:
     return TestSpan(nodeid, start, end, before, after, outcome, body, owners)
 
 
-def span_owners(raw: object, where: str, fields: JsonFields | None = None) -> SpanOwners:
+def span_owners(raw: object, where: str) -> SpanOwners:
     """Parse one :class:`SpanOwners` of untrusted JSON; ``ConfigurationError`` names a bad field."""
-    f = _FIELDS if fields is None else fields
-    o = f.mapping(raw, where)
-    device = f.integer(o.get("device"), f"{where}.device", minimum=0, maximum=MAX_INT)
-    context = f.integer(o.get("context", 0), f"{where}.context", minimum=0, maximum=MAX_INT)
-    before = holdings(o.get("before"), f"{where}.before", f)
-    after = holdings(o.get("after"), f"{where}.after", f)
-    return SpanOwners(device, before, after, context)
+    o = _FIELDS.mapping(raw, where)
+    device = _int(o.get("device"), f"{where}.device")
+    context = _int(o.get("context", 0), f"{where}.context")
+    before = holdings(o.get("before"), f"{where}.before")
+    return SpanOwners(device, before, holdings(o.get("after"), f"{where}.after"), context)
 
 
-def holdings(raw: object, where: str, fields: JsonFields | None = None) -> Holdings:
+def holdings(raw: object, where: str) -> Holdings:
     """Parse one :class:`~accelplat._leaks.Holdings` of untrusted JSON (:func:`holdings_json`)."""
-    f = _FIELDS if fields is None else fields
-    h = f.mapping(raw, where)
-
-    def count(key: str, *, optional: bool) -> int | None:
-        value = h.get(key)
-        if value is None and optional:
-            return None
-        return f.integer(value, f"{where}.{key}", minimum=0, maximum=MAX_INT)
-
+    h = _FIELDS.mapping(raw, where)
     children: dict[int, int] = {}
-    for k, pair in enumerate(f.array(h.get("children", []), f"{where}.children", _MAX_DEVICES)):
-        item = f.array(pair, f"{where}.children[{k}]", 2)
+    for k, pair in enumerate(_list(h.get("children", []), f"{where}.children", _MAX_DEVICES)):
+        item = _list(pair, f"{where}.children[{k}]", 2)
         if len(item) != 2:
-            raise f.error(f"{where}.children[{k}]", "[pid, bytes]", pair)
-        pid = f.integer(item[0], f"{where}.children[{k}][0]", minimum=1, maximum=2**31 - 1)
-        children[pid] = f.integer(item[1], f"{where}.children[{k}][1]", minimum=0, maximum=MAX_INT)
-    used = count("used", optional=False)
-    assert used is not None
-    return Holdings(
-        used=used,
-        own=count("own", optional=True),
-        children=children,
-        others=count("others", optional=True),
-        judged=f.boolean(h.get("judged", True), f"{where}.judged"),
+            raise _FIELDS.error(f"{where}.children[{k}]", "[pid, bytes]", pair)
+        pid = _FIELDS.integer(item[0], f"{where}.children[{k}][0]", minimum=1, maximum=2**31 - 1)
+        children[pid] = _int(item[1], f"{where}.children[{k}][1]")
+    used = _int(h.get("used"), f"{where}.used")
+    own, others = (
+        None if h.get(k) is None else _int(h[k], f"{where}.{k}") for k in ("own", "others")
     )
+    judged = _FIELDS.boolean(h.get("judged", True), f"{where}.judged")
+    return Holdings(used=used, own=own, children=children, others=others, judged=judged)
 
 
 def _wait(raw: object, i: int) -> WaitSpan:
@@ -511,10 +463,6 @@ def _wait(raw: object, i: int) -> WaitSpan:
     return WaitSpan(
         start, end, kind, devices, ok, None if test is None else _text(test, f"{where}.test")
     )
-
-
-def _decimation(value: object, where: str) -> int:
-    return _int(value, where, maximum=62)  # halvings of a 64-bit count
 
 
 def _samples(rows: Sequence[Any], n: int) -> tuple[list[Sample], float]:
@@ -561,16 +509,14 @@ def _parse(doc: object) -> Trace:
             f"unsupported trace version {version!r}; this accelplat reads version {TRACE_VERSION}"
         )
 
-    devices: list[DeviceTrack] = []
-    seen: set[int] = set()
+    devices: dict[int, DeviceTrack] = {}
     for i, raw in enumerate(_list(top.get("devices"), "devices", _MAX_DEVICES)):
         d = _FIELDS.mapping(raw, f"devices[{i}]")
         index = _int(d.get("index"), f"devices[{i}].index")
-        if index in seen:
+        if index in devices:
             raise ConfigurationError(f"trace field devices[{i}].index: device {index} repeats")
-        seen.add(index)
         name = _text(d.get("name"), f"devices[{i}].name")
-        devices.append(DeviceTrack(index, name, _int(d.get("total"), f"devices[{i}].total")))
+        devices[index] = DeviceTrack(index, name, _int(d.get("total"), f"devices[{i}].total"))
     n = len(devices)
     samples, last_t = _samples(_list(top.get("samples"), "samples"), n)
     tests = [_test(raw, i, n) for i, raw in enumerate(_list(top.get("tests", []), "tests"))]
@@ -584,7 +530,7 @@ def _parse(doc: object) -> Trace:
     notes = [_text(x, f"notes[{i}]") for i, x in enumerate(_list(top.get("notes", []), "notes"))]
     defaults = {f.name: f.default for f in fields(Trace)}
     return Trace(
-        devices=tuple(devices),
+        devices=tuple(devices.values()),
         samples=tuple(samples),
         tests=tuple(tests),
         waits=tuple(waits),
@@ -601,7 +547,7 @@ _SCALARS: dict[str, Callable[[object, str], Any]] = {
     "platform": _text,
     "started_at": partial(_float, maximum=MAX_EPOCH),
     "sample_hz": _float,
-    "decimation": _decimation,
+    "decimation": partial(_int, maximum=62),  # halvings of a 64-bit count
     "leak_tolerance_bytes": _int,
     "leak_grace_s": _float,
     "context_free": _FIELDS.boolean,

@@ -12,8 +12,6 @@ import pytest
 from accelplat import _registry as registry
 from accelplat._backends.simulated import (
     ENV_SPEC,
-    MAX_DEVICES,
-    MAX_SPEC_BYTES,
     LazyRelease,
     Linear,
     RealClock,
@@ -25,6 +23,7 @@ from accelplat._backends.simulated import (
     Step,
     load_spec,
 )
+from accelplat._backends.simulated._model import MAX_DEVICES, MAX_SPEC_BYTES
 from accelplat._platform import Platform
 from accelplat._types import GIB, MIB, GraphSupport, HolderState, MemoryHolder, ReleaseProfile
 from accelplat.errors import ConfigurationError, DeviceNotFoundError, PlatformNotAvailableError

@@ -25,12 +25,11 @@ import accelplat
 import accelplat.errors
 from accelplat import _files
 from accelplat._backends.simulated import (
-    MAX_DEVICES,
-    MAX_SPEC_BYTES,
     SimulatedPlatform,
     load_spec,
     spec_from_mapping,
 )
+from accelplat._backends.simulated._model import MAX_DEVICES, MAX_SPEC_BYTES
 from accelplat.errors import (
     ConfigurationError,
 )

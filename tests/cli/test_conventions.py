@@ -91,3 +91,27 @@ def test_an_error_names_its_command_once(
     assert err.strip() == f"accelplat {argv[0]}: error: {message}" + (
         " (or both)" if argv[0] == "report" else ""
     )
+
+
+def test_help_and_version_load_no_platform_code() -> None:
+    """A command loads what it runs when it runs: ``--version`` and ``--help`` stay quick."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from accelplat._cli import main\n"
+        "for argv in (['--version'], ['--help'], ['lease', '--help'], ['stats', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    loaded = set(out.split())
+    for heavy in ("_platform", "_registry", "_memory", "_leasing", "_enforce", "_scan"):
+        assert f"accelplat.{heavy}" not in loaded
+    assert not {"rich", "psutil", "shtab"} & loaded

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from accelplat._cli import main
-from accelplat._cli._errors import SCHEMA_VERSION
+from accelplat._describe import SCHEMA_VERSION
 
 JSON_KEYS = {
     "schema",

@@ -15,7 +15,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from accelplat._cli import main
-from accelplat._cli._errors import SCHEMA_VERSION, dumps, versioned
+from accelplat._cli._errors import dumps, versioned
+from accelplat._describe import SCHEMA_VERSION
 from accelplat._types import GIB
 from tests import _schema as _jsonschema
 from tests.conftest import Install

@@ -256,6 +256,10 @@ def test_the_help_has_argparses_own_usage(env: dict[str, str]) -> None:
     usage = cli("--help", env=env).stdout.split("\n\n")[0]
     assert usage.startswith("usage: accelplat lease [-h] [-n N] [--memory SIZE]")
     assert all(len(line) <= 100 for line in usage.splitlines())
+    # the help names the library's default timeout without loading the library for --help
+    from accelplat._leasing import DEFAULT_TIMEOUT_S
+
+    assert f"(default {DEFAULT_TIMEOUT_S:g})" in " ".join(cli("--help", env=env).stdout.split())
 
 
 def _hold_both(env: dict[str, str]) -> subprocess.Popen[str]:
@@ -310,6 +314,8 @@ def test_a_waiting_lease_redraws_one_line_on_a_terminal(env: dict[str, str]) -> 
     finally:
         os.close(master)
     text = shown.decode()
-    drawn = [part for part in text.split("\r") if part.startswith("accelplat lease: waiting")]
-    assert all(len(part.removesuffix("\x1b[K")) < 60 for part in drawn)  # fit to the width
+    parts = text.replace("\x1b[K", "").split("\r")  # each redraw: \r, erase the line, the text
+    drawn = [part for part in parts if part.startswith("accelplat lease: waiting")]
+    assert drawn
+    assert all(len(part) < 60 for part in drawn)  # fit to the width
     assert "\r\x1b[Kaccelplat lease: leased" in text  # the waiting line cleared

@@ -8,7 +8,7 @@ import pytest
 
 from accelplat import GIB, MIB
 from accelplat._cli import main
-from accelplat._cli._errors import SCHEMA_VERSION
+from accelplat._describe import SCHEMA_VERSION
 from tests.fakes.hostfs import fake_statvfs
 
 KV = ["kv", "--layers", "42", "--kv-heads", "8", "--head-size", "256", "--dtype", "bf16"]

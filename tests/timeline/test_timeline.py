@@ -11,7 +11,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -37,8 +37,8 @@ from accelplat.timeline import (
     write_report,
 )
 from accelplat.timeline._render import render_html
-from accelplat.timeline._sampler import SampleBuffer, validate_hz
-from accelplat.timeline._trace import dumps_trace, loads_trace
+from accelplat.timeline._sampler import validate_hz
+from accelplat.timeline._trace import Reading, dumps_trace, loads_trace
 
 pytest_plugins = ["pytester"]
 
@@ -407,24 +407,33 @@ def test_parse_size_rejects(text: str) -> None:
 # sampling
 
 
-def test_sample_buffer_keeps_every_sample_until_full() -> None:
-    buf = SampleBuffer(capacity=8)
-    for i in range(7):
-        buf.add(float(i), (i,))
-    assert buf.decimation == 0
-    assert [s.t for s in buf.samples()] == [float(i) for i in range(7)]
+def _ticked(capacity: int, readings: list[Reading], dt: float) -> Iterator[Sampler]:
+    """A sampler that takes ``readings`` one tick of ``dt`` apart, yielding itself after each."""
+    clock = FakeClock(0.0)
+    values = iter(readings)
+    sampler = Sampler(lambda: next(values), capacity=capacity, clock=clock)
+    for i in range(len(readings)):
+        clock.t = i * dt
+        sampler.sample()
+        yield sampler
 
 
-def test_sample_buffer_is_bounded_keeps_peaks_and_time_order() -> None:
-    buf = SampleBuffer(capacity=16)
+def test_the_sampler_keeps_every_sample_until_full() -> None:
+    *_, sampler = _ticked(8, [(i,) for i in range(7)], 1.0)
+    assert sampler.decimation == 0
+    assert [s.t for s in sampler.samples()] == [float(i) for i in range(7)]
+
+
+def test_the_sampler_is_bounded_keeps_peaks_and_time_order() -> None:
     n = 10_000
     spike_at = 7_777
-    for i in range(n):
-        used = 50 * GIB if i == spike_at else i % 3
-        buf.add(i * 0.05, (used, None if i % 2 else i))
-        assert len(buf) <= 16
-    samples = buf.samples()
-    assert buf.decimation >= 9  # 10_000 ticks into 16 slots: each slot spans >= 2**9 ticks
+    readings: list[Reading] = [
+        (50 * GIB if i == spike_at else i % 3, None if i % 2 else i) for i in range(n)
+    ]
+    for sampler in _ticked(16, readings, 0.05):
+        assert len(sampler.samples()) <= 16
+    samples = sampler.samples()
+    assert sampler.decimation >= 9  # 10_000 ticks into 16 slots: each slot spans >= 2**9 ticks
     times = [s.t for s in samples]
     assert times == sorted(times)
     assert times[0] == 0.0
@@ -432,14 +441,14 @@ def test_sample_buffer_is_bounded_keeps_peaks_and_time_order() -> None:
     # the second device alternates readings and failures: a merged sample keeps the reading
     assert all(s.used[1] is not None for s in samples)
     # stored samples are evenly spaced by 2**decimation ticks
-    step = 0.05 * 2**buf.decimation
+    step = 0.05 * 2**sampler.decimation
     assert times[1] - times[0] == pytest.approx(step)
 
 
 @pytest.mark.parametrize("capacity", [0, 1, 3, 2.0, True])
-def test_sample_buffer_rejects_bad_capacity(capacity: object) -> None:
+def test_the_sampler_rejects_bad_capacity(capacity: object) -> None:
     with pytest.raises(ConfigurationError, match="capacity"):
-        SampleBuffer(capacity)  # type: ignore[arg-type]
+        Sampler(tuple, capacity=capacity)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("hz", [0, -1, float("nan"), float("inf"), 1001, True, "20"])
@@ -503,7 +512,8 @@ def test_fork_waits_for_the_read_in_progress_and_the_child_has_no_sampler() -> N
         threading.Timer(0.05, release.set).start()
         pid = os.fork()
         if pid == 0:  # child: no thread, a usable lock, sampling on demand still works
-            ok = sampler._thread is None and sampler.sample()[1] == (1,)
+            idle = sampler._thread is None or not sampler._thread.is_alive()
+            ok = idle and sampler.sample()[1] == (1,)
             os._exit(0 if ok else 1)
         forked_at = time.monotonic()
         _, status = os.waitpid(pid, 0)

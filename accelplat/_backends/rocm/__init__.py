@@ -107,7 +107,7 @@ class RocmPlatform(BasePlatform):
         self._source: _sources.Source | None = None
         self._reasons: list[str] = []
         self._notes: list[str] = []
-        self._amdsmi_failure: str | None = None
+        self._amdsmi_failure = ""  # why amdsmi failed (it is not tried again)
 
     @override
     def visible_devices_environment(self, devices: Sequence[DeviceInfo]) -> dict[str, str | None]:
@@ -151,29 +151,15 @@ class RocmPlatform(BasePlatform):
             return _sources.SysfsSource(sysfs, topology, self._reader)
         self._reasons += [no_amd_gpu(sysfs / "class" / "drm"), *topology.notes[:3]]
         if self._allow_amdsmi:
-            source = self._try_amdsmi() if self._amdsmi_failure is None else None
-            if source is not None:
-                return source
-            self._reasons.append(self._amdsmi_failure or "amdsmi failed")
+            if not self._amdsmi_failure:
+                source, self._amdsmi_failure = _sources.amdsmi_source()
+                if source is not None:
+                    return source
+            self._reasons.append(self._amdsmi_failure)
         torch, why = _sources.torch_if_imported()
         if torch is not None:
             return _sources.TorchSource(torch)
         self._reasons.append(why)
-        return None
-
-    def _try_amdsmi(self) -> _sources.Source | None:
-        module, why = _sources.import_amdsmi()
-        if module is None:
-            self._amdsmi_failure = why
-            return None
-        try:
-            _sources.amdsmi_init(module)
-            candidate = _sources.AmdSmiSource(module)
-            if candidate.gpus():
-                return candidate
-            self._amdsmi_failure = "amdsmi reports no GPU"
-        except Exception as exc:
-            self._amdsmi_failure = f"amdsmi failed: {type(exc).__name__}: {exc}"
         return None
 
     def _visible(self) -> tuple[_sources.Source, list[_topology.Gpu]]:
@@ -208,15 +194,7 @@ class RocmPlatform(BasePlatform):
     @override
     def devices(self) -> Sequence[DeviceInfo]:
         return [
-            DeviceInfo(
-                i,
-                g.physical_index,
-                g.name,
-                g.uuid,
-                g.pci_bus_id,
-                arch=g.arch,
-                compute_capability=_topology.gfx_compute_capability(g.arch),
-            )
+            DeviceInfo(i, g.physical_index, g.name, g.uuid, g.pci_bus_id, g.arch, g.capability)
             for i, g in enumerate(self._visible()[1])
         ]
 

@@ -216,13 +216,21 @@ def _import_amdsmi_live() -> tuple[Any, str]:
     return module, ""
 
 
-def amdsmi_init(module: Any) -> None:
+def amdsmi_source() -> tuple[Source | None, str]:
+    """Return amdsmi's source (initialised once per process) and ``""``, or ``None`` and why not."""
     global _amdsmi_initialised
-    with _amdsmi_lock:
-        if _amdsmi_initialised is module:
-            return
-        module.amdsmi_init()
-        _amdsmi_initialised = module
+    module, why = import_amdsmi()
+    if module is None:
+        return None, why
+    try:
+        with _amdsmi_lock:
+            if _amdsmi_initialised is not module:
+                module.amdsmi_init()
+                _amdsmi_initialised = module
+        source = AmdSmiSource(module)
+        return (source, "") if source.gpus() else (None, "amdsmi reports no GPU")
+    except Exception as exc:
+        return None, f"amdsmi failed: {type(exc).__name__}: {exc}"
 
 
 class AmdSmiSource(Source):
@@ -230,11 +238,9 @@ class AmdSmiSource(Source):
 
     def __init__(self, module: Any) -> None:
         self._m = module
-        self._gpus: list[Gpu] | None = None
+        self._gpus = self._enumerate()  # once: handles stay valid while amdsmi is initialised
 
     def gpus(self) -> list[Gpu]:
-        if self._gpus is None:
-            self._gpus = self._enumerate()
         return self._gpus
 
     def _enumerate(self) -> list[Gpu]:

@@ -93,6 +93,11 @@ class Gpu:  # one GPU in ROCr's order, whatever the source
     handle: Any = None
     arch: str | None = None
 
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """The compute capability HIP reports for :attr:`arch`."""
+        return gfx_compute_capability(self.arch)
+
 
 @dataclass
 class Topology:
@@ -313,14 +318,12 @@ def scan_topology(
     # with adev" (amdgpu_xcp.c amdgpu_xcp_dev_alloc), so its renderD is under the card's
     # device/drm. Partitions 1..N-1 have DRM devices on amdgpu_xcp platform devices, with no PCI
     # parent (amdxcp/amdgpu_xcp_drv.c): only their location_id ties them to the card.
-    by_minor = {m: c for c in cards for m in c.render_minors}
-    by_pci = {c.pci_bus_id: c for c in cards if c.pci_bus_id}
+    by_minor: dict[int | None, _Card] = {m: c for c in cards for m in c.render_minors}
+    by_pci: dict[str | None, _Card] = {c.pci_bus_id: c for c in cards if c.pci_bus_id}
     matched: list[tuple[_Node, _Card | None, int | None]] = []
     for node in nodes:
-        card = by_minor.get(node.render_minor) if node.render_minor is not None else None
+        card = by_minor.get(node.render_minor) or by_pci.get(node.pci_bus_id)
         partition: int | None = None
-        if card is None and node.pci_bus_id is not None:
-            card = by_pci.get(node.pci_bus_id)
         if card is None:
             card, partition = _card_of_partition(node, cards) or (None, None)
         if card is None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import operator
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -17,18 +18,15 @@ from typing_extensions import override
 
 from accelplat._backends._common import checked_memory
 from accelplat._backends.simulated._clock import SimulatedClock as SimulatedClock
-from accelplat._backends.simulated._model import MAX_DEVICES as MAX_DEVICES
-from accelplat._backends.simulated._model import MAX_SPEC_BYTES as MAX_SPEC_BYTES
 from accelplat._backends.simulated._model import LazyRelease as LazyRelease
 from accelplat._backends.simulated._model import Linear as Linear
-from accelplat._backends.simulated._model import Segment as Segment
 from accelplat._backends.simulated._model import SimulatedDevice as SimulatedDevice
 from accelplat._backends.simulated._model import SimulatedHolder as SimulatedHolder
 from accelplat._backends.simulated._model import SimulatedSpec as SimulatedSpec
 from accelplat._backends.simulated._model import Step as Step
 from accelplat._backends.simulated._spec import load_spec as load_spec
 from accelplat._backends.simulated._spec import spec_from_mapping as spec_from_mapping
-from accelplat._platform import BasePlatform, StartMethod
+from accelplat._platform import BasePlatform
 from accelplat._types import (
     DeviceInfo,
     GraphSupport,
@@ -43,9 +41,11 @@ from accelplat.errors import ConfigurationError
 ENV_SPEC = "ACCELPLAT_SIMULATED_SPEC"  # the spec file SimulatedPlatform() and its probe load
 ENV_VISIBLE = "ACCELPLAT_SIMULATED_VISIBLE_DEVICES"  # UUIDs (SIM-0 …) or spec indices, CUDA-style
 _Entry = tuple[int, int | None]  # a visible device: its index in the spec, and its slice or None
-_SPEC_CACHE_SIZE = 16
-_spec_cache: dict[str, tuple[tuple[int, int, int], SimulatedSpec]] = {}
-_spec_cache_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=16)
+def _load_version(path: str, version: tuple[int, int, int]) -> SimulatedSpec:
+    return load_spec(path)
 
 
 def _load_spec_once(path: str | os.PathLike[str]) -> SimulatedSpec:
@@ -53,19 +53,9 @@ def _load_spec_once(path: str | os.PathLike[str]) -> SimulatedSpec:
     name = os.fspath(path)
     try:
         st = os.stat(name)
-        key = (st.st_ino, st.st_size, st.st_mtime_ns)
     except (OSError, ValueError):
         return load_spec(name)  # the reader names the problem
-    with _spec_cache_lock:
-        hit = _spec_cache.get(name)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    spec = load_spec(name)
-    with _spec_cache_lock:
-        if len(_spec_cache) >= _SPEC_CACHE_SIZE:
-            _spec_cache.clear()
-        _spec_cache[name] = (key, spec)
-    return spec
+    return _load_version(name, (st.st_ino, st.st_size, st.st_mtime_ns))
 
 
 class SimulatedPlatform(BasePlatform):
@@ -94,8 +84,7 @@ class SimulatedPlatform(BasePlatform):
             path = os.environ.get(ENV_SPEC, "").strip()
             if not path:
                 raise ConfigurationError(
-                    f"SimulatedPlatform() needs a spec: set {ENV_SPEC} to a JSON or TOML spec "
-                    "file, or pass one"
+                    f"{ENV_SPEC} is not set (point it at a JSON or TOML simulated spec)"
                 )
             spec = path
         if isinstance(spec, SimulatedSpec):
@@ -131,16 +120,11 @@ class SimulatedPlatform(BasePlatform):
     @override
     def probe(cls) -> ProbeResult:
         """Say whether ``ACCELPLAT_SIMULATED_SPEC`` names a readable, valid spec (reads it)."""
-        path = os.environ.get(ENV_SPEC, "").strip()
-        if not path:
-            return ProbeResult(
-                False, f"{ENV_SPEC} is not set (point it at a JSON or TOML simulated spec)"
-            )
         try:
-            spec = _load_spec_once(path)
+            count = len(cls()._spec.devices)
         except ConfigurationError as exc:
             return ProbeResult(False, str(exc))
-        return ProbeResult(True, f"{len(spec.devices)} simulated device(s) from {path}")
+        return ProbeResult(True, f"{count} simulated device(s) from {os.environ[ENV_SPEC].strip()}")
 
     @property
     def spec(self) -> SimulatedSpec:
@@ -148,25 +132,9 @@ class SimulatedPlatform(BasePlatform):
         return self._spec
 
     @property
-    def name(self) -> str:  # type: ignore[override]
-        return self._spec.name
-
-    @property
-    def device_type(self) -> str:  # type: ignore[override]
-        return self._spec.device_type
-
-    @property
     def is_accelerator(self) -> bool:  # type: ignore[override]
         """Whether the devices are accelerators: all but a simulated ``"cpu"`` host's."""
         return self._spec.device_type != "cpu"
-
-    @property
-    def default_memory_utilization(self) -> float:  # type: ignore[override]
-        return self._spec.default_memory_utilization
-
-    @property
-    def preferred_start_method(self) -> StartMethod:  # type: ignore[override]
-        return self._spec.preferred_start_method
 
     @property
     @override
@@ -314,3 +282,8 @@ class SimulatedPlatform(BasePlatform):
             f"<SimulatedPlatform name={self.name!r} devices={self.device_count()} "
             f"clock={self.clock!r}>"
         )
+
+
+# The class attributes of BasePlatform a spec sets, each read from it.
+for _member in ("name", "device_type", "default_memory_utilization", "preferred_start_method"):
+    setattr(SimulatedPlatform, _member, property(operator.attrgetter(f"_spec.{_member}")))

@@ -78,7 +78,7 @@ class Step:
         """Return usage at ``t >= start``; ``before`` is the usage just before ``start``."""
         return self.used
 
-    def quiet_after(self, before: int | None = None) -> float:
+    def quiet_after(self, before: int) -> float:
         """Return the time after which this segment no longer changes usage."""
         return self.at
 
@@ -114,7 +114,7 @@ class Linear:
         fraction = (t - self.start) / (self.end - self.start)
         return round(origin + (self.to - origin) * fraction)
 
-    def quiet_after(self, before: int | None = None) -> float:
+    def quiet_after(self, before: int) -> float:
         return self.end
 
 
@@ -133,8 +133,8 @@ class LazyRelease:
         _check_release(self)
         check_time(self.tau_s, "tau", positive=True)
         check_time(self.delay_s, "delay")
-        if check_size(self.granularity, "granularity") < 1:
-            raise ConfigurationError("granularity must be >= 1 byte")
+        # 0: the finest, one byte
+        object.__setattr__(self, "granularity", check_size(self.granularity, "granularity") or 1)
 
     def value(self, t: float, before: int) -> int:
         # to + trunc((from - to) * exp(-elapsed / tau)) in whole granularity chunks: the tail
@@ -146,12 +146,9 @@ class LazyRelease:
         remaining = (origin - self.to) * math.exp(-elapsed / self.tau_s)
         return self.to + int(remaining / self.granularity) * self.granularity
 
-    def quiet_after(self, before: int | None = None) -> float:
-        origin = self.from_ if self.from_ is not None else before
+    def quiet_after(self, before: int) -> float:
         begin = self.start + self.delay_s
-        if origin is None:
-            return math.inf
-        gap = abs(origin - self.to)
+        gap = abs((before if self.from_ is None else self.from_) - self.to)
         if gap < self.granularity:
             return begin
         return begin + self.tau_s * math.log(gap / self.granularity)
@@ -206,14 +203,11 @@ class SimulatedDevice:
     _before: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "timeline", tuple(self.timeline))
-        object.__setattr__(self, "holders", tuple(self.holders))
+        for name in ("timeline", "holders", "slices"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         for name in ("total", "used", "reserved"):
             check_size(getattr(self, name), name)
-        object.__setattr__(self, "slices", tuple(self.slices))
-        if len(self.slices) > MAX_SLICES or not all(
-            isinstance(s, SimulatedDevice) and not s.slices for s in self.slices
-        ):
+        if len(self.slices) > MAX_SLICES or any(s.slices for s in self.slices):
             raise ConfigurationError(f"slices must be at most {MAX_SLICES} devices without slices")
         if sum(s.total for s in self.slices) > self.total:
             raise ConfigurationError(f"the slices' totals exceed total ({self.total} bytes)")
@@ -222,33 +216,29 @@ class SimulatedDevice:
             check_text(self.uuid, "uuid")
         if self.report_holders is not None:
             FIELDS.boolean(self.report_holders, "report_holders")
-        starts: list[float] = []
-        before: list[int] = []
+        if not all(isinstance(seg, (Step, Linear, LazyRelease)) for seg in self.timeline):
+            raise ConfigurationError("timeline holds what is not a Step, Linear or LazyRelease")
+        starts = tuple(seg.start for seg in self.timeline)
+        before: list[int] = []  # each segment's usage just before its start
         level = peak = self.used
         for i, seg in enumerate(self.timeline):
-            if not isinstance(seg, (Step, Linear, LazyRelease)):
-                raise ConfigurationError(f"timeline[{i}] is not a Step, Linear or LazyRelease")
-            if starts and seg.start < starts[-1]:
+            if i and seg.start < starts[i - 1]:
                 raise ConfigurationError(
                     f"timeline[{i}] starts at {seg.start:g} s, before timeline[{i - 1}] "
-                    f"({starts[-1]:g} s): list segments in time order"
+                    f"({starts[i - 1]:g} s): list segments in time order"
                 )
-            if starts:  # the previous segment's value at this segment's start
+            if i:
                 level = self.timeline[i - 1].value(seg.start, before[-1])
-            starts.append(seg.start)
             before.append(level)
             origin = getattr(seg, "from_", None)
             peak = max(peak, level, seg.used if isinstance(seg, Step) else seg.to, origin or 0)
-        for i, holder in enumerate(self.holders):
-            if not isinstance(holder, SimulatedHolder):
-                raise ConfigurationError(f"holders[{i}] is not a SimulatedHolder")
         held = sum(h.used for h in self.holders)
         if peak + held > self.total:
             raise ConfigurationError(
                 f"total ({self.total} bytes) is below the timeline's peak ({peak} bytes) plus its "
                 f"holders ({held} bytes): used memory would exceed total"
             )
-        object.__setattr__(self, "_starts", tuple(starts))
+        object.__setattr__(self, "_starts", starts)
         object.__setattr__(self, "_before", tuple(before))
 
     def base_at(self, t: float) -> int:
@@ -309,16 +299,9 @@ class SimulatedSpec:
             raise ConfigurationError(
                 f"a simulated platform has at most {MAX_DEVICES} devices, got {len(self.devices)}"
             )
-        for i, dev in enumerate(self.devices):
-            if not isinstance(dev, SimulatedDevice):
-                raise ConfigurationError(f"devices[{i}] is not a SimulatedDevice")
         if not isinstance(self.name, str) or not _validate.NAME_RE.match(self.name):
             raise FIELDS.error("name", "1-64 characters of a-z, 0-9, '_', '-', '.'", self.name)
         check_text(self.device_type, "device_type")
-        if not isinstance(self.release, ReleaseProfile):
-            raise ConfigurationError("release must be a ReleaseProfile")
-        if not isinstance(self.graph, GraphSupport):
-            raise ConfigurationError("graph must be a GraphSupport")
         where, utilization = "default_memory_utilization", self.default_memory_utilization
         _real(utilization, where, "a number in (0, 1]")
         _validate.number(utilization, where, above=0, maximum=1)

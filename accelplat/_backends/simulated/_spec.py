@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Set
+from collections.abc import Callable, Set
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,8 +55,16 @@ def _table(
     return dict(FIELDS.mapping(value, where, allowed, required))
 
 
-def _build(where: str, make: type[_T], **fields: Any) -> _T:
-    """Return ``make(**fields)``, its check's error prefixed with the field's path."""
+_SIZES = frozenset({"total", "used", "reserved", "to", "from", "granularity"})  # read by _size
+_FIELD_NAMES = {"from": "from_", "tau": "tau_s", "delay": "delay_s"}  # spec key: model field
+
+
+def _build(where: str, make: Callable[..., _T], data: dict[str, Any]) -> _T:
+    """Return ``make`` of the spec fields ``data``, sizes read; errors prefixed with the path."""
+    fields = {
+        _FIELD_NAMES.get(k, k): _size(v, f"{where}.{k}") if k in _SIZES else v
+        for k, v in data.items()
+    }
     try:
         return make(**fields)
     except ConfigurationError as exc:
@@ -66,36 +74,25 @@ def _build(where: str, make: type[_T], **fields: Any) -> _T:
 def _holder(raw: object, where: str, *, stuck: bool) -> SimulatedHolder:
     keys = {"used", "pid", "name", "state"} | ({"at"} if stuck else {"start", "end"})
     data = _table(raw, where, keys, {"used"})
-    start = data.pop("at" if stuck else "start", 0.0)
-    if stuck:
-        check_time(start, f"{where}.at")  # the model would name it start
-    used = _size(data.pop("used"), f"{where}.used")
-    return _build(where, SimulatedHolder, used=used, start=start, **data)
+    if "at" in data:  # a stuck segment's start: checked here, where it is named
+        data["start"] = check_time(data.pop("at"), f"{where}.at")
+    return _build(where, SimulatedHolder, data)
 
 
 def _segment(raw: object, where: str) -> Step | Linear | LazyRelease | SimulatedHolder:
     raw = FIELDS.mapping(raw, where)
     kind = next((k for k in ("linear", "lazy", "stuck") if k in raw), None)
     if kind is None:
-        data = _table(raw, where, {"at", "used"}, {"at", "used"})
-        return _build(where, Step, at=data["at"], used=_size(data["used"], f"{where}.used"))
+        return _build(where, Step, _table(raw, where, {"at", "used"}, {"at", "used"}))
     body = _table(raw, where, {kind})[kind]
     where += f".{kind}"
     if kind == "stuck":
         return _holder(body, where, stuck=True)
-    make: type[Linear | LazyRelease]
     if kind == "linear":
-        data = _table(body, where, {"from", "to", "start", "end"}, {"to", "start", "end"})
-        make, fields = Linear, {"end": data["end"]}
-    else:
-        keys = {"from", "to", "start", "tau", "delay", "granularity"}
-        data = _table(body, where, keys, {"to", "start", "tau"})
-        granularity = _size(data.get("granularity", MIB), f"{where}.granularity")
-        make, fields = LazyRelease, {"tau_s": data["tau"], "delay_s": data.get("delay", 0.0)}
-        fields["granularity"] = granularity or 1  # 0: the finest, one byte
-    origin = None if "from" not in data else _size(data["from"], f"{where}.from")
-    to = _size(data["to"], f"{where}.to")
-    return _build(where, make, start=data["start"], to=to, from_=origin, **fields)
+        keys = {"from", "to", "start", "end"}
+        return _build(where, Linear, _table(body, where, keys, {"to", "start", "end"}))
+    keys = {"from", "to", "start", "tau", "delay", "granularity"}
+    return _build(where, LazyRelease, _table(body, where, keys, {"to", "start", "tau"}))
 
 
 def _device(raw: object, where: str, *, whole: bool = True) -> tuple[SimulatedDevice, int]:
@@ -118,10 +115,7 @@ def _device(raw: object, where: str, *, whole: bool = True) -> tuple[SimulatedDe
     if len(holders) > MAX_HOLDERS:
         raise ConfigurationError(f"{where} has more than {MAX_HOLDERS} holders")
     count = FIELDS.integer(data.pop("count", 1), f"{where}.count", minimum=1, maximum=MAX_DEVICES)
-    for key in ("total", "used", "reserved"):
-        if key in data:
-            data[key] = _size(data[key], f"{where}.{key}")
-    return _build(where, SimulatedDevice, timeline=segments, holders=holders, **data), count
+    return _build(where, SimulatedDevice, {**data, "timeline": segments, "holders": holders}), count
 
 
 def _release(raw: object) -> ReleaseProfile:
@@ -145,16 +139,6 @@ def _graph(raw: object) -> GraphSupport:
     return GraphSupport(available, api, reason)
 
 
-def spec_from_mapping(data: object, *, source: str = "spec") -> SimulatedSpec:
-    """Build a :class:`SimulatedSpec` from parsed JSON or TOML; errors name ``source``."""
-    try:
-        return _spec(data)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"simulated spec {source}: {exc}") from None
-    except RecursionError:
-        raise ConfigurationError(f"simulated spec {source}: nested too deeply") from None
-
-
 def _spec(data: object) -> SimulatedSpec:
     keys = {"version", "name", "device_type", "clock", "default_memory_utilization",
             "preferred_start_method", "release", "graph", "devices"}  # fmt: skip
@@ -164,15 +148,13 @@ def _spec(data: object) -> SimulatedSpec:
         raise FIELDS.error("version", "1", version)
     raw_devices = _list(top.pop("devices"), "devices", MAX_DEVICES)
     counts = [d.get("count", 1) if isinstance(d, dict) else 1 for d in raw_devices]
-    too_many = f"a simulated platform has at most {MAX_DEVICES} devices"
-    if all(type(c) is int and 1 <= c <= MAX_DEVICES for c in counts) and sum(counts) > MAX_DEVICES:
-        raise ConfigurationError(too_many)  # before validating thousands of segments
+    if sum(c for c in counts if type(c) is int and 0 < c <= MAX_DEVICES) > MAX_DEVICES:
+        # before validating thousands of segments (SimulatedSpec counts the devices again)
+        raise ConfigurationError(f"a simulated platform has at most {MAX_DEVICES} devices")
     devices: list[SimulatedDevice] = []
     for i, raw in enumerate(raw_devices):
         device, count = _device(raw, f"devices[{i}]")
-        if len(devices) + count > MAX_DEVICES:
-            raise ConfigurationError(too_many)
-        devices.extend([device] * count)
+        devices += [device] * count
     if not devices:
         raise ConfigurationError("devices must list at least one device")
     top["release"] = _release(top.get("release", {}))
@@ -182,6 +164,11 @@ def _spec(data: object) -> SimulatedSpec:
 
 def _reject_constant(token: str) -> float:
     raise ConfigurationError(f"{token} is not allowed in a simulated spec")
+
+
+def spec_from_mapping(data: object, *, source: str = "spec") -> SimulatedSpec:
+    """Build a :class:`SimulatedSpec` from parsed JSON or TOML; errors name ``source``."""
+    return _read(lambda: data, source)
 
 
 def load_spec(path: str | os.PathLike[str]) -> SimulatedSpec:
@@ -194,23 +181,30 @@ def load_spec(path: str | os.PathLike[str]) -> SimulatedSpec:
     raw = _files.read_document(
         p, limit=MAX_SPEC_BYTES, what="simulated spec", limit_text=f"{MAX_SPEC_BYTES // MIB} MiB"
     )
+    return _read(lambda: _parse(raw.decode("utf-8"), toml=p.suffix.lower() == ".toml"), str(p))
+
+
+def _parse(text: str, *, toml: bool) -> object:
+    if not toml:
+        return json.loads(text, parse_constant=_reject_constant)
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on Python 3.10 only
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
+def _read(parse: Callable[[], object], source: str) -> SimulatedSpec:
+    """Return the spec ``parse()`` gives, its errors (any) as one naming ``source``."""
+    where = f"simulated spec {source}"
     try:
-        text = raw.decode("utf-8")
-        if p.suffix.lower() == ".toml":
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:  # pragma: no cover - exercised on Python 3.10 only
-                import tomli as tomllib
-            data: object = tomllib.loads(text)
-        else:
-            data = json.loads(text, parse_constant=_reject_constant)
+        return _spec(parse())
     except UnicodeDecodeError:
-        raise ConfigurationError(f"simulated spec {p}: not UTF-8 text") from None
+        raise ConfigurationError(f"{where}: not UTF-8 text") from None
     except ConfigurationError as exc:
-        raise ConfigurationError(f"simulated spec {p}: {exc}") from None
+        raise ConfigurationError(f"{where}: {exc}") from None
     except RecursionError:
-        raise ConfigurationError(f"simulated spec {p}: nested too deeply") from None
+        raise ConfigurationError(f"{where}: nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, TOMLDecodeError, int digit limits
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigurationError(f"simulated spec {p}: malformed: {first}") from None
-    return spec_from_mapping(data, source=str(p))
+        raise ConfigurationError(f"{where}: malformed: {first}") from None
