@@ -27,29 +27,12 @@ from accelplat.errors import ConfigurationError, FileTooLargeError
 
 MAX_FILE_BYTES = 2 * 1024**2  # larger files are listed as skipped, not parsed
 MAX_DEPTH = 64  # directories deeper below the root are listed as skipped, not walked
-_PLATFORM_METHODS = frozenset({"is_rocm", "is_cuda", "is_cuda_alike", "is_xpu", "is_cpu", "is_tpu"})
-_TORCH_DEVICE_MODULES = frozenset({"xpu", "hpu", "npu"})  # hasattr(torch, "xpu") in scanned code
-_CAPABILITY_METHODS = frozenset(
-    {"has_device_capability", "is_device_capability", "is_device_capability_family"}
-    | {"get_device_capability"}
-)
-_DTYPE_METHODS = frozenset({"supports_fp8", "is_fp8_fnuz", "fp8_dtype", "supports_mx"})
-_COUNT_FUNCTIONS = frozenset({"cuda_device_count_stateless", "device_count"})
-_MARKER_HELPERS = frozenset({"multi_gpu_test", "large_gpu_mark"})
-_DOTTED_CALLS = {  # a dotted call -> its kind
-    "torch.cuda.is_available": "platform", "torch.xpu.is_available": "platform",
-    "torch.cuda.get_device_capability": "arch", "torch.cuda.device_count": "count",
-    "torch.xpu.device_count": "count",
-}  # fmt: skip
-_CALLS = {  # a call by its own name -> its kind
-    **dict.fromkeys(_PLATFORM_METHODS, "platform"),
-    **dict.fromkeys(_CAPABILITY_METHODS, "arch"),
-    **dict.fromkeys(_DTYPE_METHODS, "dtype"),
-    **dict.fromkeys(_COUNT_FUNCTIONS, "count"),
-    "is_quant_method_supported": "quant", "multi_gpu_test": "count", "large_gpu_mark": "memory",
-    "support_static_graph_mode": "graphs",
-}  # fmt: skip
-_WITH_ARGS = _CAPABILITY_METHODS | _MARKER_HELPERS | {"is_quant_method_supported"}  # with arguments
+_SCAN = _translate.VOCABULARY["scan"]  # the predicates and their kinds (_vllm_predicates.toml)
+_DOTTED_CALLS: dict[str, str] = _SCAN["dotted_calls"]  # a dotted call -> its kind
+_CALLS: dict[str, str] = _SCAN["calls"]  # a call by its own name -> its kind
+_NAMES: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in _SCAN["names"].items()}
+_TORCH_DEVICE_MODULES = _NAMES["torch_device_modules"]  # hasattr(torch, "xpu") in scanned code
+_COUNT_FUNCTIONS, _MARKER_HELPERS = _NAMES["count_functions"], _NAMES["marker_helpers"]
 _ROCM_ARCH_RE = re.compile(r"^on_(gfx\w+|mi\d\w*|cdna\d*|rdna\d*)$")  # these are "arch" too
 _MAX_LITERAL = 40  # longer literal arguments are shown as "…"
 _Where = tuple[str, ast.AST] | None  # ("skipif"|"if"|"marker"|"expression", node), or None
@@ -136,7 +119,7 @@ def _predicate(node: ast.AST) -> tuple[str, str] | None:
         return None
     if name in _COUNT_FUNCTIONS and not (isinstance(func, ast.Name) or "platform" in dotted):
         return None  # a count only called bare or on a platform object
-    args = [_literal(a) for a in node.args] if name in _WITH_ARGS else []
+    args = [_literal(a) for a in node.args] if name in _NAMES["with_args"] else []
     if name in _MARKER_HELPERS:
         args += [f"{k.arg}={_literal(k.value)}" for k in node.keywords if k.arg]
     return f"{name}({', '.join(args)})", kind

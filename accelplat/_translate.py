@@ -7,13 +7,17 @@ or says which kind of knowledge has no exact replacement. It never guesses: a pr
 vLLM meaning differs from every accelplat word on some host is refused, with the reason.
 
 The meaning of each predicate is vLLM 0.33's (``vllm/platforms/interface.py``, ``cuda.py``,
-``rocm.py``, ``xpu.py``, ``cpu.py``); ``docs/migrating-vllm-tests.md`` lists each mapping.
+``rocm.py``, ``xpu.py``, ``cpu.py``), tabled with its source line in ``_vllm_predicates.toml``;
+``docs/migrating-vllm-tests.md`` lists each mapping.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
+from importlib import resources
+from typing import Any
 
 from accelplat._requirement import (
     All,
@@ -64,55 +68,29 @@ UNMODELLED_PLATFORM = "a platform accelplat has no model of"
 
 # Words that hold only where the device has a capability number: CUDA and ROCm devices.
 _NUMBERED = frozenset(word(w) for w in ("cuda", "rocm"))
-_RDNA = "(gfx11* or gfx12*) and not gfx1250"  # rocm.py:217, 232
-_PLATFORM_METHODS: dict[str, str] = {  # current_platform.<m>(): interface.py:196-229
-    "is_cuda": "cuda",
-    "is_rocm": "rocm",
-    "is_xpu": "xpu",
-    "is_cpu": "cpu",
-    "is_tpu": "tpu",
-    # interface.py:227: the platform is CUDA or ROCm (vLLM's platform, which VLLM_TARGET_DEVICE
-    # may make the CPU on a GPU host, where torch.cuda, `cuda-api`, still drives the GPU)
-    "is_cuda_alike": "cuda or rocm",
-    "supports_fp8": "fp8",  # cuda.py:587, rocm.py:1255, xpu.py:574; False elsewhere
-    "is_fp8_fnuz": "fp8-fnuz",  # rocm.py:1259 ("gfx94" in the arch); False elsewhere
-    # rocm.py:1251: "gfx95" or "gfx1250" in the arch; interface.py:1248: False elsewhere
-    "supports_mx": "rocm and (gfx95* or gfx1250)",
-    # cuda.py:687, rocm.py:1393, xpu.py:539 (whatever torch's XPU graphs can do); the CPU
-    # platform keeps interface.py:1359's False. Not the built-in `graphs`, which asks torch.
-    "support_static_graph_mode": "cuda or rocm or xpu",
-}
-_ROCM_ARCH: dict[str, str] = {  # vllm.platforms.rocm.on_*(): substring tests (rocm.py:217-356)
-    "on_gfx1x": _RDNA,
-    "on_rdna": _RDNA,
-    "on_gfx11": "gfx11*",
-    "on_gfx1100": "gfx1100",
-    "on_gfx1151": "gfx1151",
-    "on_gfx115x": "gfx115*",
-    "on_gfx12x": "gfx12* and not gfx1250",
-    "on_gfx1250": "gfx1250",
-    "on_rdna4": "gfx1200 or gfx1201",
-    "on_mi3xx": "gfx942 or gfx950",
-    "on_gfx9": "gfx90a or gfx942 or gfx950",
-    "on_gfx90a": "gfx90a",
-    "on_gfx942": "gfx942",
-    "on_gfx950": "gfx950",
-    "on_cdna": "gfx9* or gfx1250",  # rocm.py:230: "gfx9" or "gfx1250" in the arch
-}
-_CAPABILITY_CALLS = frozenset(
-    {"has_device_capability", "is_device_capability", "is_device_capability_family"}
-)
-_LIBRARY_PROBES = frozenset(  # vLLM probes that import, or check more than the install
-    {"has_flashinfer", "has_deep_gemm", "has_deep_ep", "has_helion", "HAS_TRITON", "has_triton"}
-    | {"has_tilelang", "has_aiter", "is_aiter_found", "has_flash_attn"}
-)
-_CAPABILITY_VALUE_CALLS = frozenset(
-    {"torch.cuda.get_device_capability", "current_platform.get_device_capability"}
+
+
+def _vocabulary() -> dict[str, Any]:
+    """The predicates' table (``_vllm_predicates.toml``: each with its vLLM source line)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    text = resources.files(__package__).joinpath("_vllm_predicates.toml").read_text("utf-8")
+    table: dict[str, Any] = tomllib.loads(text)
+    return table
+
+
+VOCABULARY = _vocabulary()
+_PLATFORM_METHODS: dict[str, str] = VOCABULARY["platform_methods"]
+_ROCM_ARCH: dict[str, str] = VOCABULARY["rocm_arch"]
+_CAPABILITY_CALLS, _LIBRARY_PROBES, _CAPABILITY_VALUE_CALLS, _TORCH_BUILD = (
+    frozenset(VOCABULARY["unexpressible"][key])
+    for key in ("capability_calls", "library_probes", "capability_value_calls", "torch_build")
 )
 _OPS: dict[type[ast.cmpop], str] = {
     ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
 }  # fmt: skip
-_TORCH_BUILD = ("torch.version.hip", "torch.version.cuda")
 _FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 
 
