@@ -13,11 +13,13 @@ import dataclasses
 import functools
 import graphlib
 import inspect
+import json
 import re
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,39 +48,17 @@ if TYPE_CHECKING:
 _shown = functools.partial(shown, limit=80)  # a table's values, quoted briefly
 
 
-BUILTIN: dict[str, str] = {
-    "accelerator": "a device other than the host CPU (vLLM: not is_cpu())",
-    "bf16": "bfloat16 arithmetic on the device",
-    "cuda-api": "torch's torch.cuda namespace drives the device (torch.cuda.is_available())",
-    "fp4": "4-bit floating point (NVFP4/MXFP4) in hardware",
-    "fp8": "fp8 tensors, native or emulated (vLLM: supports_fp8()); value: fp8_dtype()",
-    "fp8-fnuz": "the device's fp8 is e4m3fnuz (vLLM: is_fp8_fnuz())",
-    "fp8-native": "8-bit floating point matrix hardware; value: e4m3fn (OCP) or e4m3fnuz",
-    "graphs": "device graph capture (vLLM: support_static_graph_mode()); value: the torch API",
-    "mxfp4": "OCP microscaling MXFP4 in hardware (vLLM on ROCm: supports_mx())",
-}  # the built-in capability names and what each means; the kernel libraries follow
+_TABLE = json.loads(resources.files(__package__).joinpath("_capabilities.json").read_text("utf-8"))
+BUILTIN: dict[str, str] = _TABLE["builtin"]  # the built-in names and what each means
 _FEATURE_NAMES = ("bf16", "fp8", "fp8-native", "fp4", "mxfp4")  # decided by backend FEATURES
 
 # Optional kernel libraries vLLM's tests probe, by capability name: the distributions that
 # provide each (the first installed one answers) and vLLM's probe. Decided from installed
 # metadata, never by importing them: some initialise a device when imported.
-LIBRARIES: dict[str, tuple[tuple[str, ...], str]] = {
-    "aiter": (("amd-aiter", "aiter"), "rocm_aiter_ops availability"),
-    "deep-ep": (("deep-ep",), "has_deep_ep()"),
-    "deep-gemm": (("deep-gemm",), "has_deep_gemm()"),
-    "flash-attn": (("flash-attn",), "find_spec('flash_attn')"),
-    "flashinfer": (("flashinfer-python", "flashinfer"), "has_flashinfer()"),
-    "helion": (("helion",), "has_helion()"),
-    "triton": (
-        ("triton", "pytorch-triton-rocm", "pytorch-triton-xpu", "triton-xpu"),
-        "HAS_TRITON",
-    ),
-}
+LIBRARIES: dict[str, dict[str, Any]] = _TABLE["libraries"]
 BUILTIN.update(
-    {
-        name: f"the {name} kernel library is installed (vLLM: {probe})"
-        for name, (_, probe) in LIBRARIES.items()
-    }
+    (name, f"the {name} kernel library is installed (vLLM: {lib['probe']})")
+    for name, lib in LIBRARIES.items()
 )
 
 
@@ -119,7 +99,7 @@ _DEVICE_TYPE_APIS = {"cuda-api": "cuda"}
 
 
 def _library(name: str) -> Capability:
-    distributions, probe = LIBRARIES[name]
+    distributions, probe = LIBRARIES[name]["distributions"], LIBRARIES[name]["probe"]
     for dist in distributions:
         version = distribution_version(dist)
         if version is not None:
