@@ -22,7 +22,7 @@ from accelplat import _files
 from accelplat._backends._common import ENV_PROC_ROOT, ENV_SYSFS_ROOT
 from accelplat._describe import collect_info, driver_version
 from accelplat._registry import current_platform
-from accelplat._replay._bundle import FORMAT_NAME, FORMAT_VERSION, bundle_bytes
+from accelplat._replay._bundle import CHANNEL_TITLES, FORMAT_NAME, FORMAT_VERSION, bundle_bytes
 from accelplat._replay._install import GRANT_VARIABLES, considered, recording
 from accelplat._replay._record import Recorder
 from accelplat._util import printable
@@ -42,17 +42,6 @@ _TIME_KEYS = frozenset({"timestamp", "wall_time", "created", "generated", "gener
 # (info's keys kept their meaning from schema 1 to 2).
 _SKIPPED_KEYS = _TIME_KEYS | {"schema"}
 _BY_NAME = frozenset({"candidates"})  # lists compared by name: a platform added later is allowed
-
-_CHANNEL_TITLES = {
-    "file": "Host files read (sysfs, procfs, cgroup)",
-    "nvml": "NVML calls",
-    "levelzero": "Level Zero Sysman calls",
-    "amdsmi": "amdsmi calls",
-    "dist": "Installed versions asked",
-    "proc": "Processes classified (pid: state and name)",
-    "device": "Device nodes checked (/dev/kfd, render nodes: whether they open)",
-    "host": "Host facts (the machine name, as uname -m)",
-}
 
 
 @dataclass(frozen=True)
@@ -276,7 +265,7 @@ def bundle_contents(host: Mapping[str, Any]) -> str:
             label += f"  ({count} answers)"
         by_channel.setdefault(str(rec.get("channel")), []).append(label)
     for channel, labels in by_channel.items():
-        lines.append(f"{_CHANNEL_TITLES.get(channel, channel)} ({len(labels)}):")
+        lines.append(f"{CHANNEL_TITLES.get(channel, channel)} ({len(labels)}):")
         lines.extend(f"  {label}" for label in labels)
         lines.append("")
     # every value came from the host (a variable, a cgroup path, a file name): escaped, so that

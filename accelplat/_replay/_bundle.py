@@ -18,6 +18,7 @@ import tarfile
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from accelplat import _files
@@ -293,32 +294,22 @@ def _check_host(
     )
 
 
-_U32, _U64 = 2**32 - 1, 2**64 - 1
-_MEMORY = {"free": _U64, "total": _U64, "used": _U64, "reserved?": _U64, "version?": _U32}
-_SHAPES: dict[tuple[str, str], object] = {
-    ("nvml", "nvmlMemory_v2"): _U32,
-    ("nvml", "NVML_DEVICE_MIG_ENABLE"): _U32,
-    ("nvml", "nvmlDeviceGetCount"): _U32,
-    ("nvml", "nvmlDeviceGetName"): str,
-    ("nvml", "nvmlDeviceGetUUID"): str,
-    ("nvml", "nvmlSystemGetDriverVersion"): str,
-    ("nvml", "nvmlDeviceGetMemoryInfo"): _MEMORY,
-    ("nvml", "nvmlDeviceGetMigMode"): [_U32],
-    ("nvml", "nvmlDeviceGetMaxMigDeviceCount"): _U32,
-    ("nvml", "nvmlDeviceGetGpuInstanceId"): _U32,
-    ("nvml", "nvmlDeviceGetComputeInstanceId"): _U32,
-    ("nvml", "nvmlDeviceGetCudaComputeCapability"): [_U32],
-    ("amdsmi", "amdsmi_get_gpu_memory_total"): _U64,
-    ("amdsmi", "amdsmi_get_gpu_memory_usage"): _U64,
-}  # an int: 0 to it; str: text or bytes; [shape]: a list of it; a dict: fields (x?: optional)
+_TABLES = json.loads(resources.files(__package__).joinpath("_bundle.json").read_text("utf-8"))
+# Per channel and call, the shape of an answer a backend turns into numbers: "u32"/"u64" an
+# integer from 0 to its maximum, "text" text or bytes, [shape] a list of it, an object a
+# structure's fields ("x?": optional).
+_SHAPES: dict[str, dict[str, object]] = _TABLES["shapes"]
+CHANNEL_TITLES: dict[str, str] = _TABLES["channel_titles"]  # each channel as CONTENTS.txt says
+_MAXIMA = {"u32": 2**32 - 1, "u64": 2**64 - 1}
 
 
 def _check_shape(value: object, shape: object, where: str, source: str) -> None:
-    if isinstance(shape, int):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= shape:
-            why = f"must be an integer from 0 to {shape}, not {value!r:.40}"
+    if isinstance(shape, str) and shape in _MAXIMA:
+        top = _MAXIMA[shape]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+            why = f"must be an integer from 0 to {top}, not {value!r:.40}"
             raise BundleError(source, why, field=where)
-    elif shape is str:
+    elif shape == "text":
         if not isinstance(value, (str, bytes)):
             raise BundleError(source, f"must be text, not {value!r:.40}", field=where)
     elif isinstance(shape, list):
@@ -369,7 +360,8 @@ def _check_record(
     if not isinstance(answers, list) or not answers or len(answers) > limits.answers:
         why = f"must be a list of 1 to {limits.answers} answers"
         raise BundleError(source, why, field=f"{where}.answers")
-    shape = _SHAPES.get((channel, key[1])) if len(key) > 1 and isinstance(key[1], str) else None
+    call = key[1] if len(key) > 1 and isinstance(key[1], str) else None
+    shape = _SHAPES.get(channel, {}).get(call) if call else None
     checked = []
     for j, raw_answer in enumerate(answers):
         answer = _check_answer(raw_answer, f"{where}.answers[{j}]", source, handle)
