@@ -120,6 +120,19 @@ def _install(interceptor: _boundary.Interceptor) -> Callable[[], None]:
 
 
 @contextmanager
+def _installed(interceptor: _boundary.Interceptor, env: dict[str, str | None]) -> Iterator[None]:
+    """Set the variables ``env`` (``None``: unset) and install ``interceptor`` within the block."""
+    saved = {name: os.environ.get(name) for name in env}
+    _set(env)
+    undo = _install(interceptor)
+    try:
+        yield
+    finally:
+        _set(saved)
+        undo()
+
+
+@contextmanager
 def replaying(bundle: Bundle | str | os.PathLike[str]) -> Iterator[Replayer]:
     """Make this process answer from ``bundle`` (loaded, or a path) within the block.
 
@@ -134,15 +147,8 @@ def replaying(bundle: Bundle | str | os.PathLike[str]) -> Iterator[Replayer]:
         vendor sessions; all undone on exit.
     """
     replayer = Replayer(bundle if isinstance(bundle, Bundle) else load_bundle(bundle))
-    changes = applied(replayer.bundle)
-    saved = {name: os.environ.get(name) for name in changes}
-    _set(changes)
-    undo = _install(replayer)
-    try:
+    with _installed(replayer, applied(replayer.bundle)):
         yield replayer
-    finally:
-        _set(saved)
-        undo()
 
 
 def _set(values: dict[str, str | None]) -> None:
@@ -207,11 +213,5 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
         Sets ``ACCELPLAT_PLUGINS`` empty (a capture describes the host, not its plugins) and
         forgets the detected platform and vendor sessions; both undone on exit.
     """
-    saved = {_PLUGINS: os.environ.get(_PLUGINS)}
-    _set({_PLUGINS: ""})
-    undo = _install(recorder)
-    try:
+    with _installed(recorder, {_PLUGINS: ""}):
         yield recorder
-    finally:
-        _set(saved)
-        undo()
