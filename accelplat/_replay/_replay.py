@@ -17,26 +17,18 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from accelplat._boundary import Loaded
-from accelplat._replay._bundle import Answer, Bundle, fields_of
+from accelplat._replay._bundle import TABLES, Answer, Bundle, fields_of
 from accelplat._replay._codec import Handle, call_key, key_text
 from accelplat._replay._record import CTYPES_CHANNELS, buffer_of, ctypes_key
 from accelplat.errors import BundleError
 
-_BUILTIN_ERRORS = frozenset(  # builtin exceptions a recorded answer raises again as themselves
-    {"AttributeError", "ImportError", "IndexError", "KeyError", "LookupError", "OSError"}
-    | {"ModuleNotFoundError", "NotImplementedError", "RuntimeError", "TimeoutError"}
-    | {"TypeError", "ValueError"}
-)
+_TABLE = TABLES["replay"]
+# builtin exceptions a recorded answer raises again as themselves
+_BUILTIN_ERRORS = frozenset(_TABLE["builtin_errors"])
 # Per channel, (name prefix, base class): a replayed vendor error derives from its base.
-_VENDOR_BASES: dict[str, tuple[tuple[str, str], ...]] = {
-    "nvml": (("NVMLLibraryMismatchError", "NVMLLibraryMismatchError"), ("NVMLError", "NVMLError")),
-    "amdsmi": (("AmdSmi", "AmdSmiException"),),
-}
-_MISSING_CALL: dict[str, tuple[str, int | None, str]] = {  # what a call never made raises
-    "nvml": ("NVMLError_NotSupported", 3, "Not Supported"),
-    "amdsmi": ("AmdSmiLibraryException", None, "not supported"),
-}
-
+_VENDOR_BASES: dict[str, list[tuple[str, str]]] = _TABLE["vendor_bases"]
+# Per channel, what a call never made raises: (class, value, message)
+_MISSING_CALL: dict[str, tuple[str, int | None, str]] = _TABLE["missing_call"]
 _MISSING_RC = {"levelzero": 0x78000003}  # ZE_RESULT_ERROR_UNSUPPORTED_FEATURE
 
 _HOST_ROOT_VARIABLES = frozenset(  # they move the host's file systems (a capture of a fake tree)
