@@ -35,6 +35,7 @@ from accelplat._requirement import (
     named,
     parse,
     parse_arch,
+    sm_number,
 )
 from accelplat._types import DeviceInfo, FeatureRule
 from accelplat._util import shorten, shown
@@ -196,13 +197,10 @@ def _parse_cc(value: object, where: str) -> tuple[int, int]:
         raise ConfigurationError(
             f"{where}: min_compute_capability must be like '8.0' or 89, got {_shown(value)}"
         )
-    major, minor = int(m.group(1)), int(m.group(2))
-    if not 1 <= major <= MAX_SM_MAJOR:
-        raise ConfigurationError(
-            f"{where}: compute capability {major}.{minor} does not exist "
-            f"(majors run from 1 to {MAX_SM_MAJOR})"
-        )
-    return major, minor
+    try:
+        return sm_number(m.group(1) + m.group(2))
+    except ValueError as exc:
+        raise ConfigurationError(f"{where}: {exc} (majors run from 1 to {MAX_SM_MAJOR})") from None
 
 
 def _str_list(value: object, key: str, where: str) -> tuple[str, ...]:

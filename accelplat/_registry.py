@@ -463,13 +463,12 @@ def _unavailable(name: str, reason: str) -> PlatformNotAvailableError:
 
 def _instance_for(name: str, outcome: _Outcome) -> Platform:
     """Return the cached or checked instance of a chosen platform, constructing it if needed."""
-    if name not in _instances:
+    if name not in _instances:  # _consider keeps the instance it built and checked
         assert outcome.factory is not None
         # Only a built-in comes unbuilt (_consider builds and checks the others): a BasePlatform
         # subclass held to the protocol by its tests, whose properties would put real work
         # (version look-ups) on detection.
-        built = outcome.instance if outcome.instance is not None else outcome.factory()
-        _instances[name] = built
+        _instances[name] = outcome.factory()
     return _instances[name]
 
 

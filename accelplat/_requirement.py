@@ -65,7 +65,8 @@ KNOWN_OTHER_ARCHS = frozenset(
 _KEYWORDS = frozenset({"and", "or", "not"})
 
 
-def _sm_number(text: str) -> tuple[int, int]:
+def sm_number(text: str) -> tuple[int, int]:
+    """``(8, 9)`` of ``"89"``: ``ValueError`` for a major that does not exist."""
     major, minor = int(text[:-1]), int(text[-1])
     if not 1 <= major <= MAX_SM_MAJOR:
         raise ValueError(f"compute capability {major}.{minor} does not exist")
@@ -103,27 +104,26 @@ def parse_arch(text: object, where: str = "") -> Arch:
 
 
 @functools.lru_cache(maxsize=256)
-def _parse_arch(t: str, where: str) -> Arch:
-    text = t
+def _parse_arch(text: str, where: str) -> Arch:
     try:
-        if m := _SM_RANGE_RE.match(t):
-            low, high = _sm_number(m.group(1)), _sm_number(m.group(2))
+        if m := _SM_RANGE_RE.match(text):
+            low, high = sm_number(m.group(1)), sm_number(m.group(2))
             if low > high:
-                raise ValueError(f"the range {t} is empty")
-            return Arch(t, low, high)
-        if m := _SM_RE.match(t):
+                raise ValueError(f"the range {text} is empty")
+            return Arch(text, low, high)
+        if m := _SM_RE.match(text):
             major = m.group(1)
             if m.group(2) == "x":  # a family: every minor of one major (CUDA 13's sm_10x)
                 if m.group(3):
                     raise ValueError("a family takes no '+' (sm_100+ is 10.0 or newer)")
-                low = _sm_number(major + "0")
-                return Arch(t, low, (low[0], 9))
-            low = _sm_number(major + m.group(2))
-            return Arch(t, low, None if m.group(3) else low)
+                low = sm_number(major + "0")
+                return Arch(text, low, (low[0], 9))
+            low = sm_number(major + m.group(2))
+            return Arch(text, low, None if m.group(3) else low)
     except ValueError as exc:
         raise ConfigurationError(f"{where}{text!r} is no NVIDIA architecture: {exc}") from None
-    if _GFX_RE.match(t) or t in KNOWN_OTHER_ARCHS:
-        return Arch(t)
+    if _GFX_RE.match(text) or text in KNOWN_OTHER_ARCHS:
+        return Arch(text)
     raise ConfigurationError(
         f"{where}unknown arch {shown(text, 80)}; use sm_90, sm_80+, sm_10x or sm_80..sm_89 "
         f"(NVIDIA), gfx942 or gfx94* (AMD), or one of {', '.join(sorted(KNOWN_OTHER_ARCHS))}"

@@ -170,6 +170,28 @@ def _known(tree: Tree, is_and: bool) -> bool:
     return _numbered(tree if is_and else negate(tree))
 
 
+def _is_and(node: ast.BoolOp) -> bool:
+    return isinstance(node.op, ast.And)
+
+
+def _operands(node: ast.BoolOp, first: int, sure: bool, strict: bool = False) -> list[Tree]:
+    """The trees of ``node``'s operands from ``first`` up to the first that does not translate.
+
+    Each operand runs only when the ones before allow: what they make sure goes on. ``strict``:
+    raise the first one's :class:`UnexpressibleError`.
+    """
+    parts: list[Tree] = []
+    for k in range(first, len(node.values)):  # no slice: a wide "and" stays linear
+        try:
+            parts.append(_tree(node.values[k], sure))
+        except UnexpressibleError:
+            if strict:
+                raise
+            break
+        sure = sure or _known(parts[-1], _is_and(node))
+    return parts
+
+
 def _tree(node: ast.AST, sure: bool = False) -> Tree:
     """Turn one expression into a tree; ``sure``: the device is known to have a number.
 
@@ -177,13 +199,7 @@ def _tree(node: ast.AST, sure: bool = False) -> Tree:
     get_device_capability() < (9, 0)``), kept as one flag so that a wide ``and`` stays linear.
     """
     if isinstance(node, ast.BoolOp):
-        parts: list[Tree] = []
-        is_and = isinstance(node.op, ast.And)
-        known = sure
-        for value in node.values:  # each operand runs only when the ones before allow
-            parts.append(_tree(value, known))
-            known = known or _known(parts[-1], is_and)
-        return (all_of if is_and else any_of)(*parts)
+        return (all_of if _is_and(node) else any_of)(*_operands(node, 0, sure, strict=True))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         return negate(_tree(node.operand, sure))
     if isinstance(node, ast.Compare):
@@ -322,24 +338,15 @@ def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
         found.append(Site(node, 0, -1, render(tree), render(negate(tree)), whole))
 
     def runs(node: ast.BoolOp) -> None:  # the widest runs of operands that translate
-        is_and = isinstance(node.op, ast.And)
         i = 0
         while i < len(node.values):
-            parts: list[Tree] = []
-            known = False
-            j = i
-            while j < len(node.values):
-                try:
-                    parts.append(_tree(node.values[j], known))
-                except UnexpressibleError:
-                    break
-                known = known or _known(parts[-1], is_and)
-                j += 1
-            if j == i:  # this operand alone does not translate: look inside it
+            parts = _operands(node, i, False)
+            if not parts:  # this operand alone does not translate: look inside it
                 visit(node.values[i], False)
                 i += 1
                 continue
-            tree = (all_of if is_and else any_of)(*parts)
+            tree = (all_of if _is_and(node) else any_of)(*parts)
+            j = i + len(parts)
             found.append(Site(node, i, j - 1, render(tree), render(negate(tree)), False))
             i = j
 

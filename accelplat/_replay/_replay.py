@@ -14,7 +14,7 @@ import ctypes
 import errno
 import threading
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from accelplat._boundary import Loaded
 from accelplat._replay._bundle import TABLES, Answer, Bundle, fields_of
@@ -94,8 +94,7 @@ class Replayer:
             return OSError(code, message, description.get("filename"))
         value = description.get("value")
         if type_name in _BUILTIN_ERRORS:
-            exc: BaseException = getattr(builtins, type_name)(message)
-            return exc
+            return cast(BaseException, getattr(builtins, type_name)(message))
         if channel in _VENDOR_BASES:
             return self.vendor_class(channel, type_name)(message, value)
         return ReplayedError(message, value, type_name)
