@@ -223,7 +223,7 @@ def negate(node: Node) -> Node:
 @functools.lru_cache(maxsize=256)
 def word(text: str) -> Node:
     """A requirement as a node, its words unchecked: ``"rocm and (gfx95* or gfx1250)"``."""
-    return _Parser(text, atom).parse()
+    return _parse(text, atom)
 
 
 def atom(text: str) -> Name | ArchIs:
@@ -256,80 +256,79 @@ def render(node: Node, outer: int = 0) -> str:
 # -- parsing --------------------------------------------------------------------------------
 
 
-class _Parser:
-    def __init__(self, text: str, classify: Callable[[str], Node]) -> None:
-        self.text = text
-        self.tokens = list(self._tokens())
-        self.pos = 0
-        self.classify = classify
+def _tokens(text: str, error: Callable[[str], ConfigurationError]) -> list[tuple[str, str]]:
+    """``(kind, value)`` of each token, and ``("end", "")``: kinds paren, cmp, keyword, word."""
+    tokens = []
+    for m in _TOKEN_RE.finditer(text):  # every character but a space matches
+        if m.group("bad"):
+            raise error(f"unexpected {shown(text[m.start('bad') :].strip()[:20])}")
+        if m.group("paren"):
+            tokens.append(("paren", m.group("paren")))
+        elif m.group("cmp"):
+            tokens.append(("cmp", f"{m.group('op')} {m.group('num').lower()}"))
+        else:
+            word = m.group("word").lower()
+            tokens.append(("keyword" if word in _KEYWORDS else "word", word))
+    if not tokens:
+        raise error("is empty")
+    return [*tokens, ("end", "")]
 
-    def _error(self, why: str) -> ConfigurationError:
-        return ConfigurationError(f"requirement {shown(self.text, 120)}: {why}")
 
-    def _tokens(self) -> Iterator[tuple[str, str]]:
-        for m in _TOKEN_RE.finditer(self.text):  # every character but a space matches
-            if m.group("bad"):
-                raise self._error(f"unexpected {shown(self.text[m.start('bad') :].strip()[:20])}")
-            if m.group("paren"):
-                yield "paren", m.group("paren")
-            elif m.group("cmp"):
-                yield "cmp", f"{m.group('op')} {m.group('num').lower()}"
-            else:
-                word = m.group("word").lower()
-                yield ("keyword" if word in _KEYWORDS else "word"), word
+def _parse(text: str, classify: Callable[[str], Node]) -> Node:
+    """Parse ``text`` (``or`` binds loosest, then ``and``, then ``not``); words by ``classify``."""
 
-    def _peek(self) -> tuple[str, str] | None:
-        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+    def error(why: str) -> ConfigurationError:
+        return ConfigurationError(f"requirement {shown(text, 120)}: {why}")
 
-    def _take(self) -> tuple[str, str]:
-        token = self._peek()
-        if token is None:
-            raise self._error("ends too early")
-        self.pos += 1
-        return token
+    tokens = _tokens(text, error)
+    pos = 0
 
-    def parse(self) -> Node:
-        if not self.tokens:
-            raise self._error("is empty")
-        node = self._or(0)
-        if (token := self._peek()) is not None:
-            raise self._error(f"unexpected {token[1]!r}")
-        return node
+    def take() -> tuple[str, str]:
+        nonlocal pos
+        if tokens[pos][0] == "end":
+            raise error("ends too early")
+        pos += 1
+        return tokens[pos - 1]
 
-    def _or(self, depth: int) -> Node:
-        return any_of(*self._joined("or", lambda: self._and(depth)))
-
-    def _and(self, depth: int) -> Node:
-        return all_of(*self._joined("and", lambda: self._not(depth)))
-
-    def _joined(self, keyword: str, operand: Callable[[], Node]) -> list[Node]:
-        parts = [operand()]
-        while self._peek() == ("keyword", keyword):
-            self.pos += 1
-            parts.append(operand())
+    def joined(keyword: str, operand: Callable[[int], Node], depth: int) -> list[Node]:
+        nonlocal pos
+        parts = [operand(depth)]
+        while tokens[pos] == ("keyword", keyword):
+            pos += 1
+            parts.append(operand(depth))
         return parts
 
-    def _not(self, depth: int) -> Node:
+    def either(depth: int) -> Node:
+        return any_of(*joined("or", both, depth))
+
+    def both(depth: int) -> Node:
+        return all_of(*joined("and", unary, depth))
+
+    def unary(depth: int) -> Node:
         if depth > MAX_DEPTH:
-            raise self._error(f"nests deeper than {MAX_DEPTH} levels")
-        kind, value = self._take()
+            raise error(f"nests deeper than {MAX_DEPTH} levels")
+        kind, value = take()
         if (kind, value) == ("keyword", "not"):
-            return Not(self._not(depth + 1))
+            return Not(unary(depth + 1))
         if (kind, value) == ("paren", "("):
-            node = self._or(depth + 1)
-            if self._take() != ("paren", ")"):
-                raise self._error("a '(' is not closed")
+            node = either(depth + 1)
+            if take() != ("paren", ")"):
+                raise error("a '(' is not closed")
             return node
         if kind == "cmp":
             op, num = value.split()
             family = num.endswith("x")
             if family and op not in ("==", "!="):
-                raise self._error(f"a family ({num}) compares only with == or !=")
-            number = int(num[:-1]) * 10 if family else int(num)
-            return Compare(op, number, family)
+                raise error(f"a family ({num}) compares only with == or !=")
+            return Compare(op, int(num[:-1]) * 10 if family else int(num), family)
         if kind == "word":
-            return self.classify(value)
-        raise self._error(f"unexpected {value!r}")
+            return classify(value)
+        raise error(f"unexpected {value!r}")
+
+    node = either(0)
+    if tokens[pos][0] != "end":
+        raise error(f"unexpected {tokens[pos][1]!r}")
+    return node
 
 
 @dataclass(frozen=True)
@@ -418,7 +417,7 @@ def _classifier(capabilities: frozenset[str], platforms: frozenset[str]) -> Call
 def _parse_cached(
     text: str, capabilities: frozenset[str], platforms: frozenset[str]
 ) -> Requirement:
-    node = _Parser(text, _classifier(capabilities, platforms)).parse()
+    node = _parse(text, _classifier(capabilities, platforms))
     return Requirement(render(node), node)
 
 
