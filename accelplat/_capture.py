@@ -22,7 +22,13 @@ from accelplat import _files
 from accelplat._backends._common import ENV_PROC_ROOT, ENV_SYSFS_ROOT
 from accelplat._describe import collect_info, driver_version
 from accelplat._registry import current_platform
-from accelplat._replay._bundle import CHANNEL_TITLES, FORMAT_NAME, FORMAT_VERSION, bundle_bytes
+from accelplat._replay._bundle import (
+    CHANNEL_TITLES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    TABLES,
+    bundle_bytes,
+)
 from accelplat._replay._install import GRANT_VARIABLES, considered, recording
 from accelplat._replay._record import Recorder
 from accelplat._util import printable
@@ -228,26 +234,18 @@ def bundle_contents(host: Mapping[str, Any]) -> str:
     summary = host.get("summary", {})
     env = host.get("env", {})
     versions = summary.get("versions") or {}
-    processes = (
-        "Processes: INCLUDED - the pid and process name of each process holding device memory "
-        "(leave them out with --no-processes)."
-        if host.get("options", {}).get("processes")
-        else "Processes: left out (--no-processes): process lists are recorded empty."
-    )
+    text = TABLES["contents"]  # the fixed sentences
+    processes = "included" if host.get("options", {}).get("processes") else "left_out"
     lines = [
         f"accelplat capture bundle, format version {host.get('format_version')}",
         f"captured {host.get('created')} with accelplat {host.get('accelplat_version')}",
         f"platform: {summary.get('platform')}; devices: {len(summary.get('devices') or [])}",
         f"driver: {summary.get('driver') or 'unknown'}",
         "",
-        "Files in this bundle:",
-        "  host.json     every question accelplat asked at the vendor boundary, with the answers",
-        "  info.json     `accelplat info --json` as this host printed it",
-        "  CONTENTS.txt  this description",
+        *text["files"],
         "",
-        processes,
-        "Not included: host name, user names, command lines, anything outside the files and "
-        "calls listed below.",
+        text[f"processes_{processes}"],
+        text["not_included"],
         "",
         f"Environment variables ({len(env)}):",
         *(f"  {k}={v}" for k, v in env.items()),
