@@ -22,13 +22,7 @@ from accelplat import _files
 from accelplat._backends._common import ENV_PROC_ROOT, ENV_SYSFS_ROOT
 from accelplat._describe import collect_info, driver_version
 from accelplat._registry import current_platform
-from accelplat._replay._bundle import (
-    CHANNEL_TITLES,
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    TABLES,
-    bundle_bytes,
-)
+from accelplat._replay._bundle import FORMAT_NAME, FORMAT_VERSION, TABLES, bundle_bytes
 from accelplat._replay._install import GRANT_VARIABLES, considered, recording
 from accelplat._replay._record import Recorder
 from accelplat._util import printable
@@ -263,7 +257,7 @@ def bundle_contents(host: Mapping[str, Any]) -> str:
             label += f"  ({count} answers)"
         by_channel.setdefault(str(rec.get("channel")), []).append(label)
     for channel, labels in by_channel.items():
-        lines.append(f"{CHANNEL_TITLES.get(channel, channel)} ({len(labels)}):")
+        lines.append(f"{TABLES['channel_titles'].get(channel, channel)} ({len(labels)}):")
         lines.extend(f"  {label}" for label in labels)
         lines.append("")
     # every value came from the host (a variable, a cgroup path, a file name): escaped, so that

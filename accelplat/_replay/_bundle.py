@@ -294,12 +294,12 @@ def _check_host(
     )
 
 
+# The replay's tables: answer shapes, what a replayed vendor raises, CONTENTS.txt's sentences
 TABLES = json.loads(resources.files(__package__).joinpath("_bundle.json").read_text("utf-8"))
 # Per channel and call, the shape of an answer a backend turns into numbers: "u32"/"u64" an
 # integer from 0 to its maximum, "text" text or bytes, [shape] a list of it, an object a
 # structure's fields ("x?": optional).
 _SHAPES: dict[str, dict[str, object]] = TABLES["shapes"]
-CHANNEL_TITLES: dict[str, str] = TABLES["channel_titles"]  # each channel as CONTENTS.txt says
 _MAXIMA = {"u32": 2**32 - 1, "u64": 2**64 - 1}
 
 
