@@ -249,15 +249,7 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
 
 def _owners(found: list[_translate.Site]) -> dict[int, _translate.Site]:
     """Each node inside a site (by identity) -> that site: one walk of each."""
-    owners: dict[int, _translate.Site] = {}
-    for site in found:
-        first, last = site.span
-        parts: list[ast.AST] = [first]
-        if first is not last:
-            assert isinstance(site.node, ast.BoolOp)  # a run is always a BoolOp's operands
-            parts = list(site.node.values[site.first : site.last + 1])
-        owners.update((id(n), site) for part in parts for n in ast.walk(part))
-    return owners
+    return {id(n): site for site in found for part in site.parts for n in ast.walk(part)}
 
 
 def replacement(decision: _Decision, site: _translate.Site) -> str:

@@ -306,11 +306,16 @@ class Site:
     whole: bool  # the whole condition translated
 
     @property
+    def parts(self) -> list[ast.AST]:
+        """The AST nodes of the translated source text: the node, or the run's operands."""
+        if isinstance(self.node, ast.BoolOp) and not (self.first == 0 and self.last == -1):
+            return list(self.node.values[self.first : self.last + 1])
+        return [self.node]
+
+    @property
     def span(self) -> tuple[ast.AST, ast.AST]:
         """The first and last AST nodes of the translated source text."""
-        if isinstance(self.node, ast.BoolOp) and not (self.first == 0 and self.last == -1):
-            return self.node.values[self.first], self.node.values[self.last]
-        return self.node, self.node
+        return self.parts[0], self.parts[-1]
 
 
 def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
