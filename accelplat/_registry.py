@@ -141,17 +141,9 @@ class _Entry:
     pending: threading.Thread | None = None
 
 
-@dataclass(slots=True)
-class _Outcome:
-    """What considering one platform gave: its candidate line, and its factory or instance."""
-
-    candidate: Candidate
-    factory: PlatformFactory | None = None
-    instance: Platform | None = None
-
-    @property
-    def usable(self) -> bool:
-        return self.candidate.available and self.factory is not None
+# What considering one platform gave: its candidate line (available: its factory is loaded in
+# the entry), and the instance built and checked where it is untrusted
+_Considered = tuple[Candidate, Platform | None]
 
 
 _lock = threading.RLock()
@@ -397,7 +389,7 @@ def _construct_checked(name: str, factory: PlatformFactory) -> Platform:
     return instance  # type: ignore[no-any-return]
 
 
-def _run_bounded(entry: _Entry, work: Callable[[], _Outcome], timeout: float) -> _Outcome:
+def _run_bounded(entry: _Entry, work: Callable[[], _Considered], timeout: float) -> _Considered:
     """Run ``work`` in a daemon thread, giving up after ``timeout`` seconds."""
     if entry.pending is not None:
         if entry.pending.is_alive():
@@ -405,9 +397,9 @@ def _run_bounded(entry: _Entry, work: Callable[[], _Outcome], timeout: float) ->
                 "skipped: its load or probe from an earlier detection is still running "
                 f"(did not finish within {timeout:g} s)"
             )
-            return _Outcome(Candidate(entry.name, False, False, reason, entry.ordered))
+            return Candidate(entry.name, False, False, reason, entry.ordered), None
         entry.pending = None
-    box: list[_Outcome] = []  # work() reports its own errors as an unavailable outcome
+    box: list[_Considered] = []  # work() reports its own errors as an unavailable outcome
     name = f"accelplat-probe-{entry.name}"
     thread = threading.Thread(target=lambda: box.append(work()), name=name, daemon=True)
     thread.start()
@@ -418,18 +410,21 @@ def _run_bounded(entry: _Entry, work: Callable[[], _Outcome], timeout: float) ->
             f"skipped: load or probe did not finish within {timeout:g} s "
             f"(raise {ENV_PROBE_TIMEOUT} if it is merely slow)"
         )
-        return _Outcome(Candidate(entry.name, False, False, reason, entry.ordered))
+        return Candidate(entry.name, False, False, reason, entry.ordered), None
     return box[0]
 
 
-def _consider(entry: _Entry, timeout: float) -> _Outcome:
-    """Load and probe one platform (untrusted ones built and checked too); failures: unavailable."""
+def _consider(entry: _Entry, timeout: float) -> Candidate:
+    """Load and probe one platform (untrusted ones built, checked and kept); failures: unavailable.
+
+    Available: its factory is loaded in ``entry``.
+    """
     name, builtin = entry.name, entry.ordered
     absent = _certainly_absent(entry)
     if absent is not None:
-        return _Outcome(Candidate(name, False, False, absent, builtin))
+        return Candidate(name, False, False, absent, builtin)
 
-    def work() -> _Outcome:
+    def work() -> _Considered:
         step = "import"
         try:
             factory = _load(entry)
@@ -446,75 +441,67 @@ def _consider(entry: _Entry, timeout: float) -> _Outcome:
                 reason = f"skipped: {exc}"
             else:
                 reason = f"skipped: {step} failed: {_describe_failure(exc)}"
-            return _Outcome(Candidate(name, False, False, reason, builtin))
-        cand = Candidate(name, result.available, False, result.reason, builtin)
-        return _Outcome(cand, factory, instance)
+            return Candidate(name, False, False, reason, builtin), None
+        return Candidate(name, result.available, False, result.reason, builtin), instance
 
     in_caller = entry.row is not None and entry.row.in_caller
-    outcome = work() if in_caller else _run_bounded(entry, work, timeout)
-    if outcome.instance is not None:
-        _instances.setdefault(name, outcome.instance)
-    return outcome
+    cand, instance = work() if in_caller else _run_bounded(entry, work, timeout)
+    if instance is not None:
+        _instances.setdefault(name, instance)
+    return cand
 
 
 def _unavailable(name: str, reason: str) -> PlatformNotAvailableError:
     return PlatformNotAvailableError(name, reason.removeprefix("skipped: "))
 
 
-def _instance_for(name: str, outcome: _Outcome) -> Platform:
-    """Return the cached or checked instance of a chosen platform, constructing it if needed."""
+def _instance_for(name: str) -> Platform:
+    """Return the cached or checked instance of an available platform, constructing it if needed."""
     if name not in _instances:  # _consider keeps the instance it built and checked
-        assert outcome.factory is not None
+        factory = _registered[name].loaded
+        assert factory is not None
         # Only a built-in comes unbuilt (_consider builds and checks the others): a BasePlatform
         # subclass held to the protocol by its tests, whose properties would put real work
         # (version look-ups) on detection.
-        _instances[name] = outcome.factory()
+        _instances[name] = factory()
     return _instances[name]
 
 
-def _detect(*, exhaustive: bool) -> tuple[DetectionReport, _Outcome | None]:
-    """Apply the detection rules; return the report and the chosen outcome (or ``None``)."""
+def _detect(*, exhaustive: bool) -> DetectionReport:
+    """Apply the detection rules; the report's ``chosen`` is available (``None``: none is)."""
     timeout = _probe_timeout()
     forced = _forced_name()
     if forced is not None:
-        outcome = _consider(_entry(forced), timeout)
-        cand = outcome.candidate
-        if not outcome.usable:
+        cand = _consider(_entry(forced), timeout)
+        if not cand.available:
             raise _unavailable(forced, cand.reason)
         source = "set_current_platform()" if isinstance(_forced_override, str) else ENV_PLATFORM
         picked = Candidate(forced, True, True, f"forced by {source}: {cand.reason}", cand.builtin)
-        return DetectionReport(forced, (picked,), forced=forced), outcome
+        return DetectionReport(forced, (picked,), forced=forced)
 
     entries = _entries()
-    candidates: list[Candidate] = []
-    available: list[tuple[str, _Outcome]] = []
-    for name, entry in entries.items():
-        if entry.ordered:
-            continue
-        outcome = _consider(entry, timeout)
-        candidates.append(outcome.candidate)
-        if outcome.usable:
-            available.append((name, outcome))
+    candidates = [_consider(e, timeout) for e in entries.values() if not e.ordered]
+    available = [c.name for c in candidates if c.available]
     candidates.extend(_problems)
     candidates.extend(_filter_problems())
     if len(available) > 1:
-        names = ", ".join(repr(n) for n, _ in available)
+        names = ", ".join(repr(n) for n in available)
         raise ConfigurationError(
             f"several third-party platforms are available ({names}); choose one with "
             f"{ENV_PLATFORM}=<name>, or load only one with {ENV_PLUGINS}=<name>"
         )
-    chosen: tuple[str, _Outcome] | None = available[0] if available else None
+    chosen = available[0] if available else None
     for row in (r for r in BUILTINS if r.detected):
         if chosen is not None and not exhaustive:
             break
-        outcome = _consider(entries[row.name], timeout)  # a built-in, or its override
-        candidates.append(outcome.candidate)
-        if chosen is None and outcome.usable:
-            chosen = (row.name, outcome)
+        cand = _consider(entries[row.name], timeout)  # a built-in, or its override
+        candidates.append(cand)
+        if chosen is None and cand.available:
+            chosen = row.name
     if chosen is None:
-        return DetectionReport(None, tuple(candidates), error="no platform is available"), None
-    final = tuple(replace(c, chosen=c.name == chosen[0] and c.available) for c in candidates)
-    return DetectionReport(chosen[0], final), chosen[1]
+        return DetectionReport(None, tuple(candidates), error="no platform is available")
+    final = tuple(replace(c, chosen=c.name == chosen and c.available) for c in candidates)
+    return DetectionReport(chosen, final)
 
 
 def detect() -> DetectionReport:
@@ -533,7 +520,7 @@ def detect() -> DetectionReport:
             c = Candidate(name, True, True, "set by set_current_platform()", name in _BUILTINS)
             return DetectionReport(name, (c,), forced=name)
         try:
-            report, _ = _detect(exhaustive=True)
+            report = _detect(exhaustive=True)
         except PlatformNotAvailableError as exc:
             builtin = _registered[exc.platform].ordered  # raised only once the name was found
             cand = Candidate(exc.platform, False, False, exc.reason, builtin)
@@ -565,11 +552,11 @@ def current_platform() -> Platform:
             _current = _forced_override
             return _current
         _boundary.check()  # a replay bundle that could not load: its error, not a CPU fallback
-        report, outcome = _detect(exhaustive=False)
-        if outcome is None or report.chosen is None:
+        report = _detect(exhaustive=False)
+        if report.chosen is None:
             details = "; ".join(f"{c.name}: {c.reason}" for c in report.candidates)
             raise AccelplatError(f"no platform detected ({details})")
-        _current = _instance_for(report.chosen, outcome)
+        _current = _instance_for(report.chosen)
         return _current
 
 
@@ -590,10 +577,10 @@ def get_platform(name: str) -> Platform:
         entry = _entry(name)
         if name in _instances:
             return _instances[name]
-        outcome = _consider(entry, _probe_timeout())
-        if not outcome.usable:
-            raise _unavailable(name, outcome.candidate.reason)
-        return _instance_for(name, outcome)
+        cand = _consider(entry, _probe_timeout())
+        if not cand.available:
+            raise _unavailable(name, cand.reason)
+        return _instance_for(name)
 
 
 def available_platforms() -> tuple[str, ...]:

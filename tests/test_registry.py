@@ -647,8 +647,7 @@ def test_quick_absence_checks_and_the_cpu_builtin_run_without_a_worker_thread(
     monkeypatch.setattr(sys.modules[__name__], "_absence_for_test", absent, raising=False)
     row = registry.Builtin("gpu", "builtins:object", f"{__name__}:_absence_for_test")
     gpu = registry._Entry("gpu", True, "built-in", row)
-    outcome = registry._consider(gpu, 1.0)
-    assert outcome.candidate.reason == "no such hardware here"
+    assert registry._consider(gpu, 1.0).reason == "no such hardware here"
     assert gpu.pending is None
     assert registry._BUILTINS["cpu"].in_caller
     cpu = registry._Entry("cpu", True, "built-in", registry._BUILTINS["cpu"])
@@ -660,7 +659,7 @@ def test_quick_absence_checks_and_the_cpu_builtin_run_without_a_worker_thread(
         real_start(thread)
 
     monkeypatch.setattr(threading.Thread, "start", counting_start)
-    assert registry._consider(cpu, 1.0).candidate.available
+    assert registry._consider(cpu, 1.0).available
     assert started == []
     assert seen == [threading.current_thread().name]
     assert not any(registry._BUILTINS[n].in_caller for n in ("cuda", "rocm", "xpu"))
