@@ -158,12 +158,11 @@ class Recorder:
         self.add(channel, ["load"], {"v": {"$map": loaded}})
         if obj is None:
             return None, reason, vendor_error
-        kind = _RecordingLibrary if channel in CTYPES_CHANNELS else _RecordingModule
-        return kind(self, channel, obj), reason, vendor_error
+        return _RecordingVendor(self, channel, obj), reason, vendor_error
 
 
-class _RecordingModule:
-    """A vendor module whose functions and constants are recorded as they are used."""
+class _RecordingVendor:
+    """A vendor module or ctypes library whose functions and constants are recorded as used."""
 
     def __init__(self, recorder: Recorder, channel: str, module: Any) -> None:
         self._rec = recorder
@@ -172,11 +171,18 @@ class _RecordingModule:
 
     def __getattr__(self, name: str) -> Any:
         rec, channel = self._rec, self._channel
+        library = channel in CTYPES_CHANNELS
+        if library and name.startswith("__"):
+            raise AttributeError(name)
         try:
             value = getattr(self._module, name)
         except AttributeError as exc:
             rec.add(channel, ["attr", name], {"raise": describe_error(exc)}, once=True)
             raise
+        if library:  # a ctypes function: its calls recorded with their out-parameters
+            function = _RecordingCFunction(rec, channel, name, value)
+            setattr(self, name, function)  # found as an attribute from now on
+            return function
         if isinstance(value, type):
             if issubclass(value, enum.Enum):
                 members = {m.name: encode(m.value, rec.token_for(channel)) for m in value}
@@ -239,24 +245,3 @@ class _RecordingCFunction:
         value = {"rc": int(rc), "out": [None if t is None else _bytes_of(t) for t in targets]}
         rec.add(channel, key, {"v": encode(value, rec.token_for(channel))})
         return rc
-
-
-class _RecordingLibrary:
-    """A ctypes library whose calls are recorded with their out-parameters."""
-
-    def __init__(self, recorder: Recorder, channel: str, lib: Any) -> None:
-        self._rec = recorder
-        self._channel = channel
-        self._lib = lib
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        try:
-            real = getattr(self._lib, name)
-        except AttributeError as exc:
-            self._rec.add(self._channel, ["attr", name], {"raise": describe_error(exc)}, once=True)
-            raise
-        fn = _RecordingCFunction(self._rec, self._channel, name, real)
-        setattr(self, name, fn)  # found as an attribute from now on
-        return fn

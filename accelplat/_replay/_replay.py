@@ -126,8 +126,7 @@ class Replayer:
         reason, vendor_error = str(loaded.get("reason", "")), str(loaded.get("vendor_error", ""))
         if not loaded.get("present"):
             return None, reason, vendor_error
-        kind = ReplayLibrary if channel in CTYPES_CHANNELS else ReplayModule
-        return kind(self, channel), reason, vendor_error
+        return _ReplayedVendor(self, channel), reason, vendor_error
 
 
 def _replay_token(obj: object) -> str:
@@ -135,27 +134,26 @@ def _replay_token(obj: object) -> str:
 
 
 class _ReplayedVendor:
-    """A replayed vendor module or library: attribute reads answered from the bundle."""
+    """A replayed vendor module or library: attribute reads and calls answered from the bundle.
+
+    A module's calls are keyed by name and arguments (recorded constants and error classes come
+    as they were); a ctypes library's by scalars and input bytes, its output bytes copied into
+    the caller's buffers.
+    """
 
     def __init__(self, replayer: Replayer, channel: str) -> None:
         self._replayer = replayer
         self._channel = channel
 
-    def _recorded_attribute(self, name: str) -> Answer | None:
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # never recorded
             raise AttributeError(name)
-        found = self._replayer.next_answer(self._channel, ["attr", name])
-        if found is not None and found.error is not None:  # missing on the captured host
-            raise AttributeError(f"module {self._channel!r} (replayed) has no attribute {name!r}")
-        return found
-
-
-class ReplayModule(_ReplayedVendor):
-    """A vendor Python module: recorded constants, error classes, calls by name and arguments."""
-
-    def __getattr__(self, name: str) -> Any:
-        found = self._recorded_attribute(name)
         replayer, channel = self._replayer, self._channel
+        found = replayer.next_answer(channel, ["attr", name])
+        if found is not None and found.error is not None:  # missing on the captured host
+            raise AttributeError(f"module {channel!r} (replayed) has no attribute {name!r}")
+        if channel in CTYPES_CHANNELS:
+            return _c_function(replayer, channel, name)
         if found is not None:
             return copy.deepcopy(found.value)
         for _, base in _VENDOR_BASES.get(channel, ()):
@@ -176,23 +174,17 @@ class ReplayModule(_ReplayedVendor):
         return call
 
 
-class ReplayLibrary(_ReplayedVendor):
-    """A ctypes library: calls by scalars and input bytes; output bytes copied into buffers."""
+def _c_function(replayer: Replayer, channel: str, name: str) -> Callable[..., int]:
+    def call(*args: Any) -> int:
+        found = replayer.next_answer(channel, ["call", name, ctypes_key(args)])
+        if found is None:
+            return _MISSING_RC.get(channel, 0x7FFFFFFE)
+        if found.error is not None:
+            raise replayer.error(channel, found.error)
+        return _apply(replayer.bundle.source, channel, name, found.value, args)
 
-    def __getattr__(self, name: str) -> Any:
-        self._recorded_attribute(name)
-        replayer, channel = self._replayer, self._channel
-
-        def call(*args: Any) -> int:
-            found = replayer.next_answer(channel, ["call", name, ctypes_key(args)])
-            if found is None:
-                return _MISSING_RC.get(channel, 0x7FFFFFFE)
-            if found.error is not None:
-                raise replayer.error(channel, found.error)
-            return _apply(replayer.bundle.source, channel, name, found.value, args)
-
-        call.__name__ = name
-        return call
+    call.__name__ = name
+    return call
 
 
 def _apply(source: str, channel: str, name: str, value: Any, args: tuple[Any, ...]) -> int:
