@@ -16,19 +16,14 @@ from typing_extensions import override
 
 from accelplat import _boundary, _files
 from accelplat._registry import host_variables
-from accelplat._replay._bundle import Bundle, load_bundle
+from accelplat._replay._bundle import TABLES, Bundle, load_bundle
 from accelplat._replay._record import Recorder
 from accelplat._replay._replay import Replayer
 from accelplat.errors import BundleError, FileTooLargeError
 
 ENV_REPLAY = "ACCELPLAT_REPLAY"
 _PLUGINS = "ACCELPLAT_PLUGINS"  # plugins are not part of a host: a replay loads none
-GRANT_VARIABLES = (
-    "SLURM_JOB_GPUS",
-    "SLURM_STEP_GPUS",
-    "GPU_DEVICE_ORDINAL",
-    "NVIDIA_VISIBLE_DEVICES",
-)
+GRANT_VARIABLES: tuple[str, ...] = tuple(TABLES["grant_variables"])
 """What an outer scheduler sets for a job's GPUs (the device plugin's ``NVIDIA_VISIBLE_DEVICES``:
 ``all``, ``none``, ``void``, indices or UUIDs)."""
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import ctypes
 import enum
 import hashlib
+import itertools
 import threading
 import types
-from collections.abc import Callable, Hashable
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 from accelplat._boundary import Loaded
@@ -82,7 +84,7 @@ class Recorder:
         self._records: dict[tuple[str, str], dict[str, Any]] = {}
         self._tokens: dict[object, str] = {}
         self._kept: list[object] = []
-        self._counts: dict[str, int] = {}
+        self._counts: defaultdict[str, Iterator[int]] = defaultdict(itertools.count)
 
     def token_for(self, channel: str) -> Callable[[object], str]:
         """Return the function naming opaque handles of ``channel``."""
@@ -101,9 +103,7 @@ class Recorder:
             with self._lock:
                 found = self._tokens.get(ident)
                 if found is None:
-                    n = self._counts.get(channel, 0)
-                    self._counts[channel] = n + 1
-                    found = self._tokens[ident] = f"{channel}-{n}"
+                    found = self._tokens[ident] = f"{channel}-{next(self._counts[channel])}"
                     self._kept.append(obj)  # keeps id() unique while recording
                 return found
 
