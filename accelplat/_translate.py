@@ -84,6 +84,7 @@ def _vocabulary() -> dict[str, Any]:
 VOCABULARY = _vocabulary()
 _PLATFORM_METHODS: dict[str, str] = VOCABULARY["platform_methods"]
 _ROCM_ARCH: dict[str, str] = VOCABULARY["rocm_arch"]
+_TORCH_CALLS: dict[str, str] = VOCABULARY["torch_calls"]
 _CAPABILITY_CALLS, _LIBRARY_PROBES, _CAPABILITY_VALUE_CALLS, _TORCH_BUILD = (
     frozenset(VOCABULARY["unexpressible"][key])
     for key in ("capability_calls", "library_probes", "capability_value_calls", "torch_build")
@@ -236,12 +237,8 @@ def _call(node: ast.Call) -> Tree:
     arch_call = method is None and (dotted == bare or dotted.endswith(f"rocm.{bare}"))
     if bare in _ROCM_ARCH and arch_call and not node.args and not node.keywords:
         return word(_ROCM_ARCH[bare])
-    if dotted == "torch.cuda.is_available" and not node.args:
-        # torch.cuda drives CUDA and ROCm devices; it makes torch's capability number sure,
-        # not vLLM's platform's (none where VLLM_TARGET_DEVICE=cpu picks the CPU)
-        return word("cuda-api")
-    if dotted == "torch.xpu.is_available" and not node.args:
-        return word("xpu")
+    if dotted in _TORCH_CALLS and not node.args:
+        return word(_TORCH_CALLS[dotted])
     if dotted == "hasattr" and len(node.args) == 2 and dotted_name(node.args[0]) == "torch":
         # torch.xpu exists in every torch build since 2.4 (CPU and CUDA builds too), so
         # hasattr(torch, "xpu") says nothing about the device
