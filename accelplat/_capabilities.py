@@ -122,12 +122,13 @@ def _builtin(platform: Platform, info: DeviceInfo | None) -> dict[str, Capabilit
     )
     g = platform.graph
     out["graphs"] = Capability(g.available, g.reason, g.api if g.available else None)
-    # torch addresses the devices as torch.cuda (CUDA and ROCm alike): decided by the
-    # platform's device_type, which is backend data
+    # Capabilities that mean "torch addresses these devices under this device type" (torch.cuda
+    # serves CUDA and ROCm alike): decided by the platform's device_type, which is backend data.
     device_type = platform.device_type
     says = f"the {platform.name} platform's torch device type is {device_type!r}"
-    cuda = device_type == "cuda"
-    out["cuda-api"] = Capability(cuda, says, "torch.cuda" if cuda else None)
+    for name, wanted in _TABLE["device_type_apis"].items():
+        offered = device_type == wanted
+        out[name] = Capability(offered, says, f"torch.{wanted}" if offered else None)
     if optional(platform, "is_accelerator") is False:
         out["accelerator"] = Capability(False, f"the {platform.name} platform is the host CPU")
     elif info is None:
