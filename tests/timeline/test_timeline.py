@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -754,7 +755,7 @@ def test_report_thins_long_traces_but_keeps_peaks() -> None:
 
 
 def test_report_leak_tolerance_override() -> None:
-    page = render_html(_story(), leak_tolerance_bytes=4 * GIB)
+    page = render_html(replace(_story(), leak_tolerance_bytes=4 * GIB))
     assert 'id="no-leaks"' in page
     assert "4.00 GiB" in page
 
