@@ -160,26 +160,21 @@ class Trace:
         return sorted(t.body_start for t in self.tests if t.body_start is not None)
 
     @cached_property
-    def _held_cache(self) -> dict[float, dict[int, Reading]]:
-        return {}
+    def _held(self) -> dict[int, Reading]:
+        return self._held_after_all(self.tests)
 
-    def judged_at(self, span: TestSpan, grace_s: float | None = None) -> float:
-        """Return when ``span``'s memory is judged: the next body's start, or grace_s after it."""
+    def judged_at(self, span: TestSpan) -> float:
+        """Return when ``span``'s memory is judged: the next body's start, or the grace after it."""
         i = bisect.bisect_left(self._bodies, span.end)
-        if i < len(self._bodies):
-            return self._bodies[i]
-        return span.end + (self.leak_grace_s if grace_s is None else grace_s)
+        return self._bodies[i] if i < len(self._bodies) else span.end + self.leak_grace_s
 
-    def held_after(self, span: TestSpan, grace_s: float | None = None) -> Reading:
+    def held_after(self, span: TestSpan) -> Reading:
         """Return per device the least usage from the end of ``span`` to :meth:`judged_at`."""
-        grace = self.leak_grace_s if grace_s is None else grace_s
-        if grace not in self._held_cache:
-            self._held_cache[grace] = self._held_after_all(self.tests, grace)
         # While the trace lives no other object has the id of one of its tests.
-        held = self._held_cache[grace].get(id(span))
-        return self._held_after_all((span,), grace)[id(span)] if held is None else held
+        held = self._held.get(id(span))
+        return self._held_after_all((span,))[id(span)] if held is None else held
 
-    def _held_after_all(self, spans: Sequence[TestSpan], grace_s: float) -> dict[int, Reading]:
+    def _held_after_all(self, spans: Sequence[TestSpan]) -> dict[int, Reading]:
         # held_after of every span in O(samples + spans) per device: in order of their ends the
         # windows (end, judged_at] only move right, so one sliding-window minimum answers them all.
         width = len(self.devices)
@@ -188,7 +183,7 @@ class Trace:
         out: dict[int, Reading] = {}
         for span in sorted(spans, key=lambda s: s.end):
             lo = bisect.bisect_right(self._times, span.end)  # used_after stands for time `end`
-            hi = bisect.bisect_right(self._times, self.judged_at(span, grace_s))
+            hi = bisect.bisect_right(self._times, self.judged_at(span))
             for k in range(added, hi):
                 for pos, value in enumerate(self.samples[k].used[:width]):
                     if value is not None:
@@ -207,19 +202,19 @@ class Trace:
             out[id(span)] = tuple(held)
         return out
 
-    def growth(self, span: TestSpan, grace_s: float | None = None) -> tuple[int | None, ...]:
+    def growth(self, span: TestSpan) -> tuple[int | None, ...]:
         """Return per device the bytes the leak rule holds against ``span`` (``None``: unknown).
 
         By owner where the span has the test process's readings, else :meth:`held_after` less
         ``used_before``: the one figure the report shows for a test, in every table.
         """
-        return tuple(None if v is None else v[0].leaked for v in self._verdicts(span, grace_s))
+        return tuple(None if v is None else v[0].leaked for v in self._verdicts(span))
 
-    def _verdicts(self, span: TestSpan, grace_s: float | None) -> list[tuple[Blame, Leak] | None]:
+    def _verdicts(self, span: TestSpan) -> list[tuple[Blame, Leak] | None]:
         # Per device the leak rule's verdict on ``span`` and the leak it is if it is one.
         owned = {o.device: o for o in span.owners}
         out: list[tuple[Blame, Leak] | None] = []
-        held = self.held_after(span, grace_s)
+        held = self.held_after(span)
         rows = zip(self.devices, span.used_before, span.used_after, held, strict=False)
         for dev, before, at_end, after in rows:
             record = owned.get(dev.index)
@@ -236,17 +231,17 @@ class Trace:
                 out.append((blame, Leak(span.nodeid, dev.index, before, end, after)))
         return out
 
-    def leaks(self, tolerance_bytes: int | None = None, grace_s: float | None = None) -> list[Leak]:
+    def leaks(self) -> list[Leak]:
         """Return every (test, device) the leak rule blames beyond the tolerance, largest first.
 
-        The rule is :func:`accelplat._leaks.judge`, the leak check's, on :meth:`growth`'s terms.
+        The rule is :func:`accelplat._leaks.judge`, the leak check's, on :meth:`growth`'s terms,
+        with the trace's tolerance and grace period (``dataclasses.replace`` it for others).
         """
-        tol = self.leak_tolerance_bytes if tolerance_bytes is None else tolerance_bytes
         found = [
             v[1]
             for span in self.tests
-            for v in self._verdicts(span, grace_s)
-            if v is not None and v[0].is_leak(tol)
+            for v in self._verdicts(span)
+            if v is not None and v[0].is_leak(self.leak_tolerance_bytes)
         ]
         return sorted(found, key=lambda leak: (-leak.leaked, leak.nodeid, leak.device))
 
