@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections import defaultdict
 from collections.abc import Callable, Generator
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from accelplat.pytest_plugin._shared import (
 )
 from accelplat.timeline._render import write_report
 from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
-from accelplat.timeline._trace import Reading, SpanOwners, Trace, save_trace, span_owners
+from accelplat.timeline._trace import SpanOwners, Trace, save_trace, span_owners
 
 # The log-record attribute (logging's extra=) of a wait event: {"event": "start", "id": <int>,
 # "kind": "settle", "devices": [0, 1]} as a wait begins, {"event": "end", "id": <same>, "ok":
@@ -51,11 +52,10 @@ class WaitEventTap(logging.Filter):
     malformed events are ignored: observing must never break the code observed.
     """
 
-    def __init__(self, recorder: Recorder, logger_name: str = WAIT_LOGGER) -> None:
+    def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self._recorder = recorder
-        self._logger = logging.getLogger(logger_name)
-        self._own_level = self._logger.level
+        self._logger = logging.getLogger(WAIT_LOGGER)
         self._tokens: dict[object, int] = {}
         self.started = 0  # waits seen starting
 
@@ -140,9 +140,7 @@ class TimelinePlugin:
         self.recorder: Recorder | None = None
         self.trace: Trace | None = None
         self._tap: WaitEventTap | None = None
-        self._outcomes: dict[str, str] = {}
-        self._ended: dict[str, tuple[float, Reading]] = {}
-        self._owners: dict[str, list[SpanOwners]] = {}
+        self._ending: defaultdict[str, dict[str, Any]] = defaultdict(dict)  # end_test's keywords
         self._written: list[Path] = []
         self._error: str | None = None
         self._signals: list[int] = []
@@ -175,15 +173,14 @@ class TimelinePlugin:
         """Note when a test's body begins; remember its outcome (failed > skipped > passed)."""
         if report.when == "setup" and report.passed and self.recorder is not None:
             self.recorder.begin_body(report.nodeid)
+        ending = self._ending[report.nodeid]
         if report.when == "teardown":
-            owners = _owners_of(report)
-            if owners:
-                self._owners[report.nodeid] = owners
+            ending["owners"] = _owners_of(report)
         if report.when == "call" or report.outcome != "passed":
-            if self._outcomes.get(report.nodeid) != "failed":
-                self._outcomes[report.nodeid] = report.outcome
+            if ending.get("outcome") != "failed":
+                ending["outcome"] = report.outcome
         else:
-            self._outcomes.setdefault(report.nodeid, "passed")
+            ending.setdefault("outcome", "passed")
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside the leak check's, whatever the order
     def pytest_runtest_makereport(
@@ -191,16 +188,13 @@ class TimelinePlugin:
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         """Sample memory as a test's teardown ends, closing its span; the leak check shares it."""
         if call.when == "teardown" and self.recorder is not None:
-            self._ended[item.nodeid] = sample = self.recorder.sampler.sample()
+            self._ending[item.nodeid]["sample"] = sample = self.recorder.sampler.sample()
             share_after_teardown(item, self.recorder.devices, sample[1])
         return (yield)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
         if self.recorder is not None:
-            sample = self._ended.pop(nodeid, None)
-            owners = self._owners.pop(nodeid, [])
-            outcome = self._outcomes.pop(nodeid, "")
-            self.recorder.end_test(nodeid, outcome, sample=sample, owners=owners)
+            self.recorder.end_test(nodeid, **self._ending.pop(nodeid, {}))
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_fixture_setup(
