@@ -95,10 +95,10 @@ class WaitEventTap(logging.Filter):
                 kind = kind if isinstance(kind, str) else "wait"
                 self._tokens[key] = self._recorder.begin_wait(kind, devices)
                 self.started += 1
-        elif event.get("event") == "end":
-            token = self._tokens.pop(key, None)
-            if token is not None:
-                self._recorder.end_wait(token, ok=event.get("ok", True) is not False)
+        elif event.get("event") == "end":  # an unknown id: no token, no wait ends
+            self._recorder.end_wait(
+                self._tokens.pop(key, -1), ok=event.get("ok", True) is not False
+            )
 
 
 def _owners_of(report: pytest.TestReport) -> list[SpanOwners]:
@@ -201,14 +201,14 @@ class TimelinePlugin:
         self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
     ) -> Generator[None, Any, None]:
         """Time the set-up of the configured wait fixtures (unless it logged a wait of its own)."""
-        if self.recorder is None or fixturedef.argname not in self._wait_fixtures:
+        tap, recorder = self._tap, self.recorder
+        if recorder is None or tap is None or fixturedef.argname not in self._wait_fixtures:
             yield
             return
-        token = self.recorder.begin_wait(f"fixture:{fixturedef.argname}")
-        seen = self._tap.started if self._tap is not None else 0
+        token, seen = recorder.begin_wait(f"fixture:{fixturedef.argname}"), tap.started
         outcome = yield
-        inner = self._tap is not None and self._tap.started > seen  # logged its own, precise wait
-        self.recorder.end_wait(token, ok=outcome.exception is None, keep=not inner)
+        inner = tap.started > seen  # it logged its own, precise wait
+        recorder.end_wait(token, ok=outcome.exception is None, keep=not inner)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
