@@ -12,7 +12,7 @@ import json
 import os
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,6 @@ MAX_TEXT = 131_072  # characters in any string: the longest argument Linux passe
 MAX_INT = 2**63 - 1  # any integer: a signed 64-bit one
 MAX_SECONDS = 1e9  # any time, duration or rate: about 31 years
 MAX_EPOCH = 253_402_300_799.0  # the last second of the year 9999, the last a date can show
-_EXIT_RANGE = (-(2**31), 2**31 - 1)  # a C int
 
 Reading = tuple[int | None, ...]  # used bytes per device, in Trace.devices order; None: failed
 LEAK_CHECK_KIND = "leak check"  # the kind of the leak check's own wait (pytest_plugin/_leaks.py)
@@ -148,7 +147,7 @@ class Trace:
     accelerator: bool = True  # False: the host's memory (the CPU platform), where none leaks
     command: tuple[str, ...] | None = None  # what ``accelplat record`` ran; None for pytest
     exit_code: int | None = None  # the command's (or session's) exit status, when known
-    notes: tuple[str, ...] = field(default_factory=tuple)  # remarks shown on the report
+    notes: tuple[str, ...] = ()  # remarks shown on the report
     partial: bool = False  # True when a signal cut the recording short; the notes say how
 
     @cached_property
@@ -257,9 +256,6 @@ class Trace:
             "version": TRACE_VERSION,
             **{key: getattr(self, key) for key in _SCALARS},
             "duration": _r(self.duration),
-            "command": None if self.command is None else list(self.command),
-            "exit_code": self.exit_code,
-            "notes": list(self.notes),
             "devices": [{"index": d.index, "name": d.name, "total": d.total} for d in self.devices],
             "samples": [[_r(s.t), *s.used] for s in self.samples],
             "tests": [
@@ -440,9 +436,7 @@ def holdings(raw: object, where: str) -> Holdings:
         pid = _FIELDS.integer(item[0], f"{where}.children[{k}][0]", minimum=1, maximum=2**31 - 1)
         children[pid] = _int(item[1], f"{where}.children[{k}][1]")
     used = _int(h.get("used"), f"{where}.used")
-    own, others = (
-        None if h.get(k) is None else _int(h[k], f"{where}.{k}") for k in ("own", "others")
-    )
+    own, others = (_optional(_int)(h.get(k), f"{where}.{k}") for k in ("own", "others"))
     judged = _FIELDS.boolean(h.get("judged", True), f"{where}.judged")
     return Holdings(used=used, own=own, children=children, others=others, judged=judged)
 
@@ -454,10 +448,7 @@ def _wait(raw: object, i: int) -> WaitSpan:
     values = _list(w.get("devices", []), f"{where}.devices")
     devices = tuple(_int(v, f"{where}.devices[{j}]") for j, v in enumerate(values))
     ok = _FIELDS.boolean(w.get("ok", True), f"{where}.ok")
-    test = w.get("test")
-    return WaitSpan(
-        start, end, kind, devices, ok, None if test is None else _text(test, f"{where}.test")
-    )
+    return WaitSpan(start, end, kind, devices, ok, _optional(_text)(w.get("test"), f"{where}.test"))
 
 
 def _samples(rows: Sequence[Any], n: int) -> tuple[list[Sample], float]:
@@ -516,28 +507,26 @@ def _parse(doc: object) -> Trace:
     samples, last_t = _samples(_list(top.get("samples"), "samples"), n)
     tests = [_test(raw, i, n) for i, raw in enumerate(_list(top.get("tests", []), "tests"))]
     waits = [_wait(raw, i) for i, raw in enumerate(_list(top.get("waits", []), "waits"))]
-
-    command, exit_code = top.get("command"), top.get("exit_code")
-    if exit_code is not None:
-        _int(exit_code, "exit_code", minimum=_EXIT_RANGE[0], maximum=_EXIT_RANGE[1])
-    if command is not None:
-        command = tuple(_text(c, f"command[{i}]") for i, c in enumerate(_list(command, "command")))
-    notes = [_text(x, f"notes[{i}]") for i, x in enumerate(_list(top.get("notes", []), "notes"))]
-    defaults = {f.name: f.default for f in fields(Trace)}
     return Trace(
         devices=tuple(devices.values()),
         samples=tuple(samples),
         tests=tuple(tests),
         waits=tuple(waits),
         duration=_float(top.get("duration", last_t), "duration"),
-        command=command,
-        exit_code=exit_code,
-        notes=tuple(notes),
-        **{key: check(top.get(key, defaults[key]), key) for key, check in _SCALARS.items()},
+        **{key: check(top[key], key) for key, check in _SCALARS.items() if key in top},
     )
 
 
-# The trace's plain fields, each with its check (its default is the dataclass's).
+def _optional(check: Callable[[object, str], Any]) -> Callable[[object, str], Any]:
+    """``check`` that lets ``null`` (``None``) through."""
+    return lambda value, where: None if value is None else check(value, where)
+
+
+def _texts(value: object, where: str) -> tuple[str, ...]:
+    return tuple(_text(x, f"{where}[{i}]") for i, x in enumerate(_list(value, where)))
+
+
+# The trace's plain fields, each with its check (an absent one takes the dataclass's default).
 _SCALARS: dict[str, Callable[[object, str], Any]] = {
     "platform": _text,
     "started_at": partial(_float, maximum=MAX_EPOCH),
@@ -548,4 +537,7 @@ _SCALARS: dict[str, Callable[[object, str], Any]] = {
     "context_free": _FIELDS.boolean,
     "accelerator": _FIELDS.boolean,
     "partial": _FIELDS.boolean,
+    "command": _optional(_texts),
+    "exit_code": _optional(partial(_FIELDS.integer, minimum=-(2**31), maximum=2**31 - 1)),  # C int
+    "notes": _texts,
 }
