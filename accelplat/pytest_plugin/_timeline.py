@@ -122,6 +122,11 @@ def _owners_of(report: pytest.TestReport) -> list[SpanOwners]:
 class TimelinePlugin:
     """The recorder of one session, registered by :func:`configure`."""
 
+    # Set as the session starts, before any other hook of this plugin runs: pytest calls
+    # pytest_sessionfinish only after every pytest_sessionstart succeeded.
+    recorder: Recorder
+    _tap: WaitEventTap
+
     def __init__(self, config: pytest.Config) -> None:
         """Read the options; raise pytest.UsageError for a bad rate, tolerance or grace period."""
         hz, grace = "--accelplat-timeline-hz", "--accelplat-timeline-leak-grace"
@@ -137,9 +142,7 @@ class TimelinePlugin:
         self.html_path = base / config.getoption("--accelplat-timeline")
         self.json_path = base / json_path if json_path else None
         self._wait_fixtures = frozenset(config.getini("accelplat_timeline_wait_fixtures"))
-        self.recorder: Recorder | None = None
         self.trace: Trace | None = None
-        self._tap: WaitEventTap | None = None
         self._ending: defaultdict[str, dict[str, Any]] = defaultdict(dict)  # end_test's keywords
         self._written: list[Path] = []
         self._error: str | None = None
@@ -166,12 +169,11 @@ class TimelinePlugin:
         self._restore = catch_ending_signals(self._on_signal)
 
     def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
-        if self.recorder is not None:
-            self.recorder.begin_test(nodeid)
+        self.recorder.begin_test(nodeid)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Note when a test's body begins; remember its outcome (failed > skipped > passed)."""
-        if report.when == "setup" and report.passed and self.recorder is not None:
+        if report.when == "setup" and report.passed:
             self.recorder.begin_body(report.nodeid)
         ending = self._ending[report.nodeid]
         if report.when == "teardown":
@@ -187,39 +189,35 @@ class TimelinePlugin:
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         """Sample memory as a test's teardown ends, closing its span; the leak check shares it."""
-        if call.when == "teardown" and self.recorder is not None:
+        if call.when == "teardown":
             self._ending[item.nodeid]["sample"] = sample = self.recorder.sampler.sample()
             share_after_teardown(item, self.recorder.devices, sample[1])
         return (yield)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
-        if self.recorder is not None:
-            self.recorder.end_test(nodeid, **self._ending.pop(nodeid, {}))
+        self.recorder.end_test(nodeid, **self._ending.pop(nodeid, {}))
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_fixture_setup(
         self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
     ) -> Generator[None, Any, None]:
         """Time the set-up of the configured wait fixtures (unless it logged a wait of its own)."""
-        tap, recorder = self._tap, self.recorder
-        if recorder is None or tap is None or fixturedef.argname not in self._wait_fixtures:
+        if fixturedef.argname not in self._wait_fixtures:
             yield
             return
-        token, seen = recorder.begin_wait(f"fixture:{fixturedef.argname}"), tap.started
+        token = self.recorder.begin_wait(f"fixture:{fixturedef.argname}")
+        seen = self._tap.started
         outcome = yield
-        inner = tap.started > seen  # it logged its own, precise wait
-        recorder.end_wait(token, ok=outcome.exception is None, keep=not inner)
+        inner = self._tap.started > seen  # it logged its own, precise wait
+        self.recorder.end_wait(token, ok=outcome.exception is None, keep=not inner)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         recorder = self.recorder
-        if recorder is None:
-            return
         if not self._signals:
             recorder.linger()
         recorder.stop()
-        if self._tap is not None:
-            self._tap.remove()
+        self._tap.remove()
         trace = recorder.trace(exit_code=int(exitstatus))
         if self._signals:
             names = ", ".join(dict.fromkeys(signal.Signals(s).name for s in self._signals))
