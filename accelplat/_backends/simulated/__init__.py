@@ -29,11 +29,9 @@ from accelplat._backends.simulated._spec import spec_from_mapping as spec_from_m
 from accelplat._platform import BasePlatform
 from accelplat._types import (
     DeviceInfo,
-    GraphSupport,
     MemoryHolder,
     MemoryInfo,
     ProbeResult,
-    ReleaseProfile,
 )
 from accelplat._util import Clock, RealClock, shown
 from accelplat.errors import ConfigurationError
@@ -135,16 +133,6 @@ class SimulatedPlatform(BasePlatform):
     def is_accelerator(self) -> bool:  # type: ignore[override]
         """Whether the devices are accelerators: all but a simulated ``"cpu"`` host's."""
         return self._spec.device_type != "cpu"
-
-    @property
-    @override
-    def release(self) -> ReleaseProfile:
-        return self._spec.release
-
-    @property
-    @override
-    def graph(self) -> GraphSupport:
-        return self._spec.graph
 
     def elapsed(self) -> float:
         """Return timeline time: seconds on :attr:`clock` since construction."""
@@ -277,13 +265,10 @@ class SimulatedPlatform(BasePlatform):
         index = self.check_device(device)
         return self._device(self._visible()[index]).holders_at(self.elapsed())
 
-    def __repr__(self) -> str:
-        return (
-            f"<SimulatedPlatform name={self.name!r} devices={self.device_count()} "
-            f"clock={self.clock!r}>"
-        )
 
-
-# The class attributes of BasePlatform a spec sets, each read from it.
-for _member in ("name", "device_type", "default_memory_utilization", "preferred_start_method"):
+# The members of BasePlatform a spec sets, each read from it.
+for _member in (
+    *("name", "device_type", "default_memory_utilization", "preferred_start_method"),
+    *("release", "graph"),
+):
     setattr(SimulatedPlatform, _member, property(operator.attrgetter(f"_spec.{_member}")))
