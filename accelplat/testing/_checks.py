@@ -110,19 +110,14 @@ class ConformanceReport:
             raise AssertionError(self.summary())
 
 
-def _fail_on(problems: list[str], prefix: str = "", suffix: str = "") -> None:
-    if problems:
-        raise CheckFailedError(prefix + "; ".join(problems) + suffix)
-
-
-def _check_protocol(kit: Kit) -> str:
+def _check_protocol(kit: Kit, problems: list[str]) -> str:
     from accelplat._registry import protocol_problems
 
     p = kit.platform
     if isinstance(p, type):
         raise CheckFailedError(f"got the class {p.__qualname__}, not an instance")
-    problems = list(protocol_problems(p))
-    _fail_on(problems, "does not satisfy the Platform protocol: ")
+    if missing := protocol_problems(p):
+        raise CheckFailedError("does not satisfy the Platform protocol: " + "; ".join(missing))
     name = p.name
     if not isinstance(name, str) or not _validate.NAME_RE.match(name):
         problems.append(f"name is {name!r}, not a valid platform name")
@@ -136,11 +131,10 @@ def _check_protocol(kit: Kit) -> str:
         problems.append(f"context_free is {p.context_free!r}, not a bool")
     if not isinstance(accelerator := optional(p, "is_accelerator"), bool):
         problems.append(f"is_accelerator is {accelerator!r}, not a bool")
-    _fail_on(problems)
     return f"name={name!r}, device_type={p.device_type!r}, context_free={p.context_free}"
 
 
-def _check_probe(kit: Kit) -> str:
+def _check_probe(kit: Kit, problems: list[str]) -> str:
     owner = kit.probe_owner()
     probe = getattr(owner, "probe", None)
     if not callable(probe):
@@ -168,10 +162,9 @@ def _check_probe(kit: Kit) -> str:
     return f"available={result.available} in {took * 1000:.1f} ms: {result.reason}{note}"
 
 
-def _check_devices(kit: Kit) -> str:
+def _check_devices(kit: Kit, problems: list[str]) -> str:
     n = kit.count
     devs = kit.devices
-    problems: list[str] = []
     if len(devs) != n:
         problems.append(f"device_count() is {n} but devices() lists {len(devs)}")
     seen_physical: set[int] = set()
@@ -195,13 +188,11 @@ def _check_devices(kit: Kit) -> str:
     again = call("a second device_count()", kit.platform.device_count)
     if again != n:
         problems.append(f"device_count() changed between two calls: {n} then {again}")
-    _fail_on(problems)
-    return f"{n} device(s): " + ", ".join(f"{d.index}={d.name}" for d in devs)
+    return "" if problems else f"{n} device(s): " + ", ".join(f"{d.index}={d.name}" for d in devs)
 
 
-def _check_memory_values(kit: Kit) -> str:
+def _check_memory_values(kit: Kit, problems: list[str]) -> str:
     n = kit.need_devices()
-    problems: list[str] = []
     shown: list[str] = []
     for d in range(n):
         m = kit.memory(d)
@@ -233,13 +224,11 @@ def _check_memory_values(kit: Kit) -> str:
                 f"tolerance of {allowed} bytes"
             )
         shown.append(f"{d}: used={m.used} free={m.free} total={m.total} [{m.source}]")
-    _fail_on(problems)
     return "; ".join(shown)
 
 
-def _check_memory_stable(kit: Kit) -> str:
+def _check_memory_stable(kit: Kit, problems: list[str]) -> str:
     n = kit.need_devices()
-    problems: list[str] = []
     for d in range(n):
         a, b = kit.memory(d), kit.memory(d)
         if a.total != b.total:
@@ -254,14 +243,12 @@ def _check_memory_stable(kit: Kit) -> str:
                     f"device {d}: {attr} moved {y - x:+d} bytes between two back-to-back reads "
                     f"(tolerance {allowed})"
                 )
-    _fail_on(problems)
     return f"{n} device(s) stable across two reads"
 
 
-def _check_bad_index(kit: Kit) -> str:
+def _check_bad_index(kit: Kit, problems: list[str]) -> str:
     n = kit.count
     bad_indices: list[object] = [-1, n, n + 1, "0", True, False, 1.5, None]
-    problems: list[str] = []
     for method in ("memory_info", "memory_holders"):
         fn = getattr(kit.platform, method)
         for bad in bad_indices:
@@ -273,13 +260,13 @@ def _check_bad_index(kit: Kit) -> str:
                 problems.append(f"{method}({bad!r}) raised {describe(exc)}")
                 continue
             problems.append(f"{method}({bad!r}) returned {got!r}")
-    _fail_on(problems, "expected DeviceNotFoundError: ")
+    if problems:
+        raise CheckFailedError("expected DeviceNotFoundError: " + "; ".join(problems))
     return f"{len(bad_indices) * 2} bad calls raised DeviceNotFoundError"
 
 
-def _check_memory_holders(kit: Kit) -> str:
+def _check_memory_holders(kit: Kit, problems: list[str]) -> str:
     n = kit.need_devices()
-    problems: list[str] = []
     shown: list[str] = []
     for d in range(n):
         try:
@@ -304,15 +291,13 @@ def _check_memory_holders(kit: Kit) -> str:
             if not isinstance(h.state, HolderState):
                 problems.append(f"device {d}: state {h.state!r} is not a HolderState")
         shown.append(f"{d}: {len(holders)} holder(s)")
-    _fail_on(problems)
     return "; ".join(shown)
 
 
-def _check_release(kit: Kit) -> str:
+def _check_release(kit: Kit, problems: list[str]) -> str:
     r = kit.platform.release
     if not isinstance(r, ReleaseProfile):
         raise CheckFailedError(f"release is {type(r).__name__}, not ReleaseProfile")
-    problems: list[str] = []
     if not isinstance(r.lazy, bool):
         problems.append(f"lazy is {r.lazy!r}, not a bool")
     for attr in ("stable_duration_s", "settle_timeout_s"):
@@ -337,15 +322,13 @@ def _check_release(kit: Kit) -> str:
                 f"idle_floor_bytes={r.idle_floor_bytes} exceeds every device's total "
                 f"(largest {max(totals)})"
             )
-    _fail_on(problems)
     return repr(r)
 
 
-def _check_graph(kit: Kit) -> str:
+def _check_graph(kit: Kit, problems: list[str]) -> str:
     g = kit.platform.graph
     if not isinstance(g, GraphSupport):
         raise CheckFailedError(f"graph is {type(g).__name__}, not GraphSupport")
-    problems: list[str] = []
     if not isinstance(g.available, bool):
         problems.append(f"available is {g.available!r}, not a bool")
     if not isinstance(g.reason, str) or not g.reason.strip():
@@ -354,11 +337,10 @@ def _check_graph(kit: Kit) -> str:
         problems.append(f"api is {g.api!r}, not None or a non-empty str")
     if g.available is True and g.api is None:
         problems.append("available is True but api is None: name the capture API")
-    _fail_on(problems)
     return repr(g)
 
 
-def _check_utilization(kit: Kit) -> str:
+def _check_utilization(kit: Kit, problems: list[str]) -> str:
     u = kit.platform.default_memory_utilization
     try:
         validate_utilization(u, argument="default_memory_utilization")
@@ -367,14 +349,14 @@ def _check_utilization(kit: Kit) -> str:
     return f"{u!r}"
 
 
-def _check_start_method(kit: Kit) -> str:
+def _check_start_method(kit: Kit, problems: list[str]) -> str:
     m = kit.platform.preferred_start_method
     if m not in (methods := get_args(StartMethod)):
         raise CheckFailedError(f"preferred_start_method is {m!r}, not one of {sorted(methods)}")
     return repr(m)
 
 
-def _check_no_framework_import(kit: Kit) -> str:
+def _check_no_framework_import(kit: Kit, problems: list[str]) -> str:
     context_free = kit.platform.context_free is not False
     run = kit.baseline
     if run is not None:
@@ -412,7 +394,7 @@ def _check_no_framework_import(kit: Kit) -> str:
     return f"{kit.inprocess_note()}: nothing imported a framework"
 
 
-def _check_no_device_context(kit: Kit) -> str:
+def _check_no_device_context(kit: Kit, problems: list[str]) -> str:
     if kit.platform.context_free is False:
         raise CheckSkippedError("the platform declares context_free = False")
     run = kit.baseline
@@ -435,7 +417,7 @@ def _check_no_device_context(kit: Kit) -> str:
     return f"{kit.inprocess_note()}: this process holds no device memory"
 
 
-def _check_settle_idle(kit: Kit) -> str:
+def _check_settle_idle(kit: Kit, problems: list[str]) -> str:
     from accelplat._memory import wait_for_memory_to_settle
     from accelplat._types import SettleResult
 
@@ -451,7 +433,6 @@ def _check_settle_idle(kit: Kit) -> str:
     elapsed = time.monotonic() - start
     if not isinstance(result, SettleResult):
         raise CheckFailedError(f"returned {type(result).__name__}, not SettleResult")
-    problems: list[str] = []
     covered = set(result.snapshot.memory)
     if covered != set(range(n)):
         problems.append(f"the snapshot covers devices {sorted(covered)}, not 0..{n - 1}")
@@ -461,7 +442,6 @@ def _check_settle_idle(kit: Kit) -> str:
             f"took {result.waited_s:.2f} s ({elapsed:.2f} s real) on an idle device; expected "
             f"at most {limit:.2f} s"
         )
-    _fail_on(problems)
     return f"settled in {result.waited_s:.3f} s after {result.polls} poll(s)"
 
 
@@ -507,7 +487,7 @@ def _count_with_env(kit: Kit, env_name: str, value: str) -> tuple[int | None, st
             return None, f"in-process: raised {describe(exc)}"
 
 
-def _check_visible_devices(kit: Kit) -> str:
+def _check_visible_devices(kit: Kit, problems: list[str]) -> str:
     env_name = kit.platform.visible_devices_env
     if env_name is None:
         raise CheckSkippedError("the platform has no visible-devices variable")
@@ -518,18 +498,18 @@ def _check_visible_devices(kit: Kit) -> str:
     if hides_all is None:
         hides_all = optional(kit.platform, "visible_devices_empty_hides_all") is True
     cases = [("0", 1), *([("0,1", 2)] if n >= 3 else []), *([("", 0)] if hides_all else [])]
-    problems: list[str] = []
     seen: list[str] = []
     for value, expected in cases:
         got, how = _count_with_env(kit, env_name, value)
         seen.append(f"{env_name}={value!r} -> {got} ({how})")
         if got != expected:
             problems.append(f"{env_name}={value!r} gave {got} device(s), expected {expected}")
-    _fail_on(problems, suffix=f" [{'; '.join(seen)}]")
+    if problems:
+        raise CheckFailedError(f"{'; '.join(problems)} [{'; '.join(seen)}]")
     return "; ".join(seen)
 
 
-_CHECKS: dict[str, Callable[[Kit], str]] = {
+_CHECKS: dict[str, Callable[[Kit, list[str]], str]] = {
     "protocol": _check_protocol,
     "probe": _check_probe,
     "devices": _check_devices,
@@ -606,8 +586,12 @@ def run_conformance(
     kit = Kit(platform, registered_name=registered, **options)
     results = []
     for name in names:
+        problems: list[str] = []  # a check lists what is wrong here, or raises
         try:
-            result = CheckResult(name, "pass", _CHECKS[name](kit))
+            detail = _CHECKS[name](kit, problems)
+            result = CheckResult(
+                name, "fail" if problems else "pass", "; ".join(problems) or detail
+            )
         except CheckFailedError as exc:
             result = CheckResult(name, "fail", str(exc))
         except CheckSkippedError as exc:
