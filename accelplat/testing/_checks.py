@@ -269,11 +269,7 @@ def _check_memory_holders(kit: Kit, problems: list[str]) -> str:
     n = kit.need_devices()
     shown: list[str] = []
     for d in range(n):
-        try:
-            holders = kit.platform.memory_holders(d)
-        except Exception as exc:
-            problems.append(f"memory_holders({d}) raised {describe(exc)}")
-            continue
+        holders = call(f"memory_holders({d})", kit.platform.memory_holders, d)
         if holders is None:
             shown.append(f"{d}: unknown")
             continue
@@ -360,15 +356,15 @@ def _check_no_framework_import(kit: Kit, problems: list[str]) -> str:
     context_free = kit.platform.context_free is not False
     run = kit.baseline
     if run is not None:
-        fw: dict[str, list[str]] = run.answer.get("frameworks", {})
+        fw: dict[str, list[str]] = run.get("frameworks", {})
         stages = ("import", "probe", "construct", "queries") if context_free else ("probe",)
         bad = {s: fw.get(s, []) for s in stages if fw.get(s)}
         if bad:
             text = "; ".join(f"{s} imported {', '.join(v)}" for s, v in bad.items())
-            raise CheckFailedError(f"in a fresh process ({run.label}): {text}")
+            raise CheckFailedError(f"in a fresh process ({run['label']}): {text}")
         scope = "import, probe, construction and queries" if context_free else "the probe"
         note = "" if context_free else " (context_free = False: only the probe is held to it)"
-        return f"fresh process ({run.label}): {scope} imported no framework{note}"
+        return f"fresh process ({run['label']}): {scope} imported no framework{note}"
     before = set(sys.modules)
     masked = frameworks_in(before)
     probe = getattr(kit.probe_owner(), "probe", None)
@@ -399,16 +395,16 @@ def _check_no_device_context(kit: Kit, problems: list[str]) -> str:
         raise CheckSkippedError("the platform declares context_free = False")
     run = kit.baseline
     if run is not None:
-        if held := run.answer.get("self_holders"):
+        if held := run.get("self_holders"):
             raise CheckFailedError(
-                f"in a fresh process ({run.label}): the process is listed among the memory "
+                f"in a fresh process ({run['label']}): the process is listed among the memory "
                 f"holders of device(s) {held}"
             )
         # A mapped runtime library is reported, not failed: mapping creates no context
         # (nvmlInit maps libcuda.so on R580 drivers, taking no device memory).
-        libraries = run.answer.get("libraries")
+        libraries = run.get("libraries")
         loaded = f"; mapped {libraries} without holding memory" if libraries else ""
-        return f"fresh process ({run.label}): not a memory holder{loaded}"
+        return f"fresh process ({run['label']}): not a memory holder{loaded}"
     if held := held_here(kit.platform):
         raise CheckFailedError(
             f"{kit.inprocess_note()}: this process holds memory on device(s) {held} (if an "
@@ -454,7 +450,7 @@ def _count_with_env(kit: Kit, env_name: str, value: str) -> tuple[int | None, st
     changes[env_name] = value
     run = kit.baseline
     if run is not None:
-        answer = kit.run_child(run.spec, env=changes, queries=False)
+        answer = kit.run_child(run["spec"], env=changes, queries=False)
         if not answer.get("ok"):
             return None, f"the child failed: {answer.get('error')}"
         count = answer.get("device_count")

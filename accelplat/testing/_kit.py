@@ -81,19 +81,6 @@ STABILITY_TOLERANCE = Tolerance(min_bytes=256 * MIB, ratio=0.02)
 
 
 @dataclass
-class ChildRun:
-    """A fresh process that reproduced the platform: how it was built, and its answer."""
-
-    spec: tuple[str, str]
-    answer: dict[str, Any]
-
-    @property
-    def label(self) -> str:
-        """How it was built, for details: ``name 'cuda'`` or ``ref 'pkg.mod:Cls'``."""
-        return f"{self.spec[0]} {self.spec[1]!r}"
-
-
-@dataclass
 class Kit:
     """The platform under test, the run's options, and the facts its checks share."""
 
@@ -240,20 +227,23 @@ class Kit:
         }
 
     @cached_property
-    def baseline(self) -> ChildRun | None:
-        """A subprocess run that reproduces the caller's platform, or ``None``."""
+    def baseline(self) -> dict[str, Any] | None:
+        """The answer of a fresh process that reproduced the caller's platform, or ``None``.
+
+        Its ``spec`` says how it was built and ``label`` says so in words (``name 'cuda'``).
+        """
         tried: list[str] = []
         want = [(d.name, d.physical_index) for d in self.devices]
         for spec in self._child_specs():
-            run = ChildRun(spec, self.run_child(spec))
-            if not run.answer.get("ok"):
-                tried.append(f"{run.label}: {run.answer.get('error')}")
+            label, answer = f"{spec[0]} {spec[1]!r}", self.run_child(spec)
+            if not answer.get("ok"):
+                tried.append(f"{label}: {answer.get('error')}")
                 continue
-            got = [tuple(d) for d in run.answer.get("devices", [])]
-            if run.answer.get("device_count") != len(want) or got != want:
-                tried.append(f"{run.label}: sees {got} instead of {want}")
+            got = [tuple(d) for d in answer.get("devices", [])]
+            if answer.get("device_count") != len(want) or got != want:
+                tried.append(f"{label}: sees {got} instead of {want}")
                 continue
-            return run
+            return {**answer, "spec": spec, "label": label}
         self.baseline_note = "no way to rebuild the platform in a subprocess"
         if tried:
             self.baseline_note = f"a fresh process could not reproduce it ({'; '.join(tried)})"
