@@ -241,15 +241,11 @@ class SimulatedDevice:
         object.__setattr__(self, "_starts", starts)
         object.__setattr__(self, "_before", tuple(before))
 
-    def base_at(self, t: float) -> int:
-        """Return the timeline's usage at ``t`` (holders not included)."""
-        i = bisect.bisect_right(self._starts, t) - 1
-        return self.used if i < 0 else self.timeline[i].value(t, self._before[i])
-
     def used_at(self, t: float) -> int:
         """Return bytes in use at ``t``: the timeline plus every active holder."""
-        held = sum(h.used for h in self.holders if h.active(t))
-        return min(self.total, self.base_at(t) + held)
+        i = bisect.bisect_right(self._starts, t) - 1
+        base = self.used if i < 0 else self.timeline[i].value(t, self._before[i])
+        return min(self.total, base + sum(h.used for h in self.holders if h.active(t)))
 
     def holders_at(self, t: float) -> tuple[MemoryHolder, ...] | None:
         """Return the active holders with a pid, or ``None`` when holders are not reported."""
