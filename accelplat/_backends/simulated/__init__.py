@@ -1,7 +1,7 @@
 """The ``simulated`` platform: devices whose used memory follows a scripted timeline.
 
 An eager CUDA-like or a lazy ROCm-like platform; a :class:`SimulatedClock` (``_clock``) makes waits
-instant. The model is in ``_model``, the spec reader in ``_spec``; the format in ``docs/memory.md``.
+instant. The model and its spec reader are in ``_model``; the format in ``docs/memory.md``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from accelplat._backends.simulated._model import SimulatedDevice as SimulatedDev
 from accelplat._backends.simulated._model import SimulatedHolder as SimulatedHolder
 from accelplat._backends.simulated._model import SimulatedSpec as SimulatedSpec
 from accelplat._backends.simulated._model import Step as Step
-from accelplat._backends.simulated._spec import load_spec as load_spec
-from accelplat._backends.simulated._spec import spec_from_mapping as spec_from_mapping
+from accelplat._backends.simulated._model import load_spec as load_spec
+from accelplat._backends.simulated._model import spec_from_mapping as spec_from_mapping
 from accelplat._platform import BasePlatform
 from accelplat._types import (
     DeviceInfo,
@@ -266,9 +266,9 @@ class SimulatedPlatform(BasePlatform):
         return self._device(self._visible()[index]).holders_at(self.elapsed())
 
 
-# The members of BasePlatform a spec sets, each read from it.
-for _member in (
-    *("name", "device_type", "default_memory_utilization", "preferred_start_method"),
-    *("release", "graph"),
-):
+# The class attributes of BasePlatform a spec sets, each read from it (RELEASE and GRAPH: the
+# base's release and graph read them).
+for _member in ("name", "device_type", "default_memory_utilization", "preferred_start_method"):
     setattr(SimulatedPlatform, _member, property(operator.attrgetter(f"_spec.{_member}")))
+for _member in ("release", "graph"):
+    setattr(SimulatedPlatform, _member.upper(), property(operator.attrgetter(f"_spec.{_member}")))
