@@ -27,12 +27,7 @@ from accelplat._backends.simulated._model import Step as Step
 from accelplat._backends.simulated._model import load_spec as load_spec
 from accelplat._backends.simulated._model import spec_from_mapping as spec_from_mapping
 from accelplat._platform import BasePlatform
-from accelplat._types import (
-    DeviceInfo,
-    MemoryHolder,
-    MemoryInfo,
-    ProbeResult,
-)
+from accelplat._types import DeviceInfo, MemoryHolder, MemoryInfo, ProbeResult
 from accelplat._util import Clock, RealClock, shown
 from accelplat.errors import ConfigurationError
 
