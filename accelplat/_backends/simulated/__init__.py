@@ -34,6 +34,7 @@ from accelplat.errors import ConfigurationError
 ENV_SPEC = "ACCELPLAT_SIMULATED_SPEC"  # the spec file SimulatedPlatform() and its probe load
 ENV_VISIBLE = "ACCELPLAT_SIMULATED_VISIBLE_DEVICES"  # UUIDs (SIM-0 …) or spec indices, CUDA-style
 _Entry = tuple[int, int | None]  # a visible device: its index in the spec, and its slice or None
+_SpecSource = SimulatedSpec | Mapping[str, Any] | str | os.PathLike[str]  # a spec, or its file
 
 
 @functools.lru_cache(maxsize=16)
@@ -67,12 +68,7 @@ class SimulatedPlatform(BasePlatform):
     context_free: ClassVar[bool] = True
     visible_devices_env: ClassVar[str | None] = ENV_VISIBLE
 
-    def __init__(
-        self,
-        spec: SimulatedSpec | Mapping[str, Any] | str | os.PathLike[str] | None = None,
-        *,
-        clock: Clock | None = None,
-    ) -> None:
+    def __init__(self, spec: _SpecSource | None = None, *, clock: Clock | None = None) -> None:
         if spec is None:
             path = os.environ.get(ENV_SPEC, "").strip()
             if not path:
@@ -100,12 +96,7 @@ class SimulatedPlatform(BasePlatform):
         self._t0 = clock.monotonic()
 
     @classmethod
-    def from_spec(
-        cls,
-        spec: SimulatedSpec | Mapping[str, Any] | str | os.PathLike[str],
-        *,
-        clock: Clock | None = None,
-    ) -> SimulatedPlatform:
+    def from_spec(cls, spec: _SpecSource, *, clock: Clock | None = None) -> SimulatedPlatform:
         """Build a simulated platform from a spec (see the class for the arguments)."""
         return cls(spec, clock=clock)
 
