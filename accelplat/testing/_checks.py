@@ -207,10 +207,9 @@ def _check_memory_values(kit: Kit, problems: list[str]) -> str:
             problems.append(
                 f"device {d}: total={m.total} is below {MIB} bytes; are the values in bytes?"
             )
-        if not 0 <= m.used <= m.total:
-            problems.append(f"device {d}: used={m.used} is not within 0..total={m.total}")
-        if not 0 <= m.free <= m.total:
-            problems.append(f"device {d}: free={m.free} is not within 0..total={m.total}")
+        for attr, value in (("used", m.used), ("free", m.free)):
+            if not 0 <= value <= m.total:
+                problems.append(f"device {d}: {attr}={value} is not within 0..total={m.total}")
         if m.reserved < 0:
             problems.append(f"device {d}: reserved={m.reserved} is negative")
         allowed = kit.sum_tolerance.allowed(m.total)
@@ -230,10 +229,9 @@ def _check_memory_stable(kit: Kit, problems: list[str]) -> str:
     n = kit.need_devices()
     for d in range(n):
         a, b = kit.memory(d), kit.memory(d)
-        if a.total != b.total:
-            problems.append(f"device {d}: total changed from {a.total} to {b.total}")
-        if a.reserved != b.reserved:
-            problems.append(f"device {d}: reserved changed from {a.reserved} to {b.reserved}")
+        for attr in ("total", "reserved"):
+            if (x := getattr(a, attr)) != (y := getattr(b, attr)):
+                problems.append(f"device {d}: {attr} changed from {x} to {y}")
         allowed = kit.stability_tolerance.allowed(max(a.total, 0))
         for attr in ("used", "free"):
             x, y = getattr(a, attr), getattr(b, attr)
