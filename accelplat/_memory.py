@@ -219,11 +219,7 @@ class _Released(Judge):
         self.listed = {d: self._listed(first, d) for d in first.memory}
         self.used_before = {d: m.used for d, m in first.memory.items()}
         self.pending: dict[int, tuple[int, int]] = {}  # device: (bytes awaited, used before)
-        self.running = self._alive() if self.whole else frozenset()
-
-    def _alive(self) -> frozenset[int]:
-        """The tracked processes that still run."""
-        return frozenset(filter(running, self.pids))
+        self.running = frozenset(filter(running, pids)) if self.whole else frozenset()
 
     def _listed(self, reading: Reading, device: int) -> dict[int, int]:
         held = reading.holders.get(device, ())
@@ -232,8 +228,8 @@ class _Released(Judge):
         }
 
     def __call__(self, reading: Reading) -> dict[int, int]:
-        if self.whole:
-            self.running = self._alive()
+        if self.whole:  # the tracked processes that still run hold these devices back
+            self.running = frozenset(filter(running, self.pids))
             self.ready = not self.running
         return {
             d: m.used if d in self.whole else self._held(reading, d)
