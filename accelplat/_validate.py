@@ -294,6 +294,18 @@ class JsonFields:
             raise self.error(where, f"an integer in {minimum}..{maximum}", value)
         return value
 
+    def number(self, value: object, where: str, *, maximum: float) -> float:
+        """Return ``value`` as a float if it is a finite number in ``0..maximum``."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(where, "a number", value)
+        try:
+            f = float(value)
+        except OverflowError:  # an integer beyond any float, 10**400 say
+            f = math.inf
+        if not (math.isfinite(f) and 0 <= f <= maximum):
+            raise self.error(where, f"a number in 0..{maximum:g}", value)
+        return f
+
     def text(self, value: object, where: str) -> str:
         """Return ``value`` if it is a string of at most ``max_text`` characters."""
         if not isinstance(value, str) or len(value) > self.max_text:

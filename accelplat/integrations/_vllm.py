@@ -58,12 +58,8 @@ _PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parall
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _is_accelerator(platform: Platform) -> bool:
-    return bool(optional(platform, "is_accelerator"))
-
-
 def _accelerator_count(platform: Platform) -> int:
-    return platform.device_count() if _is_accelerator(platform) else 0
+    return platform.device_count() if optional(platform, "is_accelerator") else 0
 
 
 def _as_vllm_reads(info: MemoryInfo) -> MemoryInfo:
@@ -196,7 +192,7 @@ def wait_for_gpu_memory_to_clear(
         poll = PollPolicy(initial_s=min(poll.initial_s, cadence), max_s=cadence)
     platform = resolve_platform(None)
     wanted = list(devices)
-    physical = _physical(platform, wanted) if wanted else []
+    physical = _physical(platform, wanted)
     by_bytes = _keyed(threshold_bytes, wanted, physical, "threshold_bytes")
     by_ratio = _clamped_ratio(_keyed(threshold_ratio, wanted, physical, "threshold_ratio"))
     if not wanted:
@@ -452,7 +448,7 @@ def before_engine_start(
         if (value := kwargs.get(key)) is not None:
             world *= _validate.integer(value, key, minimum=1)
     devices = list(range(min(world, p.device_count())))
-    if not _check_strict(strict) and not _is_accelerator(p):
+    if not _check_strict(strict) and not optional(p, "is_accelerator"):
         return _nothing_to_do()
     if not devices:
         if strict:
@@ -530,7 +526,7 @@ def memory_baseline(
     if timeout_s is not None:  # checked here, as the exit wait would, even if it never runs
         _validate.duration(timeout_s, "timeout_s")
     p = resolve_platform(platform)
-    if not _is_accelerator(p):
+    if not optional(p, "is_accelerator"):
         yield _nothing_to_do().snapshot
         return
     read = _vllm_reader(p)

@@ -62,25 +62,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             add(name, **spec)
 
 
-# (option dest, ini name, a path relative to the ini file): the ini applies when the option is not
-# given on the command line, which always wins.
-_FROM_INI = (
-    ("accelplat_platform", "accelplat_platform", False),
-    ("accelplat_timeline", "accelplat_timeline", True),
-    ("accelplat_timeline_json", "accelplat_timeline_json", True),
-    ("accelplat_lease", "accelplat_lease", False),
-)
+# ini settings that fill the option of their name (its dest) when the command line does not give
+# it, which always wins; the paths are relative to the ini file
+_INI_PATHS = ("accelplat_timeline", "accelplat_timeline_json")
+_FROM_INI = ("accelplat_platform", "accelplat_lease", *_INI_PATHS)
 
 
 def _apply_ini(config: pytest.Config, namespace: object) -> None:
     """Fill the options not given on the command line in ``namespace`` from the ini file."""
-    for dest, name, is_path in _FROM_INI:
+    for name in _FROM_INI:
         value = config.getini(name)
-        if getattr(namespace, dest, None) or not value:
+        if getattr(namespace, name, None) or not value:
             continue
-        if is_path and config.inipath is not None:
+        if name in _INI_PATHS and config.inipath is not None:
             value = str(config.inipath.parent / str(value))
-        setattr(namespace, dest, value)
+        setattr(namespace, name, value)
 
 
 def _seconds(text: str) -> float:
