@@ -17,7 +17,7 @@ from pathlib import Path
 
 from accelplat import _validate
 from accelplat._leasing import _locks, _queue, _shares
-from accelplat._leasing._locks import DOC, LOCK, Outcome, Taken, Unit
+from accelplat._leasing._locks import DOC, LOCK, Leasing, Outcome, Taken, Unit
 from accelplat._leasing._locks import ENV_LEASE_DIR as ENV_LEASE_DIR
 from accelplat._leasing._locks import LeaseRecord as LeaseRecord
 from accelplat._leasing._shares import ENV_MEMORY_BYTES as ENV_MEMORY_BYTES
@@ -66,11 +66,11 @@ class Whole:
     def environ(self, units: Sequence[Unit]) -> dict[str, str | None]:
         return {}
 
-    def attempt(self, ahead: LeaseRecord | None, deadline: float) -> Outcome:
+    def attempt(self, lease: Leasing, ahead: LeaseRecord | None, deadline: float) -> Outcome:
         """One try: lock ``count`` free devices (most free memory first), wait for their memory."""
         if ahead is not None:  # the order rule (_queue.kept_free): it keeps the whole device
             return f"an older request goes first ({_queue.waiting(ahead)})"
-        pool, count, lock_dir = self.lease.pool, self.lease.count, self.lease.lock_dir
+        pool, count, lock_dir = lease.pool, lease.count, lease.lock_dir
         rank = {key: i for i, key in enumerate(self.lease.prefer)}
         free = {u.key: u.memory().free for u in pool}
         got: list[tuple[Unit, int]] = []
@@ -179,7 +179,7 @@ class Lease:
         self.tag = _locks.platform_tag(self.platform)  # the queue's name for the platform
         self.queue_dir = _locks.directory(self.lock_dir / _queue.QUEUE_DIR, None)
         budget = self.memory_bytes
-        self._admission = Whole(self) if budget is None else Share(self, budget)
+        self._admission = Whole(self) if budget is None else Share(budget)
         self.pool = _pool(self)  # checked at once: LeaseUnsatisfiableError
 
     @property
@@ -269,7 +269,7 @@ class Lease:
             raise ConfigurationError("this lease is held already; release it first")
         mine = self._ticket[0] if self._ticket is not None else None
         ahead = _queue.ahead_of(self.queue_dir, self.tag, mine)
-        got = self._admission.attempt(ahead, deadline)
+        got = self._admission.attempt(self, ahead, deadline)
         if isinstance(got, str):
             if self._ticket is None:
                 said = _locks.holder_document(self.platform.name, budget_bytes=self.memory_bytes)
