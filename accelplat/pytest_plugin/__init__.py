@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from accelplat._util import format_bytes
-from accelplat.errors import AccelplatError, ConfigurationError, MarkerError
+from accelplat.errors import AccelplatError, MarkerError
 from accelplat.pytest_plugin._requires import MARKER, parse, skip_reason
 from accelplat.pytest_plugin._shared import (
     DEFAULT_LEAK_TOLERANCE,
@@ -26,6 +26,7 @@ from accelplat.pytest_plugin._shared import (
     current,
     reapply_forced,
     skip_at_test,
+    usage_errors,
 )
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
 
@@ -130,10 +131,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if path.is_file():  # [tool.accelplat.capabilities]
         from accelplat._capabilities import load_pyproject
 
-        try:
+        with usage_errors("accelplat capabilities: "):
             load_pyproject(path)
-        except ConfigurationError as exc:
-            raise pytest.UsageError(f"accelplat capabilities: {exc}") from None
     flag = config.getoption("--accelplat-leak-check")
     checking = config.getini("accelplat_leak_check") if flag is None else flag
     if checking or config.getoption("--accelplat-timeline"):
