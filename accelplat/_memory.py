@@ -24,7 +24,7 @@ from accelplat._platform import Platform
 from accelplat._types import GIB, MIB, HolderState, MemoryHolder, MemoryInfo, SettleResult
 from accelplat._types import UsageSnapshot as Reading
 from accelplat._util import Clock
-from accelplat._validate import byte_count, device_index, duration, integer, number, ratio
+from accelplat._validate import byte_count, device_index, duration, flag, integer, number, ratio
 from accelplat._vendor import procs
 from accelplat.errors import ConfigurationError, MemoryNotSettledError
 
@@ -634,8 +634,7 @@ def wait_for_memory_to_settle(
             "wait_for_memory_to_settle needs threshold_ratio (a fraction in [0, 1]); "
             "use wait_for_memory_to_clear for a byte threshold"
         )
-    if not isinstance(force, bool):
-        raise ConfigurationError(f"force must be True or False, got {force!r:.200}")
+    flag(force, "force")
     if owners not in OWNERS:
         raise ConfigurationError(f"owners must be 'ours' or 'all', got {owners!r:.200}")
     w = Wait("settle", _Ours() if owners == "ours" else Judge(), platform, devices, clock=clock)
@@ -694,9 +693,7 @@ def wait_for_release(
             f"pids must be a non-empty sequence of process ids, got {pids!r:.200}"
         )
     tracked = {integer(p, f"pids[{i}]", minimum=1, maximum=2**31 - 1) for i, p in enumerate(pids)}
-    if not isinstance(descendants, bool):
-        raise ConfigurationError(f"descendants must be True or False, got {descendants!r:.200}")
-    for pid in list(tracked) if descendants else ():
+    for pid in list(tracked) if flag(descendants, "descendants") else ():
         tracked |= procs.descendants(pid)
     w = Wait("release", Judge(), platform, devices, clock=clock)
     first = sample(w.platform, w.devices)  # decides which devices are judged whole

@@ -307,12 +307,6 @@ def _nothing_to_do() -> SettleResult:
     return SettleResult(0.0, 0, UsageSnapshot(time.monotonic(), time.time(), {}), True, {})
 
 
-def _check_strict(strict: object) -> bool:
-    if not isinstance(strict, bool):
-        raise ConfigurationError(f"strict must be True or False, got {strict!r}")
-    return strict
-
-
 def engine_kwargs(
     kwargs: Mapping[str, Any],
     *,
@@ -448,7 +442,7 @@ def before_engine_start(
         if (value := kwargs.get(key)) is not None:
             world *= _validate.integer(value, key, minimum=1)
     devices = list(range(min(world, p.device_count())))
-    if not _check_strict(strict) and not optional(p, "is_accelerator"):
+    if not _validate.flag(strict, "strict") and not optional(p, "is_accelerator"):
         return _nothing_to_do()
     if not devices:
         if strict:
@@ -487,7 +481,7 @@ def after_engine_shutdown(
     ratio = _free_ratio(kwargs, p)
     devices = list(range(p.device_count()))
     physical = _physical(p, devices)
-    if _check_strict(strict):
+    if _validate.flag(strict, "strict"):
         return _clear(p, devices, physical, settle=True, threshold_ratio=ratio)
     if not p.release.lazy or _accelerator_count(p) == 0:
         return _nothing_to_do()
