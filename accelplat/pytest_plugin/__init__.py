@@ -38,29 +38,64 @@ __all__: list[str] = []  # a plugin: its marker, fixtures and options are reache
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Add the plugin's options, all in the ``accelplat`` group, and its ini settings.
-
-    They are the table ``options.json`` beside this module: each one's ``addoption`` (or
-    ``addini``) arguments, its help completed with the defaults named here (``default_of``).
-    """
-    values = {
-        "tol": DEFAULT_LEAK_TOLERANCE,
-        "hz": DEFAULT_HZ,
-        "grace": DEFAULT_LEAK_GRACE_S,
-        "eager": FIXTURE_SETTLE_TIMEOUT_EAGER_S,
-        "lazy": FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S,
-    }
-    types = {"float": float, "count": _lease_count, "seconds": _seconds}
-    table = json.loads(Path(__file__).with_name("options.json").read_text(encoding="utf-8"))
-    group = parser.getgroup("accelplat", "accelplat accelerator platform")
-    for kind, add in (("options", group.addoption), ("ini", parser.addini)):
-        for name, spec in table[kind].items():
-            spec["help"] = spec["help"].format(**values)
-            if "default_of" in spec:
-                spec["default"] = values[spec.pop("default_of")]
-            if kind == "options" and "type" in spec:
-                spec["type"] = types[spec["type"]]
-            add(name, **spec)
+    """Add the plugin's options, all in the ``accelplat`` group, and its ini settings."""
+    tol, hz, grace = DEFAULT_LEAK_TOLERANCE, DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
+    add = parser.getgroup("accelplat", "accelplat accelerator platform").addoption
+    # fmt: off
+    add("--accelplat-platform", metavar="NAME", help="force the platform for the session "
+        "(cuda, rocm, xpu, cpu, simulated, a plugin's name); exported as ACCELPLAT_PLATFORM")
+    add("--accelplat-capabilities", action="store_true",
+        help="print the capability table of device 0 in the header")
+    add("--accelplat-leak-check", action="store_true", default=None,
+        help="report the tests that left device memory held beyond the tolerance")
+    add("--accelplat-leak-tolerance", metavar="SIZE", help="growth of used device memory "
+        f"across one test that is not a leak (default: ini accelplat_leak_tolerance, {tol})")
+    add("--accelplat-leak-wait", metavar="SECONDS", help="how long to wait for memory to come "
+        "back before a test counts as leaking (default: 4 x the stability window if lazy)")
+    add("--accelplat-timeline", metavar="PATH",
+        help="sample device memory during the session; write an HTML timeline to PATH")
+    add("--accelplat-timeline-hz", metavar="N", type=float, default=hz,
+        help=f"timeline samples per second (default {hz:g})")
+    add("--accelplat-timeline-json", metavar="PATH",
+        help="also save the raw trace as JSON (render it later with `accelplat report`)")
+    add("--accelplat-timeline-leak-tolerance", metavar="SIZE",
+        help=f"the timeline's leak tolerance (default: --accelplat-leak-tolerance, {tol})")
+    add("--accelplat-timeline-leak-grace", metavar="SECONDS", type=float, default=grace,
+        help=f"seconds after the last test for memory to come back (default {grace:g})")
+    add("--accelplat-lease", action="store_true", help="give each test process (xdist worker) "
+        "its own devices; a test that declares more devices gets them for its duration")
+    add("--accelplat-lease-count", metavar="N", type=_lease_count, default=1,
+        help="devices each test process holds with --accelplat-lease (default 1)")
+    add("--accelplat-lease-timeout", metavar="SECONDS", type=_seconds, default=600.0,
+        help="how long a lease (--accelplat-lease, --accelplat-pack) waits (default 600)")
+    add("--accelplat-lease-min-free", metavar="SIZE",
+        help="free memory each leased device must have, e.g. 40GiB")
+    add("--accelplat-pack", action="store_true", help="lease each test the memory it needs "
+        "(accelplat_requires(device_memory=), else its learned footprint, else a whole device), "
+        "so that xdist workers share devices; bodies run in new processes")
+    add("--accelplat-footprints", metavar="PATH", help="where --accelplat-pack learns each "
+        "test's peak memory (default: in pytest's cache directory)")
+    add("--accelplat-enforce", metavar="MODE", help="how packed tests are held to budgets: auto "
+        "(default, or $ACCELPLAT_ENFORCE), mps (started if none runs), torch or none")
+    ini = parser.addini
+    ini("accelplat_platform", "force the platform, as --accelplat-platform (which wins)")
+    ini("accelplat_leak_check", "turn the leak check on", "bool", False)
+    ini("accelplat_leak_tolerance", f"leak tolerance (default {tol})", default=tol)
+    ini("accelplat_leak_wait", "seconds to wait before reporting a leak, or 'auto'", default="auto")
+    ini("accelplat_timeline", "write an HTML timeline there, as --accelplat-timeline; relative "
+        "to the ini file's directory")
+    ini("accelplat_timeline_json", "save the raw trace there too, as --accelplat-timeline-json")
+    ini("accelplat_settle_timeout", "settled_device_memory's time limit in seconds, or 'auto' "
+        f"({FIXTURE_SETTLE_TIMEOUT_EAGER_S:g} s where release is eager, else the platform's "
+        f"settle timeout up to {FIXTURE_SETTLE_TIMEOUT_LAZY_MAX_S:g} s)", default="auto")
+    ini("accelplat_settle_owners", "whose memory settled_device_memory waits for: 'ours' (this "
+        "process and its descendants; co-tenants are named, not waited for) or 'all'",
+        default="ours")
+    ini("accelplat_timeline_wait_fixtures", "fixtures the timeline shows as memory waits",
+        "linelist", ["settled_device_memory"])
+    ini("accelplat_lease", "lease each test process its own devices, as --accelplat-lease",
+        "bool", False)
+    # fmt: on
 
 
 # ini settings that fill the option of their name (its dest) when the command line does not give
