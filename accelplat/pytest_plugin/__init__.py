@@ -5,12 +5,10 @@ Its parts register only when their option is on: a session using none never dete
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections import Counter
 from collections.abc import Generator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
