@@ -27,21 +27,13 @@ from typing import IO, TYPE_CHECKING, Any
 from typing_extensions import Self
 
 from accelplat._cli._args import add_common, color, command, count_arg, seconds_arg
-from accelplat._cli._errors import (
-    Details,
-    dumps,
-    handling,
-    holder_json,
-    host_json,
-    process_details,
-    time_json,
-)
+from accelplat._cli._errors import dumps, handling, host_json, time_json
 from accelplat._util import format_bytes, printable
 from accelplat.errors import AccelplatError, ConfigurationError
 
 if TYPE_CHECKING:  # the core loads when the command runs
     from accelplat._platform import Platform
-    from accelplat._types import DeviceInfo, MemoryInfo, UsageSnapshot
+    from accelplat._types import DeviceInfo, MemoryHolder, MemoryInfo, UsageSnapshot
 
 BAR_WIDTH = 30  # the bar's cells on a wide terminal; it shrinks first, to MIN_BAR
 MIN_BAR = 10
@@ -95,6 +87,30 @@ def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None
             raise ConfigurationError(NO_RICH) from None
         return False
     return True
+
+
+Details = Callable[[int], tuple[str, Sequence[str]]]  # pid -> (user, argv), empty when unreadable
+
+
+def process_details(pid: int) -> tuple[str, Sequence[str]]:
+    """Return ``(user, argv)`` of ``pid``, read through psutil: the default :data:`Details`."""
+    from accelplat._vendor.procs import process_details as read
+
+    return read(pid)
+
+
+def holder_json(h: MemoryHolder) -> dict[str, Any]:
+    """Return a process holding device memory as ``--json`` documents show it."""
+    user, argv = process_details(h.pid)
+    return {
+        "pid": h.pid,
+        "used_bytes": h.used_bytes,
+        "state": h.state.value,
+        "name": h.name,
+        "user": user,
+        "command": " ".join(argv),
+        "argv": list(argv),
+    }
 
 
 Slice = tuple[str, "DeviceInfo | None", "MemoryInfo | None", str]  # unit, device, memory, error
