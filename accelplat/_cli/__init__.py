@@ -69,15 +69,7 @@ def build_parser() -> _Parser:
     parser.commands = sub.choices
     for module in (info, stats, wait, sizing, timeline, lease, scan, capture):
         module.register(sub)
-    completion = command(
-        sub,
-        "completion",
-        _completion,
-        help="print a shell completion script (bash, zsh or fish)",
-        description="Print a completion script for SHELL, generated from this command line's own "
-        "parser, on standard output. Load it with e.g. `source <(accelplat completion bash)` or "
-        "save it where the shell looks for completions.",
-    )
+    completion = command(sub, "completion", _completion)
     completion.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh or fish")
     return parser
 
