@@ -100,10 +100,7 @@ class BackendError(AccelplatError, RuntimeError):
     """
 
     def __init__(self, platform: str, message: str, vendor_error: str = "") -> None:
-        text = f"{platform}: {message}"
-        if vendor_error:
-            text += f" ({vendor_error})"
-        super().__init__(text)
+        super().__init__(f"{platform}: {message}" + (f" ({vendor_error})" if vendor_error else ""))
         self.platform = platform
         self.vendor_error = vendor_error
 
