@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from accelplat._cli import _errors, capture, info, lease, scan, sizing, stats, timeline, wait
-from accelplat._cli._args import Subcommands, command
+from accelplat._cli._args import Subcommands, command, command_texts
 from accelplat.errors import AccelplatError
 
 if TYPE_CHECKING:
@@ -58,10 +58,7 @@ class _Version(argparse.Action):
 
 def build_parser() -> _Parser:
     """Return the argument parser with every sub-command registered."""
-    parser = _Parser(
-        prog="accelplat",
-        description="Accelerator facts for ML test suites: platform, memory, waits, sizing.",
-    )
+    parser = _Parser(prog="accelplat", description=command_texts()["accelplat"]["description"])
     parser.add_argument(
         "-V", "--version", action=_Version, nargs=0, help="print the version and exit"
     )

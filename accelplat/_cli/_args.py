@@ -28,15 +28,18 @@ def command(
 
     Its ``help`` and ``description`` are ``texts``, else its entry in ``commands.json``.
     """
-    texts = texts or _texts()[name]
+    texts = texts or command_texts()[name]
     parser = sub.add_parser(name, help=texts["help"], description=texts["description"])
     parser.set_defaults(func=run)
     return parser
 
 
 @functools.cache
-def _texts() -> dict[str, dict[str, str]]:
-    """Each command's ``help`` (its line in the command list) and ``description``, by name."""
+def command_texts() -> dict[str, dict[str, str]]:
+    """Each command's ``help`` (its line in the command list) and ``description``, by name.
+
+    ``accelplat`` is the command line itself (a description only).
+    """
     text = resources.files(__package__).joinpath("commands.json").read_text(encoding="utf-8")
     return dict(json.loads(text))
 
