@@ -24,11 +24,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from typing_extensions import Self
-
 from accelplat._cli._args import add_common, color, command, count_arg, seconds_arg
 from accelplat._cli._errors import dumps, handling, host_json, time_json
 from accelplat._util import format_bytes, printable
+from accelplat._vendor.procs import process_details
 from accelplat.errors import AccelplatError, ConfigurationError
 
 if TYPE_CHECKING:  # the core loads when the command runs
@@ -83,13 +82,6 @@ def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None
 
 
 Details = Callable[[int], tuple[str, Sequence[str]]]  # pid -> (user, argv), empty when unreadable
-
-
-def process_details(pid: int) -> tuple[str, Sequence[str]]:
-    """Return ``(user, argv)`` of ``pid``, read through psutil: the default :data:`Details`."""
-    from accelplat._vendor.procs import process_details as read
-
-    return read(pid)
 
 
 def holder_json(h: MemoryHolder) -> dict[str, Any]:
@@ -339,7 +331,7 @@ def _run(args: argparse.Namespace) -> int:
         with contextlib.suppress(KeyboardInterrupt), contextlib.ExitStack() as stack:  # Ctrl-C
             if watching:  # SIGTERM, SIGHUP: end as Ctrl-C does, terminal restored
                 stack.enter_context(handling(_ENDING, _end))  # undone last
-            keys = stack.enter_context(Keys(sys.stdin if watching else None, sleep=clock.sleep))
+            wait = listen(stack, sys.stdin if watching else None, clock.sleep)
             draw = _live_view(stack, args.watch, colour) if live else None
             n = 0
             while not state.quit:
@@ -359,7 +351,7 @@ def _run(args: argparse.Namespace) -> int:
                 n += 1
                 if args.watch is None or n == args.count:
                     break
-                keys.wait(args.watch, state)
+                wait(args.watch, state)
     except _EndedError as ended:
         return 128 + int(ended.args[0])
     return 0
@@ -537,78 +529,65 @@ def render(
     return Frame(header, _devices(snap, names), shown, units, state.keys and interval is not None)
 
 
-class Keys(contextlib.ExitStack):
-    """Key presses on a terminal (``h`` holders, ``?`` keys, ``q`` quit), in cbreak mode until exit.
+def listen(
+    stack: contextlib.ExitStack[Any],
+    stream: IO[str] | None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Callable[[float, ViewState], None]:
+    """Return ``wait(timeout, state)``: sleep ``timeout`` s, or until a key changes ``state``.
 
-    ``stream`` is the terminal (``None``, or not a terminal: no keys, :meth:`wait` sleeps). A key
-    typed before the view started is kept (cbreak is entered without flushing input). A
-    resize of the terminal (``SIGWINCH``) also ends :meth:`wait`, so the view redraws at once.
+    The keys (``h`` holders, ``?`` keys, ``q`` quit; ``state`` is updated in place) are read from
+    the terminal ``stream``, in cbreak mode until ``stack`` closes (``None``, or not a terminal:
+    no keys, ``wait`` only sleeps). A key typed before the view started is kept (cbreak is entered
+    without flushing input). A resize of the terminal (``SIGWINCH``) also ends a wait, so the view
+    redraws at once.
     """
+    fd: int | None = None
+    with contextlib.suppress(ImportError, OSError, ValueError, AttributeError):
+        import termios
+        import tty
 
-    def __init__(
-        self, stream: IO[str] | None = None, sleep: Callable[[float], None] = time.sleep
-    ) -> None:
-        super().__init__()
-        self._stream = stream
-        self._sleep = sleep
-        self._fd: int | None = None
-        self._wake: list[int] = []  # the read end of a pipe the SIGWINCH handler writes to
+        if stream is not None and os.isatty(stream.fileno()):
+            fd = stream.fileno()
+            stack.callback(_restore_terminal, fd, termios.tcgetattr(fd))
+            tty.setcbreak(fd, termios.TCSANOW)  # TCSAFLUSH would drop a `q` typed already
+    if fd is None:
+        return lambda timeout, state: sleep(timeout)
+    wake, write = os.pipe()  # a resize writes to it, which ends a wait
+    for end in (wake, write):
+        os.set_blocking(end, False)
+        stack.callback(os.close, end)
 
-    def __enter__(self) -> Self:
-        with contextlib.suppress(ImportError, OSError, ValueError, AttributeError):
-            import termios
-            import tty
+    def resized(signum: int, frame: object) -> None:
+        with contextlib.suppress(OSError):  # a full pipe has a wake-up pending already
+            os.write(write, b"r")
 
-            fd = -1 if self._stream is None else self._stream.fileno()  # -1: no terminal
-            if os.isatty(fd):
-                self.callback(_restore_terminal, fd, termios.tcgetattr(fd))
-                tty.setcbreak(fd, termios.TCSANOW)  # TCSAFLUSH would drop a `q` typed already
-                self._fd = fd
-        if self._fd is not None:  # a resize writes to a pipe, which ends a wait
-            read, write = os.pipe()
-            for end in (read, write):
-                os.set_blocking(end, False)
-                self.callback(os.close, end)
+    stack.enter_context(handling([signal.SIGWINCH], resized))
+    reading = [fd]  # emptied at the end of input: then a wait only sleeps
 
-            def resized(signum: int, frame: object) -> None:
-                with contextlib.suppress(OSError):  # a full pipe has a wake-up pending already
-                    os.write(write, b"r")
-
-            self.enter_context(handling([signal.SIGWINCH], resized))
-            self._wake = [read]
-        return self
-
-    @property
-    def active(self) -> bool:
-        return self._fd is not None
-
-    def wait(self, timeout: float, state: ViewState) -> None:
-        """Wait ``timeout`` seconds, or until a key changes ``state`` (updated in place)."""
-        fd = self._fd
-        if fd is None:
-            self._sleep(timeout)
-            return
+    def wait(timeout: float, state: ViewState) -> None:
         deadline = time.monotonic() + timeout
-        wake = self._wake
-        while (left := deadline - time.monotonic()) > 0:
-            if fd not in select.select([fd, *wake], [], [], left)[0]:  # the time is up, or resized
+        while reading and (left := deadline - time.monotonic()) > 0:
+            if fd not in select.select([fd, wake], [], [], left)[0]:  # the time is up, or resized
                 with contextlib.suppress(OSError):  # drain the pipe
-                    os.read(wake[0], 64)
+                    os.read(wake, 64)
                 return
             try:
                 data = os.read(fd, 64)
             except OSError:
                 return
             if not data:  # end of input: stop reading, keep refreshing
-                self._fd = None
-                self._sleep(max(0.0, deadline - time.monotonic()))
-                return
+                reading.clear()
             for key in data.decode("utf-8", "replace").lower():
                 if key in "qh?":
                     state.quit = state.quit or key == "q"
                     state.holders ^= key == "h"
                     state.keys ^= key == "?"
                     return  # redraw now
+        if not reading:
+            sleep(max(0.0, deadline - time.monotonic()))
+
+    return wait
 
 
 def _restore_terminal(fd: int, saved: Any) -> None:

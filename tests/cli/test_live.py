@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from accelplat._cli import stats as stats_cli
-from accelplat._cli.stats import BAR_WIDTH, Keys, ViewState, bar, colour_for, render
+from accelplat._cli.stats import BAR_WIDTH, ViewState, bar, colour_for, listen, render
 from accelplat._types import GIB, HolderState, MemoryHolder, MemoryInfo, UsageSnapshot
 
 pytest.importorskip("rich")
@@ -130,17 +130,17 @@ def test_keys_toggle_holders_and_quit_on_a_real_terminal(monkeypatch: pytest.Mon
     try:
         before = termios.tcgetattr(slave)
         state = ViewState()
-        with os.fdopen(os.dup(slave), "r") as stream, Keys(stream) as keys:
-            assert keys.active
+        with os.fdopen(os.dup(slave), "r") as stream, contextlib.ExitStack() as stack:
+            wait = listen(stack, stream)
             assert not termios.tcgetattr(slave)[3] & termios.ICANON  # cbreak while viewing
             os.write(master, b"h")
-            keys.wait(600.0, state)
+            wait(600.0, state)
             assert state.holders
             # a key redraws at once: one select() that found the key, no wait for the timeout
             assert len(waits) == 1
             assert waits[0][1]
             os.write(master, b"xq")
-            keys.wait(600.0, state)
+            wait(600.0, state)
             assert state.quit
             assert all(ready for _, ready in waits)  # every select() returned on a key
         assert termios.tcgetattr(slave) == before  # the terminal is given back as it was
@@ -152,9 +152,8 @@ def test_keys_toggle_holders_and_quit_on_a_real_terminal(monkeypatch: pytest.Mon
 def test_keys_without_a_terminal_only_sleep() -> None:
     slept: list[float] = []
     state = ViewState()
-    with Keys(io.StringIO("hq"), sleep=slept.append) as keys:
-        assert not keys.active
-        keys.wait(0.25, state)
+    with contextlib.ExitStack() as stack:
+        listen(stack, io.StringIO("hq"), sleep=slept.append)(0.25, state)
     assert slept == [0.25]
     assert state == ViewState()
 
@@ -335,7 +334,8 @@ def test_a_resize_ends_the_wait_so_the_view_redraws(monkeypatch: pytest.MonkeyPa
     master, slave = pty.openpty()
     try:
         state = ViewState()
-        with os.fdopen(os.dup(slave), "r") as stream, Keys(stream) as keys:
+        with os.fdopen(os.dup(slave), "r") as stream, contextlib.ExitStack() as stack:
+            wait = listen(stack, stream)
             waited: list[float] = []
             real_select = select.select
 
@@ -345,7 +345,7 @@ def test_a_resize_ends_the_wait_so_the_view_redraws(monkeypatch: pytest.MonkeyPa
 
             monkeypatch.setattr(stats_cli, "select", types.SimpleNamespace(select=select_once))
             os.kill(os.getpid(), signal.SIGWINCH)  # the handler runs before the next line
-            keys.wait(600.0, state)
+            wait(600.0, state)
             assert len(waited) == 1  # woken at once, not after 600 s
         assert state == ViewState()  # a resize is no key
         assert signal.getsignal(signal.SIGWINCH) in (signal.SIG_DFL, None)  # handler given back
@@ -413,9 +413,9 @@ def test_the_key_help_is_shown_on_question_mark() -> None:
     master, slave = pty.openpty()
     try:
         state = ViewState()
-        with os.fdopen(os.dup(slave), "r") as stream, Keys(stream) as keys:
+        with os.fdopen(os.dup(slave), "r") as stream, contextlib.ExitStack() as stack:
             os.write(master, b"?")
-            keys.wait(30.0, state)
+            listen(stack, stream)(30.0, state)
         assert state == ViewState(keys=True)
     finally:
         os.close(master)
