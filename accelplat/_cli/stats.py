@@ -276,8 +276,7 @@ def _tables(
             | (_cells(m) if m else {})
             for u, d, m, why in units
         ]
-        steps = [("NAME", min(_widest("NAME", rows), _NAME_MIN)), ("NAME", _widest("NAME", rows))]
-        sizes = fit(width, rows, ("SLICE", *_SLICES[2:]), steps)
+        sizes = fit(width, rows, ("SLICE", *_SLICES[2:]), _steps(rows, plain=True))
         lines += [[], row(_SLICES, sizes, {h: h for h in _SLICES}, bold)]
         lines += [row(_SLICES, sizes, cells) for cells in rows]
     return lines, gone
@@ -488,20 +487,16 @@ def render(
     interval: float | None,
     details: Details = process_details,
     host: str | None = None,
-    now: float | None = None,
     units: Sequence[Slice] = (),
 ) -> Frame:
-    """Build one frame of the live view (``interval=None``: one frame, no key hints).
-
-    ``now`` (default: the snapshot's wall time) is the time in the header.
-    """
+    """Build one frame of the live view (``interval=None``: one frame, no key hints)."""
     where: Part = ((f"platform {platform}", "bold cyan"), (f" · {len(snap.memory)} device(s)", ""))
     if interval is not None:
         where += ((f" · every {interval:g} s", "dim"),)
     header: list[Part] = [
         (("accelplat stats", "bold"),),
         ((f"host {socket.gethostname() if host is None else host}", ""),),
-        ((stamp(snap.wall_time if now is None else now), ""),),
+        ((stamp(snap.wall_time), ""),),
         where,
     ]
     if interval is not None:
@@ -515,16 +510,9 @@ def render(
             holders.append({"DEV": str(index), "COMMAND": f"({note})"})
         for h in sorted(held or (), key=lambda h: -(h.used_bytes or 0)):
             user, argv = details(h.pid)
-            holders.append(
-                {
-                    "DEV": str(index),
-                    "PID": str(h.pid),
-                    "USER": printable(user),
-                    "COMMAND": command_line(argv) or printable(h.name),
-                    "MEMORY": format_bytes(h.used_bytes),
-                    "STATE": h.state.value,
-                }
-            )
+            command, used = command_line(argv) or printable(h.name), format_bytes(h.used_bytes)
+            cells = (str(index), str(h.pid), printable(user), command, used, h.state.value)
+            holders.append(dict(zip(_HOLDERS, cells, strict=True)))
     shown = holders if state.holders else None
     return Frame(header, _devices(snap, names), shown, units, state.keys and interval is not None)
 

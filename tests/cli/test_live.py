@@ -80,7 +80,7 @@ def test_bar_is_proportional_and_never_hides_usage() -> None:
 
 def test_frame_has_header_bars_and_holders_on_demand() -> None:
     snap = _snap()
-    kwargs = {"interval": 2.0, "details": _details, "host": "gpu-box", "now": 0.0}
+    kwargs = {"interval": 2.0, "details": _details, "host": "gpu-box"}
     plain = _text(
         render("cuda", snap, {0: "H200", 1: "H200"}, state=ViewState(), **kwargs), colour=False
     )
@@ -106,7 +106,7 @@ def test_frame_has_header_bars_and_holders_on_demand() -> None:
 
 
 def test_colour_only_when_the_console_has_it() -> None:
-    frame = render("cuda", _snap(), {}, state=ViewState(), interval=None, details=_details, now=0.0)
+    frame = render("cuda", _snap(), {}, state=ViewState(), interval=None, details=_details)
     coloured = _text(frame, colour=True)
     assert "\x1b[31m" in coloured  # the 80 % device is red
     bare = _text(frame, colour=False)
@@ -277,7 +277,7 @@ def _at(width: int, frame: object) -> list[str]:
 def _frame(snap: UsageSnapshot, *, holders: bool = False) -> object:
     names = dict.fromkeys(snap.memory, "NVIDIA H200")
     state = ViewState(holders=holders)
-    return render("cuda", snap, names, state=state, interval=2.0, details=_details, now=0.0)
+    return render("cuda", snap, names, state=state, interval=2.0, details=_details)
 
 
 def test_at_80_columns_index_and_figures_stay_whole() -> None:
