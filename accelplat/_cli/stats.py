@@ -201,13 +201,12 @@ def fit(
     adds a column not shown yet at ``cells``, if that fits, or grows a shown one towards it.
     """
     sizes = {h: _widest(h, rows) for h in whole}
-    left = width - sum(sizes.values()) - _GAP * (len(sizes) - 1)
     for heading, cells in steps:
+        left = width - sum(sizes.values()) - _GAP * (len(sizes) - 1)
         if heading in sizes:
-            grow = max(0, min(cells - sizes[heading], left))
-            sizes[heading], left = sizes[heading] + grow, left - grow
+            sizes[heading] += max(0, min(cells - sizes[heading], left))
         elif left >= _GAP + cells:
-            sizes[heading], left = cells, left - _GAP - cells
+            sizes[heading] = cells
     return sizes
 
 
