@@ -295,10 +295,9 @@ def _plain(
     out += ["".join(text for text, _ in line).rstrip() for line in lines]
     for index in sorted(snap.memory) if holders else ():
         held = snap.holders.get(index)
-        if held is None:
-            out.append(f"device {index}: holders unknown (the platform cannot tell)")
-        elif not held:
-            out.append(f"device {index}: no process holds memory")
+        if not held:
+            unknown = "holders unknown (the platform cannot tell)"
+            out.append(f"device {index}: {unknown if held is None else 'no process holds memory'}")
         for h in held or ():
             label = f" {printable(h.name)}" if h.name else ""
             user, argv = process_details(h.pid)
