@@ -488,17 +488,14 @@ def render(
     units: Sequence[Slice] = (),
 ) -> Frame:
     """Build one frame of the live view (``interval=None``: one frame, no key hints)."""
-    where: Part = ((f"platform {platform}", "bold cyan"), (f" · {len(snap.memory)} device(s)", ""))
-    if interval is not None:
-        where += ((f" · every {interval:g} s", "dim"),)
+    watched: list[Piece] = [] if interval is None else [(f" · every {interval:g} s", "dim")]
     header: list[Part] = [
         (("accelplat stats", "bold"),),
         ((f"host {socket.gethostname() if host is None else host}", ""),),
         ((stamp(snap.wall_time), ""),),
-        where,
+        ((f"platform {platform}", "bold cyan"), (f" · {len(snap.memory)} device(s)", ""), *watched),
+        *([(("[h] holders  [q] quit  [?] keys", "dim"),)] if watched else []),
     ]
-    if interval is not None:
-        header.append((("[h] holders  [q] quit  [?] keys", "dim"),))
     holders: list[dict[str, str]] = []
     for index in sorted(snap.memory) if state.holders else ():
         held = snap.holders.get(index)
