@@ -141,13 +141,12 @@ def snapshot_to_json(
     ``host`` is :func:`host_json`'s answer, asked once per run (``None``: asked now); ``units``:
     the :func:`slices` read with the sample, listed when there are any.
     """
-    entries: list[dict[str, Any]] = []
-    for index, info in sorted(snap.memory.items()):
-        entry = {"index": index, **_device_json(devices.get(index), info)}
-        if holders:
-            held = snap.holders.get(index)
-            entry["holders"] = None if held is None else [holder_json(h) for h in held]
-        entries.append(entry)
+    entries = [
+        {"index": i, **_device_json(devices.get(i), m)} for i, m in sorted(snap.memory.items())
+    ]
+    for entry in entries if holders else ():
+        held = snap.holders.get(entry["index"])
+        entry["holders"] = None if held is None else [holder_json(h) for h in held]
     doc = {
         **(host_json(platform) if host is None else host),
         **time_json(snap.timestamp, snap.wall_time),
