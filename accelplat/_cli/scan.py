@@ -18,20 +18,10 @@ from accelplat._util import printable
 if TYPE_CHECKING:  # the scanner loads when the command runs
     from accelplat._scan import Finding, ScanReport
 
-_HELP = "inventory a test tree's platform predicates and what replaces each"
-_DESCRIPTION = (
-    "Walk the Python files under PATH (with the ast module), list every "
-    "platform predicate (is_rocm(), torch.cuda.is_available(), torch.version.hip, "
-    "has_device_capability(...), on_gfx9() ...), group them by what they ask and name the "
-    "exact accelplat requirement that replaces each, translated from the condition's syntax "
-    "tree, or the kind of knowledge that has none. With --diff BASE, fail (exit 1) when "
-    "platform predicates were added since the git revision BASE. Imports nothing it scans."
-)
-
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``scan`` sub-command to ``sub``."""
-    parser = command(sub, "scan", _run, help=_HELP, description=_DESCRIPTION)
+    parser = command(sub, "scan", _run)
     path(parser.add_argument("path", help="a test directory or a .py file"))
     add_common(parser, json=True)
     add = parser.add_argument
@@ -39,6 +29,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add("--files", action="store_true", help="also list every finding (file:line predicate)")
     ratchet = "exit 1 if platform predicates were added since git revision BASE (moved lines "
     add("--diff", metavar="BASE", help=ratchet + "are not added); lists them")
+
+
+# the summary's tables: its key, the Markdown and the text titles, the text's first column width
+_SECTIONS = (
+    ("by_predicate", "Predicate", "by predicate", 40),
+    ("by_replacement", "Replaced by", "replaced by", 40),
+    ("without_replacement", "No exact replacement", "no exact replacement", 64),
+)
 
 
 def _rows(title: str, counts: dict[str, int], total: int) -> list[str]:
@@ -56,13 +54,9 @@ def render_markdown(report: ScanReport) -> str:
         f"{total} platform predicates in {s['files_with_predicates']} of {s['files_scanned']} "
         f"files; {s['replaceable']} ({100 * s['replaceable'] / max(1, total):.1f} %) have an "
         "exact accelplat replacement.",
-        "",
-        *_rows("Predicate", s["by_predicate"], total),
-        "",
-        *_rows("Replaced by", s["by_replacement"], total),
-        "",
-        *_rows("No exact replacement", s["without_replacement"], total),
     ]
+    for key, title, _, _ in _SECTIONS:
+        lines += ["", *_rows(title, s[key], total)]
     return "\n".join(printable(line) for line in lines)
 
 
@@ -76,13 +70,9 @@ def _text(report: ScanReport, files: bool) -> str:
     lines = [
         f"{report.root}: {s['predicates']} platform predicates in {s['files_with_predicates']} "
         f"of {s['files_scanned']} files; {s['replaceable']} with an exact replacement",
-        "by predicate:",
-        *(f"  {k:<40} {n:>6}" for k, n in s["by_predicate"].items()),
-        "replaced by:",
-        *(f"  {k:<40} {n:>6}" for k, n in s["by_replacement"].items()),
-        "no exact replacement:",
-        *(f"  {k:<64} {n:>6}" for k, n in s["without_replacement"].items()),
     ]
+    for key, _, title, width in _SECTIONS:
+        lines += [f"{title}:", *(f"  {k:<{width}} {n:>6}" for k, n in s[key].items())]
     if files:
         lines += ["findings:"] + [_line(f) for f in report.findings]
     lines += [f"skipped {error}" for error in report.errors]

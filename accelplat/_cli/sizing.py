@@ -34,14 +34,7 @@ _MAX_KV_INT = 2**63 - 1  # engines hold these in int64; products stay below 4300
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``shm`` and ``kv`` sub-commands to ``sub``."""
-    shm = command(
-        sub,
-        "shm",
-        _run_shm,
-        help="show /dev/shm space, or check that a budget fits",
-        description="Show the size and free space of a shared-memory mount; with --require, "
-        "check that a budget fits (exit 1 and a message on stderr when it does not).",
-    )
+    shm = command(sub, "shm", _run_shm)
     mount = shm.add_argument("--path", default=DEFAULT_SHM_PATH, metavar="MOUNT", help="/dev/shm")
     path(mount, directory=True)
     shm.add_argument("--require", action=Size, help="budget that must fit: 4GiB")
@@ -49,15 +42,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shm.add_argument("--name", default="shared-memory buffer", metavar="TEXT", help=what)
     add_common(shm, json=True)
 
-    kv = command(
-        sub,
-        "kv",
-        _run_kv,
-        help="KV-cache bytes for one request of --max-model-len; check it fits",
-        description="Print the KV-cache bytes one request of --max-model-len tokens needs "
-        "(vLLM's paged layout). With --available, check that it fits and print the longest "
-        "length that does (exit 1 when it does not fit).",
-    )
+    kv = command(sub, "kv", _run_kv)
     for flag, keyword, metavar, text in _KV:
         required = keyword not in ("head_size_v", "block_size")
         kv.add_argument(flag, dest=keyword, type=int, metavar=metavar, required=required, help=text)
@@ -123,6 +108,7 @@ def _run_kv(args: argparse.Namespace) -> int:
         raise ConfigurationError(_FLAGS.get(keyword, keyword) + str(exc)[len(keyword) :]) from None
     per_token = args.num_layers * page // args.block_size
     gib = round(needed / GIB, 4) if needed < 2**1000 else needed // GIB  # exact past a float
+    longest = None if available is None else shape.longest_that_fits(available)
     error: KVCacheTooSmallError | None = None
     if available is not None:
         try:
@@ -139,9 +125,7 @@ def _run_kv(args: argparse.Namespace) -> int:
         "dtype_bytes": size,
         "available": available,
         "fits": None if available is None else error is None,
-        "max_model_len_that_fits": None
-        if available is None
-        else shape.longest_that_fits(available),
+        "max_model_len_that_fits": longest,
     }
     if args.json:
         print(dumps(doc, indent=2))
@@ -152,7 +136,6 @@ def _run_kv(args: argparse.Namespace) -> int:
             f"{per_token} bytes per token ({args.num_layers} layers)"
         )
         if available is not None and error is None:
-            longest = doc["max_model_len_that_fits"]
             print(f"fits in {_gib(available)} available; longest that fits: {longest} tokens")
     if error is not None:
         say(shown(f"accelplat kv: {error}"))

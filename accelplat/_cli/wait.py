@@ -28,16 +28,7 @@ if TYPE_CHECKING:  # the core loads when the command runs
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``wait`` sub-command to ``sub``."""
-    parser = command(
-        sub,
-        "wait",
-        _run,
-        help="wait until device memory is clear or settled (exit 0), else exit 1",
-        description="Wait until used memory of each device is at or below a threshold (and, "
-        "with a stability window, stays there). Exit 0 when clear, 1 on timeout (with the "
-        "processes holding memory), 2 on bad input. With both thresholds, the larger target "
-        "applies. Creates no device context.",
-    )
+    parser = command(sub, "wait", _run)
     ratio = "clear when used <= R x total (in [0, 1]; raised to the platform's idle floor)"
     parser.add_argument("--threshold-ratio", type=ratio_arg, metavar="R", help=ratio)
     for flag, text in (
@@ -87,18 +78,16 @@ class Progress:
             return
         self._last_draw = now
         head = f"waiting {snap.timestamp - self._first:6.1f} s: "
-        parts, waiting = [], []
-        for device, info in sorted(snap.memory.items()):
-            ok = info.used <= targets.get(device, -1)
-            target = format_bytes(targets.get(device))
-            parts.append(
-                f"{device}={format_bytes(info.used)} (<= {target} {'ok' if ok else 'wait'})"
-            )
-            waiting += [] if ok else [(device, info.used)]
-        indices = ",".join(str(d) for d, _ in waiting)
-        most = format_bytes(max((used for _, used in waiting), default=0))
-        short = f"{head}{len(parts) - len(waiting)} of {len(parts)} clear; waiting for "
-        redraw(self._stream, head + ", ".join(parts), f"{short}{indices}: up to {most}")
+        used = {device: info.used for device, info in sorted(snap.memory.items())}
+        waiting = {d: n for d, n in used.items() if n > targets.get(d, -1)}
+        parts = ", ".join(
+            f"{d}={format_bytes(n)} (<= {format_bytes(targets.get(d))} "
+            f"{'wait' if d in waiting else 'ok'})"
+            for d, n in used.items()
+        )
+        indices, most = ",".join(map(str, waiting)), format_bytes(max(waiting.values(), default=0))
+        short = f"{head}{len(used) - len(waiting)} of {len(used)} clear; waiting for "
+        redraw(self._stream, head + parts, f"{short}{indices}: up to {most}")
 
     def finish(self) -> None:
         """Erase the line, so that what follows starts on a clean one."""
