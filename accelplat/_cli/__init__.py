@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from accelplat._cli import _errors, capture, info, lease, scan, sizing, stats, timeline, wait
-from accelplat._cli._args import Subcommands, command, command_texts
+from accelplat._cli._args import Subcommands, command
 from accelplat.errors import AccelplatError
 
 if TYPE_CHECKING:
@@ -58,7 +58,10 @@ class _Version(argparse.Action):
 
 def build_parser() -> _Parser:
     """Return the argument parser with every sub-command registered."""
-    parser = _Parser(prog="accelplat", description=command_texts()["accelplat"]["description"])
+    parser = _Parser(
+        prog="accelplat",
+        description="Accelerator facts for ML test suites: platform, memory, waits, sizing.",
+    )
     parser.add_argument(
         "-V", "--version", action=_Version, nargs=0, help="print the version and exit"
     )
@@ -66,7 +69,15 @@ def build_parser() -> _Parser:
     parser.commands = sub.choices
     for module in (info, stats, wait, sizing, timeline, lease, scan, capture):
         module.register(sub)
-    completion = command(sub, "completion", _completion)
+    completion = command(
+        sub,
+        "completion",
+        _completion,
+        help="print a shell completion script (bash, zsh or fish)",
+        description="Print a completion script for SHELL, generated from this command line's own "
+        "parser, on standard output. Load it with e.g. `source <(accelplat completion bash)` or "
+        "save it where the shell looks for completions.",
+    )
     completion.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh or fish")
     return parser
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import stat
 from collections.abc import Callable, Iterable, Sequence
-from importlib import resources
 from typing import Any
 
 from accelplat import _validate
@@ -22,26 +20,14 @@ def command(
     sub: Subcommands[argparse.ArgumentParser],
     name: str,
     run: Callable[[argparse.Namespace], int],
-    **texts: str,
+    *,
+    help: str,
+    description: str,
 ) -> argparse.ArgumentParser:
-    """Add the sub-command ``name``, run by ``run(args)`` (which returns the exit status).
-
-    Its ``help`` and ``description`` are ``texts``, else its entry in ``commands.json``.
-    """
-    texts = texts or command_texts()[name]
-    parser = sub.add_parser(name, help=texts["help"], description=texts["description"])
+    """Add the sub-command ``name``, run by ``run(args)`` (which returns the exit status)."""
+    parser = sub.add_parser(name, help=help, description=description)
     parser.set_defaults(func=run)
     return parser
-
-
-@functools.cache
-def command_texts() -> dict[str, dict[str, str]]:
-    """Each command's ``help`` (its line in the command list) and ``description``, by name.
-
-    ``accelplat`` is the command line itself (a description only).
-    """
-    text = resources.files(__package__).joinpath("commands.json").read_text(encoding="utf-8")
-    return dict(json.loads(text))
 
 
 def add_common(

@@ -14,7 +14,17 @@ from accelplat._files import write_text_atomic
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = command(sub, "capture", _run)
+    parser = command(
+        sub,
+        "capture",
+        _run,
+        help="record what accelplat reads on this host into a bundle (for bug reports and tests)",
+        description="Record what accelplat reads on this host - the sysfs/procfs/cgroup files "
+        "its backends open, the answers of NVML / Level Zero Sysman / amdsmi, installed "
+        "versions, the relevant environment variables, a few memory samples - into a bundle "
+        "that `accelplat info --replay BUNDLE` (or ACCELPLAT_REPLAY=BUNDLE) replays anywhere. "
+        "No host name or user name is recorded. Creates no device context.",
+    )
     add = parser.add_argument
     bundle = "bundle to write: host.tar.gz"
     output_option(parser, "--out", required=True, metavar="BUNDLE", help=bundle)

@@ -17,7 +17,14 @@ from accelplat._util import format_bytes
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = command(sub, "info", _run)
+    parser = command(
+        sub,
+        "info",
+        _run,
+        help="show the detected platform, why, its devices and their memory",
+        description="Show the detected platform, why it was chosen, every visible device with "
+        "its memory, the release profile, graph support and defaults. Creates no device context.",
+    )
     add_common(parser, json=True)
     replay = "answer from a capture bundle (accelplat capture) instead of this host"
     path(parser.add_argument("--replay", metavar="BUNDLE", help=replay))

@@ -35,7 +35,14 @@ _REDRAW_S = 0.25  # a terminal's waiting line is drawn again at most this often
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``lease`` sub-command to ``sub``."""
-    parser = command(sub, "lease", _run)
+    parser = command(
+        sub,
+        "lease",
+        _run,
+        help="run a command on devices leased for it alone; --status shows the holders",
+        description="Lease devices (or, with --memory, a share of each) among this host's "
+        "processes, wait until their memory is back, and run CMD with only them visible.",
+    )
     add = parser.add_argument
     devices = count_arg(minimum=1, maximum=999_999, what="a number of devices >= 1")
     add("-n", "--count", type=devices, default=1, metavar="N", help="devices (default 1)")

@@ -18,10 +18,20 @@ from accelplat._util import printable
 if TYPE_CHECKING:  # the scanner loads when the command runs
     from accelplat._scan import Finding, ScanReport
 
+_HELP = "inventory a test tree's platform predicates and what replaces each"
+_DESCRIPTION = (
+    "Walk the Python files under PATH (with the ast module), list every "
+    "platform predicate (is_rocm(), torch.cuda.is_available(), torch.version.hip, "
+    "has_device_capability(...), on_gfx9() ...), group them by what they ask and name the "
+    "exact accelplat requirement that replaces each, translated from the condition's syntax "
+    "tree, or the kind of knowledge that has none. With --diff BASE, fail (exit 1) when "
+    "platform predicates were added since the git revision BASE. Imports nothing it scans."
+)
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``scan`` sub-command to ``sub``."""
-    parser = command(sub, "scan", _run)
+    parser = command(sub, "scan", _run, help=_HELP, description=_DESCRIPTION)
     path(parser.add_argument("path", help="a test directory or a .py file"))
     add_common(parser, json=True)
     add = parser.add_argument

@@ -34,7 +34,14 @@ _MAX_KV_INT = 2**63 - 1  # engines hold these in int64; products stay below 4300
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``shm`` and ``kv`` sub-commands to ``sub``."""
-    shm = command(sub, "shm", _run_shm)
+    shm = command(
+        sub,
+        "shm",
+        _run_shm,
+        help="show /dev/shm space, or check that a budget fits",
+        description="Show the size and free space of a shared-memory mount; with --require, "
+        "check that a budget fits (exit 1 and a message on stderr when it does not).",
+    )
     mount = shm.add_argument("--path", default=DEFAULT_SHM_PATH, metavar="MOUNT", help="/dev/shm")
     path(mount, directory=True)
     shm.add_argument("--require", action=Size, help="budget that must fit: 4GiB")
@@ -42,7 +49,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shm.add_argument("--name", default="shared-memory buffer", metavar="TEXT", help=what)
     add_common(shm, json=True)
 
-    kv = command(sub, "kv", _run_kv)
+    kv = command(
+        sub,
+        "kv",
+        _run_kv,
+        help="KV-cache bytes for one request of --max-model-len; check it fits",
+        description="Print the KV-cache bytes one request of --max-model-len tokens needs "
+        "(vLLM's paged layout). With --available, check that it fits and print the longest "
+        "length that does (exit 1 when it does not fit).",
+    )
     for flag, keyword, metavar, text in _KV:
         required = keyword not in ("head_size_v", "block_size")
         kv.add_argument(flag, dest=keyword, type=int, metavar=metavar, required=required, help=text)

@@ -53,7 +53,14 @@ KEYS = (
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``stats`` sub-command to ``sub``."""
-    parser = command(sub, "stats", _run)
+    parser = command(
+        sub,
+        "stats",
+        _run,
+        help="show used/free/total device memory, once or refreshing",
+        description="Show used, free, total and reserved memory of each visible device, as the "
+        "platform's context-free query reports it. Creates no device context.",
+    )
     add_common(parser, json="print JSON (one object per refresh)", devices=True, colour=True)
     add = parser.add_argument
     every = "refresh every SECONDS (default 1) until interrupted (or --count refreshes)"

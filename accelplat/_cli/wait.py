@@ -28,7 +28,16 @@ if TYPE_CHECKING:  # the core loads when the command runs
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``wait`` sub-command to ``sub``."""
-    parser = command(sub, "wait", _run)
+    parser = command(
+        sub,
+        "wait",
+        _run,
+        help="wait until device memory is clear or settled (exit 0), else exit 1",
+        description="Wait until used memory of each device is at or below a threshold (and, "
+        "with a stability window, stays there). Exit 0 when clear, 1 on timeout (with the "
+        "processes holding memory), 2 on bad input. With both thresholds, the larger target "
+        "applies. Creates no device context.",
+    )
     ratio = "clear when used <= R x total (in [0, 1]; raised to the platform's idle floor)"
     parser.add_argument("--threshold-ratio", type=ratio_arg, metavar="R", help=ratio)
     for flag, text in (
