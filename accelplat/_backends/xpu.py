@@ -45,7 +45,7 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
-from accelplat._vendor import import_quietly
+from accelplat._vendor import facts, import_quietly
 from accelplat._vendor import levelzero as lz
 from accelplat._vendor.procs import make_holder
 from accelplat._vendor.versions import graph_support
@@ -104,23 +104,15 @@ def usage_visible_to_this_process(status_text: str, uid_map_text: str) -> bool:
     return os.geteuid() == 0 if hasattr(os, "geteuid") else False
 
 
-XE_ARCH_BY_DEVICE_ID: tuple[tuple[int, int, str], ...] = (
-    (0x0BD0, 0x0BDB, "pvc"),  # Xe-HPC: Data Center GPU Max (Ponte Vecchio)
-    (0x0B69, 0x0B69, "pvc"),  # the kernel's INTEL_PVC_IDS lists these two besides 0x0BDx
-    (0x0B6E, 0x0B6E, "pvc"),
-    (0x5690, 0x56CF, "dg2"),  # Xe-HPG: Arc A-series, Data Center GPU Flex (Alchemist)
-    (0xE202, 0xE21F, "bmg"),  # Xe2-HPG: Arc B-series (Battlemage)
-    (0x6420, 0x64BF, "lnl"),  # Xe2-LPG: Core Ultra 200V (Lunar Lake)
-    (0x7D40, 0x7D4F, "mtl"),  # Xe-LPG: Core Ultra 100 (Meteor Lake)
-    (0x7D50, 0x7D6F, "mtl"),
-    (0x7DD0, 0x7DDF, "mtl"),
-)  # inclusive ranges from the kernel's Intel PCI id tables; arch as ocloc -device and torch name it
-
-
 def xe_arch(device_id: int) -> str | None:
-    """Return the Intel GPU architecture of a PCI device id (``0x0BD5`` -> ``"pvc"``) or None."""
+    """Return the Intel GPU architecture of a PCI device id (``0x0BD5`` -> ``"pvc"``) or None.
+
+    The ranges are the kernel's Intel PCI id tables (``xe_arch_by_device_id`` in the package data
+    file ``accelplat/_vendor/vendor_facts.json``).
+    """
+    ranges = facts("xe_arch_by_device_id")
     return next(
-        (arch for low, high, arch in XE_ARCH_BY_DEVICE_ID if low <= device_id <= high), None
+        (a for low, high, a, _ in ranges if int(low, 16) <= device_id <= int(high, 16)), None
     )
 
 

@@ -15,32 +15,26 @@ from collections.abc import Iterator
 from typing import Any
 
 from accelplat import _boundary
-from accelplat._vendor import import_quietly, vendor_int
+from accelplat._vendor import facts, import_quietly, vendor_int
 from accelplat.errors import BackendError, NvmlUnavailableError
 
 MODULE_NAME = "pynvml"  # the module nvidia-ml-py installs
 PLATFORM = "cuda"
 _DEPRECATED_PACKAGE_WARNING = r"The pynvml package is deprecated"
 
-_HINTS: dict[str, str] = {
-    "NVMLError_LibraryNotFound": (
-        "libnvidia-ml.so.1 was not found: no NVIDIA driver is installed, or its library is not "
-        "on the loader path"
-    ),
-    "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded",
-    "NVMLError_LibRmVersionMismatch": (
-        "the NVIDIA kernel module and libnvidia-ml.so differ in version (driver upgraded "
-        "without reloading the module or rebooting)"
-    ),
-    "NVMLError_NoPermission": "this process lacks the permission NVML needs",
-    "NVMLError_GpuIsLost": "the GPU is lost (fell off the bus or needs a reset)",
-    "NVMLError_ResetRequired": "the GPU needs a reset",
-    "NVMLError_Uninitialized": "NVML was shut down or never initialised",
-    "NVMLError_Unknown": "NVML reported an unknown error",
-    "NVMLError_NotSupported": "this device or driver does not support the query",
-    "NVMLError_FunctionNotFound": "the driver is too old for this NVML function",
-    "NVMLLibraryMismatchError": "nvidia-ml-py is newer than the installed driver supports",
-}
+# Detection reads this one on every host without NVIDIA's library: kept here, not in the data file.
+_NO_LIBRARY = (
+    "libnvidia-ml.so.1 was not found: no NVIDIA driver is installed, or its library is not on the "
+    "loader path"
+)
+
+
+def _hint(name: str) -> str:
+    """The explanation of NVML error ``name`` (``vendor_facts.json``), or ``""``."""
+    if name == "NVMLError_LibraryNotFound":
+        return _NO_LIBRARY
+    hint: str = facts("nvml_hints").get(name, "")
+    return hint
 
 
 class _State:
@@ -126,7 +120,7 @@ def is_error(exc: BaseException, *names: str) -> bool:
 def translate(exc: BaseException, action: str) -> BackendError:
     """Return the ``BackendError`` for an NVML failure during ``action`` (``"reading …"``)."""
     name = error_name(exc)
-    hint = f"; {_HINTS[name]}" if name in _HINTS else ""
+    hint = f"; {found}" if (found := _hint(name)) else ""
     return BackendError(PLATFORM, f"{action} failed: {str(exc) or name}{hint}", vendor_error=name)
 
 
@@ -207,7 +201,7 @@ def _step_down(exc: Exception, expected: tuple[str, ...], key: str, where: str, 
 def unavailable_reason(exc: BaseException) -> str:
     """Return one sentence saying why NVML is unusable after ``exc`` (from ``nvmlInit``)."""
     name = error_name(exc)
-    return f"NVML unavailable: {_HINTS.get(name) or exc} ({name})"
+    return f"NVML unavailable: {_hint(name) or exc} ({name})"
 
 
 LIBRARY = "libnvidia-ml.so.1"  # what nvidia-ml-py loads on Linux, by this name only
@@ -222,8 +216,7 @@ def library_missing() -> str | None:
     try:
         ctypes.CDLL(LIBRARY)
     except OSError:
-        name = "NVMLError_LibraryNotFound"
-        return f"NVML unavailable: {_HINTS[name]} ({name})"
+        return f"NVML unavailable: {_NO_LIBRARY} (NVMLError_LibraryNotFound)"
     return None
 
 
