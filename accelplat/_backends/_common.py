@@ -172,9 +172,12 @@ def host_meminfo(root: str | os.PathLike[str] | None = None) -> HostMemInfo | No
 
 
 def pci_address(text: str | None) -> str | None:
-    """Return ``text`` as a lower-case PCI address ``dddd:bb:dd.f``; ``None`` if it is not one."""
-    candidate = (text or "").strip()
-    return candidate.lower() if re.match(_BDF, candidate) else None
+    """Return ``text`` as a lower-case PCI address ``dddd:bb:dd.f``; ``None`` if it is not one.
+
+    A domain written with more digits (NVML's ``00000000:3B:00.0``) is cut to its value's four.
+    """
+    key = pci_sort_key(text)
+    return None if key == _UNKNOWN_PCI else "{:04x}:{:02x}:{:02x}.{:x}".format(*key)
 
 
 def pci_sort_key(bus_id: str | None) -> tuple[int, ...]:
@@ -285,28 +288,21 @@ MAX_PLAUSIBLE_BYTES = 2**63 - 1  # 8 EiB: above it, an unsigned counter has wrap
 
 def implausible(free: int, total: int, used: int, reserved: int = 0) -> str | None:
     """Return a phrase naming the first impossible figure of a reading, or ``None``."""
-    for name, value in (("total", total), ("used", used), ("reserved", reserved)):
-        why = _out_of_range(name, value)
-        if why is not None:
-            return why
-    if total == 0:
-        return "total is zero"
-    if used > total:
-        return "used exceeds total"
-    why = _out_of_range("free", free)
-    if why is not None:
-        return why
-    if free > total:
-        return "free exceeds total"
-    return None
+    checks = (
+        *_ranged("total", total),
+        *_ranged("used", used),
+        *_ranged("reserved", reserved),
+        ("total is zero", total == 0),
+        ("used exceeds total", used > total),
+        *_ranged("free", free),
+        ("free exceeds total", free > total),
+    )
+    return next((why for why, failed in checks if failed), None)
 
 
-def _out_of_range(name: str, value: int) -> str | None:
-    if value < 0:
-        return f"{name} is negative"
-    if value > MAX_PLAUSIBLE_BYTES:
-        return f"{name} is above 8 EiB (a wrapped-around unsigned counter)"
-    return None
+def _ranged(name: str, value: int) -> tuple[tuple[str, bool], ...]:
+    wrapped = f"{name} is above 8 EiB (a wrapped-around unsigned counter)"
+    return (f"{name} is negative", value < 0), (wrapped, value > MAX_PLAUSIBLE_BYTES)
 
 
 def require_plausible(

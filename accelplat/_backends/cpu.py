@@ -265,17 +265,15 @@ class CpuPlatform(BasePlatform):
         return self._node_memory(roots, nodes[device], cgroup)
 
     def _host_memory(self, roots: _Roots, cgroup: _CgroupLimit | None) -> MemoryInfo:
-        mem_total, mem_available, source, where = self._meminfo(roots)
+        total, available, source, where = self._meminfo(roots)
         # The host's own figures first, as read: free above total or a wrapped counter is not
         # clamped into a plausible-looking answer (the one rule, accelplat._backends._common).
-        host_used = max(0, mem_total - mem_available)
-        require_plausible(
-            "cpu", where, free=mem_available, total=mem_total, used=host_used, source=source
-        )
+        used = max(0, total - available)
+        read = checked_memory("cpu", where, free=available, total=total, used=used, source=source)
         if cgroup is None:
-            return MemoryInfo(mem_available, mem_total, host_used, 0, source)
+            return read
         where = f"{where} within the {cgroup.version} limit"
-        return _bounded(where, mem_available, mem_total, cgroup.version, cgroup)
+        return _bounded(where, available, total, cgroup.version, cgroup)
 
     def _node_memory(self, roots: _Roots, node: int, cgroup: _CgroupLimit | None) -> MemoryInfo:
         path = _join(roots.sysfs, "devices", "system", "node", f"node{node}", "meminfo")

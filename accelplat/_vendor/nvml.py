@@ -255,10 +255,6 @@ def _initialize_locked(st: _State) -> None:
 def acquire() -> Any:
     """Mark one call in flight (pair with :func:`release`) and return ``pynvml``, initialised."""
     st = _state
-    with st.lock:  # the common case: initialised, not closing
-        if st.initialized and not st.closing and sys.modules.get(MODULE_NAME) is st.origin:
-            st.active += 1
-            return st.module
     with st.cond:
         while st.closing:
             st.cond.wait()

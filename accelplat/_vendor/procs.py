@@ -143,22 +143,17 @@ def driver_holder(
     """Build a :class:`MemoryHolder` of a driver's process entry; ``BackendError`` if malformed."""
     if used_bytes is not None and used_bytes == not_available:
         used_bytes = None
-    bad_pid = isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= _PID_MAX
-    bad_used = used_bytes is not None and (
-        isinstance(used_bytes, bool)
-        or not isinstance(used_bytes, int)
-        or not 0 <= used_bytes <= _BYTES_MAX
+    if type(pid) is not int or not 0 < pid <= _PID_MAX:
+        field, value = "pid", pid
+    elif used_bytes is None or (type(used_bytes) is int and 0 <= used_bytes <= _BYTES_MAX):
+        return make_holder(pid, used_bytes)
+    else:
+        field, value = "used memory", used_bytes
+    raise BackendError(
+        platform,
+        f"the driver listed a malformed process on {where}: {field} is {value!r:.80}",
+        vendor_error="malformed process entry",
     )
-    if bad_pid or bad_used:
-        field = "pid" if bad_pid else "used memory"
-        raise BackendError(
-            platform,
-            f"the driver listed a malformed process on {where}: {field} is "
-            f"{(pid if bad_pid else used_bytes)!r:.80}",
-            vendor_error="malformed process entry",
-        )
-    assert isinstance(pid, int)
-    return make_holder(pid, used_bytes if isinstance(used_bytes, int) else None)
 
 
 def make_holder(pid: int, used_bytes: int | None) -> MemoryHolder:
