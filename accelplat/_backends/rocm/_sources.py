@@ -95,12 +95,6 @@ class SysfsSource(Source):
         device = gpu.card.path / "device"
         total = self._reader.integer(device / "mem_info_vram_total")
         used = self._reader.integer(device / "mem_info_vram_used")
-        if used > total:
-            raise BackendError(
-                "rocm",
-                f"{device / 'mem_info_vram_used'} ({used}) exceeds "
-                f"{device / 'mem_info_vram_total'} ({total})",
-            )
         node = gpu.node
         bank = node.bank_bytes if node is not None else None
         # An APU with apu_prefer_gtt (VRAM carve-out smaller than GTT, amdgpu_ttm.c) gives KFD the
@@ -129,12 +123,6 @@ class SysfsSource(Source):
                 f"share unknown: {why})"
             )
             return _reading(where, total=total, used=used, source=source)
-        if kfd_used > bank:
-            raise BackendError(
-                "rocm",
-                f"KFD allocations on GPU {gpu.physical_index} ({kfd_used} bytes) exceed its KFD "
-                f"memory bank ({bank} bytes)",
-            )
         source = SOURCE_PARTITION.format(k=gpu.partition or 0, n=gpu.partitions)
         where = f"GPU {gpu.physical_index} (KFD memory bank)"
         return _reading(where, total=bank, used=kfd_used, source=SOURCE_APU if apu else source)
