@@ -38,11 +38,6 @@ ReadText = Callable[[str], str]  # how a backend reads one attribute's text (tes
 EMULATED_FP8 = "emulated: vLLM 0.33's supports_fp8(), not confirmed on hardware"
 
 
-def read_attribute(path: str) -> str:
-    """Return the text of one sysfs attribute (at most a page, regular files only; else OSError)."""
-    return _files.read_text(path, limit=_files.ATTRIBUTE_LIMIT)
-
-
 def read_or_empty(path: str | os.PathLike[str], *, limit: int = _files.ATTRIBUTE_LIMIT) -> str:
     """Return the text of a host file, or ``""`` when it cannot be read."""
     try:
@@ -52,11 +47,14 @@ def read_or_empty(path: str | os.PathLike[str], *, limit: int = _files.ATTRIBUTE
 
 
 class SysfsReader:
-    """Reads sysfs attributes (default :func:`read_attribute`); failures are ``BackendError``."""
+    """Reads sysfs attributes; failures are ``BackendError``.
+
+    The default reader is :func:`accelplat._files.read_text`: at most a page, regular files only.
+    """
 
     def __init__(self, platform: str, read_text: ReadText | None = None) -> None:
         self._platform = platform
-        self._read = read_text or read_attribute
+        self._read = read_text or _files.read_text
 
     def text(self, path: Path) -> str:
         """Return the stripped text of ``path``."""

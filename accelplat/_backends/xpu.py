@@ -29,7 +29,6 @@ from accelplat._backends._common import (
     never_raises,
     parse_key_values,
     pci_sort_key,
-    read_attribute,
     read_or_empty,
     torch_reading,
     vendor_cards,
@@ -94,13 +93,9 @@ def usage_visible_to_this_process(status_text: str, uid_map_text: str) -> bool:
     lines = [line.split() for line in uid_map_text.splitlines() if line.strip()]
     if lines and lines != [_INIT_USER_NS]:
         return False  # a user namespace: its capabilities do not reach the kernel's check
-    for line in status_text.splitlines():
-        if line.startswith("CapEff:"):
-            try:
-                caps = int(line.split(":", 1)[1].strip(), 16)
-            except ValueError:
-                break
-            return bool(caps & (1 << _CAP_PERFMON) or caps & (1 << _CAP_SYS_ADMIN))
+    with contextlib.suppress(KeyError, ValueError):
+        caps = int(parse_key_values(status_text, sep=":")["CapEff"], 16)
+        return bool(caps & (1 << _CAP_PERFMON) or caps & (1 << _CAP_SYS_ADMIN))
     return os.geteuid() == 0 if hasattr(os, "geteuid") else False
 
 
@@ -185,7 +180,7 @@ def _order(cards: list[_Card]) -> list[_Card]:
 def _scan_sysfs(sysfs: Path) -> tuple[list[_Card], str]:
     """Return the Intel GPUs bound to xe/i915 under ``sysfs``, and a note when there are none."""
     drm = sysfs / "class" / "drm"
-    found, note = vendor_cards(drm, INTEL_VENDOR_ID, read_attribute)
+    found, note = vendor_cards(drm, INTEL_VENDOR_ID, _files.read_text)
     if note:
         return [], note
     cards: list[_Card] = []

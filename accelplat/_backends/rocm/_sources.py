@@ -164,12 +164,6 @@ if hasattr(os, "register_at_fork"):
 _boundary.on_reset(_after_fork)  # amdsmi comes through the boundary: initialise it afresh
 
 
-def import_amdsmi() -> tuple[Any, str]:
-    """Return ``(amdsmi, "")`` or ``(None, why)``, through the boundary, its output swallowed."""
-    module, why, _ = _boundary.vendor("amdsmi", lambda: (*_import_amdsmi_live(), ""))
-    return module, why
-
-
 def _import_amdsmi_live() -> tuple[Any, str]:
     if "amdsmi" in sys.modules:
         module = sys.modules["amdsmi"]
@@ -207,7 +201,8 @@ def _import_amdsmi_live() -> tuple[Any, str]:
 def amdsmi_source() -> tuple[Source | None, str]:
     """Return amdsmi's source (initialised once per process) and ``""``, or ``None`` and why not."""
     global _amdsmi_initialised
-    module, why = import_amdsmi()
+    # Imported through the boundary (a replay answers), its output swallowed.
+    module, why, _ = _boundary.vendor("amdsmi", lambda: (*_import_amdsmi_live(), ""))
     if module is None:
         return None, why
     try:
