@@ -6,6 +6,7 @@ memory is bounded by the smallest cgroup limit (v2 or v1) on this process's path
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -326,30 +327,24 @@ class CpuPlatform(BasePlatform):
     def _cgroup_limit(self, roots: _Roots) -> _CgroupLimit | None:
         """Return the binding cgroup limit, or ``None`` when unlimited or unusable."""
         limited = self._structure("cgroup", roots, self._limited_levels)
-        if limited is None:
-            return None
-        try:
-            return self._limit_over(*limited)
-        except (OSError, ValueError):  # a file missing where it must exist, or malformed
-            return None
+        with contextlib.suppress(OSError, ValueError):  # a file missing where it must be, malformed
+            return None if limited is None else self._limit_over(*limited)
+        return None
 
     def _limited_levels(self, roots: _Roots) -> tuple[str, tuple[str, ...]] | None:
         """Return the cgroup version and this process's levels that carry a memory limit."""
-        try:
-            levels = self._cgroup_levels(roots, _read_text(_join(roots.proc, "self", "cgroup")))
-            if levels is None:
-                return None
-            version, dirs = levels
-            limited = [d for d in dirs if self._level_limit(d, version) is not None]
-        except (OSError, ValueError):
-            return None
-        return version, tuple(limited)
+        with contextlib.suppress(OSError, ValueError):
+            found = self._cgroup_levels(roots)
+            if found is not None:
+                version, dirs = found
+                return version, tuple(d for d in dirs if self._level_limit(d, version) is not None)
+        return None
 
-    def _cgroup_levels(self, roots: _Roots, text: str) -> tuple[str, tuple[str, ...]] | None:
-        """Return the cgroup version and this process's levels, leaf first, from ``text``."""
+    def _cgroup_levels(self, roots: _Roots) -> tuple[str, tuple[str, ...]] | None:
+        """Return the cgroup version and this process's levels, leaf first (``self/cgroup``)."""
         v2_path: str | None = None
         v1_path: str | None = None
-        for line in text.splitlines():
+        for line in _read_text(_join(roots.proc, "self", "cgroup")).splitlines():
             parts = line.strip().split(":", 2)
             if len(parts) != 3:
                 continue
