@@ -112,21 +112,12 @@ def parse_kb_table(
 
 
 def parse_key_values(text: str, *, sep: str | None = None) -> dict[str, str]:
-    """Parse ``key<sep>value`` lines (``sep=None``: two blank-separated words); first key wins."""
+    """Parse ``key<sep>value`` lines (``sep=None``: the first run of blanks); first key wins."""
     table: dict[str, str] = {}
     for line in text.splitlines():
-        if sep is None:
-            words = line.split()
-            if len(words) != 2:
-                continue
-            key, value = words
-        else:
-            key, found, value = line.partition(sep)
-            if not found:
-                continue
-            key, value = key.strip(), value.strip()
-        if key and key not in table:
-            table[key] = value
+        parts = line.split(sep, 1)
+        if len(parts) == 2 and (key := parts[0].strip()) and key not in table:
+            table[key] = parts[1].strip()
     return table
 
 
