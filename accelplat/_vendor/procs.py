@@ -173,20 +173,14 @@ def process_details(pid: int) -> tuple[str, tuple[str, ...]]:
     """
     import psutil
 
-    try:
-        proc = psutil.Process(pid)
-    except (psutil.Error, ValueError, OverflowError):
+    try:  # what access denies (another user's process, a zombie) reads None
+        info = psutil.Process(pid).as_dict(["username", "cmdline", "name"], ad_value=None)
+    except (psutil.Error, OSError, ValueError, OverflowError):
         return "", ()
-    try:
-        user = str(proc.username())
-    except (psutil.Error, OSError, KeyError):
-        user = ""
-    try:
-        argv = [str(a) for a in proc.cmdline()[: MAX_ARGS + 1]]
-    except (psutil.Error, OSError):
-        argv = []
-    if not argv:  # a kernel thread, a zombie, or too little permission: its name
-        argv = [name] if (name := _name(proc)) else []
+    user = str(info["username"] or "")
+    argv = [str(a) for a in (info["cmdline"] or [])[: MAX_ARGS + 1]]
+    if not argv and info["name"]:  # a kernel thread, a zombie, or too little permission
+        argv = [str(info["name"])]
     if len(argv) > MAX_ARGS:
         argv = [*argv[:MAX_ARGS], "…"]
     cut = (a if len(a) <= MAX_ARG_CHARS else a[: MAX_ARG_CHARS - 1] + "…" for a in argv)
