@@ -57,9 +57,12 @@ _generation = 0  # bumped on every nvmlInit and fork: caches of NVML handles com
 
 
 def import_pynvml() -> Any:
-    """Return ``pynvml`` (``sys.modules``' first, or the vendor boundary's); loads no library."""
-    if _boundary.active() is None:
-        return _import_live()
+    """Return ``pynvml`` (``sys.modules``' first, or the vendor boundary's).
+
+    Raises:
+        NvmlUnavailableError: NVML's library cannot load (checked before an import), or the import
+            fails.
+    """
     module, reason, vendor_error = _boundary.vendor("nvml", _load_live)
     if module is None:
         raise NvmlUnavailableError(reason, vendor_error)
@@ -230,9 +233,6 @@ def unavailable_before_import() -> str | None:
 def _initialize_locked(st: _State) -> None:
     """Import pynvml (not when its library cannot load) and run ``nvmlInit``; ``st.cond`` held."""
     global _generation
-    missing = unavailable_before_import()
-    if missing is not None:
-        raise NvmlUnavailableError(missing, "NVMLError_LibraryNotFound")
     module = import_pynvml()
     try:
         module.nvmlInit()
