@@ -6,6 +6,7 @@ Files are read through :mod:`accelplat._files` (a FIFO in a tree is an error, no
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -238,14 +239,11 @@ def vendor_cards(drm: Path, vendor: int, read: ReadText) -> tuple[list[VendorCar
 
 
 def _card_pci(device: Path, read: ReadText) -> str | None:
-    try:
+    with contextlib.suppress(OSError):
         pci = pci_address(os.path.basename(_files.realpath(device)))
-        if pci is None:
-            slot = parse_key_values(read(str(device / "uevent")), sep="=").get("PCI_SLOT_NAME")
-            pci = pci_address(slot)
-    except OSError:
-        return None
-    return pci
+        uevent = "" if pci else read(str(device / "uevent"))
+        return pci or pci_address(parse_key_values(uevent, sep="=").get("PCI_SLOT_NAME"))
+    return None
 
 
 AMD_VENDOR_ID = 0x1002
