@@ -139,10 +139,9 @@ class _Card:  # one Intel GPU, in Level Zero's order
     uuid: str | None
     integrated: bool
     tiles: int
-    driver: str
+    kernel_driver: str  # xe or i915 when sysfs shows the card, else ""
     sysman: lz.SysmanDevice | None = None
     arch: str | None = None
-    kernel_driver: str = ""  # xe or i915 when sysfs shows the card
 
 
 def _default_hierarchy(cards: Sequence[_Card]) -> tuple[Hierarchy, str]:
@@ -203,7 +202,7 @@ def _scan_sysfs(sysfs: Path) -> tuple[list[_Card], str]:
         with contextlib.suppress(ValueError):
             arch = xe_arch(int(device_id, 16))
         name = f"Intel GPU {device_id}".strip()
-        cards.append(_Card(pci, name, None, integrated, tiles, driver, None, arch, driver))
+        cards.append(_Card(pci, name, None, integrated, tiles, driver, None, arch))
     note = "" if cards else no_intel_gpu(drm)
     if others and not cards:
         note += f" (Intel devices with other drivers: {', '.join(others)})"
@@ -318,7 +317,7 @@ class XpuPlatform(BasePlatform):
         except LevelZeroError as exc:
             self._sysman, self._sysman_failure = None, f"Level Zero {failed}: {exc}"
             return None
-        drivers = {c.pci_bus_id: c.driver for c in _scan_sysfs(self._sysfs())[0]}
+        drivers = {c.pci_bus_id: c.kernel_driver for c in _scan_sysfs(self._sysfs())[0]}
         return [
             _Card(
                 d.pci_bus_id,
@@ -326,10 +325,9 @@ class XpuPlatform(BasePlatform):
                 d.uuid,
                 d.integrated,
                 max(1, d.num_subdevices),
-                "level-zero",
+                drivers.get(d.pci_bus_id, ""),
                 d,
                 xe_arch(d.device_id),
-                kernel_driver=drivers.get(d.pci_bus_id, ""),
             )
             for d in found
         ]
@@ -597,7 +595,7 @@ class XpuPlatform(BasePlatform):
                 f"{len(found)} Intel GPU(s) found ({origin}), but ZE_AFFINITY_MASK / "
                 f"ONEAPI_DEVICE_SELECTOR hide all",
             )
-        drivers = sorted({c.driver for c in found})
+        drivers = sorted({c.kernel_driver for c in found}) if origin == "sysfs" else ["level-zero"]
         note = f"; {assumed}" if assumed else ""
         return ProbeResult(
             True,
