@@ -68,12 +68,10 @@ import ctypes, sys
 try:
     lib = ctypes.CDLL("libcuda.so.1")
 except OSError as exc:
-    sys.stderr.write("libcuda.so.1 cannot be loaded: %s" % exc)
-    sys.exit(2)
+    sys.exit("libcuda.so.1 cannot be loaded: %s" % exc)
 def check(rc, what):
     if rc != 0:
-        sys.stderr.write("%s returned CUDA error %d" % (what, rc))
-        sys.exit(3)
+        sys.exit("%s returned CUDA error %d" % (what, rc))
 rc = lib.cuInit(0)
 if rc == 100:  # CUDA_ERROR_NO_DEVICE: nothing visible
     sys.exit(0)
