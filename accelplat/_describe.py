@@ -6,6 +6,7 @@ visible device and device 0's capabilities. Below the CLI so capture and replay 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -24,13 +25,10 @@ SCHEMA_VERSION = 2
 def driver_version(platform: Platform) -> str | None:
     """Return the vendor driver's version the platform reports, ``None`` when it cannot tell."""
     get = optional(platform, "driver_version")
-    if not callable(get):
-        return None
-    try:
-        version = get()
-    except AccelplatError:
-        return None
-    return None if version is None else str(version)
+    with contextlib.suppress(AccelplatError):
+        version = get() if callable(get) else None
+        return None if version is None else str(version)
+    return None
 
 
 def _device_entries(platform: Platform) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from accelplat._platform import Platform
 from accelplat._types import GIB, MIB, HolderState, MemoryHolder, MemoryInfo, SettleResult
 from accelplat._types import UsageSnapshot as Reading
 from accelplat._util import Clock
-from accelplat._validate import byte_count, device_index, duration, integer, number, ratio
+from accelplat._validate import byte_count, device_index, duration, flag, integer, number, ratio
 from accelplat._vendor import procs
 from accelplat.errors import ConfigurationError, MemoryNotSettledError
 
@@ -219,11 +219,7 @@ class _Released(Judge):
         self.listed = {d: self._listed(first, d) for d in first.memory}
         self.used_before = {d: m.used for d, m in first.memory.items()}
         self.pending: dict[int, tuple[int, int]] = {}  # device: (bytes awaited, used before)
-        self.running = self._alive() if self.whole else frozenset()
-
-    def _alive(self) -> frozenset[int]:
-        """The tracked processes that still run."""
-        return frozenset(filter(running, self.pids))
+        self.running = frozenset(filter(running, pids)) if self.whole else frozenset()
 
     def _listed(self, reading: Reading, device: int) -> dict[int, int]:
         held = reading.holders.get(device, ())
@@ -232,8 +228,8 @@ class _Released(Judge):
         }
 
     def __call__(self, reading: Reading) -> dict[int, int]:
-        if self.whole:
-            self.running = self._alive()
+        if self.whole:  # the tracked processes that still run hold these devices back
+            self.running = frozenset(filter(running, self.pids))
             self.ready = not self.running
         return {
             d: m.used if d in self.whole else self._held(reading, d)
@@ -638,8 +634,7 @@ def wait_for_memory_to_settle(
             "wait_for_memory_to_settle needs threshold_ratio (a fraction in [0, 1]); "
             "use wait_for_memory_to_clear for a byte threshold"
         )
-    if not isinstance(force, bool):
-        raise ConfigurationError(f"force must be True or False, got {force!r:.200}")
+    flag(force, "force")
     if owners not in OWNERS:
         raise ConfigurationError(f"owners must be 'ours' or 'all', got {owners!r:.200}")
     w = Wait("settle", _Ours() if owners == "ours" else Judge(), platform, devices, clock=clock)
@@ -698,9 +693,7 @@ def wait_for_release(
             f"pids must be a non-empty sequence of process ids, got {pids!r:.200}"
         )
     tracked = {integer(p, f"pids[{i}]", minimum=1, maximum=2**31 - 1) for i, p in enumerate(pids)}
-    if not isinstance(descendants, bool):
-        raise ConfigurationError(f"descendants must be True or False, got {descendants!r:.200}")
-    for pid in list(tracked) if descendants else ():
+    for pid in list(tracked) if flag(descendants, "descendants") else ():
         tracked |= procs.descendants(pid)
     w = Wait("release", Judge(), platform, devices, clock=clock)
     first = sample(w.platform, w.devices)  # decides which devices are judged whole

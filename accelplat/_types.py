@@ -101,7 +101,7 @@ class ReleaseProfile:
         idle_floor_bytes: Usage an idle device never drops below; lower thresholds are raised.
 
     Raises:
-        ValueError: For a negative or non-finite duration, or a negative floor.
+        ValueError: For a negative or non-finite duration or floor.
     """
 
     lazy: bool
@@ -110,14 +110,10 @@ class ReleaseProfile:
     idle_floor_bytes: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("stable_duration_s", "settle_timeout_s"):
+        for name in ("stable_duration_s", "settle_timeout_s", "idle_floor_bytes"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"ReleaseProfile.{name} must be finite and >= 0, got {value!r}")
-        if self.idle_floor_bytes < 0:
-            raise ValueError(
-                f"ReleaseProfile.idle_floor_bytes must be >= 0, got {self.idle_floor_bytes!r}"
-            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,6 +141,13 @@ def ratio(value: object, argument: str) -> float:
     return number(value, argument, minimum=0, maximum=1)
 
 
+def flag(value: object, argument: str) -> bool:
+    """Return ``value`` if it is ``True`` or ``False`` (not merely truthy)."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{argument} must be True or False, got {_util.shown(value)}")
+    return value
+
+
 def device_index(value: object, count: int, platform: str) -> int:
     """Return ``value`` (any integer type but ``bool``) as an index in ``range(count)``."""
     with suppress(TypeError):  # not an integer type

@@ -35,32 +35,6 @@ if TYPE_CHECKING:
 
     from accelplat._types import UsageSnapshot
 
-__all__ = [
-    "AccelplatError",
-    "BackendError",
-    "BundleError",
-    "BundleVersionError",
-    "ChildTestError",
-    "ConfigurationError",
-    "DeviceNotFoundError",
-    "FileTooLargeError",
-    "ImplausibleReadingError",
-    "InsufficientMemoryError",
-    "InsufficientSharedMemoryError",
-    "KVCacheTooSmallError",
-    "LeaseTimeoutError",
-    "LeaseUnsatisfiableError",
-    "LevelZeroError",
-    "MarkerError",
-    "MemoryNotSettledError",
-    "NotARegularFileError",
-    "NvmlUnavailableError",
-    "PlatformNotAvailableError",
-    "UnreadableFileError",
-    "VllmArgumentError",
-    "VllmMemoryNotFreeError",
-]
-
 
 def _rebuild(kind: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
     error = kind.__new__(kind)
@@ -126,10 +100,7 @@ class BackendError(AccelplatError, RuntimeError):
     """
 
     def __init__(self, platform: str, message: str, vendor_error: str = "") -> None:
-        text = f"{platform}: {message}"
-        if vendor_error:
-            text += f" ({vendor_error})"
-        super().__init__(text)
+        super().__init__(f"{platform}: {message}" + (f" ({vendor_error})" if vendor_error else ""))
         self.platform = platform
         self.vendor_error = vendor_error
 
@@ -396,3 +367,10 @@ class ChildTestError(AccelplatError, AssertionError):
     Its exception did not pickle, or it died without reporting (a signal, ``os._exit``, a native
     crash); the child's traceback, when there is one, is the ``__cause__``.
     """
+
+
+__all__ = sorted(  # noqa: PLE0605 (every error defined above: the classes are the one list)
+    name
+    for name, value in globals().items()
+    if isinstance(value, type) and issubclass(value, AccelplatError)
+)

@@ -6,6 +6,7 @@ Files are read through :mod:`accelplat._files` (a FIFO in a tree is an error, no
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -38,11 +39,6 @@ ReadText = Callable[[str], str]  # how a backend reads one attribute's text (tes
 EMULATED_FP8 = "emulated: vLLM 0.33's supports_fp8(), not confirmed on hardware"
 
 
-def read_attribute(path: str) -> str:
-    """Return the text of one sysfs attribute (at most a page, regular files only; else OSError)."""
-    return _files.read_text(path, limit=_files.ATTRIBUTE_LIMIT)
-
-
 def read_or_empty(path: str | os.PathLike[str], *, limit: int = _files.ATTRIBUTE_LIMIT) -> str:
     """Return the text of a host file, or ``""`` when it cannot be read."""
     try:
@@ -52,11 +48,14 @@ def read_or_empty(path: str | os.PathLike[str], *, limit: int = _files.ATTRIBUTE
 
 
 class SysfsReader:
-    """Reads sysfs attributes (default :func:`read_attribute`); failures are ``BackendError``."""
+    """Reads sysfs attributes; failures are ``BackendError``.
+
+    The default reader is :func:`accelplat._files.read_text`: at most a page, regular files only.
+    """
 
     def __init__(self, platform: str, read_text: ReadText | None = None) -> None:
         self._platform = platform
-        self._read = read_text or read_attribute
+        self._read = read_text or _files.read_text
 
     def text(self, path: Path) -> str:
         """Return the stripped text of ``path``."""
@@ -114,21 +113,12 @@ def parse_kb_table(
 
 
 def parse_key_values(text: str, *, sep: str | None = None) -> dict[str, str]:
-    """Parse ``key<sep>value`` lines (``sep=None``: two blank-separated words); first key wins."""
+    """Parse ``key<sep>value`` lines (``sep=None``: the first run of blanks); first key wins."""
     table: dict[str, str] = {}
     for line in text.splitlines():
-        if sep is None:
-            words = line.split()
-            if len(words) != 2:
-                continue
-            key, value = words
-        else:
-            key, found, value = line.partition(sep)
-            if not found:
-                continue
-            key, value = key.strip(), value.strip()
-        if key and key not in table:
-            table[key] = value
+        parts = line.split(sep, 1)
+        if len(parts) == 2 and (key := parts[0].strip()) and key not in table:
+            table[key] = parts[1].strip()
     return table
 
 
@@ -172,9 +162,12 @@ def host_meminfo(root: str | os.PathLike[str] | None = None) -> HostMemInfo | No
 
 
 def pci_address(text: str | None) -> str | None:
-    """Return ``text`` as a lower-case PCI address ``dddd:bb:dd.f``; ``None`` if it is not one."""
-    candidate = (text or "").strip()
-    return candidate.lower() if re.match(_BDF, candidate) else None
+    """Return ``text`` as a lower-case PCI address ``dddd:bb:dd.f``; ``None`` if it is not one.
+
+    A domain written with more digits (NVML's ``00000000:3B:00.0``) is cut to its value's four.
+    """
+    key = pci_sort_key(text)
+    return None if key == _UNKNOWN_PCI else "{:04x}:{:02x}:{:02x}.{:x}".format(*key)
 
 
 def pci_sort_key(bus_id: str | None) -> tuple[int, ...]:
@@ -246,14 +239,11 @@ def vendor_cards(drm: Path, vendor: int, read: ReadText) -> tuple[list[VendorCar
 
 
 def _card_pci(device: Path, read: ReadText) -> str | None:
-    try:
+    with contextlib.suppress(OSError):
         pci = pci_address(os.path.basename(_files.realpath(device)))
-        if pci is None:
-            slot = parse_key_values(read(str(device / "uevent")), sep="=").get("PCI_SLOT_NAME")
-            pci = pci_address(slot)
-    except OSError:
-        return None
-    return pci
+        uevent = "" if pci else read(str(device / "uevent"))
+        return pci or pci_address(parse_key_values(uevent, sep="=").get("PCI_SLOT_NAME"))
+    return None
 
 
 AMD_VENDOR_ID = 0x1002
@@ -285,28 +275,21 @@ MAX_PLAUSIBLE_BYTES = 2**63 - 1  # 8 EiB: above it, an unsigned counter has wrap
 
 def implausible(free: int, total: int, used: int, reserved: int = 0) -> str | None:
     """Return a phrase naming the first impossible figure of a reading, or ``None``."""
-    for name, value in (("total", total), ("used", used), ("reserved", reserved)):
-        why = _out_of_range(name, value)
-        if why is not None:
-            return why
-    if total == 0:
-        return "total is zero"
-    if used > total:
-        return "used exceeds total"
-    why = _out_of_range("free", free)
-    if why is not None:
-        return why
-    if free > total:
-        return "free exceeds total"
-    return None
+    checks = (
+        *_ranged("total", total),
+        *_ranged("used", used),
+        *_ranged("reserved", reserved),
+        ("total is zero", total == 0),
+        ("used exceeds total", used > total),
+        *_ranged("free", free),
+        ("free exceeds total", free > total),
+    )
+    return next((why for why, failed in checks if failed), None)
 
 
-def _out_of_range(name: str, value: int) -> str | None:
-    if value < 0:
-        return f"{name} is negative"
-    if value > MAX_PLAUSIBLE_BYTES:
-        return f"{name} is above 8 EiB (a wrapped-around unsigned counter)"
-    return None
+def _ranged(name: str, value: int) -> tuple[tuple[str, bool], ...]:
+    wrapped = f"{name} is above 8 EiB (a wrapped-around unsigned counter)"
+    return (f"{name} is negative", value < 0), (wrapped, value > MAX_PLAUSIBLE_BYTES)
 
 
 def require_plausible(

@@ -6,6 +6,7 @@ memory is bounded by the smallest cgroup limit (v2 or v1) on this process's path
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -265,17 +266,15 @@ class CpuPlatform(BasePlatform):
         return self._node_memory(roots, nodes[device], cgroup)
 
     def _host_memory(self, roots: _Roots, cgroup: _CgroupLimit | None) -> MemoryInfo:
-        mem_total, mem_available, source, where = self._meminfo(roots)
+        total, available, source, where = self._meminfo(roots)
         # The host's own figures first, as read: free above total or a wrapped counter is not
         # clamped into a plausible-looking answer (the one rule, accelplat._backends._common).
-        host_used = max(0, mem_total - mem_available)
-        require_plausible(
-            "cpu", where, free=mem_available, total=mem_total, used=host_used, source=source
-        )
+        used = max(0, total - available)
+        read = checked_memory("cpu", where, free=available, total=total, used=used, source=source)
         if cgroup is None:
-            return MemoryInfo(mem_available, mem_total, host_used, 0, source)
+            return read
         where = f"{where} within the {cgroup.version} limit"
-        return _bounded(where, mem_available, mem_total, cgroup.version, cgroup)
+        return _bounded(where, available, total, cgroup.version, cgroup)
 
     def _node_memory(self, roots: _Roots, node: int, cgroup: _CgroupLimit | None) -> MemoryInfo:
         path = _join(roots.sysfs, "devices", "system", "node", f"node{node}", "meminfo")
@@ -328,30 +327,24 @@ class CpuPlatform(BasePlatform):
     def _cgroup_limit(self, roots: _Roots) -> _CgroupLimit | None:
         """Return the binding cgroup limit, or ``None`` when unlimited or unusable."""
         limited = self._structure("cgroup", roots, self._limited_levels)
-        if limited is None:
-            return None
-        try:
-            return self._limit_over(*limited)
-        except (OSError, ValueError):  # a file missing where it must exist, or malformed
-            return None
+        with contextlib.suppress(OSError, ValueError):  # a file missing where it must be, malformed
+            return None if limited is None else self._limit_over(*limited)
+        return None
 
     def _limited_levels(self, roots: _Roots) -> tuple[str, tuple[str, ...]] | None:
         """Return the cgroup version and this process's levels that carry a memory limit."""
-        try:
-            levels = self._cgroup_levels(roots, _read_text(_join(roots.proc, "self", "cgroup")))
-            if levels is None:
-                return None
-            version, dirs = levels
-            limited = [d for d in dirs if self._level_limit(d, version) is not None]
-        except (OSError, ValueError):
-            return None
-        return version, tuple(limited)
+        with contextlib.suppress(OSError, ValueError):
+            found = self._cgroup_levels(roots)
+            if found is not None:
+                version, dirs = found
+                return version, tuple(d for d in dirs if self._level_limit(d, version) is not None)
+        return None
 
-    def _cgroup_levels(self, roots: _Roots, text: str) -> tuple[str, tuple[str, ...]] | None:
-        """Return the cgroup version and this process's levels, leaf first, from ``text``."""
+    def _cgroup_levels(self, roots: _Roots) -> tuple[str, tuple[str, ...]] | None:
+        """Return the cgroup version and this process's levels, leaf first (``self/cgroup``)."""
         v2_path: str | None = None
         v1_path: str | None = None
-        for line in text.splitlines():
+        for line in _read_text(_join(roots.proc, "self", "cgroup")).splitlines():
             parts = line.strip().split(":", 2)
             if len(parts) != 3:
                 continue

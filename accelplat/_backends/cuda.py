@@ -22,6 +22,7 @@ from accelplat._backends._common import (
     host_meminfo,
     meminfo_path,
     never_raises,
+    pci_address,
     pci_sort_key,
 )
 from accelplat._platform import BasePlatform
@@ -67,12 +68,10 @@ import ctypes, sys
 try:
     lib = ctypes.CDLL("libcuda.so.1")
 except OSError as exc:
-    sys.stderr.write("libcuda.so.1 cannot be loaded: %s" % exc)
-    sys.exit(2)
+    sys.exit("libcuda.so.1 cannot be loaded: %s" % exc)
 def check(rc, what):
     if rc != 0:
-        sys.stderr.write("%s returned CUDA error %d" % (what, rc))
-        sys.exit(3)
+        sys.exit("%s returned CUDA error %d" % (what, rc))
 rc = lib.cuInit(0)
 if rc == 100:  # CUDA_ERROR_NO_DEVICE: nothing visible
     sys.exit(0)
@@ -149,15 +148,6 @@ def _dashed(digits: str) -> str:
     return f"{head}{d[:8]}-{d[8:12]}-{d[12:16]}-{d[16:20]}-{d[20:]}"
 
 
-def _normalize_bus_id(raw: str) -> str:
-    """``"00000000:3B:00.0"`` → ``"0000:3b:00.0"`` (the sysfs spelling)."""
-    text = raw.strip().lower()
-    domain, sep, rest = text.partition(":")
-    if sep and len(domain) > 4 and domain.lstrip("0") == domain[-4:].lstrip("0"):
-        domain = domain[-4:]
-    return f"{domain}{sep}{rest}" if sep else text
-
-
 def _pci_order(gpus: Sequence[GpuRecord]) -> list[GpuRecord]:
     return sorted(gpus, key=lambda g: (pci_sort_key(g.pci_bus_id), g.nvml_index))
 
@@ -226,7 +216,7 @@ def _enumerate(nv: Any) -> tuple[GpuRecord, ...]:
         name = _text(_call(nv, f"reading the name of GPU {index}", "nvmlDeviceGetName", handle))
         uuid = _text(_call(nv, f"reading the UUID of GPU {index}", "nvmlDeviceGetUUID", handle))
         try:
-            bus_id: str | None = _normalize_bus_id(_text(nv.nvmlDeviceGetPciInfo(handle).busId))
+            bus_id = pci_address(_text(nv.nvmlDeviceGetPciInfo(handle).busId))
         except Exception:  # the bus id only orders GPUs; NVML's order is the fallback
             bus_id = None
         mig_enabled, migs = _mig_devices(nv, handle, index)

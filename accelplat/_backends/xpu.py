@@ -29,7 +29,6 @@ from accelplat._backends._common import (
     never_raises,
     parse_key_values,
     pci_sort_key,
-    read_attribute,
     read_or_empty,
     torch_reading,
     vendor_cards,
@@ -45,7 +44,7 @@ from accelplat._types import (
     ProbeResult,
     ReleaseProfile,
 )
-from accelplat._vendor import import_quietly
+from accelplat._vendor import facts, import_quietly
 from accelplat._vendor import levelzero as lz
 from accelplat._vendor.procs import make_holder
 from accelplat._vendor.versions import graph_support
@@ -94,33 +93,21 @@ def usage_visible_to_this_process(status_text: str, uid_map_text: str) -> bool:
     lines = [line.split() for line in uid_map_text.splitlines() if line.strip()]
     if lines and lines != [_INIT_USER_NS]:
         return False  # a user namespace: its capabilities do not reach the kernel's check
-    for line in status_text.splitlines():
-        if line.startswith("CapEff:"):
-            try:
-                caps = int(line.split(":", 1)[1].strip(), 16)
-            except ValueError:
-                break
-            return bool(caps & (1 << _CAP_PERFMON) or caps & (1 << _CAP_SYS_ADMIN))
+    with contextlib.suppress(KeyError, ValueError):
+        caps = int(parse_key_values(status_text, sep=":")["CapEff"], 16)
+        return bool(caps & (1 << _CAP_PERFMON) or caps & (1 << _CAP_SYS_ADMIN))
     return os.geteuid() == 0 if hasattr(os, "geteuid") else False
 
 
-XE_ARCH_BY_DEVICE_ID: tuple[tuple[int, int, str], ...] = (
-    (0x0BD0, 0x0BDB, "pvc"),  # Xe-HPC: Data Center GPU Max (Ponte Vecchio)
-    (0x0B69, 0x0B69, "pvc"),  # the kernel's INTEL_PVC_IDS lists these two besides 0x0BDx
-    (0x0B6E, 0x0B6E, "pvc"),
-    (0x5690, 0x56CF, "dg2"),  # Xe-HPG: Arc A-series, Data Center GPU Flex (Alchemist)
-    (0xE202, 0xE21F, "bmg"),  # Xe2-HPG: Arc B-series (Battlemage)
-    (0x6420, 0x64BF, "lnl"),  # Xe2-LPG: Core Ultra 200V (Lunar Lake)
-    (0x7D40, 0x7D4F, "mtl"),  # Xe-LPG: Core Ultra 100 (Meteor Lake)
-    (0x7D50, 0x7D6F, "mtl"),
-    (0x7DD0, 0x7DDF, "mtl"),
-)  # inclusive ranges from the kernel's Intel PCI id tables; arch as ocloc -device and torch name it
-
-
 def xe_arch(device_id: int) -> str | None:
-    """Return the Intel GPU architecture of a PCI device id (``0x0BD5`` -> ``"pvc"``) or None."""
+    """Return the Intel GPU architecture of a PCI device id (``0x0BD5`` -> ``"pvc"``) or None.
+
+    The ranges are the kernel's Intel PCI id tables (``xe_arch_by_device_id`` in the package data
+    file ``accelplat/_vendor/vendor_facts.json``).
+    """
+    ranges = facts("xe_arch_by_device_id")
     return next(
-        (arch for low, high, arch in XE_ARCH_BY_DEVICE_ID if low <= device_id <= high), None
+        (a for low, high, a, _ in ranges if int(low, 16) <= device_id <= int(high, 16)), None
     )
 
 
@@ -152,10 +139,9 @@ class _Card:  # one Intel GPU, in Level Zero's order
     uuid: str | None
     integrated: bool
     tiles: int
-    driver: str
+    kernel_driver: str  # xe or i915 when sysfs shows the card, else ""
     sysman: lz.SysmanDevice | None = None
     arch: str | None = None
-    kernel_driver: str = ""  # xe or i915 when sysfs shows the card
 
 
 def _default_hierarchy(cards: Sequence[_Card]) -> tuple[Hierarchy, str]:
@@ -193,7 +179,7 @@ def _order(cards: list[_Card]) -> list[_Card]:
 def _scan_sysfs(sysfs: Path) -> tuple[list[_Card], str]:
     """Return the Intel GPUs bound to xe/i915 under ``sysfs``, and a note when there are none."""
     drm = sysfs / "class" / "drm"
-    found, note = vendor_cards(drm, INTEL_VENDOR_ID, read_attribute)
+    found, note = vendor_cards(drm, INTEL_VENDOR_ID, _files.read_text)
     if note:
         return [], note
     cards: list[_Card] = []
@@ -216,7 +202,7 @@ def _scan_sysfs(sysfs: Path) -> tuple[list[_Card], str]:
         with contextlib.suppress(ValueError):
             arch = xe_arch(int(device_id, 16))
         name = f"Intel GPU {device_id}".strip()
-        cards.append(_Card(pci, name, None, integrated, tiles, driver, None, arch, driver))
+        cards.append(_Card(pci, name, None, integrated, tiles, driver, None, arch))
     note = "" if cards else no_intel_gpu(drm)
     if others and not cards:
         note += f" (Intel devices with other drivers: {', '.join(others)})"
@@ -331,7 +317,7 @@ class XpuPlatform(BasePlatform):
         except LevelZeroError as exc:
             self._sysman, self._sysman_failure = None, f"Level Zero {failed}: {exc}"
             return None
-        drivers = {c.pci_bus_id: c.driver for c in _scan_sysfs(self._sysfs())[0]}
+        drivers = {c.pci_bus_id: c.kernel_driver for c in _scan_sysfs(self._sysfs())[0]}
         return [
             _Card(
                 d.pci_bus_id,
@@ -339,10 +325,9 @@ class XpuPlatform(BasePlatform):
                 d.uuid,
                 d.integrated,
                 max(1, d.num_subdevices),
-                "level-zero",
+                drivers.get(d.pci_bus_id, ""),
                 d,
                 xe_arch(d.device_id),
-                kernel_driver=drivers.get(d.pci_bus_id, ""),
             )
             for d in found
         ]
@@ -610,7 +595,7 @@ class XpuPlatform(BasePlatform):
                 f"{len(found)} Intel GPU(s) found ({origin}), but ZE_AFFINITY_MASK / "
                 f"ONEAPI_DEVICE_SELECTOR hide all",
             )
-        drivers = sorted({c.driver for c in found})
+        drivers = sorted({c.kernel_driver for c in found}) if origin == "sysfs" else ["level-zero"]
         note = f"; {assumed}" if assumed else ""
         return ProbeResult(
             True,

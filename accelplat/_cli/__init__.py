@@ -124,9 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.filename is None:  # standard output: writes name no file, other failures do
             _errors.silence_stdout()
             exc = OSError(f"cannot write standard output: {exc.strerror or exc}")
-        return _errors.fail(
-            exc, command=args.command if args is not None else "", json_output=False
-        )
+        return _errors.fail(exc, command=getattr(args, "command", ""), json_output=False)
     finally:
         if closed:
             sys.stdout = None

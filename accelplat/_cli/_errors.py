@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 from accelplat._util import printable, shorten
@@ -28,7 +28,6 @@ from accelplat.errors import BackendError, ConfigurationError, DeviceNotFoundErr
 
 if TYPE_CHECKING:  # the core loads when a command runs, not for --help or --version
     from accelplat._platform import Platform
-    from accelplat._types import MemoryHolder
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -48,33 +47,6 @@ def versioned(doc: Mapping[str, Any]) -> dict[str, Any]:
 def dumps(doc: Mapping[str, Any], *, indent: int | None = None) -> str:
     """Serialise ``doc`` versioned, as strict JSON (a NaN raises ``ValueError``)."""
     return json.dumps(versioned(doc), indent=indent, allow_nan=False)
-
-
-Details = Callable[[int], tuple[str, Sequence[str]]]  # pid -> (user, argv), empty when unreadable
-
-
-def process_details(pid: int) -> tuple[str, Sequence[str]]:
-    """Return ``(user, argv)`` of ``pid``, read through psutil: the default :data:`Details`."""
-    from accelplat._vendor.procs import process_details as read
-
-    return read(pid)
-
-
-def holder_json(h: MemoryHolder, details: Details = process_details) -> dict[str, Any]:
-    """Return a process holding device memory as ``--json`` documents show it.
-
-    ``details`` gives its user and argv.
-    """
-    user, argv = details(h.pid)
-    return {
-        "pid": h.pid,
-        "used_bytes": h.used_bytes,
-        "state": h.state.value,
-        "name": h.name,
-        "user": user,
-        "command": " ".join(argv),
-        "argv": list(argv),
-    }
 
 
 def host_json(platform: Platform) -> dict[str, Any]:

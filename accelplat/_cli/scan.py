@@ -41,6 +41,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add("--diff", metavar="BASE", help=ratchet + "are not added); lists them")
 
 
+# the summary's tables: its key, the Markdown and the text titles, the text's first column width
+_SECTIONS = (
+    ("by_predicate", "Predicate", "by predicate", 40),
+    ("by_replacement", "Replaced by", "replaced by", 40),
+    ("without_replacement", "No exact replacement", "no exact replacement", 64),
+)
+
+
 def _rows(title: str, counts: dict[str, int], total: int) -> list[str]:
     out = [f"| {title} | count | share |", "| --- | ---: | ---: |"]
     for key, n in counts.items():
@@ -56,13 +64,9 @@ def render_markdown(report: ScanReport) -> str:
         f"{total} platform predicates in {s['files_with_predicates']} of {s['files_scanned']} "
         f"files; {s['replaceable']} ({100 * s['replaceable'] / max(1, total):.1f} %) have an "
         "exact accelplat replacement.",
-        "",
-        *_rows("Predicate", s["by_predicate"], total),
-        "",
-        *_rows("Replaced by", s["by_replacement"], total),
-        "",
-        *_rows("No exact replacement", s["without_replacement"], total),
     ]
+    for key, title, _, _ in _SECTIONS:
+        lines += ["", *_rows(title, s[key], total)]
     return "\n".join(printable(line) for line in lines)
 
 
@@ -76,13 +80,9 @@ def _text(report: ScanReport, files: bool) -> str:
     lines = [
         f"{report.root}: {s['predicates']} platform predicates in {s['files_with_predicates']} "
         f"of {s['files_scanned']} files; {s['replaceable']} with an exact replacement",
-        "by predicate:",
-        *(f"  {k:<40} {n:>6}" for k, n in s["by_predicate"].items()),
-        "replaced by:",
-        *(f"  {k:<40} {n:>6}" for k, n in s["by_replacement"].items()),
-        "no exact replacement:",
-        *(f"  {k:<64} {n:>6}" for k, n in s["without_replacement"].items()),
     ]
+    for key, _, title, width in _SECTIONS:
+        lines += [f"{title}:", *(f"  {k:<{width}} {n:>6}" for k, n in s[key].items())]
     if files:
         lines += ["findings:"] + [_line(f) for f in report.findings]
     lines += [f"skipped {error}" for error in report.errors]

@@ -123,6 +123,7 @@ def _run_kv(args: argparse.Namespace) -> int:
         raise ConfigurationError(_FLAGS.get(keyword, keyword) + str(exc)[len(keyword) :]) from None
     per_token = args.num_layers * page // args.block_size
     gib = round(needed / GIB, 4) if needed < 2**1000 else needed // GIB  # exact past a float
+    longest = None if available is None else shape.longest_that_fits(available)
     error: KVCacheTooSmallError | None = None
     if available is not None:
         try:
@@ -139,9 +140,7 @@ def _run_kv(args: argparse.Namespace) -> int:
         "dtype_bytes": size,
         "available": available,
         "fits": None if available is None else error is None,
-        "max_model_len_that_fits": None
-        if available is None
-        else shape.longest_that_fits(available),
+        "max_model_len_that_fits": longest,
     }
     if args.json:
         print(dumps(doc, indent=2))
@@ -152,7 +151,6 @@ def _run_kv(args: argparse.Namespace) -> int:
             f"{per_token} bytes per token ({args.num_layers} layers)"
         )
         if available is not None and error is None:
-            longest = doc["max_model_len_that_fits"]
             print(f"fits in {_gib(available)} available; longest that fits: {longest} tokens")
     if error is not None:
         say(shown(f"accelplat kv: {error}"))

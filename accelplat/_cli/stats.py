@@ -24,24 +24,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from typing_extensions import Self
-
 from accelplat._cli._args import add_common, color, command, count_arg, seconds_arg
-from accelplat._cli._errors import (
-    Details,
-    dumps,
-    handling,
-    holder_json,
-    host_json,
-    process_details,
-    time_json,
-)
+from accelplat._cli._errors import dumps, handling, host_json, time_json
 from accelplat._util import format_bytes, printable
+from accelplat._vendor.procs import process_details
 from accelplat.errors import AccelplatError, ConfigurationError
 
 if TYPE_CHECKING:  # the core loads when the command runs
     from accelplat._platform import Platform
-    from accelplat._types import DeviceInfo, MemoryInfo, UsageSnapshot
+    from accelplat._types import DeviceInfo, MemoryHolder, MemoryInfo, UsageSnapshot
 
 BAR_WIDTH = 30  # the bar's cells on a wide terminal; it shrinks first, to MIN_BAR
 MIN_BAR = 10
@@ -97,6 +88,23 @@ def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None
     return True
 
 
+Details = Callable[[int], tuple[str, Sequence[str]]]  # pid -> (user, argv), empty when unreadable
+
+
+def holder_json(h: MemoryHolder) -> dict[str, Any]:
+    """Return a process holding device memory as ``--json`` documents show it."""
+    user, argv = process_details(h.pid)
+    return {
+        "pid": h.pid,
+        "used_bytes": h.used_bytes,
+        "state": h.state.value,
+        "name": h.name,
+        "user": user,
+        "command": " ".join(argv),
+        "argv": list(argv),
+    }
+
+
 Slice = tuple[str, "DeviceInfo | None", "MemoryInfo | None", str]  # unit, device, memory, error
 
 
@@ -140,13 +148,12 @@ def snapshot_to_json(
     ``host`` is :func:`host_json`'s answer, asked once per run (``None``: asked now); ``units``:
     the :func:`slices` read with the sample, listed when there are any.
     """
-    entries: list[dict[str, Any]] = []
-    for index, info in sorted(snap.memory.items()):
-        entry = {"index": index, **_device_json(devices.get(index), info)}
-        if holders:
-            held = snap.holders.get(index)
-            entry["holders"] = None if held is None else [holder_json(h) for h in held]
-        entries.append(entry)
+    entries = [
+        {"index": i, **_device_json(devices.get(i), m)} for i, m in sorted(snap.memory.items())
+    ]
+    for entry in entries if holders else ():
+        held = snap.holders.get(entry["index"])
+        entry["holders"] = None if held is None else [holder_json(h) for h in held]
     doc = {
         **(host_json(platform) if host is None else host),
         **time_json(snap.timestamp, snap.wall_time),
@@ -200,13 +207,12 @@ def fit(
     adds a column not shown yet at ``cells``, if that fits, or grows a shown one towards it.
     """
     sizes = {h: _widest(h, rows) for h in whole}
-    left = width - sum(sizes.values()) - _GAP * (len(sizes) - 1)
     for heading, cells in steps:
+        left = width - sum(sizes.values()) - _GAP * (len(sizes) - 1)
         if heading in sizes:
-            grow = max(0, min(cells - sizes[heading], left))
-            sizes[heading], left = sizes[heading] + grow, left - grow
+            sizes[heading] += max(0, min(cells - sizes[heading], left))
         elif left >= _GAP + cells:
-            sizes[heading], left = cells, left - _GAP - cells
+            sizes[heading] = cells
     return sizes
 
 
@@ -275,8 +281,7 @@ def _tables(
             | (_cells(m) if m else {})
             for u, d, m, why in units
         ]
-        steps = [("NAME", min(_widest("NAME", rows), _NAME_MIN)), ("NAME", _widest("NAME", rows))]
-        sizes = fit(width, rows, ("SLICE", *_SLICES[2:]), steps)
+        sizes = fit(width, rows, ("SLICE", *_SLICES[2:]), _steps(rows, plain=True))
         lines += [[], row(_SLICES, sizes, {h: h for h in _SLICES}, bold)]
         lines += [row(_SLICES, sizes, cells) for cells in rows]
     return lines, gone
@@ -296,10 +301,9 @@ def _plain(
     out += ["".join(text for text, _ in line).rstrip() for line in lines]
     for index in sorted(snap.memory) if holders else ():
         held = snap.holders.get(index)
-        if held is None:
-            out.append(f"device {index}: holders unknown (the platform cannot tell)")
-        elif not held:
-            out.append(f"device {index}: no process holds memory")
+        if not held:
+            unknown = "holders unknown (the platform cannot tell)"
+            out.append(f"device {index}: {unknown if held is None else 'no process holds memory'}")
         for h in held or ():
             label = f" {printable(h.name)}" if h.name else ""
             user, argv = process_details(h.pid)
@@ -330,7 +334,7 @@ def _run(args: argparse.Namespace) -> int:
         with contextlib.suppress(KeyboardInterrupt), contextlib.ExitStack() as stack:  # Ctrl-C
             if watching:  # SIGTERM, SIGHUP: end as Ctrl-C does, terminal restored
                 stack.enter_context(handling(_ENDING, _end))  # undone last
-            keys = stack.enter_context(Keys(sys.stdin if watching else None, sleep=clock.sleep))
+            wait = listen(stack, sys.stdin if watching else None, clock.sleep)
             draw = _live_view(stack, args.watch, colour) if live else None
             n = 0
             while not state.quit:
@@ -350,7 +354,7 @@ def _run(args: argparse.Namespace) -> int:
                 n += 1
                 if args.watch is None or n == args.count:
                     break
-                keys.wait(args.watch, state)
+                wait(args.watch, state)
     except _EndedError as ended:
         return 128 + int(ended.args[0])
     return 0
@@ -487,24 +491,17 @@ def render(
     interval: float | None,
     details: Details = process_details,
     host: str | None = None,
-    now: float | None = None,
     units: Sequence[Slice] = (),
 ) -> Frame:
-    """Build one frame of the live view (``interval=None``: one frame, no key hints).
-
-    ``now`` (default: the snapshot's wall time) is the time in the header.
-    """
-    where: Part = ((f"platform {platform}", "bold cyan"), (f" · {len(snap.memory)} device(s)", ""))
-    if interval is not None:
-        where += ((f" · every {interval:g} s", "dim"),)
+    """Build one frame of the live view (``interval=None``: one frame, no key hints)."""
+    watched: list[Piece] = [] if interval is None else [(f" · every {interval:g} s", "dim")]
     header: list[Part] = [
         (("accelplat stats", "bold"),),
         ((f"host {socket.gethostname() if host is None else host}", ""),),
-        ((stamp(snap.wall_time if now is None else now), ""),),
-        where,
+        ((stamp(snap.wall_time), ""),),
+        ((f"platform {platform}", "bold cyan"), (f" · {len(snap.memory)} device(s)", ""), *watched),
+        *([(("[h] holders  [q] quit  [?] keys", "dim"),)] if watched else []),
     ]
-    if interval is not None:
-        header.append((("[h] holders  [q] quit  [?] keys", "dim"),))
     holders: list[dict[str, str]] = []
     for index in sorted(snap.memory) if state.holders else ():
         held = snap.holders.get(index)
@@ -514,92 +511,72 @@ def render(
             holders.append({"DEV": str(index), "COMMAND": f"({note})"})
         for h in sorted(held or (), key=lambda h: -(h.used_bytes or 0)):
             user, argv = details(h.pid)
-            holders.append(
-                {
-                    "DEV": str(index),
-                    "PID": str(h.pid),
-                    "USER": printable(user),
-                    "COMMAND": command_line(argv) or printable(h.name),
-                    "MEMORY": format_bytes(h.used_bytes),
-                    "STATE": h.state.value,
-                }
-            )
+            command, used = command_line(argv) or printable(h.name), format_bytes(h.used_bytes)
+            cells = (str(index), str(h.pid), printable(user), command, used, h.state.value)
+            holders.append(dict(zip(_HOLDERS, cells, strict=True)))
     shown = holders if state.holders else None
     return Frame(header, _devices(snap, names), shown, units, state.keys and interval is not None)
 
 
-class Keys(contextlib.ExitStack):
-    """Key presses on a terminal (``h`` holders, ``?`` keys, ``q`` quit), in cbreak mode until exit.
+def listen(
+    stack: contextlib.ExitStack[Any],
+    stream: IO[str] | None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Callable[[float, ViewState], None]:
+    """Return ``wait(timeout, state)``: sleep ``timeout`` s, or until a key changes ``state``.
 
-    ``stream`` is the terminal (``None``, or not a terminal: no keys, :meth:`wait` sleeps). A key
-    typed before the view started is kept (cbreak is entered without flushing input). A
-    resize of the terminal (``SIGWINCH``) also ends :meth:`wait`, so the view redraws at once.
+    The keys (``h`` holders, ``?`` keys, ``q`` quit; ``state`` is updated in place) are read from
+    the terminal ``stream``, in cbreak mode until ``stack`` closes (``None``, or not a terminal:
+    no keys, ``wait`` only sleeps). A key typed before the view started is kept (cbreak is entered
+    without flushing input). A resize of the terminal (``SIGWINCH``) also ends a wait, so the view
+    redraws at once.
     """
+    fd: int | None = None
+    with contextlib.suppress(ImportError, OSError, ValueError, AttributeError):
+        import termios
+        import tty
 
-    def __init__(
-        self, stream: IO[str] | None = None, sleep: Callable[[float], None] = time.sleep
-    ) -> None:
-        super().__init__()
-        self._stream = stream
-        self._sleep = sleep
-        self._fd: int | None = None
-        self._wake: list[int] = []  # the read end of a pipe the SIGWINCH handler writes to
+        if stream is not None and os.isatty(stream.fileno()):
+            fd = stream.fileno()
+            stack.callback(_restore_terminal, fd, termios.tcgetattr(fd))
+            tty.setcbreak(fd, termios.TCSANOW)  # TCSAFLUSH would drop a `q` typed already
+    if fd is None:
+        return lambda timeout, state: sleep(timeout)
+    wake, write = os.pipe()  # a resize writes to it, which ends a wait
+    for end in (wake, write):
+        os.set_blocking(end, False)
+        stack.callback(os.close, end)
 
-    def __enter__(self) -> Self:
-        with contextlib.suppress(ImportError, OSError, ValueError, AttributeError):
-            import termios
-            import tty
+    def resized(signum: int, frame: object) -> None:
+        with contextlib.suppress(OSError):  # a full pipe has a wake-up pending already
+            os.write(write, b"r")
 
-            fd = -1 if self._stream is None else self._stream.fileno()  # -1: no terminal
-            if os.isatty(fd):
-                self.callback(_restore_terminal, fd, termios.tcgetattr(fd))
-                tty.setcbreak(fd, termios.TCSANOW)  # TCSAFLUSH would drop a `q` typed already
-                self._fd = fd
-        if self._fd is not None:  # a resize writes to a pipe, which ends a wait
-            read, write = os.pipe()
-            for end in (read, write):
-                os.set_blocking(end, False)
-                self.callback(os.close, end)
+    stack.enter_context(handling([signal.SIGWINCH], resized))
+    reading = [fd]  # emptied at the end of input: then a wait only sleeps
 
-            def resized(signum: int, frame: object) -> None:
-                with contextlib.suppress(OSError):  # a full pipe has a wake-up pending already
-                    os.write(write, b"r")
-
-            self.enter_context(handling([signal.SIGWINCH], resized))
-            self._wake = [read]
-        return self
-
-    @property
-    def active(self) -> bool:
-        return self._fd is not None
-
-    def wait(self, timeout: float, state: ViewState) -> None:
-        """Wait ``timeout`` seconds, or until a key changes ``state`` (updated in place)."""
-        fd = self._fd
-        if fd is None:
-            self._sleep(timeout)
-            return
+    def wait(timeout: float, state: ViewState) -> None:
         deadline = time.monotonic() + timeout
-        wake = self._wake
-        while (left := deadline - time.monotonic()) > 0:
-            if fd not in select.select([fd, *wake], [], [], left)[0]:  # the time is up, or resized
+        while reading and (left := deadline - time.monotonic()) > 0:
+            if fd not in select.select([fd, wake], [], [], left)[0]:  # the time is up, or resized
                 with contextlib.suppress(OSError):  # drain the pipe
-                    os.read(wake[0], 64)
+                    os.read(wake, 64)
                 return
             try:
                 data = os.read(fd, 64)
             except OSError:
                 return
             if not data:  # end of input: stop reading, keep refreshing
-                self._fd = None
-                self._sleep(max(0.0, deadline - time.monotonic()))
-                return
+                reading.clear()
             for key in data.decode("utf-8", "replace").lower():
                 if key in "qh?":
                     state.quit = state.quit or key == "q"
                     state.holders ^= key == "h"
                     state.keys ^= key == "?"
                     return  # redraw now
+        if not reading:
+            sleep(max(0.0, deadline - time.monotonic()))
+
+    return wait
 
 
 def _restore_terminal(fd: int, saved: Any) -> None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import math
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -204,16 +204,16 @@ def run_record(args: argparse.Namespace) -> int:
                 recorder.linger(sleep=signals.sleep)
         recorder.stop()
         after = _holdings(recorder)
-        if before and after:
-            owners = [SpanOwners(d, before[d], after[d]) for d in sorted(before) if d in after]
-            recorder.add_owners(label, owners)
         trace = recorder.trace(command=argv, exit_code=status)
+        if before and after:  # the command's span, judged by owner
+            owners = tuple(SpanOwners(d, before[d], after[d]) for d in sorted(before) if d in after)
+            trace = replace(trace, tests=(replace(trace.tests[0], owners=owners),))
         if signals.received:
             names = ", ".join(dict.fromkeys(signal.Signals(s).name for s in signals.received))
             when = "while the command ran" if signals.during else "after the command finished"
             cut = "" if signals.during else "; the leak grace period was cut short"
             note = f"Partial recording: {names} arrived {when}{cut}."
-            trace = dataclasses.replace(trace, partial=True, notes=(*trace.notes, note))
+            trace = replace(trace, partial=True, notes=(*trace.notes, note))
             status = 128 + signals.received[0]
         return _save(trace, Path(args.out), args.html, status)
 
@@ -258,7 +258,7 @@ def run_report(args: argparse.Namespace) -> int:
     from accelplat.timeline._trace import load_trace
 
     overrides = _overrides(args)
-    trace = dataclasses.replace(load_trace(args.trace), **overrides)  # the Chrome trace's too
+    trace = replace(load_trace(args.trace), **overrides)  # the Chrome trace's too
     pages: list[tuple[str, Literal["html", "chrome"]]] = [(args.out, "html")] * bool(args.out)
     pages += [(args.chrome_trace, "chrome")] * bool(args.chrome_trace)
     for target, kind in pages:

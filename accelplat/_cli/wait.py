@@ -12,7 +12,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from accelplat._cli._args import Size, add_common, command, count_arg, ratio_arg, seconds_arg
@@ -87,18 +87,16 @@ class Progress:
             return
         self._last_draw = now
         head = f"waiting {snap.timestamp - self._first:6.1f} s: "
-        parts, waiting = [], []
-        for device, info in sorted(snap.memory.items()):
-            ok = info.used <= targets.get(device, -1)
-            target = format_bytes(targets.get(device))
-            parts.append(
-                f"{device}={format_bytes(info.used)} (<= {target} {'ok' if ok else 'wait'})"
-            )
-            waiting += [] if ok else [(device, info.used)]
-        indices = ",".join(str(d) for d, _ in waiting)
-        most = format_bytes(max((used for _, used in waiting), default=0))
-        short = f"{head}{len(parts) - len(waiting)} of {len(parts)} clear; waiting for "
-        redraw(self._stream, head + ", ".join(parts), f"{short}{indices}: up to {most}")
+        used = {device: info.used for device, info in sorted(snap.memory.items())}
+        waiting = {d: n for d, n in used.items() if n > targets.get(d, -1)}
+        parts = ", ".join(
+            f"{d}={format_bytes(n)} (<= {format_bytes(targets.get(d))} "
+            f"{'wait' if d in waiting else 'ok'})"
+            for d, n in used.items()
+        )
+        indices, most = ",".join(map(str, waiting)), format_bytes(max(waiting.values(), default=0))
+        short = f"{head}{len(used) - len(waiting)} of {len(used)} clear; waiting for "
+        redraw(self._stream, head + parts, f"{short}{indices}: up to {most}")
 
     def finish(self) -> None:
         """Erase the line, so that what follows starts on a clean one."""
@@ -108,15 +106,25 @@ class Progress:
 
 
 def _outcome_json(
-    outcome: SettleResult | MemoryNotSettledError, platform: Platform
+    outcome: SettleResult | MemoryNotSettledError, platform: Platform, pids: Sequence[int] = ()
 ) -> dict[str, Any]:
     """Return the document ``wait --json`` prints (``docs/json.md``).
 
-    The last reading, as ``stats --json`` shows one, each device with its target.
+    The last reading, as ``stats --json`` shows one, each device with its target. A wait on
+    ``pids`` has no usage threshold: its devices have no target, and a device is clear when the
+    wait ended clear or none of ``pids`` is listed among its holders.
     """
     devices = {d.index: d for d in platform.devices()}
     doc = snapshot_to_json(platform, outcome.snapshot, devices, holders=True)
+    done = not isinstance(outcome, MemoryNotSettledError)
     for entry in doc["devices"]:
+        if pids:  # the wait's target was the processes' own memory, not the device's usage
+            holders = entry["holders"]
+            entry["target"] = None
+            entry["cleared"] = done or (
+                holders is not None and not any(h["pid"] in pids for h in holders)
+            )
+            continue
         entry["target"] = target = outcome.targets.get(entry["index"])
         entry["cleared"] = target is not None and entry["used"] <= target
     doc = {"status": "clear", **doc, "waited_s": outcome.waited_s}
@@ -187,7 +195,7 @@ def _run(args: argparse.Namespace) -> int:
         say(f"accelplat wait: {printable(exc, keep_newlines=True)}")
         outcome = exc
     if args.json:
-        print(dumps(_outcome_json(outcome, platform)))
+        print(dumps(_outcome_json(outcome, platform, args.pids or ())))
     elif not args.quiet and not isinstance(outcome, MemoryNotSettledError):
         how = (
             "already clear" if outcome.already_settled else f"clear after {outcome.waited_s:.2f} s"

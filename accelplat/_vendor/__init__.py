@@ -7,6 +7,7 @@ One line printed on import (``amdsmi``'s without ROCm's library, a ``pynvml`` fo
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import io
 import math
@@ -53,3 +54,13 @@ def vendor_int(platform: str, where: str, name: str, value: object) -> int:
             pass
     shown = _util.clip(repr(value), 40)
     raise BackendError(platform, f"{where}: {name} is {shown}, not an integer", "malformed reading")
+
+
+@functools.cache
+def facts(table: str) -> Any:
+    """Return one table of the package data file ``vendor_facts.json`` (read once, on first use)."""
+    import json
+    from importlib import resources
+
+    text = resources.files(__package__).joinpath("vendor_facts.json").read_text(encoding="utf-8")
+    return json.loads(text)[table]

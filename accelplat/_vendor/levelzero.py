@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from accelplat import _boundary
+from accelplat._vendor import facts
 from accelplat.errors import LevelZeroError
 
 ZE_RESULT_SUCCESS = 0
@@ -28,29 +29,11 @@ ZE_DEVICE_PROPERTY_FLAG_INTEGRATED = 1 << 0
 ZES_MEM_LOC_DEVICE = 1
 INTEL_VENDOR_ID = 0x8086
 
-_RESULT_NAMES: dict[int, str] = {
-    0x1: "ZE_RESULT_NOT_READY",
-    0x70000001: "ZE_RESULT_ERROR_DEVICE_LOST",
-    0x70000002: "ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY",
-    0x70000006: "ZE_RESULT_ERROR_DEVICE_REQUIRES_RESET",
-    0x70000007: "ZE_RESULT_ERROR_DEVICE_IN_LOW_POWER_STATE",
-    0x70010000: "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS",
-    0x70010001: "ZE_RESULT_ERROR_NOT_AVAILABLE",
-    0x70020000: "ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE",
-    0x78000001: "ZE_RESULT_ERROR_UNINITIALIZED",
-    0x78000002: "ZE_RESULT_ERROR_UNSUPPORTED_VERSION",
-    0x78000003: "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE",
-    0x78000004: "ZE_RESULT_ERROR_INVALID_ARGUMENT",
-    0x78000005: "ZE_RESULT_ERROR_INVALID_NULL_HANDLE",
-    0x78000007: "ZE_RESULT_ERROR_INVALID_NULL_POINTER",
-    ZE_RESULT_ERROR_INVALID_SIZE: "ZE_RESULT_ERROR_INVALID_SIZE",
-    0x7FFFFFFE: "ZE_RESULT_ERROR_UNKNOWN",
-}
-
 
 def result_name(code: int) -> str:
     """Return the ``ZE_RESULT_*`` name of a result code, or its hex value."""
-    return _RESULT_NAMES.get(code, f"ze_result_t 0x{code:08x}")
+    name: str = facts("level_zero_results").get(f"0x{code:08x}", f"ze_result_t 0x{code:08x}")
+    return name
 
 
 _U32, _U64, _CHARS64 = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_char * 64

@@ -15,32 +15,26 @@ from collections.abc import Iterator
 from typing import Any
 
 from accelplat import _boundary
-from accelplat._vendor import import_quietly, vendor_int
+from accelplat._vendor import facts, import_quietly, vendor_int
 from accelplat.errors import BackendError, NvmlUnavailableError
 
 MODULE_NAME = "pynvml"  # the module nvidia-ml-py installs
 PLATFORM = "cuda"
 _DEPRECATED_PACKAGE_WARNING = r"The pynvml package is deprecated"
 
-_HINTS: dict[str, str] = {
-    "NVMLError_LibraryNotFound": (
-        "libnvidia-ml.so.1 was not found: no NVIDIA driver is installed, or its library is not "
-        "on the loader path"
-    ),
-    "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded",
-    "NVMLError_LibRmVersionMismatch": (
-        "the NVIDIA kernel module and libnvidia-ml.so differ in version (driver upgraded "
-        "without reloading the module or rebooting)"
-    ),
-    "NVMLError_NoPermission": "this process lacks the permission NVML needs",
-    "NVMLError_GpuIsLost": "the GPU is lost (fell off the bus or needs a reset)",
-    "NVMLError_ResetRequired": "the GPU needs a reset",
-    "NVMLError_Uninitialized": "NVML was shut down or never initialised",
-    "NVMLError_Unknown": "NVML reported an unknown error",
-    "NVMLError_NotSupported": "this device or driver does not support the query",
-    "NVMLError_FunctionNotFound": "the driver is too old for this NVML function",
-    "NVMLLibraryMismatchError": "nvidia-ml-py is newer than the installed driver supports",
-}
+# Detection reads this one on every host without NVIDIA's library: kept here, not in the data file.
+_NO_LIBRARY = (
+    "libnvidia-ml.so.1 was not found: no NVIDIA driver is installed, or its library is not on the "
+    "loader path"
+)
+
+
+def _hint(name: str) -> str:
+    """The explanation of NVML error ``name`` (``vendor_facts.json``), or ``""``."""
+    if name == "NVMLError_LibraryNotFound":
+        return _NO_LIBRARY
+    hint: str = facts("nvml_hints").get(name, "")
+    return hint
 
 
 class _State:
@@ -63,9 +57,12 @@ _generation = 0  # bumped on every nvmlInit and fork: caches of NVML handles com
 
 
 def import_pynvml() -> Any:
-    """Return ``pynvml`` (``sys.modules``' first, or the vendor boundary's); loads no library."""
-    if _boundary.active() is None:
-        return _import_live()
+    """Return ``pynvml`` (``sys.modules``' first, or the vendor boundary's).
+
+    Raises:
+        NvmlUnavailableError: NVML's library cannot load (checked before an import), or the import
+            fails.
+    """
     module, reason, vendor_error = _boundary.vendor("nvml", _load_live)
     if module is None:
         raise NvmlUnavailableError(reason, vendor_error)
@@ -126,7 +123,7 @@ def is_error(exc: BaseException, *names: str) -> bool:
 def translate(exc: BaseException, action: str) -> BackendError:
     """Return the ``BackendError`` for an NVML failure during ``action`` (``"reading …"``)."""
     name = error_name(exc)
-    hint = f"; {_HINTS[name]}" if name in _HINTS else ""
+    hint = f"; {found}" if (found := _hint(name)) else ""
     return BackendError(PLATFORM, f"{action} failed: {str(exc) or name}{hint}", vendor_error=name)
 
 
@@ -207,7 +204,7 @@ def _step_down(exc: Exception, expected: tuple[str, ...], key: str, where: str, 
 def unavailable_reason(exc: BaseException) -> str:
     """Return one sentence saying why NVML is unusable after ``exc`` (from ``nvmlInit``)."""
     name = error_name(exc)
-    return f"NVML unavailable: {_HINTS.get(name) or exc} ({name})"
+    return f"NVML unavailable: {_hint(name) or exc} ({name})"
 
 
 LIBRARY = "libnvidia-ml.so.1"  # what nvidia-ml-py loads on Linux, by this name only
@@ -222,8 +219,7 @@ def library_missing() -> str | None:
     try:
         ctypes.CDLL(LIBRARY)
     except OSError:
-        name = "NVMLError_LibraryNotFound"
-        return f"NVML unavailable: {_HINTS[name]} ({name})"
+        return f"NVML unavailable: {_NO_LIBRARY} (NVMLError_LibraryNotFound)"
     return None
 
 
@@ -237,9 +233,6 @@ def unavailable_before_import() -> str | None:
 def _initialize_locked(st: _State) -> None:
     """Import pynvml (not when its library cannot load) and run ``nvmlInit``; ``st.cond`` held."""
     global _generation
-    missing = unavailable_before_import()
-    if missing is not None:
-        raise NvmlUnavailableError(missing, "NVMLError_LibraryNotFound")
     module = import_pynvml()
     try:
         module.nvmlInit()
@@ -262,10 +255,6 @@ def _initialize_locked(st: _State) -> None:
 def acquire() -> Any:
     """Mark one call in flight (pair with :func:`release`) and return ``pynvml``, initialised."""
     st = _state
-    with st.lock:  # the common case: initialised, not closing
-        if st.initialized and not st.closing and sys.modules.get(MODULE_NAME) is st.origin:
-            st.active += 1
-            return st.module
     with st.cond:
         while st.closing:
             st.cond.wait()

@@ -6,6 +6,7 @@ driver still lists after the process died: what a CI log needs to say on a timeo
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING
 
@@ -20,14 +21,11 @@ if TYPE_CHECKING:
 def classify_pid(pid: int) -> tuple[HolderState, str]:
     """Return what host ``pid`` is to this process (``CHILD``: a live descendant) and its name."""
     answer: object = _boundary.call("proc", ("classify", pid), lambda: _classify_live(pid))
-    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
-        return HolderState.GONE, ""
-    state, name = answer
-    try:
-        checked = HolderState(state)
-    except ValueError:
-        return HolderState.GONE, ""
-    return checked, name if isinstance(name, str) else ""
+    with contextlib.suppress(ValueError):  # a replay's answer may be anything
+        if isinstance(answer, (tuple, list)) and len(answer) == 2:
+            state, name = answer
+            return HolderState(state), name if isinstance(name, str) else ""
+    return HolderState.GONE, ""
 
 
 def _classify_live(pid: int) -> tuple[HolderState, str]:
@@ -143,22 +141,17 @@ def driver_holder(
     """Build a :class:`MemoryHolder` of a driver's process entry; ``BackendError`` if malformed."""
     if used_bytes is not None and used_bytes == not_available:
         used_bytes = None
-    bad_pid = isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= _PID_MAX
-    bad_used = used_bytes is not None and (
-        isinstance(used_bytes, bool)
-        or not isinstance(used_bytes, int)
-        or not 0 <= used_bytes <= _BYTES_MAX
+    if type(pid) is not int or not 0 < pid <= _PID_MAX:
+        field, value = "pid", pid
+    elif used_bytes is None or (type(used_bytes) is int and 0 <= used_bytes <= _BYTES_MAX):
+        return make_holder(pid, used_bytes)
+    else:
+        field, value = "used memory", used_bytes
+    raise BackendError(
+        platform,
+        f"the driver listed a malformed process on {where}: {field} is {value!r:.80}",
+        vendor_error="malformed process entry",
     )
-    if bad_pid or bad_used:
-        field = "pid" if bad_pid else "used memory"
-        raise BackendError(
-            platform,
-            f"the driver listed a malformed process on {where}: {field} is "
-            f"{(pid if bad_pid else used_bytes)!r:.80}",
-            vendor_error="malformed process entry",
-        )
-    assert isinstance(pid, int)
-    return make_holder(pid, used_bytes if isinstance(used_bytes, int) else None)
 
 
 def make_holder(pid: int, used_bytes: int | None) -> MemoryHolder:
@@ -178,20 +171,14 @@ def process_details(pid: int) -> tuple[str, tuple[str, ...]]:
     """
     import psutil
 
-    try:
-        proc = psutil.Process(pid)
-    except (psutil.Error, ValueError, OverflowError):
+    try:  # what access denies (another user's process, a zombie) reads None
+        info = psutil.Process(pid).as_dict(["username", "cmdline", "name"], ad_value=None)
+    except (psutil.Error, OSError, ValueError, OverflowError):
         return "", ()
-    try:
-        user = str(proc.username())
-    except (psutil.Error, OSError, KeyError):
-        user = ""
-    try:
-        argv = [str(a) for a in proc.cmdline()[: MAX_ARGS + 1]]
-    except (psutil.Error, OSError):
-        argv = []
-    if not argv:  # a kernel thread, a zombie, or too little permission: its name
-        argv = [name] if (name := _name(proc)) else []
+    user = str(info["username"] or "")
+    argv = [str(a) for a in (info["cmdline"] or [])[: MAX_ARGS + 1]]
+    if not argv and info["name"]:  # a kernel thread, a zombie, or too little permission
+        argv = [str(info["name"])]
     if len(argv) > MAX_ARGS:
         argv = [*argv[:MAX_ARGS], "…"]
     cut = (a if len(a) <= MAX_ARG_CHARS else a[: MAX_ARG_CHARS - 1] + "…" for a in argv)

@@ -6,13 +6,8 @@ Graph-capture capability (of the CUDA, ROCm and XPU backends) is known before to
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from accelplat import _boundary
 from accelplat._types import GraphSupport
-
-if TYPE_CHECKING:
-    from packaging.version import Version
 
 # Local-version-label prefixes of PyTorch wheels (2.5.1+rocm6.2), and the build each names.
 BUILD_FLAVOURS: dict[str, str] = {"cu": "CUDA", "rocm": "ROCm", "xpu": "XPU", "cpu": "CPU-only"}
@@ -33,22 +28,14 @@ def _installed_version(name: str) -> str | None:
         return None
 
 
-def parse_version(text: str) -> Version | None:
-    """Return ``text`` as a PEP 440 version (``2.6.0a0`` is before ``2.6``), or ``None``."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(text)
-    except InvalidVersion:
-        return None
-
-
 def satisfies(version: str, specifier: str) -> bool | None:
     """Return whether ``version`` meets ``specifier`` (pre-releases too); ``None``: not PEP 440."""
     from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
 
-    parsed = parse_version(version)
-    if parsed is None:
+    try:
+        parsed = Version(version)  # 2.6.0a0 is before 2.6
+    except InvalidVersion:
         return None
     return SpecifierSet(specifier).contains(parsed, prereleases=True)
 
@@ -62,17 +49,17 @@ def graph_support(
     text = distribution_version("torch")
     if text is None:
         return GraphSupport(False, None, f"{label} need torch ({api}); torch is not installed")
-    version = parse_version(text)
-    if version is None:
+    need = f"{min_version[0]}.{min_version[1]}"
+    meets = satisfies(text, f">={need}")
+    if meets is None:
         return GraphSupport(
             False, None, f"{label}: cannot read the installed torch version {text!r}"
         )
-    need = f"{min_version[0]}.{min_version[1]}"
-    if not satisfies(text, f">={need}"):
+    if not meets:
         return GraphSupport(
             False, None, f"{label} need torch >= {need} ({api}); torch {text} is installed"
         )
-    local = version.local or ""
+    local = text.partition("+")[2].lower()  # the local version label
     # Longest prefix first, so that a future "cuda…" label would not read as "cu".
     built = max((f for f in BUILD_FLAVOURS if local.startswith(f)), key=len, default=None)
     if flavour is not None and built is not None and built != flavour:

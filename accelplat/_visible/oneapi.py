@@ -110,8 +110,7 @@ def parse_affinity_mask(
                 raise _error(ENV_AFFINITY_MASK, value, words)
             wanted.add(_mask_number(entry, value))
         return [d for i, d in enumerate(devices) if i in wanted]
-    whole: set[int] = set()
-    parts: dict[int, set[int]] = {}
+    parts: dict[int, set[int]] = {}  # per card, the tiles named (all of them for "X")
     for entry in entries:
         pieces = entry.split(".")
         if len(pieces) > 2:
@@ -120,20 +119,15 @@ def parse_affinity_mask(
         card = _mask_number(pieces[0], value)
         if card >= len(tiles):
             continue
-        if len(pieces) == 1:
-            whole.add(card)
-            continue
-        tile = _mask_number(pieces[1], value)  # one tile: that tile; several: the card limited
-        if tile < max(1, tiles[card]):
-            parts.setdefault(card, set()).add(tile)
+        every = set(range(max(1, tiles[card])))
+        # One tile: that tile; several: the card limited to them; all of them: the card.
+        named = every if len(pieces) == 1 else {_mask_number(pieces[1], value)} & every
+        parts.setdefault(card, set()).update(named)
     out: list[XpuTarget] = []
-    for card in range(len(tiles)):
-        if card in whole:
-            out.append(XpuTarget(card))
-        elif card in parts:  # a tile list covering the whole card is the card
-            chosen = tuple(sorted(parts[card]))
-            whole_card = set(chosen) == set(range(max(1, tiles[card])))
-            out.append(XpuTarget(card) if whole_card else XpuTarget(card, chosen))
+    for card, chosen in sorted(parts.items()):
+        if chosen:
+            whole = chosen == set(range(max(1, tiles[card])))
+            out.append(XpuTarget(card) if whole else XpuTarget(card, tuple(sorted(chosen))))
     return out
 
 

@@ -58,20 +58,30 @@ def _rocr_uuid_match(token: str, uuids: Sequence[str | None]) -> int:
     return hits[0] if len(hits) == 1 else -1
 
 
+def _entries(value: str, count: int, uuids: Sequence[str | None] | None) -> list[str]:
+    """The comma-separated entries of ``value``, less an empty last one."""
+    # C++ getline on a stringstream yields no empty token after a trailing comma (ROCr), and HIP
+    # stops once the position reaches the end of the text.
+    if uuids is not None and len(uuids) != count:
+        raise ValueError(f"uuids has {len(uuids)} entries for {count} GPUs")
+    tokens = value.split(",")
+    return tokens[:-1] if tokens[-1] == "" else tokens
+
+
+def _uuids_unknown(what: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"{what} names a GPU by UUID, but the GPUs' UUIDs are unknown here (no KFD topology)"
+    )
+
+
 def parse_rocr_visible_devices(
     value: str | None, count: int, uuids: Sequence[str | None] | None = None
 ) -> list[int]:
     """Return the indices ``ROCR_VISIBLE_DEVICES`` surfaces from ROCr's enumeration, in order."""
     if not value:  # unset: every GPU; empty: none (amd_filter_device.cpp, flag.h)
         return list(range(count)) if value is None else []
-    if uuids is not None and len(uuids) != count:
-        raise ValueError(f"uuids has {len(uuids)} entries for {count} GPUs")
-    # C++ getline on a stringstream yields no empty token after a trailing comma.
-    tokens = value.split(",")
-    if tokens and tokens[-1] == "":
-        tokens.pop()
     chosen: list[int] = []
-    for raw in tokens[:count]:
+    for raw in _entries(value, count, uuids)[:count]:
         token = raw.strip().upper()
         if token == "":  # token.at(0) throws in ROCr
             raise ConfigurationError(
@@ -80,10 +90,7 @@ def parse_rocr_visible_devices(
             )
         if token.startswith("G"):  # a UUID: GPU- and the hex digits of unique_id, or a prefix
             if uuids is None:
-                raise ConfigurationError(
-                    f"{ENV_ROCR_VISIBLE_DEVICES}={shown(value)} names a GPU by UUID, but the GPUs' "
-                    f"UUIDs are unknown here (no KFD topology)"
-                )
+                raise _uuids_unknown(f"{ENV_ROCR_VISIBLE_DEVICES}={shown(value)}")
             index = _rocr_uuid_match(token, uuids)
         else:
             parsed = _strtol(token)
@@ -100,19 +107,11 @@ def parse_hip_visible_devices(
     """Return the indices HIP's device list picks from ROCr's, or ``None`` when empty or unset."""
     if not value:
         return None
-    if uuids is not None and len(uuids) != count:
-        raise ValueError(f"uuids has {len(uuids)} entries for {count} GPUs")
-    tokens = value.split(",")
-    if tokens[-1] == "":
-        tokens.pop()  # HIP stops once the position reaches the end of the text
     chosen: list[int] = []
-    for token in tokens:  # rocdevice.cpp:496-545
+    for token in _entries(value, count, uuids):  # rocdevice.cpp:496-545
         if "GPU-" in token:  # the first GPU whose UUID contains it, case-sensitively
             if uuids is None:
-                raise ConfigurationError(
-                    f"HIP device list {shown(value)} names a GPU by UUID, but the GPUs' UUIDs are "
-                    f"unknown here (no KFD topology)"
-                )
+                raise _uuids_unknown(f"HIP device list {shown(value)}")
             names = [u if u is not None else _NO_UUID for u in uuids]
             index = next((i for i, u in enumerate(names) if token in u), -1)
         elif token.isascii() and token.isdigit() and (token == "0" or token[0] != "0"):

@@ -33,11 +33,8 @@ UNSET_UTILIZATION: tuple[tuple[str, float | None], ...] = ((">=0.34.0.dev0", Non
 
 def installed() -> tuple[str, str] | None:
     """Return the installed vLLM distribution and version (``("vllm", "0.34.0")``), or ``None``."""
-    for name in _DISTRIBUTIONS:
-        version = distribution_version(name)
-        if version is not None:
-            return name, version
-    return None
+    found = ((name, distribution_version(name)) for name in _DISTRIBUTIONS)
+    return next(((name, v) for name, v in found if v is not None), None)
 
 
 def unset_utilization() -> float | None:

@@ -18,6 +18,14 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from accelplat import _validate
 from accelplat._leasing import ENV_MEMORY_BYTES
+from accelplat._memory import (
+    PollPolicy,
+    resolve_platform,
+    snapshot,
+    wait_for_memory_to_clear,
+    wait_for_release,
+)
+from accelplat._memory import wait_for_memory_to_settle as _settle  # vLLM's name is ours here
 from accelplat._platform import Platform, StartMethod, optional, validate_utilization
 from accelplat._sizing import KVCacheShape
 from accelplat._types import GIB, MIB, MemoryInfo, SettleResult, UsageSnapshot
@@ -50,20 +58,8 @@ _PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parall
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _platform(platform: Platform | None) -> Platform:
-    if platform is not None:
-        return platform
-    from accelplat._registry import current_platform
-
-    return current_platform()
-
-
-def _is_accelerator(platform: Platform) -> bool:
-    return bool(optional(platform, "is_accelerator"))
-
-
 def _accelerator_count(platform: Platform) -> int:
-    return platform.device_count() if _is_accelerator(platform) else 0
+    return platform.device_count() if optional(platform, "is_accelerator") else 0
 
 
 def _as_vllm_reads(info: MemoryInfo) -> MemoryInfo:
@@ -100,7 +96,7 @@ def record_gpu_memory_usage_stats(*, devices: Sequence[int]) -> dict[int, tuple[
     Raises:
         DeviceNotFoundError: For an index that is not visible (an ``IndexError``).
     """
-    read = _vllm_reader(_platform(None))
+    read = _vllm_reader(resolve_platform(None))
     return {d: (m.used / GIB, m.total / GIB) for d, m in ((d, read(d)) for d in devices)}
 
 
@@ -176,8 +172,6 @@ def wait_for_gpu_memory_to_clear(
         VllmMemoryNotFreeError: On timeout (a ``ValueError``), with vLLM 0.32's first line.
         ConfigurationError: For a malformed argument; ``DeviceNotFoundError`` for a bad index.
     """
-    from accelplat._memory import PollPolicy
-
     if threshold_bytes is None and threshold_ratio is None:
         raise VllmArgumentError(
             "wait_for_gpu_memory_to_clear needs threshold_bytes or threshold_ratio (or both)"
@@ -196,9 +190,9 @@ def wait_for_gpu_memory_to_clear(
         poll = PollPolicy.fixed(cadence)
     elif 0 < cadence < poll.max_s:
         poll = PollPolicy(initial_s=min(poll.initial_s, cadence), max_s=cadence)
-    platform = _platform(None)
+    platform = resolve_platform(None)
     wanted = list(devices)
-    physical = _physical(platform, wanted) if wanted else []
+    physical = _physical(platform, wanted)
     by_bytes = _keyed(threshold_bytes, wanted, physical, "threshold_bytes")
     by_ratio = _clamped_ratio(_keyed(threshold_ratio, wanted, physical, "threshold_ratio"))
     if not wanted:
@@ -239,8 +233,6 @@ def _clear(
     **wait: Any,
 ) -> SettleResult:
     """Run accelplat's clear (or settle) wait printing vLLM's progress line, raising its error."""
-    from accelplat._memory import wait_for_memory_to_clear, wait_for_memory_to_settle
-
     names = dict(zip(devices, physical, strict=True))
     last: list[float] = []
 
@@ -256,7 +248,7 @@ def _clear(
 
     try:
         if settle:  # whole devices, as vLLM judges them: the owner-aware rule is accelplat's
-            return wait_for_memory_to_settle(on_poll=on_poll, platform=p, owners="all", **wait)
+            return _settle(on_poll=on_poll, platform=p, owners="all", **wait)
         return wait_for_memory_to_clear(devices, on_poll=on_poll, platform=p, **wait)
     except MemoryNotSettledError as exc:  # raised only after every argument was validated
         by_bytes, by_ratio = wait.get("threshold_bytes"), wait.get("threshold_ratio")
@@ -280,7 +272,7 @@ def wait_for_memory_to_settle(
         VllmMemoryNotFreeError: On timeout (a ``ValueError``).
         VllmArgumentError: For a mapping whose keys are not the devices (lazy platforms only).
     """
-    platform = _platform(None)
+    platform = resolve_platform(None)
     if not platform.release.lazy or (count := _accelerator_count(platform)) == 0:
         return
     wait_for_gpu_memory_to_clear(
@@ -313,12 +305,6 @@ def _free_ratio(kwargs: Mapping[str, Any], platform: Platform) -> float:
 
 def _nothing_to_do() -> SettleResult:
     return SettleResult(0.0, 0, UsageSnapshot(time.monotonic(), time.time(), {}), True, {})
-
-
-def _check_strict(strict: object) -> bool:
-    if not isinstance(strict, bool):
-        raise ConfigurationError(f"strict must be True or False, got {strict!r}")
-    return strict
 
 
 def engine_kwargs(
@@ -355,7 +341,7 @@ def engine_kwargs(
         KVCacheTooSmallError: When the budget's KV cache cannot hold ``max_model_len``; the
             message says what budget would.
     """
-    p = _platform(platform)
+    p = resolve_platform(platform)
     utilization = _utilization(kwargs, p)  # refuses a kwargs that is no mapping
     budget = _budget(budget_bytes)
     if budget is None or p.device_count() == 0:
@@ -449,14 +435,14 @@ def before_engine_start(
         VllmMemoryNotFreeError: When the devices do not have the room (a ``ValueError``).
         ValueError: For a bad utilization or parallel size.
     """
-    p = _platform(platform)
+    p = resolve_platform(platform)
     ratio = _free_ratio(kwargs, p)
     world = 1  # the engine uses the product of its parallel sizes, from device 0
     for key in _PARALLEL_KEYS:
         if (value := kwargs.get(key)) is not None:
             world *= _validate.integer(value, key, minimum=1)
     devices = list(range(min(world, p.device_count())))
-    if not _check_strict(strict) and not _is_accelerator(p):
+    if not _validate.flag(strict, "strict") and not optional(p, "is_accelerator"):
         return _nothing_to_do()
     if not devices:
         if strict:
@@ -491,11 +477,11 @@ def after_engine_shutdown(
     Raises:
         VllmMemoryNotFreeError: When memory is not back by the settle timeout (a ``ValueError``).
     """
-    p = _platform(platform)
+    p = resolve_platform(platform)
     ratio = _free_ratio(kwargs, p)
     devices = list(range(p.device_count()))
     physical = _physical(p, devices)
-    if _check_strict(strict):
+    if _validate.flag(strict, "strict"):
         return _clear(p, devices, physical, settle=True, threshold_ratio=ratio)
     if not p.release.lazy or _accelerator_count(p) == 0:
         return _nothing_to_do()
@@ -530,13 +516,11 @@ def memory_baseline(
         VllmMemoryNotFreeError: On exit, when usage does not come back in time.
         ConfigurationError: On entry, for a tolerance outside ``[0, 1]`` or a bad ``timeout_s``.
     """
-    from accelplat._memory import snapshot
-
     fraction = _validate.ratio(tolerance, "tolerance")
     if timeout_s is not None:  # checked here, as the exit wait would, even if it never runs
         _validate.duration(timeout_s, "timeout_s")
-    p = _platform(platform)
-    if not _is_accelerator(p):
+    p = resolve_platform(platform)
+    if not optional(p, "is_accelerator"):
         yield _nothing_to_do().snapshot
         return
     read = _vllm_reader(p)
@@ -553,7 +537,7 @@ def memory_baseline(
 
 def requires_spawn_multiprocessing() -> bool:
     """Whether the platform's ``preferred_start_method`` is not ``"fork"`` (vLLM: ROCm, XPU)."""
-    return _platform(None).preferred_start_method != "fork"
+    return resolve_platform(None).preferred_start_method != "fork"
 
 
 def _failed(result: ChildResult) -> bool:
@@ -563,10 +547,8 @@ def _failed(result: ChildResult) -> bool:
     test could allocate before it is back (vllm#57362): wait for the release first, each device
     whole where the driver does not attribute memory per process.
     """
-    platform = _platform(None)
+    platform = resolve_platform(None)
     if result.pid > 0 and _accelerator_count(platform) > 0:
-        from accelplat._memory import wait_for_release
-
         try:
             wait_for_release([result.pid], platform=platform)
         except MemoryNotSettledError as exc:  # a passing test stays passing, as in vLLM
@@ -665,7 +647,7 @@ def large_gpu_mark(min_gb: float) -> pytest.MarkDecorator:
         _validate.number(min_gb, "min_gb", expected="a number of GB")
     memory_gb: float = 0
     try:
-        platform = _platform(None)
+        platform = resolve_platform(None)
         if _accelerator_count(platform) > 0:
             memory_gb = platform.memory_info(0).total / 10**9  # decimal GB, as vLLM's
     except AccelplatError as exc:
@@ -693,7 +675,7 @@ def multi_gpu_marks(*, num_gpus: int) -> list[pytest.MarkDecorator]:
 
     _validate.integer(num_gpus, "num_gpus", maximum=2**63 - 1, expected="an int below 2**63")
     try:
-        count = _accelerator_count(_platform(None))
+        count = _accelerator_count(resolve_platform(None))
     except AccelplatError as exc:
         warnings.warn(f"An error occurred when counting the devices: {exc}", stacklevel=2)
         count = 0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from accelplat._util import format_bytes
-from accelplat.errors import AccelplatError, ConfigurationError, MarkerError
+from accelplat.errors import AccelplatError, MarkerError
 from accelplat.pytest_plugin._requires import MARKER, parse, skip_reason
 from accelplat.pytest_plugin._shared import (
     DEFAULT_LEAK_TOLERANCE,
@@ -24,6 +24,7 @@ from accelplat.pytest_plugin._shared import (
     current,
     reapply_forced,
     skip_at_test,
+    usage_errors,
 )
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
 
@@ -95,25 +96,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     # fmt: on
 
 
-# (option dest, ini name, a path relative to the ini file): the ini applies when the option is not
-# given on the command line, which always wins.
-_FROM_INI = (
-    ("accelplat_platform", "accelplat_platform", False),
-    ("accelplat_timeline", "accelplat_timeline", True),
-    ("accelplat_timeline_json", "accelplat_timeline_json", True),
-    ("accelplat_lease", "accelplat_lease", False),
-)
+# ini settings that fill the option of their name (its dest) when the command line does not give
+# it, which always wins; the paths are relative to the ini file
+_INI_PATHS = ("accelplat_timeline", "accelplat_timeline_json")
+_FROM_INI = ("accelplat_platform", "accelplat_lease", *_INI_PATHS)
 
 
 def _apply_ini(config: pytest.Config, namespace: object) -> None:
     """Fill the options not given on the command line in ``namespace`` from the ini file."""
-    for dest, name, is_path in _FROM_INI:
+    for name in _FROM_INI:
         value = config.getini(name)
-        if getattr(namespace, dest, None) or not value:
+        if getattr(namespace, name, None) or not value:
             continue
-        if is_path and config.inipath is not None:
+        if name in _INI_PATHS and config.inipath is not None:
             value = str(config.inipath.parent / str(value))
-        setattr(namespace, dest, value)
+        setattr(namespace, name, value)
 
 
 def _seconds(text: str) -> float:
@@ -167,10 +164,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if path.is_file():  # [tool.accelplat.capabilities]
         from accelplat._capabilities import load_pyproject
 
-        try:
+        with usage_errors("accelplat capabilities: "):
             load_pyproject(path)
-        except ConfigurationError as exc:
-            raise pytest.UsageError(f"accelplat capabilities: {exc}") from None
     flag = config.getoption("--accelplat-leak-check")
     checking = config.getini("accelplat_leak_check") if flag is None else flag
     if checking or config.getoption("--accelplat-timeline"):

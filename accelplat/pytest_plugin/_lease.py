@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from accelplat._leasing import Lease, lease, lease_status
-from accelplat.errors import AccelplatError, ConfigurationError, LeaseUnsatisfiableError
-from accelplat.pytest_plugin._shared import current, skip_at_test
+from accelplat.errors import AccelplatError, LeaseUnsatisfiableError
+from accelplat.pytest_plugin._shared import current, skip_at_test, usage_errors
 
 PLUGIN_NAME = "accelplat-worker-lease"
 
@@ -135,10 +135,8 @@ def start(config: pytest.Config, namespace: Any) -> None:
     from accelplat._validate import parse_size
 
     raw = namespace.accelplat_lease_min_free
-    try:
+    with usage_errors("--accelplat-lease: "):
         min_free = None if raw is None else parse_size(raw, argument="--accelplat-lease-min-free")
-    except (AccelplatError, ValueError) as exc:
-        raise pytest.UsageError(f"--accelplat-lease: {exc}") from None
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     dist = getattr(namespace, "dist", "no") != "no" or getattr(namespace, "distload", False)
     numprocesses, tx = getattr(namespace, "numprocesses", None), getattr(namespace, "tx", None)
@@ -173,11 +171,9 @@ def check_workers(config: pytest.Config) -> None:
         workers += int(times) if star and times.isdigit() else 1
     if not workers:
         return
-    try:
+    with usage_errors("--accelplat-lease: "):
         platform = current(config)
         visible = len(lease(platform=platform).pool)  # its devices, or its lease units
-    except AccelplatError as exc:
-        raise pytest.UsageError(f"--accelplat-lease: {exc}") from None
     each = int(config.getoption("accelplat_lease_count"))
     if workers * each > visible:
         fix = "-n auto" if visible >= each else f"--accelplat-lease-count {visible}"
@@ -190,7 +186,5 @@ def check_workers(config: pytest.Config) -> None:
 
 def check_lock_dir(option: str) -> None:
     """Refuse a lock directory leases cannot use: one usage error, not a skip of every test."""
-    try:
+    with usage_errors(f"{option}: "):
         lease_status()
-    except ConfigurationError as exc:
-        raise pytest.UsageError(f"{option}: {exc}") from None

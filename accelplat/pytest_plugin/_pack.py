@@ -277,12 +277,10 @@ def configure(config: pytest.Config) -> None:
         )
     _lease.check_lock_dir("--accelplat-pack")
     store = store_path(config)
-    try:
+    with _shared.usage_errors("--accelplat-pack: "):
         platform = _shared.current(config)
         footprints = _footprints.load_footprints(store) if store else {}
         enforcement = choose(platform, config.getoption("--accelplat-enforce"))
-    except AccelplatError as exc:
-        raise pytest.UsageError(f"--accelplat-pack: {exc}") from None
     config.add_cleanup(enforcement.close)
     env = pytest.MonkeyPatch()  # the run's processes, xdist workers too, follow the choice
     for name, value in enforcement.environ.items():

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
 from accelplat._validate import number
-from accelplat.errors import ConfigurationError
+from accelplat.errors import AccelplatError
 
 if TYPE_CHECKING:
     from accelplat._platform import Platform
@@ -23,6 +24,18 @@ TIMELINE_PLUGIN_NAME = "accelplat-timeline-recorder"
 FORCED_KEY = pytest.StashKey[str]()
 PACK_KEY = pytest.StashKey[str]()  # the header's words on packing
 _AFTER_TEARDOWN_KEY = pytest.StashKey[dict[int, int]]()
+
+
+@contextlib.contextmanager
+def usage_errors(prefix: str = "") -> Iterator[None]:
+    """Raise what goes wrong inside (a bad option, an unusable platform) as pytest's usage error.
+
+    One usage error, with ``prefix`` and the cause's words, instead of a skip of every test.
+    """
+    try:
+        yield
+    except AccelplatError as exc:
+        raise pytest.UsageError(f"{prefix}{exc}") from None
 
 
 def reapply_forced(config: pytest.Config) -> None:
@@ -56,10 +69,8 @@ def leak_tolerance(config: pytest.Config, *options: str) -> int:
     named = [(o, config.getoption(o)) for o in options]
     named.append(("accelplat_leak_tolerance", config.getini("accelplat_leak_tolerance")))
     argument, raw = next(((o, v) for o, v in named if v), named[-1])
-    try:
+    with usage_errors():
         return parse_leak_tolerance(str(raw or DEFAULT_LEAK_TOLERANCE), argument=argument)
-    except ConfigurationError as exc:
-        raise pytest.UsageError(str(exc)) from None
 
 
 def catch_ending_signals(handler: Callable[[int, FrameType | None], Any]) -> Callable[[], None]:
@@ -85,10 +96,8 @@ def auto_seconds(raw: object, argument: str) -> float | None:
     """``raw`` (an option's or ini's) as seconds >= 0, ``None`` for ``auto``; else UsageError."""
     if str(raw).strip().lower() == "auto":
         return None
-    try:  # finite and >= 0: a negative, nan or inf time is a usage error, not a skip of every test
+    with usage_errors():  # finite and >= 0: a negative, nan or inf time is no time
         return number(raw, argument, minimum=0, from_text=True, expected="'auto' or seconds >= 0")
-    except ConfigurationError as exc:
-        raise pytest.UsageError(str(exc)) from None
 
 
 def share_after_teardown(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections import defaultdict
 from collections.abc import Callable, Generator
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from accelplat.pytest_plugin._shared import (
 )
 from accelplat.timeline._render import write_report
 from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
-from accelplat.timeline._trace import Reading, SpanOwners, Trace, save_trace, span_owners
+from accelplat.timeline._trace import SpanOwners, Trace, save_trace, span_owners
 
 # The log-record attribute (logging's extra=) of a wait event: {"event": "start", "id": <int>,
 # "kind": "settle", "devices": [0, 1]} as a wait begins, {"event": "end", "id": <same>, "ok":
@@ -51,11 +52,10 @@ class WaitEventTap(logging.Filter):
     malformed events are ignored: observing must never break the code observed.
     """
 
-    def __init__(self, recorder: Recorder, logger_name: str = WAIT_LOGGER) -> None:
+    def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self._recorder = recorder
-        self._logger = logging.getLogger(logger_name)
-        self._own_level = self._logger.level
+        self._logger = logging.getLogger(WAIT_LOGGER)
         self._tokens: dict[object, int] = {}
         self.started = 0  # waits seen starting
 
@@ -95,10 +95,10 @@ class WaitEventTap(logging.Filter):
                 kind = kind if isinstance(kind, str) else "wait"
                 self._tokens[key] = self._recorder.begin_wait(kind, devices)
                 self.started += 1
-        elif event.get("event") == "end":
-            token = self._tokens.pop(key, None)
-            if token is not None:
-                self._recorder.end_wait(token, ok=event.get("ok", True) is not False)
+        elif event.get("event") == "end":  # an unknown id: no token, no wait ends
+            self._recorder.end_wait(
+                self._tokens.pop(key, -1), ok=event.get("ok", True) is not False
+            )
 
 
 def _owners_of(report: pytest.TestReport) -> list[SpanOwners]:
@@ -122,6 +122,11 @@ def _owners_of(report: pytest.TestReport) -> list[SpanOwners]:
 class TimelinePlugin:
     """The recorder of one session, registered by :func:`configure`."""
 
+    # Set as the session starts, before any other hook of this plugin runs: pytest calls
+    # pytest_sessionfinish only after every pytest_sessionstart succeeded.
+    recorder: Recorder
+    _tap: WaitEventTap
+
     def __init__(self, config: pytest.Config) -> None:
         """Read the options; raise pytest.UsageError for a bad rate, tolerance or grace period."""
         hz, grace = "--accelplat-timeline-hz", "--accelplat-timeline-leak-grace"
@@ -137,12 +142,8 @@ class TimelinePlugin:
         self.html_path = base / config.getoption("--accelplat-timeline")
         self.json_path = base / json_path if json_path else None
         self._wait_fixtures = frozenset(config.getini("accelplat_timeline_wait_fixtures"))
-        self.recorder: Recorder | None = None
         self.trace: Trace | None = None
-        self._tap: WaitEventTap | None = None
-        self._outcomes: dict[str, str] = {}
-        self._ended: dict[str, tuple[float, Reading]] = {}
-        self._owners: dict[str, list[SpanOwners]] = {}
+        self._ending: defaultdict[str, dict[str, Any]] = defaultdict(dict)  # end_test's keywords
         self._written: list[Path] = []
         self._error: str | None = None
         self._signals: list[int] = []
@@ -168,64 +169,55 @@ class TimelinePlugin:
         self._restore = catch_ending_signals(self._on_signal)
 
     def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
-        if self.recorder is not None:
-            self.recorder.begin_test(nodeid)
+        self.recorder.begin_test(nodeid)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Note when a test's body begins; remember its outcome (failed > skipped > passed)."""
-        if report.when == "setup" and report.passed and self.recorder is not None:
+        if report.when == "setup" and report.passed:
             self.recorder.begin_body(report.nodeid)
+        ending = self._ending[report.nodeid]
         if report.when == "teardown":
-            owners = _owners_of(report)
-            if owners:
-                self._owners[report.nodeid] = owners
+            ending["owners"] = _owners_of(report)
         if report.when == "call" or report.outcome != "passed":
-            if self._outcomes.get(report.nodeid) != "failed":
-                self._outcomes[report.nodeid] = report.outcome
+            if ending.get("outcome") != "failed":
+                ending["outcome"] = report.outcome
         else:
-            self._outcomes.setdefault(report.nodeid, "passed")
+            ending.setdefault("outcome", "passed")
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside the leak check's, whatever the order
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         """Sample memory as a test's teardown ends, closing its span; the leak check shares it."""
-        if call.when == "teardown" and self.recorder is not None:
-            self._ended[item.nodeid] = sample = self.recorder.sampler.sample()
+        if call.when == "teardown":
+            self._ending[item.nodeid]["sample"] = sample = self.recorder.sampler.sample()
             share_after_teardown(item, self.recorder.devices, sample[1])
         return (yield)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
-        if self.recorder is not None:
-            sample = self._ended.pop(nodeid, None)
-            owners = self._owners.pop(nodeid, [])
-            outcome = self._outcomes.pop(nodeid, "")
-            self.recorder.end_test(nodeid, outcome, sample=sample, owners=owners)
+        self.recorder.end_test(nodeid, **self._ending.pop(nodeid, {}))
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_fixture_setup(
         self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
     ) -> Generator[None, Any, None]:
         """Time the set-up of the configured wait fixtures (unless it logged a wait of its own)."""
-        if self.recorder is None or fixturedef.argname not in self._wait_fixtures:
+        if fixturedef.argname not in self._wait_fixtures:
             yield
             return
         token = self.recorder.begin_wait(f"fixture:{fixturedef.argname}")
-        seen = self._tap.started if self._tap is not None else 0
+        seen = self._tap.started
         outcome = yield
-        inner = self._tap is not None and self._tap.started > seen  # logged its own, precise wait
+        inner = self._tap.started > seen  # it logged its own, precise wait
         self.recorder.end_wait(token, ok=outcome.exception is None, keep=not inner)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         recorder = self.recorder
-        if recorder is None:
-            return
         if not self._signals:
             recorder.linger()
         recorder.stop()
-        if self._tap is not None:
-            self._tap.remove()
+        self._tap.remove()
         trace = recorder.trace(exit_code=int(exitstatus))
         if self._signals:
             names = ", ".join(dict.fromkeys(signal.Signals(s).name for s in self._signals))

@@ -81,20 +81,16 @@ def query(platform: Any) -> list[int]:
 
 def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], None]) -> None:
     from accelplat import _registry as registry
-    from accelplat._types import ProbeResult
 
     by_name, value = job["kind"] == "name", job["value"]
     factory: Any = registry.factory_for(value) if by_name else pkgutil.resolve_name(value)
     if not callable(factory):
         raise TypeError(f"{value} is not callable")
     stage("import")
-    probe = getattr(factory, "probe", None)
-    if probe is not None:
-        result = probe()
-        if isinstance(result, ProbeResult):
-            answer["available"], answer["reason"] = result.available, result.reason
-        else:
-            answer["available"], answer["reason"] = bool(result), repr(result)
+    if (probe := getattr(factory, "probe", None)) is not None:
+        result = probe()  # a ProbeResult, or (a plugin's) anything with a truth value
+        answer["available"] = bool(getattr(result, "available", result))
+        answer["reason"] = getattr(result, "reason", repr(result))
     stage("probe")
     if not answer["available"]:
         answer.update(device_count=0, devices=[], ok=True)

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-import os
+import functools
 from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
@@ -17,25 +17,17 @@ import pytest
 from accelplat._platform import Platform
 from accelplat.testing._checks import CHECK_NAMES, ConformanceReport, run_conformance
 
-OPTION = "--accelplat-platform"  # added by accelplat's pytest plugin
-
 
 @pytest.fixture(scope="session")
-def conformance_platform(request: pytest.FixtureRequest) -> Platform:
+def conformance_platform() -> Platform:
     """The platform under test (the requested name, else detected); override to build another.
 
-    The name is ``--accelplat-platform``, else ``ACCELPLAT_PLATFORM``, lower-cased.
+    The name is ``--accelplat-platform`` (which accelplat's plugin forces), else
+    ``ACCELPLAT_PLATFORM``.
     """
-    from accelplat._registry import current_platform, get_platform
+    from accelplat._registry import current_platform
 
-    try:
-        value: Any = request.config.getoption(OPTION, default=None)
-    except ValueError:  # the option is not registered: accelplat's plugin is not loaded
-        value = None
-    if not isinstance(value, str) or not value.strip():
-        value = os.environ.get("ACCELPLAT_PLATFORM", "")
-    name = value.strip().lower()
-    return get_platform(name) if name else current_platform()
+    return current_platform()
 
 
 @pytest.fixture(scope="session")
@@ -96,17 +88,15 @@ def make_conformance_test(
     Returns:
         A test function taking the check name; the checks run once, on the first test.
     """
-    cache: dict[str, ConformanceReport] = {}
 
+    @functools.cache
     def report() -> ConformanceReport:
-        if "report" not in cache:
-            target: Any = platform
-            kwargs = dict(options)
-            if _is_factory(target):
-                kwargs.setdefault("factory", target)
-                target = target()
-            cache["report"] = run_conformance(target, **kwargs)
-        return cache["report"]
+        target: Any = platform
+        kwargs = dict(options)
+        if _is_factory(target):
+            kwargs.setdefault("factory", target)
+            target = target()
+        return run_conformance(target, **kwargs)
 
     @pytest.mark.parametrize("check", CHECK_NAMES)
     def test_conformance(check: str) -> None:

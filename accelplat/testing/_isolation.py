@@ -123,23 +123,16 @@ def _function_ref(func: Callable[..., Any], method: str) -> _FunctionRef:
     return _FunctionRef(module, qualname, path)
 
 
-def _import_module(ref: _FunctionRef) -> Any:
-    try:
-        return importlib.import_module(ref.module)
-    except ImportError:
-        if ref.path is None:
-            raise
-    spec = importlib.util.spec_from_file_location(ref.module, ref.path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {ref.module!r} from {ref.path!r}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[ref.module] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _resolve_function(ref: _FunctionRef) -> Callable[..., Any]:
-    obj: Any = _import_module(ref)
+    """Import the function by module name, else from its file, unwrapped from :func:`isolate`."""
+    try:
+        obj: Any = importlib.import_module(ref.module)
+    except ImportError:
+        where = ref.path and importlib.util.spec_from_file_location(ref.module, ref.path)
+        if not where or where.loader is None:
+            raise
+        obj = sys.modules[ref.module] = importlib.util.module_from_spec(where)
+        where.loader.exec_module(obj)
     for part in ref.qualname.split("."):
         obj = getattr(obj, part)
     # The module attribute is the decorated wrapper; unwrap to the function it isolates.

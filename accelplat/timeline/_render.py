@@ -16,7 +16,6 @@ import math
 import os
 import string
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Literal, NamedTuple, cast
 from accelplat import _files
 from accelplat._types import GIB, MIB
 from accelplat._util import format_bytes
+from accelplat.timeline._chrome import chrome_trace_text
 from accelplat.timeline._trace import Leak, Reading, Sample, TestSpan, Trace, WaitSpan, lanes
 
 _PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
@@ -60,6 +60,7 @@ _PHONE = _Geometry(True, 600, 104, 26, 20, 260, 40, 26, 19, 16, 110)
 _Line = list[list[tuple[float, int]]]  # a device's polyline segments of (x, used)
 _Ends = tuple[tuple[int, float] | None, int]  # a device's peak (bytes, seconds) and lowest sample
 _MAX_LANES = 6
+MAX_ROWS = 5000  # rows of the leak and test tables
 _FOLDS = 4  # at most this many flat stretches are folded
 _STEPS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300,
           600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400)  # fmt: skip
@@ -500,8 +501,8 @@ def _whose(leak: Leak) -> str:
     return f" (held by {', '.join(parts)})" if parts else ""
 
 
-def _more(shown: int, total: int) -> str:
-    return f"<p>… and {total - shown} more.</p>" if total > shown else ""
+def _more(total: int) -> str:
+    return f"<p>… and {total - MAX_ROWS} more.</p>" if total > MAX_ROWS else ""
 
 
 def _sizes(*sizes: int | None) -> list[Cell]:
@@ -512,18 +513,18 @@ def _delta(n: int | None, tolerance: int) -> Cell:
     return _e(_fmt_delta(n)), "num grew" if (n or 0) > tolerance else "num"
 
 
-def _leak_table(trace: Trace, leaks: Sequence[Leak], limit: int, none_left: str) -> str:
+def _leak_table(trace: Trace, leaks: Sequence[Leak], none_left: str) -> str:
     if not leaks:
         tolerance = _e(format_bytes(trace.leak_tolerance_bytes))
         return f'<p id="no-leaks">{none_left} more than {tolerance} held on any device.</p>'
     test = trace.command is None
     heads = [("Test", "")] * test + [(h, "num") for h in _LEAK_HEADS]
     rows = []
-    for leak in leaks[:limit]:
+    for leak in leaks[:MAX_ROWS]:
         cells = [(_e(leak.nodeid + _whose(leak)), "id")] * test + [(str(leak.device), "num")]
         cells += _sizes(leak.before, leak.at_end, leak.after)
         rows.append(("leak", [*cells, (_e(_fmt_delta(leak.leaked)), "num grew")]))
-    return _table("leaks", heads, rows) + _more(limit, len(leaks))
+    return _table("leaks", heads, rows) + _more(len(leaks))
 
 
 def _wait_table(trace: Trace) -> str:
@@ -545,7 +546,7 @@ def _wait_table(trace: Trace) -> str:
     return table
 
 
-def _test_table(page: _Page, limit: int, no_tests: str) -> str:
+def _test_table(page: _Page, no_tests: str) -> str:
     trace, tol, peaks = page.trace, page.trace.leak_tolerance_bytes, page.peaks
     if not trace.tests:
         return f'<p id="no-tests">{no_tests}</p>'
@@ -562,7 +563,7 @@ def _test_table(page: _Page, limit: int, no_tests: str) -> str:
     heads += [(f"{what} dev {d.index}", "num") for what in ("Δ", "Peak") for d in trace.devices]
     leaked = {leak.nodeid for leak in page.leaks}
     rows = []
-    for i, span in enumerate(trace.tests[:limit]):
+    for i, span in enumerate(trace.tests[:MAX_ROWS]):
         outcome = {"passed": "ok", "failed": "failed", "skipped": "skipped"}.get(span.outcome, "")
         cells = [(str(i + 1), "num"), (_e(span.nodeid), "id"), (_e(span.outcome), outcome)]
         cells += [(f"{span.start:.2f} s", "num"), (_e(_fmt_s(span.duration)), "num")]
@@ -573,7 +574,7 @@ def _test_table(page: _Page, limit: int, no_tests: str) -> str:
         f"<details{' open' * (len(trace.tests) <= 300)}><summary>All {len(trace.tests)} tests"
         f'</summary><p class="hint{" always" * (len(trace.devices) > 2)}">Wider than the screen: '
         f'scroll the table sideways.</p><div class="scroll">{_table("tests", heads, rows)}</div>'
-        f"{_more(limit, len(trace.tests))}</details>"
+        f"{_more(len(trace.tests))}</details>"
     )
 
 
@@ -616,23 +617,11 @@ def _data(name: str) -> str:  # a file of the package
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
-def render_html(
-    trace: Trace,
-    *,
-    title: str | None = None,
-    leak_tolerance_bytes: int | None = None,
-    leak_grace_s: float | None = None,
-    max_rows: int = 5000,
-) -> str:
+def render_html(trace: Trace, *, title: str | None = None) -> str:
     """Return the report page for ``trace``: one HTML document that fetches nothing.
 
-    ``leak_tolerance_bytes`` and ``leak_grace_s`` override the trace's; ``max_rows`` bounds the
-    leak and test tables.
+    The leak and test tables show at most :data:`MAX_ROWS` rows each.
     """
-    if leak_tolerance_bytes is not None:
-        trace = replace(trace, leak_tolerance_bytes=leak_tolerance_bytes)
-    if leak_grace_s is not None:
-        trace = replace(trace, leak_grace_s=leak_grace_s)
     growth = [trace.growth(s) for s in trace.tests]
     page = _Page(
         trace, trace.leaks(), growth, lanes(trace.tests, _MAX_LANES), peaks_per_test(trace)
@@ -653,9 +642,9 @@ def render_html(
         css=_data("report.css"),
         summary=_summary(trace, page.leaks, end_t),
         charts=charts or '<p id="no-devices">No device was sampled.</p>',
-        leaks=_leak_table(trace, page.leaks, max_rows, text["none_left"]),
+        leaks=_leak_table(trace, page.leaks, text["none_left"]),
         waits=_wait_table(trace),
-        tests=_test_table(page, max_rows, text["no_tests"]),
+        tests=_test_table(page, text["no_tests"]),
     )
 
 
@@ -672,18 +661,17 @@ def write_report(
     path: str | os.PathLike[str],
     *,
     title: str | None = None,
-    leak_tolerance_bytes: int | None = None,
-    leak_grace_s: float | None = None,
     format: Literal["html", "chrome"] = "html",
 ) -> Path:
     """Write a report of ``trace`` to ``path`` (its directory must exist) atomically.
+
+    The leak rule is the trace's (``dataclasses.replace`` it to judge by another tolerance or
+    grace period).
 
     Args:
         trace: The recorded session.
         path: Where; a path that is not a regular file is never replaced.
         title: The page's title (``html``).
-        leak_tolerance_bytes: What the leak rule tolerates (``html``).
-        leak_grace_s: How long after a test the leak rule waits (``html``).
         format: ``"html"``, :func:`render_html`'s self-contained page, or ``"chrome"``, the
             Chrome trace-event JSON that Perfetto and ``chrome://tracing`` open (memory as
             counter tracks, tests and waits as slices).
@@ -692,13 +680,7 @@ def write_report(
         OSError: When the file cannot be written.
         ValueError: For another ``format``.
     """
-    if format == "chrome":
-        from accelplat.timeline._chrome import chrome_trace_text
-
-        return _files.write_text_atomic(path, chrome_trace_text(trace))
-    if format != "html":
+    if format not in ("html", "chrome"):
         raise ValueError(f"format must be 'html' or 'chrome', got {format!r}")
-    page = render_html(
-        trace, title=title, leak_tolerance_bytes=leak_tolerance_bytes, leak_grace_s=leak_grace_s
-    )
-    return _files.write_text_atomic(path, page)
+    text = render_html(trace, title=title) if format == "html" else chrome_trace_text(trace)
+    return _files.write_text_atomic(path, text)

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from accelplat import _util, _validate
 from accelplat._leaks import DEFAULT_LEAK_TOLERANCE_BYTES
@@ -162,14 +162,10 @@ class Recorder:
     """
 
     @classmethod
-    def of_current_platform(
-        cls,
-        *,
-        hz: float = DEFAULT_HZ,
-        leak_tolerance_bytes: int = DEFAULT_LEAK_TOLERANCE_BYTES,
-        leak_grace_s: float = DEFAULT_LEAK_GRACE_S,
-    ) -> Recorder:
+    def of_current_platform(cls, **options: Any) -> Recorder:
         """Return a recorder of the current platform (detected, cached); without one, of spans.
+
+        ``options`` are the constructor's keywords, ``notes`` aside.
 
         Raises:
             ConfigurationError: For a bad rate, tolerance or grace period.
@@ -181,8 +177,7 @@ class Recorder:
             platform, notes = current_platform(), []
         except AccelplatError as exc:
             platform, notes = None, [f"No platform was sampled: {exc}"]
-        tolerance, grace = leak_tolerance_bytes, leak_grace_s
-        return cls(platform, hz=hz, leak_tolerance_bytes=tolerance, leak_grace_s=grace, notes=notes)
+        return cls(platform, notes=notes, **options)
 
     def __init__(
         self,
@@ -307,15 +302,6 @@ class Recorder:
             )
             self._tests.append(span)
             return span
-
-    def add_owners(self, nodeid: str, owners: Sequence[_trace.SpanOwners]) -> bool:
-        """Give the ended test ``nodeid`` its readings by owner; ``False`` if it is not found."""
-        with self._lock:
-            for pos in range(len(self._tests) - 1, -1, -1):
-                if self._tests[pos].nodeid == nodeid:
-                    self._tests[pos] = replace(self._tests[pos], owners=tuple(owners))
-                    return True
-        return False
 
     def begin_wait(self, kind: str, devices: Sequence[int] = ()) -> int:
         """Mark the start of a memory wait; return a token for :meth:`end_wait`."""

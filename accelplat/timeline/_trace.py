@@ -12,7 +12,7 @@ import json
 import os
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,6 @@ MAX_TEXT = 131_072  # characters in any string: the longest argument Linux passe
 MAX_INT = 2**63 - 1  # any integer: a signed 64-bit one
 MAX_SECONDS = 1e9  # any time, duration or rate: about 31 years
 MAX_EPOCH = 253_402_300_799.0  # the last second of the year 9999, the last a date can show
-_EXIT_RANGE = (-(2**31), 2**31 - 1)  # a C int
 
 Reading = tuple[int | None, ...]  # used bytes per device, in Trace.devices order; None: failed
 LEAK_CHECK_KIND = "leak check"  # the kind of the leak check's own wait (pytest_plugin/_leaks.py)
@@ -148,7 +147,7 @@ class Trace:
     accelerator: bool = True  # False: the host's memory (the CPU platform), where none leaks
     command: tuple[str, ...] | None = None  # what ``accelplat record`` ran; None for pytest
     exit_code: int | None = None  # the command's (or session's) exit status, when known
-    notes: tuple[str, ...] = field(default_factory=tuple)  # remarks shown on the report
+    notes: tuple[str, ...] = ()  # remarks shown on the report
     partial: bool = False  # True when a signal cut the recording short; the notes say how
 
     @cached_property
@@ -160,26 +159,21 @@ class Trace:
         return sorted(t.body_start for t in self.tests if t.body_start is not None)
 
     @cached_property
-    def _held_cache(self) -> dict[float, dict[int, Reading]]:
-        return {}
+    def _held(self) -> dict[int, Reading]:
+        return self._held_after_all(self.tests)
 
-    def judged_at(self, span: TestSpan, grace_s: float | None = None) -> float:
-        """Return when ``span``'s memory is judged: the next body's start, or grace_s after it."""
+    def judged_at(self, span: TestSpan) -> float:
+        """Return when ``span``'s memory is judged: the next body's start, or the grace after it."""
         i = bisect.bisect_left(self._bodies, span.end)
-        if i < len(self._bodies):
-            return self._bodies[i]
-        return span.end + (self.leak_grace_s if grace_s is None else grace_s)
+        return self._bodies[i] if i < len(self._bodies) else span.end + self.leak_grace_s
 
-    def held_after(self, span: TestSpan, grace_s: float | None = None) -> Reading:
+    def held_after(self, span: TestSpan) -> Reading:
         """Return per device the least usage from the end of ``span`` to :meth:`judged_at`."""
-        grace = self.leak_grace_s if grace_s is None else grace_s
-        if grace not in self._held_cache:
-            self._held_cache[grace] = self._held_after_all(self.tests, grace)
         # While the trace lives no other object has the id of one of its tests.
-        held = self._held_cache[grace].get(id(span))
-        return self._held_after_all((span,), grace)[id(span)] if held is None else held
+        held = self._held.get(id(span))
+        return self._held_after_all((span,))[id(span)] if held is None else held
 
-    def _held_after_all(self, spans: Sequence[TestSpan], grace_s: float) -> dict[int, Reading]:
+    def _held_after_all(self, spans: Sequence[TestSpan]) -> dict[int, Reading]:
         # held_after of every span in O(samples + spans) per device: in order of their ends the
         # windows (end, judged_at] only move right, so one sliding-window minimum answers them all.
         width = len(self.devices)
@@ -188,7 +182,7 @@ class Trace:
         out: dict[int, Reading] = {}
         for span in sorted(spans, key=lambda s: s.end):
             lo = bisect.bisect_right(self._times, span.end)  # used_after stands for time `end`
-            hi = bisect.bisect_right(self._times, self.judged_at(span, grace_s))
+            hi = bisect.bisect_right(self._times, self.judged_at(span))
             for k in range(added, hi):
                 for pos, value in enumerate(self.samples[k].used[:width]):
                     if value is not None:
@@ -207,19 +201,19 @@ class Trace:
             out[id(span)] = tuple(held)
         return out
 
-    def growth(self, span: TestSpan, grace_s: float | None = None) -> tuple[int | None, ...]:
+    def growth(self, span: TestSpan) -> tuple[int | None, ...]:
         """Return per device the bytes the leak rule holds against ``span`` (``None``: unknown).
 
         By owner where the span has the test process's readings, else :meth:`held_after` less
         ``used_before``: the one figure the report shows for a test, in every table.
         """
-        return tuple(None if v is None else v[0].leaked for v in self._verdicts(span, grace_s))
+        return tuple(None if v is None else v[0].leaked for v in self._verdicts(span))
 
-    def _verdicts(self, span: TestSpan, grace_s: float | None) -> list[tuple[Blame, Leak] | None]:
+    def _verdicts(self, span: TestSpan) -> list[tuple[Blame, Leak] | None]:
         # Per device the leak rule's verdict on ``span`` and the leak it is if it is one.
         owned = {o.device: o for o in span.owners}
         out: list[tuple[Blame, Leak] | None] = []
-        held = self.held_after(span, grace_s)
+        held = self.held_after(span)
         rows = zip(self.devices, span.used_before, span.used_after, held, strict=False)
         for dev, before, at_end, after in rows:
             record = owned.get(dev.index)
@@ -236,17 +230,17 @@ class Trace:
                 out.append((blame, Leak(span.nodeid, dev.index, before, end, after)))
         return out
 
-    def leaks(self, tolerance_bytes: int | None = None, grace_s: float | None = None) -> list[Leak]:
+    def leaks(self) -> list[Leak]:
         """Return every (test, device) the leak rule blames beyond the tolerance, largest first.
 
-        The rule is :func:`accelplat._leaks.judge`, the leak check's, on :meth:`growth`'s terms.
+        The rule is :func:`accelplat._leaks.judge`, the leak check's, on :meth:`growth`'s terms,
+        with the trace's tolerance and grace period (``dataclasses.replace`` it for others).
         """
-        tol = self.leak_tolerance_bytes if tolerance_bytes is None else tolerance_bytes
         found = [
             v[1]
             for span in self.tests
-            for v in self._verdicts(span, grace_s)
-            if v is not None and v[0].is_leak(tol)
+            for v in self._verdicts(span)
+            if v is not None and v[0].is_leak(self.leak_tolerance_bytes)
         ]
         return sorted(found, key=lambda leak: (-leak.leaked, leak.nodeid, leak.device))
 
@@ -262,9 +256,6 @@ class Trace:
             "version": TRACE_VERSION,
             **{key: getattr(self, key) for key in _SCALARS},
             "duration": _r(self.duration),
-            "command": None if self.command is None else list(self.command),
-            "exit_code": self.exit_code,
-            "notes": list(self.notes),
             "devices": [{"index": d.index, "name": d.name, "total": d.total} for d in self.devices],
             "samples": [[_r(s.t), *s.used] for s in self.samples],
             "tests": [
@@ -445,9 +436,7 @@ def holdings(raw: object, where: str) -> Holdings:
         pid = _FIELDS.integer(item[0], f"{where}.children[{k}][0]", minimum=1, maximum=2**31 - 1)
         children[pid] = _int(item[1], f"{where}.children[{k}][1]")
     used = _int(h.get("used"), f"{where}.used")
-    own, others = (
-        None if h.get(k) is None else _int(h[k], f"{where}.{k}") for k in ("own", "others")
-    )
+    own, others = (_optional(_int)(h.get(k), f"{where}.{k}") for k in ("own", "others"))
     judged = _FIELDS.boolean(h.get("judged", True), f"{where}.judged")
     return Holdings(used=used, own=own, children=children, others=others, judged=judged)
 
@@ -459,10 +448,7 @@ def _wait(raw: object, i: int) -> WaitSpan:
     values = _list(w.get("devices", []), f"{where}.devices")
     devices = tuple(_int(v, f"{where}.devices[{j}]") for j, v in enumerate(values))
     ok = _FIELDS.boolean(w.get("ok", True), f"{where}.ok")
-    test = w.get("test")
-    return WaitSpan(
-        start, end, kind, devices, ok, None if test is None else _text(test, f"{where}.test")
-    )
+    return WaitSpan(start, end, kind, devices, ok, _optional(_text)(w.get("test"), f"{where}.test"))
 
 
 def _samples(rows: Sequence[Any], n: int) -> tuple[list[Sample], float]:
@@ -521,28 +507,26 @@ def _parse(doc: object) -> Trace:
     samples, last_t = _samples(_list(top.get("samples"), "samples"), n)
     tests = [_test(raw, i, n) for i, raw in enumerate(_list(top.get("tests", []), "tests"))]
     waits = [_wait(raw, i) for i, raw in enumerate(_list(top.get("waits", []), "waits"))]
-
-    command, exit_code = top.get("command"), top.get("exit_code")
-    if exit_code is not None:
-        _int(exit_code, "exit_code", minimum=_EXIT_RANGE[0], maximum=_EXIT_RANGE[1])
-    if command is not None:
-        command = tuple(_text(c, f"command[{i}]") for i, c in enumerate(_list(command, "command")))
-    notes = [_text(x, f"notes[{i}]") for i, x in enumerate(_list(top.get("notes", []), "notes"))]
-    defaults = {f.name: f.default for f in fields(Trace)}
     return Trace(
         devices=tuple(devices.values()),
         samples=tuple(samples),
         tests=tuple(tests),
         waits=tuple(waits),
         duration=_float(top.get("duration", last_t), "duration"),
-        command=command,
-        exit_code=exit_code,
-        notes=tuple(notes),
-        **{key: check(top.get(key, defaults[key]), key) for key, check in _SCALARS.items()},
+        **{key: check(top[key], key) for key, check in _SCALARS.items() if key in top},
     )
 
 
-# The trace's plain fields, each with its check (its default is the dataclass's).
+def _optional(check: Callable[[object, str], Any]) -> Callable[[object, str], Any]:
+    """``check`` that lets ``null`` (``None``) through."""
+    return lambda value, where: None if value is None else check(value, where)
+
+
+def _texts(value: object, where: str) -> tuple[str, ...]:
+    return tuple(_text(x, f"{where}[{i}]") for i, x in enumerate(_list(value, where)))
+
+
+# The trace's plain fields, each with its check (an absent one takes the dataclass's default).
 _SCALARS: dict[str, Callable[[object, str], Any]] = {
     "platform": _text,
     "started_at": partial(_float, maximum=MAX_EPOCH),
@@ -553,4 +537,7 @@ _SCALARS: dict[str, Callable[[object, str], Any]] = {
     "context_free": _FIELDS.boolean,
     "accelerator": _FIELDS.boolean,
     "partial": _FIELDS.boolean,
+    "command": _optional(_texts),
+    "exit_code": _optional(partial(_FIELDS.integer, minimum=-(2**31), maximum=2**31 - 1)),  # C int
+    "notes": _texts,
 }

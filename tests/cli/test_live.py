@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from accelplat._cli import stats as stats_cli
-from accelplat._cli.stats import BAR_WIDTH, Keys, ViewState, bar, colour_for, render
+from accelplat._cli.stats import BAR_WIDTH, ViewState, bar, colour_for, listen, render
 from accelplat._types import GIB, HolderState, MemoryHolder, MemoryInfo, UsageSnapshot
 
 pytest.importorskip("rich")
@@ -80,7 +80,7 @@ def test_bar_is_proportional_and_never_hides_usage() -> None:
 
 def test_frame_has_header_bars_and_holders_on_demand() -> None:
     snap = _snap()
-    kwargs = {"interval": 2.0, "details": _details, "host": "gpu-box", "now": 0.0}
+    kwargs = {"interval": 2.0, "details": _details, "host": "gpu-box"}
     plain = _text(
         render("cuda", snap, {0: "H200", 1: "H200"}, state=ViewState(), **kwargs), colour=False
     )
@@ -106,7 +106,7 @@ def test_frame_has_header_bars_and_holders_on_demand() -> None:
 
 
 def test_colour_only_when_the_console_has_it() -> None:
-    frame = render("cuda", _snap(), {}, state=ViewState(), interval=None, details=_details, now=0.0)
+    frame = render("cuda", _snap(), {}, state=ViewState(), interval=None, details=_details)
     coloured = _text(frame, colour=True)
     assert "\x1b[31m" in coloured  # the 80 % device is red
     bare = _text(frame, colour=False)
@@ -130,17 +130,17 @@ def test_keys_toggle_holders_and_quit_on_a_real_terminal(monkeypatch: pytest.Mon
     try:
         before = termios.tcgetattr(slave)
         state = ViewState()
-        with os.fdopen(os.dup(slave), "r") as stream, Keys(stream) as keys:
-            assert keys.active
+        with os.fdopen(os.dup(slave), "r") as stream, contextlib.ExitStack() as stack:
+            wait = listen(stack, stream)
             assert not termios.tcgetattr(slave)[3] & termios.ICANON  # cbreak while viewing
             os.write(master, b"h")
-            keys.wait(600.0, state)
+            wait(600.0, state)
             assert state.holders
             # a key redraws at once: one select() that found the key, no wait for the timeout
             assert len(waits) == 1
             assert waits[0][1]
             os.write(master, b"xq")
-            keys.wait(600.0, state)
+            wait(600.0, state)
             assert state.quit
             assert all(ready for _, ready in waits)  # every select() returned on a key
         assert termios.tcgetattr(slave) == before  # the terminal is given back as it was
@@ -152,9 +152,8 @@ def test_keys_toggle_holders_and_quit_on_a_real_terminal(monkeypatch: pytest.Mon
 def test_keys_without_a_terminal_only_sleep() -> None:
     slept: list[float] = []
     state = ViewState()
-    with Keys(io.StringIO("hq"), sleep=slept.append) as keys:
-        assert not keys.active
-        keys.wait(0.25, state)
+    with contextlib.ExitStack() as stack:
+        listen(stack, io.StringIO("hq"), sleep=slept.append)(0.25, state)
     assert slept == [0.25]
     assert state == ViewState()
 
@@ -278,7 +277,7 @@ def _at(width: int, frame: object) -> list[str]:
 def _frame(snap: UsageSnapshot, *, holders: bool = False) -> object:
     names = dict.fromkeys(snap.memory, "NVIDIA H200")
     state = ViewState(holders=holders)
-    return render("cuda", snap, names, state=state, interval=2.0, details=_details, now=0.0)
+    return render("cuda", snap, names, state=state, interval=2.0, details=_details)
 
 
 def test_at_80_columns_index_and_figures_stay_whole() -> None:
@@ -335,7 +334,8 @@ def test_a_resize_ends_the_wait_so_the_view_redraws(monkeypatch: pytest.MonkeyPa
     master, slave = pty.openpty()
     try:
         state = ViewState()
-        with os.fdopen(os.dup(slave), "r") as stream, Keys(stream) as keys:
+        with os.fdopen(os.dup(slave), "r") as stream, contextlib.ExitStack() as stack:
+            wait = listen(stack, stream)
             waited: list[float] = []
             real_select = select.select
 
@@ -345,7 +345,7 @@ def test_a_resize_ends_the_wait_so_the_view_redraws(monkeypatch: pytest.MonkeyPa
 
             monkeypatch.setattr(stats_cli, "select", types.SimpleNamespace(select=select_once))
             os.kill(os.getpid(), signal.SIGWINCH)  # the handler runs before the next line
-            keys.wait(600.0, state)
+            wait(600.0, state)
             assert len(waited) == 1  # woken at once, not after 600 s
         assert state == ViewState()  # a resize is no key
         assert signal.getsignal(signal.SIGWINCH) in (signal.SIG_DFL, None)  # handler given back
@@ -413,9 +413,9 @@ def test_the_key_help_is_shown_on_question_mark() -> None:
     master, slave = pty.openpty()
     try:
         state = ViewState()
-        with os.fdopen(os.dup(slave), "r") as stream, Keys(stream) as keys:
+        with os.fdopen(os.dup(slave), "r") as stream, contextlib.ExitStack() as stack:
             os.write(master, b"?")
-            keys.wait(30.0, state)
+            listen(stack, stream)(30.0, state)
         assert state == ViewState(keys=True)
     finally:
         os.close(master)

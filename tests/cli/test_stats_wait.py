@@ -724,6 +724,20 @@ def test_wait_for_a_pid_to_release_its_memory(
     doc = json.loads(out)
     assert 0.5 <= doc["waited_s"] <= 0.55
     assert [h["pid"] for h in doc["devices"][0]["holders"]] == [31337]
+    # cleared is the wait's verdict on the processes, not the device's usage (2 GiB still used)
+    assert doc["devices"][0]["cleared"] is True
+    assert doc["devices"][0]["target"] is None
+
+
+def test_wait_for_a_pid_json_on_timeout_names_the_device_not_cleared(
+    use_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_spec(SHARED)
+    code, out, _ = run_cli(capsys, "wait", "--pid", "31337", "--timeout", "1", "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["status"] == "timeout"
+    assert [(d["cleared"], d["target"]) for d in doc["devices"]] == [(False, None)]
 
 
 def test_wait_for_a_pid_that_keeps_its_memory_times_out_naming_it(

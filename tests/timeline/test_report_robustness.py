@@ -239,9 +239,9 @@ def _trace(n_samples: int, n_tests: int, *, bodies: bool, grace: float) -> Trace
     )
 
 
-def _plain_scan(trace: Trace, span: TestSpan, grace: float) -> tuple[int | None, ...]:
+def _plain_scan(trace: Trace, span: TestSpan) -> tuple[int | None, ...]:
     """``held_after`` by its definition: the least reading in (end, judged_at], or at the end."""
-    until = trace.judged_at(span, grace)
+    until = trace.judged_at(span)
     out: list[int | None] = []
     for pos, at_end in enumerate(span.used_after):
         inside = [s.used[pos] for s in trace.samples if span.end < s.t <= until]
@@ -255,7 +255,7 @@ def test_held_after_is_exact_and_reads_each_sample_a_bounded_number_of_times(
     bodies: bool, grace: float
 ) -> None:
     trace = _trace(4000, 200, bodies=bodies, grace=grace)
-    expected = [_plain_scan(trace, s, grace) for s in trace.tests]
+    expected = [_plain_scan(trace, s) for s in trace.tests]
     counted = replace(trace, samples=CountingSamples(trace.samples))
     CountingSamples.reads = 0
     got = [counted.held_after(s) for s in counted.tests]
@@ -281,15 +281,17 @@ def test_held_after_matches_the_plain_scan_for_any_layout(
         TestSpan(f"t{i}", s, s + d, (5,), (7,), "", s + d / 2 if body else None)
         for i, (s, d, body) in enumerate(sorted(spans))
     )
-    trace = Trace(devices=(DeviceTrack(0, "a", 100),), samples=samples, tests=tests)
+    trace = Trace(
+        devices=(DeviceTrack(0, "a", 100),), samples=samples, tests=tests, leak_grace_s=grace
+    )
     for span in tests:
-        assert trace.held_after(span, grace) == _plain_scan(trace, span, grace)
+        assert trace.held_after(span) == _plain_scan(trace, span)
 
 
 def test_a_span_from_elsewhere_is_judged_by_the_plain_scan() -> None:
     trace = _trace(100, 5, bodies=True, grace=1.0)
     stranger = replace(trace.tests[2], nodeid="elsewhere")
-    assert trace.held_after(stranger) == _plain_scan(trace, stranger, 1.0)
+    assert trace.held_after(stranger) == _plain_scan(trace, stranger)
 
 
 # -- huge but accepted readings: the page's size follows the trace's, never the values ----------

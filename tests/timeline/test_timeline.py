@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -169,7 +170,11 @@ def test_leak_tolerance_is_exclusive_and_sorted_largest_first() -> None:
     )
     got = [(leak.nodeid, leak.device, leak.leaked) for leak in trace.leaks()]
     assert got == [("big", 3, 512 * MIB), ("small", 0, DEFAULT_LEAK_TOLERANCE_BYTES + 1)]
-    assert [leak.nodeid for leak in trace.leaks(tolerance_bytes=0)] == ["big", "small", "exact"]
+    assert [leak.nodeid for leak in replace(trace, leak_tolerance_bytes=0).leaks()] == [
+        "big",
+        "small",
+        "exact",
+    ]
     assert trace.leak_tolerance_bytes == DEFAULT_LEAK_TOLERANCE_BYTES
 
 
@@ -193,7 +198,7 @@ def test_memory_that_comes_back_within_the_grace_is_not_a_leak() -> None:
     assert trace.held_after(trace.tests[0]) == (GIB,)
     assert trace.leaks() == []
     # with no grace, the same test is blamed for what was held at its end
-    (leak,) = trace.leaks(grace_s=0.0)
+    (leak,) = replace(trace, leak_grace_s=0.0).leaks()
     assert (leak.before, leak.at_end, leak.after, leak.leaked) == (GIB, 9 * GIB, 9 * GIB, 8 * GIB)
 
 
@@ -201,7 +206,7 @@ def test_memory_still_held_after_the_grace_is_a_leak() -> None:
     trace = _lazy_release_trace(2.5)
     (leak,) = trace.leaks()
     assert leak.leaked == 8 * GIB
-    assert trace.leaks(grace_s=3.0) == []
+    assert replace(trace, leak_grace_s=3.0).leaks() == []
 
 
 def _sequence(*, freed_at: float, bodies: dict[str, float | None]) -> Trace:
@@ -754,7 +759,7 @@ def test_report_thins_long_traces_but_keeps_peaks() -> None:
 
 
 def test_report_leak_tolerance_override() -> None:
-    page = render_html(_story(), leak_tolerance_bytes=4 * GIB)
+    page = render_html(replace(_story(), leak_tolerance_bytes=4 * GIB))
     assert 'id="no-leaks"' in page
     assert "4.00 GiB" in page
 

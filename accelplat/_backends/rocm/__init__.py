@@ -16,13 +16,13 @@ from typing import ClassVar
 
 from typing_extensions import override
 
+from accelplat import _files
 from accelplat._backends._common import (
     EMULATED_FP8,
     ENV_SYSFS_ROOT,
     ReadText,
     SysfsReader,
     never_raises,
-    read_attribute,
 )
 from accelplat._backends._presence import no_amd_gpu
 from accelplat._backends.rocm import _sources, _topology
@@ -99,7 +99,7 @@ class RocmPlatform(BasePlatform):
         self._open_device = open_device or _topology.open_node
         self._sysfs_arg = None if sysfs_root is None else Path(sysfs_root)
         self._dev_arg = None if dev_root is None else Path(dev_root)
-        self._read = read_text or read_attribute
+        self._read = read_text or _files.read_text
         self._reader = SysfsReader("rocm", self._read)
         self._allow_amdsmi = allow_amdsmi
         self._lock = threading.RLock()

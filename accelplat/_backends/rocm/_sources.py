@@ -95,12 +95,6 @@ class SysfsSource(Source):
         device = gpu.card.path / "device"
         total = self._reader.integer(device / "mem_info_vram_total")
         used = self._reader.integer(device / "mem_info_vram_used")
-        if used > total:
-            raise BackendError(
-                "rocm",
-                f"{device / 'mem_info_vram_used'} ({used}) exceeds "
-                f"{device / 'mem_info_vram_total'} ({total})",
-            )
         node = gpu.node
         bank = node.bank_bytes if node is not None else None
         # An APU with apu_prefer_gtt (VRAM carve-out smaller than GTT, amdgpu_ttm.c) gives KFD the
@@ -129,12 +123,6 @@ class SysfsSource(Source):
                 f"share unknown: {why})"
             )
             return _reading(where, total=total, used=used, source=source)
-        if kfd_used > bank:
-            raise BackendError(
-                "rocm",
-                f"KFD allocations on GPU {gpu.physical_index} ({kfd_used} bytes) exceed its KFD "
-                f"memory bank ({bank} bytes)",
-            )
         source = SOURCE_PARTITION.format(k=gpu.partition or 0, n=gpu.partitions)
         where = f"GPU {gpu.physical_index} (KFD memory bank)"
         return _reading(where, total=bank, used=kfd_used, source=SOURCE_APU if apu else source)
@@ -176,12 +164,6 @@ if hasattr(os, "register_at_fork"):
 _boundary.on_reset(_after_fork)  # amdsmi comes through the boundary: initialise it afresh
 
 
-def import_amdsmi() -> tuple[Any, str]:
-    """Return ``(amdsmi, "")`` or ``(None, why)``, through the boundary, its output swallowed."""
-    module, why, _ = _boundary.vendor("amdsmi", lambda: (*_import_amdsmi_live(), ""))
-    return module, why
-
-
 def _import_amdsmi_live() -> tuple[Any, str]:
     if "amdsmi" in sys.modules:
         module = sys.modules["amdsmi"]
@@ -219,7 +201,8 @@ def _import_amdsmi_live() -> tuple[Any, str]:
 def amdsmi_source() -> tuple[Source | None, str]:
     """Return amdsmi's source (initialised once per process) and ``""``, or ``None`` and why not."""
     global _amdsmi_initialised
-    module, why = import_amdsmi()
+    # Imported through the boundary (a replay answers), its output swallowed.
+    module, why, _ = _boundary.vendor("amdsmi", lambda: (*_import_amdsmi_live(), ""))
     if module is None:
         return None, why
     try:

@@ -1,7 +1,7 @@
 """The ``simulated`` platform: devices whose used memory follows a scripted timeline.
 
 An eager CUDA-like or a lazy ROCm-like platform; a :class:`SimulatedClock` (``_clock``) makes waits
-instant. The model is in ``_model``, the spec reader in ``_spec``; the format in ``docs/memory.md``.
+instant. The model and its spec reader are in ``_model``; the format in ``docs/memory.md``.
 """
 
 from __future__ import annotations
@@ -24,23 +24,17 @@ from accelplat._backends.simulated._model import SimulatedDevice as SimulatedDev
 from accelplat._backends.simulated._model import SimulatedHolder as SimulatedHolder
 from accelplat._backends.simulated._model import SimulatedSpec as SimulatedSpec
 from accelplat._backends.simulated._model import Step as Step
-from accelplat._backends.simulated._spec import load_spec as load_spec
-from accelplat._backends.simulated._spec import spec_from_mapping as spec_from_mapping
+from accelplat._backends.simulated._model import load_spec as load_spec
+from accelplat._backends.simulated._model import spec_from_mapping as spec_from_mapping
 from accelplat._platform import BasePlatform
-from accelplat._types import (
-    DeviceInfo,
-    GraphSupport,
-    MemoryHolder,
-    MemoryInfo,
-    ProbeResult,
-    ReleaseProfile,
-)
+from accelplat._types import DeviceInfo, MemoryHolder, MemoryInfo, ProbeResult
 from accelplat._util import Clock, RealClock, shown
 from accelplat.errors import ConfigurationError
 
 ENV_SPEC = "ACCELPLAT_SIMULATED_SPEC"  # the spec file SimulatedPlatform() and its probe load
 ENV_VISIBLE = "ACCELPLAT_SIMULATED_VISIBLE_DEVICES"  # UUIDs (SIM-0 …) or spec indices, CUDA-style
 _Entry = tuple[int, int | None]  # a visible device: its index in the spec, and its slice or None
+_SpecSource = SimulatedSpec | Mapping[str, Any] | str | os.PathLike[str]  # a spec, or its file
 
 
 @functools.lru_cache(maxsize=16)
@@ -74,12 +68,7 @@ class SimulatedPlatform(BasePlatform):
     context_free: ClassVar[bool] = True
     visible_devices_env: ClassVar[str | None] = ENV_VISIBLE
 
-    def __init__(
-        self,
-        spec: SimulatedSpec | Mapping[str, Any] | str | os.PathLike[str] | None = None,
-        *,
-        clock: Clock | None = None,
-    ) -> None:
+    def __init__(self, spec: _SpecSource | None = None, *, clock: Clock | None = None) -> None:
         if spec is None:
             path = os.environ.get(ENV_SPEC, "").strip()
             if not path:
@@ -107,12 +96,7 @@ class SimulatedPlatform(BasePlatform):
         self._t0 = clock.monotonic()
 
     @classmethod
-    def from_spec(
-        cls,
-        spec: SimulatedSpec | Mapping[str, Any] | str | os.PathLike[str],
-        *,
-        clock: Clock | None = None,
-    ) -> SimulatedPlatform:
+    def from_spec(cls, spec: _SpecSource, *, clock: Clock | None = None) -> SimulatedPlatform:
         """Build a simulated platform from a spec (see the class for the arguments)."""
         return cls(spec, clock=clock)
 
@@ -135,16 +119,6 @@ class SimulatedPlatform(BasePlatform):
     def is_accelerator(self) -> bool:  # type: ignore[override]
         """Whether the devices are accelerators: all but a simulated ``"cpu"`` host's."""
         return self._spec.device_type != "cpu"
-
-    @property
-    @override
-    def release(self) -> ReleaseProfile:
-        return self._spec.release
-
-    @property
-    @override
-    def graph(self) -> GraphSupport:
-        return self._spec.graph
 
     def elapsed(self) -> float:
         """Return timeline time: seconds on :attr:`clock` since construction."""
@@ -277,13 +251,10 @@ class SimulatedPlatform(BasePlatform):
         index = self.check_device(device)
         return self._device(self._visible()[index]).holders_at(self.elapsed())
 
-    def __repr__(self) -> str:
-        return (
-            f"<SimulatedPlatform name={self.name!r} devices={self.device_count()} "
-            f"clock={self.clock!r}>"
-        )
 
-
-# The class attributes of BasePlatform a spec sets, each read from it.
+# The class attributes of BasePlatform a spec sets, each read from it (RELEASE and GRAPH: the
+# base's release and graph read them).
 for _member in ("name", "device_type", "default_memory_utilization", "preferred_start_method"):
     setattr(SimulatedPlatform, _member, property(operator.attrgetter(f"_spec.{_member}")))
+for _member in ("release", "graph"):
+    setattr(SimulatedPlatform, _member.upper(), property(operator.attrgetter(f"_spec.{_member}")))
