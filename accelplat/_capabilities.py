@@ -15,7 +15,6 @@ import graphlib
 import inspect
 import json
 import re
-import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -333,11 +332,6 @@ def define_capability(
 
 def load_pyproject(path: str | Path) -> list[ProjectCapability]:
     """Register and return a ``pyproject.toml``'s ``[tool.accelplat.capabilities]`` entries."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
-
     p = Path(path)
     try:
         # the project's own file, not a host file: the live reader, never a replayed host's
@@ -345,8 +339,8 @@ def load_pyproject(path: str | Path) -> list[ProjectCapability]:
     except OSError as exc:  # missing, unreadable, not a regular file, too large
         raise ConfigurationError(f"{p}: cannot read the capability table: {exc}") from None
     try:
-        table: dict[str, Any] = tomllib.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        table = _files.parse_toml(data.decode("utf-8"))
+    except ValueError as exc:  # not UTF-8, or TOMLDecodeError
         raise ConfigurationError(f"{p}: not valid TOML: {exc}") from None
     except RecursionError:  # tomllib recurses once per level of nesting
         raise ConfigurationError(f"{p}: not valid TOML: nested too deeply") from None

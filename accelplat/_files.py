@@ -12,8 +12,9 @@ import contextlib
 import errno
 import os
 import stat
+import sys
 import threading
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from accelplat.errors import ConfigurationError, FileTooLargeError, NotARegularFileError
 
@@ -269,3 +270,18 @@ def write_text_atomic(path: PathLike, text: str | bytes, *, mode: int = 0o644) -
             os.unlink(tmp)
         raise
     return Path(target)
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """Parse ``text`` as TOML with the standard library's reader (``tomli`` before Python 3.11).
+
+    Raises:
+        ValueError: Not valid TOML (``TOMLDecodeError`` is one).
+        RecursionError: Nested deeper than the reader recurses.
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    table: dict[str, Any] = tomllib.loads(text)
+    return table

@@ -14,11 +14,11 @@ The meaning of each predicate is vLLM 0.33's (``vllm/platforms/interface.py``, `
 from __future__ import annotations
 
 import ast
-import sys
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from accelplat import _files
 from accelplat._requirement import (
     All,
     AnyOf,
@@ -72,13 +72,8 @@ _NUMBERED = frozenset(word(w) for w in ("cuda", "rocm"))
 
 def _vocabulary() -> dict[str, Any]:
     """The predicates' table (``_vllm_predicates.toml``: each with its vLLM source line)."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
     text = resources.files(__package__).joinpath("_vllm_predicates.toml").read_text("utf-8")
-    table: dict[str, Any] = tomllib.loads(text)
-    return table
+    return _files.parse_toml(text)
 
 
 VOCABULARY = _vocabulary()

@@ -11,7 +11,6 @@ import json
 import math
 import numbers
 import os
-import sys
 from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -472,11 +471,7 @@ def load_spec(path: str | os.PathLike[str]) -> SimulatedSpec:
 def _parse(text: str, *, toml: bool) -> object:
     if not toml:
         return json.loads(text, parse_constant=_reject_constant)
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - exercised on Python 3.10 only
-        import tomli as tomllib
-    return tomllib.loads(text)
+    return _files.parse_toml(text)
 
 
 def _read(parse: Callable[[], object], source: str) -> SimulatedSpec:
