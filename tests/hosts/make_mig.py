@@ -9,14 +9,14 @@ table or the capture format; ``--check`` only reports which bundles would change
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from tests.hosts.make_nvidia import write_bundles
 from tools.nvml_mock import MIB, build_bundle, profile_facts
 
-HERE = Path(__file__).resolve().parent
 H200 = "NVIDIA H200"
 H200_TOTAL_MIB = 143771  # NVML's total on the captured H200 (nvidia-h200-x1.tar.gz)
 _COMMON = (
@@ -130,20 +130,7 @@ def build(host: Host) -> bytes:
 
 def main(argv: list[str]) -> int:
     """Write every bundle (``--check``: only report those that differ; exit 1 if any)."""
-    check = "--check" in argv
-    stale = []
-    for host in HOSTS:
-        out = HERE / host.bundle
-        data = build(host)
-        if out.exists() and out.read_bytes() == data:
-            continue
-        stale.append(host.bundle)
-        if not check:
-            out.write_bytes(data)
-            print(f"wrote {out.name} ({len(data)} bytes)")
-    if check and stale:
-        print("would change: " + ", ".join(stale))
-    return 1 if check and stale else 0
+    return write_bundles(((h.bundle, functools.partial(build, h)) for h in HOSTS), argv)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ capability table or the capture format; ``--check`` only reports which bundles w
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -237,22 +239,30 @@ def build(source: Source) -> bytes:
     return build_bundle(facts_of(source), provenance=provenance(source))
 
 
-def main(argv: list[str]) -> int:
-    """Write every bundle (``--check``: only report those that differ; exit 1 if any)."""
+def write_bundles(bundles: Iterable[tuple[str, Callable[[], bytes]]], argv: list[str]) -> int:
+    """Write each ``(file name, build)`` bundle beside this script that differs from its build.
+
+    ``--check`` in ``argv``: only report those that differ, and return 1 if any.
+    """
     check = "--check" in argv
     stale = []
-    for source in HOSTS:
-        out = HERE / source.bundle
-        data = build(source)
+    for name, make in bundles:
+        out = HERE / name
+        data = make()
         if out.exists() and out.read_bytes() == data:
             continue
-        stale.append(source.bundle)
+        stale.append(name)
         if not check:
             out.write_bytes(data)
             print(f"wrote {out.name} ({len(data)} bytes)")
     if check and stale:
         print("would change: " + ", ".join(stale))
     return 1 if check and stale else 0
+
+
+def main(argv: list[str]) -> int:
+    """Write every bundle (``--check``: only report those that differ; exit 1 if any)."""
+    return write_bundles(((s.bundle, functools.partial(build, s)) for s in HOSTS), argv)
 
 
 if __name__ == "__main__":
