@@ -7,9 +7,10 @@ The members a plugin may leave out are listed once, with their defaults, in
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
 from accelplat import _validate
 from accelplat._types import (
@@ -25,6 +26,21 @@ from accelplat._util import Clock
 from accelplat.errors import ConfigurationError
 
 StartMethod = Literal["fork", "spawn", "forkserver"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+if sys.version_info >= (3, 12):
+    from typing import override as override
+elif TYPE_CHECKING:
+    from typing_extensions import override as override
+else:
+    # ``@override`` matters to the type checker only. Before Python 3.12 its one home is
+    # typing_extensions, whose import costs a tenth of detection on a CPU host; at run time
+    # the decorator is the identity here (it does not set ``__override__``).
+    def override(method: _F) -> _F:
+        """Return ``method`` unchanged: it overrides a base class's member (checked by mypy)."""
+        return method
+
 
 # Members of a platform beyond Platform, each with the value meant when it is absent.
 OPTIONAL_MEMBERS: Mapping[str, Any] = {

@@ -14,8 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from time import monotonic as _monotonic
 from typing import Any, ClassVar, NamedTuple, TypeVar, cast
 
-from typing_extensions import override
-
 from accelplat import _boundary, _files
 from accelplat._backends._common import (
     ENV_PROC_ROOT,
@@ -28,7 +26,7 @@ from accelplat._backends._common import (
     read_or_empty,
     require_plausible,
 )
-from accelplat._platform import BasePlatform
+from accelplat._platform import BasePlatform, override
 from accelplat._types import DeviceInfo, FeatureRule, GraphSupport, MemoryInfo, ProbeResult
 from accelplat.errors import BackendError, DeviceNotFoundError
 

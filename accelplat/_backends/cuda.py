@@ -14,8 +14,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
-from typing_extensions import override
-
 from accelplat import _boundary
 from accelplat._backends._common import (
     checked_memory,
@@ -25,7 +23,7 @@ from accelplat._backends._common import (
     pci_address,
     pci_sort_key,
 )
-from accelplat._platform import BasePlatform
+from accelplat._platform import BasePlatform, override
 from accelplat._types import (
     DeviceInfo,
     FeatureRule,

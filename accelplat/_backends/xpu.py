@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from typing_extensions import override
-
 from accelplat import _files
 from accelplat._backends._common import (
     EMULATED_FP8,
@@ -34,7 +32,7 @@ from accelplat._backends._common import (
     vendor_cards,
 )
 from accelplat._backends._presence import level_zero_loader_name, level_zero_not_found, no_intel_gpu
-from accelplat._platform import BasePlatform, StartMethod
+from accelplat._platform import BasePlatform, StartMethod, override
 from accelplat._types import (
     DeviceInfo,
     FeatureRule,

@@ -12,9 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from typing_extensions import override
-
 from accelplat import _boundary, _files
+from accelplat._platform import override
 from accelplat._registry import host_variables
 from accelplat._replay._bundle import TABLES, Bundle, load_bundle
 from accelplat._replay._record import Recorder

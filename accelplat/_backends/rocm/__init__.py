@@ -14,8 +14,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from typing_extensions import override
-
 from accelplat import _files
 from accelplat._backends._common import (
     EMULATED_FP8,
@@ -26,7 +24,7 @@ from accelplat._backends._common import (
 )
 from accelplat._backends._presence import no_amd_gpu
 from accelplat._backends.rocm import _sources, _topology
-from accelplat._platform import BasePlatform, StartMethod
+from accelplat._platform import BasePlatform, StartMethod, override
 from accelplat._types import (
     GIB,
     DeviceInfo,

@@ -14,8 +14,6 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from typing_extensions import override
-
 from accelplat._backends._common import checked_memory
 from accelplat._backends.simulated._clock import SimulatedClock as SimulatedClock
 from accelplat._backends.simulated._model import LazyRelease as LazyRelease
@@ -26,7 +24,7 @@ from accelplat._backends.simulated._model import SimulatedSpec as SimulatedSpec
 from accelplat._backends.simulated._model import Step as Step
 from accelplat._backends.simulated._model import load_spec as load_spec
 from accelplat._backends.simulated._model import spec_from_mapping as spec_from_mapping
-from accelplat._platform import BasePlatform
+from accelplat._platform import BasePlatform, override
 from accelplat._types import DeviceInfo, MemoryHolder, MemoryInfo, ProbeResult
 from accelplat._util import Clock, RealClock, shown
 from accelplat.errors import ConfigurationError
