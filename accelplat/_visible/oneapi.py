@@ -131,11 +131,7 @@ def parse_affinity_mask(
     return out
 
 
-@dataclass(frozen=True)
-class _Term:
-    negative: bool
-    applies: bool  # backend is level_zero or *
-    items: tuple[str, ...]
+_Term = tuple[bool, bool, tuple[str, ...]]  # negative, applies (level_zero or *), the devices
 
 
 def _parse_selector(value: str) -> list[_Term]:
@@ -147,7 +143,7 @@ def _parse_selector(value: str) -> list[_Term]:
         negative = text.startswith("!")
         if negative:
             text = text[1:].strip()
-        elif terms and terms[-1].negative:  # discard filters "must all appear at the end"
+        elif terms and terms[-1][0]:  # discard filters "must all appear at the end"
             words = (
                 f"the '!' (discard) terms must all come after the accepting terms, but "
                 f"{shown(raw.strip())} follows one"
@@ -165,7 +161,7 @@ def _parse_selector(value: str) -> list[_Term]:
         items = tuple(d.strip().lower() for d in devices.split(","))
         for item in items:
             _check_item(item, negative, value)
-        terms.append(_Term(negative, backend in ("level_zero", "*"), items))
+        terms.append((negative, backend in ("level_zero", "*"), items))
     return terms
 
 
@@ -195,11 +191,9 @@ def apply_device_selector(
     whole: set[int] = set()
     drop: set[int] = set()
     sub: dict[int, set[int]] = {}
-    for term in terms:
-        if not term.applies:
-            continue
-        chosen = drop if term.negative else whole  # a '!' term names no sub-device (checked)
-        for item in term.items:
+    for negative, applies, items in terms:
+        chosen = drop if negative else whole  # a '!' term names no sub-device (checked)
+        for item in items if applies else ():
             if item in ("*", "gpu"):
                 chosen.update(range(len(devices)))
             elif item in _NO_XPU_TYPES:
@@ -225,7 +219,7 @@ def apply_device_selector(
                 sub.setdefault(n, set()).update(available)
             else:
                 chosen.add(_number(item))
-    if all(t.negative for t in terms):  # discard-only input implies accept-all
+    if all(negative for negative, _, _ in terms):  # discard-only input implies accept-all
         whole = set(range(len(devices)))  # (EnvironmentVariables.md)
     out: list[XpuTarget] = []
     for n, device in enumerate(devices):

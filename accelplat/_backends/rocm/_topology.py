@@ -62,7 +62,7 @@ class _Card:
 class _Node:
     node: int
     gpu_id: int
-    unique_id: int
+    uuid: str | None
     render_minor: int | None
     label: str
     domain: int = 0
@@ -107,9 +107,9 @@ class Topology:
     notes: list[str] = field(default_factory=list)
 
 
-def _parse_properties(text: str) -> dict[str, int]:
+def _properties(reader: SysfsReader, path: Path) -> dict[str, int]:
     # KFD writes "key value" lines; the thunk reads them the same way (libhsakmt topology.c).
-    return parse_int_values(parse_key_values(text))
+    return parse_int_values(parse_key_values(reader.text(path / "properties")))
 
 
 def gfx_arch(target_version: int | None) -> str | None:
@@ -173,7 +173,7 @@ def _bank_bytes(reader: SysfsReader, node: Path) -> int | None:
     total: int | None = None
     for name in names:
         try:
-            props = _parse_properties(reader.text(banks / name / "properties"))
+            props = _properties(reader, banks / name)
         except BackendError:
             continue
         size = props.get("size_in_bytes")
@@ -229,7 +229,7 @@ def _scan_nodes(
         path = nodes_dir / name
         try:
             gpu_id = reader.integer(path / "gpu_id")
-            props = _parse_properties(reader.text(path / "properties"))
+            props = _properties(reader, path)
         except BackendError as exc:
             notes.append(f"KFD node {name} skipped: {exc}")
             continue
@@ -246,7 +246,7 @@ def _scan_nodes(
             _Node(
                 int(name),
                 gpu_id,
-                props.get("unique_id", 0),
+                hip_uuid(props.get("unique_id", 0)),
                 minor,
                 _label(reader, path / "name"),
                 domain=props.get("domain", 0),
@@ -258,15 +258,6 @@ def _scan_nodes(
     return nodes
 
 
-def _card_location(card: _Card) -> tuple[int, int] | None:
-    """``(domain, bus << 8 | device << 3 | function)`` of a card's PCI address."""
-    key = pci_sort_key(card.pci_bus_id)
-    if len(key) != 4:  # not a PCI address
-        return None
-    domain, bus, dev, fn = key
-    return domain, (bus << 8) | (dev << 3) | fn
-
-
 def _card_of_partition(node: _Node, cards: Sequence[_Card]) -> tuple[_Card, int] | None:
     """The card a compute partition belongs to, and the partition id, from ``location_id``."""
     # amdkfd kfd_topology.c kfd_topology_add_device: "if (gpu->kfd->num_nodes > 1) location_id
@@ -276,10 +267,10 @@ def _card_of_partition(node: _Node, cards: Sequence[_Card]) -> tuple[_Card, int]
         return None
     best: tuple[int, _Card] | None = None  # the closest card's location, and the card
     for card in cards:
-        where = _card_location(card)
-        if where is None or where[0] != node.domain:
+        key = pci_sort_key(card.pci_bus_id)  # (domain, bus, device, function) of a PCI address
+        if len(key) != 4 or key[0] != node.domain:
             continue
-        location = where[1]
+        location = (key[1] << 8) | (key[2] << 3) | key[3]
         on_bus = location >> 8 == node.location_id >> 8 and location & node.location_id == location
         if on_bus and (best is None or location > best[0]):
             best = (location, card)
@@ -341,7 +332,8 @@ def scan_topology(
                 partition = seen[card.name] if from_location is None else from_location
             seen[card.name] += 1
             label, pci = card.label or label, card.pci_bus_id or pci
-        uuid = hip_uuid(node.unique_id)
-        gpu = Gpu(i, label or "AMD GPU", uuid, pci, card, node, count, partition, arch=node.arch)
+        gpu = Gpu(
+            i, label or "AMD GPU", node.uuid, pci, card, node, count, partition, arch=node.arch
+        )
         found_gpus.append(gpu)
     return Topology(found_gpus, uuids_known=True, cards=len(cards), notes=notes)
