@@ -115,8 +115,7 @@ class RocmPlatform(BasePlatform):
         known: list[str | None] = [d.uuid for d in devices]
         with contextlib.suppress(AccelplatError):
             source = self._select()
-            every = source.uuids() if source is not None else None
-            known = every if every is not None else known
+            known = (source.uuids() if source is not None else None) or known
         counts = Counter(u for u in known if u)
         text = ",".join(d.uuid if d.uuid and counts[d.uuid] <= 1 else str(d.index) for d in devices)
         return {ENV_HIP_VISIBLE_DEVICES: text, ENV_CUDA_VISIBLE_DEVICES: text}
@@ -165,7 +164,7 @@ class RocmPlatform(BasePlatform):
         if source is None:
             raise BackendError("rocm", "no memory source: " + "; ".join(self._reasons))
         gpus = source.gpus()
-        if source.visible_applied:
+        if not source.context_free:  # torch applied the visible-devices variables
             return source, list(gpus)
         order = visible_physical_indices(len(gpus), os.environ, source.uuids())
         return source, [gpus[i] for i in order]

@@ -7,6 +7,7 @@ files); amdsmi only when sysfs shows no AMD card; torch only when the caller imp
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import re
@@ -55,8 +56,7 @@ def _reading(where: str, *, total: int, used: int, source: str) -> MemoryInfo:
 
 class Source:  # where device lists and memory figures come from
     name: str = ""
-    context_free: bool = True
-    visible_applied: bool = False
+    context_free: bool = True  # False: torch's devices, the visible-devices variables applied
 
     def gpus(self) -> list[Gpu]:
         raise NotImplementedError
@@ -234,11 +234,12 @@ class AmdSmiSource(Source):
             raise BackendError(
                 "rocm", f"amdsmi_get_processor_handles failed: {exc}", type(exc).__name__
             ) from exc
-        rows: list[tuple[int | None, int, Any, str | None, str | None]] = []
+        rows: list[tuple[int | None, int, Gpu]] = []
         for position, handle in enumerate(handles):
             hip_id: int | None = None
             uuid: str | None = None
             bdf: str | None = None
+            name, arch = "AMD GPU", None
             with contextlib.suppress(Exception):  # older amdsmi: no enumeration info
                 info = m.amdsmi_get_gpu_enumeration_info(handle)
                 raw, text = info.get("hip_id"), info.get("hip_uuid")
@@ -246,23 +247,20 @@ class AmdSmiSource(Source):
                 uuid = text if isinstance(text, str) and text.startswith("GPU-") else None
             with contextlib.suppress(Exception):
                 bdf = str(m.amdsmi_get_gpu_device_bdf(handle)).lower()
-            rows.append((hip_id, position, handle, uuid, bdf))
-        # amdsmi's handle order may differ from HIP's, hence hip_id; one missing: PCI order for all
-        if all(row[0] is not None for row in rows):
-            rows.sort(key=lambda r: (r[0] or 0, r[1]))
-        else:
-            rows.sort(key=lambda r: (pci_sort_key(r[4]), r[1]))
-        gpus = []
-        for i, (_, _, handle, uuid, bdf) in enumerate(rows):
-            name = "AMD GPU"
-            arch: str | None = None
             with contextlib.suppress(Exception):
                 asic = m.amdsmi_get_gpu_asic_info(handle)
                 name = str(asic.get("market_name") or name)
                 target = str(asic.get("target_graphics_version") or "").strip().lower()
                 arch = target if _GFX_RE.match(target) else None
-            gpus.append(Gpu(i, name, uuid, bdf, handle=handle, arch=arch))
-        return gpus
+            rows.append(
+                (hip_id, position, Gpu(position, name, uuid, bdf, handle=handle, arch=arch))
+            )
+        # amdsmi's handle order may differ from HIP's, hence hip_id; one missing: PCI order for all
+        if all(row[0] is not None for row in rows):
+            rows.sort(key=lambda r: (r[0] or 0, r[1]))
+        else:
+            rows.sort(key=lambda r: (pci_sort_key(r[2].pci_bus_id), r[1]))
+        return [dataclasses.replace(gpu, physical_index=i) for i, (_, _, gpu) in enumerate(rows)]
 
     def memory(self, gpu: Gpu) -> MemoryInfo:
         m = self._m
@@ -300,7 +298,6 @@ class AmdSmiSource(Source):
 class TorchSource(Source):
     name = SOURCE_TORCH
     context_free = False
-    visible_applied = True
 
     def __init__(self, torch: Any) -> None:
         self._torch = torch

@@ -5,6 +5,7 @@ HIP's numbering: KFD GPU nodes whose render nodes the ROCm thunk can open; witho
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -152,10 +153,9 @@ def _scan_cards(reader: SysfsReader, read: ReadText, sysfs: Path, notes: list[st
         if not _files.exists(device / "mem_info_vram_total"):
             notes.append(f"{entry} is an AMD GPU without mem_info_vram_total")
             continue
-        try:
+        names: list[str] = []
+        with contextlib.suppress(OSError):
             names = _files.listdir(device / "drm")
-        except OSError:
-            names = []
         minors = frozenset(int(m.group(1)) for m in map(_RENDER_RE.match, names) if m is not None)
         device_id = _label(reader, device / "device")
         label = _label(reader, device / "product_name") or f"AMD GPU {device_id}".strip()
