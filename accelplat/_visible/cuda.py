@@ -184,12 +184,6 @@ def parse_cuda_visible_devices(value: str | None) -> CudaVisibleSpec:
     return CudaVisibleSpec(value, tuple(entries))
 
 
-def _match_prefix(prefix: str, uuids: Sequence[str]) -> tuple[int | None, int]:
-    """Return the position of the one UUID starting with ``prefix`` (or ``None``) and the count."""
-    hits = [pos for pos, uuid in enumerate(uuids) if uuid_digits(uuid).startswith(prefix)]
-    return (hits[0] if len(hits) == 1 else None), len(hits)
-
-
 def _resolve_entry(
     entry: VisibleEntry, gpus: Sequence[GpuRecord]
 ) -> tuple[VisibleTarget | None, str]:
@@ -200,27 +194,25 @@ def _resolve_entry(
         gpu = gpus[entry.ordinal]
         return VisibleTarget(gpu.nvml_index, gpu.uuid), ""
     assert entry.uuid_prefix is not None
-    if entry.kind is EntryKind.MIG_UUID:
-        # The driver matches a MIG- entry's digits against MIG devices and GPUs alike.
-        named = [(g, m.uuid) for g in gpus for m in g.mig_devices] + [(g, g.uuid) for g in gpus]
-        digits = entry.uuid_prefix[len(_MIG_PREFIX) :]
-        pos, count = _match_prefix(digits, [uuid_digits(u)[len(_MIG_PREFIX) :] for _, u in named])
-        if pos is None:
-            return None, _no_unique("MIG device or GPU", entry.text, count)
-        gpu, uuid = named[pos]
-        return VisibleTarget(gpu.nvml_index, uuid, mig=uuid.startswith(_MIG_PREFIX)), ""
-    pos, count = _match_prefix(entry.uuid_prefix, [g.uuid for g in gpus])
+    mig = entry.kind is EntryKind.MIG_UUID
+    # The driver matches a MIG- entry's digits against MIG devices and GPUs alike.
+    named = [(g, m.uuid) for g in gpus if mig for m in g.mig_devices] + [(g, g.uuid) for g in gpus]
+    skip = len(_MIG_PREFIX) if mig else 0
+    digits = entry.uuid_prefix[skip:]
+    hits = [(g, u) for g, u in named if uuid_digits(u)[skip:].startswith(digits)]
     legacy = entry.kind is EntryKind.MIG_LEGACY
-    if pos is None:
-        return None, _no_unique("GPU", entry.uuid_prefix if legacy else entry.text, count)
+    if len(hits) != 1:  # no UUID starts with the entry, or several do
+        what = "MIG device or GPU" if mig else "GPU"
+        return None, _no_unique(what, entry.uuid_prefix if legacy else entry.text, len(hits))
+    gpu, uuid = hits[0]
     if not legacy:
-        return VisibleTarget(gpus[pos].nvml_index, gpus[pos].uuid), ""
+        return VisibleTarget(gpu.nvml_index, uuid, mig=uuid.startswith(_MIG_PREFIX)), ""
     wanted = (entry.gpu_instance_id, entry.compute_instance_id)
-    for mig in gpus[pos].mig_devices:
-        if (mig.gpu_instance_id, mig.compute_instance_id) == wanted:
-            return VisibleTarget(gpus[pos].nvml_index, mig.uuid, mig=True), ""
+    for device in gpu.mig_devices:
+        if (device.gpu_instance_id, device.compute_instance_id) == wanted:
+            return VisibleTarget(gpu.nvml_index, device.uuid, mig=True), ""
     return None, (
-        f"GPU {gpus[pos].uuid} has no MIG device with GPU instance {entry.gpu_instance_id} "
+        f"GPU {gpu.uuid} has no MIG device with GPU instance {entry.gpu_instance_id} "
         f"and compute instance {entry.compute_instance_id}"
     )
 
