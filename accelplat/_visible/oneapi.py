@@ -196,8 +196,6 @@ def apply_device_selector(
         for item in items if applies else ():
             if item in ("*", "gpu"):
                 chosen.update(range(len(devices)))
-            elif item in _NO_XPU_TYPES:
-                continue
             elif "." in item:
                 if hierarchy is not Hierarchy.COMPOSITE:
                     words = (
@@ -217,7 +215,7 @@ def apply_device_selector(
                     m = _number(tail)
                     available = available[m : m + 1]
                 sub.setdefault(n, set()).update(available)
-            else:
+            elif item not in _NO_XPU_TYPES:  # an index (checked)
                 chosen.add(_number(item))
     if all(negative for negative, _, _ in terms):  # discard-only input implies accept-all
         whole = set(range(len(devices)))  # (EnvironmentVariables.md)

@@ -68,27 +68,24 @@ class SimulatedPlatform(BasePlatform):
 
     def __init__(self, spec: _SpecSource | None = None, *, clock: Clock | None = None) -> None:
         if spec is None:
-            path = os.environ.get(ENV_SPEC, "").strip()
-            if not path:
+            spec = os.environ.get(ENV_SPEC, "").strip()
+            if not spec:
                 raise ConfigurationError(
                     f"{ENV_SPEC} is not set (point it at a JSON or TOML simulated spec)"
                 )
-            spec = path
-        if isinstance(spec, SimulatedSpec):
-            resolved = spec
-        elif isinstance(spec, Mapping):
-            resolved = spec_from_mapping(spec, source="mapping")
+        if isinstance(spec, Mapping):
+            spec = spec_from_mapping(spec, source="mapping")
         elif isinstance(spec, (str, os.PathLike)):
-            resolved = _load_spec_once(spec)
-        else:
+            spec = _load_spec_once(spec)
+        elif not isinstance(spec, SimulatedSpec):
             raise ConfigurationError(
                 f"spec must be a SimulatedSpec, a mapping or a path, got {type(spec).__name__}"
             )
         if clock is None:
-            clock = SimulatedClock() if resolved.clock == "virtual" else RealClock()
+            clock = SimulatedClock() if spec.clock == "virtual" else RealClock()
         elif not all(callable(getattr(clock, m, None)) for m in ("monotonic", "sleep")):
             raise ConfigurationError(f"clock must have monotonic() and sleep(), got {clock!r}")
-        self._spec = resolved
+        self._spec = spec
         self._pinned: str | None = None  # restricted(): the visible devices, whatever the variable
         self.clock: Clock = clock
         self._t0 = clock.monotonic()

@@ -154,9 +154,7 @@ class LazyRelease:
     def quiet_after(self, before: int) -> float:
         begin = self.start + self.delay_s
         gap = abs((before if self.from_ is None else self.from_) - self.to)
-        if gap < self.granularity:
-            return begin
-        return begin + self.tau_s * math.log(gap / self.granularity)
+        return begin + self.tau_s * math.log(max(1.0, gap / self.granularity))  # 0 within one chunk
 
 
 Segment = Step | Linear | LazyRelease
