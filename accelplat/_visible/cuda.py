@@ -267,7 +267,7 @@ def resolve_cuda_visible_devices(
     if spec.unset:
         targets = [VisibleTarget(g.nvml_index, g.uuid) for g in gpus]
     else:
-        seen: dict[tuple[int, str], str] = {}
+        seen: dict[VisibleTarget, str] = {}  # each target, and the entry that named it
         for entry in spec.entries:
             target, why = _resolve_entry(entry, gpus)
             if target is None:
@@ -276,15 +276,14 @@ def resolve_cuda_visible_devices(
                     f"the list ends before it"
                 )
                 break
-            key = (target.nvml_index, target.uuid)
-            if key in seen:  # cuInit then fails with CUDA_ERROR_INVALID_DEVICE
+            if target in seen:  # cuInit then fails with CUDA_ERROR_INVALID_DEVICE
                 notes.append(
-                    f"CUDA_VISIBLE_DEVICES names {target.uuid} twice ({shown(seen[key])} and "
+                    f"CUDA_VISIBLE_DEVICES names {target.uuid} twice ({shown(seen[target])} and "
                     f"{shown(entry.text)}), which makes the whole variable invalid: no device "
                     f"is visible"
                 )
                 return Resolution((), tuple(notes))
-            seen[key] = entry.text
+            seen[target] = entry.text
             targets.append(target)
         else:
             if spec.stopped_at is not None:

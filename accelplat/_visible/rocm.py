@@ -32,7 +32,11 @@ def hip_uuid(unique_id: int) -> str | None:
 
 
 def _strtol(token: str) -> int | None:
-    """Read ``token`` like ``strtol(token, &end, 0)`` (saturating) that must consume it all."""
+    """Read ``token`` like ``strtol(token, &end, 0)`` that must consume it all.
+
+    Beyond a long's digits, ``±LONG_MAX`` as strtol saturates; any value above the GPU count
+    selects none, so a larger one read exactly does the same.
+    """
     if not _STRTOL_RE.match(token):
         return None
     sign = -1 if token.startswith("-") else 1
@@ -44,9 +48,7 @@ def _strtol(token: str) -> int | None:
     else:
         digits, base = body, 10
     digits = digits.lstrip("0") or "0"
-    if len(digits) > _MAX_LONG_DIGITS:
-        return sign * _LONG_MAX
-    return sign * min(int(digits, base), _LONG_MAX)
+    return sign * (int(digits, base) if len(digits) <= _MAX_LONG_DIGITS else _LONG_MAX)
 
 
 def _rocr_uuid_match(token: str, uuids: Sequence[str | None]) -> int:
