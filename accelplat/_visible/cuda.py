@@ -100,11 +100,12 @@ def _decimal(digits: str) -> int | None:
     return value if value <= _ULONG_MAX else None
 
 
-def _parse_ordinal(text: str) -> int | None:
-    """Read ``text`` as the driver does (``strtoul``, low 32 bits); ``None`` without digits."""
-    # Leading white space (stripped by the caller), an optional sign, the leading digits; the
-    # rest is ignored ("1abc" is 1). "4294967297" and "-4294967295" are 1, "-1" is invalid.
-    sign, body = (text[0], text[1:]) if text[:1] in ("+", "-") else ("", text)
+def _parse_ordinal(text: str) -> VisibleEntry | None:
+    """Return the ordinal entry ``text`` is as the driver reads it (``strtoul``, low 32 bits)."""
+    # Leading white space, an optional sign, the leading digits; the rest is ignored ("1abc" is
+    # 1). "4294967297" and "-4294967295" are 1, "-1" is invalid.
+    body = text.lstrip(_WHITESPACE)
+    sign, body = (body[0], body[1:]) if body[:1] in ("+", "-") else ("", body)
     end = 0
     while end < len(body) and "0" <= body[end] <= "9":
         end += 1
@@ -116,7 +117,7 @@ def _parse_ordinal(text: str) -> int | None:
     elif sign == "-":
         value = -value % (_ULONG_MAX + 1)  # strtoul negates in unsigned arithmetic
     value &= _ORDINAL_MASK  # the driver keeps the low 32 bits, as a signed int
-    return None if value > _INT_MAX else value
+    return None if value > _INT_MAX else VisibleEntry(EntryKind.ORDINAL, text, value)
 
 
 def _read_uuid_digits(body: str) -> str | None:
@@ -168,16 +169,9 @@ def parse_cuda_visible_devices(value: str | None) -> CudaVisibleSpec:
     if value is None:
         return CudaVisibleSpec(None, ())
     entries: list[VisibleEntry] = []
-    uuid_form: bool | None = None
+    uuid_form = value.startswith((_GPU_PREFIX, _MIG_PREFIX))  # as the first entry: all of them
     for text in value.split(","):
-        if uuid_form is None:  # the first entry decides the form of the whole list
-            uuid_form = text.startswith((_GPU_PREFIX, _MIG_PREFIX))
-        entry: VisibleEntry | None
-        if uuid_form:
-            entry = _parse_uuid_entry(text)
-        else:
-            ordinal = _parse_ordinal(text.lstrip(_WHITESPACE))
-            entry = None if ordinal is None else VisibleEntry(EntryKind.ORDINAL, text, ordinal)
+        entry = _parse_uuid_entry(text) if uuid_form else _parse_ordinal(text)
         if entry is None:  # the first invalid entry ends the list ("" or NoDevFiles: none)
             return CudaVisibleSpec(value, tuple(entries), stopped_at=text)
         entries.append(entry)
