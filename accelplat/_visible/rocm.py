@@ -31,14 +31,14 @@ def hip_uuid(unique_id: int) -> str | None:
     return f"GPU-{unique_id & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
-def _strtol(token: str) -> int | None:
-    """Read ``token`` like ``strtol(token, &end, 0)`` that must consume it all.
+def _strtol(token: str) -> int:
+    """Read ``token`` like ``strtol(token, &end, 0)`` that must consume it all; else ``-1``.
 
     Beyond a long's digits, ``±LONG_MAX`` as strtol saturates; any value above the GPU count
     selects none, so a larger one read exactly does the same.
     """
     if not _STRTOL_RE.match(token):
-        return None
+        return -1  # no GPU
     sign = -1 if token.startswith("-") else 1
     body = token.lstrip("+-")
     if body[:2] in ("0x", "0X"):
@@ -95,8 +95,7 @@ def parse_rocr_visible_devices(
                 raise _uuids_unknown(f"{ENV_ROCR_VISIBLE_DEVICES}={shown(value)}")
             index = _rocr_uuid_match(token, uuids)
         else:
-            parsed = _strtol(token)
-            index = -1 if parsed is None else parsed
+            index = _strtol(token)
         if not 0 <= index < count or index in chosen:
             break  # invalid, out of range, ambiguous or repeated: the list ends here
         chosen.append(index)
@@ -114,8 +113,7 @@ def parse_hip_visible_devices(
         if "GPU-" in token:  # the first GPU whose UUID contains it, case-sensitively
             if uuids is None:
                 raise _uuids_unknown(f"HIP device list {shown(value)}")
-            names = [u if u is not None else _NO_UUID for u in uuids]
-            index = next((i for i, u in enumerate(names) if token in u), -1)
+            index = next((i for i, u in enumerate(uuids) if token in (u or _NO_UUID)), -1)
         elif token.isascii() and token.isdigit() and (token == "0" or token[0] != "0"):
             # Canonical decimal (str_id == to_string(atoi)); a longer one is out of range anyway.
             index = int(token) if len(token) <= _MAX_INDEX_DIGITS else count
