@@ -123,12 +123,11 @@ def parse_affinity_mask(
         # One tile: that tile; several: the card limited to them; all of them: the card.
         named = every if len(pieces) == 1 else {_mask_number(pieces[1], value)} & every
         parts.setdefault(card, set()).update(named)
-    out: list[XpuTarget] = []
-    for card, chosen in sorted(parts.items()):
-        if chosen:
-            whole = chosen == set(range(max(1, tiles[card])))
-            out.append(XpuTarget(card) if whole else XpuTarget(card, tuple(sorted(chosen))))
-    return out
+    return [  # every tile named: the whole card
+        XpuTarget(card, None if len(chosen) == max(1, tiles[card]) else tuple(sorted(chosen)))
+        for card, chosen in sorted(parts.items())
+        if chosen
+    ]
 
 
 _Term = tuple[bool, bool, tuple[str, ...]]  # negative, applies (level_zero or *), the devices
