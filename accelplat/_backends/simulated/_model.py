@@ -266,9 +266,7 @@ class SimulatedDevice:
     def quiet_after(self) -> float:
         """Return a time after which usage never changes again (``0.0`` for a flat device)."""
         last = self.timeline[-1].quiet_after(self._before[-1]) if self.timeline else 0.0
-        for h in self.holders:
-            last = max(last, h.start if h.end is None else h.end)
-        return last
+        return max([last, *(h.start if h.end is None else h.end for h in self.holders)])
 
 
 _EAGER = ReleaseProfile(lazy=False, stable_duration_s=0.0, settle_timeout_s=120.0)
@@ -474,15 +472,14 @@ def _parse(text: str, *, toml: bool) -> object:
 
 def _read(parse: Callable[[], object], source: str) -> SimulatedSpec:
     """Return the spec ``parse()`` gives, its errors (any) as one naming ``source``."""
-    where = f"simulated spec {source}"
     try:
         return _spec(parse())
     except UnicodeDecodeError:
-        raise ConfigurationError(f"{where}: not UTF-8 text") from None
+        words = "not UTF-8 text"
     except ConfigurationError as exc:
-        raise ConfigurationError(f"{where}: {exc}") from None
+        words = str(exc)
     except RecursionError:
-        raise ConfigurationError(f"{where}: nested too deeply") from None
+        words = "nested too deeply"
     except ValueError as exc:  # JSONDecodeError, TOMLDecodeError, int digit limits
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigurationError(f"{where}: malformed: {first}") from None
+        words = "malformed: " + (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    raise ConfigurationError(f"simulated spec {source}: {words}") from None
