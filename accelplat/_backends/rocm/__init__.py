@@ -98,7 +98,6 @@ class RocmPlatform(BasePlatform):
         self._sysfs_arg = None if sysfs_root is None else Path(sysfs_root)
         self._dev_arg = None if dev_root is None else Path(dev_root)
         self._read = read_text or _files.read_text
-        self._reader = SysfsReader("rocm", self._read)
         self._allow_amdsmi = allow_amdsmi
         self._lock = threading.RLock()
         self._cache_key: tuple[Path, Path | None] | None = None
@@ -136,7 +135,6 @@ class RocmPlatform(BasePlatform):
         key = self._roots()
         with self._lock:
             if self._cache_key != key or self._source is None:  # a found source is kept
-                self._reasons = []
                 self._cache_key, self._source = key, self._find_source(*key)
             return self._source
 
@@ -145,8 +143,8 @@ class RocmPlatform(BasePlatform):
         topology = _topology.scan_topology(sysfs, dev, self._read, self._open_device)
         self._notes = topology.notes
         if topology.cards:
-            return _sources.SysfsSource(sysfs, topology, self._reader)
-        self._reasons += [no_amd_gpu(sysfs / "class" / "drm"), *topology.notes[:3]]
+            return _sources.SysfsSource(sysfs, topology, SysfsReader("rocm", self._read))
+        self._reasons = [no_amd_gpu(sysfs / "class" / "drm"), *topology.notes[:3]]
         if self._allow_amdsmi:
             if not self._amdsmi_failure:
                 source, self._amdsmi_failure = _sources.amdsmi_source()
@@ -198,9 +196,8 @@ class RocmPlatform(BasePlatform):
     @override
     def _memory_info(self, device: int) -> MemoryInfo:
         source, gpus = self._visible()
-        gpu = gpus[device]
         try:
-            return source.memory(gpu)
+            return source.memory(gpus[device])
         except BackendError:
             self.refresh()  # a card may have gone; scan again next time
             raise
