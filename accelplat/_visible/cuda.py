@@ -250,6 +250,10 @@ def _apply_mig_rule(
     return kept
 
 
+def _list_ends(text: str, why: str = "") -> str:
+    return f"CUDA_VISIBLE_DEVICES entry {shown(text)} is invalid{why}; the list ends before it"
+
+
 def resolve_cuda_visible_devices(
     spec: CudaVisibleSpec | str | None, gpus: Sequence[GpuRecord]
 ) -> Resolution:
@@ -265,10 +269,7 @@ def resolve_cuda_visible_devices(
         for entry in spec.entries:
             target, why = _resolve_entry(entry, gpus)
             if target is None:
-                notes.append(
-                    f"CUDA_VISIBLE_DEVICES entry {shown(entry.text)} is invalid ({why}); "
-                    f"the list ends before it"
-                )
+                notes.append(_list_ends(entry.text, f" ({why})"))
                 break
             if target in seen:  # cuInit then fails with CUDA_ERROR_INVALID_DEVICE
                 notes.append(
@@ -281,8 +282,5 @@ def resolve_cuda_visible_devices(
             targets.append(target)
         else:
             if spec.stopped_at is not None:
-                notes.append(
-                    f"CUDA_VISIBLE_DEVICES entry {shown(spec.stopped_at)} is invalid; "
-                    f"the list ends before it"
-                )
+                notes.append(_list_ends(spec.stopped_at))
     return Resolution(tuple(_apply_mig_rule(targets, gpus, notes)), tuple(notes), tuple(targets))
