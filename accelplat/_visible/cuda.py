@@ -106,12 +106,10 @@ def _parse_ordinal(text: str) -> VisibleEntry | None:
     # 1). "4294967297" and "-4294967295" are 1, "-1" is invalid.
     body = text.lstrip(_WHITESPACE)
     sign, body = (body[0], body[1:]) if body[:1] in ("+", "-") else ("", body)
-    end = 0
-    while end < len(body) and "0" <= body[end] <= "9":
-        end += 1
-    if end == 0:
+    digits = body[: len(body) - len(body.lstrip("0123456789"))]  # the leading ASCII digits
+    if not digits:
         return None
-    value = _decimal(body[:end])
+    value = _decimal(digits)
     if value is None:
         value = _ULONG_MAX  # strtoul overflows (ERANGE) and returns ULONG_MAX
     elif sign == "-":
