@@ -48,9 +48,7 @@ def parse_hierarchy(value: str | None, default: Hierarchy = Hierarchy.COMPOSITE)
     """Read ``ZE_FLAT_DEVICE_HIERARCHY`` as the driver does, else ``default`` (the GPUs')."""
     # compute-runtime setDeviceHierarchyMode: an exact-case strcmp; anything else is the GPU's
     # getDefaultDeviceHierarchy (COMPOSITE, but FLAT on Xe HPC from driver 23.43.27642).
-    if value in ("FLAT", "COMPOSITE", "COMBINED"):
-        return Hierarchy(value)
-    return default
+    return Hierarchy(value) if value in ("FLAT", "COMPOSITE", "COMBINED") else default
 
 
 def default_devices(tiles: Sequence[int], hierarchy: Hierarchy) -> list[XpuTarget]:
