@@ -26,9 +26,7 @@ _MAX_INDEX_DIGITS = 18  # longer decimal text is out of range anyway
 
 def hip_uuid(unique_id: int) -> str | None:
     """Return the UUID ROCm reports for a KFD ``unique_id`` (``GPU-``, 16 hex digits), or None."""
-    if unique_id <= 0:
-        return None
-    return f"GPU-{unique_id & 0xFFFFFFFFFFFFFFFF:016x}"
+    return None if unique_id <= 0 else f"GPU-{unique_id & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def _strtol(token: str) -> int:

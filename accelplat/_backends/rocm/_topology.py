@@ -116,9 +116,7 @@ def _properties(reader: SysfsReader, path: Path) -> dict[str, int]:
 def gfx_arch(target_version: int | None) -> str | None:
     """Return the LLVM target of a KFD ``gfx_target_version`` (``90402`` -> ``"gfx942"``)."""
     # KFD encodes major * 10000 + minor * 100 + stepping; LLVM writes minor and stepping in hex.
-    if target_version is None or target_version <= 0:
-        return None
-    major, rest = divmod(target_version, 10000)
+    major, rest = divmod(target_version or 0, 10000)  # none, 0 or negative: major is below 1
     minor, stepping = divmod(rest, 100)
     if not (1 <= major <= 99 and minor < 16 and stepping < 16):
         return None
