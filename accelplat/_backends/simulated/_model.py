@@ -465,9 +465,7 @@ def load_spec(path: str | os.PathLike[str]) -> SimulatedSpec:
 
 
 def _parse(text: str, *, toml: bool) -> object:
-    if not toml:
-        return json.loads(text, parse_constant=_reject_constant)
-    return _files.parse_toml(text)
+    return _files.parse_toml(text) if toml else json.loads(text, parse_constant=_reject_constant)
 
 
 def _read(parse: Callable[[], object], source: str) -> SimulatedSpec:
