@@ -225,13 +225,13 @@ class SimulatedDevice:
         before: list[int] = []  # each segment's usage just before its start
         level = peak = self.used
         for i, seg in enumerate(self.timeline):
-            if i and seg.start < starts[i - 1]:
-                raise ConfigurationError(
-                    f"timeline[{i}] starts at {seg.start:g} s, before timeline[{i - 1}] "
-                    f"({starts[i - 1]:g} s): list segments in time order"
-                )
             if i:
-                level = self.timeline[i - 1].value(seg.start, before[-1])
+                if seg.start < starts[i - 1]:
+                    raise ConfigurationError(
+                        f"timeline[{i}] starts at {seg.start:g} s, before timeline[{i - 1}] "
+                        f"({starts[i - 1]:g} s): list segments in time order"
+                    )
+                level = self.timeline[i - 1].value(seg.start, level)  # where the previous left it
             before.append(level)
             origin = getattr(seg, "from_", None)
             peak = max(peak, level, seg.used if isinstance(seg, Step) else seg.to, origin or 0)
