@@ -159,14 +159,12 @@ class SimulatedPlatform(BasePlatform):
         Each slice, and each device without; ``()`` otherwise (the visible devices are the units).
         """
         entries = self._visible()
-        if any(p is not None for _, p in entries) or not any(
-            self._device(e).slices for e in entries
-        ):
+        if any(p is not None for _, p in entries):  # a slice is visible, and the only device
             return ()
         units: list[_Entry] = []
         for i, _ in entries:
             units += [(i, j) for j in range(len(self._spec.devices[i].slices))] or [(i, None)]
-        return tuple(map(self._uuid, units))
+        return tuple(map(self._uuid, units)) if any(p is not None for _, p in units) else ()
 
     @override
     def restricted(self, value: str) -> SimulatedPlatform:
