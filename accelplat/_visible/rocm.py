@@ -64,8 +64,7 @@ def _entries(value: str, count: int, uuids: Sequence[str | None] | None) -> list
     # stops once the position reaches the end of the text.
     if uuids is not None and len(uuids) != count:
         raise ValueError(f"uuids has {len(uuids)} entries for {count} GPUs")
-    tokens = value.split(",")
-    return tokens[:-1] if tokens[-1] == "" else tokens
+    return value.removesuffix(",").split(",")
 
 
 def _uuids_unknown(what: str) -> ConfigurationError:
