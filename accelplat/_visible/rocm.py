@@ -18,7 +18,8 @@ ENV_HIP_VISIBLE_DEVICES = "HIP_VISIBLE_DEVICES"
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 _NO_UUID = "GPU-XX"  # what HIP calls a GPU without a unique_id (amd_gpu_agent.cpp)
-_STRTOL_RE = re.compile(r"^[+-]?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)$")
+# strtol's base 0: a sign, then 0x and hex digits, 0 and octal digits, or decimal digits
+_STRTOL_RE = re.compile(r"^([+-]?)(?:0[xX]([0-9a-fA-F]+)|0([0-7]*)|([1-9][0-9]*))$")
 _LONG_MAX = 2**63 - 1
 _MAX_LONG_DIGITS = 64  # beyond this, a number exceeds a 64-bit long in base 8, 10 or 16
 _MAX_INDEX_DIGITS = 18  # longer decimal text is out of range anyway
@@ -35,18 +36,14 @@ def _strtol(token: str) -> int:
     Beyond a long's digits, ``±LONG_MAX`` as strtol saturates; any value above the GPU count
     selects none, so a larger one read exactly does the same.
     """
-    if not _STRTOL_RE.match(token):
+    match = _STRTOL_RE.match(token)
+    if match is None:
         return -1  # no GPU
-    sign = -1 if token.startswith("-") else 1
-    body = token.lstrip("+-")
-    if body[:2] in ("0x", "0X"):
-        digits, base = body[2:], 16
-    elif len(body) > 1 and body.startswith("0"):
-        digits, base = body[1:], 8
-    else:
-        digits, base = body, 10
-    digits = digits.lstrip("0") or "0"
-    return sign * (int(digits, base) if len(digits) <= _MAX_LONG_DIGITS else _LONG_MAX)
+    sign, hexadecimal, octal, decimal = match.groups()
+    base = 16 if hexadecimal else 8 if octal is not None else 10
+    digits = (hexadecimal or octal or decimal or "").lstrip("0") or "0"  # "0": octal, empty
+    value = int(digits, base) if len(digits) <= _MAX_LONG_DIGITS else _LONG_MAX
+    return -value if sign == "-" else value
 
 
 def _rocr_uuid_match(token: str, uuids: Sequence[str | None]) -> int:
