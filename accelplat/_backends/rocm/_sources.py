@@ -57,12 +57,13 @@ def _reading(where: str, *, total: int, used: int, source: str) -> MemoryInfo:
 class Source:  # where device lists and memory figures come from
     name: str = ""
     context_free: bool = True  # False: torch's devices, the visible-devices variables applied
+    uuids_known: bool = True
 
     def gpus(self) -> list[Gpu]:
         raise NotImplementedError
 
     def uuids(self) -> list[str | None] | None:
-        return [g.uuid for g in self.gpus()]
+        return [g.uuid for g in self.gpus()] if self.uuids_known else None
 
     def memory(self, gpu: Gpu) -> MemoryInfo:
         raise NotImplementedError
@@ -78,12 +79,10 @@ class SysfsSource(Source):
         self._sysfs = sysfs
         self._topology = topology
         self._reader = reader
+        self.uuids_known = topology.uuids_known
 
     def gpus(self) -> list[Gpu]:
         return self._topology.gpus
-
-    def uuids(self) -> list[str | None] | None:
-        return [g.uuid for g in self.gpus()] if self._topology.uuids_known else None
 
     def memory(self, gpu: Gpu) -> MemoryInfo:
         if gpu.card is None:
@@ -298,6 +297,7 @@ class AmdSmiSource(Source):
 class TorchSource(Source):
     name = SOURCE_TORCH
     context_free = False
+    uuids_known = False
 
     def __init__(self, torch: Any) -> None:
         self._torch = torch
@@ -308,9 +308,6 @@ class TorchSource(Source):
         except Exception as exc:
             raise BackendError("rocm", f"torch.cuda.device_count() failed: {exc}") from exc
         return [Gpu(i, "AMD GPU", None, None) for i in range(count)]
-
-    def uuids(self) -> list[str | None] | None:
-        return None
 
     def memory(self, gpu: Gpu) -> MemoryInfo:
         index = gpu.physical_index
