@@ -14,17 +14,15 @@ class SimulatedClock:
         self._now = _validate.number(start, "SimulatedClock start", expected="a finite number")
         epoch = _validate.number(epoch, "SimulatedClock epoch", expected="a finite number")
         self._offset = epoch - self._now
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # for updates: reading one attribute is atomic
         self.sleeps: list[float] = []  # every duration passed to sleep(), in order (for tests)
 
     def monotonic(self) -> float:
-        with self._lock:
-            return self._now
+        return self._now
 
     def time(self) -> float:
         """Return the virtual wall-clock time, ``epoch`` plus the time elapsed since ``start``."""
-        with self._lock:
-            return self._now + self._offset
+        return self._now + self._offset
 
     def sleep(self, seconds: float) -> None:
         """Advance virtual time by ``seconds`` and record it in :attr:`sleeps`."""
