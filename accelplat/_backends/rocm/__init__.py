@@ -214,22 +214,20 @@ class RocmPlatform(BasePlatform):
     def probe(cls) -> ProbeResult:
         """Say whether ROCm GPUs are visible here (sysfs, else amdsmi with its output swallowed)."""
         platform = cls()
-        source = platform._select()
-        if source is None:
+        if platform._select() is None:
             return ProbeResult(False, "; ".join(platform._reasons) or "no AMD GPU found")
-        count = len(platform._visible()[1])
+        source, visible = platform._visible()
         gpus = source.gpus()
-        total = len(gpus)
-        if total == 0:
+        if not gpus:
             notes = "; ".join(platform._notes[:3])
             return ProbeResult(False, f"no GPU usable by the ROCm runtime ({notes or 'none'})")
-        if count == 0:
+        if not visible:
             return ProbeResult(
-                False, f"{total} AMD GPU(s) found, but the visible-devices variables hide all"
+                False, f"{len(gpus)} AMD GPU(s) found, but the visible-devices variables hide all"
             )
         cards = {g.card.name for g in gpus if g.card is not None and g.partitions > 1}
         share = "each reports its KFD share of the card's memory"
         note = f"; compute partitions on {len(cards)} card(s): {share}" if cards else ""
         return ProbeResult(
-            True, f"{count} of {total} AMD GPU(s) visible (source: {source.name}){note}"
+            True, f"{len(visible)} of {len(gpus)} AMD GPU(s) visible (source: {source.name}){note}"
         )
