@@ -262,14 +262,13 @@ class AmdSmiSource(Source):
         return [dataclasses.replace(gpu, physical_index=i) for i, (_, _, gpu) in enumerate(rows)]
 
     def memory(self, gpu: Gpu) -> MemoryInfo:
-        m = self._m
         # Bytes (they wrap the sysfs files). Never amdsmi_get_gpu_vram_usage: MB, and seen stale
         # on MI355X with ROCm 7.0 (ROCm/amdsmi#175).
         where = f"GPU {gpu.physical_index}"
         try:
-            vram = m.AmdSmiMemoryType.VRAM
-            total = m.amdsmi_get_gpu_memory_total(gpu.handle, vram)
-            used = m.amdsmi_get_gpu_memory_usage(gpu.handle, vram)
+            vram = self._m.AmdSmiMemoryType.VRAM
+            total = self._m.amdsmi_get_gpu_memory_total(gpu.handle, vram)
+            used = self._m.amdsmi_get_gpu_memory_usage(gpu.handle, vram)
         except Exception as exc:
             why = f"amdsmi memory query for {where} failed: {clip(str(exc), 400)}"
             raise BackendError("rocm", why, type(exc).__name__) from exc
