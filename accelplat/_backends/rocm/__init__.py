@@ -204,9 +204,8 @@ class RocmPlatform(BasePlatform):
 
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
-        index = self.check_device(device)
         source, gpus = self._visible()
-        return source.holders(gpus[index])
+        return source.holders(gpus[self.check_device(device)])
 
     @classmethod
     @override

@@ -241,8 +241,7 @@ class SimulatedPlatform(BasePlatform):
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
         """Return the holders active now, or ``None`` when the spec does not report holders."""
-        index = self.check_device(device)
-        return self._device(self._visible()[index]).holders_at(self.elapsed())
+        return self._device(self._visible()[self.check_device(device)]).holders_at(self.elapsed())
 
 
 # The class attributes of BasePlatform a spec sets, each read from it (RELEASE and GRAPH: the
