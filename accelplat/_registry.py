@@ -132,8 +132,7 @@ class DetectionReport:
 class _Entry:
     """One registered platform and what is known about loading it."""
 
-    name: str
-    ordered: bool  # takes part in the built-in order (a built-in, or an override of one)
+    name: str  # a built-in's (or an override of one) takes part in the built-in order
     origin: str
     row: Builtin | None = None  # accelplat's own: trusted, built only when chosen, unchecked
     entry_point: Any = None
@@ -241,7 +240,7 @@ def _discover_entry_points() -> None:
         elif existing is not None:
             problem = f"skipped: {origin}: the name is already taken by {existing.origin}"
         else:
-            _registered[ep.name] = _Entry(ep.name, False, origin, entry_point=ep)
+            _registered[ep.name] = _Entry(ep.name, origin, entry_point=ep)
             continue
         cand = Candidate(ep.name, False, False, problem, builtin=False)
         if cand not in _problems:
@@ -250,7 +249,7 @@ def _discover_entry_points() -> None:
 
 def _all_entries(*, discover: bool = True) -> dict[str, _Entry]:
     if not _registered:
-        _registered.update((row.name, _Entry(row.name, True, "built-in", row)) for row in BUILTINS)
+        _registered.update((row.name, _Entry(row.name, "built-in", row)) for row in BUILTINS)
     if discover:
         _discover_entry_points()
     return _registered
@@ -397,7 +396,7 @@ def _run_bounded(entry: _Entry, work: Callable[[], _Considered], timeout: float)
                 "skipped: its load or probe from an earlier detection is still running "
                 f"(did not finish within {timeout:g} s)"
             )
-            return Candidate(entry.name, False, False, reason, entry.ordered), None
+            return Candidate(entry.name, False, False, reason, entry.name in _BUILTINS), None
         entry.pending = None
     box: list[_Considered] = []  # work() reports its own errors as an unavailable outcome
     name = f"accelplat-probe-{entry.name}"
@@ -410,7 +409,7 @@ def _run_bounded(entry: _Entry, work: Callable[[], _Considered], timeout: float)
             f"skipped: load or probe did not finish within {timeout:g} s "
             f"(raise {ENV_PROBE_TIMEOUT} if it is merely slow)"
         )
-        return Candidate(entry.name, False, False, reason, entry.ordered), None
+        return Candidate(entry.name, False, False, reason, entry.name in _BUILTINS), None
     return box[0]
 
 
@@ -419,7 +418,7 @@ def _consider(entry: _Entry, timeout: float) -> Candidate:
 
     Available: its factory is loaded in ``entry``.
     """
-    name, builtin = entry.name, entry.ordered
+    name, builtin = entry.name, entry.name in _BUILTINS
     absent = _certainly_absent(entry)
     if absent is not None:
         return Candidate(name, False, False, absent, builtin)
@@ -451,8 +450,12 @@ def _consider(entry: _Entry, timeout: float) -> Candidate:
     return cand
 
 
-def _unavailable(name: str, reason: str) -> PlatformNotAvailableError:
-    return PlatformNotAvailableError(name, reason.removeprefix("skipped: "))
+def _usable(entry: _Entry, timeout: float) -> Candidate:
+    """Consider ``entry``, raising ``PlatformNotAvailableError`` unless it is available."""
+    cand = _consider(entry, timeout)
+    if not cand.available:
+        raise PlatformNotAvailableError(entry.name, cand.reason.removeprefix("skipped: "))
+    return cand
 
 
 def _instance_for(name: str) -> Platform:
@@ -472,15 +475,13 @@ def _detect(*, exhaustive: bool) -> DetectionReport:
     timeout = _probe_timeout()
     forced = _forced_name()
     if forced is not None:
-        cand = _consider(_entry(forced), timeout)
-        if not cand.available:
-            raise _unavailable(forced, cand.reason)
+        cand = _usable(_entry(forced), timeout)
         source = "set_current_platform()" if isinstance(_forced_override, str) else ENV_PLATFORM
         picked = Candidate(forced, True, True, f"forced by {source}: {cand.reason}", cand.builtin)
         return DetectionReport(forced, (picked,), forced=forced)
 
     entries = _entries()
-    candidates = [_consider(e, timeout) for e in entries.values() if not e.ordered]
+    candidates = [_consider(e, timeout) for n, e in entries.items() if n not in _BUILTINS]
     available = [c.name for c in candidates if c.available]
     candidates.extend(_problems)
     candidates.extend(_filter_problems())
@@ -522,8 +523,7 @@ def detect() -> DetectionReport:
         try:
             report = _detect(exhaustive=True)
         except PlatformNotAvailableError as exc:
-            builtin = _registered[exc.platform].ordered  # raised only once the name was found
-            cand = Candidate(exc.platform, False, False, exc.reason, builtin)
+            cand = Candidate(exc.platform, False, False, exc.reason, exc.platform in _BUILTINS)
             return DetectionReport(None, (cand,), forced=exc.platform, error=str(exc))
         except ConfigurationError as exc:
             return DetectionReport(None, (), forced=_forced_name(), error=str(exc))
@@ -575,11 +575,8 @@ def get_platform(name: str) -> Platform:
     """
     with _lock:
         entry = _entry(name)
-        if name in _instances:
-            return _instances[name]
-        cand = _consider(entry, _probe_timeout())
-        if not cand.available:
-            raise _unavailable(name, cand.reason)
+        if name not in _instances:
+            _usable(entry, _probe_timeout())
         return _instance_for(name)
 
 
@@ -628,7 +625,7 @@ def register_platform(
             getattr(cls_or_factory, "__qualname__", None) or type(cls_or_factory).__qualname__
         )
         origin = f"register_platform({name!r}, {qualname})"
-        _registered[name] = _Entry(name, name in _BUILTINS, origin, loaded=cls_or_factory)
+        _registered[name] = _Entry(name, origin, loaded=cls_or_factory)
         _instances.pop(name, None)
         _current = None
 
@@ -640,7 +637,7 @@ def unregister_platform(name: str) -> None:
         if name not in _all_entries():
             raise _lookup_error(name)
         if name in _BUILTINS:
-            _registered[name] = _Entry(name, True, "built-in", _BUILTINS[name])
+            _registered[name] = _Entry(name, "built-in", _BUILTINS[name])
         else:
             del _registered[name]
         _instances.pop(name, None)
