@@ -155,11 +155,6 @@ class Compare:
     number: int
     family: bool  # capability==10x: vLLM's is_device_capability_family(100)
 
-    @property
-    def text(self) -> str:
-        shown_number = f"{self.number // 10}x" if self.family else str(self.number)
-        return f"capability{self.op}{shown_number}"
-
 
 @dataclass(frozen=True, slots=True)
 class Not:
@@ -245,7 +240,7 @@ def render(node: Node, outer: int = 0) -> str:
     if isinstance(node, ArchIs):
         return node.arch.text
     if isinstance(node, Compare):
-        return node.text
+        return f"capability{node.op}{f'{node.number // 10}x' if node.family else node.number}"
     if isinstance(node, Not):
         return f"not {render(node.operand, 3)}"
     level, joiner = (2, " and ") if isinstance(node, All) else (1, " or ")

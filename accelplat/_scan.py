@@ -210,9 +210,7 @@ def _own_kind(predicate: ast.AST) -> str | None:
 
 @dataclass(frozen=True)
 class _Decision:  # a condition that decides whether tests run
-    condition: ast.AST
     form: str  # "requires" (a skipif), "skip_module_unless" (a module-level skip) or "has"
-    sites: list[_translate.Site]
     kinds: dict[int, str]  # an untranslated predicate (by identity) -> why
     owners: dict[int, _translate.Site]  # a node inside a site (by identity) -> the site
     reason: ast.expr | None = None  # the skip's own reason, kept by the replacement
@@ -239,7 +237,7 @@ def _decision(use: str, node: ast.AST, top: set[int]) -> _Decision | None:
     found, kinds = _translate.sites(condition)
     # each node inside a site (by identity) -> that site: one walk of each
     owners = {id(n): site for site in found for part in site.parts for n in ast.walk(part)}
-    return _Decision(condition, form, found, kinds, owners, reason)
+    return _Decision(form, kinds, owners, reason)
 
 
 def _keyword(call: ast.Call, name: str) -> ast.expr | None:
