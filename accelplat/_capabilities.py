@@ -242,8 +242,7 @@ def _build(name: object, conditions: Mapping[str, object], source: str) -> Proje
         raise ConfigurationError(f"{where}: {name!r} is a platform name")
     if isinstance(atom(name), ArchIs):
         raise ConfigurationError(f"{where}: {name!r} is an arch pattern")
-    unknown = sorted(set(conditions) - _CONDITION_KEYS)
-    if unknown:
+    if unknown := sorted(set(conditions) - _CONDITION_KEYS):
         raise ConfigurationError(
             f"{where}: unknown condition(s) {', '.join(unknown)}; known: "
             f"{', '.join(sorted(_CONDITION_KEYS))}"

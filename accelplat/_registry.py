@@ -377,17 +377,6 @@ def protocol_problems(obj: object) -> tuple[str, ...]:
     return tuple(problems)
 
 
-def _construct_checked(name: str, factory: PlatformFactory) -> Platform:
-    instance = factory()
-    if isinstance(instance, type):
-        raise ConfigurationError(
-            f"platform {name!r}: its factory returned a class, not an instance"
-        )
-    if problems := protocol_problems(instance):
-        raise ConfigurationError(f"does not satisfy the Platform protocol ({'; '.join(problems)})")
-    return instance  # type: ignore[no-any-return]
-
-
 def _run_bounded(entry: _Entry, work: Callable[[], _Considered], timeout: float) -> _Considered:
     """Run ``work`` in a daemon thread, giving up after ``timeout`` seconds."""
     if entry.pending is not None:
@@ -419,8 +408,7 @@ def _consider(entry: _Entry, timeout: float) -> Candidate:
     Available: its factory is loaded in ``entry``.
     """
     name, builtin = entry.name, entry.name in _BUILTINS
-    absent = _certainly_absent(entry)
-    if absent is not None:
+    if (absent := _certainly_absent(entry)) is not None:
         return Candidate(name, False, False, absent, builtin)
 
     def work() -> _Considered:
@@ -430,11 +418,16 @@ def _consider(entry: _Entry, timeout: float) -> Candidate:
             step = "probe"
             result = _probe(factory)
             instance: Platform | None = None
-            if result.available and entry.row is None:
+            if result.available and entry.row is None and name not in _instances:
                 step = "construction"
-                instance = _instances.get(name)
-                if instance is None:
-                    instance = _construct_checked(name, factory)
+                instance = factory()
+                if isinstance(instance, type):
+                    raise ConfigurationError(
+                        f"platform {name!r}: its factory returned a class, not an instance"
+                    )
+                if problems := protocol_problems(instance):
+                    why = "; ".join(problems)
+                    raise ConfigurationError(f"does not satisfy the Platform protocol ({why})")
         except (Exception, SystemExit) as exc:
             if isinstance(exc, ConfigurationError) and step != "import":
                 reason = f"skipped: {exc}"

@@ -392,7 +392,10 @@ def _decide(
     return bool(passed), "; ".join(dict.fromkeys(passed or [why for _, why in results]))
 
 
-def _classifier(capabilities: frozenset[str], platforms: frozenset[str]) -> Callable[[str], Node]:
+@functools.lru_cache(maxsize=1024)
+def _parse_cached(
+    text: str, capabilities: frozenset[str], platforms: frozenset[str]
+) -> Requirement:
     def classify(word: str) -> Node:
         if word in capabilities or word in platforms:
             return Name(word)
@@ -405,14 +408,7 @@ def _classifier(capabilities: frozenset[str], platforms: frozenset[str]) -> Call
             "capability>=NN"
         )
 
-    return classify
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_cached(
-    text: str, capabilities: frozenset[str], platforms: frozenset[str]
-) -> Requirement:
-    node = _parse(text, _classifier(capabilities, platforms))
+    node = _parse(text, classify)
     return Requirement(render(node), node)
 
 
