@@ -255,16 +255,14 @@ def _all_entries(*, discover: bool = True) -> dict[str, _Entry]:
     return _registered
 
 
-def _excluded(entry: _Entry, allowed: frozenset[str] | None) -> bool:
-    return entry.entry_point is not None and allowed is not None and entry.name not in allowed
-
-
 def _entries() -> dict[str, _Entry]:
     """Return the usable entries: all registrations less the plugins ``ACCELPLAT_PLUGINS`` omits."""
     allowed = _plugin_filter()
     # With ACCELPLAT_PLUGINS empty no plugin may load, so there is no need to read metadata.
     entries = _all_entries(discover=allowed != frozenset())
-    return {n: e for n, e in entries.items() if not _excluded(e, allowed)}
+    return {
+        n: e for n, e in entries.items() if allowed is None or e.entry_point is None or n in allowed
+    }
 
 
 def _filter_problems() -> list[Candidate]:
@@ -278,19 +276,15 @@ def _filter_problems() -> list[Candidate]:
 
 def _lookup_error(name: str) -> ConfigurationError:
     """Explain why ``name`` is not usable: excluded by ``ACCELPLAT_PLUGINS``, or unknown."""
-    allowed = _plugin_filter()
-    entries = _all_entries()
-    entry = entries.get(name)
-    if entry is not None and _excluded(entry, allowed):
+    if name in _all_entries():  # registered, yet not usable: a plugin left out
         return ConfigurationError(
             f"platform {name!r} is an installed plugin, but {ENV_PLUGINS}="
             f"{os.environ.get(ENV_PLUGINS, '')!r} leaves it out; add it to {ENV_PLUGINS} or "
             f"unset {ENV_PLUGINS}"
         )
-    valid = sorted(n for n, e in entries.items() if not _excluded(e, allowed))
     return ConfigurationError(
         f"unknown platform {name!r} (set by {ENV_PLATFORM}, set_current_platform() or "
-        f"get_platform()); valid names: {', '.join(valid)}"
+        f"get_platform()); valid names: {', '.join(sorted(_entries()))}"
     )
 
 
@@ -514,13 +508,12 @@ def detect() -> DetectionReport:
             c = Candidate(name, True, True, "set by set_current_platform()", name in _BUILTINS)
             return DetectionReport(name, (c,), forced=name)
         try:
-            report = _detect(exhaustive=True)
+            return _detect(exhaustive=True)
         except PlatformNotAvailableError as exc:
             cand = Candidate(exc.platform, False, False, exc.reason, exc.platform in _BUILTINS)
             return DetectionReport(None, (cand,), forced=exc.platform, error=str(exc))
         except ConfigurationError as exc:
             return DetectionReport(None, (), forced=_forced_name(), error=str(exc))
-        return report
 
 
 def current_platform() -> Platform:
