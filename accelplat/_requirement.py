@@ -285,28 +285,23 @@ def _parse(text: str, classify: Callable[[str], Node]) -> Node:
         pos += 1
         return tokens[pos - 1]
 
-    def joined(keyword: str, operand: Callable[[int], Node], depth: int) -> list[Node]:
+    def operand(depth: int, level: int = 0) -> Node:
+        """Level 0: an "or" of level 1s; 1: an "and" of level 2s; 2: a word, "not" or "(…)"."""
         nonlocal pos
-        parts = [operand(depth)]
-        while tokens[pos] == ("keyword", keyword):
-            pos += 1
-            parts.append(operand(depth))
-        return parts
-
-    def either(depth: int) -> Node:
-        return any_of(*joined("or", both, depth))
-
-    def both(depth: int) -> Node:
-        return all_of(*joined("and", unary, depth))
-
-    def unary(depth: int) -> Node:
+        if level < 2:
+            keyword, join = ("or", any_of) if level == 0 else ("and", all_of)
+            parts = [operand(depth, level + 1)]
+            while tokens[pos] == ("keyword", keyword):
+                pos += 1
+                parts.append(operand(depth, level + 1))
+            return join(*parts)
         if depth > MAX_DEPTH:
             raise error(f"nests deeper than {MAX_DEPTH} levels")
         kind, value = take()
         if (kind, value) == ("keyword", "not"):
-            return Not(unary(depth + 1))
+            return Not(operand(depth + 1, 2))
         if (kind, value) == ("paren", "("):
-            node = either(depth + 1)
+            node = operand(depth + 1)
             if take() != ("paren", ")"):
                 raise error("a '(' is not closed")
             return node
@@ -320,7 +315,7 @@ def _parse(text: str, classify: Callable[[str], Node]) -> Node:
             return classify(value)
         raise error(f"unexpected {value!r}")
 
-    node = either(0)
+    node = operand(0)
     if tokens[pos][0] != "end":
         raise error(f"unexpected {tokens[pos][1]!r}")
     return node
