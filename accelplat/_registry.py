@@ -373,14 +373,12 @@ def protocol_problems(obj: object) -> tuple[str, ...]:
 
 def _run_bounded(entry: _Entry, work: Callable[[], _Considered], timeout: float) -> _Considered:
     """Run ``work`` in a daemon thread, giving up after ``timeout`` seconds."""
-    if entry.pending is not None:
-        if entry.pending.is_alive():
-            reason = (
-                "skipped: its load or probe from an earlier detection is still running "
-                f"(did not finish within {timeout:g} s)"
-            )
-            return Candidate(entry.name, False, False, reason, entry.name in _BUILTINS), None
-        entry.pending = None
+    if entry.pending is not None and entry.pending.is_alive():
+        reason = (
+            "skipped: its load or probe from an earlier detection is still running "
+            f"(did not finish within {timeout:g} s)"
+        )
+        return Candidate(entry.name, False, False, reason, entry.name in _BUILTINS), None
     box: list[_Considered] = []  # work() reports its own errors as an unavailable outcome
     name = f"accelplat-probe-{entry.name}"
     thread = threading.Thread(target=lambda: box.append(work()), name=name, daemon=True)
@@ -470,8 +468,7 @@ def _detect(*, exhaustive: bool) -> DetectionReport:
     entries = _entries()
     candidates = [_consider(e, timeout) for n, e in entries.items() if n not in _BUILTINS]
     available = [c.name for c in candidates if c.available]
-    candidates.extend(_problems)
-    candidates.extend(_filter_problems())
+    candidates.extend([*_problems, *_filter_problems()])
     if len(available) > 1:
         names = ", ".join(repr(n) for n in available)
         raise ConfigurationError(
