@@ -360,8 +360,7 @@ def _decide(
     node: Node, platform: Platform, info: DeviceInfo | None, table: Mapping[str, Capability]
 ) -> tuple[bool, str]:
     if isinstance(node, Name):
-        cap = table.get(node.name)
-        if cap is not None:
+        if (cap := table.get(node.name)) is not None:
             return cap.available, shorten(cap.reason, _REASON)
         return platform.name == node.name, f"the current platform is {platform.name}"
     if isinstance(node, ArchIs | Compare):
@@ -372,9 +371,7 @@ def _decide(
         cc = info.compute_capability
         if cc is None:  # vLLM's get_device_capability() is None here: every comparison fails
             return False, f"{named(info)} has no compute capability number"
-        number = cc[0] * 10 + cc[1]
-        if node.family:
-            number = number // 10 * 10
+        number = cc[0] * 10 + (0 if node.family else cc[1])  # a family compares the major
         return _OPS[node.op](number, node.number), f"{named(info)} has capability {cc[0]}{cc[1]}"
     if isinstance(node, Not):
         held, why = _decide(node.operand, platform, info, table)
