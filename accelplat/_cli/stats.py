@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from accelplat._cli._args import add_common, color, command, count_arg, seconds_arg
+from accelplat._cli._args import add_common, color, count_arg, seconds_arg
 from accelplat._cli._errors import dumps, handling, host_json, time_json
 from accelplat._util import format_bytes, printable
 from accelplat._vendor.procs import process_details
@@ -53,14 +53,13 @@ KEYS = (
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``stats`` sub-command to ``sub``."""
-    parser = command(
-        sub,
+    parser = sub.add_parser(
         "stats",
-        _run,
         help="show used/free/total device memory, once or refreshing",
         description="Show used, free, total and reserved memory of each visible device, as the "
         "platform's context-free query reports it. Creates no device context.",
     )
+    parser.set_defaults(func=_run)
     add_common(parser, json="print JSON (one object per refresh)", devices=True, colour=True)
     add = parser.add_argument
     every = "refresh every SECONDS (default 1) until interrupted (or --count refreshes)"
