@@ -87,9 +87,6 @@ def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None
     return True
 
 
-Details = Callable[[int], tuple[str, Sequence[str]]]  # pid -> (user, argv), empty when unreadable
-
-
 def holder_json(h: MemoryHolder) -> dict[str, Any]:
     """Return a process holding device memory as ``--json`` documents show it."""
     user, argv = process_details(h.pid)
@@ -417,11 +414,8 @@ def colour_for(ratio: float) -> str:
 def bar(ratio: float, width: int = BAR_WIDTH) -> str:
     """Return a bar of ``width`` cells: any use shows one full cell, only a full device all."""
     ratio = min(1.0, max(0.0, ratio))
-    cells = round(ratio * width)
-    if ratio > 0 and cells == 0:
-        cells = 1
-    if ratio < 1 and cells == width:
-        cells = width - 1
+    least, most = (1 if ratio > 0 else 0), (width if ratio == 1 else width - 1)
+    cells = min(max(round(ratio * width), least), most)
     return "█" * cells + "░" * (width - cells)
 
 
@@ -488,7 +482,7 @@ def render(
     *,
     state: ViewState,
     interval: float | None,
-    details: Details = process_details,
+    details: Callable[[int], tuple[str, Sequence[str]]] = process_details,  # pid: user, argv
     host: str | None = None,
     units: Sequence[Slice] = (),
 ) -> Frame:

@@ -117,15 +117,12 @@ def _outcome_json(
     doc = snapshot_to_json(platform, outcome.snapshot, devices, holders=True)
     done = not isinstance(outcome, MemoryNotSettledError)
     for entry in doc["devices"]:
+        entry["target"] = target = None if pids else outcome.targets.get(entry["index"])
+        entry["cleared"] = target is not None and entry["used"] <= target
         if pids:  # the wait's target was the processes' own memory, not the device's usage
             holders = entry["holders"]
-            entry["target"] = None
-            entry["cleared"] = done or (
-                holders is not None and not any(h["pid"] in pids for h in holders)
-            )
-            continue
-        entry["target"] = target = outcome.targets.get(entry["index"])
-        entry["cleared"] = target is not None and entry["used"] <= target
+            gone = holders is not None and not any(h["pid"] in pids for h in holders)
+            entry["cleared"] = done or gone
     doc = {"status": "clear", **doc, "waited_s": outcome.waited_s}
     if isinstance(outcome, MemoryNotSettledError):
         return doc | {"status": "timeout", "error": str(outcome)}
