@@ -51,10 +51,8 @@ _SECTIONS = (
 
 
 def _rows(title: str, counts: dict[str, int], total: int) -> list[str]:
-    out = [f"| {title} | count | share |", "| --- | ---: | ---: |"]
-    for key, n in counts.items():
-        out.append(f"| `{key}` | {n} | {100 * n / total:.1f} % |" if total else f"| {key} | {n} |")
-    return out
+    rows = [f"| `{key}` | {n} | {100 * n / total:.1f} % |" for key, n in counts.items()]
+    return [f"| {title} | count | share |", "| --- | ---: | ---: |", *rows]  # none when total is 0
 
 
 def render_markdown(report: ScanReport) -> str:
