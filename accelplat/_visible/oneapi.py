@@ -138,15 +138,13 @@ def _parse_selector(value: str) -> list[_Term]:
         if not text:
             continue
         negative = text.startswith("!")
-        if negative:
-            text = text[1:].strip()
-        elif terms and terms[-1][0]:  # discard filters "must all appear at the end"
+        if not negative and terms and terms[-1][0]:  # discard filters "must all appear at the end"
             words = (
                 f"the '!' (discard) terms must all come after the accepting terms, but "
                 f"{shown(raw.strip())} follows one"
             )
             raise _error(ENV_DEVICE_SELECTOR, value, words)
-        backend, colon, devices = text.partition(":")
+        backend, colon, devices = text.removeprefix("!").partition(":")
         backend = backend.strip().lower()  # backends are case-insensitive
         if not colon or not devices.strip():
             words = "is not of the form 'backend:devices' (e.g. 'level_zero:0,1' or 'level_zero:*')"
