@@ -136,8 +136,7 @@ def _read_uuid_digits(body: str) -> str | None:
 
 def uuid_digits(uuid: str) -> str:
     """Return a ``GPU-``/``MIG-`` UUID as ``VisibleEntry.uuid_prefix`` writes it."""
-    head = len(_GPU_PREFIX)
-    return uuid[:head] + uuid[head:].replace("-", "").lower()
+    return uuid[: len(_GPU_PREFIX)] + uuid[len(_GPU_PREFIX) :].replace("-", "").lower()
 
 
 def _parse_uuid_entry(text: str) -> VisibleEntry | None:
