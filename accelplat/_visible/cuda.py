@@ -166,7 +166,8 @@ def parse_cuda_visible_devices(value: str | None) -> CudaVisibleSpec:
     if value is None:
         return CudaVisibleSpec(None, ())
     entries: list[VisibleEntry] = []
-    uuid_form = value.startswith((_GPU_PREFIX, _MIG_PREFIX))  # as the first entry: all of them
+    # The first entry decides the form of the whole list (no prefix holds a comma).
+    uuid_form = value.startswith((_GPU_PREFIX, _MIG_PREFIX))
     for text in value.split(","):
         entry = _parse_uuid_entry(text) if uuid_form else _parse_ordinal(text)
         if entry is None:  # the first invalid entry ends the list ("" or NoDevFiles: none)
