@@ -204,7 +204,6 @@ def wait_for_gpu_memory_to_clear(
     result = _clear(
         platform,
         wanted,
-        physical,
         cadence,
         threshold_bytes=by_bytes,
         threshold_ratio=by_ratio,
@@ -224,15 +223,10 @@ def wait_for_gpu_memory_to_clear(
 
 
 def _clear(
-    p: Platform,
-    devices: list[int],
-    physical: list[int],
-    every_s: float = 1.0,
-    *,
-    settle: bool = False,
-    **wait: Any,
+    p: Platform, devices: list[int], every_s: float = 1.0, *, settle: bool = False, **wait: Any
 ) -> SettleResult:
     """Run accelplat's clear (or settle) wait printing vLLM's progress line, raising its error."""
+    physical = _physical(p, devices)
     names = dict(zip(devices, physical, strict=True))
     last: list[float] = []
 
@@ -450,16 +444,14 @@ def before_engine_start(
         return _nothing_to_do()
     profile = p.release
     timeout = profile.settle_timeout_s
-    window = profile.stable_duration_s if profile.lazy else 0.0
     if not profile.lazy and not strict:
         timeout = min(EAGER_START_GRACE_S, timeout)
     return _clear(
         p,
         devices,
-        _physical(p, devices),
         threshold_ratio=ratio,
         timeout_s=timeout,
-        stable_duration_s=window,
+        stable_duration_s=profile.stable_duration_s if profile.lazy else 0.0,
         read=None if strict else _vllm_reader(p),
     )
 
@@ -480,15 +472,13 @@ def after_engine_shutdown(
     p = resolve_platform(platform)
     ratio = _free_ratio(kwargs, p)
     devices = list(range(p.device_count()))
-    physical = _physical(p, devices)
     if _validate.flag(strict, "strict"):
-        return _clear(p, devices, physical, settle=True, threshold_ratio=ratio)
+        return _clear(p, devices, settle=True, threshold_ratio=ratio)
     if not p.release.lazy or _accelerator_count(p) == 0:
         return _nothing_to_do()
     return _clear(
         p,
         devices,
-        physical,
         threshold_ratio=ratio,
         timeout_s=p.release.settle_timeout_s,
         stable_duration_s=p.release.stable_duration_s,
@@ -531,8 +521,7 @@ def memory_baseline(
     targets = {
         d: info.used + math.floor(fraction * info.total) for d, info in baseline.memory.items()
     }
-    wanted = list(targets)
-    _clear(p, wanted, _physical(p, wanted), threshold_bytes=targets, timeout_s=timeout_s, read=read)
+    _clear(p, list(targets), threshold_bytes=targets, timeout_s=timeout_s, read=read)
 
 
 def requires_spawn_multiprocessing() -> bool:
