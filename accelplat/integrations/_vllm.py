@@ -16,16 +16,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from accelplat import _validate
+from accelplat import _memory, _validate
 from accelplat._leasing import ENV_MEMORY_BYTES
-from accelplat._memory import (
-    PollPolicy,
-    resolve_platform,
-    snapshot,
-    wait_for_memory_to_clear,
-    wait_for_release,
-)
-from accelplat._memory import wait_for_memory_to_settle as _settle  # vLLM's name is ours here
+from accelplat._memory import PollPolicy, resolve_platform
 from accelplat._platform import Platform, StartMethod, optional, validate_utilization
 from accelplat._sizing import KVCacheShape
 from accelplat._types import GIB, MIB, MemoryInfo, SettleResult, UsageSnapshot
@@ -145,9 +138,8 @@ def _describe_threshold(
             gib = max(gib or 0.0, floored[device] / GIB)
         shown = [] if gib is None else [f"{gib:.2f} GiB"]
         shown += [] if threshold_ratio is None else [f"{pick(threshold_ratio, device):.3f}"]
-        parts.append(
-            f"device={phys}: " + (f"max({shown[0]}, {shown[1]})" if shown[1:] else shown[0])
-        )
+        text = ", ".join(shown)
+        parts.append(f"device={phys}: " + (f"max({text})" if len(shown) > 1 else text))
     return "; ".join(parts)
 
 
@@ -242,8 +234,10 @@ def _clear(
 
     try:
         if settle:  # whole devices, as vLLM judges them: the owner-aware rule is accelplat's
-            return _settle(on_poll=on_poll, platform=p, owners="all", **wait)
-        return wait_for_memory_to_clear(devices, on_poll=on_poll, platform=p, **wait)
+            return _memory.wait_for_memory_to_settle(
+                on_poll=on_poll, platform=p, owners="all", **wait
+            )
+        return _memory.wait_for_memory_to_clear(devices, on_poll=on_poll, platform=p, **wait)
     except MemoryNotSettledError as exc:  # raised only after every argument was validated
         by_bytes, by_ratio = wait.get("threshold_bytes"), wait.get("threshold_ratio")
         threshold = _describe_threshold(devices, physical, by_bytes, by_ratio, exc.raised_targets)
@@ -514,7 +508,7 @@ def memory_baseline(
         yield _nothing_to_do().snapshot
         return
     read = _vllm_reader(p)
-    baseline = snapshot(devices, platform=p, holders=False, read=read)
+    baseline = _memory.snapshot(devices, platform=p, holders=False, read=read)
     yield baseline
     if not p.release.lazy:
         return
@@ -539,7 +533,7 @@ def _failed(result: ChildResult) -> bool:
     platform = resolve_platform(None)
     if result.pid > 0 and _accelerator_count(platform) > 0:
         try:
-            wait_for_release([result.pid], platform=platform)
+            _memory.wait_for_release([result.pid], platform=platform)
         except MemoryNotSettledError as exc:  # a passing test stays passing, as in vLLM
             warnings.warn(f"the test's child process left memory held: {exc}", stacklevel=3)
     if result.status == "outcome":
