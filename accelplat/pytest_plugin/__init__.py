@@ -298,13 +298,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     reapply_forced(item.config)
     try:
         reason = skip_reason(item)
-    except MarkerError as exc:
-        error = str(exc)  # failed outside the except block: no chained traceback
-    else:
-        if reason is not None:
-            skip_at_test(reason)
-        return
-    pytest.fail(error, pytrace=False)
+    except MarkerError as exc:  # failed without the chained traceback
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None
+    if reason is not None:
+        skip_at_test(reason)
 
 
 @pytest.hookimpl(tryfirst=True)
