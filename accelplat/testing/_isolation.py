@@ -311,8 +311,7 @@ def run_in_new_process(
     result = run_child(func, args, kwargs, method=method, env=env)
     if result.status == "ok":
         return
-    if result.status == "outcome":
-        result.raise_pytest_outcome()
+    result.raise_pytest_outcome()  # status "outcome"; no-op for the others
     if result.status == "silent":
         raise ChildTestError(
             f"{result.name} ran in a new {result.method} process that "
