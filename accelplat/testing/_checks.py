@@ -251,13 +251,12 @@ def _check_bad_index(kit: Kit, problems: list[str]) -> str:
         fn = getattr(kit.platform, method)
         for bad in bad_indices:
             try:
-                got = fn(bad)
+                said = f"returned {fn(bad)!r}"
             except DeviceNotFoundError:
                 continue
             except Exception as exc:
-                problems.append(f"{method}({bad!r}) raised {describe(exc)}")
-                continue
-            problems.append(f"{method}({bad!r}) returned {got!r}")
+                said = f"raised {describe(exc)}"
+            problems.append(f"{method}({bad!r}) {said}")
     if problems:
         raise CheckFailedError("expected DeviceNotFoundError: " + "; ".join(problems))
     return f"{len(bad_indices) * 2} bad calls raised DeviceNotFoundError"
