@@ -116,10 +116,8 @@ def _decimals(step: float) -> int:  # what shows each multiple of ``step``: 2 fo
 def _extremes(trace: Trace, pos: int) -> _Ends:
     """Return device ``pos``'s highest reading ``(bytes, seconds)`` and its lowest sample."""
     sampled = [(v, s.t) for s in trace.samples if (v := s.used[pos]) is not None]
-    ends = (
-        (span.used_before[pos], span.start, span.used_after[pos], span.end) for span in trace.tests
-    )
-    spans = [(v, t) for b, tb, a, ta in ends for v, t in ((b, tb), (a, ta)) if v is not None]
+    ends = [((s.used_before[pos], s.start), (s.used_after[pos], s.end)) for s in trace.tests]
+    spans = [(v, t) for pair in ends for v, t in pair if v is not None]
     peak = max(sampled + spans, key=lambda p: p[0], default=None)
     return peak, min((v for v, _ in sampled), default=0)
 
@@ -238,9 +236,7 @@ class _TimeAxis:
         self._x[-1] = float(geo.left + geo.plot_w)
 
     def __call__(self, t: float) -> float:
-        k = min(max(bisect.bisect_right(self._t, t) - 1, 0), len(self._t) - 2)
-        t0, t1, x0, x1 = self._t[k], self._t[k + 1], self._x[k], self._x[k + 1]
-        return x0 if t1 <= t0 else x0 + (x1 - x0) * (min(max(t, t0), t1) - t0) / (t1 - t0)
+        return self.many([t])[0]
 
     def many(self, times: Sequence[float]) -> list[float]:
         """Return the x of each of ``times`` (ascending, within the axis): a stretch at a time."""
@@ -377,11 +373,8 @@ def _chart(page: _Page, pos: int, x_of: _TimeAxis, line: _Line, ends: _Ends, *, 
         out.append(_el("line", attrs, tip=total))
     frame = _box(left, right, top, plot_h)
     out.append(_el("rect", f'{frame} fill="none" stroke="#9aa3ad" stroke-width="0.8"'))
-    paths = []
-    for seg in line:
-        points = seg if len(seg) > 1 else [seg[0], (seg[0][0] + 1.0, seg[0][1])]
-        paths.append("M" + " L".join(f"{x:.2f},{y_of(v):.2f}" for x, v in points))
-    if d := " ".join(paths):
+    dashed = (seg if len(seg) > 1 else [*seg, (seg[0][0] + 1.0, seg[0][1])] for seg in line)
+    if d := " ".join("M" + " L".join(f"{x:.2f},{y_of(v):.2f}" for x, v in seg) for seg in dashed):
         attrs = f'class="used" d="{d}" fill="none" stroke="{color}" stroke-width="1.8"'
         out.append(_el("path", attrs, tip=f"used memory, device {dev.index}"))
     if peak is not None:  # a marker and its figure, beside it

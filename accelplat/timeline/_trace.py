@@ -284,7 +284,34 @@ class Trace:
         Raises:
             ConfigurationError: Naming the first bad field, or an unsupported format or version.
         """
-        return _parse(doc)
+        top = _FIELDS.mapping(doc, "(top level)")
+        if top.get("format") != TRACE_FORMAT:
+            raise _FIELDS.error("format", repr(TRACE_FORMAT), top.get("format"))
+        version = top.get("version")
+        if version != TRACE_VERSION or isinstance(version, bool):
+            readable = f"this accelplat reads version {TRACE_VERSION}"
+            raise ConfigurationError(f"unsupported trace version {version!r}; {readable}")
+
+        devices: dict[int, DeviceTrack] = {}
+        for i, raw in enumerate(_list(top.get("devices"), "devices", _MAX_DEVICES)):
+            d = _FIELDS.mapping(raw, f"devices[{i}]")
+            index = _int(d.get("index"), f"devices[{i}].index")
+            if index in devices:
+                raise ConfigurationError(f"trace field devices[{i}].index: device {index} repeats")
+            name = _text(d.get("name"), f"devices[{i}].name")
+            devices[index] = DeviceTrack(index, name, _int(d.get("total"), f"devices[{i}].total"))
+        n = len(devices)
+        samples, last_t = _samples(_list(top.get("samples"), "samples"), n)
+        tests = [_test(raw, i, n) for i, raw in enumerate(_list(top.get("tests", []), "tests"))]
+        waits = [_wait(raw, i) for i, raw in enumerate(_list(top.get("waits", []), "waits"))]
+        return cls(
+            devices=tuple(devices.values()),
+            samples=tuple(samples),
+            tests=tuple(tests),
+            waits=tuple(waits),
+            duration=_float(top.get("duration", last_t), "duration"),
+            **{key: check(top[key], key) for key, check in _SCALARS.items() if key in top},
+        )
 
 
 def lanes(spans: Sequence[TestSpan | WaitSpan], most: int | None = None) -> list[int]:
@@ -362,7 +389,7 @@ def loads_trace(text: str | bytes, *, max_bytes: int = MAX_TRACE_BYTES) -> Trace
             raise ConfigurationError("trace JSON is nested too deeply") from None
         except ValueError as exc:  # json.JSONDecodeError and _reject_constant
             raise ConfigurationError(f"trace is not valid JSON: {exc}") from None
-        return _parse(doc)
+        return Trace.from_json(doc)
     finally:
         if collecting:
             gc.enable()
@@ -406,11 +433,9 @@ def _test(raw: object, i: int, n: int) -> TestSpan:
     before = _reading(s.get("used_before"), f"{where}.used_before", n)
     after = _reading(s.get("used_after"), f"{where}.used_after", n)
     outcome = _text(s.get("outcome", ""), f"{where}.outcome")
-    body = s.get("body_start")
-    if body is not None:
-        body = _float(body, f"{where}.body_start")
-        if not start <= body <= end:
-            raise ConfigurationError(f"trace field {where}.body_start: outside the test's span")
+    body = _optional(_float)(s.get("body_start"), f"{where}.body_start")
+    if body is not None and not start <= body <= end:
+        raise ConfigurationError(f"trace field {where}.body_start: outside the test's span")
     raw_owners = _list(s.get("owners", []), f"{where}.owners", _MAX_DEVICES)
     owners = tuple(span_owners(o, f"{where}.owners[{j}]") for j, o in enumerate(raw_owners))
     return TestSpan(nodeid, start, end, before, after, outcome, body, owners)
@@ -483,38 +508,6 @@ def _span(raw: object, where: str) -> tuple[Any, float, float]:
     if end < start:
         raise ConfigurationError(f"trace field {where}.end: earlier than its start")
     return span, start, end
-
-
-def _parse(doc: object) -> Trace:
-    top = _FIELDS.mapping(doc, "(top level)")
-    if top.get("format") != TRACE_FORMAT:
-        raise _FIELDS.error("format", repr(TRACE_FORMAT), top.get("format"))
-    version = top.get("version")
-    if version != TRACE_VERSION or isinstance(version, bool):
-        raise ConfigurationError(
-            f"unsupported trace version {version!r}; this accelplat reads version {TRACE_VERSION}"
-        )
-
-    devices: dict[int, DeviceTrack] = {}
-    for i, raw in enumerate(_list(top.get("devices"), "devices", _MAX_DEVICES)):
-        d = _FIELDS.mapping(raw, f"devices[{i}]")
-        index = _int(d.get("index"), f"devices[{i}].index")
-        if index in devices:
-            raise ConfigurationError(f"trace field devices[{i}].index: device {index} repeats")
-        name = _text(d.get("name"), f"devices[{i}].name")
-        devices[index] = DeviceTrack(index, name, _int(d.get("total"), f"devices[{i}].total"))
-    n = len(devices)
-    samples, last_t = _samples(_list(top.get("samples"), "samples"), n)
-    tests = [_test(raw, i, n) for i, raw in enumerate(_list(top.get("tests", []), "tests"))]
-    waits = [_wait(raw, i) for i, raw in enumerate(_list(top.get("waits", []), "waits"))]
-    return Trace(
-        devices=tuple(devices.values()),
-        samples=tuple(samples),
-        tests=tuple(tests),
-        waits=tuple(waits),
-        duration=_float(top.get("duration", last_t), "duration"),
-        **{key: check(top[key], key) for key, check in _SCALARS.items() if key in top},
-    )
 
 
 def _optional(check: Callable[[object, str], Any]) -> Callable[[object, str], Any]:
