@@ -79,10 +79,9 @@ class WaitEventTap(logging.Filter):
             self._observe(event)
         if self._logger.level != _TAP_LEVEL:  # changed since install (caplog.set_level, say)
             return record.levelno >= self._logger.getEffectiveLevel()
-        if self._own_level != logging.NOTSET:
-            return record.levelno >= self._own_level
-        parent = self._logger.parent
-        return record.levelno >= (parent.getEffectiveLevel() if parent else logging.WARNING)
+        parent = self._logger.parent  # its level held before install where the logger had none
+        inherited = parent.getEffectiveLevel() if parent else logging.WARNING
+        return record.levelno >= (self._own_level or inherited)  # NOTSET is 0
 
     def _observe(self, event: dict[Any, Any]) -> None:
         key = event.get("id")
