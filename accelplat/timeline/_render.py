@@ -94,9 +94,7 @@ def _fmt_delta(n: int | None) -> str:
 
 
 def _nice_step(span: float, target: int) -> float:
-    raw = span / max(1, target)
-    if raw <= 0 or not math.isfinite(raw):
-        return 1.0
+    raw = span / target  # > 0: a chart spans at least 1 ms and 1 byte
     mag = 10.0 ** math.floor(math.log10(raw))
     return next((m * mag for m in (1, 2, 2.5, 5, 10) if raw <= m * mag), 10 * mag)
 
@@ -252,7 +250,7 @@ class _TimeAxis:
         """Return the time labels ``(x, text)``: one nice step, never crowded nor on a fold."""
         gap = self.geo.tick_gap
         step = next((s for s in _STEPS if s * self.per_s >= gap), None) or _nice_step(
-            self._t[-1], max(1, int(self.geo.plot_w / gap))
+            self._t[-1], int(self.geo.plot_w / gap)
         )
         centres = [(self(a) + self(b)) / 2 for a, b in self.folds]  # where the folds' labels go
         out: list[tuple[float, str]] = []

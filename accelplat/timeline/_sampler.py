@@ -220,7 +220,7 @@ class Recorder:
     @property
     def current_test(self) -> str | None:
         """Node id of the test begun most recently and not yet ended, if any."""
-        return next(reversed(self._open_tests), None)
+        return next((s.nodeid for s in reversed(self._open_tests.values())), None)
 
     def add_note(self, note: str) -> None:
         """Add a remark shown on the report."""
@@ -308,7 +308,7 @@ class Recorder:
         t = self.sampler.now()
         with self._lock:
             token = next(self._tokens)
-            test = next((s.nodeid for s in reversed(self._open_tests.values())), None)
+            test = self.current_test
             self._open_waits[token] = WaitSpan(t, t, clip(kind), tuple(devices), True, test)
             return token
 
