@@ -15,8 +15,8 @@ import json
 import math
 import os
 import string
+import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 from typing import Literal, NamedTuple, cast
@@ -58,7 +58,7 @@ class _Geometry(NamedTuple):
 _WIDE = _Geometry(False, 1200, 78, 16, 12, 220, 30, 16, 11, 10, 100)
 _PHONE = _Geometry(True, 600, 104, 26, 20, 260, 40, 26, 19, 16, 110)
 _Line = list[list[tuple[float, int]]]  # a device's polyline segments of (x, used)
-_Ends = tuple[tuple[int, float] | None, int]  # a device's peak (bytes, seconds) and lowest sample
+_Ends = tuple[tuple[int, float] | None, int, int]  # peak (bytes, seconds), lowest sample, highest
 _MAX_LANES = 6
 MAX_ROWS = 5000  # rows of the leak and test tables
 _FOLDS = 4  # at most this many flat stretches are folded
@@ -112,12 +112,12 @@ def _decimals(step: float) -> int:  # what shows each multiple of ``step``: 2 fo
 
 
 def _extremes(trace: Trace, pos: int) -> _Ends:
-    """Return device ``pos``'s highest reading ``(bytes, seconds)`` and its lowest sample."""
+    """Return device ``pos``'s highest reading ``(bytes, seconds)``, its lowest sample and peak."""
     sampled = [(v, s.t) for s in trace.samples if (v := s.used[pos]) is not None]
     ends = [((s.used_before[pos], s.start), (s.used_after[pos], s.end)) for s in trace.tests]
     spans = [(v, t) for pair in ends for v, t in pair if v is not None]
     peak = max(sampled + spans, key=lambda p: p[0], default=None)
-    return peak, min((v for v, _ in sampled), default=0)
+    return peak, min((v for v, _ in sampled), default=0), 0 if peak is None else peak[0]
 
 
 def peaks_per_test(trace: Trace) -> list[Reading]:
@@ -192,10 +192,10 @@ def _folds(trace: Trace, end_t: float) -> list[tuple[float, float]]:
     """
     spans: list[TestSpan | WaitSpan] = [*trace.tests, *trace.waits]
     edges = sorted({t for s in spans for t in (s.start, s.end)})
-    limits = []
-    for pos, dev in enumerate(trace.devices):
-        scale = dev.total if dev.total > 0 else (_extremes(trace, pos)[0] or (0, 0.0))[0]
-        limits.append(max(0.01 * scale, float(MIB)))
+    limits = [
+        max(0.01 * (dev.total or _extremes(trace, pos)[2]), float(MIB))
+        for pos, dev in enumerate(trace.devices)
+    ]
     least = max(0.2 * end_t, 5.0)
     runs: list[tuple[float, float]] = []
     start = last = -1.0  # the open run's first and last sample; -1: none open
@@ -308,9 +308,8 @@ def _chart(page: _Page, pos: int, x_of: _TimeAxis, line: _Line, ends: _Ends, *, 
     """Return device ``pos``'s chart at one geometry and scale; ``line``: its memory envelope."""
     trace, geo, dev = page.trace, x_of.geo, page.trace.devices[pos]
     color = _PALETTE[pos % len(_PALETTE)]
-    peak, low = ends
-    high = peak[0] if peak is not None else 0
-    ymin, ymax = _axis(min(low, high), high, dev.total, full=full)
+    peak, low, high = ends
+    ymin, ymax = _axis(low, high, dev.total, full=full)
     span_y = max(ymax - ymin, 1.0)
     left, right, top, plot_h, lane_h = geo.left, geo.w - geo.right, geo.top, geo.plot_h, geo.lane_h
     bottom, tests_top = top + plot_h, top + plot_h + geo.axis_h
@@ -422,7 +421,6 @@ def _badge(text: str, cls: str = "", ident: str = "") -> str:
 
 
 def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:
-    started = datetime.fromtimestamp(trace.started_at, tz=timezone.utc)
     sampling = f"{trace.sample_hz:g} samples/s requested; {len(trace.samples)} samples kept"
     if trace.decimation:
         interval = 2**trace.decimation / trace.sample_hz if trace.sample_hz > 0 else 0.0
@@ -435,7 +433,7 @@ def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:
     )
     rows = [
         ("Platform", trace.platform or "none detected"),
-        ("Started", started.strftime("%Y-%m-%d %H:%M:%S UTC")),
+        ("Started", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(trace.started_at))),
         ("Duration", _fmt_s(end_t)),
         ("Sampling", sampling),
         ("Leak rule", rule),
