@@ -35,6 +35,7 @@ MAX_INT = 2**63 - 1  # any integer: a signed 64-bit one
 MAX_SECONDS = 1e9  # any time, duration or rate: about 31 years
 MAX_EPOCH = 253_402_300_799.0  # the last second of the year 9999, the last a date can show
 
+_TEST_KEYS = ("nodeid", "start", "end", "outcome", "used_before", "used_after", "body_start")
 Reading = tuple[int | None, ...]  # used bytes per device, in Trace.devices order; None: failed
 LEAK_CHECK_KIND = "leak check"  # the kind of the leak check's own wait (pytest_plugin/_leaks.py)
 
@@ -256,25 +257,16 @@ class Trace:
             "version": TRACE_VERSION,
             **{key: getattr(self, key) for key in _SCALARS},
             "duration": _r(self.duration),
-            "devices": [{"index": d.index, "name": d.name, "total": d.total} for d in self.devices],
+            "devices": [asdict(d) for d in self.devices],
             "samples": [[_r(s.t), *s.used] for s in self.samples],
             "tests": [
                 {
-                    "nodeid": t.nodeid,
-                    "start": _r(t.start),
-                    "end": _r(t.end),
-                    "outcome": t.outcome,
-                    "used_before": list(t.used_before),
-                    "used_after": list(t.used_after),
-                    "body_start": None if t.body_start is None else _r(t.body_start),
+                    **{key: _plain(getattr(t, key)) for key in _TEST_KEYS},
                     **({"owners": [_owners_json(o) for o in t.owners]} if t.owners else {}),
                 }
                 for t in self.tests
             ],
-            "waits": [
-                {**asdict(w), "start": _r(w.start), "end": _r(w.end), "devices": list(w.devices)}
-                for w in self.waits
-            ],
+            "waits": [{key: _plain(value) for key, value in asdict(w).items()} for w in self.waits],
         }
 
     @classmethod
@@ -336,6 +328,13 @@ def lanes(spans: Sequence[TestSpan | WaitSpan], most: int | None = None) -> list
 
 def _r(t: float) -> float:
     return round(t, 6)
+
+
+def _plain(value: object) -> Any:
+    """A span's field as its JSON holds it: a time to the microsecond, a tuple as a list."""
+    if isinstance(value, float):
+        return _r(value)
+    return list(value) if isinstance(value, tuple) else value
 
 
 def holdings_json(h: Holdings) -> dict[str, Any]:
