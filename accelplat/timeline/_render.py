@@ -344,8 +344,7 @@ def _chart(page: _Page, pos: int, x_of: _TimeAxis, line: _Line, ends: _Ends, *, 
     # Ticks are counted, never stepped up to the top: at 2**55 bytes a float step is too fine
     # to reach a tolerance relative to the value, and that loop ran for hours.
     first = math.ceil(ymin / unit / step - 1e-9)
-    last = math.floor(ymax / unit / step + 1e-9)
-    for k in range(first, min(last, first + 10) + 1):
+    for k in range(first, min(math.floor(ymax / unit / step + 1e-9), first + 10) + 1):
         y = y_of(k * step * unit)
         out.append(_el("line", _seg((left, right), (y, y), "#d0d5db")))
         label = f"{k * step:.{_decimals(step)}f} {unit_name}"
@@ -623,8 +622,7 @@ def render_html(trace: Trace, *, title: str | None = None) -> str:
     charts = "".join(_device(page, pos, axes, xs) for pos in range(len(trace.devices)))
     text = json.loads(_data("report.json"))["tests" if trace.command is None else "command"]
     # The template's line breaks are there to read it by: the page has one, at its end.
-    page_template = string.Template(_data("report.html").replace("\n", "") + "\n")
-    return page_template.substitute(
+    return string.Template(_data("report.html").replace("\n", "") + "\n").substitute(
         text,
         title=_e(title or "Device memory timeline"),
         platform=_e(trace.platform or "no platform"),

@@ -338,8 +338,7 @@ class Recorder:
             if not self._tests:
                 return
             last = max(self._tests, key=lambda s: s.end)
-        deadline = last.end + self._leak_grace
-        while self.sampler.now() < deadline:
+        while self.sampler.now() < last.end + self._leak_grace:
             _, reading = self.sampler.sample()
             if all(
                 b is None or r is None or r - b <= self._leak_tolerance
