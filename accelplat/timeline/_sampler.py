@@ -199,12 +199,11 @@ class Recorder:
         self._lock = threading.Lock()
         self._failures: dict[int, tuple[float | None, str, int]] = {}  # first t, error, count
         found = () if platform is None else platform.devices()
-        totals = self._read(tuple(d.index for d in found), "total")
+        indices = tuple(d.index for d in found)
         self.devices = tuple(
             _trace.DeviceTrack(d.index, clip(d.name), total or 0)
-            for d, total in zip(found, totals, strict=True)
+            for d, total in zip(found, self._read(indices, "total"), strict=True)
         )
-        indices = tuple(t.index for t in self.devices)
         self._notes = [clip(note) for note in notes]
         self._started_at = min(max(wall_clock(), 0.0), _trace.MAX_EPOCH)  # a trace holds no other
         self.sampler = Sampler(

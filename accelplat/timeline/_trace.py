@@ -177,7 +177,6 @@ class Trace:
     def _held_after_all(self, spans: Sequence[TestSpan]) -> dict[int, Reading]:
         # held_after of every span in O(samples + spans) per device: in order of their ends the
         # windows (end, judged_at] only move right, so one sliding-window minimum answers them all.
-        width = len(self.devices)
         windows: defaultdict[int, deque[tuple[int, int]]] = defaultdict(deque)  # (k, used)
         added = 0
         out: dict[int, Reading] = {}
@@ -185,7 +184,7 @@ class Trace:
             lo = bisect.bisect_right(self._times, span.end)  # used_after stands for time `end`
             hi = bisect.bisect_right(self._times, self.judged_at(span))
             for k in range(added, hi):
-                for pos, value in enumerate(self.samples[k].used[:width]):
+                for pos, value in enumerate(self.samples[k].used):
                     if value is not None:
                         window = windows[pos]
                         while window and window[-1][1] >= value:
