@@ -37,10 +37,9 @@ _DEVICE_RULE = re.compile(r"^([abc]) (\*|\d{1,10}):(\*|\d{1,10}) ([rwm]{1,3})$")
 _NVIDIA_MAJOR = 195  # /dev/nvidiaN is char 195:N, /dev/nvidiactl 195:255 (NVIDIA driver README)
 _MAX_RULES = 256
 
-_TIME_KEYS = frozenset({"timestamp", "wall_time", "created", "generated", "generated_at"})
-# The version of the document's shape is no host fact: a newer accelplat prints a newer one
-# (info's keys kept their meaning from schema 1 to 2).
-_SKIPPED_KEYS = _TIME_KEYS | {"schema"}
+# Times, and the version of the document's shape, are no host facts: a newer accelplat prints a
+# newer one (info's keys kept their meaning from schema 1 to 2).
+_SKIPPED_KEYS = {"timestamp", "wall_time", "created", "generated", "generated_at", "schema"}
 _BY_NAME = frozenset({"candidates"})  # lists compared by name: a platform added later is allowed
 
 
