@@ -252,8 +252,7 @@ def bundle_contents(host: Mapping[str, Any]) -> str:
     for rec in host.get("records", []):
         count = len(rec.get("answers", []))
         label = " ".join(str(k) for k in rec.get("key", []) if not isinstance(k, (list, dict)))
-        if count > 1:
-            label += f"  ({count} answers)"
+        label += f"  ({count} answers)" if count > 1 else ""
         by_channel.setdefault(str(rec.get("channel")), []).append(label)
     for channel, labels in by_channel.items():
         lines.append(f"{TABLES['channel_titles'].get(channel, channel)} ({len(labels)}):")
