@@ -17,7 +17,7 @@ from pathlib import Path
 
 from accelplat import _validate
 from accelplat._leasing import _locks, _queue, _shares
-from accelplat._leasing._locks import DOC, LOCK, Outcome, Taken, Unit
+from accelplat._leasing._locks import DOC, LOCK, Leasing, Outcome, Taken, Unit
 from accelplat._leasing._locks import ENV_LEASE_DIR as ENV_LEASE_DIR
 from accelplat._leasing._locks import LeaseRecord as LeaseRecord
 from accelplat._leasing._shares import ENV_MEMORY_BYTES as ENV_MEMORY_BYTES
@@ -66,7 +66,7 @@ class Whole:
     def environ(self, units: Sequence[Unit]) -> dict[str, str | None]:
         return {}
 
-    def attempt(self, lease: Lease, ahead: LeaseRecord | None, deadline: float) -> Outcome:
+    def attempt(self, lease: Leasing, ahead: LeaseRecord | None, deadline: float) -> Outcome:
         """One try: lock ``count`` free devices (most free memory first), wait for their memory."""
         if ahead is not None:  # the order rule (_queue.kept_free): it keeps the whole device
             return f"an older request goes first ({_queue.waiting(ahead)})"

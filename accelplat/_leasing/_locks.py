@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from accelplat import _files, _validate
 from accelplat._platform import Platform
@@ -294,3 +294,13 @@ class Taken(NamedTuple):
 
 
 Outcome = list[Taken] | str  # what one attempt took, or why it took nothing
+
+
+class Leasing(Protocol):
+    """What an admission reads of the lease it admits."""
+
+    count: int
+    lock_dir: Path
+    pool: list[Unit]
+    queue_dir: Path
+    tag: str

@@ -13,18 +13,14 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from accelplat import _validate
 from accelplat._leasing import _locks, _queue
-from accelplat._leasing._locks import LOCK, LeaseRecord, Outcome, Taken, Unit
+from accelplat._leasing._locks import LOCK, LeaseRecord, Leasing, Outcome, Taken, Unit
 from accelplat._owners import held_by_tree, sample
 from accelplat._types import MIB, MemoryInfo
 from accelplat._util import format_bytes, shown
 from accelplat.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from accelplat._leasing import Lease
 
 # set in a share's environment: its budget per device, and that budget as a fraction of the
 # smallest leased device's total (for torch.cuda.set_per_process_memory_fraction)
@@ -122,7 +118,7 @@ class Share:
         rounded = f"{math.floor(fraction * 1e6) / 1e6:.6f}"  # down: never more than the budget
         return {ENV_MEMORY_BYTES: str(self.budget), ENV_MEMORY_FRACTION: rounded}
 
-    def attempt(self, lease: Lease, ahead: LeaseRecord | None, deadline: float) -> Outcome:
+    def attempt(self, lease: Leasing, ahead: LeaseRecord | None, deadline: float) -> Outcome:
         """One try under the admission lock (never waited for): what was taken, or why not."""
         admit = lease.queue_dir / f"{lease.tag}.admit"  # one admission at a time
         try:
