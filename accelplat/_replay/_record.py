@@ -159,9 +159,8 @@ class Recorder:
         obj, reason, vendor_error = live()
         loaded = {"present": obj is not None, "reason": reason, "vendor_error": vendor_error}
         self.add(channel, ["load"], {"v": {"$map": loaded}})
-        if obj is None:
-            return None, reason, vendor_error
-        return _RecordingVendor(self, channel, obj), reason, vendor_error
+        proxy = None if obj is None else _RecordingVendor(self, channel, obj)
+        return proxy, reason, vendor_error
 
 
 class _RecordingVendor:

@@ -122,9 +122,8 @@ class Replayer:
             return None, f"{channel}: not present on the captured host", ""
         loaded = found.value
         reason, vendor_error = str(loaded.get("reason", "")), str(loaded.get("vendor_error", ""))
-        if not loaded.get("present"):
-            return None, reason, vendor_error
-        return _ReplayedVendor(self, channel), reason, vendor_error
+        proxy = _ReplayedVendor(self, channel) if loaded.get("present") else None
+        return proxy, reason, vendor_error
 
 
 def _replay_token(obj: object) -> str:
