@@ -68,8 +68,7 @@ def ctypes_key(args: tuple[Any, ...]) -> list[object]:
         elif arg is None or isinstance(arg, (bool, int, str)):
             out.append(arg if not isinstance(arg, bool) else int(arg))
         elif isinstance(arg, ctypes._SimpleCData):
-            value = arg.value
-            out.append(value if isinstance(value, (int, str)) else None)
+            out.append(arg.value if isinstance(arg.value, (int, str)) else None)
         else:
             out.append({"type": type(arg).__name__})
     return out
