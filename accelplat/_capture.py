@@ -273,8 +273,7 @@ def _grant_lines(grant: Any) -> list[str]:
         where = f"{cgroup.get('version')} {cgroup.get('path')}: {cgroup.get('note')}"
     else:
         where = f"{cgroup.get('version')} {cgroup.get('path')}: NVIDIA GPUs {cgroup.get('gpus')}"
-    variables = grant.get("variables") or {}
-    named = ", ".join(f"{k}={v}" for k, v in variables.items()) or "none set"
+    named = ", ".join(f"{k}={v}" for k, v in (grant.get("variables") or {}).items()) or "none set"
     return [f"Scheduler grant: {named}; device cgroup: {where}"]
 
 
