@@ -220,12 +220,10 @@ def _holdings(recorder: Recorder) -> dict[int, Holdings]:
     """What each device holds now, by owner (the command is a child): {} if it cannot be read."""
     from accelplat._leaks import current_holdings
 
-    if recorder.platform is None:
-        return {}
-    try:
-        return current_holdings(recorder.platform)
-    except AccelplatError:
-        return {}
+    if recorder.platform is not None:
+        with contextlib.suppress(AccelplatError):
+            return current_holdings(recorder.platform)
+    return {}
 
 
 def _save(trace: Trace, out: Path, html_path: str | None, status: int) -> int:
