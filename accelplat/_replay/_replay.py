@@ -87,8 +87,7 @@ class Replayer:
         """Return the exception a recorded ``raise`` answer stands for."""
         type_name = str(description.get("type", "Exception"))
         message = str(description.get("message", ""))
-        code = description.get("errno")
-        if isinstance(code, int):  # the loader checked filename: text or None
+        if isinstance(code := description.get("errno"), int):  # filename checked: text or None
             return OSError(code, message, description.get("filename"))
         value = description.get("value")
         if type_name in _BUILTIN_ERRORS:
