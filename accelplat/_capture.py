@@ -37,10 +37,9 @@ _DEVICE_RULE = re.compile(r"^([abc]) (\*|\d{1,10}):(\*|\d{1,10}) ([rwm]{1,3})$")
 _NVIDIA_MAJOR = 195  # /dev/nvidiaN is char 195:N, /dev/nvidiactl 195:255 (NVIDIA driver README)
 _MAX_RULES = 256
 
-_TIME_KEYS = frozenset({"timestamp", "wall_time", "created", "generated", "generated_at"})
-# The version of the document's shape is no host fact: a newer accelplat prints a newer one
-# (info's keys kept their meaning from schema 1 to 2).
-_SKIPPED_KEYS = _TIME_KEYS | {"schema"}
+# Times, and the version of the document's shape, are no host facts: a newer accelplat prints a
+# newer one (info's keys kept their meaning from schema 1 to 2).
+_SKIPPED_KEYS = {"timestamp", "wall_time", "created", "generated", "generated_at", "schema"}
 _BY_NAME = frozenset({"candidates"})  # lists compared by name: a platform added later is allowed
 
 
@@ -253,8 +252,7 @@ def bundle_contents(host: Mapping[str, Any]) -> str:
     for rec in host.get("records", []):
         count = len(rec.get("answers", []))
         label = " ".join(str(k) for k in rec.get("key", []) if not isinstance(k, (list, dict)))
-        if count > 1:
-            label += f"  ({count} answers)"
+        label += f"  ({count} answers)" if count > 1 else ""
         by_channel.setdefault(str(rec.get("channel")), []).append(label)
     for channel, labels in by_channel.items():
         lines.append(f"{TABLES['channel_titles'].get(channel, channel)} ({len(labels)}):")
@@ -275,8 +273,7 @@ def _grant_lines(grant: Any) -> list[str]:
         where = f"{cgroup.get('version')} {cgroup.get('path')}: {cgroup.get('note')}"
     else:
         where = f"{cgroup.get('version')} {cgroup.get('path')}: NVIDIA GPUs {cgroup.get('gpus')}"
-    variables = grant.get("variables") or {}
-    named = ", ".join(f"{k}={v}" for k, v in variables.items()) or "none set"
+    named = ", ".join(f"{k}={v}" for k, v in (grant.get("variables") or {}).items()) or "none set"
     return [f"Scheduler grant: {named}; device cgroup: {where}"]
 
 

@@ -537,8 +537,7 @@ def snapshot(
     Raises:
         ConfigurationError: For a malformed device list or ``read``; ``DeviceNotFoundError``.
     """
-    plat = resolve_platform(platform)
-    reader = _check_reader(read)
+    plat, reader = resolve_platform(platform), _check_reader(read)
     return sample(plat, _resolve_devices(devices, plat), read=reader, holders=holders)
 
 
@@ -598,9 +597,6 @@ def wait_for_memory_to_clear(
     )
 
 
-OWNERS = ("ours", "all")
-
-
 def wait_for_memory_to_settle(
     *,
     threshold_ratio: float | Mapping[int, float] | None = 0.1,
@@ -635,7 +631,7 @@ def wait_for_memory_to_settle(
             "use wait_for_memory_to_clear for a byte threshold"
         )
     flag(force, "force")
-    if owners not in OWNERS:
+    if owners not in ("ours", "all"):
         raise ConfigurationError(f"owners must be 'ours' or 'all', got {owners!r:.200}")
     w = Wait("settle", _Ours() if owners == "ours" else Judge(), platform, devices, clock=clock)
     profile = w.platform.release

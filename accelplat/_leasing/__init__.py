@@ -178,8 +178,7 @@ class Lease:
     def __post_init__(self) -> None:
         self.tag = _locks.platform_tag(self.platform)  # the queue's name for the platform
         self.queue_dir = _locks.directory(self.lock_dir / _queue.QUEUE_DIR, None)
-        budget = self.memory_bytes
-        self._admission = Whole(self) if budget is None else Share(budget)
+        self._admission = Whole(self) if self.memory_bytes is None else Share(self.memory_bytes)
         self.pool = _pool(self)  # checked at once: LeaseUnsatisfiableError
 
     @property

@@ -231,8 +231,7 @@ class LeaseRecord:
 
 def describe(record: LeaseRecord) -> str:
     """``pid 42 (alice, since 2026-12-08 10:00:00): python serve.py``."""
-    since = record.since
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since else "?"
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.since)) if record.since else "?"
     who = f"pid {record.pid}" if record.pid is not None else "a process"
     return f"{who} ({record.user or '?'}, since {when}): {clip(record.command or '?', 80)}"
 

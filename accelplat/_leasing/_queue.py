@@ -15,7 +15,6 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelplat._leasing._locks import LeaseRecord, create, describe, held, read_holder, unlock
@@ -46,12 +45,9 @@ def waiting(ahead: LeaseRecord) -> str:
     return f"{describe(ahead)}, waiting for {what}"
 
 
-@dataclass(frozen=True, order=True)
-class Ticket:
-    """A place in the queue; older ones (smaller ``order``) are served first."""
-
-    order: tuple[int, int, int]  # time_ns of entry, pid, the pid's sequence number
-    name: str = field(compare=False)
+# A place in the queue, older ones (smaller) served first: (time_ns of entry, pid, the pid's
+# sequence number), and its file's name
+Ticket = tuple[tuple[int, int, int], str]
 
 
 def enter(queue: Path, platform: str, doc: dict[str, object]) -> tuple[Ticket, int]:
@@ -69,12 +65,12 @@ def enter(queue: Path, platform: str, doc: dict[str, object]) -> tuple[Ticket, i
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return Ticket(order, name), fd
+    return (order, name), fd
 
 
 def leave(queue: Path, ticket: Ticket, fd: int) -> None:
     with contextlib.suppress(OSError):
-        os.unlink(queue / ticket.name)
+        os.unlink(queue / ticket[1])
     unlock(fd)
 
 
@@ -90,13 +86,13 @@ def ahead_of(queue: Path, platform: str, mine: Ticket | None) -> LeaseRecord | N
     except OSError:
         return None
     ours = [m for m in map(_TICKET.fullmatch, names) if m is not None and m[1] == platform]
-    for ticket in sorted(Ticket((int(m[2]), int(m[3]), int(m[4])), m[0]) for m in ours):
-        if mine is not None and ticket >= mine:
+    for order, name in sorted(((int(m[2]), int(m[3]), int(m[4])), m[0]) for m in ours):
+        if mine is not None and (order, name) >= mine:
             return None
-        state = held(queue / ticket.name)
+        state = held(queue / name)
         if state:
-            return read_holder(queue / ticket.name)
+            return read_holder(queue / name)
         if state is False:  # its waiter died waiting: nobody will lock this name again
             with contextlib.suppress(OSError):
-                os.unlink(queue / ticket.name)
+                os.unlink(queue / name)
     return None

@@ -43,12 +43,6 @@ def parse_budget(memory: object) -> int:
     return budget
 
 
-def slot_key(key: str, slot: int) -> str:
-    # each user has its own slots: in a shared (sticky) directory another user's holder document
-    # could not be replaced, and its stale budget would be read for ours
-    return f"{key}.{os.geteuid()}-{slot}"
-
-
 def promises(shares: Path, key: str) -> list[LeaseRecord]:
     """The holder documents of device ``key``'s share slots that are held or cannot be told.
 
@@ -171,10 +165,13 @@ class Share:
         if device_fd is None:
             return "leased whole"
         for slot in range(MAX_SHARES):
+            # each user has its own slots: in a shared (sticky) directory another user's holder
+            # document could not be replaced, and its stale budget would be read for ours
+            name = f"{unit.key}.{os.geteuid()}-{slot}"
             with contextlib.suppress(OSError):  # a planted non-lock: the next slot
-                slot_fd = _locks.try_lock(shares / (slot_key(unit.key, slot) + LOCK))
+                slot_fd = _locks.try_lock(shares / (name + LOCK))
                 if slot_fd is not None:
-                    doc = shares / (slot_key(unit.key, slot) + _locks.DOC)
+                    doc = shares / (name + _locks.DOC)
                     return Taken(unit, (device_fd, slot_fd), doc, {"budget_bytes": self.budget})
         _locks.unlock(device_fd)
         return f"all {MAX_SHARES} share slots of this user are held"

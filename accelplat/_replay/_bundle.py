@@ -335,11 +335,9 @@ def _check_key(key: object, where: str, source: str, depth: int = 0) -> None:
     if isinstance(key, list):
         for i, item in enumerate(key):
             _check_key(item, f"{where}[{i}]", source, depth + 1)
-    elif isinstance(key, dict):
+    elif isinstance(key, dict):  # the rest is JSON's: text, integers, booleans, null
         for name, item in key.items():
             _check_key(item, f"{where}.{name}", source, depth + 1)
-    elif not (isinstance(key, (str, int, bool)) or key is None):
-        raise BundleError(source, f"{where}: unexpected {type(key).__name__}")
 
 
 def _check_record(

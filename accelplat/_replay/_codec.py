@@ -53,19 +53,6 @@ class Record:
 HandleToken = Callable[[object], str]  # gives an opaque object its token (the recorder's table)
 
 
-def _public_fields(value: object) -> tuple[str, dict[str, object]] | None:
-    if isinstance(value, Record):
-        return value._type, {k: v for k, v in vars(value).items() if k != "_type"}
-    if isinstance(value, (ctypes.Structure, ctypes.Union)):
-        names = [f[0] for f in getattr(type(value), "_fields_", ())]
-        return type(value).__name__, {n: getattr(value, n) for n in names if n[:1] != "_"}
-    attrs = getattr(value, "__dict__", None)
-    if isinstance(attrs, dict) and not callable(value):
-        public = {k: v for k, v in attrs.items() if isinstance(k, str) and not k.startswith("_")}
-        return type(value).__name__, public
-    return None
-
-
 def encode(value: object, token: HandleToken, depth: int = 0) -> object:
     """Return the JSON form (see the module docstring) of a vendor answer or argument."""
     if depth > MAX_DEPTH:
@@ -99,11 +86,19 @@ def encode(value: object, token: HandleToken, depth: int = 0) -> object:
         if all(isinstance(k, str) for k in value):
             return {"$map": {str(k): encode(v, token, depth + 1) for k, v in value.items()}}
         return {"$handle": token(value)}
-    public = _public_fields(value)
-    if public is not None:
-        fields = {k: encode(v, token, depth + 1) for k, v in public[1].items()}
-        return {"$record": {"type": public[0], "fields": fields}}
-    return {"$handle": token(value)}
+    kind, attrs = type(value).__name__, getattr(value, "__dict__", None)
+    if isinstance(value, (ctypes.Structure, ctypes.Union)):
+        attrs = {f[0]: getattr(value, f[0]) for f in getattr(type(value), "_fields_", ())}
+    elif isinstance(value, Record):
+        kind = value._type  # its fields are public names, "_type" is not
+    if not isinstance(attrs, dict) or callable(value):
+        return {"$handle": token(value)}
+    fields = {
+        k: encode(v, token, depth + 1)
+        for k, v in attrs.items()
+        if isinstance(k, str) and not k.startswith("_")
+    }
+    return {"$record": {"type": kind, "fields": fields}}
 
 
 def call_key(

@@ -68,8 +68,7 @@ def ctypes_key(args: tuple[Any, ...]) -> list[object]:
         elif arg is None or isinstance(arg, (bool, int, str)):
             out.append(arg if not isinstance(arg, bool) else int(arg))
         elif isinstance(arg, ctypes._SimpleCData):
-            value = arg.value
-            out.append(value if isinstance(value, (int, str)) else None)
+            out.append(arg.value if isinstance(arg.value, (int, str)) else None)
         else:
             out.append({"type": type(arg).__name__})
     return out
@@ -135,20 +134,23 @@ class Recorder:
 
     def call(self, channel: str, key: tuple[Hashable, ...], live: Callable[[], Any]) -> Any:
         """Answer live and record the answer (see :class:`accelplat._boundary.Interceptor`)."""
-        parts = list(key)
         if self.withheld(channel, key):
             if channel == "proc":
                 return ("gone", "")  # as a replay answers a process it was never told about
-            if parts and parts[0] == "listdir":
-                self.add(channel, parts, {"v": []})
+            if key and key[0] == "listdir":
+                self.add(channel, list(key), {"v": []})
                 return []
             raise FileNotFoundError(2, "left out of the capture (--no-processes)", str(key[-1]))
+        return self.ask(channel, list(key), live)
+
+    def ask(self, channel: str, key: list[Any], live: Callable[[], Any]) -> Any:
+        """Return ``live()``, its value or its exception recorded as the answer to ``key``."""
         try:
             value = live()
         except Exception as exc:
-            self.add(channel, parts, {"raise": describe_error(exc)})
+            self.add(channel, key, {"raise": describe_error(exc)})
             raise
-        self.add(channel, parts, {"v": encode(value, self.token_for(channel))})
+        self.add(channel, key, {"v": encode(value, self.token_for(channel))})
         return value
 
     def vendor(self, channel: str, live: Callable[[], Loaded]) -> Loaded:
@@ -156,9 +158,8 @@ class Recorder:
         obj, reason, vendor_error = live()
         loaded = {"present": obj is not None, "reason": reason, "vendor_error": vendor_error}
         self.add(channel, ["load"], {"v": {"$map": loaded}})
-        if obj is None:
-            return None, reason, vendor_error
-        return _RecordingVendor(self, channel, obj), reason, vendor_error
+        proxy = None if obj is None else _RecordingVendor(self, channel, obj)
+        return proxy, reason, vendor_error
 
 
 class _RecordingVendor:
@@ -179,41 +180,33 @@ class _RecordingVendor:
         except AttributeError as exc:
             rec.add(channel, ["attr", name], {"raise": describe_error(exc)}, once=True)
             raise
-        if library:  # a ctypes function: its calls recorded with their out-parameters
-            function = _RecordingCFunction(rec, channel, name, value)
-            setattr(self, name, function)  # found as an attribute from now on
-            return function
-        if isinstance(value, type):
-            if issubclass(value, enum.Enum):
-                members = {m.name: encode(m.value, rec.token_for(channel)) for m in value}
-                record = {"$record": {"type": value.__name__, "fields": members}}
-                rec.add(channel, ["attr", name], {"v": record}, once=True)
-            return value  # error classes, structure classes: used as they are
-        if isinstance(value, types.ModuleType):
-            return value
-        if callable(value):
-            fn = self._recording(name, value)
+        if library or (callable(value) and not isinstance(value, type)):
+            if library:  # a ctypes function: its calls recorded with their out-parameters
+                fn: Any = _RecordingCFunction(rec, channel, name, value)
+            else:
+                fn = self._recording(name, value)
             setattr(self, name, fn)  # found as an attribute from now on
             return fn
+        if isinstance(value, type) and issubclass(value, enum.Enum):
+            members = {m.name: encode(m.value, rec.token_for(channel)) for m in value}
+            record = {"$record": {"type": value.__name__, "fields": members}}
+            rec.add(channel, ["attr", name], {"v": record}, once=True)
+        if isinstance(value, (type, types.ModuleType)):
+            return value  # error classes, structure classes, modules: used as they are
         rec.add(channel, ["attr", name], {"v": encode(value, rec.token_for(channel))}, once=True)
         return value
 
     def _recording(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         rec, channel = self._rec, self._channel
         token = rec.token_for(channel)
-        lists_processes = "process" in name.lower()
+        withheld = "process" in name.lower() and not rec.processes
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            key = call_key(name, args, kwargs, token)
-            try:
+            def live() -> Any:
                 result = fn(*args, **kwargs)
-            except Exception as exc:
-                rec.add(channel, key, {"raise": describe_error(exc)})
-                raise
-            if lists_processes and not rec.processes and isinstance(result, (list, tuple)):
-                result = type(result)()
-            rec.add(channel, key, {"v": encode(result, token)})
-            return result
+                return type(result)() if withheld and isinstance(result, (list, tuple)) else result
+
+            return rec.ask(channel, call_key(name, args, kwargs, token), live)
 
         call.__name__ = name
         return call

@@ -52,7 +52,7 @@ class Replayer:
         self.bundle = bundle
         self._answers = {(r.channel, r.key_text): r.answers for r in bundle.records}
         self._cursor: dict[tuple[str, str], int] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._classes: dict[tuple[str, str], type[ReplayedError]] = {}
         roots = [v for k, v in bundle.env.items() if k in _HOST_ROOT_VARIABLES and v]
         self._roots = [r.rstrip("/") for r in ("/sys", "/proc", "/dev", *roots)]
@@ -71,26 +71,23 @@ class Replayer:
 
     def vendor_class(self, channel: str, name: str) -> type[ReplayedError]:
         """Return the made-up vendor exception class ``name`` of ``channel`` (one per name)."""
-        with self._lock:
-            found = self._classes.get((channel, name))
-        if found is not None:
-            return found
-        base = ReplayedError
-        for prefix, base_name in _VENDOR_BASES.get(channel, ()):
-            if name.startswith(prefix):
-                if name != base_name:
-                    base = self.vendor_class(channel, base_name)
-                break
-        cls = type(name, (base,), {"__module__": f"accelplat.replay.{channel}"})
-        with self._lock:
-            return self._classes.setdefault((channel, name), cls)
+        with self._lock:  # reentrant: a class's base is made first
+            if (channel, name) not in self._classes:
+                base = ReplayedError
+                for prefix, base_name in _VENDOR_BASES.get(channel, ()):
+                    if name.startswith(prefix):
+                        if name != base_name:
+                            base = self.vendor_class(channel, base_name)
+                        break
+                module = f"accelplat.replay.{channel}"
+                self._classes[channel, name] = type(name, (base,), {"__module__": module})
+            return self._classes[channel, name]
 
     def error(self, channel: str, description: Mapping[str, Any]) -> BaseException:
         """Return the exception a recorded ``raise`` answer stands for."""
         type_name = str(description.get("type", "Exception"))
         message = str(description.get("message", ""))
-        code = description.get("errno")
-        if isinstance(code, int):  # the loader checked filename: text or None
+        if isinstance(code := description.get("errno"), int):  # filename checked: text or None
             return OSError(code, message, description.get("filename"))
         value = description.get("value")
         if type_name in _BUILTIN_ERRORS:
@@ -124,9 +121,8 @@ class Replayer:
             return None, f"{channel}: not present on the captured host", ""
         loaded = found.value
         reason, vendor_error = str(loaded.get("reason", "")), str(loaded.get("vendor_error", ""))
-        if not loaded.get("present"):
-            return None, reason, vendor_error
-        return _ReplayedVendor(self, channel), reason, vendor_error
+        proxy = _ReplayedVendor(self, channel) if loaded.get("present") else None
+        return proxy, reason, vendor_error
 
 
 def _replay_token(obj: object) -> str:
