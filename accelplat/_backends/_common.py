@@ -292,10 +292,10 @@ def _ranged(name: str, value: int) -> tuple[tuple[str, bool], ...]:
     return (f"{name} is negative", value < 0), (wrapped, value > MAX_PLAUSIBLE_BYTES)
 
 
-def require_plausible(
+def checked_memory(
     platform: str, where: str, *, free: int, total: int, used: int, reserved: int = 0, source: str
-) -> None:
-    """Raise ``ImplausibleReadingError`` for impossible figures, building nothing (hot path)."""
+) -> MemoryInfo:
+    """Return a :class:`MemoryInfo` of these figures; ``ImplausibleReadingError`` if impossible."""
     # One chained comparison on the hot path; the explanation is built only on failure.
     why = (
         None
@@ -313,13 +313,4 @@ def require_plausible(
             {"free": free, "total": total, "used": used, "reserved": reserved},
             source,
         )
-
-
-def checked_memory(
-    platform: str, where: str, *, free: int, total: int, used: int, reserved: int = 0, source: str
-) -> MemoryInfo:
-    """Return a :class:`MemoryInfo` of these figures, after :func:`require_plausible`."""
-    require_plausible(
-        platform, where, free=free, total=total, used=used, reserved=reserved, source=source
-    )
     return MemoryInfo(free, total, used, reserved, source)

@@ -24,7 +24,6 @@ from accelplat._backends._common import (
     parse_kb_table,
     parse_key_values,
     read_or_empty,
-    require_plausible,
 )
 from accelplat._platform import BasePlatform, override
 from accelplat._types import DeviceInfo, FeatureRule, GraphSupport, MemoryInfo, ProbeResult
@@ -119,6 +118,16 @@ def _nonnegative(text: str) -> int:
     return value
 
 
+def _node_dirs(roots: _Roots) -> list[tuple[int, str]]:
+    """Return each ``nodeN`` directory of the sysfs root and its ``N``; ``[]`` where unreadable."""
+    base = _join(roots.sysfs, "devices", "system", "node")
+    try:
+        names = sorted(_files.listdir(base))
+    except OSError:
+        return []
+    return [(int(m.group(1)), _join(base, n)) for n in names if (m := _NODE_DIR_RE.match(n))]
+
+
 def _bounded(
     where: str, free: int, total: int, source: str, cgroup: _CgroupLimit | None
 ) -> MemoryInfo:
@@ -185,22 +194,17 @@ class CpuPlatform(BasePlatform):
         return self._structure("nodes", roots, self._scan_numa_nodes)
 
     def _scan_numa_nodes(self, roots: _Roots) -> tuple[int, ...]:
-        base = _join(roots.sysfs, "devices", "system", "node")
-        try:
-            names = _files.listdir(base)
-        except OSError:
-            return ()
-        candidates = [(entry, m) for entry in names if (m := _NODE_DIR_RE.match(entry))]
+        candidates = _node_dirs(roots)
         if len(candidates) < 2:
             return ()  # one node (or none): the host is the device, nothing more to read
         nodes: list[int] = []
-        for entry, m in candidates:
+        for node, path in candidates:
             try:
-                text = _read_text(_join(base, entry, "meminfo"))
+                text = _read_text(_join(path, "meminfo"))
             except OSError:
                 continue
             if parse_kb_table(text, skip=2, keys=_MEMTOTAL).get("MemTotal", 0) > 0:
-                nodes.append(int(m.group(1)))
+                nodes.append(node)
         if len(nodes) < 2:
             return ()
         allowed = self._mems_allowed(roots)
@@ -288,7 +292,7 @@ class CpuPlatform(BasePlatform):
         where = f"NUMA node {node} ({path})"
         # The node's own figures, as read, must be possible (the one rule) ...
         source = "numa-node"
-        require_plausible(
+        checked_memory(
             "cpu", where, free=mem_free, total=total, used=max(0, total - mem_free), source=source
         )
         if "Active(file)" in table and "Inactive(file)" in table:
@@ -364,14 +368,10 @@ class CpuPlatform(BasePlatform):
 
     @staticmethod
     def _v1_memory_mount(root: str) -> str | None:
-        direct = _join(root, "memory")
-        if _files.is_dir(direct):
-            return direct
-        try:
-            names = _files.listdir(root)
-        except OSError:
-            return None
-        for name in sorted(names):  # co-mounted controllers, e.g. "cpu,memory"
+        names = ["memory"]  # its own mount first, then co-mounted controllers, e.g. "cpu,memory"
+        with contextlib.suppress(OSError):
+            names += sorted(_files.listdir(root))
+        for name in names:
             if "memory" in name.split(",") and _files.is_dir(_join(root, name)):
                 return _join(root, name)
         return None
@@ -443,19 +443,10 @@ class CpuPlatform(BasePlatform):
         roots = self._roots()
         if self._numa_nodes(roots):
             return []  # already the devices themselves
-        base = _join(roots.sysfs, "devices", "system", "node")
-        try:
-            entries = sorted(_files.listdir(base))
-        except OSError:
-            return []
-        cgroup = self._cgroup_limit(roots)
+        found = [node for node, path in _node_dirs(roots) if _files.is_file(_join(path, "meminfo"))]
+        cgroup = self._cgroup_limit(roots) if found else None
         views: list[MemoryInfo] = []
-        for entry in entries:
-            m = _NODE_DIR_RE.match(entry)
-            if m is None or not _files.is_file(_join(base, entry, "meminfo")):
-                continue
-            try:
-                views.append(self._node_memory(roots, int(m.group(1)), cgroup))
-            except BackendError:
-                continue
+        for node in found:
+            with contextlib.suppress(BackendError):
+                views.append(self._node_memory(roots, node, cgroup))
         return views
