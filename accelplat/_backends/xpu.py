@@ -538,7 +538,7 @@ class XpuPlatform(BasePlatform):
             processes = sysman.processes(handle)
         except LevelZeroError:
             return None
-        return [make_holder(p.pid, p.mem_bytes) for p in processes if p.mem_bytes > 0]
+        return [make_holder(pid, used) for pid, used in processes if used > 0]
 
     @property
     def context_free(self) -> bool:  # type: ignore[override]

@@ -166,14 +166,6 @@ class MemoryModule:
     size: int  # the physical size when the driver reports 0
 
 
-@dataclass(frozen=True)
-class ProcessUsage:
-    """A process (host pid) using a device, and the device memory it allocated."""
-
-    pid: int
-    mem_bytes: int
-
-
 def load_loader(name: str) -> Any:
     """Load the Level Zero loader (a name or path) through the vendor boundary; else ``OSError``."""
 
@@ -296,8 +288,8 @@ class Sysman:
                 modules.append(MemoryModule(where, on_tile, tile, int(state.free), size))
         return modules
 
-    def processes(self, device: SysmanDevice) -> list[ProcessUsage]:
-        """Return the processes using ``device`` and the device memory each allocated."""
+    def processes(self, device: SysmanDevice) -> list[tuple[int, int]]:
+        """Return ``(host pid, device memory it allocated)`` of each process using ``device``."""
         # Fails with INSUFFICIENT_PERMISSIONS for another user's processes without privileges,
         # UNSUPPORTED_FEATURE on some drivers.
         name = "zesDeviceProcessesGetState"
@@ -314,7 +306,7 @@ class Sysman:
                     item.stype = ZES_STRUCTURE_TYPE_PROCESS_STATE
                 code = int(self._fn(name)(handle, ctypes.pointer(count), array))
                 if code == ZE_RESULT_SUCCESS:
-                    return [ProcessUsage(int(p.processId), int(p.memSize)) for p in array]
+                    return [(int(p.processId), int(p.memSize)) for p in array]
                 if code != ZE_RESULT_ERROR_INVALID_SIZE:
                     break
                 count = ctypes.c_uint32(count.value * 2 + 4)
