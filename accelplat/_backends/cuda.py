@@ -51,7 +51,6 @@ from accelplat.errors import BackendError, DeviceNotFoundError, NvmlUnavailableE
 
 OrderResolver = Callable[[Mapping[str, str]], Sequence[str]]  # env -> all UUIDs in CUDA's order
 
-_HOLDERS_UNKNOWN_ERRORS = ("NotSupported", "NoPermission")
 # A GPU without MIG (pre-Ampere, consumer boards) or a driver before R450 answers any of these.
 _MIG_ABSENT_ERRORS = ("NotSupported", "FunctionNotFound", "InvalidArgument", "NotFound")
 _FULL_MIG_DIGITS = len("MIG-") + 32
@@ -135,9 +134,7 @@ _table: tuple[int, tuple[GpuRecord, ...]] | None = None  # (NVML generation, GPU
 
 
 def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _dashed(digits: str) -> str:
@@ -469,11 +466,6 @@ class CudaPlatform(BasePlatform):
         return targets[index]
 
     @override
-    def device_count(self) -> int:
-        """Return the number of visible GPUs (or MIG devices)."""
-        return len(self._view().targets)
-
-    @override
     def _memory_info(self, device: int) -> MemoryInfo:
         info, handle, where = self._target(device)
         nv = _nvml.acquire()  # not session(): the polling path of every wait
@@ -553,7 +545,7 @@ def _process_list(nv: Any, handle: Any, where: str, kind: str) -> list[Any] | No
         except Exception as exc:
             if _nvml.is_error(exc, "NVMLLibraryMismatchError"):
                 continue
-            if _nvml.is_error(exc, *_HOLDERS_UNKNOWN_ERRORS, "FunctionNotFound"):
+            if _nvml.is_error(exc, "NotSupported", "NoPermission", "FunctionNotFound"):
                 return None
             raise _nvml.translate(exc, f"listing processes on {where}") from exc
         try:
