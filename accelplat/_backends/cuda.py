@@ -115,16 +115,10 @@ def _cuda_order_live(env: Mapping[str, str]) -> list[str]:
     return [line.strip() for line in done.stdout.splitlines() if line.strip()]
 
 
-class _Target(NamedTuple):
-    info: DeviceInfo
-    handle: Any  # of the MIG device for a MIG instance
-    where: str  # the device as messages name it, built once per view
-
-
 class _View(NamedTuple):
     key: tuple[int, str | None, str | None]
     devices: tuple[DeviceInfo, ...]
-    targets: tuple[_Target, ...]
+    handles: tuple[Any, ...]  # NVML's handle of each device (a MIG instance's own)
     notes: tuple[str, ...]
     units: tuple[str, ...]  # lease_units()
 
@@ -375,16 +369,17 @@ class CudaPlatform(BasePlatform):
         for gpu in gpus:
             by_uuid[gpu.uuid] = (gpu, None)
             by_uuid.update((m.uuid, (gpu, m)) for m in gpu.mig_devices)
-        targets: list[_Target] = []
+        devices: list[DeviceInfo] = []
+        handles: list[Any] = []
         for index, target in enumerate(resolution.targets):
             gpu, mig = by_uuid[target.uuid]
             one = mig or gpu
             cc = gpu.compute_capability
             arch = None if cc is None else f"sm_{cc[0]}{cc[1]}"  # (9, 0): sm_90
-            info = DeviceInfo(index, gpu.nvml_index, one.name, one.uuid, gpu.pci_bus_id, arch, cc)
-            where = f"cuda device {index} ({target.uuid}, NVML index {gpu.nvml_index})"
-            targets.append(_Target(info, one.handle, where))
-        devices = tuple(t.info for t in targets)
+            devices.append(
+                DeviceInfo(index, gpu.nvml_index, one.name, one.uuid, gpu.pci_bus_id, arch, cc)
+            )
+            handles.append(one.handle)
         units: list[str] = []
         for named in resolution.named:  # what this process may use, slice by slice
             gpu = by_uuid[named.uuid][0]
@@ -392,7 +387,7 @@ class CudaPlatform(BasePlatform):
             units.extend([named.uuid] if whole else [m.uuid for m in gpu.mig_devices])
         if units == [d.uuid for d in devices]:
             units = []
-        return _View(key, devices, tuple(targets), (*notes, *resolution.notes), tuple(units))
+        return _View(key, tuple(devices), tuple(handles), (*notes, *resolution.notes), tuple(units))
 
     def _in_cuda_order(
         self, gpus: tuple[GpuRecord, ...], order: str | None
@@ -454,16 +449,18 @@ class CudaPlatform(BasePlatform):
                     )
         return result
 
-    def _target(self, index: int) -> _Target:
+    def _target(self, index: int) -> tuple[DeviceInfo, Any, str]:
+        """The device, its NVML handle, and how messages name it."""
         # memory_info checked the index against a view built from this call's variables:
         # reuse it rather than read them again (a newer view from another thread is as good).
         view = self._view_cache
         if view is None or view.key[0] != _nvml.generation():
             view = self._view()
-        targets = view.targets
-        if index >= len(targets):  # the variables changed since the index was checked
-            raise DeviceNotFoundError(index, len(targets), self.name)
-        return targets[index]
+        if index >= len(view.devices):  # the variables changed since the index was checked
+            raise DeviceNotFoundError(index, len(view.devices), self.name)
+        info = view.devices[index]
+        where = f"cuda device {index} ({info.uuid}, NVML index {info.physical_index})"
+        return info, view.handles[index], where
 
     @override
     def _memory_info(self, device: int) -> MemoryInfo:
