@@ -307,12 +307,9 @@ class CpuPlatform(BasePlatform):
     @staticmethod
     def _meminfo(roots: _Roots) -> tuple[int, int, str, str]:
         """Return ``(MemTotal, MemAvailable, source, where read)``, bytes as read (unchecked)."""
-        try:
-            meminfo = host_meminfo(roots.proc)
-        except OSError:
-            meminfo = None
-        if meminfo is not None:
-            return meminfo.total, meminfo.available, "meminfo", meminfo.path
+        with contextlib.suppress(OSError):
+            if (meminfo := host_meminfo(roots.proc)) is not None:
+                return meminfo.total, meminfo.available, "meminfo", meminfo.path
         # Asked through the vendor boundary, so a replay answers with the captured host's.
         answer = _boundary.call("host", ("virtual_memory",), _psutil_memory)
         if (
@@ -425,15 +422,12 @@ class CpuPlatform(BasePlatform):
     @property
     def default_memory_utilization(self) -> float:  # type: ignore[override]
         """The smallest :func:`utilization_with_margin` of the devices and vLLM's node files."""
-        values: list[float] = []
+        views = self._engine_node_views()
         for device in range(self.device_count()):
-            try:
-                info = self.memory_info(device)
-            except BackendError:
-                continue
-            values.append(utilization_with_margin(info.free, info.total))
-        values.extend(utilization_with_margin(v.free, v.total) for v in self._engine_node_views())
-        return min(values) if values else _UTILIZATION_CAP_PERCENT / 100
+            with contextlib.suppress(BackendError):
+                views.append(self.memory_info(device))
+        values = [utilization_with_margin(v.free, v.total) for v in views]
+        return min(values, default=_UTILIZATION_CAP_PERCENT / 100)
 
     def _engine_node_views(self) -> list[MemoryInfo]:
         """Node memory as vLLM's CPU worker reads it on a machine shown as one host device."""
