@@ -32,8 +32,7 @@ INTEL_VENDOR_ID = 0x8086
 
 def result_name(code: int) -> str:
     """Return the ``ZE_RESULT_*`` name of a result code, or its hex value."""
-    name: str = facts("level_zero_results").get(f"0x{code:08x}", f"ze_result_t 0x{code:08x}")
-    return name
+    return str(facts("level_zero_results").get(f"0x{code:08x}", f"ze_result_t 0x{code:08x}"))
 
 
 _U32, _U64, _CHARS64 = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_char * 64

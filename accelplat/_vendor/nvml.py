@@ -33,8 +33,7 @@ def _hint(name: str) -> str:
     """The explanation of NVML error ``name`` (``vendor_facts.json``), or ``""``."""
     if name == "NVMLError_LibraryNotFound":
         return _NO_LIBRARY
-    hint: str = facts("nvml_hints").get(name, "")
-    return hint
+    return str(facts("nvml_hints").get(name, ""))
 
 
 class _State:
@@ -81,9 +80,6 @@ def _load_live() -> _boundary.Loaded:
 
 
 def _import_live() -> Any:
-    module = sys.modules.get(MODULE_NAME)
-    if module is not None:
-        return module
     try:
         with warnings.catch_warnings():
             # The deprecated PyPI package "pynvml" re-exports nvidia-ml-py and warns on import.
