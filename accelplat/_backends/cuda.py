@@ -7,6 +7,7 @@ applies them; CUDA's fastest-first order is read in a subprocess (:func:`cuda_or
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -141,9 +142,9 @@ def _pci_order(gpus: Sequence[GpuRecord]) -> list[GpuRecord]:
     return sorted(gpus, key=lambda g: (pci_sort_key(g.pci_bus_id), g.nvml_index))
 
 
-def _call(nv: Any, action: str, fn: str, *args: Any, **kwargs: Any) -> Any:
+def _call(nv: Any, action: str, fn: str, *args: Any) -> Any:
     try:
-        return getattr(nv, fn)(*args, **kwargs)
+        return getattr(nv, fn)(*args)
     except Exception as exc:
         raise _nvml.translate(exc, action) from exc
 
@@ -158,12 +159,9 @@ def _mig_devices(nv: Any, handle: Any, index: int) -> tuple[bool, tuple[MigRecor
     what = f"MIG of GPU {index}"
     if vendor_int("cuda", what, "the mode", current) != getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
         return False, ()
-    slots = _count(
-        _call(nv, f"counting MIG devices of GPU {index}", "nvmlDeviceGetMaxMigDeviceCount", handle),
-        what,
-        "the MIG device count",
-        _MAX_MIG_SLOTS,
-    )
+    action = f"counting MIG devices of GPU {index}"
+    reported = _call(nv, action, "nvmlDeviceGetMaxMigDeviceCount", handle)
+    slots = _count(reported, what, "the MIG device count", _MAX_MIG_SLOTS)
     migs: list[MigRecord] = []
     for slot in range(slots):
         try:
@@ -196,18 +194,16 @@ def _count(value: object, where: str, name: str, limit: int) -> int:
 
 
 def _enumerate(nv: Any) -> tuple[GpuRecord, ...]:
-    count = _count(
-        _call(nv, "counting GPUs", "nvmlDeviceGetCount"), "NVML", "the GPU count", _MAX_GPUS
-    )
+    reported = _call(nv, "counting GPUs", "nvmlDeviceGetCount")
+    count = _count(reported, "NVML", "the GPU count", _MAX_GPUS)
     gpus: list[GpuRecord] = []
     for index in range(count):
         handle = _call(nv, f"opening GPU {index}", "nvmlDeviceGetHandleByIndex", index)
         name = _text(_call(nv, f"reading the name of GPU {index}", "nvmlDeviceGetName", handle))
         uuid = _text(_call(nv, f"reading the UUID of GPU {index}", "nvmlDeviceGetUUID", handle))
-        try:
+        bus_id = None  # the bus id only orders GPUs; NVML's order is the fallback
+        with contextlib.suppress(Exception):
             bus_id = pci_address(_text(nv.nvmlDeviceGetPciInfo(handle).busId))
-        except Exception:  # the bus id only orders GPUs; NVML's order is the fallback
-            bus_id = None
         mig_enabled, migs = _mig_devices(nv, handle, index)
         capability = _compute_capability(nv, handle)
         gpus.append(GpuRecord(index, uuid, mig_enabled, migs, name, handle, bus_id, capability))
@@ -215,13 +211,12 @@ def _enumerate(nv: Any) -> tuple[GpuRecord, ...]:
 
 
 def _compute_capability(nv: Any, handle: Any) -> tuple[int, int] | None:
-    try:
+    # An identity fact is optional: no capability rather than no GPU.
+    with contextlib.suppress(Exception):
         major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
-    except Exception:  # an identity fact is optional: no capability rather than no GPU
-        return None
-    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (major, minor))
-    if ints and 0 <= major < 100 and 0 <= minor < 10:
-        return int(major), int(minor)
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (major, minor))
+        if ints and 0 <= major < 100 and 0 <= minor < 10:
+            return int(major), int(minor)
     return None
 
 
@@ -236,10 +231,9 @@ def _physical_gpus(nv: Any) -> tuple[GpuRecord, ...]:
 
 
 def _driver_version(nv: Any) -> str:
-    try:
+    with contextlib.suppress(Exception):
         return _text(nv.nvmlSystemGetDriverVersion())
-    except Exception:
-        return "unknown"
+    return "unknown"
 
 
 class CudaPlatform(BasePlatform):
