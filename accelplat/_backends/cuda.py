@@ -511,13 +511,9 @@ class CudaPlatform(BasePlatform):
 
         merged: dict[int, MemoryHolder] = {}
         for proc in (*compute, *graphics):
-            holder = driver_holder(
-                "cuda",
-                where,
-                getattr(proc, "pid", None),
-                getattr(proc, "usedGpuMemory", None),
-                not_available=_NVML_VALUE_NOT_AVAILABLE,
-            )
+            used = getattr(proc, "usedGpuMemory", None)
+            known = None if used == _NVML_VALUE_NOT_AVAILABLE else used  # NVML: "not available"
+            holder = driver_holder("cuda", where, getattr(proc, "pid", None), known)
             seen = merged.get(holder.pid)
             if seen is None or (holder.used_bytes or 0) > (seen.used_bytes or 0):
                 merged[holder.pid] = holder

@@ -135,12 +135,8 @@ _PID_MAX = 2**31 - 1  # pid_t is a signed 32-bit integer
 _BYTES_MAX = 2**63 - 1  # above it, an unsigned counter wrapped (MAX_PLAUSIBLE_BYTES)
 
 
-def driver_holder(
-    platform: str, where: str, pid: object, used_bytes: object, *, not_available: int | None = None
-) -> MemoryHolder:
+def driver_holder(platform: str, where: str, pid: object, used_bytes: object) -> MemoryHolder:
     """Build a :class:`MemoryHolder` of a driver's process entry; ``BackendError`` if malformed."""
-    if used_bytes is not None and used_bytes == not_available:
-        used_bytes = None
     if type(pid) is not int or not 0 < pid <= _PID_MAX:
         field, value = "pid", pid
     elif used_bytes is None or (type(used_bytes) is int and 0 <= used_bytes <= _BYTES_MAX):
