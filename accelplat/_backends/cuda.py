@@ -485,14 +485,10 @@ class CudaPlatform(BasePlatform):
                 vendor_error="NVMLError_NotSupported",
             )
         # Judged as read: MemAvailable above MemTotal is an error, never clamped.
-        return checked_memory(
-            "cuda",
-            f"{where}, sharing host memory ({meminfo.path})",
-            free=meminfo.available,
-            total=meminfo.total,
-            used=max(0, meminfo.total - meminfo.available),
-            source=_nvml.SOURCE_HOST,
-        )
+        total, free = meminfo.total, meminfo.available
+        shared = f"{where}, sharing host memory ({meminfo.path})"
+        used, source = max(0, total - free), _nvml.SOURCE_HOST
+        return checked_memory("cuda", shared, free=free, total=total, used=used, source=source)
 
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:

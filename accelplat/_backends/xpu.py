@@ -316,19 +316,12 @@ class XpuPlatform(BasePlatform):
             self._sysman, self._sysman_failure = None, f"Level Zero {failed}: {exc}"
             return None
         drivers = {c.pci_bus_id: c.kernel_driver for c in _scan_sysfs(self._sysfs())[0]}
-        return [
-            _Card(
-                d.pci_bus_id,
-                d.name,
-                d.uuid,
-                d.integrated,
-                max(1, d.num_subdevices),
-                drivers.get(d.pci_bus_id, ""),
-                d,
-                xe_arch(d.device_id),
-            )
-            for d in found
-        ]
+        cards: list[_Card] = []
+        for d in found:
+            tiles = max(1, d.num_subdevices)
+            driver, arch = drivers.get(d.pci_bus_id, ""), xe_arch(d.device_id)
+            cards.append(_Card(d.pci_bus_id, d.name, d.uuid, d.integrated, tiles, driver, d, arch))
+        return cards
 
     def _torch(self) -> tuple[Any, str]:
         torch = sys.modules.get("torch")
