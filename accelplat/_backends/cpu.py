@@ -409,9 +409,8 @@ class CpuPlatform(BasePlatform):
     @staticmethod
     def _level_charge(level: str, version: str) -> int:
         v2 = version == "cgroup-v2"
-        usage = _nonnegative(
-            _read_text(_join(level, "memory.current" if v2 else "memory.usage_in_bytes"))
-        )
+        current = "memory.current" if v2 else "memory.usage_in_bytes"
+        usage = _nonnegative(_read_text(_join(level, current)))
         stat = parse_int_values(parse_key_values(_read_text(_join(level, "memory.stat"))))
         keys = ("inactive_file",) if v2 else ("total_inactive_file", "inactive_file")
         inactive = [stat[key] for key in keys if key in stat]

@@ -453,9 +453,8 @@ class XpuPlatform(BasePlatform):
 
     def _kernel_shows_usage(self) -> bool:
         if self._usage_visible is None:  # unreadable: no capability known, the initial namespace
-            status, uid_map = (
-                read_or_empty(self._proc / "self" / n) for n in ("status", "uid_map")
-            )
+            own = self._proc / "self"
+            status, uid_map = read_or_empty(own / "status"), read_or_empty(own / "uid_map")
             self._usage_visible = usage_visible_to_this_process(status, uid_map)
         return self._usage_visible
 

@@ -274,11 +274,10 @@ class Sysman:
         modules: list[MemoryModule] = []
         with self._lock:
             for mem in self._handles("zesDeviceEnumMemoryModules", ctypes.c_void_p(device.handle)):
-                kind = ZesMemProperties(stype=ZES_STRUCTURE_TYPE_MEM_PROPERTIES)
-                props = self._get("zesMemoryGetProperties", mem, kind)
-                state = self._get(
-                    "zesMemoryGetState", mem, ZesMemState(stype=ZES_STRUCTURE_TYPE_MEM_STATE)
-                )
+                props = ZesMemProperties(stype=ZES_STRUCTURE_TYPE_MEM_PROPERTIES)
+                state = ZesMemState(stype=ZES_STRUCTURE_TYPE_MEM_STATE)
+                self._get("zesMemoryGetProperties", mem, props)
+                self._get("zesMemoryGetState", mem, state)
                 # size is "DEPRECATED ... can no longer track the allocatable memory reliably"
                 # (zes_api.h); physicalSize stands in when a driver leaves it 0.
                 size = int(state.size) or int(props.physicalSize)
