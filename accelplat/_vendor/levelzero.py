@@ -259,15 +259,11 @@ class Sysman:
             pci = ZesPciProperties(stype=ZES_STRUCTURE_TYPE_PCI_PROPERTIES)
             a = self._get("zesDevicePciGetProperties", handle, pci).address
             pci_bus_id = f"{a.domain:04x}:{a.bus:02x}:{a.device:02x}.{a.function:x}"
-        return SysmanDevice(
-            handle=handle,
-            pci_bus_id=pci_bus_id,
-            name=core.name.decode("utf-8", "replace").strip() or "Intel GPU",
-            uuid=str(uuid.UUID(bytes=bytes(core.uuid))),
-            integrated=bool(core.flags & ZE_DEVICE_PROPERTY_FLAG_INTEGRATED),
-            num_subdevices=int(props.numSubdevices),
-            device_id=int(core.deviceId),
-        )
+        name = core.name.decode("utf-8", "replace").strip() or "Intel GPU"
+        device_uuid = str(uuid.UUID(bytes=bytes(core.uuid)))
+        integrated = bool(core.flags & ZE_DEVICE_PROPERTY_FLAG_INTEGRATED)
+        tiles, device_id = int(props.numSubdevices), int(core.deviceId)
+        return SysmanDevice(handle, pci_bus_id, name, device_uuid, integrated, tiles, device_id)
 
     def memory_modules(self, device: SysmanDevice) -> list[MemoryModule]:
         """Return the state of each memory module of ``device``."""
