@@ -39,11 +39,9 @@ def _classify_live(pid: int) -> tuple[HolderState, str]:
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError, OverflowError):
         return HolderState.GONE, ""
     name = _name(proc)
-    try:
-        parents = proc.parents()
-    except (psutil.Error, OSError):
-        parents = []
-    ours = any(p.pid == os.getpid() for p in parents)
+    ours = False
+    with contextlib.suppress(psutil.Error, OSError):
+        ours = any(p.pid == os.getpid() for p in proc.parents())
     if ours:
         _seen.add(pid)  # a descendant, even an unreaped one: its memory stays ours once it is gone
     if status == psutil.STATUS_ZOMBIE:
@@ -76,10 +74,9 @@ def descendants(pid: int | None = None) -> frozenset[int]:
 def _descendants(pid: int) -> list[int]:
     import psutil
 
-    try:
+    with contextlib.suppress(psutil.Error, OSError, ValueError, OverflowError):
         return sorted(p.pid for p in psutil.Process(pid).children(recursive=True))
-    except (psutil.Error, OSError, ValueError, OverflowError):
-        return []
+    return []
 
 
 def remember(pids: frozenset[int] | set[int]) -> None:
@@ -111,11 +108,9 @@ def foreign_pid_namespace() -> bool:
 
 
 def _pid_namespace_live() -> bool:
-    try:
-        link = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return False
-    return link != _INIT_PID_NAMESPACE
+    with contextlib.suppress(OSError):
+        return os.readlink("/proc/self/ns/pid") != _INIT_PID_NAMESPACE
+    return False
 
 
 if hasattr(os, "register_at_fork"):  # a forked child's descendants are not its parent's
@@ -125,10 +120,9 @@ if hasattr(os, "register_at_fork"):  # a forked child's descendants are not its 
 def _name(proc: psutil.Process) -> str:
     import psutil
 
-    try:
+    with contextlib.suppress(psutil.Error, OSError):
         return str(proc.name())
-    except (psutil.Error, OSError):
-        return ""
+    return ""
 
 
 _PID_MAX = 2**31 - 1  # pid_t is a signed 32-bit integer
