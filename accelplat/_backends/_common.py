@@ -41,10 +41,9 @@ EMULATED_FP8 = "emulated: vLLM 0.33's supports_fp8(), not confirmed on hardware"
 
 def read_or_empty(path: str | os.PathLike[str], *, limit: int = _files.ATTRIBUTE_LIMIT) -> str:
     """Return the text of a host file, or ``""`` when it cannot be read."""
-    try:
+    with contextlib.suppress(OSError):
         return _files.read_text(path, limit=limit)
-    except OSError:
-        return ""
+    return ""
 
 
 class SysfsReader:
@@ -229,12 +228,9 @@ def vendor_cards(drm: Path, vendor: int, read: ReadText) -> tuple[list[VendorCar
     cards: list[VendorCard] = []
     for entry in entries:
         device = drm / entry / "device"
-        try:
-            found = int(read(str(device / "vendor")).strip(), 16)
-        except (OSError, ValueError):
-            continue
-        if found == vendor:
-            cards.append(VendorCard(entry, device, _card_pci(device, read)))
+        with contextlib.suppress(OSError, ValueError):  # an unreadable vendor: not this vendor's
+            if int(read(str(device / "vendor")).strip(), 16) == vendor:
+                cards.append(VendorCard(entry, device, _card_pci(device, read)))
     return cards, note
 
 

@@ -121,11 +121,10 @@ def _nonnegative(text: str) -> int:
 def _node_dirs(roots: _Roots) -> list[tuple[int, str]]:
     """Return each ``nodeN`` directory of the sysfs root and its ``N``; ``[]`` where unreadable."""
     base = _join(roots.sysfs, "devices", "system", "node")
-    try:
+    with contextlib.suppress(OSError):
         names = sorted(_files.listdir(base))
-    except OSError:
-        return []
-    return [(int(m.group(1)), _join(base, n)) for n in names if (m := _NODE_DIR_RE.match(n))]
+        return [(int(m.group(1)), _join(base, n)) for n in names if (m := _NODE_DIR_RE.match(n))]
+    return []
 
 
 def _bounded(
@@ -199,12 +198,10 @@ class CpuPlatform(BasePlatform):
             return ()  # one node (or none): the host is the device, nothing more to read
         nodes: list[int] = []
         for node, path in candidates:
-            try:
-                text = _read_text(_join(path, "meminfo"))
-            except OSError:
-                continue
-            if parse_kb_table(text, skip=2, keys=_MEMTOTAL).get("MemTotal", 0) > 0:
-                nodes.append(node)
+            with contextlib.suppress(OSError):
+                table = parse_kb_table(_read_text(_join(path, "meminfo")), skip=2, keys=_MEMTOTAL)
+                if table.get("MemTotal", 0) > 0:
+                    nodes.append(node)
         if len(nodes) < 2:
             return ()
         allowed = self._mems_allowed(roots)
@@ -213,12 +210,11 @@ class CpuPlatform(BasePlatform):
 
     @staticmethod
     def _mems_allowed(roots: _Roots) -> set[int]:
-        try:
+        with contextlib.suppress(OSError, KeyError, ValueError):
             status = parse_key_values(_read_text(_join(roots.proc, "self", "status")), sep=":")
             mems = status["Mems_allowed_list"]
             return _files.parse_id_list(mems, limit=_files.MAX_NUMA_NODES, what="Mems_allowed_list")
-        except (OSError, KeyError, ValueError):
-            return set()
+        return set()
 
     @staticmethod
     def _cpu_identity(roots: _Roots) -> tuple[str, str | None]:

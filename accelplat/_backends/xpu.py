@@ -512,12 +512,12 @@ class XpuPlatform(BasePlatform):
         # Old stacks only: IPEX releases stopped after 2.8 (IPEX #867); torch.xpu replaces it.
         if "intel_extension_for_pytorch" not in sys.modules and not self._torch_allowed():
             return None
-        try:
+        with contextlib.suppress(Exception):
             ipex = import_quietly("intel_extension_for_pytorch")
-        except Exception:
-            return None
-        fn = getattr(getattr(ipex, "xpu", None), "mem_get_info", None)
-        return fn if fn is not None else getattr(torch.xpu, "mem_get_info", None)
+            fn = getattr(getattr(ipex, "xpu", None), "mem_get_info", None)
+            # Importing IPEX may give torch.xpu a mem_get_info of its own.
+            return fn if fn is not None else getattr(torch.xpu, "mem_get_info", None)
+        return None
 
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
@@ -526,11 +526,9 @@ class XpuPlatform(BasePlatform):
         if found is None:
             return None
         sysman, handle, _, _ = found
-        try:
-            processes = sysman.processes(handle)
-        except LevelZeroError:
-            return None
-        return [make_holder(pid, used) for pid, used in processes if used > 0]
+        with contextlib.suppress(LevelZeroError):
+            return [make_holder(pid, used) for pid, used in sysman.processes(handle) if used > 0]
+        return None
 
     @property
     def context_free(self) -> bool:  # type: ignore[override]
