@@ -209,9 +209,8 @@ def torch_reading(
         raise BackendError(platform, why, type(exc).__name__) from exc
     free = vendor_int(platform, where, "free", free)
     total = vendor_int(platform, where, "total", total)
-    return checked_memory(
-        platform, where, free=free, total=total, used=max(0, total - free), source=source
-    )
+    used = max(0, total - free)
+    return checked_memory(platform, where, free=free, total=total, used=used, source=source)
 
 
 class VendorCard(NamedTuple):
@@ -293,20 +292,15 @@ def checked_memory(
 ) -> MemoryInfo:
     """Return a :class:`MemoryInfo` of these figures; ``ImplausibleReadingError`` if impossible."""
     # One chained comparison on the hot path; the explanation is built only on failure.
-    why = (
-        None
-        if 0 <= free <= total <= MAX_PLAUSIBLE_BYTES
+    if (
+        0 <= free <= total <= MAX_PLAUSIBLE_BYTES
         and 0 <= used <= total
         and 0 <= reserved <= MAX_PLAUSIBLE_BYTES
         and total > 0
-        else implausible(free, total, used, reserved)
-    )
+    ):
+        return MemoryInfo(free, total, used, reserved, source)
+    why = implausible(free, total, used, reserved)
     if why is not None:
-        raise ImplausibleReadingError(
-            platform,
-            where,
-            why,
-            {"free": free, "total": total, "used": used, "reserved": reserved},
-            source,
-        )
+        figures = {"free": free, "total": total, "used": used, "reserved": reserved}
+        raise ImplausibleReadingError(platform, where, why, figures, source)
     return MemoryInfo(free, total, used, reserved, source)
