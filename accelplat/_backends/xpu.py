@@ -188,13 +188,12 @@ def _scan_sysfs(sysfs: Path) -> tuple[list[_Card], str]:
             others.append(f"{entry} ({driver or 'no driver'})")
             continue
         integrated = pci == _INTEGRATED_SLOT
+        # xe lists device/tile<N>, i915 gt<N>; an integrated i915 GPU lists its media GT as gt1
+        where, pattern = (device, _TILE_RE) if driver == "xe" else (drm / entry / "gt", _GT_RE)
         tiles = 1
         with contextlib.suppress(OSError):
-            if driver == "xe":  # device/tile<N>
-                tiles = max(1, sum(1 for n in _files.listdir(device) if _TILE_RE.match(n)))
-            elif not integrated:  # an integrated i915 GPU lists its media GT as gt1
-                gts = _files.listdir(drm / entry / "gt")
-                tiles = max(1, sum(1 for n in gts if _GT_RE.match(n)))
+            if driver == "xe" or not integrated:
+                tiles = max(1, sum(1 for n in _files.listdir(where) if pattern.match(n)))
         device_id = read_or_empty(device / "device").strip()
         arch: str | None = None
         with contextlib.suppress(ValueError):
