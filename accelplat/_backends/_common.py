@@ -213,23 +213,20 @@ def torch_reading(
     return checked_memory(platform, where, free=free, total=total, used=used, source=source)
 
 
-class VendorCard(NamedTuple):
-    """One ``cardN`` of a DRM class directory, its ``device`` directory and PCI address."""
+def vendor_cards(
+    drm: Path, vendor: int, read: ReadText
+) -> tuple[list[tuple[str, Path, str | None]], str]:
+    """List ``drm``'s cards whose ``device/vendor`` is ``vendor``, and :func:`drm_cards`' note.
 
-    entry: str
-    device: Path
-    pci: str | None
-
-
-def vendor_cards(drm: Path, vendor: int, read: ReadText) -> tuple[list[VendorCard], str]:
-    """List ``drm``'s cards whose ``device/vendor`` is ``vendor``, and :func:`drm_cards`' note."""
+    Each card is ``(cardN, its device directory, its PCI address or None)``.
+    """
     entries, note = drm_cards(drm)
-    cards: list[VendorCard] = []
+    cards: list[tuple[str, Path, str | None]] = []
     for entry in entries:
         device = drm / entry / "device"
         with contextlib.suppress(OSError, ValueError):  # an unreadable vendor: not this vendor's
             if int(read(str(device / "vendor")).strip(), 16) == vendor:
-                cards.append(VendorCard(entry, device, _card_pci(device, read)))
+                cards.append((entry, device, _card_pci(device, read)))
     return cards, note
 
 
