@@ -313,7 +313,7 @@ def test_vendor_cards_reads_the_address_from_the_device_link(tmp_path: Path) -> 
     (drm / "card0").mkdir()
     (drm / "card0" / "device").symlink_to(target)
     cards, _ = vendor_cards(drm, 0x8086, _read)
-    assert [c.pci for c in cards] == ["0000:3b:00.0"]
+    assert [pci for _, _, pci in cards] == ["0000:3b:00.0"]
 
 
 @pytest.mark.parametrize("kind", ["missing", "file"])
