@@ -14,9 +14,8 @@ import sys
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from accelplat import _files
 from accelplat._backends._common import (
@@ -130,8 +129,7 @@ def _hidden_usage(driver: str) -> str:
     )
 
 
-@dataclass(frozen=True)
-class _Card:  # one Intel GPU, in Level Zero's order
+class _Card(NamedTuple):  # one Intel GPU, in Level Zero's order
     pci_bus_id: str | None
     name: str
     uuid: str | None

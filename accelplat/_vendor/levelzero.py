@@ -10,8 +10,7 @@ import contextlib
 import ctypes
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from accelplat import _boundary
 from accelplat._vendor import facts
@@ -141,8 +140,7 @@ _SIGNATURES: dict[str, tuple[Any, ...]] = {
 }
 
 
-@dataclass(frozen=True)
-class SysmanDevice:
+class SysmanDevice(NamedTuple):
     """One physical device as Sysman enumerates it."""
 
     handle: int  # zes_device_handle_t
@@ -154,8 +152,7 @@ class SysmanDevice:
     device_id: int = 0  # the PCI device id (0: unknown)
 
 
-@dataclass(frozen=True)
-class MemoryModule:
+class MemoryModule(NamedTuple):
     """One memory module's state, in bytes."""
 
     location: str  # "device" (local) or "system"
