@@ -55,19 +55,6 @@ _state = _State()
 _generation = 0  # bumped on every nvmlInit and fork: caches of NVML handles compare it
 
 
-def import_pynvml() -> Any:
-    """Return ``pynvml`` (``sys.modules``' first, or the vendor boundary's).
-
-    Raises:
-        NvmlUnavailableError: NVML's library cannot load (checked before an import), or the import
-            fails.
-    """
-    module, reason, vendor_error = _boundary.vendor("nvml", _load_live)
-    if module is None:
-        raise NvmlUnavailableError(reason, vendor_error)
-    return module
-
-
 def _load_live() -> _boundary.Loaded:
     if MODULE_NAME not in sys.modules:
         missing = library_missing()
@@ -229,7 +216,10 @@ def unavailable_before_import() -> str | None:
 def _initialize_locked(st: _State) -> None:
     """Import pynvml (not when its library cannot load) and run ``nvmlInit``; ``st.cond`` held."""
     global _generation
-    module = import_pynvml()
+    # pynvml: sys.modules' first, or the vendor boundary's; its library is checked before an import.
+    module, reason, vendor_error = _boundary.vendor("nvml", _load_live)
+    if module is None:
+        raise NvmlUnavailableError(reason, vendor_error)
     try:
         module.nvmlInit()
     except Exception as exc:  # a broken, shadowed or incomplete module fails in any way
