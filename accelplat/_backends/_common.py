@@ -79,9 +79,8 @@ class SysfsReader:
         try:
             value = int(text, base)
         except ValueError:
-            raise BackendError(
-                self._platform, f"{path} holds {text[:40]!r}, not a number"
-            ) from None
+            why = f"{path} holds {text[:40]!r}, not a number"
+            raise BackendError(self._platform, why) from None
         if value < 0:
             raise BackendError(self._platform, f"{path} holds a negative value {value}")
         return value

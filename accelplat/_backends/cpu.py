@@ -279,9 +279,8 @@ class CpuPlatform(BasePlatform):
         try:
             table = parse_kb_table(_read_text(path), skip=2)
         except OSError as exc:
-            raise BackendError(
-                "cpu", f"cannot read NUMA node {node} memory from {path}: {exc}"
-            ) from exc
+            why = f"cannot read NUMA node {node} memory from {path}: {exc}"
+            raise BackendError("cpu", why) from exc
         if "MemTotal" not in table or "MemFree" not in table:
             raise BackendError("cpu", f"NUMA node {node}: {path} has no MemTotal/MemFree lines")
         total, mem_free = table["MemTotal"], table["MemFree"]

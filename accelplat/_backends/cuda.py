@@ -88,9 +88,8 @@ for ordinal in range(count.value):
 
 def cuda_order_uuids(env: Mapping[str, str]) -> list[str]:
     """Return every GPU's UUID in CUDA's order, from a ctypes subprocess in ``env`` (no context)."""
-    answer = _boundary.call(
-        "cuda", ("order", env.get(ENV_CUDA_DEVICE_ORDER)), lambda: _cuda_order_live(env)
-    )
+    key = ("order", env.get(ENV_CUDA_DEVICE_ORDER))
+    answer = _boundary.call("cuda", key, lambda: _cuda_order_live(env))
     if not isinstance(answer, list) or not all(isinstance(u, str) for u in answer):
         raise RuntimeError("the capture holds no CUDA enumeration order")
     return list(answer)
