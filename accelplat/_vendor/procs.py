@@ -82,8 +82,7 @@ def _descendants(pid: int) -> list[int]:
 def remember(pids: frozenset[int] | set[int]) -> None:
     """Note ``pids`` as descendants of this process (see :func:`was_ours`)."""
     if len(_seen) + len(pids) > _SEEN_MAX:
-        for old in sorted(_seen)[: len(_seen) // 2]:
-            _seen.discard(old)
+        _seen.difference_update(sorted(_seen)[: len(_seen) // 2])
     _seen.update(pids)
 
 
