@@ -122,11 +122,8 @@ def parse_key_values(text: str, *, sep: str | None = None) -> dict[str, str]:
 
 def parse_int_values(table: Mapping[str, str]) -> dict[str, int]:
     """Return the entries of ``table`` whose value is a (possibly negative) ASCII integer."""
-    return {
-        k: int(v)
-        for k, v in table.items()
-        if v.removeprefix("-").isascii() and v.removeprefix("-").isdigit()
-    }
+    digits = {k: v.removeprefix("-") for k, v in table.items()}
+    return {k: int(table[k]) for k, d in digits.items() if d.isascii() and d.isdigit()}
 
 
 class HostMemInfo(NamedTuple):
