@@ -114,11 +114,7 @@ def _builtin(platform: Platform, info: DeviceInfo | None) -> dict[str, Capabilit
     fp8 = out["fp8"]
     # vLLM's is_fp8_fnuz(): the device's fp8 is e4m3fnuz (MI300's own format)
     fnuz = fp8.available and fp8.value == "e4m3fnuz"
-    out["fp8-fnuz"] = Capability(
-        fnuz,
-        fp8.reason if fnuz else f"its fp8 is not e4m3fnuz: {fp8.reason}",
-        fp8.value if fnuz else None,
-    )
+    out["fp8-fnuz"] = fp8 if fnuz else Capability(False, f"its fp8 is not e4m3fnuz: {fp8.reason}")
     g = platform.graph
     out["graphs"] = Capability(g.available, g.reason, g.api if g.available else None)
     # Capabilities that mean "torch addresses these devices under this device type" (torch.cuda
@@ -246,8 +242,7 @@ def _build(name: object, conditions: Mapping[str, object], source: str) -> Proje
         raise ConfigurationError(f"{where}: {name!r} is a platform name")
     if isinstance(atom(name), ArchIs):
         raise ConfigurationError(f"{where}: {name!r} is an arch pattern")
-    unknown = sorted(set(conditions) - _CONDITION_KEYS)
-    if unknown:
+    if unknown := sorted(set(conditions) - _CONDITION_KEYS):
         raise ConfigurationError(
             f"{where}: unknown condition(s) {', '.join(unknown)}; known: "
             f"{', '.join(sorted(_CONDITION_KEYS))}"

@@ -93,8 +93,7 @@ def choose(platform: Platform, mode: str | None = None) -> Enforcement:
         raise ConfigurationError(f"{ENV_ENFORCE}={asked!r}: expected one of {', '.join(MODES)}")
     notes: list[str] = []
     if asked in ("auto", "mps"):
-        found = _mps(platform, asked == "mps", notes)
-        if found is not None:
+        if (found := _mps(platform, asked == "mps", notes)) is not None:
             return found
         notes.append(_driver_note(platform))
     conf = _ALLOC_CONF.get(platform.device_type, "")

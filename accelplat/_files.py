@@ -219,10 +219,7 @@ def is_dir(path: PathLike) -> bool:
 def parse_id_list(text: str, *, limit: int, what: str = "id list") -> set[int]:
     """Parse ``0-3,8`` into ``{0, 1, 2, 3, 8}``, ids below ``limit`` (``ConfigurationError``)."""
     ids: set[int] = set()
-    for raw in text.strip().split(","):
-        part = raw.strip()
-        if not part:
-            continue
+    for part in filter(None, (raw.strip() for raw in text.split(","))):
         lo, sep, hi = part.partition("-")
         try:
             start = _id(lo, limit)

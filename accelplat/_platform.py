@@ -30,9 +30,9 @@ StartMethod = Literal["fork", "spawn", "forkserver"]
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 if sys.version_info >= (3, 12):
-    from typing import override as override
+    from typing import override as override  # noqa: PLC0414 (the backends import it from here)
 elif TYPE_CHECKING:
-    from typing_extensions import override as override
+    from typing_extensions import override as override  # noqa: PLC0414 (as above)
 else:
     # ``@override`` matters to the type checker only. Before Python 3.12 its one home is
     # typing_extensions, whose import costs a tenth of detection on a CPU host; at run time

@@ -132,8 +132,7 @@ class DetectionReport:
 class _Entry:
     """One registered platform and what is known about loading it."""
 
-    name: str
-    ordered: bool  # takes part in the built-in order (a built-in, or an override of one)
+    name: str  # a built-in's (or an override of one) takes part in the built-in order
     origin: str
     row: Builtin | None = None  # accelplat's own: trusted, built only when chosen, unchecked
     entry_point: Any = None
@@ -241,7 +240,7 @@ def _discover_entry_points() -> None:
         elif existing is not None:
             problem = f"skipped: {origin}: the name is already taken by {existing.origin}"
         else:
-            _registered[ep.name] = _Entry(ep.name, False, origin, entry_point=ep)
+            _registered[ep.name] = _Entry(ep.name, origin, entry_point=ep)
             continue
         cand = Candidate(ep.name, False, False, problem, builtin=False)
         if cand not in _problems:
@@ -250,14 +249,10 @@ def _discover_entry_points() -> None:
 
 def _all_entries(*, discover: bool = True) -> dict[str, _Entry]:
     if not _registered:
-        _registered.update((row.name, _Entry(row.name, True, "built-in", row)) for row in BUILTINS)
+        _registered.update((row.name, _Entry(row.name, "built-in", row)) for row in BUILTINS)
     if discover:
         _discover_entry_points()
     return _registered
-
-
-def _excluded(entry: _Entry, allowed: frozenset[str] | None) -> bool:
-    return entry.entry_point is not None and allowed is not None and entry.name not in allowed
 
 
 def _entries() -> dict[str, _Entry]:
@@ -265,7 +260,9 @@ def _entries() -> dict[str, _Entry]:
     allowed = _plugin_filter()
     # With ACCELPLAT_PLUGINS empty no plugin may load, so there is no need to read metadata.
     entries = _all_entries(discover=allowed != frozenset())
-    return {n: e for n, e in entries.items() if not _excluded(e, allowed)}
+    return {
+        n: e for n, e in entries.items() if allowed is None or e.entry_point is None or n in allowed
+    }
 
 
 def _filter_problems() -> list[Candidate]:
@@ -279,19 +276,15 @@ def _filter_problems() -> list[Candidate]:
 
 def _lookup_error(name: str) -> ConfigurationError:
     """Explain why ``name`` is not usable: excluded by ``ACCELPLAT_PLUGINS``, or unknown."""
-    allowed = _plugin_filter()
-    entries = _all_entries()
-    entry = entries.get(name)
-    if entry is not None and _excluded(entry, allowed):
+    if name in _all_entries():  # registered, yet not usable: a plugin left out
         return ConfigurationError(
             f"platform {name!r} is an installed plugin, but {ENV_PLUGINS}="
             f"{os.environ.get(ENV_PLUGINS, '')!r} leaves it out; add it to {ENV_PLUGINS} or "
             f"unset {ENV_PLUGINS}"
         )
-    valid = sorted(n for n, e in entries.items() if not _excluded(e, allowed))
     return ConfigurationError(
         f"unknown platform {name!r} (set by {ENV_PLATFORM}, set_current_platform() or "
-        f"get_platform()); valid names: {', '.join(valid)}"
+        f"get_platform()); valid names: {', '.join(sorted(_entries()))}"
     )
 
 
@@ -378,27 +371,14 @@ def protocol_problems(obj: object) -> tuple[str, ...]:
     return tuple(problems)
 
 
-def _construct_checked(name: str, factory: PlatformFactory) -> Platform:
-    instance = factory()
-    if isinstance(instance, type):
-        raise ConfigurationError(
-            f"platform {name!r}: its factory returned a class, not an instance"
-        )
-    if problems := protocol_problems(instance):
-        raise ConfigurationError(f"does not satisfy the Platform protocol ({'; '.join(problems)})")
-    return instance  # type: ignore[no-any-return]
-
-
 def _run_bounded(entry: _Entry, work: Callable[[], _Considered], timeout: float) -> _Considered:
     """Run ``work`` in a daemon thread, giving up after ``timeout`` seconds."""
-    if entry.pending is not None:
-        if entry.pending.is_alive():
-            reason = (
-                "skipped: its load or probe from an earlier detection is still running "
-                f"(did not finish within {timeout:g} s)"
-            )
-            return Candidate(entry.name, False, False, reason, entry.ordered), None
-        entry.pending = None
+    if entry.pending is not None and entry.pending.is_alive():
+        reason = (
+            "skipped: its load or probe from an earlier detection is still running "
+            f"(did not finish within {timeout:g} s)"
+        )
+        return Candidate(entry.name, False, False, reason, entry.name in _BUILTINS), None
     box: list[_Considered] = []  # work() reports its own errors as an unavailable outcome
     name = f"accelplat-probe-{entry.name}"
     thread = threading.Thread(target=lambda: box.append(work()), name=name, daemon=True)
@@ -410,7 +390,7 @@ def _run_bounded(entry: _Entry, work: Callable[[], _Considered], timeout: float)
             f"skipped: load or probe did not finish within {timeout:g} s "
             f"(raise {ENV_PROBE_TIMEOUT} if it is merely slow)"
         )
-        return Candidate(entry.name, False, False, reason, entry.ordered), None
+        return Candidate(entry.name, False, False, reason, entry.name in _BUILTINS), None
     return box[0]
 
 
@@ -419,9 +399,8 @@ def _consider(entry: _Entry, timeout: float) -> Candidate:
 
     Available: its factory is loaded in ``entry``.
     """
-    name, builtin = entry.name, entry.ordered
-    absent = _certainly_absent(entry)
-    if absent is not None:
+    name, builtin = entry.name, entry.name in _BUILTINS
+    if (absent := _certainly_absent(entry)) is not None:
         return Candidate(name, False, False, absent, builtin)
 
     def work() -> _Considered:
@@ -431,11 +410,16 @@ def _consider(entry: _Entry, timeout: float) -> Candidate:
             step = "probe"
             result = _probe(factory)
             instance: Platform | None = None
-            if result.available and entry.row is None:
+            if result.available and entry.row is None and name not in _instances:
                 step = "construction"
-                instance = _instances.get(name)
-                if instance is None:
-                    instance = _construct_checked(name, factory)
+                instance = factory()
+                if isinstance(instance, type):
+                    raise ConfigurationError(
+                        f"platform {name!r}: its factory returned a class, not an instance"
+                    )
+                if problems := protocol_problems(instance):
+                    why = "; ".join(problems)
+                    raise ConfigurationError(f"does not satisfy the Platform protocol ({why})")
         except (Exception, SystemExit) as exc:
             if isinstance(exc, ConfigurationError) and step != "import":
                 reason = f"skipped: {exc}"
@@ -451,8 +435,12 @@ def _consider(entry: _Entry, timeout: float) -> Candidate:
     return cand
 
 
-def _unavailable(name: str, reason: str) -> PlatformNotAvailableError:
-    return PlatformNotAvailableError(name, reason.removeprefix("skipped: "))
+def _usable(entry: _Entry, timeout: float) -> Candidate:
+    """Consider ``entry``, raising ``PlatformNotAvailableError`` unless it is available."""
+    cand = _consider(entry, timeout)
+    if not cand.available:
+        raise PlatformNotAvailableError(entry.name, cand.reason.removeprefix("skipped: "))
+    return cand
 
 
 def _instance_for(name: str) -> Platform:
@@ -472,18 +460,15 @@ def _detect(*, exhaustive: bool) -> DetectionReport:
     timeout = _probe_timeout()
     forced = _forced_name()
     if forced is not None:
-        cand = _consider(_entry(forced), timeout)
-        if not cand.available:
-            raise _unavailable(forced, cand.reason)
+        cand = _usable(_entry(forced), timeout)
         source = "set_current_platform()" if isinstance(_forced_override, str) else ENV_PLATFORM
         picked = Candidate(forced, True, True, f"forced by {source}: {cand.reason}", cand.builtin)
         return DetectionReport(forced, (picked,), forced=forced)
 
     entries = _entries()
-    candidates = [_consider(e, timeout) for e in entries.values() if not e.ordered]
+    candidates = [_consider(e, timeout) for n, e in entries.items() if n not in _BUILTINS]
     available = [c.name for c in candidates if c.available]
-    candidates.extend(_problems)
-    candidates.extend(_filter_problems())
+    candidates.extend([*_problems, *_filter_problems()])
     if len(available) > 1:
         names = ", ".join(repr(n) for n in available)
         raise ConfigurationError(
@@ -520,14 +505,12 @@ def detect() -> DetectionReport:
             c = Candidate(name, True, True, "set by set_current_platform()", name in _BUILTINS)
             return DetectionReport(name, (c,), forced=name)
         try:
-            report = _detect(exhaustive=True)
+            return _detect(exhaustive=True)
         except PlatformNotAvailableError as exc:
-            builtin = _registered[exc.platform].ordered  # raised only once the name was found
-            cand = Candidate(exc.platform, False, False, exc.reason, builtin)
+            cand = Candidate(exc.platform, False, False, exc.reason, exc.platform in _BUILTINS)
             return DetectionReport(None, (cand,), forced=exc.platform, error=str(exc))
         except ConfigurationError as exc:
             return DetectionReport(None, (), forced=_forced_name(), error=str(exc))
-        return report
 
 
 def current_platform() -> Platform:
@@ -575,11 +558,8 @@ def get_platform(name: str) -> Platform:
     """
     with _lock:
         entry = _entry(name)
-        if name in _instances:
-            return _instances[name]
-        cand = _consider(entry, _probe_timeout())
-        if not cand.available:
-            raise _unavailable(name, cand.reason)
+        if name not in _instances:
+            _usable(entry, _probe_timeout())
         return _instance_for(name)
 
 
@@ -628,7 +608,7 @@ def register_platform(
             getattr(cls_or_factory, "__qualname__", None) or type(cls_or_factory).__qualname__
         )
         origin = f"register_platform({name!r}, {qualname})"
-        _registered[name] = _Entry(name, name in _BUILTINS, origin, loaded=cls_or_factory)
+        _registered[name] = _Entry(name, origin, loaded=cls_or_factory)
         _instances.pop(name, None)
         _current = None
 
@@ -640,7 +620,7 @@ def unregister_platform(name: str) -> None:
         if name not in _all_entries():
             raise _lookup_error(name)
         if name in _BUILTINS:
-            _registered[name] = _Entry(name, True, "built-in", _BUILTINS[name])
+            _registered[name] = _Entry(name, "built-in", _BUILTINS[name])
         else:
             del _registered[name]
         _instances.pop(name, None)

@@ -155,11 +155,6 @@ class Compare:
     number: int
     family: bool  # capability==10x: vLLM's is_device_capability_family(100)
 
-    @property
-    def text(self) -> str:
-        shown_number = f"{self.number // 10}x" if self.family else str(self.number)
-        return f"capability{self.op}{shown_number}"
-
 
 @dataclass(frozen=True, slots=True)
 class Not:
@@ -245,7 +240,7 @@ def render(node: Node, outer: int = 0) -> str:
     if isinstance(node, ArchIs):
         return node.arch.text
     if isinstance(node, Compare):
-        return node.text
+        return f"capability{node.op}{f'{node.number // 10}x' if node.family else node.number}"
     if isinstance(node, Not):
         return f"not {render(node.operand, 3)}"
     level, joiner = (2, " and ") if isinstance(node, All) else (1, " or ")
@@ -290,28 +285,23 @@ def _parse(text: str, classify: Callable[[str], Node]) -> Node:
         pos += 1
         return tokens[pos - 1]
 
-    def joined(keyword: str, operand: Callable[[int], Node], depth: int) -> list[Node]:
+    def operand(depth: int, level: int = 0) -> Node:
+        """Level 0: an "or" of level 1s; 1: an "and" of level 2s; 2: a word, "not" or "(…)"."""
         nonlocal pos
-        parts = [operand(depth)]
-        while tokens[pos] == ("keyword", keyword):
-            pos += 1
-            parts.append(operand(depth))
-        return parts
-
-    def either(depth: int) -> Node:
-        return any_of(*joined("or", both, depth))
-
-    def both(depth: int) -> Node:
-        return all_of(*joined("and", unary, depth))
-
-    def unary(depth: int) -> Node:
+        if level < 2:
+            keyword, join = ("or", any_of) if level == 0 else ("and", all_of)
+            parts = [operand(depth, level + 1)]
+            while tokens[pos] == ("keyword", keyword):
+                pos += 1
+                parts.append(operand(depth, level + 1))
+            return join(*parts)
         if depth > MAX_DEPTH:
             raise error(f"nests deeper than {MAX_DEPTH} levels")
         kind, value = take()
         if (kind, value) == ("keyword", "not"):
-            return Not(unary(depth + 1))
+            return Not(operand(depth + 1, 2))
         if (kind, value) == ("paren", "("):
-            node = either(depth + 1)
+            node = operand(depth + 1)
             if take() != ("paren", ")"):
                 raise error("a '(' is not closed")
             return node
@@ -325,7 +315,7 @@ def _parse(text: str, classify: Callable[[str], Node]) -> Node:
             return classify(value)
         raise error(f"unexpected {value!r}")
 
-    node = either(0)
+    node = operand(0)
     if tokens[pos][0] != "end":
         raise error(f"unexpected {tokens[pos][1]!r}")
     return node
@@ -370,8 +360,7 @@ def _decide(
     node: Node, platform: Platform, info: DeviceInfo | None, table: Mapping[str, Capability]
 ) -> tuple[bool, str]:
     if isinstance(node, Name):
-        cap = table.get(node.name)
-        if cap is not None:
+        if (cap := table.get(node.name)) is not None:
             return cap.available, shorten(cap.reason, _REASON)
         return platform.name == node.name, f"the current platform is {platform.name}"
     if isinstance(node, ArchIs | Compare):
@@ -382,9 +371,7 @@ def _decide(
         cc = info.compute_capability
         if cc is None:  # vLLM's get_device_capability() is None here: every comparison fails
             return False, f"{named(info)} has no compute capability number"
-        number = cc[0] * 10 + cc[1]
-        if node.family:
-            number = number // 10 * 10
+        number = cc[0] * 10 + (0 if node.family else cc[1])  # a family compares the major
         return _OPS[node.op](number, node.number), f"{named(info)} has capability {cc[0]}{cc[1]}"
     if isinstance(node, Not):
         held, why = _decide(node.operand, platform, info, table)
@@ -397,7 +384,10 @@ def _decide(
     return bool(passed), "; ".join(dict.fromkeys(passed or [why for _, why in results]))
 
 
-def _classifier(capabilities: frozenset[str], platforms: frozenset[str]) -> Callable[[str], Node]:
+@functools.lru_cache(maxsize=1024)
+def _parse_cached(
+    text: str, capabilities: frozenset[str], platforms: frozenset[str]
+) -> Requirement:
     def classify(word: str) -> Node:
         if word in capabilities or word in platforms:
             return Name(word)
@@ -410,14 +400,7 @@ def _classifier(capabilities: frozenset[str], platforms: frozenset[str]) -> Call
             "capability>=NN"
         )
 
-    return classify
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_cached(
-    text: str, capabilities: frozenset[str], platforms: frozenset[str]
-) -> Requirement:
-    node = _parse(text, _classifier(capabilities, platforms))
+    node = _parse(text, classify)
     return Requirement(render(node), node)
 
 

@@ -129,14 +129,11 @@ def _is_skip_call(node: ast.AST, names: tuple[str, ...]) -> bool:  # pytest.skip
     return isinstance(node, ast.Call) and (_dotted(node.func) or "").rpartition(".")[2] in names
 
 
-_SKIPS = ("skip", "SkipTest")
-
-
 def _skips(block: list[ast.stmt]) -> ast.Call | None:
     """The skip call a block makes at its own level (``pytest.skip(...)``, ``raise SkipTest``)."""
     for stmt in block:
         call = stmt.value if isinstance(stmt, ast.Expr) else getattr(stmt, "exc", None)
-        if isinstance(call, ast.Call) and _is_skip_call(call, _SKIPS):
+        if isinstance(call, ast.Call) and _is_skip_call(call, ("skip", "SkipTest")):
             return call
     return None
 
@@ -213,9 +210,7 @@ def _own_kind(predicate: ast.AST) -> str | None:
 
 @dataclass(frozen=True)
 class _Decision:  # a condition that decides whether tests run
-    condition: ast.AST
     form: str  # "requires" (a skipif), "skip_module_unless" (a module-level skip) or "has"
-    sites: list[_translate.Site]
     kinds: dict[int, str]  # an untranslated predicate (by identity) -> why
     owners: dict[int, _translate.Site]  # a node inside a site (by identity) -> the site
     reason: ast.expr | None = None  # the skip's own reason, kept by the replacement
@@ -240,26 +235,21 @@ def _decision(use: str, node: ast.AST, top: set[int]) -> _Decision | None:
     else:
         return None
     found, kinds = _translate.sites(condition)
-    return _Decision(condition, form, found, kinds, _owners(found), reason)
+    # each node inside a site (by identity) -> that site: one walk of each
+    owners = {id(n): site for site in found for part in site.parts for n in ast.walk(part)}
+    return _Decision(form, kinds, owners, reason)
 
 
 def _keyword(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
 
 
-def _owners(found: list[_translate.Site]) -> dict[int, _translate.Site]:
-    """Each node inside a site (by identity) -> that site: one walk of each."""
-    return {id(n): site for site in found for part in site.parts for n in ast.walk(part)}
-
-
 def replacement(decision: _Decision, site: _translate.Site) -> str:
     """The code that replaces ``site`` of ``decision`` (a mark, a module skip or a ``has``)."""
     # the skip's own reason is kept, as written (a literal, an f-string, a name)
     said = "" if decision.reason is None else f", reason={ast.unparse(decision.reason)}"
-    if site.whole and decision.form == "requires":
-        return f'accelplat.testing.requires("{site.run_if}"{said})'
-    if site.whole and decision.form == "skip_module_unless":
-        return f'accelplat.testing.skip_module_unless("{site.run_if}"{said})'
+    if site.whole and decision.form != "has":  # requires() or skip_module_unless()
+        return f'accelplat.testing.{decision.form}("{site.run_if}"{said})'
     return f'accelplat.has("{site.requirement}")'
 
 
@@ -279,13 +269,12 @@ class Placed:
 def placed(tree: ast.Module) -> list[Placed]:
     """Every predicate of a parsed file, in :func:`ast.walk` order, with its decision and site."""
     top = {id(stmt) for stmt in tree.body}
-    hits: list[tuple[ast.AST, str, str, _Where]] = []
-    for node, where in _walk(tree):
-        if (hit := _predicate(node)) is not None:
-            hits.append((node, *hit, where))
     decided: dict[int, _Decision | None] = {}  # per place (by node identity)
     out = []
-    for node, predicate, kind, where in hits:
+    for node, where in _walk(tree):
+        if (hit := _predicate(node)) is None:
+            continue
+        predicate, kind = hit
         use, place = where if where is not None else ("expression", tree)
         if id(place) not in decided:
             decided[id(place)] = _decision(use, place, top)
@@ -334,32 +323,27 @@ def _python_files(base: Path, errors: list[str]) -> Iterator[Path]:
     A link is never followed; one that could hold tests (a ``.py`` name, a directory, a loop)
     is listed in ``errors``.
     """
-    todo = [(base, 0)]
-    while todo:
-        directory, depth = todo.pop()
-        try:
-            with os.scandir(directory) as listing:
-                entries = sorted(listing, key=lambda e: e.name)
-        except OSError as exc:
-            errors.append(f"{directory.relative_to(base)}: unreadable ({exc.strerror or exc})")
-            continue
-        below = []
-        for entry in entries:
-            if entry.is_symlink():
-                if entry.name.endswith(".py") or not os.path.isfile(entry.path):
-                    errors.append(f"{Path(entry.path).relative_to(base)}: a link, not followed")
-            elif entry.is_dir(follow_symlinks=False):
-                if not entry.name.startswith((".", "__pycache__")):
-                    below.append(Path(entry.path))
-            elif entry.name.endswith(".py"):
-                yield Path(entry.path)
-        if below and depth >= MAX_DEPTH:
+
+    def unreadable(exc: OSError) -> None:
+        where = Path(exc.filename).relative_to(base)
+        errors.append(f"{where}: unreadable ({exc.strerror or exc})")
+
+    for top, dirs, files in os.walk(base, onerror=unreadable):
+        here = Path(top)
+        links = {name for name in dirs + files if os.path.islink(here / name)}
+        for name in sorted(links):
+            if name.endswith(".py") or not os.path.isfile(here / name):
+                errors.append(f"{(here / name).relative_to(base)}: a link, not followed")
+        yield from (here / n for n in sorted(files) if n.endswith(".py") and n not in links)
+        dirs[:] = sorted(
+            d for d in dirs if d not in links and not d.startswith((".", "__pycache__"))
+        )
+        if dirs and len(here.relative_to(base).parts) >= MAX_DEPTH:
             errors.append(
-                f"{directory.relative_to(base)}: more than {MAX_DEPTH} directories deep; "
+                f"{here.relative_to(base)}: more than {MAX_DEPTH} directories deep; "
                 "its subdirectories are not scanned"
             )
-            continue
-        todo.extend((d, depth + 1) for d in reversed(below))
+            dirs.clear()
 
 
 def scan_path(root: str | os.PathLike[str]) -> ScanReport:

@@ -45,9 +45,7 @@ def dtype_bytes(dtype: str) -> int:
             "dtype 'auto' means the model's own dtype, which accelplat cannot see; "
             "pass it explicitly (e.g. 'bf16')"
         )
-    raise ConfigurationError(
-        f"unknown dtype {dtype!r:.200}; accepted: {', '.join(sorted(_DTYPE_BYTES))}"
-    )
+    raise ConfigurationError(f"unknown dtype {dtype!r:.200}; accepted: {', '.join(DTYPE_NAMES)}")
 
 
 @dataclass(frozen=True)

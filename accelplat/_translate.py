@@ -32,10 +32,8 @@ from accelplat._requirement import (
     word,
 )
 
-Tree = Node  # the requirement grammar's own tree, printed by its one printer
 
-
-def _numbered(tree: Tree) -> bool:
+def _numbered(tree: Node) -> bool:
     """Whether ``tree`` holding means the device has a capability number (CUDA or ROCm)."""
     if isinstance(tree, Compare):
         return True
@@ -70,13 +68,10 @@ UNMODELLED_PLATFORM = "a platform accelplat has no model of"
 _NUMBERED = frozenset(word(w) for w in ("cuda", "rocm"))
 
 
-def _vocabulary() -> dict[str, Any]:
-    """The predicates' table (``_vllm_predicates.toml``: each with its vLLM source line)."""
-    text = resources.files(__package__).joinpath("_vllm_predicates.toml").read_text("utf-8")
-    return _files.parse_toml(text)
-
-
-VOCABULARY = _vocabulary()
+# The predicates' table (``_vllm_predicates.toml``: each with its vLLM source line)
+VOCABULARY: dict[str, Any] = _files.parse_toml(
+    resources.files(__package__).joinpath("_vllm_predicates.toml").read_text("utf-8")
+)
 _PLATFORM_METHODS: dict[str, str] = VOCABULARY["platform_methods"]
 _ROCM_ARCH: dict[str, str] = VOCABULARY["rocm_arch"]
 _TORCH_CALLS: dict[str, str] = VOCABULARY["torch_calls"]
@@ -147,36 +142,28 @@ def _capability_value(node: ast.AST) -> str | None:
     return form if torch or _platform_call(node) == "get_device_capability" else None
 
 
-def _compare_atom(op: str, number: int) -> Tree:
+def _compare_atom(op: str, number: int) -> Node:
     # vLLM's comparisons are integer ones on major * 10 + minor: > n is >= n + 1
     if op in (">", "<="):
         return Compare({">": ">=", "<=": "<"}[op], number + 1, family=False)
     return Compare(op, number, family=False)
 
 
-def _major_atom(op: str, major: int) -> Tree:
+def _major_atom(op: str, major: int) -> Node:
     if op in ("==", "!="):
         family = Compare("==", major * 10, family=True)  # vLLM's is_device_capability_family
         return family if op == "==" else Not(family)
     return _compare_atom(op, major * 10 + (9 if op in (">", "<=") else 0))
 
 
-def _known(tree: Tree, is_and: bool) -> bool:
-    """Whether an operand that ran before a later one of an and (or) makes a number sure."""
-    return _numbered(tree if is_and else negate(tree))
-
-
-def _is_and(node: ast.BoolOp) -> bool:
-    return isinstance(node.op, ast.And)
-
-
-def _operands(node: ast.BoolOp, first: int, sure: bool, strict: bool = False) -> list[Tree]:
+def _operands(node: ast.BoolOp, first: int, sure: bool, strict: bool = False) -> list[Node]:
     """The trees of ``node``'s operands from ``first`` up to the first that does not translate.
 
     Each operand runs only when the ones before allow: what they make sure goes on. ``strict``:
     raise the first one's :class:`UnexpressibleError`.
     """
-    parts: list[Tree] = []
+    is_and = isinstance(node.op, ast.And)
+    parts: list[Node] = []
     for k in range(first, len(node.values)):  # no slice: a wide "and" stays linear
         try:
             parts.append(_tree(node.values[k], sure))
@@ -184,18 +171,20 @@ def _operands(node: ast.BoolOp, first: int, sure: bool, strict: bool = False) ->
             if strict:
                 raise
             break
-        sure = sure or _known(parts[-1], _is_and(node))
+        # an operand that ran before a later one of an and (or) may make a number sure
+        sure = sure or _numbered(parts[-1] if is_and else negate(parts[-1]))
     return parts
 
 
-def _tree(node: ast.AST, sure: bool = False) -> Tree:
+def _tree(node: ast.AST, sure: bool = False) -> Node:
     """Turn one expression into a tree; ``sure``: the device is known to have a number.
 
     ``sure`` is what the operands that run before an expression established (``is_cuda() and
     get_device_capability() < (9, 0)``), kept as one flag so that a wide ``and`` stays linear.
     """
     if isinstance(node, ast.BoolOp):
-        return (all_of if _is_and(node) else any_of)(*_operands(node, 0, sure, strict=True))
+        join = all_of if isinstance(node.op, ast.And) else any_of
+        return join(*_operands(node, 0, sure, strict=True))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         return negate(_tree(node.operand, sure))
     if isinstance(node, ast.Compare):
@@ -209,7 +198,7 @@ def _tree(node: ast.AST, sure: bool = False) -> Tree:
     raise UnexpressibleError(NOT_A_PLATFORM)
 
 
-def _call(node: ast.Call) -> Tree:
+def _call(node: ast.Call) -> Node:
     method = _platform_call(node)
     name = method or (node.func.id if isinstance(node.func, ast.Name) else None)
     dotted = dotted_name(node.func) or ""
@@ -245,19 +234,16 @@ def _call(node: ast.Call) -> Tree:
     raise UnexpressibleError(NOT_A_PLATFORM)
 
 
-def _compare(node: ast.Compare, sure: bool) -> Tree:
-    if len(node.ops) != 1:
-        raise UnexpressibleError(NOT_A_PLATFORM)
-    left, op, right = node.left, node.ops[0], node.comparators[0]
-    if dotted_name(left) in _TORCH_BUILD:
+def _compare(node: ast.Compare, sure: bool) -> Node:
+    left, other = node.left, node.comparators[0]
+    if len(node.ops) == 1 and dotted_name(left) in _TORCH_BUILD:
         raise UnexpressibleError(TORCH_BUILD)
-    if type(op) not in _OPS:
+    if len(node.ops) != 1 or type(node.ops[0]) not in _OPS:
         raise UnexpressibleError(NOT_A_PLATFORM)
-    sign = _OPS[type(op)]
+    sign = _OPS[type(node.ops[0])]
     value = _capability_value(left)
-    other = right
     if value is None:
-        value, other, sign = _capability_value(right), left, _FLIPPED[sign]
+        value, other, sign = _capability_value(other), left, _FLIPPED[sign]
     if value is None:
         if any(_platform_call(n) == "fp8_dtype" for n in ast.walk(node)):
             raise UnexpressibleError(FP8_DTYPE_VALUE)
@@ -342,7 +328,7 @@ def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
                 visit(node.values[i], False)
                 i += 1
                 continue
-            tree = (all_of if _is_and(node) else any_of)(*parts)
+            tree = (all_of if isinstance(node.op, ast.And) else any_of)(*parts)
             j = i + len(parts)
             found.append(Site(node, i, j - 1, render(tree), render(negate(tree)), False))
             i = j

@@ -623,9 +623,9 @@ def test_builtin_and_plugin_probes_both_run_in_a_bounded_thread() -> None:
             seen.append(threading.current_thread().name)
             return ProbeResult(False, "x")
 
-    entry = registry._Entry("x", True, "built-in", loaded=Probe)
+    entry = registry._Entry("x", "built-in", loaded=Probe)
     registry._consider(entry, 1.0)
-    entry2 = registry._Entry("y", False, "test", loaded=Probe)
+    entry2 = registry._Entry("y", "test", loaded=Probe)
     registry._consider(entry2, 1.0)
     assert seen == ["accelplat-probe-x", "accelplat-probe-y"]
 
@@ -646,11 +646,11 @@ def test_quick_absence_checks_and_the_cpu_builtin_run_without_a_worker_thread(
 
     monkeypatch.setattr(sys.modules[__name__], "_absence_for_test", absent, raising=False)
     row = registry.Builtin("gpu", "builtins:object", f"{__name__}:_absence_for_test")
-    gpu = registry._Entry("gpu", True, "built-in", row)
+    gpu = registry._Entry("gpu", "built-in", row)
     assert registry._consider(gpu, 1.0).reason == "no such hardware here"
     assert gpu.pending is None
     assert registry._BUILTINS["cpu"].in_caller
-    cpu = registry._Entry("cpu", True, "built-in", registry._BUILTINS["cpu"])
+    cpu = registry._Entry("cpu", "built-in", registry._BUILTINS["cpu"])
     started: list[threading.Thread] = []
     real_start = threading.Thread.start
 
@@ -726,7 +726,7 @@ def test_empty_acceplat_plugins_loads_none_and_reads_no_metadata(
 
     monkeypatch.setattr(importlib.metadata, "entry_points", forbidden)
     for n, cls in builtin_stubs.items():
-        registry._registered.setdefault(n, registry._Entry(n, True, "t", loaded=cls))
+        registry._registered.setdefault(n, registry._Entry(n, "t", loaded=cls))
     assert registry.current_platform().name == "cpu"
     assert mod not in sys.modules
     # register_platform calls are not plugins: the variable does not limit them

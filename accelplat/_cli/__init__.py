@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from accelplat._cli import _errors, capture, info, lease, scan, sizing, stats, timeline, wait
-from accelplat._cli._args import Subcommands, command
+from accelplat._cli._args import Subcommands
 from accelplat.errors import AccelplatError
 
 if TYPE_CHECKING:
@@ -69,15 +69,14 @@ def build_parser() -> _Parser:
     parser.commands = sub.choices
     for module in (info, stats, wait, sizing, timeline, lease, scan, capture):
         module.register(sub)
-    completion = command(
-        sub,
+    completion = sub.add_parser(
         "completion",
-        _completion,
         help="print a shell completion script (bash, zsh or fish)",
         description="Print a completion script for SHELL, generated from this command line's own "
         "parser, on standard output. Load it with e.g. `source <(accelplat completion bash)` or "
         "save it where the shell looks for completions.",
     )
+    completion.set_defaults(func=_completion)
     completion.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh or fish")
     return parser
 

@@ -16,20 +16,6 @@ Subcommands = argparse._SubParsersAction  # argparse's sub-command container has
 _TEXT: dict[str, Any] = {"argument": "", "from_text": True, "error": argparse.ArgumentTypeError}
 
 
-def command(
-    sub: Subcommands[argparse.ArgumentParser],
-    name: str,
-    run: Callable[[argparse.Namespace], int],
-    *,
-    help: str,
-    description: str,
-) -> argparse.ArgumentParser:
-    """Add the sub-command ``name``, run by ``run(args)`` (which returns the exit status)."""
-    parser = sub.add_parser(name, help=help, description=description)
-    parser.set_defaults(func=run)
-    return parser
-
-
 def add_common(
     parser: argparse.ArgumentParser,
     *,

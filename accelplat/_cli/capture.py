@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import argparse
 
-from accelplat._cli._args import command, count_arg, output_option, seconds_arg
+from accelplat._cli._args import count_arg, output_option, seconds_arg
 from accelplat._cli._errors import EXIT_FAILED, say, shown
 from accelplat._files import write_text_atomic
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = command(
-        sub,
+    parser = sub.add_parser(
         "capture",
-        _run,
         help="record what accelplat reads on this host into a bundle (for bug reports and tests)",
         description="Record what accelplat reads on this host - the sysfs/procfs/cgroup files "
         "its backends open, the answers of NVML / Level Zero Sysman / amdsmi, installed "
@@ -25,6 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "that `accelplat info --replay BUNDLE` (or ACCELPLAT_REPLAY=BUNDLE) replays anywhere. "
         "No host name or user name is recorded. Creates no device context.",
     )
+    parser.set_defaults(func=_run)
     add = parser.add_argument
     bundle = "bundle to write: host.tar.gz"
     output_option(parser, "--out", required=True, metavar="BUNDLE", help=bundle)

@@ -11,20 +11,19 @@ import json
 import socket
 from typing import Any
 
-from accelplat._cli._args import add_common, command, path
+from accelplat._cli._args import add_common, path
 from accelplat._cli._errors import EXIT_FAILED, EXIT_USAGE, say, shown
 from accelplat._util import format_bytes
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = command(
-        sub,
+    parser = sub.add_parser(
         "info",
-        _run,
         help="show the detected platform, why, its devices and their memory",
         description="Show the detected platform, why it was chosen, every visible device with "
         "its memory, the release profile, graph support and defaults. Creates no device context.",
     )
+    parser.set_defaults(func=_run)
     add_common(parser, json=True)
     replay = "answer from a capture bundle (accelplat capture) instead of this host"
     path(parser.add_argument("--replay", metavar="BUNDLE", help=replay))

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from accelplat._cli._args import Size, add_common, command, count_arg, path, ratio_arg, seconds_arg
+from accelplat._cli._args import Size, add_common, count_arg, path, ratio_arg, seconds_arg
 from accelplat._cli._errors import dumps, handling, in_foreground, redraw, say, shown
 from accelplat._util import format_bytes
 from accelplat.errors import ConfigurationError
@@ -35,14 +35,13 @@ _REDRAW_S = 0.25  # a terminal's waiting line is drawn again at most this often
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``lease`` sub-command to ``sub``."""
-    parser = command(
-        sub,
+    parser = sub.add_parser(
         "lease",
-        _run,
         help="run a command on devices leased for it alone; --status shows the holders",
         description="Lease devices (or, with --memory, a share of each) among this host's "
         "processes, wait until their memory is back, and run CMD with only them visible.",
     )
+    parser.set_defaults(func=_run)
     add = parser.add_argument
     devices = count_arg(minimum=1, maximum=999_999, what="a number of devices >= 1")
     add("-n", "--count", type=devices, default=1, metavar="N", help="devices (default 1)")

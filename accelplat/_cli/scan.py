@@ -11,7 +11,7 @@ import argparse
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from accelplat._cli._args import add_common, command, path
+from accelplat._cli._args import add_common, path
 from accelplat._cli._errors import dumps
 from accelplat._util import printable
 
@@ -31,7 +31,8 @@ _DESCRIPTION = (
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``scan`` sub-command to ``sub``."""
-    parser = command(sub, "scan", _run, help=_HELP, description=_DESCRIPTION)
+    parser = sub.add_parser("scan", help=_HELP, description=_DESCRIPTION)
+    parser.set_defaults(func=_run)
     path(parser.add_argument("path", help="a test directory or a .py file"))
     add_common(parser, json=True)
     add = parser.add_argument
@@ -50,10 +51,8 @@ _SECTIONS = (
 
 
 def _rows(title: str, counts: dict[str, int], total: int) -> list[str]:
-    out = [f"| {title} | count | share |", "| --- | ---: | ---: |"]
-    for key, n in counts.items():
-        out.append(f"| `{key}` | {n} | {100 * n / total:.1f} % |" if total else f"| {key} | {n} |")
-    return out
+    rows = [f"| `{key}` | {n} | {100 * n / total:.1f} % |" for key, n in counts.items()]
+    return [f"| {title} | count | share |", "| --- | ---: | ---: |", *rows]  # none when total is 0
 
 
 def render_markdown(report: ScanReport) -> str:

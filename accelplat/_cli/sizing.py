@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from accelplat import _sizing
-from accelplat._cli._args import Size, add_common, command, path, words
+from accelplat._cli._args import Size, add_common, path, words
 from accelplat._cli._errors import dumps, say, shown
 from accelplat._shm import DEFAULT_SHM_PATH, shm_info
 from accelplat._types import GIB
@@ -34,14 +34,13 @@ _MAX_KV_INT = 2**63 - 1  # engines hold these in int64; products stay below 4300
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``shm`` and ``kv`` sub-commands to ``sub``."""
-    shm = command(
-        sub,
+    shm = sub.add_parser(
         "shm",
-        _run_shm,
         help="show /dev/shm space, or check that a budget fits",
         description="Show the size and free space of a shared-memory mount; with --require, "
         "check that a budget fits (exit 1 and a message on stderr when it does not).",
     )
+    shm.set_defaults(func=_run_shm)
     mount = shm.add_argument("--path", default=DEFAULT_SHM_PATH, metavar="MOUNT", help="/dev/shm")
     path(mount, directory=True)
     shm.add_argument("--require", action=Size, help="budget that must fit: 4GiB")
@@ -49,15 +48,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shm.add_argument("--name", default="shared-memory buffer", metavar="TEXT", help=what)
     add_common(shm, json=True)
 
-    kv = command(
-        sub,
+    kv = sub.add_parser(
         "kv",
-        _run_kv,
         help="KV-cache bytes for one request of --max-model-len; check it fits",
         description="Print the KV-cache bytes one request of --max-model-len tokens needs "
         "(vLLM's paged layout). With --available, check that it fits and print the longest "
         "length that does (exit 1 when it does not fit).",
     )
+    kv.set_defaults(func=_run_kv)
     for flag, keyword, metavar, text in _KV:
         required = keyword not in ("head_size_v", "block_size")
         kv.add_argument(flag, dest=keyword, type=int, metavar=metavar, required=required, help=text)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from accelplat._cli._args import add_common, color, command, count_arg, seconds_arg
+from accelplat._cli._args import add_common, color, count_arg, seconds_arg
 from accelplat._cli._errors import dumps, handling, host_json, time_json
 from accelplat._util import format_bytes, printable
 from accelplat._vendor.procs import process_details
@@ -53,14 +53,13 @@ KEYS = (
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``stats`` sub-command to ``sub``."""
-    parser = command(
-        sub,
+    parser = sub.add_parser(
         "stats",
-        _run,
         help="show used/free/total device memory, once or refreshing",
         description="Show used, free, total and reserved memory of each visible device, as the "
         "platform's context-free query reports it. Creates no device context.",
     )
+    parser.set_defaults(func=_run)
     add_common(parser, json="print JSON (one object per refresh)", devices=True, colour=True)
     add = parser.add_argument
     every = "refresh every SECONDS (default 1) until interrupted (or --count refreshes)"
@@ -86,9 +85,6 @@ def use_rich(stream: IO[str], *, watch: bool = False, colour: bool | None = None
             raise ConfigurationError(NO_RICH) from None
         return False
     return True
-
-
-Details = Callable[[int], tuple[str, Sequence[str]]]  # pid -> (user, argv), empty when unreadable
 
 
 def holder_json(h: MemoryHolder) -> dict[str, Any]:
@@ -418,11 +414,8 @@ def colour_for(ratio: float) -> str:
 def bar(ratio: float, width: int = BAR_WIDTH) -> str:
     """Return a bar of ``width`` cells: any use shows one full cell, only a full device all."""
     ratio = min(1.0, max(0.0, ratio))
-    cells = round(ratio * width)
-    if ratio > 0 and cells == 0:
-        cells = 1
-    if ratio < 1 and cells == width:
-        cells = width - 1
+    least, most = (1 if ratio > 0 else 0), (width if ratio == 1 else width - 1)
+    cells = min(max(round(ratio * width), least), most)
     return "█" * cells + "░" * (width - cells)
 
 
@@ -489,7 +482,7 @@ def render(
     *,
     state: ViewState,
     interval: float | None,
-    details: Details = process_details,
+    details: Callable[[int], tuple[str, Sequence[str]]] = process_details,  # pid: user, argv
     host: str | None = None,
     units: Sequence[Slice] = (),
 ) -> Frame:

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from accelplat._cli._args import command, output_option, path
+from accelplat._cli._args import output_option, path
 from accelplat._cli._errors import handling, in_foreground
 from accelplat.errors import AccelplatError, ConfigurationError
 from accelplat.timeline._defaults import DEFAULT_HZ, DEFAULT_LEAK_GRACE_S
@@ -102,15 +102,14 @@ class _Signals:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``record`` and ``report`` sub-commands to ``sub``."""
-    rec = command(
-        sub,
+    rec = sub.add_parser(
         "record",
-        run_record,
         help="run a command while sampling device memory into a trace file",
         description="Run COMMAND (without a shell) while sampling used memory of every visible "
         "device; save the trace as JSON and exit with COMMAND's exit status. Render the trace "
         "with `accelplat report`. Creates no device context on context-free platforms.",
     )
+    rec.set_defaults(func=run_record)
     output_option(rec, "--out", required=True, metavar="TRACE.json", help="trace to write")
     hz = f"samples per second (default {DEFAULT_HZ:g})"
     rec.add_argument("--hz", type=float, default=DEFAULT_HZ, metavar="N", help=hz)
@@ -129,15 +128,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run"
     )
 
-    rep = command(
-        sub,
+    rep = sub.add_parser(
         "report",
-        run_report,
         help="render a trace file as a self-contained HTML timeline (or a Chrome trace)",
         description="Render a trace saved by `accelplat record` or by pytest's "
         "--accelplat-timeline-json as one self-contained HTML page, and/or as Chrome "
         "trace-event JSON for Perfetto or chrome://tracing.",
     )
+    rep.set_defaults(func=run_report)
     path(rep.add_argument("trace", metavar="TRACE.json", help="the trace to render"))
     output_option(rep, "--out", metavar="REPORT.html", help="page to write")
     chrome = "also (or only) write Chrome trace-event JSON: memory counters, test and wait "
@@ -222,12 +220,10 @@ def _holdings(recorder: Recorder) -> dict[int, Holdings]:
     """What each device holds now, by owner (the command is a child): {} if it cannot be read."""
     from accelplat._leaks import current_holdings
 
-    if recorder.platform is None:
-        return {}
-    try:
-        return current_holdings(recorder.platform)
-    except AccelplatError:
-        return {}
+    if recorder.platform is not None:
+        with contextlib.suppress(AccelplatError):
+            return current_holdings(recorder.platform)
+    return {}
 
 
 def _save(trace: Trace, out: Path, html_path: str | None, status: int) -> int:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-from accelplat._cli._args import Size, add_common, command, count_arg, ratio_arg, seconds_arg
+from accelplat._cli._args import Size, add_common, count_arg, ratio_arg, seconds_arg
 from accelplat._cli._errors import dumps, redraw, say
 from accelplat._cli.stats import snapshot_to_json
 from accelplat._util import format_bytes, printable
@@ -28,16 +28,15 @@ if TYPE_CHECKING:  # the core loads when the command runs
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``wait`` sub-command to ``sub``."""
-    parser = command(
-        sub,
+    parser = sub.add_parser(
         "wait",
-        _run,
         help="wait until device memory is clear or settled (exit 0), else exit 1",
         description="Wait until used memory of each device is at or below a threshold (and, "
         "with a stability window, stays there). Exit 0 when clear, 1 on timeout (with the "
         "processes holding memory), 2 on bad input. With both thresholds, the larger target "
         "applies. Creates no device context.",
     )
+    parser.set_defaults(func=_run)
     ratio = "clear when used <= R x total (in [0, 1]; raised to the platform's idle floor)"
     parser.add_argument("--threshold-ratio", type=ratio_arg, metavar="R", help=ratio)
     for flag, text in (
@@ -118,15 +117,12 @@ def _outcome_json(
     doc = snapshot_to_json(platform, outcome.snapshot, devices, holders=True)
     done = not isinstance(outcome, MemoryNotSettledError)
     for entry in doc["devices"]:
+        entry["target"] = target = None if pids else outcome.targets.get(entry["index"])
+        entry["cleared"] = target is not None and entry["used"] <= target
         if pids:  # the wait's target was the processes' own memory, not the device's usage
             holders = entry["holders"]
-            entry["target"] = None
-            entry["cleared"] = done or (
-                holders is not None and not any(h["pid"] in pids for h in holders)
-            )
-            continue
-        entry["target"] = target = outcome.targets.get(entry["index"])
-        entry["cleared"] = target is not None and entry["used"] <= target
+            gone = holders is not None and not any(h["pid"] in pids for h in holders)
+            entry["cleared"] = done or gone
     doc = {"status": "clear", **doc, "waited_s": outcome.waited_s}
     if isinstance(outcome, MemoryNotSettledError):
         return doc | {"status": "timeout", "error": str(outcome)}

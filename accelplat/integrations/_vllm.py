@@ -16,16 +16,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from accelplat import _validate
+from accelplat import _memory, _validate
 from accelplat._leasing import ENV_MEMORY_BYTES
-from accelplat._memory import (
-    PollPolicy,
-    resolve_platform,
-    snapshot,
-    wait_for_memory_to_clear,
-    wait_for_release,
-)
-from accelplat._memory import wait_for_memory_to_settle as _settle  # vLLM's name is ours here
+from accelplat._memory import PollPolicy, resolve_platform
 from accelplat._platform import Platform, StartMethod, optional, validate_utilization
 from accelplat._sizing import KVCacheShape
 from accelplat._types import GIB, MIB, MemoryInfo, SettleResult, UsageSnapshot
@@ -145,9 +138,8 @@ def _describe_threshold(
             gib = max(gib or 0.0, floored[device] / GIB)
         shown = [] if gib is None else [f"{gib:.2f} GiB"]
         shown += [] if threshold_ratio is None else [f"{pick(threshold_ratio, device):.3f}"]
-        parts.append(
-            f"device={phys}: " + (f"max({shown[0]}, {shown[1]})" if shown[1:] else shown[0])
-        )
+        text = ", ".join(shown)
+        parts.append(f"device={phys}: " + (f"max({text})" if len(shown) > 1 else text))
     return "; ".join(parts)
 
 
@@ -204,7 +196,6 @@ def wait_for_gpu_memory_to_clear(
     result = _clear(
         platform,
         wanted,
-        physical,
         cadence,
         threshold_bytes=by_bytes,
         threshold_ratio=by_ratio,
@@ -224,15 +215,10 @@ def wait_for_gpu_memory_to_clear(
 
 
 def _clear(
-    p: Platform,
-    devices: list[int],
-    physical: list[int],
-    every_s: float = 1.0,
-    *,
-    settle: bool = False,
-    **wait: Any,
+    p: Platform, devices: list[int], every_s: float = 1.0, *, settle: bool = False, **wait: Any
 ) -> SettleResult:
     """Run accelplat's clear (or settle) wait printing vLLM's progress line, raising its error."""
+    physical = _physical(p, devices)
     names = dict(zip(devices, physical, strict=True))
     last: list[float] = []
 
@@ -248,8 +234,10 @@ def _clear(
 
     try:
         if settle:  # whole devices, as vLLM judges them: the owner-aware rule is accelplat's
-            return _settle(on_poll=on_poll, platform=p, owners="all", **wait)
-        return wait_for_memory_to_clear(devices, on_poll=on_poll, platform=p, **wait)
+            return _memory.wait_for_memory_to_settle(
+                on_poll=on_poll, platform=p, owners="all", **wait
+            )
+        return _memory.wait_for_memory_to_clear(devices, on_poll=on_poll, platform=p, **wait)
     except MemoryNotSettledError as exc:  # raised only after every argument was validated
         by_bytes, by_ratio = wait.get("threshold_bytes"), wait.get("threshold_ratio")
         threshold = _describe_threshold(devices, physical, by_bytes, by_ratio, exc.raised_targets)
@@ -450,16 +438,14 @@ def before_engine_start(
         return _nothing_to_do()
     profile = p.release
     timeout = profile.settle_timeout_s
-    window = profile.stable_duration_s if profile.lazy else 0.0
     if not profile.lazy and not strict:
         timeout = min(EAGER_START_GRACE_S, timeout)
     return _clear(
         p,
         devices,
-        _physical(p, devices),
         threshold_ratio=ratio,
         timeout_s=timeout,
-        stable_duration_s=window,
+        stable_duration_s=profile.stable_duration_s if profile.lazy else 0.0,
         read=None if strict else _vllm_reader(p),
     )
 
@@ -480,15 +466,13 @@ def after_engine_shutdown(
     p = resolve_platform(platform)
     ratio = _free_ratio(kwargs, p)
     devices = list(range(p.device_count()))
-    physical = _physical(p, devices)
     if _validate.flag(strict, "strict"):
-        return _clear(p, devices, physical, settle=True, threshold_ratio=ratio)
+        return _clear(p, devices, settle=True, threshold_ratio=ratio)
     if not p.release.lazy or _accelerator_count(p) == 0:
         return _nothing_to_do()
     return _clear(
         p,
         devices,
-        physical,
         threshold_ratio=ratio,
         timeout_s=p.release.settle_timeout_s,
         stable_duration_s=p.release.stable_duration_s,
@@ -524,15 +508,14 @@ def memory_baseline(
         yield _nothing_to_do().snapshot
         return
     read = _vllm_reader(p)
-    baseline = snapshot(devices, platform=p, holders=False, read=read)
+    baseline = _memory.snapshot(devices, platform=p, holders=False, read=read)
     yield baseline
     if not p.release.lazy:
         return
     targets = {
         d: info.used + math.floor(fraction * info.total) for d, info in baseline.memory.items()
     }
-    wanted = list(targets)
-    _clear(p, wanted, _physical(p, wanted), threshold_bytes=targets, timeout_s=timeout_s, read=read)
+    _clear(p, list(targets), threshold_bytes=targets, timeout_s=timeout_s, read=read)
 
 
 def requires_spawn_multiprocessing() -> bool:
@@ -550,11 +533,10 @@ def _failed(result: ChildResult) -> bool:
     platform = resolve_platform(None)
     if result.pid > 0 and _accelerator_count(platform) > 0:
         try:
-            wait_for_release([result.pid], platform=platform)
+            _memory.wait_for_release([result.pid], platform=platform)
         except MemoryNotSettledError as exc:  # a passing test stays passing, as in vLLM
             warnings.warn(f"the test's child process left memory held: {exc}", stacklevel=3)
-    if result.status == "outcome":
-        result.raise_pytest_outcome()
+    result.raise_pytest_outcome()  # status "outcome"; no-op for the others
     return result.status != "ok"
 
 

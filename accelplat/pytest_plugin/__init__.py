@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from accelplat import _validate
 from accelplat._util import format_bytes
 from accelplat.errors import AccelplatError, MarkerError
 from accelplat.pytest_plugin._requires import MARKER, parse, skip_reason
@@ -115,16 +116,12 @@ def _apply_ini(config: pytest.Config, namespace: object) -> None:
 
 def _seconds(text: str) -> float:
     # finite and >= 0: a negative, nan or inf timeout is a usage error, not a skip of every test
-    if not 0 <= (seconds := float(text)) < float("inf"):
-        raise ValueError(text)
-    return seconds
+    return _validate.number(text, "seconds", minimum=0, from_text=True)
 
 
 def _lease_count(text: str) -> int:
     # the rule of `accelplat lease -n`: ASCII digits, 1..999999
-    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 999_999):
-        raise ValueError(text)
-    return int(text)
+    return _validate.integer(text, "count", minimum=1, maximum=999_999, from_text=True)
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -219,12 +216,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def _header_line(config: pytest.Config) -> str | None:
     # Every part read from its option after _apply_ini, so the ini's parts are named too.
     from accelplat import __version__
-    from accelplat.pytest_plugin._shared import PACK_KEY, leak_tolerance
+    from accelplat.pytest_plugin._shared import PACK_KEY
 
     parts = []
-    if config.pluginmanager.get_plugin(LEAK_PLUGIN_NAME) is not None:
-        tolerance = leak_tolerance(config, "--accelplat-leak-tolerance")
-        parts.append(f"leak check (beyond {format_bytes(tolerance)})")
+    if (leak_check := config.pluginmanager.get_plugin(LEAK_PLUGIN_NAME)) is not None:
+        parts.append(f"leak check (beyond {format_bytes(leak_check.tolerance)})")
     if timeline := config.getoption("--accelplat-timeline"):
         parts.append(f"timeline ({timeline})")
     if config.getoption("--accelplat-lease"):
@@ -302,13 +298,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     reapply_forced(item.config)
     try:
         reason = skip_reason(item)
-    except MarkerError as exc:
-        error = str(exc)  # failed outside the except block: no chained traceback
-    else:
-        if reason is not None:
-            skip_at_test(reason)
-        return
-    pytest.fail(error, pytrace=False)
+    except MarkerError as exc:  # failed without the chained traceback
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None
+    if reason is not None:
+        skip_at_test(reason)
 
 
 @pytest.hookimpl(tryfirst=True)

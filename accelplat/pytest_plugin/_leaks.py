@@ -37,13 +37,6 @@ def configure(config: pytest.Config, *, report: bool = True) -> None:
     config.pluginmanager.register(LeakChecker(config, report=report), _shared.LEAK_PLUGIN_NAME)
 
 
-def _leak_wait(config: pytest.Config) -> float | None:
-    raw, argument = config.getoption("--accelplat-leak-wait"), "--accelplat-leak-wait"
-    if raw is None:
-        raw, argument = config.getini("accelplat_leak_wait") or "auto", "accelplat_leak_wait"
-    return _shared.auto_seconds(raw, argument)
-
-
 def _pairs(children: Mapping[int, int]) -> list[list[int]]:
     return sorted(map(list, children.items()))
 
@@ -74,7 +67,10 @@ class LeakChecker:
     def __init__(self, config: pytest.Config, *, report: bool = True) -> None:
         self.report = report
         self.tolerance = _shared.leak_tolerance(config, "--accelplat-leak-tolerance")
-        self.wait_s = _leak_wait(config)
+        raw, argument = config.getoption("--accelplat-leak-wait"), "--accelplat-leak-wait"
+        if raw is None:
+            raw, argument = config.getini("accelplat_leak_wait") or "auto", "accelplat_leak_wait"
+        self.wait_s = _shared.auto_seconds(raw, argument)
         self.contexts_seen: set[int] = set()  # devices whose context is decided
         # nodeid, device, before, after, leaked, attributed, children [[pid, bytes]]
         self.leaks: list[tuple[Any, ...]] = []

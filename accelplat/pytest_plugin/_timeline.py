@@ -20,6 +20,7 @@ from accelplat.pytest_plugin._shared import (
     catch_ending_signals,
     leak_tolerance,
     share_after_teardown,
+    usage_errors,
 )
 from accelplat.timeline._render import write_report
 from accelplat.timeline._sampler import Recorder, validate_grace, validate_hz
@@ -78,10 +79,9 @@ class WaitEventTap(logging.Filter):
             self._observe(event)
         if self._logger.level != _TAP_LEVEL:  # changed since install (caplog.set_level, say)
             return record.levelno >= self._logger.getEffectiveLevel()
-        if self._own_level != logging.NOTSET:
-            return record.levelno >= self._own_level
-        parent = self._logger.parent
-        return record.levelno >= (parent.getEffectiveLevel() if parent else logging.WARNING)
+        parent = self._logger.parent  # its level held before install where the logger had none
+        inherited = parent.getEffectiveLevel() if parent else logging.WARNING
+        return record.levelno >= (self._own_level or inherited)  # NOTSET is 0
 
     def _observe(self, event: dict[Any, Any]) -> None:
         key = event.get("id")
@@ -132,11 +132,9 @@ class TimelinePlugin:
         hz, grace = "--accelplat-timeline-hz", "--accelplat-timeline-leak-grace"
         tolerance = ("--accelplat-timeline-leak-tolerance", "--accelplat-leak-tolerance")
         self._tolerance = leak_tolerance(config, *tolerance)
-        try:
+        with usage_errors():
             self._hz = validate_hz(config.getoption(hz), argument=hz)
             self._grace = validate_grace(config.getoption(grace), argument=grace)
-        except ConfigurationError as exc:
-            raise pytest.UsageError(str(exc)) from None
         base = config.invocation_params.dir
         json_path = config.getoption("--accelplat-timeline-json")
         self.html_path = base / config.getoption("--accelplat-timeline")
@@ -178,11 +176,10 @@ class TimelinePlugin:
         ending = self._ending[report.nodeid]
         if report.when == "teardown":
             ending["owners"] = _owners_of(report)
-        if report.when == "call" or report.outcome != "passed":
-            if ending.get("outcome") != "failed":
-                ending["outcome"] = report.outcome
-        else:
-            ending.setdefault("outcome", "passed")
+        decisive = report.when == "call" or report.outcome != "passed"  # else a passed set-up
+        if decisive and ending.get("outcome") != "failed":
+            ending["outcome"] = report.outcome
+        ending.setdefault("outcome", "passed")
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside the leak check's, whatever the order
     def pytest_runtest_makereport(

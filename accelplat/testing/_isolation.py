@@ -102,13 +102,8 @@ def _pickler() -> ModuleType:
     return cast(ModuleType, cloudpickle)
 
 
-@dataclass(frozen=True)
-class _FunctionRef:
-    """How a spawned child finds a function: by module name, with the file as fallback."""
-
-    module: str
-    qualname: str
-    path: str | None
+# How a spawned child finds a function: by module and qualified name, with the file as fallback
+_FunctionRef = tuple[str, str, str | None]
 
 
 def _function_ref(func: Callable[..., Any], method: str) -> _FunctionRef:
@@ -119,21 +114,21 @@ def _function_ref(func: Callable[..., Any], method: str) -> _FunctionRef:
             f"{func!r} cannot run in a {method}ed process: a fresh interpreter imports the "
             "function by name, so it must be defined at module or class level"
         )
-    path = getattr(sys.modules.get(module), "__file__", None)
-    return _FunctionRef(module, qualname, path)
+    return module, qualname, getattr(sys.modules.get(module), "__file__", None)
 
 
 def _resolve_function(ref: _FunctionRef) -> Callable[..., Any]:
     """Import the function by module name, else from its file, unwrapped from :func:`isolate`."""
+    module, qualname, path = ref
     try:
-        obj: Any = importlib.import_module(ref.module)
+        obj: Any = importlib.import_module(module)
     except ImportError:
-        where = ref.path and importlib.util.spec_from_file_location(ref.module, ref.path)
+        where = path and importlib.util.spec_from_file_location(module, path)
         if not where or where.loader is None:
             raise
-        obj = sys.modules[ref.module] = importlib.util.module_from_spec(where)
+        obj = sys.modules[module] = importlib.util.module_from_spec(where)
         where.loader.exec_module(obj)
-    for part in ref.qualname.split("."):
+    for part in qualname.split("."):
         obj = getattr(obj, part)
     # The module attribute is the decorated wrapper; unwrap to the function it isolates.
     obj = inspect.unwrap(obj, stop=lambda f: hasattr(f, _ISOLATED_ATTR))
@@ -187,7 +182,7 @@ def _child_main(
             else:
                 os.environ[key] = value
         args, kwargs = pickle.loads(call) if isinstance(call, bytes) else call
-        func = _resolve_function(target) if isinstance(target, _FunctionRef) else target
+        func = _resolve_function(target) if isinstance(target, tuple) else target
         func(*args, **kwargs)
     except BaseException as exc:
         text = traceback.format_exc()
@@ -263,9 +258,8 @@ def run_child(
     finally:
         with suppress(OSError):
             os.unlink(result_path)
-    exitcode = process.exitcode
     if not data:
-        return ChildResult(name, chosen, exitcode, "silent", pid=pid)
+        return ChildResult(name, chosen, process.exitcode, "silent", pid=pid)
     fields = pickle.loads(data)
     exception: BaseException | None = None
     if (blob := fields.pop("blob", None)) is not None:
@@ -273,7 +267,7 @@ def run_child(
             rebuilt = pickle.loads(blob)
             if isinstance(rebuilt, BaseException):
                 exception = rebuilt
-    return ChildResult(name, chosen, exitcode, exception=exception, pid=pid, **fields)
+    return ChildResult(name, chosen, process.exitcode, exception=exception, pid=pid, **fields)
 
 
 def _check_env(env: object) -> dict[str, str | None]:
@@ -281,14 +275,12 @@ def _check_env(env: object) -> dict[str, str | None]:
         return {}
     if not isinstance(env, Mapping):
         raise ConfigurationError(f"env must be a mapping of variable names to values, got {env!r}")
-    checked: dict[str, str | None] = {}
     for key, value in env.items():
         if not isinstance(key, str) or not key or "=" in key or "\0" in key:
             raise ConfigurationError(f"env has an invalid variable name {key!r}")
         if value is not None and (not isinstance(value, str) or "\0" in value):
             raise ConfigurationError(f"env[{key!r}] must be a str or None, got {value!r}")
-        checked[key] = value
-    return checked
+    return dict(env)
 
 
 def run_in_new_process(
@@ -319,8 +311,7 @@ def run_in_new_process(
     result = run_child(func, args, kwargs, method=method, env=env)
     if result.status == "ok":
         return
-    if result.status == "outcome":
-        result.raise_pytest_outcome()
+    result.raise_pytest_outcome()  # status "outcome"; no-op for the others
     if result.status == "silent":
         raise ChildTestError(
             f"{result.name} ran in a new {result.method} process that "

@@ -37,8 +37,7 @@ def render_chrome_trace(trace: Trace) -> dict[str, Any]:
     last: list[int | None] = [None] * len(names)
     for k, s in enumerate(trace.samples):
         final = k == len(trace.samples) - 1
-        for pos, name in enumerate(names):
-            value = s.used[pos] if pos < len(s.used) else None
+        for pos, (name, value) in enumerate(zip(names, s.used, strict=False)):
             # A counter holds its value until the next event: a change (or the last reading)
             # is written, a repeat is not; a missing reading is no point.
             if value is not None and (value != last[pos] or final):

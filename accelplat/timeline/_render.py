@@ -15,8 +15,8 @@ import json
 import math
 import os
 import string
+import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 from typing import Literal, NamedTuple, cast
@@ -58,7 +58,7 @@ class _Geometry(NamedTuple):
 _WIDE = _Geometry(False, 1200, 78, 16, 12, 220, 30, 16, 11, 10, 100)
 _PHONE = _Geometry(True, 600, 104, 26, 20, 260, 40, 26, 19, 16, 110)
 _Line = list[list[tuple[float, int]]]  # a device's polyline segments of (x, used)
-_Ends = tuple[tuple[int, float] | None, int]  # a device's peak (bytes, seconds) and lowest sample
+_Ends = tuple[tuple[int, float] | None, int, int]  # peak (bytes, seconds), lowest sample, highest
 _MAX_LANES = 6
 MAX_ROWS = 5000  # rows of the leak and test tables
 _FOLDS = 4  # at most this many flat stretches are folded
@@ -94,9 +94,7 @@ def _fmt_delta(n: int | None) -> str:
 
 
 def _nice_step(span: float, target: int) -> float:
-    raw = span / max(1, target)
-    if raw <= 0 or not math.isfinite(raw):
-        return 1.0
+    raw = span / target  # > 0: a chart spans at least 1 ms and 1 byte
     mag = 10.0 ** math.floor(math.log10(raw))
     return next((m * mag for m in (1, 2, 2.5, 5, 10) if raw <= m * mag), 10 * mag)
 
@@ -114,14 +112,12 @@ def _decimals(step: float) -> int:  # what shows each multiple of ``step``: 2 fo
 
 
 def _extremes(trace: Trace, pos: int) -> _Ends:
-    """Return device ``pos``'s highest reading ``(bytes, seconds)`` and its lowest sample."""
+    """Return device ``pos``'s highest reading ``(bytes, seconds)``, its lowest sample and peak."""
     sampled = [(v, s.t) for s in trace.samples if (v := s.used[pos]) is not None]
-    ends = (
-        (span.used_before[pos], span.start, span.used_after[pos], span.end) for span in trace.tests
-    )
-    spans = [(v, t) for b, tb, a, ta in ends for v, t in ((b, tb), (a, ta)) if v is not None]
+    ends = [((s.used_before[pos], s.start), (s.used_after[pos], s.end)) for s in trace.tests]
+    spans = [(v, t) for pair in ends for v, t in pair if v is not None]
     peak = max(sampled + spans, key=lambda p: p[0], default=None)
-    return peak, min((v for v, _ in sampled), default=0)
+    return peak, min((v for v, _ in sampled), default=0), 0 if peak is None else peak[0]
 
 
 def peaks_per_test(trace: Trace) -> list[Reading]:
@@ -196,10 +192,10 @@ def _folds(trace: Trace, end_t: float) -> list[tuple[float, float]]:
     """
     spans: list[TestSpan | WaitSpan] = [*trace.tests, *trace.waits]
     edges = sorted({t for s in spans for t in (s.start, s.end)})
-    limits = []
-    for pos, dev in enumerate(trace.devices):
-        scale = dev.total if dev.total > 0 else (_extremes(trace, pos)[0] or (0, 0.0))[0]
-        limits.append(max(0.01 * scale, float(MIB)))
+    limits = [
+        max(0.01 * (dev.total or _extremes(trace, pos)[2]), float(MIB))
+        for pos, dev in enumerate(trace.devices)
+    ]
     least = max(0.2 * end_t, 5.0)
     runs: list[tuple[float, float]] = []
     start = last = -1.0  # the open run's first and last sample; -1: none open
@@ -238,9 +234,7 @@ class _TimeAxis:
         self._x[-1] = float(geo.left + geo.plot_w)
 
     def __call__(self, t: float) -> float:
-        k = min(max(bisect.bisect_right(self._t, t) - 1, 0), len(self._t) - 2)
-        t0, t1, x0, x1 = self._t[k], self._t[k + 1], self._x[k], self._x[k + 1]
-        return x0 if t1 <= t0 else x0 + (x1 - x0) * (min(max(t, t0), t1) - t0) / (t1 - t0)
+        return self.many([t])[0]
 
     def many(self, times: Sequence[float]) -> list[float]:
         """Return the x of each of ``times`` (ascending, within the axis): a stretch at a time."""
@@ -256,7 +250,7 @@ class _TimeAxis:
         """Return the time labels ``(x, text)``: one nice step, never crowded nor on a fold."""
         gap = self.geo.tick_gap
         step = next((s for s in _STEPS if s * self.per_s >= gap), None) or _nice_step(
-            self._t[-1], max(1, int(self.geo.plot_w / gap))
+            self._t[-1], int(self.geo.plot_w / gap)
         )
         centres = [(self(a) + self(b)) / 2 for a, b in self.folds]  # where the folds' labels go
         out: list[tuple[float, str]] = []
@@ -314,9 +308,8 @@ def _chart(page: _Page, pos: int, x_of: _TimeAxis, line: _Line, ends: _Ends, *, 
     """Return device ``pos``'s chart at one geometry and scale; ``line``: its memory envelope."""
     trace, geo, dev = page.trace, x_of.geo, page.trace.devices[pos]
     color = _PALETTE[pos % len(_PALETTE)]
-    peak, low = ends
-    high = peak[0] if peak is not None else 0
-    ymin, ymax = _axis(min(low, high), high, dev.total, full=full)
+    peak, low, high = ends
+    ymin, ymax = _axis(low, high, dev.total, full=full)
     span_y = max(ymax - ymin, 1.0)
     left, right, top, plot_h, lane_h = geo.left, geo.w - geo.right, geo.top, geo.plot_h, geo.lane_h
     bottom, tests_top = top + plot_h, top + plot_h + geo.axis_h
@@ -351,8 +344,7 @@ def _chart(page: _Page, pos: int, x_of: _TimeAxis, line: _Line, ends: _Ends, *, 
     # Ticks are counted, never stepped up to the top: at 2**55 bytes a float step is too fine
     # to reach a tolerance relative to the value, and that loop ran for hours.
     first = math.ceil(ymin / unit / step - 1e-9)
-    last = math.floor(ymax / unit / step + 1e-9)
-    for k in range(first, min(last, first + 10) + 1):
+    for k in range(first, min(math.floor(ymax / unit / step + 1e-9), first + 10) + 1):
         y = y_of(k * step * unit)
         out.append(_el("line", _seg((left, right), (y, y), "#d0d5db")))
         label = f"{k * step:.{_decimals(step)}f} {unit_name}"
@@ -377,11 +369,8 @@ def _chart(page: _Page, pos: int, x_of: _TimeAxis, line: _Line, ends: _Ends, *, 
         out.append(_el("line", attrs, tip=total))
     frame = _box(left, right, top, plot_h)
     out.append(_el("rect", f'{frame} fill="none" stroke="#9aa3ad" stroke-width="0.8"'))
-    paths = []
-    for seg in line:
-        points = seg if len(seg) > 1 else [seg[0], (seg[0][0] + 1.0, seg[0][1])]
-        paths.append("M" + " L".join(f"{x:.2f},{y_of(v):.2f}" for x, v in points))
-    if d := " ".join(paths):
+    dashed = (seg if len(seg) > 1 else [*seg, (seg[0][0] + 1.0, seg[0][1])] for seg in line)
+    if d := " ".join("M" + " L".join(f"{x:.2f},{y_of(v):.2f}" for x, v in seg) for seg in dashed):
         attrs = f'class="used" d="{d}" fill="none" stroke="{color}" stroke-width="1.8"'
         out.append(_el("path", attrs, tip=f"used memory, device {dev.index}"))
     if peak is not None:  # a marker and its figure, beside it
@@ -431,7 +420,6 @@ def _badge(text: str, cls: str = "", ident: str = "") -> str:
 
 
 def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:
-    started = datetime.fromtimestamp(trace.started_at, tz=timezone.utc)
     sampling = f"{trace.sample_hz:g} samples/s requested; {len(trace.samples)} samples kept"
     if trace.decimation:
         interval = 2**trace.decimation / trace.sample_hz if trace.sample_hz > 0 else 0.0
@@ -444,7 +432,7 @@ def _summary(trace: Trace, leaks: Sequence[Leak], end_t: float) -> str:
     )
     rows = [
         ("Platform", trace.platform or "none detected"),
-        ("Started", started.strftime("%Y-%m-%d %H:%M:%S UTC")),
+        ("Started", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(trace.started_at))),
         ("Duration", _fmt_s(end_t)),
         ("Sampling", sampling),
         ("Leak rule", rule),
@@ -634,8 +622,7 @@ def render_html(trace: Trace, *, title: str | None = None) -> str:
     charts = "".join(_device(page, pos, axes, xs) for pos in range(len(trace.devices)))
     text = json.loads(_data("report.json"))["tests" if trace.command is None else "command"]
     # The template's line breaks are there to read it by: the page has one, at its end.
-    page_template = string.Template(_data("report.html").replace("\n", "") + "\n")
-    return page_template.substitute(
+    return string.Template(_data("report.html").replace("\n", "") + "\n").substitute(
         text,
         title=_e(title or "Device memory timeline"),
         platform=_e(trace.platform or "no platform"),

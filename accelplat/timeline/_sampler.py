@@ -199,12 +199,11 @@ class Recorder:
         self._lock = threading.Lock()
         self._failures: dict[int, tuple[float | None, str, int]] = {}  # first t, error, count
         found = () if platform is None else platform.devices()
-        totals = self._read(tuple(d.index for d in found), "total")
+        indices = tuple(d.index for d in found)
         self.devices = tuple(
             _trace.DeviceTrack(d.index, clip(d.name), total or 0)
-            for d, total in zip(found, totals, strict=True)
+            for d, total in zip(found, self._read(indices, "total"), strict=True)
         )
-        indices = tuple(t.index for t in self.devices)
         self._notes = [clip(note) for note in notes]
         self._started_at = min(max(wall_clock(), 0.0), _trace.MAX_EPOCH)  # a trace holds no other
         self.sampler = Sampler(
@@ -220,7 +219,7 @@ class Recorder:
     @property
     def current_test(self) -> str | None:
         """Node id of the test begun most recently and not yet ended, if any."""
-        return next(reversed(self._open_tests), None)
+        return next((s.nodeid for s in reversed(self._open_tests.values())), None)
 
     def add_note(self, note: str) -> None:
         """Add a remark shown on the report."""
@@ -308,7 +307,7 @@ class Recorder:
         t = self.sampler.now()
         with self._lock:
             token = next(self._tokens)
-            test = next((s.nodeid for s in reversed(self._open_tests.values())), None)
+            test = self.current_test
             self._open_waits[token] = WaitSpan(t, t, clip(kind), tuple(devices), True, test)
             return token
 
@@ -338,8 +337,7 @@ class Recorder:
             if not self._tests:
                 return
             last = max(self._tests, key=lambda s: s.end)
-        deadline = last.end + self._leak_grace
-        while self.sampler.now() < deadline:
+        while self.sampler.now() < last.end + self._leak_grace:
             _, reading = self.sampler.sample()
             if all(
                 b is None or r is None or r - b <= self._leak_tolerance

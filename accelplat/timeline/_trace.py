@@ -35,6 +35,7 @@ MAX_INT = 2**63 - 1  # any integer: a signed 64-bit one
 MAX_SECONDS = 1e9  # any time, duration or rate: about 31 years
 MAX_EPOCH = 253_402_300_799.0  # the last second of the year 9999, the last a date can show
 
+_TEST_KEYS = ("nodeid", "start", "end", "outcome", "used_before", "used_after", "body_start")
 Reading = tuple[int | None, ...]  # used bytes per device, in Trace.devices order; None: failed
 LEAK_CHECK_KIND = "leak check"  # the kind of the leak check's own wait (pytest_plugin/_leaks.py)
 
@@ -176,7 +177,6 @@ class Trace:
     def _held_after_all(self, spans: Sequence[TestSpan]) -> dict[int, Reading]:
         # held_after of every span in O(samples + spans) per device: in order of their ends the
         # windows (end, judged_at] only move right, so one sliding-window minimum answers them all.
-        width = len(self.devices)
         windows: defaultdict[int, deque[tuple[int, int]]] = defaultdict(deque)  # (k, used)
         added = 0
         out: dict[int, Reading] = {}
@@ -184,7 +184,7 @@ class Trace:
             lo = bisect.bisect_right(self._times, span.end)  # used_after stands for time `end`
             hi = bisect.bisect_right(self._times, self.judged_at(span))
             for k in range(added, hi):
-                for pos, value in enumerate(self.samples[k].used[:width]):
+                for pos, value in enumerate(self.samples[k].used):
                     if value is not None:
                         window = windows[pos]
                         while window and window[-1][1] >= value:
@@ -256,25 +256,16 @@ class Trace:
             "version": TRACE_VERSION,
             **{key: getattr(self, key) for key in _SCALARS},
             "duration": _r(self.duration),
-            "devices": [{"index": d.index, "name": d.name, "total": d.total} for d in self.devices],
+            "devices": [asdict(d) for d in self.devices],
             "samples": [[_r(s.t), *s.used] for s in self.samples],
             "tests": [
                 {
-                    "nodeid": t.nodeid,
-                    "start": _r(t.start),
-                    "end": _r(t.end),
-                    "outcome": t.outcome,
-                    "used_before": list(t.used_before),
-                    "used_after": list(t.used_after),
-                    "body_start": None if t.body_start is None else _r(t.body_start),
+                    **{key: _plain(getattr(t, key)) for key in _TEST_KEYS},
                     **({"owners": [_owners_json(o) for o in t.owners]} if t.owners else {}),
                 }
                 for t in self.tests
             ],
-            "waits": [
-                {**asdict(w), "start": _r(w.start), "end": _r(w.end), "devices": list(w.devices)}
-                for w in self.waits
-            ],
+            "waits": [{key: _plain(value) for key, value in asdict(w).items()} for w in self.waits],
         }
 
     @classmethod
@@ -284,7 +275,34 @@ class Trace:
         Raises:
             ConfigurationError: Naming the first bad field, or an unsupported format or version.
         """
-        return _parse(doc)
+        top = _FIELDS.mapping(doc, "(top level)")
+        if top.get("format") != TRACE_FORMAT:
+            raise _FIELDS.error("format", repr(TRACE_FORMAT), top.get("format"))
+        version = top.get("version")
+        if version != TRACE_VERSION or isinstance(version, bool):
+            readable = f"this accelplat reads version {TRACE_VERSION}"
+            raise ConfigurationError(f"unsupported trace version {version!r}; {readable}")
+
+        devices: dict[int, DeviceTrack] = {}
+        for i, raw in enumerate(_list(top.get("devices"), "devices", _MAX_DEVICES)):
+            d = _FIELDS.mapping(raw, f"devices[{i}]")
+            index = _int(d.get("index"), f"devices[{i}].index")
+            if index in devices:
+                raise ConfigurationError(f"trace field devices[{i}].index: device {index} repeats")
+            name = _text(d.get("name"), f"devices[{i}].name")
+            devices[index] = DeviceTrack(index, name, _int(d.get("total"), f"devices[{i}].total"))
+        n = len(devices)
+        samples, last_t = _samples(_list(top.get("samples"), "samples"), n)
+        tests = [_test(raw, i, n) for i, raw in enumerate(_list(top.get("tests", []), "tests"))]
+        waits = [_wait(raw, i) for i, raw in enumerate(_list(top.get("waits", []), "waits"))]
+        return cls(
+            devices=tuple(devices.values()),
+            samples=tuple(samples),
+            tests=tuple(tests),
+            waits=tuple(waits),
+            duration=_float(top.get("duration", last_t), "duration"),
+            **{key: check(top[key], key) for key, check in _SCALARS.items() if key in top},
+        )
 
 
 def lanes(spans: Sequence[TestSpan | WaitSpan], most: int | None = None) -> list[int]:
@@ -309,6 +327,13 @@ def lanes(spans: Sequence[TestSpan | WaitSpan], most: int | None = None) -> list
 
 def _r(t: float) -> float:
     return round(t, 6)
+
+
+def _plain(value: object) -> Any:
+    """A span's field as its JSON holds it: a time to the microsecond, a tuple as a list."""
+    if isinstance(value, float):
+        return _r(value)
+    return list(value) if isinstance(value, tuple) else value
 
 
 def holdings_json(h: Holdings) -> dict[str, Any]:
@@ -362,7 +387,7 @@ def loads_trace(text: str | bytes, *, max_bytes: int = MAX_TRACE_BYTES) -> Trace
             raise ConfigurationError("trace JSON is nested too deeply") from None
         except ValueError as exc:  # json.JSONDecodeError and _reject_constant
             raise ConfigurationError(f"trace is not valid JSON: {exc}") from None
-        return _parse(doc)
+        return Trace.from_json(doc)
     finally:
         if collecting:
             gc.enable()
@@ -406,11 +431,9 @@ def _test(raw: object, i: int, n: int) -> TestSpan:
     before = _reading(s.get("used_before"), f"{where}.used_before", n)
     after = _reading(s.get("used_after"), f"{where}.used_after", n)
     outcome = _text(s.get("outcome", ""), f"{where}.outcome")
-    body = s.get("body_start")
-    if body is not None:
-        body = _float(body, f"{where}.body_start")
-        if not start <= body <= end:
-            raise ConfigurationError(f"trace field {where}.body_start: outside the test's span")
+    body = _optional(_float)(s.get("body_start"), f"{where}.body_start")
+    if body is not None and not start <= body <= end:
+        raise ConfigurationError(f"trace field {where}.body_start: outside the test's span")
     raw_owners = _list(s.get("owners", []), f"{where}.owners", _MAX_DEVICES)
     owners = tuple(span_owners(o, f"{where}.owners[{j}]") for j, o in enumerate(raw_owners))
     return TestSpan(nodeid, start, end, before, after, outcome, body, owners)
@@ -483,38 +506,6 @@ def _span(raw: object, where: str) -> tuple[Any, float, float]:
     if end < start:
         raise ConfigurationError(f"trace field {where}.end: earlier than its start")
     return span, start, end
-
-
-def _parse(doc: object) -> Trace:
-    top = _FIELDS.mapping(doc, "(top level)")
-    if top.get("format") != TRACE_FORMAT:
-        raise _FIELDS.error("format", repr(TRACE_FORMAT), top.get("format"))
-    version = top.get("version")
-    if version != TRACE_VERSION or isinstance(version, bool):
-        raise ConfigurationError(
-            f"unsupported trace version {version!r}; this accelplat reads version {TRACE_VERSION}"
-        )
-
-    devices: dict[int, DeviceTrack] = {}
-    for i, raw in enumerate(_list(top.get("devices"), "devices", _MAX_DEVICES)):
-        d = _FIELDS.mapping(raw, f"devices[{i}]")
-        index = _int(d.get("index"), f"devices[{i}].index")
-        if index in devices:
-            raise ConfigurationError(f"trace field devices[{i}].index: device {index} repeats")
-        name = _text(d.get("name"), f"devices[{i}].name")
-        devices[index] = DeviceTrack(index, name, _int(d.get("total"), f"devices[{i}].total"))
-    n = len(devices)
-    samples, last_t = _samples(_list(top.get("samples"), "samples"), n)
-    tests = [_test(raw, i, n) for i, raw in enumerate(_list(top.get("tests", []), "tests"))]
-    waits = [_wait(raw, i) for i, raw in enumerate(_list(top.get("waits", []), "waits"))]
-    return Trace(
-        devices=tuple(devices.values()),
-        samples=tuple(samples),
-        tests=tuple(tests),
-        waits=tuple(waits),
-        duration=_float(top.get("duration", last_t), "duration"),
-        **{key: check(top[key], key) for key, check in _SCALARS.items() if key in top},
-    )
 
 
 def _optional(check: Callable[[object, str], Any]) -> Callable[[object, str], Any]:

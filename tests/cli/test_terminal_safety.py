@@ -199,7 +199,7 @@ def test_a_plugin_that_prints_on_import_is_silenced(
     printing_module: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     printing_module("loud_plugin", "class Platform:\n    pass\n")
-    entry = registry._Entry("loud", False, "test", registry.Builtin("loud", "loud_plugin:Platform"))
+    entry = registry._Entry("loud", "test", registry.Builtin("loud", "loud_plugin:Platform"))
     assert registry._load(entry).__name__ == "Platform"
     assert capsys.readouterr().out == ""
 
