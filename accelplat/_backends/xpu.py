@@ -415,38 +415,37 @@ class XpuPlatform(BasePlatform):
     @override
     def _memory_info(self, device: int) -> MemoryInfo:
         found = self._on_level_zero(device)
-        if found is not None:
-            sysman, handle, card, target = found
-            # compute-runtime answers an integrated GPU from /proc/meminfo: free = MemFree, size =
-            # MemAvailable (sysman_os_memory_imp.cpp:44-57); torch refuses it too (DPC++ tests).
-            if card.integrated:
-                raise BackendError(
-                    "xpu",
-                    f"device {device} is an integrated GPU: Level Zero reports the host's "
-                    f"MemFree/MemAvailable for it, not GPU memory (its 'used' would be roughly "
-                    f"the page cache), and torch cannot query it either; hide it with "
-                    f"{ENV_AFFINITY_MASK} or ONEAPI_DEVICE_SELECTOR",
-                )
-            try:
-                modules = sysman.memory_modules(handle)
-            except LevelZeroError as exc:
-                raise BackendError(
-                    "xpu", f"Level Zero memory query for device {device} failed", exc.vendor_error
-                ) from exc
-            if not modules:
-                raise BackendError("xpu", f"Level Zero reports no memory module on device {device}")
-            free, total = lz.sum_modules(modules, target.tiles)
-            used = max(0, total - free)
-            # Sysman's free is the kernel's unallocated size (sysman_os_memory_imp.cpp:80), which
-            # hides usage from a process that is not perfmon_capable(): never trust that zero.
-            if used == 0 and not self._kernel_shows_usage():
-                why = _hidden_usage(card.kernel_driver)
-                return self._torch_memory(device, why=why, zero_is_suspect=True)
-            where = f"xpu device {device} (Level Zero Sysman)"
-            return checked_memory(
-                "xpu", where, free=free, total=total, used=used, source=SOURCE_SYSMAN
+        if found is None:
+            why = self._sysman_failure or "no Intel GPU in Level Zero"
+            return self._torch_memory(device, why=why)
+        sysman, handle, card, target = found
+        # compute-runtime answers an integrated GPU from /proc/meminfo: free = MemFree, size =
+        # MemAvailable (sysman_os_memory_imp.cpp:44-57); torch refuses it too (DPC++ tests).
+        if card.integrated:
+            raise BackendError(
+                "xpu",
+                f"device {device} is an integrated GPU: Level Zero reports the host's "
+                f"MemFree/MemAvailable for it, not GPU memory (its 'used' would be roughly "
+                f"the page cache), and torch cannot query it either; hide it with "
+                f"{ENV_AFFINITY_MASK} or ONEAPI_DEVICE_SELECTOR",
             )
-        return self._torch_memory(device, why=self._sysman_failure or "no Intel GPU in Level Zero")
+        try:
+            modules = sysman.memory_modules(handle)
+        except LevelZeroError as exc:
+            raise BackendError(
+                "xpu", f"Level Zero memory query for device {device} failed", exc.vendor_error
+            ) from exc
+        if not modules:
+            raise BackendError("xpu", f"Level Zero reports no memory module on device {device}")
+        free, total = lz.sum_modules(modules, target.tiles)
+        used = max(0, total - free)
+        # Sysman's free is the kernel's unallocated size (sysman_os_memory_imp.cpp:80), which
+        # hides usage from a process that is not perfmon_capable(): never trust that zero.
+        if used == 0 and not self._kernel_shows_usage():
+            why = _hidden_usage(card.kernel_driver)
+            return self._torch_memory(device, why=why, zero_is_suspect=True)
+        where = f"xpu device {device} (Level Zero Sysman)"
+        return checked_memory("xpu", where, free=free, total=total, used=used, source=SOURCE_SYSMAN)
 
     def _kernel_shows_usage(self) -> bool:
         if self._usage_visible is None:  # unreadable: no capability known, the initial namespace
