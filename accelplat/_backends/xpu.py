@@ -286,23 +286,22 @@ class XpuPlatform(BasePlatform):
         # Sysman's Intel GPUs, or None (the reason is kept in _sysman_failure).
         with self._lock:
             if self._sysman_cards is None and self._sysman_failure is None:
-                self._sysman_cards = self._scan_level_zero()
+                self._sysman_cards, self._sysman_failure = self._scan_level_zero()
             cards = self._sysman_cards
         return None if cards is None else _order(cards)  # the order variable is read every time
 
-    def _scan_level_zero(self) -> list[_Card] | None:
+    def _scan_level_zero(self) -> tuple[list[_Card] | None, str | None]:
+        """Sysman's Intel GPUs, or ``None`` and why not."""
         if self._sysman is None:
             lib = self._lz_arg
             if lib is False:
-                self._sysman_failure = "Level Zero disabled"
-                return None
+                return None, "Level Zero disabled"
             if lib is None:
                 name = level_zero_loader_name()
                 try:
                     lib = lz.load_loader(name)
                 except OSError as exc:
-                    self._sysman_failure = level_zero_not_found(name, exc)
-                    return None
+                    return None, level_zero_not_found(name, exc)
             self._sysman = lib if isinstance(lib, lz.Sysman) else lz.Sysman(lib)
         try:
             failed = "Sysman unavailable"
@@ -310,15 +309,15 @@ class XpuPlatform(BasePlatform):
             failed = "device enumeration failed"
             found = self._sysman.devices()
         except LevelZeroError as exc:
-            self._sysman, self._sysman_failure = None, f"Level Zero {failed}: {exc}"
-            return None
+            self._sysman = None
+            return None, f"Level Zero {failed}: {exc}"
         drivers = {c.pci_bus_id: c.kernel_driver for c in _scan_sysfs(self._sysfs())[0]}
         cards: list[_Card] = []
         for d in found:
             tiles = max(1, d.num_subdevices)
             driver, arch = drivers.get(d.pci_bus_id, ""), xe_arch(d.device_id)
             cards.append(_Card(d.pci_bus_id, d.name, d.uuid, d.integrated, tiles, driver, d, arch))
-        return cards
+        return cards, None
 
     def _torch(self) -> tuple[Any, str]:
         torch = sys.modules.get("torch")
