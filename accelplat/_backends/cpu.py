@@ -286,10 +286,8 @@ class CpuPlatform(BasePlatform):
         total, mem_free = table["MemTotal"], table["MemFree"]
         where = f"NUMA node {node} ({path})"
         # The node's own figures, as read, must be possible (the one rule) ...
-        source = "numa-node"
-        checked_memory(
-            "cpu", where, free=mem_free, total=total, used=max(0, total - mem_free), source=source
-        )
+        source, used = "numa-node", max(0, total - mem_free)
+        checked_memory("cpu", where, free=mem_free, total=total, used=used, source=source)
         if "Active(file)" in table and "Inactive(file)" in table:
             available = mem_free + table["Active(file)"] + table["Inactive(file)"]
         else:
