@@ -98,14 +98,10 @@ def cuda_order_uuids(env: Mapping[str, str]) -> list[str]:
 def _cuda_order_live(env: Mapping[str, str]) -> list[str]:
     import subprocess
 
+    argv = [sys.executable, "-I", "-S", "-c", _CUDA_ORDER_SCRIPT]
     try:
         done = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _CUDA_ORDER_SCRIPT],
-            env=dict(env),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+            argv, env=dict(env), capture_output=True, text=True, timeout=60, check=False
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise RuntimeError(f"could not run the CUDA enumeration subprocess: {exc}") from exc
