@@ -175,12 +175,8 @@ def _step_down(exc: Exception, expected: tuple[str, ...], key: str, where: str, 
         st.rungs[key] = lower
         import logging  # once per device and session
 
-        logging.getLogger(__name__).info(
-            "%s: the NVML memory query failed (%s); using %s from now on",
-            where,
-            error_name(exc),
-            lower,
-        )
+        message = "%s: the NVML memory query failed (%s); using %s from now on"
+        logging.getLogger(__name__).info(message, where, error_name(exc), lower)
     return lower
 
 

@@ -136,11 +136,8 @@ def driver_holder(platform: str, where: str, pid: object, used_bytes: object) ->
         return make_holder(pid, used_bytes)
     else:
         field, value = "used memory", used_bytes
-    raise BackendError(
-        platform,
-        f"the driver listed a malformed process on {where}: {field} is {value!r:.80}",
-        vendor_error="malformed process entry",
-    )
+    why = f"the driver listed a malformed process on {where}: {field} is {value!r:.80}"
+    raise BackendError(platform, why, vendor_error="malformed process entry")
 
 
 def make_holder(pid: int, used_bytes: int | None) -> MemoryHolder:
