@@ -310,10 +310,8 @@ class CpuPlatform(BasePlatform):
             or len(answer) != 2
             or not all(type(v) is int and v >= 0 for v in answer)
         ):
-            raise BackendError(
-                "cpu",
-                "host memory is unknown: /proc/meminfo is unreadable and psutil gave no answer",
-            )
+            why = "host memory is unknown: /proc/meminfo is unreadable and psutil gave no answer"
+            raise BackendError("cpu", why)
         return answer[0], answer[1], "psutil", "psutil.virtual_memory()"
 
     def _cgroup_limit(self, roots: _Roots) -> _CgroupLimit | None:

@@ -81,10 +81,8 @@ def _import_live() -> Any:
             "ImportError",
         ) from exc
     except Exception as exc:  # a broken or shadowed module may fail in any way on import
-        raise NvmlUnavailableError(
-            f"importing pynvml failed ({type(exc).__name__}: {exc}); reinstall nvidia-ml-py",
-            type(exc).__name__,
-        ) from exc
+        why = f"importing pynvml failed ({type(exc).__name__}: {exc}); reinstall nvidia-ml-py"
+        raise NvmlUnavailableError(why, type(exc).__name__) from exc
     return pynvml
 
 
