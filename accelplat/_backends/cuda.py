@@ -365,9 +365,8 @@ class CudaPlatform(BasePlatform):
             one = mig or gpu
             cc = gpu.compute_capability
             arch = None if cc is None else f"sm_{cc[0]}{cc[1]}"  # (9, 0): sm_90
-            devices.append(
-                DeviceInfo(index, gpu.nvml_index, one.name, one.uuid, gpu.pci_bus_id, arch, cc)
-            )
+            info = DeviceInfo(index, gpu.nvml_index, one.name, one.uuid, gpu.pci_bus_id, arch, cc)
+            devices.append(info)
             handles.append(one.handle)
         units: list[str] = []
         for named in resolution.named:  # what this process may use, slice by slice
@@ -393,9 +392,8 @@ class CudaPlatform(BasePlatform):
                 known = {g.uuid for g in gpus}
                 strangers = [u for u in uuids if u not in known]
                 if strangers or not uuids:
-                    raise RuntimeError(
-                        f"CUDA listed {len(uuids)} device(s), {len(strangers)} unknown to NVML"
-                    )
+                    why = f"CUDA listed {len(uuids)} device(s), {len(strangers)} unknown to NVML"
+                    raise RuntimeError(why)
                 cached = (uuids, "")
             except Exception as exc:
                 cached = (
@@ -433,9 +431,8 @@ class CudaPlatform(BasePlatform):
                 continue
             for pos, gpu in enumerate(result):
                 if gpu.uuid == parent_uuid:
-                    result[pos] = gpu._replace(
-                        mig_enabled=True, mig_devices=(*gpu.mig_devices, mig)
-                    )
+                    migs = (*gpu.mig_devices, mig)
+                    result[pos] = gpu._replace(mig_enabled=True, mig_devices=migs)
         return result
 
     def _target(self, index: int) -> tuple[DeviceInfo, Any, str]:

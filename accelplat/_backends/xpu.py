@@ -431,9 +431,8 @@ class XpuPlatform(BasePlatform):
         try:
             modules = sysman.memory_modules(handle)
         except LevelZeroError as exc:
-            raise BackendError(
-                "xpu", f"Level Zero memory query for device {device} failed", exc.vendor_error
-            ) from exc
+            why = f"Level Zero memory query for device {device} failed"
+            raise BackendError("xpu", why, exc.vendor_error) from exc
         if not modules:
             raise BackendError("xpu", f"Level Zero reports no memory module on device {device}")
         free, total = lz.sum_modules(modules, target.tiles)
