@@ -41,10 +41,9 @@ EMULATED_FP8 = "emulated: vLLM 0.33's supports_fp8(), not confirmed on hardware"
 
 def read_or_empty(path: str | os.PathLike[str], *, limit: int = _files.ATTRIBUTE_LIMIT) -> str:
     """Return the text of a host file, or ``""`` when it cannot be read."""
-    try:
+    with contextlib.suppress(OSError):
         return _files.read_text(path, limit=limit)
-    except OSError:
-        return ""
+    return ""
 
 
 class SysfsReader:
@@ -80,9 +79,8 @@ class SysfsReader:
         try:
             value = int(text, base)
         except ValueError:
-            raise BackendError(
-                self._platform, f"{path} holds {text[:40]!r}, not a number"
-            ) from None
+            why = f"{path} holds {text[:40]!r}, not a number"
+            raise BackendError(self._platform, why) from None
         if value < 0:
             raise BackendError(self._platform, f"{path} holds a negative value {value}")
         return value
@@ -124,11 +122,8 @@ def parse_key_values(text: str, *, sep: str | None = None) -> dict[str, str]:
 
 def parse_int_values(table: Mapping[str, str]) -> dict[str, int]:
     """Return the entries of ``table`` whose value is a (possibly negative) ASCII integer."""
-    return {
-        k: int(v)
-        for k, v in table.items()
-        if v.removeprefix("-").isascii() and v.removeprefix("-").isdigit()
-    }
+    digits = {k: v.removeprefix("-") for k, v in table.items()}
+    return {k: int(table[k]) for k, d in digits.items() if d.isascii() and d.isdigit()}
 
 
 class HostMemInfo(NamedTuple):
@@ -210,31 +205,24 @@ def torch_reading(
         raise BackendError(platform, why, type(exc).__name__) from exc
     free = vendor_int(platform, where, "free", free)
     total = vendor_int(platform, where, "total", total)
-    return checked_memory(
-        platform, where, free=free, total=total, used=max(0, total - free), source=source
-    )
+    used = max(0, total - free)
+    return checked_memory(platform, where, free=free, total=total, used=used, source=source)
 
 
-class VendorCard(NamedTuple):
-    """One ``cardN`` of a DRM class directory, its ``device`` directory and PCI address."""
+def vendor_cards(
+    drm: Path, vendor: int, read: ReadText
+) -> tuple[list[tuple[str, Path, str | None]], str]:
+    """List ``drm``'s cards whose ``device/vendor`` is ``vendor``, and :func:`drm_cards`' note.
 
-    entry: str
-    device: Path
-    pci: str | None
-
-
-def vendor_cards(drm: Path, vendor: int, read: ReadText) -> tuple[list[VendorCard], str]:
-    """List ``drm``'s cards whose ``device/vendor`` is ``vendor``, and :func:`drm_cards`' note."""
+    Each card is ``(cardN, its device directory, its PCI address or None)``.
+    """
     entries, note = drm_cards(drm)
-    cards: list[VendorCard] = []
+    cards: list[tuple[str, Path, str | None]] = []
     for entry in entries:
         device = drm / entry / "device"
-        try:
-            found = int(read(str(device / "vendor")).strip(), 16)
-        except (OSError, ValueError):
-            continue
-        if found == vendor:
-            cards.append(VendorCard(entry, device, _card_pci(device, read)))
+        with contextlib.suppress(OSError, ValueError):  # an unreadable vendor: not this vendor's
+            if int(read(str(device / "vendor")).strip(), 16) == vendor:
+                cards.append((entry, device, _card_pci(device, read)))
     return cards, note
 
 
@@ -292,34 +280,20 @@ def _ranged(name: str, value: int) -> tuple[tuple[str, bool], ...]:
     return (f"{name} is negative", value < 0), (wrapped, value > MAX_PLAUSIBLE_BYTES)
 
 
-def require_plausible(
-    platform: str, where: str, *, free: int, total: int, used: int, reserved: int = 0, source: str
-) -> None:
-    """Raise ``ImplausibleReadingError`` for impossible figures, building nothing (hot path)."""
-    # One chained comparison on the hot path; the explanation is built only on failure.
-    why = (
-        None
-        if 0 <= free <= total <= MAX_PLAUSIBLE_BYTES
-        and 0 <= used <= total
-        and 0 <= reserved <= MAX_PLAUSIBLE_BYTES
-        and total > 0
-        else implausible(free, total, used, reserved)
-    )
-    if why is not None:
-        raise ImplausibleReadingError(
-            platform,
-            where,
-            why,
-            {"free": free, "total": total, "used": used, "reserved": reserved},
-            source,
-        )
-
-
 def checked_memory(
     platform: str, where: str, *, free: int, total: int, used: int, reserved: int = 0, source: str
 ) -> MemoryInfo:
-    """Return a :class:`MemoryInfo` of these figures, after :func:`require_plausible`."""
-    require_plausible(
-        platform, where, free=free, total=total, used=used, reserved=reserved, source=source
-    )
+    """Return a :class:`MemoryInfo` of these figures; ``ImplausibleReadingError`` if impossible."""
+    # One chained comparison on the hot path; the explanation is built only on failure.
+    if (
+        0 <= free <= total <= MAX_PLAUSIBLE_BYTES
+        and 0 <= used <= total
+        and 0 <= reserved <= MAX_PLAUSIBLE_BYTES
+        and total > 0
+    ):
+        return MemoryInfo(free, total, used, reserved, source)
+    why = implausible(free, total, used, reserved)
+    if why is not None:
+        figures = {"free": free, "total": total, "used": used, "reserved": reserved}
+        raise ImplausibleReadingError(platform, where, why, figures, source)
     return MemoryInfo(free, total, used, reserved, source)

@@ -24,7 +24,6 @@ from accelplat._backends._common import (
     parse_kb_table,
     parse_key_values,
     read_or_empty,
-    require_plausible,
 )
 from accelplat._platform import BasePlatform, override
 from accelplat._types import DeviceInfo, FeatureRule, GraphSupport, MemoryInfo, ProbeResult
@@ -119,6 +118,15 @@ def _nonnegative(text: str) -> int:
     return value
 
 
+def _node_dirs(roots: _Roots) -> list[tuple[int, str]]:
+    """Return each ``nodeN`` directory of the sysfs root and its ``N``; ``[]`` where unreadable."""
+    base = _join(roots.sysfs, "devices", "system", "node")
+    with contextlib.suppress(OSError):
+        names = sorted(_files.listdir(base))
+        return [(int(m.group(1)), _join(base, n)) for n in names if (m := _NODE_DIR_RE.match(n))]
+    return []
+
+
 def _bounded(
     where: str, free: int, total: int, source: str, cgroup: _CgroupLimit | None
 ) -> MemoryInfo:
@@ -185,22 +193,15 @@ class CpuPlatform(BasePlatform):
         return self._structure("nodes", roots, self._scan_numa_nodes)
 
     def _scan_numa_nodes(self, roots: _Roots) -> tuple[int, ...]:
-        base = _join(roots.sysfs, "devices", "system", "node")
-        try:
-            names = _files.listdir(base)
-        except OSError:
-            return ()
-        candidates = [(entry, m) for entry in names if (m := _NODE_DIR_RE.match(entry))]
+        candidates = _node_dirs(roots)
         if len(candidates) < 2:
             return ()  # one node (or none): the host is the device, nothing more to read
         nodes: list[int] = []
-        for entry, m in candidates:
-            try:
-                text = _read_text(_join(base, entry, "meminfo"))
-            except OSError:
-                continue
-            if parse_kb_table(text, skip=2, keys=_MEMTOTAL).get("MemTotal", 0) > 0:
-                nodes.append(int(m.group(1)))
+        for node, path in candidates:
+            with contextlib.suppress(OSError):
+                table = parse_kb_table(_read_text(_join(path, "meminfo")), skip=2, keys=_MEMTOTAL)
+                if table.get("MemTotal", 0) > 0:
+                    nodes.append(node)
         if len(nodes) < 2:
             return ()
         allowed = self._mems_allowed(roots)
@@ -209,12 +210,11 @@ class CpuPlatform(BasePlatform):
 
     @staticmethod
     def _mems_allowed(roots: _Roots) -> set[int]:
-        try:
+        with contextlib.suppress(OSError, KeyError, ValueError):
             status = parse_key_values(_read_text(_join(roots.proc, "self", "status")), sep=":")
             mems = status["Mems_allowed_list"]
             return _files.parse_id_list(mems, limit=_files.MAX_NUMA_NODES, what="Mems_allowed_list")
-        except (OSError, KeyError, ValueError):
-            return set()
+        return set()
 
     @staticmethod
     def _cpu_identity(roots: _Roots) -> tuple[str, str | None]:
@@ -279,18 +279,15 @@ class CpuPlatform(BasePlatform):
         try:
             table = parse_kb_table(_read_text(path), skip=2)
         except OSError as exc:
-            raise BackendError(
-                "cpu", f"cannot read NUMA node {node} memory from {path}: {exc}"
-            ) from exc
+            why = f"cannot read NUMA node {node} memory from {path}: {exc}"
+            raise BackendError("cpu", why) from exc
         if "MemTotal" not in table or "MemFree" not in table:
             raise BackendError("cpu", f"NUMA node {node}: {path} has no MemTotal/MemFree lines")
         total, mem_free = table["MemTotal"], table["MemFree"]
         where = f"NUMA node {node} ({path})"
         # The node's own figures, as read, must be possible (the one rule) ...
-        source = "numa-node"
-        require_plausible(
-            "cpu", where, free=mem_free, total=total, used=max(0, total - mem_free), source=source
-        )
+        source, used = "numa-node", max(0, total - mem_free)
+        checked_memory("cpu", where, free=mem_free, total=total, used=used, source=source)
         if "Active(file)" in table and "Inactive(file)" in table:
             available = mem_free + table["Active(file)"] + table["Inactive(file)"]
         else:
@@ -303,12 +300,9 @@ class CpuPlatform(BasePlatform):
     @staticmethod
     def _meminfo(roots: _Roots) -> tuple[int, int, str, str]:
         """Return ``(MemTotal, MemAvailable, source, where read)``, bytes as read (unchecked)."""
-        try:
-            meminfo = host_meminfo(roots.proc)
-        except OSError:
-            meminfo = None
-        if meminfo is not None:
-            return meminfo.total, meminfo.available, "meminfo", meminfo.path
+        with contextlib.suppress(OSError):
+            if (meminfo := host_meminfo(roots.proc)) is not None:
+                return meminfo.total, meminfo.available, "meminfo", meminfo.path
         # Asked through the vendor boundary, so a replay answers with the captured host's.
         answer = _boundary.call("host", ("virtual_memory",), _psutil_memory)
         if (
@@ -316,10 +310,8 @@ class CpuPlatform(BasePlatform):
             or len(answer) != 2
             or not all(type(v) is int and v >= 0 for v in answer)
         ):
-            raise BackendError(
-                "cpu",
-                "host memory is unknown: /proc/meminfo is unreadable and psutil gave no answer",
-            )
+            why = "host memory is unknown: /proc/meminfo is unreadable and psutil gave no answer"
+            raise BackendError("cpu", why)
         return answer[0], answer[1], "psutil", "psutil.virtual_memory()"
 
     def _cgroup_limit(self, roots: _Roots) -> _CgroupLimit | None:
@@ -364,14 +356,10 @@ class CpuPlatform(BasePlatform):
 
     @staticmethod
     def _v1_memory_mount(root: str) -> str | None:
-        direct = _join(root, "memory")
-        if _files.is_dir(direct):
-            return direct
-        try:
-            names = _files.listdir(root)
-        except OSError:
-            return None
-        for name in sorted(names):  # co-mounted controllers, e.g. "cpu,memory"
+        names = ["memory"]  # its own mount first, then co-mounted controllers, e.g. "cpu,memory"
+        with contextlib.suppress(OSError):
+            names += sorted(_files.listdir(root))
+        for name in names:
             if "memory" in name.split(",") and _files.is_dir(_join(root, name)):
                 return _join(root, name)
         return None
@@ -412,9 +400,8 @@ class CpuPlatform(BasePlatform):
     @staticmethod
     def _level_charge(level: str, version: str) -> int:
         v2 = version == "cgroup-v2"
-        usage = _nonnegative(
-            _read_text(_join(level, "memory.current" if v2 else "memory.usage_in_bytes"))
-        )
+        current = "memory.current" if v2 else "memory.usage_in_bytes"
+        usage = _nonnegative(_read_text(_join(level, current)))
         stat = parse_int_values(parse_key_values(_read_text(_join(level, "memory.stat"))))
         keys = ("inactive_file",) if v2 else ("total_inactive_file", "inactive_file")
         inactive = [stat[key] for key in keys if key in stat]
@@ -425,15 +412,12 @@ class CpuPlatform(BasePlatform):
     @property
     def default_memory_utilization(self) -> float:  # type: ignore[override]
         """The smallest :func:`utilization_with_margin` of the devices and vLLM's node files."""
-        values: list[float] = []
+        views = self._engine_node_views()
         for device in range(self.device_count()):
-            try:
-                info = self.memory_info(device)
-            except BackendError:
-                continue
-            values.append(utilization_with_margin(info.free, info.total))
-        values.extend(utilization_with_margin(v.free, v.total) for v in self._engine_node_views())
-        return min(values) if values else _UTILIZATION_CAP_PERCENT / 100
+            with contextlib.suppress(BackendError):
+                views.append(self.memory_info(device))
+        values = [utilization_with_margin(v.free, v.total) for v in views]
+        return min(values, default=_UTILIZATION_CAP_PERCENT / 100)
 
     def _engine_node_views(self) -> list[MemoryInfo]:
         """Node memory as vLLM's CPU worker reads it on a machine shown as one host device."""
@@ -443,19 +427,10 @@ class CpuPlatform(BasePlatform):
         roots = self._roots()
         if self._numa_nodes(roots):
             return []  # already the devices themselves
-        base = _join(roots.sysfs, "devices", "system", "node")
-        try:
-            entries = sorted(_files.listdir(base))
-        except OSError:
-            return []
-        cgroup = self._cgroup_limit(roots)
+        found = [node for node, path in _node_dirs(roots) if _files.is_file(_join(path, "meminfo"))]
+        cgroup = self._cgroup_limit(roots) if found else None
         views: list[MemoryInfo] = []
-        for entry in entries:
-            m = _NODE_DIR_RE.match(entry)
-            if m is None or not _files.is_file(_join(base, entry, "meminfo")):
-                continue
-            try:
-                views.append(self._node_memory(roots, int(m.group(1)), cgroup))
-            except BackendError:
-                continue
+        for node in found:
+            with contextlib.suppress(BackendError):
+                views.append(self._node_memory(roots, node, cgroup))
         return views

@@ -7,6 +7,7 @@ applies them; CUDA's fastest-first order is read in a subprocess (:func:`cuda_or
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -51,7 +52,6 @@ from accelplat.errors import BackendError, DeviceNotFoundError, NvmlUnavailableE
 
 OrderResolver = Callable[[Mapping[str, str]], Sequence[str]]  # env -> all UUIDs in CUDA's order
 
-_HOLDERS_UNKNOWN_ERRORS = ("NotSupported", "NoPermission")
 # A GPU without MIG (pre-Ampere, consumer boards) or a driver before R450 answers any of these.
 _MIG_ABSENT_ERRORS = ("NotSupported", "FunctionNotFound", "InvalidArgument", "NotFound")
 _FULL_MIG_DIGITS = len("MIG-") + 32
@@ -88,9 +88,8 @@ for ordinal in range(count.value):
 
 def cuda_order_uuids(env: Mapping[str, str]) -> list[str]:
     """Return every GPU's UUID in CUDA's order, from a ctypes subprocess in ``env`` (no context)."""
-    answer = _boundary.call(
-        "cuda", ("order", env.get(ENV_CUDA_DEVICE_ORDER)), lambda: _cuda_order_live(env)
-    )
+    key = ("order", env.get(ENV_CUDA_DEVICE_ORDER))
+    answer = _boundary.call("cuda", key, lambda: _cuda_order_live(env))
     if not isinstance(answer, list) or not all(isinstance(u, str) for u in answer):
         raise RuntimeError("the capture holds no CUDA enumeration order")
     return list(answer)
@@ -99,14 +98,10 @@ def cuda_order_uuids(env: Mapping[str, str]) -> list[str]:
 def _cuda_order_live(env: Mapping[str, str]) -> list[str]:
     import subprocess
 
+    argv = [sys.executable, "-I", "-S", "-c", _CUDA_ORDER_SCRIPT]
     try:
         done = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _CUDA_ORDER_SCRIPT],
-            env=dict(env),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+            argv, env=dict(env), capture_output=True, text=True, timeout=60, check=False
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise RuntimeError(f"could not run the CUDA enumeration subprocess: {exc}") from exc
@@ -116,16 +111,10 @@ def _cuda_order_live(env: Mapping[str, str]) -> list[str]:
     return [line.strip() for line in done.stdout.splitlines() if line.strip()]
 
 
-class _Target(NamedTuple):
-    info: DeviceInfo
-    handle: Any  # of the MIG device for a MIG instance
-    where: str  # the device as messages name it, built once per view
-
-
 class _View(NamedTuple):
     key: tuple[int, str | None, str | None]
     devices: tuple[DeviceInfo, ...]
-    targets: tuple[_Target, ...]
+    handles: tuple[Any, ...]  # NVML's handle of each device (a MIG instance's own)
     notes: tuple[str, ...]
     units: tuple[str, ...]  # lease_units()
 
@@ -135,9 +124,7 @@ _table: tuple[int, tuple[GpuRecord, ...]] | None = None  # (NVML generation, GPU
 
 
 def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _dashed(digits: str) -> str:
@@ -150,9 +137,9 @@ def _pci_order(gpus: Sequence[GpuRecord]) -> list[GpuRecord]:
     return sorted(gpus, key=lambda g: (pci_sort_key(g.pci_bus_id), g.nvml_index))
 
 
-def _call(nv: Any, action: str, fn: str, *args: Any, **kwargs: Any) -> Any:
+def _call(nv: Any, action: str, fn: str, *args: Any) -> Any:
     try:
-        return getattr(nv, fn)(*args, **kwargs)
+        return getattr(nv, fn)(*args)
     except Exception as exc:
         raise _nvml.translate(exc, action) from exc
 
@@ -167,12 +154,9 @@ def _mig_devices(nv: Any, handle: Any, index: int) -> tuple[bool, tuple[MigRecor
     what = f"MIG of GPU {index}"
     if vendor_int("cuda", what, "the mode", current) != getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
         return False, ()
-    slots = _count(
-        _call(nv, f"counting MIG devices of GPU {index}", "nvmlDeviceGetMaxMigDeviceCount", handle),
-        what,
-        "the MIG device count",
-        _MAX_MIG_SLOTS,
-    )
+    action = f"counting MIG devices of GPU {index}"
+    reported = _call(nv, action, "nvmlDeviceGetMaxMigDeviceCount", handle)
+    slots = _count(reported, what, "the MIG device count", _MAX_MIG_SLOTS)
     migs: list[MigRecord] = []
     for slot in range(slots):
         try:
@@ -205,18 +189,16 @@ def _count(value: object, where: str, name: str, limit: int) -> int:
 
 
 def _enumerate(nv: Any) -> tuple[GpuRecord, ...]:
-    count = _count(
-        _call(nv, "counting GPUs", "nvmlDeviceGetCount"), "NVML", "the GPU count", _MAX_GPUS
-    )
+    reported = _call(nv, "counting GPUs", "nvmlDeviceGetCount")
+    count = _count(reported, "NVML", "the GPU count", _MAX_GPUS)
     gpus: list[GpuRecord] = []
     for index in range(count):
         handle = _call(nv, f"opening GPU {index}", "nvmlDeviceGetHandleByIndex", index)
         name = _text(_call(nv, f"reading the name of GPU {index}", "nvmlDeviceGetName", handle))
         uuid = _text(_call(nv, f"reading the UUID of GPU {index}", "nvmlDeviceGetUUID", handle))
-        try:
+        bus_id = None  # the bus id only orders GPUs; NVML's order is the fallback
+        with contextlib.suppress(Exception):
             bus_id = pci_address(_text(nv.nvmlDeviceGetPciInfo(handle).busId))
-        except Exception:  # the bus id only orders GPUs; NVML's order is the fallback
-            bus_id = None
         mig_enabled, migs = _mig_devices(nv, handle, index)
         capability = _compute_capability(nv, handle)
         gpus.append(GpuRecord(index, uuid, mig_enabled, migs, name, handle, bus_id, capability))
@@ -224,13 +206,12 @@ def _enumerate(nv: Any) -> tuple[GpuRecord, ...]:
 
 
 def _compute_capability(nv: Any, handle: Any) -> tuple[int, int] | None:
-    try:
+    # An identity fact is optional: no capability rather than no GPU.
+    with contextlib.suppress(Exception):
         major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
-    except Exception:  # an identity fact is optional: no capability rather than no GPU
-        return None
-    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (major, minor))
-    if ints and 0 <= major < 100 and 0 <= minor < 10:
-        return int(major), int(minor)
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (major, minor))
+        if ints and 0 <= major < 100 and 0 <= minor < 10:
+            return int(major), int(minor)
     return None
 
 
@@ -245,10 +226,9 @@ def _physical_gpus(nv: Any) -> tuple[GpuRecord, ...]:
 
 
 def _driver_version(nv: Any) -> str:
-    try:
+    with contextlib.suppress(Exception):
         return _text(nv.nvmlSystemGetDriverVersion())
-    except Exception:
-        return "unknown"
+    return "unknown"
 
 
 class CudaPlatform(BasePlatform):
@@ -378,16 +358,16 @@ class CudaPlatform(BasePlatform):
         for gpu in gpus:
             by_uuid[gpu.uuid] = (gpu, None)
             by_uuid.update((m.uuid, (gpu, m)) for m in gpu.mig_devices)
-        targets: list[_Target] = []
+        devices: list[DeviceInfo] = []
+        handles: list[Any] = []
         for index, target in enumerate(resolution.targets):
             gpu, mig = by_uuid[target.uuid]
             one = mig or gpu
             cc = gpu.compute_capability
             arch = None if cc is None else f"sm_{cc[0]}{cc[1]}"  # (9, 0): sm_90
             info = DeviceInfo(index, gpu.nvml_index, one.name, one.uuid, gpu.pci_bus_id, arch, cc)
-            where = f"cuda device {index} ({target.uuid}, NVML index {gpu.nvml_index})"
-            targets.append(_Target(info, one.handle, where))
-        devices = tuple(t.info for t in targets)
+            devices.append(info)
+            handles.append(one.handle)
         units: list[str] = []
         for named in resolution.named:  # what this process may use, slice by slice
             gpu = by_uuid[named.uuid][0]
@@ -395,7 +375,7 @@ class CudaPlatform(BasePlatform):
             units.extend([named.uuid] if whole else [m.uuid for m in gpu.mig_devices])
         if units == [d.uuid for d in devices]:
             units = []
-        return _View(key, devices, tuple(targets), (*notes, *resolution.notes), tuple(units))
+        return _View(key, tuple(devices), tuple(handles), (*notes, *resolution.notes), tuple(units))
 
     def _in_cuda_order(
         self, gpus: tuple[GpuRecord, ...], order: str | None
@@ -412,9 +392,8 @@ class CudaPlatform(BasePlatform):
                 known = {g.uuid for g in gpus}
                 strangers = [u for u in uuids if u not in known]
                 if strangers or not uuids:
-                    raise RuntimeError(
-                        f"CUDA listed {len(uuids)} device(s), {len(strangers)} unknown to NVML"
-                    )
+                    why = f"CUDA listed {len(uuids)} device(s), {len(strangers)} unknown to NVML"
+                    raise RuntimeError(why)
                 cached = (uuids, "")
             except Exception as exc:
                 cached = (
@@ -452,26 +431,22 @@ class CudaPlatform(BasePlatform):
                 continue
             for pos, gpu in enumerate(result):
                 if gpu.uuid == parent_uuid:
-                    result[pos] = gpu._replace(
-                        mig_enabled=True, mig_devices=(*gpu.mig_devices, mig)
-                    )
+                    migs = (*gpu.mig_devices, mig)
+                    result[pos] = gpu._replace(mig_enabled=True, mig_devices=migs)
         return result
 
-    def _target(self, index: int) -> _Target:
+    def _target(self, index: int) -> tuple[DeviceInfo, Any, str]:
+        """The device, its NVML handle, and how messages name it."""
         # memory_info checked the index against a view built from this call's variables:
         # reuse it rather than read them again (a newer view from another thread is as good).
         view = self._view_cache
         if view is None or view.key[0] != _nvml.generation():
             view = self._view()
-        targets = view.targets
-        if index >= len(targets):  # the variables changed since the index was checked
-            raise DeviceNotFoundError(index, len(targets), self.name)
-        return targets[index]
-
-    @override
-    def device_count(self) -> int:
-        """Return the number of visible GPUs (or MIG devices)."""
-        return len(self._view().targets)
+        if index >= len(view.devices):  # the variables changed since the index was checked
+            raise DeviceNotFoundError(index, len(view.devices), self.name)
+        info = view.devices[index]
+        where = f"cuda device {index} ({info.uuid}, NVML index {info.physical_index})"
+        return info, view.handles[index], where
 
     @override
     def _memory_info(self, device: int) -> MemoryInfo:
@@ -502,14 +477,10 @@ class CudaPlatform(BasePlatform):
                 vendor_error="NVMLError_NotSupported",
             )
         # Judged as read: MemAvailable above MemTotal is an error, never clamped.
-        return checked_memory(
-            "cuda",
-            f"{where}, sharing host memory ({meminfo.path})",
-            free=meminfo.available,
-            total=meminfo.total,
-            used=max(0, meminfo.total - meminfo.available),
-            source=_nvml.SOURCE_HOST,
-        )
+        total, free = meminfo.total, meminfo.available
+        shared = f"{where}, sharing host memory ({meminfo.path})"
+        used, source = max(0, total - free), _nvml.SOURCE_HOST
+        return checked_memory("cuda", shared, free=free, total=total, used=used, source=source)
 
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
@@ -528,13 +499,9 @@ class CudaPlatform(BasePlatform):
 
         merged: dict[int, MemoryHolder] = {}
         for proc in (*compute, *graphics):
-            holder = driver_holder(
-                "cuda",
-                where,
-                getattr(proc, "pid", None),
-                getattr(proc, "usedGpuMemory", None),
-                not_available=_NVML_VALUE_NOT_AVAILABLE,
-            )
+            used = getattr(proc, "usedGpuMemory", None)
+            known = None if used == _NVML_VALUE_NOT_AVAILABLE else used  # NVML: "not available"
+            holder = driver_holder("cuda", where, getattr(proc, "pid", None), known)
             seen = merged.get(holder.pid)
             if seen is None or (holder.used_bytes or 0) > (seen.used_bytes or 0):
                 merged[holder.pid] = holder
@@ -553,7 +520,7 @@ def _process_list(nv: Any, handle: Any, where: str, kind: str) -> list[Any] | No
         except Exception as exc:
             if _nvml.is_error(exc, "NVMLLibraryMismatchError"):
                 continue
-            if _nvml.is_error(exc, *_HOLDERS_UNKNOWN_ERRORS, "FunctionNotFound"):
+            if _nvml.is_error(exc, "NotSupported", "NoPermission", "FunctionNotFound"):
                 return None
             raise _nvml.translate(exc, f"listing processes on {where}") from exc
         try:

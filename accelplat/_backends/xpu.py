@@ -14,9 +14,8 @@ import sys
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from accelplat import _files
 from accelplat._backends._common import (
@@ -130,8 +129,7 @@ def _hidden_usage(driver: str) -> str:
     )
 
 
-@dataclass(frozen=True)
-class _Card:  # one Intel GPU, in Level Zero's order
+class _Card(NamedTuple):  # one Intel GPU, in Level Zero's order
     pci_bus_id: str | None
     name: str
     uuid: str | None
@@ -188,13 +186,12 @@ def _scan_sysfs(sysfs: Path) -> tuple[list[_Card], str]:
             others.append(f"{entry} ({driver or 'no driver'})")
             continue
         integrated = pci == _INTEGRATED_SLOT
+        # xe lists device/tile<N>, i915 gt<N>; an integrated i915 GPU lists its media GT as gt1
+        where, pattern = (device, _TILE_RE) if driver == "xe" else (drm / entry / "gt", _GT_RE)
         tiles = 1
         with contextlib.suppress(OSError):
-            if driver == "xe":  # device/tile<N>
-                tiles = max(1, sum(1 for n in _files.listdir(device) if _TILE_RE.match(n)))
-            elif not integrated:  # an integrated i915 GPU lists its media GT as gt1
-                gts = _files.listdir(drm / entry / "gt")
-                tiles = max(1, sum(1 for n in gts if _GT_RE.match(n)))
+            if driver == "xe" or not integrated:
+                tiles = max(1, sum(1 for n in _files.listdir(where) if pattern.match(n)))
         device_id = read_or_empty(device / "device").strip()
         arch: str | None = None
         with contextlib.suppress(ValueError):
@@ -289,23 +286,22 @@ class XpuPlatform(BasePlatform):
         # Sysman's Intel GPUs, or None (the reason is kept in _sysman_failure).
         with self._lock:
             if self._sysman_cards is None and self._sysman_failure is None:
-                self._sysman_cards = self._scan_level_zero()
+                self._sysman_cards, self._sysman_failure = self._scan_level_zero()
             cards = self._sysman_cards
         return None if cards is None else _order(cards)  # the order variable is read every time
 
-    def _scan_level_zero(self) -> list[_Card] | None:
+    def _scan_level_zero(self) -> tuple[list[_Card] | None, str | None]:
+        """Sysman's Intel GPUs, or ``None`` and why not."""
         if self._sysman is None:
             lib = self._lz_arg
             if lib is False:
-                self._sysman_failure = "Level Zero disabled"
-                return None
+                return None, "Level Zero disabled"
             if lib is None:
                 name = level_zero_loader_name()
                 try:
                     lib = lz.load_loader(name)
                 except OSError as exc:
-                    self._sysman_failure = level_zero_not_found(name, exc)
-                    return None
+                    return None, level_zero_not_found(name, exc)
             self._sysman = lib if isinstance(lib, lz.Sysman) else lz.Sysman(lib)
         try:
             failed = "Sysman unavailable"
@@ -313,22 +309,15 @@ class XpuPlatform(BasePlatform):
             failed = "device enumeration failed"
             found = self._sysman.devices()
         except LevelZeroError as exc:
-            self._sysman, self._sysman_failure = None, f"Level Zero {failed}: {exc}"
-            return None
+            self._sysman = None
+            return None, f"Level Zero {failed}: {exc}"
         drivers = {c.pci_bus_id: c.kernel_driver for c in _scan_sysfs(self._sysfs())[0]}
-        return [
-            _Card(
-                d.pci_bus_id,
-                d.name,
-                d.uuid,
-                d.integrated,
-                max(1, d.num_subdevices),
-                drivers.get(d.pci_bus_id, ""),
-                d,
-                xe_arch(d.device_id),
-            )
-            for d in found
-        ]
+        cards: list[_Card] = []
+        for d in found:
+            tiles = max(1, d.num_subdevices)
+            driver, arch = drivers.get(d.pci_bus_id, ""), xe_arch(d.device_id)
+            cards.append(_Card(d.pci_bus_id, d.name, d.uuid, d.integrated, tiles, driver, d, arch))
+        return cards, None
 
     def _torch(self) -> tuple[Any, str]:
         torch = sys.modules.get("torch")
@@ -425,44 +414,41 @@ class XpuPlatform(BasePlatform):
     @override
     def _memory_info(self, device: int) -> MemoryInfo:
         found = self._on_level_zero(device)
-        if found is not None:
-            sysman, handle, card, target = found
-            # compute-runtime answers an integrated GPU from /proc/meminfo: free = MemFree, size =
-            # MemAvailable (sysman_os_memory_imp.cpp:44-57); torch refuses it too (DPC++ tests).
-            if card.integrated:
-                raise BackendError(
-                    "xpu",
-                    f"device {device} is an integrated GPU: Level Zero reports the host's "
-                    f"MemFree/MemAvailable for it, not GPU memory (its 'used' would be roughly "
-                    f"the page cache), and torch cannot query it either; hide it with "
-                    f"{ENV_AFFINITY_MASK} or ONEAPI_DEVICE_SELECTOR",
-                )
-            try:
-                modules = sysman.memory_modules(handle)
-            except LevelZeroError as exc:
-                raise BackendError(
-                    "xpu", f"Level Zero memory query for device {device} failed", exc.vendor_error
-                ) from exc
-            if not modules:
-                raise BackendError("xpu", f"Level Zero reports no memory module on device {device}")
-            free, total = lz.sum_modules(modules, target.tiles)
-            used = max(0, total - free)
-            # Sysman's free is the kernel's unallocated size (sysman_os_memory_imp.cpp:80), which
-            # hides usage from a process that is not perfmon_capable(): never trust that zero.
-            if used == 0 and not self._kernel_shows_usage():
-                why = _hidden_usage(card.kernel_driver)
-                return self._torch_memory(device, why=why, zero_is_suspect=True)
-            where = f"xpu device {device} (Level Zero Sysman)"
-            return checked_memory(
-                "xpu", where, free=free, total=total, used=used, source=SOURCE_SYSMAN
+        if found is None:
+            why = self._sysman_failure or "no Intel GPU in Level Zero"
+            return self._torch_memory(device, why=why)
+        sysman, handle, card, target = found
+        # compute-runtime answers an integrated GPU from /proc/meminfo: free = MemFree, size =
+        # MemAvailable (sysman_os_memory_imp.cpp:44-57); torch refuses it too (DPC++ tests).
+        if card.integrated:
+            raise BackendError(
+                "xpu",
+                f"device {device} is an integrated GPU: Level Zero reports the host's "
+                f"MemFree/MemAvailable for it, not GPU memory (its 'used' would be roughly "
+                f"the page cache), and torch cannot query it either; hide it with "
+                f"{ENV_AFFINITY_MASK} or ONEAPI_DEVICE_SELECTOR",
             )
-        return self._torch_memory(device, why=self._sysman_failure or "no Intel GPU in Level Zero")
+        try:
+            modules = sysman.memory_modules(handle)
+        except LevelZeroError as exc:
+            why = f"Level Zero memory query for device {device} failed"
+            raise BackendError("xpu", why, exc.vendor_error) from exc
+        if not modules:
+            raise BackendError("xpu", f"Level Zero reports no memory module on device {device}")
+        free, total = lz.sum_modules(modules, target.tiles)
+        used = max(0, total - free)
+        # Sysman's free is the kernel's unallocated size (sysman_os_memory_imp.cpp:80), which
+        # hides usage from a process that is not perfmon_capable(): never trust that zero.
+        if used == 0 and not self._kernel_shows_usage():
+            why = _hidden_usage(card.kernel_driver)
+            return self._torch_memory(device, why=why, zero_is_suspect=True)
+        where = f"xpu device {device} (Level Zero Sysman)"
+        return checked_memory("xpu", where, free=free, total=total, used=used, source=SOURCE_SYSMAN)
 
     def _kernel_shows_usage(self) -> bool:
         if self._usage_visible is None:  # unreadable: no capability known, the initial namespace
-            status, uid_map = (
-                read_or_empty(self._proc / "self" / n) for n in ("status", "uid_map")
-            )
+            own = self._proc / "self"
+            status, uid_map = read_or_empty(own / "status"), read_or_empty(own / "uid_map")
             self._usage_visible = usage_visible_to_this_process(status, uid_map)
         return self._usage_visible
 
@@ -520,12 +506,12 @@ class XpuPlatform(BasePlatform):
         # Old stacks only: IPEX releases stopped after 2.8 (IPEX #867); torch.xpu replaces it.
         if "intel_extension_for_pytorch" not in sys.modules and not self._torch_allowed():
             return None
-        try:
+        with contextlib.suppress(Exception):
             ipex = import_quietly("intel_extension_for_pytorch")
-        except Exception:
-            return None
-        fn = getattr(getattr(ipex, "xpu", None), "mem_get_info", None)
-        return fn if fn is not None else getattr(torch.xpu, "mem_get_info", None)
+            fn = getattr(getattr(ipex, "xpu", None), "mem_get_info", None)
+            # Importing IPEX may give torch.xpu a mem_get_info of its own.
+            return fn if fn is not None else getattr(torch.xpu, "mem_get_info", None)
+        return None
 
     @override
     def memory_holders(self, device: int) -> Sequence[MemoryHolder] | None:
@@ -534,11 +520,9 @@ class XpuPlatform(BasePlatform):
         if found is None:
             return None
         sysman, handle, _, _ = found
-        try:
-            processes = sysman.processes(handle)
-        except LevelZeroError:
-            return None
-        return [make_holder(p.pid, p.mem_bytes) for p in processes if p.mem_bytes > 0]
+        with contextlib.suppress(LevelZeroError):
+            return [make_holder(pid, used) for pid, used in sysman.processes(handle) if used > 0]
+        return None
 
     @property
     def context_free(self) -> bool:  # type: ignore[override]

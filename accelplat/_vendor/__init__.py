@@ -44,14 +44,11 @@ def vendor_int(platform: str, where: str, name: str, value: object) -> int:
     """Return a vendor's number as an ``int`` (numpy's, integral floats); ``BackendError`` else."""
     if type(value) is int:
         return value
-    if isinstance(value, float):
-        if math.isfinite(value) and value.is_integer():
-            return int(value)
-    elif not isinstance(value, bool):
-        try:
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if not isinstance(value, bool):
+        with contextlib.suppress(TypeError):  # floats too: no float is an index
             return operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            pass
     shown = _util.clip(repr(value), 40)
     raise BackendError(platform, f"{where}: {name} is {shown}, not an integer", "malformed reading")
 

@@ -10,8 +10,7 @@ import contextlib
 import ctypes
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from accelplat import _boundary
 from accelplat._vendor import facts
@@ -32,8 +31,7 @@ INTEL_VENDOR_ID = 0x8086
 
 def result_name(code: int) -> str:
     """Return the ``ZE_RESULT_*`` name of a result code, or its hex value."""
-    name: str = facts("level_zero_results").get(f"0x{code:08x}", f"ze_result_t 0x{code:08x}")
-    return name
+    return str(facts("level_zero_results").get(f"0x{code:08x}", f"ze_result_t 0x{code:08x}"))
 
 
 _U32, _U64, _CHARS64 = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_char * 64
@@ -142,8 +140,7 @@ _SIGNATURES: dict[str, tuple[Any, ...]] = {
 }
 
 
-@dataclass(frozen=True)
-class SysmanDevice:
+class SysmanDevice(NamedTuple):
     """One physical device as Sysman enumerates it."""
 
     handle: int  # zes_device_handle_t
@@ -155,8 +152,7 @@ class SysmanDevice:
     device_id: int = 0  # the PCI device id (0: unknown)
 
 
-@dataclass(frozen=True)
-class MemoryModule:
+class MemoryModule(NamedTuple):
     """One memory module's state, in bytes."""
 
     location: str  # "device" (local) or "system"
@@ -164,14 +160,6 @@ class MemoryModule:
     subdevice_id: int  # its tile when on_subdevice
     free: int
     size: int  # the physical size when the driver reports 0
-
-
-@dataclass(frozen=True)
-class ProcessUsage:
-    """A process (host pid) using a device, and the device memory it allocated."""
-
-    pid: int
-    mem_bytes: int
 
 
 def load_loader(name: str) -> Any:
@@ -268,26 +256,21 @@ class Sysman:
             pci = ZesPciProperties(stype=ZES_STRUCTURE_TYPE_PCI_PROPERTIES)
             a = self._get("zesDevicePciGetProperties", handle, pci).address
             pci_bus_id = f"{a.domain:04x}:{a.bus:02x}:{a.device:02x}.{a.function:x}"
-        return SysmanDevice(
-            handle=handle,
-            pci_bus_id=pci_bus_id,
-            name=core.name.decode("utf-8", "replace").strip() or "Intel GPU",
-            uuid=str(uuid.UUID(bytes=bytes(core.uuid))),
-            integrated=bool(core.flags & ZE_DEVICE_PROPERTY_FLAG_INTEGRATED),
-            num_subdevices=int(props.numSubdevices),
-            device_id=int(core.deviceId),
-        )
+        name = core.name.decode("utf-8", "replace").strip() or "Intel GPU"
+        device_uuid = str(uuid.UUID(bytes=bytes(core.uuid)))
+        integrated = bool(core.flags & ZE_DEVICE_PROPERTY_FLAG_INTEGRATED)
+        tiles, device_id = int(props.numSubdevices), int(core.deviceId)
+        return SysmanDevice(handle, pci_bus_id, name, device_uuid, integrated, tiles, device_id)
 
     def memory_modules(self, device: SysmanDevice) -> list[MemoryModule]:
         """Return the state of each memory module of ``device``."""
         modules: list[MemoryModule] = []
         with self._lock:
             for mem in self._handles("zesDeviceEnumMemoryModules", ctypes.c_void_p(device.handle)):
-                kind = ZesMemProperties(stype=ZES_STRUCTURE_TYPE_MEM_PROPERTIES)
-                props = self._get("zesMemoryGetProperties", mem, kind)
-                state = self._get(
-                    "zesMemoryGetState", mem, ZesMemState(stype=ZES_STRUCTURE_TYPE_MEM_STATE)
-                )
+                props = ZesMemProperties(stype=ZES_STRUCTURE_TYPE_MEM_PROPERTIES)
+                state = ZesMemState(stype=ZES_STRUCTURE_TYPE_MEM_STATE)
+                self._get("zesMemoryGetProperties", mem, props)
+                self._get("zesMemoryGetState", mem, state)
                 # size is "DEPRECATED ... can no longer track the allocatable memory reliably"
                 # (zes_api.h); physicalSize stands in when a driver leaves it 0.
                 size = int(state.size) or int(props.physicalSize)
@@ -296,8 +279,8 @@ class Sysman:
                 modules.append(MemoryModule(where, on_tile, tile, int(state.free), size))
         return modules
 
-    def processes(self, device: SysmanDevice) -> list[ProcessUsage]:
-        """Return the processes using ``device`` and the device memory each allocated."""
+    def processes(self, device: SysmanDevice) -> list[tuple[int, int]]:
+        """Return ``(host pid, device memory it allocated)`` of each process using ``device``."""
         # Fails with INSUFFICIENT_PERMISSIONS for another user's processes without privileges,
         # UNSUPPORTED_FEATURE on some drivers.
         name = "zesDeviceProcessesGetState"
@@ -314,7 +297,7 @@ class Sysman:
                     item.stype = ZES_STRUCTURE_TYPE_PROCESS_STATE
                 code = int(self._fn(name)(handle, ctypes.pointer(count), array))
                 if code == ZE_RESULT_SUCCESS:
-                    return [ProcessUsage(int(p.processId), int(p.memSize)) for p in array]
+                    return [(int(p.processId), int(p.memSize)) for p in array]
                 if code != ZE_RESULT_ERROR_INVALID_SIZE:
                     break
                 count = ctypes.c_uint32(count.value * 2 + 4)

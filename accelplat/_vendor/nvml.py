@@ -33,8 +33,7 @@ def _hint(name: str) -> str:
     """The explanation of NVML error ``name`` (``vendor_facts.json``), or ``""``."""
     if name == "NVMLError_LibraryNotFound":
         return _NO_LIBRARY
-    hint: str = facts("nvml_hints").get(name, "")
-    return hint
+    return str(facts("nvml_hints").get(name, ""))
 
 
 class _State:
@@ -56,19 +55,6 @@ _state = _State()
 _generation = 0  # bumped on every nvmlInit and fork: caches of NVML handles compare it
 
 
-def import_pynvml() -> Any:
-    """Return ``pynvml`` (``sys.modules``' first, or the vendor boundary's).
-
-    Raises:
-        NvmlUnavailableError: NVML's library cannot load (checked before an import), or the import
-            fails.
-    """
-    module, reason, vendor_error = _boundary.vendor("nvml", _load_live)
-    if module is None:
-        raise NvmlUnavailableError(reason, vendor_error)
-    return module
-
-
 def _load_live() -> _boundary.Loaded:
     if MODULE_NAME not in sys.modules:
         missing = library_missing()
@@ -81,9 +67,6 @@ def _load_live() -> _boundary.Loaded:
 
 
 def _import_live() -> Any:
-    module = sys.modules.get(MODULE_NAME)
-    if module is not None:
-        return module
     try:
         with warnings.catch_warnings():
             # The deprecated PyPI package "pynvml" re-exports nvidia-ml-py and warns on import.
@@ -98,10 +81,8 @@ def _import_live() -> Any:
             "ImportError",
         ) from exc
     except Exception as exc:  # a broken or shadowed module may fail in any way on import
-        raise NvmlUnavailableError(
-            f"importing pynvml failed ({type(exc).__name__}: {exc}); reinstall nvidia-ml-py",
-            type(exc).__name__,
-        ) from exc
+        why = f"importing pynvml failed ({type(exc).__name__}: {exc}); reinstall nvidia-ml-py"
+        raise NvmlUnavailableError(why, type(exc).__name__) from exc
     return pynvml
 
 
@@ -192,12 +173,8 @@ def _step_down(exc: Exception, expected: tuple[str, ...], key: str, where: str, 
         st.rungs[key] = lower
         import logging  # once per device and session
 
-        logging.getLogger(__name__).info(
-            "%s: the NVML memory query failed (%s); using %s from now on",
-            where,
-            error_name(exc),
-            lower,
-        )
+        message = "%s: the NVML memory query failed (%s); using %s from now on"
+        logging.getLogger(__name__).info(message, where, error_name(exc), lower)
     return lower
 
 
@@ -233,7 +210,10 @@ def unavailable_before_import() -> str | None:
 def _initialize_locked(st: _State) -> None:
     """Import pynvml (not when its library cannot load) and run ``nvmlInit``; ``st.cond`` held."""
     global _generation
-    module = import_pynvml()
+    # pynvml: sys.modules' first, or the vendor boundary's; its library is checked before an import.
+    module, reason, vendor_error = _boundary.vendor("nvml", _load_live)
+    if module is None:
+        raise NvmlUnavailableError(reason, vendor_error)
     try:
         module.nvmlInit()
     except Exception as exc:  # a broken, shadowed or incomplete module fails in any way

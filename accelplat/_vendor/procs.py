@@ -39,11 +39,9 @@ def _classify_live(pid: int) -> tuple[HolderState, str]:
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError, OverflowError):
         return HolderState.GONE, ""
     name = _name(proc)
-    try:
-        parents = proc.parents()
-    except (psutil.Error, OSError):
-        parents = []
-    ours = any(p.pid == os.getpid() for p in parents)
+    ours = False
+    with contextlib.suppress(psutil.Error, OSError):
+        ours = any(p.pid == os.getpid() for p in proc.parents())
     if ours:
         _seen.add(pid)  # a descendant, even an unreaped one: its memory stays ours once it is gone
     if status == psutil.STATUS_ZOMBIE:
@@ -76,17 +74,15 @@ def descendants(pid: int | None = None) -> frozenset[int]:
 def _descendants(pid: int) -> list[int]:
     import psutil
 
-    try:
+    with contextlib.suppress(psutil.Error, OSError, ValueError, OverflowError):
         return sorted(p.pid for p in psutil.Process(pid).children(recursive=True))
-    except (psutil.Error, OSError, ValueError, OverflowError):
-        return []
+    return []
 
 
 def remember(pids: frozenset[int] | set[int]) -> None:
     """Note ``pids`` as descendants of this process (see :func:`was_ours`)."""
     if len(_seen) + len(pids) > _SEEN_MAX:
-        for old in sorted(_seen)[: len(_seen) // 2]:
-            _seen.discard(old)
+        _seen.difference_update(sorted(_seen)[: len(_seen) // 2])
     _seen.update(pids)
 
 
@@ -111,11 +107,9 @@ def foreign_pid_namespace() -> bool:
 
 
 def _pid_namespace_live() -> bool:
-    try:
-        link = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return False
-    return link != _INIT_PID_NAMESPACE
+    with contextlib.suppress(OSError):
+        return os.readlink("/proc/self/ns/pid") != _INIT_PID_NAMESPACE
+    return False
 
 
 if hasattr(os, "register_at_fork"):  # a forked child's descendants are not its parent's
@@ -125,33 +119,25 @@ if hasattr(os, "register_at_fork"):  # a forked child's descendants are not its 
 def _name(proc: psutil.Process) -> str:
     import psutil
 
-    try:
+    with contextlib.suppress(psutil.Error, OSError):
         return str(proc.name())
-    except (psutil.Error, OSError):
-        return ""
+    return ""
 
 
 _PID_MAX = 2**31 - 1  # pid_t is a signed 32-bit integer
 _BYTES_MAX = 2**63 - 1  # above it, an unsigned counter wrapped (MAX_PLAUSIBLE_BYTES)
 
 
-def driver_holder(
-    platform: str, where: str, pid: object, used_bytes: object, *, not_available: int | None = None
-) -> MemoryHolder:
+def driver_holder(platform: str, where: str, pid: object, used_bytes: object) -> MemoryHolder:
     """Build a :class:`MemoryHolder` of a driver's process entry; ``BackendError`` if malformed."""
-    if used_bytes is not None and used_bytes == not_available:
-        used_bytes = None
     if type(pid) is not int or not 0 < pid <= _PID_MAX:
         field, value = "pid", pid
     elif used_bytes is None or (type(used_bytes) is int and 0 <= used_bytes <= _BYTES_MAX):
         return make_holder(pid, used_bytes)
     else:
         field, value = "used memory", used_bytes
-    raise BackendError(
-        platform,
-        f"the driver listed a malformed process on {where}: {field} is {value!r:.80}",
-        vendor_error="malformed process entry",
-    )
+    why = f"the driver listed a malformed process on {where}: {field} is {value!r:.80}"
+    raise BackendError(platform, why, vendor_error="malformed process entry")
 
 
 def make_holder(pid: int, used_bytes: int | None) -> MemoryHolder:

@@ -41,32 +41,28 @@ def satisfies(version: str, specifier: str) -> bool | None:
 
 
 def graph_support(
-    api: str, min_version: tuple[int, int] = (0, 0), *, label: str, flavour: str | None = None
+    api: str, min_version: tuple[int, int], *, label: str, flavour: str
 ) -> GraphSupport:
     """Decide whether the installed torch's ``api`` (from ``min_version``) can capture graphs."""
     # A build labelled with another flavour (+cpu for CUDA) cannot; one without a label (PyPI,
     # source builds) can. Capable is not enabled: vLLM's enforce_eager runs eagerly.
     text = distribution_version("torch")
-    if text is None:
-        return GraphSupport(False, None, f"{label} need torch ({api}); torch is not installed")
     need = f"{min_version[0]}.{min_version[1]}"
-    meets = satisfies(text, f">={need}")
-    if meets is None:
-        return GraphSupport(
-            False, None, f"{label}: cannot read the installed torch version {text!r}"
-        )
-    if not meets:
-        return GraphSupport(
-            False, None, f"{label} need torch >= {need} ({api}); torch {text} is installed"
-        )
-    local = text.partition("+")[2].lower()  # the local version label
+    meets = None if text is None else satisfies(text, f">={need}")
+    local = (text or "").partition("+")[2].lower()  # the local version label
     # Longest prefix first, so that a future "cuda…" label would not read as "cu".
     built = max((f for f in BUILD_FLAVOURS if local.startswith(f)), key=len, default=None)
-    if flavour is not None and built is not None and built != flavour:
-        return GraphSupport(
-            False,
-            None,
+    if text is None:
+        why = f"{label} need torch ({api}); torch is not installed"
+    elif meets is None:
+        why = f"{label}: cannot read the installed torch version {text!r}"
+    elif not meets:
+        why = f"{label} need torch >= {need} ({api}); torch {text} is installed"
+    elif built is not None and built != flavour:
+        why = (
             f"{label} need a {BUILD_FLAVOURS[flavour]} build of torch; torch {text} is a "
-            f"{BUILD_FLAVOURS[built]} build",
+            f"{BUILD_FLAVOURS[built]} build"
         )
-    return GraphSupport(True, api, f"{label} via {api} (torch {text})")
+    else:
+        return GraphSupport(True, api, f"{label} via {api} (torch {text})")
+    return GraphSupport(False, None, why)

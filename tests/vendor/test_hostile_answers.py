@@ -300,8 +300,8 @@ def test_vendor_cards_keeps_only_the_vendors_cards_and_survives_odd_entries(tmp_
     os.mkfifo(drm / "card8" / "fifo")
     cards, note = vendor_cards(drm, 0x1002, _read)
     assert note == ""
-    assert [(c.entry, c.pci) for c in cards] == [("card0", "0000:03:00.0"), ("card7", None)]
-    assert cards[0].device == drm / "card0" / "device"
+    assert [(entry, pci) for entry, _, pci in cards] == [("card0", "0000:03:00.0"), ("card7", None)]
+    assert cards[0][1] == drm / "card0" / "device"
 
 
 def test_vendor_cards_reads_the_address_from_the_device_link(tmp_path: Path) -> None:
@@ -313,7 +313,7 @@ def test_vendor_cards_reads_the_address_from_the_device_link(tmp_path: Path) -> 
     (drm / "card0").mkdir()
     (drm / "card0" / "device").symlink_to(target)
     cards, _ = vendor_cards(drm, 0x8086, _read)
-    assert [c.pci for c in cards] == ["0000:3b:00.0"]
+    assert [pci for _, _, pci in cards] == ["0000:3b:00.0"]
 
 
 @pytest.mark.parametrize("kind", ["missing", "file"])
