@@ -223,7 +223,7 @@ def _discover_entry_points() -> None:
     try:
         eps = list(entry_points(group=ENTRY_POINT_GROUP))
     except Exception as exc:  # a broken distribution's metadata must not break detection
-        reason = f"skipped: could not read entry points: {_describe_failure(exc)}"
+        reason = f"skipped: could not read entry points: {describe_failure(exc)}"
         _problems.append(Candidate(ENTRY_POINT_GROUP, False, False, reason, builtin=False))
         return
     for ep in eps:
@@ -296,7 +296,7 @@ def _entry(name: str) -> _Entry:
     return entry
 
 
-def _describe_failure(exc: BaseException) -> str:
+def describe_failure(exc: BaseException) -> str:
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
@@ -362,7 +362,7 @@ def protocol_problems(obj: object) -> tuple[str, ...]:
         except AttributeError:
             missing.append(name)
         except Exception as exc:
-            problems.append(f"{name} raised {_describe_failure(exc)}")
+            problems.append(f"{name} raised {describe_failure(exc)}")
         else:
             if name in methods and not callable(value):
                 problems.append(f"{name} is not callable")
@@ -424,7 +424,7 @@ def _consider(entry: _Entry, timeout: float) -> Candidate:
             if isinstance(exc, ConfigurationError) and step != "import":
                 reason = f"skipped: {exc}"
             else:
-                reason = f"skipped: {step} failed: {_describe_failure(exc)}"
+                reason = f"skipped: {step} failed: {describe_failure(exc)}"
             return Candidate(name, False, False, reason, builtin), None
         return Candidate(name, result.available, False, result.reason, builtin), instance
 

@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 from accelplat import _validate
 from accelplat._platform import Platform, StartMethod, optional, validate_utilization
+from accelplat._registry import describe_failure, get_platform, protocol_problems
 from accelplat._types import (
     MIB,
     DeviceInfo,
@@ -27,7 +28,7 @@ from accelplat._types import (
     ReleaseProfile,
 )
 from accelplat.errors import ConfigurationError, DeviceNotFoundError, PlatformNotAvailableError
-from accelplat.testing._child import describe, frameworks_in, held_here, query
+from accelplat.testing._child import frameworks_in, held_here, query
 from accelplat.testing._kit import (
     STABILITY_TOLERANCE,
     SUM_TOLERANCE,
@@ -112,8 +113,6 @@ class ConformanceReport:
 
 
 def _check_protocol(kit: Kit, problems: list[str]) -> str:
-    from accelplat._registry import protocol_problems
-
     p = kit.platform
     if isinstance(p, type):
         raise CheckFailedError(f"got the class {p.__qualname__}, not an instance")
@@ -255,7 +254,7 @@ def _check_bad_index(kit: Kit, problems: list[str]) -> str:
             except DeviceNotFoundError:
                 continue
             except Exception as exc:
-                said = f"raised {describe(exc)}"
+                said = f"raised {describe_failure(exc)}"
             problems.append(f"{method}({bad!r}) {said}")
     if problems:
         raise CheckFailedError("expected DeviceNotFoundError: " + "; ".join(problems))
@@ -472,7 +471,7 @@ def _count_with_env(kit: Kit, env_name: str, value: str) -> tuple[int | None, st
         except PlatformNotAvailableError:
             return 0, "in-process (not available)"
         except Exception as exc:
-            return None, f"in-process: raised {describe(exc)}"
+            return None, f"in-process: raised {describe_failure(exc)}"
 
 
 def _check_visible_devices(kit: Kit, problems: list[str]) -> str:
@@ -554,8 +553,6 @@ def run_conformance(
     options["env"] = {} if env is None else env
     registered = platform if isinstance(platform, str) else None
     if registered is not None:
-        from accelplat._registry import get_platform
-
         platform = get_platform(registered)
     if checks is not None and (
         isinstance(checks, (str, bytes)) or not isinstance(checks, Iterable)
@@ -582,7 +579,7 @@ def run_conformance(
         except CheckSkippedError as exc:
             result = CheckResult(name, "skip", str(exc))
         except Exception as exc:
-            result = CheckResult(name, "fail", f"raised {describe(exc)}")
+            result = CheckResult(name, "fail", f"raised {describe_failure(exc)}")
         if (
             isolation == "subprocess"
             and name in _SUBPROCESS_CHECKS

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from accelplat import _files
+from accelplat._registry import describe_failure, factory_for, get_platform
 
 _MAPS_LIMIT = 256 * 1024 * 1024  # /proc/self/maps of a large process is a few MiB
 
@@ -53,12 +54,6 @@ def mapped_runtime_libraries() -> set[str]:
     return {lib for lib in RUNTIME_LIBRARIES for base in bases if base.startswith(lib)}
 
 
-def describe(exc: BaseException) -> str:
-    """Return ``"Type: first line of the message"`` for an exception."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def held_here(platform: Any) -> list[int]:
     """Return the devices whose ``memory_holders`` list this process."""
     from accelplat._types import HolderState
@@ -80,10 +75,8 @@ def query(platform: Any) -> list[int]:
 
 
 def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], None]) -> None:
-    from accelplat import _registry as registry
-
     by_name, value = job["kind"] == "name", job["value"]
-    factory: Any = registry.factory_for(value) if by_name else pkgutil.resolve_name(value)
+    factory: Any = factory_for(value) if by_name else pkgutil.resolve_name(value)
     if not callable(factory):
         raise TypeError(f"{value} is not callable")
     stage("import")
@@ -95,7 +88,7 @@ def _run(job: dict[str, Any], answer: dict[str, Any], stage: Callable[[str], Non
     if not answer["available"]:
         answer.update(device_count=0, devices=[], ok=True)
         return
-    platform = registry.get_platform(value) if by_name else factory()
+    platform = get_platform(value) if by_name else factory()
     stage("construct")
     answer["device_count"] = platform.device_count()
     answer["devices"] = [[d.name, d.physical_index] for d in platform.devices()]
@@ -127,7 +120,7 @@ def main(before: set[str], job_text: str) -> None:
     try:
         _run(job, answer, stage)
     except BaseException as exc:
-        answer["error"] = describe(exc)
+        answer["error"] = describe_failure(exc)
         answer["traceback"] = traceback.format_exc(limit=8)
         stage("failed")
     answer["libraries"] = sorted(mapped_runtime_libraries() - libs_before)

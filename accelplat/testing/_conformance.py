@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from accelplat._platform import Platform
+from accelplat._registry import current_platform, get_platform, protocol_problems
 from accelplat.testing._checks import CHECK_NAMES, ConformanceReport, run_conformance
 
 
@@ -25,8 +26,6 @@ def conformance_platform() -> Platform:
     The name is ``--accelplat-platform`` (which accelplat's plugin forces), else
     ``ACCELPLAT_PLATFORM``.
     """
-    from accelplat._registry import current_platform
-
     return current_platform()
 
 
@@ -41,11 +40,9 @@ def conformance_report(
     conformance_platform: Platform, conformance_options: dict[str, Any]
 ) -> ConformanceReport:
     """Run every check once per session; each test then reports one verdict."""
-    from accelplat import _registry as registry
-
     target: Platform | str = conformance_platform
     with suppress(Exception):  # one the registry built: a fresh process rebuilds it by name
-        if registry.get_platform(name := conformance_platform.name) is conformance_platform:
+        if get_platform(name := conformance_platform.name) is conformance_platform:
             target = name
     return run_conformance(target, **conformance_options)
 
@@ -69,8 +66,6 @@ def test_conformance(check: str, conformance_report: ConformanceReport) -> None:
 def _is_factory(target: object) -> bool:
     if isinstance(target, (str, type)):
         return isinstance(target, type)
-    from accelplat._registry import protocol_problems
-
     return callable(target) and bool(protocol_problems(target))
 
 

@@ -20,10 +20,11 @@ from functools import cached_property
 from typing import Any, Literal, get_args
 
 from accelplat import _validate
+from accelplat._registry import describe_failure, factory_for
 from accelplat._types import MIB, DeviceInfo, MemoryInfo
 from accelplat._util import Clock
 from accelplat.errors import ConfigurationError
-from accelplat.testing._child import BOOTSTRAP, describe
+from accelplat.testing._child import BOOTSTRAP
 
 Isolation = Literal["auto", "subprocess", "inprocess"]
 
@@ -46,7 +47,7 @@ def call(label: str, function: Callable[..., Any], *args: Any, **kwargs: Any) ->
     try:
         return function(*args, **kwargs)
     except Exception as exc:
-        raise CheckFailedError(f"{label} raised {describe(exc)}") from None
+        raise CheckFailedError(f"{label} raised {describe_failure(exc)}") from None
 
 
 @dataclass(frozen=True)
@@ -163,10 +164,8 @@ class Kit:
         if self.factory is not None and hasattr(self.factory, "probe"):
             return self.factory
         if self.registered_name is not None:
-            from accelplat import _registry as registry
-
             with suppress(ConfigurationError):
-                return registry.factory_for(self.registered_name)
+                return factory_for(self.registered_name)
         return type(self.platform)
 
     def probe_describes_platform(self) -> bool:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from accelplat._needs import parse_needs, unmet
+from accelplat._registry import current_platform
 
 if TYPE_CHECKING:
     from accelplat._platform import Platform
@@ -22,11 +23,7 @@ def _reasons(
 ) -> list[str]:
     given = {key: value for key, value in keywords.items() if value is not None}
     need = parse_needs(requirements, given, what)
-    if platform is None:
-        from accelplat._registry import current_platform
-
-        platform = current_platform()
-    return unmet(need, platform)
+    return unmet(need, current_platform() if platform is None else platform)
 
 
 def requires(
