@@ -333,7 +333,9 @@ def engine_kwargs(
     utilization = _utilization(kwargs, p)  # refuses a kwargs that is no mapping
     budget = _budget(budget_bytes)
     if budget is None or p.device_count() == 0:
-        if kwargs.get(_UTILIZATION_KEY) is None and _left_to_vllm(utilization):
+        # left unset where the installed vLLM (0.34+) picks its own default, no lower than ours
+        unset = kwargs.get(_UTILIZATION_KEY) is None and unset_utilization() is None
+        if unset and utilization >= VLLM_DEFAULT_UTILIZATION:
             return dict(kwargs)
         return {**kwargs, _UTILIZATION_KEY: utilization}
     total = p.memory_info(0).total
@@ -366,11 +368,6 @@ def engine_kwargs(
         )
     result[_KV_KEY] = kv
     return result
-
-
-def _left_to_vllm(default: float) -> bool:
-    """Whether the installed vLLM picks its own default (0.34+) no lower than ``default``."""
-    return unset_utilization() is None and default >= VLLM_DEFAULT_UTILIZATION
 
 
 def _budget(budget_bytes: int | None) -> int | None:

@@ -13,6 +13,7 @@ import pytest
 
 from accelplat._leasing import Lease, lease, lease_status
 from accelplat.errors import AccelplatError, LeaseUnsatisfiableError
+from accelplat.pytest_plugin._requires import parse
 from accelplat.pytest_plugin._shared import current, skip_at_test, usage_errors
 
 PLUGIN_NAME = "accelplat-worker-lease"
@@ -59,8 +60,8 @@ class WorkerLease(Holding):
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Widen the lease for a test that declares more devices (before the marker checks)."""
-        declared = [mark.kwargs.get("devices") for mark in item.iter_markers("accelplat_requires")]
-        wanted = max([1, *(n for n in declared if isinstance(n, int) and not isinstance(n, bool))])
+        marks = item.iter_markers("accelplat_requires")  # checked at collection
+        wanted = max([1, *(parse(mark).devices or 1 for mark in marks)])
         if wanted <= self.count:
             return
         self.drop()

@@ -87,13 +87,6 @@ class ChildResult:
         pytest.fail(message, pytrace=pytrace)
 
 
-def start_method() -> StartMethod:
-    """Return the current platform's ``preferred_start_method``, safe there."""
-    from accelplat._registry import current_platform
-
-    return current_platform().preferred_start_method
-
-
 def _pickler() -> ModuleType:
     try:
         import cloudpickle  # type: ignore[import-untyped,import-not-found,unused-ignore]
@@ -211,7 +204,9 @@ def run_child(
     env: Mapping[str, str | None] | None = None,
 ) -> ChildResult:
     """Run ``func(*args, **kwargs)`` in a new process (:func:`run_in_new_process`'s arguments)."""
-    chosen = method if method is not None else start_method()
+    from accelplat._registry import current_platform  # the platform's method, safe there
+
+    chosen = method if method is not None else current_platform().preferred_start_method
     if chosen not in _START_METHODS:
         raise ConfigurationError(f"method must be one of {_START_METHODS}, got {chosen!r}")
     child_env = _check_env(env)
@@ -261,13 +256,10 @@ def run_child(
     if not data:
         return ChildResult(name, chosen, process.exitcode, "silent", pid=pid)
     fields = pickle.loads(data)
-    exception: BaseException | None = None
     if (blob := fields.pop("blob", None)) is not None:
-        with suppress(Exception):
-            rebuilt = pickle.loads(blob)
-            if isinstance(rebuilt, BaseException):
-                exception = rebuilt
-    return ChildResult(name, chosen, process.exitcode, exception=exception, pid=pid, **fields)
+        with suppress(Exception):  # the child rebuilt it; here its class may not import
+            fields["exception"] = pickle.loads(blob)
+    return ChildResult(name, chosen, process.exitcode, pid=pid, **fields)
 
 
 def _check_env(env: object) -> dict[str, str | None]:

@@ -73,7 +73,7 @@ def _leave_a_grandchild(path: str) -> None:
 
 def test_start_method_comes_from_the_platform() -> None:
     _platform("spawn")
-    assert isolation.start_method() == "spawn"
+    assert isolation.run_child(_write_pid, (os.devnull,)).method == "spawn"
 
 
 def test_fork_runs_the_function_in_another_process(tmp_path: Path) -> None:
