@@ -604,8 +604,7 @@ def create_new_process_for_each_test(method: StartMethod | None = None) -> Calla
         spawned = spawn_new_process_for_each_test(func)
 
         def wrapper(*args: Any, **kwargs: Any) -> None:
-            chosen = spawned if requires_spawn_multiprocessing() else forked
-            chosen(*args, **kwargs)
+            (spawned if requires_spawn_multiprocessing() else forked)(*args, **kwargs)
 
         return mark_isolated(wrapper, func)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -83,15 +83,12 @@ class LeakChecker:
         """Record the baseline (after the marker checks, which run first)."""
         item.stash[_BASELINE_KEY] = current_holdings(_shared.current(item.config))
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(
-        self, item: pytest.Item, call: pytest.CallInfo[None]
-    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        """After teardown, judge what the test left held and attach it to the report."""
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+        """After teardown, judge what the test left held and attach it to the report (to come)."""
         baseline = item.stash.get(_BASELINE_KEY, None)
         if call.when == "teardown" and baseline is not None:
             self._judge(item, baseline)
-        return (yield)
 
     def _judge(self, item: pytest.Item, before: dict[int, Holdings]) -> None:
         platform = _shared.current(item.config)

@@ -97,10 +97,9 @@ def run_body_in_new_process(
     from accelplat.testing._isolation import is_isolated, run_in_new_process
 
     func = pyfuncitem.obj
-    # one isolating itself (isolate, vLLM's create_new_process_for_each_test) keeps setup's env
-    if is_isolated(func) or not callable(func):
-        return None
-    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+    # one isolating itself (isolate, vLLM's create_new_process_for_each_test) keeps setup's env;
+    # a coroutine's body is left to the plugin that runs it
+    if is_isolated(func) or inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
         return None
     args = pyfuncitem.funcargs
     kwargs = {n: args[n] for n in inspect.signature(func).parameters if n in args}
