@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -310,14 +309,13 @@ def pytest_runtest_call(item: pytest.Item) -> None:
     reapply_forced(item.config)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
     """Before teardown ends the test's engines, remember them as our children (see above)."""
     if item.config.stash.get(_SETTLING_KEY, False):
         from accelplat._vendor import procs
 
         procs.descendants()
-    return (yield)
 
 
 @pytest.fixture
