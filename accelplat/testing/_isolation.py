@@ -121,8 +121,7 @@ def _resolve_function(ref: _FunctionRef) -> Callable[..., Any]:
             raise
         obj = sys.modules[module] = importlib.util.module_from_spec(where)
         where.loader.exec_module(obj)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
+    obj = functools.reduce(getattr, qualname.split("."), obj)
     # The module attribute is the decorated wrapper; unwrap to the function it isolates.
     obj = inspect.unwrap(obj, stop=lambda f: hasattr(f, _ISOLATED_ATTR))
     return cast(Callable[..., Any], getattr(obj, _ISOLATED_ATTR, obj))
