@@ -26,7 +26,7 @@ from accelplat._memory import resolve_platform, wait_for_memory_to_clear
 from accelplat._owners import default_clock
 from accelplat._platform import Platform, optional, subset_environment
 from accelplat._types import MIB, DeviceInfo
-from accelplat._util import Clock
+from accelplat._util import Clock, set_environ
 from accelplat.errors import (
     ConfigurationError,
     LeaseTimeoutError,
@@ -203,18 +203,7 @@ class Lease:
         Returns:
             A function that puts the previous values back.
         """
-        target: MutableMapping[str, str] = os.environ if environ is None else environ
-        previous = {name: target.get(name) for name in self.environ}
-
-        def put(values: Mapping[str, str | None]) -> None:
-            for name, value in values.items():
-                if value is None:
-                    target.pop(name, None)
-                else:
-                    target[name] = value
-
-        put(self.environ)
-        return lambda: put(previous)
+        return set_environ(self.environ, environ)
 
     def acquire(self, *, on_wait: Callable[[float, str], None] | None = None) -> Lease:
         """Wait until ``count`` devices (or shares of them) are free; take them.
