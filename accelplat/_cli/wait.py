@@ -129,10 +129,11 @@ def _outcome_json(
     return doc | {"polls": outcome.polls, "already_settled": outcome.already_settled}
 
 
-def _wait(args: argparse.Namespace, progress: Progress, **common: Any) -> SettleResult:
+def _wait(args: argparse.Namespace, progress: Progress, platform: Platform) -> SettleResult:
     """Wait as ``args`` ask; the progress line is finished however it ends (Ctrl-C too)."""
     from accelplat import _memory
 
+    common = {"platform": platform, "devices": args.devices, "timeout_s": args.timeout}
     try:
         if args.pids:  # no on_poll: its targets are no usage levels to draw
             return _memory.wait_for_release(args.pids, **common)
@@ -184,9 +185,7 @@ def _run(args: argparse.Namespace) -> int:
     platform = current_platform()
     outcome: SettleResult | MemoryNotSettledError
     try:
-        outcome = _wait(
-            args, progress, platform=platform, devices=args.devices, timeout_s=args.timeout
-        )
+        outcome = _wait(args, progress, platform)
     except MemoryNotSettledError as exc:
         say(f"accelplat wait: {printable(exc, keep_newlines=True)}")
         outcome = exc
