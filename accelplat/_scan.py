@@ -175,28 +175,24 @@ def _constant_like(node: ast.AST | None) -> bool:  # "FLASH_ATTN", ["A", "B"], (
 
 def _context_kind(use: str, node: ast.AST) -> str:
     """Why a predicate outside a skip decision has no replacement, from what its place does."""
-    if use == "branch" and isinstance(node, ast.If):
+    branch = use == "branch" and isinstance(node, ast.If)
+    if isinstance(node, ast.If) and branch:
         stores = [
             s for s in (*node.body, *node.orelse) if isinstance(s, (ast.Assign, ast.AugAssign))
         ]
-        names = [
-            _dotted(t) or ""
-            for s in stores
-            for t in (s.targets if isinstance(s, ast.Assign) else [s.target])
-        ]
-        if any(n.rpartition(".")[2].lower().endswith(_TOLERANCE_NAMES) for n in names):
-            return TOLERANCES
-        if stores and all(_constant_like(s.value) for s in stores):
-            return VALUE_LISTS
-        return CODE_PATH
-    names = [_dotted(t) or "" for t in getattr(node, "targets", [getattr(node, "target", None)])]
-    names += [k.arg or "" for k in ast.walk(node) if isinstance(k, ast.keyword)]
+        targets = [t for s in stores for t in getattr(s, "targets", [getattr(s, "target", None)])]
+        keywords: list[str] = []
+        values = [s.value for s in stores]
+    else:
+        targets = getattr(node, "targets", [getattr(node, "target", None)])
+        keywords = [k.arg or "" for k in ast.walk(node) if isinstance(k, ast.keyword)]
+        values = [v for x in ast.walk(node) if isinstance(x, ast.IfExp) for v in (x.body, x.orelse)]
+    names = [_dotted(t) or "" for t in targets if t is not None] + keywords
     if any(n.rpartition(".")[2].lower().endswith(_TOLERANCE_NAMES) for n in names if n):
         return TOLERANCES  # atol = 1e-2 if is_rocm() else 1e-3; assert_close(..., atol=...)
-    values = [n for n in ast.walk(node) if isinstance(n, ast.IfExp)]
-    if values and all(_constant_like(v.body) and _constant_like(v.orelse) for v in values):
+    if values and all(_constant_like(v) for v in values):
         return VALUE_LISTS
-    return VALUES
+    return CODE_PATH if branch else VALUES
 
 
 def _own_kind(predicate: ast.AST) -> str | None:
