@@ -20,13 +20,11 @@ from typing import Any
 
 from accelplat import _files
 from accelplat._requirement import (
-    All,
-    AnyOf,
     Compare,
+    Join,
     Node,
     Not,
-    all_of,
-    any_of,
+    joined,
     negate,
     render,
     word,
@@ -37,10 +35,9 @@ def _numbered(tree: Node) -> bool:
     """Whether ``tree`` holding means the device has a capability number (CUDA or ROCm)."""
     if isinstance(tree, Compare):
         return True
-    if isinstance(tree, All):
-        return any(_numbered(o) for o in tree.operands)
-    if isinstance(tree, AnyOf):
-        return all(_numbered(o) for o in tree.operands)
+    if isinstance(tree, Join):
+        numbered = (_numbered(o) for o in tree.operands)
+        return any(numbered) if tree.op == "and" else all(numbered)
     return tree in _NUMBERED
 
 
@@ -183,8 +180,9 @@ def _tree(node: ast.AST, sure: bool = False) -> Node:
     get_device_capability() < (9, 0)``), kept as one flag so that a wide ``and`` stays linear.
     """
     if isinstance(node, ast.BoolOp):
-        join = all_of if isinstance(node.op, ast.And) else any_of
-        return join(*_operands(node, 0, sure, strict=True))
+        return joined(
+            "and" if isinstance(node.op, ast.And) else "or", _operands(node, 0, sure, strict=True)
+        )
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         return negate(_tree(node.operand, sure))
     if isinstance(node, ast.Compare):
@@ -328,7 +326,7 @@ def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
                 visit(node.values[i], False)
                 i += 1
                 continue
-            tree = (all_of if isinstance(node.op, ast.And) else any_of)(*parts)
+            tree = joined("and" if isinstance(node.op, ast.And) else "or", parts)
             j = i + len(parts)
             found.append(Site(node, i, j - 1, render(tree), render(negate(tree)), False))
             i = j
