@@ -198,8 +198,8 @@ def _tree(node: ast.AST, sure: bool = False) -> Node:
 
 def _call(node: ast.Call) -> Node:
     method = _platform_call(node)
-    name = method or (node.func.id if isinstance(node.func, ast.Name) else None)
     dotted = dotted_name(node.func) or ""
+    bare = method or dotted.rpartition(".")[2]  # a method's name, or a function's own
     if method in _PLATFORM_METHODS and not node.args and not node.keywords:
         return word(_PLATFORM_METHODS[method])
     if method in _CAPABILITY_CALLS and len(node.args) == 1 and not node.keywords:
@@ -215,7 +215,6 @@ def _call(node: ast.Call) -> Node:
         raise UnexpressibleError(CAPABILITY_VALUE if method != "fp8_dtype" else FP8_DTYPE_VALUE)
     if method == "is_out_of_tree":
         raise UnexpressibleError(UNMODELLED_PLATFORM)
-    bare = name if name is not None else dotted.rpartition(".")[2]
     arch_call = method is None and (dotted == bare or dotted.endswith(f"rocm.{bare}"))
     if bare in _ROCM_ARCH and arch_call and not node.args and not node.keywords:
         return word(_ROCM_ARCH[bare])
