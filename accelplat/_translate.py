@@ -321,14 +321,13 @@ def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
         i = 0
         while i < len(node.values):
             parts = _operands(node, i, False)
-            if not parts:  # this operand alone does not translate: look inside it
+            if parts:
+                tree = joined("and" if isinstance(node.op, ast.And) else "or", parts)
+                last = i + len(parts) - 1
+                found.append(Site(node, i, last, render(tree), render(negate(tree)), False))
+            else:  # this operand alone does not translate: look inside it
                 visit(node.values[i], False)
-                i += 1
-                continue
-            tree = joined("and" if isinstance(node.op, ast.And) else "or", parts)
-            j = i + len(parts)
-            found.append(Site(node, i, j - 1, render(tree), render(negate(tree)), False))
-            i = j
+            i += len(parts) or 1
 
     visit(condition, True)
     return found, kinds
