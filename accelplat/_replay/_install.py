@@ -117,8 +117,7 @@ def _install(interceptor: _boundary.Interceptor) -> Callable[[], None]:
 @contextmanager
 def _installed(interceptor: _boundary.Interceptor, env: dict[str, str | None]) -> Iterator[None]:
     """Set the variables ``env`` (``None``: unset) and install ``interceptor`` within the block."""
-    restore = set_environ(env)
-    undo = _install(interceptor)
+    restore, undo = set_environ(env), _install(interceptor)
     try:
         yield
     finally:
