@@ -79,7 +79,8 @@ class SysfsSource(Source):
         self._sysfs = sysfs
         self._topology = topology
         self._reader = reader
-        self.uuids_known = topology.uuids_known
+        # without a KFD topology (cards in PCI order) no GPU has a node, or a UUID
+        self.uuids_known = all(gpu.node is not None for gpu in topology.gpus)
 
     def gpus(self) -> list[Gpu]:
         return self._topology.gpus
@@ -233,7 +234,7 @@ class AmdSmiSource(Source):
             raise BackendError(
                 "rocm", f"amdsmi_get_processor_handles failed: {exc}", type(exc).__name__
             ) from exc
-        rows: list[tuple[int | None, int, Gpu]] = []
+        rows: list[tuple[int | None, Gpu]] = []
         for position, handle in enumerate(handles):
             hip_id: int | None = None
             uuid: str | None = None
@@ -251,15 +252,14 @@ class AmdSmiSource(Source):
                 name = str(asic.get("market_name") or name)
                 target = str(asic.get("target_graphics_version") or "").strip().lower()
                 arch = target if _GFX_RE.match(target) else None
-            rows.append(
-                (hip_id, position, Gpu(position, name, uuid, bdf, handle=handle, arch=arch))
-            )
+            rows.append((hip_id, Gpu(position, name, uuid, bdf, handle=handle, arch=arch)))
         # amdsmi's handle order may differ from HIP's, hence hip_id; one missing: PCI order for all
-        if all(row[0] is not None for row in rows):
-            rows.sort(key=lambda r: (r[0] or 0, r[1]))
+        # (the sort is stable: ties keep the handle order)
+        if all(hip_id is not None for hip_id, _ in rows):
+            rows.sort(key=lambda r: r[0] or 0)
         else:
-            rows.sort(key=lambda r: (pci_sort_key(r[2].pci_bus_id), r[1]))
-        return [dataclasses.replace(gpu, physical_index=i) for i, (_, _, gpu) in enumerate(rows)]
+            rows.sort(key=lambda r: pci_sort_key(r[1].pci_bus_id))
+        return [dataclasses.replace(gpu, physical_index=i) for i, (_, gpu) in enumerate(rows)]
 
     def memory(self, gpu: Gpu) -> MemoryInfo:
         # Bytes (they wrap the sysfs files). Never amdsmi_get_gpu_vram_usage: MB, and seen stale
