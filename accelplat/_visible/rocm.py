@@ -135,9 +135,7 @@ def select_hip_variable(env: Mapping[str, str]) -> tuple[str, str] | None:
         )
     if hip is not None:
         return ENV_HIP_VISIBLE_DEVICES, hip
-    if cuda is not None:
-        return ENV_CUDA_VISIBLE_DEVICES, cuda
-    return None
+    return None if cuda is None else (ENV_CUDA_VISIBLE_DEVICES, cuda)
 
 
 def visible_physical_indices(

@@ -313,7 +313,6 @@ class SimulatedSpec:
 
 _T = TypeVar("_T")
 _list = FIELDS.array
-_bool = FIELDS.boolean
 
 
 def _size(value: object, where: str) -> int:
@@ -402,7 +401,7 @@ def _release(raw: object) -> ReleaseProfile:
     data = _table(raw, "release", {"lazy", "stable_duration_s", "settle_timeout_s", "idle_floor"})
     get, idle = data.get, "release.idle_floor"
     return ReleaseProfile(
-        lazy=_bool(get("lazy", False), "release.lazy"),
+        lazy=FIELDS.boolean(get("lazy", False), "release.lazy"),
         stable_duration_s=check_time(get("stable_duration_s", 0.0), "release.stable_duration_s"),
         settle_timeout_s=check_time(get("settle_timeout_s", 120.0), "release.settle_timeout_s"),
         idle_floor_bytes=check_size(_size(get("idle_floor", 0), idle), idle),
@@ -411,7 +410,7 @@ def _release(raw: object) -> ReleaseProfile:
 
 def _graph(raw: object) -> GraphSupport:
     data = _table(raw, "graph", {"available", "api", "reason"})
-    available = _bool(data.get("available", False), "graph.available")
+    available = FIELDS.boolean(data.get("available", False), "graph.available")
     api = data.get("api")
     if api is not None:
         check_text(api, "graph.api")
