@@ -54,14 +54,11 @@ def _real(value: object, where: str, expected: str) -> None:
         raise FIELDS.error(where, expected, value)
 
 
-def check_time(value: object, where: str, *, positive: bool = False) -> float:
-    """Return ``value`` as seconds in ``[0, MAX_TIME_S]`` (``> 0`` when ``positive``)."""
+def check_time(value: object, where: str) -> float:
+    """Return ``value`` as seconds in ``[0, MAX_TIME_S]``."""
     expected = f"finite, in [0, {MAX_TIME_S:g}] s"
     _real(value, where, expected)
-    number = _validate.number(value, where, minimum=0, maximum=MAX_TIME_S, expected=expected)
-    if positive:
-        _validate.number(value, where, above=0, expected="> 0 s")
-    return number
+    return _validate.number(value, where, minimum=0, maximum=MAX_TIME_S, expected=expected)
 
 
 @dataclass(frozen=True)
@@ -136,7 +133,8 @@ class LazyRelease:
 
     def __post_init__(self) -> None:
         _check_release(self)
-        check_time(self.tau_s, "tau", positive=True)
+        check_time(self.tau_s, "tau")
+        _validate.number(self.tau_s, "tau", above=0, expected="> 0 s")
         check_time(self.delay_s, "delay")
         # 0: the finest, one byte
         object.__setattr__(self, "granularity", check_size(self.granularity, "granularity") or 1)
