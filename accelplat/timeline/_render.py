@@ -143,13 +143,9 @@ def _axis(lo: int, hi: int, total: int, *, full: bool) -> tuple[float, float]:
         return 0.0, top if total > 0 else top * 1.1
     flat = hi - lo <= 0.02 * hi
     pad = max(hi * 0.1 if flat else (hi - lo) * 0.1, total * 0.01 if flat else 0.0, float(MIB))
-    ymax = hi + pad
-    if total > 0 and ymax > total >= hi:
-        ymax = float(total)
-    ymin = lo - pad
-    if ymin < 0.25 * (ymax - ymin) or ymin < 0:
-        ymin = 0.0
-    return ymin, ymax
+    ymax = float(total) if total > 0 and hi + pad > total >= hi else hi + pad
+    ymin = lo - pad  # below ymax: 0.0 when near 0 or under it
+    return (0.0 if ymin < 0.25 * (ymax - ymin) else ymin), ymax
 
 
 def _short_name(nodeid: str) -> str:  # the part worth a lane label: after the last ``::``

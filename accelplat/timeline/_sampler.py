@@ -50,10 +50,9 @@ def _merge(a: Reading, b: Reading) -> Reading:
 # a vendor library call when the process forks, or the child could inherit a lock held by a thread
 # that does not exist there.
 _READING = threading.Lock()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=_READING.acquire, after_in_parent=_READING.release, after_in_child=_READING.release
-    )
+os.register_at_fork(
+    before=_READING.acquire, after_in_parent=_READING.release, after_in_child=_READING.release
+)
 
 
 class Sampler:
@@ -126,12 +125,10 @@ class Sampler:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the sampling thread and wait for it (up to ``timeout`` seconds)."""
-        thread = self._thread
-        if thread is None:
-            return
-        self._stop.set()
-        thread.join(timeout)
-        self._thread = None
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout)
+            self._thread = None
 
     def _run(self) -> None:
         interval = 1.0 / self.hz
