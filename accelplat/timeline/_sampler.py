@@ -76,8 +76,7 @@ class Sampler:
         capacity: int = DEFAULT_CAPACITY,
         clock: Clock = time.monotonic,
     ) -> None:
-        _validate.integer(capacity, "capacity", minimum=2, expected="an even integer >= 2")
-        if capacity % 2:
+        if _validate.integer(capacity, "capacity", minimum=2, expected="an even integer >= 2") % 2:
             raise ConfigurationError(f"capacity must be even, got {capacity!r}")
         self._read = read
         self.hz = validate_hz(hz)
