@@ -88,8 +88,7 @@ class WaitEventTap(logging.Filter):
         if not isinstance(key, (int, str)) or isinstance(key, bool):
             return
         if event.get("event") == "start":
-            kind = event.get("kind")
-            raw = event.get("devices") or ()
+            kind, raw = event.get("kind"), event.get("devices") or ()
             if isinstance(raw, (list, tuple)):
                 devices = tuple(d for d in raw if isinstance(d, int) and not isinstance(d, bool))
                 kind = kind if isinstance(kind, str) else "wait"
