@@ -167,14 +167,13 @@ def _envelope(samples: Sequence[Sample], pos: int, xs: Sequence[float], width: i
         (x, -1 if (v := s.used[pos]) is None else v) for x, s in zip(xs, samples, strict=True)
     ]
     for known, run in itertools.groupby(points, key=lambda p: p[1] >= 0):  # -1: no reading
-        segment: list[tuple[float, int]] = []
-        for _, group in (
-            itertools.groupby(run, key=lambda p: min(width, int(p[0]))) if known else ()
-        ):
-            col = list(group)
-            lo, hi = min(col, key=lambda p: p[1]), max(col, key=lambda p: p[1])
-            segment += sorted({col[0], lo, hi, col[-1]})
-        segments += [segment] * bool(segment)
+        if known:
+            segment: list[tuple[float, int]] = []
+            for _, group in itertools.groupby(run, key=lambda p: min(width, int(p[0]))):
+                col = list(group)
+                lo, hi = min(col, key=lambda p: p[1]), max(col, key=lambda p: p[1])
+                segment += sorted({col[0], lo, hi, col[-1]})
+            segments.append(segment)
     return segments
 
 
