@@ -191,7 +191,6 @@ def _folds(trace: Trace, end_t: float) -> list[tuple[float, float]]:
         max(0.01 * (dev.total or _extremes(trace, pos)[2]), float(MIB))
         for pos, dev in enumerate(trace.devices)
     ]
-    least = max(0.2 * end_t, 5.0)
     runs: list[tuple[float, float]] = []
     start = last = -1.0  # the open run's first and last sample; -1: none open
     lo: list[int] = []  # per device, the least and the most of the open run's readings
@@ -208,7 +207,7 @@ def _folds(trace: Trace, end_t: float) -> list[tuple[float, float]]:
         runs.append((start, last))
         start, last, lo, hi = (s.t if known else -1.0), s.t, list(used), list(used)
     runs.append((start, last))
-    runs = [(a, b) for a, b in runs if a >= 0 and b - a >= least]
+    runs = [(a, b) for a, b in runs if a >= 0 and b - a >= max(0.2 * end_t, 5.0)]
     longest = sorted(runs, key=lambda r: r[0] - r[1])[:_FOLDS]
     return sorted((a + 0.05 * (b - a), b - 0.05 * (b - a)) for a, b in longest)
 
