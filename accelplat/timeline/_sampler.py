@@ -103,11 +103,8 @@ class Sampler:
                 self._samples[-1] = Sample(last.t, _merge(last.used, reading))
             else:
                 if len(self._samples) == self._capacity:
-                    old = self._samples
-                    self._samples = [
-                        Sample(a.t, _merge(a.used, b.used))
-                        for a, b in zip(old[::2], old[1::2], strict=True)
-                    ]
+                    pairs = zip(self._samples[::2], self._samples[1::2], strict=True)
+                    self._samples = [Sample(a.t, _merge(a.used, b.used)) for a, b in pairs]
                     self.decimation += 1
                 self._samples.append(Sample(t, reading))
                 self._ticks = 0
