@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from accelplat.errors import ConfigurationError
 from accelplat.pytest_plugin._leaks import HOLDINGS_PROPERTY
 from accelplat.pytest_plugin._shared import (
     TIMELINE_PLUGIN_NAME,
@@ -105,15 +104,13 @@ def _owners_of(report: pytest.TestReport) -> list[SpanOwners]:
     for key, value in report.user_properties:
         if key != HOLDINGS_PROPERTY or not isinstance(value, list):
             continue
+        keys = ("device", "before", "after", "context")  # the order of a row
         try:
             return [
-                span_owners(
-                    {"device": r[0], "before": r[1], "after": r[2], "context": r[3]},
-                    f"{report.nodeid} readings[{i}]",
-                )
+                span_owners(dict(zip(keys, r, strict=True)), f"{report.nodeid} readings[{i}]")
                 for i, r in enumerate(value)
             ]
-        except (ConfigurationError, IndexError, TypeError, KeyError):
+        except (ValueError, TypeError):  # ConfigurationError is a ValueError
             return []  # malformed: the test is judged on whole devices
     return []
 
