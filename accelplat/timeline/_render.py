@@ -125,10 +125,9 @@ def peaks_per_test(trace: Trace) -> list[Reading]:
     times = [s.t for s in trace.samples]
     out: list[Reading] = []
     for span in trace.tests:
-        inside = trace.samples[
-            bisect.bisect_left(times, span.start) : bisect.bisect_right(times, span.end)
-        ]
-        columns = zip(span.used_before, span.used_after, *(s.used for s in inside), strict=False)
+        lo, hi = bisect.bisect_left(times, span.start), bisect.bisect_right(times, span.end)
+        inside = (s.used for s in trace.samples[lo:hi])
+        columns = zip(span.used_before, span.used_after, *inside, strict=False)
         out.append(tuple(max((v for v in col if v is not None), default=None) for col in columns))
     return out
 
