@@ -570,11 +570,8 @@ def _device(page: _Page, pos: int, axes: list[_TimeAxis], xs: list[list[float]])
         drawn.append(f'<div class="{"narrow" if x_of.geo.phone else "wide"}">{both}</div>')
     peak, text = extremes[0], ""
     if peak is not None:
-        during = [
-            span.nodeid
-            for span, p in zip(trace.tests, page.peaks, strict=True)
-            if p[pos] == peak[0] and span.start <= peak[1] <= span.end and trace.command is None
-        ]
+        tests = zip(trace.tests, page.peaks, strict=True) if trace.command is None else ()
+        during = [s.nodeid for s, p in tests if p[pos] == peak[0] and s.start <= peak[1] <= s.end]
         where = f" during {during[0]}" if during else ""
         text = f"— peak {format_bytes(peak[0])} at {_fmt_s(peak[1])}{where}"
         text = f' <span class="peak" data-peak="{peak[0]}">{_e(text)}</span>'

@@ -236,12 +236,8 @@ class Trace:
         The rule is :func:`accelplat._leaks.judge`, the leak check's, on :meth:`growth`'s terms,
         with the trace's tolerance and grace period (``dataclasses.replace`` it for others).
         """
-        found = [
-            v[1]
-            for span in self.tests
-            for v in self._verdicts(span)
-            if v is not None and v[0].is_leak(self.leak_tolerance_bytes)
-        ]
+        verdicts = [v for span in self.tests for v in self._verdicts(span) if v is not None]
+        found = [leak for blame, leak in verdicts if blame.is_leak(self.leak_tolerance_bytes)]
         return sorted(found, key=lambda leak: (-leak.leaked, leak.nodeid, leak.device))
 
     def slowest_waits(self, n: int = 10) -> list[WaitSpan]:
