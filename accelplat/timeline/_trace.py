@@ -181,8 +181,8 @@ class Trace:
         added = 0
         out: dict[int, Reading] = {}
         for span in sorted(spans, key=lambda s: s.end):
-            lo = bisect.bisect_right(self._times, span.end)  # used_after stands for time `end`
-            hi = bisect.bisect_right(self._times, self.judged_at(span))
+            # the samples after `end` (used_after stands for it) up to judged_at, included
+            lo, hi = (bisect.bisect_right(self._times, t) for t in (span.end, self.judged_at(span)))
             for k in range(added, hi):
                 for pos, value in enumerate(self.samples[k].used):
                     if value is not None:
