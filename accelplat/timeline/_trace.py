@@ -497,8 +497,7 @@ def _samples(rows: Sequence[Any], n: int) -> tuple[list[Sample], float]:
 
 def _span(raw: object, where: str) -> tuple[Any, float, float]:
     span = _FIELDS.mapping(raw, where)
-    start = _float(span.get("start"), f"{where}.start")
-    end = _float(span.get("end"), f"{where}.end")
+    start, end = (_float(span.get(key), f"{where}.{key}") for key in ("start", "end"))
     if end < start:
         raise ConfigurationError(f"trace field {where}.end: earlier than its start")
     return span, start, end
