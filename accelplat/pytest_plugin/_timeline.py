@@ -126,11 +126,12 @@ class TimelinePlugin:
     def __init__(self, config: pytest.Config) -> None:
         """Read the options; raise pytest.UsageError for a bad rate, tolerance or grace period."""
         hz, grace = "--accelplat-timeline-hz", "--accelplat-timeline-leak-grace"
-        tolerance = ("--accelplat-timeline-leak-tolerance", "--accelplat-leak-tolerance")
-        self._tolerance = leak_tolerance(config, *tolerance)
+        flags = ("--accelplat-timeline-leak-tolerance", "--accelplat-leak-tolerance")
+        # the Recorder's keywords
+        self._options: dict[str, Any] = {"leak_tolerance_bytes": leak_tolerance(config, *flags)}
         with usage_errors():
-            self._hz = validate_hz(config.getoption(hz), argument=hz)
-            self._grace = validate_grace(config.getoption(grace), argument=grace)
+            self._options["hz"] = validate_hz(config.getoption(hz), argument=hz)
+            self._options["leak_grace_s"] = validate_grace(config.getoption(grace), argument=grace)
         base = config.invocation_params.dir
         json_path = config.getoption("--accelplat-timeline-json")
         self.html_path = base / config.getoption("--accelplat-timeline")
@@ -153,9 +154,7 @@ class TimelinePlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        self.recorder = Recorder.of_current_platform(
-            hz=self._hz, leak_tolerance_bytes=self._tolerance, leak_grace_s=self._grace
-        )
+        self.recorder = Recorder.of_current_platform(**self._options)
         self._tap = WaitEventTap(self.recorder)
         self._tap.install()
         self.recorder.start()
