@@ -255,10 +255,8 @@ class Trace:
             "devices": [asdict(d) for d in self.devices],
             "samples": [[_r(s.t), *s.used] for s in self.samples],
             "tests": [
-                {
-                    **{key: _plain(getattr(t, key)) for key in _TEST_KEYS},
-                    **({"owners": [_owners_json(o) for o in t.owners]} if t.owners else {}),
-                }
+                {key: _plain(getattr(t, key)) for key in _TEST_KEYS}
+                | ({"owners": [_owners_json(o) for o in t.owners]} if t.owners else {})
                 for t in self.tests
             ],
             "waits": [{key: _plain(value) for key, value in asdict(w).items()} for w in self.waits],
