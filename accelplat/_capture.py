@@ -20,6 +20,7 @@ from typing import Any
 
 from accelplat import _files
 from accelplat._backends._common import ENV_PROC_ROOT, ENV_SYSFS_ROOT
+from accelplat._backends.cpu import ENV_CGROUP_ROOT
 from accelplat._describe import collect_info, driver_version
 from accelplat._registry import current_platform
 from accelplat._replay._bundle import FORMAT_NAME, FORMAT_VERSION, TABLES, bundle_bytes
@@ -32,7 +33,6 @@ from accelplat.errors import AccelplatError
 
 VERSION_DISTRIBUTIONS = ("accelplat", "torch", "nvidia-ml-py", "amdsmi", "vllm")
 
-_ENV_CGROUP_ROOT = "ACCELPLAT_CGROUP_ROOT"  # as the CPU backend reads it
 _DEVICE_RULE = re.compile(r"^([abc]) (\*|\d{1,10}):(\*|\d{1,10}) ([rwm]{1,3})$")
 _NVIDIA_MAJOR = 195  # /dev/nvidiaN is char 195:N, /dev/nvidiactl 195:255 (NVIDIA driver README)
 _MAX_RULES = 256
@@ -88,7 +88,7 @@ def _driver(info: Mapping[str, Any]) -> str | None:
     # module's /sys/module/amdgpu/version, read through the boundary so it is recorded.
     if info.get("platform") and (version := driver_version(current_platform())) is not None:
         return version
-    sysfs = os.environ.get("ACCELPLAT_SYSFS_ROOT") or "/sys"
+    sysfs = os.environ.get(ENV_SYSFS_ROOT) or "/sys"
     try:
         text = _files.read_text(f"{sysfs}/module/amdgpu/version").strip()
     except (OSError, AccelplatError):
@@ -112,7 +112,7 @@ def scheduler_grant() -> dict[str, Any]:
 def _device_cgroup() -> dict[str, Any] | None:
     proc = os.environ.get(ENV_PROC_ROOT) or "/proc"
     sysfs = os.environ.get(ENV_SYSFS_ROOT) or "/sys"
-    root = os.environ.get(_ENV_CGROUP_ROOT) or os.path.join(sysfs, "fs", "cgroup")
+    root = os.environ.get(ENV_CGROUP_ROOT) or os.path.join(sysfs, "fs", "cgroup")
     try:
         text = _files.read_text(os.path.join(proc, "self", "cgroup"))
     except (OSError, AccelplatError):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Protocol, runtime_checkable
 
 
@@ -44,6 +46,29 @@ class RealClock:
 
 
 REAL_CLOCK: Clock = RealClock()
+
+
+def set_environ(
+    values: Mapping[str, str | None], environ: MutableMapping[str, str] | None = None
+) -> Callable[[], None]:
+    """Set ``values`` in ``environ`` (default ``os.environ``), removing each one that is ``None``.
+
+    Returns:
+        A function that puts the previous values back.
+    """
+    target = os.environ if environ is None else environ
+    previous = {name: target.get(name) for name in values}
+
+    def put(chosen: Mapping[str, str | None]) -> None:
+        for name, value in chosen.items():
+            if value is None:
+                target.pop(name, None)
+            else:
+                target[name] = value
+
+    put(values)
+    return lambda: put(previous)
+
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 

@@ -884,7 +884,7 @@ class _Asked:
 
     def __init__(self, bundle: Bundle) -> None:
         self.source = bundle.source
-        self.answers = {(r.channel, r.key_text): r.answers for r in bundle.records}
+        self.answers = {(r.channel, key_text(r.key)): r.answers for r in bundle.records}
 
     def first(self, name: str, *args: object, **kwargs: object) -> Any:
         """The first answer (an Answer) to the call, or None when it was never asked."""

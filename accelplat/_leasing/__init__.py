@@ -8,25 +8,26 @@ order rule), ``_shares`` (budgets, slots, the share rule); docs/leasing.md tells
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from accelplat import _validate
 from accelplat._leasing import _locks, _queue, _shares
-from accelplat._leasing._locks import DOC, LOCK, Leasing, Outcome, Taken, Unit
+from accelplat._leasing._locks import DOC, LOCK, Unit
 from accelplat._leasing._locks import ENV_LEASE_DIR as ENV_LEASE_DIR
 from accelplat._leasing._locks import LeaseRecord as LeaseRecord
 from accelplat._leasing._shares import ENV_MEMORY_BYTES as ENV_MEMORY_BYTES
-from accelplat._leasing._shares import Share
 from accelplat._memory import resolve_platform, wait_for_memory_to_clear
 from accelplat._owners import default_clock
 from accelplat._platform import Platform, optional, subset_environment
 from accelplat._types import MIB, DeviceInfo
-from accelplat._util import Clock
+from accelplat._util import Clock, format_bytes, set_environ
 from accelplat.errors import (
     ConfigurationError,
     LeaseTimeoutError,
@@ -37,6 +38,18 @@ from accelplat.errors import (
 DEFAULT_TIMEOUT_S = 600.0
 RETURN_TOLERANCE_BYTES = 256 * MIB  # above the last hand-out figure, still "memory is back"
 _POLL_FIRST_S, _POLL_MAX_S = 0.005, 0.05  # lock attempts: 5 ms, growing 1.5x to 50 ms
+
+
+class Taken(NamedTuple):
+    """What an admission took on one unit: its lock descriptors and where its document goes."""
+
+    unit: Unit
+    fds: tuple[int, ...]
+    document: Path
+    fields: dict[str, object]  # the holder document's own fields (a baseline, a budget)
+
+
+Outcome = list[Taken] | str  # what one attempt took, or why it took nothing
 
 
 class Whole:
@@ -66,7 +79,7 @@ class Whole:
     def environ(self, units: Sequence[Unit]) -> dict[str, str | None]:
         return {}
 
-    def attempt(self, lease: Leasing, ahead: LeaseRecord | None, deadline: float) -> Outcome:
+    def attempt(self, lease: Lease, ahead: LeaseRecord | None, deadline: float) -> Outcome:
         """One try: lock ``count`` free devices (most free memory first), wait for their memory."""
         if ahead is not None:  # the order rule (_queue.kept_free): it keeps the whole device
             return f"an older request goes first ({_queue.waiting(ahead)})"
@@ -143,6 +156,91 @@ class Whole:
         return None
 
 
+class Share:
+    """Admission of a share: ``budget`` bytes on each of ``count`` units with room, all or none.
+
+    Admissions are made one at a time under ``queue/<platform>.admit``, tried without blocking.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.wants = f"memory={format_bytes(budget)}"
+
+    def fits(self, total: int) -> bool:
+        return total >= self.budget
+
+    def environ(self, units: Sequence[Unit]) -> dict[str, str | None]:
+        """The budget's variables: bytes, and a fraction of the smallest unit's total."""
+        fraction = min(1.0, self.budget / max(min(u.memory().total for u in units), 1))
+        rounded = f"{math.floor(fraction * 1e6) / 1e6:.6f}"  # down: never more than the budget
+        return {_shares.ENV_MEMORY_BYTES: str(self.budget), _shares.ENV_MEMORY_FRACTION: rounded}
+
+    def attempt(self, lease: Lease, ahead: LeaseRecord | None, deadline: float) -> Outcome:
+        """One try under the admission lock (never waited for): what was taken, or why not."""
+        admit = lease.queue_dir / f"{lease.tag}.admit"  # one admission at a time
+        try:
+            guard = _locks.try_lock(admit)
+        except OSError as exc:  # made for its owner alone (umask 077) by an older version
+            cause = f"{admit} cannot be opened: {exc.strerror or exc}; its owner may remove it"
+            raise ConfigurationError(f"lease admission lock {cause}") from None
+        if guard is None:
+            holder = _locks.lock_holder(admit)
+            return f"another lease is being admitted: {admit} is held by {holder}"
+        try:
+            shares = _locks.directory(lease.lock_dir / _shares.SHARES_DIR, None)
+            rows, why = [], []
+            for rank, unit in enumerate(lease.pool):
+                info = unit.memory()  # live, under the admission lock
+                keep = _queue.kept_free(ahead, info.total)
+                sharing = _shares.promises(shares, unit.key)
+                left, detail = _shares.room(unit, info, sharing, self.budget + keep)
+                if left - self.budget >= keep:
+                    rows.append((-left, rank, unit))
+                    continue
+                if ahead is not None and left >= self.budget:
+                    detail += f", kept for an older request ({_queue.waiting(ahead)})"
+                why.append(f"{unit.label}: {detail}")
+            got: list[Taken] = []
+            for _, _, unit in sorted(rows, key=lambda r: r[:2]):
+                taken = self._take_slot(lease.lock_dir, shares, unit)
+                if isinstance(taken, str):
+                    why.append(f"{unit.label}: {taken}")
+                    continue
+                got.append(taken)
+                if len(got) == lease.count:
+                    return got
+        finally:
+            _locks.unlock(guard)
+        for taken in got:
+            for fd in taken.fds:
+                _locks.unlock(fd)
+        return (
+            f"fewer than {lease.count} device(s) had room for {self.wants} at the last attempt "
+            f"({'; '.join(why)})"
+        )
+
+    def _take_slot(self, lock_dir: Path, shares: Path, unit: Unit) -> Taken | str:
+        """The device's lock held shared and a free slot of this user's, or why not."""
+        lock = lock_dir / (unit.key + LOCK)
+        try:
+            device_fd = _locks.try_lock(lock, shared=True)
+        except OSError as exc:
+            return f"cannot be locked ({lock}: {exc.strerror or exc})"
+        if device_fd is None:
+            return "leased whole"
+        for slot in range(_shares.MAX_SHARES):
+            # each user has its own slots: in a shared (sticky) directory another user's holder
+            # document could not be replaced, and its stale budget would be read for ours
+            name = f"{unit.key}.{os.geteuid()}-{slot}"
+            with contextlib.suppress(OSError):  # a planted non-lock: the next slot
+                slot_fd = _locks.try_lock(shares / (name + LOCK))
+                if slot_fd is not None:
+                    doc = shares / (name + _locks.DOC)
+                    return Taken(unit, (device_fd, slot_fd), doc, {"budget_bytes": self.budget})
+        _locks.unlock(device_fd)
+        return f"all {_shares.MAX_SHARES} share slots of this user are held"
+
+
 @dataclass(eq=False, repr=False)
 class Lease:
     """Devices held by this process (whole, or a share of their memory), and their environment.
@@ -203,18 +301,7 @@ class Lease:
         Returns:
             A function that puts the previous values back.
         """
-        target: MutableMapping[str, str] = os.environ if environ is None else environ
-        previous = {name: target.get(name) for name in self.environ}
-
-        def put(values: Mapping[str, str | None]) -> None:
-            for name, value in values.items():
-                if value is None:
-                    target.pop(name, None)
-                else:
-                    target[name] = value
-
-        put(self.environ)
-        return lambda: put(previous)
+        return set_environ(self.environ, environ)
 
     def acquire(self, *, on_wait: Callable[[float, str], None] | None = None) -> Lease:
         """Wait until ``count`` devices (or shares of them) are free; take them.

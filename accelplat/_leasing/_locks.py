@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 from accelplat import _files, _validate
 from accelplat._platform import Platform
@@ -282,25 +282,3 @@ def write_holder(path: Path, doc: dict[str, object]) -> None:
     """Replace a holder document atomically; failures are ignored (documents are advisory)."""
     with contextlib.suppress(OSError):  # a directory or FIFO in its place is never replaced
         _files.write_text_atomic(path, json.dumps(doc), mode=FILE_MODE)
-
-
-class Taken(NamedTuple):
-    """What an admission took on one unit: its lock descriptors and where its document goes."""
-
-    unit: Unit
-    fds: tuple[int, ...]
-    document: Path
-    fields: dict[str, object]  # the holder document's own fields (a baseline, a budget)
-
-
-Outcome = list[Taken] | str  # what one attempt took, or why it took nothing
-
-
-class Leasing(Protocol):
-    """What an admission reads of the lease it admits."""
-
-    count: int
-    lock_dir: Path
-    pool: list[Unit]
-    queue_dir: Path
-    tag: str

@@ -2,21 +2,19 @@
 
 A share holds its device's lock *shared* (shares coexist; a whole-device lease excludes them)
 and one share slot, ``shares/<device>.<uid>-<n>.lock``, whose holder document carries its budget.
-Admissions are made one at a time under ``queue/<platform>.admit``, tried without blocking.
+The admission itself (:class:`accelplat._leasing.Share`) reads these rules.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from accelplat import _validate
-from accelplat._leasing import _locks, _queue
-from accelplat._leasing._locks import LOCK, LeaseRecord, Leasing, Outcome, Taken, Unit
+from accelplat._leasing import _locks
+from accelplat._leasing._locks import LOCK, LeaseRecord, Unit
 from accelplat._owners import held_by_tree, sample
 from accelplat._types import MIB, MemoryInfo
 from accelplat._util import format_bytes, shown
@@ -94,84 +92,3 @@ def room(unit: Unit, info: MemoryInfo, live: Sequence[LeaseRecord], need: int) -
 def promised_to(live: Sequence[LeaseRecord]) -> str:
     """``12.00 GiB to pid 42 (alice, since …): python t.py, …``."""
     return ", ".join(f"{format_bytes(p.budget_bytes)} to {_locks.describe(p)}" for p in live)
-
-
-class Share:
-    """Admission of a share: ``budget`` bytes on each of ``count`` units with room, all or none."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.wants = f"memory={format_bytes(budget)}"
-
-    def fits(self, total: int) -> bool:
-        return total >= self.budget
-
-    def environ(self, units: Sequence[Unit]) -> dict[str, str | None]:
-        """The budget's variables: bytes, and a fraction of the smallest unit's total."""
-        fraction = min(1.0, self.budget / max(min(u.memory().total for u in units), 1))
-        rounded = f"{math.floor(fraction * 1e6) / 1e6:.6f}"  # down: never more than the budget
-        return {ENV_MEMORY_BYTES: str(self.budget), ENV_MEMORY_FRACTION: rounded}
-
-    def attempt(self, lease: Leasing, ahead: LeaseRecord | None, deadline: float) -> Outcome:
-        """One try under the admission lock (never waited for): what was taken, or why not."""
-        admit = lease.queue_dir / f"{lease.tag}.admit"  # one admission at a time
-        try:
-            guard = _locks.try_lock(admit)
-        except OSError as exc:  # made for its owner alone (umask 077) by an older version
-            cause = f"{admit} cannot be opened: {exc.strerror or exc}; its owner may remove it"
-            raise ConfigurationError(f"lease admission lock {cause}") from None
-        if guard is None:
-            holder = _locks.lock_holder(admit)
-            return f"another lease is being admitted: {admit} is held by {holder}"
-        try:
-            shares = _locks.directory(lease.lock_dir / SHARES_DIR, None)
-            rows, why = [], []
-            for rank, unit in enumerate(lease.pool):
-                info = unit.memory()  # live, under the admission lock
-                keep = _queue.kept_free(ahead, info.total)
-                left, detail = room(unit, info, promises(shares, unit.key), self.budget + keep)
-                if left - self.budget >= keep:
-                    rows.append((-left, rank, unit))
-                    continue
-                if ahead is not None and left >= self.budget:
-                    detail += f", kept for an older request ({_queue.waiting(ahead)})"
-                why.append(f"{unit.label}: {detail}")
-            got: list[Taken] = []
-            for _, _, unit in sorted(rows, key=lambda r: r[:2]):
-                taken = self._take_slot(lease.lock_dir, shares, unit)
-                if isinstance(taken, str):
-                    why.append(f"{unit.label}: {taken}")
-                    continue
-                got.append(taken)
-                if len(got) == lease.count:
-                    return got
-        finally:
-            _locks.unlock(guard)
-        for taken in got:
-            for fd in taken.fds:
-                _locks.unlock(fd)
-        return (
-            f"fewer than {lease.count} device(s) had room for {self.wants} at the last attempt "
-            f"({'; '.join(why)})"
-        )
-
-    def _take_slot(self, lock_dir: Path, shares: Path, unit: Unit) -> Taken | str:
-        """The device's lock held shared and a free slot of this user's, or why not."""
-        lock = lock_dir / (unit.key + LOCK)
-        try:
-            device_fd = _locks.try_lock(lock, shared=True)
-        except OSError as exc:
-            return f"cannot be locked ({lock}: {exc.strerror or exc})"
-        if device_fd is None:
-            return "leased whole"
-        for slot in range(MAX_SHARES):
-            # each user has its own slots: in a shared (sticky) directory another user's holder
-            # document could not be replaced, and its stale budget would be read for ours
-            name = f"{unit.key}.{os.geteuid()}-{slot}"
-            with contextlib.suppress(OSError):  # a planted non-lock: the next slot
-                slot_fd = _locks.try_lock(shares / (name + LOCK))
-                if slot_fd is not None:
-                    doc = shares / (name + _locks.DOC)
-                    return Taken(unit, (device_fd, slot_fd), doc, {"budget_bytes": self.budget})
-        _locks.unlock(device_fd)
-        return f"all {MAX_SHARES} share slots of this user are held"

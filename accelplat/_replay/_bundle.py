@@ -79,10 +79,6 @@ class RecordEntry:
     key: Any
     answers: tuple[Answer, ...]
 
-    @property
-    def key_text(self) -> str:
-        return key_text(self.key)
-
 
 @dataclass(frozen=True)
 class Bundle:

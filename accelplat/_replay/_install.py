@@ -18,6 +18,7 @@ from accelplat._registry import host_variables
 from accelplat._replay._bundle import TABLES, Bundle, load_bundle
 from accelplat._replay._record import Recorder
 from accelplat._replay._replay import Replayer
+from accelplat._util import set_environ
 from accelplat.errors import BundleError, FileTooLargeError
 
 ENV_REPLAY = "ACCELPLAT_REPLAY"
@@ -116,13 +117,11 @@ def _install(interceptor: _boundary.Interceptor) -> Callable[[], None]:
 @contextmanager
 def _installed(interceptor: _boundary.Interceptor, env: dict[str, str | None]) -> Iterator[None]:
     """Set the variables ``env`` (``None``: unset) and install ``interceptor`` within the block."""
-    saved = {name: os.environ.get(name) for name in env}
-    _set(env)
-    undo = _install(interceptor)
+    restore, undo = set_environ(env), _install(interceptor)
     try:
         yield
     finally:
-        _set(saved)
+        restore()
         undo()
 
 
@@ -143,14 +142,6 @@ def replaying(bundle: Bundle | str | os.PathLike[str]) -> Iterator[Replayer]:
     replayer = Replayer(bundle if isinstance(bundle, Bundle) else load_bundle(bundle))
     with _installed(replayer, applied(replayer.bundle)):
         yield replayer
-
-
-def _set(values: dict[str, str | None]) -> None:
-    for name, value in values.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
 
 
 def activate(path: str | os.PathLike[str]) -> Replayer:

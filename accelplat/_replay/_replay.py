@@ -50,7 +50,7 @@ class Replayer:
 
     def __init__(self, bundle: Bundle) -> None:
         self.bundle = bundle
-        self._answers = {(r.channel, r.key_text): r.answers for r in bundle.records}
+        self._answers = {(r.channel, key_text(r.key)): r.answers for r in bundle.records}
         self._cursor: dict[tuple[str, str], int] = {}
         self._lock = threading.RLock()
         self._classes: dict[tuple[str, str], type[ReplayedError]] = {}

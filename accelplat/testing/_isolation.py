@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from accelplat._platform import StartMethod
+from accelplat._util import set_environ
 from accelplat.errors import ChildTestError, ConfigurationError
 
 _START_METHODS: tuple[str, ...] = get_args(StartMethod)
@@ -176,11 +177,7 @@ def _child_main(
         os.setpgrp()
     _end_with_parent()
     try:
-        for key, value in env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        set_environ(env)
         args, kwargs = pickle.loads(call) if isinstance(call, bytes) else call
         func = _resolve_function(target) if isinstance(target, tuple) else target
         func(*args, **kwargs)
