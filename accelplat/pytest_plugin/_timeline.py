@@ -94,9 +94,8 @@ class WaitEventTap(logging.Filter):
                 self._tokens[key] = self._recorder.begin_wait(kind, devices)
                 self.started += 1
         elif event.get("event") == "end":  # an unknown id: no token, no wait ends
-            self._recorder.end_wait(
-                self._tokens.pop(key, -1), ok=event.get("ok", True) is not False
-            )
+            ok = event.get("ok", True) is not False
+            self._recorder.end_wait(self._tokens.pop(key, -1), ok=ok)
 
 
 def _owners_of(report: pytest.TestReport) -> list[SpanOwners]:
