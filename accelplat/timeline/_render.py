@@ -242,9 +242,8 @@ class _TimeAxis:
     def ticks(self) -> list[tuple[float, str]]:
         """Return the time labels ``(x, text)``: one nice step, never crowded nor on a fold."""
         gap = self.geo.tick_gap
-        step = next((s for s in _STEPS if s * self.per_s >= gap), None) or _nice_step(
-            self._t[-1], int(self.geo.plot_w / gap)
-        )
+        beyond = _nice_step(self._t[-1], int(self.geo.plot_w / gap))  # past a day per label
+        step = next((s for s in _STEPS if s * self.per_s >= gap), beyond)
         centres = [(self(a) + self(b)) / 2 for a, b in self.folds]  # where the folds' labels go
         out: list[tuple[float, str]] = []
         for t0, t1 in zip(self._t[::2], self._t[1::2], strict=True):  # the linear stretches
