@@ -422,8 +422,7 @@ def _test(raw: object, i: int, n: int) -> TestSpan:
     where = f"tests[{i}]"
     s, start, end = _span(raw, where)
     nodeid = _text(s.get("nodeid"), f"{where}.nodeid")
-    before = _reading(s.get("used_before"), f"{where}.used_before", n)
-    after = _reading(s.get("used_after"), f"{where}.used_after", n)
+    before, after = (_reading(s.get(k), f"{where}.{k}", n) for k in ("used_before", "used_after"))
     outcome = _text(s.get("outcome", ""), f"{where}.outcome")
     body = _optional(_float)(s.get("body_start"), f"{where}.body_start")
     if body is not None and not start <= body <= end:
