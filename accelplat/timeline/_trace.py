@@ -251,9 +251,9 @@ class Trace:
             "format": TRACE_FORMAT,
             "version": TRACE_VERSION,
             **{key: getattr(self, key) for key in _SCALARS},
-            "duration": _r(self.duration),
+            "duration": _plain(self.duration),
             "devices": [asdict(d) for d in self.devices],
-            "samples": [[_r(s.t), *s.used] for s in self.samples],
+            "samples": [[_plain(s.t), *s.used] for s in self.samples],
             "tests": [
                 {key: _plain(getattr(t, key)) for key in _TEST_KEYS}
                 | ({"owners": [_owners_json(o) for o in t.owners]} if t.owners else {})
@@ -319,14 +319,10 @@ def lanes(spans: Sequence[TestSpan | WaitSpan], most: int | None = None) -> list
     return out
 
 
-def _r(t: float) -> float:
-    return round(t, 6)
-
-
 def _plain(value: object) -> Any:
-    """A span's field as its JSON holds it: a time to the microsecond, a tuple as a list."""
+    """A value as the JSON holds it: a time to the microsecond, a tuple as a list."""
     if isinstance(value, float):
-        return _r(value)
+        return round(value, 6)
     return list(value) if isinstance(value, tuple) else value
 
 
