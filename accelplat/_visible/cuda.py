@@ -9,6 +9,7 @@ this module is on the detection path, where a frozen dataclass costs about a mil
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -19,8 +20,8 @@ ENV_CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
 _GPU_PREFIX = "GPU-"
 _MIG_PREFIX = "MIG-"
 _WHITESPACE = " \t\n\r\v\f"
-_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
-_UUID_DIGITS = 32
+_MIG_LEGACY_RE = re.compile(r"MIG-GPU-([^/]*)/([0-9]+)/([0-9]+)\Z")
+_UUID_DIGITS_RE = re.compile(r"(?:-*[0-9a-fA-F]){32}|[-0-9a-fA-F]*\Z")
 
 
 class EntryKind(str, enum.Enum):  # what one entry of CUDA_VISIBLE_DEVICES names
@@ -43,10 +44,6 @@ class CudaVisibleSpec(NamedTuple):  # the variable (raw; None: unset): entries b
     raw: str | None
     entries: tuple[VisibleEntry, ...]
     stopped_at: str | None = None
-
-    @property
-    def unset(self) -> bool:  # every GPU is visible
-        return self.raw is None
 
 
 class MigRecord(NamedTuple):  # one MIG device of a GPU (instance ids for the legacy form)
@@ -121,17 +118,10 @@ def _parse_ordinal(text: str) -> VisibleEntry | None:
 def _read_uuid_digits(body: str) -> str | None:
     """Read UUID digits as CUDA does; ``None`` when the text is not a UUID (prefix)."""
     # Hex digits in either case, dashes skipped wherever they are; any other character before
-    # the 32nd digit, or no digit at all ("GPU-"), makes the entry invalid.
-    digits: list[str] = []
-    for char in body:
-        if len(digits) == _UUID_DIGITS:
-            break  # a whole UUID has been read: the rest of the entry does not matter
-        if char == "-":
-            continue
-        if char not in _HEX_DIGITS:
-            return None
-        digits.append(char)
-    return "".join(digits).lower() or None
+    # the 32nd digit, or no digit at all ("GPU-"), makes the entry invalid. After a whole UUID
+    # (32 digits) the rest of the entry does not matter.
+    match = _UUID_DIGITS_RE.match(body)
+    return None if match is None else match.group(0).replace("-", "").lower() or None
 
 
 def uuid_digits(uuid: str) -> str:
@@ -145,12 +135,10 @@ def _parse_uuid_entry(text: str) -> VisibleEntry | None:
     prefix, rest = text[:head], text[head:]
     if prefix not in (_GPU_PREFIX, _MIG_PREFIX):
         return None
-    if prefix == _MIG_PREFIX and rest.startswith(_GPU_PREFIX) and "/" in rest:
-        parts = rest.split("/")
-        if len(parts) != 3 or not all(p.isdigit() and p.isascii() for p in parts[1:]):
-            return None
-        digits = _read_uuid_digits(parts[0][head:])
-        gi, ci = _decimal(parts[1]), _decimal(parts[2])  # the GPU and compute instance ids
+    legacy = _MIG_LEGACY_RE.match(text)  # else "MIG-GPU-…" is no MIG UUID either ("G")
+    if legacy is not None:
+        digits = _read_uuid_digits(legacy[1])
+        gi, ci = _decimal(legacy[2]), _decimal(legacy[3])  # the GPU and compute instance ids
         if digits is None or gi is None or ci is None:
             return None  # an instance id that overflows names no MIG device
         return VisibleEntry(EntryKind.MIG_LEGACY, text, None, _GPU_PREFIX + digits, gi, ci)
@@ -195,7 +183,10 @@ def _resolve_entry(
     legacy = entry.kind is EntryKind.MIG_LEGACY
     if len(hits) != 1:  # no UUID starts with the entry, or several do
         what = "MIG device or GPU" if mig else "GPU"
-        return None, _no_unique(what, entry.uuid_prefix if legacy else entry.text, len(hits))
+        text = shown(entry.uuid_prefix if legacy else entry.text)
+        if not hits:
+            return None, f"{text} matches no {what}"
+        return None, f"{text} is ambiguous: it is a prefix of {len(hits)} {what} UUIDs"
     gpu, uuid = hits[0]
     if not legacy:
         return VisibleTarget(gpu.nvml_index, uuid, mig=uuid.startswith(_MIG_PREFIX)), ""
@@ -207,12 +198,6 @@ def _resolve_entry(
         f"GPU {gpu.uuid} has no MIG device with GPU instance {entry.gpu_instance_id} "
         f"and compute instance {entry.compute_instance_id}"
     )
-
-
-def _no_unique(what: str, text: str, count: int) -> str:
-    if count == 0:
-        return f"{shown(text)} matches no {what}"
-    return f"{shown(text)} is ambiguous: it is a prefix of {count} {what} UUIDs"
 
 
 def _apply_mig_rule(
@@ -260,7 +245,7 @@ def resolve_cuda_visible_devices(
         spec = parse_cuda_visible_devices(spec)
     notes: list[str] = []
     targets: list[VisibleTarget] = []
-    if spec.unset:
+    if spec.raw is None:  # unset: every GPU is visible
         targets = [VisibleTarget(g.nvml_index, g.uuid) for g in gpus]
     else:
         seen: dict[VisibleTarget, str] = {}  # each target, and the entry that named it

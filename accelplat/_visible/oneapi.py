@@ -18,13 +18,15 @@ ENV_AFFINITY_MASK = "ZE_AFFINITY_MASK"
 ENV_DEVICE_SELECTOR = "ONEAPI_DEVICE_SELECTOR"
 ENV_FLAT_DEVICE_HIERARCHY = "ZE_FLAT_DEVICE_HIERARCHY"
 
-_INDEX_RE = re.compile(r"^[0-9]+$")
 _MAX_INDEX_DIGITS = 18
 _HUGE_INDEX: int = 10**_MAX_INDEX_DIGITS  # any index too long to read: it selects nothing
 # Selector backends other than level_zero and * are accepted and select no XPU device; the
 # grammar (intel/llvm sycl/doc/EnvironmentVariables.md) has no "acc" device type.
 _BACKENDS = frozenset({"level_zero", "*", "opencl", "cuda", "hip", "native_cpu"})
 _NO_XPU_TYPES = frozenset({"cpu", "fpga"})
+# A selector's device: a whole one (group 1: "*", "gpu", a type without XPUs, an index), or a
+# sub-device "N.M" or "N.*"
+_ITEM_RE = re.compile(rf"(\*|gpu|{'|'.join(sorted(_NO_XPU_TYPES))}|[0-9]+)|[0-9]+\.(?:\*|[0-9]+)")
 _STOUL_RE = re.compile(r"^\s*\+?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
 
 
@@ -161,16 +163,13 @@ def _parse_selector(value: str) -> list[_Term]:
 
 
 def _check_item(item: str, negative: bool, value: str) -> None:
-    if item in ("*", "gpu") or item in _NO_XPU_TYPES or _INDEX_RE.match(item):
-        return
-    head, dot, tail = item.partition(".")
-    if dot and _INDEX_RE.match(head) and (tail == "*" or _INDEX_RE.match(tail)):
-        if negative:
-            words = f"a '!' term cannot name a sub-device ({shown(item)})"
-            raise _error(ENV_DEVICE_SELECTOR, value, words)
-        return
-    words = "(supported: '*', 'gpu', an index 'N', 'N.M' or 'N.*')"
-    raise _error(ENV_DEVICE_SELECTOR, value, f"unsupported device {shown(item)} {words}")
+    match = _ITEM_RE.fullmatch(item)
+    if match is None:
+        words = "(supported: '*', 'gpu', an index 'N', 'N.M' or 'N.*')"
+        raise _error(ENV_DEVICE_SELECTOR, value, f"unsupported device {shown(item)} {words}")
+    if negative and match[1] is None:
+        words = f"a '!' term cannot name a sub-device ({shown(item)})"
+        raise _error(ENV_DEVICE_SELECTOR, value, words)
 
 
 def apply_device_selector(

@@ -46,15 +46,6 @@ def _strtol(token: str) -> int:
     return -value if sign == "-" else value
 
 
-def _rocr_uuid_match(token: str, uuids: Sequence[str | None]) -> int:
-    """Return the only GPU whose upper-cased UUID starts with ``token``, else ``-1``."""
-    # A prefix of 5 to 20 characters; a GPU whose unique_id is 0 ("Invalid-UUID") matches none.
-    if not 5 <= len(token) <= 20:
-        return -1
-    hits = [i for i, u in enumerate(uuids) if u is not None and u.upper().startswith(token)]
-    return hits[0] if len(hits) == 1 else -1
-
-
 def _entries(value: str, count: int, uuids: Sequence[str | None] | None) -> list[str]:
     """The comma-separated entries of ``value``, less an empty last one."""
     # C++ getline on a stringstream yields no empty token after a trailing comma (ROCr), and HIP
@@ -87,7 +78,10 @@ def parse_rocr_visible_devices(
         if token.startswith("G"):  # a UUID: GPU- and the hex digits of unique_id, or a prefix
             if uuids is None:
                 raise _uuids_unknown(f"{ENV_ROCR_VISIBLE_DEVICES}={shown(value)}")
-            index = _rocr_uuid_match(token, uuids)
+            # The only GPU whose upper-cased UUID starts with a prefix of 5 to 20 characters; a
+            # GPU whose unique_id is 0 ("Invalid-UUID") matches none.
+            hits = [i for i, u in enumerate(uuids) if u is not None and u.upper().startswith(token)]
+            index = hits[0] if len(hits) == 1 and 5 <= len(token) <= 20 else -1
         else:
             index = _strtol(token)
         if not 0 <= index < count or index in chosen:
@@ -135,9 +129,7 @@ def select_hip_variable(env: Mapping[str, str]) -> tuple[str, str] | None:
         )
     if hip is not None:
         return ENV_HIP_VISIBLE_DEVICES, hip
-    if cuda is not None:
-        return ENV_CUDA_VISIBLE_DEVICES, cuda
-    return None
+    return None if cuda is None else (ENV_CUDA_VISIBLE_DEVICES, cuda)
 
 
 def visible_physical_indices(

@@ -44,9 +44,9 @@ def uuids(value: str | None, gpus: list[GpuRecord]) -> list[str]:
 
 
 def test_unset_is_distinct_from_empty() -> None:
-    assert parse_cuda_visible_devices(None).unset
+    assert parse_cuda_visible_devices(None).raw is None
     spec = parse_cuda_visible_devices("")
-    assert not spec.unset
+    assert spec.raw == ""
     assert spec.entries == ()
     assert spec.stopped_at == ""
 

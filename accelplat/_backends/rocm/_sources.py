@@ -79,7 +79,8 @@ class SysfsSource(Source):
         self._sysfs = sysfs
         self._topology = topology
         self._reader = reader
-        self.uuids_known = topology.uuids_known
+        # without a KFD topology (cards in PCI order) no GPU has a node, or a UUID
+        self.uuids_known = all(gpu.node is not None for gpu in topology.gpus)
 
     def gpus(self) -> list[Gpu]:
         return self._topology.gpus
@@ -94,8 +95,7 @@ class SysfsSource(Source):
         device = gpu.card.path / "device"
         total = self._reader.integer(device / "mem_info_vram_total")
         used = self._reader.integer(device / "mem_info_vram_used")
-        node = gpu.node
-        bank = node.bank_bytes if node is not None else None
+        bank = gpu.node.bank_bytes if gpu.node is not None else None
         # An APU with apu_prefer_gtt (VRAM carve-out smaller than GTT, amdgpu_ttm.c) gives KFD the
         # TTM page limit, not VRAM (amdgpu_amdkfd_get_local_mem_info): its bank exceeds the
         # carve-out that mem_info_vram_* show, and used there does not move while torch allocates.
@@ -106,9 +106,8 @@ class SysfsSource(Source):
         # A partition gets mem_partition.size / num_xcp_per_mem_partition (CAPPING_EVEN,
         # amdgpu_amdkfd_xcp_memory_size): its KFD bank, which HIP reports; sysfs and amdsmi give
         # every partition the whole card (ROCm/amdsmi#97, ROCm/ROCm#4750).
-        by_pid = self._kfd_vram(node.gpu_id) if node is not None else None
-        kfd_used = None if by_pid is None else sum(by_pid.values())
-        if bank is None or kfd_used is None:
+        by_pid = self._kfd_vram(gpu)
+        if bank is None or by_pid is None:
             if apu:
                 raise BackendError(
                     "rocm",
@@ -123,11 +122,13 @@ class SysfsSource(Source):
             )
             return _reading(where, total=total, used=used, source=source)
         source = SOURCE_PARTITION.format(k=gpu.partition or 0, n=gpu.partitions)
-        where = f"GPU {gpu.physical_index} (KFD memory bank)"
-        return _reading(where, total=bank, used=kfd_used, source=SOURCE_APU if apu else source)
+        where, used = f"GPU {gpu.physical_index} (KFD memory bank)", sum(by_pid.values())
+        return _reading(where, total=bank, used=used, source=SOURCE_APU if apu else source)
 
-    def _kfd_vram(self, gpu_id: int) -> dict[int, int] | None:
-        # Bytes of VRAM per process on gpu_id from KFD's process files; None if absent.
+    def _kfd_vram(self, gpu: Gpu) -> dict[int, int] | None:
+        # Bytes of VRAM per process on the GPU from KFD's process files; None if absent.
+        if gpu.node is None:
+            return None
         proc = self._sysfs / "class" / "kfd" / "kfd" / "proc"
         try:
             pids = [int(p) for p in _files.listdir(proc) if p.isascii() and p.isdigit()]
@@ -136,13 +137,13 @@ class SysfsSource(Source):
         out: dict[int, int] = {}
         for pid in sorted(pids):
             try:
-                out[pid] = self._reader.integer(proc / str(pid) / f"vram_{gpu_id}")
+                out[pid] = self._reader.integer(proc / str(pid) / f"vram_{gpu.node.gpu_id}")
             except BackendError:
                 continue  # the process exited, or does not use this GPU
         return out
 
     def holders(self, gpu: Gpu) -> list[MemoryHolder] | None:
-        by_pid = self._kfd_vram(gpu.node.gpu_id) if gpu.node is not None else None
+        by_pid = self._kfd_vram(gpu)
         if by_pid is None:
             return None
         return [make_holder(pid, used) for pid, used in by_pid.items() if used > 0]
@@ -220,46 +221,42 @@ class AmdSmiSource(Source):
 
     def __init__(self, module: Any) -> None:
         self._m = module
-        self._gpus = self._enumerate()  # once: handles stay valid while amdsmi is initialised
-
-    def gpus(self) -> list[Gpu]:
-        return self._gpus
-
-    def _enumerate(self) -> list[Gpu]:
-        m = self._m
+        # The GPUs, once: handles stay valid while amdsmi is initialised.
         try:
-            handles = list(m.amdsmi_get_processor_handles())
+            handles = list(module.amdsmi_get_processor_handles())
         except Exception as exc:
             raise BackendError(
                 "rocm", f"amdsmi_get_processor_handles failed: {exc}", type(exc).__name__
             ) from exc
-        rows: list[tuple[int | None, int, Gpu]] = []
+        rows: list[tuple[int | None, Gpu]] = []
         for position, handle in enumerate(handles):
             hip_id: int | None = None
             uuid: str | None = None
             bdf: str | None = None
             name, arch = "AMD GPU", None
             with contextlib.suppress(Exception):  # older amdsmi: no enumeration info
-                info = m.amdsmi_get_gpu_enumeration_info(handle)
+                info = module.amdsmi_get_gpu_enumeration_info(handle)
                 raw, text = info.get("hip_id"), info.get("hip_uuid")
                 hip_id = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
                 uuid = text if isinstance(text, str) and text.startswith("GPU-") else None
             with contextlib.suppress(Exception):
-                bdf = str(m.amdsmi_get_gpu_device_bdf(handle)).lower()
+                bdf = str(module.amdsmi_get_gpu_device_bdf(handle)).lower()
             with contextlib.suppress(Exception):
-                asic = m.amdsmi_get_gpu_asic_info(handle)
+                asic = module.amdsmi_get_gpu_asic_info(handle)
                 name = str(asic.get("market_name") or name)
                 target = str(asic.get("target_graphics_version") or "").strip().lower()
                 arch = target if _GFX_RE.match(target) else None
-            rows.append(
-                (hip_id, position, Gpu(position, name, uuid, bdf, handle=handle, arch=arch))
-            )
+            rows.append((hip_id, Gpu(position, name, uuid, bdf, handle=handle, arch=arch)))
         # amdsmi's handle order may differ from HIP's, hence hip_id; one missing: PCI order for all
-        if all(row[0] is not None for row in rows):
-            rows.sort(key=lambda r: (r[0] or 0, r[1]))
+        # (the sort is stable: ties keep the handle order)
+        if all(hip_id is not None for hip_id, _ in rows):
+            rows.sort(key=lambda r: r[0] or 0)
         else:
-            rows.sort(key=lambda r: (pci_sort_key(r[2].pci_bus_id), r[1]))
-        return [dataclasses.replace(gpu, physical_index=i) for i, (_, _, gpu) in enumerate(rows)]
+            rows.sort(key=lambda r: pci_sort_key(r[1].pci_bus_id))
+        self._gpus = [dataclasses.replace(gpu, physical_index=i) for i, (_, gpu) in enumerate(rows)]
+
+    def gpus(self) -> list[Gpu]:
+        return self._gpus
 
     def memory(self, gpu: Gpu) -> MemoryInfo:
         # Bytes (they wrap the sysfs files). Never amdsmi_get_gpu_vram_usage: MB, and seen stale

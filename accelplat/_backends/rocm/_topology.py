@@ -103,7 +103,6 @@ class Gpu:  # one GPU in ROCr's order, whatever the source
 @dataclass
 class Topology:
     gpus: list[Gpu]
-    uuids_known: bool
     cards: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -283,17 +282,17 @@ def scan_topology(
     reader = SysfsReader("rocm", read)
     cards = _scan_cards(reader, read, sysfs, notes)
     if not cards:
-        return Topology([], uuids_known=False, notes=notes)
+        return Topology([], notes=notes)
     try:
         nodes = _scan_nodes(reader, sysfs, dev, notes, open_device)
     except _TopologyFailedError as exc:
         notes.insert(0, str(exc))
-        return Topology([], uuids_known=True, cards=len(cards), notes=notes)
+        return Topology([], cards=len(cards), notes=notes)
     if nodes is None:  # no KFD: the order the driver probes cards in on ordinary machines
         ordered = sorted(cards, key=lambda c: (pci_sort_key(c.pci_bus_id), c.name))
         notes.append("no KFD topology: cards ordered by PCI address")
         gpus = [Gpu(i, c.label, None, c.pci_bus_id, card=c) for i, c in enumerate(ordered)]
-        return Topology(gpus, uuids_known=False, cards=len(cards), notes=notes)
+        return Topology(gpus, cards=len(cards), notes=notes)
     if dev is not None:
         try:
             open_device(dev / "kfd")
@@ -302,7 +301,7 @@ def scan_topology(
             if isinstance(exc, FileNotFoundError):
                 what = "is missing"
             notes.insert(0, f"{dev / 'kfd'} {what}: the ROCm runtime cannot open any GPU")
-            return Topology([], uuids_known=True, cards=len(cards), notes=notes)
+            return Topology([], cards=len(cards), notes=notes)
     # A node is tied to its card by drm_render_minor: partition 0 "shares drm device setting
     # with adev" (amdgpu_xcp.c amdgpu_xcp_dev_alloc), so its renderD is under the card's
     # device/drm. Partitions 1..N-1 have DRM devices on amdgpu_xcp platform devices, with no PCI
@@ -334,4 +333,4 @@ def scan_topology(
             i, label or "AMD GPU", node.uuid, pci, card, node, count, partition, arch=node.arch
         )
         found_gpus.append(gpu)
-    return Topology(found_gpus, uuids_known=True, cards=len(cards), notes=notes)
+    return Topology(found_gpus, cards=len(cards), notes=notes)

@@ -54,14 +54,11 @@ def _real(value: object, where: str, expected: str) -> None:
         raise FIELDS.error(where, expected, value)
 
 
-def check_time(value: object, where: str, *, positive: bool = False) -> float:
-    """Return ``value`` as seconds in ``[0, MAX_TIME_S]`` (``> 0`` when ``positive``)."""
+def check_time(value: object, where: str) -> float:
+    """Return ``value`` as seconds in ``[0, MAX_TIME_S]``."""
     expected = f"finite, in [0, {MAX_TIME_S:g}] s"
     _real(value, where, expected)
-    number = _validate.number(value, where, minimum=0, maximum=MAX_TIME_S, expected=expected)
-    if positive:
-        _validate.number(value, where, above=0, expected="> 0 s")
-    return number
+    return _validate.number(value, where, minimum=0, maximum=MAX_TIME_S, expected=expected)
 
 
 @dataclass(frozen=True)
@@ -136,7 +133,8 @@ class LazyRelease:
 
     def __post_init__(self) -> None:
         _check_release(self)
-        check_time(self.tau_s, "tau", positive=True)
+        check_time(self.tau_s, "tau")
+        _validate.number(self.tau_s, "tau", above=0, expected="> 0 s")
         check_time(self.delay_s, "delay")
         # 0: the finest, one byte
         object.__setattr__(self, "granularity", check_size(self.granularity, "granularity") or 1)
@@ -313,7 +311,6 @@ class SimulatedSpec:
 
 _T = TypeVar("_T")
 _list = FIELDS.array
-_bool = FIELDS.boolean
 
 
 def _size(value: object, where: str) -> int:
@@ -402,7 +399,7 @@ def _release(raw: object) -> ReleaseProfile:
     data = _table(raw, "release", {"lazy", "stable_duration_s", "settle_timeout_s", "idle_floor"})
     get, idle = data.get, "release.idle_floor"
     return ReleaseProfile(
-        lazy=_bool(get("lazy", False), "release.lazy"),
+        lazy=FIELDS.boolean(get("lazy", False), "release.lazy"),
         stable_duration_s=check_time(get("stable_duration_s", 0.0), "release.stable_duration_s"),
         settle_timeout_s=check_time(get("settle_timeout_s", 120.0), "release.settle_timeout_s"),
         idle_floor_bytes=check_size(_size(get("idle_floor", 0), idle), idle),
@@ -411,7 +408,7 @@ def _release(raw: object) -> ReleaseProfile:
 
 def _graph(raw: object) -> GraphSupport:
     data = _table(raw, "graph", {"available", "api", "reason"})
-    available = _bool(data.get("available", False), "graph.available")
+    available = FIELDS.boolean(data.get("available", False), "graph.available")
     api = data.get("api")
     if api is not None:
         check_text(api, "graph.api")
