@@ -11,7 +11,7 @@ import gc
 import json
 import os
 from collections import defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import cached_property, partial
 from pathlib import Path
@@ -209,10 +209,9 @@ class Trace:
         """
         return tuple(None if v is None else v[0].leaked for v in self._verdicts(span))
 
-    def _verdicts(self, span: TestSpan) -> list[tuple[Blame, Leak] | None]:
+    def _verdicts(self, span: TestSpan) -> Iterator[tuple[Blame, Leak] | None]:
         # Per device the leak rule's verdict on ``span`` and the leak it is if it is one.
         owned = {o.device: o for o in span.owners}
-        out: list[tuple[Blame, Leak] | None] = []
         held = self.held_after(span)
         rows = zip(self.devices, span.used_before, span.used_after, held, strict=False)
         for dev, before, at_end, after in rows:
@@ -220,15 +219,14 @@ class Trace:
             if record is not None:
                 blame = judge(record.before, record.after, record.context)
                 used = record.before.used, record.after.used, record.after.used
-                out.append((blame, Leak(span.nodeid, dev.index, *used, blame)))
+                yield (blame, Leak(span.nodeid, dev.index, *used, blame))
             elif before is None or after is None:
-                out.append(None)
+                yield None
             else:
                 judged = self.accelerator
                 blame = judge(Holdings(before, judged=judged), Holdings(after, judged=judged))
                 end = after if at_end is None else at_end
-                out.append((blame, Leak(span.nodeid, dev.index, before, end, after)))
-        return out
+                yield (blame, Leak(span.nodeid, dev.index, before, end, after))
 
     def leaks(self) -> list[Leak]:
         """Return every (test, device) the leak rule blames beyond the tolerance, largest first.
