@@ -62,7 +62,7 @@ _MAX_GPUS = 4096
 _MAX_MIG_SLOTS = 64
 
 _CUDA_ORDER_SCRIPT = r"""
-import ctypes, sys
+import ctypes, sys, uuid
 try:
     lib = ctypes.CDLL("libcuda.so.1")
 except OSError as exc:
@@ -74,15 +74,12 @@ rc = lib.cuInit(0)
 if rc == 100:  # CUDA_ERROR_NO_DEVICE: nothing visible
     sys.exit(0)
 check(rc, "cuInit")
-count = ctypes.c_int(0)
+count, dev, raw = ctypes.c_int(0), ctypes.c_int(0), (ctypes.c_ubyte * 16)()
 check(lib.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
 for ordinal in range(count.value):
-    dev = ctypes.c_int(0)
     check(lib.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
-    raw = (ctypes.c_ubyte * 16)()
     check(lib.cuDeviceGetUuid(raw, dev), "cuDeviceGetUuid")
-    h = bytes(raw).hex()
-    print("GPU-%s-%s-%s-%s-%s" % (h[:8], h[8:12], h[12:16], h[16:20], h[20:]))
+    print("GPU-%s" % uuid.UUID(bytes=bytes(raw)))
 """
 
 
