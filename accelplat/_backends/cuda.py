@@ -380,14 +380,14 @@ class CudaPlatform(BasePlatform):
         pci_sorted = _pci_order(gpus)
         if is_pci_bus_order(order) or len({g.name for g in gpus}) <= 1:
             return pci_sorted, ()
+        by_uuid = {g.uuid: g for g in gpus}
         cache_key = (order, tuple(g.uuid for g in pci_sorted))
         cached = self._order_cache.get(cache_key)
         if cached is None:
             env = {k: v for k, v in os.environ.items() if k != ENV_CUDA_VISIBLE_DEVICES}
             try:
                 uuids = [str(u) for u in self._order_resolver(env)]
-                known = {g.uuid for g in gpus}
-                strangers = [u for u in uuids if u not in known]
+                strangers = [u for u in uuids if u not in by_uuid]
                 if strangers or not uuids:
                     why = f"CUDA listed {len(uuids)} device(s), {len(strangers)} unknown to NVML"
                     raise RuntimeError(why)
@@ -401,7 +401,6 @@ class CudaPlatform(BasePlatform):
                 )
             self._order_cache[cache_key] = cached
         uuids, note = cached
-        by_uuid = {g.uuid: g for g in gpus}
         return [by_uuid[u] for u in uuids], ((note,) if note else ())
 
     def _with_named_migs(
@@ -409,16 +408,13 @@ class CudaPlatform(BasePlatform):
     ) -> list[GpuRecord]:
         """Add MIG devices named by full UUID that enumeration did not list (NVML finds them)."""
         known = {uuid_digits(m.uuid) for g in gpus for m in g.mig_devices}
-        extra = [
-            _dashed(e.uuid_prefix)
-            for e in entries
-            if e.kind is EntryKind.MIG_UUID
-            and e.uuid_prefix is not None
-            and len(e.uuid_prefix) == _FULL_MIG_DIGITS
-            and e.uuid_prefix not in known
-        ]
         result = list(gpus)
-        for uuid in extra:
+        for entry in entries:
+            digits = entry.uuid_prefix or ""
+            wanted = entry.kind is EntryKind.MIG_UUID and len(digits) == _FULL_MIG_DIGITS
+            if not wanted or digits in known:
+                continue
+            uuid = _dashed(digits)
             try:
                 mig_handle = nv.nvmlDeviceGetHandleByUUID(uuid)
                 parent = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig_handle)
