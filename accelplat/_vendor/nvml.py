@@ -236,8 +236,7 @@ def acquire() -> Any:
     """Mark one call in flight (pair with :func:`release`) and return ``pynvml``, initialised."""
     st = _state
     with st.cond:
-        while st.closing:
-            st.cond.wait()
+        st.cond.wait_for(lambda: not st.closing)
         if not st.initialized or sys.modules.get(MODULE_NAME) is not st.origin:
             st.initialized = False
             _initialize_locked(st)
@@ -279,14 +278,12 @@ def shutdown() -> bool:
     global _generation
     st = _state
     with st.cond:
-        while st.closing:
-            st.cond.wait()
+        st.cond.wait_for(lambda: not st.closing)
         if not st.initialized:
             return False
         st.closing = True
         try:
-            while st.active > 0:
-                st.cond.wait()
+            st.cond.wait_for(lambda: st.active <= 0)
             module = st.module
             st.initialized = False
             _generation += 1
