@@ -169,12 +169,10 @@ def _mig_devices(nv: Any, handle: Any, index: int) -> tuple[bool, tuple[MigRecor
 def _describe_mig(nv: Any, mig_handle: Any, what: str) -> MigRecord:
     uuid = _text(_call(nv, f"reading the UUID of {what}", "nvmlDeviceGetUUID", mig_handle))
     name = _text(_call(nv, f"reading the name of {what}", "nvmlDeviceGetName", mig_handle))
-    ids: list[int | None] = []
-    for fn in ("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"):
-        try:
-            ids.append(int(getattr(nv, fn)(mig_handle)))
-        except Exception:  # only needed for the legacy MIG-GPU-…/gi/ci form
-            ids.append(None)
+    ids: list[int | None] = [None, None]
+    for i, fn in enumerate(("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId")):
+        with contextlib.suppress(Exception):  # only needed for the legacy MIG-GPU-…/gi/ci form
+            ids[i] = int(getattr(nv, fn)(mig_handle))
     return MigRecord(uuid, ids[0], ids[1], name, mig_handle)
 
 
