@@ -56,10 +56,8 @@ _generation = 0  # bumped on every nvmlInit and fork: caches of NVML handles com
 
 
 def _load_live() -> _boundary.Loaded:
-    if MODULE_NAME not in sys.modules:
-        missing = library_missing()
-        if missing is not None:
-            return None, missing, "NVMLError_LibraryNotFound"
+    if MODULE_NAME not in sys.modules and (missing := library_missing()) is not None:
+        return None, missing, "NVMLError_LibraryNotFound"
     try:
         return _import_live(), "", ""
     except NvmlUnavailableError as exc:
