@@ -81,14 +81,6 @@ def _read_open(path: str, fd: int, limit: int, *, at_offsets: bool) -> bytes:
     return b"".join(chunks)
 
 
-def _read_regular(path: str, limit: int, *, follow_links: bool) -> bytes:
-    fd, _ = _open_regular(path, follow_links=follow_links)
-    try:
-        return _read_open(path, fd, limit, at_offsets=False)
-    finally:
-        os.close(fd)
-
-
 class _KeptOpen:
     # Before each read fstat confirms the descriptor still names its file: a number closed and
     # reused by someone else is forgotten (never closed). A forked child opens its own (sharing
@@ -135,7 +127,7 @@ class HostFiles:
     def read_bytes(self, path: str, limit: int) -> bytes:
         if path in KEPT_OPEN:
             return _kept_open.read(path, limit)
-        return _read_regular(path, limit, follow_links=True)
+        return read_live(path, limit=limit)
 
     def listdir(self, path: str) -> list[str]:
         """Return the names in directory ``path`` (any order); ``OSError`` if there is none."""
@@ -193,7 +185,12 @@ def read_live(path: PathLike, *, limit: int, follow_links: bool = True) -> bytes
 
     ``follow_links=False`` refuses a symbolic link (``ELOOP``), for directories others may write.
     """
-    return _read_regular(os.fspath(path), limit, follow_links=follow_links)
+    name = os.fspath(path)
+    fd, _ = _open_regular(name, follow_links=follow_links)
+    try:
+        return _read_open(name, fd, limit, at_offsets=False)
+    finally:
+        os.close(fd)
 
 
 def listdir(path: PathLike) -> list[str]:  # OSError if there is no such directory

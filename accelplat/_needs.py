@@ -121,8 +121,7 @@ def _accelerators(n: int) -> str:
     return "an accelerator" if n == 1 else f"{n} accelerators"
 
 
-def _need_device_memory(platform: Platform, need: int, devices: int) -> str | None:
-    count = accelerator_count(platform)
+def _need_device_memory(platform: Platform, need: int, devices: int, count: int) -> str | None:
     if count < devices:
         return (
             f"needs {format_bytes(need)} device memory on {_accelerators(devices)}, "
@@ -179,7 +178,7 @@ def unmet(need: Needs, platform: Platform) -> list[str]:
                 reasons.append(f"needs {req.text}{where}: {why}")
                 break
     if need.device_memory is not None:
-        reasons.append(_need_device_memory(platform, need.device_memory, need.devices or 1))
+        reasons.append(_need_device_memory(platform, need.device_memory, need.devices or 1, count))
     if need.shm is not None:
         reasons.append(_need_shm(need.shm, need.shm_path))
     return list(dict.fromkeys(r for r in reasons if r is not None))

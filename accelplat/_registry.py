@@ -378,20 +378,20 @@ def _run_bounded(entry: _Entry, work: Callable[[], _Considered], timeout: float)
             "skipped: its load or probe from an earlier detection is still running "
             f"(did not finish within {timeout:g} s)"
         )
-        return Candidate(entry.name, False, False, reason, entry.name in _BUILTINS), None
-    box: list[_Considered] = []  # work() reports its own errors as an unavailable outcome
-    name = f"accelplat-probe-{entry.name}"
-    thread = threading.Thread(target=lambda: box.append(work()), name=name, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive() or not box:
+    else:
+        box: list[_Considered] = []  # work() reports its own errors as an unavailable outcome
+        name = f"accelplat-probe-{entry.name}"
+        thread = threading.Thread(target=lambda: box.append(work()), name=name, daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if box and not thread.is_alive():
+            return box[0]
         entry.pending = thread
         reason = (
             f"skipped: load or probe did not finish within {timeout:g} s "
             f"(raise {ENV_PROBE_TIMEOUT} if it is merely slow)"
         )
-        return Candidate(entry.name, False, False, reason, entry.name in _BUILTINS), None
-    return box[0]
+    return Candidate(entry.name, False, False, reason, entry.name in _BUILTINS), None
 
 
 def _consider(entry: _Entry, timeout: float) -> Candidate:

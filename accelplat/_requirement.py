@@ -162,16 +162,14 @@ class Not:
 
 
 @dataclass(frozen=True, slots=True)
-class All:  # "and"
+class Join:
+    """``a and b and …`` (``op`` ``"and"``) or ``a or b or …`` (``"or"``)."""
+
+    op: str
     operands: tuple[Node, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class AnyOf:  # "or"
-    operands: tuple[Node, ...]
-
-
-Node = Name | ArchIs | Compare | Not | All | AnyOf
+Node = Name | ArchIs | Compare | Not | Join
 _OPS: dict[str, Callable[[int, int], bool]] = {
     ">=": lambda a, b: a >= b,
     "<=": lambda a, b: a <= b,
@@ -182,22 +180,13 @@ _OPS: dict[str, Callable[[int, int], bool]] = {
 }
 
 
-def _joined(kind: type[All] | type[AnyOf], nodes: Iterable[Node]) -> Node:
+def joined(op: str, nodes: Iterable[Node]) -> Node:
+    """``a <op> b <op> …``: nested joins of ``op`` flattened, repeats dropped; one: itself."""
     flat: list[Node] = []
-    for node in nodes:  # (a and b) and c -> a and b and c; a repeated operand once
-        flat.extend(node.operands if isinstance(node, kind) else (node,))
+    for node in nodes:  # (a and b) and c -> a and b and c
+        flat.extend(node.operands if isinstance(node, Join) and node.op == op else (node,))
     unique = tuple(dict.fromkeys(flat))
-    return unique[0] if len(unique) == 1 else kind(unique)
-
-
-def all_of(*nodes: Node) -> Node:
-    """``a and b and …`` (nested "and"s flattened, repeats dropped; one operand: itself)."""
-    return _joined(All, nodes)
-
-
-def any_of(*nodes: Node) -> Node:
-    """``a or b or …`` (nested "or"s flattened, repeats dropped; one operand: itself)."""
-    return _joined(AnyOf, nodes)
+    return unique[0] if len(unique) == 1 else Join(op, unique)
 
 
 def negate(node: Node) -> Node:
@@ -208,10 +197,8 @@ def negate(node: Node) -> Node:
     """
     if isinstance(node, Not):
         return node.operand
-    if isinstance(node, All):
-        return any_of(*(negate(o) for o in node.operands))
-    if isinstance(node, AnyOf):
-        return all_of(*(negate(o) for o in node.operands))
+    if isinstance(node, Join):
+        return joined("or" if node.op == "and" else "and", (negate(o) for o in node.operands))
     return Not(node)
 
 
@@ -243,8 +230,8 @@ def render(node: Node, outer: int = 0) -> str:
         return f"capability{node.op}{f'{node.number // 10}x' if node.family else node.number}"
     if isinstance(node, Not):
         return f"not {render(node.operand, 3)}"
-    level, joiner = (2, " and ") if isinstance(node, All) else (1, " or ")
-    inner = joiner.join(render(o, level) for o in node.operands)
+    level = 2 if node.op == "and" else 1
+    inner = f" {node.op} ".join(render(o, level) for o in node.operands)
     return f"({inner})" if outer not in (0, level) else inner
 
 
@@ -289,12 +276,12 @@ def _parse(text: str, classify: Callable[[str], Node]) -> Node:
         """Level 0: an "or" of level 1s; 1: an "and" of level 2s; 2: a word, "not" or "(…)"."""
         nonlocal pos
         if level < 2:
-            keyword, join = ("or", any_of) if level == 0 else ("and", all_of)
+            keyword = "or" if level == 0 else "and"
             parts = [operand(depth, level + 1)]
             while tokens[pos] == ("keyword", keyword):
                 pos += 1
                 parts.append(operand(depth, level + 1))
-            return join(*parts)
+            return joined(keyword, parts)
         if depth > MAX_DEPTH:
             raise error(f"nests deeper than {MAX_DEPTH} levels")
         kind, value = take()
@@ -346,7 +333,7 @@ def _walk(node: Node) -> Iterator[Node]:
     yield node
     if isinstance(node, Not):
         yield from _walk(node.operand)
-    elif isinstance(node, All | AnyOf):
+    elif isinstance(node, Join):
         for operand in node.operands:
             yield from _walk(operand)
 
@@ -377,7 +364,7 @@ def _decide(
         held, why = _decide(node.operand, platform, info, table)
         return not held, why
     results = [_decide(o, platform, info, table) for o in node.operands]
-    if isinstance(node, All):
+    if node.op == "and":
         failed = [why for held, why in results if not held]
         return not failed, "; ".join(dict.fromkeys(failed)) or "; ".join(w for _, w in results)
     passed = [why for ok, why in results if ok]

@@ -11,6 +11,7 @@ Nothing is chosen from the words around it. Every pass is linear in the file's s
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import subprocess
@@ -175,28 +176,24 @@ def _constant_like(node: ast.AST | None) -> bool:  # "FLASH_ATTN", ["A", "B"], (
 
 def _context_kind(use: str, node: ast.AST) -> str:
     """Why a predicate outside a skip decision has no replacement, from what its place does."""
-    if use == "branch" and isinstance(node, ast.If):
+    branch = use == "branch" and isinstance(node, ast.If)
+    if isinstance(node, ast.If) and branch:
         stores = [
             s for s in (*node.body, *node.orelse) if isinstance(s, (ast.Assign, ast.AugAssign))
         ]
-        names = [
-            _dotted(t) or ""
-            for s in stores
-            for t in (s.targets if isinstance(s, ast.Assign) else [s.target])
-        ]
-        if any(n.rpartition(".")[2].lower().endswith(_TOLERANCE_NAMES) for n in names):
-            return TOLERANCES
-        if stores and all(_constant_like(s.value) for s in stores):
-            return VALUE_LISTS
-        return CODE_PATH
-    names = [_dotted(t) or "" for t in getattr(node, "targets", [getattr(node, "target", None)])]
-    names += [k.arg or "" for k in ast.walk(node) if isinstance(k, ast.keyword)]
+        targets = [t for s in stores for t in getattr(s, "targets", [getattr(s, "target", None)])]
+        keywords: list[str] = []
+        values = [s.value for s in stores]
+    else:
+        targets = getattr(node, "targets", [getattr(node, "target", None)])
+        keywords = [k.arg or "" for k in ast.walk(node) if isinstance(k, ast.keyword)]
+        values = [v for x in ast.walk(node) if isinstance(x, ast.IfExp) for v in (x.body, x.orelse)]
+    names = [_dotted(t) or "" for t in targets if t is not None] + keywords
     if any(n.rpartition(".")[2].lower().endswith(_TOLERANCE_NAMES) for n in names if n):
         return TOLERANCES  # atol = 1e-2 if is_rocm() else 1e-3; assert_close(..., atol=...)
-    values = [n for n in ast.walk(node) if isinstance(n, ast.IfExp)]
-    if values and all(_constant_like(v.body) and _constant_like(v.orelse) for v in values):
+    if values and all(_constant_like(v) for v in values):
         return VALUE_LISTS
-    return VALUES
+    return CODE_PATH if branch else VALUES
 
 
 def _own_kind(predicate: ast.AST) -> str | None:
@@ -216,7 +213,7 @@ class _Decision:  # a condition that decides whether tests run
     reason: ast.expr | None = None  # the skip's own reason, kept by the replacement
 
 
-def _decision(use: str, node: ast.AST, top: set[int]) -> _Decision | None:
+def _decision(use: str, node: ast.AST, top: frozenset[int]) -> _Decision | None:
     """The decision ``node`` makes (``top``: the ids of the module's own statements)."""
     if use == "skipif" and isinstance(node, ast.Call) and node.args:
         skipif = _is_skip_call(node, ("skipif",)) and len(node.args) == 1
@@ -268,17 +265,15 @@ class Placed:
 
 def placed(tree: ast.Module) -> list[Placed]:
     """Every predicate of a parsed file, in :func:`ast.walk` order, with its decision and site."""
-    top = {id(stmt) for stmt in tree.body}
-    decided: dict[int, _Decision | None] = {}  # per place (by node identity)
+    top = frozenset(id(stmt) for stmt in tree.body)
+    decide = functools.cache(_decision)  # once per place: a place holds many predicates
     out = []
     for node, where in _walk(tree):
         if (hit := _predicate(node)) is None:
             continue
         predicate, kind = hit
         use, place = where if where is not None else ("expression", tree)
-        if id(place) not in decided:
-            decided[id(place)] = _decision(use, place, top)
-        decision = decided[id(place)]
+        decision = decide(use, place, top)
         if use == "if":
             use = "branch" if decision is None else "skip"
         site = None
@@ -296,7 +291,7 @@ def scan_source(source: str, path: str = "<source>") -> list[Finding]:
     tree = ast.parse(source, filename=path)
     lines = source.splitlines()
     found: list[Finding] = []
-    contexts: dict[tuple[int, str], str] = {}  # per place: what it does, computed once
+    context_kind = functools.cache(_context_kind)  # once per place
     for p in placed(tree):
         text, missing = None, None
         if p.kind in ("count", "memory", "quant"):
@@ -306,10 +301,7 @@ def scan_source(source: str, path: str = "<source>") -> list[Finding]:
         elif p.decision is not None:
             missing = p.decision.kinds.get(id(p.node), _translate.NOT_A_PLATFORM)
         else:
-            key = (id(p.place), p.use)
-            if key not in contexts:
-                contexts[key] = _context_kind(p.use, p.place)
-            missing = _own_kind(p.node) or contexts[key]
+            missing = _own_kind(p.node) or context_kind(p.use, p.place)
         line = getattr(p.node, "lineno", 0)
         said = _util.clip(lines[line - 1], 4 * _MAX_SOURCE) if 0 < line <= len(lines) else ""
         source_line = " ".join(said.split())[:_MAX_SOURCE]

@@ -104,10 +104,9 @@ def require_shm(
     if info.fits(required):
         return info
     shown = printable(info.path)[:200]  # path and name escaped, 200 characters
+    advice = f"Free space on {shown} or choose a larger mount."
     if os.path.normpath(info.path) == DEFAULT_SHM_PATH:
         advice = f"Increase {shown} (e.g. --shm-size or --ipc=host)."
-    else:
-        advice = f"Free space on {shown} or choose a larger mount."
     raise InsufficientSharedMemoryError(
         f"Insufficient space in {shown} for {printable(name)[:200]}: "
         f"{_mib(required)} MiB required, {_mib(info.free)} MiB free. {advice}",

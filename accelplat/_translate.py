@@ -20,13 +20,11 @@ from typing import Any
 
 from accelplat import _files
 from accelplat._requirement import (
-    All,
-    AnyOf,
     Compare,
+    Join,
     Node,
     Not,
-    all_of,
-    any_of,
+    joined,
     negate,
     render,
     word,
@@ -37,10 +35,9 @@ def _numbered(tree: Node) -> bool:
     """Whether ``tree`` holding means the device has a capability number (CUDA or ROCm)."""
     if isinstance(tree, Compare):
         return True
-    if isinstance(tree, All):
-        return any(_numbered(o) for o in tree.operands)
-    if isinstance(tree, AnyOf):
-        return all(_numbered(o) for o in tree.operands)
+    if isinstance(tree, Join):
+        numbered = (_numbered(o) for o in tree.operands)
+        return any(numbered) if tree.op == "and" else all(numbered)
     return tree in _NUMBERED
 
 
@@ -183,8 +180,9 @@ def _tree(node: ast.AST, sure: bool = False) -> Node:
     get_device_capability() < (9, 0)``), kept as one flag so that a wide ``and`` stays linear.
     """
     if isinstance(node, ast.BoolOp):
-        join = all_of if isinstance(node.op, ast.And) else any_of
-        return join(*_operands(node, 0, sure, strict=True))
+        return joined(
+            "and" if isinstance(node.op, ast.And) else "or", _operands(node, 0, sure, strict=True)
+        )
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         return negate(_tree(node.operand, sure))
     if isinstance(node, ast.Compare):
@@ -200,8 +198,8 @@ def _tree(node: ast.AST, sure: bool = False) -> Node:
 
 def _call(node: ast.Call) -> Node:
     method = _platform_call(node)
-    name = method or (node.func.id if isinstance(node.func, ast.Name) else None)
     dotted = dotted_name(node.func) or ""
+    bare = method or dotted.rpartition(".")[2]  # a method's name, or a function's own
     if method in _PLATFORM_METHODS and not node.args and not node.keywords:
         return word(_PLATFORM_METHODS[method])
     if method in _CAPABILITY_CALLS and len(node.args) == 1 and not node.keywords:
@@ -217,7 +215,6 @@ def _call(node: ast.Call) -> Node:
         raise UnexpressibleError(CAPABILITY_VALUE if method != "fp8_dtype" else FP8_DTYPE_VALUE)
     if method == "is_out_of_tree":
         raise UnexpressibleError(UNMODELLED_PLATFORM)
-    bare = name if name is not None else dotted.rpartition(".")[2]
     arch_call = method is None and (dotted == bare or dotted.endswith(f"rocm.{bare}"))
     if bare in _ROCM_ARCH and arch_call and not node.args and not node.keywords:
         return word(_ROCM_ARCH[bare])
@@ -324,14 +321,13 @@ def sites(condition: ast.AST) -> tuple[list[Site], dict[int, str]]:
         i = 0
         while i < len(node.values):
             parts = _operands(node, i, False)
-            if not parts:  # this operand alone does not translate: look inside it
+            if parts:
+                tree = joined("and" if isinstance(node.op, ast.And) else "or", parts)
+                last = i + len(parts) - 1
+                found.append(Site(node, i, last, render(tree), render(negate(tree)), False))
+            else:  # this operand alone does not translate: look inside it
                 visit(node.values[i], False)
-                i += 1
-                continue
-            tree = (all_of if isinstance(node.op, ast.And) else any_of)(*parts)
-            j = i + len(parts)
-            found.append(Site(node, i, j - 1, render(tree), render(negate(tree)), False))
-            i = j
+            i += len(parts) or 1
 
     visit(condition, True)
     return found, kinds

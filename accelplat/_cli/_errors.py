@@ -111,10 +111,9 @@ def redraw(stream: IO[str], *lines: str) -> None:
 
     The last is cut to the width when none fits; no ``lines`` erases the line.
     """
-    try:
+    width = 0
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no terminal behind it
         width = os.get_terminal_size(stream.fileno()).columns  # 0: a terminal never sized
-    except (OSError, ValueError, AttributeError):  # no terminal behind it
-        width = 0
     width = (width or shutil.get_terminal_size().columns) - 1  # a full last column wraps
     line = next((line for line in lines if len(line) <= width), lines[-1] if lines else "")
     line = line if len(line) <= width else line[: max(0, width - 1)] + "…"
@@ -166,9 +165,7 @@ class ClosedStdout(io.TextIOBase):
 
 def silence_stdout() -> None:
     """Point stdout at ``/dev/null`` after a failed write, or Python reports it again at exit."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # stdout without a descriptor
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor
-        pass

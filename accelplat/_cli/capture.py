@@ -27,11 +27,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add = parser.add_argument
     bundle = "bundle to write: host.tar.gz"
     output_option(parser, "--out", required=True, metavar="BUNDLE", help=bundle)
-    for flags, text in (
-        (["--no-processes"], "leave out the pids and names of processes holding device memory"),
-        (["--quiet", "-q"], "print only the bundle's path, not its contents"),
-    ):
-        add(*flags, action="store_true", help=text)
+    hidden = "leave out the pids and names of processes holding device memory"
+    add("--no-processes", action="store_true", help=hidden)
+    add("--quiet", "-q", action="store_true", help="print only the bundle's path, not its contents")
     samples = count_arg(minimum=0, maximum=100, what="a whole number 0-100")
     more = "memory samples after the first (default 4)"
     add("--samples", type=samples, default=4, metavar="N", help=more)

@@ -50,11 +50,6 @@ _SECTIONS = (
 )
 
 
-def _rows(title: str, counts: dict[str, int], total: int) -> list[str]:
-    rows = [f"| `{key}` | {n} | {100 * n / total:.1f} % |" for key, n in counts.items()]
-    return [f"| {title} | count | share |", "| --- | ---: | ---: |", *rows]  # none when total is 0
-
-
 def render_markdown(report: ScanReport) -> str:
     """Return the scan's summary as Markdown (what ``docs/migrating-vllm-tests.md`` shows)."""
     s = report.summary()
@@ -64,8 +59,9 @@ def render_markdown(report: ScanReport) -> str:
         f"files; {s['replaceable']} ({100 * s['replaceable'] / max(1, total):.1f} %) have an "
         "exact accelplat replacement.",
     ]
-    for key, title, _, _ in _SECTIONS:
-        lines += ["", *_rows(title, s[key], total)]
+    for key, title, _, _ in _SECTIONS:  # a section has no rows when the total is 0
+        rows = [f"| `{k}` | {n} | {100 * n / total:.1f} % |" for k, n in s[key].items()]
+        lines += ["", f"| {title} | count | share |", "| --- | ---: | ---: |", *rows]
     return "\n".join(printable(line) for line in lines)
 
 

@@ -37,29 +37,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "applies. Creates no device context.",
     )
     parser.set_defaults(func=_run)
+    add = parser.add_argument
     ratio = "clear when used <= R x total (in [0, 1]; raised to the platform's idle floor)"
-    parser.add_argument("--threshold-ratio", type=ratio_arg, metavar="R", help=ratio)
-    for flag, text in (
-        ("--threshold-bytes", "clear when used <= SIZE (e.g. 4GiB, 512MiB, 8GB, 0)"),
-        ("--tolerance", "movement that still counts as stable (default 512MiB)"),
-    ):
-        parser.add_argument(flag, action=Size, help=text)
+    add("--threshold-ratio", type=ratio_arg, metavar="R", help=ratio)
+    size = "clear when used <= SIZE (e.g. 4GiB, 512MiB, 8GB, 0)"
+    add("--threshold-bytes", action=Size, help=size)
+    add("--tolerance", action=Size, help="movement that still counts as stable (default 512MiB)")
     for flag, text in (
         ("--timeout", "give up after S seconds (default: the platform's settle timeout)"),
         ("--stable", "usage must stay clear for S seconds (default: the platform's window)"),
     ):
-        parser.add_argument(flag, type=seconds_arg(allow_zero=True), metavar="S", help=text)
+        add(flag, type=seconds_arg(allow_zero=True), metavar="S", help=text)
     settle = "wait as the platform releases memory: its stability window on lazy platforms, "
-    settle += "none on eager ones (default ratio 0.1)"
-    for flag, text in (
-        ("--settle", settle),
-        ("--force", "with --settle: use the window on eager platforms too"),
-    ):
-        parser.add_argument(flag, action="store_true", help=text)
+    add("--settle", action="store_true", help=settle + "none on eager ones (default ratio 0.1)")
+    add("--force", action="store_true", help="with --settle: use the window on eager platforms too")
     pid = count_arg(minimum=1, maximum=2**31 - 1, what="a process id (1..2147483647)")
     gone = "wait until process PID (and its descendants) holds no device memory or is gone; "
     gone += "repeatable; no threshold"
-    parser.add_argument("--pid", dest="pids", action="append", type=pid, metavar="PID", help=gone)
+    add("--pid", dest="pids", action="append", type=pid, metavar="PID", help=gone)
     add_common(parser, devices=True, quiet=True, json="print the outcome as JSON on stdout")
 
 
@@ -129,10 +124,11 @@ def _outcome_json(
     return doc | {"polls": outcome.polls, "already_settled": outcome.already_settled}
 
 
-def _wait(args: argparse.Namespace, progress: Progress, **common: Any) -> SettleResult:
+def _wait(args: argparse.Namespace, progress: Progress, platform: Platform) -> SettleResult:
     """Wait as ``args`` ask; the progress line is finished however it ends (Ctrl-C too)."""
     from accelplat import _memory
 
+    common = {"platform": platform, "devices": args.devices, "timeout_s": args.timeout}
     try:
         if args.pids:  # no on_poll: its targets are no usage levels to draw
             return _memory.wait_for_release(args.pids, **common)
@@ -184,9 +180,7 @@ def _run(args: argparse.Namespace) -> int:
     platform = current_platform()
     outcome: SettleResult | MemoryNotSettledError
     try:
-        outcome = _wait(
-            args, progress, platform=platform, devices=args.devices, timeout_s=args.timeout
-        )
+        outcome = _wait(args, progress, platform)
     except MemoryNotSettledError as exc:
         say(f"accelplat wait: {printable(exc, keep_newlines=True)}")
         outcome = exc
