@@ -288,6 +288,7 @@ def checked_memory(
     ):
         return MemoryInfo(free, total, used, reserved, source)
     why = implausible(free, total, used, reserved)
-    assert why is not None  # the test above is implausible()'s negation
-    figures = {"free": free, "total": total, "used": used, "reserved": reserved}
-    raise ImplausibleReadingError(platform, where, why, figures, source)
+    if why is not None:
+        figures = {"free": free, "total": total, "used": used, "reserved": reserved}
+        raise ImplausibleReadingError(platform, where, why, figures, source)
+    return MemoryInfo(free, total, used, reserved, source)
