@@ -47,7 +47,6 @@ def _device_entries(platform: Platform) -> list[dict[str, Any]]:
 def collect_info() -> dict[str, Any]:
     """Gather what ``accelplat info`` shows; probes everything, loads ./pyproject.toml's table."""
     from accelplat._registry import current_platform, detect
-    from accelplat.integrations._installed import choice
 
     report = detect()
     info: dict[str, Any] = {
@@ -60,7 +59,7 @@ def collect_info() -> dict[str, Any]:
     if report.chosen is None:
         return info
     platform = current_platform()
-    env, judge = platform.visible_devices_env, choice(platform)  # vLLM's platform judges, if any
+    env = platform.visible_devices_env
     info.update(
         {
             "driver_version": driver_version(platform),
@@ -74,7 +73,7 @@ def collect_info() -> dict[str, Any]:
             "graph": asdict(platform.graph),
             "devices": _device_entries(platform),
             "lease_units": _unit_entries(platform),
-            "requirements_judged_on": judge and {"platform": judge[0].name, "reason": judge[1]},
+            "requirements_judged_on": _judged_on(platform),
             "capabilities": _capability_entries(platform),
         }
     )
@@ -92,6 +91,14 @@ def _unit_entries(platform: Platform) -> list[dict[str, Any]]:
     except AccelplatError:  # the driver failed while listing units: none to offer
         return []
     return entries
+
+
+def _judged_on(platform: Platform) -> dict[str, str] | None:
+    """The platform requirements are judged on where it is not this one (vLLM's own), and why."""
+    from accelplat.integrations._installed import choice
+
+    chosen = choice(platform)
+    return None if chosen is None else {"platform": chosen[0].name, "reason": chosen[1]}
 
 
 def _capability_entries(platform: Platform) -> dict[str, dict[str, Any]]:

@@ -92,21 +92,17 @@ def parse_kb_table(
     """Parse ``Key: value [kB]`` lines into bytes, less ``skip`` leading words; only ``keys``."""
     table: dict[str, int] = {}
     for line in text.splitlines():
-        if keys is not None:
-            head = line.partition(":")[0].split()
-            if not head or head[-1] not in keys:
-                continue
         words = line.split()[skip:]
         if len(words) < 2 or not words[0].endswith(":"):
             continue
-        number = words[1]
-        if not (number.isascii() and number.isdigit()):
+        key, number = words[0][:-1], words[1]
+        if not (number.isascii() and number.isdigit()) or (keys is not None and key not in keys):
             continue
         unit = words[2].lower() if len(words) > 2 else ""
         # Over 20 digits saturates at 2**64 - 1 as the kernel's strtoull reads it: the
         # plausibility rule refuses it by name instead of int() parsing thousands of digits.
         value = int(number) if len(number) <= _U64_DIGITS else _U64_MAX
-        table[words[0][:-1]] = value * _KIB if unit == "kb" else value
+        table[key] = value * _KIB if unit == "kb" else value
     return table
 
 
@@ -184,10 +180,9 @@ def never_raises(probe: Callable[[_Cls], ProbeResult]) -> Callable[[_Cls], Probe
     def guarded(cls: _Cls) -> ProbeResult:
         try:
             return probe(cls)
-        except AccelplatError as exc:
-            return ProbeResult(False, clip(str(exc), _REASON_LIMIT))
         except Exception as exc:  # a probe never raises
-            why = f"probe failed: {type(exc).__name__}: {exc}"
+            ours = isinstance(exc, AccelplatError)
+            why = str(exc) if ours else f"probe failed: {type(exc).__name__}: {exc}"
             return ProbeResult(False, clip(why, _REASON_LIMIT))
 
     return guarded

@@ -48,31 +48,31 @@ def level_zero_not_found(name: str, exc: BaseException) -> str:
     return f"Level Zero loader {name} not found ({exc})"
 
 
-def _sysfs_drm() -> DrmPath:
+def _drm_without(vendor: int) -> tuple[DrmPath, str] | None:
+    """The drm directory and its note where no card may be of ``vendor``; else ``None``.
+
+    An unreadable vendor file counts as maybe.
+    """
     # os.path, not pathlib: pathlib pulls in urllib and ipaddress (~4 ms) on every detection
-    return os.path.join(os.environ.get(ENV_SYSFS_ROOT) or "/sys", "class", "drm")
-
-
-def _may_hold_vendor(drm: DrmPath, cards: list[str], vendor: int) -> bool:
-    """Whether any card may be of ``vendor``; an unreadable vendor file counts as maybe."""
+    drm = os.path.join(os.environ.get(ENV_SYSFS_ROOT) or "/sys", "class", "drm")
+    cards, note = drm_cards(drm)
     for card in cards:
         try:
             found = int(_files.read_text(os.path.join(drm, card, "device", "vendor")).strip(), 16)
         except (OSError, ValueError):
-            return True
+            return None
         if found == vendor:
-            return True
-    return False
+            return None
+    return drm, note
 
 
 def rocm_absent() -> str | None:
     """Return why ROCm is certainly unavailable (no AMD card, no ``amdsmi`` spec), or ``None``."""
     if _boundary.active() is not None or "amdsmi" in sys.modules or "torch" in sys.modules:
         return None
-    drm = _sysfs_drm()
-    cards, note = drm_cards(drm)
-    if _may_hold_vendor(drm, cards, AMD_VENDOR_ID):
+    if (without := _drm_without(AMD_VENDOR_ID)) is None:
         return None
+    drm, note = without
     import importlib.util
 
     try:
@@ -88,10 +88,9 @@ def xpu_absent() -> str | None:
     """Return why XPU is certainly unavailable (no Intel card, no Level Zero loader) or ``None``."""
     if _boundary.active() is not None:
         return None
-    drm = _sysfs_drm()
-    cards, note = drm_cards(drm)
-    if _may_hold_vendor(drm, cards, INTEL_VENDOR_ID):
+    if (without := _drm_without(INTEL_VENDOR_ID)) is None:
         return None
+    drm, note = without
     import ctypes
 
     name = level_zero_loader_name()

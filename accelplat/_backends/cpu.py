@@ -188,11 +188,8 @@ class CpuPlatform(BasePlatform):
         self._seen[what] = (roots, now + self.STRUCTURE_TTL_S, value)
         return value
 
-    def _numa_nodes(self, roots: _Roots) -> tuple[int, ...]:
-        """Return the NUMA nodes to show as devices, or ``()`` for "the host is one device"."""
-        return self._structure("nodes", roots, self._scan_numa_nodes)
-
     def _scan_numa_nodes(self, roots: _Roots) -> tuple[int, ...]:
+        """Return the NUMA nodes to show as devices, or ``()`` for "the host is one device"."""
         candidates = _node_dirs(roots)
         if len(candidates) < 2:
             return ()  # one node (or none): the host is the device, nothing more to read
@@ -240,7 +237,7 @@ class CpuPlatform(BasePlatform):
         """Return the host as device 0, or one per allowed NUMA node (``physical_index``)."""
         roots = self._roots()
         model, arch = self._cpu_identity(roots)
-        nodes = self._numa_nodes(roots)
+        nodes = self._structure("nodes", roots, self._scan_numa_nodes)
         if not nodes:
             return (DeviceInfo(0, 0, model, arch=arch),)
         return tuple(
@@ -250,12 +247,12 @@ class CpuPlatform(BasePlatform):
     @override
     def device_count(self) -> int:
         """Return 1, or the number of allowed NUMA nodes on a multi-node machine."""
-        return max(1, len(self._numa_nodes(self._roots())))
+        return max(1, len(self._structure("nodes", self._roots(), self._scan_numa_nodes)))
 
     @override
     def _memory_info(self, device: int) -> MemoryInfo:
         roots = self._roots()
-        nodes = self._numa_nodes(roots)
+        nodes = self._structure("nodes", roots, self._scan_numa_nodes)
         cgroup = self._cgroup_limit(roots)
         if not nodes:
             return self._host_memory(roots, cgroup)
@@ -324,14 +321,11 @@ class CpuPlatform(BasePlatform):
     def _limited_levels(self, roots: _Roots) -> tuple[str, tuple[str, ...]] | None:
         """Return the cgroup version and this process's levels that carry a memory limit."""
         with contextlib.suppress(OSError, ValueError):
-            found = self._cgroup_levels(roots)
-            if found is not None:
-                version, dirs = found
-                return version, tuple(d for d in dirs if self._level_limit(d, version) is not None)
+            return self._cgroup_levels(roots)
         return None
 
     def _cgroup_levels(self, roots: _Roots) -> tuple[str, tuple[str, ...]] | None:
-        """Return the cgroup version and this process's levels, leaf first (``self/cgroup``)."""
+        """Return the cgroup version and this process's limited levels, leaf first."""
         v2_path: str | None = None
         v1_path: str | None = None
         for line in _read_text(_join(roots.proc, "self", "cgroup")).splitlines():
@@ -347,11 +341,11 @@ class CpuPlatform(BasePlatform):
         if v1_path is not None:
             mount = self._v1_memory_mount(roots.cgroup)
             if mount is not None:
-                return "cgroup-v1", self._levels(mount, v1_path)
+                return "cgroup-v1", self._levels(mount, v1_path, "cgroup-v1")
         if v2_path is not None:
             for mount in (roots.cgroup, _join(roots.cgroup, "unified")):
                 if _files.is_file(_join(mount, "cgroup.controllers")):
-                    return "cgroup-v2", self._levels(mount, v2_path)
+                    return "cgroup-v2", self._levels(mount, v2_path, "cgroup-v2")
         return None
 
     @staticmethod
@@ -364,9 +358,9 @@ class CpuPlatform(BasePlatform):
                 return _join(root, name)
         return None
 
-    @staticmethod
-    def _levels(mount: str, cgroup_path: str) -> tuple[str, ...]:
-        """Return this process's cgroup directory and every directory above it up to ``mount``."""
+    @classmethod
+    def _levels(cls, mount: str, cgroup_path: str, version: str) -> tuple[str, ...]:
+        """Return this process's cgroup directory and those above it up to ``mount``, limited."""
         # Inside a cgroup namespace, or when a container sees only its own subtree mounted, the
         # path in /proc/self/cgroup names directories above the mount: drop leading parts.
         parts = [p for p in cgroup_path.split("/") if p and p != "."]
@@ -374,7 +368,7 @@ class CpuPlatform(BasePlatform):
         levels = [next((d for d in tails if _files.is_dir(d)), mount)]
         while levels[-1] != mount:
             levels.append(os.path.dirname(levels[-1]))
-        return tuple(levels)
+        return tuple(d for d in levels if cls._level_limit(d, version) is not None)
 
     def _limit_over(self, version: str, levels: Sequence[str]) -> _CgroupLimit | None:
         """Return the binding limit over ``levels``: the smallest limit, the smallest room."""
@@ -425,7 +419,7 @@ class CpuPlatform(BasePlatform):
         # single-node machine, where it can disagree with /proc/meminfo (seen in virtual machines
         # whose node 0 reports less than the host): the default utilization must pass both.
         roots = self._roots()
-        if self._numa_nodes(roots):
+        if self._structure("nodes", roots, self._scan_numa_nodes):
             return []  # already the devices themselves
         found = [node for node, path in _node_dirs(roots) if _files.is_file(_join(path, "meminfo"))]
         cgroup = self._cgroup_limit(roots) if found else None

@@ -62,7 +62,7 @@ _MAX_GPUS = 4096
 _MAX_MIG_SLOTS = 64
 
 _CUDA_ORDER_SCRIPT = r"""
-import ctypes, sys
+import ctypes, sys, uuid
 try:
     lib = ctypes.CDLL("libcuda.so.1")
 except OSError as exc:
@@ -74,15 +74,12 @@ rc = lib.cuInit(0)
 if rc == 100:  # CUDA_ERROR_NO_DEVICE: nothing visible
     sys.exit(0)
 check(rc, "cuInit")
-count = ctypes.c_int(0)
+count, dev, raw = ctypes.c_int(0), ctypes.c_int(0), (ctypes.c_ubyte * 16)()
 check(lib.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
 for ordinal in range(count.value):
-    dev = ctypes.c_int(0)
     check(lib.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
-    raw = (ctypes.c_ubyte * 16)()
     check(lib.cuDeviceGetUuid(raw, dev), "cuDeviceGetUuid")
-    h = bytes(raw).hex()
-    print("GPU-%s-%s-%s-%s-%s" % (h[:8], h[8:12], h[12:16], h[16:20], h[20:]))
+    print("GPU-%s" % uuid.UUID(bytes=bytes(raw)))
 """
 
 
@@ -172,12 +169,10 @@ def _mig_devices(nv: Any, handle: Any, index: int) -> tuple[bool, tuple[MigRecor
 def _describe_mig(nv: Any, mig_handle: Any, what: str) -> MigRecord:
     uuid = _text(_call(nv, f"reading the UUID of {what}", "nvmlDeviceGetUUID", mig_handle))
     name = _text(_call(nv, f"reading the name of {what}", "nvmlDeviceGetName", mig_handle))
-    ids: list[int | None] = []
-    for fn in ("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"):
-        try:
-            ids.append(int(getattr(nv, fn)(mig_handle)))
-        except Exception:  # only needed for the legacy MIG-GPU-…/gi/ci form
-            ids.append(None)
+    ids: list[int | None] = [None, None]
+    for i, fn in enumerate(("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId")):
+        with contextlib.suppress(Exception):  # only needed for the legacy MIG-GPU-…/gi/ci form
+            ids[i] = int(getattr(nv, fn)(mig_handle))
     return MigRecord(uuid, ids[0], ids[1], name, mig_handle)
 
 
@@ -383,14 +378,14 @@ class CudaPlatform(BasePlatform):
         pci_sorted = _pci_order(gpus)
         if is_pci_bus_order(order) or len({g.name for g in gpus}) <= 1:
             return pci_sorted, ()
+        by_uuid = {g.uuid: g for g in gpus}
         cache_key = (order, tuple(g.uuid for g in pci_sorted))
         cached = self._order_cache.get(cache_key)
         if cached is None:
             env = {k: v for k, v in os.environ.items() if k != ENV_CUDA_VISIBLE_DEVICES}
             try:
                 uuids = [str(u) for u in self._order_resolver(env)]
-                known = {g.uuid for g in gpus}
-                strangers = [u for u in uuids if u not in known]
+                strangers = [u for u in uuids if u not in by_uuid]
                 if strangers or not uuids:
                     why = f"CUDA listed {len(uuids)} device(s), {len(strangers)} unknown to NVML"
                     raise RuntimeError(why)
@@ -404,7 +399,6 @@ class CudaPlatform(BasePlatform):
                 )
             self._order_cache[cache_key] = cached
         uuids, note = cached
-        by_uuid = {g.uuid: g for g in gpus}
         return [by_uuid[u] for u in uuids], ((note,) if note else ())
 
     def _with_named_migs(
@@ -412,16 +406,13 @@ class CudaPlatform(BasePlatform):
     ) -> list[GpuRecord]:
         """Add MIG devices named by full UUID that enumeration did not list (NVML finds them)."""
         known = {uuid_digits(m.uuid) for g in gpus for m in g.mig_devices}
-        extra = [
-            _dashed(e.uuid_prefix)
-            for e in entries
-            if e.kind is EntryKind.MIG_UUID
-            and e.uuid_prefix is not None
-            and len(e.uuid_prefix) == _FULL_MIG_DIGITS
-            and e.uuid_prefix not in known
-        ]
         result = list(gpus)
-        for uuid in extra:
+        for entry in entries:
+            digits = entry.uuid_prefix or ""
+            wanted = entry.kind is EntryKind.MIG_UUID and len(digits) == _FULL_MIG_DIGITS
+            if not wanted or digits in known:
+                continue
+            uuid = _dashed(digits)
             try:
                 mig_handle = nv.nvmlDeviceGetHandleByUUID(uuid)
                 parent = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig_handle)

@@ -487,12 +487,11 @@ class XpuPlatform(BasePlatform):
         """Reject a shifted total, which the shared plausibility rule cannot see."""
         # With some Intel user-mode drivers the total jumped (24385683456 to 25669140480 bytes on
         # BMG, vllm-xpu-kernels tests/test_get_memory_info.py) while free stayed below it.
-        references: list[tuple[str, int]] = []
+        first = self._torch_totals.setdefault(device, total)
+        references = [("the total first reported in this process", first)]
         with contextlib.suppress(Exception):
             props = torch.xpu.get_device_properties(device)
-            references.append(("get_device_properties().total_memory", int(props.total_memory)))
-        first = self._torch_totals.setdefault(device, total)
-        references.append(("the total first reported in this process", first))
+            references.insert(0, ("get_device_properties().total_memory", int(props.total_memory)))
         for label, reference in references:
             if abs(total - reference) > max(1, reference // _TOTAL_TOLERANCE_DIVISOR):
                 raise BackendError(

@@ -10,7 +10,6 @@ import contextlib
 import functools
 import importlib
 import io
-import math
 import operator
 import threading
 from collections.abc import Iterator
@@ -42,9 +41,7 @@ def quiet_stdout() -> Iterator[io.StringIO]:
 
 def vendor_int(platform: str, where: str, name: str, value: object) -> int:
     """Return a vendor's number as an ``int`` (numpy's, integral floats); ``BackendError`` else."""
-    if type(value) is int:
-        return value
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+    if isinstance(value, float) and value.is_integer():  # False for inf and nan
         return int(value)
     if not isinstance(value, bool):
         with contextlib.suppress(TypeError):  # floats too: no float is an index

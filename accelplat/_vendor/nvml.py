@@ -56,10 +56,8 @@ _generation = 0  # bumped on every nvmlInit and fork: caches of NVML handles com
 
 
 def _load_live() -> _boundary.Loaded:
-    if MODULE_NAME not in sys.modules:
-        missing = library_missing()
-        if missing is not None:
-            return None, missing, "NVMLError_LibraryNotFound"
+    if MODULE_NAME not in sys.modules and (missing := library_missing()) is not None:
+        return None, missing, "NVMLError_LibraryNotFound"
     try:
         return _import_live(), "", ""
     except NvmlUnavailableError as exc:
@@ -236,8 +234,7 @@ def acquire() -> Any:
     """Mark one call in flight (pair with :func:`release`) and return ``pynvml``, initialised."""
     st = _state
     with st.cond:
-        while st.closing:
-            st.cond.wait()
+        st.cond.wait_for(lambda: not st.closing)
         if not st.initialized or sys.modules.get(MODULE_NAME) is not st.origin:
             st.initialized = False
             _initialize_locked(st)
@@ -279,14 +276,12 @@ def shutdown() -> bool:
     global _generation
     st = _state
     with st.cond:
-        while st.closing:
-            st.cond.wait()
+        st.cond.wait_for(lambda: not st.closing)
         if not st.initialized:
             return False
         st.closing = True
         try:
-            while st.active > 0:
-                st.cond.wait()
+            st.cond.wait_for(lambda: st.active <= 0)
             module = st.module
             st.initialized = False
             _generation += 1

@@ -102,8 +102,7 @@ def foreign_pid_namespace() -> bool:
     Drivers report host pids (NVML, KFD, Level Zero have no pid-namespace support), which then
     name no process here, or the wrong one. ``False`` where it cannot be told (not Linux).
     """
-    answer: object = _boundary.call("proc", ("pid-namespace",), _pid_namespace_live)
-    return answer is True
+    return _boundary.call("proc", ("pid-namespace",), _pid_namespace_live) is True
 
 
 def _pid_namespace_live() -> bool:

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from accelplat.errors import ConfigurationError
 from accelplat.pytest_plugin._leaks import HOLDINGS_PROPERTY
 from accelplat.pytest_plugin._shared import (
     TIMELINE_PLUGIN_NAME,
@@ -88,17 +87,15 @@ class WaitEventTap(logging.Filter):
         if not isinstance(key, (int, str)) or isinstance(key, bool):
             return
         if event.get("event") == "start":
-            kind = event.get("kind")
-            raw = event.get("devices") or ()
+            kind, raw = event.get("kind"), event.get("devices") or ()
             if isinstance(raw, (list, tuple)):
                 devices = tuple(d for d in raw if isinstance(d, int) and not isinstance(d, bool))
                 kind = kind if isinstance(kind, str) else "wait"
                 self._tokens[key] = self._recorder.begin_wait(kind, devices)
                 self.started += 1
         elif event.get("event") == "end":  # an unknown id: no token, no wait ends
-            self._recorder.end_wait(
-                self._tokens.pop(key, -1), ok=event.get("ok", True) is not False
-            )
+            ok = event.get("ok", True) is not False
+            self._recorder.end_wait(self._tokens.pop(key, -1), ok=ok)
 
 
 def _owners_of(report: pytest.TestReport) -> list[SpanOwners]:
@@ -106,15 +103,13 @@ def _owners_of(report: pytest.TestReport) -> list[SpanOwners]:
     for key, value in report.user_properties:
         if key != HOLDINGS_PROPERTY or not isinstance(value, list):
             continue
+        keys = ("device", "before", "after", "context")  # the order of a row
         try:
             return [
-                span_owners(
-                    {"device": r[0], "before": r[1], "after": r[2], "context": r[3]},
-                    f"{report.nodeid} readings[{i}]",
-                )
+                span_owners(dict(zip(keys, r, strict=True)), f"{report.nodeid} readings[{i}]")
                 for i, r in enumerate(value)
             ]
-        except (ConfigurationError, IndexError, TypeError, KeyError):
+        except (ValueError, TypeError):  # ConfigurationError is a ValueError
             return []  # malformed: the test is judged on whole devices
     return []
 
@@ -130,11 +125,12 @@ class TimelinePlugin:
     def __init__(self, config: pytest.Config) -> None:
         """Read the options; raise pytest.UsageError for a bad rate, tolerance or grace period."""
         hz, grace = "--accelplat-timeline-hz", "--accelplat-timeline-leak-grace"
-        tolerance = ("--accelplat-timeline-leak-tolerance", "--accelplat-leak-tolerance")
-        self._tolerance = leak_tolerance(config, *tolerance)
+        flags = ("--accelplat-timeline-leak-tolerance", "--accelplat-leak-tolerance")
+        # the Recorder's keywords
+        self._options: dict[str, Any] = {"leak_tolerance_bytes": leak_tolerance(config, *flags)}
         with usage_errors():
-            self._hz = validate_hz(config.getoption(hz), argument=hz)
-            self._grace = validate_grace(config.getoption(grace), argument=grace)
+            self._options["hz"] = validate_hz(config.getoption(hz), argument=hz)
+            self._options["leak_grace_s"] = validate_grace(config.getoption(grace), argument=grace)
         base = config.invocation_params.dir
         json_path = config.getoption("--accelplat-timeline-json")
         self.html_path = base / config.getoption("--accelplat-timeline")
@@ -157,9 +153,7 @@ class TimelinePlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        self.recorder = Recorder.of_current_platform(
-            hz=self._hz, leak_tolerance_bytes=self._tolerance, leak_grace_s=self._grace
-        )
+        self.recorder = Recorder.of_current_platform(**self._options)
         self._tap = WaitEventTap(self.recorder)
         self._tap.install()
         self.recorder.start()

@@ -36,11 +36,10 @@ def render_chrome_trace(trace: Trace) -> dict[str, Any]:
     names = [f"device {d.index} used memory ({d.name})" for d in trace.devices]
     last: list[int | None] = [None] * len(names)
     for k, s in enumerate(trace.samples):
-        final = k == len(trace.samples) - 1
         for pos, (name, value) in enumerate(zip(names, s.used, strict=False)):
             # A counter holds its value until the next event: a change (or the last reading)
             # is written, a repeat is not; a missing reading is no point.
-            if value is not None and (value != last[pos] or final):
+            if value is not None and (value != last[pos] or k == len(trace.samples) - 1):
                 events.append(
                     {"name": name, "ph": "C", "ts": us(s.t), "pid": PID, "args": {"bytes": value}}
                 )

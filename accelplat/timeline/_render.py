@@ -125,10 +125,9 @@ def peaks_per_test(trace: Trace) -> list[Reading]:
     times = [s.t for s in trace.samples]
     out: list[Reading] = []
     for span in trace.tests:
-        inside = trace.samples[
-            bisect.bisect_left(times, span.start) : bisect.bisect_right(times, span.end)
-        ]
-        columns = zip(span.used_before, span.used_after, *(s.used for s in inside), strict=False)
+        lo, hi = bisect.bisect_left(times, span.start), bisect.bisect_right(times, span.end)
+        inside = (s.used for s in trace.samples[lo:hi])
+        columns = zip(span.used_before, span.used_after, *inside, strict=False)
         out.append(tuple(max((v for v in col if v is not None), default=None) for col in columns))
     return out
 
@@ -143,13 +142,9 @@ def _axis(lo: int, hi: int, total: int, *, full: bool) -> tuple[float, float]:
         return 0.0, top if total > 0 else top * 1.1
     flat = hi - lo <= 0.02 * hi
     pad = max(hi * 0.1 if flat else (hi - lo) * 0.1, total * 0.01 if flat else 0.0, float(MIB))
-    ymax = hi + pad
-    if total > 0 and ymax > total >= hi:
-        ymax = float(total)
-    ymin = lo - pad
-    if ymin < 0.25 * (ymax - ymin) or ymin < 0:
-        ymin = 0.0
-    return ymin, ymax
+    ymax = float(total) if total > 0 and hi + pad > total >= hi else hi + pad
+    ymin = lo - pad  # below ymax: 0.0 when near 0 or under it
+    return (0.0 if ymin < 0.25 * (ymax - ymin) else ymin), ymax
 
 
 def _short_name(nodeid: str) -> str:  # the part worth a lane label: after the last ``::``
@@ -171,14 +166,13 @@ def _envelope(samples: Sequence[Sample], pos: int, xs: Sequence[float], width: i
         (x, -1 if (v := s.used[pos]) is None else v) for x, s in zip(xs, samples, strict=True)
     ]
     for known, run in itertools.groupby(points, key=lambda p: p[1] >= 0):  # -1: no reading
-        segment: list[tuple[float, int]] = []
-        for _, group in (
-            itertools.groupby(run, key=lambda p: min(width, int(p[0]))) if known else ()
-        ):
-            col = list(group)
-            lo, hi = min(col, key=lambda p: p[1]), max(col, key=lambda p: p[1])
-            segment += sorted({col[0], lo, hi, col[-1]})
-        segments += [segment] * bool(segment)
+        if known:
+            segment: list[tuple[float, int]] = []
+            for _, group in itertools.groupby(run, key=lambda p: min(width, int(p[0]))):
+                col = list(group)
+                lo, hi = min(col, key=lambda p: p[1]), max(col, key=lambda p: p[1])
+                segment += sorted({col[0], lo, hi, col[-1]})
+            segments.append(segment)
     return segments
 
 
@@ -196,7 +190,6 @@ def _folds(trace: Trace, end_t: float) -> list[tuple[float, float]]:
         max(0.01 * (dev.total or _extremes(trace, pos)[2]), float(MIB))
         for pos, dev in enumerate(trace.devices)
     ]
-    least = max(0.2 * end_t, 5.0)
     runs: list[tuple[float, float]] = []
     start = last = -1.0  # the open run's first and last sample; -1: none open
     lo: list[int] = []  # per device, the least and the most of the open run's readings
@@ -213,7 +206,7 @@ def _folds(trace: Trace, end_t: float) -> list[tuple[float, float]]:
         runs.append((start, last))
         start, last, lo, hi = (s.t if known else -1.0), s.t, list(used), list(used)
     runs.append((start, last))
-    runs = [(a, b) for a, b in runs if a >= 0 and b - a >= least]
+    runs = [(a, b) for a, b in runs if a >= 0 and b - a >= max(0.2 * end_t, 5.0)]
     longest = sorted(runs, key=lambda r: r[0] - r[1])[:_FOLDS]
     return sorted((a + 0.05 * (b - a), b - 0.05 * (b - a)) for a, b in longest)
 
@@ -249,9 +242,8 @@ class _TimeAxis:
     def ticks(self) -> list[tuple[float, str]]:
         """Return the time labels ``(x, text)``: one nice step, never crowded nor on a fold."""
         gap = self.geo.tick_gap
-        step = next((s for s in _STEPS if s * self.per_s >= gap), None) or _nice_step(
-            self._t[-1], int(self.geo.plot_w / gap)
-        )
+        beyond = _nice_step(self._t[-1], int(self.geo.plot_w / gap))  # past a day per label
+        step = next((s for s in _STEPS if s * self.per_s >= gap), beyond)
         centres = [(self(a) + self(b)) / 2 for a, b in self.folds]  # where the folds' labels go
         out: list[tuple[float, str]] = []
         for t0, t1 in zip(self._t[::2], self._t[1::2], strict=True):  # the linear stretches
@@ -577,11 +569,8 @@ def _device(page: _Page, pos: int, axes: list[_TimeAxis], xs: list[list[float]])
         drawn.append(f'<div class="{"narrow" if x_of.geo.phone else "wide"}">{both}</div>')
     peak, text = extremes[0], ""
     if peak is not None:
-        during = [
-            span.nodeid
-            for span, p in zip(trace.tests, page.peaks, strict=True)
-            if p[pos] == peak[0] and span.start <= peak[1] <= span.end and trace.command is None
-        ]
+        tests = zip(trace.tests, page.peaks, strict=True) if trace.command is None else ()
+        during = [s.nodeid for s, p in tests if p[pos] == peak[0] and s.start <= peak[1] <= s.end]
         where = f" during {during[0]}" if during else ""
         text = f"— peak {format_bytes(peak[0])} at {_fmt_s(peak[1])}{where}"
         text = f' <span class="peak" data-peak="{peak[0]}">{_e(text)}</span>'

@@ -50,10 +50,9 @@ def _merge(a: Reading, b: Reading) -> Reading:
 # a vendor library call when the process forks, or the child could inherit a lock held by a thread
 # that does not exist there.
 _READING = threading.Lock()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=_READING.acquire, after_in_parent=_READING.release, after_in_child=_READING.release
-    )
+os.register_at_fork(
+    before=_READING.acquire, after_in_parent=_READING.release, after_in_child=_READING.release
+)
 
 
 class Sampler:
@@ -77,8 +76,7 @@ class Sampler:
         capacity: int = DEFAULT_CAPACITY,
         clock: Clock = time.monotonic,
     ) -> None:
-        _validate.integer(capacity, "capacity", minimum=2, expected="an even integer >= 2")
-        if capacity % 2:
+        if _validate.integer(capacity, "capacity", minimum=2, expected="an even integer >= 2") % 2:
             raise ConfigurationError(f"capacity must be even, got {capacity!r}")
         self._read = read
         self.hz = validate_hz(hz)
@@ -105,11 +103,8 @@ class Sampler:
                 self._samples[-1] = Sample(last.t, _merge(last.used, reading))
             else:
                 if len(self._samples) == self._capacity:
-                    old = self._samples
-                    self._samples = [
-                        Sample(a.t, _merge(a.used, b.used))
-                        for a, b in zip(old[::2], old[1::2], strict=True)
-                    ]
+                    pairs = zip(self._samples[::2], self._samples[1::2], strict=True)
+                    self._samples = [Sample(a.t, _merge(a.used, b.used)) for a, b in pairs]
                     self.decimation += 1
                 self._samples.append(Sample(t, reading))
                 self._ticks = 0
@@ -126,12 +121,10 @@ class Sampler:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the sampling thread and wait for it (up to ``timeout`` seconds)."""
-        thread = self._thread
-        if thread is None:
-            return
-        self._stop.set()
-        thread.join(timeout)
-        self._thread = None
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout)
+            self._thread = None
 
     def _run(self) -> None:
         interval = 1.0 / self.hz

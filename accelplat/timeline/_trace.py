@@ -11,7 +11,7 @@ import gc
 import json
 import os
 from collections import defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import cached_property, partial
 from pathlib import Path
@@ -181,8 +181,8 @@ class Trace:
         added = 0
         out: dict[int, Reading] = {}
         for span in sorted(spans, key=lambda s: s.end):
-            lo = bisect.bisect_right(self._times, span.end)  # used_after stands for time `end`
-            hi = bisect.bisect_right(self._times, self.judged_at(span))
+            # the samples after `end` (used_after stands for it) up to judged_at, included
+            lo, hi = (bisect.bisect_right(self._times, t) for t in (span.end, self.judged_at(span)))
             for k in range(added, hi):
                 for pos, value in enumerate(self.samples[k].used):
                     if value is not None:
@@ -209,10 +209,9 @@ class Trace:
         """
         return tuple(None if v is None else v[0].leaked for v in self._verdicts(span))
 
-    def _verdicts(self, span: TestSpan) -> list[tuple[Blame, Leak] | None]:
+    def _verdicts(self, span: TestSpan) -> Iterator[tuple[Blame, Leak] | None]:
         # Per device the leak rule's verdict on ``span`` and the leak it is if it is one.
         owned = {o.device: o for o in span.owners}
-        out: list[tuple[Blame, Leak] | None] = []
         held = self.held_after(span)
         rows = zip(self.devices, span.used_before, span.used_after, held, strict=False)
         for dev, before, at_end, after in rows:
@@ -220,15 +219,14 @@ class Trace:
             if record is not None:
                 blame = judge(record.before, record.after, record.context)
                 used = record.before.used, record.after.used, record.after.used
-                out.append((blame, Leak(span.nodeid, dev.index, *used, blame)))
+                yield (blame, Leak(span.nodeid, dev.index, *used, blame))
             elif before is None or after is None:
-                out.append(None)
+                yield None
             else:
                 judged = self.accelerator
                 blame = judge(Holdings(before, judged=judged), Holdings(after, judged=judged))
                 end = after if at_end is None else at_end
-                out.append((blame, Leak(span.nodeid, dev.index, before, end, after)))
-        return out
+                yield (blame, Leak(span.nodeid, dev.index, before, end, after))
 
     def leaks(self) -> list[Leak]:
         """Return every (test, device) the leak rule blames beyond the tolerance, largest first.
@@ -236,12 +234,8 @@ class Trace:
         The rule is :func:`accelplat._leaks.judge`, the leak check's, on :meth:`growth`'s terms,
         with the trace's tolerance and grace period (``dataclasses.replace`` it for others).
         """
-        found = [
-            v[1]
-            for span in self.tests
-            for v in self._verdicts(span)
-            if v is not None and v[0].is_leak(self.leak_tolerance_bytes)
-        ]
+        verdicts = [v for span in self.tests for v in self._verdicts(span) if v is not None]
+        found = [leak for blame, leak in verdicts if blame.is_leak(self.leak_tolerance_bytes)]
         return sorted(found, key=lambda leak: (-leak.leaked, leak.nodeid, leak.device))
 
     def slowest_waits(self, n: int = 10) -> list[WaitSpan]:
@@ -255,14 +249,12 @@ class Trace:
             "format": TRACE_FORMAT,
             "version": TRACE_VERSION,
             **{key: getattr(self, key) for key in _SCALARS},
-            "duration": _r(self.duration),
+            "duration": _plain(self.duration),
             "devices": [asdict(d) for d in self.devices],
-            "samples": [[_r(s.t), *s.used] for s in self.samples],
+            "samples": [[_plain(s.t), *s.used] for s in self.samples],
             "tests": [
-                {
-                    **{key: _plain(getattr(t, key)) for key in _TEST_KEYS},
-                    **({"owners": [_owners_json(o) for o in t.owners]} if t.owners else {}),
-                }
+                {key: _plain(getattr(t, key)) for key in _TEST_KEYS}
+                | ({"owners": [_owners_json(o) for o in t.owners]} if t.owners else {})
                 for t in self.tests
             ],
             "waits": [{key: _plain(value) for key, value in asdict(w).items()} for w in self.waits],
@@ -325,14 +317,10 @@ def lanes(spans: Sequence[TestSpan | WaitSpan], most: int | None = None) -> list
     return out
 
 
-def _r(t: float) -> float:
-    return round(t, 6)
-
-
 def _plain(value: object) -> Any:
-    """A span's field as its JSON holds it: a time to the microsecond, a tuple as a list."""
+    """A value as the JSON holds it: a time to the microsecond, a tuple as a list."""
     if isinstance(value, float):
-        return _r(value)
+        return round(value, 6)
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -428,8 +416,7 @@ def _test(raw: object, i: int, n: int) -> TestSpan:
     where = f"tests[{i}]"
     s, start, end = _span(raw, where)
     nodeid = _text(s.get("nodeid"), f"{where}.nodeid")
-    before = _reading(s.get("used_before"), f"{where}.used_before", n)
-    after = _reading(s.get("used_after"), f"{where}.used_after", n)
+    before, after = (_reading(s.get(k), f"{where}.{k}", n) for k in ("used_before", "used_after"))
     outcome = _text(s.get("outcome", ""), f"{where}.outcome")
     body = _optional(_float)(s.get("body_start"), f"{where}.body_start")
     if body is not None and not start <= body <= end:
@@ -501,8 +488,7 @@ def _samples(rows: Sequence[Any], n: int) -> tuple[list[Sample], float]:
 
 def _span(raw: object, where: str) -> tuple[Any, float, float]:
     span = _FIELDS.mapping(raw, where)
-    start = _float(span.get("start"), f"{where}.start")
-    end = _float(span.get("end"), f"{where}.end")
+    start, end = (_float(span.get(key), f"{where}.{key}") for key in ("start", "end"))
     if end < start:
         raise ConfigurationError(f"trace field {where}.end: earlier than its start")
     return span, start, end
