@@ -16,6 +16,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from accelplat._leasing._locks import LeaseRecord, create, describe, held, read_holder, unlock
 from accelplat._util import format_bytes
@@ -45,9 +46,11 @@ def waiting(ahead: LeaseRecord) -> str:
     return f"{describe(ahead)}, waiting for {what}"
 
 
-# A place in the queue, older ones (smaller) served first: (time_ns of entry, pid, the pid's
-# sequence number), and its file's name
-Ticket = tuple[tuple[int, int, int], str]
+class Ticket(NamedTuple):
+    """A place in the queue; older ones (smaller ``order``, compared first) are served first."""
+
+    order: tuple[int, int, int]  # time_ns of entry, pid, the pid's sequence number
+    name: str  # its file's name (unique, so it never decides between two orders)
 
 
 def enter(queue: Path, platform: str, doc: dict[str, object]) -> tuple[Ticket, int]:
@@ -65,12 +68,12 @@ def enter(queue: Path, platform: str, doc: dict[str, object]) -> tuple[Ticket, i
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return (order, name), fd
+    return Ticket(order, name), fd
 
 
 def leave(queue: Path, ticket: Ticket, fd: int) -> None:
     with contextlib.suppress(OSError):
-        os.unlink(queue / ticket[1])
+        os.unlink(queue / ticket.name)
     unlock(fd)
 
 
@@ -86,13 +89,13 @@ def ahead_of(queue: Path, platform: str, mine: Ticket | None) -> LeaseRecord | N
     except OSError:
         return None
     ours = [m for m in map(_TICKET.fullmatch, names) if m is not None and m[1] == platform]
-    for order, name in sorted(((int(m[2]), int(m[3]), int(m[4])), m[0]) for m in ours):
-        if mine is not None and (order, name) >= mine:
+    for ticket in sorted(Ticket((int(m[2]), int(m[3]), int(m[4])), m[0]) for m in ours):
+        if mine is not None and ticket >= mine:
             return None
-        state = held(queue / name)
+        state = held(queue / ticket.name)
         if state:
-            return read_holder(queue / name)
+            return read_holder(queue / ticket.name)
         if state is False:  # its waiter died waiting: nobody will lock this name again
             with contextlib.suppress(OSError):
-                os.unlink(queue / name)
+                os.unlink(queue / ticket.name)
     return None
