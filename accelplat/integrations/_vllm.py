@@ -197,6 +197,7 @@ def wait_for_gpu_memory_to_clear(
         platform,
         wanted,
         cadence,
+        physical=physical,
         threshold_bytes=by_bytes,
         threshold_ratio=by_ratio,
         timeout_s=timeout_s,
@@ -215,10 +216,19 @@ def wait_for_gpu_memory_to_clear(
 
 
 def _clear(
-    p: Platform, devices: list[int], every_s: float = 1.0, *, settle: bool = False, **wait: Any
+    p: Platform,
+    devices: list[int],
+    every_s: float = 1.0,
+    *,
+    physical: list[int] | None = None,
+    settle: bool = False,
+    **wait: Any,
 ) -> SettleResult:
-    """Run accelplat's clear (or settle) wait printing vLLM's progress line, raising its error."""
-    physical = _physical(p, devices)
+    """Run accelplat's clear (or settle) wait printing vLLM's progress line, raising its error.
+
+    ``physical``: the vendor's indices of ``devices`` where the caller has them already.
+    """
+    physical = _physical(p, devices) if physical is None else physical
     names = dict(zip(devices, physical, strict=True))
     last: list[float] = []
 
